@@ -1,0 +1,35 @@
+"""Training algorithms, chosen by `config.algorithm.name`.
+
+Each algorithm module defines `ALGORITHM = Algorithm(name, validate, run)`:
+`validate(config, model)` refuses bad settings before anything compiles;
+`run(run_context)` trains, reporting each step to the `jaxsgd.training.Run`, and
+returns extra summary fields. Modules are imported only when chosen.
+"""
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+
+# name -> module defining ALGORITHM. One line per algorithm.
+_MODULES = {
+    'bp': 'jaxsgd.algorithms.backprop',
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+  name: str
+  validate: Callable  # (config, model) -> None, raises ValueError naming the field
+  run: Callable       # (run: jaxsgd.training.Run) -> dict of summary extras
+
+
+def names() -> tuple[str, ...]:
+  return tuple(_MODULES)
+
+
+def get(name: str) -> Algorithm:
+  """The algorithm called `name`; refuses unknown names, listing the known ones."""
+  if name not in _MODULES:
+    raise ValueError(f'algorithm.name: unknown algorithm {name!r}; allowed: '
+                     f'{", ".join(_MODULES)}.')
+  return importlib.import_module(_MODULES[name]).ALGORITHM

@@ -1,0 +1,208 @@
+"""Loads a dataset through `tfds.data_source` and serves deterministic batches.
+
+Every dataset, offline or from the user's tfds data_dir, is read with
+`tfds.data_source` (array_record; no TensorFlow needed) into memory once, then
+standardized with the training set's per-channel mean and standard deviation.
+Batches are numpy dicts `{'image': float32[B, ...], 'label': int32[B]}`.
+"""
+
+import dataclasses
+import functools
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from jaxsgd.data import builders
+
+# Generated or bundled locally, prepared on first use.
+OFFLINE_DATASETS = ('digits', 'mnist1d', 'mnist1d/50k', 'mnist1d/5k')
+# Real datasets read from the user's tfds data_dir (prepared beforehand).
+TFDS_DATASETS = ('mnist', 'fashion_mnist', 'cifar10', 'cifar100')
+KNOWN_DATASETS = OFFLINE_DATASETS + TFDS_DATASETS
+SHARDING_MODES = ('stream', 'shard')
+_ = builders  # Importing the module registers the offline builders with tfds.
+
+
+def default_data_dir() -> str:
+  return os.environ.get('TFDS_DATA_DIR') or os.path.expanduser('~/tensorflow_datasets')
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """Both splits of a dataset in memory, standardized, with batch iterators."""
+
+  name: str
+  train: dict[str, np.ndarray]
+  test: dict[str, np.ndarray]
+  num_classes: int
+
+  @property
+  def input_shape(self) -> tuple[int, ...]:
+    return tuple(self.train['image'].shape[1:])
+
+  @property
+  def num_train(self) -> int:
+    return len(self.train['label'])
+
+  @property
+  def num_test(self) -> int:
+    return len(self.test['label'])
+
+  def train_batches(self, batch_size: int, *, seed: int, worker: int = 0,
+                    num_workers: int = 1, sharding: str = 'stream') -> 'BatchIterator':
+    """An endless, deterministic stream of training batches for one worker.
+
+    Args:
+      batch_size: examples per batch.
+      seed: the run's seed; with `worker` and the epoch it fixes every shuffle.
+      worker: this worker's index `m` in `[0, num_workers)`.
+      num_workers: `M`, the number of workers reading the dataset.
+      sharding: `'stream'` gives each worker the whole training set in its own
+        shuffled order; `'shard'` gives worker `m` the disjoint shard of examples
+        `m, m + M, m + 2M, ...`, reshuffled every epoch.
+    """
+    _check_worker(worker, num_workers, sharding)
+    indices = np.arange(self.num_train)
+    if sharding == 'shard':
+      indices = indices[worker::num_workers]
+    _check_batch_size(batch_size, len(indices), f'{self.name} train shard' if
+                      sharding == 'shard' else f'{self.name} train split')
+    return BatchIterator(self.train, indices, batch_size, seed=seed, worker=worker)
+
+  def test_batches(self, batch_size: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """The test split in order, as `(batch, mask)` with the last batch padded.
+
+    Padding keeps every batch the same shape (one compile); `mask` is 1.0 for real
+    examples and 0.0 for padding, so nothing is dropped and nothing counted twice.
+    """
+    for start in range(0, self.num_test, batch_size):
+      idx = np.arange(start, start + batch_size)
+      mask = (idx < self.num_test).astype(np.float32)
+      idx = np.minimum(idx, self.num_test - 1)
+      yield {k: v[idx] for k, v in self.test.items()}, mask
+
+
+class BatchIterator:
+  """Endless batches from a fixed index set; reshuffled at each epoch.
+
+  The order of epoch `e` is `default_rng([seed, worker, e]).permutation(indices)`,
+  so a stream is reproducible from its seed alone. Incomplete final batches of an
+  epoch are dropped (the next epoch starts fresh).
+  """
+
+  def __init__(self, arrays, indices, batch_size, *, seed, worker):
+    self._arrays = arrays
+    self._indices = indices
+    self._batch_size = batch_size
+    self._seed = seed
+    self._worker = worker
+    self.epoch = 0
+    self._position = 0
+    self._order = self._shuffled(0)
+
+  def _shuffled(self, epoch):
+    rng = np.random.default_rng([self._seed, self._worker, epoch])
+    return rng.permutation(self._indices)
+
+  @property
+  def batches_per_epoch(self) -> int:
+    return len(self._indices) // self._batch_size
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self._position + self._batch_size > len(self._order):
+      self.epoch += 1
+      self._position = 0
+      self._order = self._shuffled(self.epoch)
+    idx = np.sort(self._order[self._position:self._position + self._batch_size])
+    self._position += self._batch_size
+    return {k: v[idx] for k, v in self._arrays.items()}
+
+
+def load(name: str, data_dir: str | None = None) -> Dataset:
+  """Loads dataset `name` (see `KNOWN_DATASETS`) into memory, standardized.
+
+  Offline datasets are generated into `data_dir` on first use. Real tfds datasets
+  must already be prepared there in the array_record format.
+  """
+  data_dir = data_dir or default_data_dir()
+  return _load_cached(name, os.path.abspath(os.path.expanduser(data_dir)))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(name: str, data_dir: str) -> Dataset:
+  _check_name(name)
+  builder_kwargs = {'file_format': 'array_record'}
+  is_offline = name in OFFLINE_DATASETS
+  try:
+    sources = tfds.data_source(name, split=['train', 'test'], data_dir=data_dir,
+                               download=is_offline, builder_kwargs=builder_kwargs)
+  except (AssertionError, KeyError, FileNotFoundError,
+          tfds.core.registered.DatasetNotFoundError) as e:
+    if is_offline:
+      raise
+    raise FileNotFoundError(_not_prepared_message(name, data_dir)) from e
+  train, test = (_read_all(source) for source in sources)
+  num_classes = sources[0].dataset_info.features['label'].num_classes
+  train, test = _standardize(train, test)
+  return Dataset(name=name, train=train, test=test, num_classes=num_classes)
+
+
+def _read_all(source) -> dict[str, np.ndarray]:
+  examples = source.__getitems__(range(len(source)))
+  images = np.stack([np.asarray(ex['image']) for ex in examples])
+  labels = np.asarray([ex['label'] for ex in examples], np.int32)
+  if images.dtype == np.uint8:
+    images = images.astype(np.float32) / 255.0
+  return {'image': images.astype(np.float32), 'label': labels}
+
+
+def _standardize(train, test):
+  """Per-channel standardization with the *training* split's statistics."""
+  axes = tuple(range(train['image'].ndim - 1))
+  mean = train['image'].mean(axis=axes)
+  std = train['image'].std(axis=axes) + 1e-6
+  scale = lambda split: {**split, 'image': ((split['image'] - mean) / std).astype(np.float32)}
+  return scale(train), scale(test)
+
+
+def _check_name(name):
+  if name in KNOWN_DATASETS:
+    return
+  try:
+    builder = tfds.builder_cls(name.split('/')[0])
+  except Exception:  # tfds raises several types for unknown names.
+    builder = None
+  if builder is None:
+    raise ValueError(f'dataset: unknown dataset {name!r}. Allowed: offline '
+                     f'{", ".join(OFFLINE_DATASETS)} (generated locally), or a tfds '
+                     f'dataset prepared in your data_dir, e.g. {", ".join(TFDS_DATASETS)}.')
+
+
+def _not_prepared_message(name, data_dir):
+  return (f'dataset: {name!r} is not prepared in the tfds data_dir {data_dir!r}. '
+          f'jaxsgd reads it with tfds.data_source and never downloads at run time. '
+          f'Prepare it once on a machine with network (TensorFlow installed), e.g. '
+          f'`tfds build {name} --data_dir={data_dir} --file_format=array_record`, '
+          f'copy the folder here, or set config.data_dir / TFDS_DATA_DIR to where it '
+          f'is. Offline alternatives: {", ".join(OFFLINE_DATASETS)}.')
+
+
+def _check_worker(worker, num_workers, sharding):
+  if num_workers < 1:
+    raise ValueError(f'workers: must be >= 1, got {num_workers}.')
+  if not 0 <= worker < num_workers:
+    raise ValueError(f'worker: must be in [0, {num_workers}), got {worker}.')
+  if sharding not in SHARDING_MODES:
+    raise ValueError(f'sharding: must be one of {SHARDING_MODES}, got {sharding!r}.')
+
+
+def _check_batch_size(batch_size, available, what):
+  if not 1 <= batch_size <= available:
+    raise ValueError(f'batch_size: {batch_size} is not allowed for the {what} of '
+                     f'{available} examples; use 1 <= batch_size <= {available} '
+                     f'(or fewer workers, or a larger dataset).')

@@ -1,0 +1,177 @@
+"""The run context every algorithm reports to: metrics, evaluation, progress, plots.
+
+An algorithm calls `run.report(step, loss=..., variables=...)` after each of its
+steps. `report` keeps the loss as a device array (no sync) and only at evaluation
+points (every `eval_every` steps and at the end) pulls the losses to the host,
+checks them for NaN/inf, evaluates on the test split and appends one line to
+`metrics.jsonl`. `finish()` writes `summary.json` and `curves.png`.
+"""
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import tqdm
+
+from jaxsgd import stages as stages_lib
+from jaxsgd.data import Dataset
+from jaxsgd.models import StagedModel
+from jaxsgd.training import plots
+
+
+class NonFiniteLossError(FloatingPointError):
+  """Training produced a NaN or infinite loss."""
+
+
+class Run:
+  """Collects what one training run reports; writes the workdir's files."""
+
+  def __init__(self, config, workdir: str, dataset: Dataset, model: StagedModel,
+               *, show_progress: bool = True):
+    self.config = config
+    self.workdir = workdir
+    self.dataset = dataset
+    self.model = model
+    os.makedirs(workdir, exist_ok=True)
+    self.records: list[dict[str, Any]] = []
+    self._pending: list[tuple[int, Any, str | None]] = []  # (step, loss, stage)
+    self._eval_step = stages_lib.make_eval_step(model.full().apply)
+    self._start = time.perf_counter()
+    self._metrics_file = open(os.path.join(workdir, 'metrics.jsonl'), 'w')
+    self._tensorboard = _tensorboard_writer(config, workdir)
+    self._target = config.get('target_accuracy')
+    self.time_to_target: dict[str, float] | None = None
+    self._progress = tqdm.tqdm(total=config.train_steps, unit='step', dynamic_ncols=True,
+                               disable=not show_progress, desc=config.algorithm.name)
+
+  # --- data -----------------------------------------------------------------
+  def train_batches(self, worker: int = 0, num_workers: int = 1, *,
+                    batch_size: int | None = None, sharding: str = 'stream'):
+    """Worker `worker`'s deterministic batch stream (seeded by `config.seed`)."""
+    return self.dataset.train_batches(batch_size or self.config.batch_size,
+                                      seed=self.config.seed, worker=worker,
+                                      num_workers=num_workers, sharding=sharding)
+
+  # --- reporting --------------------------------------------------------------
+  def should_evaluate(self, step: int) -> bool:
+    return step % self.config.eval_every == 0 or step >= self.config.train_steps
+
+  def report(self, step: int, *, loss, variables: Callable[[], Any] | Any,
+             samples: int, sim_time: float | None = None,
+             extra: Callable[[], dict] | dict | None = None,
+             stage: str | None = None) -> None:
+    """Records step `step`'s training loss; evaluates at evaluation points.
+
+    Args:
+      step: 1-based count of the algorithm's steps (updates of the model).
+      loss: this step's training loss (a device scalar; never synced here).
+      variables: the full model's variables, or a function returning them (only
+        called at evaluation points).
+      samples: training examples consumed so far (all workers).
+      sim_time: simulated seconds so far (virtual clock), if any.
+      extra: more metrics for the record (or a function returning them).
+      stage: which stage/worker the loss came from, named if it is not finite.
+    """
+    self._pending.append((step, loss, stage))
+    self._progress.update(step - self._progress.n)
+    if not self.should_evaluate(step):
+      return
+    train_loss = self._drain_losses()
+    variables = variables() if callable(variables) else variables
+    record = {'step': step, 'samples': int(samples),
+              'epoch': samples / self.dataset.num_train,
+              'wall_time': time.perf_counter() - self._start,
+              'train_loss': train_loss, **self.evaluate(variables)}
+    if sim_time is not None:
+      record['sim_time'] = float(sim_time)
+    record.update((extra() if callable(extra) else extra) or {})
+    self._log(record)
+
+  def _drain_losses(self) -> float:
+    steps, losses, where = zip(*self._pending)
+    self._pending.clear()
+    values = np.asarray(jax.device_get(list(losses)), np.float64)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+      i = bad[0]
+      place = f' at stage/worker {where[i]}' if where[i] is not None else ''
+      raise NonFiniteLossError(f'training loss became {values[i]} at step {steps[i]}{place}; '
+                               f'lower optimizer.learning_rate or check the data.')
+    return float(values.mean())
+
+  def evaluate(self, variables) -> dict[str, float]:
+    """Test loss and accuracy of the full model over the whole test split."""
+    batch_size = self.config.get('eval_batch_size', 1000)
+    totals = np.zeros(3)
+    for batch, mask in self.dataset.test_batches(min(batch_size, self.dataset.num_test)):
+      totals += np.asarray(jax.device_get(self._eval_step(variables, batch, mask)))
+    return {'test_loss': totals[0] / totals[2], 'test_accuracy': totals[1] / totals[2]}
+
+  def _log(self, record):
+    record = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v)
+              for k, v in record.items()}
+    self.records.append(record)
+    self._metrics_file.write(json.dumps(record) + '\n')
+    self._metrics_file.flush()
+    if self._tensorboard is not None:
+      for key, value in record.items():
+        if isinstance(value, (int, float)) and key != 'step':
+          self._tensorboard.add_scalar(key, value, record['step'])
+      self._tensorboard.flush()
+    self._progress.set_postfix(loss=f'{record["train_loss"]:.3f}',
+                               acc=f'{100 * record["test_accuracy"]:.1f}%')
+    if self._target and self.time_to_target is None and record['test_accuracy'] >= self._target:
+      self.time_to_target = {k: record[k] for k in ('step', 'samples', 'wall_time', 'sim_time')
+                             if k in record}
+
+  # --- the end ------------------------------------------------------------------
+  def finish(self, extra_summary: dict | None = None) -> dict[str, Any]:
+    """Writes `summary.json` and `curves.png`; returns the summary."""
+    self.close()
+    final = self.records[-1] if self.records else {}
+    summary = {
+        'final': final,
+        'best_test_accuracy': max((r['test_accuracy'] for r in self.records), default=math.nan),
+        'time_to_target': self.time_to_target,
+        'target_accuracy': self._target,
+        'config': self.config.to_dict(),
+        **(extra_summary or {}),
+    }
+    with open(os.path.join(self.workdir, 'summary.json'), 'w') as f:
+      json.dump(summary, f, indent=2, default=_jsonable)
+    if self.records:
+      plots.plot_curves(self.records, os.path.join(self.workdir, 'curves.png'),
+                        title=f'{self.config.algorithm.name} · {self.config.model.name} · '
+                              f'{self.config.dataset}')
+    return summary
+
+  def close(self) -> None:
+    self._progress.close()
+    if not self._metrics_file.closed:
+      self._metrics_file.close()
+    if self._tensorboard is not None:
+      self._tensorboard.close()
+
+
+def _tensorboard_writer(config, workdir):
+  """A standard TensorBoard event writer (tensorboardX) when `config.tensorboard`."""
+  if not config.get('tensorboard', False):
+    return None
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError("tensorboard: install the extra with pip install 'jaxsgd[tensorboard]'") from e
+  return SummaryWriter(os.path.join(workdir, 'tensorboard'))
+
+
+def _jsonable(value):
+  if isinstance(value, (np.floating, np.integer)):
+    return value.item()
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  return str(value)
