@@ -1,6 +1,7 @@
 """Training algorithms, chosen by `config.algorithm.name`.
 
-Each algorithm module defines `ALGORITHM = Algorithm(name, validate, run)`:
+Each algorithm module defines `ALGORITHM = Algorithm(name, validate, run)` (or a
+dict `ALGORITHMS` of them by name, when one module serves several names):
 `validate(config, model)` refuses bad settings before anything compiles;
 `run(run_context)` trains, reporting each step to the `jaxsgd.training.Run`, and
 returns extra summary fields. Modules are imported only when chosen.
@@ -13,6 +14,12 @@ from collections.abc import Callable
 # name -> module defining ALGORITHM. One line per algorithm.
 _MODULES = {
     'bp': 'jaxsgd.algorithms.backprop',
+    'ddg': 'jaxsgd.algorithms.ddg',
+    'local': 'jaxsgd.algorithms.local',
+    'ssgd': 'jaxsgd.algorithms.data_parallel',
+    'local_sgd': 'jaxsgd.algorithms.data_parallel',
+    'dasgd': 'jaxsgd.algorithms.data_parallel',
+    'diloco': 'jaxsgd.algorithms.data_parallel',
 }
 
 
@@ -32,4 +39,5 @@ def get(name: str) -> Algorithm:
   if name not in _MODULES:
     raise ValueError(f'algorithm.name: unknown algorithm {name!r}; allowed: '
                      f'{", ".join(_MODULES)}.')
-  return importlib.import_module(_MODULES[name]).ALGORITHM
+  module = importlib.import_module(_MODULES[name])
+  return module.ALGORITHMS[name] if hasattr(module, 'ALGORITHMS') else module.ALGORITHM
