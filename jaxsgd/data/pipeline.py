@@ -153,12 +153,21 @@ def _load_cached(name: str, data_dir: str) -> Dataset:
 
 
 def _read_all(source) -> dict[str, np.ndarray]:
-  examples = source.__getitems__(range(len(source)))
+  examples = _read_examples(source)
   images = np.stack([np.asarray(ex['image']) for ex in examples])
   labels = np.asarray([ex['label'] for ex in examples], np.int32)
   if images.dtype == np.uint8:
     images = images.astype(np.float32) / 255.0
   return {'image': images.astype(np.float32), 'label': labels}
+
+
+def _read_examples(source) -> list:
+  """Every example of `source`; batched reads are ~3x faster than one by one."""
+  try:
+    return source.__getitems__(range(len(source)))
+  except TypeError:
+    # tfds.testing.mock_data's source binds only `__getitem__` correctly.
+    return [source[i] for i in range(len(source))]
 
 
 def _standardize(train, test):

@@ -62,6 +62,7 @@ def train_and_evaluate(config, workdir: str, *, show_progress: bool = True) -> d
   algorithm = algorithms.get(config.algorithm.name)
   dataset = data_lib.load(config.dataset, config.get('data_dir'))
   model = build_model(config, dataset)
+  models_lib.check_num_stages(model, config.stages)
   algorithm.validate(config, model)
   logging.info('Training %s on %s (%d train / %d test examples), model %s with %d layers.',
                config.algorithm.name, config.dataset, dataset.num_train, dataset.num_test,
