@@ -21,7 +21,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
       'name': 'adam', 'learning_rate': 3e-3, 'schedule': 'cosine', 'weight_decay': 0.0,
       'kwargs': ml_collections.ConfigDict(),
   })
-  config.train_steps = 6000
+  config.train_steps = 4000
   config.eval_every = 500
   config.eval_batch_size = 1000
   config.algorithm = ml_collections.ConfigDict({'name': 'bp'})
