@@ -96,3 +96,19 @@ def test_command_line_binary_with_overrides(data_dir, tmp_path):
   record = json.loads(open(tmp_path / 'metrics.jsonl').read().splitlines()[-1])
   assert record['step'] == 30
   assert json.load(open(tmp_path / 'summary.json'))['config']['dataset'] == 'digits'
+
+
+def test_tensorboard_events_are_written_when_asked(data_dir, tmp_path):
+  from tensorboardX.event_file_writer import event_pb2  # pylint: disable=g-import-not-at-top
+  config = smoke_config(data_dir, train_steps=20, eval_every=10, tensorboard=True)
+  training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  files = list((tmp_path / 'tensorboard').glob('events.out.tfevents.*'))
+  assert len(files) == 1
+  # Read the records back (TFRecord framing: 8-byte length, 4-byte crc, data, 4-byte crc).
+  raw, tags, offset = files[0].read_bytes(), set(), 0
+  while offset < len(raw):
+    length = int.from_bytes(raw[offset:offset + 8], 'little')
+    event = event_pb2.Event.FromString(raw[offset + 12:offset + 12 + length])
+    tags.update(v.tag for v in event.summary.value)
+    offset += 16 + length
+  assert {'test_accuracy', 'train_loss', 'test_loss'} <= tags
