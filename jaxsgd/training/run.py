@@ -37,17 +37,23 @@ class Run:
     self.workdir = workdir
     self.dataset = dataset
     self.model = model
-    os.makedirs(workdir, exist_ok=True)
+    # In a multi-process run (jax.distributed initialized before this) every process
+    # trains and evaluates; only process 0 writes files and shows progress.
+    self.is_primary = jax.process_index() == 0
+    if self.is_primary:
+      os.makedirs(workdir, exist_ok=True)
     self.records: list[dict[str, Any]] = []
     self._pending: list[tuple[int, Any, str | None]] = []  # (step, loss, stage)
     self._eval_step = stages_lib.make_eval_step(model.full().apply)
     self._start = time.perf_counter()
-    self._metrics_file = open(os.path.join(workdir, 'metrics.jsonl'), 'w')
-    self._tensorboard = _tensorboard_writer(config, workdir)
+    self._metrics_file = open(os.path.join(workdir, 'metrics.jsonl') if self.is_primary
+                              else os.devnull, 'w')
+    self._tensorboard = _tensorboard_writer(config, workdir) if self.is_primary else None
     self._target = config.get('target_accuracy')
     self.time_to_target: dict[str, float] | None = None
     self._progress = tqdm.tqdm(total=config.train_steps, unit='step', dynamic_ncols=True,
-                               disable=not show_progress, desc=config.algorithm.name)
+                               disable=not (show_progress and self.is_primary),
+                               desc=config.algorithm.name)
 
   # --- data -----------------------------------------------------------------
   def train_batches(self, worker: int = 0, num_workers: int = 1, *,
@@ -142,6 +148,8 @@ class Run:
         'config': self.config.to_dict(),
         **(extra_summary or {}),
     }
+    if not self.is_primary:
+      return summary
     with open(os.path.join(self.workdir, 'summary.json'), 'w') as f:
       json.dump(summary, f, indent=2, default=_jsonable)
     if self.records:
