@@ -1,0 +1,41 @@
+"""The comparison runner: runs a suite's methods and seeds, writes the report."""
+
+import json
+
+from experiments import report
+from experiments import suites
+
+
+def test_suite_runs_every_method_and_seed_and_writes_a_report(tmp_path, data_dir):
+  suite = suites.Suite(
+      name='test_two_bp', title='Two learning rates', claim='none',
+      methods=(suites.Method('BP lr=3e-3', 'experiments/configs/default.py',
+                             (('data_dir', data_dir), ('train_steps', 40))),
+               suites.Method('BP lr=1e-4', 'experiments/configs/default.py',
+                             (('data_dir', data_dir), ('train_steps', 40),
+                              ('optimizer.learning_rate', 1e-4)))),
+      seeds=(0, 1), target_accuracy=0.3)
+  suites.register(suite)
+  path = suites.run_suite('test_two_bp', str(tmp_path), smoke=True, seeds=(0, 1))
+  text = open(path).read()
+  rows = [line for line in text.splitlines() if line.startswith('| BP')]
+  assert len(rows) == 2 and '| 2 |' in rows[0]
+  for label, lr in (('bp_lr_3e_3', 3e-3), ('bp_lr_1e_4', 1e-4)):
+    for seed in (0, 1):
+      saved = json.load(open(tmp_path / 'runs' / label / f'seed{seed}' / 'summary.json'))
+      assert saved['config']['seed'] == seed
+      assert saved['config']['optimizer']['learning_rate'] == lr
+      assert saved['config']['train_steps'] == 40  # The override beats the smoke value.
+  assert (tmp_path / 'accuracy.png').stat().st_size > 10_000
+  assert not (tmp_path / 'staleness.png').exists()  # BP records no staleness.
+
+
+def test_table_rows_hand_computed():
+  def run(acc, hit):
+    return {'summary': {'final': {'test_accuracy': acc}, 'mean_staleness': 2.0,
+                        'time_to_target': hit},
+            'records': [{'wall_time': 10.0, 'sim_time': 4.0}]}
+  rows = report.table_rows({'A': [run(0.90, {'step': 5, 'sim_time': 1.0, 'wall_time': 3.0}),
+                                  run(0.94, None)]})
+  # mean 92.00, sample std of (90, 94) = 2.83; one of two runs reached the target.
+  assert rows == [['A', '2', '92.00 ± 2.83', '1/2', '1', '3.0', '2.00', '4', '10.0']]
