@@ -52,6 +52,16 @@ def _new_mean_square(ms, g, decay, worker_id):
   return row if worker_id is None else ms.at[worker_id].set(row)
 
 
+def _adaptive_lambda(mean_square, grads, lambda0, decay, eps, row):
+  """(MeanSquare_t, λ_t = λ0 / sqrt(MeanSquare_t + ε)), MS updated first."""
+  mean_square = jax.tree.map(
+      lambda ms, g: _new_mean_square(ms, g, decay, row), mean_square, grads)
+  current = mean_square if row is None else jax.tree.map(
+      lambda ms: ms[row], mean_square)
+  return mean_square, jax.tree.map(lambda ms: lambda0 / jnp.sqrt(ms + eps),
+                                   current)
+
+
 def _compensate(g, w, w_bak, lam):
   """g + λ ⊙ g ⊙ g ⊙ (w − w_bak), computed in >= float32, in g's dtype."""
   dtype = _compute_dtype(g.dtype)
@@ -163,17 +173,12 @@ def scale_by_delay_compensation(
       _checks.require('worker_id', worker_id, name,
                       'the pushing worker, for per_worker_mean_square')
       _checks.worker_id_in_range(worker_id, num_workers)
-    if not adaptive:
-      lam = jax.tree.map(lambda _: lambda0, updates)
-      mean_square = None
-    else:
+    if adaptive:
       row = worker_id if per_worker_mean_square else None
-      mean_square = jax.tree.map(
-          lambda ms, g: _new_mean_square(ms, g, mean_square_decay, row),
-          state.mean_square, updates)
-      current = mean_square if row is None else jax.tree.map(
-          lambda ms: ms[row], mean_square)
-      lam = jax.tree.map(lambda ms: lambda0 / jnp.sqrt(ms + eps), current)
+      mean_square, lam = _adaptive_lambda(
+          state.mean_square, updates, lambda0, mean_square_decay, eps, row)
+    else:
+      mean_square, lam = None, jax.tree.map(lambda _: lambda0, updates)
     updates = jax.tree.map(_compensate, updates, params, stale_params, lam)
     return updates, ScaleByDelayCompensationState(mean_square)
 

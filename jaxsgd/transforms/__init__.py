@@ -1,0 +1,55 @@
+"""Update rules of the seed papers as Optax gradient transformations.
+
+Delay compensation (DC-ASGD), delayed averaging (DaSGD), local SGD, DiLoCo outer
+steps and staleness-aware learning rates. Each is a plain Optax
+`GradientTransformationExtraArgs`: pure, jittable, state in NamedTuples, per-step
+facts (stale params, worker id, staleness) passed as keyword extra arguments.
+"""
+
+from jaxsgd.transforms.compensation import ADAPTIVE_LAMBDA0
+from jaxsgd.transforms.compensation import CONSTANT_LAMBDA0
+from jaxsgd.transforms.compensation import dc_asgd
+from jaxsgd.transforms.compensation import dc_asgd_server
+from jaxsgd.transforms.compensation import delay_compensation
+from jaxsgd.transforms.compensation import delay_compensation_server
+from jaxsgd.transforms.compensation import DelayCompensationServer
+from jaxsgd.transforms.compensation import DelayCompensationServerState
+from jaxsgd.transforms.compensation import record_pull
+from jaxsgd.transforms.compensation import scale_by_delay_compensation
+from jaxsgd.transforms.compensation import ScaleByDelayCompensationState
+from jaxsgd.transforms.averaging import delayed_averaging
+from jaxsgd.transforms.averaging import DelayedAveragingState
+from jaxsgd.transforms.averaging import diloco
+from jaxsgd.transforms.averaging import diloco_outer_step
+from jaxsgd.transforms.averaging import DiLoCoOuterState
+from jaxsgd.transforms.averaging import local_sgd
+from jaxsgd.transforms.averaging import MERGES
+from jaxsgd.transforms.staleness import inverse_sqrt_staleness
+from jaxsgd.transforms.staleness import inverse_staleness
+from jaxsgd.transforms.staleness import power_staleness
+from jaxsgd.transforms.staleness import scale_by_staleness
+
+__all__ = (
+    'ADAPTIVE_LAMBDA0',
+    'CONSTANT_LAMBDA0',
+    'dc_asgd',
+    'dc_asgd_server',
+    'delay_compensation',
+    'delay_compensation_server',
+    'DelayCompensationServer',
+    'DelayCompensationServerState',
+    'delayed_averaging',
+    'DelayedAveragingState',
+    'diloco',
+    'diloco_outer_step',
+    'DiLoCoOuterState',
+    'inverse_sqrt_staleness',
+    'inverse_staleness',
+    'local_sgd',
+    'MERGES',
+    'power_staleness',
+    'record_pull',
+    'scale_by_delay_compensation',
+    'scale_by_staleness',
+    'ScaleByDelayCompensationState',
+)
