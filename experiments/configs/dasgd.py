@@ -1,0 +1,32 @@
+r"""DaSGD: local SGD with delayed averaging over 4 workers, CNN on MNIST-1D.
+
+    python -m experiments.train --config=experiments/configs/dasgd.py --workdir=runs/dasgd
+    python -m experiments.train --config=experiments/configs/dasgd.py:local_sgd ...
+    python -m experiments.train --config=experiments/configs/dasgd.py:diloco ...
+    python -m jaxsgd.launch --processes 2 --devices_per_process 2 -- \
+        --config=experiments/configs/dasgd.py --workdir=runs/dasgd_mp
+
+Each worker takes local steps on its own batches; every `algorithm.period` = 4
+steps it snapshots its weights, and `algorithm.delay` = 1 step later merges the
+average of the snapshots: w ← w̄ + (w − s) (`merge='keep_local'`, the paper).
+The average is computed in the same jitted step as that step's forward/backward
+and does not depend on its gradients, so the all-reduce can overlap compute; the
+virtual clock hides up to `delay` steps of compute of it. Variants: `local_sgd`
+(delay 0, Lin et al. 2018) and `diloco` (outer Nesterov SGD 0.7/0.9 on the
+averaged pseudo-gradient, Douillard et al. 2023), `smoke`; combine with commas
+(`dasgd.py:diloco,smoke`). Runtime and accuracy on the 2-core CPU: see README.
+
+Reference: Zhou et al., DaSGD (2020), arXiv:2006.00441.
+"""
+
+import ml_collections
+
+from experiments.configs import ssgd
+
+ALGORITHMS = ('local_sgd', 'dasgd', 'diloco')
+
+
+def get_config(variant: str = '') -> ml_collections.ConfigDict:
+  config = ssgd.get_config()
+  config.algorithm = ssgd.data_parallel_fields('dasgd')
+  return ssgd.apply_variants(config, variant, ALGORITHMS)

@@ -1,0 +1,105 @@
+"""The virtual clock of the data-parallel methods: compute + exposed communication.
+
+A step of every worker takes `compute` seconds (measured once on this machine, or
+given as `config.cost.step_time`). Weights or gradients are averaged with a ring
+all-reduce of `nbytes` over `M` workers (Patarasuk & Yuan 2009; Thakur et al.
+2005), each link with bandwidth β and latency α:
+
+    T_allreduce = 2 (M − 1) / M · nbytes / β  +  2 (M − 1) · α
+
+An average launched at a snapshot step and merged `delay` steps later runs while
+those `delay` steps compute (DaSGD, Zhou et al. 2020, arXiv:2006.00441), so the
+merge step waits only for what is left:
+
+    step t takes   compute + max(0, T_allreduce − delay · compute)   if t is a merge step
+                   compute                                          otherwise
+
+with merge steps t ≥ period, t ≡ delay (mod period), as in
+`jaxsgd.transforms.delayed_averaging`. SSGD is period 1, delay 0: the gradient
+all-reduce blocks every step (no overlap with the backward pass is modeled).
+Local SGD / DiLoCo: delay 0, one blocking all-reduce every `period` steps.
+
+The model charges the algorithm's communication, one all-reduce per period. (With
+`overlap=True` the mesh step issues its all-reduce every step, so that XLA may
+overlap it; a runtime with asynchronous collectives that span steps would issue
+only the one per period the model charges.)
+"""
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import jax
+
+GBIT = 1e9
+
+
+def ring_allreduce_time(nbytes: float, workers: int, *, bandwidth_gbps: float,
+                        latency_s: float) -> float:
+  """Seconds of a ring all-reduce of `nbytes` per worker over `workers` workers."""
+  if workers <= 1:
+    return 0.0
+  m = workers
+  return 2 * (m - 1) / m * nbytes * 8 / (bandwidth_gbps * GBIT) + 2 * (m - 1) * latency_s
+
+
+def tree_bytes(tree) -> int:
+  """Bytes of all the arrays in `tree` (per worker: leading worker axes excluded)."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimeModel:
+  """Simulated duration of each step of a data-parallel run.
+
+  Attributes:
+    compute: seconds of one step's forward, backward and update on one worker.
+    comm: seconds of one all-reduce (`ring_allreduce_time`), 0 without communication.
+    period: steps between all-reduces (1: every step).
+    delay: steps of compute the all-reduce overlaps before its result is needed.
+  """
+  compute: float
+  comm: float
+  period: int = 1
+  delay: int = 0
+
+  @property
+  def exposed_comm(self) -> float:
+    """Seconds a merge step waits for the all-reduce (after the hidden part)."""
+    return max(0.0, self.comm - self.delay * self.compute)
+
+  def is_merge_step(self, step: int) -> bool:
+    return step >= self.period and step % self.period == self.delay
+
+  def step_time(self, step: int) -> float:
+    """Seconds of (1-based) step `step`."""
+    return self.compute + (self.exposed_comm if self.is_merge_step(step) else 0.0)
+
+  def elapsed(self, steps: int) -> float:
+    """Seconds from the start to the end of step `steps` (closed form)."""
+    # Merge steps are t = n·period + delay, n >= 1 (delay < period, so t >= period).
+    merges = max(0, (steps - self.delay) // self.period)
+    return steps * self.compute + merges * self.exposed_comm
+
+  def relative_throughput(self) -> float:
+    """Steady-state throughput relative to the same run without communication."""
+    return self.period * self.compute / (self.period * self.compute + self.exposed_comm)
+
+  def hidden_fraction(self) -> float:
+    """Fraction of each all-reduce's time hidden behind compute (1.0 = all)."""
+    return 1.0 if self.comm == 0 else 1.0 - self.exposed_comm / self.comm
+
+
+def measure_seconds(fn: Callable, *args, repeats: int = 5, warmup: int = 2) -> float:
+  """Median wall seconds of `fn(*args)` to completion (the calibration of `compute`).
+
+  Syncs the device after each call: calibration runs once, before training.
+  """
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return sorted(times)[len(times) // 2]

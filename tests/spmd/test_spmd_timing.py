@@ -1,0 +1,38 @@
+"""The virtual clock: ring all-reduce time and hiding by delay (metrics: test_spmd_train)."""
+
+import pytest
+
+from jaxsgd.spmd import timing
+
+
+def test_ring_allreduce_time_by_hand():
+  # 2(M−1)/M · bytes·8/β + 2(M−1)·α = 1.5 · 8e6/1e10 + 6 · 1e-5
+  t = timing.ring_allreduce_time(1e6, 4, bandwidth_gbps=10, latency_s=1e-5)
+  assert t == pytest.approx(1.2e-3 + 6e-5, rel=1e-12)
+  assert timing.ring_allreduce_time(1e6, 1, bandwidth_gbps=10, latency_s=1e-5) == 0
+
+
+def test_dasgd_hides_up_to_delay_steps_of_compute():
+  c = 0.1
+  hidden = timing.StepTimeModel(compute=c, comm=0.2, period=4, delay=2)
+  assert hidden.exposed_comm == 0 and hidden.relative_throughput() == 1
+  partly = timing.StepTimeModel(compute=c, comm=0.25, period=4, delay=2)
+  assert partly.exposed_comm == pytest.approx(0.05)
+  assert partly.hidden_fraction() == pytest.approx(0.8)
+  # Merges at steps 6 and 10 (t ≡ 2 mod 4, t >= 4); step 2 has no snapshot yet.
+  assert [t for t in range(1, 12) if partly.is_merge_step(t)] == [6, 10]
+  assert partly.elapsed(11) == pytest.approx(11 * c + 2 * 0.05)
+
+
+@pytest.mark.parametrize('period, delay', [(1, 0), (4, 0), (4, 3), (5, 2)])
+def test_elapsed_is_the_sum_of_step_times(period, delay):
+  model = timing.StepTimeModel(compute=0.01, comm=0.05, period=period, delay=delay)
+  for steps in range(0, 23):
+    assert model.elapsed(steps) == pytest.approx(sum(model.step_time(t)
+                                                     for t in range(1, steps + 1)))
+
+
+def test_ssgd_blocks_every_step():
+  ssgd = timing.StepTimeModel(compute=0.01, comm=0.005)
+  assert ssgd.elapsed(10) == pytest.approx(0.15)
+  assert ssgd.relative_throughput() == pytest.approx(2 / 3)
