@@ -260,7 +260,7 @@ def _summary_extras(run_ctx, s, trainer, state, clock, streams) -> dict:
                             'relative_throughput': clock.relative_throughput()}
   if s.save_params:
     params = trainer.host_params(state)  # Every process: it may involve a collective.
-    if jax.process_index() == 0:
+    if run_ctx.is_primary:
       np.savez(os.path.join(run_ctx.workdir, 'params.npz'), **params)
   return extras
 
