@@ -12,12 +12,19 @@ import optax
 
 from jaxsgd import stages as stages_lib
 from jaxsgd.algorithms import Algorithm
+from jaxsgd.scheduler import pipeline
 from jaxsgd.training import optimizers
 
 
+def uses_scheduler(config) -> bool:
+  """Staged BP on the scheduler (several stages, or simulated time)."""
+  return config.stages > 1 or config.clock == 'virtual'
+
+
 def validate(config, model) -> None:
-  del model
   optimizers.check_optimizer(config.optimizer)
+  if uses_scheduler(config):
+    pipeline.check_config(config, model)
 
 
 def make_train_step(model, tx):
@@ -37,8 +44,14 @@ def make_train_step(model, tx):
 
 
 def run(run_ctx) -> dict:
-  """Trains `config.train_steps` fused steps on worker 0's batch stream."""
+  """Trains `config.train_steps` fused steps on worker 0's batch stream.
+
+  With `stages > 1` or `clock='virtual'`: staged BP on the scheduler instead
+  (`jaxsgd.scheduler.pipeline.sequential_roles`), the same updates stage by stage.
+  """
   config = run_ctx.config
+  if uses_scheduler(config):
+    return pipeline.train(run_ctx, pipeline.sequential_roles(config.stages))
   tx = optimizers.make_optimizer(config.optimizer, config.train_steps)
   variables = run_ctx.model.init(jax.random.key(config.seed))
   opt_state = tx.init(variables['params'])

@@ -1,0 +1,172 @@
+"""How long tasks take on a simulated cluster: the virtual clock's cost model.
+
+    duration(task on lane l) = base(stage, kind) / speed[l] · noise_l
+    duration(transfer of n bytes) = link_latency + n / link_bandwidth
+
+`base` is given explicitly or measured by timing the real jitted functions once
+on this machine (`calibrate`). `speed[l]` (default 1) makes some devices or
+workers faster or slower. `noise_l = exp(σ z − σ²/2)`, `z ~ N(0, 1)` drawn from a
+generator seeded by `(seed, l)`, is a mean-one log-normal straggler factor: the
+same seed gives the same durations, so the same simulated run, bit for bit.
+"""
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxsgd.scheduler import transfer
+
+TRANSFER = 'transfer'
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+  """Task durations in seconds.
+
+  Attributes:
+    compute: base durations keyed by `(stage, kind)` or by `kind` alone (a
+      default for every stage), e.g. `{'forward': 1e-3, (3, 'backward'): 4e-3}`.
+    device_speeds: speed factor of compute lane `l` (lanes beyond the list: 1).
+    link_latency: seconds per transfer.
+    link_bandwidth: bytes per second (`inf`: free).
+    straggler_std: σ of the log-normal straggler factor (0: none).
+    seed: seeds the straggler noise.
+  """
+
+  compute: Mapping[Any, float]
+  device_speeds: Sequence[float] = ()
+  link_latency: float = 0.0
+  link_bandwidth: float = math.inf
+  straggler_std: float = 0.0
+  seed: int = 0
+
+  def __post_init__(self):
+    for key, value in self.compute.items():
+      if not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+        raise ValueError(f'cost.compute: the cost of {key!r} must be a finite number '
+                         f'of seconds >= 0, got {value!r}.')
+    for lane, speed in enumerate(self.device_speeds):
+      if not speed > 0:
+        raise ValueError(f'cost.device_speeds: must be > 0, got {speed!r} for lane {lane}.')
+    if not self.link_latency >= 0:
+      raise ValueError(f'cost.link_latency: must be >= 0, got {self.link_latency!r}.')
+    if not self.link_bandwidth > 0:
+      raise ValueError(f'cost.link_bandwidth: must be > 0, got {self.link_bandwidth!r}.')
+    if not self.straggler_std >= 0:
+      raise ValueError(f'cost.straggler_std: must be >= 0, got {self.straggler_std!r}.')
+
+  def base(self, kind: str, stage: int | None) -> float:
+    if (stage, kind) in self.compute:
+      return self.compute[(stage, kind)]
+    if kind in self.compute:
+      return self.compute[kind]
+    raise ValueError(f'cost.compute: no cost for {kind!r} tasks of stage {stage}; give '
+                     f'one (per stage or for every stage) or set cost.calibrate=True.')
+
+  def transfer_time(self, nbytes: int) -> float:
+    return self.link_latency + nbytes / self.link_bandwidth
+
+  def speed(self, lane: int) -> float:
+    return self.device_speeds[lane] if lane < len(self.device_speeds) else 1.0
+
+  def sampler(self) -> 'CostSampler':
+    return CostSampler(self)
+
+
+class CostSampler:
+  """Draws task durations for one run (per-lane seeded straggler noise)."""
+
+  def __init__(self, model: CostModel):
+    self.model = model
+    self._rngs: dict[int, np.random.Generator] = {}
+
+  def duration(self, kind: str, stage: int | None, lane: int, nbytes: int = 0) -> float:
+    if kind == TRANSFER:
+      return self.model.transfer_time(nbytes)
+    seconds = self.model.base(kind, stage) / self.model.speed(lane)
+    sigma = self.model.straggler_std
+    if sigma:
+      rng = self._rngs.setdefault(lane, np.random.default_rng([self.model.seed, lane]))
+      seconds *= math.exp(sigma * rng.standard_normal() - sigma * sigma / 2)
+    return seconds
+
+
+def calibrate(calls: Mapping[Any, tuple[Callable, tuple]], reps: int = 3) -> dict[Any, float]:
+  """Fastest of `reps` wall-clock timings of each `fn(*args)`, after one warm-up call.
+
+  The minimum, not the mean: on a shared machine other processes only ever add
+  time, so the fastest run is the most reproducible estimate of the task's cost.
+  Blocks on every result: calibration runs once, before training.
+  """
+  costs = {}
+  for key, (fn, args) in calls.items():
+    transfer.wait(fn(*args))
+    times = []
+    for _ in range(reps):
+      start = time.perf_counter()
+      transfer.wait(fn(*args))
+      times.append(time.perf_counter() - start)
+    costs[key] = min(times)
+  return costs
+
+
+# --- from a config's `cost` sub-config ------------------------------------------------------
+DEFAULTS = {'calibrate': True, 'compute': None, 'device_speeds': (), 'link_latency': 0.0,
+            'link_bandwidth': 0.0, 'straggler_std': 0.0, 'seed': None, 'reps': 5}
+
+
+def settings(cost_config) -> dict:
+  """`config.cost` with defaults filled in (the sub-config is optional)."""
+  given = dict(cost_config or {})
+  unknown = set(given) - set(DEFAULTS)
+  if unknown:
+    raise ValueError(f'cost: unknown field(s) {sorted(unknown)}; allowed: {sorted(DEFAULTS)}.')
+  return {**DEFAULTS, **given}
+
+
+def explicit_compute(cost: dict, num_stages: int, kinds: Sequence[str]) -> dict:
+  """`{(stage, kind): seconds}` from `cost.compute` (a number or a per-stage list per kind)."""
+  given = dict(cost['compute'] or {})
+  table = {}
+  for kind in kinds:
+    if kind not in given or given[kind] is None:
+      raise ValueError(f'cost.compute.{kind}: missing (cost.calibrate is False, so every '
+                       f'task kind {list(kinds)} needs a cost in seconds).')
+    value = given[kind]
+    per_stage = list(value) if isinstance(value, (list, tuple)) else [value] * num_stages
+    if len(per_stage) != num_stages:
+      raise ValueError(f'cost.compute.{kind}: {len(per_stage)} values for {num_stages} stages.')
+    for stage, seconds in enumerate(per_stage):
+      if not isinstance(seconds, (int, float)) or not seconds >= 0 or math.isinf(seconds):
+        raise ValueError(f'cost.compute.{kind}: stage {stage} cost must be a finite number '
+                         f'of seconds >= 0, got {seconds!r}.')
+      table[(stage, kind)] = float(seconds)
+  return table
+
+
+def check_settings(cost_config, num_lanes: int, kinds: Sequence[str]) -> dict:
+  """Refuses a bad `config.cost` before anything compiles; returns the settings."""
+  cost = settings(cost_config)
+  if not cost['calibrate']:
+    explicit_compute(cost, num_lanes, kinds)
+  speeds = tuple(cost['device_speeds'] or ())
+  if speeds and len(speeds) != num_lanes:
+    raise ValueError(f'cost.device_speeds: {len(speeds)} values for {num_lanes} lanes.')
+  if not isinstance(cost['reps'], int) or cost['reps'] < 1:
+    raise ValueError(f'cost.reps: must be a positive integer, got {cost["reps"]!r}.')
+  if not (cost['link_bandwidth'] or 0) >= 0:
+    raise ValueError(f'cost.link_bandwidth: must be >= 0 (0: free), got {cost["link_bandwidth"]!r}.')
+  model_from_settings(cost, {}, seed=0)  # Range checks of the remaining fields.
+  return cost
+
+
+def model_from_settings(cost: dict, compute: Mapping[Any, float], *, seed: int) -> CostModel:
+  return CostModel(compute=dict(compute), device_speeds=tuple(cost['device_speeds'] or ()),
+                   link_latency=float(cost['link_latency']),
+                   link_bandwidth=float(cost['link_bandwidth']) or math.inf,
+                   straggler_std=float(cost['straggler_std']),
+                   seed=seed if cost['seed'] is None else int(cost['seed']))

@@ -1,0 +1,461 @@
+"""Pipeline policies on the scheduler: a model cut into K stages, one lane each.
+
+BP, DDG and local parallelism differ only in the `StageRole` of each stage (which
+loss it has, which gradients it receives and sends, how late its backward is);
+this module runs any list of roles. Stage `k`'s process, iteration `t`:
+
+    x      = batch t (stage 0)  or  Get(activations[k])        # upstream output of batch t
+    snap   = params_k.read()                                   # version v_t
+    y, ℓ, vjp = forward(snap, x)                  → Send(activations[k+1], y)
+    slots.push((t, v_t, vjp, x))                               # delay line of d_k slots
+    (b, v_b, vjp_b, x_b) = slots.pop()                         # batch b = t − d_k
+    if t < d_k: continue                                       # pipeline fill: idle slot
+    dy     = Get(deltas[k])              if receives_delta     # dL/dy of batch b
+    g, dx  = backward(vjp_b, dy)         (or recompute at the current weights)
+    Send(deltas[k−1], dx)                if sends_delta
+    params_k.write(update(params_k.read(), g), read_version=v_b)   # staleness recorded
+    if k == K − 1: report step t + 1 with ℓ
+
+A stage with a local loss *and* a gradient from downstream (overlapping local
+losses) splits its backward: right after the forward, `g_own, dx = backward(vjp_t)`
+on the current batch sends its own loss's input gradient upstream at once; then
+`g = g_own + vjp_b((dy, 0))` adds the downstream part of batch b = t − d_k.
+
+Activations and deltas are FIFO channels, so "the δ of batch b" is simply the
+next one to arrive. Nothing else coordinates the stages: the executor starts a
+task when its inputs have arrived and its lane is free, which gives both the
+pipelined schedule of the real clock and the simulated one of the virtual clock.
+"""
+
+import collections
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import optax
+
+from jaxsgd import models as models_lib
+from jaxsgd import stages as stages_lib
+from jaxsgd.scheduler import costs as costs_lib
+from jaxsgd.scheduler import placement as placement_lib
+from jaxsgd.scheduler import plots
+from jaxsgd.scheduler import transfer
+from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
+from jaxsgd.scheduler.real import RealExecutor
+from jaxsgd.scheduler.stage_ops import StageOps, StageRole, make_stage_ops
+from jaxsgd.scheduler.store import VersionedStore
+from jaxsgd.scheduler.timeline import Timeline
+from jaxsgd.scheduler.virtual import VirtualExecutor
+from jaxsgd.training import optimizers
+from jaxsgd.training.run import NonFiniteLossError
+
+KINDS = ('forward', 'backward', 'update')  # The task kinds a stage runs (cost keys).
+
+
+def sequential_roles(num_stages: int) -> tuple[StageRole, ...]:
+  """Staged backprop (the reference): the whole gradient, no delay."""
+  return tuple(StageRole(loss='head' if k == num_stages - 1 else 'none',
+                         receives_delta=k < num_stages - 1,
+                         sends_delta='total' if k > 0 else 'none')
+               for k in range(num_stages))
+
+
+class StageParams(NamedTuple):
+  params: Any
+  opt_state: Any
+
+
+class _Slot(NamedTuple):
+  """What a backward needs from its forward: the batch, version, vjp and inputs."""
+  batch: int
+  version: int
+  vjp: Any
+  x: Any
+  labels: Any
+
+
+class BatchFeed:
+  """Host batch `t` of an iterator, kept until each of its `consumers` took it."""
+
+  def __init__(self, batches: Iterator[dict], consumers: int):
+    self._batches = batches
+    self._consumers = consumers
+    self._cache: dict[int, list] = {}  # t -> [batch, takes left]
+    self._pulled = 0
+    self._lock = threading.Lock()
+
+  def peek(self, t: int) -> dict:
+    with self._lock:
+      return self._fetch(t)[0]
+
+  def take(self, t: int, key: str) -> np.ndarray:
+    with self._lock:
+      entry = self._fetch(t)
+      entry[1] -= 1
+      if entry[1] == 0:
+        del self._cache[t]
+      return entry[0][key]
+
+  def _fetch(self, t):
+    while self._pulled <= t:
+      self._cache[self._pulled] = [next(self._batches), self._consumers]
+      self._pulled += 1
+    return self._cache[t]
+
+
+class Pipeline:
+  """A model cut into stages placed on devices, with their jitted ops.
+
+  Args:
+    model: the model to cut.
+    num_stages: `K`.
+    tx: each stage's optimizer (one state per stage).
+    placement: stage → device.
+    batch_size: the training batch size (fixes every shape).
+    seed: the model is initialized exactly like the fused `bp` (`model.init(key(seed))`);
+      auxiliary heads are drawn from the same key.
+    aux_heads: give stages auxiliary heads (local losses).
+  """
+
+  def __init__(self, model: models_lib.StagedModel, num_stages: int,
+               tx: optax.GradientTransformation, *, placement: placement_lib.Placement,
+               batch_size: int, seed: int = 0, aux_heads: bool = False,
+               loss_fn: Callable = stages_lib.cross_entropy):
+    models_lib.check_num_stages(model, num_stages)
+    self.model, self.tx, self.placement, self.loss_fn = model, tx, placement, loss_fn
+    self.num_stages = num_stages
+    self.stages = models_lib.split(model, num_stages, aux_heads=aux_heads)
+    self.inputs, self.outputs = _stage_shapes(model, self.stages, batch_size)
+    self._variables = _initial_variables(model, self.stages, seed)
+    self._ops: dict[tuple, StageOps] = {}
+
+  def device(self, k: int) -> jax.Device:
+    return self.placement.device(k)
+
+  def ops(self, k: int, role: StageRole) -> StageOps:
+    """Stage k's jitted ops for `role` (built once per distinct role; the delay
+    does not change the computation)."""
+    key = (k, role.loss, role.receives_delta, role.sends_delta, role.recompute and role.delay > 0)
+    if key not in self._ops:
+      self._ops[key] = make_stage_ops(self.stages[k], role, self.tx, output=self.outputs[k],
+                                      loss_fn=self.loss_fn)
+    return self._ops[key]
+
+  def initial_variables(self, k: int, role: StageRole):
+    """Stage k's initial variables on its device (aux heads only where a role uses one)."""
+    variables = self._variables[k]
+    if role.loss != 'aux':
+      variables = {**variables, 'params': {n: p for n, p in variables['params'].items()
+                                           if not n.startswith('aux_')}}
+    return transfer.to_device(variables, self.device(k))
+
+  def session(self, roles: Sequence[StageRole], feed: BatchFeed, steps: int, *,
+              on_step: Callable[[int, Any], None] | None = None,
+              idle_fill: str | None = None) -> 'Session':
+    return Session(self, roles, feed, steps, on_step=on_step, idle_fill=idle_fill)
+
+  def calibrate(self, roles: Sequence[StageRole], batch: dict, reps: int = 3) -> dict:
+    """Seconds per (stage, kind), timing the real jitted calls on `batch` once."""
+    return costs_lib.calibrate(self._calibration_calls(roles, batch), reps)
+
+  def _calibration_calls(self, roles, batch):
+    calls, x = {}, transfer.to_device(batch['image'], self.device(0))
+    for k, role in enumerate(roles):
+      ops, device = self.ops(k, role), self.device(k)
+      variables = self.initial_variables(k, role)
+      labels = transfer.to_device(batch['label'], device) if role.loss != 'none' else None
+      dy = (transfer.to_device(np.ones(self.outputs[k].shape, self.outputs[k].dtype), device)
+            if role.receives_delta else None)
+      y, _, _, vjp = ops.forward(variables, x, labels)
+      grads, _ = ops.backward(vjp, dy)
+      params, _ = stages_lib.split_variables(variables)
+      opt_state = transfer.to_device(self.tx.init(params), device)
+      calls[(k, 'forward')] = (ops.forward, (variables, x, labels))
+      calls[(k, 'backward')] = ((ops.recompute, (variables, x, labels, dy))
+                                if role.recompute and role.delay else (ops.backward, (vjp, dy)))
+      calls[(k, 'update')] = (ops.update, (params, opt_state, grads))
+      if y is not None:
+        x = transfer.to_device(y, self.device(k + 1))
+    return calls
+
+
+class Session:
+  """One training run of a pipeline: stores, channels and the stage processes."""
+
+  def __init__(self, pipeline: Pipeline, roles: Sequence[StageRole], feed: BatchFeed,
+               steps: int, *, on_step=None, idle_fill=None):
+    check_roles(roles)
+    if len(roles) != pipeline.num_stages:
+      raise ValueError(f'stages: {len(roles)} roles for {pipeline.num_stages} stages.')
+    self.pipeline, self.roles, self.feed, self.steps = pipeline, tuple(roles), feed, steps
+    self.on_step = on_step or (lambda t, loss: None)
+    if idle_fill not in (None, 'nan'):
+      raise ValueError(f'idle_fill: None or "nan", got {idle_fill!r}.')
+    self.idle_fill = idle_fill
+    self.cluster = Cluster()
+    self.stores, self.states, self.losses = [], [], []
+    for k, role in enumerate(self.roles):
+      self.cluster.add_lane(f'stage {k} ({pipeline.device(k)})', pipeline.device(k))
+      params, state = stages_lib.split_variables(pipeline.initial_variables(k, role))
+      opt_state = transfer.to_device(pipeline.tx.init(params), pipeline.device(k))
+      self.stores.append(VersionedStore(f'stage {k} params', StageParams(params, opt_state)))
+      self.states.append(VersionedStore(f'stage {k} state', state))
+      self.losses.append([])
+    num = pipeline.num_stages
+    self.activations = [self.cluster.channel(f'activations → stage {k}', k) for k in range(num)]
+    self.deltas = [self.cluster.channel(f'deltas → stage {k}', k) for k in range(num)]
+
+  def processes(self) -> list[Process]:
+    return [Process(f'stage {k}', k, self._stage(k)) for k in range(self.pipeline.num_stages)]
+
+  # --- the stage process (see the module docstring) --------------------------------------
+  def _stage(self, k: int):
+    role, ops, device = self.roles[k], self.pipeline.ops(k, self.roles[k]), self.pipeline.device(k)
+    last = k == self.pipeline.num_stages - 1
+    slots = collections.deque([self._idle_slot(k)] * role.delay)
+    for t in range(self.steps):
+      x = (transfer.to_device(self.feed.take(t, 'image'), device) if k == 0
+           else (yield Get(self.activations[k])))
+      labels = (transfer.to_device(self.feed.take(t, 'label'), device)
+                if role.loss != 'none' else None)
+      snapshot = self.stores[k].read()
+      variables = {'params': snapshot.value.params, **self.states[k].read().value}
+      y, loss, new_state, vjp = yield Compute(ops.forward, (variables, x, labels),
+                                              kind='forward', stage=k, batch=t)
+      self.states[k].write(new_state)
+      if not last:
+        yield Send(self.activations[k + 1], y, batch=t)
+      current = _Slot(t, snapshot.version, vjp, x, labels)
+      own = (yield from self._own_backward(k, current)) if role.split_backward else None
+      slots.append(current)
+      slot = slots.popleft()
+      if t >= role.delay:  # Else the slot is idle: pipeline fill.
+        grads, read_version = yield from self._backward(k, slot, own)
+        yield from self._update(k, grads, read_version, slot.batch)
+      elif own is not None:  # Overlapping fill: the own loss alone.
+        yield from self._update(k, *own, t)
+      if role.loss == 'aux':
+        self.losses[k].append((t, loss))  # Drained (and checked) at evaluation points.
+      if last:
+        self.on_step(t, loss)
+
+  def _backward(self, k: int, slot: _Slot, own):
+    """Backward of `slot`'s batch; returns (grads, the version they were computed at).
+
+    With `own` (overlapping: the own-loss gradient of the current batch and its
+    version), only the downstream part goes through `slot`'s vjp and is added.
+    """
+    role, ops = self.roles[k], self.pipeline.ops(k, self.roles[k])
+    dy = (yield Get(self.deltas[k])) if role.receives_delta else None
+    read_version = slot.version
+    if own is not None:
+      call, read_version = (ops.delta_backward, (slot.vjp, dy, own[0])), min(slot.version, own[1])
+    elif role.recompute and role.delay:  # Public-code DDG: current weights, stored input.
+      current = self.stores[k].read()
+      variables = {'params': current.value.params, **self.states[k].read().value}
+      call, read_version = (ops.recompute, (variables, slot.x, slot.labels, dy)), current.version
+    else:  # The forward's weights, from its stored vjp residuals.
+      call = (ops.backward, (slot.vjp, dy))
+    grads, dx = yield Compute(*call, kind='backward', stage=k, batch=slot.batch)
+    yield from self._send_delta(k, dx, slot.batch)
+    return grads, read_version
+
+  def _own_backward(self, k: int, slot: _Slot):
+    """Overlapping: the own loss's backward on the current batch, its input gradient
+    sent upstream at once (it does not depend on anything downstream)."""
+    ops = self.pipeline.ops(k, self.roles[k])
+    grads, dx = yield Compute(ops.backward, (slot.vjp, None), kind='backward', stage=k,
+                              batch=slot.batch)
+    yield from self._send_delta(k, dx, slot.batch)
+    return grads, slot.version
+
+  def _send_delta(self, k: int, dx, batch: int):
+    # Stage k − 1 runs backwards up to batch steps − 1 − delay; later ones are never used.
+    if dx is not None and batch < self.steps - self.roles[k - 1].delay:
+      yield Send(self.deltas[k - 1], dx, batch=batch)
+
+  def _update(self, k: int, grads, read_version: int, batch: int):
+    current = self.stores[k].read().value
+    params, opt_state = yield Compute(self.pipeline.ops(k, self.roles[k]).update,
+                                      (current.params, current.opt_state, grads),
+                                      kind='update', stage=k, batch=batch)
+    self.stores[k].write(StageParams(params, opt_state), read_version=read_version, lane=k,
+                         batch=batch)
+
+  def _idle_slot(self, k: int) -> _Slot | None:
+    """What an idle pipeline slot holds: nothing, or (`idle_fill='nan'`) a forward
+    computed on NaN inputs, so a schedule that ever read one would produce NaN."""
+    if self.idle_fill is None:
+      return None
+    pipeline, role, device = self.pipeline, self.roles[k], self.pipeline.device(k)
+    shape = pipeline.inputs[k]
+    x = transfer.to_device(np.full(shape.shape, np.nan, shape.dtype), device)
+    labels = transfer.to_device(np.zeros(shape.shape[:1], np.int32), device)
+    variables = {'params': self.stores[k].read().value.params, **self.states[k].read().value}
+    vjp = pipeline.ops(k, role).forward(variables, x, labels)[3]
+    return _Slot(-1, 0, vjp, x, labels)
+
+  # --- what the run reports -----------------------------------------------------------------
+  def variables(self):
+    """The full model's variables (aux heads dropped), gathered on the first device."""
+    device = self.pipeline.placement.devices[0]
+    return models_lib.merge_variables([
+        transfer.to_device({'params': store.read().value.params, **state.read().value}, device)
+        for store, state in zip(self.stores, self.states)])
+
+  def staleness(self) -> dict[str, np.ndarray]:
+    return {f'stage {k}': store.staleness() for k, store in enumerate(self.stores)}
+
+  def metrics(self) -> dict[str, float]:
+    """Per-stage staleness so far, and local losses since the last call (syncs)."""
+    record = {}
+    for k, store in enumerate(self.stores):
+      values = store.staleness()
+      if values.size:
+        record[f'staleness_mean/stage{k}'] = float(values.mean())
+        record[f'staleness_max/stage{k}'] = int(values.max())
+    for k, role in enumerate(self.roles):
+      if role.loss == 'aux' and self.losses[k]:
+        record[f'local_loss/stage{k}'] = _drain_local_losses(k, self.losses[k])
+    return record
+
+
+def _drain_local_losses(k: int, pending: list) -> float:
+  steps, losses = zip(*pending)
+  pending.clear()
+  values = np.asarray(transfer.to_host(list(losses)), np.float64)
+  bad = np.flatnonzero(~np.isfinite(values))
+  if bad.size:
+    raise NonFiniteLossError(f'training loss became {values[bad[0]]} at step '
+                             f'{steps[bad[0]] + 1} at stage/worker stage {k} (its local loss); '
+                             f'lower optimizer.learning_rate or check the data.')
+  return float(values.mean())
+
+
+def check_roles(roles: Sequence[StageRole]) -> None:
+  """A stage that waits for deltas needs a next stage that sends them, and so on."""
+  last = len(roles) - 1
+  if roles[last].loss != 'head':
+    raise ValueError('roles: the last stage must have the model loss (loss="head").')
+  for k, role in enumerate(roles):
+    if role.delay < 0:
+      raise ValueError(f'roles: stage {k} has a negative delay.')
+    if role.receives_delta != (k < last and roles[k + 1].sends_delta != 'none'):
+      raise ValueError(f'roles: stage {k} receives_delta={role.receives_delta} but stage '
+                       f'{k + 1} sends {roles[k + 1].sends_delta if k < last else "nothing"}.')
+    if role.loss == 'none' and not role.receives_delta:
+      raise ValueError(f'roles: stage {k} has neither a loss nor a gradient from downstream.')
+
+
+def _stage_shapes(model, stages, batch_size):
+  """Input and output `ShapeDtypeStruct`s of every stage at `batch_size`."""
+  variables = jax.eval_shape(lambda key: model.init(key, batch_size), jax.random.key(0))
+  h = jax.ShapeDtypeStruct((batch_size,) + model.input_shape, np.float32)
+  inputs, outputs = [], []
+  for stage in stages:
+    inputs.append(h)
+    h = jax.eval_shape(lambda v, x, s=stage: s.apply(v, x, train=False),
+                       models_lib.stage_variables(variables, stage), h)
+    outputs.append(h)
+  return inputs, outputs
+
+
+def _initial_variables(model, stages, seed):
+  """The fused `bp` initialization, cut per stage, plus auxiliary heads if any."""
+  key = jax.random.key(seed)
+  full = model.init(key)
+  with_aux = (models_lib.init_stages(model, stages, key)
+              if any(s.aux_classes for s in stages) else [None] * len(stages))
+  result = []
+  for stage, aux in zip(stages, with_aux):
+    variables = models_lib.stage_variables(full, stage)
+    if aux is not None:
+      heads = {n: p for n, p in aux['params'].items() if n.startswith('aux_')}
+      variables = {**variables, 'params': {**variables['params'], **heads}}
+    result.append(variables)
+  return result
+
+
+# --- from a config ------------------------------------------------------------------------
+def check_config(config, model) -> None:
+  """Refuses what cannot run on the scheduler, before anything compiles."""
+  models_lib.check_num_stages(model, config.stages)
+  placement_lib.check_config(config, config.stages)
+  if config.clock == 'virtual':
+    costs_lib.check_settings(config.get('cost'), config.stages, KINDS)
+
+
+def make_executor(config, pipeline: Pipeline, roles, batch: dict):
+  """The real executor, or the virtual one with a calibrated or given cost model."""
+  if config.clock == 'real':
+    return RealExecutor()
+  cost = costs_lib.settings(config.get('cost'))
+  if cost['calibrate']:
+    compute = pipeline.calibrate(roles, batch, cost['reps'])
+  else:
+    compute = costs_lib.explicit_compute(cost, pipeline.num_stages, KINDS)
+  return VirtualExecutor(costs_lib.model_from_settings(cost, compute, seed=config.seed))
+
+
+def train(run, roles: Sequence[StageRole]) -> dict:
+  """Trains `roles` on the scheduler for `config.train_steps` iterations.
+
+  Step `t` (1-based) is reported when the last stage has applied batch t − 1's
+  update (at the simulated time, on the virtual clock); the final step is
+  reported after every lane has finished. Writes `trace.json` and `staleness.png`.
+  """
+  config = run.config
+  num_stages, steps, batch_size = config.stages, config.train_steps, config.batch_size
+  pipeline = Pipeline(run.model, num_stages, optimizers.make_optimizer(config.optimizer, steps),
+                      placement=placement_lib.from_config(config, num_stages),
+                      batch_size=batch_size, seed=config.seed,
+                      aux_heads=any(r.loss == 'aux' for r in roles))
+  batches = run.train_batches()
+  feed = BatchFeed(batches, consumers=1 + sum(r.loss != 'none' for r in roles))
+  executor = make_executor(config, pipeline, roles, feed.peek(0))
+  virtual = executor.clock == 'virtual'
+  last_loss = []
+
+  def report(step, loss, sim_time):
+    run.report(step, loss=loss, variables=session.variables, samples=step * batch_size,
+               sim_time=sim_time, extra=session.metrics, stage=f'stage {num_stages - 1}')
+
+  def on_step(t, loss):
+    if t + 1 < steps:
+      report(t + 1, loss, executor.now() if virtual else None)
+    else:
+      last_loss.append(loss)  # Reported once every lane is done.
+
+  session = pipeline.session(roles, feed, steps, on_step=on_step)
+  timeline = executor.run(session.cluster, session.processes())
+  report(steps, last_loss[0], timeline.makespan if virtual else None)
+  return _write_outputs(run, session, timeline, executor, batches.epoch)
+
+
+def _write_outputs(run, session: Session, timeline: Timeline, executor, epochs) -> dict:
+  timeline.write_chrome_trace(os.path.join(run.workdir, 'trace.json'))
+  plots.plot_staleness(session.staleness(), os.path.join(run.workdir, 'staleness.png'),
+                       title=f'{run.config.algorithm.name}: staleness per stage')
+  steps = run.config.train_steps
+  every = np.concatenate(list(session.staleness().values()))
+  extras = {'clock': timeline.clock, 'epochs': epochs, 'makespan': timeline.makespan,
+            'mean_staleness': float(every.mean()) if every.size else math.nan,
+            'staleness_histogram': {int(v): int(n) for v, n in zip(*np.unique(every,
+                                                                         return_counts=True))},
+            'time_per_step': timeline.makespan / steps,
+            'utilization': timeline.utilization(),
+            'staleness': {name: {'mean': float(v.mean()) if v.size else math.nan,
+                                 'max': int(v.max()) if v.size else 0, 'updates': int(v.size)}
+                          for name, v in session.staleness().items()}}
+  if timeline.clock == 'virtual':
+    extras['sim_time'] = timeline.makespan
+    extras['cost_model_ms'] = {f'stage {k} {kind}': 1e3 * seconds for (k, kind), seconds
+                               in executor.cost_model.compute.items()}
+  logging.info('Makespan %.3f s (%s clock); utilization %s.', timeline.makespan,
+               timeline.clock, {k: round(v, 2) for k, v in extras['utilization'].items()})
+  return extras

@@ -1,0 +1,75 @@
+"""What ran where and when: task records, utilization, a Chrome/Perfetto trace.
+
+Both clocks produce a `Timeline`: one `TaskRecord` per task (simulated or
+measured seconds from the start of the run). `write_chrome_trace` writes the
+Trace Event Format that https://ui.perfetto.dev and chrome://tracing open: one
+row (tid) per lane, one complete ('X') slice per task, named `<kind> b<batch>`.
+"""
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRecord:
+  lane: int
+  kind: str
+  start: float   # seconds
+  end: float
+  stage: int | None = None
+  batch: int | None = None
+
+  @property
+  def duration(self) -> float:
+    return self.end - self.start
+
+  @property
+  def label(self) -> str:
+    return self.kind if self.batch is None else f'{self.kind} b{self.batch}'
+
+
+@dataclasses.dataclass
+class Timeline:
+  """The tasks of one run, with the names of the lanes they ran on."""
+
+  lane_names: Sequence[str]
+  records: list[TaskRecord]
+  clock: str  # 'real' or 'virtual'
+
+  @property
+  def makespan(self) -> float:
+    return max((r.end for r in self.records), default=0.0)
+
+  def tasks(self, lane: int | None = None, kind: str | None = None) -> list[TaskRecord]:
+    """Records on `lane` and/or of `kind`, in start order."""
+    found = [r for r in self.records
+             if (lane is None or r.lane == lane) and (kind is None or r.kind == kind)]
+    return sorted(found, key=lambda r: (r.start, r.end))
+
+  def busy(self, lane: int) -> float:
+    return sum(r.duration for r in self.records if r.lane == lane)
+
+  def utilization(self) -> dict[str, float]:
+    """Busy time / makespan of every lane that ran a task."""
+    span = self.makespan or 1.0
+    used = sorted({r.lane for r in self.records})
+    return {self.lane_names[lane]: self.busy(lane) / span for lane in used}
+
+  def chrome_trace(self) -> dict:
+    events = [{'name': 'process_name', 'ph': 'M', 'pid': 0,
+               'args': {'name': f'jaxsgd ({self.clock} clock)'}}]
+    for lane in sorted({r.lane for r in self.records}):
+      events.append({'name': 'thread_name', 'ph': 'M', 'pid': 0, 'tid': lane,
+                     'args': {'name': self.lane_names[lane]}})
+      events.append({'name': 'thread_sort_index', 'ph': 'M', 'pid': 0, 'tid': lane,
+                     'args': {'sort_index': lane}})
+    for r in self.records:
+      events.append({'name': r.label, 'cat': r.kind, 'ph': 'X', 'pid': 0, 'tid': r.lane,
+                     'ts': r.start * 1e6, 'dur': r.duration * 1e6,
+                     'args': {'stage': r.stage, 'batch': r.batch}})
+    return {'traceEvents': events, 'displayTimeUnit': 'ms'}
+
+  def write_chrome_trace(self, path: str) -> None:
+    with open(path, 'w') as f:
+      json.dump(self.chrome_trace(), f)

@@ -1,0 +1,261 @@
+"""The executor, stores and cost model on toy policies (no model needed)."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsgd.scheduler import Cluster, Compute, CostModel, DeadlockError, Get, Process, Put
+from jaxsgd.scheduler import RealExecutor, Send, VersionedStore, VirtualExecutor
+from jaxsgd.scheduler import costs
+from scheduler_helpers import run_with_timeout
+
+EXECUTORS = {
+    'virtual': lambda: VirtualExecutor(CostModel({'work': 1.0, 'gradient': 1.0,
+                                                  'update': 0.01})),
+    'real': RealExecutor,
+    'threads': lambda: RealExecutor(threads=True),
+}
+
+
+# --- stores -------------------------------------------------------------------------------------
+def test_store_counts_writes_between_read_and_update():
+  store = VersionedStore('w', 0)
+  first, second = store.read(), store.read()
+  store.write(1, read_version=first.version)             # nobody wrote in between
+  store.write(2)                                           # a state write: recorded nowhere
+  record = store.write(3, read_version=second.version)   # two writes since its read
+  assert (first.version, store.version) == (0, 3)
+  assert [u.staleness for u in store.updates] == [0, 2]
+  assert (record.read_version, record.version) == (0, 3)
+  assert store.read() == (3, 3)
+  with pytest.raises(ValueError, match='read_version 7'):
+    store.write(4, read_version=7)
+
+
+# --- the virtual clock on hand-computed cases ------------------------------------------------
+def _producer(out, n):
+  for i in range(n):
+    value = yield Compute(lambda i=i: jnp.full((250,), i, jnp.float32), kind='work', stage=0,
+                          batch=i)
+    yield Send(out, value, batch=i)
+
+
+def _consumer(inbox, n, seen):
+  for i in range(n):
+    value = yield Get(inbox)
+    seen.append((yield Compute(lambda v=value: v * 2, kind='work', stage=1, batch=i)))
+
+
+def test_virtual_clock_gives_the_hand_computed_schedule_with_link_costs():
+  # Producer tasks take 1 s, consumer tasks 2 s; each 1000-byte message takes
+  # 0.5 s latency + 1000 B / 4000 B/s = 0.75 s on the link.
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox, seen = cluster.channel('inbox', b), []
+  model = CostModel({(0, 'work'): 1.0, (1, 'work'): 2.0}, link_latency=0.5,
+                    link_bandwidth=4000.0)
+  timeline = VirtualExecutor(model).run(cluster, [
+      Process('a', a, _producer(inbox, 3)), Process('b', b, _consumer(inbox, 3, seen))])
+  spans = lambda lane: [(r.kind, r.batch, r.start, r.end) for r in timeline.tasks(lane=lane)]
+  assert spans(a) == [('work', 0, 0.0, 1.0), ('work', 1, 1.0, 2.0), ('work', 2, 2.0, 3.0)]
+  assert spans(2) == [('transfer', 0, 1.0, 1.75), ('transfer', 1, 2.0, 2.75),
+                      ('transfer', 2, 3.0, 3.75)]
+  assert spans(b) == [('work', 0, 1.75, 3.75), ('work', 1, 3.75, 5.75), ('work', 2, 5.75, 7.75)]
+  assert timeline.makespan == 7.75
+  assert timeline.utilization() == {'a': 3 / 7.75, 'b': 6 / 7.75, 'link a → b': 2.25 / 7.75}
+  np.testing.assert_array_equal([np.asarray(v)[0] for v in seen], [0, 2, 4])
+
+
+def test_device_speeds_and_seeded_stragglers():
+  model = CostModel({'work': 2.0}, device_speeds=(1.0, 4.0), straggler_std=0.5, seed=3)
+  draws = lambda m: [m.sampler().duration('work', None, lane) for lane in (0, 1)]
+  assert draws(model) == draws(model)  # Same seed, same durations.
+  assert draws(model) != draws(CostModel({'work': 2.0}, device_speeds=(1.0, 4.0),
+                                         straggler_std=0.5, seed=4))
+  sampler = CostModel({'work': 2.0}, device_speeds=(1.0, 4.0)).sampler()
+  assert [sampler.duration('work', None, lane) for lane in (0, 1, 2)] == [2.0, 0.5, 2.0]
+  # The straggler factor has mean one.
+  sampler = CostModel({'work': 1.0}, straggler_std=0.5).sampler()
+  assert abs(np.mean([sampler.duration('work', 0, 0) for _ in range(20000)]) - 1) < 0.02
+
+
+@pytest.mark.parametrize('settings,message', [
+    ({'calibrate': False, 'compute': {'forward': 1.0, 'backward': -2.0, 'update': 0.0}},
+     r'cost.compute.backward: stage 0 cost must be a finite number of seconds >= 0'),
+    ({'calibrate': False, 'compute': {'forward': 1.0, 'update': 0.0}},
+     r'cost.compute.backward: missing'),
+    ({'calibrate': False, 'compute': {'forward': [1.0], 'backward': 1.0, 'update': 0.0}},
+     r'cost.compute.forward: 1 values for 2 stages'),
+    ({'device_speeds': (1.0, 0.0)}, r'cost.device_speeds: must be > 0'),
+    ({'device_speeds': (1.0,)}, r'cost.device_speeds: 1 values for 2 lanes'),
+    ({'link_latency': -1.0}, r'cost.link_latency: must be >= 0'),
+    ({'straggler_std': -0.1}, r'cost.straggler_std: must be >= 0'),
+    ({'warp_speed': 9}, r"cost: unknown field\(s\) \['warp_speed'\]"),
+])
+def test_bad_cost_settings_are_refused_naming_the_field(settings, message):
+  with pytest.raises(ValueError, match=message):
+    costs.check_settings(settings, 2, ('forward', 'backward', 'update'))
+
+
+def test_a_task_without_a_cost_is_refused():
+  with pytest.raises(ValueError, match=r"cost.compute: no cost for 'update' tasks of stage 1"):
+    CostModel({'forward': 1.0}).sampler().duration('update', 1, 0)
+
+
+# --- asynchronous workers: a toy parameter server (the follow-up's pattern) --------------
+@jax.jit
+def _gradient(w):
+  return w - 3.0  # f(w) = ½‖w − 3‖²
+
+
+@jax.jit
+def _apply(w, g):
+  return w - 0.05 * g
+
+
+def _asgd(num_workers, rounds, executor):
+  """Server on lane 0, workers on lanes 1..M; returns (store, timeline)."""
+  cluster = Cluster()
+  server = cluster.add_lane('server')
+  workers = [cluster.add_lane(f'worker {m}') for m in range(num_workers)]
+  store = VersionedStore('w', jnp.zeros((4,)))
+  inbox = cluster.channel('gradients', server)
+  replies = [cluster.channel(f'reply {m}', lane) for m, lane in enumerate(workers)]
+  processes = [Process(f'worker {m}', lane, _tagged_worker(store, inbox, replies[m], rounds, m))
+               for m, lane in enumerate(workers)]
+  processes.append(Process('server', server,
+                           _tagged_server(store, inbox, replies, num_workers * rounds)))
+  return store, executor.run(cluster, processes)
+
+
+def _tagged_worker(store, inbox, reply, rounds, m):
+  for _ in range(rounds):
+    snapshot = store.read()
+    g = yield Compute(_gradient, (snapshot.value,), kind='gradient')
+    yield Send(inbox, (m, snapshot.version, g))
+    yield Get(reply)
+
+
+def _tagged_server(store, inbox, replies, updates):
+  for _ in range(updates):
+    m, version, g = yield Get(inbox)
+    w = yield Compute(_apply, (store.read().value, g), kind='update')
+    store.write(w, read_version=version, lane=m)
+    yield Put(replies[m], None)
+
+
+def _assert_replays(store):
+  """Replaying w_{j+1} = w_j − η (w_{read_j} − 3) from the recorded versions gives the result."""
+  w = [np.zeros(4, np.float32)]
+  for update in store.updates:
+    w.append(w[-1] - np.float32(0.05) * (w[update.read_version] - np.float32(3.0)))
+  np.testing.assert_allclose(store.read().value, w[-1], rtol=1e-6)
+
+
+def test_64_simulated_workers_have_staleness_m_minus_one():
+  """ASGD with M equal-speed workers in round-robin: τ = M − 1 after the first round."""
+  store, timeline = _asgd(64, 3, EXECUTORS['virtual']())
+  staleness = store.staleness()
+  assert staleness[:64].tolist() == list(range(64))  # All pulled version 0.
+  assert set(staleness[64:].tolist()) == {63}
+  assert len({r.lane for r in timeline.records if r.kind == 'gradient'}) == 64
+  assert timeline.makespan == pytest.approx(3 * 1.0 + 3 * 0.01 + 63 * 0.01)
+  _assert_replays(store)
+
+
+def test_virtual_asgd_with_stragglers_is_bit_identical_run_to_run():
+  def run():
+    model = CostModel({'gradient': 1.0, 'update': 0.01}, straggler_std=0.3,
+                      device_speeds=(1.0,) + (1.0, 0.5) * 4, seed=7)
+    store, timeline = _asgd(8, 4, VirtualExecutor(model))
+    return store, timeline
+  (first, t1), (second, t2) = run(), run()
+  assert first.staleness().tolist() == second.staleness().tolist()
+  assert t1.records == t2.records
+  np.testing.assert_array_equal(first.read().value, second.read().value)
+  assert len(set(first.staleness().tolist())) > 2  # Stragglers do change the order.
+
+
+def test_worker_threads_on_the_real_clock():
+  store, timeline = _asgd(4, 5, RealExecutor(threads=True))
+  assert len(store.updates) == 20
+  assert sorted(u.lane for u in store.updates) == sorted(list(range(4)) * 5)
+  _assert_replays(store)  # Whatever the interleaving, the recorded versions explain it.
+  for lane in range(5):
+    spans = timeline.tasks(lane=lane)
+    assert all(a.end <= b.start for a, b in zip(spans, spans[1:]))  # One task at a time.
+
+
+# --- failures -----------------------------------------------------------------------------------
+class Boom(RuntimeError):
+  pass
+
+
+def _fails_at(n):
+  for i in range(10):
+    def work(i=i):
+      if i == n:
+        raise Boom(f'task {i} failed')
+      return jnp.ones(())
+    yield Compute(work, kind='work')
+
+
+def _waits_forever(channel):
+  yield Get(channel)
+
+
+@pytest.mark.parametrize('clock', list(EXECUTORS))
+def test_an_exception_in_a_task_stops_the_whole_run(clock):
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  never = cluster.channel('never', b)
+  processes = [Process('a', a, _fails_at(3)), Process('b', b, _waits_forever(never))]
+  outcome = run_with_timeout(lambda: EXECUTORS[clock]().run(cluster, processes), 20)
+  assert isinstance(outcome.get('error'), Boom), outcome
+
+
+@pytest.mark.parametrize('clock', list(EXECUTORS))
+def test_a_deadlock_is_reported_not_hung(clock):
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  to_a, to_b = cluster.channel('to a', a), cluster.channel('to b', b)
+  processes = [Process('a', a, _waits_forever(to_a)), Process('b', b, _waits_forever(to_b))]
+  outcome = run_with_timeout(lambda: EXECUTORS[clock]().run(cluster, processes), 20)
+  assert isinstance(outcome.get('error'), DeadlockError), outcome
+
+
+# --- the trace ----------------------------------------------------------------------------------
+def test_chrome_trace_has_one_row_per_lane_and_one_slice_per_task(tmp_path):
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+  timeline = VirtualExecutor(CostModel({(0, 'work'): 1.0, (1, 'work'): 2.0})).run(
+      cluster, [Process('a', a, _producer(inbox, 2)), Process('b', b, _consumer(inbox, 2, []))])
+  timeline.write_chrome_trace(str(tmp_path / 'trace.json'))
+  events = json.load(open(tmp_path / 'trace.json'))['traceEvents']
+  names = {e['tid']: e['args']['name'] for e in events if e['name'] == 'thread_name'}
+  assert names == {0: 'a', 1: 'b', 2: 'link a → b'}
+  slices = [(e['tid'], e['name'], e['ts'], e['dur']) for e in events if e['ph'] == 'X']
+  assert sorted(slices) == sorted([
+      (0, 'work b0', 0.0, 1e6), (0, 'work b1', 1e6, 1e6), (2, 'transfer b0', 1e6, 0.0),
+      (2, 'transfer b1', 2e6, 0.0), (1, 'work b0', 1e6, 2e6), (1, 'work b1', 3e6, 2e6)])
+
+
+def test_real_clock_measures_every_task_in_order():
+  cluster = Cluster()
+  devices = jax.devices()[:2]
+  a, b = cluster.add_lane('a', devices[0]), cluster.add_lane('b', devices[1])
+  inbox, seen = cluster.channel('inbox', b), []
+  timeline = RealExecutor().run(
+      cluster, [Process('a', a, _producer(inbox, 4)), Process('b', b, _consumer(inbox, 4, seen))])
+  assert [r.batch for r in timeline.tasks(lane=b)] == [0, 1, 2, 3]
+  for lane in (a, b):
+    spans = timeline.tasks(lane=lane)
+    assert all(0 <= s.start <= s.end for s in spans)
+    assert all(x.end <= y.start + 1e-9 for x, y in zip(spans, spans[1:]))
+  assert {v.devices().pop() for v in seen} == {devices[1]}  # Sent to the consumer's device.
+  assert not math.isnan(timeline.makespan)
