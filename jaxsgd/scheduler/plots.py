@@ -1,5 +1,7 @@
 """The staleness histogram of a run (`staleness.png`)."""
 
+import json
+
 import matplotlib
 
 matplotlib.use('Agg')  # Headless.
@@ -32,3 +34,39 @@ def plot_staleness(staleness_by_lane: dict[str, np.ndarray], path: str, title: s
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+KIND_COLORS = {'forward': 'C0', 'backward': 'C1', 'update': 'C2', 'transfer': 'C7'}
+
+
+def plot_trace(trace: dict | str, ax=None, *, until: float | None = None):
+  """A Gantt chart of a `trace.json` (a path or its dict): one row per lane.
+
+  Slices are coloured by task kind (forward, backward, update, transfer, other);
+  `until` (seconds) shows only the start of a long run.
+
+  Returns:
+    The matplotlib axes.
+  """
+  if isinstance(trace, str):
+    with open(trace) as f:
+      trace = json.load(f)
+  events = trace['traceEvents']
+  names = {e['tid']: e['args']['name'] for e in events if e.get('name') == 'thread_name'}
+  rows = {tid: row for row, tid in enumerate(sorted(names))}
+  if ax is None:
+    _, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
+  seen = set()
+  for e in events:
+    if e.get('ph') != 'X' or (until is not None and e['ts'] * 1e-6 > until):
+      continue
+    kind = e.get('cat', 'compute')
+    ax.broken_barh([(e['ts'] * 1e-6, e['dur'] * 1e-6)], (rows[e['tid']] - 0.4, 0.8),
+                   color=KIND_COLORS.get(kind, 'C4'),
+                   label=None if kind in seen else kind)
+    seen.add(kind)
+  ax.set_yticks(list(rows.values()), [names[t] for t in rows])
+  ax.invert_yaxis()
+  ax.set_xlabel('time (s)')
+  ax.legend(fontsize='small', loc='upper right')
+  return ax

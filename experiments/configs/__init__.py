@@ -1,0 +1,1 @@
+"""Experiment configs (ml_collections), one per paper experiment, each with a smoke variant."""
