@@ -30,6 +30,7 @@ class Suite:
 
 
 SUITES: dict[str, Suite] = {}
+SMOKE_STEPS = 40
 
 
 def register(suite: Suite) -> Suite:
@@ -53,6 +54,9 @@ def method_config(method: Method, seed: int, target: float, smoke: bool):
     for part in filter(None, parent.split('.')):
       node = node[part]
     node[leaf] = value
+  if smoke:  # A smoke run stays seconds long whatever the method's overrides say.
+    config.train_steps = min(config.train_steps, SMOKE_STEPS)
+    config.eval_every = min(config.eval_every, SMOKE_STEPS // 2)
   config.seed = seed
   config.target_accuracy = target
   return config
@@ -78,3 +82,60 @@ def _slug(label: str) -> str:
   return ''.join(c if c.isalnum() else '_' for c in label).strip('_').lower()
 
 
+
+
+# --- The suites -------------------------------------------------------------------------
+# CPU size: the CNN on MNIST-1D (40k), 2,000 steps of batch 128 (per worker for the
+# data-parallel methods), Adam 3e-3 with cosine decay, virtual clock with costs
+# calibrated on this machine. The paper-size settings are in each config's docstring.
+_CPU = (('train_steps', 2000), ('eval_every', 250))
+
+register(Suite(
+    name='ddg', title='DDG: decoupled backprop with delayed gradients vs BP',
+    claim='Huo et al. 2018: DDG matches BP accuracy (CIFAR-10 ResNet-56, K=2: BP 6.97 % vs '
+          'DDG 6.89 % test error; ResNet-110 6.41 vs 6.59) and trains faster on K = 2-4 GPUs.',
+    methods=(
+        Method('BP (staged, K=4)', 'experiments/configs/default.py',
+               _CPU + (('stages', 4), ('clock', 'virtual'))),
+        Method('DDG K=2', 'experiments/configs/ddg.py', _CPU + (('stages', 2),)),
+        Method('DDG K=3', 'experiments/configs/ddg.py', _CPU + (('stages', 3),)),
+        Method('DDG K=4', 'experiments/configs/ddg.py', _CPU + (('stages', 4),)),
+    ),
+    seeds=(0, 1), target_accuracy=0.95))
+
+register(Suite(
+    name='local', title='Local parallelism: BP vs greedy vs overlapping vs chunked (K = 4)',
+    claim='Laskin et al. 2020: local methods trade some accuracy at low compute for much '
+          'higher parallelism; overlapping beats greedy.',
+    methods=(
+        Method('BP (staged, K=4)', 'experiments/configs/default.py',
+               _CPU + (('stages', 4), ('clock', 'virtual'))),
+        Method('greedy', 'experiments/configs/local.py', _CPU + (('algorithm.variant', 'greedy'),)),
+        Method('overlapping', 'experiments/configs/local.py',
+               _CPU + (('algorithm.variant', 'overlapping'),)),
+        Method('chunked (2 chunks)', 'experiments/configs/local.py',
+               _CPU + (('algorithm.variant', 'chunked'), ('algorithm.chunks', 2))),
+    ),
+    seeds=(0, 1), target_accuracy=0.95))
+
+
+def _data_parallel(label, config, workers, name=None):
+  overrides = _CPU + (('workers', workers), ('algorithm.stacked', True),
+                      ('cost.step_time', 0.005), ('cost.bandwidth_gbps', 1.0))
+  if name:
+    overrides += (('algorithm.name', name), ('algorithm.delay', 1 if name == 'dasgd' else 0))
+  return Method(label, config, overrides)
+
+
+register(Suite(
+    name='dasgd', title='DaSGD: SSGD vs local SGD vs DaSGD, 4 and 8 workers',
+    claim='Zhou et al. 2020: DaSGD converges like SGD (O(1/sqrt(K))), hides 100 % of the '
+          'communication and scales linearly (analytic simulator, up to 256 V100s).',
+    methods=tuple(
+        m for workers in (4, 8) for m in (
+            _data_parallel(f'SSGD M={workers}', 'experiments/configs/ssgd.py', workers),
+            _data_parallel(f'local SGD M={workers}', 'experiments/configs/dasgd.py', workers,
+                           'local_sgd'),
+            _data_parallel(f'DaSGD M={workers}', 'experiments/configs/dasgd.py', workers,
+                           'dasgd'))),
+    seeds=(0, 1), target_accuracy=0.95))

@@ -39,3 +39,14 @@ def test_table_rows_hand_computed():
                                   run(0.94, None)]})
   # mean 92.00, sample std of (90, 94) = 2.83; one of two runs reached the target.
   assert rows == [['A', '2', '92.00 ± 2.83', '1/2', '1', '3.0', '2.00', '4', '10.0']]
+
+
+def test_every_registered_suite_has_valid_configs(data_dir):
+  from jaxsgd import training  # pylint: disable=g-import-not-at-top
+  assert {'ddg', 'local', 'dasgd'} <= set(suites.SUITES)
+  for suite in suites.SUITES.values():
+    for method in suite.methods:
+      config = suites.method_config(method, seed=0, target=suite.target_accuracy, smoke=True)
+      config.data_dir = data_dir
+      training.check_config(config)  # Names, ranges, algorithm: no compile, no data.
+      assert config.train_steps <= suites.SMOKE_STEPS
