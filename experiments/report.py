@@ -138,7 +138,8 @@ def write_report(suite, runs: dict[str, list[dict]], workdir: str) -> str:
     lines += ['', '![staleness histograms](staleness.png)']
   first = next(iter(runs.values()))[0]['summary']['config']
   lines += ['', f'Dataset `{first["dataset"]}`, model `{first["model"]["name"]}`, '
-                f'{first["train_steps"]} steps of batch {first["batch_size"]}.', '']
+                f'{first["train_steps"]} steps of batch {first["batch_size"]}'
+                f'{" per worker" if first.get("workers", 1) > 1 else ""}.', '']
   path = os.path.join(workdir, 'report.md')
   with open(path, 'w') as f:
     f.write('\n'.join(lines))
