@@ -1,0 +1,360 @@
+r"""LPP-SGD: Hogwild! workers sharing a replica per device; replicas averaged across devices.
+
+The baseline of PD-ASGD ("Hogwild! scaled on multiple devices", Teguemne Fokam
+et al. 2024). D = `algorithm.devices` replicas w_d; W = `algorithm.workers_per_device`
+Hogwild! workers share each one. Worker (d, j) repeats, on its own batch stream:
+
+    v, w = replica_d.read()                    # at its task's start
+    g = ∇L(w; ξ)                               # forward + backward tasks
+    replica_d ← replica_d − η g                # full step, or
+    replica_d ← replica_d − η (g ⊙ 1_{P_j})    # partitioned step: only its own slice P_j
+
+applied at one instant at the end of its task, to the replica as it is *then*
+(a read-modify-write under a per-replica lock on the real clock, so no update is
+lost; the staleness is the number of writes to the replica since `v`). The
+flat parameter vector is cut into W contiguous slices P_0..P_{W−1}. During
+the first `algorithm.warmup_steps` steps every step is full; afterwards each
+worker alternates full and partitioned steps.
+
+Averaging (non-blocking, keep-local merge): once `algorithm.averaging_freq`
+updates of replica d have been applied since its last snapshot (every update
+during the first and the last `warmup_steps` steps of the run, the paper's
+"first and last epochs") and its previous round has been merged, replica d
+sends a snapshot s_d to the averaging collective and its workers go on. Round r
+averages the D snapshots of round r, w̄ = mean_d s_d (an `average` task whose
+simulated duration is a ring all-reduce of the parameter bytes:
+2 (D − 1) (link_latency + bytes / (D · link_bandwidth))), and each replica merges
+
+    w_d ← w̄ + (w_d − s_d)
+
+i.e. the average replaces the snapshot and the updates the device made while
+the collective ran are kept (DaSGD's keep-local merge). Plain replacement
+w_d ← w̄ would discard those updates; with a zero-time collective both are the
+same (w_d = s_d). Only parameters are averaged: the optimizer state and any
+BatchNorm statistics stay per replica. Evaluation uses the mean of the replicas.
+
+The W workers of a device time-share it: each worker lane runs at 1/W of the
+device's speed (`cost.worker_speeds` / W), so a device's throughput does not
+grow with W; Hogwild! buys asynchrony, not FLOPs.
+
+References:
+  C. Teguemne Fokam, K. K. Nazeer, L. König, D. Kappel, A. Subramoney.
+  Asynchronous Stochastic Gradient Descent with Decoupled Backpropagation and
+  Layer-Wise Updates. 2024. arXiv:2410.05985 (the LPP-SGD baseline).
+  B. Recht, C. Re, S. Wright, F. Niu. Hogwild!. NeurIPS 2011. arXiv:1106.5730.
+  Q. Zhou et al. DaSGD: Squeezing SGD Parallelization Performance in Distributed
+  Training Using Delayed Averaging. 2020. arXiv:2006.00441 (the keep-local merge).
+"""
+
+import dataclasses
+import functools
+import itertools
+import math
+import threading
+from collections.abc import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsgd import stages as stages_lib
+from jaxsgd.asynchronous import common
+from jaxsgd.scheduler import costs as costs_lib
+from jaxsgd.scheduler import transfer
+from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put
+from jaxsgd.scheduler.pipeline import KINDS, Pipeline, sequential_roles
+from jaxsgd.scheduler.placement import Placement
+from jaxsgd.scheduler.store import VersionedStore
+from jaxsgd.training import optimizers
+
+
+@dataclasses.dataclass(frozen=True)
+class LppSettings:
+  devices: int = 2
+  workers_per_device: int = 2
+  warmup_steps: int = 0
+  averaging_freq: int = 4
+
+  @property
+  def num_workers(self) -> int:
+    return self.devices * self.workers_per_device
+
+  @classmethod
+  def from_config(cls, config) -> 'LppSettings':
+    settings = config.algorithm
+    warmup = settings.get('warmup_steps', cls.warmup_steps)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+      raise ValueError(f'algorithm.warmup_steps: must be an integer >= 0, got {warmup!r}.')
+    return cls(common.positive_int(settings.get('devices', cls.devices), 'algorithm.devices'),
+               common.positive_int(settings.get('workers_per_device', cls.workers_per_device),
+                                   'algorithm.workers_per_device'),
+               warmup,
+               common.positive_int(settings.get('averaging_freq', cls.averaging_freq),
+                                   'algorithm.averaging_freq'))
+
+
+def partition_masks(params, parts: int) -> list:
+  """`parts` boolean pytrees like `params`: contiguous slices of the flat vector."""
+  leaves, treedef = jax.tree.flatten(params)
+  sizes = [int(np.prod(leaf.shape)) for leaf in leaves]
+  offsets = np.cumsum([0] + sizes[:-1])
+  bounds = np.linspace(0, sum(sizes), parts + 1).astype(np.int64)
+  masks = []
+  for lo, hi in zip(bounds[:-1], bounds[1:]):
+    flat = [np.arange(o, o + n) for o, n in zip(offsets, sizes)]
+    masks.append(treedef.unflatten([((i >= lo) & (i < hi)).reshape(leaf.shape)
+                                    for i, leaf in zip(flat, leaves)]))
+  return masks
+
+
+def make_masked_update(update):
+  """Jitted `(params, opt_state, grads, mask) -> (params, opt_state)`: the update of
+  the masked gradient, written to the masked coordinates only."""
+
+  @jax.jit
+  def masked_update(params, opt_state, grads, mask):
+    grads = jax.tree.map(lambda g, m: jnp.where(m, g, jnp.zeros_like(g)), grads, mask)
+    new_params, opt_state = update(params, opt_state, grads)
+    return jax.tree.map(jnp.where, mask, new_params, params), opt_state
+
+  return masked_update
+
+
+@jax.jit
+def _mean(trees):
+  return jax.tree.map(lambda *xs: functools.reduce(jnp.add, xs) / len(xs), *trees)
+
+
+@jax.jit
+def keep_local_merge(params, sent, mean):
+  """w̄ + (w − s): the average replaces the snapshot; later local updates stay."""
+  return jax.tree.map(lambda w, s, a: a + (w - s), params, sent, mean)
+
+
+def allreduce_time(nbytes: int, num_devices: int, cost: dict) -> float:
+  """Seconds of a ring all-reduce of `nbytes` per device over `cost`'s links."""
+  if num_devices < 2:
+    return 0.0
+  bandwidth = float(cost['link_bandwidth']) or math.inf
+  hops = 2 * (num_devices - 1)
+  return hops * (float(cost['link_latency']) + nbytes / (num_devices * bandwidth))
+
+
+class LppSession:
+  """One run: worker (d, j) on lane d·W + j, the averaging collective on the last lane.
+
+  Args:
+    pipeline: the model as one stage (its jitted forward, backward and update).
+    settings: D, W, warm-up and averaging frequency.
+    variables: the initial variables (every replica starts from them).
+    opt_state: the optimizer's initial state.
+    streams: one host batch iterator per worker (D·W).
+    devices: the device of each replica (D).
+    steps: a `StepCounter`; log: failures and pushes.
+  """
+
+  def __init__(self, pipeline: Pipeline, settings: LppSettings, variables, opt_state,
+               streams: Sequence[Iterator[dict]], devices: Sequence[jax.Device],
+               steps: common.StepCounter, log: common.WorkerLog):
+    self.settings, self.streams, self.devices, self.steps, self.log = (
+        settings, list(streams), list(devices), steps, log)
+    self.ops = pipeline.ops(0, sequential_roles(1)[0])
+    self.masked_update = make_masked_update(self.ops.update)
+    params, state = stages_lib.split_variables(variables)
+    D, W = settings.devices, settings.workers_per_device
+    self.replicas = [common.SharedParams(f'replica {d}', transfer.to_device(params, devices[d]),
+                                         transfer.to_device(opt_state, devices[d]))
+                     for d in range(D)]
+    self.states = [VersionedStore(f'model state {d}', transfer.to_device(state, devices[d]))
+                   for d in range(D)]
+    self.masks = [[transfer.to_device(m, devices[d]) for m in partition_masks(params, W)]
+                  for d in range(D)]
+    self.cluster = Cluster()
+    for m in range(D * W):
+      self.cluster.add_lane(f'worker {m // W}.{m % W} ({devices[m // W]})', devices[m // W])
+    self.allreduce_lane = self.cluster.add_lane('allreduce')
+    self.rounds = [self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane)
+                   for d in range(D)]
+    self.device_updates = [0] * D           # updates applied to each replica
+    self.last_snapshot = [0] * D            # ... when it last joined a round
+    self.in_flight = [False] * D            # its round is not merged yet
+    self.alive = [W] * D
+    self.active = set(range(D))  # replicas with live workers (evaluated, averaged)
+    self.averaged_rounds = 0
+    self._lock = threading.Lock()
+
+  def processes(self) -> list[Process]:
+    W = self.settings.workers_per_device
+    workers = [Process(f'worker {m // W}.{m % W}', m, self._worker(m // W, m % W))
+               for m in range(self.settings.num_workers)]
+    if self.settings.devices > 1:
+      workers.append(Process('averaging', self.allreduce_lane, self._averager()))
+    return workers
+
+  # --- the processes ----------------------------------------------------------------------------
+  def _worker(self, d: int, j: int):
+    m = d * self.settings.workers_per_device + j
+    replica, failed = self.replicas[d], False
+    for k in itertools.count():
+      if self.steps.done or (failed := self.log.has_failed(m)):
+        break
+      snapshot = replica.read()
+      batch = transfer.to_device(next(self.streams[m]), self.devices[d])
+      variables = {'params': snapshot.value.params, **self.states[d].read().value}
+      _, loss, new_state, vjp = yield Compute(
+          self.ops.forward, (variables, batch['image'], batch['label']), kind='forward',
+          stage=0, batch=k)
+      grads, _ = yield Compute(self.ops.backward, (vjp, None), kind='backward', stage=0, batch=k)
+      if (failed := self.log.has_failed(m)):
+        break
+      partitioned = k % 2 == 1 and self.steps.applied >= self.settings.warmup_steps
+      step = self.steps.commit(functools.partial(
+          self._apply, d, m, grads, snapshot.version, new_state, partitioned), loss,
+                               f'worker {d}.{j}')
+      if step is None:
+        break
+      if self._snapshot_due(d, step):
+        yield Put(self.rounds[d], replica.read().value.params)
+    yield from self._leave(d, failed)
+
+  def _apply(self, d, m, grads, read_version, new_state, partitioned):
+    W = self.settings.workers_per_device
+    update, args = ((self.masked_update, (self.masks[d][m % W],)) if partitioned
+                    else (self.ops.update, ()))
+    self.replicas[d].apply(update, grads, *args, read_version=read_version, lane=m,
+                           batch=self.steps.applied)
+    if new_state:
+      self.states[d].write(new_state)
+    self.device_updates[d] += 1
+    self.log.pushed(m)
+
+  def _snapshot_due(self, d: int, step: int) -> bool:
+    """Whether replica d joins the next averaging round now (then it is in flight).
+
+    At most one round per replica is in flight: a snapshot taken before the
+    previous round's merge landed would count that merge twice in w̄ + (w − s).
+    """
+    settings = self.settings
+    if settings.devices < 2 or step >= self.steps.steps:
+      return False
+    dense = step <= settings.warmup_steps or step > self.steps.steps - settings.warmup_steps
+    with self._lock:
+      since = self.device_updates[d] - self.last_snapshot[d]
+      if self.in_flight[d] or not (dense or since >= settings.averaging_freq):
+        return False
+      self.in_flight[d], self.last_snapshot[d] = True, self.device_updates[d]
+      return True
+
+  def _leave(self, d: int, failed: bool):
+    """The last worker of a device to stop ends its part in the averaging."""
+    with self._lock:
+      self.alive[d] -= 1
+      last = self.alive[d] == 0
+      if last and failed:
+        self.active.discard(d)
+    if last and self.settings.devices > 1:
+      yield Put(self.rounds[d], common.STOP)
+
+  def _averager(self):
+    taking = list(range(self.settings.devices))
+    for r in itertools.count():
+      sent = {}
+      for d in list(taking):
+        message = yield Get(self.rounds[d])
+        if message is common.STOP:
+          taking.remove(d)
+        else:
+          sent[d] = message
+      if len(taking) < 2:
+        return
+      if len(sent) < 2:  # A replica left: the other's round is void.
+        self.in_flight = [False] * self.settings.devices
+        continue
+      means = yield Compute(self._allreduce, (sent,), kind='average', stage=0, batch=r)
+      if self.steps.done:
+        return
+      for d, mean in means.items():
+        self.replicas[d].replace_params(keep_local_merge, sent[d], mean)
+        self.in_flight[d] = False
+      self.averaged_rounds += 1
+
+  def _allreduce(self, sent: dict) -> dict:
+    """The mean of the snapshots, on every participating replica's device."""
+    home = self.devices[min(sent)]
+    mean = _mean([transfer.to_device(s, home) for s in sent.values()])
+    return {d: transfer.to_device(mean, self.devices[d]) for d in sent}
+
+  # --- what the run reports -----------------------------------------------------------------------
+  def variables(self):
+    """The mean of the replicas that still have workers (all, if none has)."""
+    devices = sorted(self.active) or list(range(self.settings.devices))
+    home = self.devices[devices[0]]
+    params = [transfer.to_device(self.replicas[d].read().value.params, home) for d in devices]
+    mean = params[0] if len(params) == 1 else _mean(params)
+    return {'params': mean, **transfer.to_device(self.states[devices[0]].read().value, home)}
+
+  def staleness(self) -> dict[str, np.ndarray]:
+    W, result = self.settings.workers_per_device, {}
+    for d, replica in enumerate(self.replicas):
+      result.update(common.staleness_by_lane(
+          replica.store, {d * W + j: f'worker {d}.{j}' for j in range(W)}))
+    return result
+
+  def metrics(self) -> dict:
+    return {**common.staleness_metrics(self.staleness(), 'worker'),
+            'averaging_rounds': self.averaged_rounds, 'failed_workers': len(self.log.failed)}
+
+
+# --- from a config ------------------------------------------------------------------------------
+def check_config(config, model) -> LppSettings:
+  """Refuses what cannot run, before anything compiles; returns the settings."""
+  del model
+  settings = LppSettings.from_config(config)
+  optimizers.check_optimizer(config.optimizer)
+  if config.stages != 1:
+    raise ValueError(f'stages: lppsgd computes whole-model gradients on each worker; use '
+                     f'stages=1, got {config.stages}.')
+  if config.clock == 'virtual':
+    common.check_cost(config.get('cost'), num_stages=1)
+  common.worker_costs(config.get('cost'), settings.num_workers)
+  return settings
+
+
+def measure(cost: dict, pipeline: Pipeline, batch: dict) -> dict:
+  """Seconds of a worker's forward, backward and update (calibrated or given)."""
+  return (pipeline.calibrate(sequential_roles(1), batch, cost['reps']) if cost['calibrate']
+          else costs_lib.explicit_compute(cost, 1, KINDS))
+
+
+def task_costs(table: dict, cost: dict, nbytes: int, devices: int) -> dict:
+  """The update paid by the backward task it ends, and the averaging collective."""
+  return {**common.fold_update(table, 1), (0, 'average'): allreduce_time(nbytes, devices, cost)}
+
+
+def train(run) -> dict:
+  """Trains until `config.train_steps` updates were applied over all replicas."""
+  config = run.config
+  settings = check_config(config, run.model)
+  D, W = settings.devices, settings.workers_per_device
+  devices = common.lane_devices(config.clock, D)
+  base = optimizers.make_optimizer(config.optimizer, config.train_steps)
+  pipeline = Pipeline(run.model, 1, base, placement=Placement.create(1, devices[:1]),
+                      batch_size=config.batch_size, seed=config.seed)
+  variables = pipeline.initial_variables(0, sequential_roles(1)[0])
+  opt_state = base.init(variables['params'])
+  worker = common.worker_costs(config.get('cost'), D * W)
+  cost = common.cost_settings(config)
+  executor, measured = common.make_executor(
+      config, lambda cost: measure(cost, pipeline, next(run.train_batches(0, 1))),
+      lane_speeds=[speed / W for speed in worker.speeds],
+      adjust=lambda table: task_costs(table, cost, transfer.nbytes(variables['params']), D))
+  log = common.WorkerLog([f'worker {m // W}.{m % W}' for m in range(D * W)], worker.failures,
+                         executor.now)
+  streams = [run.train_batches(m, D * W) for m in range(D * W)]
+  return common.train_session(
+      run, executor, measured, log,
+      lambda steps: LppSession(pipeline, settings, variables, opt_state, streams, devices,
+                               steps, log),
+      title='lppsgd: staleness per worker',
+      extra=lambda session: {'devices': D, 'workers_per_device': W,
+                             'averaging_rounds': session.averaged_rounds})

@@ -1,0 +1,377 @@
+r"""ASGD / Hogwild! and DC-ASGD: a parameter server and M asynchronous workers.
+
+Update rules (η: `config.optimizer`, applied by the server the moment a push
+arrives, no barrier; τ: the push's staleness, w_bak(m): the parameters worker
+m pulled and computed its gradient g_m at):
+
+    asgd (Recht et al. 2011):        w ← w − η g_m
+      staleness_lr='inverse':        w ← w − η g_m / max(τ, 1)        (Zhang et al. 2016)
+      staleness_lr='inverse_sqrt':   w ← w − η g_m / √max(τ, 1)
+    dcasgd (Zheng et al. 2017):      w ← w − η (g_m + λ_t ⊙ g_m ⊙ g_m ⊙ (w − w_bak(m)))
+      adaptive=False (DC-ASGD-c):    λ_t = λ0                                  (default 0.04)
+      adaptive=True  (DC-ASGD-a):    λ_t = λ0 / √(MS_t + ε),                   (default 2)
+                                     MS_t = m MS_{t−1} + (1 − m) g_m ⊙ g_m
+
+The rules are the Optax transforms of `jaxsgd.transforms`
+(`delay_compensation_server`, `scale_by_staleness`) chained before the
+optimizer; λ0 = 0 is ASGD bit for bit.
+
+Schedule (server lane 0, worker m on lane m + 1, each on its own device):
+
+    server:                                         worker m:
+      for m: pull(m); send w⁰ to m                    loop:
+      while fewer than train_steps applied:             (v, w) = Get(reply[m])     # its pull
+        push = Get(inbox)                               g, ℓ = grad(w; next batch of stream m)
+        τ = version − push.v                            Send(inbox, (m, v, g, ℓ))  # its push
+        w ← apply(w, push.g, m, τ)        (a task)
+        record w_bak(m) ← w               (same call)
+        Send(reply[m], (version, w))      # m's next pull
+      Put(reply[m], STOP) for every m
+
+The reply to a push *is* the worker's next pull, so its backup w_bak(m) is
+recorded by the same jitted call that applies the push, and its read version
+is the version that call wrote. At t = 0 every worker pulls version 0. With M
+equal-speed workers and free links, round one has staleness 0, 1, …, M − 1 and
+every later push exactly M − 1. Worker speeds (`cost.worker_speeds`) and seeded
+stragglers (`cost.straggler_std`) change the order; a worker past its failure
+time (`cost.failures`) pushes nothing more and the others go on. BatchNorm
+statistics (if any) are kept beside the versioned parameters, so they bump no
+version.
+
+References:
+  B. Recht, C. Re, S. Wright, F. Niu. Hogwild!: A Lock-Free Approach to
+  Parallelizing Stochastic Gradient Descent. NeurIPS 2011. arXiv:1106.5730.
+  S. Zheng, Q. Meng, T. Wang, W. Chen, N. Yu, Z.-M. Ma, T.-Y. Liu. Asynchronous
+  Stochastic Gradient Descent with Delay Compensation. ICML 2017.
+  arXiv:1609.08326 (Algorithm 2, Eq. 10; Sec. 4 for the adaptive λ).
+  W. Zhang, S. Gupta, X. Lian, J. Liu. Staleness-aware Async-SGD for Distributed
+  Deep Learning. IJCAI 2016. arXiv:1511.05950.
+"""
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import optax
+
+from jaxsgd import stages as stages_lib
+from jaxsgd import transforms
+from jaxsgd.asynchronous import common
+from jaxsgd.scheduler import costs as costs_lib
+from jaxsgd.scheduler import transfer
+from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
+from jaxsgd.scheduler.pipeline import KINDS, Pipeline, StageParams, sequential_roles
+from jaxsgd.scheduler.placement import Placement
+from jaxsgd.scheduler.store import Snapshot, VersionedStore
+from jaxsgd.training import optimizers
+
+STALENESS_LR = {'none': None, 'inverse': transforms.inverse_staleness,
+                'inverse_sqrt': transforms.inverse_sqrt_staleness}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+  """`config.workers` and the server's update rule (`config.algorithm`)."""
+
+  num_workers: int
+  staleness_lr: str = 'none'
+  delay_compensation: bool = False   # DC-ASGD
+  lambda0: float | None = None       # None: the paper's default (0.04 constant, 2 adaptive)
+  adaptive: bool = False
+
+  @classmethod
+  def from_config(cls, config) -> 'ServerSettings':
+    settings = config.algorithm
+    dc = settings.name == 'dcasgd'
+    lambda0 = settings.get('lambda0', None) if dc else None
+    if lambda0 is not None and (isinstance(lambda0, bool) or
+                                not isinstance(lambda0, (int, float)) or not lambda0 >= 0):
+      raise ValueError(f'algorithm.lambda0: must be a number >= 0 (0 gives plain ASGD), got '
+                       f'{lambda0!r}.')
+    adaptive = settings.get('adaptive', False) if dc else False
+    if not isinstance(adaptive, bool):
+      raise ValueError(f'algorithm.adaptive: True (DC-ASGD-a) or False (DC-ASGD-c), got '
+                       f'{adaptive!r}.')
+    return cls(common.positive_int(config.workers, 'workers'),
+               common.choice(settings.get('staleness_lr', 'none'), 'algorithm.staleness_lr',
+                             tuple(STALENESS_LR)),
+               dc, None if lambda0 is None else float(lambda0), adaptive)
+
+
+def server_optimizer(base: optax.GradientTransformation,
+                     settings: ServerSettings) -> optax.GradientTransformationExtraArgs:
+  """`chain([delay compensation], [staleness scaling], base)`; its update takes
+  `worker_id=` and `staleness=`."""
+  parts = []
+  if settings.delay_compensation:
+    parts.append(transforms.delay_compensation_server(
+        settings.num_workers, settings.lambda0, settings.adaptive))
+  if STALENESS_LR[settings.staleness_lr] is not None:
+    parts.append(transforms.scale_by_staleness(STALENESS_LR[settings.staleness_lr]))
+  return optax.chain(*parts, base)
+
+
+def make_apply(tx: optax.GradientTransformationExtraArgs, record_pulls: bool):
+  """Jitted `(params, opt_state, grads, worker_id, staleness) -> (params, opt_state)`:
+  the update, then (DC-ASGD) w_bak(worker) ← the new params, its next pull."""
+
+  @jax.jit
+  def apply(params, opt_state, grads, worker_id, staleness):
+    updates, opt_state = tx.update(grads, opt_state, params, worker_id=worker_id,
+                                   staleness=staleness)
+    params = optax.apply_updates(params, updates)
+    if record_pulls:
+      opt_state = transforms.record_pull(opt_state, params, worker_id)
+    return params, opt_state
+
+  return apply
+
+
+class ParameterServer:
+  """The server's `(params, opt_state)` in one `VersionedStore`, and its update.
+
+  The server remembers the version of each worker's last pull and refuses a push
+  from a worker that never pulled (DC-ASGD needs the backup recorded at pull time)
+  or that was computed at another version than the one it pulled.
+  """
+
+  def __init__(self, tx: optax.GradientTransformationExtraArgs, params, num_workers: int,
+               device: jax.Device, *, record_pulls: bool):
+    self.store = VersionedStore('server params', StageParams(params, tx.init(params)))
+    self.apply_fn = make_apply(tx, record_pulls)
+    self._device = device
+    self._pulled: list[int | None] = [None] * num_workers
+    self._worker_ids = [transfer.constant(m, device, np.int32) for m in range(num_workers)]
+    self._staleness: dict[int, jax.Array] = {}  # device scalars, one per value seen
+
+  def pull(self, worker: int) -> Snapshot:
+    """Worker `worker` receives the current parameters (its backup is these)."""
+    snapshot = self.store.read()
+    self._pulled[worker] = snapshot.version
+    return snapshot
+
+  def update_call(self, worker: int, grads, read_version: int) -> tuple:
+    """`(fn, args)` of the update task for `worker`'s push of a gradient computed at
+    `read_version` (read now, at the task's start)."""
+    pulled = self._pulled[worker]
+    if pulled is None:
+      raise ValueError(f'worker {worker} pushed a gradient but never pulled: the server '
+                       f'records w_bak({worker}) and the pulled version when a worker pulls '
+                       f'(DC-ASGD, Algorithm 2), so a push without a pull has no backup.')
+    if read_version != pulled:
+      raise ValueError(f'worker {worker} pushed a gradient computed at version {read_version} '
+                       f'but its last pull was version {pulled}.')
+    current = self.store.read()
+    staleness = self._constant(current.version - read_version)
+    return self.apply_fn, (current.value.params, current.value.opt_state, grads,
+                           self._worker_ids[worker], staleness)
+
+  def commit(self, worker: int, value, read_version: int, *, lane: int, batch: int):
+    """Writes the update task's result; the worker must pull again before pushing."""
+    self._pulled[worker] = None
+    return self.store.write(StageParams(*value), read_version=read_version, lane=lane,
+                            batch=batch)
+
+  def calibration_call(self) -> tuple:
+    """The update on the initial parameters, standing in for a gradient (for timing)."""
+    value = self.store.read().value
+    return self.apply_fn, (value.params, value.opt_state, value.params, self._worker_ids[0],
+                           self._constant(0))
+
+  def _constant(self, staleness: int) -> jax.Array:
+    if staleness not in self._staleness:
+      self._staleness[staleness] = transfer.constant(staleness, self._device, np.int32)
+    return self._staleness[staleness]
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=['grads', 'loss', 'state'],
+                   meta_fields=['worker', 'version', 'batch'])
+@dataclasses.dataclass(frozen=True)
+class Push:
+  """A worker's gradient (copied to the server; the metadata is not an array)."""
+  worker: int
+  version: int
+  batch: int
+  grads: Any
+  loss: Any
+  state: Any
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=['params', 'state'],
+                   meta_fields=['version'])
+@dataclasses.dataclass(frozen=True)
+class Pulled:
+  """The parameters (and model state) a worker receives, and their version."""
+  version: int
+  params: Any
+  state: Any
+
+
+class WorkerFailed(NamedTuple):
+  worker: int
+
+
+class AsgdSession:
+  """One run: the server on lane 0, worker m on lane m + 1, their channels.
+
+  Args:
+    pipeline: the model as one stage (`Pipeline(model, 1, ...)`): its jitted
+      forward and backward compute a worker's gradient.
+    server: the parameter server (its store lives on `devices[0]`).
+    state: the model state (BatchNorm statistics), kept beside the versioned store.
+    streams: one host batch iterator per worker.
+    devices: the device of each lane (`1 + M` of them).
+    steps: a `StepCounter` (the run ends when it is done).
+    log: when workers fail and when they push.
+  """
+
+  def __init__(self, pipeline: Pipeline, server: ParameterServer, state,
+               streams: Sequence[Iterator[dict]], devices: Sequence[jax.Device],
+               steps: common.StepCounter, log: common.WorkerLog):
+    self.pipeline, self.server, self.streams, self.steps, self.log = (
+        pipeline, server, list(streams), steps, log)
+    self.ops = pipeline.ops(0, sequential_roles(1)[0])
+    self.model_state = VersionedStore('server model state', state)
+    self.num_workers = len(self.streams)
+    self.devices = list(devices)
+    self.cluster = Cluster()
+    self.cluster.add_lane(f'server ({devices[0]})', devices[0])
+    for m in range(self.num_workers):
+      self.cluster.add_lane(f'worker {m} ({devices[1 + m]})', devices[1 + m])
+    self.inbox = self.cluster.channel('pushes', 0)
+    self.replies = [self.cluster.channel(f'pulls of worker {m}', 1 + m)
+                    for m in range(self.num_workers)]
+
+  def processes(self) -> list[Process]:
+    return [Process('server', 0, self._server())] + [
+        Process(f'worker {m}', 1 + m, self._worker(m)) for m in range(self.num_workers)]
+
+  # --- the processes (see the module docstring) ------------------------------------------------
+  def _server(self):
+    for m in range(self.num_workers):
+      yield from self._reply(m)
+    live = set(range(self.num_workers))
+    while not self.steps.done:
+      message = yield Get(self.inbox)
+      if isinstance(message, WorkerFailed):
+        live.discard(message.worker)
+        if not live:
+          raise common.WorkersFailedError(
+              f'asgd: every worker failed (cost.failures) after {self.steps.applied} of '
+              f'{self.steps.steps} steps.')
+        continue
+      yield from self._apply(message)
+      if not self.steps.done:
+        yield from self._reply(message.worker)
+    for m in range(self.num_workers):
+      yield Put(self.replies[m], common.STOP)
+
+  def _reply(self, worker: int):
+    snapshot = self.server.pull(worker)
+    yield Send(self.replies[worker],
+               Pulled(snapshot.version, snapshot.value.params, self.model_state.read().value))
+
+  def _apply(self, push: Push):
+    fn, args = self.server.update_call(push.worker, push.grads, push.version)
+    value = yield Compute(fn, args, kind='update', stage=0, batch=self.steps.applied)
+
+    def commit():
+      self.server.commit(push.worker, value, push.version, lane=1 + push.worker,
+                         batch=self.steps.applied)
+      if push.state:
+        self.model_state.write(push.state)
+
+    self.steps.commit(commit, push.loss, f'worker {push.worker}')
+
+  def _worker(self, m: int):
+    device = self.devices[1 + m]
+    for k in itertools.count():
+      pulled = yield Get(self.replies[m])
+      if pulled is common.STOP:
+        return
+      if self.log.has_failed(m):
+        break
+      batch = transfer.to_device(next(self.streams[m]), device)
+      variables = {'params': pulled.params, **pulled.state}
+      _, loss, new_state, vjp = yield Compute(
+          self.ops.forward, (variables, batch['image'], batch['label']), kind='forward',
+          stage=0, batch=k)
+      grads, _ = yield Compute(self.ops.backward, (vjp, None), kind='backward', stage=0, batch=k)
+      if self.log.has_failed(m):  # Its pushes stop at its failure time.
+        break
+      self.log.pushed(m)
+      yield Send(self.inbox, Push(m, pulled.version, k, grads, loss, new_state), batch=k)
+    yield Put(self.inbox, WorkerFailed(m))
+
+  # --- what the run reports ----------------------------------------------------------------------
+  def variables(self):
+    return {'params': self.server.store.read().value.params, **self.model_state.read().value}
+
+  def staleness(self) -> dict[str, np.ndarray]:
+    lanes = {1 + m: f'worker {m}' for m in range(self.num_workers)}
+    return common.staleness_by_lane(self.server.store, lanes)
+
+  def metrics(self) -> dict:
+    return {**common.staleness_metrics(self.staleness(), 'worker'),
+            'failed_workers': len(self.log.failed)}
+
+
+# --- from a config -----------------------------------------------------------------------------
+def check_config(config, model) -> ServerSettings:
+  """Refuses what cannot run, before anything compiles; returns the settings."""
+  del model
+  settings = ServerSettings.from_config(config)
+  optimizers.check_optimizer(config.optimizer)
+  if config.stages != 1:
+    raise ValueError(f'stages: {config.algorithm.name} computes whole-model gradients on '
+                     f'each worker; use stages=1, got {config.stages}.')
+  if config.clock == 'virtual':
+    common.check_cost(config.get('cost'), num_stages=1)
+  common.worker_costs(config.get('cost'), settings.num_workers)
+  return settings
+
+
+def build(run, settings: ServerSettings):
+  """(pipeline, server, initial model state, lane devices) for `run`'s config."""
+  config = run.config
+  devices = common.lane_devices(config.clock, 1 + settings.num_workers)
+  base = optimizers.make_optimizer(config.optimizer, config.train_steps)
+  pipeline = Pipeline(run.model, 1, base, placement=Placement.create(1, devices[:1]),
+                      batch_size=config.batch_size, seed=config.seed)
+  params, state = stages_lib.split_variables(pipeline.initial_variables(0, sequential_roles(1)[0]))
+  server = ParameterServer(server_optimizer(base, settings), params, settings.num_workers,
+                           devices[0], record_pulls=settings.delay_compensation)
+  return pipeline, server, state, devices
+
+
+def cost_table(cost: dict, pipeline: Pipeline, server: ParameterServer, batch: dict) -> dict:
+  """Seconds of a worker's forward and backward and of the server's update."""
+  if not cost['calibrate']:
+    return costs_lib.explicit_compute(cost, 1, KINDS)
+  table = pipeline.calibrate(sequential_roles(1), batch, cost['reps'])
+  table.update(costs_lib.calibrate({(0, 'update'): server.calibration_call()}, cost['reps']))
+  return table
+
+
+def train(run) -> dict:
+  """Trains `config.train_steps` server updates; returns the summary extras."""
+  config = run.config
+  settings = check_config(config, run.model)
+  num_workers = settings.num_workers
+  pipeline, server, state, devices = build(run, settings)
+  worker = common.worker_costs(config.get('cost'), num_workers)
+  executor, measured = common.make_executor(
+      config, lambda cost: cost_table(cost, pipeline, server, next(run.train_batches(0, 1))),
+      lane_speeds=(1.0,) + worker.speeds)
+  log = common.WorkerLog([f'worker {m}' for m in range(num_workers)], worker.failures,
+                         executor.now)
+  streams = [run.train_batches(m, num_workers) for m in range(num_workers)]
+  return common.train_session(
+      run, executor, measured, log,
+      lambda steps: AsgdSession(pipeline, server, state, streams, devices, steps, log),
+      title=f'{config.algorithm.name}: staleness per worker',
+      extra=lambda session: {'workers': num_workers})

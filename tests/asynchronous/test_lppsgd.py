@@ -1,0 +1,155 @@
+"""LPP-SGD: sequential equivalence, Hogwild! replay with partitioned steps, averaging."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from async_helpers import UNIT, batches, executor, pipeline, run_lpp, sequential_sgd
+from jaxsgd.asynchronous import lppsgd
+from jaxsgd.scheduler.pipeline import sequential_roles
+
+
+def test_one_device_one_worker_equals_sequential_sgd_bit_for_bit():
+  pipe = pipeline(tx='adam')
+  settings = lppsgd.LppSettings(devices=1, workers_per_device=1, warmup_steps=100)
+  session, _, _ = run_lpp(settings, 10, pipe=pipe)
+  params, opt = sequential_sgd(pipe, batches(seed=0), 10)
+  chex.assert_trees_all_equal(tuple(session.replicas[0].read().value), (params[0], opt[0]))
+  chex.assert_trees_all_equal(session.variables()['params'], params[0])
+
+
+def test_partition_masks_cover_every_parameter_exactly_once():
+  params = {'a': jnp.zeros((3, 4)), 'b': jnp.zeros((5,)), 'c': jnp.zeros((2, 2))}
+  masks = lppsgd.partition_masks(params, 3)
+  total = jax.tree.map(lambda *ms: sum(m.astype(int) for m in ms), *masks)
+  assert all((t == 1).all() for t in jax.tree.leaves(total))
+  assert [sum(int(m.sum()) for m in jax.tree.leaves(mask)) for mask in masks] == [7, 7, 7]
+
+
+def test_masked_update_writes_only_the_slice():
+  params = {'w': jnp.arange(6.0)}
+  update = lambda p, s, g: (jax.tree.map(lambda a, b: a - b, p, g), s)
+  mask = {'w': jnp.array([False, True, True, False, False, False])}
+  new, _ = lppsgd.make_masked_update(update)(params, (), {'w': jnp.ones(6)}, mask)
+  np.testing.assert_array_equal(new['w'], [0.0, 0.0, 1.0, 3.0, 4.0, 5.0])
+
+
+def test_hogwild_workers_replay_with_alternating_partitioned_steps():
+  """Two workers share one replica. Replaying the recorded (worker, read version)
+  sequence — the gradient at the version read, applied to the replica as it is at
+  the end, full or own-slice-only alternately — gives the run's parameters exactly."""
+  pipe = pipeline()
+  settings = lppsgd.LppSettings(devices=1, workers_per_device=2, warmup_steps=2)
+  session, _, _ = run_lpp(settings, 12, pipe=pipe, ex=executor(straggler_std=0.3, seed=5))
+  updates = session.replicas[0].store.updates
+  assert max(u.staleness for u in updates) >= 1  # Two Hogwild! workers overlap.
+  ops = pipe.ops(0, sequential_roles(1)[0])
+  masks = lppsgd.partition_masks(session.replicas[0].read().value.params, 2)
+  history = [pipe.initial_variables(0, sequential_roles(1)[0])['params']]
+  empty = pipe.tx.init(history[0])  # SGD: no optimizer state to follow.
+  streams, taken = [batches(seed=m) for m in range(2)], [0, 0]
+  for step, u in enumerate(updates):
+    batch, k = next(streams[u.lane]), taken[u.lane]
+    taken[u.lane] += 1
+    _, _, _, vjp = ops.forward({'params': history[u.read_version]}, batch['image'],
+                               batch['label'])
+    grads, _ = ops.backward(vjp, None)
+    if k % 2 == 1 and step >= settings.warmup_steps:  # Its partitioned steps.
+      history.append(session.masked_update(history[-1], empty, grads, masks[u.lane])[0])
+    else:
+      history.append(ops.update(history[-1], empty, grads)[0])
+  chex.assert_trees_all_equal(session.replicas[0].read().value.params, history[-1])
+  assert taken[0] >= 4 and taken[1] >= 4
+
+
+def test_replicas_are_averaged_with_the_keep_local_merge():
+  """D = 2, one worker each, averaging after every update, free links: at the end of
+  step k both replicas are merged to m_k = mean(s_0, s_1), but each worker's next
+  gradient was read at its own pre-merge s_d (the collective runs after it started):
+      s_d^{k+1} = m_k − η ∇f(s_d^k; ξ_d^{k+1}),   m_0 = w0."""
+  pipe = pipeline()
+  settings = lppsgd.LppSettings(devices=2, workers_per_device=1, averaging_freq=1)
+  session, timeline, _ = run_lpp(settings, 10, pipe=pipe)
+  ops = pipe.ops(0, sequential_roles(1)[0])
+  w0 = pipe.initial_variables(0, sequential_roles(1)[0])['params']
+  streams, sent, merged, empty = [batches(seed=0), batches(seed=1)], [w0, w0], w0, pipe.tx.init(w0)
+  for _ in range(5):
+    new = []
+    for d in range(2):
+      batch = next(streams[d])
+      vjp = ops.forward({'params': sent[d]}, batch['image'], batch['label'])[3]
+      new.append(ops.update(merged, empty, ops.backward(vjp, None)[0])[0])
+    sent, merged = new, lppsgd._mean(new)  # pylint: disable=protected-access
+  for d in range(2):
+    chex.assert_trees_all_equal(session.replicas[d].read().value.params, sent[d])
+  chex.assert_trees_all_equal(session.variables()['params'], merged)
+  assert session.averaged_rounds == 4  # Not after the final step.
+  assert len(timeline.tasks(kind='average')) == 4
+
+
+def test_averaging_cost_is_a_ring_allreduce_of_the_parameter_bytes():
+  cost = {'link_latency': 1e-3, 'link_bandwidth': 1e6}
+  assert lppsgd.allreduce_time(4000, 4, cost) == pytest.approx(6 * (1e-3 + 1000 / 1e6))
+  assert lppsgd.allreduce_time(4000, 1, cost) == 0.0
+  assert lppsgd.allreduce_time(4000, 4, {'link_latency': 0.0, 'link_bandwidth': 0.0}) == 0.0
+  table = lppsgd.task_costs({(0, 'forward'): 1.0, (0, 'backward'): 2.0, (0, 'update'): 0.5},
+                            cost, 4000, 4)
+  assert table[(0, 'backward')] == 2.5 and table[(0, 'average')] == pytest.approx(0.012)
+
+
+@pytest.mark.parametrize('clock', ['virtual', 'real'])
+def test_concurrent_hogwild_updates_are_never_lost(clock):
+  """Adam counts its updates: the count equals the writes recorded (no lost update)."""
+  settings = lppsgd.LppSettings(devices=2, workers_per_device=3, averaging_freq=2)
+  session, _, _ = run_lpp(settings, 18, tx='adam', ex=executor(clock))
+  counts = [int(r.read().value.opt_state[0].count) for r in session.replicas]
+  assert counts == [len(r.store.updates) for r in session.replicas]
+  assert sum(counts) == 18
+
+
+def test_a_failed_worker_stops_and_its_replica_keeps_training():
+  settings = lppsgd.LppSettings(devices=2, workers_per_device=2, averaging_freq=2)
+  session, _, log = run_lpp(settings, 16, failures={1: 10.0})
+  [failed] = log.summary()['failed_workers']
+  assert failed['worker'] == 'worker 1' and failed['last_push'] < 10.0
+  assert max(log.pushes[0]) > 10.0 and sum(len(p) for p in log.pushes) == 16
+  assert session.active == {0, 1}  # Worker 0.0 still trains replica 0.
+
+
+def test_a_replica_joins_one_averaging_round_at_a_time():
+  """A snapshot taken before the previous round's merge landed would count that merge
+  twice in w̄ + (w − s), so a replica waits for it. D = 2, one worker each, tasks of
+  3 s, a collective of 5 s. Worker d applies an update every 3 s (its gradient at the
+  replica it read when its task started, 3 s earlier):
+      3: a1 = w0 − η g(w0), snapshot s1 = a1        6: a2 = a1 − η g(a1), none (in flight)
+      8: b1 = mean(s1) + (a2 − s1)                   9: a3 = b1 − η g(a2), snapshot s2 = a3
+     12: a4 = a3 − η g(a3), none                    14: b2 = mean(s2) + (a4 − s2)
+     15: a5 = b2 − η g(a4), snapshot s3 = a5        18: a6 = a5 − η g(a5): step 12, done."""
+  pipe = pipeline()
+  settings = lppsgd.LppSettings(devices=2, workers_per_device=1, averaging_freq=1)
+  session, _, _ = run_lpp(settings, 12, pipe=pipe, ex=executor(costs=dict(UNIT, average=5.0)))
+  ops = pipe.ops(0, sequential_roles(1)[0])
+  w0 = pipe.initial_variables(0, sequential_roles(1)[0])['params']
+  empty, streams = pipe.tx.init(w0), [batches(seed=d) for d in range(2)]
+
+  def step(d, at, onto):
+    batch = next(streams[d])
+    vjp = ops.forward({'params': at}, batch['image'], batch['label'])[3]
+    return ops.update(onto, empty, ops.backward(vjp, None)[0])[0]
+
+  def merge(now, sent):
+    mean = lppsgd._mean(sent)  # pylint: disable=protected-access
+    return [lppsgd.keep_local_merge(w, s, mean) for w, s in zip(now, sent)]
+
+  a1 = [step(d, w0, w0) for d in range(2)]
+  a2 = [step(d, a1[d], a1[d]) for d in range(2)]
+  b1 = merge(a2, a1)
+  a3 = [step(d, a2[d], b1[d]) for d in range(2)]
+  a4 = [step(d, a3[d], a3[d]) for d in range(2)]
+  b2 = merge(a4, a3)
+  a5 = [step(d, a4[d], b2[d]) for d in range(2)]
+  for d in range(2):
+    chex.assert_trees_all_equal(session.replicas[d].read().value.params, step(d, a5[d], a5[d]))
+  assert session.averaged_rounds == 2

@@ -1,0 +1,86 @@
+"""PD-ASGD: sequential equivalence, hand-derived per-layer staleness, atomic updates, failures."""
+
+import chex
+import pytest
+
+from async_helpers import batches, executor, pipeline, run_pd, run_with_timeout, sequential_sgd
+from jaxsgd.asynchronous import common, pdasgd
+
+
+@pytest.mark.parametrize('updates', ['block', 'layer'])
+def test_one_forward_one_backward_bound_one_is_sequential_sgd(updates):
+  """Token bound 1: the forward of batch t + 1 starts after the backward of t ended."""
+  pipe = pipeline(3, tx='adam', hidden=(16, 16))
+  settings = pdasgd.PdSettings(n_fwd=1, n_bwd=1, updates=updates, max_inflight=1)
+  session, timeline, _ = run_pd(settings, 8, pipe=pipe)
+  params, opt = sequential_sgd(pipe, batches(seed=0), 8)
+  for k, layer in enumerate(session.layers):
+    chex.assert_trees_all_equal(tuple(layer.read().value), (params[k], opt[k]))
+    assert layer.store.staleness().tolist() == [0] * 8
+  forwards, backwards = timeline.tasks(lane=1), timeline.tasks(lane=2)
+  assert all(b.end <= f.start for b, f in zip(backwards[2::3], forwards[3::3]))  # No overlap.
+
+
+def _staleness(updates):
+  """K = 2 layers, 1 forward : 2 backward workers, F = 1 and B = 2 per layer, bound 3."""
+  settings = pdasgd.PdSettings(n_fwd=1, n_bwd=2, updates=updates)
+  session, _, _ = run_pd(settings, 8, num_stages=2, ex=executor(num_stages=2))
+  return session
+
+
+def test_layerwise_updates_have_the_hand_derived_staleness():
+  """Steady state: batch t's forward reads layer 0 at 2t and layer 1 at 2t + 1; its
+  backward runs in [2t + 2, 2t + 6] on one of the two backward workers.
+    layer-wise: layer 1 is written at 2t + 4, layer 0 at 2t + 6
+      → layer 1 sees one write in (2t + 1, 2t + 4) (batch t − 1's): staleness 1;
+        layer 0 sees two in (2t, 2t + 6) (batches t − 2, t − 1): staleness 2.
+    block: both written at 2t + 6 → two writes in each window: staleness 2 and 2.
+  (Batch t − 3 writes layer 0 at 2t, then returns the token the forward of t waits for.)
+  """
+  layer, block = _staleness('layer'), _staleness('block')
+  assert [s.store.staleness().tolist() for s in layer.layers] == [
+      [0, 1, 2, 2, 2, 2, 2, 2], [0, 1, 1, 1, 1, 1, 1, 1]]
+  assert [s.store.staleness().tolist() for s in block.layers] == [
+      [0, 1, 2, 2, 2, 2, 2, 2], [0, 1, 2, 2, 2, 2, 2, 2]]
+  mean = lambda s: sum(x.store.staleness().sum() for x in s.layers) / 16
+  assert mean(layer) == 1.25 < mean(block) == 1.625
+  # A forward reads the latest version of each layer: batch 3 saw layer 0 at version 1
+  # (batch 0's write at 6) and layer 1 at version 2 (batches 0 and 1, at 4 and 6).
+  read = [{u.batch: u.read_version for u in s.store.updates} for s in layer.layers]
+  assert (read[0][3], read[1][3]) == (1, 2)
+
+
+@pytest.mark.parametrize('clock', ['virtual', 'real'])
+def test_concurrent_layer_updates_are_never_lost(clock):
+  """Three backward workers update the layers concurrently; Adam counts each update."""
+  settings = pdasgd.PdSettings(n_fwd=2, n_bwd=3, updates='layer')
+  session, _, _ = run_pd(settings, 12, tx='adam', ex=executor(clock, num_stages=3))
+  for layer in session.layers:
+    assert int(layer.read().value.opt_state[0].count) == len(layer.store.updates) >= 12
+  assert session.steps.applied == 12
+
+
+def test_a_failed_forward_worker_stops_queueing_and_the_run_finishes():
+  settings = pdasgd.PdSettings(n_fwd=2, n_bwd=2)
+  session, _, log = run_pd(settings, 10, failures={1: 5.0})
+  [failed] = log.summary()['failed_workers']
+  assert failed['worker'] == 'forward worker 1' and failed['last_push'] < 5.0
+  assert max(log.pushes[0]) > 5.0 and session.steps.applied == 10
+
+
+def test_a_failed_backward_worker_hands_its_batch_back():
+  settings = pdasgd.PdSettings(n_fwd=1, n_bwd=2)
+  session, _, log = run_pd(settings, 10, failures={2: 4.0})  # backward worker 1
+  [failed] = log.summary()['failed_workers']
+  # Batch 1 reaches it at 6 > 4: it puts the batch back and stops; worker 0 does all.
+  assert (failed['worker'], failed['stopped_at'], failed['pushes']) == ('backward worker 1', 6.0, 0)
+  assert session.steps.applied == 10
+  assert {u.lane for layer in session.layers for u in layer.store.updates} == {2}
+
+
+def test_when_every_backward_worker_fails_the_run_stops_with_a_clear_error():
+  settings = pdasgd.PdSettings(n_fwd=1, n_bwd=1)
+  outcome = run_with_timeout(lambda: run_pd(settings, 10, failures={1: 0.0}), 60)
+  assert isinstance(outcome.get('error'), common.WorkersFailedError), outcome
+  assert 'every backward worker failed (cost.failures) after 0 of 10 steps' in str(
+      outcome['error'])
