@@ -139,3 +139,66 @@ register(Suite(
             _data_parallel(f'DaSGD M={workers}', 'experiments/configs/dasgd.py', workers,
                            'dasgd'))),
     seeds=(0, 1), target_accuracy=0.95))
+
+_SGD = (('optimizer.name', 'sgd'), ('optimizer.learning_rate', 0.2))
+
+
+def _straggler(workers: int) -> tuple[tuple[str, object], ...]:
+  """The last of `workers` lanes runs 4x slower."""
+  return (('cost.worker_speeds', (1.0,) * (workers - 1) + (0.25,)),)
+
+
+def _dc_methods(workers: int, stragglers: bool) -> tuple[Method, ...]:
+  tag = f'M={workers}' + (', straggler' if stragglers else '')
+  slow = _straggler(workers) if stragglers else ()
+  asgd = _CPU + _SGD + (('workers', workers),) + slow
+  methods = (
+      Method(f'ASGD {tag}', 'experiments/configs/asgd.py', asgd),
+      Method(f'DC-ASGD-c {tag}', 'experiments/configs/dcasgd.py',
+             asgd + (('algorithm.lambda0', 0.04), ('algorithm.adaptive', False))),
+      Method(f'DC-ASGD-a {tag}', 'experiments/configs/dcasgd.py',
+             asgd + (('algorithm.lambda0', 2.0), ('algorithm.adaptive', True))))
+  if not stragglers:  # SSGD: same samples (2,000 x 128) in 2,000 / M synchronous steps.
+    methods = (Method(f'SSGD {tag}', 'experiments/configs/ssgd.py', _SGD + (
+        ('workers', workers), ('batch_size', 128), ('train_steps', 2000 // workers),
+        ('eval_every', 250 // workers), ('algorithm.stacked', True))),) + methods
+  return methods
+
+
+register(Suite(
+    name='dcasgd', title='DC-ASGD: sequential SGD, ASGD, SSGD, DC-ASGD-c, DC-ASGD-a',
+    claim='Zheng et al. 2017, CIFAR-10 ResNet-20 test error: 4 workers - sequential SGD '
+          '8.65, ASGD 9.27, SSGD 9.17, DC-ASGD-c 8.67, DC-ASGD-a 8.19 %; 8 workers - ASGD '
+          '10.26, SSGD 10.10, DC-ASGD-c 9.27, DC-ASGD-a 8.57 %.',
+    methods=(Method('sequential SGD', 'experiments/configs/default.py', _CPU + _SGD),)
+    + _dc_methods(4, False) + _dc_methods(8, False) + _dc_methods(8, True),
+    seeds=(0, 1), target_accuracy=0.95))
+
+
+def _pd_methods(stragglers: bool) -> tuple[Method, ...]:
+  """PD-ASGD and its baselines on 3 simulated devices (worker lanes)."""
+  tag = ', straggler' if stragglers else ''
+  slow = _straggler(3) if stragglers else ()
+  methods = (
+      Method(f'PD-ASGD 1:2{tag}', 'experiments/configs/pdasgd.py', _CPU + slow),
+      Method(f'PD-ASGD 2:1{tag}', 'experiments/configs/pdasgd.py',
+             _CPU + slow + (('algorithm.n_fwd', 2), ('algorithm.n_bwd', 1))),
+      Method(f'LPP-SGD 3x2{tag}', 'experiments/configs/lppsgd.py',
+             _CPU + (('cost.worker_speeds', (1.0,) * 4 + (0.25,) * 2),) if stragglers else _CPU),
+      Method(f'ASGD M=3{tag}', 'experiments/configs/asgd.py',
+             _CPU + slow + (('workers', 3),)))
+  if not stragglers:
+    methods += (Method('SSGD M=3', 'experiments/configs/ssgd.py', (
+        ('workers', 3), ('batch_size', 128), ('train_steps', 667), ('eval_every', 83),
+        ('algorithm.stacked', True))),)
+  return methods
+
+
+register(Suite(
+    name='pdasgd', title='PD-ASGD vs LPP-SGD vs ASGD vs SSGD, 3 devices, with and without a straggler',
+    claim='Teguemne Fokam et al. 2024: close to state-of-the-art accuracy while up to 2.97x '
+          'faster than LPP-SGD (Hogwild! on several devices); later versions up to 5.95x over '
+          'synchronous data parallelism under injected delays and 2.14x over comparable ASGD '
+          '(CIFAR-10/100 ResNet-18/34, 3 GPUs).',
+    methods=_pd_methods(False) + _pd_methods(True),
+    seeds=(0, 1), target_accuracy=0.95))
