@@ -17,7 +17,7 @@ the pieces they have in common:
 - `StepCounter` / `run_reporter`: count the applied steps (exactly
   `train_steps`), report them to the `Run` and say when the run is done;
   `WorkerLog`: failures and push times;
-- `write_outputs`: `trace.json`, `staleness.png` and the summary fields
+- `train` ends with `jaxsgd.scheduler.outputs.write_outputs`: the summary fields
   (`mean_staleness`, `staleness_histogram`, per-worker/layer staleness, failed
   workers, `sim_time`, utilization).
 """
@@ -25,7 +25,6 @@ the pieces they have in common:
 import dataclasses
 import logging
 import math
-import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,7 +33,7 @@ import jax
 import numpy as np
 
 from jaxsgd.scheduler import costs as costs_lib
-from jaxsgd.scheduler import plots
+from jaxsgd.scheduler import outputs
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute
 from jaxsgd.scheduler.costs import TRANSFER
@@ -347,38 +346,6 @@ def train_session(run, executor, measured: dict, log: WorkerLog,
     summary['backward_forward_ratio'] = backward_forward_ratio(measured)
     logging.info('%s: measured backward/forward time ratio %.2f.', title,
                  summary['backward_forward_ratio'])
-  return write_outputs(run, timeline, session.staleness(), executor=executor,
+  return outputs.write_outputs(run, timeline, session.staleness(), executor=executor,
                        epochs=steps.applied * run.config.batch_size / run.dataset.num_train,
                        title=title, extra=summary)
-
-
-# --- outputs ------------------------------------------------------------------------------------
-def write_outputs(run, timeline, staleness: dict[str, np.ndarray], *, executor, epochs,
-                  title: str, extra: dict | None = None) -> dict:
-  """`trace.json`, `staleness.png` and the summary fields of an asynchronous run.
-
-  A generalization of `jaxsgd.scheduler.pipeline._write_outputs` (staleness keyed
-  by any group name, cost keys of any kind).
-  """
-  timeline.write_chrome_trace(os.path.join(run.workdir, 'trace.json'))
-  plots.plot_staleness(staleness, os.path.join(run.workdir, 'staleness.png'), title=title)
-  every = np.concatenate([v for v in staleness.values()] or [np.zeros(0, np.int64)])
-  values, counts = np.unique(every, return_counts=True)
-  summary = {
-      'clock': timeline.clock, 'epochs': epochs, 'makespan': timeline.makespan,
-      'mean_staleness': float(every.mean()) if every.size else math.nan,
-      'staleness_histogram': {int(v): int(n) for v, n in zip(values, counts)},
-      'time_per_step': timeline.makespan / run.config.train_steps,
-      'utilization': timeline.utilization(),
-      'staleness': {name: {'mean': float(v.mean()) if v.size else math.nan,
-                           'max': int(v.max()) if v.size else 0, 'updates': int(v.size)}
-                    for name, v in staleness.items()},
-      **(extra or {})}
-  if timeline.clock == 'virtual':
-    summary['sim_time'] = timeline.makespan
-    summary['cost_model_ms'] = {f'stage {k} {kind}': 1e3 * seconds for (k, kind), seconds
-                                in executor.cost_model.compute.items()}
-  logging.info('%s: makespan %.3f s (%s clock), mean staleness %.2f.', title,
-               timeline.makespan, timeline.clock, summary['mean_staleness'])
-  return summary
-

@@ -28,9 +28,6 @@ pipelined schedule of the real clock and the simulated one of the virtual clock.
 """
 
 import collections
-import logging
-import math
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -43,13 +40,12 @@ from jaxsgd import models as models_lib
 from jaxsgd import stages as stages_lib
 from jaxsgd.scheduler import costs as costs_lib
 from jaxsgd.scheduler import placement as placement_lib
-from jaxsgd.scheduler import plots
+from jaxsgd.scheduler import outputs
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
 from jaxsgd.scheduler.real import RealExecutor
 from jaxsgd.scheduler.stage_ops import StageOps, StageRole, make_stage_ops
 from jaxsgd.scheduler.store import VersionedStore
-from jaxsgd.scheduler.timeline import Timeline
 from jaxsgd.scheduler.virtual import VirtualExecutor
 from jaxsgd.training import optimizers
 from jaxsgd.training.run import NonFiniteLossError
@@ -434,28 +430,6 @@ def train(run, roles: Sequence[StageRole]) -> dict:
   session = pipeline.session(roles, feed, steps, on_step=on_step)
   timeline = executor.run(session.cluster, session.processes())
   report(steps, last_loss[0], timeline.makespan if virtual else None)
-  return _write_outputs(run, session, timeline, executor, batches.epoch)
-
-
-def _write_outputs(run, session: Session, timeline: Timeline, executor, epochs) -> dict:
-  timeline.write_chrome_trace(os.path.join(run.workdir, 'trace.json'))
-  plots.plot_staleness(session.staleness(), os.path.join(run.workdir, 'staleness.png'),
-                       title=f'{run.config.algorithm.name}: staleness per stage')
-  steps = run.config.train_steps
-  every = np.concatenate(list(session.staleness().values()))
-  extras = {'clock': timeline.clock, 'epochs': epochs, 'makespan': timeline.makespan,
-            'mean_staleness': float(every.mean()) if every.size else math.nan,
-            'staleness_histogram': {int(v): int(n) for v, n in zip(*np.unique(every,
-                                                                         return_counts=True))},
-            'time_per_step': timeline.makespan / steps,
-            'utilization': timeline.utilization(),
-            'staleness': {name: {'mean': float(v.mean()) if v.size else math.nan,
-                                 'max': int(v.max()) if v.size else 0, 'updates': int(v.size)}
-                          for name, v in session.staleness().items()}}
-  if timeline.clock == 'virtual':
-    extras['sim_time'] = timeline.makespan
-    extras['cost_model_ms'] = {f'stage {k} {kind}': 1e3 * seconds for (k, kind), seconds
-                               in executor.cost_model.compute.items()}
-  logging.info('Makespan %.3f s (%s clock); utilization %s.', timeline.makespan,
-               timeline.clock, {k: round(v, 2) for k, v in extras['utilization'].items()})
-  return extras
+  return outputs.write_outputs(run, timeline, session.staleness(), executor=executor,
+                               epochs=batches.epoch,
+                               title=f'{run.config.algorithm.name}: staleness per stage')

@@ -12,7 +12,6 @@ import sys
 
 import chex
 import jax
-from jax import lax
 import jax.numpy as jnp
 import numpy as np
 import optax
