@@ -1,13 +1,9 @@
 """Helpers of the asynchronous tests: tiny MLP sessions on synthetic batches, replays."""
 
 import functools
-import os
-import sys
 
 import jax
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'scheduler'))
-# pylint: disable=g-import-not-at-top,wrong-import-position
+# tests/ is on sys.path (its conftest.py): the scheduler tests' helpers are shared.
 from scheduler_helpers import BATCH, OPTIMIZERS, batches, mlp, run_with_timeout  # noqa: F401
 
 from jaxsgd.asynchronous import common, lppsgd, pdasgd, server
