@@ -68,10 +68,12 @@ def test_nan_loss_stops_the_run_naming_the_step(data_dir, tmp_path):
     ('batch_size', 0, r'batch_size: must be a positive integer, got 0'),
     ('train_steps', -5, r'train_steps: must be a positive integer'),
     ('workers', 0, r'workers: must be a positive integer'),
+    ('workers', 4, r'workers: bp does not read `workers` \(got 4\); leave it at 1'),
     ('clock', 'wall', r"clock: 'wall'; allowed: real, virtual"),
     ('optimizer.name', 'adamax_pro', r"optimizer.name: 'adamax_pro' is not an optax optimizer"),
     ('optimizer.learning_rate', -0.1, r'optimizer.learning_rate: must be > 0'),
     ('optimizer.schedule', 'linear', r"optimizer.schedule: 'linear'; allowed"),
+    ('optimizer.kwargs', {'momentun': 0.9}, r"optimizer.kwargs: \{'momentun': 0.9\} do not fit"),
     ('stages', 9, r"stages: 9 stages asked for, but model 'cnn' has only 4 layers"),
 ])
 def test_bad_config_is_refused_before_training(data_dir, tmp_path, field, value, message):

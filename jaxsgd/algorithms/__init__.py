@@ -32,6 +32,7 @@ class Algorithm:
   name: str
   validate: Callable  # (config, model) -> None, raises ValueError naming the field
   run: Callable       # (run: jaxsgd.training.Run) -> dict of summary extras
+  uses_workers: bool = False  # Reads `config.workers`; others refuse workers != 1.
 
 
 def names() -> tuple[str, ...]:

@@ -17,8 +17,8 @@ from jaxsgd.asynchronous import pdasgd
 from jaxsgd.asynchronous import server
 
 ALGORITHMS = {
-    'asgd': Algorithm('asgd', server.check_config, server.train),
-    'dcasgd': Algorithm('dcasgd', server.check_config, server.train),
+    'asgd': Algorithm('asgd', server.check_config, server.train, uses_workers=True),
+    'dcasgd': Algorithm('dcasgd', server.check_config, server.train, uses_workers=True),
     'lppsgd': Algorithm('lppsgd', lppsgd.check_config, lppsgd.train),
     'pdasgd': Algorithm('pdasgd', pdasgd.check_config, pdasgd.train),
 }

@@ -65,6 +65,7 @@ from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put
 from jaxsgd.scheduler.pipeline import KINDS, Pipeline, sequential_roles
 from jaxsgd.scheduler.placement import Placement
 from jaxsgd.scheduler.store import VersionedStore
+from jaxsgd.spmd import timing
 from jaxsgd.training import optimizers
 
 
@@ -132,12 +133,14 @@ def keep_local_merge(params, sent, mean):
 
 
 def allreduce_time(nbytes: int, num_devices: int, cost: dict) -> float:
-  """Seconds of a ring all-reduce of `nbytes` per device over `cost`'s links."""
-  if num_devices < 2:
-    return 0.0
-  bandwidth = float(cost['link_bandwidth']) or math.inf
-  hops = 2 * (num_devices - 1)
-  return hops * (float(cost['link_latency']) + nbytes / (num_devices * bandwidth))
+  """Seconds of a ring all-reduce of `nbytes` per device over `cost`'s links.
+
+  `cost.link_bandwidth` is in bytes/s (0: free); the formula is the SPMD time model's.
+  """
+  bytes_per_second = float(cost['link_bandwidth']) or math.inf
+  return timing.ring_allreduce_time(nbytes, num_devices,
+                                    bandwidth_gbps=bytes_per_second * 8 / timing.GBIT,
+                                    latency_s=float(cost['link_latency']))
 
 
 class LppSession:
@@ -337,7 +340,9 @@ def train(run) -> dict:
   settings = check_config(config, run.model)
   D, W = settings.devices, settings.workers_per_device
   devices = common.lane_devices(config.clock, D)
-  base = optimizers.make_optimizer(config.optimizer, config.train_steps)
+  # Each replica keeps its own optimizer state and takes ~train_steps / D of the
+  # updates: its learning-rate schedule spans that many steps, not train_steps.
+  base = optimizers.make_optimizer(config.optimizer, math.ceil(config.train_steps / D))
   pipeline = Pipeline(run.model, 1, base, placement=Placement.create(1, devices[:1]),
                       batch_size=config.batch_size, seed=config.seed)
   variables = pipeline.initial_variables(0, sequential_roles(1)[0])

@@ -102,17 +102,23 @@ class ServerSettings:
                dc, None if lambda0 is None else float(lambda0), adaptive)
 
 
-def server_optimizer(base: optax.GradientTransformation,
-                     settings: ServerSettings) -> optax.GradientTransformationExtraArgs:
-  """`chain([delay compensation], [staleness scaling], base)`; its update takes
-  `worker_id=` and `staleness=`."""
+def server_gradient_transforms(settings: ServerSettings) -> list:
+  """[delay compensation], [staleness scaling]: what the server does to a pushed g."""
   parts = []
   if settings.delay_compensation:
     parts.append(transforms.delay_compensation_server(
         settings.num_workers, settings.lambda0, settings.adaptive))
   if STALENESS_LR[settings.staleness_lr] is not None:
     parts.append(transforms.scale_by_staleness(STALENESS_LR[settings.staleness_lr]))
-  return optax.chain(*parts, base)
+  return parts
+
+
+def server_optimizer(base: optax.GradientTransformation,
+                     settings: ServerSettings) -> optax.GradientTransformationExtraArgs:
+  """`chain([delay compensation], [staleness scaling], base)`; its update takes
+  `worker_id=` and `staleness=`. (`build` uses `make_optimizer`, which also folds
+  weight decay into g before these.)"""
+  return optax.chain(*server_gradient_transforms(settings), base)
 
 
 def make_apply(tx: optax.GradientTransformationExtraArgs, record_pulls: bool):
@@ -343,7 +349,9 @@ def build(run, settings: ServerSettings):
   pipeline = Pipeline(run.model, 1, base, placement=Placement.create(1, devices[:1]),
                       batch_size=config.batch_size, seed=config.seed)
   params, state = stages_lib.split_variables(pipeline.initial_variables(0, sequential_roles(1)[0]))
-  server = ParameterServer(server_optimizer(base, settings), params, settings.num_workers,
+  tx = optimizers.make_optimizer(config.optimizer, config.train_steps,
+                                 gradient_transforms=server_gradient_transforms(settings))
+  server = ParameterServer(tx, params, settings.num_workers,
                            devices[0], record_pulls=settings.delay_compensation)
   return pipeline, server, state, devices
 

@@ -63,6 +63,10 @@ def train_and_evaluate(config, workdir: str, *, show_progress: bool = True) -> d
   dataset = data_lib.load(config.dataset, config.get('data_dir'))
   model = build_model(config, dataset)
   models_lib.check_num_stages(model, config.stages)
+  if config.workers != 1 and not algorithm.uses_workers:
+    raise ValueError(f'workers: {config.algorithm.name} does not read `workers` (got '
+                     f'{config.workers}); leave it at 1 (lppsgd: algorithm.devices and '
+                     f'workers_per_device; pdasgd: algorithm.n_fwd and n_bwd).')
   algorithm.validate(config, model)
   logging.info('Training %s on %s (%d train / %d test examples), model %s with %d layers.',
                config.algorithm.name, config.dataset, dataset.num_train, dataset.num_test,

@@ -19,6 +19,11 @@ def check_optimizer(opt_config) -> None:
     raise ValueError(f'optimizer.schedule: {schedule!r}; allowed: {", ".join(SCHEDULES)}.')
   if opt_config.get('weight_decay', 0.0) < 0:
     raise ValueError('optimizer.weight_decay: must be >= 0.')
+  try:  # Building it is cheap (nothing compiles) and catches bad kwargs early.
+    _base_optimizer(opt_config, 1)
+  except TypeError as e:
+    raise ValueError(f'optimizer.kwargs: {dict(opt_config.get("kwargs", {}) or {})} do not '
+                     f'fit optax.{name}: {e}') from e
 
 
 def learning_rate_schedule(opt_config, total_steps: int) -> optax.Schedule:
@@ -36,17 +41,24 @@ def learning_rate_schedule(opt_config, total_steps: int) -> optax.Schedule:
   return optax.constant_schedule(lr)
 
 
-def make_optimizer(opt_config, total_steps: int) -> optax.GradientTransformation:
-  """`optax.<name>(schedule, **kwargs)`, with decoupled L2 folded into the gradient.
+def make_optimizer(opt_config, total_steps: int,
+                   gradient_transforms=()) -> optax.GradientTransformation:
+  """`chain(add_decayed_weights, *gradient_transforms, optax.<name>(schedule, **kwargs))`.
 
-  Weight decay is added to the gradient *before* the optimizer (classic L2, as in
-  the papers' SGD), so delay compensation squares the same `g` the optimizer uses.
+  Weight decay is classic L2, folded into the gradient first (as in the papers'
+  SGD), so `gradient_transforms` (delay compensation, staleness scaling) see
+  `g + wd·w`: DC-ASGD squares the same gradient the optimizer steps with
+  (ALGORITHMS.md, DC-ASGD: weight decay is folded into g before squaring).
   """
   check_optimizer(opt_config)
-  kwargs = dict(opt_config.get('kwargs', {}) or {})
-  tx = getattr(optax, opt_config.name)(learning_rate_schedule(opt_config, total_steps),
-                                       **kwargs)
+  parts = list(gradient_transforms) + [_base_optimizer(opt_config, total_steps)]
   weight_decay = opt_config.get('weight_decay', 0.0)
   if weight_decay:
-    tx = optax.chain(optax.add_decayed_weights(weight_decay), tx)
-  return tx
+    parts.insert(0, optax.add_decayed_weights(weight_decay))
+  return optax.chain(*parts)  # A chain passes extra args (worker_id=, ...) through.
+
+
+def _base_optimizer(opt_config, total_steps):
+  kwargs = dict(opt_config.get('kwargs', {}) or {})
+  return getattr(optax, opt_config.name)(learning_rate_schedule(opt_config, total_steps),
+                                         **kwargs)

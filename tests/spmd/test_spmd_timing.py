@@ -1,5 +1,6 @@
 """The virtual clock: ring all-reduce time and hiding by delay (metrics: test_spmd_train)."""
 
+import dataclasses
 import pytest
 
 from jaxsgd.spmd import timing
@@ -36,3 +37,22 @@ def test_ssgd_blocks_every_step():
   ssgd = timing.StepTimeModel(compute=0.01, comm=0.005)
   assert ssgd.elapsed(10) == pytest.approx(0.15)
   assert ssgd.relative_throughput() == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize('overlap,exposed', [(True, 0.0), (False, 0.004)])
+def test_dasgd_hides_the_all_reduce_only_when_it_can_overlap(overlap, exposed):
+  """overlap=False all-reduces inside a lax.cond on the merge step, which then waits."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from experiments.configs import dasgd  # pylint: disable=g-import-not-at-top
+  from jaxsgd.algorithms import data_parallel  # pylint: disable=g-import-not-at-top
+  from jaxsgd.models import get_model  # pylint: disable=g-import-not-at-top
+  config = dasgd.get_config('smoke')
+  config.algorithm.overlap = overlap
+  config.cost.step_time = 0.01  # 1 step of compute covers the all-reduce below.
+  s = data_parallel.settings(config)
+  model = get_model('mlp', (40, 1), 10, hidden=(8,))
+  variables = model.init(jax.random.key(0))
+  clock = data_parallel.make_time_model(config, s, model, variables, None)
+  clock = dataclasses.replace(clock, comm=0.004)
+  assert clock.delay == (1 if overlap else 0)
+  assert clock.exposed_comm == pytest.approx(exposed)
