@@ -141,6 +141,9 @@ register(Suite(
     seeds=(0, 1), target_accuracy=0.95))
 
 _SGD = (('optimizer.name', 'sgd'), ('optimizer.learning_rate', 0.2))
+# The asynchronous methods run with the scheduler's default free links; SSGD beside
+# them gets free links too, so the suites compare compute and staleness alone.
+_FREE_LINKS = (('cost.bandwidth_gbps', 1e9), ('cost.latency', 0.0))
 
 
 def _straggler(workers: int) -> tuple[tuple[str, object], ...]:
@@ -159,7 +162,7 @@ def _dc_methods(workers: int, stragglers: bool) -> tuple[Method, ...]:
       Method(f'DC-ASGD-a {tag}', 'experiments/configs/dcasgd.py',
              asgd + (('algorithm.lambda0', 2.0), ('algorithm.adaptive', True))))
   if not stragglers:  # SSGD: same samples (2,000 x 128) in 2,000 / M synchronous steps.
-    methods = (Method(f'SSGD {tag}', 'experiments/configs/ssgd.py', _SGD + (
+    methods = (Method(f'SSGD {tag}', 'experiments/configs/ssgd.py', _SGD + _FREE_LINKS + (
         ('workers', workers), ('batch_size', 128), ('train_steps', 2000 // workers),
         ('eval_every', 250 // workers), ('algorithm.stacked', True))),) + methods
   return methods
@@ -188,7 +191,7 @@ def _pd_methods(stragglers: bool) -> tuple[Method, ...]:
       Method(f'ASGD M=3{tag}', 'experiments/configs/asgd.py',
              _CPU + slow + (('workers', 3),)))
   if not stragglers:
-    methods += (Method('SSGD M=3', 'experiments/configs/ssgd.py', (
+    methods += (Method('SSGD M=3', 'experiments/configs/ssgd.py', _FREE_LINKS + (
         ('workers', 3), ('batch_size', 128), ('train_steps', 667), ('eval_every', 83),
         ('algorithm.stacked', True))),)
   return methods

@@ -239,7 +239,18 @@ class StepCounter:
   def __init__(self, steps: int, on_step: Callable[[int, Any, str], None] | None = None):
     self.steps, self.on_step = steps, on_step
     self.applied = 0
+    self.claimed = 0
     self._lock = threading.RLock()
+
+  def claim(self) -> bool:
+    """Reserves one of the `steps` for work that applies updates over several tasks
+    (PD-ASGD's layer-wise backward); False once all are reserved. A claimed step
+    must be committed, so no more than `steps` steps' updates are ever applied."""
+    with self._lock:
+      if self.claimed >= self.steps:
+        return False
+      self.claimed += 1
+      return True
 
   @property
   def done(self) -> bool:

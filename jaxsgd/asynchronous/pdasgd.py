@@ -208,7 +208,7 @@ class PdSession:
         yield Put(self.queue, item)  # Another backward worker takes it.
         yield from self._leave('backward', True)
         return
-      if not self.steps.done:
+      if self.steps.claim():  # Atomic: never more than train_steps passes.
         yield from self._backward_pass(w, item)
       yield Put(self.tokens, TOKEN)
 
@@ -222,8 +222,6 @@ class PdSession:
                                 batch=item.batch)
       pending.append((k, grads))
       if self.settings.updates == 'layer' or k == 0:
-        if self.steps.done:  # The run has its steps: what is in flight is dropped.
-          return
         yield from self._apply(w, pending, item)
         pending = []
     self.steps.commit(None, item.loss, worker_name(self.settings, w))
