@@ -50,3 +50,12 @@ def test_every_registered_suite_has_valid_configs(data_dir):
       config.data_dir = data_dir
       training.check_config(config)  # Names, ranges, algorithm: no compile, no data.
       assert config.train_steps <= suites.SMOKE_STEPS
+
+
+def test_every_paper_config_has_a_valid_full_size_variant():
+  from jaxsgd import training  # pylint: disable=g-import-not-at-top
+  for name in ('ddg', 'local', 'dasgd', 'ssgd', 'asgd', 'dcasgd', 'lppsgd', 'pdasgd'):
+    config = suites.load_config(f'experiments/configs/{name}.py', 'full')
+    training.check_config(config)
+    assert config.dataset == 'cifar10' and config.model.name.startswith('resnet')
+    assert config.optimizer.schedule == 'step' and config.train_steps >= 60_000

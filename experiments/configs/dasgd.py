@@ -17,6 +17,12 @@ averaged pseudo-gradient, Douillard et al. 2023), `smoke`; combine with commas
 (`dasgd.py:diloco,smoke`). Runtime and accuracy on the 2-core CPU: see README.
 
 Reference: Zhou et al., DaSGD (2020), arXiv:2006.00441.
+
+Full size (`dasgd.py:full`, GPUs, tfds cifar10 prepared): ResNet-20, CIFAR-10, 4 workers of
+128, SGD momentum, step schedule, 160 epochs, real clock. Paper (Zhou et al. 2020): converges
+like SGD, 100 % of communication hidden, linear scale-up (analytic simulator, 256 V100s).
+Not run here (no GPU).
+CPU-size comparison: `python -m experiments.compare --suite=dasgd` (experiments/results/dasgd).
 """
 
 import ml_collections

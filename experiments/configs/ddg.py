@@ -16,6 +16,12 @@ Measured here (2-core CPU shared with other jobs, jax 0.10.2, seed 0):
          `default.py --config.stages=4 --config.clock=virtual`: 22.0 s);
          staleness per stage 3 / 2 / 1 / 0.
   smoke: 8 s end to end, 30.6 % test accuracy after 60 steps (chance: 10 %).
+
+Full size (`ddg.py:full`, GPUs, tfds cifar10 prepared): ResNet-56, CIFAR-10, SGD momentum
+0.9, wd 5e-4, lr 0.01 ÷10 at epochs 150 and 225 of 300, batch 128, real clock; K via
+--config.stages=2|3|4. Paper (Huo et al. 2018), best test error %, K = 2, BP / DDG:
+CIFAR-10 ResNet-56 6.97 / 6.89, ResNet-110 6.41 / 6.59. Not run here (no GPU).
+CPU-size comparison: `python -m experiments.compare --suite=ddg` (experiments/results/ddg).
 """
 
 import ml_collections
@@ -54,6 +60,10 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   if variant == 'smoke':
     config.train_steps = 60
     config.eval_every = 20
+  elif variant == 'full':  # The paper: ResNet-56/110, CIFAR-10/100, K = 2-4 on GPUs.
+    default.full_size(config, model='resnet56', epochs=300, learning_rate=0.01,
+                      weight_decay=5e-4)
+    config.clock = 'real'
   elif variant:
-    raise ValueError(f'config variant {variant!r}: allowed are "" and "smoke".')
+    raise ValueError(f'config variant {variant!r}: allowed are "", "smoke" and "full".')
   return config

@@ -38,3 +38,24 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   elif variant:
     raise ValueError(f'config variant {variant!r}: allowed are "" and "smoke".')
   return config
+
+
+def full_size(config: ml_collections.ConfigDict, *, model: str, dataset: str = 'cifar10',
+              epochs: int = 160, batch_size: int = 128, learning_rate: float = 0.1,
+              weight_decay: float = 1e-4, examples: int = 50_000) -> ml_collections.ConfigDict:
+  """The paper-size setting: a CIFAR ResNet with SGD momentum 0.9 and a step schedule.
+
+  The `step` schedule divides the learning rate by 10 at 50 % and 75 % of training
+  (He et al. 2016; epochs 150 and 225 of 300 in the DDG paper). Needs the tfds
+  dataset prepared in `data_dir` and, to be useful, GPUs: no CPU-size runtime.
+  """
+  config.dataset = dataset
+  config.model = ml_collections.ConfigDict({'name': model})
+  config.batch_size = batch_size
+  config.optimizer = ml_collections.ConfigDict({
+      'name': 'sgd', 'learning_rate': learning_rate, 'schedule': 'step',
+      'weight_decay': weight_decay, 'kwargs': ml_collections.ConfigDict({'momentum': 0.9})})
+  steps_per_epoch = examples // batch_size
+  config.train_steps = epochs * steps_per_epoch
+  config.eval_every = steps_per_epoch
+  return config

@@ -62,11 +62,14 @@ def apply_variants(config, variants: str, allowed: tuple[str, ...]):
       config.train_steps = 40
       config.eval_every = 20
       config.cost.step_time = 0.002  # No calibration in smoke runs.
+    elif variant == 'full':  # CIFAR-10 ResNet-20 on real devices, 128 per worker.
+      default.full_size(config, model='resnet20')
+      config.clock = 'real'
     elif variant in allowed:
       config.algorithm.name = variant
       config.algorithm.delay = 1 if variant == 'dasgd' else 0
     else:
-      raise ValueError(f'config variant {variant!r}: allowed are "", "smoke"'
+      raise ValueError(f'config variant {variant!r}: allowed are "", "smoke", "full"'
                        + ''.join(f', "{a}"' for a in allowed) + ' (comma-separated).')
   return config
 
