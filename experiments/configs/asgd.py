@@ -44,13 +44,19 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.algorithm = ml_collections.ConfigDict({'name': 'asgd', 'staleness_lr': 'none'})
   config.workers = 4
   async_fields(config)
-  if variant == 'smoke':  # A small MLP: seconds on either clock (tests).
+  return apply_variant(config, variant, full_model='resnet20')
+
+
+def apply_variant(config, variant: str, *, full_model: str) -> ml_collections.ConfigDict:
+  """`smoke` (a small MLP: seconds on either clock, for tests) or `full` (CIFAR-10
+  with `full_model` on GPUs: the papers' setting with our schedule)."""
+  if variant == 'smoke':
     config.model = ml_collections.ConfigDict({'name': 'mlp', 'hidden': (64, 64, 64)})
     config.cost.reps = 2
     config.train_steps = 60
     config.eval_every = 20
-  elif variant == 'full':  # CIFAR-10 on GPUs (the papers' setting, our schedule).
-    default.full_size(config, model='resnet20')
+  elif variant == 'full':
+    default.full_size(config, model=full_model)
     config.clock = 'real'
   elif variant:
     raise ValueError(f'config variant {variant!r}: allowed are "", "smoke" and "full".')

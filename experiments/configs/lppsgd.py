@@ -30,15 +30,6 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
       'name': 'lppsgd', 'devices': 3, 'workers_per_device': 2, 'warmup_steps': 200,
       'averaging_freq': 4})
   asgd.async_fields(config)
-  if variant == 'smoke':  # A small MLP: seconds on either clock (tests).
-    config.model = ml_collections.ConfigDict({'name': 'mlp', 'hidden': (64, 64, 64)})
-    config.cost.reps = 2
+  if variant == 'smoke':
     config.algorithm.warmup_steps = 10
-    config.train_steps = 60
-    config.eval_every = 20
-  elif variant == 'full':  # CIFAR-10 on GPUs (the papers' setting, our schedule).
-    default.full_size(config, model='resnet18')
-    config.clock = 'real'
-  elif variant:
-    raise ValueError(f'config variant {variant!r}: allowed are "", "smoke" and "full".')
-  return config
+  return asgd.apply_variant(config, variant, full_model='resnet18')

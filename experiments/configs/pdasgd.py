@@ -36,14 +36,4 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
       'name': 'pdasgd', 'n_fwd': 1, 'n_bwd': 2, 'updates': 'layer',
       'max_inflight': ml_collections.config_dict.placeholder(int)})
   asgd.async_fields(config, stages=4)
-  if variant == 'smoke':  # A small MLP: seconds on either clock (tests).
-    config.model = ml_collections.ConfigDict({'name': 'mlp', 'hidden': (64, 64, 64)})
-    config.cost.reps = 2
-    config.train_steps = 60
-    config.eval_every = 20
-  elif variant == 'full':  # CIFAR-10 on GPUs (the papers' setting, our schedule).
-    default.full_size(config, model='resnet18')
-    config.clock = 'real'
-  elif variant:
-    raise ValueError(f'config variant {variant!r}: allowed are "", "smoke" and "full".')
-  return config
+  return asgd.apply_variant(config, variant, full_model='resnet18')
