@@ -41,6 +41,7 @@ from jaxsgd.scheduler.pipeline import KINDS, StageParams
 from jaxsgd.scheduler.real import RealExecutor
 from jaxsgd.scheduler.store import VersionedStore
 from jaxsgd.scheduler.virtual import VirtualExecutor
+from jaxsgd.training import optimizers
 
 OWN_COST_FIELDS = ('worker_speeds', 'failures')
 
@@ -360,3 +361,15 @@ def train_session(run, executor, measured: dict, log: WorkerLog,
   return outputs.write_outputs(run, timeline, session.staleness(), executor=executor,
                        epochs=steps.applied * run.config.batch_size / run.dataset.num_train,
                        title=title, extra=summary)
+
+
+def check_whole_model_workers(config, num_workers: int) -> None:
+  """Checks shared by the algorithms whose workers each compute whole-model
+  gradients (ASGD, DC-ASGD, LPP-SGD): optimizer, one stage, cost settings."""
+  optimizers.check_optimizer(config.optimizer)
+  if config.stages != 1:
+    raise ValueError(f'stages: {config.algorithm.name} computes whole-model gradients on '
+                     f'each worker; use stages=1, got {config.stages}.')
+  if config.clock == 'virtual':
+    check_cost(config.get('cost'), num_stages=1)
+  worker_costs(config.get('cost'), num_workers)

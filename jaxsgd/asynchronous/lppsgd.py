@@ -313,13 +313,7 @@ def check_config(config, model) -> LppSettings:
   """Refuses what cannot run, before anything compiles; returns the settings."""
   del model
   settings = LppSettings.from_config(config)
-  optimizers.check_optimizer(config.optimizer)
-  if config.stages != 1:
-    raise ValueError(f'stages: lppsgd computes whole-model gradients on each worker; use '
-                     f'stages=1, got {config.stages}.')
-  if config.clock == 'virtual':
-    common.check_cost(config.get('cost'), num_stages=1)
-  common.worker_costs(config.get('cost'), settings.num_workers)
+  common.check_whole_model_workers(config, settings.num_workers)
   return settings
 
 

@@ -26,10 +26,11 @@ only the one per period the model charges.)
 """
 
 import dataclasses
-import time
 from collections.abc import Callable
 
 import jax
+
+from jaxsgd.scheduler import costs as costs_lib
 
 GBIT = 1e9
 
@@ -90,18 +91,7 @@ class StepTimeModel:
     return 1.0 if self.comm == 0 else 1.0 - self.exposed_comm / self.comm
 
 
-def measure_seconds(fn: Callable, *args, repeats: int = 5, warmup: int = 2) -> float:
-  """The fastest wall seconds of `fn(*args)` to completion (the calibration of `compute`).
-
-  The fastest of `repeats`, as the scheduler's `calibrate`, so both clocks price
-  compute alike and load from other processes inflates it least. Syncs the device
-  after each call: calibration runs once, before training.
-  """
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return min(times)
+def measure_seconds(fn: Callable, *args, repeats: int = 5) -> float:
+  """The fastest wall seconds of `fn(*args)` to completion (the calibration of `compute`),
+  measured as the scheduler's cost model measures its tasks (`costs.calibrate`)."""
+  return costs_lib.calibrate({'step': (fn, args)}, reps=repeats)['step']
