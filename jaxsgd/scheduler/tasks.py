@@ -1,0 +1,72 @@
+"""Named tasks: a `Compute` says *which* task to run, not how to build it.
+
+A policy's jitted functions (a stage's forward, a worker's gradient, the server's
+apply) are built by a *factory* from picklable settings. A `TaskRecipe` names the
+factory and its arguments; a `Task` names one function of what the factory builds.
+
+    recipe = TaskRecipe.of(build_stage_tasks, model=spec, stage=1, optimizer=opt)
+    forward = Task(recipe, 'forward')
+    y = yield Compute(forward, (params, x), kind='forward', stage=1)
+
+In one process a `Task` is just a callable: the recipe is built once (cached per
+process) and the call goes to the jitted function. Pickled, a `Task` is only its
+recipe and its name, so an executor whose lanes are other processes sends the name
+and each lane builds the same function from the same recipe in its own JAX runtime.
+"""
+
+import dataclasses
+import importlib
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+_BUILT: dict['TaskRecipe', Mapping[str, Callable]] = {}
+_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRecipe:
+  """`factory(**kwargs)` builds a mapping name -> callable; hashable and picklable.
+
+  Attributes:
+    factory: `'package.module:function'`, a module-level function.
+    kwargs: its keyword arguments as sorted `(name, value)` pairs; every value must be
+      hashable and picklable (frozen dataclasses, tuples, numbers, strings).
+  """
+
+  factory: str
+  kwargs: tuple[tuple[str, Any], ...] = ()
+
+  @classmethod
+  def of(cls, factory: Callable[..., Mapping[str, Callable]], **kwargs) -> 'TaskRecipe':
+    """The recipe of a module-level `factory` called with `kwargs`."""
+    path = f'{factory.__module__}:{factory.__qualname__}'
+    if '<' in path:
+      raise ValueError(f'{path}: a task factory must be a module-level function.')
+    return cls(path, tuple(sorted(kwargs.items())))
+
+  def build(self) -> Mapping[str, Callable]:
+    """The functions this recipe makes, built once per process."""
+    built = _BUILT.get(self)
+    if built is None:
+      with _LOCK:
+        built = _BUILT.get(self)
+        if built is None:
+          module, name = self.factory.split(':')
+          built = _BUILT[self] = getattr(importlib.import_module(module), name)(
+              **dict(self.kwargs))
+    return built
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One named function of a recipe; calling it runs the function built here."""
+
+  recipe: TaskRecipe
+  name: str
+
+  def __call__(self, *args):
+    return self.recipe.build()[self.name](*args)
+
+  def __repr__(self):
+    return f'Task({self.name!r} of {self.recipe.factory})'
