@@ -31,7 +31,7 @@ File format (JSON, `FORMAT`):
     {"format": "jaxsgd-cost-profile/1",
      "model": {"name": "cnn", "input_shape": [40, 1], "num_classes": 10,
                "num_layers": 6, "num_params": 12345},
-     "batch_size": 128, "device_kind": "cpu", "platform": "cpu",
+     "batch_size": 128, "optimizer": "adam", "device_kind": "cpu", "platform": "cpu",
      "jax_version": "0.10.2", "date": "2026-11-23T11:00:00+00:00",
      "statistic": "min", "warmup": 3, "reps": 30,
      "dispatch": {"jax_call": 8e-06, "real": 3e-05, "real_threads": 6e-05},
@@ -63,7 +63,7 @@ from jaxsgd.scheduler.costs import CostModel
 
 FORMAT = 'jaxsgd-cost-profile/1'
 STATISTIC = 'min'
-_FIELDS = ('format', 'model', 'batch_size', 'device_kind', 'platform', 'jax_version', 'date',
+_FIELDS = ('format', 'model', 'batch_size', 'optimizer', 'device_kind', 'platform', 'jax_version', 'date',
            'statistic', 'warmup', 'reps', 'dispatch', 'tables')
 _MODEL_FIELDS = ('name', 'input_shape', 'num_classes', 'num_layers', 'num_params')
 
@@ -95,6 +95,7 @@ class Profile:
 
   model: Mapping[str, Any]
   batch_size: int
+  optimizer: str
   device_kind: str
   platform: str
   jax_version: str
@@ -125,6 +126,14 @@ def model_id(model) -> dict:
   return {'name': model.name, 'input_shape': list(model.input_shape),
           'num_classes': int(model.num_classes), 'num_layers': int(model.num_layers),
           'num_params': num_params}
+
+
+def optimizer_id(optimizer_config) -> str:
+  """What of `config.optimizer` changes the update task's computation (not the rates)."""
+  given = dict(optimizer_config)
+  kwargs = sorted(dict(given.get('kwargs') or {}))
+  return (given['name'] + (f'({",".join(kwargs)})' if kwargs else '')
+          + ('+weight_decay' if given.get('weight_decay') else ''))
 
 
 def split_of(stages) -> tuple[tuple[int, int], ...]:
@@ -174,12 +183,13 @@ def measure_table(calls: Mapping[Any, tuple[Callable, tuple]], *, split, tasks: 
   return Table(_split(split), tasks, costs, spread)
 
 
-def make_profile(model, batch_size: int, tables: Sequence[Table], *, warmup: int, reps: int,
+def make_profile(model, batch_size: int, optimizer: str, tables: Sequence[Table], *,
+                 warmup: int, reps: int,
                  dispatch: Mapping[str, float] | None = None,
                  device: jax.Device | None = None) -> Profile:
   """A profile of `tables` measured now on `device` (default: the first device)."""
   device = device or jax.devices()[0]
-  return Profile(model=model_id(model), batch_size=int(batch_size),
+  return Profile(model=model_id(model), batch_size=int(batch_size), optimizer=optimizer,
                  device_kind=device.device_kind, platform=device.platform,
                  jax_version=jax.__version__,
                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
@@ -199,7 +209,8 @@ def pipeline_table(pipeline, roles, batch: dict, *, warmup: int = 3, reps: int =
                        warmup=warmup, reps=reps)
 
 
-def pipeline_costs(profile: Profile, pipeline, roles, source: str = 'profile') -> dict:
+def pipeline_costs(profile: Profile, pipeline, roles, *, optimizer: str | None = None,
+                   source: str = 'profile') -> dict:
   """`{(stage, kind): seconds}` for `pipeline` in `roles`, from `profile`.
 
   Refuses a profile of another model, batch size, stage split or task set: what
@@ -207,7 +218,15 @@ def pipeline_costs(profile: Profile, pipeline, roles, source: str = 'profile') -
   """
   return costs_for(profile, model=pipeline.model, batch_size=pipeline_batch_size(pipeline),
                    split=split_of(pipeline.stages), tasks=roles_signature(roles),
-                   source=source)
+                   optimizer=optimizer, source=source)
+
+
+def server_tasks(algorithm: str) -> str:
+  """The task set of a parameter-server algorithm (`asgd`, `dcasgd`): a worker's
+  forward and backward of the whole model (one stage) and the server's update,
+  whose computation depends on the algorithm (delay compensation)."""
+  from jaxsgd.scheduler.pipeline import sequential_roles  # pylint: disable=import-outside-toplevel
+  return f'{roles_signature(sequential_roles(1))}+server:{algorithm}'
 
 
 def pipeline_batch_size(pipeline) -> int:
@@ -270,6 +289,7 @@ def measure_dispatch(executors: Mapping[str, Callable[[], Any]] | None = None, *
 # --- reading, writing, matching ------------------------------------------------------------
 def to_json(profile: Profile) -> dict:
   return {'format': FORMAT, 'model': dict(profile.model), 'batch_size': profile.batch_size,
+          'optimizer': profile.optimizer,
           'device_kind': profile.device_kind, 'platform': profile.platform,
           'jax_version': profile.jax_version, 'date': profile.date,
           'statistic': profile.statistic, 'warmup': profile.warmup, 'reps': profile.reps,
@@ -325,7 +345,7 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
                        f'{", ".join(_MODEL_FIELDS)}, got {model!r}.')
   for field in ('batch_size', 'warmup', 'reps'):
     _check_int(data[field], field, where)
-  for field in ('device_kind', 'platform', 'jax_version', 'date', 'statistic'):
+  for field in ('optimizer', 'device_kind', 'platform', 'jax_version', 'date', 'statistic'):
     if not isinstance(data[field], str):
       raise ProfileError(f'{where}: field "{field}" must be a string, got {data[field]!r}.')
   dispatch = data['dispatch']
@@ -336,15 +356,20 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
   if not isinstance(data['tables'], list) or not data['tables']:
     raise ProfileError(f'{where}: field "tables" must be a non-empty list.')
   tables = tuple(_table(t, i, where) for i, t in enumerate(data['tables']))
-  return Profile(model=dict(model), batch_size=data['batch_size'],
+  return Profile(model=dict(model), batch_size=data['batch_size'], optimizer=data['optimizer'],
                  device_kind=data['device_kind'], platform=data['platform'],
                  jax_version=data['jax_version'], date=data['date'],
                  statistic=data['statistic'], warmup=data['warmup'], reps=data['reps'],
                  dispatch={k: float(v) for k, v in dispatch.items()}, tables=tables)
 
 
-def check_matches(profile: Profile, *, model, batch_size: int, source: str = 'profile') -> None:
-  """Refuses a profile measured for another model or batch size (one line, the field)."""
+def check_matches(profile: Profile, *, model, batch_size: int, optimizer: str | None = None,
+                  source: str = 'profile') -> None:
+  """Refuses a profile of another model, batch size or optimizer (one line, the field).
+
+  `model`: a `StagedModel` or its `model_id`; `optimizer`: `optimizer_id(config.optimizer)`
+  (None: not checked).
+  """
   expected = model if isinstance(model, Mapping) else model_id(model)
   for field in _MODEL_FIELDS:
     if profile.model[field] != expected[field]:
@@ -354,12 +379,17 @@ def check_matches(profile: Profile, *, model, batch_size: int, source: str = 'pr
   if profile.batch_size != batch_size:
     raise ProfileError(f'cost.profile {source!r}: batch_size is {profile.batch_size} in the '
                        f'profile but {batch_size} in this run; measure one for this batch.')
+  if optimizer is not None and profile.optimizer != optimizer:
+    raise ProfileError(f'cost.profile {source!r}: optimizer is {profile.optimizer!r} in the '
+                       f'profile but {optimizer!r} in this run (the update task differs); '
+                       f'measure one for this optimizer.')
 
 
 def costs_for(profile: Profile, *, model, batch_size: int, split, tasks: str,
-              source: str = 'profile') -> dict:
+              optimizer: str | None = None, source: str = 'profile') -> dict:
   """The cost table (keys as `CostModel.compute`) of a run, refusing any mismatch."""
-  check_matches(profile, model=model, batch_size=batch_size, source=source)
+  check_matches(profile, model=model, batch_size=batch_size, optimizer=optimizer,
+                source=source)
   try:
     return dict(profile.table(split, tasks).costs)
   except ProfileError as e:
@@ -368,10 +398,12 @@ def costs_for(profile: Profile, *, model, batch_size: int, split, tasks: str,
 
 
 def cost_model(profile: Profile, *, model, batch_size: int, split, tasks: str,
-               source: str = 'profile', **cost_model_fields) -> CostModel:
+               optimizer: str | None = None, source: str = 'profile',
+               **cost_model_fields) -> CostModel:
   """`CostModel(costs_for(...), **cost_model_fields)` (links, speeds, stragglers)."""
   return CostModel(costs_for(profile, model=model, batch_size=batch_size, split=split,
-                             tasks=tasks, source=source), **cost_model_fields)
+                             tasks=tasks, optimizer=optimizer, source=source),
+                   **cost_model_fields)
 
 
 def merge(old: Profile, new: Profile) -> Profile:
@@ -380,7 +412,7 @@ def merge(old: Profile, new: Profile) -> Profile:
   Both must describe the same model, batch size and device kind; the result has
   `new`'s date, jax version, statistic and dispatch figures.
   """
-  for field in ('model', 'batch_size', 'device_kind', 'platform'):
+  for field in ('model', 'batch_size', 'optimizer', 'device_kind', 'platform'):
     if getattr(old, field) != getattr(new, field):
       raise ProfileError(f'cost.profile: cannot add to a profile of another {field} '
                          f'({getattr(old, field)!r} there, {getattr(new, field)!r} here).')

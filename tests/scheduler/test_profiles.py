@@ -19,7 +19,7 @@ ROLES = sequential_roles(2)
 def profile():
   pipeline = pipeline_for(ROLES)
   table = profiles.pipeline_table(pipeline, ROLES, take(1)[0], warmup=1, reps=3)
-  return profiles.make_profile(pipeline.model, BATCH, [table], warmup=1, reps=3,
+  return profiles.make_profile(pipeline.model, BATCH, 'sgd', [table], warmup=1, reps=3,
                                dispatch={'jax_call': 1e-5, 'real': 2e-5})
 
 
@@ -85,7 +85,7 @@ def test_two_loads_give_identical_cost_models_and_simulated_runs(profile, tmp_pa
 
 
 def test_pipeline_costs_reads_what_calibrate_would_measure(profile):
-  assert (profiles.pipeline_costs(profile, pipeline_for(ROLES), ROLES)
+  assert (profiles.pipeline_costs(profile, pipeline_for(ROLES), ROLES, optimizer='sgd')
           == profile.tables[0].costs)
   # DDG (paper form) computes what BP computes: the same table serves both.
   assert profiles.pipeline_costs(profile, pipeline_for(ddg.roles(2)), ddg.roles(2)) \
@@ -98,8 +98,13 @@ def test_pipeline_costs_reads_what_calibrate_would_measure(profile):
     ('split', 'no table for split=[[0, 1], [1, 2], [2, 3]]'),
     ('recompute', "tasks='none:dy:none:recompute"),
     ('aux', "tasks='aux"),
+    ('optimizer', "optimizer is 'sgd' in the profile but 'adam'"),
 ])
 def test_mismatches_are_refused(profile, case, field):
+  if case == 'optimizer':
+    with pytest.raises(profiles.ProfileError, match=field):
+      profiles.pipeline_costs(profile, pipeline_for(ROLES), ROLES, optimizer='adam')
+    return
   if case == 'batch':
     pipeline, roles = make_pipeline(mlp(), ROLES), ROLES
     with pytest.raises(profiles.ProfileError, match=field):
@@ -140,6 +145,13 @@ def test_bad_files_name_the_field(profile, tmp_path, edit, message):
   edit(data)
   with pytest.raises(profiles.ProfileError, match=message):
     profiles.load(_write(tmp_path, data))
+
+
+def test_optimizer_id_ignores_rates_but_not_the_computation():
+  assert profiles.optimizer_id({'name': 'adam', 'learning_rate': 3e-3, 'weight_decay': 0.0,
+                                'kwargs': {}}) == 'adam'
+  assert profiles.optimizer_id({'name': 'sgd', 'learning_rate': 0.1, 'weight_decay': 5e-4,
+                                'kwargs': {'momentum': 0.9}}) == 'sgd(momentum)+weight_decay'
 
 
 def test_unreadable_files_are_refused(tmp_path):

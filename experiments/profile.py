@@ -1,0 +1,126 @@
+r"""Measures a cost profile for a config: every task it runs, timed once, carefully.
+
+    python -m experiments.profile --config=experiments/configs/ddg.py --out=profiles/ddg.json
+    python -m experiments.profile --config=experiments/configs/ddg.py:smoke \
+        --config.stages=2 --out=/tmp/ddg2.json --reps=50
+
+Writes (or adds a table to) a JSON profile (`jaxsgd.scheduler.profiles`): the
+seconds of each stage's forward, backward and update for the config's model,
+batch size, stage split and algorithm, the host dispatch overhead of the
+executors, and the device, jax version and date. An existing file of the same
+model, batch size, optimizer and device gets this config's table added (one
+profile can serve a whole suite); `--replace` starts a new file instead.
+
+Covers the scheduler algorithms (bp, ddg, local, asgd, dcasgd, lppsgd, pdasgd);
+the data-parallel ones (ssgd, local_sgd, dasgd, diloco) time their step with
+`cost.step_time` and have no task table.
+"""
+
+import os
+import types
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from jaxsgd import data as data_lib
+from jaxsgd.algorithms import ddg
+from jaxsgd.algorithms import local
+from jaxsgd.scheduler import Pipeline, Placement, profiles, sequential_roles
+from jaxsgd.training import optimizers
+from jaxsgd.training.loop import build_model
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'An ml_collections config file.',
+                                          lock_config=True)
+_OUT = flags.DEFINE_string('out', None, 'The profile file (JSON) to write or add to.')
+_REPS = flags.DEFINE_integer('reps', 30, 'Timed calls of each task (the fastest counts).')
+_WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed calls of each task first.')
+_REPLACE = flags.DEFINE_bool('replace', False, 'Overwrite --out instead of adding to it.')
+flags.mark_flags_as_required(['config', 'out'])
+
+PIPELINE_ALGORITHMS = ('bp', 'ddg', 'local', 'pdasgd', 'lppsgd')
+SERVER_ALGORITHMS = ('asgd', 'dcasgd')
+
+
+def roles_of(config):
+  """The stage roles whose computations the config's algorithm runs."""
+  name, settings = config.algorithm.name, config.algorithm
+  if name == 'bp' or name == 'pdasgd':
+    return sequential_roles(config.stages)
+  if name == 'ddg':
+    return ddg.roles(config.stages, settings.get('variant', 'paper'))
+  if name == 'local':
+    return local.roles(config.stages, settings.get('variant', 'greedy'),
+                       settings.get('chunks', 1), settings.get('pipelined', True))
+  return sequential_roles(1)  # Whole-model workers: lppsgd, asgd, dcasgd.
+
+
+def measure_table(config, model, batch, *, warmup: int = 3, reps: int = 30) -> profiles.Table:
+  """The config's task table, measured on the first device."""
+  name = config.algorithm.name
+  if name not in PIPELINE_ALGORITHMS + SERVER_ALGORITHMS:
+    raise ValueError(f'algorithm.name: {name!r} has no task table to profile; allowed: '
+                     f'{", ".join(PIPELINE_ALGORITHMS + SERVER_ALGORITHMS)} (data-parallel '
+                     f'algorithms take cost.step_time).')
+  roles = roles_of(config)
+  tx = optimizers.make_optimizer(config.optimizer, config.train_steps)
+  pipeline = Pipeline(model, len(roles), tx, placement=Placement.create(len(roles)),
+                      batch_size=config.batch_size, seed=config.seed,
+                      aux_heads=any(r.loss == 'aux' for r in roles))
+  calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
+  tasks = profiles.roles_signature(roles)
+  if name in SERVER_ALGORITHMS:
+    from jaxsgd.asynchronous import server  # pylint: disable=import-outside-toplevel
+    settings = server.check_config(config, model)
+    _, param_server, _, _ = server.build(types.SimpleNamespace(config=config, model=model),
+                                         settings)
+    calls[(0, 'update')] = param_server.calibration_call()
+    tasks = profiles.server_tasks(name)
+  return profiles.measure_table(calls, split=profiles.split_of(pipeline.stages), tasks=tasks,
+                                warmup=warmup, reps=reps)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config = _CONFIG.value
+  dataset = data_lib.load(config.dataset, config.get('data_dir'))
+  model = build_model(config, dataset)
+  batch = next(dataset.train_batches(config.batch_size, seed=config.seed))
+  try:
+    table = measure_table(config, model, batch, warmup=_WARMUP.value, reps=_REPS.value)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
+  profile = profiles.make_profile(model, config.batch_size,
+                                  profiles.optimizer_id(config.optimizer), [table],
+                                  warmup=_WARMUP.value, reps=_REPS.value,
+                                  dispatch=profiles.measure_dispatch())
+  out = _OUT.value
+  if os.path.exists(out) and not _REPLACE.value:
+    try:
+      profile = profiles.merge(profiles.load(out), profile)
+    except profiles.ProfileError as e:
+      raise SystemExit(f'{e} (--replace overwrites {out})') from None
+  profiles.save(profile, out)
+  print(describe(table, profile.dispatch))
+  print(f'wrote {out}: {len(profile.tables)} table(s), model {model.name}, batch '
+        f'{config.batch_size}, {profile.device_kind}')
+
+
+def describe(table: profiles.Table, dispatch) -> str:
+  """The measured table: stage, kind, minimum, median and p90 in ms."""
+  lines = [f'tasks {table.tasks}, split {list(map(list, table.split))}',
+           f'{"stage":>5} {"kind":<9} {"min ms":>9} {"median ms":>10} {"p90 ms":>9}']
+  for key, seconds in table.costs.items():
+    stage, kind = key if isinstance(key, tuple) else ('*', key)
+    spread = table.spread.get(key, {})
+    lines.append(f'{stage:>5} {kind:<9} {1e3 * seconds:9.4f} '
+                 f'{1e3 * spread.get("median", float("nan")):10.4f} '
+                 f'{1e3 * spread.get("p90", float("nan")):9.4f}')
+  lines.append('dispatch overhead per task (µs): ' + ', '.join(
+      f'{name} {1e6 * seconds:.1f}' for name, seconds in dispatch.items()))
+  return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,90 @@
+"""`python -m experiments.profile`: the table it writes is the one a run looks up."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import profile as profile_command
+from experiments.configs import asgd as asgd_config
+from experiments.configs import ddg as ddg_config
+from experiments.configs import local as local_config
+from jaxsgd import models
+from jaxsgd.scheduler import Pipeline, profiles
+from jaxsgd.scheduler import placement as placement_lib
+from jaxsgd.training import optimizers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _batch(config):
+  rng = np.random.default_rng(0)
+  return {'image': rng.standard_normal((config.batch_size, 40, 1)).astype(np.float32),
+          'label': rng.integers(0, 10, config.batch_size).astype(np.int32)}
+
+
+def _pipeline_as_train_builds_it(config, model, roles):
+  """What `scheduler.pipeline.train` builds for a config (its split and computations)."""
+  return Pipeline(model, config.stages,
+                  optimizers.make_optimizer(config.optimizer, config.train_steps),
+                  placement=placement_lib.from_config(config, config.stages),
+                  batch_size=config.batch_size, seed=config.seed,
+                  aux_heads=any(r.loss == 'aux' for r in roles))
+
+
+@pytest.mark.parametrize('get_config', [ddg_config.get_config, local_config.get_config])
+def test_the_measured_table_is_the_one_the_run_looks_up(get_config):
+  config = get_config('smoke')
+  config.stages = 2
+  model = models.get_model(config.model.name, (40, 1), 10)
+  table = profile_command.measure_table(config, model, _batch(config), warmup=1, reps=2)
+  profile = profiles.make_profile(model, config.batch_size,
+                                  profiles.optimizer_id(config.optimizer), [table],
+                                  warmup=1, reps=2)
+  roles = profile_command.roles_of(config)
+  pipeline = _pipeline_as_train_builds_it(config, model, roles)
+  assert profiles.pipeline_costs(profile, pipeline, roles,
+                                 optimizer=profiles.optimizer_id(config.optimizer)) \
+      == table.costs
+  assert set(table.costs) == {(k, kind) for k in range(2)
+                              for kind in ('forward', 'backward', 'update')}
+
+
+def test_server_algorithms_time_the_server_update():
+  config = asgd_config.get_config('smoke')
+  model = models.get_model(config.model.name, (40, 1), 10)
+  table = profile_command.measure_table(config, model, _batch(config), warmup=1, reps=2)
+  assert table.tasks == profiles.server_tasks('asgd') != profiles.server_tasks('dcasgd')
+  assert table.split == ((0, model.num_layers),)
+  assert set(table.costs) == {(0, 'forward'), (0, 'backward'), (0, 'update')}
+
+
+def test_data_parallel_algorithms_are_refused_naming_the_field():
+  config = ddg_config.get_config('smoke')
+  config.algorithm.name = 'ssgd'
+  with pytest.raises(ValueError, match="algorithm.name: 'ssgd' has no task table"):
+    profile_command.measure_table(config, None, None)
+
+
+def test_the_command_writes_a_profile_and_refuses_to_mix_models(data_dir, tmp_path):
+  out = str(tmp_path / 'suite.json')
+
+  def command(config_file, *extra):
+    return subprocess.run(
+        [sys.executable, '-m', 'experiments.profile', f'--config={config_file}',
+         f'--config.data_dir={data_dir}', f'--out={out}', '--reps=2', '--warmup=1', *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+
+  done = command('experiments/configs/ddg.py:smoke', '--config.stages=2')
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert f'wrote {out}: 1 table(s), model cnn, batch 32' in done.stdout
+  profile = profiles.load(out)
+  assert profile.model['name'] == 'cnn' and profile.batch_size == 32
+  assert {'jax_call', 'real', 'real_threads'} == set(profile.dispatch)
+  refused = command('experiments/configs/asgd.py:smoke')  # The MLP: another model.
+  assert refused.returncode != 0
+  assert refused.stderr.strip().splitlines()[-1].startswith(
+      'cost.profile: cannot add to a profile of another model')
+  assert profiles.load(out) == profile  # Left as it was.
