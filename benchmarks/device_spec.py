@@ -5,7 +5,8 @@ r"""This machine as a `DeviceSpec`: the figures behind `hardware.PRESETS['cpu']`
 Peak FLOP/s (a float32 2048² matmul), memory bandwidth (`x + 1` over 512 MiB,
 XLA's bytes accessed over time), launch overhead (a blocking trivial jitted
 call) and the link between two CPU devices (`device_put` at 64 KiB .. 64 MiB,
-fitted latency + n / bandwidth); each the fastest of `--reps` calls, since other
+latency of 4 bytes, bandwidth of 64 MiB), kernel overhead (200 one-kernel
+outputs against 1); each the fastest of `--reps` calls, since other
 jobs on the machine only ever add time. Runs with two host devices. Last line:
 `cpu spec: peak <x> GFLOP/s, bandwidth <y> GB/s`.
 """
@@ -32,6 +33,7 @@ def main():
       ['peak_flops', spec.peak_flops / 1e9, 'GFLOP/s'],
       ['memory_bandwidth', spec.memory_bandwidth / 1e9, 'GB/s'],
       ['launch_overhead', spec.launch_overhead * 1e6, 'µs'],
+      ['kernel_overhead', spec.kernel_overhead * 1e6, 'µs'],
       ['link_bandwidth', spec.link_bandwidth / 1e9, 'GB/s'],
       ['link_latency', spec.link_latency * 1e6, 'µs'],
   ])

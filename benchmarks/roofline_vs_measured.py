@@ -8,7 +8,8 @@ stage's forward, backward and update (Adam), timed as a cost profile times them
 (`profiles.measure`: 3 warm-up calls, then `--reps` interleaved blocking calls,
 the fastest counts), next to its roofline time `max(flops / peak, bytes /
 bandwidth) + launch` from XLA's compiled cost analysis and the `cpu` preset.
-`bound` says which term of the max won. Ratio = measured / roofline (> 1: the
+`bound` says which term of the max won; `kernels` is the kernel count charged
+`kernel_overhead` each. Ratio = measured / roofline (> 1: the
 task is slower than the roofline says). Last line: `median measured/roofline
 ratio: <x>`. Before it: per stage, the measured and roofline totals and the
 pipeline bound sum / max each implies (what a simulated speed-up rests on: the
@@ -48,7 +49,8 @@ def rows_for(name: str, num_stages: int, reps: int, spec: hardware.DeviceSpec) -
     roofline = hardware.roofline_seconds(counts, spec)
     bound = ('flops' if counts.flops / spec.peak_flops >= counts.bytes_accessed
              / spec.memory_bandwidth else 'bytes')
-    rows.append([name, stage, kind, counts.flops / 1e6, counts.bytes_accessed / 1e6, bound,
+    rows.append([name, stage, kind, counts.flops / 1e6, counts.bytes_accessed / 1e6,
+                 counts.kernels, bound,
                  1e3 * measured[(stage, kind)], 1e3 * roofline,
                  measured[(stage, kind)] / roofline])
   return rows
@@ -61,19 +63,20 @@ def main():
   args = parser.parse_args()
   spec = hardware.preset('cpu')
   print(f'cpu preset: peak {spec.peak_flops / 1e9:.0f} GFLOP/s, bandwidth '
-        f'{spec.memory_bandwidth / 1e9:.0f} GB/s, launch {spec.launch_overhead * 1e6:.1f} µs; '
+        f'{spec.memory_bandwidth / 1e9:.0f} GB/s, launch {spec.launch_overhead * 1e6:.1f} µs, '
+        f'kernel {spec.kernel_overhead * 1e6:.1f} µs; '
         f'{args.stages} stages, measured = fastest of {args.reps} interleaved calls; '
         f'load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores')
   rows = [row for name in MODELS for row in rows_for(name, args.stages, args.reps, spec)]
-  print_table(['model', 'stage', 'kind', 'MFLOP', 'MB', 'bound', 'measured ms', 'roofline ms',
+  print_table(['model', 'stage', 'kind', 'MFLOP', 'MB', 'kernels', 'bound', 'measured ms', 'roofline ms',
                'ratio'], rows)
   ratios = np.array([row[-1] for row in rows])
   print('per stage (forward + backward + update, ms) and the pipeline bound sum / max '
         '(the speed-up a K-stage pipeline could reach with these costs):')
   for name in MODELS:
     stages = sorted({row[1] for row in rows if row[0] == name})
-    measured = [sum(r[6] for r in rows if r[0] == name and r[1] == k) for k in stages]
-    roofline = [sum(r[7] for r in rows if r[0] == name and r[1] == k) for k in stages]
+    measured = [sum(r[7] for r in rows if r[0] == name and r[1] == k) for k in stages]
+    roofline = [sum(r[8] for r in rows if r[0] == name and r[1] == k) for k in stages]
     print(f'{name:>8}: measured {" / ".join(f"{m:.3f}" for m in measured)} -> '
           f'{sum(measured) / max(measured):.2f}x; roofline '
           f'{" / ".join(f"{m:.3f}" for m in roofline)} -> {sum(roofline) / max(roofline):.2f}x')

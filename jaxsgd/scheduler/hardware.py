@@ -2,31 +2,40 @@
 
 A task's cost on a device it never ran on:
 
-    seconds = max(flops / peak_flops, bytes / memory_bandwidth) + launch_overhead
+    seconds = max(flops / peak_flops, bytes / memory_bandwidth)      # the roofline
+              + launch_overhead + kernels · kernel_overhead            # fixed costs
     transfer of n bytes = link_latency + n / link_bandwidth
 
 `flops` and `bytes` (bytes accessed) come from XLA's cost analysis of the
-compiled task (`jitted.lower(*args).compile().cost_analysis()`), the rest from a
-`DeviceSpec`. The result is a pure function of the program and the spec, so a
+compiled task (`jitted.lower(*args).compile().cost_analysis()`), `kernels` is
+the number of operations of the compiled program's entry computation (fusions,
+convolutions, copies: what a device launches one by one), the rest from a
+`DeviceSpec`. The kernel term is there because training small models is not
+at the roofline: a stage update is dozens of tiny fused kernels (Adam over
+every leaf) whose flops and bytes are next to nothing, and whose cost is the
+launching (measured here: ~1.5 µs per kernel on this CPU). The result is a pure function of the program and the spec, so a
 run with `--config.cost.device=h100` simulates H100s on a laptop, the same
 simulated times on any machine, any load.
 
 What it leaves out (see docs/simulator.md for how far it is from measured costs
 on this CPU): the operation counts are those of the program compiled for *this*
 machine's backend (fusion differs on a GPU, which changes bytes more than
-flops); every operation is assumed to reach the peak (real kernels do not, small
-ones by far); and the launch overhead is one figure per task, whatever the
-number of kernels in it.
+flops); every operation is assumed to reach the peak (real kernels do not,
+convolutions on this CPU reach 10–30 % of the matmul peak); and the fixed costs are
+two figures per device, whatever the kernels and their arguments.
 
 Presets (`PRESETS`; peak = the rate JAX's *default* precision gets for float32
 arrays, which is what jaxsgd's models use):
 
-  cpu     this project's machine (2 vCPUs of an AMD EPYC, Zen 5, AVX-512, KVM), measured
-          by `measure_device_spec` (benchmarks/device_spec.py,
-          benchmarks/results/device_spec.txt): peak = the fastest float32 2048² matmul,
-          bandwidth = the fastest `x + 1` over 512 MiB (bytes read + written), launch =
-          one blocking call of a trivial jitted function, link = `device_put` between two
-          CPU devices (fitted latency + n / bandwidth).
+  cpu     this project's machine (2 vCPUs of an AMD EPYC, family 26 = Zen 5, AVX-512,
+          under KVM), measured by `measure_device_spec` (benchmarks/device_spec.py,
+          benchmarks/results/device_spec.txt): peak = a float32 2048² matmul (float32
+          is all XLA:CPU does for float32 arrays), bandwidth = `x ← x + 1` in place over
+          256 MiB (bytes read + written), launch = one blocking call of a trivial jitted
+          function, kernel = the extra time per one-kernel output, link = `device_put`
+          between two CPU devices. Each the best seen over several runs: the machine is
+          shared, and under load the same measurement gave 92–412 GFLOP/s and
+          37–114 GB/s (the figures only ever drop with load).
   v100    NVIDIA Tesla V100 SXM2 datasheet (2017): FP32 15.7 TFLOP/s (Volta has no
           TF32, so float32 matmuls run at the FP32 rate), HBM2 900 GB/s, NVLink 300 GB/s
           total bidirectional -> 150 GB/s one way.
@@ -41,15 +50,18 @@ arrays, which is what jaxsgd's models use):
           pass), HBM2 1,200 GB/s; ICI 400 Gb/s = 50 GB/s per link and direction (Jouppi
           et al., "TPU v4: An Optically Reconfigurable Supercomputer ...", ISCA 2023).
 
-Launch overheads and link latencies of the accelerators are not datasheet figures:
-they are estimates of one JAX dispatch plus a kernel launch (20 µs per task) and of
-a small device-to-device copy (10 µs GPUs, 5 µs TPU ICI); replace them with
-`dataclasses.replace(preset('h100'), launch_overhead=...)` when you have a
+Launch and kernel overheads and link latencies of the accelerators are not
+datasheet figures: they are order-of-magnitude estimates — one JAX dispatch per
+task (20 µs), a CUDA kernel launch per kernel (2 µs; TPUs run a compiled program's
+operations back to back without host launches: 0.2 µs), a small device-to-device
+copy (10 µs GPUs, 5 µs TPU ICI). Replace them with
+`dataclasses.replace(preset('h100'), kernel_overhead=...)` when you have a
 measurement.
 """
 
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -70,7 +82,8 @@ class DeviceSpec:
     name: the preset's name.
     peak_flops: floating-point operations per second.
     memory_bandwidth: bytes per second between the device and its memory.
-    launch_overhead: seconds added to every task (dispatch and launch).
+    launch_overhead: seconds added to every task (its host dispatch).
+    kernel_overhead: seconds added per kernel of the task (launch, allocation).
     link_bandwidth: bytes per second of a device-to-device link, one direction.
     link_latency: seconds per transfer.
     precision: which peak `peak_flops` is (e.g. 'tf32 tensor core, dense').
@@ -82,6 +95,7 @@ class DeviceSpec:
   launch_overhead: float
   link_bandwidth: float
   link_latency: float
+  kernel_overhead: float = 0.0
   precision: str = ''
 
   def __post_init__(self):
@@ -90,7 +104,7 @@ class DeviceSpec:
       if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
         raise ValueError(f'cost.device {self.name!r}: {field} must be a finite number > 0, '
                          f'got {value!r}.')
-    for field in ('launch_overhead', 'link_latency'):
+    for field in ('launch_overhead', 'kernel_overhead', 'link_latency'):
       value = getattr(self, field)
       if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
         raise ValueError(f'cost.device {self.name!r}: {field} must be a finite number of '
@@ -101,18 +115,23 @@ PRESETS = {
     # Measured on this machine by benchmarks/device_spec.py (see the module docstring).
     'cpu': DeviceSpec('cpu', peak_flops=4.1e11, memory_bandwidth=1.1e11,
                       launch_overhead=4.7e-6, link_bandwidth=2.5e9, link_latency=2.2e-5,
+                      kernel_overhead=1.7e-6,
                       precision='float32 (XLA:CPU matmul, measured)'),
     'v100': DeviceSpec('v100', peak_flops=15.7e12, memory_bandwidth=900e9,
                        launch_overhead=20e-6, link_bandwidth=150e9, link_latency=10e-6,
+                       kernel_overhead=2e-6,
                        precision='fp32 (no tf32 on Volta)'),
     'a100': DeviceSpec('a100', peak_flops=156e12, memory_bandwidth=2039e9,
                        launch_overhead=20e-6, link_bandwidth=300e9, link_latency=10e-6,
+                       kernel_overhead=2e-6,
                        precision='tf32 tensor core, dense'),
     'h100': DeviceSpec('h100', peak_flops=494.7e12, memory_bandwidth=3.35e12,
                        launch_overhead=20e-6, link_bandwidth=450e9, link_latency=10e-6,
+                       kernel_overhead=2e-6,
                        precision='tf32 tensor core, dense'),
     'tpu_v4': DeviceSpec('tpu_v4', peak_flops=275e12, memory_bandwidth=1200e9,
                          launch_overhead=20e-6, link_bandwidth=50e9, link_latency=5e-6,
+                         kernel_overhead=0.2e-6,
                          precision='bf16 (default precision of a float32 matmul on TPU)'),
 }
 
@@ -130,22 +149,42 @@ def preset(name: str) -> DeviceSpec:
 class OpCounts:
   flops: float
   bytes_accessed: float
+  kernels: int = 0
 
 
 def op_counts(fn: Callable, args: tuple) -> OpCounts:
   """XLA's count of `fn(*args)` as compiled here (`fn` need not be jitted already)."""
   jitted = fn if hasattr(fn, 'lower') else jax.jit(fn)
-  analysis = jitted.lower(*args).compile().cost_analysis()
+  compiled = jitted.lower(*args).compile()
+  analysis = compiled.cost_analysis()
   if isinstance(analysis, (list, tuple)):  # Older jax: one dict per computation.
     analysis = analysis[0] if analysis else {}
   analysis = analysis or {}
-  return OpCounts(float(analysis.get('flops', 0.0)), float(analysis.get('bytes accessed', 0.0)))
+  return OpCounts(float(analysis.get('flops', 0.0)), float(analysis.get('bytes accessed', 0.0)),
+                  count_kernels(compiled.as_text()))
+
+
+_NOT_KERNELS = frozenset({'parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast'})
+_OPCODE = re.compile(r' = .*? ([a-z][a-z0-9-]*)\(')
+
+
+def count_kernels(hlo_text: str) -> int:
+  """Operations of the ENTRY computation of compiled HLO text, less those that move
+  no data (parameters, constants, tuples, bitcasts): the kernels a device runs."""
+  entry = hlo_text[hlo_text.index('ENTRY'):]
+  body = entry[entry.index('{') + 1:entry.index('\n}')]
+  count = 0
+  for line in body.splitlines():
+    match = _OPCODE.search(line)
+    if match and match.group(1) not in _NOT_KERNELS:
+      count += 1
+  return count
 
 
 def roofline_seconds(counts: OpCounts, spec: DeviceSpec) -> float:
-  """`max(flops / peak, bytes / bandwidth) + launch`: the task's time at the roofline."""
+  """`max(flops / peak, bytes / bandwidth) + launch + kernels · kernel_overhead`."""
   return (max(counts.flops / spec.peak_flops, counts.bytes_accessed / spec.memory_bandwidth)
-          + spec.launch_overhead)
+          + spec.launch_overhead + counts.kernels * spec.kernel_overhead)
 
 
 def analytic_costs(calls: Mapping[Any, tuple[Callable, tuple]], spec: DeviceSpec,
@@ -193,6 +232,8 @@ def measure_device_spec(name: str = 'measured', *, matmul_size: int = 2048,
     with a new output, 58 GB/s in place), which a training step's reused buffers
     do not.
   launch_overhead: a blocking call of a trivial jitted function.
+  kernel_overhead: `[a * 2 + 1 for a in leaves]` over 200 leaves of 16 floats (200
+    kernels, each with its own output) against 1 leaf: the extra time per kernel.
   link: `device_put` from `device` to another device: latency = a 4-byte copy,
     bandwidth = 64 MiB over (its time − latency) (with one device, the link is the
     memory: latency 0, bandwidth = memory_bandwidth).
@@ -206,6 +247,7 @@ def measure_device_spec(name: str = 'measured', *, matmul_size: int = 2048,
   bandwidth = _stream_bandwidth(copy_bytes, device, reps)
   tiny = jnp.zeros((), jnp.float32, device=device)
   launch = _fastest(jax.jit(lambda v: v + 1), (tiny,), max(reps, 100))
+  kernel = _kernel_overhead(device, max(reps, 100))
   others = [d for d in devices if d != device]
   if others:
     latency, link_bandwidth = _fit_link(device, others[0], reps)
@@ -213,7 +255,7 @@ def measure_device_spec(name: str = 'measured', *, matmul_size: int = 2048,
     latency, link_bandwidth = 0.0, bandwidth
   return DeviceSpec(name, peak_flops=peak, memory_bandwidth=bandwidth, launch_overhead=launch,
                     link_bandwidth=link_bandwidth, link_latency=latency,
-                    precision='float32, measured')
+                    kernel_overhead=kernel, precision='float32, measured')
 
 
 def _stream_bandwidth(nbytes: int, device: jax.Device, reps: int) -> float:
@@ -225,6 +267,15 @@ def _stream_bandwidth(nbytes: int, device: jax.Device, reps: int) -> float:
     state[0] = add_one(state[0])
     return state[0]
   return moved / _fastest(step, (), reps)
+
+
+def _kernel_overhead(device: jax.Device, reps: int) -> float:
+  def time_for(num_leaves):
+    leaves = [jax.device_put(np.ones(16, np.float32), device) for _ in range(num_leaves)]
+    fn = jax.jit(lambda t: [a * 2 + 1 for a in t])
+    return _fastest(fn, (leaves,), reps), op_counts(fn, (leaves,)).kernels
+  (few, few_kernels), (many, many_kernels) = time_for(1), time_for(200)
+  return max(many - few, 0.0) / max(many_kernels - few_kernels, 1)
 
 
 def _fit_link(source: jax.Device, destination: jax.Device, reps: int) -> tuple[float, float]:

@@ -19,6 +19,7 @@ def test_xla_counts_a_matmul_as_by_hand():
   counts = hardware.op_counts(lambda x, y: x @ y, (a, b))
   assert counts.flops == 2 * 256 * 512 * 128
   assert counts.bytes_accessed == 4 * (256 * 512 + 512 * 128 + 256 * 128)
+  assert counts.kernels == 1
 
 
 def test_roofline_of_a_compute_bound_matmul():
@@ -29,11 +30,43 @@ def test_roofline_of_a_compute_bound_matmul():
   assert costs['matmul'] == pytest.approx(33.554432e-3 + 1e-6, rel=1e-12)
 
 
+def test_kernels_are_counted_and_charged():
+  """Ten independent `a · 2 + 1` with ten outputs: ten loop fusions on XLA:CPU, each
+  charged `kernel_overhead` (5 µs here) on top of the roofline and the launch."""
+  leaves = [jnp.ones(16, jnp.float32) for _ in range(10)]
+  counts = hardware.op_counts(lambda t: [a * 2 + 1 for a in t], (leaves,))
+  # Bytes: 64 read + 64 written per leaf, and XLA counts 8 per element of the output tuple.
+  assert (counts.flops, counts.bytes_accessed, counts.kernels) == (320, 10 * (2 * 64 + 8), 10)
+  spec = dataclasses.replace(SPEC, kernel_overhead=5e-6)
+  assert hardware.roofline_seconds(counts, spec) == pytest.approx(
+      max(320 / 1e9, 1360 / 1e8) + 1e-6 + 10 * 5e-6, rel=1e-12)
+
+
+def test_count_kernels_reads_the_entry_computation():
+  hlo = '''HloModule m
+%fused (p: f32[2]) -> f32[2] {
+  %p = f32[2]{0} parameter(0)
+  ROOT %a = f32[2]{0} add(%p, %p)
+}
+
+ENTRY %main (x: f32[2]) -> (f32[2], f32[2]) {
+  %x = f32[2]{0} parameter(0), metadata={op_name="x"}
+  %c = f32[] constant(1)
+  %f = f32[2]{0} fusion(%x), kind=kLoop, calls=%fused, metadata={op_name="jit(f)/add"}
+  %g = (f32[2]{0}, f32[2]{0}) fusion(%x, %f), kind=kLoop, calls=%fused
+  %b = f32[2]{0} bitcast(%f)
+  %y = f32[2]{0} copy(%b)
+  ROOT %t = (f32[2]{0}, f32[2]{0}) tuple(%f, %y)
+}
+'''
+  assert hardware.count_kernels(hlo) == 3  # two fusions and a copy
+
+
 def test_roofline_of_a_memory_bound_add():
   """x + 1 over 10⁶ floats: 10⁶ flops (1 ms) but 8·10⁶ bytes read and written (80 ms)."""
   x = jnp.zeros(10**6, jnp.float32)
   counts = hardware.op_counts(jax.jit(lambda v: v + 1), (x,))
-  assert (counts.flops, counts.bytes_accessed) == (1e6, 8e6)
+  assert (counts.flops, counts.bytes_accessed, counts.kernels) == (1e6, 8e6, 1)
   assert hardware.roofline_seconds(counts, SPEC) == pytest.approx(80e-3 + 1e-6, rel=1e-12)
 
 
