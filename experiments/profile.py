@@ -7,7 +7,10 @@ r"""Measures a cost profile for a config: every task it runs, timed once, carefu
 Writes (or adds a table to) a JSON profile (`jaxsgd.scheduler.profiles`): the
 seconds of each stage's forward, backward and update for the config's model,
 batch size, stage split and algorithm, the host dispatch overhead of the
-executors, and the device, jax version and date. An existing file of the same
+executors, and the device, jax version and date. By default the process is
+pinned to core 0 and each call is timed by the process's CPU time, the fastest
+of `--reps` counting: the method that repeats best on a shared machine (see
+`jaxsgd.scheduler.profiles`); the costs are then one core's. An existing file of the same
 model, batch size, optimizer and device gets this config's table added (one
 profile can serve a whole suite); `--replace` starts a new file instead.
 
@@ -36,6 +39,10 @@ _OUT = flags.DEFINE_string('out', None, 'The profile file (JSON) to write or add
 _REPS = flags.DEFINE_integer('reps', 30, 'Timed calls of each task (the fastest counts).')
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed calls of each task first.')
 _REPLACE = flags.DEFINE_bool('replace', False, 'Overwrite --out instead of adding to it.')
+_CLOCK = flags.DEFINE_enum('clock', 'cpu', list(profiles.CLOCKS),
+                           'cpu: process CPU time of each call (with --pin_core: repeatable '
+                           'to ~10 % under load); wall: wall time.')
+_PIN_CORE = flags.DEFINE_integer('pin_core', 0, 'Run on this CPU core only (-1: do not pin).')
 flags.mark_flags_as_required(['config', 'out'])
 
 PIPELINE_ALGORITHMS = ('bp', 'ddg', 'local', 'pdasgd', 'lppsgd')
@@ -55,7 +62,8 @@ def roles_of(config):
   return sequential_roles(1)  # Whole-model workers: lppsgd, asgd, dcasgd.
 
 
-def measure_table(config, model, batch, *, warmup: int = 3, reps: int = 30) -> profiles.Table:
+def measure_table(config, model, batch, *, warmup: int = 3, reps: int = 30,
+                  clock: str = 'wall') -> profiles.Table:
   """The config's task table, measured on the first device."""
   name = config.algorithm.name
   if name not in PIPELINE_ALGORITHMS + SERVER_ALGORITHMS:
@@ -77,23 +85,27 @@ def measure_table(config, model, batch, *, warmup: int = 3, reps: int = 30) -> p
     calls[(0, 'update')] = param_server.calibration_call()
     tasks = profiles.server_tasks(name)
   return profiles.measure_table(calls, split=profiles.split_of(pipeline.stages), tasks=tasks,
-                                warmup=warmup, reps=reps)
+                                warmup=warmup, reps=reps, clock=clock)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   config = _CONFIG.value
+  if _PIN_CORE.value >= 0:
+    profiles.pin_to_core(_PIN_CORE.value)  # Before JAX's first computation.
   dataset = data_lib.load(config.dataset, config.get('data_dir'))
   model = build_model(config, dataset)
   batch = next(dataset.train_batches(config.batch_size, seed=config.seed))
   try:
-    table = measure_table(config, model, batch, warmup=_WARMUP.value, reps=_REPS.value)
+    table = measure_table(config, model, batch, warmup=_WARMUP.value, reps=_REPS.value,
+                          clock=_CLOCK.value)
   except ValueError as e:
     raise SystemExit(str(e)) from None
   profile = profiles.make_profile(model, config.batch_size,
                                   profiles.optimizer_id(config.optimizer), [table],
                                   warmup=_WARMUP.value, reps=_REPS.value,
+                                  clock=_CLOCK.value, pinned=_PIN_CORE.value >= 0,
                                   dispatch=profiles.measure_dispatch())
   out = _OUT.value
   if os.path.exists(out) and not _REPLACE.value:

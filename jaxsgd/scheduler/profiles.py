@@ -10,20 +10,39 @@ How a task is measured (`measure`):
 
     for each task: `warmup` calls (compile, caches), not timed
     for r in 1..reps:                      # interleaved: rep r of every task, then r + 1
-      for each task: t = wall time of fn(*args) until every output is ready
+      for each task: t = clock time of fn(*args) until every output is ready
     cost(task) = min over the reps of t
 
-Why the minimum: on a shared machine other processes only ever *add* time to a
-call, never remove any, so the fastest of many calls is the one closest to the
-task's own cost, and the one that changes least from one measurement to the
-next. A low quantile would still move with sustained load; the mean and median
-move with every spike. Interleaving spreads a burst of load over all tasks
-instead of inflating one of them. The median and the 90th percentile are kept
-next to each cost (`spread`) so a reader can see how loaded the machine was.
+Why the minimum: other processes only ever *add* time to a call, never remove
+any, so the fastest of many calls is the one closest to the task's own cost.
+Interleaving spreads a burst of load over all tasks instead of inflating one.
+The median and the 90th percentile are kept next to each cost (`spread`) so a
+reader can see how loaded the machine was.
 
-A cost is the wall time of one blocking call: device time plus one host
-dispatch, as `costs.calibrate` measures it. The host overhead an *executor*
-adds per task (its bookkeeping on top of the JAX call) is measured separately
+Which clock, and pinning. On this 2-core machine shared by several jobs (load
+average 6–9), `benchmarks/profile_repeatability.py` timed the CNN's 12 tasks in
+4 rounds a few seconds apart and compared each task's figure across rounds
+(median over tasks of largest / smallest − 1):
+
+    wall clock, both cores, 30 calls:     min 80 %, median 51 %, mean 127 %
+    wall clock, both cores, 200 calls:    min 58 %, median 44 %
+    process CPU time, both cores:         min 25–91 %
+    process CPU time, pinned to 1 core:   min 8–16 %, median 10–45 %, mean 14–42 %
+
+A computation that may use both cores takes about half as long when the other
+core happens to be free, so any statistic of it moves with the load. Pinned to
+one core (`pin_to_core`) and timed by the process's CPU time (`clock='cpu'`:
+time the task actually ran, not time it waited for the core), the minimum is
+repeatable to ~10 %. That is the default of `python -m experiments.profile`; the
+costs are then those of one core, the natural unit when simulating devices on a
+CPU (a lane pinned to a core pays them). Whatever the method, a profile is
+measured once and then read back unchanged, so the *simulation* is exactly
+repeatable; the method only decides how close two profiles measured at
+different times are.
+
+A cost is the time of one blocking call: device time plus one host dispatch,
+as `costs.calibrate` measures it. The host overhead an *executor* adds per task
+(its bookkeeping on top of the JAX call) is measured separately
 (`measure_dispatch`) and stored in the profile's `dispatch` field.
 
 File format (JSON, `FORMAT`):
@@ -33,7 +52,7 @@ File format (JSON, `FORMAT`):
                "num_layers": 6, "num_params": 12345},
      "batch_size": 128, "optimizer": "adam", "device_kind": "cpu", "platform": "cpu",
      "jax_version": "0.10.2", "date": "2026-11-23T11:00:00+00:00",
-     "statistic": "min", "warmup": 3, "reps": 30,
+     "statistic": "min", "clock": "cpu", "pinned": true, "warmup": 3, "reps": 30,
      "dispatch": {"jax_call": 8e-06, "real": 3e-05, "real_threads": 6e-05},
      "tables": [{"split": [[0, 3], [3, 6]], "tasks": "<roles signature>",
                  "costs": {"0/forward": 0.001, "0/backward": 0.002, ...},
@@ -63,8 +82,9 @@ from jaxsgd.scheduler.costs import CostModel
 
 FORMAT = 'jaxsgd-cost-profile/1'
 STATISTIC = 'min'
-_FIELDS = ('format', 'model', 'batch_size', 'optimizer', 'device_kind', 'platform', 'jax_version', 'date',
-           'statistic', 'warmup', 'reps', 'dispatch', 'tables')
+_FIELDS = ('format', 'model', 'batch_size', 'optimizer', 'device_kind', 'platform', 'jax_version',
+           'date', 'statistic', 'clock', 'pinned', 'warmup', 'reps', 'dispatch', 'tables')
+CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
 _MODEL_FIELDS = ('name', 'input_shape', 'num_classes', 'num_layers', 'num_params')
 
 
@@ -101,6 +121,8 @@ class Profile:
   jax_version: str
   date: str
   statistic: str
+  clock: str
+  pinned: bool
   warmup: int
   reps: int
   dispatch: Mapping[str, float]
@@ -152,14 +174,28 @@ def roles_signature(roles) -> str:
 
 
 # --- measuring -----------------------------------------------------------------------------
-def measure(calls: Mapping[Any, tuple[Callable, tuple]], *, warmup: int = 3, reps: int = 30,
-            clock: Callable[[], float] = time.perf_counter) -> tuple[dict, dict]:
-  """(cost, spread) of every `fn(*args)` in `calls` (see the module docstring).
+def pin_to_core(core: int) -> None:
+  """Runs this process (and the threads it starts from now on) on one CPU core.
 
-  Returns:
-    `{key: seconds}` (the minimum over `reps` interleaved blocking calls) and
-    `{key: {'median': s, 'p90': s}}`.
+  Pins the threads running now, and those started later inherit it (XLA's CPU
+  thread pool is created at JAX's first computation). On one core a task's process CPU time is
+  its cost without the time other jobs took from it (see the module docstring).
   """
+  if not hasattr(os, 'sched_setaffinity'):
+    raise RuntimeError('pin_to_core: this platform cannot pin a process to a core.')
+  os.sched_setaffinity(0, {core})
+  for task in os.listdir('/proc/self/task') if os.path.isdir('/proc/self/task') else ():
+    try:  # Threads started before (at import) do not inherit the affinity.
+      os.sched_setaffinity(int(task), {core})
+    except OSError:
+      pass  # The thread ended meanwhile.
+
+
+def measure_times(calls: Mapping[Any, tuple[Callable, tuple]], *, warmup: int = 3,
+                  reps: int = 30, clock: Callable[[], float] = time.perf_counter
+                  ) -> dict[Any, list[float]]:
+  """`{key: [seconds of each timed call]}`: `warmup` untimed calls of every task,
+  then `reps` rounds timing each task once (interleaved), each call waited for."""
   if warmup < 1 or reps < 1:
     raise ValueError(f'warmup and reps must be >= 1, got warmup={warmup}, reps={reps}.')
   for fn, args in calls.values():
@@ -171,6 +207,18 @@ def measure(calls: Mapping[Any, tuple[Callable, tuple]], *, warmup: int = 3, rep
       start = clock()
       transfer.wait(fn(*args))
       times[key].append(clock() - start)
+  return times
+
+
+def measure(calls: Mapping[Any, tuple[Callable, tuple]], *, warmup: int = 3, reps: int = 30,
+            clock: Callable[[], float] = time.perf_counter) -> tuple[dict, dict]:
+  """(cost, spread) of every `fn(*args)` in `calls` (see the module docstring).
+
+  Returns:
+    `{key: seconds}` (the minimum over `reps` interleaved blocking calls) and
+    `{key: {'median': s, 'p90': s}}`.
+  """
+  times = measure_times(calls, warmup=warmup, reps=reps, clock=clock)
   costs = {key: float(min(ts)) for key, ts in times.items()}
   spread = {key: {'median': float(np.median(ts)), 'p90': float(np.quantile(ts, 0.9))}
             for key, ts in times.items()}
@@ -178,13 +226,16 @@ def measure(calls: Mapping[Any, tuple[Callable, tuple]], *, warmup: int = 3, rep
 
 
 def measure_table(calls: Mapping[Any, tuple[Callable, tuple]], *, split, tasks: str,
-                  warmup: int = 3, reps: int = 30) -> Table:
-  costs, spread = measure(calls, warmup=warmup, reps=reps)
+                  warmup: int = 3, reps: int = 30, clock: str = 'wall') -> Table:
+  """`measure` as a `Table`; `clock` names one of `CLOCKS`."""
+  if clock not in CLOCKS:
+    raise ValueError(f'clock: {clock!r}; allowed: {", ".join(CLOCKS)}.')
+  costs, spread = measure(calls, warmup=warmup, reps=reps, clock=CLOCKS[clock])
   return Table(_split(split), tasks, costs, spread)
 
 
 def make_profile(model, batch_size: int, optimizer: str, tables: Sequence[Table], *,
-                 warmup: int, reps: int,
+                 warmup: int, reps: int, clock: str = 'wall', pinned: bool = False,
                  dispatch: Mapping[str, float] | None = None,
                  device: jax.Device | None = None) -> Profile:
   """A profile of `tables` measured now on `device` (default: the first device)."""
@@ -193,12 +244,14 @@ def make_profile(model, batch_size: int, optimizer: str, tables: Sequence[Table]
                  device_kind=device.device_kind, platform=device.platform,
                  jax_version=jax.__version__,
                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-                 statistic=STATISTIC, warmup=int(warmup), reps=int(reps),
+                 statistic=STATISTIC, clock=clock, pinned=bool(pinned),
+                 warmup=int(warmup), reps=int(reps),
                  dispatch=dict(dispatch or {}), tables=tuple(tables))
 
 
 # --- pipelines (`scheduler.pipeline.Pipeline`) ---------------------------------------------
-def pipeline_table(pipeline, roles, batch: dict, *, warmup: int = 3, reps: int = 30) -> Table:
+def pipeline_table(pipeline, roles, batch: dict, *, warmup: int = 3, reps: int = 30,
+                   clock: str = 'wall') -> Table:
   """The measured table of `pipeline`'s stages in `roles`, on one host `batch`.
 
   Times the very calls `Pipeline.calibrate` times (forward, backward, update
@@ -206,7 +259,7 @@ def pipeline_table(pipeline, roles, batch: dict, *, warmup: int = 3, reps: int =
   """
   return measure_table(pipeline._calibration_calls(roles, batch),  # pylint: disable=protected-access
                        split=split_of(pipeline.stages), tasks=roles_signature(roles),
-                       warmup=warmup, reps=reps)
+                       warmup=warmup, reps=reps, clock=clock)
 
 
 def pipeline_costs(profile: Profile, pipeline, roles, *, optimizer: str | None = None,
@@ -292,7 +345,8 @@ def to_json(profile: Profile) -> dict:
           'optimizer': profile.optimizer,
           'device_kind': profile.device_kind, 'platform': profile.platform,
           'jax_version': profile.jax_version, 'date': profile.date,
-          'statistic': profile.statistic, 'warmup': profile.warmup, 'reps': profile.reps,
+          'statistic': profile.statistic, 'clock': profile.clock, 'pinned': profile.pinned,
+          'warmup': profile.warmup, 'reps': profile.reps,
           'dispatch': dict(profile.dispatch),
           'tables': [{'split': [list(r) for r in t.split], 'tasks': t.tasks,
                       'costs': {_key_str(k): v for k, v in t.costs.items()},
@@ -348,6 +402,12 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
   for field in ('optimizer', 'device_kind', 'platform', 'jax_version', 'date', 'statistic'):
     if not isinstance(data[field], str):
       raise ProfileError(f'{where}: field "{field}" must be a string, got {data[field]!r}.')
+  if data['clock'] not in CLOCKS:
+    raise ProfileError(f'{where}: field "clock" must be one of {", ".join(CLOCKS)}, got '
+                       f'{data["clock"]!r}.')
+  if not isinstance(data['pinned'], bool):
+    raise ProfileError(f'{where}: field "pinned" must be true or false, got '
+                       f'{data["pinned"]!r}.')
   dispatch = data['dispatch']
   if not isinstance(dispatch, dict):
     raise ProfileError(f'{where}: field "dispatch" must be an object, got {dispatch!r}.')
@@ -359,7 +419,8 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
   return Profile(model=dict(model), batch_size=data['batch_size'], optimizer=data['optimizer'],
                  device_kind=data['device_kind'], platform=data['platform'],
                  jax_version=data['jax_version'], date=data['date'],
-                 statistic=data['statistic'], warmup=data['warmup'], reps=data['reps'],
+                 statistic=data['statistic'], clock=data['clock'], pinned=data['pinned'],
+                 warmup=data['warmup'], reps=data['reps'],
                  dispatch={k: float(v) for k, v in dispatch.items()}, tables=tables)
 
 

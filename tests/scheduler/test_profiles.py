@@ -58,6 +58,7 @@ def test_profile_has_every_task_of_every_stage(profile):
   assert table.tasks == profiles.roles_signature(ROLES)
   assert profile.model['name'] == 'mlp' and profile.batch_size == BATCH
   assert profile.statistic == 'min' and profile.jax_version
+  assert profile.clock == 'wall' and not profile.pinned
 
 
 def test_round_trip_is_exact(profile, tmp_path):
@@ -139,6 +140,8 @@ def test_mismatches_are_refused(profile, case, field):
     (lambda d: d['tables'][0].update(split=[[2, 1]]), r'"tables\[0\].split"'),
     (lambda d: d['dispatch'].update(real='fast'), '"dispatch.real"'),
     (lambda d: d.update(tables=[]), '"tables" must be a non-empty list'),
+    (lambda d: d.update(clock='sundial'), '"clock" must be one of wall, cpu'),
+    (lambda d: d.update(pinned='yes'), '"pinned" must be true or false'),
 ])
 def test_bad_files_name_the_field(profile, tmp_path, edit, message):
   data = profiles.to_json(profile)
