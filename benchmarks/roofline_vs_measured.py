@@ -1,13 +1,17 @@
 r"""How far the roofline (`hardware`, preset `cpu`) is from measured task costs here.
 
-    python -m benchmarks.roofline_vs_measured [--reps=20] [--stages=4]
+    python -m benchmarks.roofline_vs_measured [--reps=20] [--stages=4] [--mode=pinned|shared]
 
 For the CNN (MNIST-1D shapes, batch 128) and ResNet-20 (CIFAR-10 shapes, batch
 64), each cut into `--stages` stages as the pipeline algorithms cut them: every
 stage's forward, backward and update (Adam), timed as a cost profile times them
 (`profiles.measure`: 3 warm-up calls, then `--reps` interleaved blocking calls,
 the fastest counts), next to its roofline time `max(flops / peak, bytes /
-bandwidth) + launch` from XLA's compiled cost analysis and the `cpu` preset.
+bandwidth) + launch + kernels · kernel_overhead` from XLA's compiled cost
+analysis and a preset. `--mode=pinned` (default): the process on one core,
+calls timed by its CPU time, against the `cpu_core` preset — how
+`experiments.profile` measures; `--mode=shared`: both cores, wall time,
+against `cpu`.
 `bound` says which term of the max won; `kernels` is the kernel count charged
 `kernel_overhead` each. Ratio = measured / roofline (> 1: the
 task is slower than the roofline says). Last line: `median measured/roofline
@@ -18,6 +22,7 @@ balance of the stages, not their absolute cost).
 
 import argparse
 import os
+import time
 
 import numpy as np
 import optax
@@ -32,7 +37,8 @@ MODELS = {  # name: (input shape, classes, batch size)
 }
 
 
-def rows_for(name: str, num_stages: int, reps: int, spec: hardware.DeviceSpec) -> list:
+def rows_for(name: str, num_stages: int, reps: int, spec: hardware.DeviceSpec,
+             clock) -> list:
   shape, classes, batch_size = MODELS[name]
   model = models.get_model(name, shape, classes)
   roles = sequential_roles(num_stages)
@@ -42,7 +48,7 @@ def rows_for(name: str, num_stages: int, reps: int, spec: hardware.DeviceSpec) -
   batch = {'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
            'label': rng.integers(0, classes, batch_size).astype(np.int32)}
   calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
-  measured, _ = profiles.measure(calls, warmup=3, reps=reps)
+  measured, _ = profiles.measure(calls, warmup=3, reps=reps, clock=clock)
   rows = []
   for (stage, kind), (fn, args) in calls.items():
     counts = hardware.op_counts(fn, args)
@@ -60,14 +66,21 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--reps', type=int, default=20)
   parser.add_argument('--stages', type=int, default=4)
+  parser.add_argument('--mode', choices=('pinned', 'shared'), default='pinned',
+                      help='pinned: one core, CPU-time clock, preset cpu_core (how a profile '
+                           'is measured by default); shared: both cores, wall clock, preset cpu')
   args = parser.parse_args()
-  spec = hardware.preset('cpu')
-  print(f'cpu preset: peak {spec.peak_flops / 1e9:.0f} GFLOP/s, bandwidth '
+  if args.mode == 'pinned':
+    profiles.pin_to_core(0)
+  spec = hardware.preset('cpu_core' if args.mode == 'pinned' else 'cpu')
+  clock = time.process_time if args.mode == 'pinned' else time.perf_counter
+  print(f'{spec.name} preset: peak {spec.peak_flops / 1e9:.0f} GFLOP/s, bandwidth '
         f'{spec.memory_bandwidth / 1e9:.0f} GB/s, launch {spec.launch_overhead * 1e6:.1f} µs, '
         f'kernel {spec.kernel_overhead * 1e6:.1f} µs; '
         f'{args.stages} stages, measured = fastest of {args.reps} interleaved calls; '
         f'load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores')
-  rows = [row for name in MODELS for row in rows_for(name, args.stages, args.reps, spec)]
+  rows = [row for name in MODELS
+          for row in rows_for(name, args.stages, args.reps, spec, clock)]
   print_table(['model', 'stage', 'kind', 'MFLOP', 'MB', 'kernels', 'bound', 'measured ms', 'roofline ms',
                'ratio'], rows)
   ratios = np.array([row[-1] for row in rows])

@@ -36,6 +36,10 @@ arrays, which is what jaxsgd's models use):
           between two CPU devices. Each the best seen over several runs: the machine is
           shared, and under load the same measurement gave 92–412 GFLOP/s and
           37–114 GB/s (the figures only ever drop with load).
+  cpu_core  one core of it, the unit a lane pinned to a core has (and what a profile
+          measured pinned, the default of `experiments.profile`, measures): the same
+          measurements in a process pinned to core 0, peak and bandwidth timed by the
+          process's CPU time (185–195 GFLOP/s, 56–59 GB/s over runs: half of `cpu`).
   v100    NVIDIA Tesla V100 SXM2 datasheet (2017): FP32 15.7 TFLOP/s (Volta has no
           TF32, so float32 matmuls run at the FP32 rate), HBM2 900 GB/s, NVLink 300 GB/s
           total bidirectional -> 150 GB/s one way.
@@ -117,6 +121,10 @@ PRESETS = {
                       launch_overhead=4.7e-6, link_bandwidth=2.5e9, link_latency=2.2e-5,
                       kernel_overhead=1.7e-6,
                       precision='float32 (XLA:CPU matmul, measured)'),
+    'cpu_core': DeviceSpec('cpu_core', peak_flops=1.95e11, memory_bandwidth=5.9e10,
+                           launch_overhead=5e-6, link_bandwidth=2.0e9, link_latency=2.5e-5,
+                           kernel_overhead=1.7e-6,
+                           precision='float32 (one core, measured)'),
     'v100': DeviceSpec('v100', peak_flops=15.7e12, memory_bandwidth=900e9,
                        launch_overhead=20e-6, link_bandwidth=150e9, link_latency=10e-6,
                        kernel_overhead=2e-6,
@@ -210,19 +218,21 @@ def pipeline_costs(pipeline, roles, batch: dict, spec: DeviceSpec) -> dict:
 
 
 # --- measuring this machine ------------------------------------------------------------------
-def _fastest(fn: Callable, args: tuple, reps: int) -> float:
+def _fastest(fn: Callable, args: tuple, reps: int,
+             clock: Callable[[], float] = time.perf_counter) -> float:
   transfer.wait(fn(*args))
   best = math.inf
   for _ in range(reps):
-    start = time.perf_counter()
+    start = clock()
     transfer.wait(fn(*args))
-    best = min(best, time.perf_counter() - start)
+    best = min(best, clock() - start)
   return best
 
 
 def measure_device_spec(name: str = 'measured', *, matmul_size: int = 2048,
                         copy_bytes: int = 256 * 2**20, reps: int = 10,
-                        device: jax.Device | None = None) -> DeviceSpec:
+                        device: jax.Device | None = None,
+                        clock: Callable[[], float] = time.perf_counter) -> DeviceSpec:
   """A `DeviceSpec` of `device` (default: the first), measured (fastest of `reps`).
 
   peak_flops: a float32 `matmul_size`² matmul, 2 n³ flops over its fastest time.
@@ -234,6 +244,9 @@ def measure_device_spec(name: str = 'measured', *, matmul_size: int = 2048,
   launch_overhead: a blocking call of a trivial jitted function.
   kernel_overhead: `[a * 2 + 1 for a in leaves]` over 200 leaves of 16 floats (200
     kernels, each with its own output) against 1 leaf: the extra time per kernel.
+  `clock` times peak and bandwidth (`time.process_time` for a process pinned to one
+  core: the time it ran, not the time other jobs held the core); the fixed costs
+  are always wall time (a blocked call's CPU time misses the wait).
   link: `device_put` from `device` to another device: latency = a 4-byte copy,
     bandwidth = 64 MiB over (its time − latency) (with one device, the link is the
     memory: latency 0, bandwidth = memory_bandwidth).
@@ -243,8 +256,8 @@ def measure_device_spec(name: str = 'measured', *, matmul_size: int = 2048,
   n = matmul_size
   a = jax.device_put(np.ones((n, n), np.float32), device)
   matmul = jax.jit(lambda x, y: x @ y)
-  peak = 2.0 * n**3 / _fastest(matmul, (a, a), reps)
-  bandwidth = _stream_bandwidth(copy_bytes, device, reps)
+  peak = 2.0 * n**3 / _fastest(matmul, (a, a), reps, clock)
+  bandwidth = _stream_bandwidth(copy_bytes, device, reps, clock)
   tiny = jnp.zeros((), jnp.float32, device=device)
   launch = _fastest(jax.jit(lambda v: v + 1), (tiny,), max(reps, 100))
   kernel = _kernel_overhead(device, max(reps, 100))
@@ -258,7 +271,7 @@ def measure_device_spec(name: str = 'measured', *, matmul_size: int = 2048,
                     kernel_overhead=kernel, precision='float32, measured')
 
 
-def _stream_bandwidth(nbytes: int, device: jax.Device, reps: int) -> float:
+def _stream_bandwidth(nbytes: int, device: jax.Device, reps: int, clock) -> float:
   add_one = jax.jit(lambda v: v + 1, donate_argnums=0)
   state = [jax.device_put(np.zeros(nbytes // 4, np.float32), device)]
   moved = op_counts(jax.jit(lambda v: v + 1), (state[0],)).bytes_accessed
@@ -266,7 +279,7 @@ def _stream_bandwidth(nbytes: int, device: jax.Device, reps: int) -> float:
   def step():
     state[0] = add_one(state[0])
     return state[0]
-  return moved / _fastest(step, (), reps)
+  return moved / _fastest(step, (), reps, clock)
 
 
 def _kernel_overhead(device: jax.Device, reps: int) -> float:
