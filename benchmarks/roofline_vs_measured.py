@@ -8,10 +8,10 @@ stage's forward, backward and update (Adam), timed as a cost profile times them
 (`profiles.measure`: 3 warm-up calls, then `--reps` interleaved blocking calls,
 the fastest counts), next to its roofline time `max(flops / peak, bytes /
 bandwidth) + launch + kernels · kernel_overhead` from XLA's compiled cost
-analysis and a preset. `--mode=pinned` (default): the process on one core,
-calls timed by its CPU time, against the `cpu_core` preset — how
-`experiments.profile` measures; `--mode=shared`: both cores, wall time,
-against `cpu`.
+analysis and a preset. `--mode=shared` (default): both cores, wall time,
+against the `cpu` preset — how `experiments.profile` measures by default;
+`--mode=pinned`: the process on one core, calls timed by its CPU time, against
+`cpu_core`.
 `bound` says which term of the max won; `kernels` is the kernel count charged
 `kernel_overhead` each. Ratio = measured / roofline (> 1: the
 task is slower than the roofline says). Last line: `median measured/roofline
@@ -66,7 +66,7 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--reps', type=int, default=20)
   parser.add_argument('--stages', type=int, default=4)
-  parser.add_argument('--mode', choices=('pinned', 'shared'), default='pinned',
+  parser.add_argument('--mode', choices=('pinned', 'shared'), default='shared',
                       help='pinned: one core, CPU-time clock, preset cpu_core (how a profile '
                            'is measured by default); shared: both cores, wall clock, preset cpu')
   args = parser.parse_args()

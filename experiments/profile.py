@@ -7,10 +7,12 @@ r"""Measures a cost profile for a config: every task it runs, timed once, carefu
 Writes (or adds a table to) a JSON profile (`jaxsgd.scheduler.profiles`): the
 seconds of each stage's forward, backward and update for the config's model,
 batch size, stage split and algorithm, the host dispatch overhead of the
-executors, and the device, jax version and date. By default the process is
-pinned to core 0 and each call is timed by the process's CPU time, the fastest
-of `--reps` counting: the method that repeats best on a shared machine (see
-`jaxsgd.scheduler.profiles`); the costs are then one core's. An existing file of the same
+executors, and the device, jax version and date. Each task: 3 untimed calls,
+then `--reps` interleaved wall-clock calls, the fastest counting, on every core
+(as `costs.calibrate` measures, so the costs are comparable with calibrated
+runs); `--pin_core` and `--clock=cpu` measure one core by its CPU time instead
+(see `jaxsgd.scheduler.profiles` for how repeatable each is here). Measure on a
+quiet machine: the file is then reused as is. An existing file of the same
 model, batch size, optimizer and device gets this config's table added (one
 profile can serve a whole suite); `--replace` starts a new file instead.
 
@@ -39,10 +41,10 @@ _OUT = flags.DEFINE_string('out', None, 'The profile file (JSON) to write or add
 _REPS = flags.DEFINE_integer('reps', 30, 'Timed calls of each task (the fastest counts).')
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed calls of each task first.')
 _REPLACE = flags.DEFINE_bool('replace', False, 'Overwrite --out instead of adding to it.')
-_CLOCK = flags.DEFINE_enum('clock', 'cpu', list(profiles.CLOCKS),
-                           'cpu: process CPU time of each call (with --pin_core: repeatable '
-                           'to ~10 % under load); wall: wall time.')
-_PIN_CORE = flags.DEFINE_integer('pin_core', 0, 'Run on this CPU core only (-1: do not pin).')
+_CLOCK = flags.DEFINE_enum('clock', 'wall', list(profiles.CLOCKS),
+                           'wall: wall time of each call; cpu: the process CPU time.')
+_PIN_CORE = flags.DEFINE_integer('pin_core', -1, 'Run on this CPU core only (-1: do not pin; '
+                                 'the costs are then those of one core).')
 flags.mark_flags_as_required(['config', 'out'])
 
 PIPELINE_ALGORITHMS = ('bp', 'ddg', 'local', 'pdasgd', 'lppsgd')

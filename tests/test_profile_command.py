@@ -83,7 +83,7 @@ def test_the_command_writes_a_profile_and_refuses_to_mix_models(data_dir, tmp_pa
   profile = profiles.load(out)
   assert profile.model['name'] == 'cnn' and profile.batch_size == 32
   assert {'jax_call', 'real', 'real_threads'} == set(profile.dispatch)
-  assert profile.clock == 'cpu' and profile.pinned  # The defaults.
+  assert profile.clock == 'wall' and not profile.pinned  # The defaults.
   refused = command('experiments/configs/asgd.py:smoke')  # The MLP: another model.
   assert refused.returncode != 0
   assert refused.stderr.strip().splitlines()[-1].startswith(

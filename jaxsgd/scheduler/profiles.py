@@ -19,26 +19,19 @@ Interleaving spreads a burst of load over all tasks instead of inflating one.
 The median and the 90th percentile are kept next to each cost (`spread`) so a
 reader can see how loaded the machine was.
 
-Which clock, and pinning. On this 2-core machine shared by several jobs (load
-average 6–9), `benchmarks/profile_repeatability.py` timed the CNN's 12 tasks in
-4 rounds a few seconds apart and compared each task's figure across rounds
-(median over tasks of largest / smallest − 1):
-
-    wall clock, both cores, 30 calls:     min 80 %, median 51 %, mean 127 %
-    wall clock, both cores, 200 calls:    min 58 %, median 44 %
-    process CPU time, both cores:         min 25–91 %
-    process CPU time, pinned to 1 core:   min 8–16 %, median 10–45 %, mean 14–42 %
-
-A computation that may use both cores takes about half as long when the other
-core happens to be free, so any statistic of it moves with the load. Pinned to
-one core (`pin_to_core`) and timed by the process's CPU time (`clock='cpu'`:
-time the task actually ran, not time it waited for the core), the minimum is
-repeatable to ~10 %. That is the default of `python -m experiments.profile`; the
-costs are then those of one core, the natural unit when simulating devices on a
-CPU (a lane pinned to a core pays them). Whatever the method, a profile is
-measured once and then read back unchanged, so the *simulation* is exactly
-repeatable; the method only decides how close two profiles measured at
-different times are.
+Which clock, and pinning (`clock`, `pin_to_core`). Wall time on every core is
+what `costs.calibrate` measures and the default. The process's CPU time of a
+process pinned to one core excludes the time other jobs held the core, and
+gives one core's costs (the unit of a lane pinned to a core). On this 2-core
+machine shared by ~7 jobs (load average 5–11), `benchmarks/profile_repeatability.py`
+timed the CNN's 12 tasks repeatedly and compared each task's minimum across
+repetitions (median over tasks of largest / smallest − 1): within one process,
+pinned CPU time repeated to 8–16 % against 60–80 % for wall time on both cores;
+across fresh processes (two profile commands), every method spread 24–80 %, and
+which one did best changed from run to run. No statistic makes a measurement
+repeatable on a machine this loaded: what makes a *simulation* repeatable is
+measuring once and reading the same file back (two loads give equal `CostModel`s
+and identical simulated timelines). Measure profiles on a quiet machine.
 
 A cost is the time of one blocking call: device time plus one host dispatch,
 as `costs.calibrate` measures it. The host overhead an *executor* adds per task
@@ -52,7 +45,7 @@ File format (JSON, `FORMAT`):
                "num_layers": 6, "num_params": 12345},
      "batch_size": 128, "optimizer": "adam", "device_kind": "cpu", "platform": "cpu",
      "jax_version": "0.10.2", "date": "2026-11-23T11:00:00+00:00",
-     "statistic": "min", "clock": "cpu", "pinned": true, "warmup": 3, "reps": 30,
+     "statistic": "min", "clock": "wall", "pinned": false, "warmup": 3, "reps": 30,
      "dispatch": {"jax_call": 8e-06, "real": 3e-05, "real_threads": 6e-05},
      "tables": [{"split": [[0, 3], [3, 6]], "tasks": "<roles signature>",
                  "costs": {"0/forward": 0.001, "0/backward": 0.002, ...},
