@@ -81,8 +81,8 @@ def main():
         f'load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores')
   rows = [row for name in MODELS
           for row in rows_for(name, args.stages, args.reps, spec, clock)]
-  print_table(['model', 'stage', 'kind', 'MFLOP', 'MB', 'kernels', 'bound', 'measured ms', 'roofline ms',
-               'ratio'], rows)
+  print_table(['model', 'stage', 'kind', 'MFLOP', 'MB', 'kernels', 'bound', 'measured ms',
+               'roofline ms', 'ratio'], rows)
   ratios = np.array([row[-1] for row in rows])
   print('per stage (forward + backward + update, ms) and the pipeline bound sum / max '
         '(the speed-up a K-stage pipeline could reach with these costs):')

@@ -13,9 +13,11 @@ convolutions, copies: what a device launches one by one), the rest from a
 `DeviceSpec`. The kernel term is there because training small models is not
 at the roofline: a stage update is dozens of tiny fused kernels (Adam over
 every leaf) whose flops and bytes are next to nothing, and whose cost is the
-launching (measured here: ~1.5 µs per kernel on this CPU). The result is a pure function of the program and the spec, so a
-run with `--config.cost.device=h100` simulates H100s on a laptop, the same
-simulated times on any machine, any load.
+launching (measured here: ~1.7 µs per kernel on this CPU).
+
+The result is a pure function of the program and the spec, so a run with
+`--config.cost.device=h100` simulates H100s on a laptop, the same simulated
+times on any machine, any load.
 
 What it leaves out (see docs/simulator.md for how far it is from measured costs
 on this CPU): the operation counts are those of the program compiled for *this*
@@ -213,8 +215,8 @@ def cost_model(spec: DeviceSpec, compute: Mapping[Any, float], **cost_model_fiel
 def pipeline_costs(pipeline, roles, batch: dict, spec: DeviceSpec) -> dict:
   """Roofline seconds per `(stage, kind)` of `pipeline`'s stages in `roles`: the
   analytic counterpart of `Pipeline.calibrate(roles, batch)`."""
-  return analytic_costs(pipeline._calibration_calls(roles, batch),  # pylint: disable=protected-access
-                        spec)
+  calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
+  return analytic_costs(calls, spec)
 
 
 # --- measuring this machine ------------------------------------------------------------------

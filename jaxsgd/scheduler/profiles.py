@@ -236,7 +236,7 @@ def make_profile(model, batch_size: int, optimizer: str, tables: Sequence[Table]
   return Profile(model=model_id(model), batch_size=int(batch_size), optimizer=optimizer,
                  device_kind=device.device_kind, platform=device.platform,
                  jax_version=jax.__version__,
-                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+                 date=datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
                  statistic=STATISTIC, clock=clock, pinned=bool(pinned),
                  warmup=int(warmup), reps=int(reps),
                  dispatch=dict(dispatch or {}), tables=tuple(tables))
@@ -250,8 +250,8 @@ def pipeline_table(pipeline, roles, batch: dict, *, warmup: int = 3, reps: int =
   Times the very calls `Pipeline.calibrate` times (forward, backward, update
   per stage), robustly (`measure`).
   """
-  return measure_table(pipeline._calibration_calls(roles, batch),  # pylint: disable=protected-access
-                       split=split_of(pipeline.stages), tasks=roles_signature(roles),
+  calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
+  return measure_table(calls, split=split_of(pipeline.stages), tasks=roles_signature(roles),
                        warmup=warmup, reps=reps, clock=clock)
 
 
