@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from jaxsgd.algorithms import ddg
+from jaxsgd.algorithms import local
 from jaxsgd.scheduler import VirtualExecutor, hardware, sequential_roles
 from scheduler_helpers import pipeline_for, take, train
 
@@ -123,3 +125,21 @@ def test_a_faster_device_gives_shorter_tasks():
   v100 = hardware.pipeline_costs(pipeline, roles, batch, hardware.preset('v100'))
   h100 = hardware.pipeline_costs(pipeline, roles, batch, hardware.preset('h100'))
   assert all(h100[k] < v100[k] for k in v100)
+
+
+@pytest.mark.parametrize('roles', [ddg.roles(2, 'recompute'), local.roles(2),
+                                   local.roles(3, 'overlapping')],
+                         ids=['ddg-recompute', 'local-greedy', 'local-overlapping'])
+def test_every_role_kind_has_a_roofline(roles):
+  """Recomputing backwards and auxiliary heads compile and count like the rest; a
+  recomputing backward repeats the forward, so it counts more flops than the plain one."""
+  pipeline, batch = pipeline_for(roles), take(1)[0]
+  spec = dataclasses.replace(hardware.preset('cpu'), launch_overhead=0.0, kernel_overhead=0.0)
+  costs = hardware.pipeline_costs(pipeline, roles, batch, spec)
+  assert set(costs) == {(k, kind) for k in range(len(roles))
+                        for kind in ('forward', 'backward', 'update')}
+  assert all(seconds > 0 for seconds in costs.values())
+  if roles[0].recompute:
+    plain = hardware.pipeline_costs(pipeline_for(sequential_roles(2)), sequential_roles(2),
+                                    batch, spec)
+    assert costs[(0, 'backward')] > plain[(0, 'backward')]
