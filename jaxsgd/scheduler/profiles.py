@@ -463,10 +463,12 @@ def cost_model(profile: Profile, *, model, batch_size: int, split, tasks: str,
 def merge(old: Profile, new: Profile) -> Profile:
   """`new`'s tables added to `old`'s (replacing a table of the same split and tasks).
 
-  Both must describe the same model, batch size and device kind; the result has
-  `new`'s date, jax version, statistic and dispatch figures.
+  Both must describe the same model, batch size, optimizer and device kind and be
+  measured the same way (statistic, clock, pinning); the result has `new`'s date,
+  jax version and dispatch figures.
   """
-  for field in ('model', 'batch_size', 'optimizer', 'device_kind', 'platform'):
+  for field in ('model', 'batch_size', 'optimizer', 'device_kind', 'platform', 'statistic',
+                'clock', 'pinned'):
     if getattr(old, field) != getattr(new, field):
       raise ProfileError(f'cost.profile: cannot add to a profile of another {field} '
                          f'({getattr(old, field)!r} there, {getattr(new, field)!r} here).')

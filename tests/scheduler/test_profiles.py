@@ -175,6 +175,8 @@ def test_merge_adds_and_replaces_tables(profile):
   assert merged.tables == (other, newer)
   with pytest.raises(profiles.ProfileError, match='another batch_size'):
     profiles.merge(profile, dataclasses.replace(profile, batch_size=BATCH + 1))
+  with pytest.raises(profiles.ProfileError, match='another clock'):
+    profiles.merge(profile, dataclasses.replace(profile, clock='cpu'))
 
 
 def test_dispatch_overhead_is_measured_for_each_executor():
