@@ -267,12 +267,16 @@ def pipeline_costs(profile: Profile, pipeline, roles, *, optimizer: str | None =
                    optimizer=optimizer, source=source)
 
 
+# `roles_signature(sequential_roles(1))`: one stage, the model's loss, nothing sent
+# (a constant, so that this module needs nothing above the engine; tested).
+WHOLE_MODEL_WORKER = 'head:-:none'
+
+
 def server_tasks(algorithm: str) -> str:
   """The task set of a parameter-server algorithm (`asgd`, `dcasgd`): a worker's
   forward and backward of the whole model (one stage) and the server's update,
   whose computation depends on the algorithm (delay compensation)."""
-  from jaxsgd.scheduler.pipeline import sequential_roles  # pylint: disable=import-outside-toplevel
-  return f'{roles_signature(sequential_roles(1))}+server:{algorithm}'
+  return f'{WHOLE_MODEL_WORKER}+server:{algorithm}'
 
 
 def pipeline_batch_size(pipeline) -> int:

@@ -150,6 +150,11 @@ def test_bad_files_name_the_field(profile, tmp_path, edit, message):
     profiles.load(_write(tmp_path, data))
 
 
+def test_whole_model_worker_signature_is_one_sequential_stage():
+  assert profiles.WHOLE_MODEL_WORKER == profiles.roles_signature(sequential_roles(1))
+  assert profiles.server_tasks('dcasgd') == 'head:-:none+server:dcasgd'
+
+
 def test_optimizer_id_ignores_rates_but_not_the_computation():
   assert profiles.optimizer_id({'name': 'adam', 'learning_rate': 3e-3, 'weight_decay': 0.0,
                                 'kwargs': {}}) == 'adam'
