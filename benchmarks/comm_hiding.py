@@ -76,8 +76,8 @@ def resnet20_compute(batch: int) -> tuple[float, int]:
 
 
 def clocks(compute, nbytes, workers, gbps, args) -> dict[str, timing.StepTimeModel]:
-  comm = timing.ring_allreduce_time(nbytes, workers, bandwidth_gbps=gbps,
-                                    latency_s=args.latency)
+  comm = timing.ring_allreduce_time(nbytes, workers, bandwidth=gbps * 1e9 / 8,
+                                    latency=args.latency)
   return {'ssgd': timing.StepTimeModel(compute, comm),
           'local_sgd': timing.StepTimeModel(compute, comm, args.period, 0),
           'dasgd': timing.StepTimeModel(compute, comm, args.period, args.delay)}

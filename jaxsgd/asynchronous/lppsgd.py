@@ -49,7 +49,6 @@ References:
 import dataclasses
 import functools
 import itertools
-import math
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -57,16 +56,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsgd import stages as stages_lib
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
-from jaxsgd.scheduler import costs as costs_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put
-from jaxsgd.scheduler.pipeline import KINDS, Pipeline, sequential_roles
-from jaxsgd.scheduler.placement import Placement
+from jaxsgd.pipeline.session import PlacedStages, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
 from jaxsgd.spmd import timing
-from jaxsgd.training import optimizers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,19 +75,6 @@ class LppSettings:
   @property
   def num_workers(self) -> int:
     return self.devices * self.workers_per_device
-
-  @classmethod
-  def from_config(cls, config) -> 'LppSettings':
-    settings = config.algorithm
-    warmup = settings.get('warmup_steps', cls.warmup_steps)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-      raise ValueError(f'algorithm.warmup_steps: must be an integer >= 0, got {warmup!r}.')
-    return cls(common.positive_int(settings.get('devices', cls.devices), 'algorithm.devices'),
-               common.positive_int(settings.get('workers_per_device', cls.workers_per_device),
-                                   'algorithm.workers_per_device'),
-               warmup,
-               common.positive_int(settings.get('averaging_freq', cls.averaging_freq),
-                                   'algorithm.averaging_freq'))
 
 
 def partition_masks(params, parts: int) -> list:
@@ -132,15 +115,10 @@ def keep_local_merge(params, sent, mean):
   return jax.tree.map(lambda w, s, a: a + (w - s), params, sent, mean)
 
 
-def allreduce_time(nbytes: int, num_devices: int, cost: dict) -> float:
-  """Seconds of a ring all-reduce of `nbytes` per device over `cost`'s links.
-
-  `cost.link_bandwidth` is in bytes/s (0: free); the formula is the SPMD time model's.
-  """
-  bytes_per_second = float(cost['link_bandwidth']) or math.inf
-  return timing.ring_allreduce_time(nbytes, num_devices,
-                                    bandwidth_gbps=bytes_per_second * 8 / timing.GBIT,
-                                    latency_s=float(cost['link_latency']))
+def allreduce_time(nbytes: int, num_devices: int, *, bandwidth: float, latency: float) -> float:
+  """Seconds of a ring all-reduce of `nbytes` per device over links of `bandwidth`
+  bytes/s (`inf`: free) and `latency` seconds (the SPMD time model's formula)."""
+  return timing.ring_allreduce_time(nbytes, num_devices, bandwidth=bandwidth, latency=latency)
 
 
 class LppSession:
@@ -156,7 +134,7 @@ class LppSession:
     steps: a `StepCounter`; log: failures and pushes.
   """
 
-  def __init__(self, pipeline: Pipeline, settings: LppSettings, variables, opt_state,
+  def __init__(self, pipeline: PlacedStages, settings: LppSettings, variables, opt_state,
                streams: Sequence[Iterator[dict]], devices: Sequence[jax.Device],
                steps: common.StepCounter, log: common.WorkerLog):
     self.settings, self.streams, self.devices, self.steps, self.log = (
@@ -306,54 +284,3 @@ class LppSession:
   def metrics(self) -> dict:
     return {**common.staleness_metrics(self.staleness(), 'worker'),
             'averaging_rounds': self.averaged_rounds, 'failed_workers': len(self.log.failed)}
-
-
-# --- from a config ------------------------------------------------------------------------------
-def check_config(config, model) -> LppSettings:
-  """Refuses what cannot run, before anything compiles; returns the settings."""
-  del model
-  settings = LppSettings.from_config(config)
-  common.check_whole_model_workers(config, settings.num_workers)
-  return settings
-
-
-def measure(cost: dict, pipeline: Pipeline, batch: dict) -> dict:
-  """Seconds of a worker's forward, backward and update (calibrated or given)."""
-  return (pipeline.calibrate(sequential_roles(1), batch, cost['reps']) if cost['calibrate']
-          else costs_lib.explicit_compute(cost, 1, KINDS))
-
-
-def task_costs(table: dict, cost: dict, nbytes: int, devices: int) -> dict:
-  """The update paid by the backward task it ends, and the averaging collective."""
-  return {**common.fold_update(table, 1), (0, 'average'): allreduce_time(nbytes, devices, cost)}
-
-
-def train(run) -> dict:
-  """Trains until `config.train_steps` updates were applied over all replicas."""
-  config = run.config
-  settings = check_config(config, run.model)
-  D, W = settings.devices, settings.workers_per_device
-  devices = common.lane_devices(config.clock, D)
-  # Each replica keeps its own optimizer state and takes ~train_steps / D of the
-  # updates: its learning-rate schedule spans that many steps, not train_steps.
-  base = optimizers.make_optimizer(config.optimizer, math.ceil(config.train_steps / D))
-  pipeline = Pipeline(run.model, 1, base, placement=Placement.create(1, devices[:1]),
-                      batch_size=config.batch_size, seed=config.seed)
-  variables = pipeline.initial_variables(0, sequential_roles(1)[0])
-  opt_state = base.init(variables['params'])
-  worker = common.worker_costs(config.get('cost'), D * W)
-  cost = common.cost_settings(config)
-  executor, measured = common.make_executor(
-      config, lambda cost: measure(cost, pipeline, next(run.train_batches(0, 1))),
-      lane_speeds=[speed / W for speed in worker.speeds],
-      adjust=lambda table: task_costs(table, cost, transfer.nbytes(variables['params']), D))
-  log = common.WorkerLog([f'worker {m // W}.{m % W}' for m in range(D * W)], worker.failures,
-                         executor.now)
-  streams = [run.train_batches(m, D * W) for m in range(D * W)]
-  return common.train_session(
-      run, executor, measured, log,
-      lambda steps: LppSession(pipeline, settings, variables, opt_state, streams, devices,
-                               steps, log),
-      title='lppsgd: staleness per worker',
-      extra=lambda session: {'devices': D, 'workers_per_device': W,
-                             'averaging_rounds': session.averaged_rounds})

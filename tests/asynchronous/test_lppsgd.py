@@ -1,5 +1,7 @@
 """LPP-SGD: sequential equivalence, Hogwild! replay with partitioned steps, averaging."""
 
+import math
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -7,8 +9,9 @@ import numpy as np
 import pytest
 
 from async_helpers import UNIT, batches, executor, pipeline, run_lpp, sequential_sgd
+from jaxsgd.algorithms import lppsgd as algorithms_lppsgd
 from jaxsgd.asynchronous import lppsgd
-from jaxsgd.scheduler.pipeline import sequential_roles
+from jaxsgd.pipeline.session import sequential_roles
 
 
 def test_one_device_one_worker_equals_sequential_sgd_bit_for_bit():
@@ -90,12 +93,12 @@ def test_replicas_are_averaged_with_the_keep_local_merge():
 
 
 def test_averaging_cost_is_a_ring_allreduce_of_the_parameter_bytes():
-  cost = {'link_latency': 1e-3, 'link_bandwidth': 1e6}
-  assert lppsgd.allreduce_time(4000, 4, cost) == pytest.approx(6 * (1e-3 + 1000 / 1e6))
-  assert lppsgd.allreduce_time(4000, 1, cost) == 0.0
-  assert lppsgd.allreduce_time(4000, 4, {'link_latency': 0.0, 'link_bandwidth': 0.0}) == 0.0
-  table = lppsgd.task_costs({(0, 'forward'): 1.0, (0, 'backward'): 2.0, (0, 'update'): 0.5},
-                            cost, 4000, 4)
+  cost = {'latency': 1e-3, 'bandwidth': 1e6}
+  assert lppsgd.allreduce_time(4000, 4, **cost) == pytest.approx(6 * (1e-3 + 1000 / 1e6))
+  assert lppsgd.allreduce_time(4000, 1, **cost) == 0.0
+  assert lppsgd.allreduce_time(4000, 4, latency=0.0, bandwidth=math.inf) == 0.0
+  table = algorithms_lppsgd.task_costs(
+      {(0, 'forward'): 1.0, (0, 'backward'): 2.0, (0, 'update'): 0.5}, 4000, 4, **cost)
   assert table[(0, 'backward')] == 2.5 and table[(0, 'average')] == pytest.approx(0.012)
 
 

@@ -65,7 +65,7 @@ def train(model, batches, name, **algorithm):
 def _train(model, batches, name, **algorithm):
   config = _config(name, **algorithm)
   s = data_parallel.settings(config)
-  trainer = DataParallelTrainer(model, data_parallel.make_optimizer(config, s), M,
+  trainer = DataParallelTrainer(model, data_parallel.make_optimizer(s), M,
                                 average_grads=name == 'ssgd', stacked=s.stacked)
   state = trainer.init(config.seed)
   for t in range(STEPS):
