@@ -48,7 +48,7 @@ def make_optimizer(opt_config, total_steps: int,
   Weight decay is classic L2, folded into the gradient first (as in the papers'
   SGD), so `gradient_transforms` (delay compensation, staleness scaling) see
   `g + wd·w`: DC-ASGD squares the same gradient the optimizer steps with
-  (ALGORITHMS.md, DC-ASGD: weight decay is folded into g before squaring).
+  (docs/algorithms.md, DC-ASGD: weight decay is folded into g before squaring).
   """
   check_optimizer(opt_config)
   parts = list(gradient_transforms) + [_base_optimizer(opt_config, total_steps)]
