@@ -10,7 +10,7 @@ r"""How much communication SSGD, local SGD and DaSGD hide: `python -m benchmarks
    `overlap=True`, or in a `lax.cond` on merge steps only): 2 and 4 fake CPU devices
    in this process, and 2 processes × 1 device launched by `jaxsgd.launch` (gloo on
    loopback). The CPU has 2 cores that every fake device shares, so these numbers
-   show overheads, not parallel speed-up (see JAX-ON-CPU.md).
+   show overheads, not parallel speed-up (see docs/jax_on_cpu.md).
 3. Where XLA scheduled DaSGD's all-reduce in the compiled step (dots before/after),
    and that it reads only the snapshot.
 

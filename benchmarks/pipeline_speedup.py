@@ -9,7 +9,7 @@ Time per iteration is the steady-state period of the last stage's updates (the
 pipeline fill excluded). The ideal speed-up over BP is K.
 
 Real clock: the same runs on K fake CPU devices of this machine. They share its
-cores (see /work/shared/JAX-ON-CPU.md), so the real speed-up is capped near 1.
+cores (see docs/jax_on_cpu.md), so the real speed-up is capped near 1.
 """
 
 import os

@@ -8,6 +8,7 @@ Hogwild! workers share each one. Worker (d, j) repeats, on its own batch stream:
     g = ∇L(w; ξ)                               # forward + backward tasks
     replica_d ← replica_d − η g                # full step, or
     replica_d ← replica_d − η (g ⊙ 1_{P_j})    # partitioned step: only its own slice P_j
+                                               # changes (its optimizer state too)
 
 applied at one instant at the end of its task, to the replica as it is *then*
 (a read-modify-write under a per-replica lock on the real clock, so no update is
@@ -55,6 +56,7 @@ from collections.abc import Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
@@ -91,15 +93,52 @@ def partition_masks(params, parts: int) -> list:
   return masks
 
 
-def make_masked_update(update):
-  """Jitted `(params, opt_state, grads, mask) -> (params, opt_state)`: the update of
-  the masked gradient, written to the masked coordinates only."""
+def make_masked_update(update, init):
+  """`(params, opt_state, grads, mask) -> (params, opt_state)`: a partitioned step.
+
+  The full step `update` runs on the masked gradient g ⊙ 1_P, and its result is kept on
+  the masked coordinates P only. Outside P nothing changes: neither the parameters nor
+  any per-parameter optimizer state (momentum, Adam's moments: every tree in `opt_state`
+  shaped like the parameters, found from `init` — the optimizer or its `init` — by
+  `optax.tree_utils.tree_map_params`). Keeping only the parameters would let the moments
+  outside P decay towards the zero gradient while the parameters stay, so a later step
+  there would move by a shrunken momentum.
+
+  State that is not per-parameter takes the update's value: a global step counter (Adam's
+  `count`, a schedule's) advances on every step, partitioned or full. It counts the
+  updates applied to the replica, which the learning-rate schedule spans; one scalar
+  cannot also count each slice's own steps. So a coordinate that sat out k of the t
+  steps is bias-corrected by Adam with 1 − β^t, not 1 − β^(t−k): a difference that
+  vanishes as t grows. An optimizer whose state is not shaped like the parameters
+  (adafactor's factored moments) is refused when the step is traced.
+
+  `update` runs as its own (jitted) program, not inlined into one with the masking: the
+  same compiled code as the full step's, so with one slice (P = everything) a
+  partitioned step is the full step bit for bit; XLA would fuse one combined program
+  differently, which changes the last bits.
+  """
+
+  def slice_of(state, mask):
+    if state.shape != mask.shape:
+      raise ValueError(f'LPP-SGD partitioned step: optimizer state of shape {state.shape} '
+                       f'for a parameter of shape {mask.shape}; the optimizer must keep '
+                       'per-parameter state (not factored, as adafactor does).')
+    return mask
 
   @jax.jit
+  def mask_grads(grads, mask):
+    return jax.tree.map(lambda g, m: jnp.where(m, g, jnp.zeros_like(g)), grads, mask)
+
+  @jax.jit
+  def keep_slice(params, opt_state, new_params, new_state, mask):
+    state_mask = optax.tree_utils.tree_map_params(init, slice_of, new_state, mask,
+                                                  transform_non_params=lambda _: True)
+    return (jax.tree.map(jnp.where, mask, new_params, params),
+            jax.tree.map(jnp.where, state_mask, new_state, opt_state))
+
   def masked_update(params, opt_state, grads, mask):
-    grads = jax.tree.map(lambda g, m: jnp.where(m, g, jnp.zeros_like(g)), grads, mask)
-    new_params, opt_state = update(params, opt_state, grads)
-    return jax.tree.map(jnp.where, mask, new_params, params), opt_state
+    new_params, new_state = update(params, opt_state, mask_grads(grads, mask))
+    return keep_slice(params, opt_state, new_params, new_state, mask)
 
   return masked_update
 
@@ -140,7 +179,7 @@ class LppSession:
     self.settings, self.streams, self.devices, self.steps, self.log = (
         settings, list(streams), list(devices), steps, log)
     self.ops = pipeline.ops(0, sequential_roles(1)[0])
-    self.masked_update = make_masked_update(self.ops.update)
+    self.masked_update = make_masked_update(self.ops.update, pipeline.tx)
     params, state = stages_lib.split_variables(variables)
     D, W = settings.devices, settings.workers_per_device
     self.replicas = [common.SharedParams(f'replica {d}', transfer.to_device(params, devices[d]),

@@ -166,7 +166,7 @@ def test_no_implicit_host_device_transfer_in_a_run(policy):
 
 
 def test_weight_decay_is_folded_into_g_before_delay_compensation():
-  """ALGORITHMS.md: DC-ASGD squares g + wd·w, the gradient the optimizer steps with.
+  """docs/algorithms.md (DC-ASGD): it squares g + wd·w, the gradient the optimizer steps with.
 
   λ0 = 1 (constant), wd = 1, w = 2, w_bak = 1, g = 1, SGD lr 1:
   g' = g + wd·w = 3;  g' + λ g'² (w − w_bak) = 3 + 9 = 12;  w ← 2 − 12 = −10.

@@ -1,4 +1,4 @@
-"""Exact equivalences of the data-parallel methods (DESIGN.md: equivalences are the tests).
+"""Exact equivalences of the data-parallel methods (docs/algorithms.md: equivalences are the tests).
 
 A small MLP on random data; M = 4 workers on 4 of the 8 fake CPU devices. Float32
 results agree to float reassociation (the mesh all-reduce sums in another order
