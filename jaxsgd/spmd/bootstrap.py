@@ -36,7 +36,7 @@ def main(argv: list[str]) -> None:
 
 def _exit_failed(code) -> None:
   if isinstance(code, int):
-    distributed.exit_now(code, f'exited with status {code}', announce=False)
+    distributed.exit_now(code, f'sys.exit({code})', announce=False)
   distributed.exit_now(1, str(code))  # sys.exit('message'): Python prints it, status 1.
 
 
