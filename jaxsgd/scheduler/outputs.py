@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from jaxsgd.scheduler import plots
+from jaxsgd.training import files
 
 
 def write_outputs(run, timeline, staleness: dict[str, np.ndarray], *, executor, epochs,
@@ -22,8 +23,10 @@ def write_outputs(run, timeline, staleness: dict[str, np.ndarray], *, executor, 
     title: the staleness plot's title.
     extra: more summary fields.
   """
-  timeline.write_chrome_trace(os.path.join(run.workdir, 'trace.json'))
-  plots.plot_staleness(staleness, os.path.join(run.workdir, 'staleness.png'), title=title)
+  trace = timeline.chrome_trace()
+  files.write_json(os.path.join(run.workdir, 'trace.json'), trace, indent=None)
+  with files.atomic_path(os.path.join(run.workdir, 'staleness.png')) as path:
+    plots.plot_staleness(staleness, path, title=title)
   every = np.concatenate([v for v in staleness.values()] or [np.zeros(0, np.int64)])
   values, counts = np.unique(every, return_counts=True)
   summary = {
