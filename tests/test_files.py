@@ -275,3 +275,40 @@ except files.WorkdirLockedError as e:
   assert f'(pid {os.getpid()} on host' in out  # Other processes are still refused.
   later.release()
   later.release()  # Idempotent.
+
+
+# --- a training run ---------------------------------------------------------------------------
+
+def _smoke_config(data_dir, **overrides):
+  from experiments.configs import default  # pylint: disable=g-import-not-at-top
+  config = default.get_config('smoke')
+  config.data_dir = data_dir
+  config.update(overrides)
+  return config
+
+
+def test_a_run_into_a_workdir_in_use_is_refused_and_touches_nothing(data_dir, tmp_path):
+  from jaxsgd import training  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'metrics.jsonl').write_text('{"step": 1}\n')  # The first run's records.
+  first = _child(_HOLD, tmp_path)
+  try:
+    _wait_line(first, 'locked')
+    with pytest.raises(files.WorkdirLockedError, match=f'pid {first.pid} on host'):
+      training.train_and_evaluate(_smoke_config(data_dir, train_steps=4, eval_every=2),
+                                  str(tmp_path), show_progress=False)
+  finally:
+    first.kill()
+    first.wait()
+  assert (tmp_path / 'metrics.jsonl').read_text() == '{"step": 1}\n'
+  assert sorted(os.listdir(tmp_path)) == ['metrics.jsonl', files.LOCK_NAME]
+
+
+def test_a_finished_run_releases_its_workdir_and_writes_valid_json(data_dir, tmp_path):
+  from jaxsgd import training  # pylint: disable=g-import-not-at-top
+  config = _smoke_config(data_dir, train_steps=4, eval_every=2, target_accuracy=None)
+  training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  assert sorted(os.listdir(tmp_path)) == ['curves.png', 'metrics.jsonl', 'summary.json']
+  summary = _strict_loads((tmp_path / 'summary.json').read_text())
+  assert summary['final']['step'] == 4
+  assert [r['step'] for r in files.read_json_lines(str(tmp_path / 'metrics.jsonl'))] == [2, 4]
+  training.train_and_evaluate(config, str(tmp_path), show_progress=False)  # Free again.
