@@ -11,9 +11,11 @@
   `float(value)` turns them back into floats. NumPy scalars and arrays become
   numbers and lists; any other object becomes its `str`.
 * `JsonLinesWriter` appends one JSON object per line with a single `write` on a file
-  opened with `O_APPEND`: a killed process leaves whole lines. A torn last line (a
-  machine crash mid-write) is cut off when the file is next opened for appending,
-  and `read_json_lines` skips it.
+  opened with `O_APPEND`: lines of concurrent writers never interleave, and a killed
+  process leaves whole lines, except that the kernel may cut the very last one short
+  (it stops a write interrupted by SIGKILL at a page boundary), as may a machine
+  crash. Such a torn last line is cut off when the file is next opened for
+  appending, and `read_json_lines` skips it.
 * `WorkdirLock` holds a workdir for one run: a second run into it is refused with
   one line naming the first (pid, host, start time); the lock of a run that died
   (its `flock` went with its process) is taken over, with a warning.
@@ -176,15 +178,35 @@ def write_json(path: str, value: Any, *, indent: int | None = 2) -> None:
   atomic_write(path, to_json(value, indent=indent) + '\n')
 
 
+_DECODED = {'NaN': math.nan, 'Infinity': math.inf, '-Infinity': -math.inf}
+
+
+def decode_non_finite(value: Any) -> Any:
+  """Undoes `jsonable`'s encoding: the strings "NaN", "Infinity", "-Infinity" become floats."""
+  if isinstance(value, dict):
+    return {k: decode_non_finite(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [decode_non_finite(v) for v in value]
+  if isinstance(value, str):
+    return _DECODED.get(value, value)
+  return value
+
+
+def read_json(path: str) -> Any:
+  """What `write_json` wrote, non-finite floats included (`decode_non_finite`)."""
+  with open(path) as f:
+    return decode_non_finite(json.load(f))
+
+
 # --- JSON lines --------------------------------------------------------------------------
 
 class JsonLinesWriter:
   """Appends JSON objects to a file, one per line, never leaving a torn line.
 
   Each record is one `os.write` of one line on a descriptor opened with `O_APPEND`,
-  so a process killed at any moment leaves only whole lines (and lines of writers
-  sharing the file do not interleave). Opening for appending first cuts off a torn
-  last line that a machine crash may have left. `fsync=True` also makes each line
+  so lines of writers sharing the file do not interleave, and a process killed at any
+  moment leaves whole lines but perhaps a torn last one (see the module docstring),
+  which opening for appending cuts off. `fsync=True` also makes each line
   durable before `write` returns (one disk flush per line).
 
   Args:
@@ -262,11 +284,11 @@ def _fd_path(fd: int) -> str:
 
 
 def read_json_lines(path: str) -> list[dict]:
-  """The records of a JSON-lines file, without a torn last line (one with no newline)."""
+  """The records of a JSON-lines file (`decode_non_finite`), without a torn last line."""
   with open(path, 'rb') as f:
     data = f.read()
-  whole = data[:data.rfind(b'\n') + 1]
-  return [json.loads(line) for line in whole.splitlines() if line.strip()]
+  whole = data[:data.rfind(b'\n') + 1]  # A last line with no newline is torn.
+  return [decode_non_finite(json.loads(line)) for line in whole.splitlines() if line.strip()]
 
 
 # --- the workdir lock ----------------------------------------------------------------------
