@@ -42,7 +42,8 @@ Nothing hangs, nothing is left behind:
 
 Exit status: 0 when every process exited 0; the status of the first process that
 failed (128 + N if signal N killed it); 124 after `--timeout_s`; 128 + N when the
-launcher got signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); 2 for bad arguments.
+launcher got signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); 127 when the command
+cannot be started; 2 for bad arguments.
 """
 
 import argparse
@@ -67,6 +68,7 @@ _DEVICE_FLAG = re.compile(r'--xla_force_host_platform_device_count=\S+')
 _PR_SET_PDEATHSIG = 1
 PROGRESS_EVERY_S = 10.0  # Progress-bar redraws forwarded at most this often.
 EXIT_TIMEOUT = 124  # As `timeout(1)`.
+EXIT_CANNOT_START = 127  # As a shell, for a command it cannot run.
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -345,6 +347,8 @@ def launch(args, command: list[str], out=sys.stdout, err=sys.stderr) -> int:
         message = f'timed out after {args.timeout_s:g} s (--timeout_s); stopped all processes.'
       else:
         status = 0
+    except OSError as e:  # The command could not be started (the others are killed).
+      status, message = EXIT_CANNOT_START, f'cannot start {cmd[0]!r}: {e.strerror}.'
     except _Stop as stop:
       sig = signal.Signals(stop.args[0])
       _stop_gracefully(procs, sig, args.grace_s)
@@ -354,8 +358,8 @@ def launch(args, command: list[str], out=sys.stdout, err=sys.stderr) -> int:
     for sig in _STOP_SIGNALS:  # Cleaning up now; a late signal must not interrupt it.
       signal.signal(sig, signal.SIG_IGN)
     _kill_all(procs)  # Whatever happened above, nothing is left running.
-    for thread in threads:
-      thread.join(timeout=5)
+    for thread in threads:  # Their pipes close with the processes; rarely held longer.
+      thread.join(timeout=1)
     for sig, handler in previous.items():
       signal.signal(sig, handler)
     shutil.rmtree(status_dir, ignore_errors=True)

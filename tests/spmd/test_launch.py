@@ -169,6 +169,7 @@ def _communicate(launcher, timeout=120):
 
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 @pytest.mark.parametrize('mode, failing, status, line', [
+    # In each case the peer is blocked in an all-reduce, waiting for the failing process.
     ('raise', 1, 1, 'process 1 failed (exit status 1): RuntimeError: boom at step 30'),
     ('raise', 0, 1, 'process 0 failed (exit status 1): RuntimeError: boom at step 30'),
     ('exit', 1, 3, 'process 1 failed (exit status 3): sys.exit(3)'),
@@ -240,6 +241,13 @@ def test_a_failing_process_stops_the_others(tmp_path):
   assert proc.stderr == ('jaxsgd.launch: process 1 failed (exit status 3); '
                          'stopped the other 1 process.\n')
   assert not _alive(int(pid_file.read_text()))  # SIGKILLed: it ignores SIGTERM.
+
+
+def test_a_command_that_cannot_start_is_one_line(tmp_path):
+  proc, _ = run_launcher('--processes', '2', '--', str(tmp_path / 'missing'), timeout=30)
+  assert proc.returncode == 127
+  assert proc.stderr == (f"jaxsgd.launch: cannot start '{tmp_path / 'missing'}': "
+                         f"No such file or directory.\n")
 
 
 def test_launcher_timeout_kills_everything():
