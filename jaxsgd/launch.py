@@ -16,10 +16,11 @@ collectives). What follows `--` is either
   in JAX's shutdown barrier).
 
 Each process gets `JAXSGD_COORDINATOR_ADDRESS`, `JAXSGD_NUM_PROCESSES`,
-`JAXSGD_PROCESS_ID`, `JAXSGD_INIT_TIMEOUT`, `JAXSGD_STATUS_FILE` (and, with
-`--devices_per_process D`, `XLA_FLAGS=--xla_force_host_platform_device_count=D`,
-`JAX_PLATFORMS=cpu`). Their output is forwarded line by line, prefixed `[p<id>]`
-(progress-bar redraws at most every 10 s). Across hosts, run the same command on
+`JAXSGD_PROCESS_ID`, `JAXSGD_INIT_TIMEOUT`, `JAXSGD_HEARTBEAT_TIMEOUT`,
+`JAXSGD_STATUS_FILE` (and, with `--devices_per_process D`,
+`XLA_FLAGS=--xla_force_host_platform_device_count=D`, `JAX_PLATFORMS=cpu`). Their
+output is forwarded line by line, prefixed `[p<id>]` (progress-bar redraws at most
+every 10 s). Across hosts, run the same command on
 every host with `--coordinator HOST0:PORT --num_processes TOTAL --first_process_id K`.
 
 Nothing hangs, nothing is left behind:
@@ -39,6 +40,9 @@ Nothing hangs, nothing is left behind:
   signalled, so what a process started goes with it.
 * A cluster that does not form within `--init_timeout_s` ends with a line naming
   the process and what it waited for, not a C++ abort.
+* A process that stops without exiting (SIGSTOP, frozen, its host gone) is declared
+  dead by JAX after `--heartbeat_timeout_s` (10 s), which ends the others; the line
+  then also names the stopped process.
 
 Exit status: 0 when every process exited 0; the status of the first process that
 failed (128 + N if signal N killed it); 124 after `--timeout_s`; 128 + N when the
@@ -99,6 +103,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                       help='id of the first process started here (other hosts: > 0)')
   parser.add_argument('--init_timeout_s', type=int, default=distributed.DEFAULT_TIMEOUT_S,
                       help='seconds to wait for the cluster to form')
+  parser.add_argument('--heartbeat_timeout_s', type=int,
+                      default=distributed.DEFAULT_HEARTBEAT_TIMEOUT_S,
+                      help='seconds without heartbeats after which JAX declares a process '
+                           'dead (stopped, frozen, host gone) and ends the others')
   parser.add_argument('--grace_s', type=float, default=2.0,
                       help='when the launcher is stopped (Ctrl-C, SIGTERM) or times out: '
                            'seconds between passing the signal on and SIGKILL')
@@ -144,6 +152,7 @@ def child_env(args, process_id: int, coordinator: str) -> dict[str, str]:
               distributed.NUM_PROCESSES_VAR: str(args.num_processes or args.processes),
               distributed.PROCESS_ID_VAR: str(process_id),
               distributed.TIMEOUT_VAR: str(args.init_timeout_s),
+              distributed.HEARTBEAT_VAR: str(args.heartbeat_timeout_s),
               'PYTHONUNBUFFERED': '1'})
   if args.devices_per_process is not None:
     flags = _DEVICE_FLAG.sub('', env.get('XLA_FLAGS', '')).split()
@@ -336,11 +345,12 @@ def launch(args, command: list[str], out=sys.stdout, err=sys.stderr) -> int:
         _start_waiter(p, k, exits)
       failed, code = _watch(procs, exits, args.timeout_s)
       if failed is not None:
+        stopped = [k for k, p in enumerate(procs) if k != failed and _is_stopped(p.pid)]
         _kill_all(procs)  # Its peers cannot go on (their collectives need it): no grace.
         status = _status(code)
         message = (_failure_message(args, failed, code, os.path.join(
             status_dir, f'p{args.first_process_id + failed}.jsonl')) +
-            _stopped_others(len(procs) - 1))
+            _stopped_cause(args, stopped) + _stopped_others(len(procs) - 1))
       elif code == EXIT_TIMEOUT:
         _stop_gracefully(procs, signal.SIGTERM, args.grace_s)
         status = EXIT_TIMEOUT
@@ -367,6 +377,24 @@ def launch(args, command: list[str], out=sys.stdout, err=sys.stderr) -> int:
     err.write(f'jaxsgd.launch: {message}\n')
     err.flush()
   return status
+
+
+def _is_stopped(pid: int) -> bool:
+  """Whether `pid` is stopped (SIGSTOP, or a debugger), by its state in /proc (Linux)."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] in ('T', 't')
+  except (OSError, IndexError):
+    return False
+
+
+def _stopped_cause(args, stopped: list[int]) -> str:
+  """Names the stopped processes: JAX ends the others when one misses its heartbeats."""
+  if not stopped:
+    return ''
+  ids = ', '.join(str(args.first_process_id + k) for k in stopped)
+  return (f', after process {ids} was stopped (SIGSTOP or a debugger) for longer than the '
+          f'heartbeat timeout ({args.heartbeat_timeout_s} s)')
 
 
 def _stopped_others(n: int) -> str:

@@ -6,6 +6,7 @@
     JAXSGD_NUM_PROCESSES         number of processes in the cluster
     JAXSGD_PROCESS_ID            this process's index, 0 .. num_processes - 1
     JAXSGD_INIT_TIMEOUT          seconds to wait for the cluster (default 60)
+    JAXSGD_HEARTBEAT_TIMEOUT     seconds after which a silent process is dead (default 10)
     JAXSGD_STATUS_FILE           (launcher) where this process records why it failed
 
 and `initialize_from_env()` calls `jax.distributed.initialize` with them. It must
@@ -39,12 +40,13 @@ ADDRESS_VAR = 'JAXSGD_COORDINATOR_ADDRESS'
 NUM_PROCESSES_VAR = 'JAXSGD_NUM_PROCESSES'
 PROCESS_ID_VAR = 'JAXSGD_PROCESS_ID'
 TIMEOUT_VAR = 'JAXSGD_INIT_TIMEOUT'
+HEARTBEAT_VAR = 'JAXSGD_HEARTBEAT_TIMEOUT'
 STATUS_FILE_VAR = 'JAXSGD_STATUS_FILE'
 DEFAULT_TIMEOUT_S = 60
-# A peer that stops sending heartbeats (frozen, or its host gone) is declared dead
-# after this long, and JAX ends the others. Peers that *exit* are noticed sooner: by
-# the next collective, or by the launcher.
-HEARTBEAT_TIMEOUT_S = 10
+# A peer that stops sending heartbeats (stopped, frozen, its host gone) is declared
+# dead after this long, and JAX ends the others (JAX's default: 100 s). Peers that
+# *exit* are noticed sooner: by the next collective, or by the launcher.
+DEFAULT_HEARTBEAT_TIMEOUT_S = 10
 # JAX's own deadline for forming the cluster comes this much after ours, so that ours
 # (a clear message) fires first and JAX's (a C++ abort, status 134) never does.
 _JAX_INIT_MARGIN_S = 10
@@ -56,7 +58,9 @@ class CoordinatorUnreachableError(ConnectionError):
 
 
 def cluster_from_env(environ=None) -> dict | None:
-  """`{'coordinator_address', 'num_processes', 'process_id', 'timeout'}` or None.
+  """`{'coordinator_address', 'num_processes', 'process_id', 'timeout', 'heartbeat'}`.
+
+  None without `JAXSGD_COORDINATOR_ADDRESS` (a single-process run).
 
   Raises:
     ValueError: naming the variable, when the variables are incomplete or invalid.
@@ -73,8 +77,10 @@ def cluster_from_env(environ=None) -> dict | None:
   if pid >= num:
     raise ValueError(f'{PROCESS_ID_VAR}: {pid} is not < {NUM_PROCESSES_VAR}={num}.')
   timeout = _int_var(environ, TIMEOUT_VAR, minimum=1, default=DEFAULT_TIMEOUT_S)
+  heartbeat = _int_var(environ, HEARTBEAT_VAR, minimum=1,
+                       default=DEFAULT_HEARTBEAT_TIMEOUT_S)
   return {'coordinator_address': address, 'num_processes': num, 'process_id': pid,
-          'timeout': timeout}
+          'timeout': timeout, 'heartbeat': heartbeat}
 
 
 def _int_var(environ, name, *, minimum, default=None):
@@ -141,7 +147,7 @@ def initialize_from_env(environ=None) -> bool:
         coordinator_address=cluster['coordinator_address'],
         num_processes=cluster['num_processes'], process_id=cluster['process_id'],
         initialization_timeout=cluster['timeout'] + _JAX_INIT_MARGIN_S,
-        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+        heartbeat_timeout_seconds=cluster['heartbeat'])
   record_status('joined')
   install_fail_fast()
   return True

@@ -216,6 +216,33 @@ def test_stopping_the_launcher_ends_a_jax_run_within_the_contract(tmp_path, sig,
 
 
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
+def test_a_stopped_process_ends_the_run_after_the_heartbeat_timeout(tmp_path):
+  heartbeat_s = 2
+  launcher, mark = _start_marked(tmp_path, '--processes', '2', '--devices_per_process', '1',
+                                 '--heartbeat_timeout_s', str(heartbeat_s), '--timeout_s',
+                                 '100', '--', '-m', 'collective_worker', 'none', '-1',
+                                 str(tmp_path / 'run'))
+  _wait_for(launcher, '[p1] all-reducing')
+  p1 = next(pid for pid in _leftovers(mark) if _environ(pid).get('JAXSGD_PROCESS_ID') == '1'
+            and pid != launcher.pid)
+  stopped = time.time()
+  os.kill(p1, signal.SIGSTOP)  # Frozen: alive, but silent. Only heartbeats can tell.
+  _, err, ended = _communicate(launcher)
+  assert launcher.returncode != 0
+  assert err.strip().splitlines()[-1].endswith(
+      f', after process 1 was stopped (SIGSTOP or a debugger) for longer than the heartbeat '
+      f'timeout ({heartbeat_s} s); stopped the other 1 process.'), err
+  assert ended - stopped < heartbeat_s + CONTRACT_S
+  assert not _leftovers(mark)
+
+
+def _environ(pid: int) -> dict[str, str]:
+  with open(f'/proc/{pid}/environ', 'rb') as f:
+    return dict(item.decode(errors='replace').partition('=')[::2]
+                for item in f.read().split(b'\0') if item)
+
+
+@pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 def test_a_cluster_that_never_forms_is_a_clear_error(tmp_path):
   # Process 0 starts here; process 1 of 2 is never started anywhere.
   launcher, mark = _start_marked(tmp_path, '--processes', '1', '--num_processes', '2',
