@@ -26,6 +26,7 @@ fails, and the launcher stops them. A cluster that does not form within the time
 ends each waiting process with one line saying so (instead of JAX's C++ abort).
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -153,34 +154,28 @@ def initialize_from_env(environ=None) -> bool:
   return True
 
 
-class _exit_unless_formed:  # pylint: disable=invalid-name
-  """Ends the process with one clear line if `initialize` is still waiting at `deadline`.
+@contextlib.contextmanager
+def _exit_unless_formed(cluster, deadline):
+  """Ends the process with one clear line if the block still runs at `deadline`.
 
-  JAX's own timeout aborts the process from C++ (status 134) with a message that
-  names neither the process nor the cause; this watchdog fires first.
+  Around `jax.distributed.initialize`: JAX's own timeout aborts the process from C++
+  (status 134) with a message that names neither the process nor the cause.
   """
+  done = threading.Event()
 
-  def __init__(self, cluster, deadline):
-    self._cluster, self._deadline = cluster, deadline
-    self._done = threading.Event()
-    self._thread = threading.Thread(target=self._watch, daemon=True,
-                                    name='jaxsgd-cluster-watchdog')
+  def watch():
+    if not done.wait(max(0.0, deadline - time.monotonic())):
+      exit_now(1, f'{CLUSTER_DID_NOT_FORM} within {cluster["timeout"]} s: process '
+                  f'{cluster["process_id"]} waited at {cluster["coordinator_address"]} for '
+                  f'all {cluster["num_processes"]} processes ({NUM_PROCESSES_VAR}) to join; '
+                  f'a process was not started, failed before joining, or has another '
+                  f'coordinator or process count')
 
-  def __enter__(self):
-    self._thread.start()
-
-  def __exit__(self, *exc):
-    self._done.set()
-
-  def _watch(self):
-    if self._done.wait(max(0.0, self._deadline - time.monotonic())):
-      return
-    c = self._cluster
-    exit_now(1, f'{CLUSTER_DID_NOT_FORM} within {c["timeout"]} s: process '
-                f'{c["process_id"]} waited at {c["coordinator_address"]} for all '
-                f'{c["num_processes"]} processes ({NUM_PROCESSES_VAR}) to join; a process '
-                f'was not started, failed before joining, or has another coordinator or '
-                f'process count')
+  threading.Thread(target=watch, daemon=True, name='jaxsgd-cluster-watchdog').start()
+  try:
+    yield
+  finally:
+    done.set()
 
 
 def record_status(event: str, **fields) -> None:
