@@ -276,9 +276,9 @@ lock.release()
   time.sleep(1.0)  # All started and polling for the start signal.
   go.touch()
   outputs = [r.communicate(timeout=60)[0] for r in racers]
-  winners = [r.pid for r, out in zip(racers, outputs) if out.strip() == 'won']
+  winners = [r.pid for r, out in zip(racers, outputs, strict=True) if out.strip() == 'won']
   assert len(winners) == 1, outputs
-  for r, out in zip(racers, outputs):
+  for r, out in zip(racers, outputs, strict=True):
     if r.pid != winners[0]:
       assert out.startswith(f'refused: workdir {workdir} is in use by another run '
                             f'(pid {winners[0]} on host'), out
