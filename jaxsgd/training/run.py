@@ -152,13 +152,15 @@ class Run:
     }
     if not self.is_primary:
       return summary
-    files.write_json(os.path.join(self.workdir, 'summary.json'), summary)
-    if self.records:
-      with files.atomic_path(os.path.join(self.workdir, 'curves.png')) as path:
-        plots.plot_curves(self.records, path,
-                          title=f'{self.config.algorithm.name} · {self.config.model.name} · '
-                                f'{self.config.dataset}')
-    self._lock.release()
+    try:
+      files.write_json(os.path.join(self.workdir, 'summary.json'), summary)
+      if self.records:
+        with files.atomic_path(os.path.join(self.workdir, 'curves.png')) as path:
+          plots.plot_curves(self.records, path,
+                            title=f'{self.config.algorithm.name} · {self.config.model.name}'
+                                  f' · {self.config.dataset}')
+    finally:
+      self._lock.release()
     return summary
 
   def close(self) -> None:
