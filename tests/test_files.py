@@ -335,3 +335,13 @@ def test_a_finished_run_releases_its_workdir_and_writes_valid_json(data_dir, tmp
   assert summary['final']['step'] == 4
   assert [r['step'] for r in files.read_json_lines(str(tmp_path / 'metrics.jsonl'))] == [2, 4]
   training.train_and_evaluate(config, str(tmp_path), show_progress=False)  # Free again.
+
+
+def test_a_file_system_without_locks_runs_unguarded_with_a_warning(tmp_path, monkeypatch,
+                                                                   caplog):
+  def no_locks(*_):
+    raise OSError(37, 'No locks available')
+  monkeypatch.setattr(files.fcntl, 'flock', no_locks)
+  lock = files.WorkdirLock(str(tmp_path)).acquire()
+  assert not lock.held and 'cannot lock run.lock ([Errno 37] No locks available)' in caplog.text
+  lock.release()

@@ -335,6 +335,11 @@ class WorkdirLock:
         holder = _read_holder(f, wait_s=1.0)
         f.close()
         raise WorkdirLockedError(_locked_message(self.workdir, holder)) from None
+      except OSError as e:  # A file system without locks: run, but say it is unguarded.
+        f.close()
+        logging.warning('%s: cannot lock %s (%s); another run into this workdir would not '
+                        'be refused.', self.workdir, LOCK_NAME, e)
+        return self
       if not _same_file(f, self.path):  # Its holder removed it as we opened it: again.
         f.close()
         continue
