@@ -272,7 +272,8 @@ def _cut_torn_tail(fd: int) -> int:
     end = start
   if end < size:
     os.ftruncate(fd, end)
-    logging.warning('%s ended in a torn line (%d bytes, from a crash); cut it off.',
+    logging.warning('%s ended in a torn line (%d bytes, from a killed or crashed writer); '
+                    'cut it off.',
                     _fd_path(fd), size - end)
   return size - end
 
