@@ -10,7 +10,7 @@ r"""How much communication SSGD, local SGD and DaSGD hide: `python -m benchmarks
    `overlap=True`, or in a `lax.cond` on merge steps only): 2 and 4 fake CPU devices
    in this process, and 2 processes × 1 device launched by `jaxsgd.launch` (gloo on
    loopback). The CPU has 2 cores that every fake device shares, so these numbers
-   show overheads, not parallel speed-up (see JAX-ON-CPU.md).
+   show overheads, not parallel speed-up (see docs/jax_on_cpu.md).
 3. Where XLA scheduled DaSGD's all-reduce in the compiled step (dots before/after),
    and that it reads only the snapshot.
 
@@ -76,8 +76,8 @@ def resnet20_compute(batch: int) -> tuple[float, int]:
 
 
 def clocks(compute, nbytes, workers, gbps, args) -> dict[str, timing.StepTimeModel]:
-  comm = timing.ring_allreduce_time(nbytes, workers, bandwidth_gbps=gbps,
-                                    latency_s=args.latency)
+  comm = timing.ring_allreduce_time(nbytes, workers, bandwidth=gbps * 1e9 / 8,
+                                    latency=args.latency)
   return {'ssgd': timing.StepTimeModel(compute, comm),
           'local_sgd': timing.StepTimeModel(compute, comm, args.period, 0),
           'dasgd': timing.StepTimeModel(compute, comm, args.period, args.delay)}
