@@ -32,14 +32,13 @@ def one_round(reps: int, clock_name: str, pin: bool) -> dict:
   """`{task: [seconds]}` of one round (imports JAX here: a spawned child starts clean)."""
   import optax  # pylint: disable=import-outside-toplevel
   from jaxsgd import models  # pylint: disable=import-outside-toplevel
-  from jaxsgd.scheduler import Pipeline, Placement  # pylint: disable=import-outside-toplevel
-  from jaxsgd.scheduler import profiles  # pylint: disable=import-outside-toplevel
-  from jaxsgd.scheduler import sequential_roles  # pylint: disable=import-outside-toplevel
+  from jaxsgd.pipeline import PlacedStages, sequential_roles  # pylint: disable=import-outside-toplevel
+  from jaxsgd.scheduler import Placement, profiles  # pylint: disable=import-outside-toplevel
   if pin:
     profiles.pin_to_core(0)
   model = models.get_model('cnn', (40, 1), 10)
   roles = sequential_roles(4)
-  pipeline = _pipeline_cache.get('p') or Pipeline(
+  pipeline = _pipeline_cache.get('p') or PlacedStages(
       model, 4, optax.adam(1e-3), placement=Placement.create(4), batch_size=128, seed=0)
   _pipeline_cache['p'] = pipeline
   rng = np.random.default_rng(0)

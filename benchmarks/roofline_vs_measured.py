@@ -29,7 +29,8 @@ import optax
 
 from benchmarks.common import print_table
 from jaxsgd import models
-from jaxsgd.scheduler import Pipeline, Placement, hardware, profiles, sequential_roles
+from jaxsgd.pipeline import PlacedStages, sequential_roles
+from jaxsgd.scheduler import Placement, hardware, profiles
 
 MODELS = {  # name: (input shape, classes, batch size)
     'cnn': ((40, 1), 10, 128),
@@ -42,8 +43,8 @@ def rows_for(name: str, num_stages: int, reps: int, spec: hardware.DeviceSpec,
   shape, classes, batch_size = MODELS[name]
   model = models.get_model(name, shape, classes)
   roles = sequential_roles(num_stages)
-  pipeline = Pipeline(model, num_stages, optax.adam(1e-3), placement=Placement.create(num_stages),
-                      batch_size=batch_size, seed=0)
+  pipeline = PlacedStages(model, num_stages, optax.adam(1e-3),
+                          placement=Placement.create(num_stages), batch_size=batch_size, seed=0)
   rng = np.random.default_rng(0)
   batch = {'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
            'label': rng.integers(0, classes, batch_size).astype(np.int32)}

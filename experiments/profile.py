@@ -17,8 +17,8 @@ model, batch size, optimizer and device gets this config's table added (one
 profile can serve a whole suite); `--replace` starts a new file instead.
 
 Covers the scheduler algorithms (bp, ddg, local, asgd, dcasgd, lppsgd, pdasgd);
-the data-parallel ones (ssgd, local_sgd, dasgd, diloco) time their step with
-`cost.step_time` and have no task table.
+the data-parallel ones (ssgd, local_sgd, dasgd, diloco) time one step
+(`cost.compute.step`) and have no task table.
 """
 
 import os
@@ -28,11 +28,13 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from jaxsgd import algorithms
 from jaxsgd import data as data_lib
+from jaxsgd import optimizers
 from jaxsgd.algorithms import ddg
 from jaxsgd.algorithms import local
-from jaxsgd.scheduler import Pipeline, Placement, profiles, sequential_roles
-from jaxsgd.training import optimizers
+from jaxsgd.pipeline import PlacedStages, sequential_roles
+from jaxsgd.scheduler import Placement, profiles
 from jaxsgd.training.loop import build_model
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'An ml_collections config file.',
@@ -51,16 +53,15 @@ PIPELINE_ALGORITHMS = ('bp', 'ddg', 'local', 'pdasgd', 'lppsgd')
 SERVER_ALGORITHMS = ('asgd', 'dcasgd')
 
 
-def roles_of(config):
-  """The stage roles whose computations the config's algorithm runs."""
-  name, settings = config.algorithm.name, config.algorithm
-  if name == 'bp' or name == 'pdasgd':
-    return sequential_roles(config.stages)
+def roles_of(name: str, settings):
+  """The stage roles whose computations the algorithm `name` runs (its `Settings`)."""
+  stages = settings.shared.stages
+  if name in ('bp', 'pdasgd'):
+    return sequential_roles(stages)
   if name == 'ddg':
-    return ddg.roles(config.stages, settings.get('variant', 'paper'))
+    return ddg.roles(stages, settings.variant)
   if name == 'local':
-    return local.roles(config.stages, settings.get('variant', 'greedy'),
-                       settings.get('chunks', 1), settings.get('pipelined', True))
+    return local.roles(stages, settings.variant, settings.chunks, settings.pipelined)
   return sequential_roles(1)  # Whole-model workers: lppsgd, asgd, dcasgd.
 
 
@@ -71,22 +72,21 @@ def measure_table(config, model, batch, *, warmup: int = 3, reps: int = 30,
   if name not in PIPELINE_ALGORITHMS + SERVER_ALGORITHMS:
     raise ValueError(f'algorithm.name: {name!r} has no task table to profile; allowed: '
                      f'{", ".join(PIPELINE_ALGORITHMS + SERVER_ALGORITHMS)} (data-parallel '
-                     f'algorithms take cost.step_time).')
-  roles = roles_of(config)
-  tx = optimizers.make_optimizer(config.optimizer, config.train_steps)
-  pipeline = Pipeline(model, len(roles), tx, placement=Placement.create(len(roles)),
-                      batch_size=config.batch_size, seed=config.seed,
-                      aux_heads=any(r.loss == 'aux' for r in roles))
-  calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
+                     f'algorithms time one step: cost.compute.step).')
+  settings = algorithms.get(name).validate(config, model)
+  shared, roles = settings.shared, roles_of(name, settings)
+  tx = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
+  stages = PlacedStages(model, len(roles), tx, placement=Placement.create(len(roles)),
+                        batch_size=shared.batch_size, seed=shared.seed,
+                        aux_heads=any(r.loss == 'aux' for r in roles))
+  calls = stages._calibration_calls(roles, batch)  # pylint: disable=protected-access
   tasks = profiles.roles_signature(roles)
   if name in SERVER_ALGORITHMS:
-    from jaxsgd.asynchronous import server  # pylint: disable=import-outside-toplevel
-    settings = server.check_config(config, model)
-    _, param_server, _, _ = server.build(types.SimpleNamespace(config=config, model=model),
-                                         settings)
-    calls[(0, 'update')] = param_server.calibration_call()
+    from jaxsgd.algorithms import asgd  # pylint: disable=import-outside-toplevel
+    _, server, _, _ = asgd.build(types.SimpleNamespace(model=model), shared, settings.server)
+    calls[(0, 'update')] = server.calibration_call()
     tasks = profiles.server_tasks(name)
-  return profiles.measure_table(calls, split=profiles.split_of(pipeline.stages), tasks=tasks,
+  return profiles.measure_table(calls, split=profiles.split_of(stages.stages), tasks=tasks,
                                 warmup=warmup, reps=reps, clock=clock)
 
 
@@ -105,7 +105,7 @@ def main(argv):
   except ValueError as e:
     raise SystemExit(str(e)) from None
   profile = profiles.make_profile(model, config.batch_size,
-                                  profiles.optimizer_id(config.optimizer), [table],
+                                  profiles.optimizer_id(dict(config.optimizer)), [table],
                                   warmup=_WARMUP.value, reps=_REPS.value,
                                   clock=_CLOCK.value, pinned=_PIN_CORE.value >= 0,
                                   dispatch=profiles.measure_dispatch())

@@ -11,10 +11,11 @@ from experiments import profile as profile_command
 from experiments.configs import asgd as asgd_config
 from experiments.configs import ddg as ddg_config
 from experiments.configs import local as local_config
+from jaxsgd import algorithms
 from jaxsgd import models
-from jaxsgd.scheduler import Pipeline, profiles
-from jaxsgd.scheduler import placement as placement_lib
-from jaxsgd.training import optimizers
+from jaxsgd import optimizers
+from jaxsgd.pipeline import PlacedStages
+from jaxsgd.scheduler import Placement, profiles
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,13 +26,12 @@ def _batch(config):
           'label': rng.integers(0, 10, config.batch_size).astype(np.int32)}
 
 
-def _pipeline_as_train_builds_it(config, model, roles):
-  """What `scheduler.pipeline.train` builds for a config (its split and computations)."""
-  return Pipeline(model, config.stages,
-                  optimizers.make_optimizer(config.optimizer, config.train_steps),
-                  placement=placement_lib.from_config(config, config.stages),
-                  batch_size=config.batch_size, seed=config.seed,
-                  aux_heads=any(r.loss == 'aux' for r in roles))
+def _stages_as_train_builds_them(shared, model, roles):
+  """What `algorithms.pipelined.train_roles` builds (its split and computations)."""
+  return PlacedStages(model, shared.stages,
+                      optimizers.make_optimizer(shared.optimizer, shared.train_steps),
+                      placement=Placement.create(shared.stages), batch_size=shared.batch_size,
+                      seed=shared.seed, aux_heads=any(r.loss == 'aux' for r in roles))
 
 
 @pytest.mark.parametrize('get_config', [ddg_config.get_config, local_config.get_config])
@@ -41,12 +41,14 @@ def test_the_measured_table_is_the_one_the_run_looks_up(get_config):
   model = models.get_model(config.model.name, (40, 1), 10)
   table = profile_command.measure_table(config, model, _batch(config), warmup=1, reps=2)
   profile = profiles.make_profile(model, config.batch_size,
-                                  profiles.optimizer_id(config.optimizer), [table],
+                                  profiles.optimizer_id(dict(config.optimizer)), [table],
                                   warmup=1, reps=2)
-  roles = profile_command.roles_of(config)
-  pipeline = _pipeline_as_train_builds_it(config, model, roles)
-  assert profiles.pipeline_costs(profile, pipeline, roles,
-                                 optimizer=profiles.optimizer_id(config.optimizer)) \
+  settings = algorithms.get(config.algorithm.name).validate(config, model)
+  roles = profile_command.roles_of(config.algorithm.name, settings)
+  stages = _stages_as_train_builds_them(settings.shared, model, roles)
+  # The run looks the table up with its parsed settings' optimizer.
+  assert profiles.pipeline_costs(profile, stages, roles,
+                                 optimizer=profiles.optimizer_id(settings.shared.optimizer)) \
       == table.costs
   assert set(table.costs) == {(k, kind) for k in range(2)
                               for kind in ('forward', 'backward', 'update')}

@@ -143,9 +143,13 @@ def model_id(model) -> dict:
           'num_params': num_params}
 
 
-def optimizer_id(optimizer_config) -> str:
-  """What of `config.optimizer` changes the update task's computation (not the rates)."""
-  given = dict(optimizer_config)
+def optimizer_id(optimizer) -> str:
+  """What of an optimizer changes the update task's computation (not the rates).
+
+  `optimizer`: `config.optimizer` (a mapping) or its `OptimizerSettings`.
+  """
+  given = (dict(optimizer) if isinstance(optimizer, Mapping)
+           else {f.name: getattr(optimizer, f.name) for f in dataclasses.fields(optimizer)})
   kwargs = sorted(dict(given.get('kwargs') or {}))
   return (given['name'] + (f'({",".join(kwargs)})' if kwargs else '')
           + ('+weight_decay' if given.get('weight_decay') else ''))

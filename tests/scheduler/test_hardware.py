@@ -9,7 +9,8 @@ import pytest
 
 from jaxsgd.algorithms import ddg
 from jaxsgd.algorithms import local
-from jaxsgd.scheduler import VirtualExecutor, hardware, sequential_roles
+from jaxsgd.pipeline import sequential_roles
+from jaxsgd.scheduler import VirtualExecutor, hardware
 from scheduler_helpers import pipeline_for, take, train
 
 SPEC = hardware.DeviceSpec('test', peak_flops=1e9, memory_bandwidth=1e8,

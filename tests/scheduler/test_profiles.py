@@ -9,7 +9,8 @@ import pytest
 
 from jaxsgd.algorithms import ddg
 from jaxsgd.algorithms import local
-from jaxsgd.scheduler import VirtualExecutor, profiles, sequential_roles
+from jaxsgd.pipeline import sequential_roles
+from jaxsgd.scheduler import VirtualExecutor, profiles
 from scheduler_helpers import BATCH, make_pipeline, mlp, pipeline_for, take, train
 
 ROLES = sequential_roles(2)
