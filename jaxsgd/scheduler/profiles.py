@@ -246,12 +246,12 @@ def make_profile(model, batch_size: int, optimizer: str, tables: Sequence[Table]
                  dispatch=dict(dispatch or {}), tables=tuple(tables))
 
 
-# --- pipelines (`scheduler.pipeline.Pipeline`) ---------------------------------------------
+# --- stages of a pipeline (`jaxsgd.pipeline.PlacedStages`) --------------------------------
 def pipeline_table(pipeline, roles, batch: dict, *, warmup: int = 3, reps: int = 30,
                    clock: str = 'wall') -> Table:
   """The measured table of `pipeline`'s stages in `roles`, on one host `batch`.
 
-  Times the very calls `Pipeline.calibrate` times (forward, backward, update
+  Times the very calls `PlacedStages.calibrate` times (forward, backward, update
   per stage), robustly (`measure`).
   """
   calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
@@ -264,7 +264,7 @@ def pipeline_costs(profile: Profile, pipeline, roles, *, optimizer: str | None =
   """`{(stage, kind): seconds}` for `pipeline` in `roles`, from `profile`.
 
   Refuses a profile of another model, batch size, stage split or task set: what
-  `Pipeline.calibrate` would have measured, read from the file instead.
+  `PlacedStages.calibrate` would have measured, read from the file instead.
   """
   return costs_for(profile, model=pipeline.model, batch_size=pipeline_batch_size(pipeline),
                    split=split_of(pipeline.stages), tasks=roles_signature(roles),
