@@ -32,7 +32,8 @@ def one_round(reps: int, clock_name: str, pin: bool) -> dict:
   """`{task: [seconds]}` of one round (imports JAX here: a spawned child starts clean)."""
   import optax  # pylint: disable=import-outside-toplevel
   from jaxsgd import models  # pylint: disable=import-outside-toplevel
-  from jaxsgd.pipeline import PlacedStages, sequential_roles  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from jaxsgd.pipeline import PlacedStages, sequential_roles
   from jaxsgd.scheduler import Placement, profiles  # pylint: disable=import-outside-toplevel
   if pin:
     profiles.pin_to_core(0)
