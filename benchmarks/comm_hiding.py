@@ -51,10 +51,18 @@ def parse_args(argv=None):
   parser.add_argument('--batch', type=int, default=32, help='images per worker per step')
   parser.add_argument('--period', type=int, default=4)
   parser.add_argument('--delay', type=int, default=1)
-  parser.add_argument('--step_time', type=float, default=None,
-                      help='seconds of compute per step (default: measured here)')
-  parser.add_argument('--accelerator_step_time', type=float, default=0.005,
-                      help='a second table for a faster, accelerator-class step')
+  parser.add_argument(
+    '--step_time',
+    type=float,
+    default=None,
+    help='seconds of compute per step (default: measured here)',
+  )
+  parser.add_argument(
+    '--accelerator_step_time',
+    type=float,
+    default=0.005,
+    help='a second table for a faster, accelerator-class step',
+  )
   parser.add_argument('--real_steps', type=int, default=30)
   parser.add_argument('--skip_real', action='store_true')
   parser.add_argument('--measure_worker', default=None, help=argparse.SUPPRESS)
@@ -69,32 +77,39 @@ def resnet20_compute(batch: int) -> tuple[float, int]:
   tx = optax.sgd(0.1, momentum=0.9)
   one_step = jax.jit(step_lib.make_worker_step(model, tx, average_grads=False))
   rng = np.random.default_rng(0)
-  data = {'image': rng.normal(size=(batch, 32, 32, 3)).astype(np.float32),
-          'label': rng.integers(0, 10, batch).astype(np.int32)}
+  data = {
+    'image': rng.normal(size=(batch, 32, 32, 3)).astype(np.float32),
+    'label': rng.integers(0, 10, batch).astype(np.int32),
+  }
   seconds = timing.measure_seconds(one_step, variables, tx.init(variables['params']), data)
   return seconds, timing.tree_bytes(variables['params'])
 
 
 def clocks(compute, nbytes, workers, gbps, args) -> dict[str, timing.StepTimeModel]:
-  comm = timing.ring_allreduce_time(nbytes, workers, bandwidth=gbps * 1e9 / 8,
-                                    latency=args.latency)
-  return {'ssgd': timing.StepTimeModel(compute, comm),
-          'local_sgd': timing.StepTimeModel(compute, comm, args.period, 0),
-          'dasgd': timing.StepTimeModel(compute, comm, args.period, args.delay)}
+  comm = timing.ring_allreduce_time(nbytes, workers, bandwidth=gbps * 1e9 / 8, latency=args.latency)
+  return {
+    'ssgd': timing.StepTimeModel(compute, comm),
+    'local_sgd': timing.StepTimeModel(compute, comm, args.period, 0),
+    'dasgd': timing.StepTimeModel(compute, comm, args.period, args.delay),
+  }
 
 
 def virtual_table(compute, nbytes, args) -> tuple[list[str], dict]:
-  lines = [f'{"M":>4} {"Gbit/s":>6} {"allreduce ms":>12} | {"ssgd":>6} {"local_sgd":>9} '
-           f'{"dasgd":>6} | dasgd hidden']
+  lines = [
+    f'{"M":>4} {"Gbit/s":>6} {"allreduce ms":>12} | {"ssgd":>6} {"local_sgd":>9} '
+    f'{"dasgd":>6} | dasgd hidden'
+  ]
   results = {}
   for m in map(int, args.workers.split(',')):
     for gbps in map(float, args.bandwidths.split(',')):
       c = clocks(compute, nbytes, m, gbps, args)
       results[m, gbps] = {k: v.relative_throughput() for k, v in c.items()}
-      lines.append(f'{m:>4} {gbps:>6g} {1e3 * c["ssgd"].comm:>12.2f} | '
-                   f'{results[m, gbps]["ssgd"]:>6.3f} {results[m, gbps]["local_sgd"]:>9.3f} '
-                   f'{results[m, gbps]["dasgd"]:>6.3f} | '
-                   f'{100 * c["dasgd"].hidden_fraction():>5.1f} %')
+      lines.append(
+        f'{m:>4} {gbps:>6g} {1e3 * c["ssgd"].comm:>12.2f} | '
+        f'{results[m, gbps]["ssgd"]:>6.3f} {results[m, gbps]["local_sgd"]:>9.3f} '
+        f'{results[m, gbps]["dasgd"]:>6.3f} | '
+        f'{100 * c["dasgd"].hidden_fraction():>5.1f} %'
+      )
   return lines, results
 
 
@@ -105,8 +120,9 @@ def _trainer(name, workers, args):
     return DataParallelTrainer(model, optax.sgd(0.05), workers, average_grads=True)
   # 'dasgd': the average is computed every step, top-level (overlap=True, the
   # default); 'dasgd_cond': only on merge steps, inside lax.cond (overlap=False).
-  tx = transforms.local_sgd(optax.sgd(0.05), period=args.period, delay=args.delay,
-                            axis_name='data', overlap=name == 'dasgd')
+  tx = transforms.local_sgd(
+    optax.sgd(0.05), period=args.period, delay=args.delay, axis_name='data', overlap=name == 'dasgd'
+  )
   return DataParallelTrainer(model, tx, workers, average_grads=False)
 
 
@@ -114,8 +130,13 @@ def measure_steps_per_second(name, workers, args) -> float:
   """Steps/s of the jitted SPMD step (synthetic batches, 32 per worker, after warm-up)."""
   trainer = _trainer(name, workers, args)
   rng = np.random.default_rng(jax.process_index())
-  local = [{'image': rng.normal(size=(32,) + REAL_MODEL[1]).astype(np.float32),
-            'label': rng.integers(0, 10, 32).astype(np.int32)} for _ in trainer.local_workers]
+  local = [
+    {
+      'image': rng.normal(size=(32,) + REAL_MODEL[1]).astype(np.float32),
+      'label': rng.integers(0, 10, 32).astype(np.int32),
+    }
+    for _ in trainer.local_workers
+  ]
   state = trainer.init(0)
   for _ in range(3):  # Compile and warm up.
     state, loss = trainer.train_step(state, trainer.put_batch(local))
@@ -133,8 +154,10 @@ REAL_NAMES = ('ssgd', 'dasgd', 'dasgd_cond')
 
 def real_rows(args) -> list[str]:
   rows = [f'{"":<24} {"ssgd":>10} {"dasgd":>10} {"dasgd, cond":>12}']
-  layouts = [(f'1 process x {w} devices', lambda n, w=w: measure_steps_per_second(n, w, args))
-             for w in (2, 4)]
+  layouts = [
+    (f'1 process x {w} devices', lambda n, w=w: measure_steps_per_second(n, w, args))
+    for w in (2, 4)
+  ]
   layouts.append(('2 processes x 1 device', lambda n: _launched_rate(n, args)))
   for label, rate in layouts:
     rates = [rate(n) for n in REAL_NAMES]
@@ -144,13 +167,32 @@ def real_rows(args) -> list[str]:
 
 def _launched_rate(name, args) -> float:
   """Steps/s of 2 processes x 1 device, started by `python -m jaxsgd.launch`."""
-  cmd = [sys.executable, '-m', 'jaxsgd.launch', '--processes', '2', '--devices_per_process',
-         '1', '--timeout_s', '300', '--', '-m', 'benchmarks.comm_hiding', '--measure_worker',
-         name, '--real_steps', str(args.real_steps), '--period', str(args.period),
-         '--delay', str(args.delay)]
+  cmd = [
+    sys.executable,
+    '-m',
+    'jaxsgd.launch',
+    '--processes',
+    '2',
+    '--devices_per_process',
+    '1',
+    '--timeout_s',
+    '300',
+    '--',
+    '-m',
+    'benchmarks.comm_hiding',
+    '--measure_worker',
+    name,
+    '--real_steps',
+    str(args.real_steps),
+    '--period',
+    str(args.period),
+    '--delay',
+    str(args.delay),
+  ]
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=360, check=True).stdout
-  rates = [json.loads(line.split('RESULT ', 1)[1]) for line in out.splitlines()
-           if 'RESULT ' in line]
+  rates = [
+    json.loads(line.split('RESULT ', 1)[1]) for line in out.splitlines() if 'RESULT ' in line
+  ]
   return min(rates)  # The slower process sets the pace.
 
 
@@ -158,32 +200,42 @@ def _launched_rate(name, args) -> float:
 def schedule_line(args) -> str:
   trainer = _trainer('dasgd', 4, args)
   state = trainer.init(0)
-  batch = trainer.put_batch([{'image': np.zeros((32,) + REAL_MODEL[1], np.float32),
-                              'label': np.zeros(32, np.int32)}] * 4)
+  batch = trainer.put_batch(
+    [{'image': np.zeros((32,) + REAL_MODEL[1], np.float32), 'label': np.zeros(32, np.int32)}] * 4
+  )
   text = trainer.step.lower(state.variables, state.opt_state, batch).compile().as_text()
-  (before, after), = hlo.compute_around_collectives(text)
-  deps, = hlo.collective_inputs(text)
-  reads = sorted({d.split('[')[0].split('.')[0] + ('.snapshot' if 'snapshot' in d else '')
-                  for d in deps})
-  return (f'dasgd compiled step (CNN, 4 devices): all-reduce scheduled with {before} dot/conv '
-          f'ops before it and {after} after it; it reads only {", ".join(reads)}')
+  ((before, after),) = hlo.compute_around_collectives(text)
+  (deps,) = hlo.collective_inputs(text)
+  reads = sorted(
+    {d.split('[')[0].split('.')[0] + ('.snapshot' if 'snapshot' in d else '') for d in deps}
+  )
+  return (
+    f'dasgd compiled step (CNN, 4 devices): all-reduce scheduled with {before} dot/conv '
+    f'ops before it and {after} after it; it reads only {", ".join(reads)}'
+  )
 
 
 def main(argv=None) -> None:
   args = parse_args(argv)
   if args.measure_worker:  # One process of the launched 2-process measurement.
     from jaxsgd.spmd import initialize_from_env  # pylint: disable=g-import-not-at-top
+
     initialize_from_env()
-    print('RESULT', json.dumps(measure_steps_per_second(args.measure_worker,
-                                                        jax.device_count(), args)))
+    print(
+      'RESULT', json.dumps(measure_steps_per_second(args.measure_worker, jax.device_count(), args))
+    )
     return
   measured, nbytes = resnet20_compute(args.batch)
   compute = args.step_time or measured
-  print(f'ResNet-20: {nbytes // 4:,} parameters ({nbytes / 1e6:.2f} MB float32); one worker '
-        f'step of {args.batch} images measured here: {1e3 * measured:.1f} ms'
-        + ('' if args.step_time is None else f' (using --step_time {1e3 * compute:.1f} ms)'))
-  print(f'Virtual clock: period {args.period}, delay {args.delay}, latency '
-        f'{1e6 * args.latency:g} us; throughput relative to no communication.\n')
+  print(
+    f'ResNet-20: {nbytes // 4:,} parameters ({nbytes / 1e6:.2f} MB float32); one worker '
+    f'step of {args.batch} images measured here: {1e3 * measured:.1f} ms'
+    + ('' if args.step_time is None else f' (using --step_time {1e3 * compute:.1f} ms)')
+  )
+  print(
+    f'Virtual clock: period {args.period}, delay {args.delay}, latency '
+    f'{1e6 * args.latency:g} us; throughput relative to no communication.\n'
+  )
   print(f'Compute {1e3 * compute:.1f} ms/step (this machine):')
   lines, results = virtual_table(compute, nbytes, args)
   print('\n'.join(lines))
@@ -191,9 +243,11 @@ def main(argv=None) -> None:
     print(f'\nCompute {1e3 * args.accelerator_step_time:.1f} ms/step (accelerator-class, given):')
     print('\n'.join(virtual_table(args.accelerator_step_time, nbytes, args)[0]))
   if not args.skip_real:
-    print('\nReal, this 2-core CPU (CNN, MNIST-1D shapes, 32 per worker; steps/s; fake '
-          'devices share the 2 cores; "dasgd, cond": overlap=False, all-reduce only on '
-          'merge steps):')
+    print(
+      '\nReal, this 2-core CPU (CNN, MNIST-1D shapes, 32 per worker; steps/s; fake '
+      'devices share the 2 cores; "dasgd, cond": overlap=False, all-reduce only on '
+      'merge steps):'
+    )
     print('\n'.join(real_rows(args)))
     print('\n' + schedule_line(args))
   key = (64, 10.0)

@@ -31,8 +31,13 @@ from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.spmd.mesh import AXIS
 
 
-def make_worker_step(model, tx: optax.GradientTransformation, *, average_grads: bool,
-                     vary: Callable = lambda tree: tree) -> Callable:
+def make_worker_step(
+  model,
+  tx: optax.GradientTransformation,
+  *,
+  average_grads: bool,
+  vary: Callable = lambda tree: tree,
+) -> Callable:
   """`(variables, opt_state, batch) -> (variables, opt_state, loss)` of one worker.
 
   Args:
@@ -56,8 +61,7 @@ def make_worker_step(model, tx: optax.GradientTransformation, *, average_grads: 
   def step(variables, opt_state, batch):
     params, state = stages_lib.split_variables(variables)
     diff_params = vary(params) if average_grads else params
-    (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        diff_params, state, batch)
+    (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(diff_params, state, batch)
     if average_grads:
       grads, loss, new_state = lax.pmean((grads, loss, new_state), AXIS)
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -90,17 +94,19 @@ def mesh_step(worker_step: Callable, mesh, *, replicated: bool) -> Callable:
     and optimizer state passed in are donated.
   """
   if replicated:
-    mapped = jax.shard_map(worker_step, mesh=mesh, in_specs=(P(), P(), P(AXIS)),
-                           out_specs=(P(), P(), P()))
+    mapped = jax.shard_map(
+      worker_step, mesh=mesh, in_specs=(P(), P(), P(AXIS)), out_specs=(P(), P(), P())
+    )
   else:
+
     def per_worker(variables, opt_state, batch):
-      variables, opt_state, loss = worker_step(_squeeze(variables), _squeeze(opt_state),
-                                               batch)
+      variables, opt_state, loss = worker_step(_squeeze(variables), _squeeze(opt_state), batch)
       return _expand(variables), _expand(opt_state), loss[None]
 
     spec = P(AXIS)
-    mapped = jax.shard_map(per_worker, mesh=mesh, in_specs=(spec, spec, spec),
-                           out_specs=(spec, spec, spec))
+    mapped = jax.shard_map(
+      per_worker, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec, spec)
+    )
   return jax.jit(mapped, donate_argnums=(0, 1))
 
 
@@ -114,8 +120,9 @@ def stacked_step(worker_step: Callable, workers: int, *, replicated: bool) -> Ca
 
   def stacked(variables, opt_state, batch):
     batch = jax.tree.map(lambda x: x.reshape((workers, -1) + x.shape[1:]), batch)
-    return jax.vmap(worker_step, in_axes=(axes, axes, 0), out_axes=(axes, axes, axes),
-                    axis_name=AXIS)(variables, opt_state, batch)
+    return jax.vmap(
+      worker_step, in_axes=(axes, axes, 0), out_axes=(axes, axes, axes), axis_name=AXIS
+    )(variables, opt_state, batch)
 
   return jax.jit(stacked, donate_argnums=(0, 1))
 
@@ -124,5 +131,4 @@ def consensus_fn(*, replicated: bool) -> Callable:
   """`variables -> the model to evaluate`: the copy (SSGD) or the workers' mean."""
   if replicated:
     return lambda variables: variables
-  return lambda variables: jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype),
-                                        variables)
+  return lambda variables: jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype), variables)

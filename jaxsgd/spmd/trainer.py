@@ -45,8 +45,9 @@ class DataParallelTrainer:
       m-th).
   """
 
-  def __init__(self, model, tx, workers: int, *, average_grads: bool,
-               stacked: bool = False, devices=None):
+  def __init__(
+    self, model, tx, workers: int, *, average_grads: bool, stacked: bool = False, devices=None
+  ):
     self.workers = workers
     self.replicated = average_grads
     self.stacked = stacked
@@ -57,17 +58,16 @@ class DataParallelTrainer:
     else:
       self.mesh = mesh_lib.data_mesh(workers, devices)
       vary = lambda tree: lax.pcast(tree, mesh_lib.AXIS, to='varying')
-      worker_step = step_lib.make_worker_step(model, tx, average_grads=average_grads,
-                                              vary=vary)
+      worker_step = step_lib.make_worker_step(model, tx, average_grads=average_grads, vary=vary)
       self.step = step_lib.mesh_step(worker_step, self.mesh, replicated=self.replicated)
     self._model, self._tx = model, tx
-    self._consensus = jax.jit(step_lib.consensus_fn(replicated=self.replicated),
-                              **({'out_shardings': mesh_lib.replicated(self.mesh)}
-                                 if self.mesh is not None else {}))
+    self._consensus = jax.jit(
+      step_lib.consensus_fn(replicated=self.replicated),
+      **({'out_shardings': mesh_lib.replicated(self.mesh)} if self.mesh is not None else {}),
+    )
 
   def _state_sharding(self):
-    return (mesh_lib.replicated(self.mesh) if self.replicated
-            else mesh_lib.per_worker(self.mesh))
+    return mesh_lib.replicated(self.mesh) if self.replicated else mesh_lib.per_worker(self.mesh)
 
   # --- placement ------------------------------------------------------------------
   @property
