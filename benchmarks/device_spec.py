@@ -17,8 +17,9 @@ import argparse
 import os
 import time
 
-os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
-                           + ' --xla_force_host_platform_device_count=2').strip()
+os.environ['XLA_FLAGS'] = (
+  os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=2'
+).strip()
 
 import jax  # pylint: disable=wrong-import-position
 
@@ -29,25 +30,34 @@ from jaxsgd.scheduler import hardware, profiles  # pylint: disable=wrong-import-
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--reps', type=int, default=10)
-  parser.add_argument('--pin', action='store_true',
-                      help='measure one core: pin this process to core 0 first (cpu_core)')
+  parser.add_argument(
+    '--pin',
+    action='store_true',
+    help='measure one core: pin this process to core 0 first (cpu_core)',
+  )
   args = parser.parse_args()
   if args.pin:
     profiles.pin_to_core(0)
   name = 'cpu_core' if args.pin else 'cpu'
   spec = hardware.measure_device_spec(
-      name, reps=args.reps, clock=time.process_time if args.pin else time.perf_counter)
+    name, reps=args.reps, clock=time.process_time if args.pin else time.perf_counter
+  )
   print(f'device: {jax.devices()[0].device_kind}, {os.cpu_count()} cores, jax {jax.__version__}')
-  print_table(['quantity', 'measured', 'unit'], [
+  print_table(
+    ['quantity', 'measured', 'unit'],
+    [
       ['peak_flops', spec.peak_flops / 1e9, 'GFLOP/s'],
       ['memory_bandwidth', spec.memory_bandwidth / 1e9, 'GB/s'],
       ['launch_overhead', spec.launch_overhead * 1e6, 'µs'],
       ['kernel_overhead', spec.kernel_overhead * 1e6, 'µs'],
       ['link_bandwidth', spec.link_bandwidth / 1e9, 'GB/s'],
       ['link_latency', spec.link_latency * 1e6, 'µs'],
-  ])
-  print(f'{name} spec: peak {spec.peak_flops / 1e9:.1f} GFLOP/s, bandwidth '
-        f'{spec.memory_bandwidth / 1e9:.1f} GB/s')
+    ],
+  )
+  print(
+    f'{name} spec: peak {spec.peak_flops / 1e9:.1f} GFLOP/s, bandwidth '
+    f'{spec.memory_bandwidth / 1e9:.1f} GB/s'
+  )
 
 
 if __name__ == '__main__':

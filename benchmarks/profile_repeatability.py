@@ -24,27 +24,36 @@ import numpy as np
 
 from benchmarks.common import print_table
 
-STATISTICS = {'min': np.min, 'p10': lambda t: np.quantile(t, 0.1), 'median': np.median,
-              'mean': np.mean}
+STATISTICS = {
+  'min': np.min,
+  'p10': lambda t: np.quantile(t, 0.1),
+  'median': np.median,
+  'mean': np.mean,
+}
 
 
 def one_round(reps: int, clock_name: str, pin: bool) -> dict:
   """`{task: [seconds]}` of one round (imports JAX here: a spawned child starts clean)."""
   import optax  # pylint: disable=import-outside-toplevel
   from jaxsgd import models  # pylint: disable=import-outside-toplevel
+
   # pylint: disable=import-outside-toplevel
   from jaxsgd.pipeline import PlacedStages, sequential_roles
   from jaxsgd.scheduler import Placement, profiles  # pylint: disable=import-outside-toplevel
+
   if pin:
     profiles.pin_to_core(0)
   model = models.get_model('cnn', (40, 1), 10)
   roles = sequential_roles(4)
   pipeline = _pipeline_cache.get('p') or PlacedStages(
-      model, 4, optax.adam(1e-3), placement=Placement.create(4), batch_size=128, seed=0)
+    model, 4, optax.adam(1e-3), placement=Placement.create(4), batch_size=128, seed=0
+  )
   _pipeline_cache['p'] = pipeline
   rng = np.random.default_rng(0)
-  batch = {'image': rng.standard_normal((128, 40, 1)).astype(np.float32),
-           'label': rng.integers(0, 10, 128).astype(np.int32)}
+  batch = {
+    'image': rng.standard_normal((128, 40, 1)).astype(np.float32),
+    'label': rng.integers(0, 10, 128).astype(np.int32),
+  }
   calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
   return profiles.measure_times(calls, warmup=3, reps=reps, clock=profiles.CLOCKS[clock_name])
 
@@ -53,10 +62,10 @@ _pipeline_cache = {}
 
 
 METHODS = {  # name: (clock, pinned)
-    'wall, both cores': ('wall', False),
-    'cpu time, both cores': ('cpu', False),
-    'wall, pinned': ('wall', True),
-    'cpu time, pinned': ('cpu', True),
+  'wall, both cores': ('wall', False),
+  'cpu time, both cores': ('cpu', False),
+  'wall, pinned': ('wall', True),
+  'cpu time, pinned': ('cpu', True),
 }
 
 
@@ -69,15 +78,17 @@ def main():
   context = multiprocessing.get_context('spawn')
   times = {method: [] for method in METHODS}
   loads = []
-  for r in range(args.rounds):
+  for _ in range(args.rounds):
     loads.append(os.getloadavg()[0])
     for method, (clock, pin) in METHODS.items():
       time.sleep(args.pause)
       with context.Pool(1) as pool:  # A fresh process: as a new profile command would be.
         times[method].append(pool.apply(one_round, (args.reps, clock, pin)))
-  print(f'{args.rounds} rounds; in each, every method in a fresh process, {args.reps} '
-        f'interleaved calls per task; load average at each round: '
-        f'{", ".join(f"{l:.2f}" for l in loads)} ({os.cpu_count()} cores)')
+  print(
+    f'{args.rounds} rounds; in each, every method in a fresh process, {args.reps} '
+    f'interleaved calls per task; load average at each round: '
+    f'{", ".join(f"{l:.2f}" for l in loads)} ({os.cpu_count()} cores)'
+  )
   rows, summary = [], {}
   for method, rounds in times.items():
     for name, statistic in STATISTICS.items():

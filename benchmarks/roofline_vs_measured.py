@@ -33,33 +33,53 @@ from jaxsgd.pipeline import PlacedStages, sequential_roles
 from jaxsgd.scheduler import Placement, hardware, profiles
 
 MODELS = {  # name: (input shape, classes, batch size)
-    'cnn': ((40, 1), 10, 128),
-    'resnet20': ((32, 32, 3), 10, 64),
+  'cnn': ((40, 1), 10, 128),
+  'resnet20': ((32, 32, 3), 10, 64),
 }
 
 
-def rows_for(name: str, num_stages: int, reps: int, spec: hardware.DeviceSpec,
-             clock) -> list:
+def rows_for(name: str, num_stages: int, reps: int, spec: hardware.DeviceSpec, clock) -> list:
   shape, classes, batch_size = MODELS[name]
   model = models.get_model(name, shape, classes)
   roles = sequential_roles(num_stages)
-  pipeline = PlacedStages(model, num_stages, optax.adam(1e-3),
-                          placement=Placement.create(num_stages), batch_size=batch_size, seed=0)
+  pipeline = PlacedStages(
+    model,
+    num_stages,
+    optax.adam(1e-3),
+    placement=Placement.create(num_stages),
+    batch_size=batch_size,
+    seed=0,
+  )
   rng = np.random.default_rng(0)
-  batch = {'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
-           'label': rng.integers(0, classes, batch_size).astype(np.int32)}
+  batch = {
+    'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
+    'label': rng.integers(0, classes, batch_size).astype(np.int32),
+  }
   calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
   measured, _ = profiles.measure(calls, warmup=3, reps=reps, clock=clock)
   rows = []
   for (stage, kind), (fn, args) in calls.items():
     counts = hardware.op_counts(fn, args)
     roofline = hardware.roofline_seconds(counts, spec)
-    bound = ('flops' if counts.flops / spec.peak_flops >= counts.bytes_accessed
-             / spec.memory_bandwidth else 'bytes')
-    rows.append([name, stage, kind, counts.flops / 1e6, counts.bytes_accessed / 1e6,
-                 counts.kernels, bound,
-                 1e3 * measured[(stage, kind)], 1e3 * roofline,
-                 measured[(stage, kind)] / roofline])
+    bound = (
+      'flops'
+      if counts.flops / spec.peak_flops >= counts.bytes_accessed / spec.memory_bandwidth
+      else 'bytes'
+    )
+    rows.append(
+      [
+        name,
+        stage,
+        kind,
+        counts.flops / 1e6,
+        counts.bytes_accessed / 1e6,
+        counts.kernels,
+        bound,
+        1e3 * measured[(stage, kind)],
+        1e3 * roofline,
+        measured[(stage, kind)] / roofline,
+      ]
+    )
   return rows
 
 
@@ -67,38 +87,62 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--reps', type=int, default=20)
   parser.add_argument('--stages', type=int, default=4)
-  parser.add_argument('--mode', choices=('pinned', 'shared'), default='shared',
-                      help='pinned: one core, CPU-time clock, preset cpu_core (how a profile '
-                           'is measured by default); shared: both cores, wall clock, preset cpu')
+  parser.add_argument(
+    '--mode',
+    choices=('pinned', 'shared'),
+    default='shared',
+    help='pinned: one core, CPU-time clock, preset cpu_core (how a profile '
+    'is measured by default); shared: both cores, wall clock, preset cpu',
+  )
   args = parser.parse_args()
   if args.mode == 'pinned':
     profiles.pin_to_core(0)
   spec = hardware.preset('cpu_core' if args.mode == 'pinned' else 'cpu')
   clock = time.process_time if args.mode == 'pinned' else time.perf_counter
-  print(f'{spec.name} preset: peak {spec.peak_flops / 1e9:.0f} GFLOP/s, bandwidth '
-        f'{spec.memory_bandwidth / 1e9:.0f} GB/s, launch {spec.launch_overhead * 1e6:.1f} µs, '
-        f'kernel {spec.kernel_overhead * 1e6:.1f} µs; '
-        f'{args.stages} stages, measured = fastest of {args.reps} interleaved calls; '
-        f'load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores')
-  rows = [row for name in MODELS
-          for row in rows_for(name, args.stages, args.reps, spec, clock)]
-  print_table(['model', 'stage', 'kind', 'MFLOP', 'MB', 'kernels', 'bound', 'measured ms',
-               'roofline ms', 'ratio'], rows)
+  print(
+    f'{spec.name} preset: peak {spec.peak_flops / 1e9:.0f} GFLOP/s, bandwidth '
+    f'{spec.memory_bandwidth / 1e9:.0f} GB/s, launch {spec.launch_overhead * 1e6:.1f} µs, '
+    f'kernel {spec.kernel_overhead * 1e6:.1f} µs; '
+    f'{args.stages} stages, measured = fastest of {args.reps} interleaved calls; '
+    f'load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores'
+  )
+  rows = [row for name in MODELS for row in rows_for(name, args.stages, args.reps, spec, clock)]
+  print_table(
+    [
+      'model',
+      'stage',
+      'kind',
+      'MFLOP',
+      'MB',
+      'kernels',
+      'bound',
+      'measured ms',
+      'roofline ms',
+      'ratio',
+    ],
+    rows,
+  )
   ratios = np.array([row[-1] for row in rows])
-  print('per stage (forward + backward + update, ms) and the pipeline bound sum / max '
-        '(the speed-up a K-stage pipeline could reach with these costs):')
+  print(
+    'per stage (forward + backward + update, ms) and the pipeline bound sum / max '
+    '(the speed-up a K-stage pipeline could reach with these costs):'
+  )
   for name in MODELS:
     stages = sorted({row[1] for row in rows if row[0] == name})
     measured = [sum(r[7] for r in rows if r[0] == name and r[1] == k) for k in stages]
     roofline = [sum(r[8] for r in rows if r[0] == name and r[1] == k) for k in stages]
-    print(f'{name:>8}: measured {" / ".join(f"{m:.3f}" for m in measured)} -> '
-          f'{sum(measured) / max(measured):.2f}x; roofline '
-          f'{" / ".join(f"{m:.3f}" for m in roofline)} -> {sum(roofline) / max(roofline):.2f}x')
+    print(
+      f'{name:>8}: measured {" / ".join(f"{m:.3f}" for m in measured)} -> '
+      f'{sum(measured) / max(measured):.2f}x; roofline '
+      f'{" / ".join(f"{m:.3f}" for m in roofline)} -> {sum(roofline) / max(roofline):.2f}x'
+    )
   for name in MODELS:
     for kind in ('forward', 'backward', 'update'):
       sel = [row[-1] for row in rows if row[0] == name and row[2] == kind]
-      print(f'{name:>8} {kind:<8}: ratio median {np.median(sel):.2f} '
-            f'(range {min(sel):.2f} .. {max(sel):.2f})')
+      print(
+        f'{name:>8} {kind:<8}: ratio median {np.median(sel):.2f} '
+        f'(range {min(sel):.2f} .. {max(sel):.2f})'
+      )
   print(f'median measured/roofline ratio: {np.median(ratios):.2f}')
 
 

@@ -37,16 +37,21 @@ from jaxsgd.pipeline import PlacedStages, sequential_roles
 from jaxsgd.scheduler import Placement, profiles
 from jaxsgd.training.loop import build_model
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'An ml_collections config file.',
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'An ml_collections config file.', lock_config=True
+)
 _OUT = flags.DEFINE_string('out', None, 'The profile file (JSON) to write or add to.')
 _REPS = flags.DEFINE_integer('reps', 30, 'Timed calls of each task (the fastest counts).')
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed calls of each task first.')
 _REPLACE = flags.DEFINE_bool('replace', False, 'Overwrite --out instead of adding to it.')
-_CLOCK = flags.DEFINE_enum('clock', 'wall', list(profiles.CLOCKS),
-                           'wall: wall time of each call; cpu: the process CPU time.')
-_PIN_CORE = flags.DEFINE_integer('pin_core', -1, 'Run on this CPU core only (-1: do not pin; '
-                                 'the costs are then those of one core).')
+_CLOCK = flags.DEFINE_enum(
+  'clock', 'wall', list(profiles.CLOCKS), 'wall: wall time of each call; cpu: the process CPU time.'
+)
+_PIN_CORE = flags.DEFINE_integer(
+  'pin_core',
+  -1,
+  'Run on this CPU core only (-1: do not pin; the costs are then those of one core).',
+)
 flags.mark_flags_as_required(['config', 'out'])
 
 PIPELINE_ALGORITHMS = ('bp', 'ddg', 'local', 'pdasgd', 'lppsgd')
@@ -65,29 +70,45 @@ def roles_of(name: str, settings):
   return sequential_roles(1)  # Whole-model workers: lppsgd, asgd, dcasgd.
 
 
-def measure_table(config, model, batch, *, warmup: int = 3, reps: int = 30,
-                  clock: str = 'wall') -> profiles.Table:
+def measure_table(
+  config, model, batch, *, warmup: int = 3, reps: int = 30, clock: str = 'wall'
+) -> profiles.Table:
   """The config's task table, measured on the first device."""
   name = config.algorithm.name
   if name not in PIPELINE_ALGORITHMS + SERVER_ALGORITHMS:
-    raise ValueError(f'algorithm.name: {name!r} has no task table to profile; allowed: '
-                     f'{", ".join(PIPELINE_ALGORITHMS + SERVER_ALGORITHMS)} (data-parallel '
-                     f'algorithms time one step: cost.compute.step).')
+    raise ValueError(
+      f'algorithm.name: {name!r} has no task table to profile; allowed: '
+      f'{", ".join(PIPELINE_ALGORITHMS + SERVER_ALGORITHMS)} (data-parallel '
+      f'algorithms time one step: cost.compute.step).'
+    )
   settings = algorithms.get(name).validate(config, model)
   shared, roles = settings.shared, roles_of(name, settings)
   tx = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
-  stages = PlacedStages(model, len(roles), tx, placement=Placement.create(len(roles)),
-                        batch_size=shared.batch_size, seed=shared.seed,
-                        aux_heads=any(r.loss == 'aux' for r in roles))
+  stages = PlacedStages(
+    model,
+    len(roles),
+    tx,
+    placement=Placement.create(len(roles)),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+    aux_heads=any(r.loss == 'aux' for r in roles),
+  )
   calls = stages._calibration_calls(roles, batch)  # pylint: disable=protected-access
   tasks = profiles.roles_signature(roles)
   if name in SERVER_ALGORITHMS:
     from jaxsgd.algorithms import asgd  # pylint: disable=import-outside-toplevel
+
     _, server, _, _ = asgd.build(types.SimpleNamespace(model=model), shared, settings.server)
     calls[(0, 'update')] = server.calibration_call()
     tasks = profiles.server_tasks(name)
-  return profiles.measure_table(calls, split=profiles.split_of(stages.stages), tasks=tasks,
-                                warmup=warmup, reps=reps, clock=clock)
+  return profiles.measure_table(
+    calls,
+    split=profiles.split_of(stages.stages),
+    tasks=tasks,
+    warmup=warmup,
+    reps=reps,
+    clock=clock,
+  )
 
 
 def main(argv):
@@ -100,15 +121,22 @@ def main(argv):
   model = build_model(config, dataset)
   batch = next(dataset.train_batches(config.batch_size, seed=config.seed))
   try:
-    table = measure_table(config, model, batch, warmup=_WARMUP.value, reps=_REPS.value,
-                          clock=_CLOCK.value)
+    table = measure_table(
+      config, model, batch, warmup=_WARMUP.value, reps=_REPS.value, clock=_CLOCK.value
+    )
   except ValueError as e:
     raise SystemExit(str(e)) from None
-  profile = profiles.make_profile(model, config.batch_size,
-                                  profiles.optimizer_id(dict(config.optimizer)), [table],
-                                  warmup=_WARMUP.value, reps=_REPS.value,
-                                  clock=_CLOCK.value, pinned=_PIN_CORE.value >= 0,
-                                  dispatch=profiles.measure_dispatch())
+  profile = profiles.make_profile(
+    model,
+    config.batch_size,
+    profiles.optimizer_id(dict(config.optimizer)),
+    [table],
+    warmup=_WARMUP.value,
+    reps=_REPS.value,
+    clock=_CLOCK.value,
+    pinned=_PIN_CORE.value >= 0,
+    dispatch=profiles.measure_dispatch(),
+  )
   out = _OUT.value
   if os.path.exists(out) and not _REPLACE.value:
     try:
@@ -117,22 +145,30 @@ def main(argv):
       raise SystemExit(f'{e} (--replace overwrites {out})') from None
   profiles.save(profile, out)
   print(describe(table, profile.dispatch))
-  print(f'wrote {out}: {len(profile.tables)} table(s), model {model.name}, batch '
-        f'{config.batch_size}, {profile.device_kind}')
+  print(
+    f'wrote {out}: {len(profile.tables)} table(s), model {model.name}, batch '
+    f'{config.batch_size}, {profile.device_kind}'
+  )
 
 
 def describe(table: profiles.Table, dispatch) -> str:
   """The measured table: stage, kind, minimum, median and p90 in ms."""
-  lines = [f'tasks {table.tasks}, split {list(map(list, table.split))}',
-           f'{"stage":>5} {"kind":<9} {"min ms":>9} {"median ms":>10} {"p90 ms":>9}']
+  lines = [
+    f'tasks {table.tasks}, split {list(map(list, table.split))}',
+    f'{"stage":>5} {"kind":<9} {"min ms":>9} {"median ms":>10} {"p90 ms":>9}',
+  ]
   for key, seconds in table.costs.items():
     stage, kind = key if isinstance(key, tuple) else ('*', key)
     spread = table.spread.get(key, {})
-    lines.append(f'{stage:>5} {kind:<9} {1e3 * seconds:9.4f} '
-                 f'{1e3 * spread.get("median", float("nan")):10.4f} '
-                 f'{1e3 * spread.get("p90", float("nan")):9.4f}')
-  lines.append('dispatch overhead per task (µs): ' + ', '.join(
-      f'{name} {1e6 * seconds:.1f}' for name, seconds in dispatch.items()))
+    lines.append(
+      f'{stage:>5} {kind:<9} {1e3 * seconds:9.4f} '
+      f'{1e3 * spread.get("median", float("nan")):10.4f} '
+      f'{1e3 * spread.get("p90", float("nan")):9.4f}'
+    )
+  lines.append(
+    'dispatch overhead per task (µs): '
+    + ', '.join(f'{name} {1e6 * seconds:.1f}' for name, seconds in dispatch.items())
+  )
   return '\n'.join(lines)
 
 

@@ -22,16 +22,23 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _batch(config):
   rng = np.random.default_rng(0)
-  return {'image': rng.standard_normal((config.batch_size, 40, 1)).astype(np.float32),
-          'label': rng.integers(0, 10, config.batch_size).astype(np.int32)}
+  return {
+    'image': rng.standard_normal((config.batch_size, 40, 1)).astype(np.float32),
+    'label': rng.integers(0, 10, config.batch_size).astype(np.int32),
+  }
 
 
 def _stages_as_train_builds_them(shared, model, roles):
   """What `algorithms.pipelined.train_roles` builds (its split and computations)."""
-  return PlacedStages(model, shared.stages,
-                      optimizers.make_optimizer(shared.optimizer, shared.train_steps),
-                      placement=Placement.create(shared.stages), batch_size=shared.batch_size,
-                      seed=shared.seed, aux_heads=any(r.loss == 'aux' for r in roles))
+  return PlacedStages(
+    model,
+    shared.stages,
+    optimizers.make_optimizer(shared.optimizer, shared.train_steps),
+    placement=Placement.create(shared.stages),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+    aux_heads=any(r.loss == 'aux' for r in roles),
+  )
 
 
 @pytest.mark.parametrize('get_config', [ddg_config.get_config, local_config.get_config])
@@ -40,18 +47,27 @@ def test_the_measured_table_is_the_one_the_run_looks_up(get_config):
   config.stages = 2
   model = models.get_model(config.model.name, (40, 1), 10)
   table = profile_command.measure_table(config, model, _batch(config), warmup=1, reps=2)
-  profile = profiles.make_profile(model, config.batch_size,
-                                  profiles.optimizer_id(dict(config.optimizer)), [table],
-                                  warmup=1, reps=2)
+  profile = profiles.make_profile(
+    model,
+    config.batch_size,
+    profiles.optimizer_id(dict(config.optimizer)),
+    [table],
+    warmup=1,
+    reps=2,
+  )
   settings = algorithms.get(config.algorithm.name).validate(config, model)
   roles = profile_command.roles_of(config.algorithm.name, settings)
   stages = _stages_as_train_builds_them(settings.shared, model, roles)
   # The run looks the table up with its parsed settings' optimizer.
-  assert profiles.pipeline_costs(profile, stages, roles,
-                                 optimizer=profiles.optimizer_id(settings.shared.optimizer)) \
-      == table.costs
-  assert set(table.costs) == {(k, kind) for k in range(2)
-                              for kind in ('forward', 'backward', 'update')}
+  assert (
+    profiles.pipeline_costs(
+      profile, stages, roles, optimizer=profiles.optimizer_id(settings.shared.optimizer)
+    )
+    == table.costs
+  )
+  assert set(table.costs) == {
+    (k, kind) for k in range(2) for kind in ('forward', 'backward', 'update')
+  }
 
 
 def test_server_algorithms_time_the_server_update():
@@ -75,9 +91,23 @@ def test_the_command_writes_a_profile_and_refuses_to_mix_models(data_dir, tmp_pa
 
   def command(config_file, *extra):
     return subprocess.run(
-        [sys.executable, '-m', 'experiments.profile', f'--config={config_file}',
-         f'--config.data_dir={data_dir}', f'--out={out}', '--reps=2', '--warmup=1', *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+      [
+        sys.executable,
+        '-m',
+        'experiments.profile',
+        f'--config={config_file}',
+        f'--config.data_dir={data_dir}',
+        f'--out={out}',
+        '--reps=2',
+        '--warmup=1',
+        *extra,
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+    )
 
   done = command('experiments/configs/ddg.py:smoke', '--config.stages=2')
   assert done.returncode == 0, done.stderr[-2000:]
@@ -88,6 +118,9 @@ def test_the_command_writes_a_profile_and_refuses_to_mix_models(data_dir, tmp_pa
   assert profile.clock == 'wall' and not profile.pinned  # The defaults.
   refused = command('experiments/configs/asgd.py:smoke')  # The MLP: another model.
   assert refused.returncode != 0
-  assert refused.stderr.strip().splitlines()[-1].startswith(
-      'cost.profile: cannot add to a profile of another model')
+  assert (
+    refused.stderr.strip()
+    .splitlines()[-1]
+    .startswith('cost.profile: cannot add to a profile of another model')
+  )
   assert profiles.load(out) == profile  # Left as it was.

@@ -108,49 +108,87 @@ class DeviceSpec:
     for field in ('peak_flops', 'memory_bandwidth', 'link_bandwidth'):
       value = getattr(self, field)
       if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
-        raise ValueError(f'cost.device {self.name!r}: {field} must be a finite number > 0, '
-                         f'got {value!r}.')
+        raise ValueError(
+          f'cost.device {self.name!r}: {field} must be a finite number > 0, got {value!r}.'
+        )
     for field in ('launch_overhead', 'kernel_overhead', 'link_latency'):
       value = getattr(self, field)
       if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
-        raise ValueError(f'cost.device {self.name!r}: {field} must be a finite number of '
-                         f'seconds >= 0, got {value!r}.')
+        raise ValueError(
+          f'cost.device {self.name!r}: {field} must be a finite number of '
+          f'seconds >= 0, got {value!r}.'
+        )
 
 
 PRESETS = {
-    # Measured on this machine by benchmarks/device_spec.py (see the module docstring).
-    'cpu': DeviceSpec('cpu', peak_flops=4.1e11, memory_bandwidth=1.1e11,
-                      launch_overhead=4.7e-6, link_bandwidth=2.5e9, link_latency=2.2e-5,
-                      kernel_overhead=1.7e-6,
-                      precision='float32 (XLA:CPU matmul, measured)'),
-    'cpu_core': DeviceSpec('cpu_core', peak_flops=1.95e11, memory_bandwidth=5.9e10,
-                           launch_overhead=5e-6, link_bandwidth=2.0e9, link_latency=2.5e-5,
-                           kernel_overhead=1.7e-6,
-                           precision='float32 (one core, measured)'),
-    'v100': DeviceSpec('v100', peak_flops=15.7e12, memory_bandwidth=900e9,
-                       launch_overhead=20e-6, link_bandwidth=150e9, link_latency=10e-6,
-                       kernel_overhead=2e-6,
-                       precision='fp32 (no tf32 on Volta)'),
-    'a100': DeviceSpec('a100', peak_flops=156e12, memory_bandwidth=2039e9,
-                       launch_overhead=20e-6, link_bandwidth=300e9, link_latency=10e-6,
-                       kernel_overhead=2e-6,
-                       precision='tf32 tensor core, dense'),
-    'h100': DeviceSpec('h100', peak_flops=494.7e12, memory_bandwidth=3.35e12,
-                       launch_overhead=20e-6, link_bandwidth=450e9, link_latency=10e-6,
-                       kernel_overhead=2e-6,
-                       precision='tf32 tensor core, dense'),
-    'tpu_v4': DeviceSpec('tpu_v4', peak_flops=275e12, memory_bandwidth=1200e9,
-                         launch_overhead=20e-6, link_bandwidth=50e9, link_latency=5e-6,
-                         kernel_overhead=0.2e-6,
-                         precision='bf16 (default precision of a float32 matmul on TPU)'),
+  # Measured on this machine by benchmarks/device_spec.py (see the module docstring).
+  'cpu': DeviceSpec(
+    'cpu',
+    peak_flops=4.1e11,
+    memory_bandwidth=1.1e11,
+    launch_overhead=4.7e-6,
+    link_bandwidth=2.5e9,
+    link_latency=2.2e-5,
+    kernel_overhead=1.7e-6,
+    precision='float32 (XLA:CPU matmul, measured)',
+  ),
+  'cpu_core': DeviceSpec(
+    'cpu_core',
+    peak_flops=1.95e11,
+    memory_bandwidth=5.9e10,
+    launch_overhead=5e-6,
+    link_bandwidth=2.0e9,
+    link_latency=2.5e-5,
+    kernel_overhead=1.7e-6,
+    precision='float32 (one core, measured)',
+  ),
+  'v100': DeviceSpec(
+    'v100',
+    peak_flops=15.7e12,
+    memory_bandwidth=900e9,
+    launch_overhead=20e-6,
+    link_bandwidth=150e9,
+    link_latency=10e-6,
+    kernel_overhead=2e-6,
+    precision='fp32 (no tf32 on Volta)',
+  ),
+  'a100': DeviceSpec(
+    'a100',
+    peak_flops=156e12,
+    memory_bandwidth=2039e9,
+    launch_overhead=20e-6,
+    link_bandwidth=300e9,
+    link_latency=10e-6,
+    kernel_overhead=2e-6,
+    precision='tf32 tensor core, dense',
+  ),
+  'h100': DeviceSpec(
+    'h100',
+    peak_flops=494.7e12,
+    memory_bandwidth=3.35e12,
+    launch_overhead=20e-6,
+    link_bandwidth=450e9,
+    link_latency=10e-6,
+    kernel_overhead=2e-6,
+    precision='tf32 tensor core, dense',
+  ),
+  'tpu_v4': DeviceSpec(
+    'tpu_v4',
+    peak_flops=275e12,
+    memory_bandwidth=1200e9,
+    launch_overhead=20e-6,
+    link_bandwidth=50e9,
+    link_latency=5e-6,
+    kernel_overhead=0.2e-6,
+    precision='bf16 (default precision of a float32 matmul on TPU)',
+  ),
 }
 
 
 def preset(name: str) -> DeviceSpec:
   """The named device; refuses an unknown name, listing the known ones."""
   if name not in PRESETS:
-    raise ValueError(f'cost.device: unknown device {name!r}; allowed: '
-                     f'{", ".join(PRESETS)}.')
+    raise ValueError(f'cost.device: unknown device {name!r}; allowed: {", ".join(PRESETS)}.')
   return PRESETS[name]
 
 
@@ -170,8 +208,11 @@ def op_counts(fn: Callable, args: tuple) -> OpCounts:
   if isinstance(analysis, (list, tuple)):  # Older jax: one dict per computation.
     analysis = analysis[0] if analysis else {}
   analysis = analysis or {}
-  return OpCounts(float(analysis.get('flops', 0.0)), float(analysis.get('bytes accessed', 0.0)),
-                  count_kernels(compiled.as_text()))
+  return OpCounts(
+    float(analysis.get('flops', 0.0)),
+    float(analysis.get('bytes accessed', 0.0)),
+    count_kernels(compiled.as_text()),
+  )
 
 
 _NOT_KERNELS = frozenset({'parameter', 'constant', 'tuple', 'get-tuple-element', 'bitcast'})
@@ -181,8 +222,8 @@ _OPCODE = re.compile(r' = .*? ([a-z][a-z0-9-]*)\(')
 def count_kernels(hlo_text: str) -> int:
   """Operations of the ENTRY computation of compiled HLO text, less those that move
   no data (parameters, constants, tuples, bitcasts): the kernels a device runs."""
-  entry = hlo_text[hlo_text.index('ENTRY'):]
-  body = entry[entry.index('{') + 1:entry.index('\n}')]
+  entry = hlo_text[hlo_text.index('ENTRY') :]
+  body = entry[entry.index('{') + 1 : entry.index('\n}')]
   count = 0
   for line in body.splitlines():
     match = _OPCODE.search(line)
@@ -193,12 +234,17 @@ def count_kernels(hlo_text: str) -> int:
 
 def roofline_seconds(counts: OpCounts, spec: DeviceSpec) -> float:
   """`max(flops / peak, bytes / bandwidth) + launch + kernels · kernel_overhead`."""
-  return (max(counts.flops / spec.peak_flops, counts.bytes_accessed / spec.memory_bandwidth)
-          + spec.launch_overhead + counts.kernels * spec.kernel_overhead)
+  return (
+    max(counts.flops / spec.peak_flops, counts.bytes_accessed / spec.memory_bandwidth)
+    + spec.launch_overhead
+    + counts.kernels * spec.kernel_overhead
+  )
 
 
-def analytic_costs(calls: Mapping[Any, tuple[Callable, tuple]], spec: DeviceSpec,
-                   ) -> dict[Any, float]:
+def analytic_costs(
+  calls: Mapping[Any, tuple[Callable, tuple]],
+  spec: DeviceSpec,
+) -> dict[Any, float]:
   """`{key: roofline seconds}` for the same `{key: (fn, args)}` `costs.calibrate` takes.
 
   Compiles every call but runs none: the result does not depend on this machine's load.
@@ -208,8 +254,12 @@ def analytic_costs(calls: Mapping[Any, tuple[Callable, tuple]], spec: DeviceSpec
 
 def cost_model(spec: DeviceSpec, compute: Mapping[Any, float], **cost_model_fields) -> CostModel:
   """A `CostModel` with `compute` and the spec's links (other fields passed through)."""
-  return CostModel(compute=dict(compute), link_latency=spec.link_latency,
-                   link_bandwidth=spec.link_bandwidth, **cost_model_fields)
+  return CostModel(
+    compute=dict(compute),
+    link_latency=spec.link_latency,
+    link_bandwidth=spec.link_bandwidth,
+    **cost_model_fields,
+  )
 
 
 def pipeline_costs(pipeline, roles, batch: dict, spec: DeviceSpec) -> dict:
@@ -220,8 +270,9 @@ def pipeline_costs(pipeline, roles, batch: dict, spec: DeviceSpec) -> dict:
 
 
 # --- measuring this machine ------------------------------------------------------------------
-def _fastest(fn: Callable, args: tuple, reps: int,
-             clock: Callable[[], float] = time.perf_counter) -> float:
+def _fastest(
+  fn: Callable, args: tuple, reps: int, clock: Callable[[], float] = time.perf_counter
+) -> float:
   transfer.wait(fn(*args))
   best = math.inf
   for _ in range(reps):
@@ -231,10 +282,15 @@ def _fastest(fn: Callable, args: tuple, reps: int,
   return best
 
 
-def measure_device_spec(name: str = 'measured', *, matmul_size: int = 2048,
-                        copy_bytes: int = 256 * 2**20, reps: int = 10,
-                        device: jax.Device | None = None,
-                        clock: Callable[[], float] = time.perf_counter) -> DeviceSpec:
+def measure_device_spec(
+  name: str = 'measured',
+  *,
+  matmul_size: int = 2048,
+  copy_bytes: int = 256 * 2**20,
+  reps: int = 10,
+  device: jax.Device | None = None,
+  clock: Callable[[], float] = time.perf_counter,
+) -> DeviceSpec:
   """A `DeviceSpec` of `device` (default: the first), measured (fastest of `reps`).
 
   peak_flops: a float32 `matmul_size`² matmul, 2 n³ flops over its fastest time.
@@ -268,9 +324,16 @@ def measure_device_spec(name: str = 'measured', *, matmul_size: int = 2048,
     latency, link_bandwidth = _fit_link(device, others[0], reps)
   else:
     latency, link_bandwidth = 0.0, bandwidth
-  return DeviceSpec(name, peak_flops=peak, memory_bandwidth=bandwidth, launch_overhead=launch,
-                    link_bandwidth=link_bandwidth, link_latency=latency,
-                    kernel_overhead=kernel, precision='float32, measured')
+  return DeviceSpec(
+    name,
+    peak_flops=peak,
+    memory_bandwidth=bandwidth,
+    launch_overhead=launch,
+    link_bandwidth=link_bandwidth,
+    link_latency=latency,
+    kernel_overhead=kernel,
+    precision='float32, measured',
+  )
 
 
 def _stream_bandwidth(nbytes: int, device: jax.Device, reps: int, clock) -> float:
@@ -281,6 +344,7 @@ def _stream_bandwidth(nbytes: int, device: jax.Device, reps: int, clock) -> floa
   def step():
     state[0] = add_one(state[0])
     return state[0]
+
   return moved / _fastest(step, (), reps, clock)
 
 
@@ -289,6 +353,7 @@ def _kernel_overhead(device: jax.Device, reps: int) -> float:
     leaves = [jax.device_put(np.ones(16, np.float32), device) for _ in range(num_leaves)]
     fn = jax.jit(lambda t: [a * 2 + 1 for a in t])
     return _fastest(fn, (leaves,), reps), op_counts(fn, (leaves,)).kernels
+
   (few, few_kernels), (many, many_kernels) = time_for(1), time_for(200)
   return max(many - few, 0.0) / max(many_kernels - few_kernels, 1)
 
@@ -297,6 +362,7 @@ def _fit_link(source: jax.Device, destination: jax.Device, reps: int) -> tuple[f
   def copy_time(nbytes):
     x = jax.device_put(np.ones(max(nbytes // 4, 1), np.float32), source)
     return _fastest(lambda v: jax.device_put(v, destination), (x,), reps)
+
   latency = copy_time(4)
   big = 64 * 2**20
   return latency, big / max(copy_time(big) - latency, 1e-12)

@@ -75,8 +75,23 @@ from jaxsgd.scheduler.costs import CostModel
 
 FORMAT = 'jaxsgd-cost-profile/1'
 STATISTIC = 'min'
-_FIELDS = ('format', 'model', 'batch_size', 'optimizer', 'device_kind', 'platform', 'jax_version',
-           'date', 'statistic', 'clock', 'pinned', 'warmup', 'reps', 'dispatch', 'tables')
+_FIELDS = (
+  'format',
+  'model',
+  'batch_size',
+  'optimizer',
+  'device_kind',
+  'platform',
+  'jax_version',
+  'date',
+  'statistic',
+  'clock',
+  'pinned',
+  'warmup',
+  'reps',
+  'dispatch',
+  'tables',
+)
 CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
 _MODEL_FIELDS = ('name', 'input_shape', 'num_classes', 'num_layers', 'num_params')
 
@@ -128,19 +143,26 @@ class Profile:
       if table.split == split and table.tasks == tasks:
         return table
     have = '; '.join(f'split={list(map(list, t.split))} tasks={t.tasks!r}' for t in self.tables)
-    raise ProfileError(f'cost.profile: no table for split={list(map(list, split))} '
-                       f'tasks={tasks!r}; the profile has: {have or "none"}.')
+    raise ProfileError(
+      f'cost.profile: no table for split={list(map(list, split))} '
+      f'tasks={tasks!r}; the profile has: {have or "none"}.'
+    )
 
 
 # --- identifying what was measured ---------------------------------------------------------
 def model_id(model) -> dict:
   """What identifies a `StagedModel`'s computation: name, shapes, layers, parameters."""
   variables = jax.eval_shape(lambda key: model.init(key), jax.random.key(0))
-  num_params = sum(int(np.prod(leaf.shape)) for leaf in
-                   jax.tree_util.tree_leaves(variables.get('params', {})))
-  return {'name': model.name, 'input_shape': list(model.input_shape),
-          'num_classes': int(model.num_classes), 'num_layers': int(model.num_layers),
-          'num_params': num_params}
+  num_params = sum(
+    int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(variables.get('params', {}))
+  )
+  return {
+    'name': model.name,
+    'input_shape': list(model.input_shape),
+    'num_classes': int(model.num_classes),
+    'num_layers': int(model.num_layers),
+    'num_params': num_params,
+  }
 
 
 def optimizer_id(optimizer) -> str:
@@ -148,11 +170,17 @@ def optimizer_id(optimizer) -> str:
 
   `optimizer`: `config.optimizer` (a mapping) or its `OptimizerSettings`.
   """
-  given = (dict(optimizer) if isinstance(optimizer, Mapping)
-           else {f.name: getattr(optimizer, f.name) for f in dataclasses.fields(optimizer)})
+  given = (
+    dict(optimizer)
+    if isinstance(optimizer, Mapping)
+    else {f.name: getattr(optimizer, f.name) for f in dataclasses.fields(optimizer)}
+  )
   kwargs = sorted(dict(given.get('kwargs') or {}))
-  return (given['name'] + (f'({",".join(kwargs)})' if kwargs else '')
-          + ('+weight_decay' if given.get('weight_decay') else ''))
+  return (
+    given['name']
+    + (f'({",".join(kwargs)})' if kwargs else '')
+    + ('+weight_decay' if given.get('weight_decay') else '')
+  )
 
 
 def split_of(stages) -> tuple[tuple[int, int], ...]:
@@ -166,8 +194,11 @@ def roles_signature(roles) -> str:
   The delay only decides *when* a backward runs, not what it computes, so BP and
   DDG (paper form) share one signature; recomputation and auxiliary heads do not.
   """
-  return ','.join(f'{r.loss}:{"dy" if r.receives_delta else "-"}:{r.sends_delta}'
-                  f'{":recompute" if r.recompute and r.delay else ""}' for r in roles)
+  return ','.join(
+    f'{r.loss}:{"dy" if r.receives_delta else "-"}:{r.sends_delta}'
+    f'{":recompute" if r.recompute and r.delay else ""}'
+    for r in roles
+  )
 
 
 # --- measuring -----------------------------------------------------------------------------
@@ -188,9 +219,13 @@ def pin_to_core(core: int) -> None:
       pass  # The thread ended meanwhile.
 
 
-def measure_times(calls: Mapping[Any, tuple[Callable, tuple]], *, warmup: int = 3,
-                  reps: int = 30, clock: Callable[[], float] = time.perf_counter
-                  ) -> dict[Any, list[float]]:
+def measure_times(
+  calls: Mapping[Any, tuple[Callable, tuple]],
+  *,
+  warmup: int = 3,
+  reps: int = 30,
+  clock: Callable[[], float] = time.perf_counter,
+) -> dict[Any, list[float]]:
   """`{key: [seconds of each timed call]}`: `warmup` untimed calls of every task,
   then `reps` rounds timing each task once (interleaved), each call waited for."""
   if warmup < 1 or reps < 1:
@@ -207,8 +242,13 @@ def measure_times(calls: Mapping[Any, tuple[Callable, tuple]], *, warmup: int = 
   return times
 
 
-def measure(calls: Mapping[Any, tuple[Callable, tuple]], *, warmup: int = 3, reps: int = 30,
-            clock: Callable[[], float] = time.perf_counter) -> tuple[dict, dict]:
+def measure(
+  calls: Mapping[Any, tuple[Callable, tuple]],
+  *,
+  warmup: int = 3,
+  reps: int = 30,
+  clock: Callable[[], float] = time.perf_counter,
+) -> tuple[dict, dict]:
   """(cost, spread) of every `fn(*args)` in `calls` (see the module docstring).
 
   Returns:
@@ -217,13 +257,22 @@ def measure(calls: Mapping[Any, tuple[Callable, tuple]], *, warmup: int = 3, rep
   """
   times = measure_times(calls, warmup=warmup, reps=reps, clock=clock)
   costs = {key: float(min(ts)) for key, ts in times.items()}
-  spread = {key: {'median': float(np.median(ts)), 'p90': float(np.quantile(ts, 0.9))}
-            for key, ts in times.items()}
+  spread = {
+    key: {'median': float(np.median(ts)), 'p90': float(np.quantile(ts, 0.9))}
+    for key, ts in times.items()
+  }
   return costs, spread
 
 
-def measure_table(calls: Mapping[Any, tuple[Callable, tuple]], *, split, tasks: str,
-                  warmup: int = 3, reps: int = 30, clock: str = 'wall') -> Table:
+def measure_table(
+  calls: Mapping[Any, tuple[Callable, tuple]],
+  *,
+  split,
+  tasks: str,
+  warmup: int = 3,
+  reps: int = 30,
+  clock: str = 'wall',
+) -> Table:
   """`measure` as a `Table`; `clock` names one of `CLOCKS`."""
   if clock not in CLOCKS:
     raise ValueError(f'clock: {clock!r}; allowed: {", ".join(CLOCKS)}.')
@@ -231,44 +280,76 @@ def measure_table(calls: Mapping[Any, tuple[Callable, tuple]], *, split, tasks: 
   return Table(_split(split), tasks, costs, spread)
 
 
-def make_profile(model, batch_size: int, optimizer: str, tables: Sequence[Table], *,
-                 warmup: int, reps: int, clock: str = 'wall', pinned: bool = False,
-                 dispatch: Mapping[str, float] | None = None,
-                 device: jax.Device | None = None) -> Profile:
+def make_profile(
+  model,
+  batch_size: int,
+  optimizer: str,
+  tables: Sequence[Table],
+  *,
+  warmup: int,
+  reps: int,
+  clock: str = 'wall',
+  pinned: bool = False,
+  dispatch: Mapping[str, float] | None = None,
+  device: jax.Device | None = None,
+) -> Profile:
   """A profile of `tables` measured now on `device` (default: the first device)."""
   device = device or jax.devices()[0]
-  return Profile(model=model_id(model), batch_size=int(batch_size), optimizer=optimizer,
-                 device_kind=device.device_kind, platform=device.platform,
-                 jax_version=jax.__version__,
-                 date=datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
-                 statistic=STATISTIC, clock=clock, pinned=bool(pinned),
-                 warmup=int(warmup), reps=int(reps),
-                 dispatch=dict(dispatch or {}), tables=tuple(tables))
+  return Profile(
+    model=model_id(model),
+    batch_size=int(batch_size),
+    optimizer=optimizer,
+    device_kind=device.device_kind,
+    platform=device.platform,
+    jax_version=jax.__version__,
+    date=datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
+    statistic=STATISTIC,
+    clock=clock,
+    pinned=bool(pinned),
+    warmup=int(warmup),
+    reps=int(reps),
+    dispatch=dict(dispatch or {}),
+    tables=tuple(tables),
+  )
 
 
 # --- stages of a pipeline (`jaxsgd.pipeline.PlacedStages`) --------------------------------
-def pipeline_table(pipeline, roles, batch: dict, *, warmup: int = 3, reps: int = 30,
-                   clock: str = 'wall') -> Table:
+def pipeline_table(
+  pipeline, roles, batch: dict, *, warmup: int = 3, reps: int = 30, clock: str = 'wall'
+) -> Table:
   """The measured table of `pipeline`'s stages in `roles`, on one host `batch`.
 
   Times the very calls `PlacedStages.calibrate` times (forward, backward, update
   per stage), robustly (`measure`).
   """
   calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
-  return measure_table(calls, split=split_of(pipeline.stages), tasks=roles_signature(roles),
-                       warmup=warmup, reps=reps, clock=clock)
+  return measure_table(
+    calls,
+    split=split_of(pipeline.stages),
+    tasks=roles_signature(roles),
+    warmup=warmup,
+    reps=reps,
+    clock=clock,
+  )
 
 
-def pipeline_costs(profile: Profile, pipeline, roles, *, optimizer: str | None = None,
-                   source: str = 'profile') -> dict:
+def pipeline_costs(
+  profile: Profile, pipeline, roles, *, optimizer: str | None = None, source: str = 'profile'
+) -> dict:
   """`{(stage, kind): seconds}` for `pipeline` in `roles`, from `profile`.
 
   Refuses a profile of another model, batch size, stage split or task set: what
   `PlacedStages.calibrate` would have measured, read from the file instead.
   """
-  return costs_for(profile, model=pipeline.model, batch_size=pipeline_batch_size(pipeline),
-                   split=split_of(pipeline.stages), tasks=roles_signature(roles),
-                   optimizer=optimizer, source=source)
+  return costs_for(
+    profile,
+    model=pipeline.model,
+    batch_size=pipeline_batch_size(pipeline),
+    split=split_of(pipeline.stages),
+    tasks=roles_signature(roles),
+    optimizer=optimizer,
+    source=source,
+  )
 
 
 # `roles_signature(sequential_roles(1))`: one stage, the model's loss, nothing sent
@@ -288,8 +369,9 @@ def pipeline_batch_size(pipeline) -> int:
 
 
 # --- host dispatch overhead of the executors -----------------------------------------------
-def measure_dispatch(executors: Mapping[str, Callable[[], Any]] | None = None, *,
-                     tasks: int = 200, rounds: int = 5) -> dict[str, float]:
+def measure_dispatch(
+  executors: Mapping[str, Callable[[], Any]] | None = None, *, tasks: int = 200, rounds: int = 5
+) -> dict[str, float]:
   """Seconds of host overhead per task: `jax_call` and each executor's.
 
   `jax_call` is one blocking call of a trivial jitted function (a 4-byte add):
@@ -305,6 +387,7 @@ def measure_dispatch(executors: Mapping[str, Callable[[], Any]] | None = None, *
   """
   from jaxsgd.scheduler.core import Cluster, Compute, Process
   from jaxsgd.scheduler.real import RealExecutor
+
   if executors is None:
     executors = {'real': RealExecutor, 'real_threads': lambda: RealExecutor(threads=True)}
   tiny = jax.jit(lambda x: x + 1)
@@ -328,31 +411,48 @@ def measure_dispatch(executors: Mapping[str, Callable[[], Any]] | None = None, *
   overhead = {'jax_call': per_task(direct)}
 
   for name, make in executors.items():
+
     def through(make=make):
       def program():
         y = x
         for _ in range(tasks):
           y = yield Compute(tiny, (y,), kind='dispatch')
+
       cluster = Cluster()
       lane = cluster.add_lane('dispatch', jax.devices()[0])
       make().run(cluster, [Process('dispatch', lane, program())])
+
     overhead[name] = max(per_task(through) - overhead['jax_call'], 0.0)
   return overhead
 
 
 # --- reading, writing, matching ------------------------------------------------------------
 def to_json(profile: Profile) -> dict:
-  return {'format': FORMAT, 'model': dict(profile.model), 'batch_size': profile.batch_size,
-          'optimizer': profile.optimizer,
-          'device_kind': profile.device_kind, 'platform': profile.platform,
-          'jax_version': profile.jax_version, 'date': profile.date,
-          'statistic': profile.statistic, 'clock': profile.clock, 'pinned': profile.pinned,
-          'warmup': profile.warmup, 'reps': profile.reps,
-          'dispatch': dict(profile.dispatch),
-          'tables': [{'split': [list(r) for r in t.split], 'tasks': t.tasks,
-                      'costs': {_key_str(k): v for k, v in t.costs.items()},
-                      'spread': {_key_str(k): dict(v) for k, v in t.spread.items()}}
-                     for t in profile.tables]}
+  return {
+    'format': FORMAT,
+    'model': dict(profile.model),
+    'batch_size': profile.batch_size,
+    'optimizer': profile.optimizer,
+    'device_kind': profile.device_kind,
+    'platform': profile.platform,
+    'jax_version': profile.jax_version,
+    'date': profile.date,
+    'statistic': profile.statistic,
+    'clock': profile.clock,
+    'pinned': profile.pinned,
+    'warmup': profile.warmup,
+    'reps': profile.reps,
+    'dispatch': dict(profile.dispatch),
+    'tables': [
+      {
+        'split': [list(r) for r in t.split],
+        'tasks': t.tasks,
+        'costs': {_key_str(k): v for k, v in t.costs.items()},
+        'spread': {_key_str(k): dict(v) for k, v in t.spread.items()},
+      }
+      for t in profile.tables
+    ],
+  }
 
 
 def save(profile: Profile, path: str) -> None:
@@ -374,8 +474,7 @@ def load(path: str) -> Profile:
   except OSError as e:
     raise ProfileError(f'cost.profile: cannot read {path!r}: {e.strerror}.') from None
   except json.JSONDecodeError as e:
-    raise ProfileError(f'cost.profile: {path!r} is not JSON ({e.msg}, line {e.lineno}).') \
-        from None
+    raise ProfileError(f'cost.profile: {path!r} is not JSON ({e.msg}, line {e.lineno}).') from None
   return from_json(data, source=path)
 
 
@@ -385,30 +484,32 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
   if not isinstance(data, dict):
     raise ProfileError(f'{where}: expected a JSON object, got {type(data).__name__}.')
   if data.get('format') != FORMAT:
-    raise ProfileError(f'{where}: field "format" must be {FORMAT!r}, got '
-                       f'{data.get("format")!r}.')
+    raise ProfileError(f'{where}: field "format" must be {FORMAT!r}, got {data.get("format")!r}.')
   missing = [f for f in _FIELDS if f not in data]
   if missing:
     raise ProfileError(f'{where}: missing field(s) {", ".join(missing)}.')
   unknown = sorted(set(data) - set(_FIELDS))
   if unknown:
-    raise ProfileError(f'{where}: unknown field(s) {", ".join(unknown)}; allowed: '
-                       f'{", ".join(_FIELDS)}.')
+    raise ProfileError(
+      f'{where}: unknown field(s) {", ".join(unknown)}; allowed: {", ".join(_FIELDS)}.'
+    )
   model = data['model']
   if not isinstance(model, dict) or sorted(model) != sorted(_MODEL_FIELDS):
-    raise ProfileError(f'{where}: field "model" must have exactly the keys '
-                       f'{", ".join(_MODEL_FIELDS)}, got {model!r}.')
+    raise ProfileError(
+      f'{where}: field "model" must have exactly the keys '
+      f'{", ".join(_MODEL_FIELDS)}, got {model!r}.'
+    )
   for field in ('batch_size', 'warmup', 'reps'):
     _check_int(data[field], field, where)
   for field in ('optimizer', 'device_kind', 'platform', 'jax_version', 'date', 'statistic'):
     if not isinstance(data[field], str):
       raise ProfileError(f'{where}: field "{field}" must be a string, got {data[field]!r}.')
   if data['clock'] not in CLOCKS:
-    raise ProfileError(f'{where}: field "clock" must be one of {", ".join(CLOCKS)}, got '
-                       f'{data["clock"]!r}.')
+    raise ProfileError(
+      f'{where}: field "clock" must be one of {", ".join(CLOCKS)}, got {data["clock"]!r}.'
+    )
   if not isinstance(data['pinned'], bool):
-    raise ProfileError(f'{where}: field "pinned" must be true or false, got '
-                       f'{data["pinned"]!r}.')
+    raise ProfileError(f'{where}: field "pinned" must be true or false, got {data["pinned"]!r}.')
   dispatch = data['dispatch']
   if not isinstance(dispatch, dict):
     raise ProfileError(f'{where}: field "dispatch" must be an object, got {dispatch!r}.')
@@ -417,16 +518,27 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
   if not isinstance(data['tables'], list) or not data['tables']:
     raise ProfileError(f'{where}: field "tables" must be a non-empty list.')
   tables = tuple(_table(t, i, where) for i, t in enumerate(data['tables']))
-  return Profile(model=dict(model), batch_size=data['batch_size'], optimizer=data['optimizer'],
-                 device_kind=data['device_kind'], platform=data['platform'],
-                 jax_version=data['jax_version'], date=data['date'],
-                 statistic=data['statistic'], clock=data['clock'], pinned=data['pinned'],
-                 warmup=data['warmup'], reps=data['reps'],
-                 dispatch={k: float(v) for k, v in dispatch.items()}, tables=tables)
+  return Profile(
+    model=dict(model),
+    batch_size=data['batch_size'],
+    optimizer=data['optimizer'],
+    device_kind=data['device_kind'],
+    platform=data['platform'],
+    jax_version=data['jax_version'],
+    date=data['date'],
+    statistic=data['statistic'],
+    clock=data['clock'],
+    pinned=data['pinned'],
+    warmup=data['warmup'],
+    reps=data['reps'],
+    dispatch={k: float(v) for k, v in dispatch.items()},
+    tables=tables,
+  )
 
 
-def check_matches(profile: Profile, *, model, batch_size: int, optimizer: str | None = None,
-                  source: str = 'profile') -> None:
+def check_matches(
+  profile: Profile, *, model, batch_size: int, optimizer: str | None = None, source: str = 'profile'
+) -> None:
   """Refuses a profile of another model, batch size or optimizer (one line, the field).
 
   `model`: a `StagedModel` or its `model_id`; `optimizer`: `optimizer_id(config.optimizer)`
@@ -435,37 +547,66 @@ def check_matches(profile: Profile, *, model, batch_size: int, optimizer: str | 
   expected = model if isinstance(model, Mapping) else model_id(model)
   for field in _MODEL_FIELDS:
     if profile.model[field] != expected[field]:
-      raise ProfileError(f'cost.profile {source!r}: model.{field} is '
-                         f'{profile.model[field]!r} in the profile but {expected[field]!r} '
-                         f'in this run; measure a profile for this model.')
+      raise ProfileError(
+        f'cost.profile {source!r}: model.{field} is '
+        f'{profile.model[field]!r} in the profile but {expected[field]!r} '
+        f'in this run; measure a profile for this model.'
+      )
   if profile.batch_size != batch_size:
-    raise ProfileError(f'cost.profile {source!r}: batch_size is {profile.batch_size} in the '
-                       f'profile but {batch_size} in this run; measure one for this batch.')
+    raise ProfileError(
+      f'cost.profile {source!r}: batch_size is {profile.batch_size} in the '
+      f'profile but {batch_size} in this run; measure one for this batch.'
+    )
   if optimizer is not None and profile.optimizer != optimizer:
-    raise ProfileError(f'cost.profile {source!r}: optimizer is {profile.optimizer!r} in the '
-                       f'profile but {optimizer!r} in this run (the update task differs); '
-                       f'measure one for this optimizer.')
+    raise ProfileError(
+      f'cost.profile {source!r}: optimizer is {profile.optimizer!r} in the '
+      f'profile but {optimizer!r} in this run (the update task differs); '
+      f'measure one for this optimizer.'
+    )
 
 
-def costs_for(profile: Profile, *, model, batch_size: int, split, tasks: str,
-              optimizer: str | None = None, source: str = 'profile') -> dict:
+def costs_for(
+  profile: Profile,
+  *,
+  model,
+  batch_size: int,
+  split,
+  tasks: str,
+  optimizer: str | None = None,
+  source: str = 'profile',
+) -> dict:
   """The cost table (keys as `CostModel.compute`) of a run, refusing any mismatch."""
-  check_matches(profile, model=model, batch_size=batch_size, optimizer=optimizer,
-                source=source)
+  check_matches(profile, model=model, batch_size=batch_size, optimizer=optimizer, source=source)
   try:
     return dict(profile.table(split, tasks).costs)
   except ProfileError as e:
-    raise ProfileError(str(e).replace('cost.profile:', f'cost.profile {source!r}:', 1)) \
-        from None
+    raise ProfileError(str(e).replace('cost.profile:', f'cost.profile {source!r}:', 1)) from None
 
 
-def cost_model(profile: Profile, *, model, batch_size: int, split, tasks: str,
-               optimizer: str | None = None, source: str = 'profile',
-               **cost_model_fields) -> CostModel:
+def cost_model(
+  profile: Profile,
+  *,
+  model,
+  batch_size: int,
+  split,
+  tasks: str,
+  optimizer: str | None = None,
+  source: str = 'profile',
+  **cost_model_fields,
+) -> CostModel:
   """`CostModel(costs_for(...), **cost_model_fields)` (links, speeds, stragglers)."""
-  return CostModel(costs_for(profile, model=model, batch_size=batch_size, split=split,
-                             tasks=tasks, optimizer=optimizer, source=source),
-                   **cost_model_fields)
+  return CostModel(
+    costs_for(
+      profile,
+      model=model,
+      batch_size=batch_size,
+      split=split,
+      tasks=tasks,
+      optimizer=optimizer,
+      source=source,
+    ),
+    **cost_model_fields,
+  )
 
 
 def merge(old: Profile, new: Profile) -> Profile:
@@ -475,11 +616,21 @@ def merge(old: Profile, new: Profile) -> Profile:
   measured the same way (statistic, clock, pinning); the result has `new`'s date,
   jax version and dispatch figures.
   """
-  for field in ('model', 'batch_size', 'optimizer', 'device_kind', 'platform', 'statistic',
-                'clock', 'pinned'):
+  for field in (
+    'model',
+    'batch_size',
+    'optimizer',
+    'device_kind',
+    'platform',
+    'statistic',
+    'clock',
+    'pinned',
+  ):
     if getattr(old, field) != getattr(new, field):
-      raise ProfileError(f'cost.profile: cannot add to a profile of another {field} '
-                         f'({getattr(old, field)!r} there, {getattr(new, field)!r} here).')
+      raise ProfileError(
+        f'cost.profile: cannot add to a profile of another {field} '
+        f'({getattr(old, field)!r} there, {getattr(new, field)!r} here).'
+      )
   replaced = {(t.split, t.tasks) for t in new.tables}
   kept = tuple(t for t in old.tables if (t.split, t.tasks) not in replaced)
   return dataclasses.replace(new, tables=kept + tuple(new.tables))
@@ -511,11 +662,20 @@ def _table(data, index: int, where: str) -> Table:
   if not isinstance(data, dict) or not {'split', 'tasks', 'costs'} <= set(data):
     raise ProfileError(f'{where}: field "{field}" must have split, tasks and costs.')
   split = data['split']
-  if (not isinstance(split, list) or not split or any(
-      not isinstance(r, list) or len(r) != 2 or not all(isinstance(i, int) for i in r)
-      or not 0 <= r[0] < r[1] for r in split)):
-    raise ProfileError(f'{where}: field "{field}.split" must be a list of [start, end) '
-                       f'layer ranges, got {split!r}.')
+  if (
+    not isinstance(split, list)
+    or not split
+    or any(
+      not isinstance(r, list)
+      or len(r) != 2
+      or not all(isinstance(i, int) for i in r)
+      or not 0 <= r[0] < r[1]
+      for r in split
+    )
+  ):
+    raise ProfileError(
+      f'{where}: field "{field}.split" must be a list of [start, end) layer ranges, got {split!r}.'
+    )
   if not isinstance(data['tasks'], str):
     raise ProfileError(f'{where}: field "{field}.tasks" must be a string.')
   if not isinstance(data['costs'], dict) or not data['costs']:
@@ -524,8 +684,10 @@ def _table(data, index: int, where: str) -> Table:
   for text, seconds in data['costs'].items():
     _check_seconds(seconds, f'{field}.costs.{text}', where)
     costs[_key(text, where)] = float(seconds)
-  spread = {_key(text, where): {k: float(v) for k, v in value.items()}
-            for text, value in (data.get('spread') or {}).items()}
+  spread = {
+    _key(text, where): {k: float(v) for k, v in value.items()}
+    for text, value in (data.get('spread') or {}).items()
+  }
   return Table(_split(split), data['tasks'], costs, spread)
 
 
@@ -535,7 +697,12 @@ def _check_int(value, field: str, where: str) -> None:
 
 
 def _check_seconds(value, field: str, where: str) -> None:
-  if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
-      or math.isinf(value)):
-    raise ProfileError(f'{where}: field "{field}" must be a finite number of seconds >= 0, '
-                       f'got {value!r}.')
+  if (
+    isinstance(value, bool)
+    or not isinstance(value, (int, float))
+    or not value >= 0
+    or math.isinf(value)
+  ):
+    raise ProfileError(
+      f'{where}: field "{field}" must be a finite number of seconds >= 0, got {value!r}.'
+    )

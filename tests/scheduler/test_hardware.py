@@ -13,8 +13,14 @@ from jaxsgd.pipeline import sequential_roles
 from jaxsgd.scheduler import VirtualExecutor, hardware
 from scheduler_helpers import pipeline_for, take, train
 
-SPEC = hardware.DeviceSpec('test', peak_flops=1e9, memory_bandwidth=1e8,
-                           launch_overhead=1e-6, link_bandwidth=2e9, link_latency=3e-6)
+SPEC = hardware.DeviceSpec(
+  'test',
+  peak_flops=1e9,
+  memory_bandwidth=1e8,
+  launch_overhead=1e-6,
+  link_bandwidth=2e9,
+  link_latency=3e-6,
+)
 
 
 def test_xla_counts_a_matmul_as_by_hand():
@@ -42,11 +48,12 @@ def test_kernels_are_counted_and_charged():
   assert (counts.flops, counts.bytes_accessed, counts.kernels) == (320, 10 * (2 * 64 + 8), 10)
   spec = dataclasses.replace(SPEC, kernel_overhead=5e-6)
   assert hardware.roofline_seconds(counts, spec) == pytest.approx(
-      max(320 / 1e9, 1360 / 1e8) + 1e-6 + 10 * 5e-6, rel=1e-12)
+    max(320 / 1e9, 1360 / 1e8) + 1e-6 + 10 * 5e-6, rel=1e-12
+  )
 
 
 def test_count_kernels_reads_the_entry_computation():
-  hlo = '''HloModule m
+  hlo = """HloModule m
 %fused (p: f32[2]) -> f32[2] {
   %p = f32[2]{0} parameter(0)
   ROOT %a = f32[2]{0} add(%p, %p)
@@ -61,7 +68,7 @@ ENTRY %main (x: f32[2]) -> (f32[2], f32[2]) {
   %y = f32[2]{0} copy(%b)
   ROOT %t = (f32[2]{0}, f32[2]{0}) tuple(%f, %y)
 }
-'''
+"""
   assert hardware.count_kernels(hlo) == 3  # two fusions and a copy
 
 
@@ -112,12 +119,16 @@ def test_pipeline_costs_are_deterministic_and_simulate_identically():
   assert set(first) == {(k, kind) for k in range(2) for kind in ('forward', 'backward', 'update')}
   launch = hardware.preset('h100').launch_overhead
   assert all(seconds > launch for seconds in first.values())
-  timelines = [train(pipeline, roles, 5,
-                     executor=VirtualExecutor(hardware.cost_model(hardware.preset('h100'), c)))[1]
-               for c in (first, second)]
+  timelines = [
+    train(
+      pipeline, roles, 5, executor=VirtualExecutor(hardware.cost_model(hardware.preset('h100'), c))
+    )[1]
+    for c in (first, second)
+  ]
   assert timelines[0].makespan == timelines[1].makespan > 0
-  assert ([(r.lane, r.start, r.end) for r in timelines[0].records]
-          == [(r.lane, r.start, r.end) for r in timelines[1].records])
+  assert [(r.lane, r.start, r.end) for r in timelines[0].records] == [
+    (r.lane, r.start, r.end) for r in timelines[1].records
+  ]
 
 
 def test_a_faster_device_gives_shorter_tasks():
@@ -128,19 +139,23 @@ def test_a_faster_device_gives_shorter_tasks():
   assert all(h100[k] < v100[k] for k in v100)
 
 
-@pytest.mark.parametrize('roles', [ddg.roles(2, 'recompute'), local.roles(2),
-                                   local.roles(3, 'overlapping')],
-                         ids=['ddg-recompute', 'local-greedy', 'local-overlapping'])
+@pytest.mark.parametrize(
+  'roles',
+  [ddg.roles(2, 'recompute'), local.roles(2), local.roles(3, 'overlapping')],
+  ids=['ddg-recompute', 'local-greedy', 'local-overlapping'],
+)
 def test_every_role_kind_has_a_roofline(roles):
   """Recomputing backwards and auxiliary heads compile and count like the rest; a
   recomputing backward repeats the forward, so it counts more flops than the plain one."""
   pipeline, batch = pipeline_for(roles), take(1)[0]
   spec = dataclasses.replace(hardware.preset('cpu'), launch_overhead=0.0, kernel_overhead=0.0)
   costs = hardware.pipeline_costs(pipeline, roles, batch, spec)
-  assert set(costs) == {(k, kind) for k in range(len(roles))
-                        for kind in ('forward', 'backward', 'update')}
+  assert set(costs) == {
+    (k, kind) for k in range(len(roles)) for kind in ('forward', 'backward', 'update')
+  }
   assert all(seconds > 0 for seconds in costs.values())
   if roles[0].recompute:
-    plain = hardware.pipeline_costs(pipeline_for(sequential_roles(2)), sequential_roles(2),
-                                    batch, spec)
+    plain = hardware.pipeline_costs(
+      pipeline_for(sequential_roles(2)), sequential_roles(2), batch, spec
+    )
     assert costs[(0, 'backward')] > plain[(0, 'backward')]

@@ -20,8 +20,15 @@ ROLES = sequential_roles(2)
 def profile():
   pipeline = pipeline_for(ROLES)
   table = profiles.pipeline_table(pipeline, ROLES, take(1)[0], warmup=1, reps=3)
-  return profiles.make_profile(pipeline.model, BATCH, 'sgd', [table], warmup=1, reps=3,
-                               dispatch={'jax_call': 1e-5, 'real': 2e-5})
+  return profiles.make_profile(
+    pipeline.model,
+    BATCH,
+    'sgd',
+    [table],
+    warmup=1,
+    reps=3,
+    dispatch={'jax_call': 1e-5, 'real': 2e-5},
+  )
 
 
 def _write(tmp_path, data, name='p.json'):
@@ -52,8 +59,9 @@ def test_measure_takes_the_minimum_of_interleaved_repetitions():
 
 def test_profile_has_every_task_of_every_stage(profile):
   (table,) = profile.tables
-  assert set(table.costs) == {(k, kind) for k in range(2)
-                              for kind in ('forward', 'backward', 'update')}
+  assert set(table.costs) == {
+    (k, kind) for k in range(2) for kind in ('forward', 'backward', 'update')
+  }
   assert all(c > 0 for c in table.costs.values())
   assert all(table.spread[k]['median'] >= c for k, c in table.costs.items())
   assert table.tasks == profiles.roles_signature(ROLES)
@@ -74,34 +82,49 @@ def test_two_loads_give_identical_cost_models_and_simulated_runs(profile, tmp_pa
   path = str(tmp_path / 'profile.json')
   profiles.save(profile, path)
   pipeline = pipeline_for(ROLES)
-  models = [profiles.cost_model(profiles.load(path), model=pipeline.model, batch_size=BATCH,
-                                split=profiles.split_of(pipeline.stages),
-                                tasks=profiles.roles_signature(ROLES), link_latency=1e-4)
-            for _ in range(2)]
+  models = [
+    profiles.cost_model(
+      profiles.load(path),
+      model=pipeline.model,
+      batch_size=BATCH,
+      split=profiles.split_of(pipeline.stages),
+      tasks=profiles.roles_signature(ROLES),
+      link_latency=1e-4,
+    )
+    for _ in range(2)
+  ]
   assert models[0] == models[1]
   assert models[0].compute == profile.tables[0].costs
   timelines = [train(pipeline, ROLES, 5, executor=VirtualExecutor(m))[1] for m in models]
   assert timelines[0].makespan == timelines[1].makespan > 0
-  assert ([(r.lane, r.start, r.end) for r in timelines[0].records]
-          == [(r.lane, r.start, r.end) for r in timelines[1].records])
+  assert [(r.lane, r.start, r.end) for r in timelines[0].records] == [
+    (r.lane, r.start, r.end) for r in timelines[1].records
+  ]
 
 
 def test_pipeline_costs_reads_what_calibrate_would_measure(profile):
-  assert (profiles.pipeline_costs(profile, pipeline_for(ROLES), ROLES, optimizer='sgd')
-          == profile.tables[0].costs)
+  assert (
+    profiles.pipeline_costs(profile, pipeline_for(ROLES), ROLES, optimizer='sgd')
+    == profile.tables[0].costs
+  )
   # DDG (paper form) computes what BP computes: the same table serves both.
-  assert profiles.pipeline_costs(profile, pipeline_for(ddg.roles(2)), ddg.roles(2)) \
-      == profile.tables[0].costs
+  assert (
+    profiles.pipeline_costs(profile, pipeline_for(ddg.roles(2)), ddg.roles(2))
+    == profile.tables[0].costs
+  )
 
 
-@pytest.mark.parametrize('case, field', [
+@pytest.mark.parametrize(
+  'case, field',
+  [
     ('batch', 'batch_size is 16 in the profile but 32'),
     ('model', 'model.num_params'),
     ('split', 'no table for split=[[0, 1], [1, 2], [2, 3]]'),
     ('recompute', "tasks='none:dy:none:recompute"),
     ('aux', "tasks='aux"),
     ('optimizer', "optimizer is 'sgd' in the profile but 'adam'"),
-])
+  ],
+)
 def test_mismatches_are_refused(profile, case, field):
   if case == 'optimizer':
     with pytest.raises(profiles.ProfileError, match=field):
@@ -110,9 +133,13 @@ def test_mismatches_are_refused(profile, case, field):
   if case == 'batch':
     pipeline, roles = make_pipeline(mlp(), ROLES), ROLES
     with pytest.raises(profiles.ProfileError, match=field):
-      profiles.costs_for(profile, model=pipeline.model, batch_size=32,
-                         split=profiles.split_of(pipeline.stages),
-                         tasks=profiles.roles_signature(roles))
+      profiles.costs_for(
+        profile,
+        model=pipeline.model,
+        batch_size=32,
+        split=profiles.split_of(pipeline.stages),
+        tasks=profiles.roles_signature(roles),
+      )
     return
   if case == 'model':
     pipeline, roles = make_pipeline(mlp(hidden=(16, 8)), ROLES), ROLES
@@ -129,21 +156,26 @@ def test_mismatches_are_refused(profile, case, field):
     profiles.pipeline_costs(profile, pipeline, roles)
 
 
-@pytest.mark.parametrize('edit, message', [
+@pytest.mark.parametrize(
+  'edit, message',
+  [
     (lambda d: d.pop('batch_size'), 'missing field.*batch_size'),
     (lambda d: d.update(batch_size=0), '"batch_size" must be a positive integer'),
     (lambda d: d.update(format='other/2'), '"format" must be'),
     (lambda d: d.update(extra=1), r'unknown field\(s\) extra'),
     (lambda d: d['model'].pop('num_params'), '"model" must have exactly the keys'),
-    (lambda d: d['tables'][0]['costs'].update({'0/forward': -1.0}),
-     r'"tables\[0\].costs.0/forward" must be a finite number of seconds >= 0'),
+    (
+      lambda d: d['tables'][0]['costs'].update({'0/forward': -1.0}),
+      r'"tables\[0\].costs.0/forward" must be a finite number of seconds >= 0',
+    ),
     (lambda d: d['tables'][0]['costs'].update({'x/forward': 1.0}), 'cost key'),
     (lambda d: d['tables'][0].update(split=[[2, 1]]), r'"tables\[0\].split"'),
     (lambda d: d['dispatch'].update(real='fast'), '"dispatch.real"'),
     (lambda d: d.update(tables=[]), '"tables" must be a non-empty list'),
     (lambda d: d.update(clock='sundial'), '"clock" must be one of wall, cpu'),
     (lambda d: d.update(pinned='yes'), '"pinned" must be true or false'),
-])
+  ],
+)
 def test_bad_files_name_the_field(profile, tmp_path, edit, message):
   data = profiles.to_json(profile)
   edit(data)
@@ -157,10 +189,18 @@ def test_whole_model_worker_signature_is_one_sequential_stage():
 
 
 def test_optimizer_id_ignores_rates_but_not_the_computation():
-  assert profiles.optimizer_id({'name': 'adam', 'learning_rate': 3e-3, 'weight_decay': 0.0,
-                                'kwargs': {}}) == 'adam'
-  assert profiles.optimizer_id({'name': 'sgd', 'learning_rate': 0.1, 'weight_decay': 5e-4,
-                                'kwargs': {'momentum': 0.9}}) == 'sgd(momentum)+weight_decay'
+  assert (
+    profiles.optimizer_id(
+      {'name': 'adam', 'learning_rate': 3e-3, 'weight_decay': 0.0, 'kwargs': {}}
+    )
+    == 'adam'
+  )
+  assert (
+    profiles.optimizer_id(
+      {'name': 'sgd', 'learning_rate': 0.1, 'weight_decay': 5e-4, 'kwargs': {'momentum': 0.9}}
+    )
+    == 'sgd(momentum)+weight_decay'
+  )
 
 
 def test_unreadable_files_are_refused(tmp_path):
