@@ -16,13 +16,16 @@ quiet machine: the file is then reused as is. An existing file of the same
 model, batch size, optimizer and device gets this config's table added (one
 profile can serve a whole suite); `--replace` starts a new file instead.
 
-Covers the scheduler algorithms (bp, ddg, local, asgd, dcasgd, lppsgd, pdasgd);
-the data-parallel ones (ssgd, local_sgd, dasgd, diloco) time one step
-(`cost.compute.step`) and have no task table.
+Covers every family: the scheduler algorithms (bp, ddg, local, asgd, dcasgd,
+lppsgd, pdasgd: each stage's forward, backward and update; the server's update)
+and the data-parallel ones (ssgd, local_sgd, dasgd, diloco: one worker's step,
+`(0, 'step')`, at the per-worker batch size; one table serves all four).
 """
 
 import os
 import types
+
+import jax
 
 from absl import app
 from absl import flags
@@ -56,6 +59,7 @@ flags.mark_flags_as_required(['config', 'out'])
 
 PIPELINE_ALGORITHMS = ('bp', 'ddg', 'local', 'pdasgd', 'lppsgd')
 SERVER_ALGORITHMS = ('asgd', 'dcasgd')
+DATA_PARALLEL_ALGORITHMS = ('ssgd', 'local_sgd', 'dasgd', 'diloco')
 
 
 def roles_of(name: str, settings):
@@ -71,17 +75,24 @@ def roles_of(name: str, settings):
 
 
 def measure_table(
-  config, model, batch, *, warmup: int = 3, reps: int = 30, clock: str = 'wall'
-) -> profiles.Table:
-  """The config's task table, measured on the first device."""
+  config, model, batch_for, *, warmup: int = 3, reps: int = 30, clock: str = 'wall'
+) -> tuple[profiles.Table, int]:
+  """(the config's task table measured on the first device, the batch size it is for).
+
+  `batch_for(n)` returns a host batch of `n` examples. Pipeline and server
+  algorithms: every task of their stages at `batch_size`; data-parallel ones: one
+  worker's step (forward, backward, inner update; the same computation for all
+  four, their communication is modelled apart) at the per-worker batch size.
+  """
   name = config.algorithm.name
-  if name not in PIPELINE_ALGORITHMS + SERVER_ALGORITHMS:
+  known = PIPELINE_ALGORITHMS + SERVER_ALGORITHMS + DATA_PARALLEL_ALGORITHMS
+  if name not in known:
     raise ValueError(
-      f'algorithm.name: {name!r} has no task table to profile; allowed: '
-      f'{", ".join(PIPELINE_ALGORITHMS + SERVER_ALGORITHMS)} (data-parallel '
-      f'algorithms time one step: cost.compute.step).'
+      f'algorithm.name: {name!r} has no task table to profile; allowed: {", ".join(known)}.'
     )
   settings = algorithms.get(name).validate(config, model)
+  if name in DATA_PARALLEL_ALGORITHMS:
+    return _worker_step_table(settings, model, batch_for, warmup, reps, clock)
   shared, roles = settings.shared, roles_of(name, settings)
   tx = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
   stages = PlacedStages(
@@ -93,7 +104,7 @@ def measure_table(
     seed=shared.seed,
     aux_heads=any(r.loss == 'aux' for r in roles),
   )
-  calls = stages._calibration_calls(roles, batch)  # pylint: disable=protected-access
+  calls = stages._calibration_calls(roles, batch_for(shared.batch_size))  # pylint: disable=protected-access
   tasks = profiles.roles_signature(roles)
   if name in SERVER_ALGORITHMS:
     from jaxsgd.algorithms import asgd  # pylint: disable=import-outside-toplevel
@@ -101,7 +112,7 @@ def measure_table(
     _, server, _, _ = asgd.build(types.SimpleNamespace(model=model), shared, settings.server)
     calls[(0, 'update')] = server.calibration_call()
     tasks = profiles.server_tasks(name)
-  return profiles.measure_table(
+  table = profiles.measure_table(
     calls,
     split=profiles.split_of(stages.stages),
     tasks=tasks,
@@ -109,6 +120,28 @@ def measure_table(
     reps=reps,
     clock=clock,
   )
+  return table, shared.batch_size
+
+
+def _worker_step_table(settings, model, batch_for, warmup, reps, clock):
+  """One data-parallel worker's step, as `algorithms.data_parallel` calibrates it."""
+  from jaxsgd.spmd import step as step_lib  # pylint: disable=import-outside-toplevel
+
+  shared = settings.shared
+  inner = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
+  one_step = jax.jit(step_lib.make_worker_step(model, inner, average_grads=False))
+  variables = model.init(jax.random.key(shared.seed))
+  opt_state = jax.jit(inner.init)(variables['params'])
+  batch = batch_for(settings.batch_size)
+  table = profiles.measure_table(
+    {(0, 'step'): (one_step, (variables, opt_state, batch))},
+    split=((0, model.num_layers),),
+    tasks=profiles.WORKER_STEP,
+    warmup=warmup,
+    reps=reps,
+    clock=clock,
+  )
+  return table, settings.batch_size
 
 
 def main(argv):
@@ -117,18 +150,27 @@ def main(argv):
   config = _CONFIG.value
   if _PIN_CORE.value >= 0:
     profiles.pin_to_core(_PIN_CORE.value)  # Before JAX's first computation.
+  if config.get('workers', 1) > 1 and 'xla_force_host_platform_device_count' not in os.environ.get(
+    'XLA_FLAGS', ''
+  ):
+    # The settings check wants one device per worker; one worker's tasks are what is
+    # timed (on the first device), so fake CPU devices do (ignored on accelerators).
+    jax.config.update('jax_num_cpu_devices', config.workers)
   dataset = data_lib.load(config.dataset, config.get('data_dir'))
   model = build_model(config, dataset)
-  batch = next(dataset.train_batches(config.batch_size, seed=config.seed))
+
+  def batch_for(batch_size):
+    return next(dataset.train_batches(batch_size, seed=config.seed))
+
   try:
-    table = measure_table(
-      config, model, batch, warmup=_WARMUP.value, reps=_REPS.value, clock=_CLOCK.value
+    table, batch_size = measure_table(
+      config, model, batch_for, warmup=_WARMUP.value, reps=_REPS.value, clock=_CLOCK.value
     )
   except ValueError as e:
     raise SystemExit(str(e)) from None
   profile = profiles.make_profile(
     model,
-    config.batch_size,
+    batch_size,
     profiles.optimizer_id(dict(config.optimizer)),
     [table],
     warmup=_WARMUP.value,
@@ -147,7 +189,7 @@ def main(argv):
   print(describe(table, profile.dispatch))
   print(
     f'wrote {out}: {len(profile.tables)} table(s), model {model.name}, batch '
-    f'{config.batch_size}, {profile.device_kind}'
+    f'{batch_size}, {profile.device_kind}'
   )
 
 

@@ -11,6 +11,7 @@ from experiments import profile as profile_command
 from experiments.configs import asgd as asgd_config
 from experiments.configs import ddg as ddg_config
 from experiments.configs import local as local_config
+from experiments.configs import ssgd as ssgd_config
 from jaxsgd import algorithms
 from jaxsgd import models
 from jaxsgd import optimizers
@@ -20,11 +21,11 @@ from jaxsgd.scheduler import Placement, profiles
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _batch(config):
+def _batch(batch_size):
   rng = np.random.default_rng(0)
   return {
-    'image': rng.standard_normal((config.batch_size, 40, 1)).astype(np.float32),
-    'label': rng.integers(0, 10, config.batch_size).astype(np.int32),
+    'image': rng.standard_normal((batch_size, 40, 1)).astype(np.float32),
+    'label': rng.integers(0, 10, batch_size).astype(np.int32),
   }
 
 
@@ -46,7 +47,8 @@ def test_the_measured_table_is_the_one_the_run_looks_up(get_config):
   config = get_config('smoke')
   config.stages = 2
   model = models.get_model(config.model.name, (40, 1), 10)
-  table = profile_command.measure_table(config, model, _batch(config), warmup=1, reps=2)
+  table, batch_size = profile_command.measure_table(config, model, _batch, warmup=1, reps=2)
+  assert batch_size == config.batch_size
   profile = profiles.make_profile(
     model,
     config.batch_size,
@@ -73,16 +75,28 @@ def test_the_measured_table_is_the_one_the_run_looks_up(get_config):
 def test_server_algorithms_time_the_server_update():
   config = asgd_config.get_config('smoke')
   model = models.get_model(config.model.name, (40, 1), 10)
-  table = profile_command.measure_table(config, model, _batch(config), warmup=1, reps=2)
+  table, _ = profile_command.measure_table(config, model, _batch, warmup=1, reps=2)
   assert table.tasks == profiles.server_tasks('asgd') != profiles.server_tasks('dcasgd')
   assert table.split == ((0, model.num_layers),)
   assert set(table.costs) == {(0, 'forward'), (0, 'backward'), (0, 'update')}
 
 
-def test_data_parallel_algorithms_are_refused_naming_the_field():
+@pytest.mark.parametrize('name', ['ssgd', 'diloco'])
+def test_data_parallel_algorithms_time_one_worker_step(name):
+  """One worker's step at the per-worker batch: one table for every data-parallel method."""
+  config = ssgd_config.get_config('smoke')
+  config.algorithm.name = name
+  model = models.get_model(config.model.name, (40, 1), 10)
+  table, batch_size = profile_command.measure_table(config, model, _batch, warmup=1, reps=2)
+  assert batch_size == config.batch_size  # per worker
+  assert (table.tasks, table.split) == (profiles.WORKER_STEP, ((0, model.num_layers),))
+  assert set(table.costs) == {(0, 'step')} and table.costs[(0, 'step')] > 0
+
+
+def test_unknown_algorithms_are_refused_naming_the_field():
   config = ddg_config.get_config('smoke')
-  config.algorithm.name = 'ssgd'
-  with pytest.raises(ValueError, match="algorithm.name: 'ssgd' has no task table"):
+  config.algorithm.name = 'sgd_by_hand'
+  with pytest.raises(ValueError, match="algorithm.name: 'sgd_by_hand' has no task table"):
     profile_command.measure_table(config, None, None)
 
 

@@ -357,6 +357,11 @@ def pipeline_costs(
 WHOLE_MODEL_WORKER = 'head:-:none'
 
 
+# The task set of a data-parallel worker's step (forward, backward and inner update
+# of the whole model, one table for ssgd, local_sgd, dasgd and diloco): `(0, 'step')`.
+WORKER_STEP = 'worker_step'
+
+
 def server_tasks(algorithm: str) -> str:
   """The task set of a parameter-server algorithm (`asgd`, `dcasgd`): a worker's
   forward and backward of the whole model (one stage) and the server's update,
