@@ -18,6 +18,7 @@ The shared fields:
 
 import dataclasses
 import difflib
+import os
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import jax
 
 from jaxsgd.optimizers import OptimizerSettings
+from jaxsgd.scheduler import hardware
 
 CLOCKS = ('real', 'virtual')
 KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
@@ -148,10 +150,21 @@ def _coerce(value, f: dataclasses.Field, field: str):
 class CostSettings:
   """The virtual clock's costs (`config.cost`): one schema, one unit per quantity.
 
+  Where task costs come from (the first that applies):
+    `profile`  a cost profile file (`python -m experiments.profile`): measured once;
+    `compute`  explicit seconds, with `calibrate=False`;
+    `device`   a hardware preset (`jaxsgd.scheduler.hardware.PRESETS`): roofline costs from
+               XLA's cost analysis; links default to the preset's when left at 0;
+    `calibrate` measured on this machine the first time and kept as a profile where the data
+               lives (`<data_dir>/jaxsgd_profiles/`), so later runs reuse the same costs.
+  Every source but a first calibration is deterministic: the same config gives the same
+  simulated times, under any load.
+
   Attributes:
-    calibrate: measure every task kind on this machine at the start of the run;
-      False: take `compute`.
+    calibrate: measure the tasks on this machine (once; cached, see above).
     reps: calibration repetitions (the fastest counts).
+    profile: a cost profile file.
+    device: a hardware preset name (`cpu`, `v100`, `a100`, `h100`, `tpu_v4`, ...).
     compute: `(kind, seconds)` pairs; seconds is a number or one per stage. Kinds:
       forward, backward, update (scheduler families), step (data-parallel families).
     device_speeds: one speed factor per stage device (pipelines); () = all 1.
@@ -165,6 +178,8 @@ class CostSettings:
 
   calibrate: bool = True
   reps: int = 5
+  profile: str | None = None
+  device: str | None = None
   compute: tuple[tuple[str, Any], ...] = ()
   device_speeds: tuple[float, ...] = ()
   worker_speeds: tuple[float, ...] = ()
@@ -173,6 +188,11 @@ class CostSettings:
   straggler_std: float = 0.0
   seed: int | None = None
   failures: tuple[tuple[int, float], ...] = ()
+
+  @property
+  def explicit_compute(self) -> bool:
+    """Costs are the given `compute` (not measured, not from a profile or preset)."""
+    return not self.calibrate and self.profile is None and self.device is None
 
   @property
   def bandwidth(self) -> float:
@@ -223,8 +243,24 @@ def cost_settings(given, *, clock: str) -> CostSettings:
     {**given, 'compute': tuple(sorted(compute.items()))}, CostSettings, 'cost', ignore=()
   )
   integer(cost.reps, 'cost.reps')
-  for field in ('link_latency', 'link_bandwidth', 'straggler_std'):
+  for field in ('link_latency', 'straggler_std'):
     number(getattr(cost, field), f'cost.{field}')
+  if not (isinstance(cost.link_bandwidth, (int, float)) and cost.link_bandwidth >= 0):
+    raise ValueError(
+      f'cost.link_bandwidth: bytes/s >= 0 (0 or inf: free links), got {cost.link_bandwidth!r}.'
+    )
+  if cost.profile is not None and cost.device is not None:
+    raise ValueError(
+      'cost.profile / cost.device: give one cost source, not both (a profile '
+      'is measured costs, a device preset analytic ones).'
+    )
+  if cost.device is not None:
+    hardware.preset(cost.device)  # Refuses an unknown name, listing the presets.
+  if cost.profile is not None and not os.path.exists(os.path.expanduser(cost.profile)):
+    raise ValueError(
+      f'cost.profile: no file {cost.profile!r}; make one with '
+      f'python -m experiments.profile --config=... --out={cost.profile}.'
+    )
   for field, what in (('device_speeds', 'lane'), ('worker_speeds', 'worker')):
     for i, speed in enumerate(getattr(cost, field)):
       if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 < speed < math.inf:
@@ -329,6 +365,7 @@ class SharedSettings:
   optimizer: OptimizerSettings
   cost: CostSettings
   placement: PlacementSettings
+  profile_cache: str | None = None  # where calibrated profiles are kept (by the data)
 
   @property
   def virtual(self) -> bool:
@@ -353,7 +390,14 @@ def shared_settings(config) -> SharedSettings:
     optimizer=optimizer_settings(config.optimizer),
     cost=cost_settings(config.get('cost'), clock=clock),
     placement=placement_settings(config.get('placement'), stages),
+    profile_cache=_profile_cache(config.get('data_dir')),
   )
+
+
+def _profile_cache(data_dir) -> str:
+  """`<data_dir>/jaxsgd_profiles`: calibrated costs are kept where the data lives."""
+  root = data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets'
+  return os.path.join(os.path.abspath(os.path.expanduser(root)), 'jaxsgd_profiles')
 
 
 def as_dict(settings) -> Mapping[str, Any]:
