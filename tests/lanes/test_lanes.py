@@ -1,0 +1,189 @@
+"""Lanes in their own processes (jaxsgd.scheduler.lanes): placement, tasks by name,
+values that stay in their lane, lane-to-lane moves, faults and signals.
+
+The lanes join a Ray head started with `ray start --head` (`ray_head.py`), by address:
+the code path of a run over several hosts. One test starts a cluster of its own, as a
+run on one machine does. Every test checks that no process is left behind.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import psutil
+import pytest
+
+import lane_tasks
+from ray_head import RayHead
+
+from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec
+from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECIPE = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=0.5)
+X = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
+G = np.linspace(1, 2, 12, dtype=np.float32).reshape(3, 4)
+
+
+def task(name):
+  return Task(RECIPE, name)
+
+
+def gone(pids, within: float = 5.0) -> list[int]:
+  """The pids still alive (not zombies) after waiting up to `within` seconds."""
+  deadline = time.monotonic() + within
+  while True:
+    alive = [p for p in pids if _alive(p)]
+    if not alive or time.monotonic() > deadline:
+      return alive
+    time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
+
+
+@pytest.fixture(scope='module')
+def head(tmp_path_factory):
+  env = {**os.environ, 'RAY_AUTH_MODE': 'disabled', 'RAY_USAGE_STATS_ENABLED': '0'}
+  os.environ.update(RAY_AUTH_MODE='disabled')
+  node = RayHead(str(tmp_path_factory.mktemp('ray')), env)
+  yield node
+  import ray  # pylint: disable=import-outside-toplevel
+  ray.shutdown()
+  node.stop()
+  assert gone([p.pid for p in node.processes()]) == []
+
+
+@pytest.fixture(scope='module')
+def pool(head):
+  with LanePool(LanePlacement.spread(['a', 'b']), address=head.address) as lanes:
+    yield lanes
+  assert gone(lanes.pids().values()) == []
+
+
+def test_placement_text_form_and_bad_input():
+  placement = LanePlacement.parse('server@cores=0; w0@host=10.0.0.2@cores=1-3@gpu=1')
+  assert placement.lanes == (LaneSpec('server', cores=(0,)),
+                             LaneSpec('w0', host='10.0.0.2', cores=(1, 2, 3), gpu=True))
+  assert 'w0: host=10.0.0.2 cores=1,2,3 gpu=yes' in placement.describe()
+  assert LanePlacement.spread(['a', 'b', 'c'], cores=[0, 1]).lanes[2].cores == (0,)
+  with pytest.raises(ValueError, match=r"lane 'w0': cores like '0,1' or '0-3'"):
+    LanePlacement.parse('w0@cores=x')
+  with pytest.raises(ValueError, match='unique'):
+    LanePlacement.parse('a; a')
+  with pytest.raises(ValueError, match=r"'speed=2' is not host=\.\.\."):
+    LanePlacement.parse('a@speed=2')
+
+
+def test_each_lane_is_a_process_pinned_to_its_cores(pool):
+  pids = pool.pids()
+  assert len({*pids.values(), os.getpid()}) == 3
+  cores = sorted(os.sched_getaffinity(0))
+  for i, lane in enumerate(['a', 'b']):
+    assert pool.fetch(pool.run(lane, task('pid'))) == pids[lane]
+    assert pool.fetch(pool.run(lane, task('affinity'))).tolist() == [cores[i % len(cores)]]
+    flags = pool.fetch(pool.run(lane, task('env'), ('XLA_FLAGS',)))
+    assert flags == '--xla_cpu_multi_thread_eigen=false'
+    assert pool.fetch(pool.run(lane, task('env'), ('OMP_NUM_THREADS',))) == '1'
+
+
+def test_results_stay_in_the_lane_until_the_driver_drops_them(pool):
+  before = pool.held('a')
+  w = pool.run('a', task('init'), (0,))
+  y, vjp = pool.run('a', task('forward'), (w, X))
+  assert isinstance(y, Handle) and y.lane == 'a' and y.description == 'float32[3, 4]'
+  assert vjp.description.startswith('VJP(') and vjp.nbytes > 0
+  assert pool.held('a') == before + 3
+  expected_w = 0.5 * jax.random.normal(jax.random.key(0), (8, 4))
+  np.testing.assert_array_equal(pool.fetch(w), expected_w)
+  # The same jitted layer in this process: bit for bit.
+  np.testing.assert_array_equal(pool.fetch(y), jax.jit(lane_tasks._layer)(expected_w, X))  # pylint: disable=protected-access
+  del y, vjp
+  assert pool.held('a') == before + 1
+  del w
+  assert pool.held('a') == before
+
+
+def test_wait_any_returns_every_task_once_across_lanes(pool):
+  pending = [pool.start(lane, task('add'), (np.float32(i), np.float32(10)))
+             for i, lane in enumerate(['a', 'b', 'a', 'b'])]
+  finished = []
+  while len(finished) < len(pending):
+    finished.append(pool.wait_any([p for p in pending if not p.done]))
+  assert sorted(pool.fetch(p.result()) for p in finished) == [10, 11, 12, 13]
+  assert pool.wait_any([pool.start('a', task('hang'), (0.5,))], timeout=0.01) is None
+
+
+def test_a_vjp_moves_lane_to_lane_rebuilt_from_its_recipe(pool):
+  w = pool.run('a', task('init'), (2,))
+  _, vjp = pool.run('a', task('forward'), (w, X))
+  here = pool.run('a', task('backward'), (vjp, G))
+  there = pool.run('b', task('backward'), (vjp, G))  # the VJP moves a -> b
+  assert [h.lane for h in there] == ['b', 'b']
+  moved = pool.move(vjp, 'b')
+  again = pool.run('b', task('backward'), (moved, G))
+  for a, b, c in zip(here, there, again):
+    np.testing.assert_array_equal(pool.fetch(a), pool.fetch(b))
+    np.testing.assert_array_equal(pool.fetch(a), pool.fetch(c))
+  w_host = np.asarray(pool.fetch(w))
+  reference = jax.jit(lambda w, x, g: jax.vjp(lane_tasks._layer, w, x)[1](g))  # pylint: disable=protected-access
+  for got, want in zip(here, reference(w_host, X, G)):
+    np.testing.assert_array_equal(pool.fetch(got), want)
+
+
+def test_a_task_that_raises_names_its_lane_and_host(pool):
+  host = pool.info['b']['host']
+  pending = pool.start('b', task('fail'), (X,))
+  with pytest.raises(LaneError, match=rf"lane 'b' on host {host}: .*fail.* raised: "
+                     r'ValueError: bad input of shape \(3, 8\)'):
+    pool.wait_any([pending])
+  assert pool.fetch(pool.run('b', task('add'), (np.float32(1), np.float32(1)))) == 2  # lives on
+
+
+def test_a_killed_lane_stops_the_wait_within_5s_naming_it(head):
+  with LanePool(LanePlacement.spread(['c', 'd']), address=head.address,
+                verbose=False) as lanes:
+    busy = lanes.start('c', task('hang'), (30.0,))
+    os.kill(lanes.pids()['d'], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(LaneError, match=rf"lane 'd' on host {lanes.info['d']['host']}: "
+                       r'pid \d+: its process died'):
+      lanes.wait_any([busy])
+    assert time.monotonic() - start < 5
+  assert gone(lanes.pids().values()) == []
+
+
+def _driver(address: str) -> tuple[subprocess.Popen, dict]:
+  process = subprocess.Popen([sys.executable, os.path.join(HERE, 'lane_driver.py'), address],
+                             stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
+                             env={**os.environ, 'PYTHONPATH': os.getcwd()})
+  line = process.stdout.readline()
+  assert line, 'the driver ended before its lanes were up'
+  return process, json.loads(line)
+
+
+def test_sigterm_of_the_driver_ends_every_lane(head):
+  process, started = _driver(head.address)
+  time.sleep(0.5)  # inside its wait
+  process.send_signal(signal.SIGTERM)
+  assert process.wait(timeout=10) != 0
+  assert gone(started['lanes']) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_driver_with_its_own_cluster_leaves_no_process():
+  process, started = _driver('local')
+  assert len(started['started']) > len(started['lanes'])  # Ray's own processes too
+  time.sleep(0.5)
+  process.send_signal(signal.SIGINT)
+  assert process.wait(timeout=20) != 0
+  assert gone(started['started'] + started['lanes'], within=10) == []
