@@ -80,7 +80,8 @@ class LaneRuntime:
     """
     try:
       values = self._resolve(args)
-      result = task(*values)
+      # Finished means computed: the driver's clock and its errors need that, not dispatch.
+      result = self.jax.block_until_ready(task(*values))
       abstract = self.jax.tree.map(_abstract, values)
       return self._keep(result, key, (), task, abstract)
     finally:  # after resolving: a handle moved for this call is dropped before it is sent
