@@ -13,6 +13,9 @@ Candidates:
                        (shared memory on one host, node-to-node across hosts)
   ray + jax transfer   Ray actors for control; data pulled by B from A's
                        `jax.experimental.transfer` server (device buffers, no pickling)
+  jaxsgd LanePool      the lane layer built on the pick (scheduler/lanes): `pool.run` of
+                       a named task; a value moved a -> b by passing its handle to a
+                       task on b (that task's own round trip subtracted)
   jax multi-controller `jax.distributed` over loopback (driver = process 0); commands
                        through its coordination service's key-value store, data by the
                        same `jax.experimental.transfer` pull. (Cross-process
@@ -116,9 +119,36 @@ def measure_ray() -> dict[str, dict[str, float]]:
         a.offer.remote(u)
         ray.get(b.pull.remote(u, address, nbytes))
       transfer[label] = _median(pull, REPEATS[label])
-    return {'ray + object store': store, 'ray + jax transfer': transfer}
+    results = {'ray + object store': store, 'ray + jax transfer': transfer}
+    results['jaxsgd LanePool (ray)'] = measure_lane_pool()
+    return results
   finally:
     ray.shutdown()
+
+
+def build_probe_tasks():
+  """Tasks of the LanePool row: nothing, an array of `n` floats, touch one."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  return {'noop': lambda: None, 'ones': lambda n: jnp.ones((n,), jnp.float32),
+          'first': jax.jit(lambda x: x[0])}
+
+
+def measure_lane_pool() -> dict[str, float]:
+  """The same figures through jaxsgd's lane layer (handles, named tasks, moves)."""
+  from benchmarks import engine_candidates as this  # pylint: disable=import-outside-toplevel,import-self
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # pylint: disable=import-outside-toplevel
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe  # pylint: disable=import-outside-toplevel
+  recipe = TaskRecipe.of(this.build_probe_tasks)  # `this`: not `__main__` in the lanes
+  with LanePool(LanePlacement.spread(['a', 'b']), verbose=False) as pool:
+    figures = {'dispatch': _median(lambda: pool.run('a', Task(recipe, 'noop')), DISPATCHES,
+                                   warmup=20)}
+    for label, nbytes in SIZES.items():
+      value = pool.run('a', Task(recipe, 'ones'), (nbytes // 4,))
+      figures[label] = _median(
+          lambda value=value: pool.run('b', Task(recipe, 'first'), (value,)),
+          REPEATS[label]) - figures['dispatch']  # a move, minus the task's own round trip
+  return figures
 
 
 def _mc_lane(process_id: int, port: int) -> None:

@@ -69,7 +69,7 @@ class RayHead:
     except ProcessLookupError:
       pass
     try:
-      self.process.wait(timeout=5)
+      self.process.wait(timeout=2)
     except subprocess.TimeoutExpired:
       pass
     for p in self.processes():

@@ -113,6 +113,15 @@ def test_results_stay_in_the_lane_until_the_driver_drops_them(pool):
   assert pool.held('a') == before
 
 
+def test_put_sends_driver_values_to_a_lane(pool):
+  params = {'w': jax.numpy.ones((2, 3)), 'b': np.arange(3, dtype=np.int32)}
+  handle = pool.put('b', params)
+  assert handle.lane == 'b' and handle.nbytes == 2 * 3 * 4 + 3 * 4
+  fetched = pool.fetch(handle)
+  np.testing.assert_array_equal(fetched['w'], np.ones((2, 3)))
+  np.testing.assert_array_equal(fetched['b'], np.arange(3))
+
+
 def test_wait_any_returns_every_task_once_across_lanes(pool):
   pending = [pool.start(lane, task('add'), (np.float32(i), np.float32(10)))
              for i, lane in enumerate(['a', 'b', 'a', 'b'])]
@@ -120,6 +129,7 @@ def test_wait_any_returns_every_task_once_across_lanes(pool):
   while len(finished) < len(pending):
     finished.append(pool.wait_any([p for p in pending if not p.done]))
   assert sorted(pool.fetch(p.result()) for p in finished) == [10, 11, 12, 13]
+  assert all(p.started <= p.ended for p in finished)
   assert pool.wait_any([pool.start('a', task('hang'), (0.5,))], timeout=0.01) is None
 
 
@@ -160,6 +170,23 @@ def test_a_killed_lane_stops_the_wait_within_5s_naming_it(head):
       lanes.wait_any([busy])
     assert time.monotonic() - start < 5
   assert gone(lanes.pids().values()) == []
+
+
+def _lane_processes(head) -> list[int]:
+  return [p.pid for p in head.processes() if 'LaneRuntime' in ' '.join(p.cmdline())]
+
+
+def test_lanes_go_to_the_host_they_name_and_a_wrong_host_is_refused(head, pool):
+  node = pool.info['a']['host']  # this machine, as the cluster names it
+  with LanePool(LanePlacement((LaneSpec('here', host=node),)), address=head.address,
+                verbose=False) as lanes:
+    assert lanes.info['here']['host'] == node
+  before = _lane_processes(head)
+  with pytest.raises(ValueError, match=rf"placement: lane 'far': host '10.255.0.1' is not "
+                     rf"a node of the Ray cluster; its nodes: \['{node}'\]"):
+    LanePool(LanePlacement((LaneSpec('ok', host=node), LaneSpec('far', host='10.255.0.1'))),
+             address=head.address, verbose=False)
+  assert gone(set(_lane_processes(head)) - set(before)) == []
 
 
 def _driver(address: str) -> tuple[subprocess.Popen, dict]:

@@ -34,6 +34,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxsgd.scheduler.lanes import cluster
 from jaxsgd.scheduler.lanes.placement import LanePlacement
@@ -75,7 +76,11 @@ class Handle:
 
 @dataclasses.dataclass(eq=False)
 class Pending:
-  """A task started on a lane; `result()` is its handle(s) once `wait_any` returned it."""
+  """A task started on a lane; `result()` is its handle(s) once `wait_any` returned it.
+
+  Once done, `started` and `ended` are the task's start and end in the lane
+  (`time.time()` there; the result computed, not only dispatched).
+  """
 
   lane: str
   task: Any
@@ -83,6 +88,8 @@ class Pending:
   key: int
   args: tuple  # keeps the argument handles alive until the task finished
   done: bool = False
+  started: float | None = None
+  ended: float | None = None
   _result: Any = None
 
   def result(self):
@@ -160,7 +167,7 @@ class LanePool:
       self._check_move(ref)
     finished = by_ref[ref]
     try:
-      outline = cluster.get(ref)
+      outline, finished.started, finished.ended = cluster.get(ref)
     except Exception as error:  # pylint: disable=broad-except
       raise self._error(finished.lane, error, finished.task) from error
     finished._result = self._handles(finished.lane, (finished.key, ()), outline)  # pylint: disable=protected-access
@@ -173,6 +180,14 @@ class LanePool:
     while self.wait_any([pending]) is not pending:
       pass
     return pending.result()
+
+  def put(self, lane: str, value) -> Handle:
+    """Sends `value` (a pytree of arrays) from the driver to `lane`; returns its handle."""
+    key = (next(self._keys), ())
+    value = jax.tree.map(_host_array, value)
+    ref = self._actor(lane).put.remote(value, key, self._take_freed(lane))
+    nbytes, description = self._get(lane, ref)
+    return Handle(self, lane, key, nbytes, description)
 
   def fetch(self, handle: Handle):
     """The handle's value, as numpy arrays, in the driver (a logging point)."""
@@ -244,7 +259,7 @@ class LanePool:
 
   def _argument(self, leaf, lane: str):
     if not isinstance(leaf, Handle):
-      return leaf
+      return _host_array(leaf)
     # A copy moved here for this call only is dropped at once; its free travels with
     # this very call and is applied after the call resolved its arguments.
     return Ref(self.move(leaf, lane).key)
@@ -309,28 +324,34 @@ class LanePool:
     return LaneError(lane, host or self._host(lane), f'{what}: {cluster.describe(error)}')
 
 
+def _host_array(leaf):
+  """A driver-side jax.Array goes to a lane as numpy (its device means nothing there)."""
+  return np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf
+
+
 _OPEN_POOLS = 0
+_SIGTERM_BEFORE = None
 
 
-def _install_sigterm():
+def _install_sigterm() -> bool:
   """While a pool is open, SIGTERM raises SystemExit so that `close()` runs."""
-  global _OPEN_POOLS
+  global _OPEN_POOLS, _SIGTERM_BEFORE
   if threading.current_thread() is not threading.main_thread():
-    return None
+    return False
   _OPEN_POOLS += 1
-  if _OPEN_POOLS > 1:
-    return None
+  if _OPEN_POOLS == 1:
 
-  def terminate(signum, frame):
-    del frame
-    raise SystemExit(128 + signum)
-  return signal.signal(signal.SIGTERM, terminate)
+    def terminate(signum, frame):
+      del frame
+      raise SystemExit(128 + signum)
+    _SIGTERM_BEFORE = signal.signal(signal.SIGTERM, terminate)
+  return True
 
 
-def _restore_sigterm(previous) -> None:
+def _restore_sigterm(installed: bool) -> None:
   global _OPEN_POOLS
-  if threading.current_thread() is not threading.main_thread():
+  if not installed:
     return
-  _OPEN_POOLS = max(0, _OPEN_POOLS - 1)
-  if previous is not None and _OPEN_POOLS == 0:
-    signal.signal(signal.SIGTERM, previous)
+  _OPEN_POOLS -= 1
+  if _OPEN_POOLS == 0 and threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _SIGTERM_BEFORE)

@@ -18,6 +18,7 @@ import os
 import pickle
 import socket
 import threading
+import time
 from collections.abc import Hashable
 from typing import Any
 
@@ -75,17 +76,27 @@ class LaneRuntime:
   def run(self, task, args: tuple, key: Hashable, free: tuple = ()):
     """Runs `task(*args)` (Refs replaced by values) and keeps its result under `key`.
 
-    Returns the result's outline: nested tuples as tuples, every other value as
-    `(nbytes, description)`; its parts are kept under `(key, path)`.
+    Returns `(outline, start, end)`: the result's outline — nested tuples as tuples,
+    every other value as `(nbytes, description)`, its parts kept under `(key, path)` —
+    and the task's start and end (`time.time()` in this lane, result computed).
     """
     try:
       values = self._resolve(args)
+      start = time.time()
       # Finished means computed: the driver's clock and its errors need that, not dispatch.
       result = self.jax.block_until_ready(task(*values))
+      end = time.time()
       abstract = self.jax.tree.map(_abstract, values)
-      return self._keep(result, key, (), task, abstract)
+      return self._keep(result, key, (), task, abstract), start, end
     finally:  # after resolving: a handle moved for this call is dropped before it is sent
       self.free(free)
+
+  def put(self, value, key: Hashable, free: tuple = ()):
+    """Keeps `value` (sent by the driver) on this lane's device under `key`."""
+    self.free(free)
+    value = self.jax.device_put(value, self.device)
+    self.values[key] = value
+    return _outline(self.jax, value)
 
   def _keep(self, value, key, path, task, abstract):
     if type(value) is tuple:  # pylint: disable=unidiomatic-typecheck
