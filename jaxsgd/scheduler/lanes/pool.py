@@ -194,19 +194,36 @@ class LanePool:
     ref = self._actor(handle.lane).fetch.remote(handle.key, self._take_freed(handle.lane))
     return self._get(handle.lane, ref)
 
-  def move(self, handle: Handle, lane: str) -> Handle:
-    """A handle to a copy of the value on `lane`, copied lane to lane (not via the driver).
+  def move(self, value, lane: str):
+    """`value` with every handle in it replaced by a handle to a copy on `lane`.
 
+    The copy goes lane to lane (through Ray's object store), not through the driver.
     Returns at once: the copy is made in `lane`'s order of calls, so a task started
-    there afterwards sees it.
+    there afterwards sees it; a failed copy raises `LaneError` from `wait_any`.
     """
+    return jax.tree.map(lambda leaf: self._move(leaf, lane) if isinstance(leaf, Handle)
+                        else leaf, value, is_leaf=lambda x: isinstance(x, Handle))
+
+  def remove(self, lane: str) -> None:
+    """Ends `lane`'s process (if still alive) and stops watching it.
+
+    After a `LaneError` for a dead lane, an executor that tolerates the loss (an
+    asynchronous worker) removes the lane and carries on with the others.
+    """
+    actor = self._actor(lane)
+    cluster.kill(actor)
+    del self._actors[lane], self._watch[lane]
+    self._moves = {ref: (to, source) for ref, (to, source) in self._moves.items()
+                   if lane not in (to, source.lane)}
+
+  def _move(self, handle: Handle, lane: str) -> Handle:
     if handle.lane == lane:
       return handle
     source, target = self._actor(handle.lane), self._actor(lane)
     exported = source.export.remote(handle.key, self._take_freed(handle.lane))
     key = (next(self._keys), ())
     adopted = target.adopt.remote(exported, key, self._take_freed(lane))
-    self._moves.setdefault(adopted, (lane, handle))
+    self._moves[adopted] = (lane, handle)
     return Handle(self, lane, key, handle.nbytes, handle.description)
 
   def close(self) -> None:
@@ -233,6 +250,12 @@ class LanePool:
                   f'cores={cores}{"" if spec.cores else " (not pinned)"} gpu={gpus} '
                   f'device={info["device"]}')
     return 'lanes (one process each):\n' + '\n'.join(rows)
+
+  @staticmethod
+  def nbytes(value) -> int:
+    """Bytes of the lane-resident values in `value` (what moving it copies)."""
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(
+        value, is_leaf=lambda x: isinstance(x, Handle)) if isinstance(leaf, Handle))
 
   def pids(self) -> dict[str, int]:
     return {name: info['pid'] for name, info in self.info.items()}
@@ -262,7 +285,7 @@ class LanePool:
       return _host_array(leaf)
     # A copy moved here for this call only is dropped at once; its free travels with
     # this very call and is applied after the call resolved its arguments.
-    return Ref(self.move(leaf, lane).key)
+    return Ref(self._move(leaf, lane).key)
 
   def _check_move(self, ref) -> None:
     lane, source = self._moves.pop(ref)

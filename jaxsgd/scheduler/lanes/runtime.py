@@ -127,9 +127,14 @@ class LaneRuntime:
       structure = ('treedef', pickle.dumps(treedef))
     except Exception:  # pylint: disable=broad-except
       origin = self.origins.get(key)
+      try:
+        pickle.dumps(origin)
+      except Exception:  # pylint: disable=broad-except
+        origin = None
       if origin is None:
         raise TypeError(f'lane {self.name}: value {key} cannot be moved: its structure '
-                        'does not pickle and no task recipe made it.') from None
+                        'does not pickle, and it was not made by a task whose arguments '
+                        'do (the receiving lane rebuilds it from that task).') from None
       structure = ('origin', origin)
     payload = (structure, [np.asarray(leaf) for leaf in self.jax.device_get(leaves)])
     return [ray.put(payload)]  # a list, so that Ray hands the reference over unresolved
