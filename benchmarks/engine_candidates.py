@@ -44,7 +44,7 @@ class BenchLane:
   """What a lane does in the benchmark: hold an array, hand it over, receive it."""
 
   def __init__(self):
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     self.jax = jax
     self.device = jax.local_devices()[0]
     self.value = None
@@ -59,15 +59,15 @@ class BenchLane:
     self.value.block_until_ready()
 
   def put_object(self):
-    import ray  # pylint: disable=import-outside-toplevel
+    import ray
     return [ray.put(np.asarray(self.value))]  # in a list: the receiver resolves it
 
   def get_object(self, refs):
-    import ray  # pylint: disable=import-outside-toplevel
+    import ray
     self.jax.device_put(ray.get(refs[0]), self.device).block_until_ready()
 
   def transfer_address(self) -> str:
-    from jax.experimental import transfer  # pylint: disable=import-outside-toplevel
+    from jax.experimental import transfer
     self.server = transfer.start_transfer_server(
         self.device.client, '127.0.0.1:0', ['127.0.0.1:0'])
     return self.server.address()
@@ -98,7 +98,7 @@ def _median(step, repeats: int, warmup: int = 2) -> float:
 
 def measure_ray() -> dict[str, dict[str, float]]:
   os.environ['RAY_USAGE_STATS_ENABLED'] = '0'
-  import ray  # pylint: disable=import-outside-toplevel
+  import ray
   ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
            _temp_dir=tempfile.mkdtemp(prefix='jaxsgd-ray-'))
   try:
@@ -128,17 +128,17 @@ def measure_ray() -> dict[str, dict[str, float]]:
 
 def build_probe_tasks():
   """Tasks of the LanePool row: nothing, an array of `n` floats, touch one."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import jax
+  import jax.numpy as jnp
   return {'noop': lambda: None, 'ones': lambda n: jnp.ones((n,), jnp.float32),
           'first': jax.jit(lambda x: x[0])}
 
 
 def measure_lane_pool() -> dict[str, float]:
   """The same figures through jaxsgd's lane layer (handles, named tasks, moves)."""
-  from benchmarks import engine_candidates as this  # pylint: disable=import-outside-toplevel,import-self
-  from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # pylint: disable=import-outside-toplevel
-  from jaxsgd.scheduler.tasks import Task, TaskRecipe  # pylint: disable=import-outside-toplevel
+  from benchmarks import engine_candidates as this
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe
   recipe = TaskRecipe.of(this.build_probe_tasks)  # `this`: not `__main__` in the lanes
   with LanePool(LanePlacement.spread(['a', 'b']), verbose=False) as pool:
     figures = {'dispatch': _median(lambda: pool.run('a', Task(recipe, 'noop')), DISPATCHES,
@@ -153,8 +153,8 @@ def measure_lane_pool() -> dict[str, float]:
 
 def _mc_lane(process_id: int, port: int) -> None:
   """A lane of the multi-controller candidate: obey commands from the key-value store."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  import jax
+  from jax._src import distributed
   jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=3, process_id=process_id)
   kv = distributed.global_state.client
   lane = BenchLane()
@@ -174,8 +174,8 @@ def _mc_lane(process_id: int, port: int) -> None:
 
 
 def measure_multi_controller() -> dict[str, float]:
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  import jax
+  from jax._src import distributed
   port = 20000 + os.getpid() % 20000
   lanes = [subprocess.Popen([sys.executable, '-m', 'benchmarks.engine_candidates',
                              '--mc-lane', str(i), '--port', str(port)]) for i in (1, 2)]

@@ -56,7 +56,7 @@ def main():
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--address', default=None, help='a Ray cluster to join')
   args = parser.parse_args()
-  from benchmarks import lane_parallelism as this  # pylint: disable=import-outside-toplevel,import-self
+  from benchmarks import lane_parallelism as this
   # Recipes name the importable module (under `-m` this one is `__main__`).
   placement = LanePlacement.parse('solo@cores=0; left@cores=0; right@cores=1')
   task = Task(TaskRecipe.of(this.build_heavy_tasks, size=SIZE, steps=STEPS), 'heavy')

@@ -12,11 +12,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import lane_tasks  # pylint: disable=wrong-import-position
-import psutil  # pylint: disable=wrong-import-position
+import lane_tasks
+import psutil
 
-from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # pylint: disable=wrong-import-position
-from jaxsgd.scheduler.tasks import Task, TaskRecipe  # pylint: disable=wrong-import-position
+from jaxsgd.scheduler.lanes import LanePlacement, LanePool
+from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 
 def main(address: str | None):

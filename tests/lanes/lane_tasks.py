@@ -8,7 +8,7 @@ import numpy as np
 import jax.numpy as jnp
 
 
-def _layer(w, x):
+def layer(w, x):
   return jnp.tanh(x @ w)
 
 
@@ -19,7 +19,7 @@ def build_layer_tasks(scale: float):
     return scale * jax.random.normal(jax.random.key(seed), (8, 4))
 
   def forward(w, x):
-    y, vjp = jax.vjp(_layer, w, x)
+    y, vjp = jax.vjp(layer, w, x)
     return y, vjp
 
   def backward(vjp, g):

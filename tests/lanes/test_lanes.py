@@ -57,7 +57,7 @@ def head(tmp_path_factory):
   os.environ.update(RAY_AUTH_MODE='disabled')
   node = RayHead(str(tmp_path_factory.mktemp('ray')), env)
   yield node
-  import ray  # pylint: disable=import-outside-toplevel
+  import ray
   ray.shutdown()
   node.stop()
   assert gone([p.pid for p in node.processes()]) == []
@@ -106,7 +106,7 @@ def test_results_stay_in_the_lane_until_the_driver_drops_them(pool):
   expected_w = 0.5 * jax.random.normal(jax.random.key(0), (8, 4))
   np.testing.assert_array_equal(pool.fetch(w), expected_w)
   # The same jitted layer in this process: bit for bit.
-  np.testing.assert_array_equal(pool.fetch(y), jax.jit(lane_tasks._layer)(expected_w, X))  # pylint: disable=protected-access
+  np.testing.assert_array_equal(pool.fetch(y), jax.jit(lane_tasks.layer)(expected_w, X))
   del y, vjp
   assert pool.held('a') == before + 1
   del w
@@ -145,7 +145,7 @@ def test_a_vjp_moves_lane_to_lane_rebuilt_from_its_recipe(pool):
     np.testing.assert_array_equal(pool.fetch(a), pool.fetch(b))
     np.testing.assert_array_equal(pool.fetch(a), pool.fetch(c))
   w_host = np.asarray(pool.fetch(w))
-  reference = jax.jit(lambda w, x, g: jax.vjp(lane_tasks._layer, w, x)[1](g))  # pylint: disable=protected-access
+  reference = jax.jit(lambda w, x, g: jax.vjp(lane_tasks.layer, w, x)[1](g))
   for got, want in zip(here, reference(w_host, X, G)):
     np.testing.assert_array_equal(pool.fetch(got), want)
 

@@ -13,11 +13,11 @@ import tempfile
 
 os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
 
-import ray  # pylint: disable=wrong-import-position
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # pylint: disable=wrong-import-position
+import ray
+from ray.util import scheduling_strategies
 
-from jaxsgd.scheduler.lanes.placement import LaneSpec  # pylint: disable=wrong-import-position
-from jaxsgd.scheduler.lanes.runtime import LaneRuntime  # pylint: disable=wrong-import-position
+from jaxsgd.scheduler.lanes.placement import LaneSpec
+from jaxsgd.scheduler.lanes.runtime import LaneRuntime
 
 WATCH_GROUP = 'watch'
 # Calls run one at a time, in the order sent; `watch` waits in a thread of its own.
@@ -46,7 +46,7 @@ def lane_actor(spec: LaneSpec, env: dict[str, str]):
   options = dict(num_cpus=0, num_gpus=1 if spec.gpu else 0, max_restarts=0,
                  max_task_retries=0, runtime_env={'env_vars': variables})
   if spec.host is not None:
-    options['scheduling_strategy'] = NodeAffinitySchedulingStrategy(
+    options['scheduling_strategy'] = scheduling_strategies.NodeAffinitySchedulingStrategy(
         _node_id(spec), soft=False)
   return _LANE_ACTOR.options(**options).remote(spec.name, spec.cores)
 
@@ -67,7 +67,7 @@ def get(ref):
 def kill(actor) -> None:
   try:
     ray.kill(actor, no_restart=True)
-  except Exception:  # pylint: disable=broad-except  # already gone, or Ray stopping
+  except Exception:  # already gone, or Ray is stopping
     pass
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from jaxsgd.scheduler.lanes import cluster
 from jaxsgd.scheduler.lanes.placement import LanePlacement
-from jaxsgd.scheduler.lanes.runtime import LaneRuntime, Ref
+from jaxsgd.scheduler.lanes.runtime import Ref
 
 
 class LaneError(RuntimeError):
@@ -64,7 +64,7 @@ class Handle:
   def __init__(self, pool: 'LanePool', lane: str, key: Hashable, nbytes: int,
                description: str):
     self.lane, self.key, self.nbytes, self.description = lane, key, nbytes, description
-    weakref.finalize(self, pool._drop, lane, key)  # pylint: disable=protected-access
+    weakref.finalize(self, pool._drop, lane, key)
 
   def __reduce__(self):
     raise TypeError(f'{self!r}: a handle is not sent; pass it to LanePool.start, which '
@@ -91,6 +91,9 @@ class Pending:
   started: float | None = None
   ended: float | None = None
   _result: Any = None
+
+  def finish(self, result) -> None:
+    self._result, self.done, self.args = result, True, ()
 
   def result(self):
     if not self.done:
@@ -168,10 +171,9 @@ class LanePool:
     finished = by_ref[ref]
     try:
       outline, finished.started, finished.ended = cluster.get(ref)
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
       raise self._error(finished.lane, error, finished.task) from error
-    finished._result = self._handles(finished.lane, (finished.key, ()), outline)  # pylint: disable=protected-access
-    finished.done, finished.args = True, ()
+    finished.finish(self._handles(finished.lane, (finished.key, ()), outline))
     return finished
 
   def run(self, lane: str, task, args: Sequence = ()):
@@ -291,7 +293,7 @@ class LanePool:
     lane, source = self._moves.pop(ref)
     try:
       cluster.get(ref)
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
       raise self._error(lane, error, f'moving {source!r} to it') from error
 
   def _handles(self, lane: str, key, outline):
@@ -325,7 +327,7 @@ class LanePool:
       self._raise_dead(lane)
     try:
       return cluster.get(ref)
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
       raise self._error(lane, error, None, host) from error
 
   def _host(self, lane: str) -> str:
@@ -336,7 +338,7 @@ class LanePool:
     try:
       cluster.get(self._watch[lane])
       message = 'its process stopped.'
-    except Exception as error:  # pylint: disable=broad-except
+    except Exception as error:
       message = f'its process died ({cluster.describe(error)}).'
     pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
     raise LaneError(lane, self._host(lane), f'pid {pid}: {message}')

@@ -23,6 +23,7 @@ from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
+import ray
 
 
 class Ref:
@@ -57,7 +58,7 @@ class LaneRuntime:
   def __init__(self, name: str, cores: tuple[int, ...] | None):
     self.name = name
     self.cores = pin_process(cores)  # before JAX's backend (and its threads) starts
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     self.jax = jax
     self.device = jax.local_devices()[0]
     self.values: dict[Hashable, Any] = {}
@@ -66,7 +67,6 @@ class LaneRuntime:
 
   def info(self) -> dict[str, Any]:
     """Where this lane runs, for the placement printed at start and error messages."""
-    import ray  # pylint: disable=import-outside-toplevel
     context = ray.get_runtime_context()
     return {'name': self.name, 'host': ray.util.get_node_ip_address(),
             'hostname': socket.gethostname(), 'pid': os.getpid(), 'cores': self.cores,
@@ -99,7 +99,7 @@ class LaneRuntime:
     return _outline(self.jax, value)
 
   def _keep(self, value, key, path, task, abstract):
-    if type(value) is tuple:  # pylint: disable=unidiomatic-typecheck
+    if type(value) is tuple:
       return tuple(self._keep(v, key, path + (i,), task, abstract)
                    for i, v in enumerate(value))
     part = (key, path)
@@ -117,7 +117,6 @@ class LaneRuntime:
 
   def export(self, key: Hashable, free: tuple = ()):
     """Puts the value in the object store; returns `[ref]` for the receiving lane."""
-    import ray  # pylint: disable=import-outside-toplevel
     try:
       value = self.values[key]
     finally:
@@ -125,11 +124,11 @@ class LaneRuntime:
     leaves, treedef = self.jax.tree.flatten(value)
     try:
       structure = ('treedef', pickle.dumps(treedef))
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       origin = self.origins.get(key)
       try:
         pickle.dumps(origin)
-      except Exception:  # pylint: disable=broad-except
+      except Exception:
         origin = None
       if origin is None:
         raise TypeError(f'lane {self.name}: value {key} cannot be moved: its structure '
@@ -141,7 +140,6 @@ class LaneRuntime:
 
   def adopt(self, refs: list, key: Hashable, free: tuple = ()):
     """Takes a value exported by another lane and keeps it under `key`."""
-    import ray  # pylint: disable=import-outside-toplevel
     self.free(free)
     (kind, structure), leaves = ray.get(refs[0])
     jax = self.jax
@@ -189,7 +187,7 @@ class LaneRuntime:
 
 def _abstract(leaf):
   if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
                                 weak_type=getattr(leaf, 'weak_type', False))
   return leaf
