@@ -113,6 +113,11 @@ def test_results_stay_in_the_lane_until_the_driver_drops_them(pool):
   assert pool.held('a') == before
 
 
+def test_only_named_tasks_reach_a_lane(pool):
+  with pytest.raises(TypeError, match=r'a tasks\.Task \(recipe and name\) expected'):
+    pool.start('a', lambda: 0)
+
+
 def test_put_sends_driver_values_to_a_lane(pool):
   params = {'w': jax.numpy.ones((2, 3)), 'b': np.arange(3, dtype=np.int32)}
   handle = pool.put('b', params)

@@ -39,6 +39,7 @@ import numpy as np
 from jaxsgd.scheduler.lanes import cluster
 from jaxsgd.scheduler.lanes.placement import LanePlacement
 from jaxsgd.scheduler.lanes.runtime import Ref
+from jaxsgd.scheduler.tasks import Task
 
 
 class LaneError(RuntimeError):
@@ -137,7 +138,14 @@ class LanePool:
   # -- the API an executor uses ------------------------------------------------------
 
   def start(self, lane: str, task, args: Sequence = ()) -> Pending:
-    """Starts `task(*args)` on `lane`; handles in `args` (any pytree) are moved there."""
+    """Starts `task(*args)` on `lane`; handles in `args` (any pytree) are moved there.
+
+    `task` is a `tasks.Task` (a recipe and a name): the lane builds the function
+    itself. A plain function is refused, so that no closure is ever pickled.
+    """
+    if not isinstance(task, Task):
+      raise TypeError(f'LanePool.start: a tasks.Task (recipe and name) expected, got '
+                      f'{task!r}; lanes build their functions from recipes.')
     actor = self._actor(lane)
     args = tuple(args)
     sent = jax.tree.map(lambda leaf: self._argument(leaf, lane), args,
@@ -179,8 +187,7 @@ class LanePool:
   def run(self, lane: str, task, args: Sequence = ()):
     """`start` and wait for it: the task's handle(s)."""
     pending = self.start(lane, task, args)
-    while self.wait_any([pending]) is not pending:
-      pass
+    self.wait_any([pending])
     return pending.result()
 
   def put(self, lane: str, value) -> Handle:
