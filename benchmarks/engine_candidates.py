@@ -136,10 +136,11 @@ def build_probe_tasks():
 
 def measure_lane_pool() -> dict[str, float]:
   """The same figures through jaxsgd's lane layer (handles, named tasks, moves)."""
+  # Recipes name the importable module (under `-m` this one is `__main__`).
   from benchmarks import engine_candidates as this
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
-  recipe = TaskRecipe.of(this.build_probe_tasks)  # `this`: not `__main__` in the lanes
+  recipe = TaskRecipe.of(this.build_probe_tasks)
   with LanePool(LanePlacement.spread(['a', 'b']), verbose=False) as pool:
     figures = {'dispatch': _median(lambda: pool.run('a', Task(recipe, 'noop')), DISPATCHES,
                                    warmup=20)}

@@ -56,8 +56,8 @@ def main():
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--address', default=None, help='a Ray cluster to join')
   args = parser.parse_args()
-  from benchmarks import lane_parallelism as this
   # Recipes name the importable module (under `-m` this one is `__main__`).
+  from benchmarks import lane_parallelism as this
   placement = LanePlacement.parse('solo@cores=0; left@cores=0; right@cores=1')
   task = Task(TaskRecipe.of(this.build_heavy_tasks, size=SIZE, steps=STEPS), 'heavy')
   put = Task(TaskRecipe.of(this.identity_tasks), 'put')

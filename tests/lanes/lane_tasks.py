@@ -34,6 +34,6 @@ def build_layer_tasks(scale: float):
 
   return {'init': jax.jit(init), 'forward': jax.jit(forward), 'backward': jax.jit(backward),
           'add': jax.jit(lambda a, b: a + b), 'same': lambda v: v, 'fail': fail, 'hang': hang,
-          'pid': lambda: os.getpid(),
+          'pid': os.getpid,
           'affinity': lambda: np.array(sorted(os.sched_getaffinity(0))),
           'env': lambda name: os.environ.get(name, '')}

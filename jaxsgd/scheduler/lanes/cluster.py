@@ -8,6 +8,7 @@ address (`connect('10.0.0.1:6379')`, the several-host case; see docs/engine.md f
 """
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -20,6 +21,7 @@ from jaxsgd.scheduler.lanes.placement import LaneSpec
 from jaxsgd.scheduler.lanes.runtime import LaneRuntime
 
 WATCH_GROUP = 'watch'
+_STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
 # Calls run one at a time, in the order sent; `watch` waits in a thread of its own.
 _LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1})(LaneRuntime)
 
@@ -29,15 +31,20 @@ def connect(address: str | None) -> bool:
   if ray.is_initialized():
     return False
   if address is None:
+    _STARTED_HERE['temp_dir'] = tempfile.mkdtemp(prefix='jaxsgd-ray-')
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False,
-             _temp_dir=tempfile.mkdtemp(prefix='jaxsgd-ray-'))
+             _temp_dir=_STARTED_HERE['temp_dir'])
     return True
   ray.init(address=address, configure_logging=False)
   return True  # connected here: disconnect (the cluster itself stays up) at close
 
 
 def shutdown() -> None:
+  """Disconnects; stops the cluster (and removes its logs) if `connect` started it."""
   ray.shutdown()
+  temp_dir = _STARTED_HERE.pop('temp_dir', None)
+  if temp_dir is not None:
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def lane_actor(spec: LaneSpec, env: dict[str, str]):

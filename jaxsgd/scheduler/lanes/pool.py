@@ -123,7 +123,7 @@ class LanePool:
     self._moves: dict[Any, tuple[str, Handle]] = {}  # unfinished copies: ref -> (lane, src)
     self._closed = False
     self._owns_connection = cluster.connect(address)
-    self._signals = _install_sigterm()
+    self._signals = _SigtermGuard.install()
     try:
       self._actors = {spec.name: cluster.lane_actor(spec, env or {})
                       for spec in placement.lanes}
@@ -244,7 +244,7 @@ class LanePool:
       cluster.kill(actor)
     if self._owns_connection:
       cluster.shutdown()
-    _restore_sigterm(self._signals)
+    _SigtermGuard.restore(self._signals)
 
   # -- inspection ---------------------------------------------------------------------
 
@@ -361,29 +361,30 @@ def _host_array(leaf):
   return np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf
 
 
-_OPEN_POOLS = 0
-_SIGTERM_BEFORE = None
-
-
-def _install_sigterm() -> bool:
+class _SigtermGuard:
   """While a pool is open, SIGTERM raises SystemExit so that `close()` runs."""
-  global _OPEN_POOLS, _SIGTERM_BEFORE
-  if threading.current_thread() is not threading.main_thread():
-    return False
-  _OPEN_POOLS += 1
-  if _OPEN_POOLS == 1:
 
-    def terminate(signum, frame):
-      del frame
-      raise SystemExit(128 + signum)
-    _SIGTERM_BEFORE = signal.signal(signal.SIGTERM, terminate)
-  return True
+  open_pools = 0
+  before = None
+
+  @classmethod
+  def install(cls) -> bool:
+    if threading.current_thread() is not threading.main_thread():
+      return False
+    cls.open_pools += 1
+    if cls.open_pools == 1:
+      cls.before = signal.signal(signal.SIGTERM, _terminate)
+    return True
+
+  @classmethod
+  def restore(cls, installed: bool) -> None:
+    if not installed:
+      return
+    cls.open_pools -= 1
+    if cls.open_pools == 0 and threading.current_thread() is threading.main_thread():
+      signal.signal(signal.SIGTERM, cls.before)
 
 
-def _restore_sigterm(installed: bool) -> None:
-  global _OPEN_POOLS
-  if not installed:
-    return
-  _OPEN_POOLS -= 1
-  if _OPEN_POOLS == 0 and threading.current_thread() is threading.main_thread():
-    signal.signal(signal.SIGTERM, _SIGTERM_BEFORE)
+def _terminate(signum, frame):
+  del frame
+  raise SystemExit(128 + signum)
