@@ -224,10 +224,12 @@ def main():
   args = parser.parse_args()
   if args.mc_lane is not None:
     return _mc_lane(args.mc_lane, args.port)
+  load = os.getloadavg()[0]
   results = measure_ray()
   results['jax multi-controller'] = measure_multi_controller()
   header = ['engine', 'dispatch (ms)'] + [f'{label} (ms)' for label in SIZES]
-  print('Lane-to-lane figures, 2 lane processes + driver, 2-core CPU (median):')
+  print('Lane-to-lane figures, 2 lane processes + driver, 2-core CPU (median); '
+        f'load average before: {load:.1f}')
   width = max(map(len, results))
   print(f'{header[0]:<{width}}  ' + '  '.join(f'{h:>13}' for h in header[1:]))
   for name, figures in results.items():
