@@ -76,6 +76,10 @@ def test_placement_text_form_and_bad_input():
                              LaneSpec('w0', host='10.0.0.2', cores=(1, 2, 3), gpu=True))
   assert 'w0: host=10.0.0.2 cores=1,2,3 gpu=yes' in placement.describe()
   assert LanePlacement.spread(['a', 'b', 'c'], cores=[0, 1]).lanes[2].cores == (0,)
+  assert placement['w0'].environment() == {
+      'OMP_NUM_THREADS': '3', 'MKL_NUM_THREADS': '3', 'OPENBLAS_NUM_THREADS': '3',
+      'XLA_FLAGS': ''}  # a GPU lane: no JAX_PLATFORMS; 3 cores: Eigen's pool on them
+  assert placement['server'].environment()['JAX_PLATFORMS'] == 'cpu'
   with pytest.raises(ValueError, match=r"lane 'w0': cores like '0,1' or '0-3'"):
     LanePlacement.parse('w0@cores=x')
   with pytest.raises(ValueError, match='unique'):
@@ -94,6 +98,7 @@ def test_each_lane_is_a_process_pinned_to_its_cores(pool):
     flags = pool.fetch(pool.run(lane, task('env'), ('XLA_FLAGS',)))
     assert flags == '--xla_cpu_multi_thread_eigen=false'
     assert pool.fetch(pool.run(lane, task('env'), ('OMP_NUM_THREADS',))) == '1'
+    assert pool.fetch(pool.run(lane, task('env'), ('JAX_PLATFORMS',))) == 'cpu'
 
 
 def test_results_stay_in_the_lane_until_the_driver_drops_them(pool):

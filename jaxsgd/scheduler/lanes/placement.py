@@ -8,7 +8,8 @@ A lane is a name (a pipeline stage's device, an asynchronous worker, the paramet
 server...). `host` is the IP address of a Ray node (None: the driver's node). `cores`
 pins the lane process and XLA's intra-op threads to those cores of its host (None: not
 pinned). `gpu=True` gives the lane one GPU of its host to itself: Ray assigns it and
-sets `CUDA_VISIBLE_DEVICES`, so there is one process per GPU.
+sets `CUDA_VISIBLE_DEVICES`, so there is one process per GPU; the other lanes run
+JAX's CPU backend (`JAX_PLATFORMS=cpu`).
 
 The text form, one lane per `;`: `name[@key=value[,value...][@...]]` with keys
 `host`, `cores` (`0,1` or `0-3`) and `gpu` (`1`/`0`), e.g.
@@ -41,11 +42,17 @@ class LaneSpec:
       object.__setattr__(self, 'cores', cores)
 
   def environment(self) -> dict[str, str]:
-    """Variables the lane process needs before JAX starts (intra-op threads on its cores)."""
+    """Variables the lane process needs before JAX starts.
+
+    A lane without a GPU uses JAX's CPU backend only (it must not take a share of the
+    host's GPUs: each GPU belongs to one lane process). A pinned lane's intra-op threads
+    are limited to its cores.
+    """
+    variables = {} if self.gpu else {'JAX_PLATFORMS': 'cpu'}
     if self.cores is None:
-      return {}
+      return variables
     threads = str(len(self.cores))
-    return {'OMP_NUM_THREADS': threads, 'MKL_NUM_THREADS': threads,
+    return {**variables, 'OMP_NUM_THREADS': threads, 'MKL_NUM_THREADS': threads,
             'OPENBLAS_NUM_THREADS': threads,
             # One core: no Eigen thread pool, XLA's intra-op work runs on the caller.
             'XLA_FLAGS': ('--xla_cpu_multi_thread_eigen=false'
