@@ -132,6 +132,29 @@ def test_put_sends_driver_values_to_a_lane(pool):
   np.testing.assert_array_equal(fetched['b'], np.arange(3))
 
 
+def test_early_handles_let_the_driver_run_ahead_of_the_lanes(pool):
+  x, g = X[:, None].repeat(2, 1).reshape(6, 8), G[:, None].repeat(2, 1).reshape(6, 4)
+  w = pool.run('a', task('init'), (5,))
+  first = pool.start('a', task('forward'), (w, x))
+  assert pool.early(first) is None  # not known before this task has run on such shapes
+  pool.wait_any([first])
+  y, vjp = first.result()
+  # Same shapes: the handles are known at once; chain three tasks without waiting.
+  second = pool.start('a', task('forward'), (w, 2 * x))
+  y2, vjp2 = pool.early(second)
+  grads = pool.start('b', task('backward'), (vjp2, g))  # moves vjp2 a -> b, in order
+  total = pool.start('b', task('add'), (y2, y))
+  for pending in (second, grads, total):
+    pool.wait_any([pending])
+  assert second.result() == (y2, vjp2)  # the same handles, not copies
+  np.testing.assert_array_equal(pool.fetch(total.result()),
+                                pool.fetch(y) + pool.fetch(second.result()[0]))
+  reference = pool.run('a', task('backward'), (pool.run('a', task('forward'), (w, 2 * x))[1],
+                                               g))
+  for got, want in zip(grads.result(), reference):
+    np.testing.assert_array_equal(pool.fetch(got), pool.fetch(want))
+
+
 def test_wait_any_returns_every_task_once_across_lanes(pool):
   pending = [pool.start(lane, task('add'), (np.float32(i), np.float32(10)))
              for i, lane in enumerate(['a', 'b', 'a', 'b'])]

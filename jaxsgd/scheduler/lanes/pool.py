@@ -88,13 +88,14 @@ class Pending:
   ref: Any  # Ray's reference to the task's outline
   key: int
   args: tuple  # keeps the argument handles alive until the task finished
+  signature: Hashable = None  # the task and its arguments' shapes: keys `early` results
   done: bool = False
   started: float | None = None
   ended: float | None = None
   _result: Any = None
 
-  def finish(self, result) -> None:
-    self._result, self.done, self.args = result, True, ()
+  def finish(self) -> None:
+    self.done, self.args = True, ()
 
   def result(self):
     if not self.done:
@@ -121,6 +122,7 @@ class LanePool:
     self._freed: dict[str, list] = {name: [] for name in placement.names}
     self._lock = threading.Lock()
     self._moves: dict[Any, tuple[str, Handle]] = {}  # unfinished copies: ref -> (lane, src)
+    self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
     self._closed = False
     self._owns_connection = cluster.connect(address)
     self._signals = _SigtermGuard.install()
@@ -148,11 +150,31 @@ class LanePool:
                       f'{task!r}; lanes build their functions from recipes.')
     actor = self._actor(lane)
     args = tuple(args)
-    sent = jax.tree.map(lambda leaf: self._argument(leaf, lane), args,
+    copies = []  # handles moved here for this call: alive until it is sent
+    sent = jax.tree.map(lambda leaf: self._argument(leaf, lane, copies), args,
                         is_leaf=lambda x: isinstance(x, Handle))
     key = next(self._keys)
     ref = actor.run.remote(task, sent, key, self._take_freed(lane))
-    return Pending(lane, task, ref, key, args)
+    del copies  # their frees travel with the lane's next call, after this one
+    return Pending(lane, task, ref, key, args, _signature(task, args))
+
+  def early(self, pending: Pending):
+    """The handle(s) of `pending` before it finishes, or None if they cannot be known yet.
+
+    Known once the same task has finished on arguments of the same shapes (a task's
+    outline depends only on those). A task started on a lane after this one may use
+    them — on this lane or, moved, on another — since calls to a lane run in the
+    order sent: the driver can run ahead of the lanes, as the in-process real clock
+    runs ahead of its devices. `wait_any` still returns `pending` when it finishes
+    (with its times), and raises if it failed.
+    """
+    if pending.done or pending._result is not None:
+      return pending._result
+    outline = self._outlines.get(pending.signature)
+    if outline is None:
+      return None
+    pending._result = self._handles(pending.lane, (pending.key, ()), outline)
+    return pending._result
 
   def wait_any(self, pending: Sequence[Pending], timeout: float | None = None
                ) -> Pending | None:
@@ -181,7 +203,14 @@ class LanePool:
       outline, finished.started, finished.ended = cluster.get(ref)
     except Exception as error:
       raise self._error(finished.lane, error, finished.task) from error
-    finished.finish(self._handles(finished.lane, (finished.key, ()), outline))
+    known = self._outlines.setdefault(finished.signature, outline)
+    if known != outline:  # `early` handed out handles of another shape: never expected
+      raise LaneError(finished.lane, self._host(finished.lane),
+                      f'{finished.task!r} returned {outline}, not {known} as before on '
+                      'arguments of the same shapes.')
+    if finished._result is None:  # else `early` made them: one handle per value, ever
+      finished._result = self._handles(finished.lane, (finished.key, ()), outline)
+    finished.finish()
     return finished
 
   def run(self, lane: str, task, args: Sequence = ()):
@@ -289,12 +318,13 @@ class LanePool:
     except KeyError:
       raise KeyError(f'no lane {lane!r}; lanes: {list(self._actors)}.') from None
 
-  def _argument(self, leaf, lane: str):
+  def _argument(self, leaf, lane: str, copies: list):
     if not isinstance(leaf, Handle):
       return _host_array(leaf)
-    # A copy moved here for this call only is dropped at once; its free travels with
-    # this very call and is applied after the call resolved its arguments.
-    return Ref(self._move(leaf, lane).key)
+    if leaf.lane != lane:
+      leaf = self._move(leaf, lane)
+      copies.append(leaf)
+    return Ref(leaf.key)
 
   def _check_move(self, ref) -> None:
     lane, source = self._moves.pop(ref)
@@ -354,6 +384,23 @@ class LanePool:
     what = 'call failed' if task is None else (
         task if isinstance(task, str) else f'{task!r} raised')
     return LaneError(lane, host or self._host(lane), f'{what}: {cluster.describe(error)}')
+
+
+def _signature(task, args) -> Hashable:
+  """The task and what its result's outline can depend on: its arguments' shapes.
+
+  Python scalars and strings count by value (they may set shapes); arrays by shape
+  and dtype; handles by what they hold.
+  """
+  leaves, treedef = jax.tree.flatten(args, is_leaf=lambda x: isinstance(x, Handle))
+
+  def leaf_signature(leaf):
+    if isinstance(leaf, Handle):
+      return ('handle', leaf.nbytes, leaf.description)
+    if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
+      return ('array', tuple(leaf.shape), str(leaf.dtype))
+    return ('value', type(leaf).__name__, leaf if isinstance(leaf, Hashable) else id(leaf))
+  return (task, treedef, tuple(leaf_signature(leaf) for leaf in leaves))
 
 
 def _host_array(leaf):

@@ -14,6 +14,7 @@ same task — the same trace of the same code, so the same treedef — and puts 
 received leaves into it.
 """
 
+import hashlib
 import os
 import pickle
 import socket
@@ -88,7 +89,7 @@ class LaneRuntime:
       end = time.time()
       abstract = self.jax.tree.map(_abstract, values)
       return self._keep(result, key, (), task, abstract), start, end
-    finally:  # after resolving: a handle moved for this call is dropped before it is sent
+    finally:
       self.free(free)
 
   def put(self, value, key: Hashable, free: tuple = ()):
@@ -194,9 +195,14 @@ def _abstract(leaf):
 
 
 def _outline(jax, value) -> tuple[int, str]:
+  """`(nbytes, description)`: `float32[3, 4]` for an array; for a pytree its type, leaf
+  count and a digest of its leaves' shapes and dtypes (equal shapes, equal digest, in
+  every process)."""
   leaves = jax.tree.leaves(value)
   nbytes = sum(int(getattr(leaf, 'nbytes', 0)) for leaf in leaves)
   if len(leaves) == 1 and hasattr(leaves[0], 'shape') and value is leaves[0]:
-    leaf = leaves[0]
-    return nbytes, f'{leaf.dtype}{list(leaf.shape)}'
-  return nbytes, f'{type(value).__name__}({len(leaves)} leaves)'
+    return nbytes, f'{value.dtype}{list(value.shape)}'
+  shapes = repr([(getattr(x, 'shape', None), str(getattr(x, 'dtype', type(x).__name__)))
+                 for x in leaves])
+  digest = hashlib.blake2s(shapes.encode(), digest_size=4).hexdigest()
+  return nbytes, f'{type(value).__name__}({len(leaves)} leaves #{digest})'
