@@ -28,6 +28,7 @@ pick rests on what the engine does beyond them) and its key figures.
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -99,8 +100,8 @@ def _median(step, repeats: int, warmup: int = 2) -> float:
 def measure_ray() -> dict[str, dict[str, float]]:
   os.environ['RAY_USAGE_STATS_ENABLED'] = '0'
   import ray
-  ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
-           _temp_dir=tempfile.mkdtemp(prefix='jaxsgd-ray-'))
+  temp_dir = tempfile.mkdtemp(prefix='jaxsgd-ray-')
+  ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, _temp_dir=temp_dir)
   try:
     lane = ray.remote(num_cpus=0)(BenchLane)
     a, b = lane.remote(), lane.remote()
@@ -124,6 +125,7 @@ def measure_ray() -> dict[str, dict[str, float]]:
     return results
   finally:
     ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def build_probe_tasks():
