@@ -22,8 +22,9 @@ Candidates:
                        `jax.device_put` with `jax_cross_host_transfer_socket_address` set
                        was tried first: on CPU the receiver never completed.)
 
-The last line names the pick (see docs/engine.md for why: the figures are close, so the
-pick rests on what the engine does beyond them) and its key figures.
+The last line names the pick and its key figures. The pick is not made on speed (the
+multi-controller runtime is as fast or faster here): docs/engine.md gives the figures
+of seven runs and the reasons.
 """
 
 import argparse
