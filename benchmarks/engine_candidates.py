@@ -47,6 +47,7 @@ class BenchLane:
 
   def __init__(self):
     import jax
+
     self.jax = jax
     self.device = jax.local_devices()[0]
     self.value = None
@@ -62,16 +63,18 @@ class BenchLane:
 
   def put_object(self):
     import ray
+
     return [ray.put(np.asarray(self.value))]  # in a list: the receiver resolves it
 
   def get_object(self, refs):
     import ray
+
     self.jax.device_put(ray.get(refs[0]), self.device).block_until_ready()
 
   def transfer_address(self) -> str:
     from jax.experimental import transfer
-    self.server = transfer.start_transfer_server(
-        self.device.client, '127.0.0.1:0', ['127.0.0.1:0'])
+
+    self.server = transfer.start_transfer_server(self.device.client, '127.0.0.1:0', ['127.0.0.1:0'])
     return self.server.address()
 
   def offer(self, uuid: int):
@@ -81,9 +84,9 @@ class BenchLane:
     connection = self.connections.get(address)
     if connection is None:
       connection = self.connections[address] = self.server.connect(address)
-    spec = self.jax.ShapeDtypeStruct((nbytes // 4,), np.float32,
-                                     sharding=self.jax.sharding.SingleDeviceSharding(
-                                         self.device))
+    spec = self.jax.ShapeDtypeStruct(
+      (nbytes // 4,), np.float32, sharding=self.jax.sharding.SingleDeviceSharding(self.device)
+    )
     connection.pull(uuid, [spec])[0].block_until_ready()
 
 
@@ -101,6 +104,7 @@ def _median(step, repeats: int, warmup: int = 2) -> float:
 def measure_ray() -> dict[str, dict[str, float]]:
   os.environ['RAY_USAGE_STATS_ENABLED'] = '0'
   import ray
+
   temp_dir = tempfile.mkdtemp(prefix='jaxsgd-ray-')
   ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, _temp_dir=temp_dir)
   try:
@@ -113,13 +117,15 @@ def measure_ray() -> dict[str, dict[str, float]]:
     uuid = iter(range(1, 1 << 30))
     for label, nbytes in SIZES.items():
       ray.get(a.make.remote(nbytes))
-      store[label] = _median(lambda: ray.get(b.get_object.remote(a.put_object.remote())),
-                             REPEATS[label])
+      store[label] = _median(
+        lambda: ray.get(b.get_object.remote(a.put_object.remote())), REPEATS[label]
+      )
 
       def pull(nbytes=nbytes):
         u = next(uuid)
         a.offer.remote(u)
         ray.get(b.pull.remote(u, address, nbytes))
+
       transfer[label] = _median(pull, REPEATS[label])
     results = {'ray + object store': store, 'ray + jax transfer': transfer}
     results['jaxsgd LanePool (ray)'] = measure_lane_pool()
@@ -133,8 +139,12 @@ def build_probe_tasks():
   """Tasks of the LanePool row: nothing, an array of `n` floats, touch one."""
   import jax
   import jax.numpy as jnp
-  return {'noop': lambda: None, 'ones': lambda n: jnp.ones((n,), jnp.float32),
-          'first': jax.jit(lambda x: x[0])}
+
+  return {
+    'noop': lambda: None,
+    'ones': lambda n: jnp.ones((n,), jnp.float32),
+    'first': jax.jit(lambda x: x[0]),
+  }
 
 
 def measure_lane_pool() -> dict[str, float]:
@@ -143,15 +153,18 @@ def measure_lane_pool() -> dict[str, float]:
   from benchmarks import engine_candidates as this
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
   recipe = TaskRecipe.of(this.build_probe_tasks)
   with LanePool(LanePlacement.spread(['a', 'b']), verbose=False) as pool:
-    figures = {'dispatch': _median(lambda: pool.run('a', Task(recipe, 'noop')), DISPATCHES,
-                                   warmup=20)}
+    figures = {
+      'dispatch': _median(lambda: pool.run('a', Task(recipe, 'noop')), DISPATCHES, warmup=20)
+    }
     for label, nbytes in SIZES.items():
       value = pool.run('a', Task(recipe, 'ones'), (nbytes // 4,))
-      figures[label] = _median(
-          lambda value=value: pool.run('b', Task(recipe, 'first'), (value,)),
-          REPEATS[label]) - figures['dispatch']  # a move, minus the task's own round trip
+      figures[label] = (
+        _median(lambda value=value: pool.run('b', Task(recipe, 'first'), (value,)), REPEATS[label])
+        - figures['dispatch']
+      )  # a move, minus the task's own round trip
   return figures
 
 
@@ -159,6 +172,7 @@ def _mc_lane(process_id: int, port: int) -> None:
   """A lane of the multi-controller candidate: obey commands from the key-value store."""
   import jax
   from jax._src import distributed
+
   jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=3, process_id=process_id)
   kv = distributed.global_state.client
   lane = BenchLane()
@@ -180,9 +194,22 @@ def _mc_lane(process_id: int, port: int) -> None:
 def measure_multi_controller() -> dict[str, float]:
   import jax
   from jax._src import distributed
+
   port = 20000 + os.getpid() % 20000
-  lanes = [subprocess.Popen([sys.executable, '-m', 'benchmarks.engine_candidates',
-                             '--mc-lane', str(i), '--port', str(port)]) for i in (1, 2)]
+  lanes = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        '-m',
+        'benchmarks.engine_candidates',
+        '--mc-lane',
+        str(i),
+        '--port',
+        str(port),
+      ]
+    )
+    for i in (1, 2)
+  ]
   try:
     jax.distributed.initialize(f'127.0.0.1:{port}', num_processes=3, process_id=0)
     jax.devices()  # every process must join the backend's start-up, the driver too
@@ -207,6 +234,7 @@ def measure_multi_controller() -> dict[str, float]:
         u = next(uuid)
         command(1, f'offer {u}', wait=False)
         command(2, f'pull {u} {address} {nbytes}')
+
       figures[label] = _median(pull, REPEATS[label])
     for lane in (1, 2):
       command(lane, 'stop', wait=False)
@@ -231,17 +259,22 @@ def main():
   results = measure_ray()
   results['jax multi-controller'] = measure_multi_controller()
   header = ['engine', 'dispatch (ms)'] + [f'{label} (ms)' for label in SIZES]
-  print('Lane-to-lane figures, 2 lane processes + driver, 2-core CPU (median); '
-        f'load average before: {load:.1f}')
+  print(
+    'Lane-to-lane figures, 2 lane processes + driver, 2-core CPU (median); '
+    f'load average before: {load:.1f}'
+  )
   width = max(map(len, results))
   print(f'{header[0]:<{width}}  ' + '  '.join(f'{h:>13}' for h in header[1:]))
   for name, figures in results.items():
     cells = [figures['dispatch']] + [figures[label] for label in SIZES]
     print(f'{name:<{width}}  ' + '  '.join(f'{1e3 * c:13.3f}' for c in cells))
   store, multi = results['ray + object store'], results['jax multi-controller']
-  print(f'pick: ray actors + object store: dispatch {1e3 * store["dispatch"]:.2f} ms '
-        f'(multi-controller {1e3 * multi["dispatch"]:.2f} ms), 16 MB lane-to-lane '
-        f'{1e3 * store["16 MB"]:.1f} ms')
+  print(
+    f'pick: ray actors + object store: dispatch {1e3 * store["dispatch"]:.2f} ms '
+    f'(multi-controller {1e3 * multi["dispatch"]:.2f} ms), 16 MB lane-to-lane '
+    f'{1e3 * store["16 MB"]:.1f} ms'
+  )
+
 
 if __name__ == '__main__':
   main()

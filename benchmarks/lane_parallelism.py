@@ -38,8 +38,7 @@ def build_heavy_tasks(size: int, steps: int):
   return {'heavy': jax.jit(heavy)}
 
 
-def _both(pool: LanePool, lanes: tuple[str, str], task: Task, inputs
-          ) -> tuple[float, float]:
+def _both(pool: LanePool, lanes: tuple[str, str], task: Task, inputs) -> tuple[float, float]:
   """Wall time of the two tasks, and the CPU time their lane processes used meanwhile."""
   processes = [psutil.Process(pool.pids()[lane]) for lane in set(lanes)]
   cpu = sum(sum(p.cpu_times()[:2]) for p in processes)
@@ -58,6 +57,7 @@ def main():
   args = parser.parse_args()
   # Recipes name the importable module (under `-m` this one is `__main__`).
   from benchmarks import lane_parallelism as this
+
   placement = LanePlacement.parse('solo@cores=0; left@cores=0; right@cores=1')
   task = Task(TaskRecipe.of(this.build_heavy_tasks, size=SIZE, steps=STEPS), 'heavy')
   put = Task(TaskRecipe.of(this.identity_tasks), 'put')
@@ -65,18 +65,22 @@ def main():
   x = rng.standard_normal((SIZE, SIZE), np.float32)
   w = (rng.standard_normal((SIZE, SIZE)) / np.sqrt(SIZE)).astype(np.float32)
   with LanePool(placement, address=args.address) as pool:
-    inputs = {lane: (pool.run(lane, put, (x,)), pool.run(lane, put, (w,)))
-              for lane in placement.names}
+    inputs = {
+      lane: (pool.run(lane, put, (x,)), pool.run(lane, put, (w,))) for lane in placement.names
+    }
     for lane in placement.names:  # compile everywhere first
       pool.run(lane, task, inputs[lane])
     one, two = [], []
     for _ in range(args.repeats):
       one.append(_both(pool, ('solo', 'solo'), task, inputs))
       two.append(_both(pool, ('left', 'right'), task, inputs))
-  print(f'two heavy tasks ({STEPS} x tanh({SIZE}x{SIZE} @ W)), median of {args.repeats} '
-        f'interleaved; load average before: {os.getloadavg()[0]:.1f}')
-  print(f'{"lanes":>10}  {"wall (s)":>9}  {"lane CPU (s)":>12}  {"CPU / wall":>10}  '
-        f'{"speed-up":>8}')
+  print(
+    f'two heavy tasks ({STEPS} x tanh({SIZE}x{SIZE} @ W)), median of {args.repeats} '
+    f'interleaved; load average before: {os.getloadavg()[0]:.1f}'
+  )
+  print(
+    f'{"lanes":>10}  {"wall (s)":>9}  {"lane CPU (s)":>12}  {"CPU / wall":>10}  {"speed-up":>8}'
+  )
   t1 = statistics.median(w for w, _ in one)
   for label, runs in (('1 (core 0)', one), ('2 (0, 1)', two)):
     wall = statistics.median(w for w, _ in runs)

@@ -22,8 +22,10 @@ from jaxsgd.scheduler.tasks import Task, TaskRecipe
 def main(address: str | None):
   with LanePool(LanePlacement.spread(['a', 'b']), address=address, verbose=False) as pool:
     started = [p.pid for p in psutil.Process().children(recursive=True)]
-    print(json.dumps({'driver': os.getpid(), 'lanes': list(pool.pids().values()),
-                      'started': started}), flush=True)
+    print(
+      json.dumps({'driver': os.getpid(), 'lanes': list(pool.pids().values()), 'started': started}),
+      flush=True,
+    )
     recipe = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=1.0)
     pool.run('a', Task(recipe, 'hang'), (60.0,))
 

@@ -32,8 +32,15 @@ def build_layer_tasks(scale: float):
     time.sleep(seconds)
     return jnp.zeros(())
 
-  return {'init': jax.jit(init), 'forward': jax.jit(forward), 'backward': jax.jit(backward),
-          'add': jax.jit(lambda a, b: a + b), 'same': lambda v: v, 'fail': fail, 'hang': hang,
-          'pid': os.getpid,
-          'affinity': lambda: np.array(sorted(os.sched_getaffinity(0))),
-          'env': lambda name: os.environ.get(name, '')}
+  return {
+    'init': jax.jit(init),
+    'forward': jax.jit(forward),
+    'backward': jax.jit(backward),
+    'add': jax.jit(lambda a, b: a + b),
+    'same': lambda v: v,
+    'fail': fail,
+    'hang': hang,
+    'pid': os.getpid,
+    'affinity': lambda: np.array(sorted(os.sched_getaffinity(0))),
+    'env': lambda name: os.environ.get(name, ''),
+  }

@@ -30,11 +30,22 @@ class RayHead:
     self.port = free_port()
     ray = os.path.join(os.path.dirname(sys.executable), 'ray')
     self.process = subprocess.Popen(
-        [ray, 'start', '--head', f'--port={self.port}', '--num-cpus=2',
-         '--include-dashboard=false', '--disable-usage-stats', f'--temp-dir={temp_dir}',
-         '--block'],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+      [
+        ray,
+        'start',
+        '--head',
+        f'--port={self.port}',
+        '--num-cpus=2',
+        '--include-dashboard=false',
+        '--disable-usage-stats',
+        f'--temp-dir={temp_dir}',
+        '--block',
+      ],
+      env=env,
+      start_new_session=True,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+    )
     self.address = f'127.0.0.1:{self.port}'
     self._wait_ready(timeout=60)
 
@@ -56,8 +67,9 @@ class RayHead:
     found = []
     for p in psutil.process_iter(['pid', 'name', 'cmdline']):
       try:
-        if (os.getpgid(p.pid) == self.process.pid
-            or self.temp_dir in ' '.join(p.info['cmdline'] or ())):
+        if os.getpgid(p.pid) == self.process.pid or self.temp_dir in ' '.join(
+          p.info['cmdline'] or ()
+        ):
           found.append(p)
       except (psutil.Error, ProcessLookupError):
         pass

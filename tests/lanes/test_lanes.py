@@ -58,6 +58,7 @@ def head(tmp_path_factory):
   node = RayHead(str(tmp_path_factory.mktemp('ray')), env)
   yield node
   import ray
+
   ray.shutdown()
   node.stop()
   assert gone([p.pid for p in node.processes()]) == []
@@ -72,13 +73,18 @@ def pool(head):
 
 def test_placement_text_form_and_bad_input():
   placement = LanePlacement.parse('server@cores=0; w0@host=10.0.0.2@cores=1-3@gpu=1')
-  assert placement.lanes == (LaneSpec('server', cores=(0,)),
-                             LaneSpec('w0', host='10.0.0.2', cores=(1, 2, 3), gpu=True))
+  assert placement.lanes == (
+    LaneSpec('server', cores=(0,)),
+    LaneSpec('w0', host='10.0.0.2', cores=(1, 2, 3), gpu=True),
+  )
   assert 'w0: host=10.0.0.2 cores=1,2,3 gpu=yes' in placement.describe()
   assert LanePlacement.spread(['a', 'b', 'c'], cores=[0, 1]).lanes[2].cores == (0,)
   assert placement['w0'].environment() == {
-      'OMP_NUM_THREADS': '3', 'MKL_NUM_THREADS': '3', 'OPENBLAS_NUM_THREADS': '3',
-      'XLA_FLAGS': ''}  # a GPU lane: no JAX_PLATFORMS; 3 cores: Eigen's pool on them
+    'OMP_NUM_THREADS': '3',
+    'MKL_NUM_THREADS': '3',
+    'OPENBLAS_NUM_THREADS': '3',
+    'XLA_FLAGS': '',
+  }  # a GPU lane: no JAX_PLATFORMS; 3 cores: Eigen's pool on them
   assert placement['server'].environment()['JAX_PLATFORMS'] == 'cpu'
   with pytest.raises(ValueError, match=r"lane 'w0': cores like '0,1' or '0-3'"):
     LanePlacement.parse('w0@cores=x')
@@ -147,17 +153,19 @@ def test_early_handles_let_the_driver_run_ahead_of_the_lanes(pool):
   for pending in (second, grads, total):
     pool.wait_any([pending])
   assert second.result() == (y2, vjp2)  # the same handles, not copies
-  np.testing.assert_array_equal(pool.fetch(total.result()),
-                                pool.fetch(y) + pool.fetch(second.result()[0]))
-  reference = pool.run('a', task('backward'), (pool.run('a', task('forward'), (w, 2 * x))[1],
-                                               g))
+  np.testing.assert_array_equal(
+    pool.fetch(total.result()), pool.fetch(y) + pool.fetch(second.result()[0])
+  )
+  reference = pool.run('a', task('backward'), (pool.run('a', task('forward'), (w, 2 * x))[1], g))
   for got, want in zip(grads.result(), reference):
     np.testing.assert_array_equal(pool.fetch(got), pool.fetch(want))
 
 
 def test_wait_any_returns_every_task_once_across_lanes(pool):
-  pending = [pool.start(lane, task('add'), (np.float32(i), np.float32(10)))
-             for i, lane in enumerate(['a', 'b', 'a', 'b'])]
+  pending = [
+    pool.start(lane, task('add'), (np.float32(i), np.float32(10)))
+    for i, lane in enumerate(['a', 'b', 'a', 'b'])
+  ]
   finished = []
   while len(finished) < len(pending):
     finished.append(pool.wait_any([p for p in pending if not p.done]))
@@ -198,8 +206,11 @@ def test_a_value_that_cannot_be_rebuilt_is_refused_when_moved(pool):
   _, vjp = pool.run('a', task('forward'), (w, X))
   same = pool.run('a', task('same'), (vjp,))  # made from a VJP: no picklable recipe
   pending = pool.start('b', task('backward'), (same, G))
-  with pytest.raises(LaneError, match=r"lane 'b' on host .*moving .* to it: .*cannot be "
-                     'moved: its structure does not pickle'):
+  with pytest.raises(
+    LaneError,
+    match=r"lane 'b' on host .*moving .* to it: .*cannot be "
+    'moved: its structure does not pickle',
+  ):
     while pool.wait_any([pending]) is not pending:
       pass
 
@@ -207,20 +218,25 @@ def test_a_value_that_cannot_be_rebuilt_is_refused_when_moved(pool):
 def test_a_task_that_raises_names_its_lane_and_host(pool):
   host = pool.info['b']['host']
   pending = pool.start('b', task('fail'), (X,))
-  with pytest.raises(LaneError, match=rf"lane 'b' on host {host}: .*fail.* raised: "
-                     r'ValueError: bad input of shape \(3, 8\)'):
+  with pytest.raises(
+    LaneError,
+    match=rf"lane 'b' on host {host}: .*fail.* raised: "
+    r'ValueError: bad input of shape \(3, 8\)',
+  ):
     pool.wait_any([pending])
   assert pool.fetch(pool.run('b', task('add'), (np.float32(1), np.float32(1)))) == 2  # lives on
 
 
 def test_a_killed_lane_stops_the_wait_within_5s_naming_it(head):
-  with LanePool(LanePlacement.spread(['c', 'd']), address=head.address,
-                verbose=False) as lanes:
+  with LanePool(LanePlacement.spread(['c', 'd']), address=head.address, verbose=False) as lanes:
     busy = lanes.start('c', task('hang'), (1.0,))
     os.kill(lanes.pids()['d'], signal.SIGKILL)
     start = time.monotonic()
-    with pytest.raises(LaneError, match=rf"lane 'd' on host {lanes.info['d']['host']}: "
-                       r'pid \d+: its process died'):
+    with pytest.raises(
+      LaneError,
+      match=rf"lane 'd' on host {lanes.info['d']['host']}: "
+      r'pid \d+: its process died',
+    ):
       lanes.wait_any([busy])
     assert time.monotonic() - start < 5
     lanes.remove('d')  # tolerate the loss: the other lane carries on
@@ -234,21 +250,32 @@ def _lane_processes(head) -> list[int]:
 
 def test_lanes_go_to_the_host_they_name_and_a_wrong_host_is_refused(head, pool):
   node = pool.info['a']['host']  # this machine, as the cluster names it
-  with LanePool(LanePlacement((LaneSpec('here', host=node),)), address=head.address,
-                verbose=False) as lanes:
+  with LanePool(
+    LanePlacement((LaneSpec('here', host=node),)), address=head.address, verbose=False
+  ) as lanes:
     assert lanes.info['here']['host'] == node
   before = _lane_processes(head)
-  with pytest.raises(ValueError, match=rf"placement: lane 'far': host '10.255.0.1' is not "
-                     rf"a node of the Ray cluster; its nodes: \['{node}'\]"):
-    LanePool(LanePlacement((LaneSpec('ok', host=node), LaneSpec('far', host='10.255.0.1'))),
-             address=head.address, verbose=False)
+  with pytest.raises(
+    ValueError,
+    match=rf"placement: lane 'far': host '10.255.0.1' is not "
+    rf"a node of the Ray cluster; its nodes: \['{node}'\]",
+  ):
+    LanePool(
+      LanePlacement((LaneSpec('ok', host=node), LaneSpec('far', host='10.255.0.1'))),
+      address=head.address,
+      verbose=False,
+    )
   assert gone(set(_lane_processes(head)) - set(before)) == []
 
 
 def _driver(address: str) -> tuple[subprocess.Popen, dict]:
-  process = subprocess.Popen([sys.executable, os.path.join(HERE, 'lane_driver.py'), address],
-                             stdout=subprocess.PIPE, text=True, cwd=os.getcwd(),
-                             env={**os.environ, 'PYTHONPATH': os.getcwd()})
+  process = subprocess.Popen(
+    [sys.executable, os.path.join(HERE, 'lane_driver.py'), address],
+    stdout=subprocess.PIPE,
+    text=True,
+    cwd=os.getcwd(),
+    env={**os.environ, 'PYTHONPATH': os.getcwd()},
+  )
   line = process.stdout.readline()
   assert line, 'the driver ended before its lanes were up'
   return process, json.loads(line)

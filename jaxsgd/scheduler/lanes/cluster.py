@@ -32,8 +32,12 @@ def connect(address: str | None) -> bool:
     return False
   if address is None:
     _STARTED_HERE['temp_dir'] = tempfile.mkdtemp(prefix='jaxsgd-ray-')
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False,
-             _temp_dir=_STARTED_HERE['temp_dir'])
+    ray.init(
+      num_cpus=os.cpu_count(),
+      include_dashboard=False,
+      configure_logging=False,
+      _temp_dir=_STARTED_HERE['temp_dir'],
+    )
     return True
   ray.init(address=address, configure_logging=False)
   return True  # connected here: disconnect (the cluster itself stays up) at close
@@ -50,11 +54,17 @@ def shutdown() -> None:
 def lane_actor(spec: LaneSpec, env: dict[str, str]):
   """A Ray actor running `LaneRuntime` in a process of its own, on `spec.host`."""
   variables = {**_code_path(), **spec.environment(), **env}
-  options = dict(num_cpus=0, num_gpus=1 if spec.gpu else 0, max_restarts=0,
-                 max_task_retries=0, runtime_env={'env_vars': variables})
+  options = dict(
+    num_cpus=0,
+    num_gpus=1 if spec.gpu else 0,
+    max_restarts=0,
+    max_task_retries=0,
+    runtime_env={'env_vars': variables},
+  )
   if spec.host is not None:
     options['scheduling_strategy'] = scheduling_strategies.NodeAffinitySchedulingStrategy(
-        _node_id(spec), soft=False)
+      _node_id(spec), soft=False
+    )
   return _LANE_ACTOR.options(**options).remote(spec.name, spec.cores)
 
 
@@ -97,8 +107,10 @@ def _node_id(spec: LaneSpec) -> str:
     if spec.host in (node.get('NodeManagerAddress'), node.get('NodeManagerHostname')):
       return node['NodeID']
   hosts = sorted(n.get('NodeManagerAddress') for n in nodes)
-  raise ValueError(f'placement: lane {spec.name!r}: host {spec.host!r} is not a node of '
-                   f'the Ray cluster; its nodes: {hosts}.')
+  raise ValueError(
+    f'placement: lane {spec.name!r}: host {spec.host!r} is not a node of '
+    f'the Ray cluster; its nodes: {hosts}.'
+  )
 
 
 def _code_path() -> dict[str, str]:

@@ -32,13 +32,17 @@ class LaneSpec:
 
   def __post_init__(self):
     if not self.name or any(c in self.name for c in ';@= '):
-      raise ValueError(f'placement: lane name {self.name!r}: a non-empty name without '
-                       "';', '@', '=' or spaces expected.")
+      raise ValueError(
+        f'placement: lane name {self.name!r}: a non-empty name without '
+        "';', '@', '=' or spaces expected."
+      )
     if self.cores is not None:
       cores = tuple(self.cores)
       if not cores or any(not isinstance(c, int) or c < 0 for c in cores):
-        raise ValueError(f'placement: lane {self.name!r}: cores must be a non-empty list '
-                         f'of core numbers >= 0, got {self.cores!r}.')
+        raise ValueError(
+          f'placement: lane {self.name!r}: cores must be a non-empty list '
+          f'of core numbers >= 0, got {self.cores!r}.'
+        )
       object.__setattr__(self, 'cores', cores)
 
   def environment(self) -> dict[str, str]:
@@ -52,11 +56,14 @@ class LaneSpec:
     if self.cores is None:
       return variables
     threads = str(len(self.cores))
-    return {**variables, 'OMP_NUM_THREADS': threads, 'MKL_NUM_THREADS': threads,
-            'OPENBLAS_NUM_THREADS': threads,
-            # One core: no Eigen thread pool, XLA's intra-op work runs on the caller.
-            'XLA_FLAGS': ('--xla_cpu_multi_thread_eigen=false'
-                          if len(self.cores) == 1 else '')}
+    return {
+      **variables,
+      'OMP_NUM_THREADS': threads,
+      'MKL_NUM_THREADS': threads,
+      'OPENBLAS_NUM_THREADS': threads,
+      # One core: no Eigen thread pool, XLA's intra-op work runs on the caller.
+      'XLA_FLAGS': ('--xla_cpu_multi_thread_eigen=false' if len(self.cores) == 1 else ''),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +90,13 @@ class LanePlacement:
     raise KeyError(f'placement: no lane {name!r}; lanes: {list(self.names)}.')
 
   @classmethod
-  def spread(cls, names: Iterable[str], cores: Sequence[int] | None = None,
-             cores_per_lane: int = 1, host: str | None = None) -> 'LanePlacement':
+  def spread(
+    cls,
+    names: Iterable[str],
+    cores: Sequence[int] | None = None,
+    cores_per_lane: int = 1,
+    host: str | None = None,
+  ) -> 'LanePlacement':
     """Lanes on one host, `cores_per_lane` cores each, round-robin over `cores`.
 
     `cores` defaults to the cores this process may run on. With more lanes than
@@ -92,8 +104,9 @@ class LanePlacement:
     """
     cores = sorted(os.sched_getaffinity(0)) if cores is None else list(cores)
     if cores_per_lane < 1 or cores_per_lane > len(cores):
-      raise ValueError(f'placement: cores_per_lane must be in 1..{len(cores)}, '
-                       f'got {cores_per_lane}.')
+      raise ValueError(
+        f'placement: cores_per_lane must be in 1..{len(cores)}, got {cores_per_lane}.'
+      )
     lanes = []
     for i, name in enumerate(names):
       start = (i * cores_per_lane) % len(cores)
@@ -111,8 +124,10 @@ class LanePlacement:
     rows = []
     for lane in self.lanes:
       cores = 'any' if lane.cores is None else ','.join(map(str, lane.cores))
-      rows.append(f'  {lane.name}: host={lane.host or "driver"} cores={cores} '
-                  f'gpu={"yes" if lane.gpu else "no"}')
+      rows.append(
+        f'  {lane.name}: host={lane.host or "driver"} cores={cores} '
+        f'gpu={"yes" if lane.gpu else "no"}'
+      )
     return 'placement:\n' + '\n'.join(rows)
 
 
@@ -122,8 +137,7 @@ def _parse_lane(text: str) -> LaneSpec:
   for field in fields:
     key, sep, value = field.partition('=')
     if not sep or key not in ('host', 'cores', 'gpu'):
-      raise ValueError(f'placement: lane {name!r}: {field!r} is not host=..., cores=... '
-                       'or gpu=...')
+      raise ValueError(f'placement: lane {name!r}: {field!r} is not host=..., cores=... or gpu=...')
     settings[key] = value.strip()
   cores = settings.get('cores')
   if cores is not None:
@@ -131,8 +145,7 @@ def _parse_lane(text: str) -> LaneSpec:
   gpu = settings.get('gpu', '0')
   if gpu not in ('0', '1'):
     raise ValueError(f'placement: lane {name!r}: gpu must be 0 or 1, got {gpu!r}.')
-  return LaneSpec(name.strip(), host=settings.get('host') or None, cores=cores,
-                  gpu=gpu == '1')
+  return LaneSpec(name.strip(), host=settings.get('host') or None, cores=cores, gpu=gpu == '1')
 
 
 def _parse_cores(name: str, text: str) -> tuple[int, ...]:
@@ -142,6 +155,7 @@ def _parse_cores(name: str, text: str) -> tuple[int, ...]:
       low, _, high = part.partition('-')
       cores.extend(range(int(low), int(high or low) + 1))
   except ValueError:
-    raise ValueError(f"placement: lane {name!r}: cores like '0,1' or '0-3' expected, "
-                     f'got {text!r}.') from None
+    raise ValueError(
+      f"placement: lane {name!r}: cores like '0,1' or '0-3' expected, got {text!r}."
+    ) from None
   return tuple(cores)

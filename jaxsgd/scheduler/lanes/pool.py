@@ -62,14 +62,15 @@ class Handle:
 
   __slots__ = ('lane', 'key', 'nbytes', 'description', '__weakref__')
 
-  def __init__(self, pool: 'LanePool', lane: str, key: Hashable, nbytes: int,
-               description: str):
+  def __init__(self, pool: 'LanePool', lane: str, key: Hashable, nbytes: int, description: str):
     self.lane, self.key, self.nbytes, self.description = lane, key, nbytes, description
     weakref.finalize(self, pool._drop, lane, key)
 
   def __reduce__(self):
-    raise TypeError(f'{self!r}: a handle is not sent; pass it to LanePool.start, which '
-                    'moves its value to the lane that needs it.')
+    raise TypeError(
+      f'{self!r}: a handle is not sent; pass it to LanePool.start, which '
+      'moves its value to the lane that needs it.'
+    )
 
   def __repr__(self):
     return f'Handle({self.lane}:{self.key}, {self.description})'
@@ -99,8 +100,9 @@ class Pending:
 
   def result(self):
     if not self.done:
-      raise RuntimeError(f'{self.task!r} on lane {self.lane!r}: not finished; '
-                         'wait_any returns it when it is.')
+      raise RuntimeError(
+        f'{self.task!r} on lane {self.lane!r}: not finished; wait_any returns it when it is.'
+      )
     return self._result
 
 
@@ -115,8 +117,13 @@ class LanePool:
     verbose: print the placement (with each lane's host, pid and cores) at start.
   """
 
-  def __init__(self, placement: LanePlacement, address: str | None = None,
-               env: dict[str, str] | None = None, verbose: bool = True):
+  def __init__(
+    self,
+    placement: LanePlacement,
+    address: str | None = None,
+    env: dict[str, str] | None = None,
+    verbose: bool = True,
+  ):
     self.placement = placement
     self._keys = itertools.count()
     self._freed: dict[str, list] = {name: [] for name in placement.names}
@@ -127,8 +134,7 @@ class LanePool:
     self._owns_connection = cluster.connect(address)
     self._signals = _SigtermGuard.install()
     try:
-      self._actors = {spec.name: cluster.lane_actor(spec, env or {})
-                      for spec in placement.lanes}
+      self._actors = {spec.name: cluster.lane_actor(spec, env or {}) for spec in placement.lanes}
       self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
       self.info = self._gather_info()
     except BaseException:
@@ -146,16 +152,19 @@ class LanePool:
     itself. A plain function is refused, so that no closure is ever pickled.
     """
     if not isinstance(task, Task):
-      raise TypeError(f'LanePool.start: a tasks.Task (recipe and name) expected, got '
-                      f'{task!r}; lanes build their functions from recipes.')
+      raise TypeError(
+        f'LanePool.start: a tasks.Task (recipe and name) expected, got '
+        f'{task!r}; lanes build their functions from recipes.'
+      )
     actor = self._actor(lane)
     args = tuple(args)
     copies = []  # handles moved here for this call: alive until it is sent
-    sent = jax.tree.map(lambda leaf: self._argument(leaf, lane, copies), args,
-                        is_leaf=lambda x: isinstance(x, Handle))
+    sent = jax.tree.map(
+      lambda leaf: self._argument(leaf, lane, copies), args, is_leaf=lambda x: isinstance(x, Handle)
+    )
     key = next(self._keys)
     ref = actor.run.remote(task, sent, key, self._take_freed(lane))
-    del copies  # their frees travel with the lane's next call, after this one
+    copies.clear()  # their frees travel with the lane's next call, after this one
     return Pending(lane, task, ref, key, args, _signature(task, args))
 
   def early(self, pending: Pending):
@@ -176,8 +185,7 @@ class LanePool:
     pending._result = self._handles(pending.lane, (pending.key, ()), outline)
     return pending._result
 
-  def wait_any(self, pending: Sequence[Pending], timeout: float | None = None
-               ) -> Pending | None:
+  def wait_any(self, pending: Sequence[Pending], timeout: float | None = None) -> Pending | None:
     """The first of `pending` to finish (None after `timeout` seconds).
 
     Raises `LaneError` if that task raised, or if any lane's process has died.
@@ -205,9 +213,12 @@ class LanePool:
       raise self._error(finished.lane, error, finished.task) from error
     known = self._outlines.setdefault(finished.signature, outline)
     if known != outline:  # `early` handed out handles of another shape: never expected
-      raise LaneError(finished.lane, self._host(finished.lane),
-                      f'{finished.task!r} returned {outline}, not {known} as before on '
-                      'arguments of the same shapes.')
+      raise LaneError(
+        finished.lane,
+        self._host(finished.lane),
+        f'{finished.task!r} returned {outline}, not {known} as before on '
+        'arguments of the same shapes.',
+      )
     if finished._result is None:  # else `early` made them: one handle per value, ever
       finished._result = self._handles(finished.lane, (finished.key, ()), outline)
     finished.finish()
@@ -239,8 +250,11 @@ class LanePool:
     Returns at once: the copy is made in `lane`'s order of calls, so a task started
     there afterwards sees it; a failed copy raises `LaneError` from `wait_any`.
     """
-    return jax.tree.map(lambda leaf: self._move(leaf, lane) if isinstance(leaf, Handle)
-                        else leaf, value, is_leaf=lambda x: isinstance(x, Handle))
+    return jax.tree.map(
+      lambda leaf: self._move(leaf, lane) if isinstance(leaf, Handle) else leaf,
+      value,
+      is_leaf=lambda x: isinstance(x, Handle),
+    )
 
   def remove(self, lane: str) -> None:
     """Ends `lane`'s process (if still alive) and stops watching it.
@@ -251,8 +265,11 @@ class LanePool:
     actor = self._actor(lane)
     cluster.kill(actor)
     del self._actors[lane], self._watch[lane]
-    self._moves = {ref: (to, source) for ref, (to, source) in self._moves.items()
-                   if lane not in (to, source.lane)}
+    self._moves = {
+      ref: (to, source)
+      for ref, (to, source) in self._moves.items()
+      if lane not in (to, source.lane)
+    }
 
   def _move(self, handle: Handle, lane: str) -> Handle:
     if handle.lane == lane:
@@ -284,16 +301,21 @@ class LanePool:
       spec = self.placement[name]
       cores = ','.join(map(str, info['cores']))
       gpus = ','.join(map(str, info['gpus'])) or '-'
-      rows.append(f'  {name}: host={info["host"]} ({info["hostname"]}) pid={info["pid"]} '
-                  f'cores={cores}{"" if spec.cores else " (not pinned)"} gpu={gpus} '
-                  f'device={info["device"]}')
+      rows.append(
+        f'  {name}: host={info["host"]} ({info["hostname"]}) pid={info["pid"]} '
+        f'cores={cores}{"" if spec.cores else " (not pinned)"} gpu={gpus} '
+        f'device={info["device"]}'
+      )
     return 'lanes (one process each):\n' + '\n'.join(rows)
 
   @staticmethod
   def nbytes(value) -> int:
     """Bytes of the lane-resident values in `value` (what moving it copies)."""
-    return sum(leaf.nbytes for leaf in jax.tree.leaves(
-        value, is_leaf=lambda x: isinstance(x, Handle)) if isinstance(leaf, Handle))
+    return sum(
+      leaf.nbytes
+      for leaf in jax.tree.leaves(value, is_leaf=lambda x: isinstance(x, Handle))
+      if isinstance(leaf, Handle)
+    )
 
   def pids(self) -> dict[str, int]:
     return {name: info['pid'] for name, info in self.info.items()}
@@ -335,8 +357,9 @@ class LanePool:
 
   def _handles(self, lane: str, key, outline):
     if isinstance(outline, tuple) and outline and isinstance(outline[0], tuple):
-      return tuple(self._handles(lane, (key[0], key[1] + (i,)), part)
-                   for i, part in enumerate(outline))
+      return tuple(
+        self._handles(lane, (key[0], key[1] + (i,)), part) for i, part in enumerate(outline)
+      )
     if isinstance(outline, tuple) and not outline:
       return ()
     nbytes, description = outline
@@ -354,8 +377,10 @@ class LanePool:
 
   def _gather_info(self) -> dict[str, dict]:
     refs = {name: actor.info.remote() for name, actor in self._actors.items()}
-    return {name: self._get(name, ref, host=self.placement[name].host or 'driver')
-            for name, ref in refs.items()}
+    return {
+      name: self._get(name, ref, host=self.placement[name].host or 'driver')
+      for name, ref in refs.items()
+    }
 
   def _get(self, lane: str, ref, host: str | None = None):
     watched = self._watch[lane]
@@ -381,8 +406,9 @@ class LanePool:
     raise LaneError(lane, self._host(lane), f'pid {pid}: {message}')
 
   def _error(self, lane, error, task, host=None) -> LaneError:
-    what = 'call failed' if task is None else (
-        task if isinstance(task, str) else f'{task!r} raised')
+    what = (
+      'call failed' if task is None else (task if isinstance(task, str) else f'{task!r} raised')
+    )
     return LaneError(lane, host or self._host(lane), f'{what}: {cluster.describe(error)}')
 
 
@@ -400,6 +426,7 @@ def _signature(task, args) -> Hashable:
     if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
       return ('array', tuple(leaf.shape), str(leaf.dtype))
     return ('value', type(leaf).__name__, leaf if isinstance(leaf, Hashable) else id(leaf))
+
   return (task, treedef, tuple(leaf_signature(leaf) for leaf in leaves))
 
 

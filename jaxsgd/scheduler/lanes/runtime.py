@@ -60,6 +60,7 @@ class LaneRuntime:
     self.name = name
     self.cores = pin_process(cores)  # before JAX's backend (and its threads) starts
     import jax
+
     self.jax = jax
     self.device = jax.local_devices()[0]
     self.values: dict[Hashable, Any] = {}
@@ -69,10 +70,17 @@ class LaneRuntime:
   def info(self) -> dict[str, Any]:
     """Where this lane runs, for the placement printed at start and error messages."""
     context = ray.get_runtime_context()
-    return {'name': self.name, 'host': ray.util.get_node_ip_address(),
-            'hostname': socket.gethostname(), 'pid': os.getpid(), 'cores': self.cores,
-            'node_id': context.get_node_id(), 'gpus': list(ray.get_gpu_ids()),
-            'device': str(self.device), 'xla_flags': os.environ.get('XLA_FLAGS', '')}
+    return {
+      'name': self.name,
+      'host': ray.util.get_node_ip_address(),
+      'hostname': socket.gethostname(),
+      'pid': os.getpid(),
+      'cores': self.cores,
+      'node_id': context.get_node_id(),
+      'gpus': list(ray.get_gpu_ids()),
+      'device': str(self.device),
+      'xla_flags': os.environ.get('XLA_FLAGS', ''),
+    }
 
   def run(self, task, args: tuple, key: Hashable, free: tuple = ()):
     """Runs `task(*args)` (Refs replaced by values) and keeps its result under `key`.
@@ -101,8 +109,7 @@ class LaneRuntime:
 
   def _keep(self, value, key, path, task, abstract):
     if type(value) is tuple:
-      return tuple(self._keep(v, key, path + (i,), task, abstract)
-                   for i, v in enumerate(value))
+      return tuple(self._keep(v, key, path + (i,), task, abstract) for i, v in enumerate(value))
     part = (key, path)
     self.values[part] = value
     if task is not None:
@@ -132,9 +139,11 @@ class LaneRuntime:
       except Exception:
         origin = None
       if origin is None:
-        raise TypeError(f'lane {self.name}: value {key} cannot be moved: its structure '
-                        'does not pickle, and it was not made by a task whose arguments '
-                        'do (the receiving lane rebuilds it from that task).') from None
+        raise TypeError(
+          f'lane {self.name}: value {key} cannot be moved: its structure '
+          'does not pickle, and it was not made by a task whose arguments '
+          'do (the receiving lane rebuilds it from that task).'
+        ) from None
       structure = ('origin', origin)
     payload = (structure, [np.asarray(leaf) for leaf in self.jax.device_get(leaves)])
     return [ray.put(payload)]  # a list, so that Ray hands the reference over unresolved
@@ -180,17 +189,19 @@ class LaneRuntime:
         try:
           return self.values[leaf.key]
         except KeyError:
-          raise KeyError(f'lane {self.name}: no value {leaf.key} here (freed, or held '
-                         'by another lane).') from None
+          raise KeyError(
+            f'lane {self.name}: no value {leaf.key} here (freed, or held by another lane).'
+          ) from None
       return leaf
+
     return self.jax.tree.map(value, args, is_leaf=lambda x: isinstance(x, Ref))
 
 
 def _abstract(leaf):
   if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
     import jax
-    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
-                                weak_type=getattr(leaf, 'weak_type', False))
+
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf, 'weak_type', False))
   return leaf
 
 
@@ -202,7 +213,8 @@ def _outline(jax, value) -> tuple[int, str]:
   nbytes = sum(int(getattr(leaf, 'nbytes', 0)) for leaf in leaves)
   if len(leaves) == 1 and hasattr(leaves[0], 'shape') and value is leaves[0]:
     return nbytes, f'{value.dtype}{list(value.shape)}'
-  shapes = repr([(getattr(x, 'shape', None), str(getattr(x, 'dtype', type(x).__name__)))
-                 for x in leaves])
+  shapes = repr(
+    [(getattr(x, 'shape', None), str(getattr(x, 'dtype', type(x).__name__))) for x in leaves]
+  )
   digest = hashlib.blake2s(shapes.encode(), digest_size=4).hexdigest()
   return nbytes, f'{type(value).__name__}({len(leaves)} leaves #{digest})'
