@@ -54,7 +54,7 @@ def one_round(reps: int, clock_name: str, pin: bool) -> dict:
     'image': rng.standard_normal((128, 40, 1)).astype(np.float32),
     'label': rng.integers(0, 10, 128).astype(np.int32),
   }
-  calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
+  calls = pipeline.calibration_calls(roles, batch)
   return profiles.measure_times(calls, warmup=3, reps=reps, clock=profiles.CLOCKS[clock_name])
 
 

@@ -55,7 +55,7 @@ def rows_for(name: str, num_stages: int, reps: int, spec: hardware.DeviceSpec, c
     'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
     'label': rng.integers(0, classes, batch_size).astype(np.int32),
   }
-  calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
+  calls = pipeline.calibration_calls(roles, batch)
   measured, _ = profiles.measure(calls, warmup=3, reps=reps, clock=clock)
   rows = []
   for (stage, kind), (fn, args) in calls.items():

@@ -104,7 +104,7 @@ def measure_table(
     seed=shared.seed,
     aux_heads=any(r.loss == 'aux' for r in roles),
   )
-  calls = stages._calibration_calls(roles, batch_for(shared.batch_size))  # pylint: disable=protected-access
+  calls = stages.calibration_calls(roles, batch_for(shared.batch_size))
   tasks = profiles.roles_signature(roles)
   if name in SERVER_ALGORITHMS:
     from jaxsgd.algorithms import asgd  # pylint: disable=import-outside-toplevel

@@ -13,14 +13,14 @@ import dataclasses
 import logging
 
 from jaxsgd import optimizers
-from jaxsgd.algorithms import clocks, workers
+from jaxsgd.algorithms import clocks, pipelined, workers
 from jaxsgd.algorithms.settings import SharedSettings, choice, derived, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.server import STALENESS_LR, AsgdSession, ParameterServer
 from jaxsgd.asynchronous.server import ServerSettings, server_gradient_transforms
 from jaxsgd.models import stage_functions
 from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
-from jaxsgd.scheduler import Placement, calibrate
+from jaxsgd.scheduler import Placement, profiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +105,16 @@ def build(run, shared: SharedSettings, server_settings: ServerSettings):
   return model, server, state, devices
 
 
-def measure(shared: SharedSettings, model: PlacedStages, server: ParameterServer, batch: dict):
-  """Seconds of a worker's forward and backward and of the server's update."""
-  table = model.calibrate(sequential_roles(1), batch, shared.cost.reps)
-  table.update(calibrate({(0, 'update'): server.calibration_call()}, shared.cost.reps))
-  return table
+def server_tasks(
+  shared: SharedSettings, model: PlacedStages, server: ParameterServer, batch, name: str
+) -> clocks.Tasks:
+  """A worker's forward and backward and the server's update (the cost keys)."""
+  tasks = pipelined.stage_tasks(model, sequential_roles(1), batch, shared.batch_size)
+
+  def calls():
+    return {**tasks.calls(), (0, 'update'): server.calibration_call()}
+
+  return dataclasses.replace(tasks, calls=calls, name=profiles.server_tasks(name))
 
 
 def train(run, settings: Settings) -> dict:
@@ -118,7 +123,13 @@ def train(run, settings: Settings) -> dict:
   model, server, state, devices = build(run, shared, settings.server)
   executor, measured = clocks.make_executor(
     shared,
-    lambda: measure(shared, model, server, next(run.train_batches(0, 1))),
+    server_tasks(
+      shared,
+      model,
+      server,
+      lambda: next(run.train_batches(0, 1)),
+      'dcasgd' if settings.server.delay_compensation else 'asgd',
+    ),
     KINDS,
     1,
     lane_speeds=(1.0,) + clocks.worker_speeds(shared, num_workers),

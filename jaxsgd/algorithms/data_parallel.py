@@ -41,6 +41,7 @@ from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms.settings import SharedSettings, at_least, choice, derived, number
 from jaxsgd.algorithms.settings import optimizer_settings, shared_settings, section
 from jaxsgd.optimizers import OptimizerSettings
+from jaxsgd.scheduler import profiles
 from jaxsgd.spmd import distributed
 from jaxsgd.spmd import mesh as mesh_lib
 from jaxsgd.spmd import step as step_lib
@@ -218,12 +219,14 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
   comm = timing.ring_allreduce_time(
     nbytes, s.workers, bandwidth=cost.bandwidth, latency=cost.link_latency
   )
-  compute = clocks.task_costs(
-    s.shared,
-    lambda: {(0, 'step'): _calibrate(s.shared, model, variables, sample_batch)},
-    ('step',),
-    1,
-  )[(0, 'step')]
+  tasks = clocks.Tasks(
+    calls=lambda: {(0, 'step'): _step_call(s.shared, model, variables, sample_batch)},
+    model=model,
+    batch_size=s.batch_size,
+    split=((0, model.num_layers),),
+    name=profiles.WORKER_STEP,
+  )
+  compute = clocks.task_costs(s.shared, tasks, ('step',), 1)[(0, 'step')]
   # overlap=False runs the all-reduce inside a lax.cond on the merge step: it blocks
   # there, so none of it is hidden. overlap=True issues it every step from the stored
   # snapshot; the model charges the one all-reduce per period whose result is used.
@@ -231,12 +234,12 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
   return timing.StepTimeModel(compute=compute, comm=comm, period=s.period, delay=hidden_steps)
 
 
-def _calibrate(shared: SharedSettings, model, variables, batch) -> float:
-  """Seconds of one worker's step (forward, backward, inner update) on one device."""
+def _step_call(shared: SharedSettings, model, variables, batch) -> tuple:
+  """`(jitted fn, args)` of one worker's step (forward, backward, inner update)."""
   inner = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
   one_step = jax.jit(step_lib.make_worker_step(model, inner, average_grads=False))
   opt_state = jax.jit(inner.init)(variables['params'])
-  return timing.measure_seconds(one_step, variables, opt_state, batch, repeats=shared.cost.reps)
+  return one_step, (variables, opt_state, batch)
 
 
 def train(run, s: Settings) -> dict:

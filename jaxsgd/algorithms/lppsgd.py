@@ -10,7 +10,7 @@ import dataclasses
 import math
 
 from jaxsgd import optimizers
-from jaxsgd.algorithms import clocks, workers
+from jaxsgd.algorithms import clocks, pipelined, workers
 from jaxsgd.algorithms.settings import SharedSettings, derived, integer, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.lppsgd import LppSession, LppSettings, allreduce_time
@@ -74,7 +74,9 @@ def train(run, settings: Settings) -> dict:
   nbytes = transfer.nbytes(variables['params'])
   executor, measured = clocks.make_executor(
     shared,
-    lambda: model.calibrate(sequential_roles(1), next(run.train_batches(0, 1)), shared.cost.reps),
+    pipelined.stage_tasks(
+      model, sequential_roles(1), lambda: next(run.train_batches(0, 1)), shared.batch_size
+    ),
     KINDS,
     1,
     lane_speeds=[speed / W for speed in clocks.worker_speeds(shared, D * W)],

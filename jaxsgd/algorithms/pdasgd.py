@@ -9,7 +9,7 @@ ready (`updates='layer'`) or all at once (`'block'`).
 import dataclasses
 
 from jaxsgd import optimizers
-from jaxsgd.algorithms import clocks, workers
+from jaxsgd.algorithms import clocks, pipelined, workers
 from jaxsgd.algorithms.settings import SharedSettings, choice, derived, integer, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.pdasgd import UPDATES, PdSession, PdSettings, worker_name
@@ -63,8 +63,11 @@ def train(run, settings: Settings) -> dict:
   )
   executor, measured = clocks.make_executor(
     shared,
-    lambda: model.calibrate(
-      sequential_roles(shared.stages), next(run.train_batches(0, 1)), shared.cost.reps
+    pipelined.stage_tasks(
+      model,
+      sequential_roles(shared.stages),
+      lambda: next(run.train_batches(0, 1)),
+      shared.batch_size,
     ),
     KINDS,
     shared.stages,

@@ -13,6 +13,7 @@ from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms.settings import SharedSettings, refuse_workers_field, shared_settings
 from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole
+from jaxsgd.scheduler import profiles
 
 
 def validate_pipeline(config, model) -> SharedSettings:
@@ -32,6 +33,18 @@ def validate_pipeline(config, model) -> SharedSettings:
       f'cost.device_speeds: {len(shared.cost.device_speeds)} values for {shared.stages} lanes.'
     )
   return shared
+
+
+def stage_tasks(stages: PlacedStages, roles, batch, batch_size: int) -> clocks.Tasks:
+  """The cost keys of `stages` in `roles`: every stage's forward, backward and update on
+  `batch()` (a host batch)."""
+  return clocks.Tasks(
+    calls=lambda: stages.calibration_calls(roles, batch()),
+    model=stages.model,
+    batch_size=batch_size,
+    split=profiles.split_of(stages.stages),
+    name=profiles.roles_signature(roles),
+  )
 
 
 def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: str) -> dict:
@@ -55,7 +68,7 @@ def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: 
   feed = BatchFeed(batches, consumers=1 + sum(r.loss != 'none' for r in roles))
   executor, _ = clocks.make_executor(
     shared,
-    lambda: stages.calibrate(roles, feed.peek(0), shared.cost.reps),
+    stage_tasks(stages, roles, lambda: feed.peek(0), shared.batch_size),
     KINDS,
     num_stages,
     lane_speeds=shared.cost.device_speeds,

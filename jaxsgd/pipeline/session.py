@@ -175,9 +175,10 @@ class PlacedStages:
 
   def calibrate(self, roles: Sequence[StageRole], batch: dict, reps: int = 3) -> dict:
     """Seconds per (stage, kind), timing the real jitted calls on `batch` once."""
-    return calibrate(self._calibration_calls(roles, batch), reps)
+    return calibrate(self.calibration_calls(roles, batch), reps)
 
-  def _calibration_calls(self, roles, batch):
+  def calibration_calls(self, roles, batch) -> dict:
+    """`{(stage, kind): (jitted fn, args)}`: every task of `roles` on one host `batch`."""
     calls, x = {}, transfer.to_device(batch['image'], self.device(0))
     for k, role in enumerate(roles):
       ops, device = self.ops(k, role), self.device(k)

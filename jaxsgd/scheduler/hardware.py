@@ -265,7 +265,7 @@ def cost_model(spec: DeviceSpec, compute: Mapping[Any, float], **cost_model_fiel
 def pipeline_costs(pipeline, roles, batch: dict, spec: DeviceSpec) -> dict:
   """Roofline seconds per `(stage, kind)` of `pipeline`'s stages in `roles`: the
   analytic counterpart of `PlacedStages.calibrate(roles, batch)`."""
-  calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
+  calls = pipeline.calibration_calls(roles, batch)
   return analytic_costs(calls, spec)
 
 

@@ -322,7 +322,7 @@ def pipeline_table(
   Times the very calls `PlacedStages.calibrate` times (forward, backward, update
   per stage), robustly (`measure`).
   """
-  calls = pipeline._calibration_calls(roles, batch)  # pylint: disable=protected-access
+  calls = pipeline.calibration_calls(roles, batch)
   return measure_table(
     calls,
     split=split_of(pipeline.stages),
