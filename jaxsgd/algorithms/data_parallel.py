@@ -209,8 +209,8 @@ def make_time_model(config, s: Settings, model, variables,
   if compute is None:
     compute = _calibrate(config, model, variables, sample_batch, cost['calibration_steps'])
   # overlap=False runs the all-reduce inside a lax.cond on the merge step: it blocks
-  # there, so none of it is hidden. overlap=True issues it every step from the stored
-  # snapshot; the model charges the one all-reduce per period whose result is used.
+  # there, so none of it is hidden. overlap=True runs each period as one program whose
+  # one all-reduce (of the stored snapshot) may overlap the `delay` steps before the merge.
   hidden_steps = s.delay if s.overlap else 0
   return timing.StepTimeModel(compute=compute, comm=comm, period=s.period, delay=hidden_steps)
 
@@ -233,7 +233,8 @@ def run(run_ctx) -> dict:
   config, model = run_ctx.config, run_ctx.model
   s = settings(config)
   trainer = DataParallelTrainer(model, make_optimizer(config, s), s.workers,
-                                average_grads=s.name == 'ssgd', stacked=s.stacked)
+                                average_grads=s.name == 'ssgd', stacked=s.stacked,
+                                **_period_program(s))
   streams = [run_ctx.train_batches(m, s.workers, batch_size=s.batch_size,
                                    sharding=s.data_sharding) for m in trainer.local_workers]
   state = trainer.init(config.seed)
@@ -244,14 +245,26 @@ def run(run_ctx) -> dict:
     clock = make_time_model(config, s, model, trainer.eval_variables(state), sample)
   # Local methods report this process's first worker's loss (see `report_loss`).
   where = None if trainer.replicated else f'worker {trainer.local_workers[0]}'
-  for step in range(1, config.train_steps + 1):
-    state, loss = trainer.train_step(state, trainer.put_batch([next(b) for b in streams]))
-    trainer.maybe_wait(step, loss)
-    run_ctx.report(step, loss=trainer.report_loss(loss),
-                   variables=lambda state=state: trainer.eval_variables(state),
-                   samples=step * s.global_batch_size, stage=where,
-                   sim_time=None if clock is None else clock.elapsed(step))
+  step = 0
+  while step < config.train_steps:
+    # A whole period per program where possible (one all-reduce per period).
+    n = trainer.program_length(step, config.train_steps, run_ctx.should_evaluate)
+    state, losses = trainer.train_steps(state, [[next(b) for b in streams] for _ in range(n)])
+    trainer.maybe_wait(step + n, losses[-1], steps=n)
+    for loss in losses:
+      step += 1
+      run_ctx.report(step, loss=loss,
+                     variables=lambda state=state: trainer.eval_variables(state),
+                     samples=step * s.global_batch_size, stage=where,
+                     sim_time=None if clock is None else clock.elapsed(step))
   return _summary_extras(run_ctx, s, trainer, state, clock, streams)
+
+
+def _period_program(s: Settings) -> dict:
+  """Trainer arguments: whole-period programs for the local methods with overlap."""
+  if s.name == 'ssgd' or not s.overlap:
+    return {}
+  return {'period': s.period, 'delay': s.delay}
 
 
 def _summary_extras(run_ctx, s, trainer, state, clock, streams) -> dict:

@@ -17,6 +17,9 @@ It is then mapped onto the workers either
 
 Both run the same code, so they compute the same numbers (up to the order of
 floating-point sums in the collectives).
+
+The delayed-averaging methods can also run a whole period of τ steps as one
+program (`make_worker_period`) that issues the period's one all-reduce itself.
 """
 
 from collections.abc import Callable
@@ -29,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxsgd import stages as stages_lib
 from jaxsgd.spmd.mesh import AXIS
+from jaxsgd.transforms import averaging
 
 
 def make_worker_step(model, tx: optax.GradientTransformation, *, average_grads: bool,
@@ -53,17 +57,60 @@ def make_worker_step(model, tx: optax.GradientTransformation, *, average_grads: 
     logits, new_state = stages_lib.apply_train(module, params, state, batch['image'])
     return stages_lib.cross_entropy(logits, batch['label']), new_state
 
-  def step(variables, opt_state, batch):
+  def step(variables, opt_state, batch, **update_args):
     params, state = stages_lib.split_variables(variables)
     diff_params = vary(params) if average_grads else params
     (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         diff_params, state, batch)
     if average_grads:
       grads, loss, new_state = lax.pmean((grads, loss, new_state), AXIS)
-    updates, opt_state = tx.update(grads, opt_state, params)
+    updates, opt_state = tx.update(grads, opt_state, params, **update_args)
     return {'params': optax.apply_updates(params, updates), **new_state}, opt_state, loss
-
   return step
+
+
+def make_worker_period(worker_step: Callable, *, period: int, delay: int) -> Callable:
+  r"""`(variables, opt_state, batches[τ]) -> (variables, opt_state, losses[τ])`.
+
+  One worker's τ = `period` local steps of a delayed-averaging method
+  (`jaxsgd.transforms.delayed_averaging` / `diloco_outer_step`, with
+  `axis_name='data'`) as one program with ONE all-reduce. It must start on a
+  period boundary (after a multiple of τ steps), where the optimizer state holds
+  the snapshot s of the previous period's last step. With m = d (delay ≥ 1) or
+  m = τ (delay 0) the merge step of the period:
+
+      w̄ = pmean(s)                      # issued first: reads only the state
+      steps 1 .. m−1:  scan, no merge    # update(..., may_merge=False)
+      step m:          merge w̄           # update(..., average=w̄)
+      steps m+1 .. τ:  scan, no merge    # the last one stores the next snapshot
+
+  For delay ≥ 1 nothing in steps 1..m−1, nor step m's forward and backward,
+  depends on the all-reduce, so XLA may run it during those d steps of compute
+  (asynchronous collectives on GPU). With delay 0 it is step τ's average of its
+  own weights. The arithmetic is that of τ calls of `worker_step`: the same w̄
+  from the same snapshot, the same updates (`tests/spmd/test_spmd_period.py`).
+  """
+  merge_at = delay if delay else period
+
+  def no_merge(carry, batch):
+    variables, opt_state, loss = worker_step(*carry, batch, may_merge=False)
+    return (variables, opt_state), loss
+
+  def run(variables, opt_state, batches):
+    average = averaging.snapshot_average(opt_state, AXIS) if delay else None
+    head, merge_batch, tail = _split_steps(batches, merge_at)
+    carry, head_losses = lax.scan(no_merge, (variables, opt_state), head)
+    variables, opt_state, loss = worker_step(*carry, merge_batch, average=average)
+    carry, tail_losses = lax.scan(no_merge, (variables, opt_state), tail)
+    return (*carry, jnp.concatenate([head_losses, loss[None], tail_losses]))
+  return run
+
+
+def _split_steps(batches, merge_at: int):
+  """(the steps before the merge, the merge step's batch, the steps after it)."""
+  k = merge_at - 1
+  return (jax.tree.map(lambda x: x[:k], batches), jax.tree.map(lambda x: x[k], batches),
+          jax.tree.map(lambda x: x[k + 1:], batches))
 
 
 def _squeeze(tree):
@@ -102,6 +149,37 @@ def mesh_step(worker_step: Callable, mesh, *, replicated: bool) -> Callable:
     mapped = jax.shard_map(per_worker, mesh=mesh, in_specs=(spec, spec, spec),
                            out_specs=(spec, spec, spec))
   return jax.jit(mapped, donate_argnums=(0, 1))
+
+
+def mesh_period(worker_period: Callable, mesh) -> Callable:
+  """`worker_period` (per-worker state) over the mesh with `jax.shard_map`, jitted.
+
+  Returns:
+    Jitted `(variables[M], opt_state[M], batches[τ, M*B]) -> (variables, opt_state,
+    losses[M, τ])`; step k's batches are `batches[k]`, split by worker. The
+    variables and optimizer state passed in are donated.
+  """
+  def per_worker(variables, opt_state, batches):
+    variables, opt_state, losses = worker_period(_squeeze(variables), _squeeze(opt_state),
+                                                 batches)
+    return _expand(variables), _expand(opt_state), losses[None]
+  spec = P(AXIS)
+  mapped = jax.shard_map(per_worker, mesh=mesh, in_specs=(spec, spec, P(None, AXIS)),
+                         out_specs=(spec, spec, spec))
+  return jax.jit(mapped, donate_argnums=(0, 1))
+
+
+def stacked_period(worker_period: Callable, workers: int) -> Callable:
+  """`worker_period` for M workers stacked on one device (`jax.vmap`), jitted.
+
+  Same signature and outputs as `mesh_period`.
+  """
+  def stacked(variables, opt_state, batches):
+    batches = jax.tree.map(lambda x: x.reshape((x.shape[0], workers, -1) + x.shape[2:]),
+                           batches)
+    return jax.vmap(worker_period, in_axes=(0, 0, 1), out_axes=(0, 0, 0),
+                    axis_name=AXIS)(variables, opt_state, batches)
+  return jax.jit(stacked, donate_argnums=(0, 1))
 
 
 def stacked_step(worker_step: Callable, workers: int, *, replicated: bool) -> Callable:
