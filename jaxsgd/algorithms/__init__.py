@@ -20,6 +20,7 @@ _MODULES = {
     'local_sgd': 'jaxsgd.algorithms.data_parallel',
     'dasgd': 'jaxsgd.algorithms.data_parallel',
     'diloco': 'jaxsgd.algorithms.data_parallel',
+    'streaming_diloco': 'jaxsgd.algorithms.data_parallel',
     'asgd': 'jaxsgd.algorithms.asynchronous',
     'dcasgd': 'jaxsgd.algorithms.asynchronous',
     'lppsgd': 'jaxsgd.algorithms.asynchronous',

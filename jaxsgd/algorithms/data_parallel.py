@@ -1,4 +1,4 @@
-r"""`ssgd`, `local_sgd`, `dasgd`, `diloco`: data parallelism as one jitted SPMD step.
+r"""`ssgd`, `local_sgd`, `dasgd`, `diloco`, `streaming_diloco`: SPMD data parallelism.
 
 M workers (devices of a `data` mesh, or stacked on one device), each with its own
 batch of `config.batch_size` examples (per worker: the global batch is
@@ -18,6 +18,10 @@ rules (w: weights, g_m: worker m's gradient, η: the optimizer):
 * `diloco` (Douillard et al. 2023, arXiv:2311.08105): every `period` inner steps,
   an outer optimizer (`algorithm.outer`, default Nesterov SGD 0.7/0.9) steps the
   anchor with the pseudo-gradient anchor − mean_j w_j; workers restart from it.
+* `streaming_diloco` (Douillard et al. 2025, arXiv:2501.18512): DiLoCo on
+  `algorithm.fragments` = P fragments of the model whose outer steps are staggered
+  (fragment p syncs when (t − p·H/P) mod H = 0), each merged `delay` = τ steps after
+  its sync as w_p ← α w_p + (1 − α) θ_p (`mix` = α; 0 takes the global value).
 
 The update rules live in `jaxsgd.transforms` (`local_sgd`, `diloco`); this module
 builds them from the config, places state and batches (`jaxsgd.spmd`) and runs
@@ -46,7 +50,8 @@ from jaxsgd.spmd import timing
 from jaxsgd.spmd.trainer import DataParallelTrainer
 from jaxsgd.training import optimizers
 
-NAMES = ('ssgd', 'local_sgd', 'dasgd', 'diloco')
+NAMES = ('ssgd', 'local_sgd', 'dasgd', 'diloco', 'streaming_diloco')
+OUTER = ('diloco', 'streaming_diloco')  # The methods with an outer optimizer.
 DATA_SHARDING = ('shard', 'stream')
 DEFAULT_PERIOD = 4
 DEFAULT_DELAY = {'dasgd': 1}
@@ -70,6 +75,7 @@ class Settings:
   stacked: bool
   data_sharding: str
   save_params: bool
+  fragments: int = 1   # streaming_diloco: P (1 for the others)
 
   @property
   def global_batch_size(self) -> int:
@@ -108,9 +114,28 @@ def settings(config) -> Settings:
   if data_sharding not in DATA_SHARDING:
     raise ValueError(f'algorithm.data_sharding: {data_sharding!r}; allowed: '
                      f'{", ".join(DATA_SHARDING)}.')
+  fragments = _fragments(name, algo, period, delay)
   return Settings(name, workers, _per_worker_batch(config), period, delay, merge, mix,
                   bool(algo.get('overlap', True)), bool(algo.get('stacked', False)),
-                  data_sharding, bool(algo.get('save_params', False)))
+                  data_sharding, bool(algo.get('save_params', False)), fragments)
+
+
+def _fragments(name, algo, period, delay) -> int:
+  """`algorithm.fragments` of streaming_diloco (checked against period and delay), else 1."""
+  if name != 'streaming_diloco':
+    return 1
+  if algo.get('merge', 'keep_local') != 'mix':
+    raise ValueError(f"algorithm.merge: streaming_diloco merges w ← α w + (1 − α) θ "
+                     f"(merge='mix', α = algorithm.mix); got {algo.get('merge')!r}.")
+  fragments = algo.get('fragments', 2)
+  _int_at_least('algorithm.fragments', fragments, 1)
+  if period % fragments:
+    raise ValueError(f'algorithm.fragments: algorithm.period={period} must be a multiple '
+                     f'of fragments={fragments} (fragment p syncs at offset p·period/P).')
+  if delay >= period // fragments:
+    raise ValueError(f'algorithm.delay: must be < period / fragments = '
+                     f'{period // fragments} (one fragment in flight), got {delay}.')
+  return fragments
 
 
 def _int_at_least(field, value, minimum):
@@ -155,7 +180,7 @@ def validate(config, model) -> None:
     raise ValueError(f'stages: the data-parallel methods train the whole model on every '
                      f'worker; use stages=1, got {config.stages}.')
   optimizers.check_optimizer(config.optimizer)
-  if s.name == 'diloco':
+  if s.name in OUTER:
     optimizers.check_optimizer(_outer_config(config))
   _check_cost(config)
   multi_process = distributed.initialize_from_env()
@@ -182,9 +207,12 @@ def make_optimizer(config, s: Settings):
     return inner
   kwargs = dict(period=s.period, delay=s.delay, axis_name=mesh_lib.AXIS, merge=s.merge,
                 mix=s.mix, overlap=s.overlap)
-  if s.name == 'diloco':
+  if s.name in OUTER:
     outer = optimizers.make_optimizer(_outer_config(config),
                                       max(1, config.train_steps // s.period))
+    if s.name == 'streaming_diloco':
+      return transforms.streaming_diloco(inner, outer, s.period, s.fragments, s.delay, s.mix,
+                                         axis_name=mesh_lib.AXIS, overlap=s.overlap)
     return transforms.diloco(inner, outer, **kwargs)
   return transforms.local_sgd(inner, **kwargs)
 
@@ -203,7 +231,9 @@ def make_time_model(config, s: Settings, model, variables,
   cost = _check_cost(config)
   # SSGD all-reduces gradients and BatchNorm statistics; the others the weights.
   nbytes = timing.tree_bytes(variables if s.name == 'ssgd' else variables['params'])
-  comm = timing.ring_allreduce_time(nbytes, s.workers, bandwidth_gbps=cost['bandwidth_gbps'],
+  # Streaming DiLoCo: a 1/P fragment every H/P steps (fragments near-equal in size).
+  comm = timing.ring_allreduce_time(nbytes / s.fragments, s.workers,
+                                    bandwidth_gbps=cost['bandwidth_gbps'],
                                     latency_s=cost['latency'])
   compute = cost['step_time']
   if compute is None:
@@ -212,7 +242,8 @@ def make_time_model(config, s: Settings, model, variables,
   # there, so none of it is hidden. overlap=True runs each period as one program whose
   # one all-reduce (of the stored snapshot) may overlap the `delay` steps before the merge.
   hidden_steps = s.delay if s.overlap else 0
-  return timing.StepTimeModel(compute=compute, comm=comm, period=s.period, delay=hidden_steps)
+  return timing.StepTimeModel(compute=compute, comm=comm, period=s.period // s.fragments,
+                              delay=hidden_steps)
 
 
 def _calibrate(config, model, variables, batch, repeats: int) -> float:
@@ -262,7 +293,7 @@ def run(run_ctx) -> dict:
 
 def _period_program(s: Settings) -> dict:
   """Trainer arguments: whole-period programs for the local methods with overlap."""
-  if s.name == 'ssgd' or not s.overlap:
+  if s.name in ('ssgd', 'streaming_diloco') or not s.overlap:
     return {}
   return {'period': s.period, 'delay': s.delay}
 
