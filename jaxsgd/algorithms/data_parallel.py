@@ -293,8 +293,10 @@ def run(run_ctx) -> dict:
 
 def _period_program(s: Settings) -> dict:
   """Trainer arguments: whole-period programs for the local methods with overlap."""
-  if s.name in ('ssgd', 'streaming_diloco') or not s.overlap:
+  if s.name == 'ssgd' or not s.overlap:
     return {}
+  if s.name == 'streaming_diloco':
+    return {'period': s.period, 'delay': s.delay, 'fragments': s.fragments}
   return {'period': s.period, 'delay': s.delay}
 
 

@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxsgd import stages as stages_lib
 from jaxsgd.spmd.mesh import AXIS
+from jaxsgd import transforms
 from jaxsgd.transforms import averaging
 
 # XLA:CPU pays ~10-40 ms per iteration of a while loop around a training step
@@ -111,6 +112,70 @@ def make_worker_period(worker_step: Callable, *, period: int, delay: int) -> Cal
     carry, tail_losses = _scan(no_merge, (variables, opt_state), tail)
     return (*carry, jnp.concatenate([head_losses, loss[None], tail_losses]))
   return run
+
+
+def make_worker_cycle(worker_step: Callable, *, period: int, fragments: int, delay: int,
+                      pattern: str = 'strided') -> Callable:
+  r"""`(variables, opt_state, batches[H]) -> (variables, opt_state, losses[H])`.
+
+  One worker's H = `period` inner steps of streaming DiLoCo
+  (`jaxsgd.transforms.streaming_diloco_outer_step`, `axis_name='data'`) as one
+  program with exactly one all-reduce per fragment: P all-reduces of 1/P of the
+  weights. It must start on a cycle boundary (after a multiple of H steps). In
+  the cycle, fragment p ≥ 1 syncs at step p·H/P and fragment 0 at step H; each
+  merges τ = `delay` steps after its sync:
+
+      w̄_0 = pmean(s_0)                     # fragment 0 synced at the previous
+                                            #   cycle's end: issued first
+      step τ:            merge w̄_0          # update(..., average={0: w̄_0})
+      step p·H/P:        s_p = w_p          #   then w̄_p = pmean(s_p) is issued
+      step p·H/P + τ:    merge w̄_p
+      other steps:       no merge           # update(..., may_merge=False)
+
+  so every all-reduce reads only a snapshot, and nothing of the τ − 1 steps after
+  it, nor the forward and backward of its merge step, depends on it (with τ = 0
+  each fragment averages its sync step's own weights). The arithmetic is that of
+  H calls of `worker_step`.
+  """
+  stride = period // fragments
+  sync_at = {p: p * stride if p else period for p in range(fragments)}
+  merges, issues = {}, {}  # cycle step -> fragments merging / issued after that step
+  for p, at in sync_at.items():
+    merge_at = at + delay if p else (delay or period)
+    merges.setdefault(merge_at, []).append(p)
+    if delay:
+      issues.setdefault(at if p else 0, []).append(p)
+  special = sorted(set(merges) | (set(issues) - {0}))
+
+  def no_merge(carry, batch):
+    variables, opt_state, loss = worker_step(*carry, batch, may_merge=False)
+    return (variables, opt_state), loss
+
+  def average(opt_state, p):
+    return transforms.fragment_snapshot_average(opt_state, p, AXIS, fragments=fragments,
+                                                pattern=pattern)
+
+  def run(variables, opt_state, batches):
+    carry, losses, done = (variables, opt_state), [], 0
+    pending = {p: average(opt_state, p) for p in issues.get(0, ())}
+    for k in special:  # Plain steps as (unrolled) scans; merges and issues in between.
+      carry, plain_losses = _scan(no_merge, carry, _steps(batches, done, k - 1))
+      merging = tuple(merges.get(k, ()))
+      given = {p: pending.pop(p) for p in merging if p in pending}
+      variables, opt_state, loss = worker_step(
+          *carry, jax.tree.map(lambda x, k=k: x[k - 1], batches),
+          may_merge=merging or False, average=given or None)
+      pending.update({p: average(opt_state, p) for p in issues.get(k, ())})
+      carry, done = (variables, opt_state), k
+      losses += [plain_losses, loss[None]]
+    carry, plain_losses = _scan(no_merge, carry, _steps(batches, done, period))
+    return (*carry, jnp.concatenate(losses + [plain_losses]))
+  return run
+
+
+def _steps(batches, start: int, stop: int):
+  """The batches of (0-based) steps start .. stop − 1."""
+  return jax.tree.map(lambda x: x[start:stop], batches)
 
 
 def _scan(step, carry, batches):

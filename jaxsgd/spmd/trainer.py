@@ -54,11 +54,15 @@ class DataParallelTrainer:
       `program_length` allows runs as ONE program with one all-reduce
       (`step.make_worker_period`); None: every step is its own program.
     delay: the transform's delay d (0 <= d < period).
+    fragments: for streaming DiLoCo (`tx` contains `streaming_diloco_outer_step`
+      with this `period`, `fragments` and `delay`): each cycle of `period` steps
+      runs as one program with one all-reduce per fragment
+      (`step.make_worker_cycle`).
   """
 
   def __init__(self, model, tx, workers: int, *, average_grads: bool,
                stacked: bool = False, devices=None, period: int | None = None,
-               delay: int = 0):
+               delay: int = 0, fragments: int | None = None):
     self.workers = workers
     self.replicated = average_grads
     self.stacked = stacked
@@ -78,7 +82,11 @@ class DataParallelTrainer:
                                               vary=vary)
       self.step = step_lib.mesh_step(worker_step, self.mesh, replicated=self.replicated)
     if period is not None:
-      worker_period = step_lib.make_worker_period(worker_step, period=period, delay=delay)
+      worker_period = (
+          step_lib.make_worker_period(worker_step, period=period, delay=delay)
+          if fragments is None else
+          step_lib.make_worker_cycle(worker_step, period=period, fragments=fragments,
+                                     delay=delay))
       self.period_step = (step_lib.stacked_period(worker_period, workers) if stacked
                           else step_lib.mesh_period(worker_period, self.mesh))
     self._model, self._tx = model, tx

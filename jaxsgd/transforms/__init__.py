@@ -30,6 +30,7 @@ from jaxsgd.transforms.staleness import inverse_staleness
 from jaxsgd.transforms.staleness import power_staleness
 from jaxsgd.transforms.staleness import scale_by_staleness
 from jaxsgd.transforms.streaming import fragment_leaves
+from jaxsgd.transforms.streaming import fragment_snapshot_average
 from jaxsgd.transforms.streaming import streaming_diloco
 from jaxsgd.transforms.streaming import streaming_diloco_outer_step
 from jaxsgd.transforms.streaming import StreamingDiLoCoState
@@ -49,6 +50,7 @@ __all__ = (
     'diloco_outer_step',
     'DiLoCoOuterState',
     'fragment_leaves',
+    'fragment_snapshot_average',
     'inverse_sqrt_staleness',
     'inverse_staleness',
     'local_sgd',

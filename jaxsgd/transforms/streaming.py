@@ -67,6 +67,46 @@ def fragment_leaves(params, fragments: int, pattern: str = 'strided') -> list[li
   return [sorted(i for unit in group for i in unit) for group in groups]
 
 
+def _merging_fragments(may_merge, fragments) -> frozenset[int]:
+  if may_merge is True or may_merge is False:
+    return frozenset(range(fragments)) if may_merge else frozenset()
+  try:
+    merging = frozenset(int(p) for p in may_merge)
+  except TypeError:
+    merging = None
+  if merging is None or not merging <= set(range(fragments)):
+    raise TypeError(f'may_merge must be a Python bool or fragment indices in '
+                    f'[0, {fragments}); got {may_merge!r}.')
+  return merging
+
+
+def fragment_snapshot_average(opt_state, fragment: int, axis_name, *, fragments: int,
+                              pattern: str = 'strided') -> list:
+  """w̄_p: the workers' mean of fragment p's stored snapshot (one all-reduce).
+
+  For a caller that issues fragment p's all-reduce itself and passes it to the
+  merge step as ``update(..., average={p: w̄_p})``.
+
+  Args:
+    opt_state: a state containing one `StreamingDiLoCoState` (delay >= 1).
+    fragment: p.
+    axis_name: the transform's axis name.
+    fragments, pattern: the transform's (they fix the fragments' leaves).
+
+  Returns:
+    The average of fragment p's snapshot leaves, in `fragment_leaves` order.
+  """
+  is_ours = lambda x: isinstance(x, StreamingDiLoCoState)
+  found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_ours) if is_ours(x)]
+  if len(found) != 1 or found[0].snapshot is None:
+    raise ValueError('opt_state: expected one streaming DiLoCo state with a snapshot '
+                     '(delay >= 1).')
+  snapshot = found[0].snapshot
+  leaves = jax.tree.leaves(snapshot)
+  group = fragment_leaves(snapshot, fragments, pattern)[fragment]
+  return averaging._average([leaves[i] for i in group], axis_name)  # pylint: disable=protected-access
+
+
 def _fragment_schedule(count, period, fragments, delay):
   """(t, [is_sync_p], [is_merge_p]) for the call after `count` inner updates.
 
@@ -131,9 +171,19 @@ def streaming_diloco_outer_step(
       every step (top-level collectives); False only on its merge step, inside
       ``lax.cond``. Results are identical.
 
+  ``update`` takes two keyword extra arguments, as `delayed_averaging`'s, for
+  a caller that runs a whole cycle of H steps as one program and issues each
+  fragment's all-reduce itself (`jaxsgd.spmd.step.make_worker_cycle`):
+
+  * ``average``: ``{p: w̄_p}``, fragment p's average of its stored snapshot
+    (`fragment_snapshot_average`, delay >= 1), computed by the caller.
+  * ``may_merge``: True (default: every fragment's schedule decides), False
+    (none merges) or the fragment indices that may merge at this step; the
+    others compile no collective and no merge (the caller must be right).
+
   Returns:
-    A `GradientTransformationExtraArgs` (extra arguments are ignored) with
-    state `StreamingDiLoCoState`.
+    A `GradientTransformationExtraArgs` (other extra arguments are ignored)
+    with state `StreamingDiLoCoState`.
 
   Example:
     >>> import jax.numpy as jnp, optax
@@ -179,10 +229,16 @@ def streaming_diloco_outer_step(
     return StreamingDiLoCoState(jnp.zeros([], jnp.int32), snapshot,
                                 jax.tree.map(jnp.copy, params), outer_states)
 
-  def update_fn(updates, state, params=None, **extra_args):
+  def update_fn(updates, state, params=None, *, average=None, may_merge=True,
+                **extra_args):
     del extra_args
     _checks.require('params', params, 'streaming_diloco_outer_step',
                     'the parameters before this step')
+    merging = _merging_fragments(may_merge, fragments)
+    average = {} if average is None else dict(average)
+    if average and delay == 0:
+      raise ValueError('average: with delay = 0 a fragment averages its merge step\'s own '
+                       'weights, which the caller cannot have; pass it only with delay >= 1.')
     t, is_sync, is_merge = _fragment_schedule(state.count, period, fragments, delay)
     u, treedef = jax.tree.flatten(updates)
     w = treedef.flatten_up_to(params)
@@ -190,10 +246,14 @@ def streaming_diloco_outer_step(
     snapshot = None if delay == 0 else treedef.flatten_up_to(state.snapshot)
     outer_states = []
     for p, group in enumerate(fragment_leaves(params, fragments, pattern)):
-      merged, anchor_p, outer_state = _fragment_update(
-          [u[i] for i in group], [w[i] for i in group],
-          None if delay == 0 else [snapshot[i] for i in group],
-          [anchor[i] for i in group], state.outer_states[p], is_merge[p])
+      if p in merging:
+        merged, anchor_p, outer_state = _fragment_update(
+            [u[i] for i in group], [w[i] for i in group],
+            None if delay == 0 else [snapshot[i] for i in group],
+            [anchor[i] for i in group], state.outer_states[p], is_merge[p], average.get(p))
+      else:  # The caller knows p does not merge now: no collective, no outer step.
+        merged, anchor_p = [u[i] for i in group], [anchor[i] for i in group]
+        outer_state = state.outer_states[p]
       outer_states.append(outer_state)
       for k, i in enumerate(group):
         u[i], anchor[i] = merged[k], anchor_p[k]
@@ -204,12 +264,13 @@ def streaming_diloco_outer_step(
         t, None if delay == 0 else unflatten(snapshot), unflatten(anchor),
         tuple(outer_states))
 
-  def _fragment_update(u, w, snapshot, anchor, outer_state, is_merge):
+  def _fragment_update(u, w, snapshot, anchor, outer_state, is_merge, average):
     """One fragment's merge, as `diloco_outer_step` does it (the same helpers)."""
     # pylint: disable=protected-access
     post = optax.apply_updates(w, u)
     sent = post if delay == 0 else snapshot
-    average = averaging._maybe_average(sent, axis_name, is_merge, overlap)
+    if average is None:
+      average = averaging._maybe_average(sent, axis_name, is_merge, overlap)
     anchor, outer_state = averaging._outer_step(outer, anchor, outer_state, average,
                                                 is_merge)
     merged = averaging._merged_updates(u, post, sent, anchor, is_merge, 'mix', mix)

@@ -103,3 +103,83 @@ def test_bad_settings_are_refused(data_dir, tmp_path, fields, match):
   config.update_from_flattened_dict(fields)
   with pytest.raises(ValueError, match=match):
     train_and_evaluate(config, str(tmp_path), show_progress=False)
+
+
+# ------------------------------------------------- a whole cycle as one program.
+RTOL, ATOL = 1e-6, 1e-7  # As tests/spmd/test_spmd_period.py (and why: see there).
+CYCLES = [(4, 2, 1), (8, 4, 1), (6, 3, 0), (8, 2, 3)]  # (H, P, τ)
+
+
+@pytest.fixture(scope='module')
+def deep_model():
+  from jaxsgd import models
+  return models.get_model('mlp', (12,), 5, hidden=(16, 16, 16))  # 4 modules
+
+
+def _streaming_trainer(model, period, fragments, delay, cycle, stacked=False):
+  import optax
+  from jaxsgd import transforms
+  tx = transforms.streaming_diloco(optax.sgd(0.3), optax.sgd(0.7, momentum=0.9,
+                                                            nesterov=True),
+                                   period=period, fragments=fragments, delay=delay, mix=0.5,
+                                   axis_name='data')
+  program = dict(period=period, delay=delay, fragments=fragments) if cycle else {}
+  return DataParallelTrainer(model, tx, M, average_grads=False, stacked=stacked, **program)
+
+
+def _run(trainer, batches, steps=STEPS):
+  state, losses, done = trainer.init(0), [], 0
+  while done < steps:
+    n = trainer.program_length(done, steps)
+    state, step_losses = trainer.train_steps(state, batches[done:done + n])
+    losses += step_losses
+    done += n
+  return jax.device_get((state.variables, state.opt_state)), np.asarray(jax.device_get(losses))
+
+
+@pytest.mark.parametrize('stacked', [False, True], ids=['mesh', 'stacked'])
+@pytest.mark.parametrize('period, fragments, delay', CYCLES)
+def test_cycle_program_equals_per_step_program(deep_model, batches, stacked, period,
+                                               fragments, delay):
+  batches = batches + batches  # 2 × STEPS steps: 2 or more cycles and a remainder.
+  per_step = _run(_streaming_trainer(deep_model, period, fragments, delay, False, stacked),
+                  batches, 2 * STEPS)
+  cycle = _run(_streaming_trainer(deep_model, period, fragments, delay, True, stacked),
+               batches, 2 * STEPS)
+  chex.assert_trees_all_close(cycle[0], per_step[0], rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(cycle[1], per_step[1], rtol=RTOL, atol=ATOL)
+
+
+def test_cycle_tolerance_can_fail(deep_model, batches):
+  """τ = 1 against τ = 0 (a merge one step early) is far outside the tolerance."""
+  a = _run(_streaming_trainer(deep_model, 4, 2, 1, True), batches)[0]
+  b = _run(_streaming_trainer(deep_model, 4, 2, 0, True), batches)[0]
+  with pytest.raises(AssertionError):
+    chex.assert_trees_all_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize('period, fragments, delay', CYCLES)
+def test_one_allreduce_per_fragment_per_cycle(deep_model, batches, period, fragments, delay):
+  from jaxsgd.spmd import hlo
+  trainer = _streaming_trainer(deep_model, period, fragments, delay, True)
+  state = trainer.init(0)
+  text = trainer.period_step.lower(state.variables, state.opt_state,
+                                   trainer.put_batches(batches[:period])).compile().as_text()
+  assert hlo.collective_count(text) == {'top_level': fragments, 'in_loops': 0,
+                                        'in_conditionals': 0}
+  sites = hlo.collective_inputs(text)
+  if delay:  # Fragment 0's, issued first, reads only the snapshot the state holds.
+    assert all(d.startswith('opt_state') and 'snapshot' in d for d in sites[0]), sites[0]
+  # Together they carry every parameter once: each fragment only its own leaves.
+  sizes = [_allreduced_elements(line) for line in text.splitlines() if ' all-reduce(' in line]
+  n_params = sum(x.size for x in jax.tree.leaves(deep_model.init(jax.random.key(0))['params']))
+  assert len(sizes) == fragments and sum(sizes) == n_params, (sizes, n_params)
+  assert fragments == 1 or max(sizes) < n_params
+
+
+def _allreduced_elements(line):
+  """Elements of an all-reduce's result, e.g. `(f32[16]{0}, f32[12,16]{1,0}) all-reduce(`."""
+  import re
+  result_type = line.split('=', 1)[1].split(' all-reduce(')[0]
+  return sum(int(np.prod([int(d) for d in dims.split(',') if d] or [1]))
+             for dims in re.findall(r'f32\[([\d,]*)\]', result_type))
