@@ -12,9 +12,10 @@ rules (w: weights, g_m: worker m's gradient, η: the optimizer):
 * `dasgd` (Zhou et al. 2020, arXiv:2006.00441): local SGD whose average is
   merged `delay` steps late: snapshot s_m = w_m at k = nτ; at k = nτ + d,
   w_m ← mean_j s_j + (w_m − s_m) (`merge='keep_local'`) or
-  w_m ← p w_m + (1 − p) mean_j s_j (`merge='mix'`). The all-reduce reads the
-  snapshot from the optimizer state, so inside the jitted step it does not depend
-  on the step's gradients and XLA may run it during the forward/backward pass.
+  w_m ← p w_m + (1 − p) mean_j s_j (`merge='mix'`). With `overlap=True` each period
+  runs as one program with one all-reduce, of the snapshot in the optimizer state:
+  it depends on no gradient of the period, so XLA may run it during the `delay`
+  steps of compute before the merge (`jaxsgd.spmd.step.make_worker_period`).
 * `diloco` (Douillard et al. 2023, arXiv:2311.08105): every `period` inner steps,
   an outer optimizer (`algorithm.outer`, default Nesterov SGD 0.7/0.9) steps the
   anchor with the pseudo-gradient anchor − mean_j w_j; workers restart from it.
