@@ -24,6 +24,7 @@ import jaxsgd.transforms as T
 from jaxsgd.transforms import averaging
 from jaxsgd.transforms import compensation
 from jaxsgd.transforms import staleness
+from jaxsgd.transforms import streaming
 
 M = 2  # Workers (stacked rows, or server workers).
 LR = 0.1
@@ -81,6 +82,13 @@ CASES = [
          dict(inner=optax.adam(0.05), outer=NESTEROV, period=3, delay=1,
               merge='mix', mix=0.5),
          static_args=('period', 'delay'), stacked=True),
+    Case('streaming_diloco', T.streaming_diloco,
+         dict(inner=optax.sgd(LR, momentum=0.5), outer=NESTEROV, period=4, fragments=2,
+              delay=1, mix=0.5),
+         static_args=('period', 'fragments', 'delay'), stacked=True),
+    Case('streaming_diloco_no_overlap', T.streaming_diloco,
+         dict(inner=optax.sgd(LR), outer=NESTEROV, period=3, fragments=1, overlap=False),
+         static_args=('period', 'fragments', 'delay', 'overlap'), stacked=True),
 ]
 IDS = [c.name for c in CASES]
 
@@ -236,7 +244,7 @@ def test_converges_on_logistic_regression(case):
   chex.assert_tree_all_finite(state)
 
 
-@pytest.mark.parametrize('module', [compensation, averaging, staleness],
+@pytest.mark.parametrize('module', [compensation, averaging, staleness, streaming],
                          ids=lambda m: m.__name__)
 def test_docstring_examples_run(module):
   result = doctest.testmod(module, extraglobs=vars(module),
