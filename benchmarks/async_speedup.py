@@ -42,7 +42,6 @@ import optax
 
 from benchmarks.common import print_table
 from experiments.configs import asgd as asgd_config
-from experiments.configs import ddg as ddg_config
 from experiments.configs import default as default_config
 from experiments.configs import lppsgd as lpp_config
 from experiments.configs import pdasgd as pd_config
@@ -50,8 +49,9 @@ from jaxsgd import data as data_lib
 from jaxsgd import models
 from jaxsgd import training
 from jaxsgd.asynchronous import common
-from jaxsgd.scheduler import Pipeline, Placement
-from jaxsgd.scheduler.pipeline import sequential_roles
+from jaxsgd.pipeline import PlacedStages
+from jaxsgd.scheduler import Placement
+from jaxsgd.pipeline.session import sequential_roles
 
 LAYERS = 4  # The CNN's layers: 3 conv blocks + the head.
 RATIOS = {3: ((1, 2), (2, 1)), 8: ((3, 5), (2, 6), (4, 4))}
@@ -77,7 +77,7 @@ def calibrate(dataset, batch_size: int) -> dict:
   batch = next(dataset.train_batches(batch_size, seed=0))
   tables = {}
   for stages in (1, LAYERS):
-    pipeline = Pipeline(model, stages, optax.adam(1e-3),
+    pipeline = PlacedStages(model, stages, optax.adam(1e-3),
                         placement=Placement.create(stages, jax.devices()[:1]),
                         batch_size=batch_size)
     tables[stages] = pipeline.calibrate(sequential_roles(stages), batch, reps=7)
@@ -97,7 +97,6 @@ def make_config(method: str, devices: int, sizes: Sizes, tables: dict, data_dir,
   """The run's config: the experiment config of `method` with the benchmark's sizes."""
   if method == 'bp':
     config = default_config.get_config()
-    ddg_config.scheduler_fields(config, 1)
   else:
     config = {'asgd': asgd_config, 'lppsgd': lpp_config, 'pdasgd': pd_config}[method].get_config()
   config.dataset, config.data_dir, config.batch_size = 'mnist1d', data_dir, 64

@@ -14,7 +14,8 @@ r"""How much communication SSGD, local SGD and DaSGD hide: `python -m benchmarks
 3. Real steps/s on this machine for `ssgd` and the three DaSGD forms, interleaved
    rounds: 2 and 4 fake CPU devices in this process, and 2 processes × 1 device
    launched by `jaxsgd.launch` (gloo on loopback). The CPU has 2 cores that every
-   fake device shares, so these numbers show overheads, not parallel speed-up.
+   fake device shares, so these numbers show overheads, not parallel speed-up
+   (see docs/jax_on_cpu.md).
 
 Runtime: ~1.5 min on the 2-core CPU (`--skip_real`: ~30 s). The 2-process rates are
 noisy (±50 % run to run on the shared 2 cores).
@@ -80,8 +81,8 @@ def resnet20_compute(batch: int) -> tuple[float, int]:
 
 
 def clocks(compute, nbytes, workers, gbps, args) -> dict[str, timing.StepTimeModel]:
-  comm = timing.ring_allreduce_time(nbytes, workers, bandwidth_gbps=gbps,
-                                    latency_s=args.latency)
+  comm = timing.ring_allreduce_time(nbytes, workers, bandwidth=gbps * 1e9 / 8,
+                                    latency=args.latency)
   return {'ssgd': timing.StepTimeModel(compute, comm),
           'local_sgd': timing.StepTimeModel(compute, comm, args.period, 0),
           'dasgd': timing.StepTimeModel(compute, comm, args.period, args.delay)}

@@ -3,13 +3,13 @@ r"""Time per iteration of `ddg` and `local` relative to `bp`, for K = 1, 2, 4, 8
     python -m benchmarks.pipeline_speedup            # a few minutes on a 2-core CPU
 
 Virtual clock: each stage's forward, backward and update are timed once on this
-machine (`Pipeline.calibrate`), links are free, and the schedule is simulated
+machine (`PlacedStages.calibrate`), links are free, and the schedule is simulated
 on K devices; the tasks still run their real computations on synthetic batches.
 Time per iteration is the steady-state period of the last stage's updates (the
 pipeline fill excluded). The ideal speed-up over BP is K.
 
 Real clock: the same runs on K fake CPU devices of this machine. They share its
-cores (see /work/shared/JAX-ON-CPU.md), so the real speed-up is capped near 1.
+cores (see docs/jax_on_cpu.md), so the real speed-up is capped near 1.
 """
 
 import os
@@ -26,8 +26,8 @@ import optax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from jaxsgd import models  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jaxsgd.algorithms import ddg, local  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jaxsgd.scheduler import (BatchFeed, CostModel, Pipeline, Placement,  # pylint: disable=g-import-not-at-top,wrong-import-position
-                              RealExecutor, VirtualExecutor, sequential_roles)
+from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 STAGES = (1, 2, 4, 8)
 
@@ -66,7 +66,7 @@ def measure(model, num_stages, batch_size, steps, clocks=('virtual', 'real')):
   """
   placement = Placement.create(num_stages, jax.devices()[:num_stages])
   batches = synthetic_batches(model.input_shape, model.num_classes, batch_size)
-  make = lambda aux: Pipeline(model, num_stages, optax.sgd(0.01), placement=placement,
+  make = lambda aux: PlacedStages(model, num_stages, optax.sgd(0.01), placement=placement,
                               batch_size=batch_size, aux_heads=aux)
   plain = make(False)
   with_heads = make(True) if num_stages > 1 else plain
@@ -86,7 +86,7 @@ def simulate_many_stages(num_stages=64, steps=8):
   """A 64-stage MLP on 64 simulated devices (all computed on this CPU)."""
   model = models.get_model('mlp', (64,), 10, hidden=(64,) * (num_stages - 1))
   placement = Placement.create(num_stages, jax.devices()[:1])
-  pipeline = Pipeline(model, num_stages, optax.sgd(0.01), placement=placement, batch_size=32)
+  pipeline = PlacedStages(model, num_stages, optax.sgd(0.01), placement=placement, batch_size=32)
   batches = synthetic_batches(model.input_shape, model.num_classes, 32)
   start = time.perf_counter()
   executor = VirtualExecutor(CostModel(pipeline.calibrate(sequential_roles(num_stages),

@@ -19,7 +19,7 @@ import optax
 
 from benchmarks.common import median_time, print_table
 from jaxsgd import models
-from jaxsgd import stages as stages_lib
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.algorithms import backprop
 
 BATCH = 128

@@ -121,9 +121,10 @@ register(Suite(
 
 def _data_parallel(label, config, workers, name=None):
   overrides = _CPU + (('workers', workers), ('algorithm.stacked', True),
-                      ('cost.step_time', 0.005), ('cost.bandwidth_gbps', 1.0))
+                      ('cost.calibrate', False), ('cost.compute.step', 0.005),
+                      ('cost.link_bandwidth', 1.25e8))  # 1 Gbit/s
   if name:
-    overrides += (('algorithm.name', name), ('algorithm.delay', 1 if name == 'dasgd' else 0))
+    overrides += (('algorithm.name', name),)
   return Method(label, config, overrides)
 
 
@@ -143,7 +144,7 @@ register(Suite(
 _SGD = (('optimizer.name', 'sgd'), ('optimizer.learning_rate', 0.2))
 # The asynchronous methods run with the scheduler's default free links; SSGD beside
 # them gets free links too, so the suites compare compute and staleness alone.
-_FREE_LINKS = (('cost.bandwidth_gbps', 1e9), ('cost.latency', 0.0))
+_FREE_LINKS = (('cost.link_bandwidth', 0.0), ('cost.link_latency', 0.0))
 
 
 def _straggler(workers: int) -> tuple[tuple[str, object], ...]:

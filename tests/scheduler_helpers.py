@@ -9,7 +9,8 @@ import optax
 
 from jaxsgd import models
 from jaxsgd.algorithms import backprop
-from jaxsgd.scheduler import BatchFeed, CostModel, Pipeline, Placement, VirtualExecutor
+from jaxsgd.pipeline import BatchFeed, PlacedStages
+from jaxsgd.scheduler import CostModel, Placement, VirtualExecutor
 
 FEATURES, CLASSES, BATCH = 12, 4, 16
 # F = 1, B = 2, U = 0 seconds: the costs of the hand-computed schedules.
@@ -36,15 +37,15 @@ def mlp(hidden=(16, 16)) -> models.StagedModel:
 OPTIMIZERS = {'sgd': lambda: optax.sgd(0.1), 'adam': lambda: optax.adam(1e-2)}
 
 
-def make_pipeline(model, roles, tx=None, devices=None) -> Pipeline:
+def make_pipeline(model, roles, tx=None, devices=None) -> PlacedStages:
   """A fresh pipeline (its jitted functions compile on first use)."""
   num = len(roles)
   placement = Placement.create(num, devices or jax.devices()[:num])
-  return Pipeline(model, num, tx or optax.sgd(0.1), placement=placement, batch_size=BATCH,
+  return PlacedStages(model, num, tx or optax.sgd(0.1), placement=placement, batch_size=BATCH,
                   seed=0, aux_heads=any(r.loss == 'aux' for r in roles))
 
 
-def pipeline_for(roles, *, hidden=(16, 16), tx: str = 'sgd') -> Pipeline:
+def pipeline_for(roles, *, hidden=(16, 16), tx: str = 'sgd') -> PlacedStages:
   """A pipeline shared by the tests of one process: compiled ops are reused (they are
   keyed by role, and the delay of a role does not change its computation)."""
   return _shared(len(roles), any(r.loss == 'aux' for r in roles), tuple(hidden), tx)
@@ -53,7 +54,7 @@ def pipeline_for(roles, *, hidden=(16, 16), tx: str = 'sgd') -> Pipeline:
 @functools.lru_cache(maxsize=None)
 def _shared(num_stages, aux_heads, hidden, tx):
   placement = Placement.create(num_stages, jax.devices()[:num_stages])
-  return Pipeline(mlp(hidden), num_stages, OPTIMIZERS[tx](), placement=placement,
+  return PlacedStages(mlp(hidden), num_stages, OPTIMIZERS[tx](), placement=placement,
                   batch_size=BATCH, seed=0, aux_heads=aux_heads)
 
 

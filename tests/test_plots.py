@@ -4,7 +4,7 @@ import matplotlib
 import numpy as np
 
 from jaxsgd.scheduler import TaskRecord, Timeline
-from jaxsgd.scheduler.plots import plot_trace
+from jaxsgd.training.plots import plot_trace
 
 matplotlib.use('Agg')
 

@@ -27,6 +27,7 @@ CPU-size comparison: `python -m experiments.compare --suite=dasgd` (experiments/
 
 import ml_collections
 
+from experiments.configs import default
 from experiments.configs import ssgd
 
 ALGORITHMS = ('local_sgd', 'dasgd', 'diloco')
@@ -34,5 +35,5 @@ ALGORITHMS = ('local_sgd', 'dasgd', 'diloco')
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config = ssgd.get_config()
-  config.algorithm = ssgd.data_parallel_fields('dasgd')
-  return ssgd.apply_variants(config, variant, ALGORITHMS)
+  config.algorithm = default.algorithm('dasgd')
+  return default.apply_variants(config, variant, ssgd.variants(ALGORITHMS))

@@ -27,15 +27,17 @@ Full size (`streaming_diloco.py:full`, GPUs, tfds cifar10 prepared): ResNet-20, 
 
 import ml_collections
 
+from experiments.configs import default
 from experiments.configs import ssgd
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config = ssgd.get_config()
-  config.algorithm = ssgd.data_parallel_fields('streaming_diloco')
-  config.algorithm.period = 8       # H: inner steps between two syncs of a fragment
-  config.algorithm.fragments = 2    # P: one fragment synced every H / P steps
-  config.algorithm.delay = 1        # τ < H / P: steps a fragment's all-reduce overlaps
-  config.algorithm.merge = 'mix'    # w_p ← α w_p + (1 − α) θ_p
-  config.algorithm.mix = 0.5        # α
-  return ssgd.apply_variants(config, variant, ())
+  config.algorithm = default.algorithm(
+      'streaming_diloco',
+      period=8,       # H: inner steps between two syncs of a fragment
+      fragments=2,    # P: one fragment synced every H / P steps
+      delay=1,        # τ < H / P: steps a fragment's all-reduce overlaps
+      merge='mix',    # w_p ← α w_p + (1 − α) θ_p
+      mix=0.5)        # α
+  return default.apply_variants(config, variant, ssgd.variants())

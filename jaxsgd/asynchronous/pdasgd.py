@@ -60,15 +60,12 @@ import jax
 import numpy as np
 
 from jaxsgd import models as models_lib
-from jaxsgd import stages as stages_lib
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
-from jaxsgd.scheduler import costs as costs_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put
-from jaxsgd.scheduler.pipeline import KINDS, Pipeline, sequential_roles
-from jaxsgd.scheduler.placement import Placement
+from jaxsgd.pipeline.session import PlacedStages, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
-from jaxsgd.training import optimizers
 
 UPDATES = ('layer', 'block')
 TOKEN = 'token'
@@ -88,16 +85,6 @@ class PdSettings:
   @property
   def bound(self) -> int:
     return self.max_inflight or self.num_workers
-
-  @classmethod
-  def from_config(cls, config) -> 'PdSettings':
-    settings = config.algorithm
-    inflight = settings.get('max_inflight', None)
-    return cls(common.positive_int(settings.get('n_fwd', cls.n_fwd), 'algorithm.n_fwd'),
-               common.positive_int(settings.get('n_bwd', cls.n_bwd), 'algorithm.n_bwd'),
-               common.choice(settings.get('updates', cls.updates), 'algorithm.updates', UPDATES),
-               None if inflight is None else common.positive_int(inflight,
-                                                                  'algorithm.max_inflight'))
 
 
 def worker_name(settings: PdSettings, w: int) -> str:
@@ -119,7 +106,7 @@ class PdSession:
   """One run: the shared layers on lane 0, forward then backward workers on lanes 1...
 
   Args:
-    pipeline: the model cut into layers (`Pipeline(model, L, tx)`, every stage on
+    pipeline: the model cut into layers (`PlacedStages(model, L, tx)`, every stage on
       the device of the shared model): its jitted per-layer ops.
     settings: worker counts, update mode and bound.
     streams: one host batch iterator per forward worker.
@@ -128,7 +115,7 @@ class PdSession:
     costed_links: copies are transfer tasks (virtual clock with link costs).
   """
 
-  def __init__(self, pipeline: Pipeline, settings: PdSettings,
+  def __init__(self, pipeline: PlacedStages, settings: PdSettings,
                streams: Sequence[Iterator[dict]], devices: Sequence[jax.Device],
                steps: common.StepCounter, log: common.WorkerLog, *, costed_links: bool = False):
     self.settings, self.streams, self.devices, self.steps, self.log = (
@@ -258,49 +245,3 @@ class PdSession:
   def metrics(self) -> dict:
     return {**common.staleness_metrics(self.staleness(), 'layer'),
             'failed_workers': len(self.log.failed)}
-
-
-# --- from a config ------------------------------------------------------------------------------
-def check_config(config, model) -> PdSettings:
-  """Refuses what cannot run, before anything compiles; returns the settings."""
-  settings = PdSettings.from_config(config)
-  optimizers.check_optimizer(config.optimizer)
-  models_lib.check_num_stages(model, config.stages)
-  if config.clock == 'virtual':
-    common.check_cost(config.get('cost'), num_stages=config.stages)
-  common.worker_costs(config.get('cost'), settings.num_workers)
-  return settings
-
-
-def measure(cost: dict, pipeline: Pipeline, batch: dict) -> dict:
-  """Seconds of each layer's forward, backward and update (calibrated or given)."""
-  roles = sequential_roles(pipeline.num_stages)
-  return (pipeline.calibrate(roles, batch, cost['reps']) if cost['calibrate']
-          else costs_lib.explicit_compute(cost, pipeline.num_stages, KINDS))
-
-
-def train(run) -> dict:
-  """Trains until `config.train_steps` backward passes have been applied."""
-  config = run.config
-  settings = check_config(config, run.model)
-  devices = common.lane_devices(config.clock, 1 + settings.num_workers)
-  pipeline = Pipeline(run.model, config.stages,
-                      optimizers.make_optimizer(config.optimizer, config.train_steps),
-                      placement=Placement.create(config.stages, devices[:1]),
-                      batch_size=config.batch_size, seed=config.seed)
-  worker = common.worker_costs(config.get('cost'), settings.num_workers)
-  executor, measured = common.make_executor(
-      config, lambda cost: measure(cost, pipeline, next(run.train_batches(0, 1))),
-      lane_speeds=(1.0,) + worker.speeds,
-      adjust=lambda table: common.fold_update(table, config.stages))
-  log = common.WorkerLog([worker_name(settings, w) for w in range(settings.num_workers)],
-                         worker.failures, executor.now)
-  streams = [run.train_batches(f, settings.n_fwd) for f in range(settings.n_fwd)]
-  costed = common.links_are_costed(common.cost_settings(config), config.clock)
-  return common.train_session(
-      run, executor, measured, log,
-      lambda steps: PdSession(pipeline, settings, streams, devices, steps, log,
-                              costed_links=costed),
-      title=f'pdasgd ({settings.updates} updates): staleness per layer',
-      extra=lambda session: {'n_fwd': settings.n_fwd, 'n_bwd': settings.n_bwd,
-                             'updates': settings.updates, 'max_inflight': settings.bound})

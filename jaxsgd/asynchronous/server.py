@@ -58,16 +58,12 @@ import jax
 import numpy as np
 import optax
 
-from jaxsgd import stages as stages_lib
 from jaxsgd import transforms
 from jaxsgd.asynchronous import common
-from jaxsgd.scheduler import costs as costs_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
-from jaxsgd.scheduler.pipeline import KINDS, Pipeline, StageParams, sequential_roles
-from jaxsgd.scheduler.placement import Placement
+from jaxsgd.pipeline.session import PlacedStages, StageParams, sequential_roles
 from jaxsgd.scheduler.store import Snapshot, VersionedStore
-from jaxsgd.training import optimizers
 
 STALENESS_LR = {'none': None, 'inverse': transforms.inverse_staleness,
                 'inverse_sqrt': transforms.inverse_sqrt_staleness}
@@ -75,31 +71,13 @@ STALENESS_LR = {'none': None, 'inverse': transforms.inverse_staleness,
 
 @dataclasses.dataclass(frozen=True)
 class ServerSettings:
-  """`config.workers` and the server's update rule (`config.algorithm`)."""
+  """The number of workers and the server's update rule."""
 
   num_workers: int
   staleness_lr: str = 'none'
   delay_compensation: bool = False   # DC-ASGD
   lambda0: float | None = None       # None: the paper's default (0.04 constant, 2 adaptive)
   adaptive: bool = False
-
-  @classmethod
-  def from_config(cls, config) -> 'ServerSettings':
-    settings = config.algorithm
-    dc = settings.name == 'dcasgd'
-    lambda0 = settings.get('lambda0', None) if dc else None
-    if lambda0 is not None and (isinstance(lambda0, bool) or
-                                not isinstance(lambda0, (int, float)) or not lambda0 >= 0):
-      raise ValueError(f'algorithm.lambda0: must be a number >= 0 (0 gives plain ASGD), got '
-                       f'{lambda0!r}.')
-    adaptive = settings.get('adaptive', False) if dc else False
-    if not isinstance(adaptive, bool):
-      raise ValueError(f'algorithm.adaptive: True (DC-ASGD-a) or False (DC-ASGD-c), got '
-                       f'{adaptive!r}.')
-    return cls(common.positive_int(config.workers, 'workers'),
-               common.choice(settings.get('staleness_lr', 'none'), 'algorithm.staleness_lr',
-                             tuple(STALENESS_LR)),
-               dc, None if lambda0 is None else float(lambda0), adaptive)
 
 
 def server_gradient_transforms(settings: ServerSettings) -> list:
@@ -225,7 +203,7 @@ class AsgdSession:
   """One run: the server on lane 0, worker m on lane m + 1, their channels.
 
   Args:
-    pipeline: the model as one stage (`Pipeline(model, 1, ...)`): its jitted
+    pipeline: the model as one stage (`PlacedStages(model, 1, ...)`): its jitted
       forward and backward compute a worker's gradient.
     server: the parameter server (its store lives on `devices[0]`).
     state: the model state (BatchNorm statistics), kept beside the versioned store.
@@ -235,7 +213,7 @@ class AsgdSession:
     log: when workers fail and when they push.
   """
 
-  def __init__(self, pipeline: Pipeline, server: ParameterServer, state,
+  def __init__(self, pipeline: PlacedStages, server: ParameterServer, state,
                streams: Sequence[Iterator[dict]], devices: Sequence[jax.Device],
                steps: common.StepCounter, log: common.WorkerLog):
     self.pipeline, self.server, self.streams, self.steps, self.log = (
@@ -324,56 +302,3 @@ class AsgdSession:
   def metrics(self) -> dict:
     return {**common.staleness_metrics(self.staleness(), 'worker'),
             'failed_workers': len(self.log.failed)}
-
-
-# --- from a config -----------------------------------------------------------------------------
-def check_config(config, model) -> ServerSettings:
-  """Refuses what cannot run, before anything compiles; returns the settings."""
-  del model
-  settings = ServerSettings.from_config(config)
-  common.check_whole_model_workers(config, settings.num_workers)
-  return settings
-
-
-def build(run, settings: ServerSettings):
-  """(pipeline, server, initial model state, lane devices) for `run`'s config."""
-  config = run.config
-  devices = common.lane_devices(config.clock, 1 + settings.num_workers)
-  base = optimizers.make_optimizer(config.optimizer, config.train_steps)
-  pipeline = Pipeline(run.model, 1, base, placement=Placement.create(1, devices[:1]),
-                      batch_size=config.batch_size, seed=config.seed)
-  params, state = stages_lib.split_variables(pipeline.initial_variables(0, sequential_roles(1)[0]))
-  tx = optimizers.make_optimizer(config.optimizer, config.train_steps,
-                                 gradient_transforms=server_gradient_transforms(settings))
-  server = ParameterServer(tx, params, settings.num_workers,
-                           devices[0], record_pulls=settings.delay_compensation)
-  return pipeline, server, state, devices
-
-
-def cost_table(cost: dict, pipeline: Pipeline, server: ParameterServer, batch: dict) -> dict:
-  """Seconds of a worker's forward and backward and of the server's update."""
-  if not cost['calibrate']:
-    return costs_lib.explicit_compute(cost, 1, KINDS)
-  table = pipeline.calibrate(sequential_roles(1), batch, cost['reps'])
-  table.update(costs_lib.calibrate({(0, 'update'): server.calibration_call()}, cost['reps']))
-  return table
-
-
-def train(run) -> dict:
-  """Trains `config.train_steps` server updates; returns the summary extras."""
-  config = run.config
-  settings = check_config(config, run.model)
-  num_workers = settings.num_workers
-  pipeline, server, state, devices = build(run, settings)
-  worker = common.worker_costs(config.get('cost'), num_workers)
-  executor, measured = common.make_executor(
-      config, lambda cost: cost_table(cost, pipeline, server, next(run.train_batches(0, 1))),
-      lane_speeds=(1.0,) + worker.speeds)
-  log = common.WorkerLog([f'worker {m}' for m in range(num_workers)], worker.failures,
-                         executor.now)
-  streams = [run.train_batches(m, num_workers) for m in range(num_workers)]
-  return common.train_session(
-      run, executor, measured, log,
-      lambda steps: AsgdSession(pipeline, server, state, streams, devices, steps, log),
-      title=f'{config.algorithm.name}: staleness per worker',
-      extra=lambda session: {'workers': num_workers})

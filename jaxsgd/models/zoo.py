@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 
 from jaxsgd.models import layers as L
-from jaxsgd.models.staged import StagedModel
+from jaxsgd.models.split import StagedModel
 
 
 def mlp(input_shape, num_classes, hidden: Sequence[int] = (256, 256, 256)) -> StagedModel:

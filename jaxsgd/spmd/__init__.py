@@ -1,4 +1,4 @@
-"""SPMD data parallelism (DESIGN.md layer 5): one jitted step over a `data` mesh.
+"""SPMD data parallelism (docs/architecture.md): one jitted step over a `data` mesh.
 
 `DataParallelTrainer` maps one worker's step (`step.make_worker_step`) onto M
 workers, over devices with `jax.shard_map` or stacked on one device with

@@ -30,7 +30,7 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxsgd import stages as stages_lib
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.spmd.mesh import AXIS
 from jaxsgd import transforms
 from jaxsgd.transforms import averaging

@@ -1,7 +1,7 @@
 """The virtual clock of the data-parallel methods: compute + exposed communication.
 
 A step of every worker takes `compute` seconds (measured once on this machine, or
-given as `config.cost.step_time`). Weights or gradients are averaged with a ring
+given as `config.cost.compute.step`). Weights or gradients are averaged with a ring
 all-reduce of `nbytes` over `M` workers (Patarasuk & Yuan 2009; Thakur et al.
 2005), each link with bandwidth β and latency α:
 
@@ -36,16 +36,14 @@ import jax
 
 from jaxsgd.scheduler import costs as costs_lib
 
-GBIT = 1e9
-
-
-def ring_allreduce_time(nbytes: float, workers: int, *, bandwidth_gbps: float,
-                        latency_s: float) -> float:
-  """Seconds of a ring all-reduce of `nbytes` per worker over `workers` workers."""
+def ring_allreduce_time(nbytes: float, workers: int, *, bandwidth: float,
+                        latency: float) -> float:
+  """Seconds of a ring all-reduce of `nbytes` per worker over `workers` workers, on links
+  of `bandwidth` bytes/s (`inf`: free) and `latency` seconds per message."""
   if workers <= 1:
     return 0.0
   m = workers
-  return 2 * (m - 1) / m * nbytes * 8 / (bandwidth_gbps * GBIT) + 2 * (m - 1) * latency_s
+  return 2 * (m - 1) / m * nbytes / bandwidth + 2 * (m - 1) * latency
 
 
 def tree_bytes(tree) -> int:

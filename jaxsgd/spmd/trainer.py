@@ -19,7 +19,7 @@ from jaxsgd.spmd import step as step_lib
 
 # Several local devices running collectives deadlock (gloo) or abort (XLA:CPU's
 # in-process rendezvous timeout) when ~32-100 such steps are queued without waiting,
-# in one process as in several (JAX-ON-CPU.md). Waiting every 16 steps avoids it.
+# in one process as in several (docs/jax_on_cpu.md). Waiting every 16 steps avoids it.
 SYNC_EVERY = 16
 
 

@@ -18,14 +18,12 @@ import jax
 import numpy as np
 import tqdm
 
-from jaxsgd import stages as stages_lib
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.data import Dataset
+from jaxsgd.errors import NonFiniteLossError
 from jaxsgd.models import StagedModel
+from jaxsgd.training import outputs
 from jaxsgd.training import plots
-
-
-class NonFiniteLossError(FloatingPointError):
-  """Training produced a NaN or infinite loss."""
 
 
 class Run:
@@ -157,6 +155,19 @@ class Run:
                         title=f'{self.config.algorithm.name} · {self.config.model.name} · '
                               f'{self.config.dataset}')
     return summary
+
+  # --- files an algorithm leaves ---------------------------------------------------
+  def write_schedule_outputs(self, timeline, staleness: dict, *, cost_table: dict | None,
+                             epochs: float, title: str, extra: dict | None = None) -> dict:
+    """`trace.json` and `staleness.png` of a scheduler run; returns its summary fields."""
+    return outputs.write_outputs(self.workdir, timeline, staleness,
+                                 train_steps=self.config.train_steps, cost_table=cost_table,
+                                 epochs=epochs, title=title, extra=extra)
+
+  def write_arrays(self, name: str, arrays: dict) -> None:
+    """`arrays` as `name` (an .npz file) in the workdir; only process 0 writes."""
+    if self.is_primary:
+      np.savez(os.path.join(self.workdir, name), **arrays)
 
   def close(self) -> None:
     self._progress.close()

@@ -185,7 +185,7 @@ def scale_by_delay_compensation(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-delay_compensation = scale_by_delay_compensation  # Name used in DESIGN.md.
+delay_compensation = scale_by_delay_compensation  # The short name of the same transform.
 
 
 def dc_asgd(

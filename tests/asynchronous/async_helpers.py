@@ -7,8 +7,9 @@ import jax
 from scheduler_helpers import BATCH, OPTIMIZERS, batches, mlp, run_with_timeout  # noqa: F401
 
 from jaxsgd.asynchronous import common, lppsgd, pdasgd, server
-from jaxsgd.scheduler import CostModel, Pipeline, Placement, RealExecutor, VirtualExecutor
-from jaxsgd.scheduler.pipeline import sequential_roles
+from jaxsgd.pipeline import PlacedStages
+from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor
+from jaxsgd.pipeline.session import sequential_roles
 
 # F = 1, B = 2, U = 1/8 seconds (binary-exact, so simulated times tie exactly); a free average.
 UNIT = {'forward': 1.0, 'backward': 2.0, 'update': 0.125, 'average': 0.0}
@@ -24,7 +25,7 @@ def executor(clock: str = 'virtual', speeds=(), straggler_std=0.0, seed=0, costs
                                    straggler_std=straggler_std, seed=seed))
 
 
-def pipeline(num_stages: int = 1, tx: str = 'sgd', hidden=(16, 16)) -> Pipeline:
+def pipeline(num_stages: int = 1, tx: str = 'sgd', hidden=(16, 16)) -> PlacedStages:
   """A pipeline shared by the tests of one process (its jitted ops compile once);
   `tx` is 'sgd' (0.1) or 'adam' (1e-2)."""
   return _shared_pipeline(num_stages, tx, tuple(hidden))
@@ -33,11 +34,11 @@ def pipeline(num_stages: int = 1, tx: str = 'sgd', hidden=(16, 16)) -> Pipeline:
 @functools.lru_cache(maxsize=None)
 def _shared_pipeline(num_stages, tx, hidden):
   device = jax.devices()[0]
-  return Pipeline(mlp(hidden), num_stages, OPTIMIZERS[tx](),
+  return PlacedStages(mlp(hidden), num_stages, OPTIMIZERS[tx](),
                   placement=Placement.create(num_stages, [device]), batch_size=BATCH, seed=0)
 
 
-def initial(pipe: Pipeline):
+def initial(pipe: PlacedStages):
   """(params, model state) of the one-stage pipeline."""
   variables = pipe.initial_variables(0, sequential_roles(1)[0])
   return variables['params'], {k: v for k, v in variables.items() if k != 'params'}
@@ -89,7 +90,7 @@ def run_pd(settings, steps, *, num_stages=3, ex=None, tx='sgd', failures=None, p
   return session, ex.run(session.cluster, session.processes()), log
 
 
-def sequential_sgd(pipe: Pipeline, stream, steps: int):
+def sequential_sgd(pipe: PlacedStages, stream, steps: int):
   """The reference: forward all stages, backward all stages, update every stage."""
   roles = sequential_roles(pipe.num_stages)
   ops = [pipe.ops(k, role) for k, role in enumerate(roles)]

@@ -166,18 +166,16 @@ def test_no_implicit_host_device_transfer_in_a_run(policy):
 
 
 def test_weight_decay_is_folded_into_g_before_delay_compensation():
-  """ALGORITHMS.md: DC-ASGD squares g + wd·w, the gradient the optimizer steps with.
+  """docs/algorithms.md (DC-ASGD): it squares g + wd·w, the gradient the optimizer steps with.
 
   λ0 = 1 (constant), wd = 1, w = 2, w_bak = 1, g = 1, SGD lr 1:
   g' = g + wd·w = 3;  g' + λ g'² (w − w_bak) = 3 + 9 = 12;  w ← 2 − 12 = −10.
   (Compensating before the decay would give 1 + 1 + 2 = 4, w ← −2.)
   """
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
   from jaxsgd import transforms  # pylint: disable=g-import-not-at-top
-  from jaxsgd.training import optimizers  # pylint: disable=g-import-not-at-top
-  opt = ml_collections.ConfigDict({'name': 'sgd', 'learning_rate': 1.0,
-                                   'schedule': 'constant', 'weight_decay': 1.0})
+  from jaxsgd import optimizers  # pylint: disable=g-import-not-at-top
+  opt = optimizers.OptimizerSettings('sgd', 1.0, schedule='constant', weight_decay=1.0)
   settings = server.ServerSettings(1, 'none', True, 1.0, False)
   tx = optimizers.make_optimizer(opt, 10, server.server_gradient_transforms(settings))
   w_bak, w = jnp.array([1.0]), jnp.array([2.0])

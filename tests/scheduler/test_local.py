@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from experiments.configs import local as local_config
-from jaxsgd import stages as stages_lib
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd import training
 from jaxsgd.algorithms import ddg
 from jaxsgd.algorithms import local
 from jaxsgd.models import Stage
-from jaxsgd.scheduler import StageRole, sequential_roles
+from jaxsgd.pipeline import StageRole, sequential_roles
 from scheduler_helpers import OPTIMIZERS, fused_bp, mlp, pipeline_for, stage_params, take
 from scheduler_helpers import train
 

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from jaxsgd import models
-from jaxsgd import stages as stages_lib
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.algorithms import ddg
-from jaxsgd.scheduler import CostModel, RealExecutor, VirtualExecutor, sequential_roles
+from jaxsgd.pipeline import sequential_roles
+from jaxsgd.scheduler import CostModel, RealExecutor, VirtualExecutor
 from scheduler_helpers import OPTIMIZERS, fused_bp, make_pipeline, mlp, pipeline_for
 from scheduler_helpers import stage_params, take, train
 

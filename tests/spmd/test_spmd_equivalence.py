@@ -1,4 +1,4 @@
-"""Exact equivalences of the data-parallel methods (DESIGN.md: equivalences are the tests).
+"""Exact equivalences of the data-parallel methods (docs/algorithms.md: equivalences are the tests).
 
 A small MLP on random data; M = 4 workers on 4 of the 8 fake CPU devices. Float32
 results agree to float reassociation (the mesh all-reduce sums in another order
@@ -65,7 +65,7 @@ def train(model, batches, name, **algorithm):
 def _train(model, batches, name, **algorithm):
   config = _config(name, **algorithm)
   s = data_parallel.settings(config)
-  trainer = DataParallelTrainer(model, data_parallel.make_optimizer(config, s), M,
+  trainer = DataParallelTrainer(model, data_parallel.make_optimizer(s), M,
                                 average_grads=name == 'ssgd', stacked=s.stacked)
   state = trainer.init(config.seed)
   for t in range(STEPS):

@@ -44,7 +44,7 @@ def _config(name, **algorithm):
 
 def _train(model, batches, config):
   s = data_parallel.settings(config)
-  trainer = DataParallelTrainer(model, data_parallel.make_optimizer(config, s), M,
+  trainer = DataParallelTrainer(model, data_parallel.make_optimizer(s), M,
                                 average_grads=False, stacked=s.stacked)
   state = trainer.init(config.seed)
   for t in range(STEPS):
@@ -76,7 +76,7 @@ def test_smoke_run_learns_and_the_clock_charges_one_fragment(data_dir, tmp_path)
   config = streaming_config.get_config('smoke')
   config.dataset, config.data_dir, config.model.name = 'digits', data_dir, 'mlp'
   config.optimizer.learning_rate = 1e-2
-  config.cost.bandwidth_gbps = 0.1
+  config.cost.link_bandwidth = 0.1e9 / 8  # 0.1 Gbit/s
   summary = train_and_evaluate(config, str(tmp_path), show_progress=False)
   records = [json.loads(line) for line in open(tmp_path / 'metrics.jsonl')]
   assert all(math.isfinite(r['train_loss']) for r in records)

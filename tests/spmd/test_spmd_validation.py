@@ -42,7 +42,7 @@ def _compiled(events):
     ({'algorithm.merge': 'avg'}, r'algorithm\.merge: .*keep_local, mix'),
     ({'algorithm.data_sharding': 'x'}, r'algorithm\.data_sharding'),
     ({'algorithm.name': 'diloco', 'algorithm.outer.name': 'nope'}, r'optimizer\.name'),
-    ({'cost.bandwidth_gbps': 0.0}, r'cost\.bandwidth_gbps'),
+    ({'cost.link_bandwidth': -1.0}, r'cost\.link_bandwidth'),
     ({'stages': 2}, r'stages: the data-parallel methods .* use stages=1'),
 ])
 def test_bad_settings_are_refused_before_compiling(config, compiles, tmp_path, fields, match):

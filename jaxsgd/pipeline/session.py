@@ -1,4 +1,4 @@
-"""Pipeline policies on the scheduler: a model cut into K stages, one lane each.
+"""PlacedStages policies on the scheduler: a model cut into K stages, one lane each.
 
 BP, DDG and local parallelism differ only in the `StageRole` of each stage (which
 loss it has, which gradients it receives and sends, how late its backward is);
@@ -37,18 +37,14 @@ import numpy as np
 import optax
 
 from jaxsgd import models as models_lib
-from jaxsgd import stages as stages_lib
-from jaxsgd.scheduler import costs as costs_lib
-from jaxsgd.scheduler import placement as placement_lib
-from jaxsgd.scheduler import outputs
+from jaxsgd.errors import NonFiniteLossError
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
-from jaxsgd.scheduler.real import RealExecutor
-from jaxsgd.scheduler.stage_ops import StageOps, StageRole, make_stage_ops
+from jaxsgd.pipeline.roles import RoleFunctions, StageRole, role_functions
+from jaxsgd.scheduler.costs import calibrate
+from jaxsgd.scheduler.placement import Placement
 from jaxsgd.scheduler.store import VersionedStore
-from jaxsgd.scheduler.virtual import VirtualExecutor
-from jaxsgd.training import optimizers
-from jaxsgd.training.run import NonFiniteLossError
 
 KINDS = ('forward', 'backward', 'update')  # The task kinds a stage runs (cost keys).
 
@@ -104,7 +100,7 @@ class BatchFeed:
     return self._cache[t]
 
 
-class Pipeline:
+class PlacedStages:
   """A model cut into stages placed on devices, with their jitted ops.
 
   Args:
@@ -119,7 +115,7 @@ class Pipeline:
   """
 
   def __init__(self, model: models_lib.StagedModel, num_stages: int,
-               tx: optax.GradientTransformation, *, placement: placement_lib.Placement,
+               tx: optax.GradientTransformation, *, placement: Placement,
                batch_size: int, seed: int = 0, aux_heads: bool = False,
                loss_fn: Callable = stages_lib.cross_entropy):
     models_lib.check_num_stages(model, num_stages)
@@ -128,17 +124,17 @@ class Pipeline:
     self.stages = models_lib.split(model, num_stages, aux_heads=aux_heads)
     self.inputs, self.outputs = _stage_shapes(model, self.stages, batch_size)
     self._variables = _initial_variables(model, self.stages, seed)
-    self._ops: dict[tuple, StageOps] = {}
+    self._ops: dict[tuple, RoleFunctions] = {}
 
   def device(self, k: int) -> jax.Device:
     return self.placement.device(k)
 
-  def ops(self, k: int, role: StageRole) -> StageOps:
+  def ops(self, k: int, role: StageRole) -> RoleFunctions:
     """Stage k's jitted ops for `role` (built once per distinct role; the delay
     does not change the computation)."""
     key = (k, role.loss, role.receives_delta, role.sends_delta, role.recompute and role.delay > 0)
     if key not in self._ops:
-      self._ops[key] = make_stage_ops(self.stages[k], role, self.tx, output=self.outputs[k],
+      self._ops[key] = role_functions(self.stages[k], role, self.tx, output=self.outputs[k],
                                       loss_fn=self.loss_fn)
     return self._ops[key]
 
@@ -152,12 +148,12 @@ class Pipeline:
 
   def session(self, roles: Sequence[StageRole], feed: BatchFeed, steps: int, *,
               on_step: Callable[[int, Any], None] | None = None,
-              idle_fill: str | None = None) -> 'Session':
-    return Session(self, roles, feed, steps, on_step=on_step, idle_fill=idle_fill)
+              idle_fill: str | None = None) -> 'PipelineSession':
+    return PipelineSession(self, roles, feed, steps, on_step=on_step, idle_fill=idle_fill)
 
   def calibrate(self, roles: Sequence[StageRole], batch: dict, reps: int = 3) -> dict:
     """Seconds per (stage, kind), timing the real jitted calls on `batch` once."""
-    return costs_lib.calibrate(self._calibration_calls(roles, batch), reps)
+    return calibrate(self._calibration_calls(roles, batch), reps)
 
   def _calibration_calls(self, roles, batch):
     calls, x = {}, transfer.to_device(batch['image'], self.device(0))
@@ -180,10 +176,10 @@ class Pipeline:
     return calls
 
 
-class Session:
+class PipelineSession:
   """One training run of a pipeline: stores, channels and the stage processes."""
 
-  def __init__(self, pipeline: Pipeline, roles: Sequence[StageRole], feed: BatchFeed,
+  def __init__(self, pipeline: PlacedStages, roles: Sequence[StageRole], feed: BatchFeed,
                steps: int, *, on_step=None, idle_fill=None):
     check_roles(roles)
     if len(roles) != pipeline.num_stages:
@@ -375,61 +371,3 @@ def _initial_variables(model, stages, seed):
       variables = {**variables, 'params': {**variables['params'], **heads}}
     result.append(variables)
   return result
-
-
-# --- from a config ------------------------------------------------------------------------
-def check_config(config, model) -> None:
-  """Refuses what cannot run on the scheduler, before anything compiles."""
-  models_lib.check_num_stages(model, config.stages)
-  placement_lib.check_config(config, config.stages)
-  if config.clock == 'virtual':
-    costs_lib.check_settings(config.get('cost'), config.stages, KINDS)
-
-
-def make_executor(config, pipeline: Pipeline, roles, batch: dict):
-  """The real executor, or the virtual one with a calibrated or given cost model."""
-  if config.clock == 'real':
-    return RealExecutor()
-  cost = costs_lib.settings(config.get('cost'))
-  if cost['calibrate']:
-    compute = pipeline.calibrate(roles, batch, cost['reps'])
-  else:
-    compute = costs_lib.explicit_compute(cost, pipeline.num_stages, KINDS)
-  return VirtualExecutor(costs_lib.model_from_settings(cost, compute, seed=config.seed))
-
-
-def train(run, roles: Sequence[StageRole]) -> dict:
-  """Trains `roles` on the scheduler for `config.train_steps` iterations.
-
-  Step `t` (1-based) is reported when the last stage has applied batch t − 1's
-  update (at the simulated time, on the virtual clock); the final step is
-  reported after every lane has finished. Writes `trace.json` and `staleness.png`.
-  """
-  config = run.config
-  num_stages, steps, batch_size = config.stages, config.train_steps, config.batch_size
-  pipeline = Pipeline(run.model, num_stages, optimizers.make_optimizer(config.optimizer, steps),
-                      placement=placement_lib.from_config(config, num_stages),
-                      batch_size=batch_size, seed=config.seed,
-                      aux_heads=any(r.loss == 'aux' for r in roles))
-  batches = run.train_batches()
-  feed = BatchFeed(batches, consumers=1 + sum(r.loss != 'none' for r in roles))
-  executor = make_executor(config, pipeline, roles, feed.peek(0))
-  virtual = executor.clock == 'virtual'
-  last_loss = []
-
-  def report(step, loss, sim_time):
-    run.report(step, loss=loss, variables=session.variables, samples=step * batch_size,
-               sim_time=sim_time, extra=session.metrics, stage=f'stage {num_stages - 1}')
-
-  def on_step(t, loss):
-    if t + 1 < steps:
-      report(t + 1, loss, executor.now() if virtual else None)
-    else:
-      last_loss.append(loss)  # Reported once every lane is done.
-
-  session = pipeline.session(roles, feed, steps, on_step=on_step)
-  timeline = executor.run(session.cluster, session.processes())
-  report(steps, last_loss[0], timeline.makespan if virtual else None)
-  return outputs.write_outputs(run, timeline, session.staleness(), executor=executor,
-                               epochs=batches.epoch,
-                               title=f'{run.config.algorithm.name}: staleness per stage')

@@ -6,31 +6,33 @@ import os
 
 import numpy as np
 
-from jaxsgd.scheduler import plots
+from jaxsgd.training import plots
 
 
-def write_outputs(run, timeline, staleness: dict[str, np.ndarray], *, executor, epochs,
-                  title: str, extra: dict | None = None) -> dict:
+def write_outputs(workdir: str, timeline, staleness: dict[str, np.ndarray], *,
+                  train_steps: int, cost_table: dict | None, epochs, title: str,
+                  extra: dict | None = None) -> dict:
   """Writes `trace.json` and `staleness.png`; returns the run's summary fields.
 
   Args:
-    run: the `jaxsgd.training.Run` (its workdir and config).
+    workdir: where the files go.
     timeline: what the executor ran.
     staleness: the staleness of every applied update, per stage, layer or worker.
-    executor: the executor (its cost model is recorded under the virtual clock).
+    train_steps: the run's steps (for the time per step).
+    cost_table: the virtual clock's seconds per `(stage, kind)` (None: real clock).
     epochs: epochs of data consumed.
     title: the staleness plot's title.
     extra: more summary fields.
   """
-  timeline.write_chrome_trace(os.path.join(run.workdir, 'trace.json'))
-  plots.plot_staleness(staleness, os.path.join(run.workdir, 'staleness.png'), title=title)
+  timeline.write_chrome_trace(os.path.join(workdir, 'trace.json'))
+  plots.plot_staleness(staleness, os.path.join(workdir, 'staleness.png'), title=title)
   every = np.concatenate([v for v in staleness.values()] or [np.zeros(0, np.int64)])
   values, counts = np.unique(every, return_counts=True)
   summary = {
       'clock': timeline.clock, 'epochs': epochs, 'makespan': timeline.makespan,
       'mean_staleness': float(every.mean()) if every.size else math.nan,
       'staleness_histogram': {int(v): int(n) for v, n in zip(values, counts)},
-      'time_per_step': timeline.makespan / run.config.train_steps,
+      'time_per_step': timeline.makespan / train_steps,
       'utilization': timeline.utilization(),
       'staleness': {name: {'mean': float(v.mean()) if v.size else math.nan,
                            'max': int(v.max()) if v.size else 0, 'updates': int(v.size)}
@@ -39,7 +41,7 @@ def write_outputs(run, timeline, staleness: dict[str, np.ndarray], *, executor, 
   if timeline.clock == 'virtual':
     summary['sim_time'] = timeline.makespan
     summary['cost_model_ms'] = {f'stage {k} {kind}': 1e3 * seconds for (k, kind), seconds
-                                in executor.cost_model.compute.items()}
+                                in (cost_table or {}).items()}
   logging.info('%s: makespan %.3f s (%s clock), mean staleness %.2f.', title,
                timeline.makespan, timeline.clock, summary['mean_staleness'])
   return summary

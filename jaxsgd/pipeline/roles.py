@@ -1,6 +1,6 @@
 """One stage's jitted computations, for the role it plays in a pipeline policy.
 
-Built on `jaxsgd.stages` (layer 3). Every role gets the same calls:
+Built on `jaxsgd.models.stage_functions` (layer 3). Every role gets the same calls:
 
     forward(variables, x, labels)          -> (y, loss, new_state, vjp)
     backward(vjp, dy)                      -> (grads, dx)
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxsgd import stages as stages_lib
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.models import Stage
 
 LOSS_KINDS = ('none', 'head', 'aux')
@@ -66,7 +66,7 @@ class StageRole:
 
 
 @dataclasses.dataclass(frozen=True)
-class StageOps:
+class RoleFunctions:
   forward: Callable
   backward: Callable
   recompute: Callable
@@ -75,9 +75,9 @@ class StageOps:
   jitted: tuple  # (name, jitted function) pairs, for trace counting
 
 
-def make_stage_ops(stage: Stage, role: StageRole, tx: optax.GradientTransformation, *,
+def role_functions(stage: Stage, role: StageRole, tx: optax.GradientTransformation, *,
                    output: jax.ShapeDtypeStruct, loss_fn: Callable = stages_lib.cross_entropy
-                   ) -> StageOps:
+                   ) -> RoleFunctions:
   """The jitted calls of `stage` in `role`; `output` is the stage output's shape."""
   input_grad = stage.index > 0
   if role.loss == 'aux':
@@ -103,12 +103,12 @@ def make_stage_ops(stage: Stage, role: StageRole, tx: optax.GradientTransformati
   jitted = {'forward': jitted_forward, 'backward': jax.jit(backward),
             'recompute': jax.jit(recompute), 'delta_backward': jax.jit(delta_backward),
             'update': stages_lib.make_update(tx)}
-  return StageOps(forward, jitted['backward'], jitted['recompute'], jitted['delta_backward'],
+  return RoleFunctions(forward, jitted['backward'], jitted['recompute'], jitted['delta_backward'],
                   jitted['update'], tuple(jitted.items()))
 
 
 def _adapt(fns: stages_lib.StageFns, loss: str):
-  """`jaxsgd.stages` forward/loss_forward with the uniform signature."""
+  """`jaxsgd.models.stage_functions` forward/loss_forward with the uniform signature."""
   if loss == 'head':
     def forward(variables, x, labels):
       value, new_state, vjp = fns.loss_forward(variables, x, labels)

@@ -1,0 +1,68 @@
+"""What the asynchronous algorithms (`asgd`, `dcasgd`, `lppsgd`, `pdasgd`) share: the
+checks of a worker run, and running a session of `jaxsgd.asynchronous` to its summary."""
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from jaxsgd import models as models_lib
+from jaxsgd.algorithms import clocks
+from jaxsgd.algorithms.settings import RunSettings, refuse_workers_field, run_settings
+from jaxsgd.pipeline import KINDS
+from jaxsgd.asynchronous import common
+
+
+def validate_workers(config, model, num_workers: int, *, whole_model: bool,
+                     uses_workers_field: bool = False) -> RunSettings:
+  """The shared settings of an asynchronous run of `num_workers` workers.
+
+  `whole_model`: every worker computes whole-model gradients (ASGD, DC-ASGD, LPP-SGD),
+  so `stages` must be 1. `uses_workers_field`: the worker count is `config.workers`
+  (else it comes from `algorithm.*` and `workers` must stay 1).
+  """
+  run = run_settings(config)
+  name = config.algorithm.name
+  if whole_model and run.stages != 1:
+    raise ValueError(f'stages: {name} computes whole-model gradients on each worker; use '
+                     f'stages=1, got {run.stages}.')
+  models_lib.check_num_stages(model, run.stages)
+  if not uses_workers_field:
+    refuse_workers_field(name, run.workers)
+  if run.virtual and not run.cost.calibrate:
+    run.cost.explicit(KINDS, run.stages)
+  if run.cost.device_speeds:
+    raise ValueError('cost.device_speeds: the asynchronous algorithms set speeds per worker; '
+                     'use cost.worker_speeds (one factor per worker).')
+  clocks.worker_speeds(run, num_workers)
+  clocks.failures(run, num_workers)
+  return run
+
+
+def train_session(run_ctx, run: RunSettings, executor, measured: dict, log: common.WorkerLog,
+                  make_session: Callable[[common.StepCounter], Any], *, name: str, title: str,
+                  extra: Callable[[Any], dict]) -> dict:
+  """Runs the session `make_session(steps)` builds and returns the summary extras.
+
+  `steps` reports every applied step to `run_ctx`; the session must provide
+  `cluster`, `processes()`, `variables()`, `metrics()` and `staleness()`.
+  """
+  session = None
+  steps = common.run_reporter(run_ctx, executor, steps=run.train_steps,
+                              batch_size=run.batch_size,
+                              variables=lambda: session.variables(),
+                              metrics=lambda: session.metrics())
+  session = make_session(steps)
+  timeline = executor.run(session.cluster, session.processes())
+  if not steps.done:
+    raise common.WorkersFailedError(
+        f'{name}: the run stopped after {steps.applied} of {steps.steps} '
+        f'steps: the workers that could go on failed ({log.summary()["failed_workers"]}).')
+  summary = {**extra(session), **log.summary()}
+  if measured:
+    summary['backward_forward_ratio'] = common.backward_forward_ratio(measured)
+    logging.info('%s: measured backward/forward time ratio %.2f.', title,
+                 summary['backward_forward_ratio'])
+  return run_ctx.write_schedule_outputs(
+      timeline, session.staleness(), cost_table=clocks.cost_table(executor),
+      epochs=steps.applied * run.batch_size / run_ctx.dataset.num_train, title=title,
+      extra=summary)
