@@ -17,8 +17,9 @@ r"""How much communication SSGD, local SGD and DaSGD hide: `python -m benchmarks
    fake device shares, so these numbers show overheads, not parallel speed-up
    (see docs/jax_on_cpu.md).
 
-Runtime: ~1.5 min on the 2-core CPU (`--skip_real`: ~30 s). The 2-process rates are
-noisy (±50 % run to run on the shared 2 cores).
+Runtime: ~3 min on the 2-core CPU (`--skip_real`: ~70 s). The real rates are noisy on
+the shared 2 cores (a factor of 2 between runs under other jobs' load); compare the
+columns of one run, which are interleaved.
 """
 
 import argparse
@@ -58,9 +59,9 @@ def parse_args(argv=None):
                       help='seconds of compute per step (default: measured here)')
   parser.add_argument('--accelerator_step_time', type=float, default=0.005,
                       help='a second table for a faster, accelerator-class step')
-  parser.add_argument('--real_steps', type=int, default=32,
+  parser.add_argument('--real_steps', type=int, default=96,
                       help='steps per timed round (a multiple of --period)')
-  parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--rounds', type=int, default=9)
   parser.add_argument('--skip_real', action='store_true')
   parser.add_argument('--measure_worker', default=None, help=argparse.SUPPRESS)
   return parser.parse_args(argv)
