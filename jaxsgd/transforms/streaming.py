@@ -104,7 +104,8 @@ def fragment_snapshot_average(opt_state, fragment: int, axis_name, *, fragments:
   snapshot = found[0].snapshot
   leaves = jax.tree.leaves(snapshot)
   group = fragment_leaves(snapshot, fragments, pattern)[fragment]
-  return averaging._average([leaves[i] for i in group], axis_name)  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  return averaging._average([leaves[i] for i in group], axis_name)
 
 
 def _fragment_schedule(count, period, fragments, delay):
