@@ -14,7 +14,7 @@ import logging
 
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks, workers
-from jaxsgd.algorithms.settings import RunSettings, choice, derived, section
+from jaxsgd.algorithms.settings import SharedSettings, choice, derived, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.server import STALENESS_LR, AsgdSession, ParameterServer
 from jaxsgd.asynchronous.server import ServerSettings, server_gradient_transforms
@@ -25,7 +25,7 @@ from jaxsgd.scheduler import Placement, calibrate
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """`config.algorithm` of `asgd` / `dcasgd`, and the shared fields (`run`).
+  """`config.algorithm` of `asgd` / `dcasgd`, and the shared fields (`shared`).
 
   Attributes:
     staleness_lr: 'none', 'inverse' (η/τ) or 'inverse_sqrt' (η/√τ).
@@ -37,7 +37,7 @@ class Settings:
   lambda0: float | None = None
   adaptive: bool = False
   server: ServerSettings | None = derived()
-  run: RunSettings | None = derived()
+  shared: SharedSettings | None = derived()
 
 
 def validate(config, model) -> Settings:
@@ -59,46 +59,46 @@ def validate(config, model) -> Settings:
       raise ValueError(f'algorithm.lambda0: must be a number >= 0 (0 gives plain ASGD), got '
                        f'{lambda0!r}.')
     lambda0 = float(lambda0)
-  run = workers.validate_workers(config, model, config.workers, whole_model=True,
+  shared = workers.validate_workers(config, model, config.workers, whole_model=True,
                                  uses_workers_field=True)
-  server = ServerSettings(run.workers, settings.staleness_lr, dc, lambda0, settings.adaptive)
-  return dataclasses.replace(settings, lambda0=lambda0, server=server, run=run)
+  server = ServerSettings(shared.workers, settings.staleness_lr, dc, lambda0, settings.adaptive)
+  return dataclasses.replace(settings, lambda0=lambda0, server=server, shared=shared)
 
 
-def build(run_ctx, run: RunSettings, server_settings: ServerSettings):
+def build(run, shared: SharedSettings, server_settings: ServerSettings):
   """(the whole model as one stage, server, initial model state, lane devices)."""
-  devices = clocks.lane_devices(run, 1 + server_settings.num_workers)
-  base = optimizers.make_optimizer(run.optimizer, run.train_steps)
-  model = PlacedStages(run_ctx.model, 1, base, placement=Placement.create(1, devices[:1]),
-                       batch_size=run.batch_size, seed=run.seed)
+  devices = clocks.lane_devices(shared, 1 + server_settings.num_workers)
+  base = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
+  model = PlacedStages(run.model, 1, base, placement=Placement.create(1, devices[:1]),
+                       batch_size=shared.batch_size, seed=shared.seed)
   params, state = stage_functions.split_variables(
       model.initial_variables(0, sequential_roles(1)[0]))
-  tx = optimizers.make_optimizer(run.optimizer, run.train_steps,
+  tx = optimizers.make_optimizer(shared.optimizer, shared.train_steps,
                                  gradient_transforms=server_gradient_transforms(server_settings))
   server = ParameterServer(tx, params, server_settings.num_workers, devices[0],
                            record_pulls=server_settings.delay_compensation)
   return model, server, state, devices
 
 
-def measure(run: RunSettings, model: PlacedStages, server: ParameterServer, batch: dict):
+def measure(shared: SharedSettings, model: PlacedStages, server: ParameterServer, batch: dict):
   """Seconds of a worker's forward and backward and of the server's update."""
-  table = model.calibrate(sequential_roles(1), batch, run.cost.reps)
-  table.update(calibrate({(0, 'update'): server.calibration_call()}, run.cost.reps))
+  table = model.calibrate(sequential_roles(1), batch, shared.cost.reps)
+  table.update(calibrate({(0, 'update'): server.calibration_call()}, shared.cost.reps))
   return table
 
 
-def train(run_ctx, settings: Settings) -> dict:
+def train(run, settings: Settings) -> dict:
   """Trains `train_steps` server updates; returns the summary extras."""
-  run, num_workers = settings.run, settings.server.num_workers
-  model, server, state, devices = build(run_ctx, run, settings.server)
+  shared, num_workers = settings.shared, settings.server.num_workers
+  model, server, state, devices = build(run, shared, settings.server)
   executor, measured = clocks.make_executor(
-      run, lambda: measure(run, model, server, next(run_ctx.train_batches(0, 1))), KINDS, 1,
-      lane_speeds=(1.0,) + clocks.worker_speeds(run, num_workers), threads=True)
+      shared, lambda: measure(shared, model, server, next(run.train_batches(0, 1))), KINDS, 1,
+      lane_speeds=(1.0,) + clocks.worker_speeds(shared, num_workers), threads=True)
   log = common.WorkerLog([f'worker {m}' for m in range(num_workers)],
-                         clocks.failures(run, num_workers), executor.now)
-  streams = [run_ctx.train_batches(m, num_workers) for m in range(num_workers)]
+                         clocks.failures(shared, num_workers), executor.now)
+  streams = [run.train_batches(m, num_workers) for m in range(num_workers)]
   name = 'dcasgd' if settings.server.delay_compensation else 'asgd'
   return workers.train_session(
-      run_ctx, run, executor, measured, log,
+      run, shared, executor, measured, log,
       lambda steps: AsgdSession(model, server, state, streams, devices, steps, log),
       name=name, title=f'{name}: staleness per worker', extra=lambda _: {'workers': num_workers})

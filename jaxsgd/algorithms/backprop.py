@@ -14,26 +14,26 @@ import optax
 
 from jaxsgd import optimizers
 from jaxsgd.algorithms import pipelined
-from jaxsgd.algorithms.settings import RunSettings, derived, section
+from jaxsgd.algorithms.settings import SharedSettings, derived, section
 from jaxsgd.models import stage_functions
 from jaxsgd.pipeline import sequential_roles
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """`bp` has no fields of its own; the shared ones are in `run`."""
+  """`bp` has no fields of its own; the shared ones are in `shared`."""
 
-  run: RunSettings | None = derived()
+  shared: SharedSettings | None = derived()
 
   @property
   def uses_scheduler(self) -> bool:
     """Staged BP on the scheduler (several stages, or simulated time)."""
-    return self.run.stages > 1 or self.run.virtual
+    return self.shared.stages > 1 or self.shared.virtual
 
 
 def validate(config, model) -> Settings:
   section(config.algorithm, Settings, 'algorithm')
-  return Settings(run=pipelined.validate_pipeline(config, model))
+  return Settings(shared=pipelined.validate_pipeline(config, model))
 
 
 def make_train_step(model, tx):
@@ -58,7 +58,7 @@ def train(run, settings: Settings) -> dict:
   With `stages > 1` or `clock='virtual'`: staged BP on the scheduler instead
   (`jaxsgd.pipeline.sequential_roles`), the same updates stage by stage.
   """
-  s = settings.run
+  s = settings.shared
   if settings.uses_scheduler:
     return pipelined.train_roles(run, s, sequential_roles(s.stages),
                                  title='bp: staleness per stage')

@@ -45,8 +45,8 @@ import jax
 from jaxsgd import optimizers
 from jaxsgd import transforms
 from jaxsgd.algorithms import clocks
-from jaxsgd.algorithms.settings import RunSettings, at_least, choice, derived, number
-from jaxsgd.algorithms.settings import optimizer_settings, run_settings, section
+from jaxsgd.algorithms.settings import SharedSettings, at_least, choice, derived, number
+from jaxsgd.algorithms.settings import optimizer_settings, shared_settings, section
 from jaxsgd.optimizers import OptimizerSettings
 from jaxsgd.spmd import distributed
 from jaxsgd.spmd import mesh as mesh_lib
@@ -62,7 +62,7 @@ DILOCO_OUTER = OptimizerSettings('sgd', 0.7, kwargs=(('momentum', 0.9), ('nester
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """`config.algorithm` of a data-parallel run, and the shared fields (`run`).
+  """`config.algorithm` of a data-parallel run, and the shared fields (`shared`).
 
   Attributes:
     period: τ / H, local steps between averages (ssgd: 1).
@@ -92,7 +92,7 @@ class Settings:
   name: str = derived('ssgd')
   workers: int = derived(1)
   batch_size: int = derived(1)  # per worker
-  run: RunSettings | None = derived()
+  shared: SharedSettings | None = derived()
 
   @property
   def global_batch(self) -> int:
@@ -109,7 +109,7 @@ def settings(config) -> Settings:
   name = choice(algo.get('name'), 'algorithm.name', NAMES)
   outer = algo.pop('outer', None)
   s = section(algo, Settings, 'algorithm')
-  run = run_settings(config)
+  shared = shared_settings(config)
   period = 1 if name == 'ssgd' else at_least(s.period, 'algorithm.period', 1)
   delay = s.delay if s.delay is not None else (1 if name == 'dasgd' else 0)
   delay = 0 if name == 'ssgd' else at_least(delay, 'algorithm.delay', 0)
@@ -126,8 +126,8 @@ def settings(config) -> Settings:
                                         **dict(outer)}, 'algorithm.outer')
                     if outer is not None and name in OUTER else DILOCO_OUTER)
   return dataclasses.replace(s, name=name, period=period, delay=delay, outer=outer_settings,
-                             workers=run.workers, batch_size=_per_worker_batch(s, run),
-                             run=run, fragments=_fragments(name, s, period, delay))
+                             workers=shared.workers, batch_size=_per_worker_batch(s, shared),
+                             shared=shared, fragments=_fragments(name, s, period, delay))
 
 
 def _fragments(name: str, s: Settings, period: int, delay: int) -> int:
@@ -147,17 +147,17 @@ def _fragments(name: str, s: Settings, period: int, delay: int) -> int:
   return fragments
 
 
-def _per_worker_batch(s: Settings, run: RunSettings) -> int:
+def _per_worker_batch(s: Settings, shared: SharedSettings) -> int:
   """`batch_size` (per worker), or `algorithm.global_batch_size / workers`."""
   total = s.global_batch_size
   if total is None:
-    return run.batch_size
+    return shared.batch_size
   at_least(total, 'algorithm.global_batch_size', 1)
-  if total % run.workers:
+  if total % shared.workers:
     raise ValueError(f'algorithm.global_batch_size: {total} examples cannot be split '
-                     f'evenly over workers={run.workers}; use a multiple of '
-                     f'{run.workers}.')
-  return total // run.workers
+                     f'evenly over workers={shared.workers}; use a multiple of '
+                     f'{shared.workers}.')
+  return total // shared.workers
 
 
 def validate(config, model) -> Settings:
@@ -169,10 +169,10 @@ def validate(config, model) -> Settings:
   """
   del model
   s = settings(config)
-  if s.run.stages != 1:
+  if s.shared.stages != 1:
     raise ValueError(f'stages: the data-parallel methods train the whole model on every '
-                     f'worker; use stages=1, got {s.run.stages}.')
-  if s.run.cost.device_speeds or s.run.cost.worker_speeds or s.run.cost.failures:
+                     f'worker; use stages=1, got {s.shared.stages}.')
+  if s.shared.cost.device_speeds or s.shared.cost.worker_speeds or s.shared.cost.failures:
     raise ValueError('cost.device_speeds / worker_speeds / failures: the data-parallel '
                      'methods run in lock-step SPMD; per-lane speeds and failures are for '
                      'the scheduler families.')
@@ -190,13 +190,13 @@ def validate(config, model) -> Settings:
 
 def make_optimizer(s: Settings):
   """The optimizer of the run: the inner one, wrapped by the averaging transform."""
-  inner = optimizers.make_optimizer(s.run.optimizer, s.run.train_steps)
+  inner = optimizers.make_optimizer(s.shared.optimizer, s.shared.train_steps)
   if s.name == 'ssgd':
     return inner
   kwargs = dict(period=s.period, delay=s.delay, axis_name=mesh_lib.AXIS, merge=s.merge,
                 mix=s.mix, overlap=s.overlap)
   if s.name in OUTER:
-    outer = optimizers.make_optimizer(s.outer, max(1, s.run.train_steps // s.period))
+    outer = optimizers.make_optimizer(s.outer, max(1, s.shared.train_steps // s.period))
     if s.name == 'streaming_diloco':
       return transforms.streaming_diloco(inner, outer, s.period, s.fragments, s.delay, s.mix,
                                          axis_name=mesh_lib.AXIS, overlap=s.overlap)
@@ -213,14 +213,14 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
     variables: one worker's model variables (one-device arrays).
     sample_batch: one worker's numpy batch, to time a step on.
   """
-  cost = s.run.cost
+  cost = s.shared.cost
   # SSGD all-reduces gradients and BatchNorm statistics; the others the weights.
   nbytes = timing.tree_bytes(variables if s.name == 'ssgd' else variables['params'])
   # Streaming DiLoCo: a 1/P fragment every H/P steps (fragments near-equal in size).
   comm = timing.ring_allreduce_time(nbytes / s.fragments, s.workers,
                                     bandwidth=cost.bandwidth, latency=cost.link_latency)
   compute = clocks.task_costs(
-      s.run, lambda: {(0, 'step'): _calibrate(s.run, model, variables, sample_batch)},
+      s.shared, lambda: {(0, 'step'): _calibrate(s.shared, model, variables, sample_batch)},
       ('step',), 1)[(0, 'step')]
   # overlap=False runs the all-reduce inside a lax.cond on the merge step: it blocks
   # there, so none of it is hidden. overlap=True runs each period as one program whose
@@ -230,48 +230,48 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
                               delay=hidden_steps)
 
 
-def _calibrate(run: RunSettings, model, variables, batch) -> float:
+def _calibrate(shared: SharedSettings, model, variables, batch) -> float:
   """Seconds of one worker's step (forward, backward, inner update) on one device."""
-  inner = optimizers.make_optimizer(run.optimizer, run.train_steps)
+  inner = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
   one_step = jax.jit(step_lib.make_worker_step(model, inner, average_grads=False))
   opt_state = jax.jit(inner.init)(variables['params'])
-  return timing.measure_seconds(one_step, variables, opt_state, batch, repeats=run.cost.reps)
+  return timing.measure_seconds(one_step, variables, opt_state, batch, repeats=shared.cost.reps)
 
 
-def train(run_ctx, s: Settings) -> dict:
+def train(run, s: Settings) -> dict:
   """Trains `config.train_steps` data-parallel steps; returns summary extras.
 
   The loop never waits for the device, except every 16 steps when this process
   drives several devices (`DataParallelTrainer.maybe_wait`: queuing too many steps
   with collectives deadlocks there) and at evaluation points.
   """
-  model = run_ctx.model
+  model = run.model
   trainer = DataParallelTrainer(model, make_optimizer(s), s.workers,
                                 average_grads=s.name == 'ssgd', stacked=s.stacked,
                                 **_period_program(s))
-  streams = [run_ctx.train_batches(m, s.workers, batch_size=s.batch_size,
+  streams = [run.train_batches(m, s.workers, batch_size=s.batch_size,
                                    sharding=s.data_sharding) for m in trainer.local_workers]
-  state = trainer.init(s.run.seed)
+  state = trainer.init(s.shared.seed)
   clock = None
-  if s.run.virtual:
-    sample = next(run_ctx.train_batches(0, s.workers, batch_size=s.batch_size,
+  if s.shared.virtual:
+    sample = next(run.train_batches(0, s.workers, batch_size=s.batch_size,
                                         sharding=s.data_sharding))
     clock = make_time_model(s, model, trainer.eval_variables(state), sample)
   # Local methods report this process's first worker's loss (see `report_loss`).
   where = None if trainer.replicated else f'worker {trainer.local_workers[0]}'
   step = 0
-  while step < s.run.train_steps:
+  while step < s.shared.train_steps:
     # A whole period per program where possible (one all-reduce per period).
-    n = trainer.program_length(step, s.run.train_steps, run_ctx.should_evaluate)
+    n = trainer.program_length(step, s.shared.train_steps, run.should_evaluate)
     state, losses = trainer.train_steps(state, [[next(b) for b in streams] for _ in range(n)])
     trainer.maybe_wait(step + n, losses[-1], steps=n)
     for loss in losses:
       step += 1
-      run_ctx.report(step, loss=loss,
+      run.report(step, loss=loss,
                      variables=lambda state=state: trainer.eval_variables(state),
                      samples=step * s.global_batch, stage=where,
                      sim_time=None if clock is None else clock.elapsed(step))
-  return _summary_extras(run_ctx, s, trainer, state, clock, streams)
+  return _summary_extras(run, s, trainer, state, clock, streams)
 
 
 def _period_program(s: Settings) -> dict:
@@ -283,7 +283,7 @@ def _period_program(s: Settings) -> dict:
   return {'period': s.period, 'delay': s.delay}
 
 
-def _summary_extras(run_ctx, s, trainer, state, clock, streams) -> dict:
+def _summary_extras(run, s, trainer, state, clock, streams) -> dict:
   extras = {'workers': s.workers, 'global_batch_size': s.global_batch,
             'processes': jax.process_count(), 'stacked': s.stacked,
             'epochs': streams[0].epoch if streams else 0}
@@ -293,6 +293,6 @@ def _summary_extras(run_ctx, s, trainer, state, clock, streams) -> dict:
                             'relative_throughput': clock.relative_throughput()}
   if s.save_params:
     params = trainer.host_params(state)  # Every process: it may involve a collective.
-    run_ctx.write_arrays('params.npz', params)
+    run.write_arrays('params.npz', params)
   return extras
 

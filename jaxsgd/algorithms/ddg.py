@@ -41,7 +41,7 @@ References:
 import dataclasses
 
 from jaxsgd.algorithms import pipelined
-from jaxsgd.algorithms.settings import RunSettings, derived, section
+from jaxsgd.algorithms.settings import SharedSettings, derived, section
 from jaxsgd.pipeline import StageRole, sequential_roles
 
 VARIANTS = ('paper', 'recompute')
@@ -49,10 +49,10 @@ VARIANTS = ('paper', 'recompute')
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """`config.algorithm` of `ddg`, and the shared fields (`run`)."""
+  """`config.algorithm` of `ddg`, and the shared fields (`shared`)."""
 
   variant: str = 'paper'
-  run: RunSettings | None = derived()
+  shared: SharedSettings | None = derived()
 
 
 def roles(num_stages: int, variant: str = 'paper') -> tuple[StageRole, ...]:
@@ -67,9 +67,9 @@ def validate(config, model) -> Settings:
   if settings.variant not in VARIANTS:
     raise ValueError(f'algorithm.variant: {settings.variant!r} is not a DDG variant; '
                      f'allowed: {", ".join(VARIANTS)}.')
-  return dataclasses.replace(settings, run=pipelined.validate_pipeline(config, model))
+  return dataclasses.replace(settings, shared=pipelined.validate_pipeline(config, model))
 
 
 def train(run, settings: Settings) -> dict:
-  return pipelined.train_roles(run, settings.run, roles(settings.run.stages, settings.variant),
+  return pipelined.train_roles(run, settings.shared, roles(settings.shared.stages, settings.variant),
                                title='ddg: staleness per stage')

@@ -52,7 +52,7 @@ import dataclasses
 import numpy as np
 
 from jaxsgd.algorithms import pipelined
-from jaxsgd.algorithms.settings import RunSettings, derived, section
+from jaxsgd.algorithms.settings import SharedSettings, derived, section
 from jaxsgd.pipeline import StageRole
 
 VARIANTS = ('greedy', 'overlapping', 'chunked')
@@ -60,12 +60,12 @@ VARIANTS = ('greedy', 'overlapping', 'chunked')
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """`config.algorithm` of `local`, and the shared fields (`run`)."""
+  """`config.algorithm` of `local`, and the shared fields (`shared`)."""
 
   variant: str = 'greedy'
   chunks: int = 1        # chunked only: contiguous groups of stages
   pipelined: bool = True
-  run: RunSettings | None = derived()
+  shared: SharedSettings | None = derived()
 
 
 def chunk_bounds(num_stages: int, chunks: int) -> list[tuple[int, int]]:
@@ -103,22 +103,22 @@ def validate(config, model) -> Settings:
   if settings.variant not in VARIANTS:
     raise ValueError(f'algorithm.variant: {settings.variant!r} is not a local-parallelism '
                      f'variant; allowed: {", ".join(VARIANTS)}.')
-  run = pipelined.validate_pipeline(config, model)
+  shared = pipelined.validate_pipeline(config, model)
   given = dict(config.algorithm)
   if settings.variant == 'chunked':
     if isinstance(settings.chunks, bool) or not isinstance(settings.chunks, int) or not (
-        1 <= settings.chunks <= run.stages):
-      raise ValueError(f'algorithm.chunks: must be an integer in [1, stages={run.stages}], '
+        1 <= settings.chunks <= shared.stages):
+      raise ValueError(f'algorithm.chunks: must be an integer in [1, stages={shared.stages}], '
                        f'got {settings.chunks!r}.')
   elif 'chunks' in given and given['chunks'] != Settings.chunks:
     raise ValueError(f'algorithm.chunks: only the chunked variant groups stages into chunks; '
                      f'{settings.variant!r} does not use it (got {given["chunks"]!r}): remove '
                      f'it or set algorithm.variant=chunked.')
-  return dataclasses.replace(settings, run=run)
+  return dataclasses.replace(settings, shared=shared)
 
 
 def train(run, settings: Settings) -> dict:
-  return pipelined.train_roles(run, settings.run,
-                               roles(settings.run.stages, settings.variant, settings.chunks,
+  return pipelined.train_roles(run, settings.shared,
+                               roles(settings.shared.stages, settings.variant, settings.chunks,
                                      settings.pipelined),
                                title='local: staleness per stage')

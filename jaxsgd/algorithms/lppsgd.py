@@ -11,7 +11,7 @@ import math
 
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks, workers
-from jaxsgd.algorithms.settings import RunSettings, derived, integer, section
+from jaxsgd.algorithms.settings import SharedSettings, derived, integer, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.lppsgd import LppSession, LppSettings, allreduce_time
 from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
@@ -20,13 +20,13 @@ from jaxsgd.scheduler import Placement, transfer
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """`config.algorithm` of `lppsgd`, and the shared fields (`run`)."""
+  """`config.algorithm` of `lppsgd`, and the shared fields (`shared`)."""
 
   devices: int = 2
   workers_per_device: int = 2
   warmup_steps: int = 0
   averaging_freq: int = 4
-  run: RunSettings | None = derived()
+  shared: SharedSettings | None = derived()
 
   @property
   def session(self) -> LppSettings:
@@ -40,9 +40,9 @@ def validate(config, model) -> Settings:
   integer(settings.workers_per_device, 'algorithm.workers_per_device')
   integer(settings.warmup_steps, 'algorithm.warmup_steps', minimum=0)
   integer(settings.averaging_freq, 'algorithm.averaging_freq')
-  run = workers.validate_workers(config, model, settings.session.num_workers,
+  shared = workers.validate_workers(config, model, settings.session.num_workers,
                                  whole_model=True)
-  return dataclasses.replace(settings, run=run)
+  return dataclasses.replace(settings, shared=shared)
 
 
 def task_costs(table: dict, nbytes: int, devices: int, *, bandwidth: float,
@@ -52,30 +52,30 @@ def task_costs(table: dict, nbytes: int, devices: int, *, bandwidth: float,
           (0, 'average'): allreduce_time(nbytes, devices, bandwidth=bandwidth, latency=latency)}
 
 
-def train(run_ctx, settings: Settings) -> dict:
+def train(run, settings: Settings) -> dict:
   """Trains until `train_steps` updates were applied over all replicas."""
-  run, session_settings = settings.run, settings.session
+  shared, session_settings = settings.shared, settings.session
   D, W = settings.devices, settings.workers_per_device
-  devices = clocks.lane_devices(run, D)
+  devices = clocks.lane_devices(shared, D)
   # Each replica keeps its own optimizer state and takes ~train_steps / D of the
   # updates: its learning-rate schedule spans that many steps, not train_steps.
-  base = optimizers.make_optimizer(run.optimizer, math.ceil(run.train_steps / D))
-  model = PlacedStages(run_ctx.model, 1, base, placement=Placement.create(1, devices[:1]),
-                       batch_size=run.batch_size, seed=run.seed)
+  base = optimizers.make_optimizer(shared.optimizer, math.ceil(shared.train_steps / D))
+  model = PlacedStages(run.model, 1, base, placement=Placement.create(1, devices[:1]),
+                       batch_size=shared.batch_size, seed=shared.seed)
   variables = model.initial_variables(0, sequential_roles(1)[0])
   opt_state = base.init(variables['params'])
   nbytes = transfer.nbytes(variables['params'])
   executor, measured = clocks.make_executor(
-      run, lambda: model.calibrate(sequential_roles(1), next(run_ctx.train_batches(0, 1)),
-                                   run.cost.reps), KINDS, 1,
-      lane_speeds=[speed / W for speed in clocks.worker_speeds(run, D * W)], threads=True,
-      adjust=lambda table: task_costs(table, nbytes, D, bandwidth=run.cost.bandwidth,
-                                      latency=run.cost.link_latency))
+      shared, lambda: model.calibrate(sequential_roles(1), next(run.train_batches(0, 1)),
+                                   shared.cost.reps), KINDS, 1,
+      lane_speeds=[speed / W for speed in clocks.worker_speeds(shared, D * W)], threads=True,
+      adjust=lambda table: task_costs(table, nbytes, D, bandwidth=shared.cost.bandwidth,
+                                      latency=shared.cost.link_latency))
   log = common.WorkerLog([f'worker {m // W}.{m % W}' for m in range(D * W)],
-                         clocks.failures(run, D * W), executor.now)
-  streams = [run_ctx.train_batches(m, D * W) for m in range(D * W)]
+                         clocks.failures(shared, D * W), executor.now)
+  streams = [run.train_batches(m, D * W) for m in range(D * W)]
   return workers.train_session(
-      run_ctx, run, executor, measured, log,
+      run, shared, executor, measured, log,
       lambda steps: LppSession(model, session_settings, variables, opt_state, streams, devices,
                                steps, log),
       name='lppsgd', title='lppsgd: staleness per worker',

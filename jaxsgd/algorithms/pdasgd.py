@@ -10,7 +10,7 @@ import dataclasses
 
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks, workers
-from jaxsgd.algorithms.settings import RunSettings, choice, derived, integer, section
+from jaxsgd.algorithms.settings import SharedSettings, choice, derived, integer, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.pdasgd import UPDATES, PdSession, PdSettings, worker_name
 from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
@@ -19,7 +19,7 @@ from jaxsgd.scheduler import Placement
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """`config.algorithm` of `pdasgd`, and the shared fields (`run`).
+  """`config.algorithm` of `pdasgd`, and the shared fields (`shared`).
 
   Attributes:
     n_fwd, n_bwd: forward and backward workers.
@@ -31,7 +31,7 @@ class Settings:
   n_bwd: int = 2
   updates: str = 'layer'
   max_inflight: int | None = None
-  run: RunSettings | None = derived()
+  shared: SharedSettings | None = derived()
 
   @property
   def session(self) -> PdSettings:
@@ -45,30 +45,30 @@ def validate(config, model) -> Settings:
   choice(settings.updates, 'algorithm.updates', UPDATES)
   if settings.max_inflight is not None:
     integer(settings.max_inflight, 'algorithm.max_inflight')
-  run = workers.validate_workers(config, model, settings.session.num_workers,
+  shared = workers.validate_workers(config, model, settings.session.num_workers,
                                  whole_model=False)
-  return dataclasses.replace(settings, run=run)
+  return dataclasses.replace(settings, shared=shared)
 
 
-def train(run_ctx, settings: Settings) -> dict:
+def train(run, settings: Settings) -> dict:
   """Trains until `train_steps` backward passes have been applied."""
-  run, pd = settings.run, settings.session
-  devices = clocks.lane_devices(run, 1 + pd.num_workers)
-  model = PlacedStages(run_ctx.model, run.stages,
-                       optimizers.make_optimizer(run.optimizer, run.train_steps),
-                       placement=Placement.create(run.stages, devices[:1]),
-                       batch_size=run.batch_size, seed=run.seed)
+  shared, pd = settings.shared, settings.session
+  devices = clocks.lane_devices(shared, 1 + pd.num_workers)
+  model = PlacedStages(run.model, shared.stages,
+                       optimizers.make_optimizer(shared.optimizer, shared.train_steps),
+                       placement=Placement.create(shared.stages, devices[:1]),
+                       batch_size=shared.batch_size, seed=shared.seed)
   executor, measured = clocks.make_executor(
-      run, lambda: model.calibrate(sequential_roles(run.stages),
-                                   next(run_ctx.train_batches(0, 1)), run.cost.reps),
-      KINDS, run.stages, lane_speeds=(1.0,) + clocks.worker_speeds(run, pd.num_workers),
-      threads=True, adjust=lambda table: common.fold_update(table, run.stages))
+      shared, lambda: model.calibrate(sequential_roles(shared.stages),
+                                   next(run.train_batches(0, 1)), shared.cost.reps),
+      KINDS, shared.stages, lane_speeds=(1.0,) + clocks.worker_speeds(shared, pd.num_workers),
+      threads=True, adjust=lambda table: common.fold_update(table, shared.stages))
   log = common.WorkerLog([worker_name(pd, w) for w in range(pd.num_workers)],
-                         clocks.failures(run, pd.num_workers), executor.now)
-  streams = [run_ctx.train_batches(f, pd.n_fwd) for f in range(pd.n_fwd)]
-  costed = run.cost.links_are_costed(run.clock)
+                         clocks.failures(shared, pd.num_workers), executor.now)
+  streams = [run.train_batches(f, pd.n_fwd) for f in range(pd.n_fwd)]
+  costed = shared.cost.links_are_costed(shared.clock)
   return workers.train_session(
-      run_ctx, run, executor, measured, log,
+      run, shared, executor, measured, log,
       lambda steps: PdSession(model, pd, streams, devices, steps, log, costed_links=costed),
       name='pdasgd', title=f'pdasgd ({pd.updates} updates): staleness per layer',
       extra=lambda session: {'n_fwd': pd.n_fwd, 'n_bwd': pd.n_bwd, 'updates': pd.updates,

@@ -1,6 +1,6 @@
 """A config, parsed once into frozen settings: the fields every algorithm shares.
 
-Every algorithm module's `validate(config, model)` calls `run_settings(config)` for the
+Every algorithm module's `validate(config, model)` calls `shared_settings(config)` for the
 shared fields and `section(config.algorithm, Settings)` for its own, so each config field
 is read in exactly one place, checked there, and refused there when unknown (with the
 closest known name). The settings are frozen, hashable dataclasses: an executor whose
@@ -282,7 +282,7 @@ def optimizer_settings(given, prefix: str = 'optimizer') -> OptimizerSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunSettings:
+class SharedSettings:
   """The fields every algorithm shares (top level of the config, `optimizer`, `cost`)."""
 
   train_steps: int
@@ -304,11 +304,11 @@ class RunSettings:
     return self.seed if self.cost.seed is None else self.cost.seed
 
 
-def run_settings(config) -> RunSettings:
+def shared_settings(config) -> SharedSettings:
   """The shared fields of `config`, each checked once."""
   stages = integer(config.stages, 'stages')
   clock = choice(config.clock, 'clock', CLOCKS)
-  return RunSettings(
+  return SharedSettings(
       train_steps=integer(config.train_steps, 'train_steps'),
       batch_size=integer(config.batch_size, 'batch_size'),
       seed=integer(config.seed, 'seed', minimum=0, maximum=2**32 - 1),

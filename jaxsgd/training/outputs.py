@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from jaxsgd.training import files
 from jaxsgd.training import plots
 
 
@@ -24,8 +25,9 @@ def write_outputs(workdir: str, timeline, staleness: dict[str, np.ndarray], *,
     title: the staleness plot's title.
     extra: more summary fields.
   """
-  timeline.write_chrome_trace(os.path.join(workdir, 'trace.json'))
-  plots.plot_staleness(staleness, os.path.join(workdir, 'staleness.png'), title=title)
+  files.write_json(os.path.join(workdir, 'trace.json'), timeline.chrome_trace(), indent=None)
+  with files.atomic_path(os.path.join(workdir, 'staleness.png')) as path:
+    plots.plot_staleness(staleness, path, title=title)
   every = np.concatenate([v for v in staleness.values()] or [np.zeros(0, np.int64)])
   values, counts = np.unique(every, return_counts=True)
   summary = {

@@ -4,10 +4,11 @@ An algorithm calls `run.report(step, loss=..., variables=...)` after each of its
 steps. `report` keeps the loss as a device array (no sync) and only at evaluation
 points (every `eval_every` steps and at the end) pulls the losses to the host,
 checks them for NaN/inf, evaluates on the test split and appends one line to
-`metrics.jsonl`. `finish()` writes `summary.json` and `curves.png`.
+`metrics.jsonl`. `finish()` writes `summary.json` and `curves.png`. Process 0 holds
+the workdir (`files.WorkdirLock`) from the start to the end of `finish()`, and writes
+every file through `jaxsgd.training.files` (atomic, valid JSON, whole lines).
 """
 
-import json
 import math
 import os
 import time
@@ -22,6 +23,7 @@ from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.data import Dataset
 from jaxsgd.errors import NonFiniteLossError
 from jaxsgd.models import StagedModel
+from jaxsgd.training import files
 from jaxsgd.training import outputs
 from jaxsgd.training import plots
 
@@ -38,14 +40,14 @@ class Run:
     # In a multi-process run (jax.distributed initialized before this) every process
     # trains and evaluates; only process 0 writes files and shows progress.
     self.is_primary = jax.process_index() == 0
-    if self.is_primary:
-      os.makedirs(workdir, exist_ok=True)
+    # Refuses a workdir another run is using before anything in it is touched.
+    self._lock = files.WorkdirLock(workdir).acquire() if self.is_primary else None
     self.records: list[dict[str, Any]] = []
     self._pending: list[tuple[int, Any, str | None]] = []  # (step, loss, stage)
     self._eval_step = stages_lib.make_eval_step(model.full().apply)
     self._start = time.perf_counter()
-    self._metrics_file = open(os.path.join(workdir, 'metrics.jsonl') if self.is_primary
-                              else os.devnull, 'w')
+    self._metrics_file = (files.JsonLinesWriter(os.path.join(workdir, 'metrics.jsonl'), 'w')
+                          if self.is_primary else None)
     self._tensorboard = _tensorboard_writer(config, workdir) if self.is_primary else None
     self._target = config.get('target_accuracy')
     self.time_to_target: dict[str, float] | None = None
@@ -120,8 +122,8 @@ class Run:
     record = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v)
               for k, v in record.items()}
     self.records.append(record)
-    self._metrics_file.write(json.dumps(record) + '\n')
-    self._metrics_file.flush()
+    if self._metrics_file is not None:
+      self._metrics_file.write(record)
     if self._tensorboard is not None:
       for key, value in record.items():
         if isinstance(value, (int, float)) and key != 'step':
@@ -135,7 +137,7 @@ class Run:
 
   # --- the end ------------------------------------------------------------------
   def finish(self, extra_summary: dict | None = None) -> dict[str, Any]:
-    """Writes `summary.json` and `curves.png`; returns the summary."""
+    """Writes `summary.json` and `curves.png`, releases the workdir; returns the summary."""
     self.close()
     final = self.records[-1] if self.records else {}
     summary = {
@@ -148,12 +150,15 @@ class Run:
     }
     if not self.is_primary:
       return summary
-    with open(os.path.join(self.workdir, 'summary.json'), 'w') as f:
-      json.dump(summary, f, indent=2, default=_jsonable)
-    if self.records:
-      plots.plot_curves(self.records, os.path.join(self.workdir, 'curves.png'),
-                        title=f'{self.config.algorithm.name} · {self.config.model.name} · '
-                              f'{self.config.dataset}')
+    try:
+      files.write_json(os.path.join(self.workdir, 'summary.json'), summary)
+      if self.records:
+        with files.atomic_path(os.path.join(self.workdir, 'curves.png')) as path:
+          plots.plot_curves(self.records, path,
+                            title=f'{self.config.algorithm.name} · {self.config.model.name}'
+                                  f' · {self.config.dataset}')
+    finally:
+      self._lock.release()
     return summary
 
   # --- files an algorithm leaves ---------------------------------------------------
@@ -167,11 +172,13 @@ class Run:
   def write_arrays(self, name: str, arrays: dict) -> None:
     """`arrays` as `name` (an .npz file) in the workdir; only process 0 writes."""
     if self.is_primary:
-      np.savez(os.path.join(self.workdir, name), **arrays)
+      name = name if name.endswith('.npz') else f'{name}.npz'  # As np.savez names it.
+      with files.atomic_open(os.path.join(self.workdir, name), 'wb') as f:
+        np.savez(f, **arrays)
 
   def close(self) -> None:
     self._progress.close()
-    if not self._metrics_file.closed:
+    if self._metrics_file is not None:
       self._metrics_file.close()
     if self._tensorboard is not None:
       self._tensorboard.close()
@@ -187,10 +194,3 @@ def _tensorboard_writer(config, workdir):
     raise ImportError("tensorboard: install the extra with pip install 'jaxsgd[tensorboard]'") from e
   return SummaryWriter(os.path.join(workdir, 'tensorboard'))
 
-
-def _jsonable(value):
-  if isinstance(value, (np.floating, np.integer)):
-    return value.item()
-  if isinstance(value, np.ndarray):
-    return value.tolist()
-  return str(value)
