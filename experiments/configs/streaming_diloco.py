@@ -34,10 +34,11 @@ from experiments.configs import ssgd
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config = ssgd.get_config()
   config.algorithm = default.algorithm(
-      'streaming_diloco',
-      period=8,       # H: inner steps between two syncs of a fragment
-      fragments=2,    # P: one fragment synced every H / P steps
-      delay=1,        # τ < H / P: steps a fragment's all-reduce overlaps
-      merge='mix',    # w_p ← α w_p + (1 − α) θ_p
-      mix=0.5)        # α
+    'streaming_diloco',
+    period=8,  # H: inner steps between two syncs of a fragment
+    fragments=2,  # P: one fragment synced every H / P steps
+    delay=1,  # τ < H / P: steps a fragment's all-reduce overlaps
+    merge='mix',  # w_p ← α w_p + (1 − α) θ_p
+    mix=0.5,
+  )  # α
   return default.apply_variants(config, variant, ssgd.variants())

@@ -16,8 +16,9 @@ from jaxsgd.algorithms.settings import SharedSettings
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor
 
 
-def task_costs(shared: SharedSettings, measure: Callable[[], dict], kinds: Sequence[str],
-               num_stages: int) -> dict:
+def task_costs(
+  shared: SharedSettings, measure: Callable[[], dict], kinds: Sequence[str], num_stages: int
+) -> dict:
   """Seconds per `(stage, kind)`: measured by `measure()`, or given in `cost.compute`."""
   return measure() if shared.cost.calibrate else shared.cost.explicit(kinds, num_stages)
 
@@ -25,14 +26,26 @@ def task_costs(shared: SharedSettings, measure: Callable[[], dict], kinds: Seque
 def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float] = ()) -> CostModel:
   """The virtual clock's cost model: `table`, lane speeds, links, stragglers, seed."""
   cost = shared.cost
-  return CostModel(compute=dict(table), device_speeds=tuple(lane_speeds),
-                   link_latency=cost.link_latency, link_bandwidth=cost.bandwidth,
-                   straggler_std=cost.straggler_std, seed=shared.cost_seed)
+  return CostModel(
+    compute=dict(table),
+    device_speeds=tuple(lane_speeds),
+    link_latency=cost.link_latency,
+    link_bandwidth=cost.bandwidth,
+    straggler_std=cost.straggler_std,
+    seed=shared.cost_seed,
+  )
 
 
-def make_executor(shared: SharedSettings, measure: Callable[[], dict], kinds: Sequence[str],
-                  num_stages: int, *, lane_speeds: Sequence[float] = (), threads: bool = False,
-                  adjust: Callable[[dict], dict] = lambda table: table):
+def make_executor(
+  shared: SharedSettings,
+  measure: Callable[[], dict],
+  kinds: Sequence[str],
+  num_stages: int,
+  *,
+  lane_speeds: Sequence[float] = (),
+  threads: bool = False,
+  adjust: Callable[[dict], dict] = lambda table: table,
+):
   """`(executor, measured table)`: the real clock (`threads`: a thread per process) and
   `{}`, or the virtual clock with a cost model of `adjust(table)`."""
   if not shared.virtual:
@@ -63,7 +76,9 @@ def lane_devices(shared: SharedSettings, num_lanes: int) -> list[jax.Device]:
   return [devices[i % len(devices)] for i in range(num_lanes)]
 
 
-def worker_speeds(shared: SharedSettings, num_workers: int, what: str = 'worker') -> tuple[float, ...]:
+def worker_speeds(
+  shared: SharedSettings, num_workers: int, what: str = 'worker'
+) -> tuple[float, ...]:
   """`cost.worker_speeds` (default all 1), one per worker."""
   speeds = shared.cost.worker_speeds or (1.0,) * num_workers
   if len(speeds) != num_workers:

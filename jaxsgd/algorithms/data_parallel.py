@@ -114,20 +114,34 @@ def settings(config) -> Settings:
   delay = s.delay if s.delay is not None else (1 if name == 'dasgd' else 0)
   delay = 0 if name == 'ssgd' else at_least(delay, 'algorithm.delay', 0)
   if delay >= period:
-    raise ValueError(f'algorithm.delay: must be < algorithm.period (0 <= delay < '
-                     f'period), got delay={delay}, period={period}.')
+    raise ValueError(
+      f'algorithm.delay: must be < algorithm.period (0 <= delay < '
+      f'period), got delay={delay}, period={period}.'
+    )
   if name == 'local_sgd' and delay:
-    raise ValueError(f"algorithm.delay: local_sgd averages without delay (0), got "
-                     f"{delay}; use algorithm.name='dasgd' for a delayed average.")
+    raise ValueError(
+      f'algorithm.delay: local_sgd averages without delay (0), got '
+      f"{delay}; use algorithm.name='dasgd' for a delayed average."
+    )
   choice(s.merge, 'algorithm.merge', transforms.MERGES)
   number(s.mix, 'algorithm.mix', maximum=1.0)
   choice(s.data_sharding, 'algorithm.data_sharding', DATA_SHARDING)
-  outer_settings = (optimizer_settings({**dataclasses.asdict(DILOCO_OUTER),
-                                        **dict(outer)}, 'algorithm.outer')
-                    if outer is not None and name in OUTER else DILOCO_OUTER)
-  return dataclasses.replace(s, name=name, period=period, delay=delay, outer=outer_settings,
-                             workers=shared.workers, batch_size=_per_worker_batch(s, shared),
-                             shared=shared, fragments=_fragments(name, s, period, delay))
+  outer_settings = (
+    optimizer_settings({**dataclasses.asdict(DILOCO_OUTER), **dict(outer)}, 'algorithm.outer')
+    if outer is not None and name in OUTER
+    else DILOCO_OUTER
+  )
+  return dataclasses.replace(
+    s,
+    name=name,
+    period=period,
+    delay=delay,
+    outer=outer_settings,
+    workers=shared.workers,
+    batch_size=_per_worker_batch(s, shared),
+    shared=shared,
+    fragments=_fragments(name, s, period, delay),
+  )
 
 
 def _fragments(name: str, s: Settings, period: int, delay: int) -> int:
@@ -136,14 +150,20 @@ def _fragments(name: str, s: Settings, period: int, delay: int) -> int:
     return 1
   fragments = at_least(s.fragments, 'algorithm.fragments', 1)
   if period % fragments:
-    raise ValueError(f'algorithm.fragments: algorithm.period={period} must be a multiple '
-                     f'of fragments={fragments} (fragment p syncs at offset p·period/P).')
+    raise ValueError(
+      f'algorithm.fragments: algorithm.period={period} must be a multiple '
+      f'of fragments={fragments} (fragment p syncs at offset p·period/P).'
+    )
   if delay >= period // fragments:
-    raise ValueError(f'algorithm.delay: must be < period / fragments = '
-                     f'{period // fragments} (one fragment in flight), got {delay}.')
+    raise ValueError(
+      f'algorithm.delay: must be < period / fragments = '
+      f'{period // fragments} (one fragment in flight), got {delay}.'
+    )
   if s.merge != 'mix':
-    raise ValueError(f"algorithm.merge: streaming_diloco merges w ← α w + (1 − α) θ "
-                     f"(merge='mix', α = algorithm.mix); got {s.merge!r}.")
+    raise ValueError(
+      f'algorithm.merge: streaming_diloco merges w ← α w + (1 − α) θ '
+      f"(merge='mix', α = algorithm.mix); got {s.merge!r}."
+    )
   return fragments
 
 
@@ -154,9 +174,11 @@ def _per_worker_batch(s: Settings, shared: SharedSettings) -> int:
     return shared.batch_size
   at_least(total, 'algorithm.global_batch_size', 1)
   if total % shared.workers:
-    raise ValueError(f'algorithm.global_batch_size: {total} examples cannot be split '
-                     f'evenly over workers={shared.workers}; use a multiple of '
-                     f'{shared.workers}.')
+    raise ValueError(
+      f'algorithm.global_batch_size: {total} examples cannot be split '
+      f'evenly over workers={shared.workers}; use a multiple of '
+      f'{shared.workers}.'
+    )
   return total // shared.workers
 
 
@@ -170,21 +192,29 @@ def validate(config, model) -> Settings:
   del model
   s = settings(config)
   if s.shared.stages != 1:
-    raise ValueError(f'stages: the data-parallel methods train the whole model on every '
-                     f'worker; use stages=1, got {s.shared.stages}.')
+    raise ValueError(
+      f'stages: the data-parallel methods train the whole model on every '
+      f'worker; use stages=1, got {s.shared.stages}.'
+    )
   if s.shared.cost.device_speeds or s.shared.cost.worker_speeds or s.shared.cost.failures:
-    raise ValueError('cost.device_speeds / worker_speeds / failures: the data-parallel '
-                     'methods run in lock-step SPMD; per-lane speeds and failures are for '
-                     'the scheduler families.')
+    raise ValueError(
+      'cost.device_speeds / worker_speeds / failures: the data-parallel '
+      'methods run in lock-step SPMD; per-lane speeds and failures are for '
+      'the scheduler families.'
+    )
   multi_process = distributed.initialize_from_env()
   if s.stacked and multi_process:
-    raise ValueError('algorithm.stacked: the stacked form runs on one device; it cannot '
-                     'span the processes of a multi-process run.')
+    raise ValueError(
+      'algorithm.stacked: the stacked form runs on one device; it cannot '
+      'span the processes of a multi-process run.'
+    )
   if not s.stacked and s.workers > len(jax.devices()):
-    raise ValueError(f'workers: {s.workers} workers need {s.workers} devices, but '
-                     f'{len(jax.devices())} are visible; lower workers, add devices '
-                     f'(XLA_FLAGS=--xla_force_host_platform_device_count=N on CPU, or '
-                     f'more processes), or set algorithm.stacked=True.')
+    raise ValueError(
+      f'workers: {s.workers} workers need {s.workers} devices, but '
+      f'{len(jax.devices())} are visible; lower workers, add devices '
+      f'(XLA_FLAGS=--xla_force_host_platform_device_count=N on CPU, or '
+      f'more processes), or set algorithm.stacked=True.'
+    )
   return s
 
 
@@ -193,13 +223,27 @@ def make_optimizer(s: Settings):
   inner = optimizers.make_optimizer(s.shared.optimizer, s.shared.train_steps)
   if s.name == 'ssgd':
     return inner
-  kwargs = dict(period=s.period, delay=s.delay, axis_name=mesh_lib.AXIS, merge=s.merge,
-                mix=s.mix, overlap=s.overlap)
+  kwargs = dict(
+    period=s.period,
+    delay=s.delay,
+    axis_name=mesh_lib.AXIS,
+    merge=s.merge,
+    mix=s.mix,
+    overlap=s.overlap,
+  )
   if s.name in OUTER:
     outer = optimizers.make_optimizer(s.outer, max(1, s.shared.train_steps // s.period))
     if s.name == 'streaming_diloco':
-      return transforms.streaming_diloco(inner, outer, s.period, s.fragments, s.delay, s.mix,
-                                         axis_name=mesh_lib.AXIS, overlap=s.overlap)
+      return transforms.streaming_diloco(
+        inner,
+        outer,
+        s.period,
+        s.fragments,
+        s.delay,
+        s.mix,
+        axis_name=mesh_lib.AXIS,
+        overlap=s.overlap,
+      )
     return transforms.diloco(inner, outer, **kwargs)
   return transforms.local_sgd(inner, **kwargs)
 
@@ -217,17 +261,22 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
   # SSGD all-reduces gradients and BatchNorm statistics; the others the weights.
   nbytes = timing.tree_bytes(variables if s.name == 'ssgd' else variables['params'])
   # Streaming DiLoCo: a 1/P fragment every H/P steps (fragments near-equal in size).
-  comm = timing.ring_allreduce_time(nbytes / s.fragments, s.workers,
-                                    bandwidth=cost.bandwidth, latency=cost.link_latency)
+  comm = timing.ring_allreduce_time(
+    nbytes / s.fragments, s.workers, bandwidth=cost.bandwidth, latency=cost.link_latency
+  )
   compute = clocks.task_costs(
-      s.shared, lambda: {(0, 'step'): _calibrate(s.shared, model, variables, sample_batch)},
-      ('step',), 1)[(0, 'step')]
+    s.shared,
+    lambda: {(0, 'step'): _calibrate(s.shared, model, variables, sample_batch)},
+    ('step',),
+    1,
+  )[(0, 'step')]
   # overlap=False runs the all-reduce inside a lax.cond on the merge step: it blocks
   # there, so none of it is hidden. overlap=True runs each period as one program whose
   # one all-reduce (of the stored snapshot) may overlap the `delay` steps before the merge.
   hidden_steps = s.delay if s.overlap else 0
-  return timing.StepTimeModel(compute=compute, comm=comm, period=s.period // s.fragments,
-                              delay=hidden_steps)
+  return timing.StepTimeModel(
+    compute=compute, comm=comm, period=s.period // s.fragments, delay=hidden_steps
+  )
 
 
 def _calibrate(shared: SharedSettings, model, variables, batch) -> float:
@@ -246,16 +295,24 @@ def train(run, s: Settings) -> dict:
   with collectives deadlocks there) and at evaluation points.
   """
   model = run.model
-  trainer = DataParallelTrainer(model, make_optimizer(s), s.workers,
-                                average_grads=s.name == 'ssgd', stacked=s.stacked,
-                                **_period_program(s))
-  streams = [run.train_batches(m, s.workers, batch_size=s.batch_size,
-                                   sharding=s.data_sharding) for m in trainer.local_workers]
+  trainer = DataParallelTrainer(
+    model,
+    make_optimizer(s),
+    s.workers,
+    average_grads=s.name == 'ssgd',
+    stacked=s.stacked,
+    **_period_program(s),
+  )
+  streams = [
+    run.train_batches(m, s.workers, batch_size=s.batch_size, sharding=s.data_sharding)
+    for m in trainer.local_workers
+  ]
   state = trainer.init(s.shared.seed)
   clock = None
   if s.shared.virtual:
-    sample = next(run.train_batches(0, s.workers, batch_size=s.batch_size,
-                                        sharding=s.data_sharding))
+    sample = next(
+      run.train_batches(0, s.workers, batch_size=s.batch_size, sharding=s.data_sharding)
+    )
     clock = make_time_model(s, model, trainer.eval_variables(state), sample)
   # Local methods report this process's first worker's loss (see `report_loss`).
   where = None if trainer.replicated else f'worker {trainer.local_workers[0]}'
@@ -267,10 +324,14 @@ def train(run, s: Settings) -> dict:
     trainer.maybe_wait(step + n, losses[-1], steps=n)
     for loss in losses:
       step += 1
-      run.report(step, loss=loss,
-                     variables=lambda state=state: trainer.eval_variables(state),
-                     samples=step * s.global_batch, stage=where,
-                     sim_time=None if clock is None else clock.elapsed(step))
+      run.report(
+        step,
+        loss=loss,
+        variables=lambda state=state: trainer.eval_variables(state),
+        samples=step * s.global_batch,
+        stage=where,
+        sim_time=None if clock is None else clock.elapsed(step),
+      )
   return _summary_extras(run, s, trainer, state, clock, streams)
 
 
@@ -284,15 +345,20 @@ def _period_program(s: Settings) -> dict:
 
 
 def _summary_extras(run, s, trainer, state, clock, streams) -> dict:
-  extras = {'workers': s.workers, 'global_batch_size': s.global_batch,
-            'processes': jax.process_count(), 'stacked': s.stacked,
-            'epochs': streams[0].epoch if streams else 0}
+  extras = {
+    'workers': s.workers,
+    'global_batch_size': s.global_batch,
+    'processes': jax.process_count(),
+    'stacked': s.stacked,
+    'epochs': streams[0].epoch if streams else 0,
+  }
   if clock is not None:
-    extras['time_model'] = {**dataclasses.asdict(clock),
-                            'hidden_fraction': clock.hidden_fraction(),
-                            'relative_throughput': clock.relative_throughput()}
+    extras['time_model'] = {
+      **dataclasses.asdict(clock),
+      'hidden_fraction': clock.hidden_fraction(),
+      'relative_throughput': clock.relative_throughput(),
+    }
   if s.save_params:
     params = trainer.host_params(state)  # Every process: it may involve a collective.
     run.write_arrays('params.npz', params)
   return extras
-

@@ -23,11 +23,14 @@ def validate_pipeline(config, model) -> SharedSettings:
   if shared.virtual and not shared.cost.calibrate:
     shared.cost.explicit(KINDS, shared.stages)
   if shared.cost.worker_speeds or shared.cost.failures:
-    raise ValueError('cost.worker_speeds / cost.failures: a pipeline has no workers; set '
-                     'per-stage speeds with cost.device_speeds.')
+    raise ValueError(
+      'cost.worker_speeds / cost.failures: a pipeline has no workers; set '
+      'per-stage speeds with cost.device_speeds.'
+    )
   if shared.cost.device_speeds and len(shared.cost.device_speeds) != shared.stages:
-    raise ValueError(f'cost.device_speeds: {len(shared.cost.device_speeds)} values for '
-                     f'{shared.stages} lanes.')
+    raise ValueError(
+      f'cost.device_speeds: {len(shared.cost.device_speeds)} values for {shared.stages} lanes.'
+    )
   return shared
 
 
@@ -39,22 +42,36 @@ def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: 
   reported after every lane has finished. Writes `trace.json` and `staleness.png`.
   """
   num_stages, steps = shared.stages, shared.train_steps
-  stages = PlacedStages(run.model, num_stages,
-                        optimizers.make_optimizer(shared.optimizer, steps),
-                        placement=clocks.placement(shared, num_stages),
-                        batch_size=shared.batch_size, seed=shared.seed,
-                        aux_heads=any(r.loss == 'aux' for r in roles))
+  stages = PlacedStages(
+    run.model,
+    num_stages,
+    optimizers.make_optimizer(shared.optimizer, steps),
+    placement=clocks.placement(shared, num_stages),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+    aux_heads=any(r.loss == 'aux' for r in roles),
+  )
   batches = run.train_batches()
   feed = BatchFeed(batches, consumers=1 + sum(r.loss != 'none' for r in roles))
   executor, _ = clocks.make_executor(
-      shared, lambda: stages.calibrate(roles, feed.peek(0), shared.cost.reps), KINDS, num_stages,
-      lane_speeds=shared.cost.device_speeds)
+    shared,
+    lambda: stages.calibrate(roles, feed.peek(0), shared.cost.reps),
+    KINDS,
+    num_stages,
+    lane_speeds=shared.cost.device_speeds,
+  )
   last_loss = []
 
   def report(step, loss, sim_time):
-    run.report(step, loss=loss, variables=session.variables,
-                   samples=step * shared.batch_size, sim_time=sim_time, extra=session.metrics,
-                   stage=f'stage {num_stages - 1}')
+    run.report(
+      step,
+      loss=loss,
+      variables=session.variables,
+      samples=step * shared.batch_size,
+      sim_time=sim_time,
+      extra=session.metrics,
+      stage=f'stage {num_stages - 1}',
+    )
 
   def on_step(t, loss):
     if t + 1 < steps:
@@ -65,6 +82,10 @@ def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: 
   session = stages.session(roles, feed, steps, on_step=on_step)
   timeline = executor.run(session.cluster, session.processes())
   report(steps, last_loss[0], timeline.makespan if shared.virtual else None)
-  return run.write_schedule_outputs(timeline, session.staleness(),
-                                        cost_table=clocks.cost_table(executor),
-                                        epochs=batches.epoch, title=title)
+  return run.write_schedule_outputs(
+    timeline,
+    session.staleness(),
+    cost_table=clocks.cost_table(executor),
+    epochs=batches.epoch,
+    title=title,
+  )

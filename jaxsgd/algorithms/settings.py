@@ -31,18 +31,22 @@ KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.comput
 
 # Fields that were renamed: the old name is refused with the new one.
 RENAMED = {
-    'cost.step_time': 'cost.compute.step (seconds per step; with cost.calibrate=False)',
-    'cost.bandwidth_gbps': 'cost.link_bandwidth, in bytes/s (10 Gbit/s = 1.25e9)',
-    'cost.latency': 'cost.link_latency (seconds per message)',
-    'cost.calibration_steps': 'cost.reps',
+  'cost.step_time': 'cost.compute.step (seconds per step; with cost.calibrate=False)',
+  'cost.bandwidth_gbps': 'cost.link_bandwidth, in bytes/s (10 Gbit/s = 1.25e9)',
+  'cost.latency': 'cost.link_latency (seconds per message)',
+  'cost.calibration_steps': 'cost.reps',
 }
 
 
 # --- field checks -------------------------------------------------------------------------------
 def integer(value, field: str, minimum: int = 1, maximum: int | None = None) -> int:
   """`value` if it is an integer in [minimum, maximum], else a ValueError naming `field`."""
-  if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
-      or (maximum is not None and value > maximum)):
+  if (
+    isinstance(value, bool)
+    or not isinstance(value, int)
+    or value < minimum
+    or (maximum is not None and value > maximum)
+  ):
     if maximum is not None:
       raise ValueError(f'{field}: must be an integer in [{minimum}, {maximum}], got {value!r}.')
     what = 'a positive integer' if minimum == 1 else f'an integer >= {minimum}'
@@ -57,11 +61,17 @@ def at_least(value, field: str, minimum: int) -> int:
   return int(value)
 
 
-def number(value, field: str, *, minimum: float = 0.0, strict: bool = False,
-           maximum: float = math.inf) -> float:
+def number(
+  value, field: str, *, minimum: float = 0.0, strict: bool = False, maximum: float = math.inf
+) -> float:
   """A finite number in [minimum, maximum] (`strict`: > minimum), else a ValueError."""
-  ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-        and (value > minimum if strict else value >= minimum) and value <= maximum)
+  ok = (
+    not isinstance(value, bool)
+    and isinstance(value, (int, float))
+    and math.isfinite(value)
+    and (value > minimum if strict else value >= minimum)
+    and value <= maximum
+  )
   if not ok:
     bound = f'> {minimum}' if strict else f'>= {minimum}'
     if maximum < math.inf:
@@ -178,18 +188,24 @@ class CostSettings:
     table = {}
     for kind in kinds:
       if given.get(kind) is None:
-        raise ValueError(f'cost.compute.{kind}: missing (cost.calibrate is False, so every '
-                         f'task kind {list(kinds)} needs a cost in seconds).')
+        raise ValueError(
+          f'cost.compute.{kind}: missing (cost.calibrate is False, so every '
+          f'task kind {list(kinds)} needs a cost in seconds).'
+        )
       value = given[kind]
       per_stage = list(value) if isinstance(value, (list, tuple)) else [value] * num_stages
       if len(per_stage) != num_stages:
-        raise ValueError(f'cost.compute.{kind}: {len(per_stage)} values for {num_stages} '
-                         f'stages.')
+        raise ValueError(f'cost.compute.{kind}: {len(per_stage)} values for {num_stages} stages.')
       for stage, seconds in enumerate(per_stage):
-        if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-            or not 0 <= seconds < math.inf):
-          raise ValueError(f'cost.compute.{kind}: stage {stage} cost must be a finite number '
-                           f'of seconds >= 0, got {seconds!r}.')
+        if (
+          isinstance(seconds, bool)
+          or not isinstance(seconds, (int, float))
+          or not 0 <= seconds < math.inf
+        ):
+          raise ValueError(
+            f'cost.compute.{kind}: stage {stage} cost must be a finite number '
+            f'of seconds >= 0, got {seconds!r}.'
+          )
         table[(stage, kind)] = float(seconds)
     return table
 
@@ -197,11 +213,15 @@ class CostSettings:
 def cost_settings(given, *, clock: str) -> CostSettings:
   """`config.cost` parsed and range-checked (the sub-config is optional)."""
   given = dict(given or {})
-  compute = {k: tuple(v) if isinstance(v, list) else v
-             for k, v in dict(given.pop('compute', None) or {}).items() if v is not None}
+  compute = {
+    k: tuple(v) if isinstance(v, list) else v
+    for k, v in dict(given.pop('compute', None) or {}).items()
+    if v is not None
+  }
   refuse_unknown(compute, KINDS, 'cost.compute')
-  cost = section({**given, 'compute': tuple(sorted(compute.items()))}, CostSettings, 'cost',
-                 ignore=())
+  cost = section(
+    {**given, 'compute': tuple(sorted(compute.items()))}, CostSettings, 'cost', ignore=()
+  )
   integer(cost.reps, 'cost.reps')
   for field in ('link_latency', 'link_bandwidth', 'straggler_std'):
     number(getattr(cost, field), f'cost.{field}')
@@ -222,9 +242,11 @@ def cost_settings(given, *, clock: str) -> CostSettings:
 def refuse_workers_field(name: str, workers: int) -> None:
   """For algorithms whose worker count is not `config.workers`."""
   if workers != 1:
-    raise ValueError(f'workers: {name} does not read `workers` (got {workers}); leave it at 1 '
-                     f'(lppsgd: algorithm.devices and workers_per_device; pdasgd: '
-                     f'algorithm.n_fwd and n_bwd; pipelines: stages).')
+    raise ValueError(
+      f'workers: {name} does not read `workers` (got {workers}); leave it at 1 '
+      f'(lppsgd: algorithm.devices and workers_per_device; pdasgd: '
+      f'algorithm.n_fwd and n_bwd; pipelines: stages).'
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,26 +271,35 @@ def placement_settings(given, num_stages: int) -> PlacementSettings:
   available = len(jax.devices())
   positions = settings.devices
   if positions is not None:
-    bad = [p for p in positions if isinstance(p, bool) or not isinstance(p, int)
-           or not 0 <= p < available]
+    bad = [
+      p
+      for p in positions
+      if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < available
+    ]
     if not positions or bad:
-      raise ValueError(f'placement.devices: positions in jax.devices() (0..{available - 1}) '
-                       f'expected, got {list(positions)}.')
+      raise ValueError(
+        f'placement.devices: positions in jax.devices() (0..{available - 1}) '
+        f'expected, got {list(positions)}.'
+      )
   mapping = settings.stage_to_device
   num_devices = available if positions is None else len(positions)
   if mapping is None:
     if positions is not None and len(positions) < num_stages:
-      raise ValueError(f'placement.devices: {len(positions)} devices listed for '
-                       f'{num_stages} stages; list at least {num_stages}, or map stages '
-                       f'onto them with placement.stage_to_device.')
+      raise ValueError(
+        f'placement.devices: {len(positions)} devices listed for '
+        f'{num_stages} stages; list at least {num_stages}, or map stages '
+        f'onto them with placement.stage_to_device.'
+      )
     return settings
   if len(mapping) != num_stages:
-    raise ValueError(f'placement.stage_to_device: {len(mapping)} entries for {num_stages} '
-                     f'stages.')
-  if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_devices
-         for i in mapping):
-    raise ValueError(f'placement.stage_to_device: indices into the {num_devices} devices '
-                     f'(0..{num_devices - 1}) expected, got {list(mapping)}.')
+    raise ValueError(f'placement.stage_to_device: {len(mapping)} entries for {num_stages} stages.')
+  if any(
+    isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_devices for i in mapping
+  ):
+    raise ValueError(
+      f'placement.stage_to_device: indices into the {num_devices} devices '
+      f'(0..{num_devices - 1}) expected, got {list(mapping)}.'
+    )
   return settings
 
 
@@ -276,8 +307,12 @@ def optimizer_settings(given, prefix: str = 'optimizer') -> OptimizerSettings:
   """`config.optimizer` (or another optimizer sub-config) as checked settings."""
   given = dict(given or {})
   kwargs = given.pop('kwargs', None)
-  settings = section({**given, 'kwargs': tuple(sorted(dict(kwargs or {}).items()))},
-                     OptimizerSettings, prefix, ignore=())
+  settings = section(
+    {**given, 'kwargs': tuple(sorted(dict(kwargs or {}).items()))},
+    OptimizerSettings,
+    prefix,
+    ignore=(),
+  )
   return settings.check(prefix)
 
 
@@ -309,16 +344,18 @@ def shared_settings(config) -> SharedSettings:
   stages = integer(config.stages, 'stages')
   clock = choice(config.clock, 'clock', CLOCKS)
   return SharedSettings(
-      train_steps=integer(config.train_steps, 'train_steps'),
-      batch_size=integer(config.batch_size, 'batch_size'),
-      seed=integer(config.seed, 'seed', minimum=0, maximum=2**32 - 1),
-      clock=clock, stages=stages, workers=integer(config.workers, 'workers'),
-      optimizer=optimizer_settings(config.optimizer),
-      cost=cost_settings(config.get('cost'), clock=clock),
-      placement=placement_settings(config.get('placement'), stages))
+    train_steps=integer(config.train_steps, 'train_steps'),
+    batch_size=integer(config.batch_size, 'batch_size'),
+    seed=integer(config.seed, 'seed', minimum=0, maximum=2**32 - 1),
+    clock=clock,
+    stages=stages,
+    workers=integer(config.workers, 'workers'),
+    optimizer=optimizer_settings(config.optimizer),
+    cost=cost_settings(config.get('cost'), clock=clock),
+    placement=placement_settings(config.get('placement'), stages),
+  )
 
 
 def as_dict(settings) -> Mapping[str, Any]:
   """A settings dataclass as a plain dict (for summaries and config files)."""
   return dataclasses.asdict(settings)
-

@@ -53,8 +53,7 @@ class TaskRecipe:
         built = _BUILT.get(self)
         if built is None:
           module, name = self.factory.split(':')
-          built = _BUILT[self] = getattr(importlib.import_module(module), name)(
-              **dict(self.kwargs))
+          built = _BUILT[self] = getattr(importlib.import_module(module), name)(**dict(self.kwargs))
     return built
 
 

@@ -18,12 +18,12 @@ from jaxsgd.spmd.trainer import DataParallelTrainer
 from jaxsgd.spmd.trainer import TrainState
 
 __all__ = (
-    'AXIS',
-    'CoordinatorUnreachableError',
-    'data_mesh',
-    'DataParallelTrainer',
-    'initialize_from_env',
-    'ring_allreduce_time',
-    'StepTimeModel',
-    'TrainState',
+  'AXIS',
+  'CoordinatorUnreachableError',
+  'data_mesh',
+  'DataParallelTrainer',
+  'initialize_from_env',
+  'ring_allreduce_time',
+  'StepTimeModel',
+  'TrainState',
 )

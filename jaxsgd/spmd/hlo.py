@@ -15,11 +15,20 @@ import re
 _INSTR = re.compile(r'^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$')
 _OPCODE = re.compile(r'\s([a-z][\w\-]*)\(')
 _REF = re.compile(r'%([\w.\-]+)')
-_CALLS = re.compile(r'(?:calls|to_apply|body|condition|true_computation|false_computation)'
-                    r'=%([\w.\-]+)|branch_computations=\{([^}]*)\}')
+_CALLS = re.compile(
+  r'(?:calls|to_apply|body|condition|true_computation|false_computation)'
+  r'=%([\w.\-]+)|branch_computations=\{([^}]*)\}'
+)
 _OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
-COLLECTIVES = ('all-reduce', 'all-reduce-start', 'reduce-scatter', 'all-gather',
-               'all-gather-start', 'all-to-all', 'collective-permute')
+COLLECTIVES = (
+  'all-reduce',
+  'all-reduce-start',
+  'reduce-scatter',
+  'all-gather',
+  'all-gather-start',
+  'all-to-all',
+  'collective-permute',
+)
 HEAVY = ('dot', 'convolution')
 
 
@@ -60,8 +69,9 @@ def _instruction(name: str, rest: str) -> Instruction:
     depth += {'(': 1, ')': -1}.get(rest[end], 0)
     end += 1
   operands = _REF.findall(rest[start:end])
-  calls = [c for one, many in _CALLS.findall(rest[end:])
-           for c in ([one] if one else _REF.findall(many))]
+  calls = [
+    c for one, many in _CALLS.findall(rest[end:]) for c in ([one] if one else _REF.findall(many))
+  ]
   op_name = _OP_NAME.search(rest)
   return Instruction(name, opcode, operands, calls, op_name.group(1) if op_name else '')
 
@@ -72,13 +82,14 @@ def _contains(computations, name, opcodes, seen=None) -> bool:
   if name in seen or name not in computations:
     return False
   seen.add(name)
-  return any(i.opcode in opcodes or any(_contains(computations, c, opcodes, seen)
-                                        for c in i.calls) for i in computations[name])
+  return any(
+    i.opcode in opcodes or any(_contains(computations, c, opcodes, seen) for c in i.calls)
+    for i in computations[name]
+  )
 
 
 def _is_site(computations, instr, opcodes) -> bool:
-  return instr.opcode in opcodes or any(_contains(computations, c, opcodes)
-                                        for c in instr.calls)
+  return instr.opcode in opcodes or any(_contains(computations, c, opcodes) for c in instr.calls)
 
 
 def collective_inputs(hlo_text: str) -> list[set[str]]:
@@ -90,16 +101,19 @@ def collective_inputs(hlo_text: str) -> list[set[str]]:
   """
   computations, entry = parse(hlo_text)
   instrs = {i.name: i for i in computations[entry]}
-  params = {i.name: i.op_name.replace("\\'", "'") for i in instrs.values()
-            if i.opcode == 'parameter'}
+  params = {
+    i.name: i.op_name.replace("\\'", "'") for i in instrs.values() if i.opcode == 'parameter'
+  }
 
   memo = {}
   for instr in computations[entry]:  # Printed in a topological order: operands first.
-    memo[instr.name] = ({params[instr.name]} if instr.name in params else
-                        set().union(*(memo.get(o, set()) for o in instr.operands)))
+    memo[instr.name] = (
+      {params[instr.name]}
+      if instr.name in params
+      else set().union(*(memo.get(o, set()) for o in instr.operands))
+    )
 
-  return [memo[i.name] for i in computations[entry]
-          if _is_site(computations, i, COLLECTIVES)]
+  return [memo[i.name] for i in computations[entry] if _is_site(computations, i, COLLECTIVES)]
 
 
 def compute_around_collectives(hlo_text: str) -> list[tuple[int, int]]:
@@ -112,8 +126,11 @@ def compute_around_collectives(hlo_text: str) -> list[tuple[int, int]]:
   computations, entry = parse(hlo_text)
   order = computations[entry]
   heavy = [_is_site(computations, i, HEAVY) for i in order]
-  return [(sum(heavy[:k]), sum(heavy[k + 1:])) for k, i in enumerate(order)
-          if _is_site(computations, i, COLLECTIVES)]
+  return [
+    (sum(heavy[:k]), sum(heavy[k + 1 :]))
+    for k, i in enumerate(order)
+    if _is_site(computations, i, COLLECTIVES)
+  ]
 
 
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')

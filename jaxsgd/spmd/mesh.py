@@ -25,9 +25,11 @@ def data_mesh(workers: int, devices=None) -> Mesh:
   """A 1-D mesh with axis `data` over the first `workers` devices."""
   devices = jax.devices() if devices is None else list(devices)
   if workers > len(devices):
-    raise ValueError(f'workers: {workers} workers need {workers} devices, but '
-                     f'{len(devices)} are visible; lower workers or set '
-                     f'algorithm.stacked=True to run them on one device.')
+    raise ValueError(
+      f'workers: {workers} workers need {workers} devices, but '
+      f'{len(devices)} are visible; lower workers or set '
+      f'algorithm.stacked=True to run them on one device.'
+    )
   # Explicit Mesh (not jax.make_mesh, whose axes default to Explicit sharding
   # mode): inputs are placed with NamedShardings below.
   return Mesh(np.asarray(devices[:workers]), (AXIS,))
@@ -47,8 +49,7 @@ def local_workers(mesh: Mesh) -> list[int]:
   return [m for m, d in enumerate(mesh.devices.flat) if d.process_index == me]
 
 
-def global_batch(mesh: Mesh, local_batches: list[dict[str, np.ndarray]],
-                 axis: int = 0) -> dict:
+def global_batch(mesh: Mesh, local_batches: list[dict[str, np.ndarray]], axis: int = 0) -> dict:
   """The `[M*B, ...]` global batch, sharded by worker, from this process's batches.
 
   Args:

@@ -43,8 +43,13 @@ from jaxsgd.transforms import averaging
 MAX_UNROLLED_STEPS = 32
 
 
-def make_worker_step(model, tx: optax.GradientTransformation, *, average_grads: bool,
-                     vary: Callable = lambda tree: tree) -> Callable:
+def make_worker_step(
+  model,
+  tx: optax.GradientTransformation,
+  *,
+  average_grads: bool,
+  vary: Callable = lambda tree: tree,
+) -> Callable:
   """`(variables, opt_state, batch) -> (variables, opt_state, loss)` of one worker.
 
   Args:
@@ -68,12 +73,12 @@ def make_worker_step(model, tx: optax.GradientTransformation, *, average_grads: 
   def step(variables, opt_state, batch, **update_args):
     params, state = stages_lib.split_variables(variables)
     diff_params = vary(params) if average_grads else params
-    (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        diff_params, state, batch)
+    (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(diff_params, state, batch)
     if average_grads:
       grads, loss, new_state = lax.pmean((grads, loss, new_state), AXIS)
     updates, opt_state = tx.update(grads, opt_state, params, **update_args)
     return {'params': optax.apply_updates(params, updates), **new_state}, opt_state, loss
+
   return step
 
 
@@ -111,11 +116,13 @@ def make_worker_period(worker_step: Callable, *, period: int, delay: int) -> Cal
     variables, opt_state, loss = worker_step(*carry, merge_batch, average=average)
     carry, tail_losses = _scan(no_merge, (variables, opt_state), tail)
     return (*carry, jnp.concatenate([head_losses, loss[None], tail_losses]))
+
   return run
 
 
-def make_worker_cycle(worker_step: Callable, *, period: int, fragments: int, delay: int,
-                      pattern: str = 'strided') -> Callable:
+def make_worker_cycle(
+  worker_step: Callable, *, period: int, fragments: int, delay: int, pattern: str = 'strided'
+) -> Callable:
   r"""`(variables, opt_state, batches[H]) -> (variables, opt_state, losses[H])`.
 
   One worker's H = `period` inner steps of streaming DiLoCo
@@ -152,8 +159,9 @@ def make_worker_cycle(worker_step: Callable, *, period: int, fragments: int, del
     return (variables, opt_state), loss
 
   def average(opt_state, p):
-    return transforms.fragment_snapshot_average(opt_state, p, AXIS, fragments=fragments,
-                                                pattern=pattern)
+    return transforms.fragment_snapshot_average(
+      opt_state, p, AXIS, fragments=fragments, pattern=pattern
+    )
 
   def run(variables, opt_state, batches):
     carry, losses, done = (variables, opt_state), [], 0
@@ -163,13 +171,17 @@ def make_worker_cycle(worker_step: Callable, *, period: int, fragments: int, del
       merging = tuple(merges.get(k, ()))
       given = {p: pending.pop(p) for p in merging if p in pending}
       variables, opt_state, loss = worker_step(
-          *carry, jax.tree.map(lambda x, k=k: x[k - 1], batches),
-          may_merge=merging or False, average=given or None)
+        *carry,
+        jax.tree.map(lambda x, k=k: x[k - 1], batches),
+        may_merge=merging or False,
+        average=given or None,
+      )
       pending.update({p: average(opt_state, p) for p in issues.get(k, ())})
       carry, done = (variables, opt_state), k
       losses += [plain_losses, loss[None]]
     carry, plain_losses = _scan(no_merge, carry, _steps(batches, done, period))
     return (*carry, jnp.concatenate(losses + [plain_losses]))
+
   return run
 
 
@@ -187,8 +199,11 @@ def _scan(step, carry, batches):
 def _split_steps(batches, merge_at: int):
   """(the steps before the merge, the merge step's batch, the steps after it)."""
   k = merge_at - 1
-  return (jax.tree.map(lambda x: x[:k], batches), jax.tree.map(lambda x: x[k], batches),
-          jax.tree.map(lambda x: x[k + 1:], batches))
+  return (
+    jax.tree.map(lambda x: x[:k], batches),
+    jax.tree.map(lambda x: x[k], batches),
+    jax.tree.map(lambda x: x[k + 1 :], batches),
+  )
 
 
 def _squeeze(tree):
@@ -215,17 +230,19 @@ def mesh_step(worker_step: Callable, mesh, *, replicated: bool) -> Callable:
     and optimizer state passed in are donated.
   """
   if replicated:
-    mapped = jax.shard_map(worker_step, mesh=mesh, in_specs=(P(), P(), P(AXIS)),
-                           out_specs=(P(), P(), P()))
+    mapped = jax.shard_map(
+      worker_step, mesh=mesh, in_specs=(P(), P(), P(AXIS)), out_specs=(P(), P(), P())
+    )
   else:
+
     def per_worker(variables, opt_state, batch):
-      variables, opt_state, loss = worker_step(_squeeze(variables), _squeeze(opt_state),
-                                               batch)
+      variables, opt_state, loss = worker_step(_squeeze(variables), _squeeze(opt_state), batch)
       return _expand(variables), _expand(opt_state), loss[None]
 
     spec = P(AXIS)
-    mapped = jax.shard_map(per_worker, mesh=mesh, in_specs=(spec, spec, spec),
-                           out_specs=(spec, spec, spec))
+    mapped = jax.shard_map(
+      per_worker, mesh=mesh, in_specs=(spec, spec, spec), out_specs=(spec, spec, spec)
+    )
   return jax.jit(mapped, donate_argnums=(0, 1))
 
 
@@ -237,13 +254,15 @@ def mesh_period(worker_period: Callable, mesh) -> Callable:
     losses[M, τ])`; step k's batches are `batches[k]`, split by worker. The
     variables and optimizer state passed in are donated.
   """
+
   def per_worker(variables, opt_state, batches):
-    variables, opt_state, losses = worker_period(_squeeze(variables), _squeeze(opt_state),
-                                                 batches)
+    variables, opt_state, losses = worker_period(_squeeze(variables), _squeeze(opt_state), batches)
     return _expand(variables), _expand(opt_state), losses[None]
+
   spec = P(AXIS)
-  mapped = jax.shard_map(per_worker, mesh=mesh, in_specs=(spec, spec, P(None, AXIS)),
-                         out_specs=(spec, spec, spec))
+  mapped = jax.shard_map(
+    per_worker, mesh=mesh, in_specs=(spec, spec, P(None, AXIS)), out_specs=(spec, spec, spec)
+  )
   return jax.jit(mapped, donate_argnums=(0, 1))
 
 
@@ -252,11 +271,13 @@ def stacked_period(worker_period: Callable, workers: int) -> Callable:
 
   Same signature and outputs as `mesh_period`.
   """
+
   def stacked(variables, opt_state, batches):
-    batches = jax.tree.map(lambda x: x.reshape((x.shape[0], workers, -1) + x.shape[2:]),
-                           batches)
-    return jax.vmap(worker_period, in_axes=(0, 0, 1), out_axes=(0, 0, 0),
-                    axis_name=AXIS)(variables, opt_state, batches)
+    batches = jax.tree.map(lambda x: x.reshape((x.shape[0], workers, -1) + x.shape[2:]), batches)
+    return jax.vmap(worker_period, in_axes=(0, 0, 1), out_axes=(0, 0, 0), axis_name=AXIS)(
+      variables, opt_state, batches
+    )
+
   return jax.jit(stacked, donate_argnums=(0, 1))
 
 
@@ -270,8 +291,9 @@ def stacked_step(worker_step: Callable, workers: int, *, replicated: bool) -> Ca
 
   def stacked(variables, opt_state, batch):
     batch = jax.tree.map(lambda x: x.reshape((workers, -1) + x.shape[1:]), batch)
-    return jax.vmap(worker_step, in_axes=(axes, axes, 0), out_axes=(axes, axes, axes),
-                    axis_name=AXIS)(variables, opt_state, batch)
+    return jax.vmap(
+      worker_step, in_axes=(axes, axes, 0), out_axes=(axes, axes, axes), axis_name=AXIS
+    )(variables, opt_state, batch)
 
   return jax.jit(stacked, donate_argnums=(0, 1))
 
@@ -280,5 +302,4 @@ def consensus_fn(*, replicated: bool) -> Callable:
   """`variables -> the model to evaluate`: the copy (SSGD) or the workers' mean."""
   if replicated:
     return lambda variables: variables
-  return lambda variables: jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype),
-                                        variables)
+  return lambda variables: jax.tree.map(lambda x: jnp.mean(x, axis=0).astype(x.dtype), variables)

@@ -36,8 +36,8 @@ import jax
 
 from jaxsgd.scheduler import costs as costs_lib
 
-def ring_allreduce_time(nbytes: float, workers: int, *, bandwidth: float,
-                        latency: float) -> float:
+
+def ring_allreduce_time(nbytes: float, workers: int, *, bandwidth: float, latency: float) -> float:
   """Seconds of a ring all-reduce of `nbytes` per worker over `workers` workers, on links
   of `bandwidth` bytes/s (`inf`: free) and `latency` seconds per message."""
   if workers <= 1:
@@ -61,6 +61,7 @@ class StepTimeModel:
     period: steps between all-reduces (1: every step).
     delay: steps of compute the all-reduce overlaps before its result is needed.
   """
+
   compute: float
   comm: float
   period: int = 1

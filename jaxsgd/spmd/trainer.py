@@ -60,15 +60,27 @@ class DataParallelTrainer:
       (`step.make_worker_cycle`).
   """
 
-  def __init__(self, model, tx, workers: int, *, average_grads: bool,
-               stacked: bool = False, devices=None, period: int | None = None,
-               delay: int = 0, fragments: int | None = None):
+  def __init__(
+    self,
+    model,
+    tx,
+    workers: int,
+    *,
+    average_grads: bool,
+    stacked: bool = False,
+    devices=None,
+    period: int | None = None,
+    delay: int = 0,
+    fragments: int | None = None,
+  ):
     self.workers = workers
     self.replicated = average_grads
     self.stacked = stacked
     if period is not None and average_grads:
-      raise ValueError('period: whole-period programs are for the local methods '
-                       '(average_grads=False); SSGD communicates every step.')
+      raise ValueError(
+        'period: whole-period programs are for the local methods '
+        '(average_grads=False); SSGD communicates every step.'
+      )
     self.period = period
     self.period_step = None
     if stacked:
@@ -78,25 +90,29 @@ class DataParallelTrainer:
     else:
       self.mesh = mesh_lib.data_mesh(workers, devices)
       vary = lambda tree: lax.pcast(tree, mesh_lib.AXIS, to='varying')
-      worker_step = step_lib.make_worker_step(model, tx, average_grads=average_grads,
-                                              vary=vary)
+      worker_step = step_lib.make_worker_step(model, tx, average_grads=average_grads, vary=vary)
       self.step = step_lib.mesh_step(worker_step, self.mesh, replicated=self.replicated)
     if period is not None:
       worker_period = (
-          step_lib.make_worker_period(worker_step, period=period, delay=delay)
-          if fragments is None else
-          step_lib.make_worker_cycle(worker_step, period=period, fragments=fragments,
-                                     delay=delay))
-      self.period_step = (step_lib.stacked_period(worker_period, workers) if stacked
-                          else step_lib.mesh_period(worker_period, self.mesh))
+        step_lib.make_worker_period(worker_step, period=period, delay=delay)
+        if fragments is None
+        else step_lib.make_worker_cycle(
+          worker_step, period=period, fragments=fragments, delay=delay
+        )
+      )
+      self.period_step = (
+        step_lib.stacked_period(worker_period, workers)
+        if stacked
+        else step_lib.mesh_period(worker_period, self.mesh)
+      )
     self._model, self._tx = model, tx
-    self._consensus = jax.jit(step_lib.consensus_fn(replicated=self.replicated),
-                              **({'out_shardings': mesh_lib.replicated(self.mesh)}
-                                 if self.mesh is not None else {}))
+    self._consensus = jax.jit(
+      step_lib.consensus_fn(replicated=self.replicated),
+      **({'out_shardings': mesh_lib.replicated(self.mesh)} if self.mesh is not None else {}),
+    )
 
   def _state_sharding(self):
-    return (mesh_lib.replicated(self.mesh) if self.replicated
-            else mesh_lib.per_worker(self.mesh))
+    return mesh_lib.replicated(self.mesh) if self.replicated else mesh_lib.per_worker(self.mesh)
 
   # --- placement ------------------------------------------------------------------
   @property
@@ -156,8 +172,7 @@ class DataParallelTrainer:
 
   def put_batches(self, steps: list[list[dict[str, np.ndarray]]]):
     """The `[τ, M*B, ...]` batches of τ steps (`steps[k]`: step k's local batches)."""
-    per_worker = [jax.tree.map(lambda *xs: np.stack(xs), *worker)
-                  for worker in zip(*steps)]
+    per_worker = [jax.tree.map(lambda *xs: np.stack(xs), *worker) for worker in zip(*steps)]
     if self.mesh is None:
       return jax.tree.map(lambda *xs: jnp.asarray(np.concatenate(xs, axis=1)), *per_worker)
     return mesh_lib.global_batch(self.mesh, per_worker, axis=1)
@@ -173,8 +188,7 @@ class DataParallelTrainer:
 
     Only from a period boundary (steps done a multiple of `period`).
     """
-    variables, opt_state, losses = self.period_step(state.variables, state.opt_state,
-                                                    batches)
+    variables, opt_state, losses = self.period_step(state.variables, state.opt_state, batches)
     return TrainState(variables, opt_state), losses
 
   def program_length(self, done: int, total: int, stops=lambda step: False) -> int:
@@ -187,13 +201,18 @@ class DataParallelTrainer:
     it issues its own all-reduce; same arithmetic).
     """
     tau = self.period
-    if (self.period_step is None or done % tau or done + tau > total
-        or any(stops(step) for step in range(done + 1, done + tau))):
+    if (
+      self.period_step is None
+      or done % tau
+      or done + tau > total
+      or any(stops(step) for step in range(done + 1, done + tau))
+    ):
       return 1
     return tau
 
-  def train_steps(self, state: TrainState, steps: list[list[dict[str, np.ndarray]]]
-                  ) -> tuple[TrainState, list[jax.Array]]:
+  def train_steps(
+    self, state: TrainState, steps: list[list[dict[str, np.ndarray]]]
+  ) -> tuple[TrainState, list[jax.Array]]:
     """`len(steps)` steps (1, or a whole period: `program_length`) from local batches.
 
     Returns:

@@ -16,8 +16,7 @@ from jaxsgd.transforms import _checks
 from jaxsgd.transforms import averaging
 
 PATTERNS = ('strided', 'sequential')
-_STATIC_HINT = (" (under inject_hyperparams pass static_args=('period', 'fragments', "
-                "'delay'))")
+_STATIC_HINT = " (under inject_hyperparams pass static_args=('period', 'fragments', 'delay'))"
 
 
 class StreamingDiLoCoState(NamedTuple):
@@ -33,6 +32,7 @@ class StreamingDiLoCoState(NamedTuple):
     outer_states: one outer-optimizer state per fragment (over the list of that
       fragment's leaves).
   """
+
   count: jax.Array
   snapshot: Any
   anchor: Any
@@ -57,13 +57,15 @@ def fragment_leaves(params, fragments: int, pattern: str = 'strided') -> list[li
     units.setdefault(tuple(path[:-1]) if len(path) > 1 else tuple(path), []).append(index)
   units = list(units.values())
   if len(units) < fragments:
-    raise ValueError(f'fragments: {fragments} fragments need at least {fragments} modules '
-                     f'(leaves sharing a parent) in the params; they have {len(units)}.')
+    raise ValueError(
+      f'fragments: {fragments} fragments need at least {fragments} modules '
+      f'(leaves sharing a parent) in the params; they have {len(units)}.'
+    )
   if pattern == 'strided':
     groups = [units[p::fragments] for p in range(fragments)]
   else:
     bounds = [round(p * len(units) / fragments) for p in range(fragments + 1)]
-    groups = [units[bounds[p]:bounds[p + 1]] for p in range(fragments)]
+    groups = [units[bounds[p] : bounds[p + 1]] for p in range(fragments)]
   return [sorted(i for unit in group for i in unit) for group in groups]
 
 
@@ -75,13 +77,15 @@ def _merging_fragments(may_merge, fragments) -> frozenset[int]:
   except TypeError:
     merging = None
   if merging is None or not merging <= set(range(fragments)):
-    raise TypeError(f'may_merge must be a Python bool or fragment indices in '
-                    f'[0, {fragments}); got {may_merge!r}.')
+    raise TypeError(
+      f'may_merge must be a Python bool or fragment indices in [0, {fragments}); got {may_merge!r}.'
+    )
   return merging
 
 
-def fragment_snapshot_average(opt_state, fragment: int, axis_name, *, fragments: int,
-                              pattern: str = 'strided') -> list:
+def fragment_snapshot_average(
+  opt_state, fragment: int, axis_name, *, fragments: int, pattern: str = 'strided'
+) -> list:
   """w̄_p: the workers' mean of fragment p's stored snapshot (one all-reduce).
 
   For a caller that issues fragment p's all-reduce itself and passes it to the
@@ -99,8 +103,7 @@ def fragment_snapshot_average(opt_state, fragment: int, axis_name, *, fragments:
   is_ours = lambda x: isinstance(x, StreamingDiLoCoState)
   found = [x for x in jax.tree.leaves(opt_state, is_leaf=is_ours) if is_ours(x)]
   if len(found) != 1 or found[0].snapshot is None:
-    raise ValueError('opt_state: expected one streaming DiLoCo state with a snapshot '
-                     '(delay >= 1).')
+    raise ValueError('opt_state: expected one streaming DiLoCo state with a snapshot (delay >= 1).')
   snapshot = found[0].snapshot
   leaves = jax.tree.leaves(snapshot)
   group = fragment_leaves(snapshot, fragments, pattern)[fragment]
@@ -120,19 +123,23 @@ def _fragment_schedule(count, period, fragments, delay):
   def syncs(step, p):
     since = step - p * stride
     return (step >= 1) & (since >= 0) & (since % period == 0)
-  return (t, [syncs(t, p) for p in range(fragments)],
-          [syncs(t - delay, p) for p in range(fragments)])
+
+  return (
+    t,
+    [syncs(t, p) for p in range(fragments)],
+    [syncs(t - delay, p) for p in range(fragments)],
+  )
 
 
 def streaming_diloco_outer_step(
-    outer: optax.GradientTransformation,
-    period: int,
-    fragments: int = 1,
-    delay: int = 0,
-    mix: float | jax.Array = 0.0,
-    axis_name: str | tuple[str, ...] | None = None,
-    pattern: str = 'strided',
-    overlap: bool = True,
+  outer: optax.GradientTransformation,
+  period: int,
+  fragments: int = 1,
+  delay: int = 0,
+  mix: float | jax.Array = 0.0,
+  axis_name: str | tuple[str, ...] | None = None,
+  pattern: str = 'strided',
+  overlap: bool = True,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Streaming DiLoCo's staggered, overlapped outer steps on P fragments.
 
@@ -205,18 +212,24 @@ def streaming_diloco_outer_step(
   fragments = _checks.static_int('fragments', fragments, 1, _STATIC_HINT)
   delay = _checks.static_int('delay', delay, 0, _STATIC_HINT)
   if period % fragments:
-    raise ValueError(f'period must be a multiple of fragments (fragment p syncs at '
-                     f'offset p·period/fragments); got period={period}, '
-                     f'fragments={fragments}.')
+    raise ValueError(
+      f'period must be a multiple of fragments (fragment p syncs at '
+      f'offset p·period/fragments); got period={period}, '
+      f'fragments={fragments}.'
+    )
   if delay >= period // fragments:
-    raise ValueError(f'delay must be < period / fragments (one fragment in flight at a '
-                     f'time); got delay={delay}, period={period}, fragments={fragments}.')
+    raise ValueError(
+      f'delay must be < period / fragments (one fragment in flight at a '
+      f'time); got delay={delay}, period={period}, fragments={fragments}.'
+    )
   _checks.check_range('mix', mix, 'in [0, 1]', lambda v: 0 <= v <= 1)
   if pattern not in PATTERNS:
     raise ValueError(f'pattern must be one of {PATTERNS}; got {pattern!r}.')
   if axis_name is not None and not isinstance(axis_name, (str, tuple)):
-    raise TypeError('axis_name must be None (stacked workers on axis 0) or a mesh axis '
-                    f'name (str or tuple of str); got {axis_name!r}.')
+    raise TypeError(
+      'axis_name must be None (stacked workers on axis 0) or a mesh axis '
+      f'name (str or tuple of str); got {axis_name!r}.'
+    )
   if not isinstance(overlap, bool):
     raise TypeError(f'overlap must be a bool; got {overlap!r}.')
 
@@ -224,22 +237,27 @@ def streaming_diloco_outer_step(
     if axis_name is None:
       averaging._check_stacked(params)  # pylint: disable=protected-access
     leaves = jax.tree.leaves(params)
-    outer_states = tuple(outer.init([leaves[i] for i in group])
-                         for group in fragment_leaves(params, fragments, pattern))
+    outer_states = tuple(
+      outer.init([leaves[i] for i in group])
+      for group in fragment_leaves(params, fragments, pattern)
+    )
     snapshot = None if delay == 0 else jax.tree.map(jnp.copy, params)
-    return StreamingDiLoCoState(jnp.zeros([], jnp.int32), snapshot,
-                                jax.tree.map(jnp.copy, params), outer_states)
+    return StreamingDiLoCoState(
+      jnp.zeros([], jnp.int32), snapshot, jax.tree.map(jnp.copy, params), outer_states
+    )
 
-  def update_fn(updates, state, params=None, *, average=None, may_merge=True,
-                **extra_args):
+  def update_fn(updates, state, params=None, *, average=None, may_merge=True, **extra_args):
     del extra_args
-    _checks.require('params', params, 'streaming_diloco_outer_step',
-                    'the parameters before this step')
+    _checks.require(
+      'params', params, 'streaming_diloco_outer_step', 'the parameters before this step'
+    )
     merging = _merging_fragments(may_merge, fragments)
     average = {} if average is None else dict(average)
     if average and delay == 0:
-      raise ValueError('average: with delay = 0 a fragment averages its merge step\'s own '
-                       'weights, which the caller cannot have; pass it only with delay >= 1.')
+      raise ValueError(
+        "average: with delay = 0 a fragment averages its merge step's own "
+        'weights, which the caller cannot have; pass it only with delay >= 1.'
+      )
     t, is_sync, is_merge = _fragment_schedule(state.count, period, fragments, delay)
     u, treedef = jax.tree.flatten(updates)
     w = treedef.flatten_up_to(params)
@@ -249,9 +267,14 @@ def streaming_diloco_outer_step(
     for p, group in enumerate(fragment_leaves(params, fragments, pattern)):
       if p in merging:
         merged, anchor_p, outer_state = _fragment_update(
-            [u[i] for i in group], [w[i] for i in group],
-            None if delay == 0 else [snapshot[i] for i in group],
-            [anchor[i] for i in group], state.outer_states[p], is_merge[p], average.get(p))
+          [u[i] for i in group],
+          [w[i] for i in group],
+          None if delay == 0 else [snapshot[i] for i in group],
+          [anchor[i] for i in group],
+          state.outer_states[p],
+          is_merge[p],
+          average.get(p),
+        )
       else:  # The caller knows p does not merge now: no collective, no outer step.
         merged, anchor_p = [u[i] for i in group], [anchor[i] for i in group]
         outer_state = state.outer_states[p]
@@ -262,8 +285,8 @@ def streaming_diloco_outer_step(
           snapshot[i] = jnp.where(is_sync[p], w[i] + u[i], snapshot[i])
     unflatten = lambda leaves: jax.tree.unflatten(treedef, leaves)
     return unflatten(u), StreamingDiLoCoState(
-        t, None if delay == 0 else unflatten(snapshot), unflatten(anchor),
-        tuple(outer_states))
+      t, None if delay == 0 else unflatten(snapshot), unflatten(anchor), tuple(outer_states)
+    )
 
   def _fragment_update(u, w, snapshot, anchor, outer_state, is_merge, average):
     """One fragment's merge, as `diloco_outer_step` does it (the same helpers)."""
@@ -272,8 +295,7 @@ def streaming_diloco_outer_step(
     sent = post if delay == 0 else snapshot
     if average is None:
       average = averaging._maybe_average(sent, axis_name, is_merge, overlap)
-    anchor, outer_state = averaging._outer_step(outer, anchor, outer_state, average,
-                                                is_merge)
+    anchor, outer_state = averaging._outer_step(outer, anchor, outer_state, average, is_merge)
     merged = averaging._merged_updates(u, post, sent, anchor, is_merge, 'mix', mix)
     return merged, anchor, outer_state
 
@@ -281,15 +303,15 @@ def streaming_diloco_outer_step(
 
 
 def streaming_diloco(
-    inner: optax.GradientTransformation,
-    outer: optax.GradientTransformation,
-    period: int,
-    fragments: int = 1,
-    delay: int = 0,
-    mix: float | jax.Array = 0.0,
-    axis_name: str | tuple[str, ...] | None = None,
-    pattern: str = 'strided',
-    overlap: bool = True,
+  inner: optax.GradientTransformation,
+  outer: optax.GradientTransformation,
+  period: int,
+  fragments: int = 1,
+  delay: int = 0,
+  mix: float | jax.Array = 0.0,
+  axis_name: str | tuple[str, ...] | None = None,
+  pattern: str = 'strided',
+  overlap: bool = True,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Streaming DiLoCo: `inner` steps locally, staggered `outer` steps per fragment.
 
@@ -314,5 +336,7 @@ def streaming_diloco(
     Douillard et al., `Streaming DiLoCo with overlapping communication
     <https://arxiv.org/abs/2501.18512>`_, 2025.
   """
-  return optax.chain(inner, streaming_diloco_outer_step(
-      outer, period, fragments, delay, mix, axis_name, pattern, overlap))
+  return optax.chain(
+    inner,
+    streaming_diloco_outer_step(outer, period, fragments, delay, mix, axis_name, pattern, overlap),
+  )

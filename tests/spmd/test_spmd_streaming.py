@@ -20,15 +20,23 @@ M, B, STEPS = 4, 8, 10
 @pytest.fixture(scope='module')
 def model():
   from jaxsgd import models
+
   return models.get_model('mlp', (12,), 5, hidden=(16,))
 
 
 @pytest.fixture(scope='module')
 def batches():
   rng = np.random.default_rng(0)
-  return [[{'image': rng.normal(size=(B, 12)).astype(np.float32),
-            'label': rng.integers(0, 5, size=B).astype(np.int32)} for _ in range(M)]
-          for _ in range(STEPS)]
+  return [
+    [
+      {
+        'image': rng.normal(size=(B, 12)).astype(np.float32),
+        'label': rng.integers(0, 5, size=B).astype(np.int32),
+      }
+      for _ in range(M)
+    ]
+    for _ in range(STEPS)
+  ]
 
 
 def _config(name, **algorithm):
@@ -44,8 +52,9 @@ def _config(name, **algorithm):
 
 def _train(model, batches, config):
   s = data_parallel.settings(config)
-  trainer = DataParallelTrainer(model, data_parallel.make_optimizer(s), M,
-                                average_grads=False, stacked=s.stacked)
+  trainer = DataParallelTrainer(
+    model, data_parallel.make_optimizer(s), M, average_grads=False, stacked=s.stacked
+  )
   state = trainer.init(config.seed)
   for t in range(STEPS):
     state, _ = trainer.train_step(state, trainer.put_batch(batches[t]))
@@ -55,10 +64,14 @@ def _train(model, batches, config):
 @pytest.mark.parametrize('overlap', [True, False])
 def test_one_fragment_no_delay_alpha0_equals_diloco_on_the_mesh(model, batches, overlap):
   """Bit for bit: the same transform helpers, the same compiled arithmetic."""
-  streaming = _train(model, batches, _config('streaming_diloco', period=3, fragments=1,
-                                             delay=0, mix=0.0, overlap=overlap))
-  diloco = _train(model, batches, _config('diloco', period=3, delay=0, merge='keep_local',
-                                          overlap=overlap))
+  streaming = _train(
+    model,
+    batches,
+    _config('streaming_diloco', period=3, fragments=1, delay=0, mix=0.0, overlap=overlap),
+  )
+  diloco = _train(
+    model, batches, _config('diloco', period=3, delay=0, merge='keep_local', overlap=overlap)
+  )
   chex.assert_trees_all_equal(streaming, diloco)
 
 
@@ -82,21 +95,28 @@ def test_smoke_run_learns_and_the_clock_charges_one_fragment(data_dir, tmp_path)
   assert all(math.isfinite(r['train_loss']) for r in records)
   assert records[-1]['train_loss'] < records[0]['train_loss'] < math.log(10)
   assert records[-1]['test_accuracy'] > 0.8  # Chance is 0.1.
-  clock = timing.StepTimeModel(**{k: summary['time_model'][k]
-                                  for k in ('compute', 'comm', 'period', 'delay')})
+  clock = timing.StepTimeModel(
+    **{k: summary['time_model'][k] for k in ('compute', 'comm', 'period', 'delay')}
+  )
   assert (clock.period, clock.delay) == (4, 1)  # H / P = 8 / 2; τ = 1.
   for r in records:
     assert r['sim_time'] == pytest.approx(clock.elapsed(r['step']), rel=1e-12)
 
 
-@pytest.mark.parametrize('fields, match', [
-    ({'algorithm.fragments': 3}, r'algorithm\.fragments: algorithm\.period=8 must be a '
-                                 r'multiple of fragments=3'),
+@pytest.mark.parametrize(
+  'fields, match',
+  [
+    (
+      {'algorithm.fragments': 3},
+      r'algorithm\.fragments: algorithm\.period=8 must be a '
+      r'multiple of fragments=3',
+    ),
     ({'algorithm.fragments': 0}, r'algorithm\.fragments: must be an integer >= 1'),
     ({'algorithm.delay': 4}, r'algorithm\.delay: must be < period / fragments = 4'),
     ({'algorithm.merge': 'keep_local'}, r"algorithm\.merge: streaming_diloco .*merge='mix'"),
     ({'algorithm.outer.name': 'nope'}, r'optimizer\.name'),
-])
+  ],
+)
 def test_bad_settings_are_refused(data_dir, tmp_path, fields, match):
   config = streaming_config.get_config('smoke')
   config.dataset, config.data_dir, config.model.name = 'digits', data_dir, 'mlp'
@@ -113,16 +133,23 @@ CYCLES = [(4, 2, 1), (8, 4, 1), (6, 3, 0), (8, 2, 3)]  # (H, P, τ)
 @pytest.fixture(scope='module')
 def deep_model():
   from jaxsgd import models
+
   return models.get_model('mlp', (12,), 5, hidden=(16, 16, 16))  # 4 modules
 
 
 def _streaming_trainer(model, period, fragments, delay, cycle, stacked=False):
   import optax
   from jaxsgd import transforms
-  tx = transforms.streaming_diloco(optax.sgd(0.3), optax.sgd(0.7, momentum=0.9,
-                                                            nesterov=True),
-                                   period=period, fragments=fragments, delay=delay, mix=0.5,
-                                   axis_name='data')
+
+  tx = transforms.streaming_diloco(
+    optax.sgd(0.3),
+    optax.sgd(0.7, momentum=0.9, nesterov=True),
+    period=period,
+    fragments=fragments,
+    delay=delay,
+    mix=0.5,
+    axis_name='data',
+  )
   program = dict(period=period, delay=delay, fragments=fragments) if cycle else {}
   return DataParallelTrainer(model, tx, M, average_grads=False, stacked=stacked, **program)
 
@@ -131,7 +158,7 @@ def _run(trainer, batches, steps=STEPS):
   state, losses, done = trainer.init(0), [], 0
   while done < steps:
     n = trainer.program_length(done, steps)
-    state, step_losses = trainer.train_steps(state, batches[done:done + n])
+    state, step_losses = trainer.train_steps(state, batches[done : done + n])
     losses += step_losses
     done += n
   return jax.device_get((state.variables, state.opt_state)), np.asarray(jax.device_get(losses))
@@ -139,13 +166,16 @@ def _run(trainer, batches, steps=STEPS):
 
 @pytest.mark.parametrize('stacked', [False, True], ids=['mesh', 'stacked'])
 @pytest.mark.parametrize('period, fragments, delay', CYCLES)
-def test_cycle_program_equals_per_step_program(deep_model, batches, stacked, period,
-                                               fragments, delay):
+def test_cycle_program_equals_per_step_program(
+  deep_model, batches, stacked, period, fragments, delay
+):
   batches = batches + batches  # 2 × STEPS steps: 2 or more cycles and a remainder.
-  per_step = _run(_streaming_trainer(deep_model, period, fragments, delay, False, stacked),
-                  batches, 2 * STEPS)
-  cycle = _run(_streaming_trainer(deep_model, period, fragments, delay, True, stacked),
-               batches, 2 * STEPS)
+  per_step = _run(
+    _streaming_trainer(deep_model, period, fragments, delay, False, stacked), batches, 2 * STEPS
+  )
+  cycle = _run(
+    _streaming_trainer(deep_model, period, fragments, delay, True, stacked), batches, 2 * STEPS
+  )
   chex.assert_trees_all_close(cycle[0], per_step[0], rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(cycle[1], per_step[1], rtol=RTOL, atol=ATOL)
 
@@ -161,12 +191,17 @@ def test_cycle_tolerance_can_fail(deep_model, batches):
 @pytest.mark.parametrize('period, fragments, delay', CYCLES)
 def test_one_allreduce_per_fragment_per_cycle(deep_model, batches, period, fragments, delay):
   from jaxsgd.spmd import hlo
+
   trainer = _streaming_trainer(deep_model, period, fragments, delay, True)
   state = trainer.init(0)
-  text = trainer.period_step.lower(state.variables, state.opt_state,
-                                   trainer.put_batches(batches[:period])).compile().as_text()
-  assert hlo.collective_count(text) == {'top_level': fragments, 'in_loops': 0,
-                                        'in_conditionals': 0}
+  text = (
+    trainer.period_step.lower(
+      state.variables, state.opt_state, trainer.put_batches(batches[:period])
+    )
+    .compile()
+    .as_text()
+  )
+  assert hlo.collective_count(text) == {'top_level': fragments, 'in_loops': 0, 'in_conditionals': 0}
   sites = hlo.collective_inputs(text)
   if delay:  # Fragment 0's, issued first, reads only the snapshot the state holds.
     assert all(d.startswith('opt_state') and 'snapshot' in d for d in sites[0]), sites[0]
@@ -180,6 +215,9 @@ def test_one_allreduce_per_fragment_per_cycle(deep_model, batches, period, fragm
 def _allreduced_elements(line):
   """Elements of an all-reduce's result, e.g. `(f32[16]{0}, f32[12,16]{1,0}) all-reduce(`."""
   import re
+
   result_type = line.split('=', 1)[1].split(' all-reduce(')[0]
-  return sum(int(np.prod([int(d) for d in dims.split(',') if d] or [1]))
-             for dims in re.findall(r'f32\[([\d,]*)\]', result_type))
+  return sum(
+    int(np.prod([int(d) for d in dims.split(',') if d] or [1]))
+    for dims in re.findall(r'f32\[([\d,]*)\]', result_type)
+  )

@@ -19,25 +19,29 @@ NESTEROV = optax.sgd(0.7, momentum=0.9, nesterov=True)
 
 def _params(rng, modules=4, size=3):
   """`modules` modules of one [M, size] kernel and one [M] bias, same on every worker."""
-  return {f'layer_{i}': {'kernel': jnp.asarray(np.tile(rng.normal(size=size), (M, 1)),
-                                               jnp.float32),
-                         'bias': jnp.asarray(np.tile(rng.normal(size=1), M), jnp.float32)}
-          for i in range(modules)}
+  return {
+    f'layer_{i}': {
+      'kernel': jnp.asarray(np.tile(rng.normal(size=size), (M, 1)), jnp.float32),
+      'bias': jnp.asarray(np.tile(rng.normal(size=1), M), jnp.float32),
+    }
+    for i in range(modules)
+  }
 
 
 def _grad_fn(rng, params):
   """Per-worker quadratic pulls towards different targets: workers diverge."""
-  targets = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32),
-                         params)
+  targets = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
   return lambda w: jax.tree.map(lambda a, b: 0.5 * (a - b), w, targets)
 
 
 def _run(tx, params, grads, steps):
   """`steps` jitted updates; returns the params after each step and the last state."""
+
   @jax.jit
   def step(w, state):
     updates, state = tx.update(grads(w), state, w)
     return optax.apply_updates(w, updates), state
+
   state, out = tx.init(params), []
   for _ in range(steps):
     params, state = step(params, state)
@@ -51,8 +55,9 @@ def test_one_fragment_no_overlap_alpha0_is_diloco_bit_for_bit():
   params = _params(rng)
   grads = _grad_fn(rng, params)
   inner = optax.adam(0.05)
-  streaming, _ = _run(T.streaming_diloco(inner, NESTEROV, period=3, fragments=1, delay=0,
-                                         mix=0.0), params, grads, 10)
+  streaming, _ = _run(
+    T.streaming_diloco(inner, NESTEROV, period=3, fragments=1, delay=0, mix=0.0), params, grads, 10
+  )
   diloco, _ = _run(T.diloco(inner, NESTEROV, period=3), params, grads, 10)
   chex.assert_trees_all_equal(streaming, diloco)
   assert not np.allclose(streaming[-1]['layer_0']['kernel'][0], params['layer_0']['kernel'][0])
@@ -63,10 +68,15 @@ def test_one_fragment_with_overlap_and_mixing_is_overlapped_diloco_bit_for_bit()
   rng = np.random.default_rng(1)
   params = _params(rng)
   grads = _grad_fn(rng, params)
-  streaming, _ = _run(T.streaming_diloco(optax.sgd(0.1), NESTEROV, period=4, fragments=1,
-                                         delay=2, mix=0.5), params, grads, 11)
-  diloco, _ = _run(T.diloco(optax.sgd(0.1), NESTEROV, period=4, delay=2, merge='mix',
-                            mix=0.5), params, grads, 11)
+  streaming, _ = _run(
+    T.streaming_diloco(optax.sgd(0.1), NESTEROV, period=4, fragments=1, delay=2, mix=0.5),
+    params,
+    grads,
+    11,
+  )
+  diloco, _ = _run(
+    T.diloco(optax.sgd(0.1), NESTEROV, period=4, delay=2, merge='mix', mix=0.5), params, grads, 11
+  )
   chex.assert_trees_all_equal(streaming, diloco)
 
 
@@ -86,31 +96,30 @@ def test_two_fragments_by_hand():
   t=7: a = [−3.5, 14.5]       b = [−5, 17] → θ_b = 0.5·1 + 0.5·5 = 3, b = [−1, 10]
   """
   params = {'a': {'w': jnp.zeros(M)}, 'b': {'w': jnp.zeros(M)}}
-  grads = lambda w: jax.tree.map(lambda x: jnp.array([1., -3.]), w)
-  tx = T.streaming_diloco(optax.sgd(1.), optax.sgd(0.5), period=4, fragments=2, delay=1,
-                          mix=0.5)
+  grads = lambda w: jax.tree.map(lambda x: jnp.array([1.0, -3.0]), w)
+  tx = T.streaming_diloco(optax.sgd(1.0), optax.sgd(0.5), period=4, fragments=2, delay=1, mix=0.5)
   out, state = _run(tx, params, grads, 7)
   a = [[-1, 3], [-2, 6], [-3, 9], [-4, 12], [-1.5, 8.5], [-2.5, 11.5], [-3.5, 14.5]]
   b = [[-1, 3], [-2, 6], [-1, 5], [-2, 8], [-3, 11], [-4, 14], [-1, 10]]
   chex.assert_trees_all_equal(jnp.stack([w['a']['w'] for w in out]), jnp.asarray(a, 'float32'))
   chex.assert_trees_all_equal(jnp.stack([w['b']['w'] for w in out]), jnp.asarray(b, 'float32'))
   outer = state[1]
-  chex.assert_trees_all_equal(outer.anchor, {'a': {'w': jnp.full(M, 2.)},
-                                             'b': {'w': jnp.full(M, 3.)}})
+  chex.assert_trees_all_equal(
+    outer.anchor, {'a': {'w': jnp.full(M, 2.0)}, 'b': {'w': jnp.full(M, 3.0)}}
+  )
   assert int(outer.count) == 7
 
 
-def _reference(params, grads, steps, *, lr, outer_lr, period, fragments, delay, mix,
-               groups):
+def _reference(params, grads, steps, *, lr, outer_lr, period, fragments, delay, mix, groups):
   """The paper's procedure written out literally (numpy, per fragment, outer SGD)."""
-  names = [jax.tree_util.keystr(p) for p, _ in
-           jax.tree_util.tree_flatten_with_path(params)[0]]
+  names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   w = [np.asarray(x, np.float64) for x in jax.tree.leaves(params)]
   theta = [x.copy() for x in w]
   sent, out = [None] * len(w), []
   for t in range(1, steps + 1):
-    g = jax.tree.leaves(grads(jax.tree.unflatten(jax.tree.structure(params),
-                                                 [x.astype(np.float32) for x in w])))
+    g = jax.tree.leaves(
+      grads(jax.tree.unflatten(jax.tree.structure(params), [x.astype(np.float32) for x in w]))
+    )
     w = [x - lr * np.asarray(gi, np.float64) for x, gi in zip(w, g)]
     for p, group in enumerate(groups):
       offset = p * period // fragments
@@ -126,38 +135,71 @@ def _reference(params, grads, steps, *, lr, outer_lr, period, fragments, delay, 
   return out
 
 
-@pytest.mark.parametrize('fragments, period, delay, mix, pattern', [
+@pytest.mark.parametrize(
+  'fragments, period, delay, mix, pattern',
+  [
     (2, 4, 1, 0.5, 'strided'),
     (2, 4, 1, 0.5, 'sequential'),
     (4, 8, 1, 0.0, 'strided'),
     (3, 6, 0, 0.25, 'strided'),
-])
+  ],
+)
 def test_matches_literal_pseudo_code(fragments, period, delay, mix, pattern):
   rng = np.random.default_rng(2)
   params = _params(rng, modules=4)
   grads = _grad_fn(rng, params)
-  tx = T.streaming_diloco(optax.sgd(0.1), optax.sgd(0.7), period=period, fragments=fragments,
-                          delay=delay, mix=mix, pattern=pattern)
+  tx = T.streaming_diloco(
+    optax.sgd(0.1),
+    optax.sgd(0.7),
+    period=period,
+    fragments=fragments,
+    delay=delay,
+    mix=mix,
+    pattern=pattern,
+  )
   out, _ = _run(tx, params, grads, 2 * period + 3)
   groups = T.fragment_leaves(params, fragments, pattern)
-  expected = _reference(params, grads, 2 * period + 3, lr=0.1, outer_lr=0.7, period=period,
-                        fragments=fragments, delay=delay, mix=mix, groups=groups)
+  expected = _reference(
+    params,
+    grads,
+    2 * period + 3,
+    lr=0.1,
+    outer_lr=0.7,
+    period=period,
+    fragments=fragments,
+    delay=delay,
+    mix=mix,
+    groups=groups,
+  )
   for got, want in zip(out, expected):
-    flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in
-            jax.tree_util.tree_flatten_with_path(got)[0]}
+    flat = {
+      jax.tree_util.keystr(p): np.asarray(x)
+      for p, x in jax.tree_util.tree_flatten_with_path(got)[0]
+    }
     for name in want:
       np.testing.assert_allclose(flat[name], want[name], rtol=1e-5, atol=1e-6)
   # The schedule matters: a one-step shift of the delay fails the comparison.
-  shifted = _reference(params, grads, 2 * period + 3, lr=0.1, outer_lr=0.7, period=period,
-                       fragments=fragments, delay=delay + 1, mix=mix, groups=groups)
-  last = {jax.tree_util.keystr(p): np.asarray(x) for p, x in
-          jax.tree_util.tree_flatten_with_path(out[-1])[0]}
+  shifted = _reference(
+    params,
+    grads,
+    2 * period + 3,
+    lr=0.1,
+    outer_lr=0.7,
+    period=period,
+    fragments=fragments,
+    delay=delay + 1,
+    mix=mix,
+    groups=groups,
+  )
+  last = {
+    jax.tree_util.keystr(p): np.asarray(x)
+    for p, x in jax.tree_util.tree_flatten_with_path(out[-1])[0]
+  }
   assert not all(np.allclose(last[n], shifted[-1][n], rtol=1e-5, atol=1e-6) for n in last)
 
 
 def test_fragments_are_modules_dealt_strided_or_sequential():
-  params = {f'layer_{i}': {'bias': jnp.zeros(M), 'kernel': jnp.zeros((M, 2))}
-            for i in range(5)}
+  params = {f'layer_{i}': {'bias': jnp.zeros(M), 'kernel': jnp.zeros((M, 2))} for i in range(5)}
   # Leaves in tree order: layer_0.bias, layer_0.kernel, layer_1.bias, ...
   assert T.fragment_leaves(params, 2, 'strided') == [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7]]
   assert T.fragment_leaves(params, 2, 'sequential') == [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9]]
@@ -167,25 +209,30 @@ def test_fragments_are_modules_dealt_strided_or_sequential():
 def test_only_the_due_fragment_changes_at_a_merge():
   """At fragment b's merge (t = 3 above) fragment a's update is the inner one."""
   params = {'a': {'w': jnp.zeros(M)}, 'b': {'w': jnp.zeros(M)}}
-  tx = T.streaming_diloco(optax.sgd(1.), optax.sgd(0.5), period=4, fragments=2, delay=1,
-                          mix=0.5)
-  out, state = _run(tx, params, lambda w: jax.tree.map(lambda x: jnp.array([1., -3.]), w), 3)
-  chex.assert_trees_all_equal(out[-1]['a']['w'], jnp.array([-3., 9.]))
+  tx = T.streaming_diloco(optax.sgd(1.0), optax.sgd(0.5), period=4, fragments=2, delay=1, mix=0.5)
+  out, state = _run(tx, params, lambda w: jax.tree.map(lambda x: jnp.array([1.0, -3.0]), w), 3)
+  chex.assert_trees_all_equal(out[-1]['a']['w'], jnp.array([-3.0, 9.0]))
   # Fragment a's outer state never moved (momentum-free SGD has an empty state; the
   # anchor shows it): still the initial params.
   chex.assert_trees_all_equal(state[1].anchor['a']['w'], jnp.zeros(M))
 
 
 # --------------------------------------------------------------- bad input.
-@pytest.mark.parametrize('kwargs, error, match', [
+@pytest.mark.parametrize(
+  'kwargs, error, match',
+  [
     (dict(period=4, fragments=3), ValueError, r'period must be a multiple of fragments'),
-    (dict(period=4, fragments=2, delay=2), ValueError,
-     r'delay must be < period / fragments \(one fragment in flight'),
+    (
+      dict(period=4, fragments=2, delay=2),
+      ValueError,
+      r'delay must be < period / fragments \(one fragment in flight',
+    ),
     (dict(period=4, fragments=0), ValueError, r'fragments must be an int >= 1'),
     (dict(period=4, mix=1.5), ValueError, r'mix must be in \[0, 1\]; got 1.5'),
     (dict(period=4, pattern='random'), ValueError, r"pattern must be one of \('strided'"),
     (dict(period=4, overlap=1), TypeError, r'overlap must be a bool'),
-])
+  ],
+)
 def test_bad_arguments_raise(kwargs, error, match):
   with pytest.raises(error, match=match):
     T.streaming_diloco_outer_step(NESTEROV, **kwargs)
