@@ -28,6 +28,7 @@ _MODULES = {
   'local_sgd': 'jaxsgd.algorithms.data_parallel',
   'dasgd': 'jaxsgd.algorithms.data_parallel',
   'diloco': 'jaxsgd.algorithms.data_parallel',
+  'streaming_diloco': 'jaxsgd.algorithms.data_parallel',
   'asgd': 'jaxsgd.algorithms.asgd',
   'dcasgd': 'jaxsgd.algorithms.asgd',
   'lppsgd': 'jaxsgd.algorithms.lppsgd',
@@ -64,6 +65,9 @@ class RunContext(Protocol):
     stage: str | None = None,
   ) -> None:
     """Records one step's loss; evaluates and writes metrics at evaluation points."""
+
+  def should_evaluate(self, step: int) -> bool:
+    """Whether step `step` is an evaluation point (its weights get evaluated)."""
 
   def write_schedule_outputs(
     self,

@@ -131,3 +131,49 @@ def compute_around_collectives(hlo_text: str) -> list[tuple[int, int]]:
     for k, i in enumerate(order)
     if _is_site(computations, i, COLLECTIVES)
   ]
+
+
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def collective_count(hlo_text: str) -> dict[str, int | None]:
+  """How many collectives one run of the compiled program executes, and where.
+
+  Returns:
+    `{'top_level': collectives in the entry computation (each runs once),
+      'in_loops': executions inside while loops (each site times its loop's known
+        trip count; None when a trip count is unknown),
+      'in_conditionals': sites inside conditional branches (each runs at most
+        once per run of the conditional)}`.
+  """
+  computations, entry = parse(hlo_text)
+  lines = {m.group(1): m.group(2) for m in map(_INSTR.match, hlo_text.splitlines()) if m}
+  counts = {'top_level': 0, 'in_loops': 0, 'in_conditionals': 0}
+
+  def visit(name, weight, where, seen):
+    for instr in computations.get(name, []):
+      if instr.opcode in COLLECTIVES:
+        key = 'top_level' if where is None else where
+        if counts[key] is not None:
+          counts[key] += 1 if key == 'in_conditionals' else weight
+      if instr.opcode == 'while':
+        trip = _TRIP_COUNT.search(lines[instr.name])
+        inner = None if trip is None or weight is None else weight * int(trip.group(1))
+        if inner is None and _has_collective(computations, instr):
+          counts['in_loops'] = None
+        for callee in instr.calls:
+          visit(callee, inner, where or 'in_loops', seen | {name})
+      elif instr.opcode == 'conditional':
+        for callee in instr.calls:
+          visit(callee, weight, 'in_conditionals', seen | {name})
+      else:
+        for callee in instr.calls:
+          if callee not in seen:
+            visit(callee, weight, where, seen | {name})
+
+  visit(entry, 1, None, frozenset())
+  return counts
+
+
+def _has_collective(computations, instr) -> bool:
+  return any(_contains(computations, c, COLLECTIVES) for c in instr.calls)

@@ -19,10 +19,14 @@ with merge steps t ≥ period, t ≡ delay (mod period), as in
 all-reduce blocks every step (no overlap with the backward pass is modeled).
 Local SGD / DiLoCo: delay 0, one blocking all-reduce every `period` steps.
 
-The model charges the algorithm's communication, one all-reduce per period. (With
-`overlap=True` the mesh step issues its all-reduce every step, so that XLA may
-overlap it; a runtime with asynchronous collectives that span steps would issue
-only the one per period the model charges.)
+Streaming DiLoCo: one all-reduce of 1/P of the weights every period/P steps, hidden
+behind `delay` steps.
+
+The model charges one all-reduce per period, and that is what the compiled programs
+issue: with `overlap=True` each period (streaming DiLoCo: each cycle) runs as one
+program whose all-reduce reads the stored snapshot and is merged `delay` steps later
+(`jaxsgd.spmd.step.make_worker_period` / `make_worker_cycle`); with `overlap=False`
+the all-reduce runs inside a `lax.cond` on the merge step, and nothing is hidden.
 """
 
 import dataclasses

@@ -169,6 +169,50 @@ def _next_snapshot(params, updates, snapshot, is_snapshot):
   return jax.tree.map(lambda w, s: jnp.where(is_snapshot, w, s), new_params, snapshot)
 
 
+def _check_caller_average(average, may_merge, delay):
+  """The extra arguments of a caller that runs the collective itself."""
+  if not isinstance(may_merge, bool):
+    raise TypeError(
+      f'may_merge must be a Python bool (it decides what is compiled); got {may_merge!r}.'
+    )
+  if average is not None and delay == 0:
+    raise ValueError(
+      "average: with delay = 0 the average is of this step's "
+      'own weights, which the caller cannot have; pass '
+      'average only with delay >= 1.'
+    )
+
+
+def _find_states(opt_state):
+  """The `DelayedAveragingState`s / `DiLoCoOuterState`s inside `opt_state`."""
+  is_ours = lambda x: isinstance(x, (DelayedAveragingState, DiLoCoOuterState))
+  return [x for x in jax.tree.leaves(opt_state, is_leaf=is_ours) if is_ours(x)]
+
+
+def snapshot_average(opt_state, axis_name):
+  """w̄ = the workers' mean of the stored snapshot s (one all-reduce).
+
+  What a merge step of `delayed_averaging` / `diloco_outer_step` with
+  ``delay >= 1`` averages. A caller that runs a whole period as one program
+  (`jaxsgd.spmd.step.period_step`) issues it once, at the start of the
+  period, and passes it to the merge step as ``update(..., average=w̄)``.
+
+  Args:
+    opt_state: a state containing exactly one such transform's state (e.g. the
+      state of ``optax.chain(inner, delayed_averaging(...))``).
+    axis_name: the transform's axis name (None: stacked workers on axis 0).
+  """
+  found = _find_states(opt_state)
+  if len(found) != 1:
+    raise ValueError(f'opt_state: expected one delayed-averaging state, found {len(found)}.')
+  if found[0].snapshot is None:
+    raise ValueError(
+      'opt_state: no snapshot is stored when delay = 0; the '
+      "average is of the merge step's own weights."
+    )
+  return _average(found[0].snapshot, axis_name)
+
+
 def _periodic_merge(name, period, delay, axis_name, merge, mix, overlap, outer):
   """The machinery shared by delayed_averaging and diloco_outer_step."""
   period, delay = _check_args(period, delay, axis_name, merge, mix, overlap)
@@ -183,15 +227,25 @@ def _periodic_merge(name, period, delay, axis_name, merge, mix, overlap, outer):
     anchor = jax.tree.map(jnp.copy, params)
     return DiLoCoOuterState(count, snapshot, anchor, outer.init(params))
 
-  def update_fn(updates, state, params=None, **extra_args):
+  def update_fn(updates, state, params=None, *, average=None, may_merge=True, **extra_args):
     del extra_args
     _checks.require('params', params, name, 'the parameters before this step')
+    _check_caller_average(average, may_merge, delay)
+    cls = DelayedAveragingState if outer is None else DiLoCoOuterState
     t, is_snapshot, is_merge = _schedule(state.count, period, delay)
+    if not may_merge:  # The caller knows: no merge, no collective this step.
+      snapshot = (
+        None if delay == 0 else _next_snapshot(params, updates, state.snapshot, is_snapshot)
+      )
+      return updates, cls(
+        t, snapshot, *(() if outer is None else (state.anchor, state.outer_state))
+      )
     post = optax.apply_updates(params, updates)
     # delay >= 1: average the snapshot from the STATE, so the collective does
     # not depend on this step's gradients and XLA may overlap it with them.
     sent = post if delay == 0 else state.snapshot
-    average = _maybe_average(sent, axis_name, is_merge, overlap)
+    if average is None:
+      average = _maybe_average(sent, axis_name, is_merge, overlap)
     if outer is None:
       target, extra = average, ()
     else:
@@ -199,7 +253,6 @@ def _periodic_merge(name, period, delay, axis_name, merge, mix, overlap, outer):
       extra = (target, outer_state)
     updates = _merged_updates(updates, post, sent, target, is_merge, merge, mix)
     snapshot = None if delay == 0 else _next_snapshot(params, updates, state.snapshot, is_snapshot)
-    cls = DelayedAveragingState if outer is None else DiLoCoOuterState
     return updates, cls(t, snapshot, *extra)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -259,9 +312,20 @@ def delayed_averaging(
       it runs inside ``lax.cond`` on merge steps only (one all-reduce per
       period, not overlappable). Results are identical.
 
+  ``update`` also takes two keyword extra arguments, for a caller that runs
+  a whole period as one program and issues the period's one all-reduce itself
+  (`jaxsgd.spmd.step.period_step`); other extra arguments are ignored:
+
+  * ``average``: w̄, the workers' mean of ``state.snapshot``
+    (`snapshot_average`, delay >= 1 only), computed by the caller: the step
+    issues no collective and merges it if this is a merge step.
+  * ``may_merge=False`` (a Python bool): the caller knows this step is not a
+    merge step: no collective and no merge are compiled. The caller must be
+    right (the period program runs whole, aligned periods); the results are
+    those of the default ``True``.
+
   Returns:
-    A `GradientTransformationExtraArgs` (extra arguments are ignored) with
-    state `DelayedAveragingState`.
+    A `GradientTransformationExtraArgs` with state `DelayedAveragingState`.
 
   Example:
     >>> import jax.numpy as jnp, optax
@@ -314,6 +378,9 @@ def diloco_outer_step(
     merge: 'keep_local' or 'mix'.
     mix: p in [0, 1] for ``merge='mix'``.
     overlap: see `delayed_averaging`.
+
+  ``update`` takes the extra arguments ``average`` and ``may_merge`` of
+  `delayed_averaging`.
 
   Returns:
     A `GradientTransformationExtraArgs` with state `DiLoCoOuterState`.

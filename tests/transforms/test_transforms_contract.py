@@ -24,6 +24,7 @@ import jaxsgd.transforms as T
 from jaxsgd.transforms import averaging
 from jaxsgd.transforms import compensation
 from jaxsgd.transforms import staleness
+from jaxsgd.transforms import streaming
 
 M = 2  # Workers (stacked rows, or server workers).
 LR = 0.1
@@ -109,6 +110,22 @@ CASES = [
     T.diloco,
     dict(inner=optax.adam(0.05), outer=NESTEROV, period=3, delay=1, merge='mix', mix=0.5),
     static_args=('period', 'delay'),
+    stacked=True,
+  ),
+  Case(
+    'streaming_diloco',
+    T.streaming_diloco,
+    dict(
+      inner=optax.sgd(LR, momentum=0.5), outer=NESTEROV, period=4, fragments=2, delay=1, mix=0.5
+    ),
+    static_args=('period', 'fragments', 'delay'),
+    stacked=True,
+  ),
+  Case(
+    'streaming_diloco_no_overlap',
+    T.streaming_diloco,
+    dict(inner=optax.sgd(LR), outer=NESTEROV, period=3, fragments=1, overlap=False),
+    static_args=('period', 'fragments', 'delay', 'overlap'),
     stacked=True,
   ),
 ]
@@ -274,7 +291,9 @@ def test_converges_on_logistic_regression(case):
   chex.assert_tree_all_finite(state)
 
 
-@pytest.mark.parametrize('module', [compensation, averaging, staleness], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+  'module', [compensation, averaging, staleness, streaming], ids=lambda m: m.__name__
+)
 def test_docstring_examples_run(module):
   result = doctest.testmod(module, extraglobs=vars(module), optionflags=doctest.ELLIPSIS)
   assert result.attempted > 0 and result.failed == 0, result
