@@ -249,6 +249,12 @@ def cost_settings(given, *, clock: str) -> CostSettings:
     raise ValueError(
       f'cost.link_bandwidth: bytes/s >= 0 (0 or inf: free links), got {cost.link_bandwidth!r}.'
     )
+  if cost.compute and not cost.explicit_compute:
+    given = ', '.join(f'cost.compute.{kind}' for kind, _ in cost.compute)
+    raise ValueError(
+      f'{given}: explicit costs are used only with cost.calibrate=False and no '
+      f'cost.profile or cost.device; set those, or remove {given}.'
+    )
   if cost.profile is not None and cost.device is not None:
     raise ValueError(
       'cost.profile / cost.device: give one cost source, not both (a profile '
