@@ -1,0 +1,88 @@
+r"""What the in-process real clock costs on top of the work: DDG K=4 of the CNN, one device.
+
+    python -m benchmarks.real_clock_overhead              # ~1 min on a 2-core CPU
+    python -m benchmarks.real_clock_overhead --steps=1000 --rounds=3
+
+The CNN of the default config (MNIST-1D shapes, batch 128, Adam) cut into K = 4
+stages, every stage on the same CPU device, trained with DDG on `RealExecutor()`
+(asynchronous dispatch from one thread) on synthetic batches. Its cost is held
+against the work it dispatches: each stage's forward, backward and update timed
+alone (`Pipeline.calibrate`, the fastest of 5 waited-for calls), summed over the
+tasks the run really executes (stage k skips its first d_k = K − 1 − k backwards
+and updates). With every stage on one device the tasks run one after another, so
+the ideal ratio wall / Σ task costs is 1; what is above 1 is the scheduler's
+host time and what it makes the device wait for.
+
+Rounds alternate calibration and run, so load from other jobs on the machine
+hits both alike; the median ratio of the rounds is reported. The last line is
+the figure: `real clock overhead DDG K=4 (one device): <wall / Σ task costs>`.
+"""
+
+import argparse
+import time
+
+import jax
+import numpy as np
+import optax
+
+from benchmarks import common
+from jaxsgd import models
+from jaxsgd.algorithms import ddg
+from jaxsgd.scheduler import BatchFeed, Pipeline, Placement, RealExecutor
+
+NUM_STAGES, BATCH = 4, 128
+
+
+def synthetic_batches(shape, classes, batch_size, seed=0):
+  rng = np.random.default_rng(seed)
+  while True:
+    yield {'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
+           'label': rng.integers(0, classes, batch_size).astype(np.int32)}
+
+
+def task_seconds(costs: dict, roles, steps: int) -> float:
+  """Σ over the tasks a run of `steps` iterations executes of their calibrated cost."""
+  total = 0.0
+  for k, role in enumerate(roles):
+    total += steps * costs[(k, 'forward')]
+    total += (steps - role.delay) * (costs[(k, 'backward')] + costs[(k, 'update')])
+  return total
+
+
+def run_once(pipeline, roles, batches, steps) -> tuple[float, int]:
+  """(wall seconds of one real-clock run, number of tasks it recorded)."""
+  feed = BatchFeed(batches, 1 + sum(r.loss != 'none' for r in roles))
+  session = pipeline.session(roles, feed, steps)
+  start = time.perf_counter()
+  timeline = RealExecutor().run(session.cluster, session.processes())
+  jax.block_until_ready([store.read().value for store in session.stores])
+  return time.perf_counter() - start, len(timeline.records)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--steps', type=int, default=300)
+  parser.add_argument('--rounds', type=int, default=3)
+  args = parser.parse_args()
+  model = models.get_model('cnn', (40, 1), 10)
+  roles = ddg.roles(NUM_STAGES)
+  device = jax.devices()[0]
+  pipeline = Pipeline(model, NUM_STAGES, optax.adam(3e-3),
+                      placement=Placement.create(NUM_STAGES, [device]), batch_size=BATCH)
+  batches = synthetic_batches(model.input_shape, model.num_classes, BATCH)
+  run_once(pipeline, roles, batches, 2 * NUM_STAGES)  # Compiles every call.
+  rows = []
+  for r in range(args.rounds):
+    costs = pipeline.calibrate(roles, next(batches), reps=5)
+    work = task_seconds(costs, roles, args.steps)
+    wall, tasks = run_once(pipeline, roles, batches, args.steps)
+    rows.append((r, args.steps, tasks, work, wall, 1e6 * (wall - work) / tasks, wall / work))
+  print(f'DDG K={NUM_STAGES}, CNN, batch {BATCH}, every stage on {device}; RealExecutor()')
+  common.print_table(('round', 'steps', 'tasks', 'Σ task costs s', 'wall s',
+                      'overhead µs/task', 'wall / Σ costs'), rows)
+  ratio = float(np.median([row[-1] for row in rows]))
+  print(f'real clock overhead DDG K={NUM_STAGES} (one device): {ratio:.2f}')
+
+
+if __name__ == '__main__':
+  main()
