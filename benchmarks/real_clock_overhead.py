@@ -13,12 +13,17 @@ and updates). With every stage on one device the tasks run one after another, so
 the ideal ratio wall / Σ task costs is 1; what is above 1 is the scheduler's
 host time and what it makes the device wait for.
 
-Rounds alternate calibration and run, so load from other jobs on the machine
-hits both alike; the median ratio of the rounds is reported. The last line is
-the figure: `real clock overhead DDG K=4 (one device): <wall / Σ task costs>`.
+For scale, each round also runs the same jitted calls with no scheduler at all
+(`bare`: a plain Python loop in staged-BP order, dispatched asynchronously, one
+wait at the end): the floor this machine gives at that moment. Rounds alternate
+calibration, bare loop and run, so load from other jobs on the machine hits all
+alike; the median ratio of the rounds is reported (on a machine shared with
+other jobs, expect ±30 % between rounds). The last line is the figure:
+`real clock overhead DDG K=4 (one device): <wall / Σ task costs>`.
 """
 
 import argparse
+import dataclasses
 import time
 
 import jax
@@ -27,8 +32,9 @@ import optax
 
 from benchmarks import common
 from jaxsgd import models
+from jaxsgd import stages as stages_lib
 from jaxsgd.algorithms import ddg
-from jaxsgd.scheduler import BatchFeed, Pipeline, Placement, RealExecutor
+from jaxsgd.scheduler import BatchFeed, Pipeline, Placement, RealExecutor, transfer
 
 NUM_STAGES, BATCH = 4, 128
 
@@ -59,10 +65,40 @@ def run_once(pipeline, roles, batches, steps) -> tuple[float, int]:
   return time.perf_counter() - start, len(timeline.records)
 
 
+class Bare:
+  """The same jitted calls as the run, in staged-BP order, without a scheduler."""
+
+  def __init__(self, pipeline, roles, batches):
+    self.pipeline, self.batches = pipeline, batches
+    self.ops = [pipeline.ops(k, role) for k, role in enumerate(roles)]
+    self.params = [stages_lib.split_variables(pipeline.initial_variables(k, role))[0]
+                   for k, role in enumerate(roles)]
+    self.opt_states = [pipeline.tx.init(p) for p in self.params]
+
+  def run(self, steps: int) -> float:
+    """Wall seconds of `steps` iterations."""
+    last, device = len(self.ops) - 1, self.pipeline.device(0)
+    start = time.perf_counter()
+    for _ in range(steps):
+      batch = next(self.batches)
+      x, labels = (transfer.to_device(batch[key], device) for key in ('image', 'label'))
+      vjps = []
+      for k, ops in enumerate(self.ops):
+        x, _, _, vjp = ops.forward({'params': self.params[k]}, x, labels if k == last else None)
+        vjps.append(vjp)
+      dy = None
+      for k in reversed(range(len(self.ops))):
+        grads, dy = self.ops[k].backward(vjps[k], dy)
+        self.params[k], self.opt_states[k] = self.ops[k].update(self.params[k],
+                                                                self.opt_states[k], grads)
+    jax.block_until_ready(self.params)
+    return time.perf_counter() - start
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--steps', type=int, default=300)
-  parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--steps', type=int, default=200)
+  parser.add_argument('--rounds', type=int, default=5)
   args = parser.parse_args()
   model = models.get_model('cnn', (40, 1), 10)
   roles = ddg.roles(NUM_STAGES)
@@ -70,16 +106,22 @@ def main():
   pipeline = Pipeline(model, NUM_STAGES, optax.adam(3e-3),
                       placement=Placement.create(NUM_STAGES, [device]), batch_size=BATCH)
   batches = synthetic_batches(model.input_shape, model.num_classes, BATCH)
+  bare = Bare(pipeline, roles, batches)
   run_once(pipeline, roles, batches, 2 * NUM_STAGES)  # Compiles every call.
+  bare.run(2)
   rows = []
   for r in range(args.rounds):
     costs = pipeline.calibrate(roles, next(batches), reps=5)
     work = task_seconds(costs, roles, args.steps)
+    bare_wall = bare.run(args.steps)
+    bare_work = task_seconds(costs, [dataclasses.replace(role, delay=0) for role in roles],
+                             args.steps)
     wall, tasks = run_once(pipeline, roles, batches, args.steps)
-    rows.append((r, args.steps, tasks, work, wall, 1e6 * (wall - work) / tasks, wall / work))
+    rows.append((r, args.steps, tasks, work, wall, 1e6 * (wall - work) / tasks,
+                 bare_wall / bare_work, wall / work))
   print(f'DDG K={NUM_STAGES}, CNN, batch {BATCH}, every stage on {device}; RealExecutor()')
   common.print_table(('round', 'steps', 'tasks', 'Σ task costs s', 'wall s',
-                      'overhead µs/task', 'wall / Σ costs'), rows)
+                      'overhead µs/task', 'bare / Σ costs', 'wall / Σ costs'), rows)
   ratio = float(np.median([row[-1] for row in rows]))
   print(f'real clock overhead DDG K={NUM_STAGES} (one device): {ratio:.2f}')
 

@@ -8,10 +8,11 @@ An executor runs the processes of a `Cluster` and returns a `Timeline`. What an 
                                                        done: task_finished(p, result)
       Get(channel)       → an item waits: resume(p, item); else p waits on the channel
       Put(channel, v)    → deliver(channel, v); resume(p, None)
-      Send(channel, v)   → same lane: deliver(channel, v); else spawn a transfer
-                           process on the link lane (sender → channel), which runs
-                           Compute(copy_for_send, (v, channel)) there and then
-                           Put(channel, copy); resume(p, None)
+      Send(channel, v)   → same lane, or no transfer needed: deliver(channel, v);
+                           else spawn a transfer process on the link lane (sender
+                           → channel), which runs Compute(copy_for_send, (v,
+                           channel)) there and then Put(channel, copy);
+                           resume(p, None)
     deliver(channel, v): the first waiter resumes with v; else v is queued
 
 What a clock decides is *when*: when a task starts and how long it takes, and
@@ -37,6 +38,9 @@ model is SimPy's `Environment` and its real-time subclass, which overrides only
 - `copy_for_send(value, channel)`: the copy a transfer makes (default
   `transfer.to_device(value, channel.device)`); an executor whose lanes live in
   other processes moves the value between them here.
+- `needs_transfer(value, channel)`: whether a `Send` between two lanes is a
+  transfer task at all (default True: the virtual clock prices every link); the
+  real clock delivers a value already on the channel's device in place.
 - `message_bytes(value)`: the bytes a transfer moves, for the cost of the link
   (default 0: only a clock that prices links needs it).
 - `begin()`: resets the clock's state at the start of a run; `now()`: seconds since
@@ -132,7 +136,7 @@ class Executor:
   def send(self, process: Process, op: Send) -> None:
     """`Send`: delivered at once on the same lane; else a transfer on the link lane."""
     channel = op.channel
-    if channel.lane == process.lane:
+    if channel.lane == process.lane or not self.needs_transfer(op.value, channel):
       self.deliver(channel, op.value)
       return
     link = self.cluster.link(process.lane, channel.lane)
@@ -169,6 +173,10 @@ class Executor:
 
   def spawn(self, process: Process) -> None:
     self.resume(process, None)
+
+  def needs_transfer(self, value, channel: Channel) -> bool:
+    del value, channel
+    return True
 
   def copy_for_send(self, value, channel: Channel):
     return transfer.to_device(value, channel.device)

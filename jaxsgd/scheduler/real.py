@@ -4,11 +4,16 @@
 round-robin. A `Compute` calls the jitted function, which JAX dispatches
 asynchronously to the device its inputs live on, and the process resumes at once
 with the (future) outputs; a device starts the task as soon as its inputs are
-ready. Nothing on this loop waits for a device. Per lane, a *timing thread* waits
-for each task's inputs and outputs in dispatch order (a device runs its queue in
-order) and records `start = max(dispatched, inputs ready, previous task's end)`
-and `end`; it also bounds how far the loop may run ahead (`max_inflight` tasks
-per lane).
+ready. Nothing on this loop waits for a device. Per device (and per link that
+really copies), a *timing thread* waits for each task's inputs and outputs in
+dispatch order (a device runs its queue in order: measured on XLA:CPU, and so
+does a GPU stream) and records `start = max(dispatched, inputs ready, the
+device's previous end)` and `end`; it also bounds how far the loop may run ahead
+(`max_inflight` unfinished tasks per device). Several lanes on one device share
+its timing thread, so their tasks are measured one after another, as they run.
+
+A `Send` of a value that already lives on the receiver's device moves nothing:
+it is delivered in place, with no transfer task (`needs_transfer`).
 
 `RealExecutor(threads=True)` (a `ThreadedExecutor`): every process gets its own
 thread, which waits for each of its tasks to finish before going on: independent
@@ -68,50 +73,57 @@ class RealExecutor(Executor):
 
   # --- one thread, asynchronous dispatch --------------------------------------------------
   def execute(self) -> None:
-    self._watchers: dict[int, _LaneWatcher] = {}
+    self._timers: dict = {}
     self._ready = collections.deque((p, None) for p in self.processes)
     try:
       while self._ready and self.failure is None:
         self.advance(*self._ready.popleft())
     finally:
-      for watcher in self._watchers.values():
-        watcher.stop()
+      for timer in self._timers.values():
+        timer.stop()
 
   def resume(self, process: Process, value) -> None:
     self._ready.append((process, value))
 
   def start_task(self, process: Process, lane: int, op: Compute) -> None:
-    watcher = self._watchers.get(lane)
-    if watcher is None:
-      watcher = self._watchers[lane] = _LaneWatcher(self, lane)
-    watcher.acquire()
     dispatched = self.now()
     result = op.fn(*op.args)  # Asynchronous: returns futures.
-    watcher.submit(op, dispatched, op.args, result)
+    spec = self.cluster.lanes[lane]
+    key = spec.device if spec.link is None else lane  # A device, or a link of its own.
+    timer = self._timers.get(key)
+    if timer is None:
+      timer = self._timers[key] = _Timer(self)
+    timer.submit(lane, op, dispatched, result)
     self.task_finished(process, result)
 
+  def needs_transfer(self, value, channel: Channel) -> bool:
+    """Only a value not yet on the channel's device is copied (a task on the link)."""
+    return channel.device is not None and not transfer.on_device(value, channel.device)
 
-class _LaneWatcher:
-  """Measures when a lane's tasks start and end, off the dispatch loop."""
 
-  def __init__(self, executor: RealExecutor, lane: int):
+class _Timer:
+  """Measures when the tasks of one device (or one link) start and end, off the loop.
+
+  A device runs its queue in dispatch order (XLA:CPU and a GPU stream alike), so
+  one thread per device waits for each task's inputs and outputs in that order
+  and records `start = max(dispatched, inputs ready, the device's previous end)`.
+  It also bounds how far the dispatch loop may run ahead (`max_inflight` tasks).
+  """
+
+  def __init__(self, executor: RealExecutor):
     self._executor = executor
-    self._lane = lane
     self._queue: queue.SimpleQueue = queue.SimpleQueue()
     self._slots = threading.Semaphore(executor.max_inflight)
     self._previous_end = 0.0
-    self._thread = threading.Thread(target=self._loop, daemon=True,
-                                    name=f'timing lane {lane}')
+    self._thread = threading.Thread(target=self._loop, daemon=True, name='real clock timer')
     self._thread.start()
 
-  def acquire(self):
-    """Waits while `max_inflight` tasks of this lane are unfinished (back-pressure)."""
+  def submit(self, lane, op, dispatched, result):
+    """Times `op` (dispatched at `dispatched`); waits while `max_inflight` are unfinished."""
     while not self._slots.acquire(timeout=_POLL):
       if self._executor.failure is not None:
         raise Stopped
-
-  def submit(self, op, dispatched, args, result):
-    self._queue.put((op, dispatched, args, result))
+    self._queue.put((lane, op, dispatched, result))
 
   def stop(self):
     self._queue.put(None)
@@ -120,16 +132,15 @@ class _LaneWatcher:
   def _loop(self):
     executor = self._executor
     while (item := self._queue.get()) is not None:
-      op, dispatched, args, result = item
+      lane, op, dispatched, result = item
       try:
-        transfer.wait(args)
+        transfer.wait(op.args)
         inputs_ready = executor.now()
         transfer.wait(result)
         end = executor.now()
         start = max(dispatched, inputs_ready, self._previous_end)
         self._previous_end = end
-        executor.record(TaskRecord(self._lane, op.kind, min(start, end), end, op.stage,
-                                   op.batch))
+        executor.record(TaskRecord(lane, op.kind, min(start, end), end, op.stage, op.batch))
       except BaseException as e:  # pylint: disable=broad-except
         executor.fail(e)
       finally:

@@ -4,7 +4,15 @@ Everything else in the scheduler calls these functions, so a test can run a whol
 pipeline under `jax.transfer_guard('disallow')` and catch any implicit copy, and a
 profile of transfers has one place to look. `jax.device_put` is asynchronous: it
 returns at once and the copy overlaps whatever the devices are doing.
+
+A value already on the destination (every leaf a committed `jax.Array` on that
+device) is not copied: `to_device` returns it as it is, since JAX arrays are
+immutable and a copy would cost a `device_put` (tens of µs of host time per leaf
+batch) for nothing. A task that donates its inputs must therefore not be handed a
+value another lane still holds.
 """
+
+import functools
 
 import jax
 import numpy as np
@@ -14,9 +22,25 @@ def to_device(tree, device: jax.Device | None):
   """`tree` (host numpy or arrays on any device) placed on `device` (async).
 
   `device=None` (a lane with no device of its own, e.g. a simulated control lane)
-  leaves `tree` where it is.
+  leaves `tree` where it is, and so does a `tree` whose arrays are all on `device`.
   """
-  return tree if device is None else jax.device_put(tree, device)
+  if device is None or on_device(tree, device):
+    return tree
+  return jax.device_put(tree, device)
+
+
+def on_device(tree, device: jax.Device) -> bool:
+  """Whether every leaf of `tree` is a `jax.Array` committed to `device` alone."""
+  target = _sharding(device)
+  for leaf in jax.tree_util.tree_leaves(tree):
+    if not (isinstance(leaf, jax.Array) and leaf.committed and leaf.sharding == target):
+      return False
+  return True
+
+
+@functools.lru_cache(maxsize=None)
+def _sharding(device: jax.Device) -> jax.sharding.Sharding:
+  return jax.sharding.SingleDeviceSharding(device)
 
 
 def to_host(tree):

@@ -11,7 +11,7 @@ import pytest
 
 from jaxsgd.scheduler import Cluster, Compute, CostModel, DeadlockError, Get, Process, Put
 from jaxsgd.scheduler import RealExecutor, Send, VersionedStore, VirtualExecutor
-from jaxsgd.scheduler import costs
+from jaxsgd.scheduler import costs, transfer
 from jaxsgd.scheduler.executor import Executor
 from jaxsgd.scheduler.real import ThreadedExecutor
 from jaxsgd.scheduler.timeline import TaskRecord
@@ -353,3 +353,66 @@ def test_every_clock_delivers_sends_in_order_on_the_receivers_device(clock):
   transfers = timeline.tasks(lane=cluster.link(a, b))
   assert [r.batch for r in transfers] == [0, 1, 2, 3, 4]
   assert all(x.end <= y.start + 1e-9 for x, y in zip(transfers, transfers[1:]))
+
+
+# --- the real clock: nothing copied that is already in place -------------------------------
+def test_to_device_copies_only_what_is_not_on_the_device():
+  devices = jax.devices()[:2]
+  on_first = jax.device_put(jnp.arange(3.0), devices[0])
+  tree = {'a': on_first, 'b': [on_first * 2]}
+  assert transfer.to_device(tree, devices[0]) is tree  # Nothing to move.
+  moved = transfer.to_device(tree, devices[1])
+  assert {leaf.devices().pop() for leaf in jax.tree_util.tree_leaves(moved)} == {devices[1]}
+  host = {'a': np.arange(3.0), 'b': on_first}  # A host leaf: the tree is placed.
+  placed = transfer.to_device(host, devices[0])
+  assert placed is not host and all(isinstance(leaf, jax.Array) and leaf.committed
+                                    for leaf in jax.tree_util.tree_leaves(placed))
+  uncommitted = jnp.arange(3.0)  # On the default device, but not committed to it.
+  assert not uncommitted.committed
+  assert transfer.to_device(uncommitted, jax.devices()[0]).committed
+  np.testing.assert_array_equal(moved['b'][0], [0.0, 2.0, 4.0])
+
+
+def test_a_send_on_one_device_is_delivered_in_place_on_the_real_clock():
+  device = jax.devices()[0]
+  for executor, transfers in ((RealExecutor(), 0), (RealExecutor(threads=True), 0),
+                              (EXECUTORS['virtual'](), 3)):
+    cluster = Cluster()
+    a, b = cluster.add_lane('a', device), cluster.add_lane('b', device)
+    inbox, seen = cluster.channel('inbox', b), []
+
+    def producer():
+      for i in range(3):
+        value = yield Compute(lambda i=i: jax.device_put(jnp.full((4,), i, jnp.float32), device),
+                              kind='work', stage=0)
+        yield Send(inbox, value, batch=i)
+
+    timeline = executor.run(cluster, [Process('a', a, producer()),
+                                      Process('b', b, _consumer(inbox, 3, seen))])
+    assert len(timeline.tasks(kind='transfer')) == transfers, executor
+    np.testing.assert_array_equal([np.asarray(v)[0] for v in seen], [0, 2, 4])
+    assert [r.kind for r in timeline.tasks(lane=b)] == ['work'] * 3
+
+
+def test_lanes_sharing_a_device_are_timed_one_task_after_another():
+  """One timing thread per device: tasks of two lanes on one device never overlap."""
+  device = jax.devices()[0]
+  cluster = Cluster()
+  a, b = cluster.add_lane('a', device), cluster.add_lane('b', device)
+  inbox = cluster.channel('inbox', b)
+  heavy = jax.jit(lambda x: jnp.tanh(x @ x) @ x)
+  x = jax.device_put(jnp.ones((256, 256)), device)
+
+  def worker(n, receive):
+    for i in range(n):
+      if receive:
+        yield Get(inbox)
+      y = yield Compute(heavy, (x,), kind='work', batch=i)
+      if not receive:
+        yield Send(inbox, y, batch=i)
+
+  timeline = RealExecutor().run(cluster, [Process('a', a, worker(6, False)),
+                                          Process('b', b, worker(6, True))])
+  spans = sorted(timeline.records, key=lambda r: r.start)
+  assert len(spans) == 12 and {r.lane for r in spans} == {a, b}
+  assert all(x.end <= y.start + 1e-9 for x, y in zip(spans, spans[1:]))
