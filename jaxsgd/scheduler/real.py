@@ -107,23 +107,39 @@ class _Timer:
   A device runs its queue in dispatch order (XLA:CPU and a GPU stream alike), so
   one thread per device waits for each task's inputs and outputs in that order
   and records `start = max(dispatched, inputs ready, the device's previous end)`.
-  It also bounds how far the dispatch loop may run ahead (`max_inflight` tasks).
+  It also bounds how far the dispatch loop may run ahead: `submit` waits while
+  more than `max_inflight` of its tasks are unfinished. Two counters, each written
+  by one thread, say how many; the loop takes a lock only when it has to wait.
   """
 
   def __init__(self, executor: RealExecutor):
     self._executor = executor
     self._queue: queue.SimpleQueue = queue.SimpleQueue()
-    self._slots = threading.Semaphore(executor.max_inflight)
+    self._submitted = 0  # written by the dispatch loop only
+    self._finished = 0   # written by the timing thread only
+    self._waiting = False
+    self._progress = threading.Condition()
     self._previous_end = 0.0
     self._thread = threading.Thread(target=self._loop, daemon=True, name='real clock timer')
     self._thread.start()
 
   def submit(self, lane, op, dispatched, result):
-    """Times `op` (dispatched at `dispatched`); waits while `max_inflight` are unfinished."""
-    while not self._slots.acquire(timeout=_POLL):
-      if self._executor.failure is not None:
-        raise Stopped
+    """Times `op` (dispatched at `dispatched`); waits while too many are unfinished."""
     self._queue.put((lane, op, dispatched, result))
+    self._submitted += 1
+    if self._submitted - self._finished > self._executor.max_inflight:
+      self._wait_for_room()
+
+  def _wait_for_room(self):
+    with self._progress:
+      self._waiting = True  # Set before the check: the timing thread then notifies.
+      try:
+        while self._submitted - self._finished > self._executor.max_inflight:
+          if self._executor.failure is not None:
+            raise Stopped
+          self._progress.wait(_POLL)
+      finally:
+        self._waiting = False
 
   def stop(self):
     self._queue.put(None)
@@ -144,7 +160,10 @@ class _Timer:
       except BaseException as e:  # pylint: disable=broad-except
         executor.fail(e)
       finally:
-        self._slots.release()
+        self._finished += 1
+        if self._waiting:
+          with self._progress:
+            self._progress.notify()
 
 
 class _Mailbox:
