@@ -20,6 +20,7 @@ What the ops mean (channels, transfers over link lanes) is the `Executor` base's
 
 import heapq
 import itertools
+import math
 from collections import defaultdict, deque
 
 from jaxsgd.scheduler import transfer
@@ -67,7 +68,8 @@ class VirtualExecutor(Executor):
     self.advance(process, result)  # Publishes its results now, at the simulated end.
 
   def message_bytes(self, value) -> int:
-    return transfer.nbytes(value)
+    """Bytes of a `Send`, counted only where the link's cost depends on them."""
+    return transfer.nbytes(value) if math.isfinite(self.cost_model.link_bandwidth) else 0
 
   # --- events ---------------------------------------------------------------------------
   def _at(self, time, fn, *args):

@@ -367,6 +367,14 @@ def test_to_device_copies_only_what_is_not_on_the_device():
   placed = transfer.to_device(host, devices[0])
   assert placed is not host and all(isinstance(leaf, jax.Array) and leaf.committed
                                     for leaf in jax.tree_util.tree_leaves(placed))
+  batch = {'image': np.random.default_rng(0).standard_normal((4, 3)),  # float64 → float32
+           'label': np.arange(4), 'mask': np.array([True, False, True, True])}
+  with jax.transfer_guard('disallow'):  # An explicit placement, like jax.device_put.
+    placed = transfer.to_device(batch, devices[1])
+  for key, value in jax.device_put(batch, devices[1]).items():
+    assert (placed[key].dtype, placed[key].committed) == (value.dtype, True)
+    assert placed[key].devices() == {devices[1]}
+    np.testing.assert_array_equal(placed[key], value)
   uncommitted = jnp.arange(3.0)  # On the default device, but not committed to it.
   assert not uncommitted.committed
   assert transfer.to_device(uncommitted, jax.devices()[0]).committed
