@@ -33,23 +33,30 @@ import optax
 
 from benchmarks import common
 from jaxsgd import models
-from jaxsgd import stages as stages_lib
 from jaxsgd.asynchronous import common as async_common
 from jaxsgd.asynchronous import server
-from jaxsgd.scheduler import CostModel, Pipeline, Placement, VirtualExecutor, transfer
-from jaxsgd.scheduler.pipeline import sequential_roles
+from jaxsgd.models import stage_functions as stages_lib
+from jaxsgd.pipeline import PlacedStages, sequential_roles
+from jaxsgd.scheduler import CostModel, Placement, VirtualExecutor, transfer
 
 BATCH = 64
-COSTS = CostModel({'forward': 1e-3, 'backward': 2e-3, 'update': 1.25e-4},
-                  link_latency=1e-5, link_bandwidth=1e10)
+COSTS = CostModel(
+  {'forward': 1e-3, 'backward': 2e-3, 'update': 1.25e-4}, link_latency=1e-5, link_bandwidth=1e10
+)
 
 
 def synthetic_batches(shape, classes, batch_size, seed=0, distinct=4):
   """An endless cycle of `distinct` random host batches (free to produce)."""
   rng = np.random.default_rng(seed)
-  return itertools.cycle([
-      {'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
-       'label': rng.integers(0, classes, batch_size).astype(np.int32)} for _ in range(distinct)])
+  return itertools.cycle(
+    [
+      {
+        'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
+        'label': rng.integers(0, classes, batch_size).astype(np.int32),
+      }
+      for _ in range(distinct)
+    ]
+  )
 
 
 class Setup:
@@ -59,26 +66,38 @@ class Setup:
     self.model = models.get_model('cnn', (40, 1), 10)
     self.device = jax.devices()[0]
     self.num_workers = num_workers
-    self.pipeline = Pipeline(self.model, 1, optax.adam(1e-3),
-                             placement=Placement.create(1, [self.device]), batch_size=BATCH)
+    self.pipeline = PlacedStages(
+      self.model,
+      1,
+      optax.adam(1e-3),
+      placement=Placement.create(1, [self.device]),
+      batch_size=BATCH,
+    )
     self.settings = server.ServerSettings(num_workers)
-    self.streams = [synthetic_batches(self.model.input_shape, 10, BATCH, seed=m)
-                    for m in range(num_workers)]
+    self.streams = [
+      synthetic_batches(self.model.input_shape, 10, BATCH, seed=m) for m in range(num_workers)
+    ]
 
   def server(self):
     variables = self.pipeline.initial_variables(0, sequential_roles(1)[0])
     params, state = stages_lib.split_variables(variables)
     tx = server.server_optimizer(self.pipeline.tx, self.settings)
-    return server.ParameterServer(tx, params, self.num_workers, self.device,
-                                  record_pulls=False), state
+    return server.ParameterServer(
+      tx, params, self.num_workers, self.device, record_pulls=False
+    ), state
 
   def session(self, steps: int):
     ps, state = self.server()
-    log = async_common.WorkerLog([f'worker {m}' for m in range(self.num_workers)], {},
-                                 lambda: 0.0)
-    return server.AsgdSession(self.pipeline, ps, state, self.streams,
-                              [self.device] * (1 + self.num_workers),
-                              async_common.StepCounter(steps), log)
+    log = async_common.WorkerLog([f'worker {m}' for m in range(self.num_workers)], {}, lambda: 0.0)
+    return server.AsgdSession(
+      self.pipeline,
+      ps,
+      state,
+      self.streams,
+      [self.device] * (1 + self.num_workers),
+      async_common.StepCounter(steps),
+      log,
+    )
 
 
 def session_cost(setup: Setup, steps: int) -> tuple[float, float, int]:
@@ -100,8 +119,7 @@ def bare_cost(setup: Setup, steps: int) -> float:
   cpu = time.thread_time()
   for _ in range(steps):
     current = ps.store.read().value
-    _, _, _, vjp = ops.forward({'params': current.params, **state}, batch['image'],
-                               batch['label'])
+    _, _, _, vjp = ops.forward({'params': current.params, **state}, batch['image'], batch['label'])
     grads, _ = ops.backward(vjp, None)
     ps.pull(0)
     fn, args = ps.update_call(0, grads, ps.store.version)
@@ -125,14 +143,37 @@ def main():
   for r in range(args.repeats):
     cpu, wall, tasks = session_cost(setup, steps)
     bare = bare_cost(setup, steps)
-    rows.append((r, steps, tasks, cpu, wall, 1e6 * cpu / tasks, 1e6 * bare / tasks,
-                 1e6 * (cpu - bare) / tasks))
+    rows.append(
+      (
+        r,
+        steps,
+        tasks,
+        cpu,
+        wall,
+        1e6 * cpu / tasks,
+        1e6 * bare / tasks,
+        1e6 * (cpu - bare) / tasks,
+      )
+    )
   print(f'ASGD on the virtual clock: {args.workers} workers, CNN batch {BATCH}, on {setup.device}')
-  common.print_table(('repeat', 'updates', 'tasks', 'thread CPU s', 'wall s', 'µs/task',
-                      'jitted calls µs/task', 'simulator µs/task'), rows)
+  common.print_table(
+    (
+      'repeat',
+      'updates',
+      'tasks',
+      'thread CPU s',
+      'wall s',
+      'µs/task',
+      'jitted calls µs/task',
+      'simulator µs/task',
+    ),
+    rows,
+  )
   host = float(np.median([row[-1] for row in rows]))
-  print(f'simulated ASGD M={args.workers} host time per task, jitted calls included: '
-        f'{float(np.median([row[5] for row in rows])):.1f} us')
+  print(
+    f'simulated ASGD M={args.workers} host time per task, jitted calls included: '
+    f'{float(np.median([row[5] for row in rows])):.1f} us'
+  )
   print(f'simulated ASGD M={args.workers} host time per task: {host:.1f} us')
 
 

@@ -21,43 +21,25 @@ Measured here (2-core shared CPU, mnist1d 40k/10k):
 
 import ml_collections
 
-from experiments.configs import ddg
 from experiments.configs import default
 
 
-def async_fields(config: ml_collections.ConfigDict, stages: int = 1) -> None:
-  """Clock and cost-model settings of the asynchronous algorithms.
-
-  The `cost` sub-config of `ddg.scheduler_fields`, plus one speed factor per
-  worker and failure injection; lanes are placed on devices by the algorithm
-  (round-robin), so there is no `placement`.
-  """
-  ddg.scheduler_fields(config, stages)
-  del config['placement']
-  del config.cost['device_speeds']
-  config.cost.worker_speeds = ()   # one factor per worker; () = all 1
-  config.cost.failures = ()        # ((worker, seconds), ...): the worker stops then
-
-
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
-  config = default.get_config('smoke' if variant == 'smoke' else '')
-  config.algorithm = ml_collections.ConfigDict({'name': 'asgd', 'staleness_lr': 'none'})
+  config = default.get_config()
+  config.algorithm = default.algorithm('asgd')
   config.workers = 4
-  async_fields(config)
-  return apply_variant(config, variant, full_model='resnet20')
+  config.clock = 'virtual'
+  return default.apply_variants(config, variant, variants(full_model='resnet20'))
 
 
-def apply_variant(config, variant: str, *, full_model: str) -> ml_collections.ConfigDict:
-  """`smoke` (a small MLP: seconds on either clock, for tests) or `full` (CIFAR-10
-  with `full_model` on GPUs: the papers' setting with our schedule)."""
-  if variant == 'smoke':
-    config.model = ml_collections.ConfigDict({'name': 'mlp', 'hidden': (64, 64, 64)})
-    config.cost.reps = 2
-    config.train_steps = 60
-    config.eval_every = 20
-  elif variant == 'full':
-    default.full_size(config, model=full_model)
-    config.clock = 'real'
-  elif variant:
-    raise ValueError(f'config variant {variant!r}: allowed are "", "smoke" and "full".')
-  return config
+def variants(*, full_model: str) -> dict:
+  """`smoke` (a small MLP: seconds on either clock, for tests) and `full` (CIFAR-10 with
+  `full_model` on GPUs: the papers' setting with our schedule), for the asynchronous
+  configs."""
+  return {'smoke': smoke, 'full': lambda c: default.full_size(c, model=full_model)}
+
+
+def smoke(config: ml_collections.ConfigDict) -> None:
+  default.smoke(config)
+  config.model = ml_collections.ConfigDict({'name': 'mlp', 'hidden': (64, 64, 64)})
+  config.cost.reps = 2

@@ -26,13 +26,13 @@ CPU-size comparison: `python -m experiments.compare --suite=dcasgd` (experiments
 import ml_collections
 
 from experiments.configs import asgd
+from experiments.configs import default
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
-  config = asgd.get_config(variant)
-  config.algorithm = ml_collections.ConfigDict({
-      'name': 'dcasgd', 'lambda0': 2.0, 'adaptive': True, 'staleness_lr': 'none'})
-  if variant != 'full':  # CPU size: plain SGD (full size: SGD momentum, step schedule).
-    config.optimizer.name = 'sgd'
-    config.optimizer.learning_rate = 0.2
-  return config
+  config = asgd.get_config()
+  config.algorithm = default.algorithm('dcasgd', lambda0=2.0, adaptive=True)
+  # CPU size: plain SGD (full size: SGD momentum, step schedule).
+  config.optimizer.name = 'sgd'
+  config.optimizer.learning_rate = 0.2
+  return default.apply_variants(config, variant, asgd.variants(full_model='resnet20'))

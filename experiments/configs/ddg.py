@@ -29,41 +29,14 @@ import ml_collections
 from experiments.configs import default
 
 
-def scheduler_fields(config: ml_collections.ConfigDict, stages: int) -> None:
-  """The stage count, clock, placement and cost-model settings of scheduler algorithms."""
-  config.stages = stages
-  config.clock = 'virtual'
-  config.placement = ml_collections.ConfigDict({
-      'devices': ml_collections.config_dict.placeholder(tuple),          # positions in jax.devices()
-      'stage_to_device': ml_collections.config_dict.placeholder(tuple),  # default: round-robin
-  })
-  config.cost = ml_collections.ConfigDict({
-      'calibrate': True,       # time each stage's jitted calls once on this machine
-      'compute': ml_collections.ConfigDict({  # seconds (a number, or one per stage) if not
-          'forward': ml_collections.config_dict.placeholder(object),
-          'backward': ml_collections.config_dict.placeholder(object),
-          'update': ml_collections.config_dict.placeholder(object),
-      }),
-      'device_speeds': (),     # one factor per stage (device); () = all 1
-      'link_latency': 0.0,     # seconds per transfer
-      'link_bandwidth': 0.0,   # bytes/s; 0 = free links
-      'straggler_std': 0.0,    # sigma of the seeded log-normal per-task noise
-      'seed': ml_collections.config_dict.placeholder(int),  # None: config.seed
-      'reps': 5,               # calibration repetitions (the fastest counts)
-  })
-
-
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
-  config = default.get_config('smoke' if variant == 'smoke' else '')
-  config.algorithm = ml_collections.ConfigDict({'name': 'ddg', 'variant': 'paper'})
-  scheduler_fields(config, stages=4)
-  if variant == 'smoke':
-    config.train_steps = 60
-    config.eval_every = 20
-  elif variant == 'full':  # The paper: ResNet-56/110, CIFAR-10/100, K = 2-4 on GPUs.
-    default.full_size(config, model='resnet56', epochs=300, learning_rate=0.01,
-                      weight_decay=5e-4)
-    config.clock = 'real'
-  elif variant:
-    raise ValueError(f'config variant {variant!r}: allowed are "", "smoke" and "full".')
-  return config
+  config = default.get_config()
+  config.algorithm = default.algorithm('ddg')
+  config.stages = 4
+  config.clock = 'virtual'
+  return default.apply_variants(config, variant, {'smoke': default.smoke, 'full': full})
+
+
+def full(config: ml_collections.ConfigDict) -> None:
+  """The paper: ResNet-56/110, CIFAR-10/100, K = 2-4 on GPUs."""
+  default.full_size(config, model='resnet56', epochs=300, learning_rate=0.01, weight_decay=5e-4)

@@ -8,42 +8,122 @@ the 50k dataset on first use (training alone 14.4 s, ~280 steps/s).
 Smoke variant (seconds, for tests): `--config=experiments/configs/default.py:smoke`.
 """
 
+import dataclasses
+import typing
+from collections.abc import Callable
+
 import ml_collections
+
+from jaxsgd import algorithms
+from jaxsgd.algorithms.settings import CostSettings, PlacementSettings
+from jaxsgd.optimizers import OptimizerSettings
+
+placeholder = ml_collections.config_dict.placeholder
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.dataset = 'mnist1d'          # 'mnist1d/50k': 40k train / 10k test, generated offline
-  config.data_dir = ml_collections.config_dict.placeholder(str)  # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
+  config.dataset = 'mnist1d'  # 'mnist1d/50k': 40k train / 10k test, generated offline
+  config.data_dir = placeholder(str)  # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
   config.model = ml_collections.ConfigDict({'name': 'cnn'})
   config.seed = 0
   config.batch_size = 128
-  config.optimizer = ml_collections.ConfigDict({
-      'name': 'adam', 'learning_rate': 3e-3, 'schedule': 'cosine', 'weight_decay': 0.0,
-      'kwargs': ml_collections.ConfigDict(),
-  })
+  config.optimizer = from_settings(OptimizerSettings('adam', 3e-3, schedule='cosine'))
   config.train_steps = 4000
   config.eval_every = 500
   config.eval_batch_size = 1000
-  config.algorithm = ml_collections.ConfigDict({'name': 'bp'})
+  config.algorithm = algorithm('bp')
   config.stages = 1
   config.workers = 1
   config.clock = 'real'
-  config.target_accuracy = ml_collections.config_dict.placeholder(float)
+  config.target_accuracy = placeholder(float)
   config.tensorboard = False
-  if variant == 'smoke':
-    config.dataset = 'mnist1d/5k'
-    config.batch_size = 32
-    config.train_steps = 60
-    config.eval_every = 20
-  elif variant:
-    raise ValueError(f'config variant {variant!r}: allowed are "" and "smoke".')
+  config.placement = from_settings(PlacementSettings())
+  config.cost = cost()
+  return apply_variants(config, variant, {'smoke': smoke})
+
+
+def smoke(config: ml_collections.ConfigDict) -> None:
+  """Seconds-long: the small MNIST-1D, small batches, 60 steps."""
+  config.update_from_flattened_dict(
+    {'dataset': 'mnist1d/5k', 'batch_size': 32, 'train_steps': 60, 'eval_every': 20}
+  )
+
+
+# --- building configs: one variant parser, defaults from the settings dataclasses --------------
+def apply_variants(
+  config: ml_collections.ConfigDict,
+  variants: str,
+  handlers: dict[str, Callable[[ml_collections.ConfigDict], None]],
+) -> ml_collections.ConfigDict:
+  """Applies comma-separated variants (`'smoke'`, `'full,smoke'`) in order; one parser
+  for every config file (`--config=path.py:variant`)."""
+  for variant in filter(None, variants.split(',')):
+    if variant not in handlers:
+      raise ValueError(
+        f'config variant {variant!r}: allowed are "", '
+        + ', '.join(f'"{name}"' for name in handlers)
+        + ' (comma-separated).'
+      )
+    handlers[variant](config)
   return config
 
 
-def full_size(config: ml_collections.ConfigDict, *, model: str, dataset: str = 'cifar10',
-              epochs: int = 160, batch_size: int = 128, learning_rate: float = 0.1,
-              weight_decay: float = 1e-4, examples: int = 50_000) -> ml_collections.ConfigDict:
+def from_settings(settings) -> ml_collections.ConfigDict:
+  """A sub-config with the fields and defaults of a settings dataclass instance (nested
+  settings become sub-configs; `None` becomes a typed placeholder)."""
+  config = ml_collections.ConfigDict()
+  hints = typing.get_type_hints(type(settings))
+  for field in dataclasses.fields(settings):
+    if not field.init or not field.metadata.get('config', True):
+      continue
+    value = getattr(settings, field.name)
+    if dataclasses.is_dataclass(value):
+      config[field.name] = from_settings(value)
+    elif value is None:
+      config[field.name] = placeholder(_optional_type(hints[field.name]))
+    elif field.name == 'kwargs':
+      config[field.name] = ml_collections.ConfigDict(dict(value))
+    else:
+      config[field.name] = value
+  return config
+
+
+def _optional_type(hint):
+  args = [a for a in typing.get_args(hint) if a is not type(None)]
+  return typing.get_origin(args[0]) or args[0] if args else object
+
+
+def algorithm(name: str, **overrides) -> ml_collections.ConfigDict:
+  """`config.algorithm` of algorithm `name`: its `Settings` defaults, then `overrides`."""
+  config = from_settings(algorithms.get(name).Settings())
+  config.name = name
+  config.update(overrides)
+  return config
+
+
+def cost(**overrides) -> ml_collections.ConfigDict:
+  """`config.cost`: the one cost schema of every family (`CostSettings`)."""
+  config = from_settings(CostSettings())
+  del config['compute']  # A tuple of pairs in the settings; per kind here.
+  config.compute = ml_collections.ConfigDict(
+    {kind: placeholder(object) for kind in ('forward', 'backward', 'update', 'step')}
+  )
+  config.update(overrides)
+  return config
+
+
+def full_size(
+  config: ml_collections.ConfigDict,
+  *,
+  model: str,
+  dataset: str = 'cifar10',
+  epochs: int = 160,
+  batch_size: int = 128,
+  learning_rate: float = 0.1,
+  weight_decay: float = 1e-4,
+  examples: int = 50_000,
+) -> ml_collections.ConfigDict:
   """The paper-size setting: a CIFAR ResNet with SGD momentum 0.9 and a step schedule.
 
   The `step` schedule divides the learning rate by 10 at 50 % and 75 % of training
@@ -53,10 +133,13 @@ def full_size(config: ml_collections.ConfigDict, *, model: str, dataset: str = '
   config.dataset = dataset
   config.model = ml_collections.ConfigDict({'name': model})
   config.batch_size = batch_size
-  config.optimizer = ml_collections.ConfigDict({
-      'name': 'sgd', 'learning_rate': learning_rate, 'schedule': 'step',
-      'weight_decay': weight_decay, 'kwargs': ml_collections.ConfigDict({'momentum': 0.9})})
+  config.optimizer = from_settings(
+    OptimizerSettings(
+      'sgd', learning_rate, schedule='step', weight_decay=weight_decay, kwargs=(('momentum', 0.9),)
+    )
+  )
   steps_per_epoch = examples // batch_size
   config.train_steps = epochs * steps_per_epoch
   config.eval_every = steps_per_epoch
+  config.clock = 'real'
   return config

@@ -23,21 +23,16 @@ CPU-size comparison: `python -m experiments.compare --suite=local` (experiments/
 
 import ml_collections
 
-from experiments.configs import ddg
 from experiments.configs import default
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
-  config = default.get_config('smoke' if variant == 'smoke' else '')
-  config.algorithm = ml_collections.ConfigDict({
-      'name': 'local', 'variant': 'overlapping', 'chunks': 2, 'pipelined': True})
-  ddg.scheduler_fields(config, stages=4)
-  if variant == 'smoke':
-    config.train_steps = 60
-    config.eval_every = 20
-  elif variant == 'full':  # CIFAR-10 ResNet, one block group per device.
-    default.full_size(config, model='resnet56')
-    config.clock = 'real'
-  elif variant:
-    raise ValueError(f'config variant {variant!r}: allowed are "", "smoke" and "full".')
-  return config
+  config = default.get_config()
+  config.algorithm = default.algorithm('local', variant='overlapping')
+  config.stages = 4
+  config.clock = 'virtual'
+  return default.apply_variants(
+    config,
+    variant,
+    {'smoke': default.smoke, 'full': lambda c: default.full_size(c, model='resnet56')},
+  )  # One block group per device.

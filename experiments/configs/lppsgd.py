@@ -25,11 +25,14 @@ from experiments.configs import default
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
-  config = default.get_config('smoke' if variant == 'smoke' else '')
-  config.algorithm = ml_collections.ConfigDict({
-      'name': 'lppsgd', 'devices': 3, 'workers_per_device': 2, 'warmup_steps': 200,
-      'averaging_freq': 4})
-  asgd.async_fields(config)
-  if variant == 'smoke':
-    config.algorithm.warmup_steps = 10
-  return asgd.apply_variant(config, variant, full_model='resnet18')
+  config = asgd.get_config()
+  config.workers = 1  # Workers come from algorithm.devices x workers_per_device.
+  config.algorithm = default.algorithm('lppsgd', devices=3, warmup_steps=200)
+  return default.apply_variants(
+    config, variant, {**asgd.variants(full_model='resnet18'), 'smoke': smoke}
+  )
+
+
+def smoke(config: ml_collections.ConfigDict) -> None:
+  asgd.smoke(config)
+  config.algorithm.warmup_steps = 10

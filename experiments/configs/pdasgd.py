@@ -31,9 +31,8 @@ from experiments.configs import default
 
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
-  config = default.get_config('smoke' if variant == 'smoke' else '')
-  config.algorithm = ml_collections.ConfigDict({
-      'name': 'pdasgd', 'n_fwd': 1, 'n_bwd': 2, 'updates': 'layer',
-      'max_inflight': ml_collections.config_dict.placeholder(int)})
-  asgd.async_fields(config, stages=4)
-  return asgd.apply_variant(config, variant, full_model='resnet18')
+  config = asgd.get_config()
+  config.workers = 1  # Workers come from algorithm.n_fwd + n_bwd.
+  config.algorithm = default.algorithm('pdasgd')
+  config.stages = 4
+  return default.apply_variants(config, variant, asgd.variants(full_model='resnet18'))

@@ -7,35 +7,45 @@ on the scheduler instead (see `jaxsgd.scheduler`), which every layer-wise method
 is checked against.
 """
 
+import dataclasses
+
 import jax
 import optax
 
-from jaxsgd import stages as stages_lib
-from jaxsgd.algorithms import Algorithm
-from jaxsgd.scheduler import pipeline
-from jaxsgd.training import optimizers
+from jaxsgd import optimizers
+from jaxsgd.algorithms import pipelined
+from jaxsgd.algorithms.settings import SharedSettings, derived, section
+from jaxsgd.models import stage_functions
+from jaxsgd.pipeline import sequential_roles
 
 
-def uses_scheduler(config) -> bool:
-  """Staged BP on the scheduler (several stages, or simulated time)."""
-  return config.stages > 1 or config.clock == 'virtual'
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`bp` has no fields of its own; the shared ones are in `shared`."""
+
+  shared: SharedSettings | None = derived()
+
+  @property
+  def uses_scheduler(self) -> bool:
+    """Staged BP on the scheduler (several stages, or simulated time)."""
+    return self.shared.stages > 1 or self.shared.virtual
 
 
-def validate(config, model) -> None:
-  optimizers.check_optimizer(config.optimizer)
-  if uses_scheduler(config):
-    pipeline.check_config(config, model)
+def validate(config, model) -> Settings:
+  section(config.algorithm, Settings, 'algorithm')
+  return Settings(shared=pipelined.validate_pipeline(config, model))
 
 
 def make_train_step(model, tx):
   """Jitted `(variables, opt_state, batch) -> (variables, opt_state, loss)`."""
+
   def loss_fn(params, state, batch):
-    logits, new_state = stages_lib.apply_train(model.full(), params, state, batch['image'])
-    return stages_lib.cross_entropy(logits, batch['label']), new_state
+    logits, new_state = stage_functions.apply_train(model.full(), params, state, batch['image'])
+    return stage_functions.cross_entropy(logits, batch['label']), new_state
 
   @jax.jit
   def train_step(variables, opt_state, batch):
-    params, state = stages_lib.split_variables(variables)
+    params, state = stage_functions.split_variables(variables)
     (loss, new_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, batch)
     updates, opt_state = tx.update(grads, opt_state, params)
     return {'params': optax.apply_updates(params, updates), **new_state}, opt_state, loss
@@ -43,24 +53,23 @@ def make_train_step(model, tx):
   return train_step
 
 
-def run(run_ctx) -> dict:
-  """Trains `config.train_steps` fused steps on worker 0's batch stream.
+def train(run, settings: Settings) -> dict:
+  """Trains `train_steps` fused steps on worker 0's batch stream.
 
   With `stages > 1` or `clock='virtual'`: staged BP on the scheduler instead
-  (`jaxsgd.scheduler.pipeline.sequential_roles`), the same updates stage by stage.
+  (`jaxsgd.pipeline.sequential_roles`), the same updates stage by stage.
   """
-  config = run_ctx.config
-  if uses_scheduler(config):
-    return pipeline.train(run_ctx, pipeline.sequential_roles(config.stages))
-  tx = optimizers.make_optimizer(config.optimizer, config.train_steps)
-  variables = run_ctx.model.init(jax.random.key(config.seed))
+  s = settings.shared
+  if settings.uses_scheduler:
+    return pipelined.train_roles(
+      run, s, sequential_roles(s.stages), title='bp: staleness per stage'
+    )
+  tx = optimizers.make_optimizer(s.optimizer, s.train_steps)
+  variables = run.model.init(jax.random.key(s.seed))
   opt_state = tx.init(variables['params'])
-  train_step = make_train_step(run_ctx.model, tx)
-  batches = run_ctx.train_batches()
-  for step in range(1, config.train_steps + 1):
+  train_step = make_train_step(run.model, tx)
+  batches = run.train_batches()
+  for step in range(1, s.train_steps + 1):
     variables, opt_state, loss = train_step(variables, opt_state, next(batches))
-    run_ctx.report(step, loss=loss, variables=variables, samples=step * config.batch_size)
+    run.report(step, loss=loss, variables=variables, samples=step * s.batch_size)
   return {'epochs': batches.epoch}
-
-
-ALGORITHM = Algorithm('bp', validate, run)

@@ -1,4 +1,4 @@
-r"""`ssgd`, `local_sgd`, `dasgd`, `diloco`: data parallelism as one jitted SPMD step.
+r"""`ssgd`, `local_sgd`, `dasgd`, `diloco`, `streaming_diloco`: SPMD data parallelism.
 
 M workers (devices of a `data` mesh, or stacked on one device), each with its own
 batch of `config.batch_size` examples (per worker: the global batch is
@@ -12,12 +12,19 @@ rules (w: weights, g_m: worker m's gradient, η: the optimizer):
 * `dasgd` (Zhou et al. 2020, arXiv:2006.00441): local SGD whose average is
   merged `delay` steps late: snapshot s_m = w_m at k = nτ; at k = nτ + d,
   w_m ← mean_j s_j + (w_m − s_m) (`merge='keep_local'`) or
-  w_m ← p w_m + (1 − p) mean_j s_j (`merge='mix'`). The all-reduce reads the
-  snapshot from the optimizer state, so inside the jitted step it does not depend
-  on the step's gradients and XLA may run it during the forward/backward pass.
+  w_m ← p w_m + (1 − p) mean_j s_j (`merge='mix'`). With `overlap=True` each period
+  runs as one program with one all-reduce, of the snapshot in the optimizer state:
+  it depends on no gradient of the period, so XLA may run it during the `delay`
+  steps of compute before the merge (`jaxsgd.spmd.step.make_worker_period`).
 * `diloco` (Douillard et al. 2023, arXiv:2311.08105): every `period` inner steps,
   an outer optimizer (`algorithm.outer`, default Nesterov SGD 0.7/0.9) steps the
   anchor with the pseudo-gradient anchor − mean_j w_j; workers restart from it.
+* `streaming_diloco` (Douillard et al. 2025, arXiv:2501.18512): DiLoCo on
+  `algorithm.fragments` = P fragments of the model whose outer steps are staggered
+  (fragment p syncs when (t − p·H/P) mod H = 0), each merged `delay` = τ steps after
+  its sync as w_p ← α w_p + (1 − α) θ_p (`mix` = α; 0 takes the global value). With
+  `overlap=True` each cycle of H steps is one program with one all-reduce per
+  fragment (`jaxsgd.spmd.step.make_worker_cycle`).
 
 The update rules live in `jaxsgd.transforms` (`local_sgd`, `diloco`); this module
 builds them from the config, places state and batches (`jaxsgd.spmd`) and runs
@@ -27,52 +34,69 @@ uses the workers' mean model.
 
 Clock: `real` measures wall time; `virtual` reports `sim_time` from
 `jaxsgd.spmd.timing.StepTimeModel` (compute per step measured once, or
-`cost.step_time`; ring all-reduce over `cost.bandwidth_gbps`, `cost.latency`).
+`cost.compute.step` with `cost.calibrate=False`; ring all-reduce over
+`cost.link_bandwidth` bytes/s and `cost.link_latency` seconds).
 """
 
 import dataclasses
-import os
 
 import jax
-import ml_collections
-import numpy as np
 
+from jaxsgd import optimizers
 from jaxsgd import transforms
-from jaxsgd.algorithms import Algorithm
+from jaxsgd.algorithms import clocks
+from jaxsgd.algorithms.settings import SharedSettings, at_least, choice, derived, number
+from jaxsgd.algorithms.settings import optimizer_settings, shared_settings, section
+from jaxsgd.optimizers import OptimizerSettings
+from jaxsgd.scheduler import profiles
 from jaxsgd.spmd import distributed
 from jaxsgd.spmd import mesh as mesh_lib
 from jaxsgd.spmd import step as step_lib
 from jaxsgd.spmd import timing
 from jaxsgd.spmd.trainer import DataParallelTrainer
-from jaxsgd.training import optimizers
 
-NAMES = ('ssgd', 'local_sgd', 'dasgd', 'diloco')
+NAMES = ('ssgd', 'local_sgd', 'dasgd', 'diloco', 'streaming_diloco')
+OUTER = ('diloco', 'streaming_diloco')  # The methods with an outer optimizer.
 DATA_SHARDING = ('shard', 'stream')
-DEFAULT_PERIOD = 4
-DEFAULT_DELAY = {'dasgd': 1}
-DEFAULT_OUTER = {'name': 'sgd', 'learning_rate': 0.7,
-                 'kwargs': {'momentum': 0.9, 'nesterov': True}}
-DEFAULT_COST = {'step_time': None, 'bandwidth_gbps': 10.0, 'latency': 1e-5,
-                'calibration_steps': 5}
+DILOCO_OUTER = OptimizerSettings('sgd', 0.7, kwargs=(('momentum', 0.9), ('nesterov', True)))
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """The validated `algorithm` fields of a data-parallel run."""
-  name: str
-  workers: int
-  batch_size: int      # per worker
-  period: int
-  delay: int
-  merge: str
-  mix: float
-  overlap: bool
-  stacked: bool
-  data_sharding: str
-  save_params: bool
+  """`config.algorithm` of a data-parallel run, and the shared fields (`shared`).
+
+  Attributes:
+    period: τ / H, local steps between averages (ssgd: 1).
+    delay: d < τ, steps the average runs behind; None = 1 for dasgd, else 0.
+    merge: 'keep_local' (DaSGD paper: w ← w̄ + (w − s)) or 'mix' (p·w + (1 − p)·w̄).
+    mix: p for merge='mix' (DaSGD public code: 8/32).
+    overlap: the average is a top-level op XLA can overlap (False: lock-step).
+    stacked: every worker vmapped on one device.
+    global_batch_size: split evenly over workers; None = batch_size × workers.
+    data_sharding: 'shard' (disjoint examples per worker) or 'stream'.
+    save_params: write params.npz (the evaluated model) at the end.
+    outer: DiLoCo's outer optimizer (default Nesterov SGD 0.7 / 0.9).
+    fragments: streaming_diloco's P, a divisor of period (the others use 1).
+  """
+
+  period: int = 4
+  delay: int | None = None
+  merge: str = 'keep_local'
+  mix: float = 0.25
+  overlap: bool = True
+  stacked: bool = False
+  global_batch_size: int | None = None
+  data_sharding: str = 'shard'
+  save_params: bool = False
+  outer: OptimizerSettings = DILOCO_OUTER
+  fragments: int = 1
+  name: str = derived('ssgd')
+  workers: int = derived(1)
+  batch_size: int = derived(1)  # per worker
+  shared: SharedSettings | None = derived()
 
   @property
-  def global_batch_size(self) -> int:
+  def global_batch(self) -> int:
     return self.batch_size * self.workers
 
 
@@ -82,67 +106,84 @@ def settings(config) -> Settings:
   Raises:
     ValueError: naming the field, for any setting that cannot work.
   """
-  algo = config.algorithm
-  name = algo.name
-  if name not in NAMES:
-    raise ValueError(f'algorithm.name: {name!r} is not data-parallel; allowed: '
-                     f'{", ".join(NAMES)}.')
-  workers = config.workers
-  period = 1 if name == 'ssgd' else algo.get('period', DEFAULT_PERIOD)
-  _int_at_least('algorithm.period', period, 1)
-  delay = 0 if name == 'ssgd' else algo.get('delay', DEFAULT_DELAY.get(name, 0))
-  _int_at_least('algorithm.delay', delay, 0)
+  algo = dict(config.algorithm)
+  name = choice(algo.get('name'), 'algorithm.name', NAMES)
+  outer = algo.pop('outer', None)
+  s = section(algo, Settings, 'algorithm')
+  shared = shared_settings(config)
+  period = 1 if name == 'ssgd' else at_least(s.period, 'algorithm.period', 1)
+  delay = s.delay if s.delay is not None else (1 if name == 'dasgd' else 0)
+  delay = 0 if name == 'ssgd' else at_least(delay, 'algorithm.delay', 0)
   if delay >= period:
-    raise ValueError(f'algorithm.delay: must be < algorithm.period (0 <= delay < '
-                     f'period), got delay={delay}, period={period}.')
+    raise ValueError(
+      f'algorithm.delay: must be < algorithm.period (0 <= delay < '
+      f'period), got delay={delay}, period={period}.'
+    )
   if name == 'local_sgd' and delay:
-    raise ValueError(f"algorithm.delay: local_sgd averages without delay (0), got "
-                     f"{delay}; use algorithm.name='dasgd' for a delayed average.")
-  merge = algo.get('merge', 'keep_local')
-  if merge not in transforms.MERGES:
-    raise ValueError(f'algorithm.merge: {merge!r}; allowed: {", ".join(transforms.MERGES)}.')
-  mix = algo.get('mix', 0.25)
-  if not 0 <= mix <= 1:
-    raise ValueError(f'algorithm.mix: the local weight p must be in [0, 1], got {mix}.')
-  data_sharding = algo.get('data_sharding', 'shard')
-  if data_sharding not in DATA_SHARDING:
-    raise ValueError(f'algorithm.data_sharding: {data_sharding!r}; allowed: '
-                     f'{", ".join(DATA_SHARDING)}.')
-  return Settings(name, workers, _per_worker_batch(config), period, delay, merge, mix,
-                  bool(algo.get('overlap', True)), bool(algo.get('stacked', False)),
-                  data_sharding, bool(algo.get('save_params', False)))
+    raise ValueError(
+      f'algorithm.delay: local_sgd averages without delay (0), got '
+      f"{delay}; use algorithm.name='dasgd' for a delayed average."
+    )
+  choice(s.merge, 'algorithm.merge', transforms.MERGES)
+  number(s.mix, 'algorithm.mix', maximum=1.0)
+  choice(s.data_sharding, 'algorithm.data_sharding', DATA_SHARDING)
+  outer_settings = (
+    optimizer_settings({**dataclasses.asdict(DILOCO_OUTER), **dict(outer)}, 'algorithm.outer')
+    if outer is not None and name in OUTER
+    else DILOCO_OUTER
+  )
+  return dataclasses.replace(
+    s,
+    name=name,
+    period=period,
+    delay=delay,
+    outer=outer_settings,
+    workers=shared.workers,
+    batch_size=_per_worker_batch(s, shared),
+    shared=shared,
+    fragments=_fragments(name, s, period, delay),
+  )
 
 
-def _int_at_least(field, value, minimum):
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(f'{field}: must be an integer >= {minimum}, got {value!r}.')
+def _fragments(name: str, s: Settings, period: int, delay: int) -> int:
+  """`algorithm.fragments` of streaming_diloco (checked against period and delay), else 1."""
+  if name != 'streaming_diloco':
+    return 1
+  fragments = at_least(s.fragments, 'algorithm.fragments', 1)
+  if period % fragments:
+    raise ValueError(
+      f'algorithm.fragments: algorithm.period={period} must be a multiple '
+      f'of fragments={fragments} (fragment p syncs at offset p·period/P).'
+    )
+  if delay >= period // fragments:
+    raise ValueError(
+      f'algorithm.delay: must be < period / fragments = '
+      f'{period // fragments} (one fragment in flight), got {delay}.'
+    )
+  if s.merge != 'mix':
+    raise ValueError(
+      f'algorithm.merge: streaming_diloco merges w ← α w + (1 − α) θ '
+      f"(merge='mix', α = algorithm.mix); got {s.merge!r}."
+    )
+  return fragments
 
 
-def _per_worker_batch(config) -> int:
+def _per_worker_batch(s: Settings, shared: SharedSettings) -> int:
   """`batch_size` (per worker), or `algorithm.global_batch_size / workers`."""
-  total = config.algorithm.get('global_batch_size')
+  total = s.global_batch_size
   if total is None:
-    return config.batch_size
-  _int_at_least('algorithm.global_batch_size', total, 1)
-  if total % config.workers:
-    raise ValueError(f'algorithm.global_batch_size: {total} examples cannot be split '
-                     f'evenly over workers={config.workers}; use a multiple of '
-                     f'{config.workers}.')
-  return total // config.workers
+    return shared.batch_size
+  at_least(total, 'algorithm.global_batch_size', 1)
+  if total % shared.workers:
+    raise ValueError(
+      f'algorithm.global_batch_size: {total} examples cannot be split '
+      f'evenly over workers={shared.workers}; use a multiple of '
+      f'{shared.workers}.'
+    )
+  return total // shared.workers
 
 
-def _check_cost(config) -> dict:
-  cost = {**DEFAULT_COST, **dict(config.get('cost') or {})}
-  if cost['step_time'] is not None and not cost['step_time'] > 0:
-    raise ValueError(f'cost.step_time: seconds per step must be > 0, got {cost["step_time"]}.')
-  if not cost['bandwidth_gbps'] > 0:
-    raise ValueError(f'cost.bandwidth_gbps: must be > 0, got {cost["bandwidth_gbps"]}.')
-  if not cost['latency'] >= 0:
-    raise ValueError(f'cost.latency: must be >= 0 seconds, got {cost["latency"]}.')
-  return cost
-
-
-def validate(config, model) -> None:
+def validate(config, model) -> Settings:
   """Refuses bad settings before anything compiles; joins the cluster if launched.
 
   Joining (`jax.distributed.initialize`, from the launcher's environment) happens
@@ -151,122 +192,176 @@ def validate(config, model) -> None:
   """
   del model
   s = settings(config)
-  if config.stages != 1:
-    raise ValueError(f'stages: the data-parallel methods train the whole model on every '
-                     f'worker; use stages=1, got {config.stages}.')
-  optimizers.check_optimizer(config.optimizer)
-  if s.name == 'diloco':
-    optimizers.check_optimizer(_outer_config(config))
-  _check_cost(config)
+  if s.shared.stages != 1:
+    raise ValueError(
+      f'stages: the data-parallel methods train the whole model on every '
+      f'worker; use stages=1, got {s.shared.stages}.'
+    )
+  if s.shared.cost.device_speeds or s.shared.cost.worker_speeds or s.shared.cost.failures:
+    raise ValueError(
+      'cost.device_speeds / worker_speeds / failures: the data-parallel '
+      'methods run in lock-step SPMD; per-lane speeds and failures are for '
+      'the scheduler families.'
+    )
   multi_process = distributed.initialize_from_env()
   if s.stacked and multi_process:
-    raise ValueError('algorithm.stacked: the stacked form runs on one device; it cannot '
-                     'span the processes of a multi-process run.')
+    raise ValueError(
+      'algorithm.stacked: the stacked form runs on one device; it cannot '
+      'span the processes of a multi-process run.'
+    )
   if not s.stacked and s.workers > len(jax.devices()):
-    raise ValueError(f'workers: {s.workers} workers need {s.workers} devices, but '
-                     f'{len(jax.devices())} are visible; lower workers, add devices '
-                     f'(XLA_FLAGS=--xla_force_host_platform_device_count=N on CPU, or '
-                     f'more processes), or set algorithm.stacked=True.')
+    raise ValueError(
+      f'workers: {s.workers} workers need {s.workers} devices, but '
+      f'{len(jax.devices())} are visible; lower workers, add devices '
+      f'(XLA_FLAGS=--xla_force_host_platform_device_count=N on CPU, or '
+      f'more processes), or set algorithm.stacked=True.'
+    )
+  return s
 
 
-def _outer_config(config) -> ml_collections.ConfigDict:
-  """`algorithm.outer` (an optimizer config), or DiLoCo's Nesterov SGD 0.7 / 0.9."""
-  outer = config.algorithm.get('outer')
-  return ml_collections.ConfigDict(DEFAULT_OUTER) if outer is None else outer
-
-
-def make_optimizer(config, s: Settings):
+def make_optimizer(s: Settings):
   """The optimizer of the run: the inner one, wrapped by the averaging transform."""
-  inner = optimizers.make_optimizer(config.optimizer, config.train_steps)
+  inner = optimizers.make_optimizer(s.shared.optimizer, s.shared.train_steps)
   if s.name == 'ssgd':
     return inner
-  kwargs = dict(period=s.period, delay=s.delay, axis_name=mesh_lib.AXIS, merge=s.merge,
-                mix=s.mix, overlap=s.overlap)
-  if s.name == 'diloco':
-    outer = optimizers.make_optimizer(_outer_config(config),
-                                      max(1, config.train_steps // s.period))
+  kwargs = dict(
+    period=s.period,
+    delay=s.delay,
+    axis_name=mesh_lib.AXIS,
+    merge=s.merge,
+    mix=s.mix,
+    overlap=s.overlap,
+  )
+  if s.name in OUTER:
+    outer = optimizers.make_optimizer(s.outer, max(1, s.shared.train_steps // s.period))
+    if s.name == 'streaming_diloco':
+      return transforms.streaming_diloco(
+        inner,
+        outer,
+        s.period,
+        s.fragments,
+        s.delay,
+        s.mix,
+        axis_name=mesh_lib.AXIS,
+        overlap=s.overlap,
+      )
     return transforms.diloco(inner, outer, **kwargs)
   return transforms.local_sgd(inner, **kwargs)
 
 
-def make_time_model(config, s: Settings, model, variables,
-                    sample_batch) -> timing.StepTimeModel:
+def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepTimeModel:
   """The virtual clock: compute per step (given or measured once) + all-reduce time.
 
   Args:
-    config: the run's config (`cost`, `optimizer`).
     s: the validated settings.
     model: the `StagedModel`.
     variables: one worker's model variables (one-device arrays).
     sample_batch: one worker's numpy batch, to time a step on.
   """
-  cost = _check_cost(config)
+  cost = s.shared.cost
   # SSGD all-reduces gradients and BatchNorm statistics; the others the weights.
   nbytes = timing.tree_bytes(variables if s.name == 'ssgd' else variables['params'])
-  comm = timing.ring_allreduce_time(nbytes, s.workers, bandwidth_gbps=cost['bandwidth_gbps'],
-                                    latency_s=cost['latency'])
-  compute = cost['step_time']
-  if compute is None:
-    compute = _calibrate(config, model, variables, sample_batch, cost['calibration_steps'])
+  # Streaming DiLoCo: a 1/P fragment every H/P steps (fragments near-equal in size).
+  comm = timing.ring_allreduce_time(
+    nbytes / s.fragments, s.workers, bandwidth=cost.bandwidth, latency=cost.link_latency
+  )
+  tasks = clocks.Tasks(
+    calls=lambda: {(0, 'step'): _step_call(s.shared, model, variables, sample_batch)},
+    model=model,
+    batch_size=s.batch_size,
+    split=((0, model.num_layers),),
+    name=profiles.WORKER_STEP,
+  )
+  compute = clocks.task_costs(s.shared, tasks, ('step',), 1)[(0, 'step')]
   # overlap=False runs the all-reduce inside a lax.cond on the merge step: it blocks
-  # there, so none of it is hidden. overlap=True issues it every step from the stored
-  # snapshot; the model charges the one all-reduce per period whose result is used.
+  # there, so none of it is hidden. overlap=True runs each period as one program whose
+  # one all-reduce (of the stored snapshot) may overlap the `delay` steps before the merge.
   hidden_steps = s.delay if s.overlap else 0
-  return timing.StepTimeModel(compute=compute, comm=comm, period=s.period, delay=hidden_steps)
+  return timing.StepTimeModel(
+    compute=compute, comm=comm, period=s.period // s.fragments, delay=hidden_steps
+  )
 
 
-def _calibrate(config, model, variables, batch, repeats: int) -> float:
-  """Seconds of one worker's step (forward, backward, inner update) on one device."""
-  inner = optimizers.make_optimizer(config.optimizer, config.train_steps)
+def _step_call(shared: SharedSettings, model, variables, batch) -> tuple:
+  """`(jitted fn, args)` of one worker's step (forward, backward, inner update)."""
+  inner = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
   one_step = jax.jit(step_lib.make_worker_step(model, inner, average_grads=False))
   opt_state = jax.jit(inner.init)(variables['params'])
-  return timing.measure_seconds(one_step, variables, opt_state, batch, repeats=repeats)
+  return one_step, (variables, opt_state, batch)
 
 
-def run(run_ctx) -> dict:
+def train(run, s: Settings) -> dict:
   """Trains `config.train_steps` data-parallel steps; returns summary extras.
 
   The loop never waits for the device, except every 16 steps when this process
   drives several devices (`DataParallelTrainer.maybe_wait`: queuing too many steps
   with collectives deadlocks there) and at evaluation points.
   """
-  config, model = run_ctx.config, run_ctx.model
-  s = settings(config)
-  trainer = DataParallelTrainer(model, make_optimizer(config, s), s.workers,
-                                average_grads=s.name == 'ssgd', stacked=s.stacked)
-  streams = [run_ctx.train_batches(m, s.workers, batch_size=s.batch_size,
-                                   sharding=s.data_sharding) for m in trainer.local_workers]
-  state = trainer.init(config.seed)
+  model = run.model
+  trainer = DataParallelTrainer(
+    model,
+    make_optimizer(s),
+    s.workers,
+    average_grads=s.name == 'ssgd',
+    stacked=s.stacked,
+    **_period_program(s),
+  )
+  streams = [
+    run.train_batches(m, s.workers, batch_size=s.batch_size, sharding=s.data_sharding)
+    for m in trainer.local_workers
+  ]
+  state = trainer.init(s.shared.seed)
   clock = None
-  if config.clock == 'virtual':
-    sample = next(run_ctx.train_batches(0, s.workers, batch_size=s.batch_size,
-                                        sharding=s.data_sharding))
-    clock = make_time_model(config, s, model, trainer.eval_variables(state), sample)
+  if s.shared.virtual:
+    sample = next(
+      run.train_batches(0, s.workers, batch_size=s.batch_size, sharding=s.data_sharding)
+    )
+    clock = make_time_model(s, model, trainer.eval_variables(state), sample)
   # Local methods report this process's first worker's loss (see `report_loss`).
   where = None if trainer.replicated else f'worker {trainer.local_workers[0]}'
-  for step in range(1, config.train_steps + 1):
-    state, loss = trainer.train_step(state, trainer.put_batch([next(b) for b in streams]))
-    trainer.maybe_wait(step, loss)
-    run_ctx.report(step, loss=trainer.report_loss(loss),
-                   variables=lambda state=state: trainer.eval_variables(state),
-                   samples=step * s.global_batch_size, stage=where,
-                   sim_time=None if clock is None else clock.elapsed(step))
-  return _summary_extras(run_ctx, s, trainer, state, clock, streams)
+  step = 0
+  while step < s.shared.train_steps:
+    # A whole period per program where possible (one all-reduce per period).
+    n = trainer.program_length(step, s.shared.train_steps, run.should_evaluate)
+    state, losses = trainer.train_steps(state, [[next(b) for b in streams] for _ in range(n)])
+    trainer.maybe_wait(step + n, losses[-1], steps=n)
+    for loss in losses:
+      step += 1
+      run.report(
+        step,
+        loss=loss,
+        variables=lambda state=state: trainer.eval_variables(state),
+        samples=step * s.global_batch,
+        stage=where,
+        sim_time=None if clock is None else clock.elapsed(step),
+      )
+  return _summary_extras(run, s, trainer, state, clock, streams)
 
 
-def _summary_extras(run_ctx, s, trainer, state, clock, streams) -> dict:
-  extras = {'workers': s.workers, 'global_batch_size': s.global_batch_size,
-            'processes': jax.process_count(), 'stacked': s.stacked,
-            'epochs': streams[0].epoch if streams else 0}
+def _period_program(s: Settings) -> dict:
+  """Trainer arguments: whole-period programs for the local methods with overlap."""
+  if s.name == 'ssgd' or not s.overlap:
+    return {}
+  if s.name == 'streaming_diloco':
+    return {'period': s.period, 'delay': s.delay, 'fragments': s.fragments}
+  return {'period': s.period, 'delay': s.delay}
+
+
+def _summary_extras(run, s, trainer, state, clock, streams) -> dict:
+  extras = {
+    'workers': s.workers,
+    'global_batch_size': s.global_batch,
+    'processes': jax.process_count(),
+    'stacked': s.stacked,
+    'epochs': streams[0].epoch if streams else 0,
+  }
   if clock is not None:
-    extras['time_model'] = {**dataclasses.asdict(clock),
-                            'hidden_fraction': clock.hidden_fraction(),
-                            'relative_throughput': clock.relative_throughput()}
+    extras['time_model'] = {
+      **dataclasses.asdict(clock),
+      'hidden_fraction': clock.hidden_fraction(),
+      'relative_throughput': clock.relative_throughput(),
+    }
   if s.save_params:
     params = trainer.host_params(state)  # Every process: it may involve a collective.
-    if run_ctx.is_primary:
-      np.savez(os.path.join(run_ctx.workdir, 'params.npz'), **params)
+    run.write_arrays('params.npz', params)
   return extras
-
-
-ALGORITHMS = {name: Algorithm(name, validate, run, uses_workers=True) for name in NAMES}

@@ -40,33 +40,43 @@ References:
 
 import dataclasses
 
-from jaxsgd.algorithms import Algorithm
-from jaxsgd.scheduler import pipeline
-from jaxsgd.scheduler.stage_ops import StageRole
-from jaxsgd.training import optimizers
+from jaxsgd.algorithms import pipelined
+from jaxsgd.algorithms.settings import SharedSettings, derived, section
+from jaxsgd.pipeline import StageRole, sequential_roles
 
 VARIANTS = ('paper', 'recompute')
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`config.algorithm` of `ddg`, and the shared fields (`shared`)."""
+
+  variant: str = 'paper'
+  shared: SharedSettings | None = derived()
+
+
 def roles(num_stages: int, variant: str = 'paper') -> tuple[StageRole, ...]:
   """Staged BP's roles with delay K − 1 − k at stage k (0-indexed)."""
-  return tuple(dataclasses.replace(role, delay=num_stages - 1 - k,
-                                   recompute=variant == 'recompute')
-               for k, role in enumerate(pipeline.sequential_roles(num_stages)))
+  return tuple(
+    dataclasses.replace(role, delay=num_stages - 1 - k, recompute=variant == 'recompute')
+    for k, role in enumerate(sequential_roles(num_stages))
+  )
 
 
-def validate(config, model) -> None:
-  optimizers.check_optimizer(config.optimizer)
-  variant = config.algorithm.get('variant', 'paper')
-  if variant not in VARIANTS:
-    raise ValueError(f'algorithm.variant: {variant!r} is not a DDG variant; allowed: '
-                     f'{", ".join(VARIANTS)}.')
-  pipeline.check_config(config, model)
+def validate(config, model) -> Settings:
+  settings = section(config.algorithm, Settings, 'algorithm', ignore=('name',))
+  if settings.variant not in VARIANTS:
+    raise ValueError(
+      f'algorithm.variant: {settings.variant!r} is not a DDG variant; '
+      f'allowed: {", ".join(VARIANTS)}.'
+    )
+  return dataclasses.replace(settings, shared=pipelined.validate_pipeline(config, model))
 
 
-def run(run_ctx) -> dict:
-  config = run_ctx.config
-  return pipeline.train(run_ctx, roles(config.stages, config.algorithm.get('variant', 'paper')))
-
-
-ALGORITHM = Algorithm('ddg', validate, run)
+def train(run, settings: Settings) -> dict:
+  return pipelined.train_roles(
+    run,
+    settings.shared,
+    roles(settings.shared.stages, settings.variant),
+    title='ddg: staleness per stage',
+  )

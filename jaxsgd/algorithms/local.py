@@ -47,14 +47,25 @@ References:
   Updates. 2020. arXiv:2012.03837 (Sec. 3: greedy, overlapping, chunked).
 """
 
+import dataclasses
+
 import numpy as np
 
-from jaxsgd.algorithms import Algorithm
-from jaxsgd.scheduler import pipeline
-from jaxsgd.scheduler.stage_ops import StageRole
-from jaxsgd.training import optimizers
+from jaxsgd.algorithms import pipelined
+from jaxsgd.algorithms.settings import SharedSettings, derived, section
+from jaxsgd.pipeline import StageRole
 
 VARIANTS = ('greedy', 'overlapping', 'chunked')
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`config.algorithm` of `local`, and the shared fields (`shared`)."""
+
+  variant: str = 'greedy'
+  chunks: int = 1  # chunked only: contiguous groups of stages
+  pipelined: bool = True
+  shared: SharedSettings | None = derived()
 
 
 def chunk_bounds(num_stages: int, chunks: int) -> list[tuple[int, int]]:
@@ -64,8 +75,9 @@ def chunk_bounds(num_stages: int, chunks: int) -> list[tuple[int, int]]:
   return [(int(end - size), int(end)) for size, end in zip(sizes, ends)]
 
 
-def roles(num_stages: int, variant: str = 'greedy', chunks: int = 1,
-          pipelined: bool = True) -> tuple[StageRole, ...]:
+def roles(
+  num_stages: int, variant: str = 'greedy', chunks: int = 1, pipelined: bool = True
+) -> tuple[StageRole, ...]:
   """The stage roles of a local-parallelism variant (see the module docstring)."""
   if variant == 'overlapping':
     return tuple(_overlapping(k, num_stages, pipelined) for k in range(num_stages))
@@ -74,41 +86,59 @@ def roles(num_stages: int, variant: str = 'greedy', chunks: int = 1,
   for start, end in chunk_bounds(num_stages, chunks):
     for k in range(start, end):
       loss = 'head' if k == num_stages - 1 else ('aux' if k == end - 1 else 'none')
-      roles_.append(StageRole(loss=loss, receives_delta=k < end - 1,
-                              sends_delta='total' if k > start else 'none',
-                              delay=(end - 1 - k) if pipelined else 0))
+      roles_.append(
+        StageRole(
+          loss=loss,
+          receives_delta=k < end - 1,
+          sends_delta='total' if k > start else 'none',
+          delay=(end - 1 - k) if pipelined else 0,
+        )
+      )
   return tuple(roles_)
 
 
 def _overlapping(k: int, num_stages: int, pipelined: bool) -> StageRole:
   downstream = k < num_stages - 1
-  return StageRole(loss='aux' if downstream else 'head', receives_delta=downstream,
-                   sends_delta='own' if k > 0 else 'none',
-                   delay=1 if pipelined and downstream else 0)
+  return StageRole(
+    loss='aux' if downstream else 'head',
+    receives_delta=downstream,
+    sends_delta='own' if k > 0 else 'none',
+    delay=1 if pipelined and downstream else 0,
+  )
 
 
-def validate(config, model) -> None:
-  optimizers.check_optimizer(config.optimizer)
-  settings = config.algorithm
-  variant = settings.get('variant', 'greedy')
-  if variant not in VARIANTS:
-    raise ValueError(f'algorithm.variant: {variant!r} is not a local-parallelism variant; '
-                     f'allowed: {", ".join(VARIANTS)}.')
-  chunks = settings.get('chunks', 1)
-  if variant == 'chunked' and (isinstance(chunks, bool) or not isinstance(chunks, int)
-                               or not 1 <= chunks <= config.stages):
-    raise ValueError(f'algorithm.chunks: must be an integer in [1, stages={config.stages}], '
-                     f'got {chunks!r}.')
-  if not isinstance(settings.get('pipelined', True), bool):
-    raise ValueError(f'algorithm.pipelined: True or False, got {settings.pipelined!r}.')
-  pipeline.check_config(config, model)
+def validate(config, model) -> Settings:
+  settings = section(config.algorithm, Settings, 'algorithm')
+  if settings.variant not in VARIANTS:
+    raise ValueError(
+      f'algorithm.variant: {settings.variant!r} is not a local-parallelism '
+      f'variant; allowed: {", ".join(VARIANTS)}.'
+    )
+  shared = pipelined.validate_pipeline(config, model)
+  given = dict(config.algorithm)
+  if settings.variant == 'chunked':
+    if (
+      isinstance(settings.chunks, bool)
+      or not isinstance(settings.chunks, int)
+      or not (1 <= settings.chunks <= shared.stages)
+    ):
+      raise ValueError(
+        f'algorithm.chunks: must be an integer in [1, stages={shared.stages}], '
+        f'got {settings.chunks!r}.'
+      )
+  elif 'chunks' in given and given['chunks'] != Settings.chunks:
+    raise ValueError(
+      f'algorithm.chunks: only the chunked variant groups stages into chunks; '
+      f'{settings.variant!r} does not use it (got {given["chunks"]!r}): remove '
+      f'it or set algorithm.variant=chunked.'
+    )
+  return dataclasses.replace(settings, shared=shared)
 
 
-def run(run_ctx) -> dict:
-  settings = run_ctx.config.algorithm
-  return pipeline.train(run_ctx, roles(run_ctx.config.stages, settings.get('variant', 'greedy'),
-                                       settings.get('chunks', 1),
-                                       settings.get('pipelined', True)))
-
-
-ALGORITHM = Algorithm('local', validate, run)
+def train(run, settings: Settings) -> dict:
+  return pipelined.train_roles(
+    run,
+    settings.shared,
+    roles(settings.shared.stages, settings.variant, settings.chunks, settings.pipelined),
+    title='local: staleness per stage',
+  )

@@ -8,6 +8,7 @@ Hogwild! workers share each one. Worker (d, j) repeats, on its own batch stream:
     g = ∇L(w; ξ)                               # forward + backward tasks
     replica_d ← replica_d − η g                # full step, or
     replica_d ← replica_d − η (g ⊙ 1_{P_j})    # partitioned step: only its own slice P_j
+                                               # changes (its optimizer state too)
 
 applied at one instant at the end of its task, to the replica as it is *then*
 (a read-modify-write under a per-replica lock on the real clock, so no update is
@@ -49,24 +50,21 @@ References:
 import dataclasses
 import functools
 import itertools
-import math
 import threading
 from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
-from jaxsgd import stages as stages_lib
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
-from jaxsgd.scheduler import costs as costs_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put
-from jaxsgd.scheduler.pipeline import KINDS, Pipeline, sequential_roles
-from jaxsgd.scheduler.placement import Placement
+from jaxsgd.pipeline.session import PlacedStages, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
 from jaxsgd.spmd import timing
-from jaxsgd.training import optimizers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,19 +78,6 @@ class LppSettings:
   def num_workers(self) -> int:
     return self.devices * self.workers_per_device
 
-  @classmethod
-  def from_config(cls, config) -> 'LppSettings':
-    settings = config.algorithm
-    warmup = settings.get('warmup_steps', cls.warmup_steps)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-      raise ValueError(f'algorithm.warmup_steps: must be an integer >= 0, got {warmup!r}.')
-    return cls(common.positive_int(settings.get('devices', cls.devices), 'algorithm.devices'),
-               common.positive_int(settings.get('workers_per_device', cls.workers_per_device),
-                                   'algorithm.workers_per_device'),
-               warmup,
-               common.positive_int(settings.get('averaging_freq', cls.averaging_freq),
-                                   'algorithm.averaging_freq'))
-
 
 def partition_masks(params, parts: int) -> list:
   """`parts` boolean pytrees like `params`: contiguous slices of the flat vector."""
@@ -103,20 +88,65 @@ def partition_masks(params, parts: int) -> list:
   masks = []
   for lo, hi in zip(bounds[:-1], bounds[1:]):
     flat = [np.arange(o, o + n) for o, n in zip(offsets, sizes)]
-    masks.append(treedef.unflatten([((i >= lo) & (i < hi)).reshape(leaf.shape)
-                                    for i, leaf in zip(flat, leaves)]))
+    masks.append(
+      treedef.unflatten(
+        [((i >= lo) & (i < hi)).reshape(leaf.shape) for i, leaf in zip(flat, leaves)]
+      )
+    )
   return masks
 
 
-def make_masked_update(update):
-  """Jitted `(params, opt_state, grads, mask) -> (params, opt_state)`: the update of
-  the masked gradient, written to the masked coordinates only."""
+def make_masked_update(update, init):
+  """`(params, opt_state, grads, mask) -> (params, opt_state)`: a partitioned step.
+
+  The full step `update` runs on the masked gradient g ⊙ 1_P, and its result is kept on
+  the masked coordinates P only. Outside P nothing changes: neither the parameters nor
+  any per-parameter optimizer state (momentum, Adam's moments: every tree in `opt_state`
+  shaped like the parameters, found from `init` — the optimizer or its `init` — by
+  `optax.tree_utils.tree_map_params`). Keeping only the parameters would let the moments
+  outside P decay towards the zero gradient while the parameters stay, so a later step
+  there would move by a shrunken momentum.
+
+  State that is not per-parameter takes the update's value: a global step counter (Adam's
+  `count`, a schedule's) advances on every step, partitioned or full. It counts the
+  updates applied to the replica, which the learning-rate schedule spans; one scalar
+  cannot also count each slice's own steps. So a coordinate that sat out k of the t
+  steps is bias-corrected by Adam with 1 − β^t, not 1 − β^(t−k): a difference that
+  vanishes as t grows. An optimizer whose state is not shaped like the parameters
+  (adafactor's factored moments) is refused when the step is traced.
+
+  `update` runs as its own (jitted) program, not inlined into one with the masking: the
+  same compiled code as the full step's, so with one slice (P = everything) a
+  partitioned step is the full step bit for bit; XLA would fuse one combined program
+  differently, which changes the last bits.
+  """
+
+  def slice_of(state, mask):
+    if state.shape != mask.shape:
+      raise ValueError(
+        f'LPP-SGD partitioned step: optimizer state of shape {state.shape} '
+        f'for a parameter of shape {mask.shape}; the optimizer must keep '
+        'per-parameter state (not factored, as adafactor does).'
+      )
+    return mask
 
   @jax.jit
+  def mask_grads(grads, mask):
+    return jax.tree.map(lambda g, m: jnp.where(m, g, jnp.zeros_like(g)), grads, mask)
+
+  @jax.jit
+  def keep_slice(params, opt_state, new_params, new_state, mask):
+    state_mask = optax.tree_utils.tree_map_params(
+      init, slice_of, new_state, mask, transform_non_params=lambda _: True
+    )
+    return (
+      jax.tree.map(jnp.where, mask, new_params, params),
+      jax.tree.map(jnp.where, state_mask, new_state, opt_state),
+    )
+
   def masked_update(params, opt_state, grads, mask):
-    grads = jax.tree.map(lambda g, m: jnp.where(m, g, jnp.zeros_like(g)), grads, mask)
-    new_params, opt_state = update(params, opt_state, grads)
-    return jax.tree.map(jnp.where, mask, new_params, params), opt_state
+    new_params, new_state = update(params, opt_state, mask_grads(grads, mask))
+    return keep_slice(params, opt_state, new_params, new_state, mask)
 
   return masked_update
 
@@ -132,15 +162,10 @@ def keep_local_merge(params, sent, mean):
   return jax.tree.map(lambda w, s, a: a + (w - s), params, sent, mean)
 
 
-def allreduce_time(nbytes: int, num_devices: int, cost: dict) -> float:
-  """Seconds of a ring all-reduce of `nbytes` per device over `cost`'s links.
-
-  `cost.link_bandwidth` is in bytes/s (0: free); the formula is the SPMD time model's.
-  """
-  bytes_per_second = float(cost['link_bandwidth']) or math.inf
-  return timing.ring_allreduce_time(nbytes, num_devices,
-                                    bandwidth_gbps=bytes_per_second * 8 / timing.GBIT,
-                                    latency_s=float(cost['link_latency']))
+def allreduce_time(nbytes: int, num_devices: int, *, bandwidth: float, latency: float) -> float:
+  """Seconds of a ring all-reduce of `nbytes` per device over links of `bandwidth`
+  bytes/s (`inf`: free) and `latency` seconds (the SPMD time model's formula)."""
+  return timing.ring_allreduce_time(nbytes, num_devices, bandwidth=bandwidth, latency=latency)
 
 
 class LppSession:
@@ -156,31 +181,52 @@ class LppSession:
     steps: a `StepCounter`; log: failures and pushes.
   """
 
-  def __init__(self, pipeline: Pipeline, settings: LppSettings, variables, opt_state,
-               streams: Sequence[Iterator[dict]], devices: Sequence[jax.Device],
-               steps: common.StepCounter, log: common.WorkerLog):
+  def __init__(
+    self,
+    pipeline: PlacedStages,
+    settings: LppSettings,
+    variables,
+    opt_state,
+    streams: Sequence[Iterator[dict]],
+    devices: Sequence[jax.Device],
+    steps: common.StepCounter,
+    log: common.WorkerLog,
+  ):
     self.settings, self.streams, self.devices, self.steps, self.log = (
-        settings, list(streams), list(devices), steps, log)
+      settings,
+      list(streams),
+      list(devices),
+      steps,
+      log,
+    )
     self.ops = pipeline.ops(0, sequential_roles(1)[0])
-    self.masked_update = make_masked_update(self.ops.update)
+    self.masked_update = make_masked_update(self.ops.update, pipeline.tx)
     params, state = stages_lib.split_variables(variables)
     D, W = settings.devices, settings.workers_per_device
-    self.replicas = [common.SharedParams(f'replica {d}', transfer.to_device(params, devices[d]),
-                                         transfer.to_device(opt_state, devices[d]))
-                     for d in range(D)]
-    self.states = [VersionedStore(f'model state {d}', transfer.to_device(state, devices[d]))
-                   for d in range(D)]
-    self.masks = [[transfer.to_device(m, devices[d]) for m in partition_masks(params, W)]
-                  for d in range(D)]
+    self.replicas = [
+      common.SharedParams(
+        f'replica {d}',
+        transfer.to_device(params, devices[d]),
+        transfer.to_device(opt_state, devices[d]),
+      )
+      for d in range(D)
+    ]
+    self.states = [
+      VersionedStore(f'model state {d}', transfer.to_device(state, devices[d])) for d in range(D)
+    ]
+    self.masks = [
+      [transfer.to_device(m, devices[d]) for m in partition_masks(params, W)] for d in range(D)
+    ]
     self.cluster = Cluster()
     for m in range(D * W):
       self.cluster.add_lane(f'worker {m // W}.{m % W} ({devices[m // W]})', devices[m // W])
     self.allreduce_lane = self.cluster.add_lane('allreduce')
-    self.rounds = [self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane)
-                   for d in range(D)]
-    self.device_updates = [0] * D           # updates applied to each replica
-    self.last_snapshot = [0] * D            # ... when it last joined a round
-    self.in_flight = [False] * D            # its round is not merged yet
+    self.rounds = [
+      self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane) for d in range(D)
+    ]
+    self.device_updates = [0] * D  # updates applied to each replica
+    self.last_snapshot = [0] * D  # ... when it last joined a round
+    self.in_flight = [False] * D  # its round is not merged yet
     self.alive = [W] * D
     self.active = set(range(D))  # replicas with live workers (evaluated, averaged)
     self.averaged_rounds = 0
@@ -188,8 +234,10 @@ class LppSession:
 
   def processes(self) -> list[Process]:
     W = self.settings.workers_per_device
-    workers = [Process(f'worker {m // W}.{m % W}', m, self._worker(m // W, m % W))
-               for m in range(self.settings.num_workers)]
+    workers = [
+      Process(f'worker {m // W}.{m % W}', m, self._worker(m // W, m % W))
+      for m in range(self.settings.num_workers)
+    ]
     if self.settings.devices > 1:
       workers.append(Process('averaging', self.allreduce_lane, self._averager()))
     return workers
@@ -205,15 +253,21 @@ class LppSession:
       batch = transfer.to_device(next(self.streams[m]), self.devices[d])
       variables = {'params': snapshot.value.params, **self.states[d].read().value}
       _, loss, new_state, vjp = yield Compute(
-          self.ops.forward, (variables, batch['image'], batch['label']), kind='forward',
-          stage=0, batch=k)
+        self.ops.forward,
+        (variables, batch['image'], batch['label']),
+        kind='forward',
+        stage=0,
+        batch=k,
+      )
       grads, _ = yield Compute(self.ops.backward, (vjp, None), kind='backward', stage=0, batch=k)
-      if (failed := self.log.has_failed(m)):
+      if failed := self.log.has_failed(m):
         break
       partitioned = k % 2 == 1 and self.steps.applied >= self.settings.warmup_steps
-      step = self.steps.commit(functools.partial(
-          self._apply, d, m, grads, snapshot.version, new_state, partitioned), loss,
-                               f'worker {d}.{j}')
+      step = self.steps.commit(
+        functools.partial(self._apply, d, m, grads, snapshot.version, new_state, partitioned),
+        loss,
+        f'worker {d}.{j}',
+      )
       if step is None:
         break
       if self._snapshot_due(d, step):
@@ -222,10 +276,12 @@ class LppSession:
 
   def _apply(self, d, m, grads, read_version, new_state, partitioned):
     W = self.settings.workers_per_device
-    update, args = ((self.masked_update, (self.masks[d][m % W],)) if partitioned
-                    else (self.ops.update, ()))
-    self.replicas[d].apply(update, grads, *args, read_version=read_version, lane=m,
-                           batch=self.steps.applied)
+    update, args = (
+      (self.masked_update, (self.masks[d][m % W],)) if partitioned else (self.ops.update, ())
+    )
+    self.replicas[d].apply(
+      update, grads, *args, read_version=read_version, lane=m, batch=self.steps.applied
+    )
     if new_state:
       self.states[d].write(new_state)
     self.device_updates[d] += 1
@@ -299,61 +355,14 @@ class LppSession:
   def staleness(self) -> dict[str, np.ndarray]:
     W, result = self.settings.workers_per_device, {}
     for d, replica in enumerate(self.replicas):
-      result.update(common.staleness_by_lane(
-          replica.store, {d * W + j: f'worker {d}.{j}' for j in range(W)}))
+      result.update(
+        common.staleness_by_lane(replica.store, {d * W + j: f'worker {d}.{j}' for j in range(W)})
+      )
     return result
 
   def metrics(self) -> dict:
-    return {**common.staleness_metrics(self.staleness(), 'worker'),
-            'averaging_rounds': self.averaged_rounds, 'failed_workers': len(self.log.failed)}
-
-
-# --- from a config ------------------------------------------------------------------------------
-def check_config(config, model) -> LppSettings:
-  """Refuses what cannot run, before anything compiles; returns the settings."""
-  del model
-  settings = LppSettings.from_config(config)
-  common.check_whole_model_workers(config, settings.num_workers)
-  return settings
-
-
-def measure(cost: dict, pipeline: Pipeline, batch: dict) -> dict:
-  """Seconds of a worker's forward, backward and update (calibrated or given)."""
-  return (pipeline.calibrate(sequential_roles(1), batch, cost['reps']) if cost['calibrate']
-          else costs_lib.explicit_compute(cost, 1, KINDS))
-
-
-def task_costs(table: dict, cost: dict, nbytes: int, devices: int) -> dict:
-  """The update paid by the backward task it ends, and the averaging collective."""
-  return {**common.fold_update(table, 1), (0, 'average'): allreduce_time(nbytes, devices, cost)}
-
-
-def train(run) -> dict:
-  """Trains until `config.train_steps` updates were applied over all replicas."""
-  config = run.config
-  settings = check_config(config, run.model)
-  D, W = settings.devices, settings.workers_per_device
-  devices = common.lane_devices(config.clock, D)
-  # Each replica keeps its own optimizer state and takes ~train_steps / D of the
-  # updates: its learning-rate schedule spans that many steps, not train_steps.
-  base = optimizers.make_optimizer(config.optimizer, math.ceil(config.train_steps / D))
-  pipeline = Pipeline(run.model, 1, base, placement=Placement.create(1, devices[:1]),
-                      batch_size=config.batch_size, seed=config.seed)
-  variables = pipeline.initial_variables(0, sequential_roles(1)[0])
-  opt_state = base.init(variables['params'])
-  worker = common.worker_costs(config.get('cost'), D * W)
-  cost = common.cost_settings(config)
-  executor, measured = common.make_executor(
-      config, lambda cost: measure(cost, pipeline, next(run.train_batches(0, 1))),
-      lane_speeds=[speed / W for speed in worker.speeds],
-      adjust=lambda table: task_costs(table, cost, transfer.nbytes(variables['params']), D))
-  log = common.WorkerLog([f'worker {m // W}.{m % W}' for m in range(D * W)], worker.failures,
-                         executor.now)
-  streams = [run.train_batches(m, D * W) for m in range(D * W)]
-  return common.train_session(
-      run, executor, measured, log,
-      lambda steps: LppSession(pipeline, settings, variables, opt_state, streams, devices,
-                               steps, log),
-      title='lppsgd: staleness per worker',
-      extra=lambda session: {'devices': D, 'workers_per_device': W,
-                             'averaging_rounds': session.averaged_rounds})
+    return {
+      **common.staleness_metrics(self.staleness(), 'worker'),
+      'averaging_rounds': self.averaged_rounds,
+      'failed_workers': len(self.log.failed),
+    }

@@ -60,15 +60,12 @@ import jax
 import numpy as np
 
 from jaxsgd import models as models_lib
-from jaxsgd import stages as stages_lib
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
-from jaxsgd.scheduler import costs as costs_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put
-from jaxsgd.scheduler.pipeline import KINDS, Pipeline, sequential_roles
-from jaxsgd.scheduler.placement import Placement
+from jaxsgd.pipeline.session import PlacedStages, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
-from jaxsgd.training import optimizers
 
 UPDATES = ('layer', 'block')
 TOKEN = 'token'
@@ -89,16 +86,6 @@ class PdSettings:
   def bound(self) -> int:
     return self.max_inflight or self.num_workers
 
-  @classmethod
-  def from_config(cls, config) -> 'PdSettings':
-    settings = config.algorithm
-    inflight = settings.get('max_inflight', None)
-    return cls(common.positive_int(settings.get('n_fwd', cls.n_fwd), 'algorithm.n_fwd'),
-               common.positive_int(settings.get('n_bwd', cls.n_bwd), 'algorithm.n_bwd'),
-               common.choice(settings.get('updates', cls.updates), 'algorithm.updates', UPDATES),
-               None if inflight is None else common.positive_int(inflight,
-                                                                  'algorithm.max_inflight'))
-
 
 def worker_name(settings: PdSettings, w: int) -> str:
   """Workers are numbered forward first, then backward."""
@@ -108,10 +95,11 @@ def worker_name(settings: PdSettings, w: int) -> str:
 
 class Forwarded(NamedTuple):
   """A forward's result: what its backward needs (residuals at the forward's weights)."""
+
   batch: int
-  lane: int              # where the residuals live
-  vjps: tuple            # one per layer
-  versions: tuple        # the version of each layer the forward read
+  lane: int  # where the residuals live
+  vjps: tuple  # one per layer
+  versions: tuple  # the version of each layer the forward read
   loss: Any
 
 
@@ -119,7 +107,7 @@ class PdSession:
   """One run: the shared layers on lane 0, forward then backward workers on lanes 1...
 
   Args:
-    pipeline: the model cut into layers (`Pipeline(model, L, tx)`, every stage on
+    pipeline: the model cut into layers (`PlacedStages(model, L, tx)`, every stage on
       the device of the shared model): its jitted per-layer ops.
     settings: worker counts, update mode and bound.
     streams: one host batch iterator per forward worker.
@@ -128,11 +116,24 @@ class PdSession:
     costed_links: copies are transfer tasks (virtual clock with link costs).
   """
 
-  def __init__(self, pipeline: Pipeline, settings: PdSettings,
-               streams: Sequence[Iterator[dict]], devices: Sequence[jax.Device],
-               steps: common.StepCounter, log: common.WorkerLog, *, costed_links: bool = False):
+  def __init__(
+    self,
+    pipeline: PlacedStages,
+    settings: PdSettings,
+    streams: Sequence[Iterator[dict]],
+    devices: Sequence[jax.Device],
+    steps: common.StepCounter,
+    log: common.WorkerLog,
+    *,
+    costed_links: bool = False,
+  ):
     self.settings, self.streams, self.devices, self.steps, self.log = (
-        settings, list(streams), list(devices), steps, log)
+      settings,
+      list(streams),
+      list(devices),
+      steps,
+      log,
+    )
     self.costed = costed_links
     self.num_layers = pipeline.num_stages
     roles = sequential_roles(self.num_layers)
@@ -148,16 +149,18 @@ class PdSession:
       self.cluster.add_lane(f'{worker_name(self.settings, w)} ({devices[1 + w]})', devices[1 + w])
     self.queue = self.cluster.channel('forward results', 0)
     self.tokens = self.cluster.channel('tokens', 0)
-    self.started = 0                                   # batches begun by forward workers
+    self.started = 0  # batches begun by forward workers
     self.alive = {'forward': settings.n_fwd, 'backward': settings.n_bwd}
     self._lock = threading.Lock()
 
   def processes(self) -> list[Process]:
     n_fwd = self.settings.n_fwd
-    return ([Process('tokens', 0, self._tokens())] +
-            [Process(worker_name(self.settings, w), 1 + w,
-                     self._forward(w) if w < n_fwd else self._backward(w))
-             for w in range(self.settings.num_workers)])
+    return [Process('tokens', 0, self._tokens())] + [
+      Process(
+        worker_name(self.settings, w), 1 + w, self._forward(w) if w < n_fwd else self._backward(w)
+      )
+      for w in range(self.settings.num_workers)
+    ]
 
   # --- the processes (see the module docstring) ----------------------------------------------
   def _tokens(self):
@@ -174,7 +177,7 @@ class PdSession:
       with self._lock:
         t, self.started = self.started, self.started + 1
       result = yield from self._forward_pass(w, t)
-      if (failed := self.log.has_failed(w)):  # It queues nothing after its failure time.
+      if failed := self.log.has_failed(w):  # It queues nothing after its failure time.
         yield Put(self.tokens, token)
         break
       self.log.pushed(w)
@@ -188,11 +191,18 @@ class PdSession:
     for k in range(self.num_layers):
       snapshot = self.layers[k].read()  # The latest version, at this layer's task start.
       variables = yield from common.copy(
-          self.cluster, {'params': snapshot.value.params, **self.states[k].read().value}, 0,
-          lane, device, costed=self.costed, batch=t)
+        self.cluster,
+        {'params': snapshot.value.params, **self.states[k].read().value},
+        0,
+        lane,
+        device,
+        costed=self.costed,
+        batch=t,
+      )
       labels = batch['label'] if k == self.num_layers - 1 else None
-      h, loss, new_state, vjp = yield Compute(self.ops[k].forward, (variables, h, labels),
-                                              kind='forward', stage=k, batch=t)
+      h, loss, new_state, vjp = yield Compute(
+        self.ops[k].forward, (variables, h, labels), kind='forward', stage=k, batch=t
+      )
       if new_state:
         self.states[k].write(new_state)
       vjps.append(vjp)
@@ -214,12 +224,14 @@ class PdSession:
 
   def _backward_pass(self, w: int, item: Forwarded):
     lane, device = 1 + w, self.devices[1 + w]
-    vjps = yield from common.copy(self.cluster, item.vjps, item.lane, lane, device,
-                                  costed=self.costed, batch=item.batch)
+    vjps = yield from common.copy(
+      self.cluster, item.vjps, item.lane, lane, device, costed=self.costed, batch=item.batch
+    )
     dy, pending = None, []
     for k in reversed(range(self.num_layers)):
-      grads, dy = yield Compute(self.ops[k].backward, (vjps[k], dy), kind='backward', stage=k,
-                                batch=item.batch)
+      grads, dy = yield Compute(
+        self.ops[k].backward, (vjps[k], dy), kind='backward', stage=k, batch=item.batch
+      )
       pending.append((k, grads))
       if self.settings.updates == 'layer' or k == 0:
         yield from self._apply(w, pending, item)
@@ -228,11 +240,19 @@ class PdSession:
 
   def _apply(self, w: int, pending: list, item: Forwarded):
     """Copies the gradients to the shared model and applies them, each atomically."""
-    grads = yield from common.copy(self.cluster, [g for _, g in pending], 1 + w, 0,
-                                   self.devices[0], costed=self.costed, batch=item.batch)
+    grads = yield from common.copy(
+      self.cluster,
+      [g for _, g in pending],
+      1 + w,
+      0,
+      self.devices[0],
+      costed=self.costed,
+      batch=item.batch,
+    )
     for (k, _), g in zip(pending, grads):
-      self.layers[k].apply(self.ops[k].update, g, read_version=item.versions[k], lane=1 + w,
-                           batch=item.batch)
+      self.layers[k].apply(
+        self.ops[k].update, g, read_version=item.versions[k], lane=1 + w, batch=item.batch
+      )
     self.log.pushed(w)
 
   def _leave(self, role: str, failed: bool):
@@ -241,66 +261,27 @@ class PdSession:
       last = self.alive[role] == 0
     if last and role == 'backward' and failed:
       raise common.WorkersFailedError(
-          f'pdasgd: every backward worker failed (cost.failures) after {self.steps.applied} '
-          f'of {self.steps.steps} steps.')
+        f'pdasgd: every backward worker failed (cost.failures) after {self.steps.applied} '
+        f'of {self.steps.steps} steps.'
+      )
     if last and role == 'forward':
       for _ in range(self.settings.n_bwd):
         yield Put(self.queue, common.STOP)
 
   # --- what the run reports -------------------------------------------------------------------
   def variables(self):
-    return models_lib.merge_variables([{'params': layer.read().value.params, **state.read().value}
-                                       for layer, state in zip(self.layers, self.states)])
+    return models_lib.merge_variables(
+      [
+        {'params': layer.read().value.params, **state.read().value}
+        for layer, state in zip(self.layers, self.states)
+      ]
+    )
 
   def staleness(self) -> dict[str, np.ndarray]:
     return {f'layer {k}': layer.store.staleness() for k, layer in enumerate(self.layers)}
 
   def metrics(self) -> dict:
-    return {**common.staleness_metrics(self.staleness(), 'layer'),
-            'failed_workers': len(self.log.failed)}
-
-
-# --- from a config ------------------------------------------------------------------------------
-def check_config(config, model) -> PdSettings:
-  """Refuses what cannot run, before anything compiles; returns the settings."""
-  settings = PdSettings.from_config(config)
-  optimizers.check_optimizer(config.optimizer)
-  models_lib.check_num_stages(model, config.stages)
-  if config.clock == 'virtual':
-    common.check_cost(config.get('cost'), num_stages=config.stages)
-  common.worker_costs(config.get('cost'), settings.num_workers)
-  return settings
-
-
-def measure(cost: dict, pipeline: Pipeline, batch: dict) -> dict:
-  """Seconds of each layer's forward, backward and update (calibrated or given)."""
-  roles = sequential_roles(pipeline.num_stages)
-  return (pipeline.calibrate(roles, batch, cost['reps']) if cost['calibrate']
-          else costs_lib.explicit_compute(cost, pipeline.num_stages, KINDS))
-
-
-def train(run) -> dict:
-  """Trains until `config.train_steps` backward passes have been applied."""
-  config = run.config
-  settings = check_config(config, run.model)
-  devices = common.lane_devices(config.clock, 1 + settings.num_workers)
-  pipeline = Pipeline(run.model, config.stages,
-                      optimizers.make_optimizer(config.optimizer, config.train_steps),
-                      placement=Placement.create(config.stages, devices[:1]),
-                      batch_size=config.batch_size, seed=config.seed)
-  worker = common.worker_costs(config.get('cost'), settings.num_workers)
-  executor, measured = common.make_executor(
-      config, lambda cost: measure(cost, pipeline, next(run.train_batches(0, 1))),
-      lane_speeds=(1.0,) + worker.speeds,
-      adjust=lambda table: common.fold_update(table, config.stages))
-  log = common.WorkerLog([worker_name(settings, w) for w in range(settings.num_workers)],
-                         worker.failures, executor.now)
-  streams = [run.train_batches(f, settings.n_fwd) for f in range(settings.n_fwd)]
-  costed = common.links_are_costed(common.cost_settings(config), config.clock)
-  return common.train_session(
-      run, executor, measured, log,
-      lambda steps: PdSession(pipeline, settings, streams, devices, steps, log,
-                              costed_links=costed),
-      title=f'pdasgd ({settings.updates} updates): staleness per layer',
-      extra=lambda session: {'n_fwd': settings.n_fwd, 'n_bwd': settings.n_bwd,
-                             'updates': settings.updates, 'max_inflight': settings.bound})
+    return {
+      **common.staleness_metrics(self.staleness(), 'layer'),
+      'failed_workers': len(self.log.failed),
+    }

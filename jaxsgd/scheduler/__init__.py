@@ -33,10 +33,8 @@ from jaxsgd.scheduler.core import Channel, Cluster, Compute, DeadlockError, Get,
 from jaxsgd.scheduler.core import Put, Send
 from jaxsgd.scheduler.costs import CostModel, calibrate
 from jaxsgd.scheduler.executor import Executor
-from jaxsgd.scheduler.pipeline import BatchFeed, Pipeline, Session, sequential_roles
 from jaxsgd.scheduler.placement import Placement
 from jaxsgd.scheduler.real import RealExecutor, ThreadedExecutor
-from jaxsgd.scheduler.stage_ops import StageRole
 from jaxsgd.scheduler.store import Snapshot, UpdateRecord, VersionedStore
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 from jaxsgd.scheduler.virtual import VirtualExecutor

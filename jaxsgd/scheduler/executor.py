@@ -140,8 +140,14 @@ class Executor:
       self.deliver(channel, op.value)
       return
     link = self.cluster.link(process.lane, channel.lane)
-    copy = Compute(self.copy_for_send, (op.value, channel), kind=TRANSFER, batch=op.batch,
-                   lane=link, nbytes=self.message_bytes(op.value))
+    copy = Compute(
+      self.copy_for_send,
+      (op.value, channel),
+      kind=TRANSFER,
+      batch=op.batch,
+      lane=link,
+      nbytes=self.message_bytes(op.value),
+    )
     self.spawn(Process(f'transfer to {channel.name}', link, _transfer(copy, channel)))
 
   def record(self, task: TaskRecord) -> None:

@@ -116,7 +116,7 @@ class _Timer:
     self._executor = executor
     self._queue: queue.SimpleQueue = queue.SimpleQueue()
     self._submitted = 0  # written by the dispatch loop only
-    self._finished = 0   # written by the timing thread only
+    self._finished = 0  # written by the timing thread only
     self._waiting = False
     self._progress = threading.Condition()
     self._previous_end = 0.0
@@ -192,8 +192,10 @@ class ThreadedExecutor(RealExecutor):
     self._mailboxes: dict[Process, _Mailbox] = {p: _Mailbox() for p in self.processes}
 
   def execute(self) -> None:
-    threads = [threading.Thread(target=self._thread_main, args=(p,), name=p.name, daemon=True)
-               for p in self.processes]
+    threads = [
+      threading.Thread(target=self._thread_main, args=(p,), name=p.name, daemon=True)
+      for p in self.processes
+    ]
     for thread in threads:
       thread.start()
     try:
@@ -238,8 +240,9 @@ class ThreadedExecutor(RealExecutor):
         live = [p for p in self.processes if not p.done]
         stuck = live and all(p.waiting_on is not None for p in live)
       if stuck:
-        raise DeadlockError(f'{self.clock} clock: every live process waits: '
-                            f'{blocked_report(self.processes)}')
+        raise DeadlockError(
+          f'{self.clock} clock: every live process waits: {blocked_report(self.processes)}'
+        )
     mailbox.ready.clear()
     value, mailbox.value = mailbox.value, None
     return value

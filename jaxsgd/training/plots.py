@@ -1,9 +1,13 @@
-"""Plots made from a run's `metrics.jsonl`."""
+"""Plots of a run: learning curves (`metrics.jsonl`), staleness histograms, task timelines
+(`trace.json`)."""
+
+import json
 
 import matplotlib
 
 matplotlib.use('Agg')  # Headless: runs in CI and over ssh.
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import numpy as np
 
 
 def plot_curves(records: list[dict], path: str, title: str = '') -> None:
@@ -23,3 +27,68 @@ def plot_curves(records: list[dict], path: str, title: str = '') -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def plot_staleness(staleness_by_lane: dict[str, np.ndarray], path: str, title: str = '') -> None:
+  """Counts of each staleness value, one bar group per lane (a heat map beyond 8 lanes)."""
+  names = list(staleness_by_lane)
+  largest = max((int(v.max()) for v in staleness_by_lane.values() if v.size), default=0)
+  counts = np.zeros((len(names), largest + 1))
+  for row, name in enumerate(names):
+    values = staleness_by_lane[name]
+    counts[row, :] = np.bincount(values, minlength=largest + 1) if values.size else 0
+  fig, ax = plt.subplots(figsize=(7, 3.6))
+  if len(names) <= 8:
+    width = 0.8 / max(len(names), 1)
+    for row, name in enumerate(names):
+      ax.bar(np.arange(largest + 1) + row * width - 0.4 + width / 2, counts[row], width, label=name)
+    ax.set(xlabel='staleness (writes between read and update)', ylabel='updates')
+    ax.set_xticks(np.arange(largest + 1))
+    ax.legend(fontsize='small')
+  else:
+    image = ax.imshow(counts, aspect='auto', origin='lower', cmap='viridis')
+    fig.colorbar(image, ax=ax, label='updates')
+    ax.set(xlabel='staleness (writes between read and update)', ylabel='lane')
+  ax.set_title(title or 'staleness of applied gradients')
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+KIND_COLORS = {'forward': 'C0', 'backward': 'C1', 'update': 'C2', 'transfer': 'C7'}
+
+
+def plot_trace(trace: dict | str, ax=None, *, until: float | None = None):
+  """A Gantt chart of a `trace.json` (a path or its dict): one row per lane.
+
+  Slices are coloured by task kind (forward, backward, update, transfer, other);
+  `until` (seconds) shows only the start of a long run.
+
+  Returns:
+    The matplotlib axes.
+  """
+  if isinstance(trace, str):
+    with open(trace) as f:
+      trace = json.load(f)
+  events = trace['traceEvents']
+  names = {e['tid']: e['args']['name'] for e in events if e.get('name') == 'thread_name'}
+  rows = {tid: row for row, tid in enumerate(sorted(names))}
+  if ax is None:
+    _, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
+  seen = set()
+  for e in events:
+    if e.get('ph') != 'X' or (until is not None and e['ts'] * 1e-6 > until):
+      continue
+    kind = e.get('cat', 'compute')
+    ax.broken_barh(
+      [(e['ts'] * 1e-6, e['dur'] * 1e-6)],
+      (rows[e['tid']] - 0.4, 0.8),
+      color=KIND_COLORS.get(kind, 'C4'),
+      label=None if kind in seen else kind,
+    )
+    seen.add(kind)
+  ax.set_yticks(list(rows.values()), [names[t] for t in rows])
+  ax.invert_yaxis()
+  ax.set_xlabel('time (s)')
+  ax.legend(fontsize='small', loc='upper right')
+  return ax

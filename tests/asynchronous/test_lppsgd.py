@@ -1,14 +1,18 @@
 """LPP-SGD: sequential equivalence, Hogwild! replay with partitioned steps, averaging."""
 
+import math
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from async_helpers import UNIT, batches, executor, pipeline, run_lpp, sequential_sgd
+from jaxsgd.algorithms import lppsgd as algorithms_lppsgd
 from jaxsgd.asynchronous import lppsgd
-from jaxsgd.scheduler.pipeline import sequential_roles
+from jaxsgd.pipeline.session import sequential_roles
 
 
 def test_one_device_one_worker_equals_sequential_sgd_bit_for_bit():
@@ -32,8 +36,143 @@ def test_masked_update_writes_only_the_slice():
   params = {'w': jnp.arange(6.0)}
   update = lambda p, s, g: (jax.tree.map(lambda a, b: a - b, p, g), s)
   mask = {'w': jnp.array([False, True, True, False, False, False])}
-  new, _ = lppsgd.make_masked_update(update)(params, (), {'w': jnp.ones(6)}, mask)
+  new, _ = lppsgd.make_masked_update(update, lambda p: ())(params, (), {'w': jnp.ones(6)}, mask)
   np.testing.assert_array_equal(new['w'], [0.0, 0.0, 1.0, 3.0, 4.0, 5.0])
+
+
+# A 2-parameter problem cut into W = 2 slices: P0 = {w[0]}, P1 = {w[1]}. Numbers are exact
+# in binary, so the hand results compare with ==.
+W0 = {'w': jnp.array([1.0, 2.0])}
+P0, P1 = lppsgd.partition_masks(W0, 2)
+
+
+def _update(tx):
+  """The full step, jitted (as the session's): `w ← w + tx.update(g)`."""
+
+  @jax.jit
+  def update(params, opt_state, grads):
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  return update
+
+
+def _grad(*values):
+  return {'w': jnp.array(values)}
+
+
+def test_momentum_full_then_two_partitioned_steps_by_hand():
+  """SGD with momentum, η = 0.5, β = 0.5: t ← g + β t, w ← w − η t.
+
+  full step,  g = [2, −4]:            t = [2, −4]               w = [0, 4]
+  P0 step,    g = [4, 8] → [4, 0]:    t[0] = 4 + 1 = 5          w = [−2.5, 4]
+              t[1] = −4 is kept (decayed to −2 it would be the zero gradient's momentum)
+  P1 step,    g = [8, 4] → [0, 4]:    t[1] = 4 − 2 = 2, t[0] = 5 kept
+                                      w = [−2.5, 4 − 1] = [−2.5, 3]
+  (with t[1] decayed at the P0 step: t[1] = 4 − 1 = 3, w[1] = 2.5.)"""
+  tx = optax.sgd(0.5, momentum=0.5)
+  full = _update(tx)
+  masked = lppsgd.make_masked_update(full, tx)
+  w, state = full(W0, tx.init(W0), _grad(2.0, -4.0))
+  chex.assert_trees_all_equal(
+    (w['w'], state[0].trace['w']), (jnp.array([0.0, 4.0]), jnp.array([2.0, -4.0]))
+  )
+  w, state = masked(w, state, _grad(4.0, 8.0), P0)
+  chex.assert_trees_all_equal(
+    (w['w'], state[0].trace['w']), (jnp.array([-2.5, 4.0]), jnp.array([5.0, -4.0]))
+  )
+  w, state = masked(w, state, _grad(8.0, 4.0), P1)
+  chex.assert_trees_all_equal(
+    (w['w'], state[0].trace['w']), (jnp.array([-2.5, 3.0]), jnp.array([5.0, 2.0]))
+  )
+
+
+def test_adam_full_then_two_partitioned_steps_by_hand():
+  """Adam, η = 1, β1 = 1/2, β2 = 3/8, ε = 0; the count t advances on every step:
+      m ← β1 m + (1 − β1) g,  v ← β2 v + (1 − β2) g²,
+      w ← w − η (m / (1 − β1^t)) / sqrt(v / (1 − β2^t)).
+
+  t = 1, full, g = [7, 16]:  m = [3.5, 8], v = 5/8 [49, 256] = [30.625, 160]
+         m̂ = [7, 16], v̂ = [49, 256]: w = [1, 2] − [1, 1] = [0, 1]
+  t = 2, P0, g = [4, 5] → [4, 0]:
+         m[0] = 1.75 + 2 = 3.75, v[0] = 3/8 · 30.625 + 5/8 · 16 = 21.484375
+         m̂[0] = 3.75 / (3/4) = 5, v̂[0] = 21.484375 / (55/64) = 25: w[0] = 0 − 5/5 = −1
+         m[1] = 8, v[1] = 160, w[1] = 1 kept
+  t = 3, P1, g = [3, −1] → [0, −1]:
+         m[1] = 4 − 0.5 = 3.5, v[1] = 3/8 · 160 + 5/8 · 1 = 60.625
+         m̂[1] = 3.5 / (7/8) = 4, v̂[1] = 60.625 / (485/512) = 64: w[1] = 1 − 4/8 = 0.5
+         (w[1]'s moments saw 2 of the 3 steps; its bias correction uses t = 3.)
+         m[0] = 3.75, v[0] = 21.484375, w[0] = −1 kept."""
+  tx = optax.adam(1.0, b1=0.5, b2=0.375, eps=0.0)
+  full = _update(tx)
+  masked = lppsgd.make_masked_update(full, tx)
+
+  def check(w, state, expected_w, mu, nu, count):
+    adam = state[0]  # The moments are exact; w is not: XLA's fused program does not round
+    # m̂ / sqrt(v̂) as the exact quotient (w[0] = −4.5e−8 after step 1), so 1e-6 for w.
+    chex.assert_trees_all_equal(
+      (adam.mu['w'], adam.nu['w'], adam.count), (jnp.array(mu), jnp.array(nu), jnp.int32(count))
+    )
+    np.testing.assert_allclose(w['w'], expected_w, rtol=0, atol=1e-6)
+
+  w, state = full(W0, tx.init(W0), _grad(7.0, 16.0))
+  check(w, state, [0.0, 1.0], [3.5, 8.0], [30.625, 160.0], 1)
+  w, state = masked(w, state, _grad(4.0, 5.0), P0)
+  check(w, state, [-1.0, 1.0], [3.75, 8.0], [21.484375, 160.0], 2)
+  w, state = masked(w, state, _grad(3.0, -1.0), P1)
+  check(w, state, [-1.0, 0.5], [3.75, 3.5], [21.484375, 60.625], 3)
+
+
+def test_a_partitioned_step_changes_nothing_outside_its_slice():
+  """On the MLP with Adam and weight decay: every coordinate outside the slice keeps its
+  parameter and both moments bit for bit; inside, the step is the full step's, bit for bit
+  too (Adam is elementwise, and the partitioned step runs the full step's program)."""
+  pipe = pipeline(tx='adam')
+  tx = optax.chain(optax.add_decayed_weights(1e-2), optax.adam(1e-2))
+  full = _update(tx)
+  masked = lppsgd.make_masked_update(full, tx)
+  ops = pipe.ops(0, sequential_roles(1)[0])
+  params = pipe.initial_variables(0, sequential_roles(1)[0])['params']
+  stream = batches(seed=0)
+
+  def grads_at(params):
+    batch = next(stream)
+    return ops.backward(ops.forward({'params': params}, batch['image'], batch['label'])[3], None)[0]
+
+  params, state = full(params, tx.init(params), grads_at(params))  # Moments ≠ 0 everywhere.
+  g = grads_at(params)
+  for mask in lppsgd.partition_masks(params, 3):
+    new_params, new_state = masked(params, state, g, mask)
+    ref_params, ref_state = full(params, state, g)
+    for new, old, ref in [
+      (new_params, params, ref_params),
+      (new_state[1][0].mu, state[1][0].mu, ref_state[1][0].mu),
+      (new_state[1][0].nu, state[1][0].nu, ref_state[1][0].nu),
+    ]:
+      for n, o, r, m in zip(*map(jax.tree.leaves, (new, old, ref, mask))):
+        np.testing.assert_array_equal(np.asarray(n)[~m], np.asarray(o)[~m])
+        np.testing.assert_array_equal(np.asarray(n)[m], np.asarray(r)[m])
+    assert int(new_state[1][0].count) == 2
+
+
+def test_an_optimizer_without_per_parameter_state_is_refused():
+  """Adafactor keeps a 256 × 256 matrix's second moment as a row and a column of 256:
+  a mask would broadcast over them silently instead of selecting a slice."""
+  params = {'w': jnp.ones((256, 256))}
+  tx = optax.adafactor(1e-2)
+  masked = lppsgd.make_masked_update(_update(tx), tx)
+  with pytest.raises(ValueError, match='per-parameter state'):
+    masked(params, tx.init(params), params, lppsgd.partition_masks(params, 2)[0])
+
+
+def test_one_partition_steps_equal_full_steps_bit_for_bit():
+  """W = 1: the one slice is the whole model, so the partitioned steps (every other
+  step once warm-up is over) are full steps and the run is sequential Adam."""
+  pipe = pipeline(tx='adam')
+  settings = lppsgd.LppSettings(devices=1, workers_per_device=1, warmup_steps=0)
+  session, _, _ = run_lpp(settings, 10, pipe=pipe)
+  params, opt = sequential_sgd(pipe, batches(seed=0), 10)
+  chex.assert_trees_all_equal(tuple(session.replicas[0].read().value), (params[0], opt[0]))
 
 
 def test_hogwild_workers_replay_with_alternating_partitioned_steps():
@@ -53,8 +192,7 @@ def test_hogwild_workers_replay_with_alternating_partitioned_steps():
   for step, u in enumerate(updates):
     batch, k = next(streams[u.lane]), taken[u.lane]
     taken[u.lane] += 1
-    _, _, _, vjp = ops.forward({'params': history[u.read_version]}, batch['image'],
-                               batch['label'])
+    _, _, _, vjp = ops.forward({'params': history[u.read_version]}, batch['image'], batch['label'])
     grads, _ = ops.backward(vjp, None)
     if k % 2 == 1 and step >= settings.warmup_steps:  # Its partitioned steps.
       history.append(session.masked_update(history[-1], empty, grads, masks[u.lane])[0])
@@ -90,12 +228,13 @@ def test_replicas_are_averaged_with_the_keep_local_merge():
 
 
 def test_averaging_cost_is_a_ring_allreduce_of_the_parameter_bytes():
-  cost = {'link_latency': 1e-3, 'link_bandwidth': 1e6}
-  assert lppsgd.allreduce_time(4000, 4, cost) == pytest.approx(6 * (1e-3 + 1000 / 1e6))
-  assert lppsgd.allreduce_time(4000, 1, cost) == 0.0
-  assert lppsgd.allreduce_time(4000, 4, {'link_latency': 0.0, 'link_bandwidth': 0.0}) == 0.0
-  table = lppsgd.task_costs({(0, 'forward'): 1.0, (0, 'backward'): 2.0, (0, 'update'): 0.5},
-                            cost, 4000, 4)
+  cost = {'latency': 1e-3, 'bandwidth': 1e6}
+  assert lppsgd.allreduce_time(4000, 4, **cost) == pytest.approx(6 * (1e-3 + 1000 / 1e6))
+  assert lppsgd.allreduce_time(4000, 1, **cost) == 0.0
+  assert lppsgd.allreduce_time(4000, 4, latency=0.0, bandwidth=math.inf) == 0.0
+  table = algorithms_lppsgd.task_costs(
+    {(0, 'forward'): 1.0, (0, 'backward'): 2.0, (0, 'update'): 0.5}, 4000, 4, **cost
+  )
   assert table[(0, 'backward')] == 2.5 and table[(0, 'average')] == pytest.approx(0.012)
 
 

@@ -8,9 +8,9 @@ from jaxsgd.spmd import timing
 
 def test_ring_allreduce_time_by_hand():
   # 2(M−1)/M · bytes·8/β + 2(M−1)·α = 1.5 · 8e6/1e10 + 6 · 1e-5
-  t = timing.ring_allreduce_time(1e6, 4, bandwidth_gbps=10, latency_s=1e-5)
+  t = timing.ring_allreduce_time(1e6, 4, bandwidth=1.25e9, latency=1e-5)
   assert t == pytest.approx(1.2e-3 + 6e-5, rel=1e-12)
-  assert timing.ring_allreduce_time(1e6, 1, bandwidth_gbps=10, latency_s=1e-5) == 0
+  assert timing.ring_allreduce_time(1e6, 1, bandwidth=1.25e9, latency=1e-5) == 0
 
 
 def test_dasgd_hides_up_to_delay_steps_of_compute():
@@ -29,8 +29,9 @@ def test_dasgd_hides_up_to_delay_steps_of_compute():
 def test_elapsed_is_the_sum_of_step_times(period, delay):
   model = timing.StepTimeModel(compute=0.01, comm=0.05, period=period, delay=delay)
   for steps in range(0, 23):
-    assert model.elapsed(steps) == pytest.approx(sum(model.step_time(t)
-                                                     for t in range(1, steps + 1)))
+    assert model.elapsed(steps) == pytest.approx(
+      sum(model.step_time(t) for t in range(1, steps + 1))
+    )
 
 
 def test_ssgd_blocks_every_step():
@@ -46,13 +47,14 @@ def test_dasgd_hides_the_all_reduce_only_when_it_can_overlap(overlap, exposed):
   from experiments.configs import dasgd  # pylint: disable=g-import-not-at-top
   from jaxsgd.algorithms import data_parallel  # pylint: disable=g-import-not-at-top
   from jaxsgd.models import get_model  # pylint: disable=g-import-not-at-top
+
   config = dasgd.get_config('smoke')
   config.algorithm.overlap = overlap
-  config.cost.step_time = 0.01  # 1 step of compute covers the all-reduce below.
+  config.cost.compute.step = 0.01  # 1 step of compute covers the all-reduce below.
   s = data_parallel.settings(config)
   model = get_model('mlp', (40, 1), 10, hidden=(8,))
   variables = model.init(jax.random.key(0))
-  clock = data_parallel.make_time_model(config, s, model, variables, None)
+  clock = data_parallel.make_time_model(s, model, variables, None)
   clock = dataclasses.replace(clock, comm=0.004)
   assert clock.delay == (1 if overlap else 0)
   assert clock.exposed_comm == pytest.approx(exposed)

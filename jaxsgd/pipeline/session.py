@@ -1,4 +1,4 @@
-"""Pipeline policies on the scheduler: a model cut into K stages, one lane each.
+"""PlacedStages policies on the scheduler: a model cut into K stages, one lane each.
 
 BP, DDG and local parallelism differ only in the `StageRole` of each stage (which
 loss it has, which gradients it receives and sends, how late its backward is);
@@ -37,28 +37,28 @@ import numpy as np
 import optax
 
 from jaxsgd import models as models_lib
-from jaxsgd import stages as stages_lib
-from jaxsgd.scheduler import costs as costs_lib
-from jaxsgd.scheduler import placement as placement_lib
-from jaxsgd.scheduler import outputs
+from jaxsgd.errors import NonFiniteLossError
+from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
-from jaxsgd.scheduler.real import RealExecutor
-from jaxsgd.scheduler.stage_ops import StageOps, StageRole, make_stage_ops
+from jaxsgd.pipeline.roles import RoleFunctions, StageRole, role_functions
+from jaxsgd.scheduler.costs import calibrate
+from jaxsgd.scheduler.placement import Placement
 from jaxsgd.scheduler.store import VersionedStore
-from jaxsgd.scheduler.virtual import VirtualExecutor
-from jaxsgd.training import optimizers
-from jaxsgd.training.run import NonFiniteLossError
 
 KINDS = ('forward', 'backward', 'update')  # The task kinds a stage runs (cost keys).
 
 
 def sequential_roles(num_stages: int) -> tuple[StageRole, ...]:
   """Staged backprop (the reference): the whole gradient, no delay."""
-  return tuple(StageRole(loss='head' if k == num_stages - 1 else 'none',
-                         receives_delta=k < num_stages - 1,
-                         sends_delta='total' if k > 0 else 'none')
-               for k in range(num_stages))
+  return tuple(
+    StageRole(
+      loss='head' if k == num_stages - 1 else 'none',
+      receives_delta=k < num_stages - 1,
+      sends_delta='total' if k > 0 else 'none',
+    )
+    for k in range(num_stages)
+  )
 
 
 class StageParams(NamedTuple):
@@ -68,6 +68,7 @@ class StageParams(NamedTuple):
 
 class _Slot(NamedTuple):
   """What a backward needs from its forward: the batch, version, vjp and inputs."""
+
   batch: int
   version: int
   vjp: Any
@@ -104,7 +105,7 @@ class BatchFeed:
     return self._cache[t]
 
 
-class Pipeline:
+class PlacedStages:
   """A model cut into stages placed on devices, with their jitted ops.
 
   Args:
@@ -118,73 +119,105 @@ class Pipeline:
     aux_heads: give stages auxiliary heads (local losses).
   """
 
-  def __init__(self, model: models_lib.StagedModel, num_stages: int,
-               tx: optax.GradientTransformation, *, placement: placement_lib.Placement,
-               batch_size: int, seed: int = 0, aux_heads: bool = False,
-               loss_fn: Callable = stages_lib.cross_entropy):
+  def __init__(
+    self,
+    model: models_lib.StagedModel,
+    num_stages: int,
+    tx: optax.GradientTransformation,
+    *,
+    placement: Placement,
+    batch_size: int,
+    seed: int = 0,
+    aux_heads: bool = False,
+    loss_fn: Callable = stages_lib.cross_entropy,
+  ):
     models_lib.check_num_stages(model, num_stages)
     self.model, self.tx, self.placement, self.loss_fn = model, tx, placement, loss_fn
     self.num_stages = num_stages
     self.stages = models_lib.split(model, num_stages, aux_heads=aux_heads)
     self.inputs, self.outputs = _stage_shapes(model, self.stages, batch_size)
     self._variables = _initial_variables(model, self.stages, seed)
-    self._ops: dict[tuple, StageOps] = {}
+    self._ops: dict[tuple, RoleFunctions] = {}
 
   def device(self, k: int) -> jax.Device:
     return self.placement.device(k)
 
-  def ops(self, k: int, role: StageRole) -> StageOps:
+  def ops(self, k: int, role: StageRole) -> RoleFunctions:
     """Stage k's jitted ops for `role` (built once per distinct role; the delay
     does not change the computation)."""
     key = (k, role.loss, role.receives_delta, role.sends_delta, role.recompute and role.delay > 0)
     if key not in self._ops:
-      self._ops[key] = make_stage_ops(self.stages[k], role, self.tx, output=self.outputs[k],
-                                      loss_fn=self.loss_fn)
+      self._ops[key] = role_functions(
+        self.stages[k], role, self.tx, output=self.outputs[k], loss_fn=self.loss_fn
+      )
     return self._ops[key]
 
   def initial_variables(self, k: int, role: StageRole):
     """Stage k's initial variables on its device (aux heads only where a role uses one)."""
     variables = self._variables[k]
     if role.loss != 'aux':
-      variables = {**variables, 'params': {n: p for n, p in variables['params'].items()
-                                           if not n.startswith('aux_')}}
+      variables = {
+        **variables,
+        'params': {n: p for n, p in variables['params'].items() if not n.startswith('aux_')},
+      }
     return transfer.to_device(variables, self.device(k))
 
-  def session(self, roles: Sequence[StageRole], feed: BatchFeed, steps: int, *,
-              on_step: Callable[[int, Any], None] | None = None,
-              idle_fill: str | None = None) -> 'Session':
-    return Session(self, roles, feed, steps, on_step=on_step, idle_fill=idle_fill)
+  def session(
+    self,
+    roles: Sequence[StageRole],
+    feed: BatchFeed,
+    steps: int,
+    *,
+    on_step: Callable[[int, Any], None] | None = None,
+    idle_fill: str | None = None,
+  ) -> 'PipelineSession':
+    return PipelineSession(self, roles, feed, steps, on_step=on_step, idle_fill=idle_fill)
 
   def calibrate(self, roles: Sequence[StageRole], batch: dict, reps: int = 3) -> dict:
     """Seconds per (stage, kind), timing the real jitted calls on `batch` once."""
-    return costs_lib.calibrate(self._calibration_calls(roles, batch), reps)
+    return calibrate(self.calibration_calls(roles, batch), reps)
 
-  def _calibration_calls(self, roles, batch):
+  def calibration_calls(self, roles, batch) -> dict:
+    """`{(stage, kind): (jitted fn, args)}`: every task of `roles` on one host `batch`."""
     calls, x = {}, transfer.to_device(batch['image'], self.device(0))
     for k, role in enumerate(roles):
       ops, device = self.ops(k, role), self.device(k)
       variables = self.initial_variables(k, role)
       labels = transfer.to_device(batch['label'], device) if role.loss != 'none' else None
-      dy = (transfer.to_device(np.ones(self.outputs[k].shape, self.outputs[k].dtype), device)
-            if role.receives_delta else None)
+      dy = (
+        transfer.to_device(np.ones(self.outputs[k].shape, self.outputs[k].dtype), device)
+        if role.receives_delta
+        else None
+      )
       y, _, _, vjp = ops.forward(variables, x, labels)
       grads, _ = ops.backward(vjp, dy)
       params, _ = stages_lib.split_variables(variables)
       opt_state = transfer.to_device(self.tx.init(params), device)
       calls[(k, 'forward')] = (ops.forward, (variables, x, labels))
-      calls[(k, 'backward')] = ((ops.recompute, (variables, x, labels, dy))
-                                if role.recompute and role.delay else (ops.backward, (vjp, dy)))
+      calls[(k, 'backward')] = (
+        (ops.recompute, (variables, x, labels, dy))
+        if role.recompute and role.delay
+        else (ops.backward, (vjp, dy))
+      )
       calls[(k, 'update')] = (ops.update, (params, opt_state, grads))
       if y is not None:
         x = transfer.to_device(y, self.device(k + 1))
     return calls
 
 
-class Session:
+class PipelineSession:
   """One training run of a pipeline: stores, channels and the stage processes."""
 
-  def __init__(self, pipeline: Pipeline, roles: Sequence[StageRole], feed: BatchFeed,
-               steps: int, *, on_step=None, idle_fill=None):
+  def __init__(
+    self,
+    pipeline: PlacedStages,
+    roles: Sequence[StageRole],
+    feed: BatchFeed,
+    steps: int,
+    *,
+    on_step=None,
+    idle_fill=None,
+  ):
     check_roles(roles)
     if len(roles) != pipeline.num_stages:
       raise ValueError(f'stages: {len(roles)} roles for {pipeline.num_stages} stages.')
@@ -215,14 +248,19 @@ class Session:
     last = k == self.pipeline.num_stages - 1
     slots = collections.deque([self._idle_slot(k)] * role.delay)
     for t in range(self.steps):
-      x = (transfer.to_device(self.feed.take(t, 'image'), device) if k == 0
-           else (yield Get(self.activations[k])))
-      labels = (transfer.to_device(self.feed.take(t, 'label'), device)
-                if role.loss != 'none' else None)
+      x = (
+        transfer.to_device(self.feed.take(t, 'image'), device)
+        if k == 0
+        else (yield Get(self.activations[k]))
+      )
+      labels = (
+        transfer.to_device(self.feed.take(t, 'label'), device) if role.loss != 'none' else None
+      )
       snapshot = self.stores[k].read()
       variables = {'params': snapshot.value.params, **self.states[k].read().value}
-      y, loss, new_state, vjp = yield Compute(ops.forward, (variables, x, labels),
-                                              kind='forward', stage=k, batch=t)
+      y, loss, new_state, vjp = yield Compute(
+        ops.forward, (variables, x, labels), kind='forward', stage=k, batch=t
+      )
       self.states[k].write(new_state)
       if not last:
         yield Send(self.activations[k + 1], y, batch=t)
@@ -265,8 +303,9 @@ class Session:
     """Overlapping: the own loss's backward on the current batch, its input gradient
     sent upstream at once (it does not depend on anything downstream)."""
     ops = self.pipeline.ops(k, self.roles[k])
-    grads, dx = yield Compute(ops.backward, (slot.vjp, None), kind='backward', stage=k,
-                              batch=slot.batch)
+    grads, dx = yield Compute(
+      ops.backward, (slot.vjp, None), kind='backward', stage=k, batch=slot.batch
+    )
     yield from self._send_delta(k, dx, slot.batch)
     return grads, slot.version
 
@@ -277,11 +316,16 @@ class Session:
 
   def _update(self, k: int, grads, read_version: int, batch: int):
     current = self.stores[k].read().value
-    params, opt_state = yield Compute(self.pipeline.ops(k, self.roles[k]).update,
-                                      (current.params, current.opt_state, grads),
-                                      kind='update', stage=k, batch=batch)
-    self.stores[k].write(StageParams(params, opt_state), read_version=read_version, lane=k,
-                         batch=batch)
+    params, opt_state = yield Compute(
+      self.pipeline.ops(k, self.roles[k]).update,
+      (current.params, current.opt_state, grads),
+      kind='update',
+      stage=k,
+      batch=batch,
+    )
+    self.stores[k].write(
+      StageParams(params, opt_state), read_version=read_version, lane=k, batch=batch
+    )
 
   def _idle_slot(self, k: int) -> _Slot | None:
     """What an idle pipeline slot holds: nothing, or (`idle_fill='nan'`) a forward
@@ -300,9 +344,12 @@ class Session:
   def variables(self):
     """The full model's variables (aux heads dropped), gathered on the first device."""
     device = self.pipeline.placement.devices[0]
-    return models_lib.merge_variables([
+    return models_lib.merge_variables(
+      [
         transfer.to_device({'params': store.read().value.params, **state.read().value}, device)
-        for store, state in zip(self.stores, self.states)])
+        for store, state in zip(self.stores, self.states)
+      ]
+    )
 
   def staleness(self) -> dict[str, np.ndarray]:
     return {f'stage {k}': store.staleness() for k, store in enumerate(self.stores)}
@@ -327,9 +374,11 @@ def _drain_local_losses(k: int, pending: list) -> float:
   values = np.asarray(transfer.to_host(list(losses)), np.float64)
   bad = np.flatnonzero(~np.isfinite(values))
   if bad.size:
-    raise NonFiniteLossError(f'training loss became {values[bad[0]]} at step '
-                             f'{steps[bad[0]] + 1} at stage/worker stage {k} (its local loss); '
-                             f'lower optimizer.learning_rate or check the data.')
+    raise NonFiniteLossError(
+      f'training loss became {values[bad[0]]} at step '
+      f'{steps[bad[0]] + 1} at stage/worker stage {k} (its local loss); '
+      f'lower optimizer.learning_rate or check the data.'
+    )
   return float(values.mean())
 
 
@@ -342,8 +391,10 @@ def check_roles(roles: Sequence[StageRole]) -> None:
     if role.delay < 0:
       raise ValueError(f'roles: stage {k} has a negative delay.')
     if role.receives_delta != (k < last and roles[k + 1].sends_delta != 'none'):
-      raise ValueError(f'roles: stage {k} receives_delta={role.receives_delta} but stage '
-                       f'{k + 1} sends {roles[k + 1].sends_delta if k < last else "nothing"}.')
+      raise ValueError(
+        f'roles: stage {k} receives_delta={role.receives_delta} but stage '
+        f'{k + 1} sends {roles[k + 1].sends_delta if k < last else "nothing"}.'
+      )
     if role.loss == 'none' and not role.receives_delta:
       raise ValueError(f'roles: stage {k} has neither a loss nor a gradient from downstream.')
 
@@ -355,8 +406,11 @@ def _stage_shapes(model, stages, batch_size):
   inputs, outputs = [], []
   for stage in stages:
     inputs.append(h)
-    h = jax.eval_shape(lambda v, x, s=stage: s.apply(v, x, train=False),
-                       models_lib.stage_variables(variables, stage), h)
+    h = jax.eval_shape(
+      lambda v, x, s=stage: s.apply(v, x, train=False),
+      models_lib.stage_variables(variables, stage),
+      h,
+    )
     outputs.append(h)
   return inputs, outputs
 
@@ -365,8 +419,11 @@ def _initial_variables(model, stages, seed):
   """The fused `bp` initialization, cut per stage, plus auxiliary heads if any."""
   key = jax.random.key(seed)
   full = model.init(key)
-  with_aux = (models_lib.init_stages(model, stages, key)
-              if any(s.aux_classes for s in stages) else [None] * len(stages))
+  with_aux = (
+    models_lib.init_stages(model, stages, key)
+    if any(s.aux_classes for s in stages)
+    else [None] * len(stages)
+  )
   result = []
   for stage, aux in zip(stages, with_aux):
     variables = models_lib.stage_variables(full, stage)
@@ -375,61 +432,3 @@ def _initial_variables(model, stages, seed):
       variables = {**variables, 'params': {**variables['params'], **heads}}
     result.append(variables)
   return result
-
-
-# --- from a config ------------------------------------------------------------------------
-def check_config(config, model) -> None:
-  """Refuses what cannot run on the scheduler, before anything compiles."""
-  models_lib.check_num_stages(model, config.stages)
-  placement_lib.check_config(config, config.stages)
-  if config.clock == 'virtual':
-    costs_lib.check_settings(config.get('cost'), config.stages, KINDS)
-
-
-def make_executor(config, pipeline: Pipeline, roles, batch: dict):
-  """The real executor, or the virtual one with a calibrated or given cost model."""
-  if config.clock == 'real':
-    return RealExecutor()
-  cost = costs_lib.settings(config.get('cost'))
-  if cost['calibrate']:
-    compute = pipeline.calibrate(roles, batch, cost['reps'])
-  else:
-    compute = costs_lib.explicit_compute(cost, pipeline.num_stages, KINDS)
-  return VirtualExecutor(costs_lib.model_from_settings(cost, compute, seed=config.seed))
-
-
-def train(run, roles: Sequence[StageRole]) -> dict:
-  """Trains `roles` on the scheduler for `config.train_steps` iterations.
-
-  Step `t` (1-based) is reported when the last stage has applied batch t − 1's
-  update (at the simulated time, on the virtual clock); the final step is
-  reported after every lane has finished. Writes `trace.json` and `staleness.png`.
-  """
-  config = run.config
-  num_stages, steps, batch_size = config.stages, config.train_steps, config.batch_size
-  pipeline = Pipeline(run.model, num_stages, optimizers.make_optimizer(config.optimizer, steps),
-                      placement=placement_lib.from_config(config, num_stages),
-                      batch_size=batch_size, seed=config.seed,
-                      aux_heads=any(r.loss == 'aux' for r in roles))
-  batches = run.train_batches()
-  feed = BatchFeed(batches, consumers=1 + sum(r.loss != 'none' for r in roles))
-  executor = make_executor(config, pipeline, roles, feed.peek(0))
-  virtual = executor.clock == 'virtual'
-  last_loss = []
-
-  def report(step, loss, sim_time):
-    run.report(step, loss=loss, variables=session.variables, samples=step * batch_size,
-               sim_time=sim_time, extra=session.metrics, stage=f'stage {num_stages - 1}')
-
-  def on_step(t, loss):
-    if t + 1 < steps:
-      report(t + 1, loss, executor.now() if virtual else None)
-    else:
-      last_loss.append(loss)  # Reported once every lane is done.
-
-  session = pipeline.session(roles, feed, steps, on_step=on_step)
-  timeline = executor.run(session.cluster, session.processes())
-  report(steps, last_loss[0], timeline.makespan if virtual else None)
-  return outputs.write_outputs(run, timeline, session.staleness(), executor=executor,
-                               epochs=batches.epoch,
-                               title=f'{run.config.algorithm.name}: staleness per stage')

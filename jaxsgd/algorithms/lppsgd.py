@@ -1,0 +1,108 @@
+r"""`lppsgd`: Hogwild! workers sharing one replica per device, replicas averaged.
+
+The schedule and the keep-local merge are in `jaxsgd.asynchronous.lppsgd`
+(docs/algorithms.md): D devices (`algorithm.devices`), W workers per device
+(`algorithm.workers_per_device`) updating their replica without locks; every
+`averaging_freq` updates a replica joins a non-blocking ring all-reduce.
+"""
+
+import dataclasses
+import math
+
+from jaxsgd import optimizers
+from jaxsgd.algorithms import clocks, pipelined, workers
+from jaxsgd.algorithms.settings import SharedSettings, derived, integer, section
+from jaxsgd.asynchronous import common
+from jaxsgd.asynchronous.lppsgd import LppSession, LppSettings, allreduce_time
+from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
+from jaxsgd.scheduler import Placement, transfer
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """`config.algorithm` of `lppsgd`, and the shared fields (`shared`)."""
+
+  devices: int = 2
+  workers_per_device: int = 2
+  warmup_steps: int = 0
+  averaging_freq: int = 4
+  shared: SharedSettings | None = derived()
+
+  @property
+  def session(self) -> LppSettings:
+    return LppSettings(
+      self.devices, self.workers_per_device, self.warmup_steps, self.averaging_freq
+    )
+
+
+def validate(config, model) -> Settings:
+  settings = section(config.algorithm, Settings, 'algorithm')
+  integer(settings.devices, 'algorithm.devices')
+  integer(settings.workers_per_device, 'algorithm.workers_per_device')
+  integer(settings.warmup_steps, 'algorithm.warmup_steps', minimum=0)
+  integer(settings.averaging_freq, 'algorithm.averaging_freq')
+  shared = workers.validate_workers(config, model, settings.session.num_workers, whole_model=True)
+  return dataclasses.replace(settings, shared=shared)
+
+
+def task_costs(table: dict, nbytes: int, devices: int, *, bandwidth: float, latency: float) -> dict:
+  """The update paid by the backward task it ends, and the averaging collective."""
+  return {
+    **common.fold_update(table, 1),
+    (0, 'average'): allreduce_time(nbytes, devices, bandwidth=bandwidth, latency=latency),
+  }
+
+
+def train(run, settings: Settings) -> dict:
+  """Trains until `train_steps` updates were applied over all replicas."""
+  shared, session_settings = settings.shared, settings.session
+  D, W = settings.devices, settings.workers_per_device
+  devices = clocks.lane_devices(shared, D)
+  # Each replica keeps its own optimizer state and takes ~train_steps / D of the
+  # updates: its learning-rate schedule spans that many steps, not train_steps.
+  base = optimizers.make_optimizer(shared.optimizer, math.ceil(shared.train_steps / D))
+  model = PlacedStages(
+    run.model,
+    1,
+    base,
+    placement=Placement.create(1, devices[:1]),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+  )
+  variables = model.initial_variables(0, sequential_roles(1)[0])
+  opt_state = base.init(variables['params'])
+  nbytes = transfer.nbytes(variables['params'])
+  executor, measured = clocks.make_executor(
+    shared,
+    pipelined.stage_tasks(
+      model, sequential_roles(1), lambda: next(run.train_batches(0, 1)), shared.batch_size
+    ),
+    KINDS,
+    1,
+    lane_speeds=[speed / W for speed in clocks.worker_speeds(shared, D * W)],
+    threads=True,
+    adjust=lambda table: task_costs(
+      table, nbytes, D, bandwidth=shared.cost.bandwidth, latency=shared.cost.link_latency
+    ),
+  )
+  log = common.WorkerLog(
+    [f'worker {m // W}.{m % W}' for m in range(D * W)], clocks.failures(shared, D * W), executor.now
+  )
+  streams = [run.train_batches(m, D * W) for m in range(D * W)]
+  return workers.train_session(
+    run,
+    shared,
+    executor,
+    measured,
+    log,
+    lambda steps: LppSession(
+      model, session_settings, variables, opt_state, streams, devices, steps, log
+    ),
+    name='lppsgd',
+    title='lppsgd: staleness per worker',
+    extra=lambda session: {
+      'devices': D,
+      'workers_per_device': W,
+      'averaging_rounds': session.averaged_rounds,
+    },
+  )

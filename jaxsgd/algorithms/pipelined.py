@@ -1,0 +1,104 @@
+"""What the stage-per-lane algorithms (staged `bp`, `ddg`, `local`) share: their roles,
+run on the scheduler from settings.
+
+Each of them turns its settings into one `StageRole` per stage (`jaxsgd.pipeline`);
+`train_roles` places the stages, builds the executor of `config.clock` and runs the
+pipeline session for `train_steps` iterations.
+"""
+
+from collections.abc import Sequence
+
+from jaxsgd import models as models_lib
+from jaxsgd import optimizers
+from jaxsgd.algorithms import clocks
+from jaxsgd.algorithms.settings import SharedSettings, refuse_workers_field, shared_settings
+from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole
+from jaxsgd.scheduler import profiles
+
+
+def validate_pipeline(config, model) -> SharedSettings:
+  """The shared settings, and the checks of a stage-per-lane run."""
+  shared = shared_settings(config)
+  models_lib.check_num_stages(model, shared.stages)
+  refuse_workers_field(config.algorithm.name, shared.workers)
+  if shared.virtual and not shared.cost.calibrate:
+    shared.cost.explicit(KINDS, shared.stages)
+  if shared.cost.worker_speeds or shared.cost.failures:
+    raise ValueError(
+      'cost.worker_speeds / cost.failures: a pipeline has no workers; set '
+      'per-stage speeds with cost.device_speeds.'
+    )
+  if shared.cost.device_speeds and len(shared.cost.device_speeds) != shared.stages:
+    raise ValueError(
+      f'cost.device_speeds: {len(shared.cost.device_speeds)} values for {shared.stages} lanes.'
+    )
+  return shared
+
+
+def stage_tasks(stages: PlacedStages, roles, batch, batch_size: int) -> clocks.Tasks:
+  """The cost keys of `stages` in `roles`: every stage's forward, backward and update on
+  `batch()` (a host batch)."""
+  return clocks.Tasks(
+    calls=lambda: stages.calibration_calls(roles, batch()),
+    model=stages.model,
+    batch_size=batch_size,
+    split=profiles.split_of(stages.stages),
+    name=profiles.roles_signature(roles),
+  )
+
+
+def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: str) -> dict:
+  """Trains `roles` on the scheduler for `train_steps` iterations.
+
+  Step `t` (1-based) is reported when the last stage has applied batch t − 1's
+  update (at the simulated time, on the virtual clock); the final step is
+  reported after every lane has finished. Writes `trace.json` and `staleness.png`.
+  """
+  num_stages, steps = shared.stages, shared.train_steps
+  stages = PlacedStages(
+    run.model,
+    num_stages,
+    optimizers.make_optimizer(shared.optimizer, steps),
+    placement=clocks.placement(shared, num_stages),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+    aux_heads=any(r.loss == 'aux' for r in roles),
+  )
+  batches = run.train_batches()
+  feed = BatchFeed(batches, consumers=1 + sum(r.loss != 'none' for r in roles))
+  executor, _ = clocks.make_executor(
+    shared,
+    stage_tasks(stages, roles, lambda: feed.peek(0), shared.batch_size),
+    KINDS,
+    num_stages,
+    lane_speeds=shared.cost.device_speeds,
+  )
+  last_loss = []
+
+  def report(step, loss, sim_time):
+    run.report(
+      step,
+      loss=loss,
+      variables=session.variables,
+      samples=step * shared.batch_size,
+      sim_time=sim_time,
+      extra=session.metrics,
+      stage=f'stage {num_stages - 1}',
+    )
+
+  def on_step(t, loss):
+    if t + 1 < steps:
+      report(t + 1, loss, executor.now() if shared.virtual else None)
+    else:
+      last_loss.append(loss)  # Reported once every lane is done.
+
+  session = stages.session(roles, feed, steps, on_step=on_step)
+  timeline = executor.run(session.cluster, session.processes())
+  report(steps, last_loss[0], timeline.makespan if shared.virtual else None)
+  return run.write_schedule_outputs(
+    timeline,
+    session.staleness(),
+    cost_table=clocks.cost_table(executor),
+    epochs=batches.epoch,
+    title=title,
+  )

@@ -1,0 +1,405 @@
+"""A config, parsed once into frozen settings: the fields every algorithm shares.
+
+Every algorithm module's `validate(config, model)` calls `shared_settings(config)` for the
+shared fields and `section(config.algorithm, Settings)` for its own, so each config field
+is read in exactly one place, checked there, and refused there when unknown (with the
+closest known name). The settings are frozen, hashable dataclasses: an executor whose
+lanes are other processes can send them and rebuild the same functions there.
+
+The shared fields:
+
+    train_steps, batch_size, seed, clock ('real' | 'virtual'), stages, workers
+    optimizer.{name, learning_rate, schedule, weight_decay, kwargs}  -> OptimizerSettings
+    cost.{...}                                                       -> CostSettings
+    placement.{devices, stage_to_device}                             -> PlacementSettings
+
+`cost` is one schema for every family, one unit per quantity (seconds, bytes/s).
+"""
+
+import dataclasses
+import difflib
+import os
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+from jaxsgd.optimizers import OptimizerSettings
+from jaxsgd.scheduler import hardware
+
+CLOCKS = ('real', 'virtual')
+KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
+
+# Fields that were renamed: the old name is refused with the new one.
+RENAMED = {
+  'cost.step_time': 'cost.compute.step (seconds per step; with cost.calibrate=False)',
+  'cost.bandwidth_gbps': 'cost.link_bandwidth, in bytes/s (10 Gbit/s = 1.25e9)',
+  'cost.latency': 'cost.link_latency (seconds per message)',
+  'cost.calibration_steps': 'cost.reps',
+}
+
+
+# --- field checks -------------------------------------------------------------------------------
+def integer(value, field: str, minimum: int = 1, maximum: int | None = None) -> int:
+  """`value` if it is an integer in [minimum, maximum], else a ValueError naming `field`."""
+  if (
+    isinstance(value, bool)
+    or not isinstance(value, int)
+    or value < minimum
+    or (maximum is not None and value > maximum)
+  ):
+    if maximum is not None:
+      raise ValueError(f'{field}: must be an integer in [{minimum}, {maximum}], got {value!r}.')
+    what = 'a positive integer' if minimum == 1 else f'an integer >= {minimum}'
+    raise ValueError(f'{field}: must be {what}, got {value!r}.')
+  return int(value)
+
+
+def at_least(value, field: str, minimum: int) -> int:
+  """`value` if it is an integer >= `minimum` (said so), else a ValueError naming `field`."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise ValueError(f'{field}: must be an integer >= {minimum}, got {value!r}.')
+  return int(value)
+
+
+def number(
+  value, field: str, *, minimum: float = 0.0, strict: bool = False, maximum: float = math.inf
+) -> float:
+  """A finite number in [minimum, maximum] (`strict`: > minimum), else a ValueError."""
+  ok = (
+    not isinstance(value, bool)
+    and isinstance(value, (int, float))
+    and math.isfinite(value)
+    and (value > minimum if strict else value >= minimum)
+    and value <= maximum
+  )
+  if not ok:
+    bound = f'> {minimum}' if strict else f'>= {minimum}'
+    if maximum < math.inf:
+      bound += f' and <= {maximum}'
+    raise ValueError(f'{field}: must be a number {bound} (and finite), got {value!r}.')
+  return float(value)
+
+
+def choice(value, field: str, allowed) -> Any:
+  if value not in allowed:
+    raise ValueError(f'{field}: {value!r}; allowed: {", ".join(map(str, allowed))}.')
+  return value
+
+
+def boolean(value, field: str) -> bool:
+  if not isinstance(value, bool):
+    raise ValueError(f'{field}: True or False, got {value!r}.')
+  return value
+
+
+def refuse_unknown(given, allowed, prefix: str) -> None:
+  """Refuses keys of `given` not in `allowed`, naming the closest allowed one."""
+  for key in given:
+    if key in allowed:
+      continue
+    full = f'{prefix}.{key}' if prefix else key
+    if full in RENAMED:
+      raise ValueError(f'{full}: renamed; use {RENAMED[full]}.')
+    close = difflib.get_close_matches(key, list(allowed), n=1)
+    hint = f' Did you mean {prefix + "." if prefix else ""}{close[0]}?' if close else ''
+    raise ValueError(f'{full}: unknown field.{hint} Allowed: {", ".join(sorted(allowed))}.')
+
+
+def section(given, cls, prefix: str, *, ignore=('name',)):
+  """An instance of the frozen dataclass `cls` from the sub-config `given`.
+
+  Fields missing from `given` take the dataclass's default (defaults live only in the
+  dataclass); unknown keys are refused; a value whose type does not fit the field's
+  default (int, float, bool, str, tuple) is refused naming `prefix.field`.
+  """
+  given = dict(given or {})
+  names = {f.name: f for f in dataclasses.fields(cls) if f.init and f.metadata.get('config', True)}
+  refuse_unknown([k for k in given if k not in ignore], names, prefix)
+  values = {}
+  for name, f in names.items():
+    if name not in given:
+      continue
+    values[name] = _coerce(given[name], f, f'{prefix}.{name}')
+  return cls(**values)
+
+
+def derived(default=None):
+  """A settings field that is not read from the config's section (e.g. the shared `run`)."""
+  return dataclasses.field(default=default, metadata={'config': False})
+
+
+def _coerce(value, f: dataclasses.Field, field: str):
+  default = f.default if f.default is not dataclasses.MISSING else None
+  if isinstance(default, bool):
+    return boolean(value, field)
+  if isinstance(default, int) and not isinstance(value, bool) and isinstance(value, int):
+    return value
+  if isinstance(default, float) and not isinstance(value, bool) and isinstance(value, (int, float)):
+    return float(value)
+  if isinstance(default, tuple) and isinstance(value, (list, tuple)):
+    return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+  if isinstance(default, (bool, int, float, str)) and not isinstance(value, type(default)):
+    raise ValueError(f'{field}: expected a {type(default).__name__}, got {value!r}.')
+  return value
+
+
+# --- the shared sub-configs ---------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CostSettings:
+  """The virtual clock's costs (`config.cost`): one schema, one unit per quantity.
+
+  Where task costs come from (the first that applies):
+    `profile`  a cost profile file (`python -m experiments.profile`): measured once;
+    `compute`  explicit seconds, with `calibrate=False`;
+    `device`   a hardware preset (`jaxsgd.scheduler.hardware.PRESETS`): roofline costs from
+               XLA's cost analysis; links default to the preset's when left at 0;
+    `calibrate` measured on this machine the first time and kept as a profile where the data
+               lives (`<data_dir>/jaxsgd_profiles/`), so later runs reuse the same costs.
+  Every source but a first calibration is deterministic: the same config gives the same
+  simulated times, under any load.
+
+  Attributes:
+    calibrate: measure the tasks on this machine (once; cached, see above).
+    reps: calibration repetitions (the fastest counts).
+    profile: a cost profile file.
+    device: a hardware preset name (`cpu`, `v100`, `a100`, `h100`, `tpu_v4`, ...).
+    compute: `(kind, seconds)` pairs; seconds is a number or one per stage. Kinds:
+      forward, backward, update (scheduler families), step (data-parallel families).
+    device_speeds: one speed factor per stage device (pipelines); () = all 1.
+    worker_speeds: one speed factor per worker (asynchronous methods); () = all 1.
+    link_latency: seconds per transfer or all-reduce message.
+    link_bandwidth: bytes/s of every link; 0 = free links.
+    straggler_std: σ of the seeded log-normal per-task noise.
+    seed: seeds the noise; None = `config.seed`.
+    failures: `(worker, seconds)` pairs: from then on, that worker stops.
+  """
+
+  calibrate: bool = True
+  reps: int = 5
+  profile: str | None = None
+  device: str | None = None
+  compute: tuple[tuple[str, Any], ...] = ()
+  device_speeds: tuple[float, ...] = ()
+  worker_speeds: tuple[float, ...] = ()
+  link_latency: float = 0.0
+  link_bandwidth: float = 0.0
+  straggler_std: float = 0.0
+  seed: int | None = None
+  failures: tuple[tuple[int, float], ...] = ()
+
+  @property
+  def explicit_compute(self) -> bool:
+    """Costs are the given `compute` (not measured, not from a profile or preset)."""
+    return not self.calibrate and self.profile is None and self.device is None
+
+  @property
+  def bandwidth(self) -> float:
+    """Bytes/s of a link (`inf` for free links)."""
+    return self.link_bandwidth or math.inf
+
+  def links_are_costed(self, clock: str) -> bool:
+    return clock == 'virtual' and (self.link_latency > 0 or self.link_bandwidth > 0)
+
+  def explicit(self, kinds, num_stages: int) -> dict[tuple[int, str], float]:
+    """`{(stage, kind): seconds}` from `compute`, for every kind of `kinds`."""
+    given = dict(self.compute)
+    table = {}
+    for kind in kinds:
+      if given.get(kind) is None:
+        raise ValueError(
+          f'cost.compute.{kind}: missing (cost.calibrate is False, so every '
+          f'task kind {list(kinds)} needs a cost in seconds).'
+        )
+      value = given[kind]
+      per_stage = list(value) if isinstance(value, (list, tuple)) else [value] * num_stages
+      if len(per_stage) != num_stages:
+        raise ValueError(f'cost.compute.{kind}: {len(per_stage)} values for {num_stages} stages.')
+      for stage, seconds in enumerate(per_stage):
+        if (
+          isinstance(seconds, bool)
+          or not isinstance(seconds, (int, float))
+          or not 0 <= seconds < math.inf
+        ):
+          raise ValueError(
+            f'cost.compute.{kind}: stage {stage} cost must be a finite number '
+            f'of seconds >= 0, got {seconds!r}.'
+          )
+        table[(stage, kind)] = float(seconds)
+    return table
+
+
+def cost_settings(given, *, clock: str) -> CostSettings:
+  """`config.cost` parsed and range-checked (the sub-config is optional)."""
+  given = dict(given or {})
+  compute = {
+    k: tuple(v) if isinstance(v, list) else v
+    for k, v in dict(given.pop('compute', None) or {}).items()
+    if v is not None
+  }
+  refuse_unknown(compute, KINDS, 'cost.compute')
+  cost = section(
+    {**given, 'compute': tuple(sorted(compute.items()))}, CostSettings, 'cost', ignore=()
+  )
+  integer(cost.reps, 'cost.reps')
+  for field in ('link_latency', 'straggler_std'):
+    number(getattr(cost, field), f'cost.{field}')
+  if not (isinstance(cost.link_bandwidth, (int, float)) and cost.link_bandwidth >= 0):
+    raise ValueError(
+      f'cost.link_bandwidth: bytes/s >= 0 (0 or inf: free links), got {cost.link_bandwidth!r}.'
+    )
+  if cost.profile is not None and cost.device is not None:
+    raise ValueError(
+      'cost.profile / cost.device: give one cost source, not both (a profile '
+      'is measured costs, a device preset analytic ones).'
+    )
+  if cost.device is not None:
+    hardware.preset(cost.device)  # Refuses an unknown name, listing the presets.
+  if cost.profile is not None and not os.path.exists(os.path.expanduser(cost.profile)):
+    raise ValueError(
+      f'cost.profile: no file {cost.profile!r}; make one with '
+      f'python -m experiments.profile --config=... --out={cost.profile}.'
+    )
+  for field, what in (('device_speeds', 'lane'), ('worker_speeds', 'worker')):
+    for i, speed in enumerate(getattr(cost, field)):
+      if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 < speed < math.inf:
+        raise ValueError(f'cost.{field}: must be > 0, got {speed!r} for {what} {i}.')
+  if cost.seed is not None:
+    integer(cost.seed, 'cost.seed', minimum=0, maximum=2**32 - 1)
+  for pair in cost.failures:
+    if not isinstance(pair, tuple) or len(pair) != 2:
+      raise ValueError(f'cost.failures: (worker, seconds) pairs expected, got {pair!r}.')
+    integer(pair[0], 'cost.failures (worker)', minimum=0)
+    number(pair[1], 'cost.failures (seconds)')
+  return cost
+
+
+def refuse_workers_field(name: str, workers: int) -> None:
+  """For algorithms whose worker count is not `config.workers`."""
+  if workers != 1:
+    raise ValueError(
+      f'workers: {name} does not read `workers` (got {workers}); leave it at 1 '
+      f'(lppsgd: algorithm.devices and workers_per_device; pdasgd: '
+      f'algorithm.n_fwd and n_bwd; pipelines: stages).'
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementSettings:
+  """Which device each stage runs on (`config.placement`).
+
+  Attributes:
+    devices: positions in `jax.devices()` to use; None = all of them.
+    stage_to_device: for each stage, an index into that list; None = stage k on device
+      k, round-robin when there are fewer devices than stages and `devices` is None.
+  """
+
+  devices: tuple[int, ...] | None = None
+  stage_to_device: tuple[int, ...] | None = None
+
+
+def placement_settings(given, num_stages: int) -> PlacementSettings:
+  """`config.placement`, checked against the visible devices and the stage count."""
+  given = {k: (tuple(v) if v is not None else None) for k, v in dict(given or {}).items()}
+  refuse_unknown(given, ('devices', 'stage_to_device'), 'placement')
+  settings = PlacementSettings(**given)
+  available = len(jax.devices())
+  positions = settings.devices
+  if positions is not None:
+    bad = [
+      p
+      for p in positions
+      if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < available
+    ]
+    if not positions or bad:
+      raise ValueError(
+        f'placement.devices: positions in jax.devices() (0..{available - 1}) '
+        f'expected, got {list(positions)}.'
+      )
+  mapping = settings.stage_to_device
+  num_devices = available if positions is None else len(positions)
+  if mapping is None:
+    if positions is not None and len(positions) < num_stages:
+      raise ValueError(
+        f'placement.devices: {len(positions)} devices listed for '
+        f'{num_stages} stages; list at least {num_stages}, or map stages '
+        f'onto them with placement.stage_to_device.'
+      )
+    return settings
+  if len(mapping) != num_stages:
+    raise ValueError(f'placement.stage_to_device: {len(mapping)} entries for {num_stages} stages.')
+  if any(
+    isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_devices for i in mapping
+  ):
+    raise ValueError(
+      f'placement.stage_to_device: indices into the {num_devices} devices '
+      f'(0..{num_devices - 1}) expected, got {list(mapping)}.'
+    )
+  return settings
+
+
+def optimizer_settings(given, prefix: str = 'optimizer') -> OptimizerSettings:
+  """`config.optimizer` (or another optimizer sub-config) as checked settings."""
+  given = dict(given or {})
+  kwargs = given.pop('kwargs', None)
+  settings = section(
+    {**given, 'kwargs': tuple(sorted(dict(kwargs or {}).items()))},
+    OptimizerSettings,
+    prefix,
+    ignore=(),
+  )
+  return settings.check(prefix)
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedSettings:
+  """The fields every algorithm shares (top level of the config, `optimizer`, `cost`)."""
+
+  train_steps: int
+  batch_size: int
+  seed: int
+  clock: str
+  stages: int
+  workers: int
+  optimizer: OptimizerSettings
+  cost: CostSettings
+  placement: PlacementSettings
+  profile_cache: str | None = None  # where calibrated profiles are kept (by the data)
+
+  @property
+  def virtual(self) -> bool:
+    return self.clock == 'virtual'
+
+  @property
+  def cost_seed(self) -> int:
+    return self.seed if self.cost.seed is None else self.cost.seed
+
+
+def shared_settings(config) -> SharedSettings:
+  """The shared fields of `config`, each checked once."""
+  stages = integer(config.stages, 'stages')
+  clock = choice(config.clock, 'clock', CLOCKS)
+  return SharedSettings(
+    train_steps=integer(config.train_steps, 'train_steps'),
+    batch_size=integer(config.batch_size, 'batch_size'),
+    seed=integer(config.seed, 'seed', minimum=0, maximum=2**32 - 1),
+    clock=clock,
+    stages=stages,
+    workers=integer(config.workers, 'workers'),
+    optimizer=optimizer_settings(config.optimizer),
+    cost=cost_settings(config.get('cost'), clock=clock),
+    placement=placement_settings(config.get('placement'), stages),
+    profile_cache=_profile_cache(config.get('data_dir')),
+  )
+
+
+def _profile_cache(data_dir) -> str:
+  """`<data_dir>/jaxsgd_profiles`: calibrated costs are kept where the data lives."""
+  root = data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets'
+  return os.path.join(os.path.abspath(os.path.expanduser(root)), 'jaxsgd_profiles')
+
+
+def as_dict(settings) -> Mapping[str, Any]:
+  """A settings dataclass as a plain dict (for summaries and config files)."""
+  return dataclasses.asdict(settings)
