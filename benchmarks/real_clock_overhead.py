@@ -21,6 +21,14 @@ alike; the median ratio of the rounds is reported (on a machine shared with
 other jobs, expect ±30 % between rounds), and the median of `run / bare`, the
 two ratios' quotient, which load affects least. The last line is the figure:
 `real clock overhead DDG K=4 (one device): <wall / Σ task costs>`.
+
+Measured here (2-core CPU shared with other jobs, load ~4; benchmarks/results/):
+before this engine's changes 2.56 (run / bare 1.44), after 1.99 (run / bare 1.28);
+at lighter load the after engine gave a median of 1.26. The gain: a `Send` between
+lanes of one device moves nothing (it was a `device_put` per message), one timing
+thread per device instead of one per lane (10 threads here before), and the
+timing thread does less per task. Host CPU per compute task (main thread + timing
+threads, `time.thread_time`): 237 µs before, 130–150 after, 83–90 for the bare loop.
 """
 
 import argparse

@@ -21,6 +21,13 @@ few pre-generated ones, so making data costs nothing here. CPU time rather than 
 shared machine add wall time but not this thread's CPU time. Rounds alternate
 session and bare loop; medians are reported. The last line is the figure:
 `simulated ASGD M=64 host time per task: <x> us` (excluding the jitted calls).
+
+Measured here (2-core CPU shared with other jobs, load ~3–4; benchmarks/results/):
+before this engine's changes 173 µs per task, after 71 µs (medians of 5; the spread
+between repeats is ±40 % at this load; 52–67 µs in quieter moments). The gain: no
+`device_put` of a message already on its destination device, host batches placed
+through a jitted identity, bytes counted from avals, on-device checks by sharding
+identity. The event loop itself costs ~4 µs per task without a garbage collection.
 """
 
 import argparse
