@@ -10,7 +10,10 @@ task's start and writes them at its end. An executor runs the processes:
 - `VirtualExecutor(cost_model)`: a deterministic discrete-event simulation in
   which every task still runs its real computation.
 
-Both return a `Timeline` (`trace.json` for Perfetto, per-lane utilization).
+Both are small subclasses of `Executor` (`executor.py`), which writes what the ops
+mean once; a clock overrides only when tasks run and when processes go on (its
+docstring is the contract for a further executor). Every executor returns a
+`Timeline` (`trace.json` for Perfetto, per-lane utilization).
 `pipeline` runs the stage-per-lane policies (BP, DDG, local parallelism) given
 one `StageRole` per stage.
 
@@ -29,8 +32,9 @@ Worker speeds and stragglers come from `CostModel.device_speeds` and
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, DeadlockError, Get, Process
 from jaxsgd.scheduler.core import Put, Send
 from jaxsgd.scheduler.costs import CostModel, calibrate
+from jaxsgd.scheduler.executor import Executor
 from jaxsgd.scheduler.placement import Placement
-from jaxsgd.scheduler.real import RealExecutor
+from jaxsgd.scheduler.real import RealExecutor, ThreadedExecutor
 from jaxsgd.scheduler.store import Snapshot, UpdateRecord, VersionedStore
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 from jaxsgd.scheduler.virtual import VirtualExecutor

@@ -22,8 +22,8 @@ Python generator bound to a lane; it yields ops and the executor answers them:
 - `Put(channel, value)`: deliver at once, no copy (same device, or a control message).
 - `Get(channel)`: wait for the next item of a FIFO channel.
 
-An executor (`VirtualExecutor`, `RealExecutor`) runs the processes of a `Cluster`
-and returns a `Timeline` of the tasks it ran.
+An executor (`VirtualExecutor`, `RealExecutor`, both built on `executor.Executor`)
+runs the processes of a `Cluster` and returns a `Timeline` of the tasks it ran.
 """
 
 import collections

@@ -4,7 +4,16 @@ Everything else in the scheduler calls these functions, so a test can run a whol
 pipeline under `jax.transfer_guard('disallow')` and catch any implicit copy, and a
 profile of transfers has one place to look. `jax.device_put` is asynchronous: it
 returns at once and the copy overlaps whatever the devices are doing.
+
+A value already on the destination (every leaf a committed `jax.Array` on that
+device) is not copied: `to_device` returns it as it is, since JAX arrays are
+immutable and a copy would cost a `device_put` (tens of µs of host time per leaf
+batch) for nothing. A task that donates its inputs must therefore not be handed a
+value another lane still holds.
 """
+
+import functools
+import math
 
 import jax
 import numpy as np
@@ -14,9 +23,71 @@ def to_device(tree, device: jax.Device | None):
   """`tree` (host numpy or arrays on any device) placed on `device` (async).
 
   `device=None` (a lane with no device of its own, e.g. a simulated control lane)
-  leaves `tree` where it is.
+  leaves `tree` where it is, and so does a `tree` whose arrays are all on `device`.
   """
-  return tree if device is None else jax.device_put(tree, device)
+  if device is None or on_device(tree, device):
+    return tree
+  leaves = jax.tree_util.tree_leaves(tree)
+  if all(type(leaf) is np.ndarray for leaf in leaves):  # pylint: disable=unidiomatic-typecheck
+    return _host_placer(device)(tree)
+  return jax.device_put(tree, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _host_placer(device: jax.Device):
+  """Places a tree of host arrays on `device` through a jitted identity.
+
+  The same arrays as `jax.device_put(tree, device)` (dtypes canonicalized alike,
+  committed to `device`), for less host time: jit's C++ argument path instead of
+  `device_put`'s Python one. Measured here while the device runs other tasks (a
+  64-example batch, 2 arrays): `device_put` ~100–200 µs of host CPU, this ~10–40 µs.
+  Compiled once per tree structure and shapes. It is an explicit placement, so a
+  `jax.transfer_guard('disallow')` around the run lets it through.
+  """
+  sharding = _sharding(device)
+  identity = jax.jit(lambda tree: tree, in_shardings=sharding, out_shardings=sharding)
+
+  def place(tree):
+    with jax.transfer_guard_host_to_device('allow'):
+      return identity(tree)
+
+  return place
+
+
+def on_device(tree, device: jax.Device) -> bool:
+  """Whether every leaf of `tree` is a `jax.Array` committed to `device` alone."""
+  for leaf in jax.tree_util.tree_leaves(tree):
+    if not (isinstance(leaf, jax.Array) and leaf.committed and _places_on(leaf.sharding, device)):
+      return False
+  return True
+
+
+_KNOWN_SHARDINGS: dict[jax.Device, dict[int, jax.sharding.Sharding]] = {}
+
+
+def _places_on(sharding: jax.sharding.Sharding, device: jax.Device) -> bool:
+  """`sharding == SingleDeviceSharding(device)`, remembered by identity.
+
+  The outputs of a jitted function share its output sharding objects from call to
+  call, so a message's shardings are nearly always ones seen before: an identity
+  lookup replaces a comparison that reads several attributes. (The cache holds
+  each sharding it remembers, so no other object can take its id.)
+  """
+  known = _KNOWN_SHARDINGS.get(device)
+  if known is None:
+    known = _KNOWN_SHARDINGS.setdefault(device, {})
+  if known.get(id(sharding)) is sharding:
+    return True
+  if sharding != _sharding(device):
+    return False
+  if len(known) < 4096:
+    known[id(sharding)] = sharding
+  return True
+
+
+@functools.lru_cache(maxsize=None)
+def _sharding(device: jax.Device) -> jax.sharding.Sharding:
+  return jax.sharding.SingleDeviceSharding(device)
 
 
 def to_host(tree):
@@ -31,11 +102,16 @@ def constant(value, device: jax.Device, dtype=np.float32):
 
 def nbytes(tree) -> int:
   """Bytes a transfer of `tree` moves (from shapes and dtypes: never syncs)."""
-  return int(sum(getattr(leaf, 'nbytes', 0) for leaf in jax.tree_util.tree_leaves(tree)))
+  total = 0
+  for leaf in jax.tree_util.tree_leaves(tree):
+    if isinstance(leaf, jax.Array):  # Its `nbytes` property costs ~1 µs; the aval does not.
+      aval = leaf.aval
+      total += math.prod(aval.shape) * aval.dtype.itemsize
+    else:
+      total += getattr(leaf, 'nbytes', 0)
+  return int(total)
 
 
 def wait(tree) -> None:
   """Blocks until every array in `tree` is computed (timing threads, calibration)."""
-  jax.block_until_ready(
-    [leaf for leaf in jax.tree_util.tree_leaves(tree) if isinstance(leaf, jax.Array)]
-  )
+  jax.block_until_ready(tree)  # One flatten, one batched wait; host leaves are skipped.

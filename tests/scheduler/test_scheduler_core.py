@@ -1,5 +1,6 @@
 """The executor, stores and cost model on toy policies (no model needed)."""
 
+import collections
 import json
 import math
 
@@ -10,7 +11,10 @@ import pytest
 
 from jaxsgd.scheduler import Cluster, Compute, CostModel, DeadlockError, Get, Process, Put
 from jaxsgd.scheduler import RealExecutor, Send, VersionedStore, VirtualExecutor
-from jaxsgd.scheduler import costs
+from jaxsgd.scheduler import costs, transfer
+from jaxsgd.scheduler.executor import Executor
+from jaxsgd.scheduler.real import ThreadedExecutor
+from jaxsgd.scheduler.timeline import TaskRecord
 from scheduler_helpers import run_with_timeout
 
 EXECUTORS = {
@@ -291,3 +295,184 @@ def test_real_clock_measures_every_task_in_order():
     assert all(x.end <= y.start + 1e-9 for x, y in zip(spans, spans[1:]))
   assert {v.devices().pop() for v in seen} == {devices[1]}  # Sent to the consumer's device.
   assert not math.isnan(timeline.makespan)
+
+
+# --- one executor base: a third clock needs only the hooks -----------------------------------
+class _LockStep(Executor):
+  """A third clock in a few lines: one task at a time, each waited for, a tick per task.
+
+  It overrides only the hooks (when a process goes on, how a task runs); channels,
+  transfers and deadlocks are the base's.
+  """
+
+  clock = 'lock-step'
+
+  def begin(self):
+    self.ticks, self.ready = 0, collections.deque()
+
+  def now(self):
+    return float(self.ticks)
+
+  def execute(self):
+    self.ready.extend((p, None) for p in self.processes)
+    while self.ready:
+      self.advance(*self.ready.popleft())
+
+  def resume(self, process, value):
+    self.ready.append((process, value))
+
+  def start_task(self, process, lane, op):
+    result = jax.block_until_ready(op.fn(*op.args))
+    self.record(TaskRecord(lane, op.kind, self.now(), self.now() + 1, op.stage, op.batch))
+    self.ticks += 1
+    self.task_finished(process, result)
+
+
+def test_a_third_executor_needs_only_the_hooks():
+  cluster = Cluster()
+  devices = jax.devices()[:2]
+  a, b = cluster.add_lane('a', devices[0]), cluster.add_lane('b', devices[1])
+  inbox, seen = cluster.channel('inbox', b), []
+  timeline = _LockStep().run(
+    cluster, [Process('a', a, _producer(inbox, 3)), Process('b', b, _consumer(inbox, 3, seen))]
+  )
+  np.testing.assert_array_equal([np.asarray(v)[0] for v in seen], [0, 2, 4])
+  assert {v.devices().pop() for v in seen} == {devices[1]}  # The base's transfer copied it.
+  assert [r.kind for r in timeline.tasks(lane=2)] == ['transfer'] * 3  # On the link lane.
+  assert timeline.clock == 'lock-step' and len(timeline.records) == 9
+  # One worker's ASGD is sequential SGD whatever the clock: the same bits as the virtual one.
+  store, _ = _asgd(1, 6, _LockStep())
+  reference, _ = _asgd(1, 6, EXECUTORS['virtual']())
+  np.testing.assert_array_equal(store.read().value, reference.read().value)
+  assert store.staleness().tolist() == [0] * 6
+  with pytest.raises(DeadlockError, match='lock-step clock: a waits on'):
+    cluster = Cluster()
+    lane = cluster.add_lane('a')
+    _LockStep().run(cluster, [Process('a', lane, _waits_forever(cluster.channel('c', lane)))])
+
+
+def _yields_junk():
+  yield 'not an op'
+
+
+@pytest.mark.parametrize('clock', list(EXECUTORS))
+def test_an_unknown_op_is_refused_naming_the_process(clock):
+  cluster = Cluster()
+  lane = cluster.add_lane('a')
+  outcome = run_with_timeout(
+    lambda: EXECUTORS[clock]().run(cluster, [Process('junk maker', lane, _yields_junk())]), 20
+  )
+  assert isinstance(outcome.get('error'), TypeError), outcome
+  assert "junk maker yielded 'not an op'" in str(outcome['error'])
+
+
+def test_threads_make_a_threaded_executor_with_the_same_interface():
+  executor = RealExecutor(threads=True)
+  assert isinstance(executor, ThreadedExecutor) and isinstance(executor, RealExecutor)
+  assert (executor.clock, executor.threads, executor.max_inflight) == ('real', True, 16)
+  assert type(RealExecutor()) is RealExecutor and not RealExecutor().threads
+
+
+@pytest.mark.parametrize('clock', list(EXECUTORS))
+def test_every_clock_delivers_sends_in_order_on_the_receivers_device(clock):
+  cluster = Cluster()
+  devices = jax.devices()[:2]
+  a, b = cluster.add_lane('a', devices[0]), cluster.add_lane('b', devices[1])
+  inbox, seen = cluster.channel('inbox', b), []
+  timeline = run_with_timeout(
+    lambda: EXECUTORS[clock]().run(
+      cluster, [Process('a', a, _producer(inbox, 5)), Process('b', b, _consumer(inbox, 5, seen))]
+    ),
+    60,
+  )['value']
+  np.testing.assert_array_equal([np.asarray(v)[0] for v in seen], [0, 2, 4, 6, 8])
+  assert {v.devices().pop() for v in seen} == {devices[1]}
+  transfers = timeline.tasks(lane=cluster.link(a, b))
+  assert [r.batch for r in transfers] == [0, 1, 2, 3, 4]
+  assert all(x.end <= y.start + 1e-9 for x, y in zip(transfers, transfers[1:]))
+
+
+# --- the real clock: nothing copied that is already in place -------------------------------
+def test_to_device_copies_only_what_is_not_on_the_device():
+  devices = jax.devices()[:2]
+  on_first = jax.device_put(jnp.arange(3.0), devices[0])
+  tree = {'a': on_first, 'b': [on_first * 2]}
+  assert transfer.to_device(tree, devices[0]) is tree  # Nothing to move.
+  moved = transfer.to_device(tree, devices[1])
+  assert {leaf.devices().pop() for leaf in jax.tree_util.tree_leaves(moved)} == {devices[1]}
+  host = {'a': np.arange(3.0), 'b': on_first}  # A host leaf: the tree is placed.
+  placed = transfer.to_device(host, devices[0])
+  assert placed is not host and all(
+    isinstance(leaf, jax.Array) and leaf.committed for leaf in jax.tree_util.tree_leaves(placed)
+  )
+  batch = {
+    'image': np.random.default_rng(0).standard_normal((4, 3)),  # float64 → float32
+    'label': np.arange(4),
+    'mask': np.array([True, False, True, True]),
+  }
+  with jax.transfer_guard('disallow'):  # An explicit placement, like jax.device_put.
+    placed = transfer.to_device(batch, devices[1])
+  for key, value in jax.device_put(batch, devices[1]).items():
+    assert (placed[key].dtype, placed[key].committed) == (value.dtype, True)
+    assert placed[key].devices() == {devices[1]}
+    np.testing.assert_array_equal(placed[key], value)
+  uncommitted = jnp.arange(3.0)  # On the default device, but not committed to it.
+  assert not uncommitted.committed
+  assert transfer.to_device(uncommitted, jax.devices()[0]).committed
+  np.testing.assert_array_equal(moved['b'][0], [0.0, 2.0, 4.0])
+
+
+def _committed_producer(out, device):
+  for i in range(3):
+    value = yield Compute(
+      lambda i=i: jax.device_put(jnp.full((4,), i, jnp.float32), device), kind='work', stage=0
+    )
+    yield Send(out, value, batch=i)
+
+
+def test_a_send_on_one_device_is_delivered_in_place_on_the_real_clock():
+  device = jax.devices()[0]
+  for executor, transfers in (
+    (RealExecutor(), 0),
+    (RealExecutor(threads=True), 0),
+    (EXECUTORS['virtual'](), 3),
+  ):
+    cluster = Cluster()
+    a, b = cluster.add_lane('a', device), cluster.add_lane('b', device)
+    inbox, seen = cluster.channel('inbox', b), []
+
+    timeline = executor.run(
+      cluster,
+      [
+        Process('a', a, _committed_producer(inbox, device)),
+        Process('b', b, _consumer(inbox, 3, seen)),
+      ],
+    )
+    assert len(timeline.tasks(kind='transfer')) == transfers, executor
+    np.testing.assert_array_equal([np.asarray(v)[0] for v in seen], [0, 2, 4])
+    assert [r.kind for r in timeline.tasks(lane=b)] == ['work'] * 3
+
+
+def test_lanes_sharing_a_device_are_timed_one_task_after_another():
+  """One timing thread per device: tasks of two lanes on one device never overlap."""
+  device = jax.devices()[0]
+  cluster = Cluster()
+  a, b = cluster.add_lane('a', device), cluster.add_lane('b', device)
+  inbox = cluster.channel('inbox', b)
+  heavy = jax.jit(lambda x: jnp.tanh(x @ x) @ x)
+  x = jax.device_put(jnp.ones((256, 256)), device)
+
+  def worker(n, receive):
+    for i in range(n):
+      if receive:
+        yield Get(inbox)
+      y = yield Compute(heavy, (x,), kind='work', batch=i)
+      if not receive:
+        yield Send(inbox, y, batch=i)
+
+  timeline = RealExecutor().run(
+    cluster, [Process('a', a, worker(6, False)), Process('b', b, worker(6, True))]
+  )
+  spans = sorted(timeline.records, key=lambda r: r.start)
+  assert len(spans) == 12 and {r.lane for r in spans} == {a, b}
+  assert all(x.end <= y.start + 1e-9 for x, y in zip(spans, spans[1:]))

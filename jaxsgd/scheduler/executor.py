@@ -1,0 +1,202 @@
+"""The executor base: what `Compute`, `Send`, `Put` and `Get` do, written once for every clock.
+
+An executor runs the processes of a `Cluster` and returns a `Timeline`. What an op
+*means* is the same under every clock, so it is written here once:
+
+    advance(p, value): op = p.send(value)              (StopIteration: p is done)
+      Compute(fn, args)  → start_task(p, lane, op)     the clock runs it; when it is
+                                                       done: task_finished(p, result)
+      Get(channel)       → an item waits: resume(p, item); else p waits on the channel
+      Put(channel, v)    → deliver(channel, v); resume(p, None)
+      Send(channel, v)   → same lane, or no transfer needed: deliver(channel, v);
+                           else spawn a transfer process on the link lane (sender
+                           → channel), which runs Compute(copy_for_send, (v,
+                           channel)) there and then Put(channel, copy);
+                           resume(p, None)
+    deliver(channel, v): the first waiter resumes with v; else v is queued
+
+What a clock decides is *when*: when a task starts and how long it takes, and
+when a process that can go on does. A subclass overrides only these hooks (the
+model is SimPy's `Environment` and its real-time subclass, which overrides only
+`step()`):
+
+- `execute()`: runs the processes (`self.processes`) until none can go on; returns
+  normally when they are all done or all wait (the base reports a deadlock), or
+  raises. Starts every process with `advance(p, None)`, directly or via `resume`.
+- `resume(process, value)`: `process` can go on with `value`; the clock calls
+  `advance(process, value)` later, in its own order (never from inside `resume`:
+  `resume` is called from within the dispatch of another op).
+- `start_task(process, lane, op)`: run the `Compute` `op` on `lane` (one task at a
+  time per lane), record it (`record(TaskRecord(...))`) and, when the clock says it
+  is done, call `task_finished(process, result)`. `op.fn(*op.args)` is the task; the
+  value it returns is what the process receives. A lane's `LaneSpec.link` is not
+  None for link lanes: their tasks are the transfers of `Send`s.
+- `task_finished(process, result)`: default `resume(process, result)`; the virtual
+  clock continues the process at once instead (it publishes at the task's end).
+- `spawn(process)`: start a helper process (a `Send`'s transfer); default
+  `resume(process, None)`.
+- `copy_for_send(value, channel)`: the copy a transfer makes (default
+  `transfer.to_device(value, channel.device)`); an executor whose lanes live in
+  other processes moves the value between them here.
+- `needs_transfer(value, channel)`: whether a `Send` between two lanes is a
+  transfer task at all (default True: the virtual clock prices every link); the
+  real clock delivers a value already on the channel's device in place.
+- `message_bytes(value)`: the bytes a transfer moves, for the cost of the link
+  (default 0: only a clock that prices links needs it).
+- `begin()`: resets the clock's state at the start of a run; `now()`: seconds since
+  the start of the run (simulated or wall).
+- `close_processes()`: closes every process's generator when the run ends (an
+  executor that runs them in threads closes each in its own thread instead).
+
+Failures: `fail(error)` records the first error of a run (from a thread, say);
+`run` raises it. A process waiting while another part has failed raises
+`Stopped`, which `run` swallows in favour of the recorded error.
+"""
+
+from jaxsgd.scheduler import transfer
+from jaxsgd.scheduler.core import Channel, Cluster, Compute, DeadlockError, Get, Process, Put
+from jaxsgd.scheduler.core import Send, blocked_report
+from jaxsgd.scheduler.costs import TRANSFER
+from jaxsgd.scheduler.timeline import TaskRecord, Timeline
+
+
+class Stopped(Exception):
+  """Raised where a process waits once another part of the run has failed."""
+
+
+class Executor:
+  """Runs the processes of a cluster; subclasses say when things happen (see above)."""
+
+  clock = ''
+
+  def run(self, cluster: Cluster, processes: list[Process]) -> Timeline:
+    """Runs `processes` until all are done; their tasks as a `Timeline`.
+
+    Raises the first exception of any process or task, or `DeadlockError` when the
+    unfinished processes all wait on channels nobody will fill.
+    """
+    self.cluster = cluster
+    self.processes = list(processes)
+    self.records: list[TaskRecord] = []
+    self.failure: BaseException | None = None
+    self.begin()
+    try:
+      try:
+        self.execute()
+      except Stopped:
+        pass  # Another part failed first; its exception is raised below.
+      if self.failure is None:
+        stuck = blocked_report(self.processes)
+        if stuck:
+          raise DeadlockError(f'{self.clock} clock: {stuck}')
+    finally:
+      self.close_processes()
+    if self.failure is not None:
+      raise self.failure
+    return Timeline([lane.name for lane in cluster.lanes], self.records, self.clock)
+
+  # --- the ops, once for every clock --------------------------------------------------------
+  def advance(self, process: Process, value) -> None:
+    """Runs `process` up to its next op with `value` sent in, and dispatches the op."""
+    try:
+      op = process.program.send(value)
+    except StopIteration:
+      process.done = True
+      return
+    if isinstance(op, Compute):
+      self.start_task(process, process.lane if op.lane is None else op.lane, op)
+    elif isinstance(op, Get):
+      self.take(process, op.channel)
+    elif isinstance(op, Send):
+      self.send(process, op)
+      self.resume(process, None)
+    elif isinstance(op, Put):
+      self.deliver(op.channel, op.value)
+      self.resume(process, None)
+    else:
+      raise TypeError(f'{process.name} yielded {op!r}; expected Compute, Send, Put or Get.')
+
+  def take(self, process: Process, channel: Channel) -> None:
+    """`Get`: resume with the channel's next item, or wait for one."""
+    if channel.items:
+      self.resume(process, channel.items.popleft())
+    else:
+      process.waiting_on = channel
+      channel.waiters.append(process)
+
+  def deliver(self, channel: Channel, item) -> None:
+    """Hands `item` to the first process waiting on `channel`, or queues it."""
+    if channel.waiters:
+      waiter = channel.waiters.popleft()
+      waiter.waiting_on = None
+      self.resume(waiter, item)
+    else:
+      channel.items.append(item)
+
+  def send(self, process: Process, op: Send) -> None:
+    """`Send`: delivered at once on the same lane; else a transfer on the link lane."""
+    channel = op.channel
+    if channel.lane == process.lane or not self.needs_transfer(op.value, channel):
+      self.deliver(channel, op.value)
+      return
+    link = self.cluster.link(process.lane, channel.lane)
+    copy = Compute(
+      self.copy_for_send,
+      (op.value, channel),
+      kind=TRANSFER,
+      batch=op.batch,
+      lane=link,
+      nbytes=self.message_bytes(op.value),
+    )
+    self.spawn(Process(f'transfer to {channel.name}', link, _transfer(copy, channel)))
+
+  def record(self, task: TaskRecord) -> None:
+    self.records.append(task)
+
+  def fail(self, error: BaseException) -> None:
+    """Records the run's first error (`run` raises it)."""
+    if self.failure is None:
+      self.failure = error
+
+  # --- hooks: what a clock decides ------------------------------------------------------------
+  def now(self) -> float:
+    raise NotImplementedError
+
+  def begin(self) -> None:
+    pass
+
+  def execute(self) -> None:
+    raise NotImplementedError
+
+  def resume(self, process: Process, value) -> None:
+    raise NotImplementedError
+
+  def start_task(self, process: Process, lane: int, op: Compute) -> None:
+    raise NotImplementedError
+
+  def task_finished(self, process: Process, result) -> None:
+    self.resume(process, result)
+
+  def spawn(self, process: Process) -> None:
+    self.resume(process, None)
+
+  def needs_transfer(self, value, channel: Channel) -> bool:
+    del value, channel
+    return True
+
+  def copy_for_send(self, value, channel: Channel):
+    return transfer.to_device(value, channel.device)
+
+  def message_bytes(self, value) -> int:
+    del value
+    return 0
+
+  def close_processes(self) -> None:
+    for process in self.processes:
+      process.close()
+
+
+def _transfer(copy: Compute, channel: Channel):
+  """A transfer process: the copy is a task on the link lane, delivered at its end."""
+  copied = yield copy
+  yield Put(channel, copied)
