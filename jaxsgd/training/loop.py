@@ -43,6 +43,13 @@ def check_config(config) -> None:
                      f'{", ".join(models_lib.MODELS)}.')
   models_lib.check_model_fields(config.model.name, _model_kwargs(config))
   data_lib.check_dataset_name(config.dataset)
+  for field in ('tensorboard',):
+    if not isinstance(config.get(field, False), bool):
+      raise ValueError(f'{field}: True or False, got {config.get(field)!r}.')
+  data_dir = config.get('data_dir')
+  if data_dir is not None and (not isinstance(data_dir, str) or not data_dir):
+    raise ValueError(f'data_dir: a directory path (or None: $TFDS_DATA_DIR or '
+                     f'~/tensorflow_datasets) expected, got {data_dir!r}.')
   target = config.get('target_accuracy')
   if target is not None:
     number(target, 'target_accuracy', strict=True, maximum=1.0)
@@ -65,6 +72,21 @@ def check_batch_size(config, dataset: data_lib.Dataset) -> None:
     raise ValueError(f'batch_size: {batch_size} is larger than the {dataset.name} training '
                      f'split ({dataset.num_train} examples); use 1 <= batch_size <= '
                      f'{dataset.num_train}, or a larger dataset.')
+
+
+def check_worker_batches(settings, dataset: data_lib.Dataset) -> None:
+  """Refuses a per-worker batch larger than the worker's shard (data-parallel methods
+  with `algorithm.data_sharding='shard'`: each worker reads 1/workers of the data)."""
+  if getattr(settings, 'data_sharding', None) != 'shard':
+    return
+  shard = dataset.num_train // settings.workers
+  if settings.batch_size > shard:
+    field = ('algorithm.global_batch_size' if settings.global_batch_size is not None
+             else 'batch_size')
+    raise ValueError(f'{field}: {settings.batch_size} examples per worker, but each of the '
+                     f'{settings.workers} workers reads a shard of {shard} examples of the '
+                     f'{dataset.name} training split; use at most {shard} per worker, fewer '
+                     f'workers, or algorithm.data_sharding=stream.')
 
 
 def is_primary_process() -> bool:
@@ -99,6 +121,7 @@ def train_and_evaluate(config, workdir: str, *, show_progress: bool = True,
     check_batch_size(config, dataset)
     model = build_model(config, dataset)
     settings = algorithm.validate(config, model)
+    check_worker_batches(settings, dataset)
     limits.check(config.algorithm.name, settings, model, dataset)
     logging.info('Training %s on %s (%d train / %d test examples), model %s with %d layers.',
                  config.algorithm.name, config.dataset, dataset.num_train, dataset.num_test,
