@@ -59,6 +59,7 @@ class Run:
     self._pending: list[tuple[int, Any, str | None]] = []  # (step, loss, stage)
     self._checked: list[float] = []  # Host values of the first len(_checked) pending.
     self._last_check = time.monotonic()
+    self._next_check = CHECK_EVERY_STEPS  # len(_pending) at which to check next.
     self._eval_step = stages_lib.make_eval_step(model.full().apply)
     self._start = time.perf_counter()
     self._metrics_file = (files.JsonLinesWriter(os.path.join(workdir, 'metrics.jsonl'), 'w')
@@ -101,7 +102,7 @@ class Run:
     self._pending.append((step, loss, stage))
     self._progress.update(step - self._progress.n)
     if not self.should_evaluate(step):
-      if (len(self._pending) - len(self._checked) >= CHECK_EVERY_STEPS
+      if (len(self._pending) >= self._next_check
           or time.monotonic() - self._last_check >= CHECK_EVERY_S):
         self.check_losses()
       return
@@ -124,6 +125,7 @@ class Run:
       NonFiniteLossError: naming the first step whose loss is not finite.
     """
     self._last_check = time.monotonic()
+    self._next_check = len(self._pending) + CHECK_EVERY_STEPS
     start = len(self._checked)
     unchecked = self._pending[start:]
     wait = wait or len(unchecked) > WAIT_AFTER_STEPS
@@ -145,6 +147,7 @@ class Run:
     mean = float(np.mean(self._checked))
     self._pending.clear()
     self._checked.clear()
+    self._next_check = CHECK_EVERY_STEPS
     return mean
 
   def evaluate(self, variables) -> dict[str, float]:
