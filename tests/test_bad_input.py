@@ -276,9 +276,9 @@ def test_the_default_configs_pass_the_limits(data_dir, tmp_path, monkeypatch):
 
 
 def test_memory_estimate_hand_computed(data_dir):
-  """asgd, 4 workers, MLP 40-64-64-64-10 (11,594 parameters, 46,376 bytes), SGD (no state),
-  4,000 training examples: 4 streams of 2 x 8 x 4000 bytes, 4 workers of (weights +
-  gradient + overhead), 1 server copy of the weights."""
+  """asgd, 4 workers, MLP 40-64-64-64-10 (11,594 parameters, 46,376 bytes), SGD (a step
+  count), 4,000 training examples: 4 streams of 2 x 8 x 4000 bytes, 4 workers of (3
+  copies of the weights + overhead), 1 server copy of the weights and SGD's state."""
   from jaxsgd import data as data_lib  # pylint: disable=g-import-not-at-top
   from jaxsgd.training import loop  # pylint: disable=g-import-not-at-top
   from jaxsgd import algorithms  # pylint: disable=g-import-not-at-top
@@ -294,8 +294,11 @@ def test_memory_estimate_hand_computed(data_dir):
   assert limits.model_bytes(model, settings.shared) == (params, params, 4)
   fp, total = limits.estimate('asgd', settings, model, dataset.num_train)
   assert (fp.workers, fp.streams, fp.replicas, fp.threads) == (4, 4, 1, 0)
-  assert total == (4 * 2 * 8 * 4000 + 4 * (2 * params + limits.PER_WORKER_OVERHEAD)
-                   + params + 4)
+  assert total == (4 * 2 * 8 * 4000 + 4 * (3 * params + 256 * 1024) + params + 4)
+  # DC-ASGD also keeps a backup of each worker's weights on the server.
+  config.algorithm = suites.load_config('experiments/configs/dcasgd.py', 'smoke').algorithm
+  dc = algorithms.get('dcasgd').validate(config, model)
+  assert limits.estimate('dcasgd', dc, model, dataset.num_train)[1] == total + 4 * params
 
 
 # --- the workdir ---------------------------------------------------------------------------
