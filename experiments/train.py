@@ -22,6 +22,7 @@ same line is what the launcher reports for the process.
 import difflib
 import importlib.util
 import os
+import re
 import sys
 import traceback
 
@@ -39,7 +40,7 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 ERROR_LOG = 'error.log'
 # Refused before the run started (exit 2). Anything else is a failed run (exit 1).
-BAD_INPUT = (ValueError, files.WorkdirLockedError, FileNotFoundError)
+BAD_INPUT = (ValueError, files.WorkdirLockedError)
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where metrics, plots and the summary go.')
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'An ml_collections config file.',
@@ -70,7 +71,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     _CONFIG.value.keys()  # ml_collections defers a config file's load error to here.
     return rest
   except flags.Error as e:  # Unknown flags, bad values, missing required flags.
-    fail(EXIT_BAD_INPUT, _config_problem(argv) or str(e), e)
+    fail(EXIT_BAD_INPUT, _config_problem(argv) or _flag_error(str(e)), e)
   except Exception as e:  # pylint: disable=broad-except  # ml_collections: see below.
     fail(EXIT_BAD_INPUT, _config_problem(argv) or _first_line(e), e)
   raise AssertionError('not reached')
@@ -135,6 +136,16 @@ def unknown_field(config, dotted: str) -> str | None:
   return None
 
 
+def _flag_error(message: str) -> str:
+  """absl's `flag --config.seed=abc: invalid literal ...` as `seed: invalid literal ...
+  (--config.seed=abc)`: the field first, as every other refusal."""
+  match = re.match(r'flag --config\.([\w.]+)=(.*?): (.*)', message, re.DOTALL)
+  if not match:
+    return message
+  field, value, problem = match.groups()
+  return f'{field}: {problem} (--config.{field}={value})'
+
+
 def _first_line(error: BaseException) -> str:
   lines = str(error).strip().splitlines()
   return lines[0] if lines else type(error).__name__
@@ -148,9 +159,9 @@ def main(argv):
   workdir = _WORKDIR.value
   try:
     summary = train_and_evaluate(_CONFIG.value, workdir, overwrite=_OVERWRITE.value)
-  except BAD_INPUT as e:
-    fail(EXIT_BAD_INPUT, str(e), e)
   except Exception as e:  # pylint: disable=broad-except
+    if is_bad_input(e):
+      fail(EXIT_BAD_INPUT, str(e), e)
     log = _write_error_log(workdir, e)
     fail(EXIT_FAILED, f'{distributed.describe(e)}' + (f' (traceback in {log})' if log else ''),
          e)
@@ -159,6 +170,13 @@ def main(argv):
                final['step'], final['test_accuracy'], final['test_loss'], final['wall_time'])
   print(f"final test accuracy {final['test_accuracy']:.4f} at step {final['step']} "
         f"({final['wall_time']:.1f} s); results in {workdir}")
+
+
+def is_bad_input(error: BaseException) -> bool:
+  """A refusal of the input (exit 2), not a run that failed (exit 1)."""
+  if isinstance(error, FileNotFoundError):  # A dataset not prepared in the data_dir.
+    return str(error).startswith('dataset:')
+  return isinstance(error, BAD_INPUT)
 
 
 def _write_error_log(workdir: str, error: BaseException) -> str | None:

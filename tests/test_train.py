@@ -209,7 +209,8 @@ def _last_line(result) -> str:
     (['--config.optimizer.learnin_rate=1'],
      r'error: optimizer\.learnin_rate: unknown field\. Did you mean optimizer\.learning_rate\?'),
     (['--config.seed.x=1'], r'error: seed\.x: seed is a value, not a section'),
-    (['--config.seed=abc'], r"error: flag --config\.seed=abc: invalid literal for int"),
+    (['--config.seed=abc'], r"error: seed: invalid literal for int\(\) with base 10: 'abc' "
+                            r"\(--config\.seed=abc\)"),
     (['--config.seed=-1'], r'error: seed: must be an integer in \[0, 4294967295\], got -1\.'),
     (['--config.dataset=mnist1d/7k'], r"error: dataset: 'mnist1d/7k': mnist1d has no config "
                                       r"'7k'; allowed: mnist1d/50k, mnist1d/5k\."),
