@@ -19,8 +19,12 @@ _SUITE = flags.DEFINE_enum('suite', None, list(suites.SUITES), 'Which comparison
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the runs and report.md go.')
 _SEEDS = flags.DEFINE_list('seeds', None, "Seeds to run (default: the suite's).")
 _SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny runs (seconds each), for tests.')
-_REUSE = flags.DEFINE_bool('reuse', False, 'Keep runs whose summary.json records the same '
-                           'config as the run would have (others are run again).')
+_REUSE = flags.DEFINE_bool(
+  'reuse',
+  False,
+  'Keep runs whose summary.json records the same '
+  'config as the run would have (others are run again).',
+)
 flags.mark_flags_as_required(['suite', 'workdir'])
 
 
@@ -28,8 +32,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   seeds = tuple(int(s) for s in _SEEDS.value) if _SEEDS.value else None
-  path = suites.run_suite(_SUITE.value, _WORKDIR.value, seeds=seeds, smoke=_SMOKE.value,
-                          reuse=_REUSE.value)
+  path = suites.run_suite(
+    _SUITE.value, _WORKDIR.value, seeds=seeds, smoke=_SMOKE.value, reuse=_REUSE.value
+  )
   print(f'report: {path}')
 
 

@@ -43,10 +43,12 @@ ERROR_LOG = 'error.log'
 BAD_INPUT = (ValueError, files.WorkdirLockedError)
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where metrics, plots and the summary go.')
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'An ml_collections config file.',
-                                          lock_config=True)
-_OVERWRITE = flags.DEFINE_bool('overwrite', False, "Replace an earlier run's results in "
-                               '--workdir (refused otherwise).')
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'An ml_collections config file.', lock_config=True
+)
+_OVERWRITE = flags.DEFINE_bool(
+  'overwrite', False, "Replace an earlier run's results in --workdir (refused otherwise)."
+)
 _VERBOSE = flags.DEFINE_bool('verbose', False, 'Print the traceback of a refusal or failure.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
@@ -57,7 +59,7 @@ def fail(status: int, message: str, error: BaseException | None = None) -> None:
   if error is not None and '--verbose' in sys.argv:
     traceback.print_exception(error)
   if os.environ.get(distributed.ADDRESS_VAR):  # Launched: tell the launcher, skip JAX's
-    distributed.exit_now(status, message)       # shutdown barrier (it waits for peers).
+    distributed.exit_now(status, message)  # shutdown barrier (it waits for peers).
   print(f'error: {message}', file=sys.stderr)
   sys.stderr.flush()
   sys.exit(status)
@@ -85,8 +87,7 @@ def _config_problem(argv: list[str]) -> str | None:
   file again and names the first override that does not exist, with the closest
   known field.
   """
-  path = next((a.split('=', 1)[1] for a in argv if a.startswith(('--config=', '-config='))),
-              None)
+  path = next((a.split('=', 1)[1] for a in argv if a.startswith(('--config=', '-config='))), None)
   if path is None:
     return None
   try:
@@ -100,7 +101,7 @@ def _config_problem(argv: list[str]) -> str | None:
     if name.startswith('noconfig.'):
       name = name[2:]
     if name.startswith('config.'):
-      problem = unknown_field(config, name[len('config.'):])
+      problem = unknown_field(config, name[len('config.') :])
       if problem:
         return problem
   return None
@@ -130,8 +131,10 @@ def unknown_field(config, dotted: str) -> str | None:
       close = difflib.get_close_matches(part, known, n=1)
       hint = f' Did you mean {parent + "." if parent else ""}{close[0]}?' if close else ''
       where = f'{parent} ' if parent else ''
-      return (f'{dotted}: unknown field.{hint} Allowed {where}fields: '
-              f'{", ".join(known) or "none (the config file defines none here)"}.')
+      return (
+        f'{dotted}: unknown field.{hint} Allowed {where}fields: '
+        f'{", ".join(known) or "none (the config file defines none here)"}.'
+      )
     node = node[part]
   return None
 
@@ -154,8 +157,11 @@ def _first_line(error: BaseException) -> str:
 # --- the run -------------------------------------------------------------------------------
 def main(argv):
   if len(argv) > 1:
-    fail(EXIT_BAD_INPUT, f'unexpected arguments: {" ".join(argv[1:])} (flags are '
-                         f'--config, --workdir, --config.FIELD=VALUE, --overwrite, --verbose)')
+    fail(
+      EXIT_BAD_INPUT,
+      f'unexpected arguments: {" ".join(argv[1:])} (flags are '
+      f'--config, --workdir, --config.FIELD=VALUE, --overwrite, --verbose)',
+    )
   workdir = _WORKDIR.value
   try:
     summary = train_and_evaluate(_CONFIG.value, workdir, overwrite=_OVERWRITE.value)
@@ -163,13 +169,19 @@ def main(argv):
     if is_bad_input(e):
       fail(EXIT_BAD_INPUT, str(e), e)
     log = _write_error_log(workdir, e)
-    fail(EXIT_FAILED, f'{distributed.describe(e)}' + (f' (traceback in {log})' if log else ''),
-         e)
+    fail(EXIT_FAILED, f'{distributed.describe(e)}' + (f' (traceback in {log})' if log else ''), e)
   final = summary['final']
-  logging.info('Done: step %d, test accuracy %.4f, test loss %.4f, wall %.1f s.',
-               final['step'], final['test_accuracy'], final['test_loss'], final['wall_time'])
-  print(f"final test accuracy {final['test_accuracy']:.4f} at step {final['step']} "
-        f"({final['wall_time']:.1f} s); results in {workdir}")
+  logging.info(
+    'Done: step %d, test accuracy %.4f, test loss %.4f, wall %.1f s.',
+    final['step'],
+    final['test_accuracy'],
+    final['test_loss'],
+    final['wall_time'],
+  )
+  print(
+    f'final test accuracy {final["test_accuracy"]:.4f} at step {final["step"]} '
+    f'({final["wall_time"]:.1f} s); results in {workdir}'
+  )
 
 
 def is_bad_input(error: BaseException) -> bool:

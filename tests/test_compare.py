@@ -9,13 +9,24 @@ from experiments import suites
 
 def test_suite_runs_every_method_and_seed_and_writes_a_report(tmp_path, data_dir):
   suite = suites.Suite(
-      name='test_two_bp', title='Two learning rates', claim='none',
-      methods=(suites.Method('BP lr=3e-3', 'experiments/configs/default.py',
-                             (('data_dir', data_dir), ('train_steps', 40))),
-               suites.Method('BP lr=1e-4', 'experiments/configs/default.py',
-                             (('data_dir', data_dir), ('train_steps', 40),
-                              ('optimizer.learning_rate', 1e-4)))),
-      seeds=(0, 1), target_accuracy=0.3)
+    name='test_two_bp',
+    title='Two learning rates',
+    claim='none',
+    methods=(
+      suites.Method(
+        'BP lr=3e-3',
+        'experiments/configs/default.py',
+        (('data_dir', data_dir), ('train_steps', 40)),
+      ),
+      suites.Method(
+        'BP lr=1e-4',
+        'experiments/configs/default.py',
+        (('data_dir', data_dir), ('train_steps', 40), ('optimizer.learning_rate', 1e-4)),
+      ),
+    ),
+    seeds=(0, 1),
+    target_accuracy=0.3,
+  )
   suites.register(suite)
   path = suites.run_suite('test_two_bp', str(tmp_path), smoke=True, seeds=(0, 1))
   text = open(path).read()
@@ -33,17 +44,21 @@ def test_suite_runs_every_method_and_seed_and_writes_a_report(tmp_path, data_dir
 
 def test_table_rows_hand_computed():
   def run(acc, hit):
-    return {'summary': {'final': {'test_accuracy': acc}, 'mean_staleness': 2.0,
-                        'time_to_target': hit},
-            'records': [{'wall_time': 10.0, 'sim_time': 4.0}]}
-  rows = report.table_rows({'A': [run(0.90, {'step': 5, 'sim_time': 1.0, 'wall_time': 3.0}),
-                                  run(0.94, None)]})
+    return {
+      'summary': {'final': {'test_accuracy': acc}, 'mean_staleness': 2.0, 'time_to_target': hit},
+      'records': [{'wall_time': 10.0, 'sim_time': 4.0}],
+    }
+
+  rows = report.table_rows(
+    {'A': [run(0.90, {'step': 5, 'sim_time': 1.0, 'wall_time': 3.0}), run(0.94, None)]}
+  )
   # mean 92.00, sample std of (90, 94) = 2.83; one of two runs reached the target.
   assert rows == [['A', '2', '92.00 ± 2.83', '1/2', '1', '3.0', '2.00', '4', '10.0']]
 
 
 def test_every_registered_suite_has_valid_configs(data_dir):
   from jaxsgd import training  # pylint: disable=g-import-not-at-top
+
   assert {'ddg', 'local', 'dasgd'} <= set(suites.SUITES)
   for suite in suites.SUITES.values():
     for method in suite.methods:
@@ -55,6 +70,7 @@ def test_every_registered_suite_has_valid_configs(data_dir):
 
 def test_every_paper_config_has_a_valid_full_size_variant():
   from jaxsgd import training  # pylint: disable=g-import-not-at-top
+
   for name in ('ddg', 'local', 'dasgd', 'ssgd', 'asgd', 'dcasgd', 'lppsgd', 'pdasgd'):
     config = suites.load_config(f'experiments/configs/{name}.py', 'full')
     training.check_config(config)
@@ -67,15 +83,32 @@ def test_reuse_keeps_only_runs_of_the_same_config(tmp_path, data_dir, monkeypatc
   of other settings (here: a smoke run, for a 30-step suite) is run again."""
   trained = []
   real = suites.train_and_evaluate
-  monkeypatch.setattr(suites, 'train_and_evaluate',
-                      lambda config, workdir, **kw: (trained.append(config.train_steps),
-                                                     real(config, workdir, **kw))[1])
+  monkeypatch.setattr(
+    suites,
+    'train_and_evaluate',
+    lambda config, workdir, **kw: (trained.append(config.train_steps), real(config, workdir, **kw))[
+      1
+    ],
+  )
+
   def suite(steps):
-    return suites.register(suites.Suite(
-        name='test_reuse', title='reuse', claim='none', seeds=(0,), target_accuracy=0.3,
-        methods=(suites.Method('BP', 'experiments/configs/default.py',
-                               (('data_dir', data_dir), ('train_steps', steps),
-                                ('eval_every', 10))),)))
+    return suites.register(
+      suites.Suite(
+        name='test_reuse',
+        title='reuse',
+        claim='none',
+        seeds=(0,),
+        target_accuracy=0.3,
+        methods=(
+          suites.Method(
+            'BP',
+            'experiments/configs/default.py',
+            (('data_dir', data_dir), ('train_steps', steps), ('eval_every', 10)),
+          ),
+        ),
+      )
+    )
+
   run_dir = tmp_path / 'runs' / 'bp' / 'seed0'
   suite(20)
   suites.run_suite('test_reuse', str(tmp_path), smoke=True)
@@ -87,7 +120,9 @@ def test_reuse_keeps_only_runs_of_the_same_config(tmp_path, data_dir, monkeypatc
   assert trained == [20, 30]  # Another config: run again, replacing the earlier files.
   assert json.load(open(run_dir / 'summary.json'))['config']['train_steps'] == 30
   assert sorted(os.listdir(run_dir)) == ['curves.png', 'metrics.jsonl', 'summary.json']
-  assert suites.can_reuse(str(run_dir), suites.method_config(
-      suites.SUITES['test_reuse'].methods[0], 0, 0.3, smoke=True))
-  assert not suites.can_reuse(str(run_dir), suites.method_config(
-      suites.SUITES['test_reuse'].methods[0], 1, 0.3, smoke=True))  # Another seed.
+  assert suites.can_reuse(
+    str(run_dir), suites.method_config(suites.SUITES['test_reuse'].methods[0], 0, 0.3, smoke=True)
+  )
+  assert not suites.can_reuse(
+    str(run_dir), suites.method_config(suites.SUITES['test_reuse'].methods[0], 1, 0.3, smoke=True)
+  )  # Another seed.

@@ -14,8 +14,15 @@ from jaxsgd import training
 from jaxsgd.training import run as run_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECORD_FIELDS = {'step', 'samples', 'epoch', 'wall_time', 'train_loss', 'test_loss',
-                 'test_accuracy'}
+RECORD_FIELDS = {
+  'step',
+  'samples',
+  'epoch',
+  'wall_time',
+  'train_loss',
+  'test_loss',
+  'test_accuracy',
+}
 
 
 def smoke_config(data_dir, **overrides):
@@ -26,8 +33,7 @@ def smoke_config(data_dir, **overrides):
 
 
 def test_smoke_run_learns_and_writes_its_files(data_dir, tmp_path):
-  summary = training.train_and_evaluate(smoke_config(data_dir), str(tmp_path),
-                                        show_progress=False)
+  summary = training.train_and_evaluate(smoke_config(data_dir), str(tmp_path), show_progress=False)
   records = [json.loads(line) for line in open(tmp_path / 'metrics.jsonl')]
   assert [r['step'] for r in records] == [20, 40, 60]
   assert all(RECORD_FIELDS <= set(r) for r in records)
@@ -60,11 +66,15 @@ def test_nan_loss_stops_the_run_naming_the_step(data_dir, tmp_path):
   config = smoke_config(data_dir)
   config.optimizer.name = 'sgd'
   config.optimizer.learning_rate = 1e12
-  with pytest.raises(training.NonFiniteLossError, match=r'training loss became (nan|inf) at step \d+'):
+  with pytest.raises(
+    training.NonFiniteLossError, match=r'training loss became (nan|inf) at step \d+'
+  ):
     training.train_and_evaluate(config, str(tmp_path), show_progress=False)
 
 
-@pytest.mark.parametrize('field,value,message', [
+@pytest.mark.parametrize(
+  'field,value,message',
+  [
     ('algorithm.name', 'sgd_plus', r"algorithm.name: unknown algorithm 'sgd_plus'; allowed: bp"),
     ('model.name', 'vgg', r"model.name: unknown model 'vgg'"),
     ('dataset', 'imagenet_in_a_zip', r"dataset: unknown dataset 'imagenet_in_a_zip'"),
@@ -78,7 +88,8 @@ def test_nan_loss_stops_the_run_naming_the_step(data_dir, tmp_path):
     ('optimizer.schedule', 'linear', r"optimizer.schedule: 'linear'; allowed"),
     ('optimizer.kwargs', {'momentun': 0.9}, r"optimizer.kwargs: \{'momentun': 0.9\} do not fit"),
     ('stages', 9, r"stages: 9 stages asked for, but model 'cnn' has only 4 layers"),
-])
+  ],
+)
 def test_bad_config_is_refused_before_training(data_dir, tmp_path, field, value, message):
   config = smoke_config(data_dir)
   parent, _, leaf = field.rpartition('.')
@@ -91,11 +102,23 @@ def test_bad_config_is_refused_before_training(data_dir, tmp_path, field, value,
 def test_command_line_binary_with_overrides(data_dir, tmp_path):
   """`python -m experiments.train` with `:smoke` and `--config.field=` overrides."""
   result = subprocess.run(
-      [sys.executable, '-m', 'experiments.train',
-       '--config=experiments/configs/default.py:smoke', f'--workdir={tmp_path}',
-       '--config.dataset=digits', '--config.train_steps=30', '--config.eval_every=30',
-       f'--config.data_dir={data_dir}'],
-      cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    [
+      sys.executable,
+      '-m',
+      'experiments.train',
+      '--config=experiments/configs/default.py:smoke',
+      f'--workdir={tmp_path}',
+      '--config.dataset=digits',
+      '--config.train_steps=30',
+      '--config.eval_every=30',
+      f'--config.data_dir={data_dir}',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'final test accuracy' in result.stdout
   record = json.loads(open(tmp_path / 'metrics.jsonl').read().splitlines()[-1])
@@ -105,6 +128,7 @@ def test_command_line_binary_with_overrides(data_dir, tmp_path):
 
 def test_tensorboard_events_are_written_when_asked(data_dir, tmp_path):
   from tensorboardX.event_file_writer import event_pb2  # pylint: disable=g-import-not-at-top
+
   config = smoke_config(data_dir, train_steps=20, eval_every=10, tensorboard=True)
   training.train_and_evaluate(config, str(tmp_path), show_progress=False)
   files = list((tmp_path / 'tensorboard').glob('events.out.tfevents.*'))
@@ -112,8 +136,8 @@ def test_tensorboard_events_are_written_when_asked(data_dir, tmp_path):
   # Read the records back (TFRecord framing: 8-byte length, 4-byte crc, data, 4-byte crc).
   raw, tags, offset = files[0].read_bytes(), set(), 0
   while offset < len(raw):
-    length = int.from_bytes(raw[offset:offset + 8], 'little')
-    event = event_pb2.Event.FromString(raw[offset + 12:offset + 12 + length])
+    length = int.from_bytes(raw[offset : offset + 8], 'little')
+    event = event_pb2.Event.FromString(raw[offset + 12 : offset + 12 + length])
     tags.update(v.tag for v in event.summary.value)
     offset += 16 + length
   assert {'test_accuracy', 'train_loss', 'test_loss'} <= tags
@@ -135,10 +159,12 @@ class _Loss:
 
 def _bare_run(data_dir, tmp_path, **overrides):
   from jaxsgd import data as data_lib  # pylint: disable=g-import-not-at-top
+
   config = smoke_config(data_dir, **overrides)
   dataset = data_lib.load(config.dataset, data_dir)
-  return training.Run(config, str(tmp_path), dataset, training.build_model(config, dataset),
-                      show_progress=False)
+  return training.Run(
+    config, str(tmp_path), dataset, training.build_model(config, dataset), show_progress=False
+  )
 
 
 def _report_until_refused(run, losses) -> int:
@@ -176,8 +202,11 @@ def test_nan_at_step_2_stops_a_run_with_eval_every_1000_at_once(data_dir, tmp_pa
   its first evaluation point."""
   reported = []
   report = training.Run.report
-  monkeypatch.setattr(training.Run, 'report',
-                      lambda self, step, **kw: (reported.append(step), report(self, step, **kw)))
+  monkeypatch.setattr(
+    training.Run,
+    'report',
+    lambda self, step, **kw: (reported.append(step), report(self, step, **kw)),
+  )
   first_bad = []
   for eval_every in (1, 1000):
     config = smoke_config(data_dir, train_steps=2000, eval_every=eval_every)
@@ -193,46 +222,77 @@ def test_nan_at_step_2_stops_a_run_with_eval_every_1000_at_once(data_dir, tmp_pa
 
 # --- the command line: one line, exit status 2 for bad input, 1 for a failed run ----------------
 def _train(*flags_, timeout=300):
-  return subprocess.run([sys.executable, '-m', 'experiments.train', *flags_], cwd=REPO,
-                        capture_output=True, text=True, timeout=timeout, check=False)
+  return subprocess.run(
+    [sys.executable, '-m', 'experiments.train', *flags_],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    check=False,
+  )
 
 
 def _last_line(result) -> str:
   return result.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.parametrize('flags_, line', [
+@pytest.mark.parametrize(
+  'flags_, line',
+  [
     (['--config.foo=1'], r'error: foo: unknown field\. Allowed fields: algorithm, '),
     (['--config.workerz=2'], r'error: workerz: unknown field\. Did you mean workers\?'),
-    (['--config.optimizer.kwargs.bar=1'],
-     r'error: optimizer\.kwargs\.bar: unknown field\. Allowed optimizer\.kwargs fields: none'),
-    (['--config.optimizer.learnin_rate=1'],
-     r'error: optimizer\.learnin_rate: unknown field\. Did you mean optimizer\.learning_rate\?'),
+    (
+      ['--config.optimizer.kwargs.bar=1'],
+      r'error: optimizer\.kwargs\.bar: unknown field\. Allowed optimizer\.kwargs fields: none',
+    ),
+    (
+      ['--config.optimizer.learnin_rate=1'],
+      r'error: optimizer\.learnin_rate: unknown field\. Did you mean optimizer\.learning_rate\?',
+    ),
     (['--config.seed.x=1'], r'error: seed\.x: seed is a value, not a section'),
-    (['--config.seed=abc'], r"error: seed: invalid literal for int\(\) with base 10: 'abc' "
-                            r"\(--config\.seed=abc\)"),
+    (
+      ['--config.seed=abc'],
+      r"error: seed: invalid literal for int\(\) with base 10: 'abc' "
+      r'\(--config\.seed=abc\)',
+    ),
     (['--config.seed=-1'], r'error: seed: must be an integer in \[0, 4294967295\], got -1\.'),
-    (['--config.dataset=mnist1d/7k'], r"error: dataset: 'mnist1d/7k': mnist1d has no config "
-                                      r"'7k'; allowed: mnist1d/50k, mnist1d/5k\."),
+    (
+      ['--config.dataset=mnist1d/7k'],
+      r"error: dataset: 'mnist1d/7k': mnist1d has no config "
+      r"'7k'; allowed: mnist1d/50k, mnist1d/5k\.",
+    ),
     (['--nosuchflag=1'], r"error: Unknown command line flag 'nosuchflag'"),
     (['extra'], r'error: unexpected arguments: extra'),
-])
+  ],
+)
 def test_bad_command_lines_are_one_line_with_status_2(data_dir, tmp_path, flags_, line):
-  result = _train('--config=experiments/configs/default.py:smoke', f'--workdir={tmp_path}/run',
-                  f'--config.data_dir={data_dir}', *flags_)
+  result = _train(
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={tmp_path}/run',
+    f'--config.data_dir={data_dir}',
+    *flags_,
+  )
   assert result.returncode == 2, result.stderr[-2000:]
   assert re.fullmatch(line + '.*', _last_line(result)), _last_line(result)
   assert 'Traceback' not in result.stderr
   assert not (tmp_path / 'run').exists()
 
 
-@pytest.mark.parametrize('config, line', [
-    ('experiments/configs/nope.py', "error: --config: no config file "
-                                    "'experiments/configs/nope.py'."),
-    ('experiments/configs/default.py:smok', 'error: --config=experiments/configs/default.py:'
-                                            'smok: config variant \'smok\': allowed are "", '
-                                            '"smoke" (comma-separated).'),
-])
+@pytest.mark.parametrize(
+  'config, line',
+  [
+    (
+      'experiments/configs/nope.py',
+      "error: --config: no config file 'experiments/configs/nope.py'.",
+    ),
+    (
+      'experiments/configs/default.py:smok',
+      'error: --config=experiments/configs/default.py:'
+      'smok: config variant \'smok\': allowed are "", '
+      '"smoke" (comma-separated).',
+    ),
+  ],
+)
 def test_a_missing_config_file_or_variant_is_one_line(tmp_path, config, line):
   result = _train(f'--config={config}', f'--workdir={tmp_path}/run')
   assert result.returncode == 2 and _last_line(result) == line, result.stderr[-2000:]
@@ -240,8 +300,13 @@ def test_a_missing_config_file_or_variant_is_one_line(tmp_path, config, line):
 
 
 def test_verbose_adds_the_traceback(data_dir, tmp_path):
-  result = _train('--config=experiments/configs/default.py:smoke', f'--workdir={tmp_path}/run',
-                  f'--config.data_dir={data_dir}', '--config.eval_batch_size=0', '--verbose')
+  result = _train(
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={tmp_path}/run',
+    f'--config.data_dir={data_dir}',
+    '--config.eval_batch_size=0',
+    '--verbose',
+  )
   assert result.returncode == 2
   assert 'Traceback' in result.stderr
   assert _last_line(result) == 'error: eval_batch_size: must be an integer >= 1, got 0.'
@@ -249,19 +314,28 @@ def test_verbose_adds_the_traceback(data_dir, tmp_path):
 
 def test_a_failed_run_is_status_1_with_its_traceback_in_the_workdir(data_dir, tmp_path):
   workdir = tmp_path / 'run'
-  result = _train('--config=experiments/configs/default.py:smoke', f'--workdir={workdir}',
-                  f'--config.data_dir={data_dir}', '--config.optimizer.name=sgd',
-                  '--config.optimizer.learning_rate=1e12', '--config.eval_every=1000',
-                  '--config.train_steps=2000')
+  result = _train(
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={workdir}',
+    f'--config.data_dir={data_dir}',
+    '--config.optimizer.name=sgd',
+    '--config.optimizer.learning_rate=1e12',
+    '--config.eval_every=1000',
+    '--config.train_steps=2000',
+  )
   assert result.returncode == 1, result.stderr[-2000:]
   assert _last_line(result) == (
-      f'error: NonFiniteLossError: training loss became nan at step 2; lower '
-      f'optimizer.learning_rate or check the data. (traceback in {workdir}/error.log)')
+    f'error: NonFiniteLossError: training loss became nan at step 2; lower '
+    f'optimizer.learning_rate or check the data. (traceback in {workdir}/error.log)'
+  )
   assert 'Traceback' not in result.stderr
   assert 'NonFiniteLossError' in (workdir / 'error.log').read_text()
   # The workdir now holds an unfinished run: a new run is refused, naming what to do.
-  again = _train('--config=experiments/configs/default.py:smoke', f'--workdir={workdir}',
-                 f'--config.data_dir={data_dir}')
+  again = _train(
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={workdir}',
+    f'--config.data_dir={data_dir}',
+  )
   assert again.returncode == 2
   assert _last_line(again).startswith(f'error: workdir: {workdir} holds an unfinished run')
   assert 'pass --overwrite' in _last_line(again)

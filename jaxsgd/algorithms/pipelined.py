@@ -14,6 +14,7 @@ from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms.settings import SharedSettings, refuse_cost_fields, refuse_workers_field
 from jaxsgd.algorithms.settings import shared_settings
 from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole
+from jaxsgd.scheduler import profiles
 
 
 def validate_pipeline(config, model) -> SharedSettings:
@@ -23,12 +24,28 @@ def validate_pipeline(config, model) -> SharedSettings:
   refuse_workers_field(config.algorithm.name, shared.workers)
   if shared.virtual and not shared.cost.calibrate:
     shared.cost.explicit(KINDS, shared.stages)
-  refuse_cost_fields(shared.cost, ('worker_speeds', 'failures'), 'a pipeline has no '
-                     'workers; set per-stage speeds with cost.device_speeds.')
+  refuse_cost_fields(
+    shared.cost,
+    ('worker_speeds', 'failures'),
+    'a pipeline has no workers; set per-stage speeds with cost.device_speeds.',
+  )
   if shared.cost.device_speeds and len(shared.cost.device_speeds) != shared.stages:
-    raise ValueError(f'cost.device_speeds: {len(shared.cost.device_speeds)} values for '
-                     f'{shared.stages} lanes.')
+    raise ValueError(
+      f'cost.device_speeds: {len(shared.cost.device_speeds)} values for {shared.stages} lanes.'
+    )
   return shared
+
+
+def stage_tasks(stages: PlacedStages, roles, batch, batch_size: int) -> clocks.Tasks:
+  """The cost keys of `stages` in `roles`: every stage's forward, backward and update on
+  `batch()` (a host batch)."""
+  return clocks.Tasks(
+    calls=lambda: stages.calibration_calls(roles, batch()),
+    model=stages.model,
+    batch_size=batch_size,
+    split=profiles.split_of(stages.stages),
+    name=profiles.roles_signature(roles),
+  )
 
 
 def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: str) -> dict:
@@ -39,22 +56,36 @@ def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: 
   reported after every lane has finished. Writes `trace.json` and `staleness.png`.
   """
   num_stages, steps = shared.stages, shared.train_steps
-  stages = PlacedStages(run.model, num_stages,
-                        optimizers.make_optimizer(shared.optimizer, steps),
-                        placement=clocks.placement(shared, num_stages),
-                        batch_size=shared.batch_size, seed=shared.seed,
-                        aux_heads=any(r.loss == 'aux' for r in roles))
+  stages = PlacedStages(
+    run.model,
+    num_stages,
+    optimizers.make_optimizer(shared.optimizer, steps),
+    placement=clocks.placement(shared, num_stages),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+    aux_heads=any(r.loss == 'aux' for r in roles),
+  )
   batches = run.train_batches()
   feed = BatchFeed(batches, consumers=1 + sum(r.loss != 'none' for r in roles))
   executor, _ = clocks.make_executor(
-      shared, lambda: stages.calibrate(roles, feed.peek(0), shared.cost.reps), KINDS, num_stages,
-      lane_speeds=shared.cost.device_speeds)
+    shared,
+    stage_tasks(stages, roles, lambda: feed.peek(0), shared.batch_size),
+    KINDS,
+    num_stages,
+    lane_speeds=shared.cost.device_speeds,
+  )
   last_loss = []
 
   def report(step, loss, sim_time):
-    run.report(step, loss=loss, variables=session.variables,
-                   samples=step * shared.batch_size, sim_time=sim_time, extra=session.metrics,
-                   stage=f'stage {num_stages - 1}')
+    run.report(
+      step,
+      loss=loss,
+      variables=session.variables,
+      samples=step * shared.batch_size,
+      sim_time=sim_time,
+      extra=session.metrics,
+      stage=f'stage {num_stages - 1}',
+    )
 
   def on_step(t, loss):
     if t + 1 < steps:
@@ -65,6 +96,10 @@ def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: 
   session = stages.session(roles, feed, steps, on_step=on_step)
   timeline = executor.run(session.cluster, session.processes())
   report(steps, last_loss[0], timeline.makespan if shared.virtual else None)
-  return run.write_schedule_outputs(timeline, session.staleness(),
-                                        cost_table=clocks.cost_table(executor),
-                                        epochs=batches.epoch, title=title)
+  return run.write_schedule_outputs(
+    timeline,
+    session.staleness(),
+    cost_table=clocks.cost_table(executor),
+    epochs=batches.epoch,
+    title=title,
+  )

@@ -75,9 +75,14 @@ class RoleFunctions:
   jitted: tuple  # (name, jitted function) pairs, for trace counting
 
 
-def role_functions(stage: Stage, role: StageRole, tx: optax.GradientTransformation, *,
-                   output: jax.ShapeDtypeStruct, loss_fn: Callable = stages_lib.cross_entropy
-                   ) -> RoleFunctions:
+def role_functions(
+  stage: Stage,
+  role: StageRole,
+  tx: optax.GradientTransformation,
+  *,
+  output: jax.ShapeDtypeStruct,
+  loss_fn: Callable = stages_lib.cross_entropy,
+) -> RoleFunctions:
   """The jitted calls of `stage` in `role`; `output` is the stage output's shape."""
   input_grad = stage.index > 0
   if role.loss == 'aux':
@@ -100,25 +105,38 @@ def role_functions(stage: Stage, role: StageRole, tx: optax.GradientTransformati
     grads = vjp((dy, jnp.zeros((), jnp.float32)))[0]
     return jax.tree.map(jnp.add, grads_own, grads), None
 
-  jitted = {'forward': jitted_forward, 'backward': jax.jit(backward),
-            'recompute': jax.jit(recompute), 'delta_backward': jax.jit(delta_backward),
-            'update': stages_lib.make_update(tx)}
-  return RoleFunctions(forward, jitted['backward'], jitted['recompute'], jitted['delta_backward'],
-                  jitted['update'], tuple(jitted.items()))
+  jitted = {
+    'forward': jitted_forward,
+    'backward': jax.jit(backward),
+    'recompute': jax.jit(recompute),
+    'delta_backward': jax.jit(delta_backward),
+    'update': stages_lib.make_update(tx),
+  }
+  return RoleFunctions(
+    forward,
+    jitted['backward'],
+    jitted['recompute'],
+    jitted['delta_backward'],
+    jitted['update'],
+    tuple(jitted.items()),
+  )
 
 
 def _adapt(fns: stages_lib.StageFns, loss: str):
   """`jaxsgd.models.stage_functions` forward/loss_forward with the uniform signature."""
   if loss == 'head':
+
     def forward(variables, x, labels):
       value, new_state, vjp = fns.loss_forward(variables, x, labels)
       return None, value, new_state, vjp
+
     return forward, fns.loss_forward
 
   def forward(variables, x, labels):  # pylint: disable=function-redefined
     del labels
     y, new_state, vjp = fns.forward(variables, x)
     return y, None, new_state, vjp
+
   return forward, fns.forward
 
 
@@ -129,8 +147,9 @@ def _aux_forward(stage: Stage, input_grad: bool, loss_fn: Callable):
     params, state = stages_lib.split_variables(variables)
 
     def outputs(p, *h):
-      (y, logits), new_state = stages_lib.apply_train(stage, p, state, h[0] if h else x,
-                                                      method=Stage.forward_with_aux)
+      (y, logits), new_state = stages_lib.apply_train(
+        stage, p, state, h[0] if h else x, method=Stage.forward_with_aux
+      )
       return (y, loss_fn(logits, labels)), new_state
 
     primals = (params, x) if input_grad else (params,)
@@ -146,5 +165,7 @@ def _cotangent(loss: str, output: jax.ShapeDtypeStruct) -> Callable:
     return lambda dy: dy
   if loss == 'head':
     return lambda dy: jnp.ones((), jnp.float32)
-  return lambda dy: (jnp.zeros(output.shape, output.dtype) if dy is None else dy,
-                     jnp.ones((), jnp.float32))
+  return lambda dy: (
+    jnp.zeros(output.shape, output.dtype) if dy is None else dy,
+    jnp.ones((), jnp.float32),
+  )

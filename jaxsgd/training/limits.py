@@ -42,17 +42,21 @@ class Footprint:
   """What one run keeps: `workers` data streams and worker states, `replicas` copies
   of the weights and optimizer state; `threads` on the real clock."""
 
-  field: str          # The config field(s) that set the worker count.
+  field: str  # The config field(s) that set the worker count.
   workers: int
-  per_worker: int     # Bytes each worker holds beyond its data stream.
-  streams: int        # Data streams (one per worker that reads data).
-  replicas: int       # Copies of weights + optimizer state (server, replicas, stacked).
-  threads: int        # Real-clock threads (0: none of their own).
+  per_worker: int  # Bytes each worker holds beyond its data stream.
+  streams: int  # Data streams (one per worker that reads data).
+  replicas: int  # Copies of weights + optimizer state (server, replicas, stacked).
+  threads: int  # Real-clock threads (0: none of their own).
 
 
 def tree_bytes(tree) -> int:
-  return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize
-                 for x in jax.tree_util.tree_leaves(tree)))
+  return int(
+    sum(
+      np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize
+      for x in jax.tree_util.tree_leaves(tree)
+    )
+  )
 
 
 def model_bytes(model, shared) -> tuple[int, int, int]:
@@ -70,22 +74,33 @@ def footprint(name: str, settings, sizes: tuple[int, int, int]) -> Footprint | N
   if name in ('asgd', 'dcasgd'):
     workers = settings.server.num_workers
     backup = params if name == 'dcasgd' else 0
-    return Footprint('workers', workers, WEIGHT_COPIES * variables + backup, workers, 1,
-                     workers + 1 if real else 0)
+    return Footprint(
+      'workers', workers, WEIGHT_COPIES * variables + backup, workers, 1, workers + 1 if real else 0
+    )
   if name == 'lppsgd':
     workers = settings.devices * settings.workers_per_device
-    return Footprint('algorithm.devices x algorithm.workers_per_device', workers,
-                     WEIGHT_COPIES * variables, workers, settings.devices,
-                     workers if real else 0)
+    return Footprint(
+      'algorithm.devices x algorithm.workers_per_device',
+      workers,
+      WEIGHT_COPIES * variables,
+      workers,
+      settings.devices,
+      workers if real else 0,
+    )
   if name == 'pdasgd':
     workers = settings.n_fwd + settings.n_bwd
-    return Footprint('algorithm.n_fwd + algorithm.n_bwd', workers,
-                     WEIGHT_COPIES * variables, settings.n_fwd, 1, workers + 1 if real else 0)
+    return Footprint(
+      'algorithm.n_fwd + algorithm.n_bwd',
+      workers,
+      WEIGHT_COPIES * variables,
+      settings.n_fwd,
+      1,
+      workers + 1 if real else 0,
+    )
   if name in ('ssgd', 'local_sgd', 'dasgd', 'diloco'):
     workers = settings.workers
     replicas = workers if settings.stacked else 1
-    return Footprint('workers', workers, params if settings.stacked else 0, workers, replicas,
-                     0)
+    return Footprint('workers', workers, params if settings.stacked else 0, workers, replicas, 0)
   return None
 
 
@@ -97,8 +112,11 @@ def estimate(name: str, settings, model, num_train: int) -> tuple[Footprint, int
     return None
   variables, _, opt_state = sizes
   stream = 2 * INDEX_BYTES * num_train  # The shuffled order and the range it shuffles.
-  total = (fp.streams * stream + fp.workers * (fp.per_worker + PER_WORKER_OVERHEAD)
-           + fp.replicas * (variables + opt_state))
+  total = (
+    fp.streams * stream
+    + fp.workers * (fp.per_worker + PER_WORKER_OVERHEAD)
+    + fp.replicas * (variables + opt_state)
+  )
   return fp, total
 
 
@@ -121,16 +139,20 @@ def check(name: str, settings, model, dataset) -> None:
     return
   fp, total = result
   if fp.threads > MAX_THREADS:
-    raise ValueError(f'{fp.field}: {fp.workers} workers on the real clock would run '
-                     f'{fp.threads} threads (one per worker), more than {MAX_THREADS}; '
-                     f'use clock=virtual to simulate that many workers, or fewer workers.')
+    raise ValueError(
+      f'{fp.field}: {fp.workers} workers on the real clock would run '
+      f'{fp.threads} threads (one per worker), more than {MAX_THREADS}; '
+      f'use clock=virtual to simulate that many workers, or fewer workers.'
+    )
   available = available_bytes()
   if total > available:
-    raise ValueError(f'{fp.field}: {fp.workers} workers need at least {_gib(total)} of '
-                     f'per-worker state (data streams, weights, gradients and activations in flight'
-                     f'{", backups" if name == "dcasgd" else ""}, replicas), more than the '
-                     f'{_gib(available)} of memory available; use fewer workers, a smaller '
-                     f'model or dataset.')
+    raise ValueError(
+      f'{fp.field}: {fp.workers} workers need at least {_gib(total)} of '
+      f'per-worker state (data streams, weights, gradients and activations in flight'
+      f'{", backups" if name == "dcasgd" else ""}, replicas), more than the '
+      f'{_gib(available)} of memory available; use fewer workers, a smaller '
+      f'model or dataset.'
+    )
 
 
 def _gib(nbytes: int) -> str:

@@ -16,11 +16,38 @@ from jaxsgd.training.run import Run
 
 # The top-level fields of a config (every algorithm's); sub-configs are checked by the
 # algorithm's `validate`.
-FIELDS = ('dataset', 'data_dir', 'model', 'seed', 'batch_size', 'optimizer', 'train_steps',
-          'eval_every', 'eval_batch_size', 'algorithm', 'stages', 'workers', 'clock',
-          'target_accuracy', 'tensorboard', 'placement', 'cost')
-REQUIRED = ('dataset', 'model', 'seed', 'batch_size', 'optimizer', 'train_steps',
-            'eval_every', 'algorithm', 'stages', 'workers', 'clock')
+FIELDS = (
+  'dataset',
+  'data_dir',
+  'model',
+  'seed',
+  'batch_size',
+  'optimizer',
+  'train_steps',
+  'eval_every',
+  'eval_batch_size',
+  'algorithm',
+  'stages',
+  'workers',
+  'clock',
+  'target_accuracy',
+  'tensorboard',
+  'placement',
+  'cost',
+)
+REQUIRED = (
+  'dataset',
+  'model',
+  'seed',
+  'batch_size',
+  'optimizer',
+  'train_steps',
+  'eval_every',
+  'algorithm',
+  'stages',
+  'workers',
+  'clock',
+)
 
 
 def check_config(config) -> None:
@@ -28,19 +55,23 @@ def check_config(config) -> None:
   `validate` checks the rest)."""
   for field in REQUIRED:
     if field not in config:
-      raise ValueError(f'{field}: missing from the config; start from '
-                       f'experiments/configs/default.py.')
+      raise ValueError(
+        f'{field}: missing from the config; start from experiments/configs/default.py.'
+      )
   refuse_unknown(list(config.keys()), FIELDS, '')
   for field in ('eval_every', 'eval_batch_size'):
     value = config.get(field, 1)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ValueError(f'{field}: must be an integer >= 1, got {value!r}.')
   if not hasattr(config.model, 'get'):
-    raise ValueError(f"model: a sub-config with a name expected (e.g. {{'name': 'cnn'}}), "
-                     f'got {config.model!r}.')
+    raise ValueError(
+      f"model: a sub-config with a name expected (e.g. {{'name': 'cnn'}}), got {config.model!r}."
+    )
   if config.model.get('name') not in models_lib.MODELS:
-    raise ValueError(f'model.name: unknown model {config.model.get("name")!r}; allowed: '
-                     f'{", ".join(models_lib.MODELS)}.')
+    raise ValueError(
+      f'model.name: unknown model {config.model.get("name")!r}; allowed: '
+      f'{", ".join(models_lib.MODELS)}.'
+    )
   models_lib.check_model_fields(config.model.name, _model_kwargs(config))
   data_lib.check_dataset_name(config.dataset)
   for field in ('tensorboard',):
@@ -48,8 +79,10 @@ def check_config(config) -> None:
       raise ValueError(f'{field}: True or False, got {config.get(field)!r}.')
   data_dir = config.get('data_dir')
   if data_dir is not None and (not isinstance(data_dir, str) or not data_dir):
-    raise ValueError(f'data_dir: a directory path (or None: $TFDS_DATA_DIR or '
-                     f'~/tensorflow_datasets) expected, got {data_dir!r}.')
+    raise ValueError(
+      f'data_dir: a directory path (or None: $TFDS_DATA_DIR or '
+      f'~/tensorflow_datasets) expected, got {data_dir!r}.'
+    )
   target = config.get('target_accuracy')
   if target is not None:
     number(target, 'target_accuracy', strict=True, maximum=1.0)
@@ -61,17 +94,20 @@ def _model_kwargs(config) -> dict:
 
 
 def build_model(config, dataset: data_lib.Dataset) -> models_lib.StagedModel:
-  return models_lib.get_model(config.model.name, dataset.input_shape, dataset.num_classes,
-                              **_model_kwargs(config))
+  return models_lib.get_model(
+    config.model.name, dataset.input_shape, dataset.num_classes, **_model_kwargs(config)
+  )
 
 
 def check_batch_size(config, dataset: data_lib.Dataset) -> None:
   """Refuses a batch larger than the training split, before any model is built."""
   batch_size = config.batch_size
   if isinstance(batch_size, int) and batch_size > dataset.num_train:
-    raise ValueError(f'batch_size: {batch_size} is larger than the {dataset.name} training '
-                     f'split ({dataset.num_train} examples); use 1 <= batch_size <= '
-                     f'{dataset.num_train}, or a larger dataset.')
+    raise ValueError(
+      f'batch_size: {batch_size} is larger than the {dataset.name} training '
+      f'split ({dataset.num_train} examples); use 1 <= batch_size <= '
+      f'{dataset.num_train}, or a larger dataset.'
+    )
 
 
 def check_worker_batches(settings, dataset: data_lib.Dataset) -> None:
@@ -81,12 +117,15 @@ def check_worker_batches(settings, dataset: data_lib.Dataset) -> None:
     return
   shard = dataset.num_train // settings.workers
   if settings.batch_size > shard:
-    field = ('algorithm.global_batch_size' if settings.global_batch_size is not None
-             else 'batch_size')
-    raise ValueError(f'{field}: {settings.batch_size} examples per worker, but each of the '
-                     f'{settings.workers} workers reads a shard of {shard} examples of the '
-                     f'{dataset.name} training split; use at most {shard} per worker, fewer '
-                     f'workers, or algorithm.data_sharding=stream.')
+    field = (
+      'algorithm.global_batch_size' if settings.global_batch_size is not None else 'batch_size'
+    )
+    raise ValueError(
+      f'{field}: {settings.batch_size} examples per worker, but each of the '
+      f'{settings.workers} workers reads a shard of {shard} examples of the '
+      f'{dataset.name} training split; use at most {shard} per worker, fewer '
+      f'workers, or algorithm.data_sharding=stream.'
+    )
 
 
 def is_primary_process() -> bool:
@@ -96,8 +135,9 @@ def is_primary_process() -> bool:
   return os.environ.get('JAXSGD_PROCESS_ID', '0') == '0'
 
 
-def train_and_evaluate(config, workdir: str, *, show_progress: bool = True,
-                       overwrite: bool = False) -> dict[str, Any]:
+def train_and_evaluate(
+  config, workdir: str, *, show_progress: bool = True, overwrite: bool = False
+) -> dict[str, Any]:
   """Trains `config.algorithm` on `config.dataset`, writing metrics and plots to `workdir`.
 
   In order, before anything compiles: the top-level fields are checked
@@ -113,8 +153,7 @@ def train_and_evaluate(config, workdir: str, *, show_progress: bool = True,
     The summary (also written to `workdir/summary.json`).
   """
   check_config(config)
-  claim = workdir_lib.claim(config, workdir, primary=is_primary_process(),
-                            overwrite=overwrite)
+  claim = workdir_lib.claim(config, workdir, primary=is_primary_process(), overwrite=overwrite)
   try:
     algorithm = algorithms.get(config.algorithm.name)
     dataset = data_lib.load(config.dataset, config.get('data_dir'))
@@ -123,9 +162,15 @@ def train_and_evaluate(config, workdir: str, *, show_progress: bool = True,
     settings = algorithm.validate(config, model)
     check_worker_batches(settings, dataset)
     limits.check(config.algorithm.name, settings, model, dataset)
-    logging.info('Training %s on %s (%d train / %d test examples), model %s with %d layers.',
-                 config.algorithm.name, config.dataset, dataset.num_train, dataset.num_test,
-                 model.name, model.num_layers)
+    logging.info(
+      'Training %s on %s (%d train / %d test examples), model %s with %d layers.',
+      config.algorithm.name,
+      config.dataset,
+      dataset.num_train,
+      dataset.num_test,
+      model.name,
+      model.num_layers,
+    )
     run = Run(config, workdir, dataset, model, show_progress=show_progress, lock=claim.lock)
   except BaseException:
     claim.release()

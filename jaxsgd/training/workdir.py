@@ -31,8 +31,16 @@ import shutil
 from jaxsgd.training import files
 
 # Every file (or folder) a run may leave in its workdir.
-RUN_FILES = ('summary.json', 'metrics.jsonl', 'curves.png', 'trace.json', 'staleness.png',
-             'params.npz', 'tensorboard', 'error.log')
+RUN_FILES = (
+  'summary.json',
+  'metrics.jsonl',
+  'curves.png',
+  'trace.json',
+  'staleness.png',
+  'params.npz',
+  'tensorboard',
+  'error.log',
+)
 
 
 class WorkdirHoldsRunError(ValueError):
@@ -97,16 +105,20 @@ def holds_run_message(config, workdir: str, present: list[str]) -> str:
     if earlier is None:
       what = 'the results of a run whose summary.json has no readable config'
     elif same_config(earlier, config):
-      what = ('the finished results of a run of this same config (resuming from '
-              'checkpoints is not implemented yet)')
+      what = (
+        'the finished results of a run of this same config (resuming from '
+        'checkpoints is not implemented yet)'
+      )
     else:
       what = f'the finished results of a run of a different config ({describe(earlier)})'
   elif 'metrics.jsonl' in present:
     what = 'an unfinished run (metrics.jsonl but no summary.json)'
   else:
     what = f'files of an earlier run ({", ".join(present)})'
-  return (f'workdir: {workdir} holds {what}; choose a new workdir, delete this one, or '
-          f'pass --overwrite (train_and_evaluate(..., overwrite=True)) to replace them.')
+  return (
+    f'workdir: {workdir} holds {what}; choose a new workdir, delete this one, or '
+    f'pass --overwrite (train_and_evaluate(..., overwrite=True)) to replace them.'
+  )
 
 
 def saved_config(workdir: str) -> dict | None:
@@ -133,8 +145,10 @@ def same_config(saved: dict, config) -> bool:
 def describe(saved: dict) -> str:
   algorithm = (saved.get('algorithm') or {}).get('name')
   model = (saved.get('model') or {}).get('name')
-  return (f'algorithm {algorithm}, model {model}, dataset {saved.get("dataset")}, '
-          f'seed {saved.get("seed")}, {saved.get("train_steps")} steps')
+  return (
+    f'algorithm {algorithm}, model {model}, dataset {saved.get("dataset")}, '
+    f'seed {saved.get("seed")}, {saved.get("train_steps")} steps'
+  )
 
 
 def _remove(path: str) -> None:

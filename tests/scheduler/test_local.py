@@ -24,8 +24,10 @@ def reference(pipeline, roles, groups, steps=STEPS):
   """SGD on Σ_g L_g, where loss g is taken at stage end−1 of its group (start, end)
   from sg(h_{start−1}): the gradient that reaches a stage is exactly the groups it is in."""
   stages, last = pipeline.stages, len(roles) - 1
-  params = jax.device_put([pipeline.initial_variables(k, role)['params']
-                           for k, role in enumerate(roles)], jax.devices()[0])
+  params = jax.device_put(
+    [pipeline.initial_variables(k, role)['params'] for k, role in enumerate(roles)],
+    jax.devices()[0],
+  )
 
   def objective(params, x, y):
     outputs, h = [], x
@@ -50,11 +52,14 @@ def reference(pipeline, roles, groups, steps=STEPS):
   return params
 
 
-@pytest.mark.parametrize('variant,chunks,groups', [
+@pytest.mark.parametrize(
+  'variant,chunks,groups',
+  [
     ('greedy', 1, [(0, 1), (1, 2), (2, 3)]),
-    ('overlapping', 1, [(0, 1), (0, 2), (1, 3)]),     # each loss reaches two blocks
-    ('chunked', 2, [(0, 2), (2, 3)]),                 # stop-gradient between the chunks
-])
+    ('overlapping', 1, [(0, 1), (0, 2), (1, 3)]),  # each loss reaches two blocks
+    ('chunked', 2, [(0, 2), (2, 3)]),  # stop-gradient between the chunks
+  ],
+)
 def test_lock_step_equals_the_stop_gradient_objective(variant, chunks, groups):
   roles = local.roles(3, variant, chunks, pipelined=False)
   pipeline = pipeline_for(roles)
@@ -73,13 +78,21 @@ def test_pipelined_overlapping_follows_its_delayed_recursion():
   roles = local.roles(2, 'overlapping', pipelined=True)
   pipeline = pipeline_for(roles)
   first, second = pipeline.stages
-  w1, w2 = jax.device_put([pipeline.initial_variables(k, role)['params']
-                           for k, role in enumerate(roles)], jax.devices()[0])
+  w1, w2 = jax.device_put(
+    [pipeline.initial_variables(k, role)['params'] for k, role in enumerate(roles)],
+    jax.devices()[0],
+  )
   apply1 = lambda w, x, **kw: first.apply({'params': w}, x, **kw)
-  own1 = jax.jit(jax.grad(lambda w, x, y: stages_lib.cross_entropy(
-      apply1(w, x, method=Stage.forward_with_aux)[1], y)))
-  grad2 = jax.jit(jax.grad(lambda w, h, y: stages_lib.cross_entropy(
-      second.apply({'params': w}, h), y), argnums=(0, 1)))
+  own1 = jax.jit(
+    jax.grad(
+      lambda w, x, y: stages_lib.cross_entropy(apply1(w, x, method=Stage.forward_with_aux)[1], y)
+    )
+  )
+  grad2 = jax.jit(
+    jax.grad(
+      lambda w, h, y: stages_lib.cross_entropy(second.apply({'params': w}, h), y), argnums=(0, 1)
+    )
+  )
   pullback1 = jax.jit(jax.grad(lambda w, x, delta: jax.numpy.vdot(apply1(w, x), delta)))
   sgd = lambda w, g: jax.tree.map(lambda p, q: p - LR * q, w, g)
   previous = None
@@ -118,14 +131,23 @@ def test_one_chunk_is_bp_and_its_pipelined_form_is_ddg():
 
 def test_greedy_is_exact_whether_pipelined_or_not():
   """No gradient comes from downstream: pipelining changes the timing, not the values."""
-  pipelined, lockstep = local.roles(3, 'greedy', pipelined=True), local.roles(3, 'greedy',
-                                                                              pipelined=False)
+  pipelined, lockstep = (
+    local.roles(3, 'greedy', pipelined=True),
+    local.roles(3, 'greedy', pipelined=False),
+  )
   assert pipelined == lockstep
   session, timeline, _ = train(pipeline_for(pipelined), pipelined, STEPS)
   # F = 1, B = 2, U = 0: block k runs batch t's forward at 3t + k, its backward right after.
   assert [(r.kind, r.batch, r.start) for r in timeline.tasks(lane=2) if r.kind != 'update'] == [
-      ('forward', 0, 2), ('backward', 0, 3), ('forward', 1, 5), ('backward', 1, 6),
-      ('forward', 2, 8), ('backward', 2, 9), ('forward', 3, 11), ('backward', 3, 12)]
+    ('forward', 0, 2),
+    ('backward', 0, 3),
+    ('forward', 1, 5),
+    ('backward', 1, 6),
+    ('forward', 2, 8),
+    ('backward', 2, 9),
+    ('forward', 3, 11),
+    ('backward', 3, 12),
+  ]
   assert timeline.makespan == 14
   assert all(s.staleness().max() == 0 for s in session.stores)
 
@@ -135,10 +157,12 @@ def test_pipelined_overlapping_and_chunked_use_delayed_gradients():
   assert [r.delay for r in overlapping] == [1, 1, 1, 0]
   assert [r.sends_delta for r in overlapping] == ['none', 'own', 'own', 'own']
   chunked = local.roles(4, 'chunked', 2, pipelined=True)
-  assert chunked == (StageRole('none', True, 'none', delay=1),
-                     StageRole('aux', False, 'total', delay=0),
-                     StageRole('none', True, 'none', delay=1),
-                     StageRole('head', False, 'total', delay=0))
+  assert chunked == (
+    StageRole('none', True, 'none', delay=1),
+    StageRole('aux', False, 'total', delay=0),
+    StageRole('none', True, 'none', delay=1),
+    StageRole('head', False, 'total', delay=0),
+  )
   overlapping = local.roles(3, 'overlapping', pipelined=True)
   session, _, _ = train(pipeline_for(overlapping), overlapping, STEPS)
   # The first update is the own loss alone (fill); then the L_{k+1} part is one write old.
@@ -167,5 +191,6 @@ def test_smoke_config_trains_and_writes_trace_and_staleness(data_dir, tmp_path, 
   trace = json.load(open(tmp_path / 'trace.json'))['traceEvents']
   assert {e['tid'] for e in trace if e['ph'] == 'X' and e['cat'] == 'forward'} == {0, 1, 2}
   assert (tmp_path / 'staleness.png').stat().st_size > 5_000
-  assert all(0 < summary['utilization'][f'stage {k} ({d})'] <= 1
-             for k, d in enumerate(jax.devices()[:3]))
+  assert all(
+    0 < summary['utilization'][f'stage {k} ({d})'] <= 1 for k, d in enumerate(jax.devices()[:3])
+  )

@@ -32,9 +32,9 @@ def test_ddg_with_one_stage_is_bp():
 def test_ddg_two_stages_follows_the_delayed_gradient_recursion(variant):
   """K = 2, SGD: module 2 has no delay, module 1 uses δ from the previous iteration.
 
-      w2 ← w2 − η ∇_{w2} L(w2; h_t),   δ_t = ∇_h L(w2; h_t),   h_t = f1(w1; x_t)
-      w1 ← w1 − η J_{w1} f1(w1'; x_{t−1})ᵀ δ_{t−1}     (t ≥ 1)
-      w1' = the weights of batch t − 1's forward (paper) or the current w1 (recompute)
+  w2 ← w2 − η ∇_{w2} L(w2; h_t),   δ_t = ∇_h L(w2; h_t),   h_t = f1(w1; x_t)
+  w1 ← w1 − η J_{w1} f1(w1'; x_{t−1})ᵀ δ_{t−1}     (t ≥ 1)
+  w1' = the weights of batch t − 1's forward (paper) or the current w1 (recompute)
   """
   model, lr, steps = mlp(hidden=(16,)), 0.1, 5
   stage1, stage2 = models.split(model, 2)
@@ -42,7 +42,7 @@ def test_ddg_two_stages_follows_the_delayed_gradient_recursion(variant):
   w1, w2 = ({n: full[n] for n in ('layer_0',)}, {n: full[n] for n in ('layer_1',)})
   f1 = lambda w, x: stage1.apply({'params': w}, x)
   loss2 = lambda w, h, y: stages_lib.cross_entropy(stage2.apply({'params': w}, h), y)
-  grad2 = jax.jit(jax.grad(loss2, argnums=(0, 1)))                      # (∇_{w2} L, δ)
+  grad2 = jax.jit(jax.grad(loss2, argnums=(0, 1)))  # (∇_{w2} L, δ)
   grad1 = jax.jit(jax.grad(lambda w, x, delta: jnp.vdot(f1(w, x), delta)))  # J_{w1}ᵀ δ
   sgd = lambda w, g: jax.tree.map(lambda a, b: a - lr * b, w, g)
   previous = None  # (w1 of the forward, x, δ) of batch t − 1
@@ -77,28 +77,50 @@ def test_ddg_paper_and_recompute_differ():
 
 # --- the virtual clock, by hand -------------------------------------------------------------
 def _spans(timeline, lane):
-  return [(r.kind[0].upper(), r.batch, r.start, r.end)
-          for r in timeline.tasks(lane=lane) if r.kind in ('forward', 'backward')]
+  return [
+    (r.kind[0].upper(), r.batch, r.start, r.end)
+    for r in timeline.tasks(lane=lane)
+    if r.kind in ('forward', 'backward')
+  ]
 
 
 def test_ddg_virtual_schedule_by_hand():
   """K = 3, F = 1, B = 2, U = 0, free links, 4 iterations (worked out on paper).
 
-      t =  0  1  2  3  4  5  6  7  8  9 10 11 12 13
-      s0   F0 F1 F2 .  .  .  .  B0 B0 F3 B1 B1
-      s1   .  F0 F1 .  .  B0 B0 F2 B1 B1 F3 B2 B2
-      s2   .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3
+  t =  0  1  2  3  4  5  6  7  8  9 10 11 12 13
+  s0   F0 F1 F2 .  .  .  .  B0 B0 F3 B1 B1
+  s1   .  F0 F1 .  .  B0 B0 F2 B1 B1 F3 B2 B2
+  s2   .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3
   """
   roles = ddg.roles(3)
   _, timeline, _ = train(pipeline_for(roles), roles, 4)
-  assert _spans(timeline, 0) == [('F', 0, 0, 1), ('F', 1, 1, 2), ('F', 2, 2, 3),
-                                 ('B', 0, 7, 9), ('F', 3, 9, 10), ('B', 1, 10, 12)]
-  assert _spans(timeline, 1) == [('F', 0, 1, 2), ('F', 1, 2, 3), ('B', 0, 5, 7),
-                                 ('F', 2, 7, 8), ('B', 1, 8, 10), ('F', 3, 10, 11),
-                                 ('B', 2, 11, 13)]
-  assert _spans(timeline, 2) == [('F', 0, 2, 3), ('B', 0, 3, 5), ('F', 1, 5, 6),
-                                 ('B', 1, 6, 8), ('F', 2, 8, 9), ('B', 2, 9, 11),
-                                 ('F', 3, 11, 12), ('B', 3, 12, 14)]
+  assert _spans(timeline, 0) == [
+    ('F', 0, 0, 1),
+    ('F', 1, 1, 2),
+    ('F', 2, 2, 3),
+    ('B', 0, 7, 9),
+    ('F', 3, 9, 10),
+    ('B', 1, 10, 12),
+  ]
+  assert _spans(timeline, 1) == [
+    ('F', 0, 1, 2),
+    ('F', 1, 2, 3),
+    ('B', 0, 5, 7),
+    ('F', 2, 7, 8),
+    ('B', 1, 8, 10),
+    ('F', 3, 10, 11),
+    ('B', 2, 11, 13),
+  ]
+  assert _spans(timeline, 2) == [
+    ('F', 0, 2, 3),
+    ('B', 0, 3, 5),
+    ('F', 1, 5, 6),
+    ('B', 1, 6, 8),
+    ('F', 2, 8, 9),
+    ('B', 2, 9, 11),
+    ('F', 3, 11, 12),
+    ('B', 3, 12, 14),
+  ]
   assert timeline.makespan == 14
   # Steady state: one iteration per F + B = 3 s on every stage, versus 3 (F + B) = 9 s for BP.
   roles = sequential_roles(3)
@@ -131,12 +153,15 @@ def test_every_stage_function_is_traced_once():
 def test_real_virtual_and_threaded_clocks_give_the_same_bits():
   roles = ddg.roles(3)
   pipeline = pipeline_for(roles)
-  runs = [train(pipeline, roles, 6, executor=executor)[0] for executor in
-          (VirtualExecutor(_costs(std=0.4)), RealExecutor(), RealExecutor(threads=True))]
+  runs = [
+    train(pipeline, roles, 6, executor=executor)[0]
+    for executor in (VirtualExecutor(_costs(std=0.4)), RealExecutor(), RealExecutor(threads=True))
+  ]
   for session in runs[1:]:
     chex.assert_trees_all_equal(session.variables(), runs[0].variables())
     assert [s.staleness().tolist() for s in session.stores] == [
-        s.staleness().tolist() for s in runs[0].stores]
+      s.staleness().tolist() for s in runs[0].stores
+    ]
 
 
 def _costs(std):
