@@ -354,6 +354,18 @@ def test_bad_input_is_refused_naming_the_field(case, data_dir, tmp_path, compile
   assert not list(tmp_path.iterdir())
 
 
+def test_a_batch_larger_than_the_data_is_refused_before_the_model_is_built(
+  data_dir, tmp_path, monkeypatch
+):
+  from jaxsgd.training import loop  # pylint: disable=g-import-not-at-top
+
+  monkeypatch.setattr(loop, 'build_model', lambda *_: pytest.fail('model built'))
+  config = smoke_config('asgd', data_dir)
+  config.batch_size = 4001
+  with pytest.raises(ValueError, match=r'^batch_size: 4001 is larger than the mnist1d/5k'):
+    train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+
+
 def test_the_default_configs_pass_the_limits(data_dir, tmp_path, monkeypatch):
   """The limits do not refuse what the smoke configs run (with the machine's memory)."""
   monkeypatch.undo()

@@ -339,3 +339,14 @@ def test_a_failed_run_is_status_1_with_its_traceback_in_the_workdir(data_dir, tm
   assert again.returncode == 2
   assert _last_line(again).startswith(f'error: workdir: {workdir} holds an unfinished run')
   assert 'pass --overwrite' in _last_line(again)
+  # --overwrite replaces every file of the failed run.
+  replaced = _train(
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={workdir}',
+    f'--config.data_dir={data_dir}',
+    '--config.train_steps=2',
+    '--config.eval_every=2',
+    '--overwrite',
+  )
+  assert replaced.returncode == 0, replaced.stderr[-2000:]
+  assert sorted(os.listdir(workdir)) == ['curves.png', 'metrics.jsonl', 'summary.json']
