@@ -486,6 +486,16 @@ def test_a_locked_workdir_is_refused_before_loading_data(tmp_path, compiles, mon
   assert not os.path.exists(os.path.join(tmp_path, 'no_data'))
 
 
+def test_a_refused_overwrite_keeps_the_earlier_run(data_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  _finished_run(str(workdir), smoke_config('asgd', data_dir))
+  config = smoke_config('bp', data_dir)
+  config.seed = -1
+  with pytest.raises(ValueError, match=r'^seed: '):
+    train_and_evaluate(config, str(workdir), show_progress=False, overwrite=True)
+  assert sorted(os.listdir(workdir)) == ['metrics.jsonl', 'summary.json']
+
+
 def test_overwrite_replaces_every_file_of_the_earlier_run(data_dir, tmp_path):
   workdir = tmp_path / 'run'
   _finished_run(str(workdir), smoke_config('asgd', data_dir))

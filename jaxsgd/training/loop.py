@@ -146,7 +146,8 @@ def train_and_evaluate(
   and the batch size checked against it; the model is described (not initialized);
   the algorithm's `validate` parses the config into the settings its `train` runs
   with; and `training.limits.check` refuses runs that cannot fit in memory or
-  threads. A refusal leaves the workdir as it was. Writes `metrics.jsonl`,
+  threads. A refusal leaves the workdir as it was (with `overwrite`, an earlier run's
+  files are removed only after all of this passed). Writes `metrics.jsonl`,
   `summary.json` and `curves.png` (plus what the algorithm adds, e.g. `trace.json`).
 
   Returns:
@@ -162,6 +163,7 @@ def train_and_evaluate(
     settings = algorithm.validate(config, model)
     check_worker_batches(settings, dataset)
     limits.check(config.algorithm.name, settings, model, dataset)
+    claim.clear()  # The input is valid: an earlier run's files (overwrite) go now.
     logging.info(
       'Training %s on %s (%d train / %d test examples), model %s with %d layers.',
       config.algorithm.name,

@@ -54,6 +54,15 @@ class Claim:
   workdir: str
   lock: files.WorkdirLock | None
   created: bool  # The workdir did not exist before `claim`.
+  replaced: tuple[str, ...] = ()  # An earlier run's files, removed by `clear`.
+
+  def clear(self) -> None:
+    """Removes the earlier run's files (`overwrite`); call once the input is valid."""
+    for name in self.replaced:
+      path = os.path.join(self.workdir, name)
+      if os.path.lexists(path):
+        _remove(path)
+    self.replaced = ()
 
   def release(self, *, remove_if_empty: bool = True) -> None:
     """Gives the workdir back (idempotent); removes it if `claim` made it and it is empty."""
@@ -72,7 +81,8 @@ def claim(config, workdir: str, *, primary: bool = True, overwrite: bool = False
     workdir: the run's directory; created if missing.
     primary: this process writes the workdir's files (process 0); other processes of
       a multi-process run take no lock and check nothing.
-    overwrite: remove an earlier run's files instead of refusing them.
+    overwrite: accept an earlier run's files (removed by `Claim.clear`) instead of
+      refusing them.
 
   Raises:
     files.WorkdirLockedError: another live run holds the workdir.
@@ -90,11 +100,10 @@ def claim(config, workdir: str, *, primary: bool = True, overwrite: bool = False
     present = [name for name in RUN_FILES if os.path.lexists(os.path.join(workdir, name))]
     if present and not overwrite:
       raise WorkdirHoldsRunError(holds_run_message(config, workdir, present))
-    for name in present:
-      _remove(os.path.join(workdir, name))
   except BaseException:
     result.release()
     raise
+  result.replaced = tuple(present)
   return result
 
 
