@@ -56,13 +56,22 @@ flags.mark_flags_as_required(['config', 'workdir'])
 def fail(status: int, message: str, error: BaseException | None = None) -> None:
   """Ends the program with `error: message` on stderr and `status` (see the docstring)."""
   message = ' '.join(str(message).split())  # One line.
-  if error is not None and '--verbose' in sys.argv:
+  if error is not None and _verbose():
     traceback.print_exception(error)
   if os.environ.get(distributed.ADDRESS_VAR):  # Launched: tell the launcher, skip JAX's
     distributed.exit_now(status, message)  # shutdown barrier (it waits for peers).
   print(f'error: {message}', file=sys.stderr)
   sys.stderr.flush()
   sys.exit(status)
+
+
+def _verbose() -> bool:
+  """`--verbose`, also when flag parsing itself failed (then read from the command line)."""
+  if flags.FLAGS.is_parsed():
+    return _VERBOSE.value
+  return any(
+    a in ('--verbose', '--verbose=true', '--verbose=True', '--verbose=1') for a in sys.argv
+  )
 
 
 # --- the command line ------------------------------------------------------------------------
