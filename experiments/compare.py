@@ -19,7 +19,12 @@ _SUITE = flags.DEFINE_enum('suite', None, list(suites.SUITES), 'Which comparison
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the runs and report.md go.')
 _SEEDS = flags.DEFINE_list('seeds', None, "Seeds to run (default: the suite's).")
 _SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny runs (seconds each), for tests.')
-_REUSE = flags.DEFINE_bool('reuse', False, 'Keep runs whose summary.json already exists.')
+_REUSE = flags.DEFINE_bool(
+  'reuse',
+  False,
+  'Keep runs whose summary.json records the same '
+  'config as the run would have (others are run again).',
+)
 flags.mark_flags_as_required(['suite', 'workdir'])
 
 

@@ -1,6 +1,5 @@
 """`report.md` and its plots from a suite's finished runs."""
 
-import json
 import os
 
 import matplotlib
@@ -9,13 +8,13 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
+from jaxsgd.training import files  # pylint: disable=g-import-not-at-top
+
 
 def load_run(run_dir: str) -> dict:
   """A finished run: its summary and its metric records."""
-  with open(os.path.join(run_dir, 'summary.json')) as f:
-    summary = json.load(f)
-  with open(os.path.join(run_dir, 'metrics.jsonl')) as f:
-    records = [json.loads(line) for line in f]
+  summary = files.read_json(os.path.join(run_dir, 'summary.json'))
+  records = files.read_json_lines(os.path.join(run_dir, 'metrics.jsonl'))
   return {'dir': run_dir, 'summary': summary, 'records': records}
 
 
@@ -171,6 +170,5 @@ def write_report(suite, runs: dict[str, list[dict]], workdir: str) -> str:
     '',
   ]
   path = os.path.join(workdir, 'report.md')
-  with open(path, 'w') as f:
-    f.write('\n'.join(lines))
+  files.atomic_write(path, '\n'.join(lines))
   return path

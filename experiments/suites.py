@@ -6,6 +6,7 @@ import os
 
 from experiments import report
 from jaxsgd.training import train_and_evaluate
+from jaxsgd.training import workdir as workdir_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,8 +63,19 @@ def method_config(method: Method, seed: int, target: float, smoke: bool):
   return config
 
 
+def can_reuse(run_dir: str, config) -> bool:
+  """Whether `run_dir` holds a finished run of exactly `config` (its summary.json's)."""
+  saved = workdir_lib.saved_config(run_dir)
+  return saved is not None and workdir_lib.same_config(saved, config)
+
+
 def run_suite(name: str, workdir: str, *, seeds=None, smoke=False, reuse=False) -> str:
-  """Runs every method of suite `name` for every seed; returns the report's path."""
+  """Runs every method of suite `name` for every seed; returns the report's path.
+
+  Each run goes to `workdir/runs/METHOD/seedN`, replacing what an earlier suite run
+  left there; with `reuse`, a run whose `summary.json` records the very config it
+  would run (every field: a smoke run is not reused for a full one) is kept instead.
+  """
   suite = SUITES[name]
   seeds = seeds or (suite.seeds[:1] if smoke else suite.seeds)
   runs = {}
@@ -71,9 +83,9 @@ def run_suite(name: str, workdir: str, *, seeds=None, smoke=False, reuse=False) 
     runs[method.label] = []
     for seed in seeds:
       run_dir = os.path.join(workdir, 'runs', _slug(method.label), f'seed{seed}')
-      if not (reuse and os.path.exists(os.path.join(run_dir, 'summary.json'))):
-        config = method_config(method, seed, suite.target_accuracy, smoke)
-        train_and_evaluate(config, run_dir)
+      config = method_config(method, seed, suite.target_accuracy, smoke)
+      if not (reuse and can_reuse(run_dir, config)):
+        train_and_evaluate(config, run_dir, overwrite=True)
       runs[method.label].append(report.load_run(run_dir))
   return report.write_report(suite, runs, workdir)
 

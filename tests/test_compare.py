@@ -1,6 +1,7 @@
 """The comparison runner: runs a suite's methods and seeds, writes the report."""
 
 import json
+import os
 
 from experiments import report
 from experiments import suites
@@ -75,3 +76,53 @@ def test_every_paper_config_has_a_valid_full_size_variant():
     training.check_config(config)
     assert config.dataset == 'cifar10' and config.model.name.startswith('resnet')
     assert config.optimizer.schedule == 'step' and config.train_steps >= 60_000
+
+
+def test_reuse_keeps_only_runs_of_the_same_config(tmp_path, data_dir, monkeypatch):
+  """`--reuse` keeps a run whose summary.json records the config it would run; a run
+  of other settings (here: a smoke run, for a 30-step suite) is run again."""
+  trained = []
+  real = suites.train_and_evaluate
+  monkeypatch.setattr(
+    suites,
+    'train_and_evaluate',
+    lambda config, workdir, **kw: (trained.append(config.train_steps), real(config, workdir, **kw))[
+      1
+    ],
+  )
+
+  def suite(steps):
+    return suites.register(
+      suites.Suite(
+        name='test_reuse',
+        title='reuse',
+        claim='none',
+        seeds=(0,),
+        target_accuracy=0.3,
+        methods=(
+          suites.Method(
+            'BP',
+            'experiments/configs/default.py',
+            (('data_dir', data_dir), ('train_steps', steps), ('eval_every', 10)),
+          ),
+        ),
+      )
+    )
+
+  run_dir = tmp_path / 'runs' / 'bp' / 'seed0'
+  suite(20)
+  suites.run_suite('test_reuse', str(tmp_path), smoke=True)
+  assert trained == [20]
+  suites.run_suite('test_reuse', str(tmp_path), smoke=True, reuse=True)
+  assert trained == [20]  # Same config: reused.
+  suite(30)
+  suites.run_suite('test_reuse', str(tmp_path), smoke=True, reuse=True)
+  assert trained == [20, 30]  # Another config: run again, replacing the earlier files.
+  assert json.load(open(run_dir / 'summary.json'))['config']['train_steps'] == 30
+  assert sorted(os.listdir(run_dir)) == ['curves.png', 'metrics.jsonl', 'summary.json']
+  assert suites.can_reuse(
+    str(run_dir), suites.method_config(suites.SUITES['test_reuse'].methods[0], 0, 0.3, smoke=True)
+  )
+  assert not suites.can_reuse(
+    str(run_dir), suites.method_config(suites.SUITES['test_reuse'].methods[0], 1, 0.3, smoke=True)
+  )  # Another seed.

@@ -376,7 +376,8 @@ def test_a_finished_run_releases_its_workdir_and_writes_valid_json(data_dir, tmp
   summary = _strict_loads((tmp_path / 'summary.json').read_text())
   assert summary['final']['step'] == 4
   assert [r['step'] for r in files.read_json_lines(str(tmp_path / 'metrics.jsonl'))] == [2, 4]
-  training.train_and_evaluate(config, str(tmp_path), show_progress=False)  # Free again.
+  # The lock is free again (the finished run's results are refused unless overwritten).
+  training.train_and_evaluate(config, str(tmp_path), show_progress=False, overwrite=True)
 
 
 def test_a_file_system_without_locks_runs_unguarded_with_a_warning(tmp_path, monkeypatch, caplog):

@@ -2,13 +2,16 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from experiments.configs import default
 from jaxsgd import training
+from jaxsgd.training import run as run_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORD_FIELDS = {
@@ -138,3 +141,212 @@ def test_tensorboard_events_are_written_when_asked(data_dir, tmp_path):
     tags.update(v.tag for v in event.summary.value)
     offset += 16 + length
   assert {'test_accuracy', 'train_loss', 'test_loss'} <= tags
+
+
+# --- a NaN/inf loss is caught at the step it appears, without waiting every step ----------------
+class _Loss:
+  """A loss as an algorithm reports it: `is_ready()` like a `jax.Array`, no device."""
+
+  def __init__(self, value, ready=True):
+    self.value, self.ready = value, ready
+
+  def is_ready(self):
+    return self.ready
+
+  def __array__(self, dtype=None, copy=None):
+    return np.asarray(self.value, dtype)
+
+
+def _bare_run(data_dir, tmp_path, **overrides):
+  from jaxsgd import data as data_lib  # pylint: disable=g-import-not-at-top
+
+  config = smoke_config(data_dir, **overrides)
+  dataset = data_lib.load(config.dataset, data_dir)
+  return training.Run(
+    config, str(tmp_path), dataset, training.build_model(config, dataset), show_progress=False
+  )
+
+
+def _report_until_refused(run, losses) -> int:
+  """Reports `losses` as steps 1, 2, ...; the step at which the run stopped."""
+  for step, loss in enumerate(losses, 1):
+    try:
+      run.report(step, loss=loss, variables=None, samples=step)
+    except training.NonFiniteLossError as e:
+      assert 'training loss became nan at step 2;' in str(e)
+      return step
+  raise AssertionError('not refused')
+
+
+def test_a_computed_nan_is_caught_within_a_few_steps_whatever_eval_every(data_dir, tmp_path):
+  run = _bare_run(data_dir, tmp_path, train_steps=5000, eval_every=1000)
+  losses = [_Loss(np.nan if step == 2 else 1.0) for step in range(1, 1000)]
+  stopped = _report_until_refused(run, losses)
+  assert 2 <= stopped <= run_lib.CHECK_EVERY_STEPS
+  run.abort()
+
+
+def test_losses_not_yet_computed_are_not_waited_for_until_many_are_pending(data_dir, tmp_path):
+  run = _bare_run(data_dir, tmp_path, train_steps=5000, eval_every=1000)
+  losses = [_Loss(np.nan if step == 2 else 1.0, ready=False) for step in range(1, 1000)]
+  stopped = _report_until_refused(run, losses)
+  # Checked every 16 steps; none is ready, so the check waits only once more than
+  # WAIT_AFTER_STEPS (128) are unchecked: at step 144 (or earlier, after a 1 s check).
+  assert run_lib.WAIT_AFTER_STEPS < stopped <= run_lib.WAIT_AFTER_STEPS + 16
+  run.abort()
+
+
+def test_nan_at_step_2_stops_a_run_with_eval_every_1000_at_once(data_dir, tmp_path, monkeypatch):
+  """SGD with a huge learning rate: the loss is NaN from step 2 on (the first bad step is
+  the same as with eval_every=1, which checks every step), and the run stops long before
+  its first evaluation point."""
+  reported = []
+  report = training.Run.report
+  monkeypatch.setattr(
+    training.Run,
+    'report',
+    lambda self, step, **kw: (reported.append(step), report(self, step, **kw)),
+  )
+  first_bad = []
+  for eval_every in (1, 1000):
+    config = smoke_config(data_dir, train_steps=2000, eval_every=eval_every)
+    config.optimizer.name = 'sgd'
+    config.optimizer.learning_rate = 1e12
+    reported.clear()
+    with pytest.raises(training.NonFiniteLossError) as error:
+      training.train_and_evaluate(config, str(tmp_path / str(eval_every)), show_progress=False)
+    first_bad.append(int(re.search(r'at step (\d+)', str(error.value)).group(1)))
+    assert max(reported) < 200  # Stopped well before step 1000.
+  assert first_bad == [2, 2]
+
+
+# --- the command line: one line, exit status 2 for bad input, 1 for a failed run ----------------
+def _train(*flags_, timeout=300):
+  return subprocess.run(
+    [sys.executable, '-m', 'experiments.train', *flags_],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    check=False,
+  )
+
+
+def _last_line(result) -> str:
+  return result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+  'flags_, line',
+  [
+    (['--config.foo=1'], r'error: foo: unknown field\. Allowed fields: algorithm, '),
+    (['--config.workerz=2'], r'error: workerz: unknown field\. Did you mean workers\?'),
+    (
+      ['--config.optimizer.kwargs.bar=1'],
+      r'error: optimizer\.kwargs\.bar: unknown field\. Allowed optimizer\.kwargs fields: none',
+    ),
+    (
+      ['--config.optimizer.learnin_rate=1'],
+      r'error: optimizer\.learnin_rate: unknown field\. Did you mean optimizer\.learning_rate\?',
+    ),
+    (['--config.seed.x=1'], r'error: seed\.x: seed is a value, not a section'),
+    (
+      ['--config.seed=abc'],
+      r"error: seed: invalid literal for int\(\) with base 10: 'abc' "
+      r'\(--config\.seed=abc\)',
+    ),
+    (['--config.seed=-1'], r'error: seed: must be an integer in \[0, 4294967295\], got -1\.'),
+    (
+      ['--config.dataset=mnist1d/7k'],
+      r"error: dataset: 'mnist1d/7k': mnist1d has no config "
+      r"'7k'; allowed: mnist1d/50k, mnist1d/5k\.",
+    ),
+    (['--nosuchflag=1'], r"error: Unknown command line flag 'nosuchflag'"),
+    (['extra'], r'error: unexpected arguments: extra'),
+  ],
+)
+def test_bad_command_lines_are_one_line_with_status_2(data_dir, tmp_path, flags_, line):
+  result = _train(
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={tmp_path}/run',
+    f'--config.data_dir={data_dir}',
+    *flags_,
+  )
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert re.fullmatch(line + '.*', _last_line(result)), _last_line(result)
+  assert 'Traceback' not in result.stderr
+  assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize(
+  'config, line',
+  [
+    (
+      'experiments/configs/nope.py',
+      "error: --config: no config file 'experiments/configs/nope.py'.",
+    ),
+    (
+      'experiments/configs/default.py:smok',
+      'error: --config=experiments/configs/default.py:'
+      'smok: config variant \'smok\': allowed are "", '
+      '"smoke" (comma-separated).',
+    ),
+  ],
+)
+def test_a_missing_config_file_or_variant_is_one_line(tmp_path, config, line):
+  result = _train(f'--config={config}', f'--workdir={tmp_path}/run')
+  assert result.returncode == 2 and _last_line(result) == line, result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr
+
+
+def test_verbose_adds_the_traceback(data_dir, tmp_path):
+  result = _train(
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={tmp_path}/run',
+    f'--config.data_dir={data_dir}',
+    '--config.eval_batch_size=0',
+    '--verbose',
+  )
+  assert result.returncode == 2
+  assert 'Traceback' in result.stderr
+  assert _last_line(result) == 'error: eval_batch_size: must be an integer >= 1, got 0.'
+
+
+def test_a_failed_run_is_status_1_with_its_traceback_in_the_workdir(data_dir, tmp_path):
+  workdir = tmp_path / 'run'
+  result = _train(
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={workdir}',
+    f'--config.data_dir={data_dir}',
+    '--config.optimizer.name=sgd',
+    '--config.optimizer.learning_rate=1e12',
+    '--config.eval_every=1000',
+    '--config.train_steps=2000',
+  )
+  assert result.returncode == 1, result.stderr[-2000:]
+  assert _last_line(result) == (
+    f'error: NonFiniteLossError: training loss became nan at step 2; lower '
+    f'optimizer.learning_rate or check the data. (traceback in {workdir}/error.log)'
+  )
+  assert 'Traceback' not in result.stderr
+  assert 'NonFiniteLossError' in (workdir / 'error.log').read_text()
+  # The workdir now holds an unfinished run: a new run is refused, naming what to do.
+  again = _train(
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={workdir}',
+    f'--config.data_dir={data_dir}',
+  )
+  assert again.returncode == 2
+  assert _last_line(again).startswith(f'error: workdir: {workdir} holds an unfinished run')
+  assert 'pass --overwrite' in _last_line(again)
+  # --overwrite replaces every file of the failed run.
+  replaced = _train(
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={workdir}',
+    f'--config.data_dir={data_dir}',
+    '--config.train_steps=2',
+    '--config.eval_every=2',
+    '--overwrite',
+  )
+  assert replaced.returncode == 0, replaced.stderr[-2000:]
+  assert sorted(os.listdir(workdir)) == ['curves.png', 'metrics.jsonl', 'summary.json']

@@ -46,7 +46,8 @@ from jaxsgd import optimizers
 from jaxsgd import transforms
 from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms.settings import SharedSettings, at_least, choice, derived, number
-from jaxsgd.algorithms.settings import optimizer_settings, shared_settings, section
+from jaxsgd.algorithms.settings import optimizer_settings, refuse_cost_fields, section
+from jaxsgd.algorithms.settings import shared_settings
 from jaxsgd.optimizers import OptimizerSettings
 from jaxsgd.scheduler import profiles
 from jaxsgd.spmd import distributed
@@ -197,12 +198,12 @@ def validate(config, model) -> Settings:
       f'stages: the data-parallel methods train the whole model on every '
       f'worker; use stages=1, got {s.shared.stages}.'
     )
-  if s.shared.cost.device_speeds or s.shared.cost.worker_speeds or s.shared.cost.failures:
-    raise ValueError(
-      'cost.device_speeds / worker_speeds / failures: the data-parallel '
-      'methods run in lock-step SPMD; per-lane speeds and failures are for '
-      'the scheduler families.'
-    )
+  refuse_cost_fields(
+    s.shared.cost,
+    ('device_speeds', 'worker_speeds', 'failures'),
+    'the data-parallel methods run in lock-step SPMD; per-lane speeds and failures are for '
+    'the scheduler families.',
+  )
   multi_process = distributed.initialize_from_env()
   if s.stacked and multi_process:
     raise ValueError(

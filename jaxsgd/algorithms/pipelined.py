@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from jaxsgd import models as models_lib
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks
-from jaxsgd.algorithms.settings import SharedSettings, refuse_workers_field, shared_settings
+from jaxsgd.algorithms.settings import SharedSettings, refuse_cost_fields, refuse_workers_field
+from jaxsgd.algorithms.settings import shared_settings
 from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole
 from jaxsgd.scheduler import profiles
 
@@ -23,11 +24,11 @@ def validate_pipeline(config, model) -> SharedSettings:
   refuse_workers_field(config.algorithm.name, shared.workers)
   if shared.virtual and not shared.cost.calibrate:
     shared.cost.explicit(KINDS, shared.stages)
-  if shared.cost.worker_speeds or shared.cost.failures:
-    raise ValueError(
-      'cost.worker_speeds / cost.failures: a pipeline has no workers; set '
-      'per-stage speeds with cost.device_speeds.'
-    )
+  refuse_cost_fields(
+    shared.cost,
+    ('worker_speeds', 'failures'),
+    'a pipeline has no workers; set per-stage speeds with cost.device_speeds.',
+  )
   if shared.cost.device_speeds and len(shared.cost.device_speeds) != shared.stages:
     raise ValueError(
       f'cost.device_speeds: {len(shared.cost.device_speeds)} values for {shared.stages} lanes.'

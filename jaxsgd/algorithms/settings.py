@@ -102,9 +102,19 @@ def refuse_unknown(given, allowed, prefix: str) -> None:
     full = f'{prefix}.{key}' if prefix else key
     if full in RENAMED:
       raise ValueError(f'{full}: renamed; use {RENAMED[full]}.')
-    close = difflib.get_close_matches(key, list(allowed), n=1)
-    hint = f' Did you mean {prefix + "." if prefix else ""}{close[0]}?' if close else ''
+    close = closest(key, allowed)
+    hint = f' Did you mean {prefix + "." if prefix else ""}{close}?' if close else ''
     raise ValueError(f'{full}: unknown field.{hint} Allowed: {", ".join(sorted(allowed))}.')
+
+
+def closest(name: str, allowed) -> str | None:
+  """The allowed name `name` most likely meant: a close spelling, or the initials
+  (`lr` for `learning_rate`); None if none is close."""
+  close = difflib.get_close_matches(name, list(allowed), n=1)
+  if close:
+    return close[0]
+  by_initials = [a for a in allowed if '_' in a and ''.join(w[:1] for w in a.split('_')) == name]
+  return by_initials[0] if len(by_initials) == 1 else None
 
 
 def section(given, cls, prefix: str, *, ignore=('name',)):
@@ -281,6 +291,13 @@ def cost_settings(given, *, clock: str) -> CostSettings:
   return cost
 
 
+def refuse_cost_fields(cost: CostSettings, fields, why: str) -> None:
+  """Refuses the first of `cost.<fields>` that is set (non-empty), naming it: `why`."""
+  for field in fields:
+    if getattr(cost, field):
+      raise ValueError(f'cost.{field}: {why}')
+
+
 def refuse_workers_field(name: str, workers: int) -> None:
   """For algorithms whose worker count is not `config.workers`."""
   if workers != 1:
@@ -307,8 +324,12 @@ class PlacementSettings:
 
 def placement_settings(given, num_stages: int) -> PlacementSettings:
   """`config.placement`, checked against the visible devices and the stage count."""
-  given = {k: (tuple(v) if v is not None else None) for k, v in dict(given or {}).items()}
+  given = dict(given or {})
   refuse_unknown(given, ('devices', 'stage_to_device'), 'placement')
+  for key, value in given.items():
+    if value is not None and not isinstance(value, (list, tuple)):
+      raise ValueError(f'placement.{key}: a tuple of integers (or None) expected, got {value!r}.')
+  given = {k: (tuple(v) if v is not None else None) for k, v in given.items()}
   settings = PlacementSettings(**given)
   available = len(jax.devices())
   positions = settings.devices

@@ -198,11 +198,24 @@ def _standardize(train, test):
   return scale(train), scale(test)
 
 
-def _check_name(name):
+def check_dataset_name(name) -> None:
+  """Refuses a dataset name that cannot be loaded, listing what is allowed (no data read).
+
+  A name is `builder` or `builder/config`; for a builder with configs (e.g.
+  `mnist1d/5k`), an unknown config is refused with the builder's configs.
+  """
+  if not isinstance(name, str) or not name:
+    raise ValueError(
+      f'dataset: a dataset name expected, got {name!r}. Allowed: offline '
+      f'{", ".join(OFFLINE_DATASETS)}, or a tfds dataset prepared in your '
+      f'data_dir, e.g. {", ".join(TFDS_DATASETS)}.'
+    )
   if name in KNOWN_DATASETS:
     return
+  base, _, config = name.partition('/')
+  base = base.split(':')[0]
   try:
-    builder = tfds.builder_cls(name.split('/')[0])
+    builder = tfds.builder_cls(base)
   except Exception:  # tfds raises several types for unknown names.
     builder = None
   if builder is None:
@@ -211,6 +224,13 @@ def _check_name(name):
       f'{", ".join(OFFLINE_DATASETS)} (generated locally), or a tfds '
       f'dataset prepared in your data_dir, e.g. {", ".join(TFDS_DATASETS)}.'
     )
+  configs = [c.name for c in (getattr(builder, 'BUILDER_CONFIGS', None) or [])]
+  if config and config.split(':')[0] not in configs:
+    allowed = ', '.join(f'{base}/{c}' for c in configs) if configs else f'{base} (no configs)'
+    raise ValueError(f'dataset: {name!r}: {base} has no config {config!r}; allowed: {allowed}.')
+
+
+_check_name = check_dataset_name
 
 
 def _not_prepared_message(name, data_dir):

@@ -9,5 +9,6 @@ from jaxsgd.models.split import split
 from jaxsgd.models.split import Stage
 from jaxsgd.models.split import stage_variables
 from jaxsgd.models.split import StagedModel
+from jaxsgd.models.zoo import check_model_fields
 from jaxsgd.models.zoo import get_model
 from jaxsgd.models.zoo import MODELS

@@ -1,5 +1,7 @@
 """The model zoo: MLP, small CNN, CIFAR ResNet-20/56/110, ResNet-18."""
 
+import difflib
+import inspect
 from collections.abc import Sequence
 
 from jaxsgd.models import layers as L
@@ -66,6 +68,8 @@ MODELS = ('mlp', 'cnn', 'resnet20', 'resnet56', 'resnet110', 'resnet18')
 
 def get_model(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
   """Builds model `name` (one of `MODELS`) for inputs of `input_shape`."""
+  if name in _BUILDERS:
+    check_model_fields(name, kwargs)
   if name == 'mlp':
     return mlp(input_shape, num_classes, **kwargs)
   if name == 'cnn':
@@ -77,6 +81,53 @@ def get_model(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
     _check_image(name, input_shape)
     return resnet18(input_shape, num_classes, **kwargs)
   raise ValueError(f'model.name: unknown model {name!r}; allowed: {", ".join(MODELS)}.')
+
+
+_BUILDERS = {
+  'mlp': mlp,
+  'cnn': cnn,
+  'resnet20': cifar_resnet,
+  'resnet56': cifar_resnet,
+  'resnet110': cifar_resnet,
+  'resnet18': resnet18,
+}
+_NOT_FIELDS = ('input_shape', 'num_classes', 'depth')  # Given by the dataset or the name.
+
+
+def model_fields(name: str) -> dict:
+  """`{field: default}` of the `config.model` fields model `name` takes."""
+  parameters = inspect.signature(_BUILDERS[name]).parameters
+  return {k: p.default for k, p in parameters.items() if k not in _NOT_FIELDS}
+
+
+def check_model_fields(name: str, kwargs: dict) -> None:
+  """Refuses `config.model` fields model `name` does not take, or values it cannot build.
+
+  Checked before the model is built: unknown fields (with the closest known one),
+  widths and channel counts (positive integers), `kernel` and `width` (>= 1).
+  """
+  allowed = model_fields(name)
+  for key, value in kwargs.items():
+    if key not in allowed:
+      close = difflib.get_close_matches(key, list(allowed), n=1)
+      hint = f' Did you mean model.{close[0]}?' if close else ''
+      raise ValueError(
+        f'model.{key}: unknown field for model {name!r}.{hint} Allowed: '
+        f'{", ".join(allowed) or "none"}.'
+      )
+    if key in ('hidden', 'channels'):
+      if (
+        not isinstance(value, (list, tuple))
+        or not value
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)
+      ):
+        raise ValueError(
+          f'model.{key}: a non-empty tuple of positive integers (one width '
+          f'per layer) expected, got {value!r}.'
+        )
+    elif key in ('kernel', 'width'):
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'model.{key}: must be a positive integer, got {value!r}.')
 
 
 def _check_image(name, input_shape):

@@ -233,8 +233,9 @@ class JsonLinesWriter:
     if self._fd is None:
       raise ValueError(f'{self.path}: the writer is closed.')
     data = memoryview((to_json(record) + '\n').encode())
-    while data:  # A regular file takes it in one write; loop on the rare short write.
-      data = data[os.write(self._fd, data) :]
+    with _flocked(self._fd, fcntl.LOCK_SH):  # Keeps a new appender from cutting it.
+      while data:  # A regular file takes it in one write; loop on the rare short write.
+        data = data[os.write(self._fd, data) :]
     if self._fsync:
       os.fsync(self._fd)
 
@@ -260,8 +261,32 @@ class JsonLinesWriter:
       os.close(self._fd)
 
 
+@contextlib.contextmanager
+def _flocked(fd: int, operation: int):
+  """Holds `flock(fd, operation)` (nothing on a file system without locks).
+
+  Appenders hold it shared while they write a line; `_cut_torn_tail` holds it
+  exclusive, so a line another process is still writing (a reader may see part of
+  a write larger than a page) is never taken for a torn one and cut.
+  """
+  try:
+    fcntl.flock(fd, operation)
+  except OSError:
+    yield
+    return
+  try:
+    yield
+  finally:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 def _cut_torn_tail(fd: int) -> int:
   """Truncates the file after its last newline; returns the bytes cut (0 if whole)."""
+  with _flocked(fd, fcntl.LOCK_EX):
+    return _cut_torn_tail_locked(fd)
+
+
+def _cut_torn_tail_locked(fd: int) -> int:
   size = os.fstat(fd).st_size
   end = size
   while end > 0:

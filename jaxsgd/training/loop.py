@@ -1,12 +1,17 @@
 """`train_and_evaluate(config, workdir)`: the library entry point of every experiment."""
 
 import logging
+import os
 from typing import Any
+
+import jax
 
 from jaxsgd import algorithms
 from jaxsgd import data as data_lib
 from jaxsgd import models as models_lib
 from jaxsgd.algorithms.settings import number, refuse_unknown
+from jaxsgd.training import limits
+from jaxsgd.training import workdir as workdir_lib
 from jaxsgd.training.run import Run
 
 # The top-level fields of a config (every algorithm's); sub-configs are checked by the
@@ -58,10 +63,25 @@ def check_config(config) -> None:
     value = config.get(field, 1)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ValueError(f'{field}: must be an integer >= 1, got {value!r}.')
+  if not hasattr(config.model, 'get'):
+    raise ValueError(
+      f"model: a sub-config with a name expected (e.g. {{'name': 'cnn'}}), got {config.model!r}."
+    )
   if config.model.get('name') not in models_lib.MODELS:
     raise ValueError(
       f'model.name: unknown model {config.model.get("name")!r}; allowed: '
       f'{", ".join(models_lib.MODELS)}.'
+    )
+  models_lib.check_model_fields(config.model.name, _model_kwargs(config))
+  data_lib.check_dataset_name(config.dataset)
+  for field in ('tensorboard',):
+    if not isinstance(config.get(field, False), bool):
+      raise ValueError(f'{field}: True or False, got {config.get(field)!r}.')
+  data_dir = config.get('data_dir')
+  if data_dir is not None and (not isinstance(data_dir, str) or not data_dir):
+    raise ValueError(
+      f'data_dir: a directory path (or None: $TFDS_DATA_DIR or '
+      f'~/tensorflow_datasets) expected, got {data_dir!r}.'
     )
   target = config.get('target_accuracy')
   if target is not None:
@@ -69,40 +89,97 @@ def check_config(config) -> None:
   algorithms.get(config.algorithm.get('name'))  # Unknown names fail here.
 
 
+def _model_kwargs(config) -> dict:
+  return {k: v for k, v in config.model.items() if k != 'name'}
+
+
 def build_model(config, dataset: data_lib.Dataset) -> models_lib.StagedModel:
-  kwargs = {k: v for k, v in config.model.items() if k != 'name'}
-  return models_lib.get_model(config.model.name, dataset.input_shape, dataset.num_classes, **kwargs)
+  return models_lib.get_model(
+    config.model.name, dataset.input_shape, dataset.num_classes, **_model_kwargs(config)
+  )
 
 
-def train_and_evaluate(config, workdir: str, *, show_progress: bool = True) -> dict[str, Any]:
+def check_batch_size(config, dataset: data_lib.Dataset) -> None:
+  """Refuses a batch larger than the training split, before any model is built."""
+  batch_size = config.batch_size
+  if isinstance(batch_size, int) and batch_size > dataset.num_train:
+    raise ValueError(
+      f'batch_size: {batch_size} is larger than the {dataset.name} training '
+      f'split ({dataset.num_train} examples); use 1 <= batch_size <= '
+      f'{dataset.num_train}, or a larger dataset.'
+    )
+
+
+def check_worker_batches(settings, dataset: data_lib.Dataset) -> None:
+  """Refuses a per-worker batch larger than the worker's shard (data-parallel methods
+  with `algorithm.data_sharding='shard'`: each worker reads 1/workers of the data)."""
+  if getattr(settings, 'data_sharding', None) != 'shard':
+    return
+  shard = dataset.num_train // settings.workers
+  if settings.batch_size > shard:
+    field = (
+      'algorithm.global_batch_size' if settings.global_batch_size is not None else 'batch_size'
+    )
+    raise ValueError(
+      f'{field}: {settings.batch_size} examples per worker, but each of the '
+      f'{settings.workers} workers reads a shard of {shard} examples of the '
+      f'{dataset.name} training split; use at most {shard} per worker, fewer '
+      f'workers, or algorithm.data_sharding=stream.'
+    )
+
+
+def is_primary_process() -> bool:
+  """Process 0 (the one that writes files), known before JAX starts its backend."""
+  if jax.distributed.is_initialized():
+    return jax.process_index() == 0
+  return os.environ.get('JAXSGD_PROCESS_ID', '0') == '0'
+
+
+def train_and_evaluate(
+  config, workdir: str, *, show_progress: bool = True, overwrite: bool = False
+) -> dict[str, Any]:
   """Trains `config.algorithm` on `config.dataset`, writing metrics and plots to `workdir`.
 
-  Everything that can be checked is checked before data is loaded or anything is
-  compiled: the top-level fields here, the rest by the algorithm's `validate`, which
-  parses the config once into the settings its `train` runs with. Writes
-  `metrics.jsonl`, `summary.json` and `curves.png` (plus what the algorithm adds,
-  e.g. `trace.json`).
+  In order, before anything compiles: the top-level fields are checked
+  (`check_config`); the workdir is claimed (`training.workdir.claim`: locked, and
+  refused if it holds another run's results unless `overwrite`); the data is loaded
+  and the batch size checked against it; the model is described (not initialized);
+  the algorithm's `validate` parses the config into the settings its `train` runs
+  with; and `training.limits.check` refuses runs that cannot fit in memory or
+  threads. A refusal leaves the workdir as it was (with `overwrite`, an earlier run's
+  files are removed only after all of this passed). Writes `metrics.jsonl`,
+  `summary.json` and `curves.png` (plus what the algorithm adds, e.g. `trace.json`).
 
   Returns:
     The summary (also written to `workdir/summary.json`).
   """
   check_config(config)
-  algorithm = algorithms.get(config.algorithm.name)
-  dataset = data_lib.load(config.dataset, config.get('data_dir'))
-  model = build_model(config, dataset)
-  settings = algorithm.validate(config, model)
-  logging.info(
-    'Training %s on %s (%d train / %d test examples), model %s with %d layers.',
-    config.algorithm.name,
-    config.dataset,
-    dataset.num_train,
-    dataset.num_test,
-    model.name,
-    model.num_layers,
-  )
-  run = Run(config, workdir, dataset, model, show_progress=show_progress)
+  claim = workdir_lib.claim(config, workdir, primary=is_primary_process(), overwrite=overwrite)
+  try:
+    algorithm = algorithms.get(config.algorithm.name)
+    dataset = data_lib.load(config.dataset, config.get('data_dir'))
+    check_batch_size(config, dataset)
+    model = build_model(config, dataset)
+    settings = algorithm.validate(config, model)
+    check_worker_batches(settings, dataset)
+    limits.check(config.algorithm.name, settings, model, dataset)
+    claim.clear()  # The input is valid: an earlier run's files (overwrite) go now.
+    logging.info(
+      'Training %s on %s (%d train / %d test examples), model %s with %d layers.',
+      config.algorithm.name,
+      config.dataset,
+      dataset.num_train,
+      dataset.num_test,
+      model.name,
+      model.num_layers,
+    )
+    run = Run(config, workdir, dataset, model, show_progress=show_progress, lock=claim.lock)
+  except BaseException:
+    claim.release()
+    raise
   try:
     extra = algorithm.train(run, settings)
-  finally:
-    run.close()
+  except BaseException:
+    run.abort()
+    raise
   return run.finish(extra)

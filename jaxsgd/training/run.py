@@ -1,12 +1,18 @@
 """The run context every algorithm reports to: metrics, evaluation, progress, plots.
 
 An algorithm calls `run.report(step, loss=..., variables=...)` after each of its
-steps. `report` keeps the loss as a device array (no sync) and only at evaluation
-points (every `eval_every` steps and at the end) pulls the losses to the host,
-checks them for NaN/inf, evaluates on the test split and appends one line to
+steps. `report` keeps the loss as a device array (no sync). Every `CHECK_EVERY_STEPS`
+steps (or `CHECK_EVERY_S` seconds) it looks at the losses that are *already
+computed* (`jax.Array.is_ready`: no wait) and stops the run at the first NaN/inf,
+naming its step; it waits for pending losses only when more than
+`WAIT_AFTER_STEPS` are still unchecked. So a loss that becomes NaN at step 2 is
+reported as step 2 within a few dozen steps, whatever `eval_every` is. At
+evaluation points (every `eval_every` steps and at the end) it pulls the rest of the
+losses to the host, evaluates on the test split and appends one line to
 `metrics.jsonl`. `finish()` writes `summary.json` and `curves.png`. Process 0 holds
-the workdir (`files.WorkdirLock`) from the start to the end of `finish()`, and writes
-every file through `jaxsgd.training.files` (atomic, valid JSON, whole lines).
+the workdir (`files.WorkdirLock`, taken by `training.workdir.claim` before the run
+starts) to the end of `finish()`, or of `abort()` after a failure, and writes every
+file through `jaxsgd.training.files` (atomic, valid JSON, whole lines).
 """
 
 import math
@@ -27,12 +33,23 @@ from jaxsgd.training import files
 from jaxsgd.training import outputs
 from jaxsgd.training import plots
 
+CHECK_EVERY_STEPS = 16  # Look at the computed losses this often (no wait) ...
+CHECK_EVERY_S = 1.0  # ... or after this many seconds,
+WAIT_AFTER_STEPS = 128  # and wait for them when this many are still unchecked.
+
 
 class Run:
   """Collects what one training run reports; writes the workdir's files."""
 
   def __init__(
-    self, config, workdir: str, dataset: Dataset, model: StagedModel, *, show_progress: bool = True
+    self,
+    config,
+    workdir: str,
+    dataset: Dataset,
+    model: StagedModel,
+    *,
+    show_progress: bool = True,
+    lock: files.WorkdirLock | None = None,
   ):
     self.config = config
     self.workdir = workdir
@@ -41,10 +58,16 @@ class Run:
     # In a multi-process run (jax.distributed initialized before this) every process
     # trains and evaluates; only process 0 writes files and shows progress.
     self.is_primary = jax.process_index() == 0
-    # Refuses a workdir another run is using before anything in it is touched.
-    self._lock = files.WorkdirLock(workdir).acquire() if self.is_primary else None
+    # Refuses a workdir another run is using before anything in it is touched
+    # (`train_and_evaluate` has taken it already, with `training.workdir.claim`).
+    if lock is None and self.is_primary:
+      lock = files.WorkdirLock(workdir).acquire()
+    self._lock = lock
     self.records: list[dict[str, Any]] = []
     self._pending: list[tuple[int, Any, str | None]] = []  # (step, loss, stage)
+    self._checked: list[float] = []  # Host values of the first len(_checked) pending.
+    self._last_check = time.monotonic()
+    self._next_check = CHECK_EVERY_STEPS  # len(_pending) at which to check next.
     self._eval_step = stages_lib.make_eval_step(model.full().apply)
     self._start = time.perf_counter()
     self._metrics_file = (
@@ -111,6 +134,11 @@ class Run:
     self._pending.append((step, loss, stage))
     self._progress.update(step - self._progress.n)
     if not self.should_evaluate(step):
+      if (
+        len(self._pending) >= self._next_check
+        or time.monotonic() - self._last_check >= CHECK_EVERY_S
+      ):
+        self.check_losses()
       return
     train_loss = self._drain_losses()
     variables = variables() if callable(variables) else variables
@@ -127,19 +155,41 @@ class Run:
     record.update((extra() if callable(extra) else extra) or {})
     self._log(record)
 
-  def _drain_losses(self) -> float:
-    steps, losses, where = zip(*self._pending)
-    self._pending.clear()
-    values = np.asarray(jax.device_get(list(losses)), np.float64)
+  def check_losses(self, *, wait: bool = False) -> None:
+    """Checks the pending losses already computed (all of them if `wait`, or if more than
+    `WAIT_AFTER_STEPS` are unchecked) for NaN/inf, without waiting for the others.
+
+    Raises:
+      NonFiniteLossError: naming the first step whose loss is not finite.
+    """
+    self._last_check = time.monotonic()
+    self._next_check = len(self._pending) + CHECK_EVERY_STEPS
+    start = len(self._checked)
+    unchecked = self._pending[start:]
+    wait = wait or len(unchecked) > WAIT_AFTER_STEPS
+    ready = len(unchecked) if wait else _ready_prefix([loss for _, loss, _ in unchecked])
+    if not ready:
+      return
+    values = np.asarray(
+      jax.device_get([loss for _, loss, _ in unchecked[:ready]]), np.float64
+    ).reshape(ready)
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
-      i = bad[0]
-      place = f' at stage/worker {where[i]}' if where[i] is not None else ''
+      step, _, where = unchecked[bad[0]]
+      place = f' at stage/worker {where}' if where is not None else ''
       raise NonFiniteLossError(
-        f'training loss became {values[i]} at step {steps[i]}{place}; '
+        f'training loss became {values[bad[0]]} at step {step}{place}; '
         f'lower optimizer.learning_rate or check the data.'
       )
-    return float(values.mean())
+    self._checked.extend(values.tolist())
+
+  def _drain_losses(self) -> float:
+    self.check_losses(wait=True)
+    mean = float(np.mean(self._checked))
+    self._pending.clear()
+    self._checked.clear()
+    self._next_check = CHECK_EVERY_STEPS
+    return mean
 
   def evaluate(self, variables) -> dict[str, float]:
     """Test loss and accuracy of the full model over the whole test split."""
@@ -198,6 +248,13 @@ class Run:
       self._lock.release()
     return summary
 
+  def abort(self) -> None:
+    """After a failure: closes the files and releases the workdir (what was written
+    stays, e.g. for a look at the metrics before the failure)."""
+    self.close()
+    if self._lock is not None:
+      self._lock.release()
+
   # --- files an algorithm leaves ---------------------------------------------------
   def write_schedule_outputs(
     self,
@@ -234,6 +291,15 @@ class Run:
       self._metrics_file.close()
     if self._tensorboard is not None:
       self._tensorboard.close()
+
+
+def _ready_prefix(losses) -> int:
+  """How many of `losses`, from the first, are computed (never waits for one)."""
+  for i, loss in enumerate(losses):
+    is_ready = getattr(loss, 'is_ready', None)
+    if is_ready is not None and not is_ready():
+      return i
+  return len(losses)
 
 
 def _tensorboard_writer(config, workdir):
