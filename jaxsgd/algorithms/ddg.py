@@ -95,5 +95,6 @@ def validate(config, model) -> Settings:
 
 
 def train(run, settings: Settings) -> dict:
-  return pipelined.train_roles(run, settings.shared, roles(settings.shared.stages, settings.variant),
+  return pipelined.train_roles(run, settings.shared,
+                               roles(settings.shared.stages, settings.variant),
                                title='ddg: staleness per stage')

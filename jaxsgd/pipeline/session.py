@@ -48,6 +48,7 @@ from jaxsgd.errors import NonFiniteLossError
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
+from jaxsgd.pipeline import agreement as agreement_lib
 from jaxsgd.pipeline.roles import DELAYED_BACKWARDS, RoleFunctions, StageRole, role_functions
 from jaxsgd.scheduler.costs import calibrate
 from jaxsgd.scheduler.placement import Placement
@@ -132,6 +133,7 @@ class PlacedStages:
     self.inputs, self.outputs = _stage_shapes(model, self.stages, batch_size)
     self._variables = _initial_variables(model, self.stages, seed)
     self._ops: dict[tuple, RoleFunctions] = {}
+    self._cosines: dict[tuple, Callable] = {}
 
   def device(self, k: int) -> jax.Device:
     return self.placement.device(k)
@@ -155,8 +157,16 @@ class PlacedStages:
 
   def session(self, roles: Sequence[StageRole], feed: BatchFeed, steps: int, *,
               on_step: Callable[[int, Any], None] | None = None,
-              idle_fill: str | None = None) -> 'PipelineSession':
-    return PipelineSession(self, roles, feed, steps, on_step=on_step, idle_fill=idle_fill)
+              idle_fill: str | None = None, agreement_every: int = 0) -> 'PipelineSession':
+    return PipelineSession(self, roles, feed, steps, on_step=on_step, idle_fill=idle_fill,
+                           agreement_every=agreement_every)
+
+  def cosines(self, roles: Sequence[StageRole]) -> Callable:
+    """The jitted gradient-agreement measurement of `roles` (`agreement.make_cosines`)."""
+    key = tuple(roles)
+    if key not in self._cosines:
+      self._cosines[key] = agreement_lib.make_cosines(self.stages, roles, self.loss_fn)
+    return self._cosines[key]
 
   def calibrate(self, roles: Sequence[StageRole], batch: dict, reps: int = 3) -> dict:
     """Seconds per (stage, kind), timing the real jitted calls on `batch` once."""
@@ -190,7 +200,7 @@ class PipelineSession:
   """One training run of a pipeline: stores, channels and the stage processes."""
 
   def __init__(self, pipeline: PlacedStages, roles: Sequence[StageRole], feed: BatchFeed,
-               steps: int, *, on_step=None, idle_fill=None):
+               steps: int, *, on_step=None, idle_fill=None, agreement_every: int = 0):
     check_roles(roles)
     if len(roles) != pipeline.num_stages:
       raise ValueError(f'stages: {len(roles)} roles for {pipeline.num_stages} stages.')
@@ -211,6 +221,10 @@ class PipelineSession:
       self.states.append(VersionedStore(f'stage {k} state', state))
       self.losses.append([])
     num = pipeline.num_stages
+    # Every `agreement_every` batches: each block's local gradient against backprop's.
+    self.agreement = (agreement_lib.AgreementProbe(pipeline.cosines(self.roles), num,
+                                                   pipeline.device(num - 1), agreement_every)
+                      if agreement_every else None)
     self.activations = [self.cluster.channel(f'activations → stage {k}', k) for k in range(num)]
     self.deltas = [self.cluster.channel(f'deltas → stage {k}', k) for k in range(num)]
 
@@ -223,12 +237,16 @@ class PipelineSession:
     last = k == self.pipeline.num_stages - 1
     slots = collections.deque([self._idle_slot(k)] * role.delay)
     for t in range(self.steps):
+      probed = self.agreement is not None and self.agreement.wants(t)
+      batch = self.feed.peek(t) if probed and k == 0 else None  # Before it is taken.
       x = (transfer.to_device(self.feed.take(t, 'image'), device) if k == 0
            else (yield Get(self.activations[k])))
       labels = (transfer.to_device(self.feed.take(t, 'label'), device)
                 if role.loss != 'none' else None)
       snapshot = self.stores[k].read()
       variables = {'params': snapshot.value.params, **self.states[k].read().value}
+      if probed:
+        self.agreement.record(k, t, *stages_lib.split_variables(variables), batch)
       y, loss, new_state, vjp = yield Compute(ops.forward, (variables, x, labels),
                                               kind='forward', stage=k, batch=t)
       self.states[k].write(new_state)
@@ -334,6 +352,9 @@ class PipelineSession:
     for k, role in enumerate(self.roles):
       if role.loss == 'aux' and self.losses[k]:
         record[f'local_loss/stage{k}'] = _drain_local_losses(k, self.losses[k])
+    cosines = self.agreement.drain() if self.agreement is not None else None
+    if cosines is not None:
+      record.update({f'grad_cosine/stage{k}': float(c) for k, c in enumerate(cosines)})
     return record
 
 
