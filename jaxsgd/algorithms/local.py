@@ -132,5 +132,5 @@ def train(run, settings: Settings) -> dict:
   return pipelined.train_roles(run, settings.shared,
                                roles(settings.shared.stages, settings.variant, settings.chunks,
                                      settings.pipelined),
-                               title='local: staleness per stage',
+                               title=f'local ({settings.variant}): staleness per stage',
                                agreement_every=settings.agreement_every)

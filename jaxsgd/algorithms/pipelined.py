@@ -89,7 +89,7 @@ def write_agreement(run, steps: np.ndarray, cosines: np.ndarray, title: str) -> 
   for k in range(cosines.shape[1]):
     ax.plot(steps, cosines[:, k], label=f'block {k}')
   ax.axhline(0, color='0.6', lw=0.8)
-  ax.set(xlabel='step (weights of batch t, before its updates)',
+  ax.set(xlabel='batch t (each block at the weights of its forward)',
          ylabel='cos(local gradient, backprop gradient)',
          title=f'{title}: gradient agreement per block')
   ax.legend(fontsize='small')
