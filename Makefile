@@ -6,7 +6,7 @@ CONFIG ?= experiments/configs/default.py
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint format bench clean
 
 setup: $(STAMP)
 
@@ -20,8 +20,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m experiments.train --config=$(CONFIG) --workdir=$(WORKDIR)
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q --durations=15
+
+# The whole tree passes the formatter and the linter (configured in pyproject.toml).
+lint: $(STAMP)
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.step_time

@@ -33,8 +33,9 @@ import tempfile
 import time
 
 if '--xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                             ' --xla_force_host_platform_device_count=8').strip()
+  os.environ['XLA_FLAGS'] = (
+    os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+  ).strip()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax
@@ -62,8 +63,8 @@ STRAGGLERS = {'straggler_std': 0.5, 'slow': 0.25}
 class Sizes:
   target: float
   bp_steps: int
-  async_steps: int      # asgd and pdasgd
-  lpp_steps: dict       # per device count
+  async_steps: int  # asgd and pdasgd
+  lpp_steps: dict  # per device count
   eval_every: int = 100
 
 
@@ -77,9 +78,13 @@ def calibrate(dataset, batch_size: int) -> dict:
   batch = next(dataset.train_batches(batch_size, seed=0))
   tables = {}
   for stages in (1, LAYERS):
-    pipeline = PlacedStages(model, stages, optax.adam(1e-3),
-                        placement=Placement.create(stages, jax.devices()[:1]),
-                        batch_size=batch_size)
+    pipeline = PlacedStages(
+      model,
+      stages,
+      optax.adam(1e-3),
+      placement=Placement.create(stages, jax.devices()[:1]),
+      batch_size=batch_size,
+    )
     tables[stages] = pipeline.calibrate(sequential_roles(stages), batch, reps=7)
   return tables
 
@@ -92,8 +97,16 @@ def explicit(config, table: dict, stages: int) -> None:
   config.cost.link_bandwidth = 1e10
 
 
-def make_config(method: str, devices: int, sizes: Sizes, tables: dict, data_dir,
-                stragglers: bool, ratio=(1, 2), updates: str = 'layer'):
+def make_config(
+  method: str,
+  devices: int,
+  sizes: Sizes,
+  tables: dict,
+  data_dir,
+  stragglers: bool,
+  ratio=(1, 2),
+  updates: str = 'layer',
+):
   """The run's config: the experiment config of `method` with the benchmark's sizes."""
   if method == 'bp':
     config = default_config.get_config()
@@ -103,15 +116,17 @@ def make_config(method: str, devices: int, sizes: Sizes, tables: dict, data_dir,
   config.model = default_config.get_config().model
   config.optimizer.update({'name': 'adam', 'learning_rate': 1e-3, 'schedule': 'constant'})
   config.train_steps = {'bp': sizes.bp_steps, 'lppsgd': sizes.lpp_steps[devices]}.get(
-      method, sizes.async_steps)
+    method, sizes.async_steps
+  )
   config.eval_every, config.target_accuracy = sizes.eval_every, sizes.target
   config.clock = 'virtual'
   workers = devices
   if method == 'asgd':
     config.workers = devices
   elif method == 'lppsgd':
-    config.algorithm.update({'devices': devices, 'workers_per_device': 2, 'warmup_steps': 0,
-                             'averaging_freq': 4})
+    config.algorithm.update(
+      {'devices': devices, 'workers_per_device': 2, 'warmup_steps': 0, 'averaging_freq': 4}
+    )
     workers = 2 * devices
   elif method == 'pdasgd':
     config.algorithm.update({'n_fwd': ratio[0], 'n_bwd': ratio[1], 'updates': updates})
@@ -129,7 +144,7 @@ class Result:
   method: str
   ratio: str
   steps: int | None
-  sim_time: float       # to target, or the whole run's (then a lower bound)
+  sim_time: float  # to target, or the whole run's (then a lower bound)
   reached: bool
   staleness: float
   wall: float
@@ -140,19 +155,30 @@ def run(config, label: str, ratio: str = '') -> Result:
   with tempfile.TemporaryDirectory() as workdir:
     summary = training.train_and_evaluate(config, workdir, show_progress=False)
   hit = summary['time_to_target']
-  result = Result(label, ratio, hit['step'] if hit else None,
-                  hit['sim_time'] if hit else summary['final']['sim_time'], hit is not None,
-                  summary.get('mean_staleness', 0.0), time.perf_counter() - start)
+  result = Result(
+    label,
+    ratio,
+    hit['step'] if hit else None,
+    hit['sim_time'] if hit else summary['final']['sim_time'],
+    hit is not None,
+    summary.get('mean_staleness', 0.0),
+    time.perf_counter() - start,
+  )
   reached = f'→ target at step {result.steps}' if hit else 'target not reached'
-  print(f'  {label:<8} {ratio:<4} {reached:<27} sim {result.sim_time:8.3f} s  '
-        f'(wall {result.wall:.0f} s)', flush=True)
+  print(
+    f'  {label:<8} {ratio:<4} {reached:<27} sim {result.sim_time:8.3f} s  '
+    f'(wall {result.wall:.0f} s)',
+    flush=True,
+  )
   return result
 
 
-def setting(devices: int, stragglers: bool, sizes, tables, data_dir, bp_cache: dict
-            ) -> list[Result]:
-  make = lambda method, **kw: make_config(method, devices, sizes, tables, data_dir, stragglers,
-                                          **kw)
+def setting(
+  devices: int, stragglers: bool, sizes, tables, data_dir, bp_cache: dict
+) -> list[Result]:
+  make = lambda method, **kw: make_config(
+    method, devices, sizes, tables, data_dir, stragglers, **kw
+  )
   if stragglers not in bp_cache:  # One device: the same run for every device count.
     bp_cache[stragglers] = run(make('bp'), 'bp')
   results = [bp_cache[stragglers], run(make('asgd'), 'asgd'), run(make('lppsgd'), 'lppsgd')]
@@ -162,8 +188,16 @@ def setting(devices: int, stragglers: bool, sizes, tables, data_dir, bp_cache: d
 
 def block_ablation(devices: int, ratio: str, sizes, tables, data_dir) -> Result:
   """The best PD-ASGD ratio again with block (whole-model) updates."""
-  config = make_config('pdasgd', devices, sizes, tables, data_dir, False,
-                       ratio=tuple(int(n) for n in ratio.split(':')), updates='block')
+  config = make_config(
+    'pdasgd',
+    devices,
+    sizes,
+    tables,
+    data_dir,
+    False,
+    ratio=tuple(int(n) for n in ratio.split(':')),
+    updates='block',
+  )
   return run(config, 'pd-block', ratio)
 
 
@@ -194,12 +228,16 @@ def main():
   dataset = data_lib.load('mnist1d', args.data_dir)
   tables = calibrate(dataset, 64)
   whole, layers = tables[1], tables[LAYERS]
-  print(f'calibrated (ms): whole model forward {1e3 * whole[(0, "forward")]:.3f}, backward '
-        f'{1e3 * whole[(0, "backward")]:.3f}, update {1e3 * whole[(0, "update")]:.3f}; '
-        f'per layer forward {[round(1e3 * layers[(k, "forward")], 3) for k in range(LAYERS)]}, '
-        f'backward {[round(1e3 * layers[(k, "backward")], 3) for k in range(LAYERS)]}')
-  print(f'measured backward/forward ratio: whole model {common.backward_forward_ratio(whole):.2f}, '
-        f'layers {common.backward_forward_ratio(layers):.2f}')
+  print(
+    f'calibrated (ms): whole model forward {1e3 * whole[(0, "forward")]:.3f}, backward '
+    f'{1e3 * whole[(0, "backward")]:.3f}, update {1e3 * whole[(0, "update")]:.3f}; '
+    f'per layer forward {[round(1e3 * layers[(k, "forward")], 3) for k in range(LAYERS)]}, '
+    f'backward {[round(1e3 * layers[(k, "backward")], 3) for k in range(LAYERS)]}'
+  )
+  print(
+    f'measured backward/forward ratio: whole model {common.backward_forward_ratio(whole):.2f}, '
+    f'layers {common.backward_forward_ratio(layers):.2f}'
+  )
   rows, headline, bp_cache = [], {}, {}
   for devices in (3, 8):
     for stragglers in (False, True):
@@ -211,22 +249,46 @@ def main():
         results.append(block_ablation(devices, pd.ratio, sizes, tables, args.data_dir))
         ablation = (pd, results[-1])
       for r in results:
-        rows.append((devices, 'yes' if stragglers else 'no', r.method, r.ratio or '-',
-                     r.steps if r.reached else '-', time_text(r), speedup(bp, r),
-                     round(r.staleness, 2)))
+        rows.append(
+          (
+            devices,
+            'yes' if stragglers else 'no',
+            r.method,
+            r.ratio or '-',
+            r.steps if r.reached else '-',
+            time_text(r),
+            speedup(bp, r),
+            round(r.staleness, 2),
+          )
+        )
       headline[name] = speedup(best(results, 'lppsgd'), pd)
   print()
-  print(f'Time to {100 * sizes.target:.0f} % test accuracy on MNIST-1D, CNN, simulated devices '
-        f'(virtual clock, calibrated costs):')
-  print_table(('devices', 'stragglers', 'method', 'fwd:bwd', 'steps', 'sim s to target',
-               'speed-up vs bp', 'mean staleness'), rows)
+  print(
+    f'Time to {100 * sizes.target:.0f} % test accuracy on MNIST-1D, CNN, simulated devices '
+    f'(virtual clock, calibrated costs):'
+  )
+  print_table(
+    (
+      'devices',
+      'stragglers',
+      'method',
+      'fwd:bwd',
+      'steps',
+      'sim s to target',
+      'speed-up vs bp',
+      'mean staleness',
+    ),
+    rows,
+  )
   print()
   for name, value in headline.items():
     print(f'pdasgd (best ratio) vs lppsgd, {name}: {value}x')
   layer, block = ablation
-  print(f'pdasgd {layer.ratio} on 8 devices, layer-wise vs block updates: mean staleness '
-        f'{layer.staleness:.2f} vs {block.staleness:.2f}, sim s to target {time_text(layer)} vs '
-        f'{time_text(block)}')
+  print(
+    f'pdasgd {layer.ratio} on 8 devices, layer-wise vs block updates: mean staleness '
+    f'{layer.staleness:.2f} vs {block.staleness:.2f}, sim s to target {time_text(layer)} vs '
+    f'{time_text(block)}'
+  )
   print(f'total wall time {time.perf_counter() - start:.0f} s')
   print(f'pdasgd vs lppsgd time-to-target (virtual): {headline["8 devices"]}x')
 

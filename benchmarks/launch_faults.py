@@ -34,10 +34,10 @@ def worker(mode: str, failing: int, mark: str) -> None:
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
   mesh = Mesh(np.array(jax.devices()), ('d',))
   total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))
-  x = jax.make_array_from_process_local_data(NamedSharding(mesh, P('d')),
-                                             np.ones(1, np.float32))
+  x = jax.make_array_from_process_local_data(NamedSharding(mesh, P('d')), np.ones(1, np.float32))
   print('all-reducing', flush=True)
   for step in itertools.count():
     total(x).block_until_ready()
@@ -75,10 +75,29 @@ def run_case(case: str, tmp: str) -> tuple[float, int, int]:
   failing = int(who[1:]) if who else -1
   env = dict(os.environ, JAXSGD_BENCH_MARK=mark)
   launcher = subprocess.Popen(
-      [sys.executable, '-m', 'jaxsgd.launch', '--processes', '2', '--devices_per_process',
-       '1', '--timeout_s', '120', '--', '-m', 'benchmarks.launch_faults', '--worker', mode,
-       str(failing), mark], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-      text=True)
+    [
+      sys.executable,
+      '-m',
+      'jaxsgd.launch',
+      '--processes',
+      '2',
+      '--devices_per_process',
+      '1',
+      '--timeout_s',
+      '120',
+      '--',
+      '-m',
+      'benchmarks.launch_faults',
+      '--worker',
+      mode,
+      str(failing),
+      mark,
+    ],
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.DEVNULL,
+    text=True,
+  )
   if case.startswith('SIG'):
     seen = 0
     while seen < 2:  # Both processes are all-reducing.
@@ -112,8 +131,10 @@ def main() -> None:
     print(f'{case:<12} {rows[0][1]:>6} {seconds:>30} {sum(r[2] for r in rows):>5}')
   worst = max(s for rows in results.values() for s, _, _ in rows)
   left = sum(r[2] for rows in results.values() for r in rows)
-  print(f'worst time from a fault to the end of the run: {worst:.2f} s (contract: 5 s); '
-        f'processes left behind: {left}')
+  print(
+    f'worst time from a fault to the end of the run: {worst:.2f} s (contract: 5 s); '
+    f'processes left behind: {left}'
+  )
 
 
 if __name__ == '__main__':

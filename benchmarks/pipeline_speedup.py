@@ -15,8 +15,9 @@ cores (see docs/jax_on_cpu.md), so the real speed-up is capped near 1.
 import os
 
 if '--xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', ''):
-  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                             ' --xla_force_host_platform_device_count=8').strip()
+  os.environ['XLA_FLAGS'] = (
+    os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+  ).strip()
 
 import time  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -35,13 +36,18 @@ STAGES = (1, 2, 4, 8)
 def synthetic_batches(shape, classes, batch_size, seed=0):
   rng = np.random.default_rng(seed)
   while True:
-    yield {'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
-           'label': rng.integers(0, classes, batch_size).astype(np.int32)}
+    yield {
+      'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
+      'label': rng.integers(0, classes, batch_size).astype(np.int32),
+    }
 
 
 def policies(num_stages):
-  return {'bp': sequential_roles(num_stages), 'ddg': ddg.roles(num_stages),
-          'local': local.roles(num_stages, 'greedy')}
+  return {
+    'bp': sequential_roles(num_stages),
+    'ddg': ddg.roles(num_stages),
+    'local': local.roles(num_stages, 'greedy'),
+  }
 
 
 def period(timeline, num_stages, steps) -> float:
@@ -66,8 +72,9 @@ def measure(model, num_stages, batch_size, steps, clocks=('virtual', 'real')):
   """
   placement = Placement.create(num_stages, jax.devices()[:num_stages])
   batches = synthetic_batches(model.input_shape, model.num_classes, batch_size)
-  make = lambda aux: PlacedStages(model, num_stages, optax.sgd(0.01), placement=placement,
-                              batch_size=batch_size, aux_heads=aux)
+  make = lambda aux: PlacedStages(
+    model, num_stages, optax.sgd(0.01), placement=placement, batch_size=batch_size, aux_heads=aux
+  )
   plain = make(False)
   with_heads = make(True) if num_stages > 1 else plain
   result = {clock: {} for clock in clocks}
@@ -89,8 +96,9 @@ def simulate_many_stages(num_stages=64, steps=8):
   pipeline = PlacedStages(model, num_stages, optax.sgd(0.01), placement=placement, batch_size=32)
   batches = synthetic_batches(model.input_shape, model.num_classes, 32)
   start = time.perf_counter()
-  executor = VirtualExecutor(CostModel(pipeline.calibrate(sequential_roles(num_stages),
-                                                          next(batches), reps=3)))
+  executor = VirtualExecutor(
+    CostModel(pipeline.calibrate(sequential_roles(num_stages), next(batches), reps=3))
+  )
   compiled = time.perf_counter()
   bp = run_once(pipeline, sequential_roles(num_stages), executor, batches, steps)
   ddg_period = run_once(pipeline, ddg.roles(num_stages), executor, batches, 2 * num_stages + 8)
@@ -98,40 +106,56 @@ def simulate_many_stages(num_stages=64, steps=8):
 
 
 def table(rows, clock):
-  lines = [f'{clock} clock' + (' (calibrated here, free links)' if clock == 'virtual' else
-                               ' (fake CPU devices sharing 2 cores)'),
-           f'{"model":<10} {"K":>2} {"bp ms/it":>9} {"ddg ms/it":>10} {"ddg x":>6} '
-           f'{"local ms/it":>12} {"local x":>8} {"ideal x":>8}']
+  lines = [
+    f'{clock} clock'
+    + (
+      ' (calibrated here, free links)'
+      if clock == 'virtual'
+      else ' (fake CPU devices sharing 2 cores)'
+    ),
+    f'{"model":<10} {"K":>2} {"bp ms/it":>9} {"ddg ms/it":>10} {"ddg x":>6} '
+    f'{"local ms/it":>12} {"local x":>8} {"ideal x":>8}',
+  ]
   for model_name, num_stages, times in rows:
     t = times[clock]
-    lines.append(f'{model_name:<10} {num_stages:>2} {1e3 * t["bp"]:>9.2f} {1e3 * t["ddg"]:>10.2f} '
-                 f'{t["bp"] / t["ddg"]:>6.2f} {1e3 * t["local"]:>12.2f} '
-                 f'{t["bp"] / t["local"]:>8.2f} {num_stages:>8.0f}')
+    lines.append(
+      f'{model_name:<10} {num_stages:>2} {1e3 * t["bp"]:>9.2f} {1e3 * t["ddg"]:>10.2f} '
+      f'{t["bp"] / t["ddg"]:>6.2f} {1e3 * t["local"]:>12.2f} '
+      f'{t["bp"] / t["local"]:>8.2f} {num_stages:>8.0f}'
+    )
   return '\n'.join(lines)
 
 
 def main():
   start = time.perf_counter()
-  benchmarks = [('resnet20', models.get_model('resnet20', (32, 32, 3), 10), 32),
-                ('mlp', models.get_model('mlp', (784,), 10, hidden=(1024,) * 7), 128)]
+  benchmarks = [
+    ('resnet20', models.get_model('resnet20', (32, 32, 3), 10), 32),
+    ('mlp', models.get_model('mlp', (784,), 10, hidden=(1024,) * 7), 128),
+  ]
   rows = []
   for model_name, model, batch_size in benchmarks:
     for num_stages in STAGES:
-      rows.append((model_name, num_stages,
-                   measure(model, num_stages, batch_size, steps=2 * num_stages + 8)))
-      print(f'  measured {model_name} K={num_stages} '
-            f'({time.perf_counter() - start:.0f} s)', flush=True)
+      rows.append(
+        (model_name, num_stages, measure(model, num_stages, batch_size, steps=2 * num_stages + 8))
+      )
+      print(
+        f'  measured {model_name} K={num_stages} ({time.perf_counter() - start:.0f} s)', flush=True
+      )
   print()
   print(table(rows, 'virtual'))
   print()
   print(table(rows, 'real'))
   bp64, ddg64, compile64, simulate64 = simulate_many_stages()
-  print(f'\nmlp, K=64 simulated stages (virtual): bp {1e3 * bp64:.2f} ms/it, ddg '
-        f'{1e3 * ddg64:.2f} ms/it, ddg x {bp64 / ddg64:.1f} (ideal 64); calibration and '
-        f'compiles {compile64:.0f} s, simulation of {2 * 64 + 8 + 8} iterations {simulate64:.0f} s')
+  print(
+    f'\nmlp, K=64 simulated stages (virtual): bp {1e3 * bp64:.2f} ms/it, ddg '
+    f'{1e3 * ddg64:.2f} ms/it, ddg x {bp64 / ddg64:.1f} (ideal 64); calibration and '
+    f'compiles {compile64:.0f} s, simulation of {2 * 64 + 8 + 8} iterations {simulate64:.0f} s'
+  )
   resnet = {k: times for name, k, times in rows if name == 'resnet20'}
   print(f'\ntotal {time.perf_counter() - start:.0f} s')
-  print(f'ddg speedup K=4 (virtual): {resnet[4]["virtual"]["bp"] / resnet[4]["virtual"]["ddg"]:.2f}')
+  print(
+    f'ddg speedup K=4 (virtual): {resnet[4]["virtual"]["bp"] / resnet[4]["virtual"]["ddg"]:.2f}'
+  )
 
 
 if __name__ == '__main__':

@@ -28,8 +28,10 @@ CASES = (('cnn', (40, 1)), ('resnet20', (32, 32, 3)))
 
 def _batch(shape):
   rng = np.random.default_rng(0)
-  return {'image': rng.normal(size=(BATCH,) + shape).astype(np.float32),
-          'label': rng.integers(0, 10, BATCH).astype(np.int32)}
+  return {
+    'image': rng.normal(size=(BATCH,) + shape).astype(np.float32),
+    'label': rng.integers(0, 10, BATCH).astype(np.int32),
+  }
 
 
 def fused_step_time(model, tx, batch, repeats):
@@ -86,9 +88,11 @@ def main():
       staged = staged_step_time(model, tx, batch, k, args.repeats)
       rows.append((name, f'staged K={k}', 1000 * staged, staged / fused))
       ratio_k4 = staged / fused
-  print(f'Training step time, batch {BATCH}, median of {args.repeats} after warm-up; '
-        f'{jax.devices()[0].platform} ({platform.processor() or platform.machine()}), '
-        f'jax {jax.__version__}')
+  print(
+    f'Training step time, batch {BATCH}, median of {args.repeats} after warm-up; '
+    f'{jax.devices()[0].platform} ({platform.processor() or platform.machine()}), '
+    f'jax {jax.__version__}'
+  )
   print_table(('model', 'step', 'ms/step', 'ratio to fused'), rows)
   print(f'staged/fused ratio K=4: {ratio_k4:.2f}')
 

@@ -38,13 +38,19 @@ WORKERS = 4
 def _variants():
   """name -> (optimizer, stacked params?, needs stale params?)."""
   return {
-      'sgd': (optax.sgd(0.01), False, False),
-      'dc_asgd_c': (T.dc_asgd(0.01), False, True),
-      'dc_asgd_a': (T.dc_asgd(0.01, adaptive=True), False, True),
-      'delayed_avg (overlap)': (optax.chain(optax.sgd(0.01), T.delayed_averaging(
-          period=4, delay=1)), True, False),
-      'delayed_avg (cond)': (optax.chain(optax.sgd(0.01), T.delayed_averaging(
-          period=4, delay=1, overlap=False)), True, False),
+    'sgd': (optax.sgd(0.01), False, False),
+    'dc_asgd_c': (T.dc_asgd(0.01), False, True),
+    'dc_asgd_a': (T.dc_asgd(0.01, adaptive=True), False, True),
+    'delayed_avg (overlap)': (
+      optax.chain(optax.sgd(0.01), T.delayed_averaging(period=4, delay=1)),
+      True,
+      False,
+    ),
+    'delayed_avg (cond)': (
+      optax.chain(optax.sgd(0.01), T.delayed_averaging(period=4, delay=1, overlap=False)),
+      True,
+      False,
+    ),
   }
 
 
@@ -66,6 +72,7 @@ def _stepper(tx, n, stacked, stale):
   def one_step():
     carry[:] = step(carry[0], carry[1], grads, extra)
     return carry
+
   return one_step
 
 
@@ -91,12 +98,15 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--repeats', type=int, default=50)
   args = parser.parse_args()
-  print(f'device: {jax.devices()[0].device_kind}, {jax.device_count()} '
-        f'device(s); median of {args.repeats} interleaved steps per variant')
+  print(
+    f'device: {jax.devices()[0].device_kind}, {jax.device_count()} '
+    f'device(s); median of {args.repeats} interleaved steps per variant'
+  )
   rows, ratio_10m = [], None
   for n, label in [(1_000_000, '1M'), (10_000_000, '10M')]:
-    steppers = {name: _stepper(tx, n, stacked, stale)
-                for name, (tx, stacked, stale) in _variants().items()}
+    steppers = {
+      name: _stepper(tx, n, stacked, stale) for name, (tx, stacked, stale) in _variants().items()
+    }
     medians = _interleaved_medians(steppers, args.repeats)
     for name, seconds in medians.items():
       rows.append((label, name, seconds * 1e3, seconds / medians['sgd']))

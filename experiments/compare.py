@@ -27,8 +27,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   seeds = tuple(int(s) for s in _SEEDS.value) if _SEEDS.value else None
-  path = suites.run_suite(_SUITE.value, _WORKDIR.value, seeds=seeds, smoke=_SMOKE.value,
-                          reuse=_REUSE.value)
+  path = suites.run_suite(
+    _SUITE.value, _WORKDIR.value, seeds=seeds, smoke=_SMOKE.value, reuse=_REUSE.value
+  )
   print(f'report: {path}')
 
 

@@ -59,21 +59,33 @@ def table_rows(runs: dict[str, list[dict]]) -> list[list[str]]:
   for label, method_runs in runs.items():
     finals = [r['summary']['final']['test_accuracy'] for r in method_runs]
     reached = sum(_time_to_target(r, 'step') is not None for r in method_runs)
-    rows.append([
-        label, str(len(method_runs)), _spread(finals),
+    rows.append(
+      [
+        label,
+        str(len(method_runs)),
+        _spread(finals),
         f'{reached}/{len(method_runs)}',
         _mean_or_dash([_time_to_target(r, 'sim_time') for r in method_runs], '{:.3g}'),
         _mean_or_dash([_time_to_target(r, 'wall_time') for r in method_runs], '{:.1f}'),
         _mean_or_dash([mean_staleness(r) for r in method_runs]),
         _mean_or_dash([r['records'][-1].get('sim_time') for r in method_runs], '{:.3g}'),
         _mean_or_dash([r['records'][-1]['wall_time'] for r in method_runs], '{:.1f}'),
-    ])
+      ]
+    )
   return rows
 
 
-HEADER = ['method', 'seeds', 'final test acc. (%)', 'reached target',
-          'time to target, simulated (s)', 'time to target, wall (s)', 'mean staleness',
-          'total simulated time (s)', 'total wall time (s)']
+HEADER = [
+  'method',
+  'seeds',
+  'final test acc. (%)',
+  'reached target',
+  'time to target, simulated (s)',
+  'time to target, wall (s)',
+  'mean staleness',
+  'total simulated time (s)',
+  'total wall time (s)',
+]
 
 
 def plot_accuracy(runs, path, target):
@@ -83,8 +95,13 @@ def plot_accuracy(runs, path, target):
     for j, run in enumerate(method_runs):
       xlabel, times = _time_axis(run['records'])
       acc = [100 * r['test_accuracy'] for r in run['records']]
-      ax.plot(times, acc, color=f'C{i % 10}', alpha=0.85 if j == 0 else 0.35,
-              label=label if j == 0 else None)
+      ax.plot(
+        times,
+        acc,
+        color=f'C{i % 10}',
+        alpha=0.85 if j == 0 else 0.35,
+        label=label if j == 0 else None,
+      )
   ax.axhline(100 * target, color='gray', ls=':', lw=1, label='target')
   ax.set(xlabel=xlabel, ylabel='test accuracy (%)')
   ax.grid(alpha=0.3)
@@ -95,8 +112,10 @@ def plot_accuracy(runs, path, target):
 
 
 def plot_staleness(runs, path) -> bool:
-  hists = {label: _merge([staleness_histogram(r) for r in method_runs])
-           for label, method_runs in runs.items()}
+  hists = {
+    label: _merge([staleness_histogram(r) for r in method_runs])
+    for label, method_runs in runs.items()
+  }
   hists = {k: v for k, v in hists.items() if v}
   if not hists:
     return False
@@ -127,19 +146,30 @@ def write_report(suite, runs: dict[str, list[dict]], workdir: str) -> str:
   os.makedirs(workdir, exist_ok=True)
   plot_accuracy(runs, os.path.join(workdir, 'accuracy.png'), suite.target_accuracy)
   has_staleness = plot_staleness(runs, os.path.join(workdir, 'staleness.png'))
-  lines = [f'# {suite.title}', '', f'Paper: {suite.claim}', '',
-           f'Target test accuracy: {100 * suite.target_accuracy:.0f} %. '
-           f'Regenerate: `python -m experiments.compare --suite={suite.name} '
-           f'--workdir={workdir}`.', '',
-           '| ' + ' | '.join(HEADER) + ' |', '|' + '---|' * len(HEADER)]
+  lines = [
+    f'# {suite.title}',
+    '',
+    f'Paper: {suite.claim}',
+    '',
+    f'Target test accuracy: {100 * suite.target_accuracy:.0f} %. '
+    f'Regenerate: `python -m experiments.compare --suite={suite.name} '
+    f'--workdir={workdir}`.',
+    '',
+    '| ' + ' | '.join(HEADER) + ' |',
+    '|' + '---|' * len(HEADER),
+  ]
   lines += ['| ' + ' | '.join(row) + ' |' for row in table_rows(runs)]
   lines += ['', '![accuracy against time](accuracy.png)']
   if has_staleness:
     lines += ['', '![staleness histograms](staleness.png)']
   first = next(iter(runs.values()))[0]['summary']['config']
-  lines += ['', f'Dataset `{first["dataset"]}`, model `{first["model"]["name"]}`, '
-                f'{first["train_steps"]} steps of batch {first["batch_size"]}'
-                f'{" per worker" if first.get("workers", 1) > 1 else ""}.', '']
+  lines += [
+    '',
+    f'Dataset `{first["dataset"]}`, model `{first["model"]["name"]}`, '
+    f'{first["train_steps"]} steps of batch {first["batch_size"]}'
+    f'{" per worker" if first.get("workers", 1) > 1 else ""}.',
+    '',
+  ]
   path = os.path.join(workdir, 'report.md')
   with open(path, 'w') as f:
     f.write('\n'.join(lines))

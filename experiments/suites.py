@@ -23,7 +23,7 @@ class Method:
 class Suite:
   name: str
   title: str
-  claim: str             # what the paper reports, to set beside the measurement
+  claim: str  # what the paper reports, to set beside the measurement
   methods: tuple[Method, ...]
   seeds: tuple[int, ...] = (0, 1, 2)
   target_accuracy: float = 0.9
@@ -82,64 +82,97 @@ def _slug(label: str) -> str:
   return ''.join(c if c.isalnum() else '_' for c in label).strip('_').lower()
 
 
-
-
 # --- The suites -------------------------------------------------------------------------
 # CPU size: the CNN on MNIST-1D (40k), 2,000 steps of batch 128 (per worker for the
 # data-parallel methods), Adam 3e-3 with cosine decay, virtual clock with costs
 # calibrated on this machine. The paper-size settings are in each config's docstring.
 _CPU = (('train_steps', 2000), ('eval_every', 250))
 
-register(Suite(
-    name='ddg', title='DDG: decoupled backprop with delayed gradients vs BP',
+register(
+  Suite(
+    name='ddg',
+    title='DDG: decoupled backprop with delayed gradients vs BP',
     claim='Huo et al. 2018: DDG matches BP accuracy (CIFAR-10 ResNet-56, K=2: BP 6.97 % vs '
-          'DDG 6.89 % test error; ResNet-110 6.41 vs 6.59) and trains faster on K = 2-4 GPUs.',
+    'DDG 6.89 % test error; ResNet-110 6.41 vs 6.59) and trains faster on K = 2-4 GPUs.',
     methods=(
-        Method('BP (staged, K=4)', 'experiments/configs/default.py',
-               _CPU + (('stages', 4), ('clock', 'virtual'))),
-        Method('DDG K=2', 'experiments/configs/ddg.py', _CPU + (('stages', 2),)),
-        Method('DDG K=3', 'experiments/configs/ddg.py', _CPU + (('stages', 3),)),
-        Method('DDG K=4', 'experiments/configs/ddg.py', _CPU + (('stages', 4),)),
+      Method(
+        'BP (staged, K=4)',
+        'experiments/configs/default.py',
+        _CPU + (('stages', 4), ('clock', 'virtual')),
+      ),
+      Method('DDG K=2', 'experiments/configs/ddg.py', _CPU + (('stages', 2),)),
+      Method('DDG K=3', 'experiments/configs/ddg.py', _CPU + (('stages', 3),)),
+      Method('DDG K=4', 'experiments/configs/ddg.py', _CPU + (('stages', 4),)),
     ),
-    seeds=(0, 1), target_accuracy=0.95))
+    seeds=(0, 1),
+    target_accuracy=0.95,
+  )
+)
 
-register(Suite(
-    name='local', title='Local parallelism: BP vs greedy vs overlapping vs chunked (K = 4)',
+register(
+  Suite(
+    name='local',
+    title='Local parallelism: BP vs greedy vs overlapping vs chunked (K = 4)',
     claim='Laskin et al. 2020: local methods trade some accuracy at low compute for much '
-          'higher parallelism; overlapping beats greedy.',
+    'higher parallelism; overlapping beats greedy.',
     methods=(
-        Method('BP (staged, K=4)', 'experiments/configs/default.py',
-               _CPU + (('stages', 4), ('clock', 'virtual'))),
-        Method('greedy', 'experiments/configs/local.py', _CPU + (('algorithm.variant', 'greedy'),)),
-        Method('overlapping', 'experiments/configs/local.py',
-               _CPU + (('algorithm.variant', 'overlapping'),)),
-        Method('chunked (2 chunks)', 'experiments/configs/local.py',
-               _CPU + (('algorithm.variant', 'chunked'), ('algorithm.chunks', 2))),
+      Method(
+        'BP (staged, K=4)',
+        'experiments/configs/default.py',
+        _CPU + (('stages', 4), ('clock', 'virtual')),
+      ),
+      Method('greedy', 'experiments/configs/local.py', _CPU + (('algorithm.variant', 'greedy'),)),
+      Method(
+        'overlapping',
+        'experiments/configs/local.py',
+        _CPU + (('algorithm.variant', 'overlapping'),),
+      ),
+      Method(
+        'chunked (2 chunks)',
+        'experiments/configs/local.py',
+        _CPU + (('algorithm.variant', 'chunked'), ('algorithm.chunks', 2)),
+      ),
     ),
-    seeds=(0, 1), target_accuracy=0.95))
+    seeds=(0, 1),
+    target_accuracy=0.95,
+  )
+)
 
 
 def _data_parallel(label, config, workers, name=None):
-  overrides = _CPU + (('workers', workers), ('algorithm.stacked', True),
-                      ('cost.calibrate', False), ('cost.compute.step', 0.005),
-                      ('cost.link_bandwidth', 1.25e8))  # 1 Gbit/s
+  overrides = _CPU + (
+    ('workers', workers),
+    ('algorithm.stacked', True),
+    ('cost.calibrate', False),
+    ('cost.compute.step', 0.005),
+    ('cost.link_bandwidth', 1.25e8),
+  )  # 1 Gbit/s
   if name:
     overrides += (('algorithm.name', name),)
   return Method(label, config, overrides)
 
 
-register(Suite(
-    name='dasgd', title='DaSGD: SSGD vs local SGD vs DaSGD, 4 and 8 workers',
+register(
+  Suite(
+    name='dasgd',
+    title='DaSGD: SSGD vs local SGD vs DaSGD, 4 and 8 workers',
     claim='Zhou et al. 2020: DaSGD converges like SGD (O(1/sqrt(K))), hides 100 % of the '
-          'communication and scales linearly (analytic simulator, up to 256 V100s).',
+    'communication and scales linearly (analytic simulator, up to 256 V100s).',
     methods=tuple(
-        m for workers in (4, 8) for m in (
-            _data_parallel(f'SSGD M={workers}', 'experiments/configs/ssgd.py', workers),
-            _data_parallel(f'local SGD M={workers}', 'experiments/configs/dasgd.py', workers,
-                           'local_sgd'),
-            _data_parallel(f'DaSGD M={workers}', 'experiments/configs/dasgd.py', workers,
-                           'dasgd'))),
-    seeds=(0, 1), target_accuracy=0.95))
+      m
+      for workers in (4, 8)
+      for m in (
+        _data_parallel(f'SSGD M={workers}', 'experiments/configs/ssgd.py', workers),
+        _data_parallel(
+          f'local SGD M={workers}', 'experiments/configs/dasgd.py', workers, 'local_sgd'
+        ),
+        _data_parallel(f'DaSGD M={workers}', 'experiments/configs/dasgd.py', workers, 'dasgd'),
+      )
+    ),
+    seeds=(0, 1),
+    target_accuracy=0.95,
+  )
+)
 
 _SGD = (('optimizer.name', 'sgd'), ('optimizer.learning_rate', 0.2))
 # The asynchronous methods run with the scheduler's default free links; SSGD beside
@@ -157,26 +190,52 @@ def _dc_methods(workers: int, stragglers: bool) -> tuple[Method, ...]:
   slow = _straggler(workers) if stragglers else ()
   asgd = _CPU + _SGD + (('workers', workers),) + slow
   methods = (
-      Method(f'ASGD {tag}', 'experiments/configs/asgd.py', asgd),
-      Method(f'DC-ASGD-c {tag}', 'experiments/configs/dcasgd.py',
-             asgd + (('algorithm.lambda0', 0.04), ('algorithm.adaptive', False))),
-      Method(f'DC-ASGD-a {tag}', 'experiments/configs/dcasgd.py',
-             asgd + (('algorithm.lambda0', 2.0), ('algorithm.adaptive', True))))
+    Method(f'ASGD {tag}', 'experiments/configs/asgd.py', asgd),
+    Method(
+      f'DC-ASGD-c {tag}',
+      'experiments/configs/dcasgd.py',
+      asgd + (('algorithm.lambda0', 0.04), ('algorithm.adaptive', False)),
+    ),
+    Method(
+      f'DC-ASGD-a {tag}',
+      'experiments/configs/dcasgd.py',
+      asgd + (('algorithm.lambda0', 2.0), ('algorithm.adaptive', True)),
+    ),
+  )
   if not stragglers:  # SSGD: same samples (2,000 x 128) in 2,000 / M synchronous steps.
-    methods = (Method(f'SSGD {tag}', 'experiments/configs/ssgd.py', _SGD + _FREE_LINKS + (
-        ('workers', workers), ('batch_size', 128), ('train_steps', 2000 // workers),
-        ('eval_every', 250 // workers), ('algorithm.stacked', True))),) + methods
+    methods = (
+      Method(
+        f'SSGD {tag}',
+        'experiments/configs/ssgd.py',
+        _SGD
+        + _FREE_LINKS
+        + (
+          ('workers', workers),
+          ('batch_size', 128),
+          ('train_steps', 2000 // workers),
+          ('eval_every', 250 // workers),
+          ('algorithm.stacked', True),
+        ),
+      ),
+    ) + methods
   return methods
 
 
-register(Suite(
-    name='dcasgd', title='DC-ASGD: sequential SGD, ASGD, SSGD, DC-ASGD-c, DC-ASGD-a',
+register(
+  Suite(
+    name='dcasgd',
+    title='DC-ASGD: sequential SGD, ASGD, SSGD, DC-ASGD-c, DC-ASGD-a',
     claim='Zheng et al. 2017, CIFAR-10 ResNet-20 test error: 4 workers - sequential SGD '
-          '8.65, ASGD 9.27, SSGD 9.17, DC-ASGD-c 8.67, DC-ASGD-a 8.19 %; 8 workers - ASGD '
-          '10.26, SSGD 10.10, DC-ASGD-c 9.27, DC-ASGD-a 8.57 %.',
+    '8.65, ASGD 9.27, SSGD 9.17, DC-ASGD-c 8.67, DC-ASGD-a 8.19 %; 8 workers - ASGD '
+    '10.26, SSGD 10.10, DC-ASGD-c 9.27, DC-ASGD-a 8.57 %.',
     methods=(Method('sequential SGD', 'experiments/configs/default.py', _CPU + _SGD),)
-    + _dc_methods(4, False) + _dc_methods(8, False) + _dc_methods(8, True),
-    seeds=(0, 1), target_accuracy=0.95))
+    + _dc_methods(4, False)
+    + _dc_methods(8, False)
+    + _dc_methods(8, True),
+    seeds=(0, 1),
+    target_accuracy=0.95,
+  )
+)
 
 
 def _pd_methods(stragglers: bool) -> tuple[Method, ...]:
@@ -184,25 +243,47 @@ def _pd_methods(stragglers: bool) -> tuple[Method, ...]:
   tag = ', straggler' if stragglers else ''
   slow = _straggler(3) if stragglers else ()
   methods = (
-      Method(f'PD-ASGD 1:2{tag}', 'experiments/configs/pdasgd.py', _CPU + slow),
-      Method(f'PD-ASGD 2:1{tag}', 'experiments/configs/pdasgd.py',
-             _CPU + slow + (('algorithm.n_fwd', 2), ('algorithm.n_bwd', 1))),
-      Method(f'LPP-SGD 3x2{tag}', 'experiments/configs/lppsgd.py',
-             _CPU + (('cost.worker_speeds', (1.0,) * 4 + (0.25,) * 2),) if stragglers else _CPU),
-      Method(f'ASGD M=3{tag}', 'experiments/configs/asgd.py',
-             _CPU + slow + (('workers', 3),)))
+    Method(f'PD-ASGD 1:2{tag}', 'experiments/configs/pdasgd.py', _CPU + slow),
+    Method(
+      f'PD-ASGD 2:1{tag}',
+      'experiments/configs/pdasgd.py',
+      _CPU + slow + (('algorithm.n_fwd', 2), ('algorithm.n_bwd', 1)),
+    ),
+    Method(
+      f'LPP-SGD 3x2{tag}',
+      'experiments/configs/lppsgd.py',
+      _CPU + (('cost.worker_speeds', (1.0,) * 4 + (0.25,) * 2),) if stragglers else _CPU,
+    ),
+    Method(f'ASGD M=3{tag}', 'experiments/configs/asgd.py', _CPU + slow + (('workers', 3),)),
+  )
   if not stragglers:
-    methods += (Method('SSGD M=3', 'experiments/configs/ssgd.py', _FREE_LINKS + (
-        ('workers', 3), ('batch_size', 128), ('train_steps', 667), ('eval_every', 83),
-        ('algorithm.stacked', True))),)
+    methods += (
+      Method(
+        'SSGD M=3',
+        'experiments/configs/ssgd.py',
+        _FREE_LINKS
+        + (
+          ('workers', 3),
+          ('batch_size', 128),
+          ('train_steps', 667),
+          ('eval_every', 83),
+          ('algorithm.stacked', True),
+        ),
+      ),
+    )
   return methods
 
 
-register(Suite(
-    name='pdasgd', title='PD-ASGD vs LPP-SGD vs ASGD vs SSGD, 3 devices, with and without a straggler',
+register(
+  Suite(
+    name='pdasgd',
+    title='PD-ASGD vs LPP-SGD vs ASGD vs SSGD, 3 devices, with and without a straggler',
     claim='Teguemne Fokam et al. 2024: close to state-of-the-art accuracy while up to 2.97x '
-          'faster than LPP-SGD (Hogwild! on several devices); later versions up to 5.95x over '
-          'synchronous data parallelism under injected delays and 2.14x over comparable ASGD '
-          '(CIFAR-10/100 ResNet-18/34, 3 GPUs).',
+    'faster than LPP-SGD (Hogwild! on several devices); later versions up to 5.95x over '
+    'synchronous data parallelism under injected delays and 2.14x over comparable ASGD '
+    '(CIFAR-10/100 ResNet-18/34, 3 GPUs).',
     methods=_pd_methods(False) + _pd_methods(True),
-    seeds=(0, 1), target_accuracy=0.95))
+    seeds=(0, 1),
+    target_accuracy=0.95,
+  )
+)

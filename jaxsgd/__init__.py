@@ -1,8 +1,8 @@
 """jaxsgd: asynchronous and decoupled SGD in JAX/Flax/Optax.
 
-    import jaxsgd, optax
-    tx = optax.chain(jaxsgd.transforms.delay_compensation(lambda0=2.0, adaptive=True),
-                     optax.sgd(0.1))
+import jaxsgd, optax
+tx = optax.chain(jaxsgd.transforms.delay_compensation(lambda0=2.0, adaptive=True),
+                 optax.sgd(0.1))
 """
 
 from jaxsgd import transforms

@@ -86,35 +86,67 @@ def free_port() -> int:
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
   """Splits `argv` at `--` into the launcher's options and the command."""
   if '--' not in argv:
-    raise SystemExit('usage: python -m jaxsgd.launch --processes N [options] -- '
-                     'COMMAND_OR_TRAIN_FLAGS (the "--" is required)')
+    raise SystemExit(
+      'usage: python -m jaxsgd.launch --processes N [options] -- '
+      'COMMAND_OR_TRAIN_FLAGS (the "--" is required)'
+    )
   cut = argv.index('--')
-  parser = argparse.ArgumentParser(prog='python -m jaxsgd.launch',
-                                   description=__doc__.split('\n\n')[0])
-  parser.add_argument('--processes', type=int, required=True,
-                      help='processes to start on this host')
-  parser.add_argument('--devices_per_process', type=int, default=None,
-                      help='fake CPU devices per process (sets XLA_FLAGS, JAX_PLATFORMS=cpu)')
-  parser.add_argument('--coordinator', default=None,
-                      help='HOST:PORT of process 0 (default: this host, a free port)')
-  parser.add_argument('--num_processes', type=int, default=None,
-                      help='processes in the whole cluster (default: --processes)')
-  parser.add_argument('--first_process_id', type=int, default=0,
-                      help='id of the first process started here (other hosts: > 0)')
-  parser.add_argument('--init_timeout_s', type=int, default=distributed.DEFAULT_TIMEOUT_S,
-                      help='seconds to wait for the cluster to form')
-  parser.add_argument('--heartbeat_timeout_s', type=int,
-                      default=distributed.DEFAULT_HEARTBEAT_TIMEOUT_S,
-                      help='seconds without heartbeats after which JAX declares a process '
-                           'dead (stopped, frozen, host gone) and ends the others')
-  parser.add_argument('--grace_s', type=float, default=2.0,
-                      help='when the launcher is stopped (Ctrl-C, SIGTERM) or times out: '
-                           'seconds between passing the signal on and SIGKILL')
-  parser.add_argument('--timeout_s', type=float, default=None,
-                      help='stop everything after this many seconds (exit 124)')
+  parser = argparse.ArgumentParser(
+    prog='python -m jaxsgd.launch', description=__doc__.split('\n\n')[0]
+  )
+  parser.add_argument(
+    '--processes', type=int, required=True, help='processes to start on this host'
+  )
+  parser.add_argument(
+    '--devices_per_process',
+    type=int,
+    default=None,
+    help='fake CPU devices per process (sets XLA_FLAGS, JAX_PLATFORMS=cpu)',
+  )
+  parser.add_argument(
+    '--coordinator', default=None, help='HOST:PORT of process 0 (default: this host, a free port)'
+  )
+  parser.add_argument(
+    '--num_processes',
+    type=int,
+    default=None,
+    help='processes in the whole cluster (default: --processes)',
+  )
+  parser.add_argument(
+    '--first_process_id',
+    type=int,
+    default=0,
+    help='id of the first process started here (other hosts: > 0)',
+  )
+  parser.add_argument(
+    '--init_timeout_s',
+    type=int,
+    default=distributed.DEFAULT_TIMEOUT_S,
+    help='seconds to wait for the cluster to form',
+  )
+  parser.add_argument(
+    '--heartbeat_timeout_s',
+    type=int,
+    default=distributed.DEFAULT_HEARTBEAT_TIMEOUT_S,
+    help='seconds without heartbeats after which JAX declares a process '
+    'dead (stopped, frozen, host gone) and ends the others',
+  )
+  parser.add_argument(
+    '--grace_s',
+    type=float,
+    default=2.0,
+    help='when the launcher is stopped (Ctrl-C, SIGTERM) or times out: '
+    'seconds between passing the signal on and SIGKILL',
+  )
+  parser.add_argument(
+    '--timeout_s',
+    type=float,
+    default=None,
+    help='stop everything after this many seconds (exit 124)',
+  )
   args = parser.parse_args(argv[:cut])
   _check_args(parser, args)
-  command = argv[cut + 1:]
+  command = argv[cut + 1 :]
   if not command:
     parser.error('nothing to run after "--"')
   return args, command
@@ -127,11 +159,14 @@ def _check_args(parser, args) -> None:
     parser.error(f'--devices_per_process: must be >= 1, got {args.devices_per_process}')
   total = args.num_processes or args.processes
   if not 0 <= args.first_process_id <= total - args.processes:
-    parser.error(f'--first_process_id: {args.first_process_id} + --processes '
-                 f'{args.processes} exceeds --num_processes {total}')
+    parser.error(
+      f'--first_process_id: {args.first_process_id} + --processes '
+      f'{args.processes} exceeds --num_processes {total}'
+    )
   if args.first_process_id > 0 and args.coordinator is None:
-    parser.error('--coordinator: needed when process 0 runs on another host '
-                 '(--first_process_id > 0)')
+    parser.error(
+      '--coordinator: needed when process 0 runs on another host (--first_process_id > 0)'
+    )
 
 
 def child_command(command: list[str]) -> list[str]:
@@ -148,12 +183,16 @@ def child_command(command: list[str]) -> list[str]:
 
 def child_env(args, process_id: int, coordinator: str) -> dict[str, str]:
   env = dict(os.environ)
-  env.update({distributed.ADDRESS_VAR: coordinator,
-              distributed.NUM_PROCESSES_VAR: str(args.num_processes or args.processes),
-              distributed.PROCESS_ID_VAR: str(process_id),
-              distributed.TIMEOUT_VAR: str(args.init_timeout_s),
-              distributed.HEARTBEAT_VAR: str(args.heartbeat_timeout_s),
-              'PYTHONUNBUFFERED': '1'})
+  env.update(
+    {
+      distributed.ADDRESS_VAR: coordinator,
+      distributed.NUM_PROCESSES_VAR: str(args.num_processes or args.processes),
+      distributed.PROCESS_ID_VAR: str(process_id),
+      distributed.TIMEOUT_VAR: str(args.init_timeout_s),
+      distributed.HEARTBEAT_VAR: str(args.heartbeat_timeout_s),
+      'PYTHONUNBUFFERED': '1',
+    }
+  )
   if args.devices_per_process is not None:
     flags = _DEVICE_FLAG.sub('', env.get('XLA_FLAGS', '')).split()
     flags.append(f'--xla_force_host_platform_device_count={args.devices_per_process}')
@@ -174,8 +213,9 @@ def _die_with_launcher() -> None:
     pass
 
 
-def _forward(stream, prefix: str, lock: threading.Lock, out,
-             progress_every_s: float = PROGRESS_EVERY_S) -> None:
+def _forward(
+  stream, prefix: str, lock: threading.Lock, out, progress_every_s: float = PROGRESS_EVERY_S
+) -> None:
   """Copies `stream` to `out` line by line, each line prefixed with the process id.
 
   Segments ended by `\r` (progress-bar redraws) are forwarded at most once every
@@ -190,7 +230,7 @@ def _forward(stream, prefix: str, lock: threading.Lock, out,
           continue
         last_progress = time.monotonic()
       _emit(out, lock, prefix, segment)
-    buffer = buffer[max(buffer.rfind(b'\n'), buffer.rfind(b'\r')) + 1:]
+    buffer = buffer[max(buffer.rfind(b'\n'), buffer.rfind(b'\r')) + 1 :]
   if buffer.strip():
     _emit(out, lock, prefix, buffer.decode(errors='replace'))
   stream.close()
@@ -266,8 +306,7 @@ def _stop_gracefully(procs, sig, grace_s: float) -> None:
     signal.signal(s, lambda *_: hurry.set())
   _signal_all(procs, sig)
   deadline = time.monotonic() + grace_s
-  while (time.monotonic() < deadline and not hurry.is_set()
-         and any(p.poll() is None for p in procs)):
+  while time.monotonic() < deadline and not hurry.is_set() and any(p.poll() is None for p in procs):
     time.sleep(0.02)
   _kill_all(procs)
 
@@ -288,9 +327,11 @@ def _failure_message(args, local: int, code: int, status_file: str) -> str:
   text = f'process {pid} {how}' + (f': {reason}' if reason else '')
   total = args.num_processes or args.processes
   if reason and reason.startswith(distributed.CLUSTER_DID_NOT_FORM) and total > args.processes:
-    text += (f' (this launcher starts processes {args.first_process_id}..'
-             f'{args.first_process_id + args.processes - 1} of {total}: start the others '
-             f'with the same --coordinator on their hosts)')
+    text += (
+      f' (this launcher starts processes {args.first_process_id}..'
+      f'{args.first_process_id + args.processes - 1} of {total}: start the others '
+      f'with the same --coordinator on their hosts)'
+    )
   return text
 
 
@@ -311,11 +352,20 @@ def _start(args, cmd, coordinator, status_dir, out, lock, procs, threads) -> Non
     pid = args.first_process_id + local
     env = child_env(args, pid, coordinator)
     env[distributed.STATUS_FILE_VAR] = os.path.join(status_dir, f'p{pid}.jsonl')
-    procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True, preexec_fn=_die_with_launcher))
-    thread = threading.Thread(target=_forward, args=(procs[-1].stdout, f'[p{pid}] ',
-                                                     lock, out), daemon=True)
+    procs.append(
+      subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_launcher,
+      )
+    )
+    thread = threading.Thread(
+      target=_forward, args=(procs[-1].stdout, f'[p{pid}] ', lock, out), daemon=True
+    )
     thread.start()
     threads.append(thread)
 
@@ -348,9 +398,13 @@ def launch(args, command: list[str], out=sys.stdout, err=sys.stderr) -> int:
         stopped = [k for k, p in enumerate(procs) if k != failed and _is_stopped(p.pid)]
         _kill_all(procs)  # Its peers cannot go on (their collectives need it): no grace.
         status = _status(code)
-        message = (_failure_message(args, failed, code, os.path.join(
-            status_dir, f'p{args.first_process_id + failed}.jsonl')) +
-            _stopped_cause(args, stopped) + _stopped_others(len(procs) - 1))
+        message = (
+          _failure_message(
+            args, failed, code, os.path.join(status_dir, f'p{args.first_process_id + failed}.jsonl')
+          )
+          + _stopped_cause(args, stopped)
+          + _stopped_others(len(procs) - 1)
+        )
       elif code == EXIT_TIMEOUT:
         _stop_gracefully(procs, signal.SIGTERM, args.grace_s)
         status = EXIT_TIMEOUT
@@ -393,8 +447,10 @@ def _stopped_cause(args, stopped: list[int]) -> str:
   if not stopped:
     return ''
   ids = ', '.join(str(args.first_process_id + k) for k in stopped)
-  return (f', after process {ids} was stopped (SIGSTOP or a debugger) for longer than the '
-          f'heartbeat timeout ({args.heartbeat_timeout_s} s)')
+  return (
+    f', after process {ids} was stopped (SIGSTOP or a debugger) for longer than the '
+    f'heartbeat timeout ({args.heartbeat_timeout_s} s)'
+  )
 
 
 def _stopped_others(n: int) -> str:

@@ -37,28 +37,32 @@ class OptimizerSettings:
   def check(self, prefix: str = 'optimizer') -> 'OptimizerSettings':
     """Refuses what cannot build, naming the field; returns self."""
     if not isinstance(self.name, str) or not callable(getattr(optax, self.name, None)):
-      raise ValueError(f'{prefix}.name: {self.name!r} is not an optax optimizer '
-                       f"(optimizer.name takes any optax alias, e.g. 'sgd', 'adam', 'adamw', "
-                       f"'momentum').")
+      raise ValueError(
+        f'{prefix}.name: {self.name!r} is not an optax optimizer '
+        f"(optimizer.name takes any optax alias, e.g. 'sgd', 'adam', 'adamw', "
+        f"'momentum')."
+      )
     if not _finite_number(self.learning_rate) or not self.learning_rate > 0:
-      raise ValueError(f'{prefix}.learning_rate: must be > 0 and finite, got '
-                       f'{self.learning_rate!r}.')
+      raise ValueError(
+        f'{prefix}.learning_rate: must be > 0 and finite, got {self.learning_rate!r}.'
+      )
     if self.schedule not in SCHEDULES:
       raise ValueError(f'{prefix}.schedule: {self.schedule!r}; allowed: {", ".join(SCHEDULES)}.')
     if not _finite_number(self.weight_decay) or self.weight_decay < 0:
-      raise ValueError(f'{prefix}.weight_decay: must be >= 0 and finite, got '
-                       f'{self.weight_decay!r}.')
+      raise ValueError(
+        f'{prefix}.weight_decay: must be >= 0 and finite, got {self.weight_decay!r}.'
+      )
     try:  # Building it is cheap (nothing compiles) and catches bad kwargs early.
       _base_optimizer(self, 1)
     except TypeError as e:
-      raise ValueError(f'{prefix}.kwargs: {dict(self.kwargs)} do not fit optax.{self.name}: '
-                       f'{e}') from e
+      raise ValueError(
+        f'{prefix}.kwargs: {dict(self.kwargs)} do not fit optax.{self.name}: {e}'
+      ) from e
     return self
 
 
 def _finite_number(value) -> bool:
-  return (not isinstance(value, bool) and isinstance(value, (int, float))
-          and math.isfinite(value))
+  return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def learning_rate_schedule(settings: OptimizerSettings, total_steps: int) -> optax.Schedule:
@@ -71,12 +75,14 @@ def learning_rate_schedule(settings: OptimizerSettings, total_steps: int) -> opt
     return optax.cosine_decay_schedule(lr, max(total_steps, 1))
   if settings.schedule == 'step':
     return optax.piecewise_constant_schedule(
-        lr, {int(total_steps * 0.5): 0.1, int(total_steps * 0.75): 0.1})
+      lr, {int(total_steps * 0.5): 0.1, int(total_steps * 0.75): 0.1}
+    )
   return optax.constant_schedule(lr)
 
 
-def make_optimizer(settings: OptimizerSettings, total_steps: int,
-                   gradient_transforms=()) -> optax.GradientTransformation:
+def make_optimizer(
+  settings: OptimizerSettings, total_steps: int, gradient_transforms=()
+) -> optax.GradientTransformation:
   """`chain(add_decayed_weights, *gradient_transforms, optax.<name>(schedule, **kwargs))`.
 
   Weight decay is classic L2, folded into the gradient first (as in the papers'
@@ -91,5 +97,6 @@ def make_optimizer(settings: OptimizerSettings, total_steps: int,
 
 
 def _base_optimizer(settings: OptimizerSettings, total_steps: int):
-  return getattr(optax, settings.name)(learning_rate_schedule(settings, total_steps),
-                                       **dict(settings.kwargs))
+  return getattr(optax, settings.name)(
+    learning_rate_schedule(settings, total_steps), **dict(settings.kwargs)
+  )

@@ -21,8 +21,10 @@ def batches(seed: int = 0):
   """An endless stream of synthetic classification batches."""
   rng = np.random.default_rng(seed)
   while True:
-    yield {'image': rng.standard_normal((BATCH, FEATURES)).astype(np.float32),
-           'label': rng.integers(0, CLASSES, BATCH).astype(np.int32)}
+    yield {
+      'image': rng.standard_normal((BATCH, FEATURES)).astype(np.float32),
+      'label': rng.integers(0, CLASSES, BATCH).astype(np.int32),
+    }
 
 
 def take(n: int, seed: int = 0) -> list[dict]:
@@ -41,8 +43,15 @@ def make_pipeline(model, roles, tx=None, devices=None) -> PlacedStages:
   """A fresh pipeline (its jitted functions compile on first use)."""
   num = len(roles)
   placement = Placement.create(num, devices or jax.devices()[:num])
-  return PlacedStages(model, num, tx or optax.sgd(0.1), placement=placement, batch_size=BATCH,
-                  seed=0, aux_heads=any(r.loss == 'aux' for r in roles))
+  return PlacedStages(
+    model,
+    num,
+    tx or optax.sgd(0.1),
+    placement=placement,
+    batch_size=BATCH,
+    seed=0,
+    aux_heads=any(r.loss == 'aux' for r in roles),
+  )
 
 
 def pipeline_for(roles, *, hidden=(16, 16), tx: str = 'sgd') -> PlacedStages:
@@ -54,16 +63,24 @@ def pipeline_for(roles, *, hidden=(16, 16), tx: str = 'sgd') -> PlacedStages:
 @functools.lru_cache(maxsize=None)
 def _shared(num_stages, aux_heads, hidden, tx):
   placement = Placement.create(num_stages, jax.devices()[:num_stages])
-  return PlacedStages(mlp(hidden), num_stages, OPTIMIZERS[tx](), placement=placement,
-                  batch_size=BATCH, seed=0, aux_heads=aux_heads)
+  return PlacedStages(
+    mlp(hidden),
+    num_stages,
+    OPTIMIZERS[tx](),
+    placement=placement,
+    batch_size=BATCH,
+    seed=0,
+    aux_heads=aux_heads,
+  )
 
 
 def train(pipeline, roles, steps, *, executor=None, idle_fill=None, seed=0):
   """Runs `steps` iterations; returns (session, timeline, losses of the last stage)."""
   feed = BatchFeed(batches(seed), 1 + sum(r.loss != 'none' for r in roles))
   losses = []
-  session = pipeline.session(roles, feed, steps, on_step=lambda t, loss: losses.append(loss),
-                             idle_fill=idle_fill)
+  session = pipeline.session(
+    roles, feed, steps, on_step=lambda t, loss: losses.append(loss), idle_fill=idle_fill
+  )
   executor = executor or VirtualExecutor(UNIT_COSTS)
   timeline = executor.run(session.cluster, session.processes())
   return session, timeline, losses
@@ -98,4 +115,3 @@ def run_with_timeout(fn, seconds: float):
   thread.join(seconds)
   assert not thread.is_alive(), f'still running after {seconds} s: the run hangs'
   return outcome
-

@@ -8,13 +8,24 @@ from experiments import suites
 
 def test_suite_runs_every_method_and_seed_and_writes_a_report(tmp_path, data_dir):
   suite = suites.Suite(
-      name='test_two_bp', title='Two learning rates', claim='none',
-      methods=(suites.Method('BP lr=3e-3', 'experiments/configs/default.py',
-                             (('data_dir', data_dir), ('train_steps', 40))),
-               suites.Method('BP lr=1e-4', 'experiments/configs/default.py',
-                             (('data_dir', data_dir), ('train_steps', 40),
-                              ('optimizer.learning_rate', 1e-4)))),
-      seeds=(0, 1), target_accuracy=0.3)
+    name='test_two_bp',
+    title='Two learning rates',
+    claim='none',
+    methods=(
+      suites.Method(
+        'BP lr=3e-3',
+        'experiments/configs/default.py',
+        (('data_dir', data_dir), ('train_steps', 40)),
+      ),
+      suites.Method(
+        'BP lr=1e-4',
+        'experiments/configs/default.py',
+        (('data_dir', data_dir), ('train_steps', 40), ('optimizer.learning_rate', 1e-4)),
+      ),
+    ),
+    seeds=(0, 1),
+    target_accuracy=0.3,
+  )
   suites.register(suite)
   path = suites.run_suite('test_two_bp', str(tmp_path), smoke=True, seeds=(0, 1))
   text = open(path).read()
@@ -32,17 +43,21 @@ def test_suite_runs_every_method_and_seed_and_writes_a_report(tmp_path, data_dir
 
 def test_table_rows_hand_computed():
   def run(acc, hit):
-    return {'summary': {'final': {'test_accuracy': acc}, 'mean_staleness': 2.0,
-                        'time_to_target': hit},
-            'records': [{'wall_time': 10.0, 'sim_time': 4.0}]}
-  rows = report.table_rows({'A': [run(0.90, {'step': 5, 'sim_time': 1.0, 'wall_time': 3.0}),
-                                  run(0.94, None)]})
+    return {
+      'summary': {'final': {'test_accuracy': acc}, 'mean_staleness': 2.0, 'time_to_target': hit},
+      'records': [{'wall_time': 10.0, 'sim_time': 4.0}],
+    }
+
+  rows = report.table_rows(
+    {'A': [run(0.90, {'step': 5, 'sim_time': 1.0, 'wall_time': 3.0}), run(0.94, None)]}
+  )
   # mean 92.00, sample std of (90, 94) = 2.83; one of two runs reached the target.
   assert rows == [['A', '2', '92.00 ± 2.83', '1/2', '1', '3.0', '2.00', '4', '10.0']]
 
 
 def test_every_registered_suite_has_valid_configs(data_dir):
   from jaxsgd import training  # pylint: disable=g-import-not-at-top
+
   assert {'ddg', 'local', 'dasgd'} <= set(suites.SUITES)
   for suite in suites.SUITES.values():
     for method in suite.methods:
@@ -54,6 +69,7 @@ def test_every_registered_suite_has_valid_configs(data_dir):
 
 def test_every_paper_config_has_a_valid_full_size_variant():
   from jaxsgd import training  # pylint: disable=g-import-not-at-top
+
   for name in ('ddg', 'local', 'dasgd', 'ssgd', 'asgd', 'dcasgd', 'lppsgd', 'pdasgd'):
     config = suites.load_config(f'experiments/configs/{name}.py', 'full')
     training.check_config(config)

@@ -117,9 +117,14 @@ class TinyImages(tfds.core.GeneratorBasedBuilder):
   pkg_dir_path = epath.Path(__file__).parent
 
   def _info(self):
-    return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
-        'image': tfds.features.Tensor(shape=(6, 6, 1), dtype=np.uint8),
-        'label': tfds.features.ClassLabel(num_classes=3)}))
+    return self.dataset_info_from_configs(
+      features=tfds.features.FeaturesDict(
+        {
+          'image': tfds.features.Tensor(shape=(6, 6, 1), dtype=np.uint8),
+          'label': tfds.features.ClassLabel(num_classes=3),
+        }
+      )
+    )
 
   def _split_generators(self, dl_manager):
     return {'train': self._generate_examples(12), 'test': self._generate_examples(6)}

@@ -21,17 +21,22 @@ import pytest
 from jaxsgd.training import files
 
 FILES_PY = pathlib.Path(files.__file__)
-_PRELUDE = f'''
+_PRELUDE = f"""
 import importlib.util, os, sys, time
 spec = importlib.util.spec_from_file_location('files', {str(FILES_PY)!r})
 files = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(files)
-'''
+"""
 
 
 def _child(code: str, *args, **kwargs) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, '-c', _PRELUDE + code, *map(str, args)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+  return subprocess.Popen(
+    [sys.executable, '-c', _PRELUDE + code, *map(str, args)],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    **kwargs,
+  )
 
 
 def _wait_line(proc, expected: str, timeout: float = 30) -> None:
@@ -47,12 +52,15 @@ def _wait_line(proc, expected: str, timeout: float = 30) -> None:
 
 def _strict_loads(text: str):
   """`json.loads` that refuses the non-standard tokens NaN, Infinity, -Infinity."""
+
   def refuse(token):
     raise ValueError(f'not valid JSON: {token}')
+
   return json.loads(text, parse_constant=refuse)
 
 
 # --- atomic writes --------------------------------------------------------------------------
+
 
 def test_atomic_write_writes_the_file_with_the_usual_mode(tmp_path):
   path = tmp_path / 'a.txt'
@@ -87,14 +95,17 @@ def test_a_kill_mid_write_leaves_the_old_file_intact(tmp_path):
   path = tmp_path / 'trace.json'
   old = b'{"old": true}\n'
   path.write_bytes(old)
-  writer = _child('''
+  writer = _child(
+    """
 with files.atomic_open(sys.argv[1], 'wb') as f:
   f.write(b'x' * 1_000_000)
   f.flush()
   print('half written', flush=True)
   time.sleep(60)
   f.write(b'never')
-''', path)
+""",
+    path,
+  )
   try:
     _wait_line(writer, 'half written')
     temps = [n for n in os.listdir(tmp_path) if n != 'trace.json']
@@ -110,16 +121,35 @@ with files.atomic_open(sys.argv[1], 'wb') as f:
 
 # --- JSON ---------------------------------------------------------------------------------
 
+
 def test_json_is_always_valid_non_finite_floats_are_encoded_as_strings():
-  value = {'loss': math.nan, 'sim_time': math.inf, 'low': -math.inf, 'ok': 1.5,
-           'f32': np.float32('nan'), 'i64': np.int64(7), 'arr': np.array([1.0, np.inf]),
-           'nested': [{'x': (np.float64(-np.inf),)}], 3: True, 'flag': np.bool_(False),
-           'other': pathlib.PurePosixPath('/a')}
+  value = {
+    'loss': math.nan,
+    'sim_time': math.inf,
+    'low': -math.inf,
+    'ok': 1.5,
+    'f32': np.float32('nan'),
+    'i64': np.int64(7),
+    'arr': np.array([1.0, np.inf]),
+    'nested': [{'x': (np.float64(-np.inf),)}],
+    3: True,
+    'flag': np.bool_(False),
+    'other': pathlib.PurePosixPath('/a'),
+  }
   decoded = _strict_loads(files.to_json(value))
-  assert decoded == {'loss': 'NaN', 'sim_time': 'Infinity', 'low': '-Infinity', 'ok': 1.5,
-                     'f32': 'NaN', 'i64': 7, 'arr': [1.0, 'Infinity'],
-                     'nested': [{'x': ['-Infinity']}], '3': True, 'flag': False,
-                     'other': '/a'}
+  assert decoded == {
+    'loss': 'NaN',
+    'sim_time': 'Infinity',
+    'low': '-Infinity',
+    'ok': 1.5,
+    'f32': 'NaN',
+    'i64': 7,
+    'arr': [1.0, 'Infinity'],
+    'nested': [{'x': ['-Infinity']}],
+    '3': True,
+    'flag': False,
+    'other': '/a',
+  }
   # The strings turn back into the floats.
   assert math.isnan(float(decoded['loss'])) and float(decoded['sim_time']) == math.inf
   assert float(decoded['low']) == -math.inf
@@ -138,6 +168,7 @@ def test_write_json_is_atomic_and_strict(tmp_path):
 
 
 # --- JSON lines ---------------------------------------------------------------------------
+
 
 def test_json_lines_append_and_restart(tmp_path):
   path = str(tmp_path / 'metrics.jsonl')
@@ -197,7 +228,7 @@ def test_a_killed_appender_leaves_whole_lines_but_perhaps_a_torn_last_one(tmp_pa
   # The kernel may stop a write that SIGKILL interrupts at a page boundary: a torn last
   # line is possible, and readers and the next appender must cope with it.
   path = tmp_path / 'metrics.jsonl'
-  writer = _child(_APPEND, path, 0, 10 ** 9)
+  writer = _child(_APPEND, path, 0, 10**9)
   try:
     _wait_line(writer, 'writing')
     while path.stat().st_size < 1_000_000:
@@ -219,11 +250,11 @@ def test_a_killed_appender_leaves_whole_lines_but_perhaps_a_torn_last_one(tmp_pa
 
 # --- the workdir lock -----------------------------------------------------------------------
 
-_HOLD = '''
+_HOLD = """
 lock = files.WorkdirLock(sys.argv[1]).acquire()
 print('locked', flush=True)
 time.sleep(60)
-'''
+"""
 
 
 def test_a_second_run_is_refused_naming_the_first(tmp_path):
@@ -233,8 +264,10 @@ def test_a_second_run_is_refused_naming_the_first(tmp_path):
     with pytest.raises(files.WorkdirLockedError) as error:
       files.WorkdirLock(str(tmp_path)).acquire()
     message = str(error.value)
-    assert message.startswith(f'workdir {tmp_path} is in use by another run (pid {first.pid} '
-                              f'on host {socket.gethostname()}, started 20')
+    assert message.startswith(
+      f'workdir {tmp_path} is in use by another run (pid {first.pid} '
+      f'on host {socket.gethostname()}, started 20'
+    )
     assert '\n' not in message and 'choose another workdir' in message
     assert files.read_lock_holder(str(tmp_path))['pid'] == first.pid
   finally:
@@ -260,7 +293,7 @@ def test_the_lock_of_a_dead_run_is_taken_over(tmp_path, caplog):
 def test_processes_racing_for_one_workdir_exactly_one_wins(tmp_path):
   go = tmp_path / 'go'
   workdir = tmp_path / 'workdir'
-  code = '''
+  code = """
 while not os.path.exists(sys.argv[2]):
   time.sleep(0.001)
 try:
@@ -271,7 +304,7 @@ except files.WorkdirLockedError as e:
 print('won', flush=True)
 time.sleep(3)
 lock.release()
-'''
+"""
   racers = [_child(code, workdir, go) for _ in range(4)]
   time.sleep(1.0)  # All started and polling for the start signal.
   go.touch()
@@ -280,20 +313,24 @@ lock.release()
   assert len(winners) == 1, outputs
   for r, out in zip(racers, outputs, strict=True):
     if r.pid != winners[0]:
-      assert out.startswith(f'refused: workdir {workdir} is in use by another run '
-                            f'(pid {winners[0]} on host'), out
+      assert out.startswith(
+        f'refused: workdir {workdir} is in use by another run (pid {winners[0]} on host'
+      ), out
 
 
 def test_the_same_process_takes_over_from_a_run_it_never_finished(tmp_path):
   earlier = files.WorkdirLock(str(tmp_path)).acquire()  # E.g. a failed run in a notebook.
   later = files.WorkdirLock(str(tmp_path)).acquire()
   assert not earlier.held and later.held
-  refused = _child('''
+  refused = _child(
+    """
 try:
   files.WorkdirLock(sys.argv[1]).acquire()
 except files.WorkdirLockedError as e:
   print(e)
-''', tmp_path)
+""",
+    tmp_path,
+  )
   out, _ = refused.communicate(timeout=30)
   assert f'(pid {os.getpid()} on host' in out  # Other processes are still refused.
   later.release()
@@ -302,8 +339,10 @@ except files.WorkdirLockedError as e:
 
 # --- a training run ---------------------------------------------------------------------------
 
+
 def _smoke_config(data_dir, **overrides):
   from experiments.configs import default  # pylint: disable=g-import-not-at-top
+
   config = default.get_config('smoke')
   config.data_dir = data_dir
   config.update(overrides)
@@ -312,13 +351,15 @@ def _smoke_config(data_dir, **overrides):
 
 def test_a_run_into_a_workdir_in_use_is_refused_and_touches_nothing(data_dir, tmp_path):
   from jaxsgd import training  # pylint: disable=g-import-not-at-top
+
   (tmp_path / 'metrics.jsonl').write_text('{"step": 1}\n')  # The first run's records.
   first = _child(_HOLD, tmp_path)
   try:
     _wait_line(first, 'locked')
     with pytest.raises(files.WorkdirLockedError, match=f'pid {first.pid} on host'):
-      training.train_and_evaluate(_smoke_config(data_dir, train_steps=4, eval_every=2),
-                                  str(tmp_path), show_progress=False)
+      training.train_and_evaluate(
+        _smoke_config(data_dir, train_steps=4, eval_every=2), str(tmp_path), show_progress=False
+      )
   finally:
     first.kill()
     first.wait()
@@ -328,6 +369,7 @@ def test_a_run_into_a_workdir_in_use_is_refused_and_touches_nothing(data_dir, tm
 
 def test_a_finished_run_releases_its_workdir_and_writes_valid_json(data_dir, tmp_path):
   from jaxsgd import training  # pylint: disable=g-import-not-at-top
+
   config = _smoke_config(data_dir, train_steps=4, eval_every=2, target_accuracy=None)
   training.train_and_evaluate(config, str(tmp_path), show_progress=False)
   assert sorted(os.listdir(tmp_path)) == ['curves.png', 'metrics.jsonl', 'summary.json']
@@ -337,10 +379,10 @@ def test_a_finished_run_releases_its_workdir_and_writes_valid_json(data_dir, tmp
   training.train_and_evaluate(config, str(tmp_path), show_progress=False)  # Free again.
 
 
-def test_a_file_system_without_locks_runs_unguarded_with_a_warning(tmp_path, monkeypatch,
-                                                                   caplog):
+def test_a_file_system_without_locks_runs_unguarded_with_a_warning(tmp_path, monkeypatch, caplog):
   def no_locks(*_):
     raise OSError(37, 'No locks available')
+
   monkeypatch.setattr(files.fcntl, 'flock', no_locks)
   lock = files.WorkdirLock(str(tmp_path)).acquire()
   assert not lock.held and 'cannot lock run.lock ([Errno 37] No locks available)' in caplog.text

@@ -13,14 +13,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Lowest first. Packages in one layer may not import each other.
 LAYERS = (
-    ('jaxsgd.errors', 'jaxsgd.transforms', 'jaxsgd.models', 'jaxsgd.data',
-     'jaxsgd.optimizers'),                               # foundations
-    ('jaxsgd.scheduler',),                               # the engine
-    ('jaxsgd.pipeline', 'jaxsgd.spmd'),                  # policies
-    ('jaxsgd.asynchronous',),                            # policies built on stage functions
-    ('jaxsgd.algorithms',),                              # config -> settings, one shape
-    ('jaxsgd.training',),                                # run, metrics, plots, files
-    ('jaxsgd.launch', 'jaxsgd', 'experiments', 'benchmarks'),  # binaries, the package root
+  (
+    'jaxsgd.errors',
+    'jaxsgd.transforms',
+    'jaxsgd.models',
+    'jaxsgd.data',
+    'jaxsgd.optimizers',
+  ),  # foundations
+  ('jaxsgd.scheduler',),  # the engine
+  ('jaxsgd.pipeline', 'jaxsgd.spmd'),  # policies
+  ('jaxsgd.asynchronous',),  # policies built on stage functions
+  ('jaxsgd.algorithms',),  # config -> settings, one shape
+  ('jaxsgd.training',),  # run, metrics, plots, files
+  ('jaxsgd.launch', 'jaxsgd', 'experiments', 'benchmarks'),  # binaries, the package root
 )
 # The engine never reads a config nor writes a workdir's files.
 ENGINE_FORBIDDEN = ('ml_collections', 'absl')
@@ -60,7 +65,7 @@ def _violations():
   for module, path in _modules():
     source = _package(module)
     for imported in _imports(path):
-      if not imported.split('.')[0] in ('jaxsgd', 'experiments', 'benchmarks'):
+      if imported.split('.')[0] not in ('jaxsgd', 'experiments', 'benchmarks'):
         if source == 'jaxsgd.scheduler' and imported.split('.')[0] in ENGINE_FORBIDDEN:
           found.append(f'{module} imports {imported} (the engine reads no config)')
         continue
@@ -72,8 +77,9 @@ def _violations():
         continue
       sibling = _layer(target) == _layer(source) and _layer(source) < len(LAYERS) - 1
       if _layer(target) > _layer(source) or sibling:
-        found.append(f'{module} (layer {_layer(source)}) imports {imported} '
-                     f'(layer {_layer(target)})')
+        found.append(
+          f'{module} (layer {_layer(source)}) imports {imported} (layer {_layer(target)})'
+        )
   return sorted(set(found))
 
 
@@ -88,12 +94,14 @@ def test_the_check_catches_an_upward_import():
     found = _violations()
   finally:
     bad.unlink()
-  assert any(v.startswith('jaxsgd.scheduler._layer_probe (layer 1) imports jaxsgd.training')
-             for v in found)
+  assert any(
+    v.startswith('jaxsgd.scheduler._layer_probe (layer 1) imports jaxsgd.training') for v in found
+  )
   assert any('_layer_probe imports ml_collections' in v for v in found)
 
 
-@pytest.mark.parametrize('module', ['jaxsgd.scheduler.virtual', 'jaxsgd.pipeline.session',
-                                    'jaxsgd.training.loop'])
+@pytest.mark.parametrize(
+  'module', ['jaxsgd.scheduler.virtual', 'jaxsgd.pipeline.session', 'jaxsgd.training.loop']
+)
 def test_every_module_has_a_layer(module):
   assert _package(module) != 'jaxsgd'

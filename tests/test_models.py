@@ -9,11 +9,11 @@ import pytest
 from jaxsgd import models
 
 CASES = [  # (model, input shape, stage counts to try)
-    ('mlp', (40, 1), (1, 2, 4)),
-    ('cnn', (40, 1), (1, 2, 3, 4)),
-    ('cnn', (8, 8, 1), (2,)),
-    ('resnet20', (32, 32, 3), (1, 3, 8)),
-    ('resnet18', (32, 32, 3), (4,)),
+  ('mlp', (40, 1), (1, 2, 4)),
+  ('cnn', (40, 1), (1, 2, 3, 4)),
+  ('cnn', (8, 8, 1), (2,)),
+  ('resnet20', (32, 32, 3), (1, 3, 8)),
+  ('resnet18', (32, 32, 3), (4,)),
 ]
 
 
@@ -46,8 +46,7 @@ def test_deep_cifar_resnets_have_6n_plus_2_layers_and_compose():
   variables = model.init(jax.random.key(0))
   x = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
   stages = models.split(model, 4, costs=[1.0] * model.num_layers)
-  chex.assert_trees_all_equal(_compose(stages, variables, x),
-                              model.full().apply(variables, x))
+  chex.assert_trees_all_equal(_compose(stages, variables, x), model.full().apply(variables, x))
 
 
 def test_resnet20_parameter_count_matches_he_et_al():
@@ -76,15 +75,22 @@ def test_split_balances_xla_flops():
   per_stage = [costs[list(s.layer_range)].sum() for s in stages]
   # No contiguous 4-way split can beat the DP's bottleneck; check against brute force.
   n = len(costs)
-  best = min(max(costs[:a].sum(), costs[a:b].sum(), costs[b:c].sum(), costs[c:].sum())
-             for a in range(1, n) for b in range(a + 1, n) for c in range(b + 1, n))
+  best = min(
+    max(costs[:a].sum(), costs[a:b].sum(), costs[b:c].sum(), costs[c:].sum())
+    for a in range(1, n)
+    for b in range(a + 1, n)
+    for c in range(b + 1, n)
+  )
   assert max(per_stage) == pytest.approx(best)
 
 
 def test_more_stages_than_layers_is_refused():
   model = models.get_model('mlp', (40, 1), 10, hidden=(16, 16))
-  with pytest.raises(ValueError, match=r"stages: 4 stages asked for, but model 'mlp' has only "
-                                       r'3 layers.*1 <= stages <= 3'):
+  with pytest.raises(
+    ValueError,
+    match=r"stages: 4 stages asked for, but model 'mlp' has only "
+    r'3 layers.*1 <= stages <= 3',
+  ):
     models.split(model, 4)
   with pytest.raises(ValueError, match=r'stages: must be a positive integer'):
     models.split(model, 0)
@@ -122,6 +128,7 @@ def test_batchnorm_state_is_per_stage_and_updates_in_train_mode():
   x = jax.random.normal(jax.random.key(1), (4, 32, 32, 3))
   _, new_state = stages[0].apply(first, x, train=True, mutable=['batch_stats'])
   assert set(new_state['batch_stats']) == {f'layer_{i}' for i in stages[0].layer_range}
-  changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)),
-                         first['batch_stats'], new_state['batch_stats'])
+  changed = jax.tree.map(
+    lambda a, b: bool(jnp.any(a != b)), first['batch_stats'], new_state['batch_stats']
+  )
   assert all(jax.tree.leaves(changed))

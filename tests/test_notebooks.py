@@ -25,10 +25,11 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
 def test_ipynb_is_paired_with_the_markdown_source(path):
-  paired = path[:-len('.md')] + '.ipynb'
+  paired = path[: -len('.md')] + '.ipynb'
   assert os.path.exists(paired), f'run: jupytext --sync {path}'
   assert _sources(jupytext.read(path)) == _sources(jupytext.read(paired)), (
-      f'{paired} is out of date; run: jupytext --sync {path}')
+    f'{paired} is out of date; run: jupytext --sync {path}'
+  )
 
 
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
@@ -37,9 +38,15 @@ def test_notebook_executes_in_smoke_size(path, tmp_path, data_dir, monkeypatch):
   monkeypatch.setenv('TFDS_DATA_DIR', data_dir)
   monkeypatch.setenv('PYTHONPATH', REPO)
   notebook = jupytext.read(path)
-  client = nbclient.NotebookClient(notebook, timeout=600, kernel_name='python3',
-                                   resources={'metadata': {'path': str(tmp_path)}})
+  client = nbclient.NotebookClient(
+    notebook, timeout=600, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}
+  )
   client.execute()
-  errors = [o for c in notebook.cells if c.cell_type == 'code'
-            for o in c.get('outputs', []) if o.get('output_type') == 'error']
+  errors = [
+    o
+    for c in notebook.cells
+    if c.cell_type == 'code'
+    for o in c.get('outputs', [])
+    if o.get('output_type') == 'error'
+  ]
   assert not errors

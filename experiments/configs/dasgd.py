@@ -9,9 +9,9 @@ r"""DaSGD: local SGD with delayed averaging over 4 workers, CNN on MNIST-1D.
 Each worker takes local steps on its own batches; every `algorithm.period` = 4
 steps it snapshots its weights, and `algorithm.delay` = 1 step later merges the
 average of the snapshots: w ← w̄ + (w − s) (`merge='keep_local'`, the paper).
-The average is computed in the same jitted step as that step's forward/backward
-and does not depend on its gradients, so the all-reduce can overlap compute; the
-virtual clock hides up to `delay` steps of compute of it. Variants: `local_sgd`
+Each period runs as one program with one all-reduce (of the snapshot, issued
+before the period's compute), so it can overlap the `delay` steps before the merge;
+the virtual clock hides up to `delay` steps of compute of it. Variants: `local_sgd`
 (delay 0, Lin et al. 2018) and `diloco` (outer Nesterov SGD 0.7/0.9 on the
 averaged pseudo-gradient, Douillard et al. 2023), `smoke`; combine with commas
 (`dasgd.py:diloco,smoke`). Runtime and accuracy on the 2-core CPU: see README.

@@ -43,5 +43,4 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
 
 def full(config: ml_collections.ConfigDict) -> None:
   """The paper: ResNet-56/110, CIFAR-10/100, K = 2-4 on GPUs."""
-  default.full_size(config, model='resnet56', epochs=300, learning_rate=0.01,
-                    weight_decay=5e-4)
+  default.full_size(config, model='resnet56', epochs=300, learning_rate=0.01, weight_decay=5e-4)

@@ -23,7 +23,7 @@ placeholder = ml_collections.config_dict.placeholder
 
 def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.dataset = 'mnist1d'          # 'mnist1d/50k': 40k train / 10k test, generated offline
+  config.dataset = 'mnist1d'  # 'mnist1d/50k': 40k train / 10k test, generated offline
   config.data_dir = placeholder(str)  # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
   config.model = ml_collections.ConfigDict({'name': 'cnn'})
   config.seed = 0
@@ -45,20 +45,26 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
 
 def smoke(config: ml_collections.ConfigDict) -> None:
   """Seconds-long: the small MNIST-1D, small batches, 60 steps."""
-  config.update_from_flattened_dict({'dataset': 'mnist1d/5k', 'batch_size': 32,
-                                     'train_steps': 60, 'eval_every': 20})
+  config.update_from_flattened_dict(
+    {'dataset': 'mnist1d/5k', 'batch_size': 32, 'train_steps': 60, 'eval_every': 20}
+  )
 
 
 # --- building configs: one variant parser, defaults from the settings dataclasses --------------
-def apply_variants(config: ml_collections.ConfigDict, variants: str,
-                   handlers: dict[str, Callable[[ml_collections.ConfigDict], None]]
-                   ) -> ml_collections.ConfigDict:
+def apply_variants(
+  config: ml_collections.ConfigDict,
+  variants: str,
+  handlers: dict[str, Callable[[ml_collections.ConfigDict], None]],
+) -> ml_collections.ConfigDict:
   """Applies comma-separated variants (`'smoke'`, `'full,smoke'`) in order; one parser
   for every config file (`--config=path.py:variant`)."""
   for variant in filter(None, variants.split(',')):
     if variant not in handlers:
-      raise ValueError(f'config variant {variant!r}: allowed are "", '
-                       + ', '.join(f'"{name}"' for name in handlers) + ' (comma-separated).')
+      raise ValueError(
+        f'config variant {variant!r}: allowed are "", '
+        + ', '.join(f'"{name}"' for name in handlers)
+        + ' (comma-separated).'
+      )
     handlers[variant](config)
   return config
 
@@ -101,14 +107,23 @@ def cost(**overrides) -> ml_collections.ConfigDict:
   config = from_settings(CostSettings())
   del config['compute']  # A tuple of pairs in the settings; per kind here.
   config.compute = ml_collections.ConfigDict(
-      {kind: placeholder(object) for kind in ('forward', 'backward', 'update', 'step')})
+    {kind: placeholder(object) for kind in ('forward', 'backward', 'update', 'step')}
+  )
   config.update(overrides)
   return config
 
 
-def full_size(config: ml_collections.ConfigDict, *, model: str, dataset: str = 'cifar10',
-              epochs: int = 160, batch_size: int = 128, learning_rate: float = 0.1,
-              weight_decay: float = 1e-4, examples: int = 50_000) -> ml_collections.ConfigDict:
+def full_size(
+  config: ml_collections.ConfigDict,
+  *,
+  model: str,
+  dataset: str = 'cifar10',
+  epochs: int = 160,
+  batch_size: int = 128,
+  learning_rate: float = 0.1,
+  weight_decay: float = 1e-4,
+  examples: int = 50_000,
+) -> ml_collections.ConfigDict:
   """The paper-size setting: a CIFAR ResNet with SGD momentum 0.9 and a step schedule.
 
   The `step` schedule divides the learning rate by 10 at 50 % and 75 % of training
@@ -118,9 +133,11 @@ def full_size(config: ml_collections.ConfigDict, *, model: str, dataset: str = '
   config.dataset = dataset
   config.model = ml_collections.ConfigDict({'name': model})
   config.batch_size = batch_size
-  config.optimizer = from_settings(OptimizerSettings(
-      'sgd', learning_rate, schedule='step', weight_decay=weight_decay,
-      kwargs=(('momentum', 0.9),)))
+  config.optimizer = from_settings(
+    OptimizerSettings(
+      'sgd', learning_rate, schedule='step', weight_decay=weight_decay, kwargs=(('momentum', 0.9),)
+    )
+  )
   steps_per_epoch = examples // batch_size
   config.train_steps = epochs * steps_per_epoch
   config.eval_every = steps_per_epoch

@@ -32,6 +32,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.algorithm = default.algorithm('local', variant='overlapping')
   config.stages = 4
   config.clock = 'virtual'
-  return default.apply_variants(config, variant, {
-      'smoke': default.smoke,
-      'full': lambda c: default.full_size(c, model='resnet56')})  # One block group per device.
+  return default.apply_variants(
+    config,
+    variant,
+    {'smoke': default.smoke, 'full': lambda c: default.full_size(c, model='resnet56')},
+  )  # One block group per device.

@@ -28,8 +28,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config = asgd.get_config()
   config.workers = 1  # Workers come from algorithm.devices x workers_per_device.
   config.algorithm = default.algorithm('lppsgd', devices=3, warmup_steps=200)
-  return default.apply_variants(config, variant,
-                                {**asgd.variants(full_model='resnet18'), 'smoke': smoke})
+  return default.apply_variants(
+    config, variant, {**asgd.variants(full_model='resnet18'), 'smoke': smoke}
+  )
 
 
 def smoke(config: ml_collections.ConfigDict) -> None:

@@ -21,37 +21,64 @@ from typing import Any, Protocol
 
 # name -> module. One line per algorithm.
 _MODULES = {
-    'bp': 'jaxsgd.algorithms.backprop',
-    'ddg': 'jaxsgd.algorithms.ddg',
-    'local': 'jaxsgd.algorithms.local',
-    'ssgd': 'jaxsgd.algorithms.data_parallel',
-    'local_sgd': 'jaxsgd.algorithms.data_parallel',
-    'dasgd': 'jaxsgd.algorithms.data_parallel',
-    'diloco': 'jaxsgd.algorithms.data_parallel',
-    'asgd': 'jaxsgd.algorithms.asgd',
-    'dcasgd': 'jaxsgd.algorithms.asgd',
-    'lppsgd': 'jaxsgd.algorithms.lppsgd',
-    'pdasgd': 'jaxsgd.algorithms.pdasgd',
+  'bp': 'jaxsgd.algorithms.backprop',
+  'ddg': 'jaxsgd.algorithms.ddg',
+  'local': 'jaxsgd.algorithms.local',
+  'ssgd': 'jaxsgd.algorithms.data_parallel',
+  'local_sgd': 'jaxsgd.algorithms.data_parallel',
+  'dasgd': 'jaxsgd.algorithms.data_parallel',
+  'diloco': 'jaxsgd.algorithms.data_parallel',
+  'streaming_diloco': 'jaxsgd.algorithms.data_parallel',
+  'asgd': 'jaxsgd.algorithms.asgd',
+  'dcasgd': 'jaxsgd.algorithms.asgd',
+  'lppsgd': 'jaxsgd.algorithms.lppsgd',
+  'pdasgd': 'jaxsgd.algorithms.pdasgd',
 }
 
 
 class RunContext(Protocol):
   """What an algorithm's `train` may use of the run (`jaxsgd.training.Run` is one)."""
 
-  model: Any          # the `StagedModel`
-  dataset: Any        # the `jaxsgd.data.Dataset`
-  is_primary: bool    # process 0 of a multi-process run: the one that writes files
+  model: Any  # the `StagedModel`
+  dataset: Any  # the `jaxsgd.data.Dataset`
+  is_primary: bool  # process 0 of a multi-process run: the one that writes files
 
-  def train_batches(self, worker: int = 0, num_workers: int = 1, *,
-                    batch_size: int | None = None, sharding: str = 'stream') -> Iterator[dict]:
+  def train_batches(
+    self,
+    worker: int = 0,
+    num_workers: int = 1,
+    *,
+    batch_size: int | None = None,
+    sharding: str = 'stream',
+  ) -> Iterator[dict]:
     """Worker `worker`'s deterministic host batch stream."""
 
-  def report(self, step: int, *, loss, variables, samples: int, sim_time: float | None = None,
-             extra: Callable[[], dict] | dict | None = None, stage: str | None = None) -> None:
+  def report(
+    self,
+    step: int,
+    *,
+    loss,
+    variables,
+    samples: int,
+    sim_time: float | None = None,
+    extra: Callable[[], dict] | dict | None = None,
+    stage: str | None = None,
+  ) -> None:
     """Records one step's loss; evaluates and writes metrics at evaluation points."""
 
-  def write_schedule_outputs(self, timeline, staleness: dict, *, cost_table: dict | None,
-                             epochs: float, title: str, extra: dict | None = None) -> dict:
+  def should_evaluate(self, step: int) -> bool:
+    """Whether step `step` is an evaluation point (its weights get evaluated)."""
+
+  def write_schedule_outputs(
+    self,
+    timeline,
+    staleness: dict,
+    *,
+    cost_table: dict | None,
+    epochs: float,
+    title: str,
+    extra: dict | None = None,
+  ) -> dict:
     """Writes what a scheduler run leaves (trace, staleness plot); returns summary fields."""
 
   def write_arrays(self, name: str, arrays: dict) -> None:
@@ -77,6 +104,5 @@ def names() -> tuple[str, ...]:
 def get(name: str) -> AlgorithmModule:
   """The module of the algorithm called `name`; refuses unknown names, listing the known."""
   if name not in _MODULES:
-    raise ValueError(f'algorithm.name: unknown algorithm {name!r}; allowed: '
-                     f'{", ".join(_MODULES)}.')
+    raise ValueError(f'algorithm.name: unknown algorithm {name!r}; allowed: {", ".join(_MODULES)}.')
   return importlib.import_module(_MODULES[name])

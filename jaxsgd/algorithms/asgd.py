@@ -13,14 +13,14 @@ import dataclasses
 import logging
 
 from jaxsgd import optimizers
-from jaxsgd.algorithms import clocks, workers
+from jaxsgd.algorithms import clocks, pipelined, workers
 from jaxsgd.algorithms.settings import SharedSettings, choice, derived, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.server import STALENESS_LR, AsgdSession, ParameterServer
 from jaxsgd.asynchronous.server import ServerSettings, server_gradient_transforms
 from jaxsgd.models import stage_functions
 from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
-from jaxsgd.scheduler import Placement, calibrate
+from jaxsgd.scheduler import Placement, profiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,24 +43,34 @@ class Settings:
 def validate(config, model) -> Settings:
   adaptive = config.algorithm.get('adaptive', False)
   if not isinstance(adaptive, bool):
-    raise ValueError(f'algorithm.adaptive: True (DC-ASGD-a) or False (DC-ASGD-c), got '
-                     f'{adaptive!r}.')
+    raise ValueError(
+      f'algorithm.adaptive: True (DC-ASGD-a) or False (DC-ASGD-c), got {adaptive!r}.'
+    )
   settings = section(config.algorithm, Settings, 'algorithm')
   dc = config.algorithm.name == 'dcasgd'
   choice(settings.staleness_lr, 'algorithm.staleness_lr', tuple(STALENESS_LR))
   if not dc and (settings.lambda0 is not None or settings.adaptive):
-    logging.warning('algorithm.lambda0=%s, algorithm.adaptive=%s: ignored by asgd (delay '
-                    "compensation is dcasgd's).", settings.lambda0, settings.adaptive)
+    logging.warning(
+      'algorithm.lambda0=%s, algorithm.adaptive=%s: ignored by asgd (delay '
+      "compensation is dcasgd's).",
+      settings.lambda0,
+      settings.adaptive,
+    )
     settings = dataclasses.replace(settings, lambda0=None, adaptive=False)
   lambda0 = settings.lambda0
   if lambda0 is not None:
-    if isinstance(lambda0, bool) or not isinstance(lambda0, (int, float)) or not (
-        0 <= lambda0 < float('inf')):
-      raise ValueError(f'algorithm.lambda0: must be a number >= 0 (0 gives plain ASGD), got '
-                       f'{lambda0!r}.')
+    if (
+      isinstance(lambda0, bool)
+      or not isinstance(lambda0, (int, float))
+      or not (0 <= lambda0 < float('inf'))
+    ):
+      raise ValueError(
+        f'algorithm.lambda0: must be a number >= 0 (0 gives plain ASGD), got {lambda0!r}.'
+      )
     lambda0 = float(lambda0)
-  shared = workers.validate_workers(config, model, config.workers, whole_model=True,
-                                 uses_workers_field=True)
+  shared = workers.validate_workers(
+    config, model, config.workers, whole_model=True, uses_workers_field=True
+  )
   server = ServerSettings(shared.workers, settings.staleness_lr, dc, lambda0, settings.adaptive)
   return dataclasses.replace(settings, lambda0=lambda0, server=server, shared=shared)
 
@@ -69,22 +79,42 @@ def build(run, shared: SharedSettings, server_settings: ServerSettings):
   """(the whole model as one stage, server, initial model state, lane devices)."""
   devices = clocks.lane_devices(shared, 1 + server_settings.num_workers)
   base = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
-  model = PlacedStages(run.model, 1, base, placement=Placement.create(1, devices[:1]),
-                       batch_size=shared.batch_size, seed=shared.seed)
+  model = PlacedStages(
+    run.model,
+    1,
+    base,
+    placement=Placement.create(1, devices[:1]),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+  )
   params, state = stage_functions.split_variables(
-      model.initial_variables(0, sequential_roles(1)[0]))
-  tx = optimizers.make_optimizer(shared.optimizer, shared.train_steps,
-                                 gradient_transforms=server_gradient_transforms(server_settings))
-  server = ParameterServer(tx, params, server_settings.num_workers, devices[0],
-                           record_pulls=server_settings.delay_compensation)
+    model.initial_variables(0, sequential_roles(1)[0])
+  )
+  tx = optimizers.make_optimizer(
+    shared.optimizer,
+    shared.train_steps,
+    gradient_transforms=server_gradient_transforms(server_settings),
+  )
+  server = ParameterServer(
+    tx,
+    params,
+    server_settings.num_workers,
+    devices[0],
+    record_pulls=server_settings.delay_compensation,
+  )
   return model, server, state, devices
 
 
-def measure(shared: SharedSettings, model: PlacedStages, server: ParameterServer, batch: dict):
-  """Seconds of a worker's forward and backward and of the server's update."""
-  table = model.calibrate(sequential_roles(1), batch, shared.cost.reps)
-  table.update(calibrate({(0, 'update'): server.calibration_call()}, shared.cost.reps))
-  return table
+def server_tasks(
+  shared: SharedSettings, model: PlacedStages, server: ParameterServer, batch, name: str
+) -> clocks.Tasks:
+  """A worker's forward and backward and the server's update (the cost keys)."""
+  tasks = pipelined.stage_tasks(model, sequential_roles(1), batch, shared.batch_size)
+
+  def calls():
+    return {**tasks.calls(), (0, 'update'): server.calibration_call()}
+
+  return dataclasses.replace(tasks, calls=calls, name=profiles.server_tasks(name))
 
 
 def train(run, settings: Settings) -> dict:
@@ -92,13 +122,32 @@ def train(run, settings: Settings) -> dict:
   shared, num_workers = settings.shared, settings.server.num_workers
   model, server, state, devices = build(run, shared, settings.server)
   executor, measured = clocks.make_executor(
-      shared, lambda: measure(shared, model, server, next(run.train_batches(0, 1))), KINDS, 1,
-      lane_speeds=(1.0,) + clocks.worker_speeds(shared, num_workers), threads=True)
-  log = common.WorkerLog([f'worker {m}' for m in range(num_workers)],
-                         clocks.failures(shared, num_workers), executor.now)
+    shared,
+    server_tasks(
+      shared,
+      model,
+      server,
+      lambda: next(run.train_batches(0, 1)),
+      'dcasgd' if settings.server.delay_compensation else 'asgd',
+    ),
+    KINDS,
+    1,
+    lane_speeds=(1.0,) + clocks.worker_speeds(shared, num_workers),
+    threads=True,
+  )
+  log = common.WorkerLog(
+    [f'worker {m}' for m in range(num_workers)], clocks.failures(shared, num_workers), executor.now
+  )
   streams = [run.train_batches(m, num_workers) for m in range(num_workers)]
   name = 'dcasgd' if settings.server.delay_compensation else 'asgd'
   return workers.train_session(
-      run, shared, executor, measured, log,
-      lambda steps: AsgdSession(model, server, state, streams, devices, steps, log),
-      name=name, title=f'{name}: staleness per worker', extra=lambda _: {'workers': num_workers})
+    run,
+    shared,
+    executor,
+    measured,
+    log,
+    lambda steps: AsgdSession(model, server, state, streams, devices, steps, log),
+    name=name,
+    title=f'{name}: staleness per worker',
+    extra=lambda _: {'workers': num_workers},
+  )

@@ -38,6 +38,7 @@ def validate(config, model) -> Settings:
 
 def make_train_step(model, tx):
   """Jitted `(variables, opt_state, batch) -> (variables, opt_state, loss)`."""
+
   def loss_fn(params, state, batch):
     logits, new_state = stage_functions.apply_train(model.full(), params, state, batch['image'])
     return stage_functions.cross_entropy(logits, batch['label']), new_state
@@ -60,8 +61,9 @@ def train(run, settings: Settings) -> dict:
   """
   s = settings.shared
   if settings.uses_scheduler:
-    return pipelined.train_roles(run, s, sequential_roles(s.stages),
-                                 title='bp: staleness per stage')
+    return pipelined.train_roles(
+      run, s, sequential_roles(s.stages), title='bp: staleness per stage'
+    )
   tx = optimizers.make_optimizer(s.optimizer, s.train_steps)
   variables = run.model.init(jax.random.key(s.seed))
   opt_state = tx.init(variables['params'])

@@ -1,43 +1,152 @@
 """From settings to an executor: the one place where `cost` becomes a cost model.
 
-    table = task_costs(shared, measure, kinds, num_stages)   # calibrated, or cost.compute
-    model = cost_model(shared, table, lane_speeds)            # + links, stragglers, seed
-    executor = make_executor(shared, measure, kinds, num_stages, lane_speeds=...)
+    table = task_costs(shared, tasks, kinds, num_stages)   # profile, compute, preset, calibration
+    model = cost_model(shared, table, lane_speeds)          # + links, stragglers, seed
+    executor = make_executor(shared, tasks, kinds, num_stages, lane_speeds=...)
 
-`measure()` is the policy's own calibration (it times its real jitted tasks); it is
-called only on the virtual clock with `cost.calibrate=True`.
+`tasks` (a `Tasks`) names the policy's real jitted tasks: a calibration times them (once:
+the result is kept as a profile by the data), a hardware preset compiles them for its
+roofline, and a profile is looked up by their model, batch, stage split and task set.
 """
 
-from collections.abc import Callable, Sequence
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 
 from jaxsgd.algorithms.settings import SharedSettings
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor
+from jaxsgd.scheduler import hardware, profiles
 
 
-def task_costs(shared: SharedSettings, measure: Callable[[], dict], kinds: Sequence[str],
-               num_stages: int) -> dict:
-  """Seconds per `(stage, kind)`: measured by `measure()`, or given in `cost.compute`."""
-  return measure() if shared.cost.calibrate else shared.cost.explicit(kinds, num_stages)
+@dataclasses.dataclass(frozen=True)
+class Tasks:
+  """What a policy's task costs are measured, looked up or computed for.
+
+  Attributes:
+    calls: returns `{(stage, kind): (jitted fn, args)}`: the policy's real tasks on a
+      sample batch (timed by a calibration, compiled by the roofline).
+    model: the `StagedModel`.
+    batch_size: the batch of one task.
+    split: `[start, end)` layers of each stage.
+    name: the task set (`profiles.roles_signature`, `profiles.server_tasks`, ...): what
+      a profile table is keyed by.
+  """
+
+  calls: Callable[[], Mapping[Any, tuple]]
+  model: Any
+  batch_size: int
+  split: tuple[tuple[int, int], ...]
+  name: str
+
+
+def task_costs(shared: SharedSettings, tasks: Tasks, kinds: Sequence[str], num_stages: int) -> dict:
+  """Seconds per `(stage, kind)` from the run's cost source (`CostSettings`): a profile,
+  `cost.compute`, a hardware preset's roofline, or a calibration kept as a profile."""
+  cost = shared.cost
+  optimizer = profiles.optimizer_id(shared.optimizer)
+  if cost.profile is not None:
+    return profiles.costs_for(
+      profiles.load(cost.profile),
+      model=tasks.model,
+      batch_size=tasks.batch_size,
+      split=tasks.split,
+      tasks=tasks.name,
+      optimizer=optimizer,
+      source=cost.profile,
+    )
+  if cost.explicit_compute:
+    return cost.explicit(kinds, num_stages)
+  if cost.device is not None:
+    return hardware.analytic_costs(tasks.calls(), hardware.preset(cost.device))
+  return calibrated(shared, tasks)
+
+
+def calibrated(shared: SharedSettings, tasks: Tasks) -> dict:
+  """The tasks measured on this machine once, then read from the profile kept in
+  `shared.profile_cache`: a rerun gets the same costs, whatever the load then."""
+  optimizer = profiles.optimizer_id(shared.optimizer)
+  device = jax.devices()[0]
+  key = json.dumps(
+    [
+      profiles.model_id(tasks.model),
+      tasks.batch_size,
+      optimizer,
+      device.device_kind,
+      jax.__version__,
+      shared.cost.reps,
+    ],
+    sort_keys=True,
+  )
+  path = os.path.join(shared.profile_cache, hashlib.sha1(key.encode()).hexdigest()[:16] + '.json')
+  lookup = dict(
+    model=tasks.model,
+    batch_size=tasks.batch_size,
+    split=tasks.split,
+    tasks=tasks.name,
+    optimizer=optimizer,
+    source=path,
+  )
+  saved = profiles.load(path) if os.path.exists(path) else None
+  if saved is not None:
+    try:
+      return profiles.costs_for(saved, **lookup)
+    except profiles.ProfileError:
+      pass  # This task set is not in it yet: measure it and add it.
+  table = profiles.measure_table(
+    tasks.calls(), split=tasks.split, tasks=tasks.name, warmup=1, reps=shared.cost.reps
+  )
+  profile = profiles.make_profile(
+    tasks.model, tasks.batch_size, optimizer, [table], warmup=1, reps=shared.cost.reps
+  )
+  profiles.save(profile if saved is None else profiles.merge(saved, profile), path)
+  logging.info(
+    'cost: measured %s (%s); kept in %s for later runs.', tasks.name, tasks.model.name, path
+  )
+  return dict(table.costs)
 
 
 def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float] = ()) -> CostModel:
-  """The virtual clock's cost model: `table`, lane speeds, links, stragglers, seed."""
+  """The virtual clock's cost model: `table`, lane speeds, links, stragglers, seed.
+
+  Links are `cost.link_*`; with a hardware preset (`cost.device`) and both left at 0
+  they are the preset's.
+  """
   cost = shared.cost
-  return CostModel(compute=dict(table), device_speeds=tuple(lane_speeds),
-                   link_latency=cost.link_latency, link_bandwidth=cost.bandwidth,
-                   straggler_std=cost.straggler_std, seed=shared.cost_seed)
+  latency, bandwidth = cost.link_latency, cost.bandwidth
+  if cost.device is not None and not cost.link_latency and not cost.link_bandwidth:
+    spec = hardware.preset(cost.device)
+    latency, bandwidth = spec.link_latency, spec.link_bandwidth
+  return CostModel(
+    compute=dict(table),
+    device_speeds=tuple(lane_speeds),
+    link_latency=latency,
+    link_bandwidth=bandwidth,
+    straggler_std=cost.straggler_std,
+    seed=shared.cost_seed,
+  )
 
 
-def make_executor(shared: SharedSettings, measure: Callable[[], dict], kinds: Sequence[str],
-                  num_stages: int, *, lane_speeds: Sequence[float] = (), threads: bool = False,
-                  adjust: Callable[[dict], dict] = lambda table: table):
-  """`(executor, measured table)`: the real clock (`threads`: a thread per process) and
+def make_executor(
+  shared: SharedSettings,
+  tasks: Tasks,
+  kinds: Sequence[str],
+  num_stages: int,
+  *,
+  lane_speeds: Sequence[float] = (),
+  threads: bool = False,
+  adjust: Callable[[dict], dict] = lambda table: table,
+):
+  """`(executor, cost table)`: the real clock (`threads`: a thread per process) and
   `{}`, or the virtual clock with a cost model of `adjust(table)`."""
   if not shared.virtual:
     return RealExecutor(threads=threads), {}
-  table = task_costs(shared, measure, kinds, num_stages)
+  table = task_costs(shared, tasks, kinds, num_stages)
   return VirtualExecutor(cost_model(shared, adjust(table), lane_speeds)), table
 
 
@@ -63,7 +172,9 @@ def lane_devices(shared: SharedSettings, num_lanes: int) -> list[jax.Device]:
   return [devices[i % len(devices)] for i in range(num_lanes)]
 
 
-def worker_speeds(shared: SharedSettings, num_workers: int, what: str = 'worker') -> tuple[float, ...]:
+def worker_speeds(
+  shared: SharedSettings, num_workers: int, what: str = 'worker'
+) -> tuple[float, ...]:
   """`cost.worker_speeds` (default all 1), one per worker."""
   speeds = shared.cost.worker_speeds or (1.0,) * num_workers
   if len(speeds) != num_workers:

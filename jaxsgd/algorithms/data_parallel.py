@@ -1,4 +1,4 @@
-r"""`ssgd`, `local_sgd`, `dasgd`, `diloco`: data parallelism as one jitted SPMD step.
+r"""`ssgd`, `local_sgd`, `dasgd`, `diloco`, `streaming_diloco`: SPMD data parallelism.
 
 M workers (devices of a `data` mesh, or stacked on one device), each with its own
 batch of `config.batch_size` examples (per worker: the global batch is
@@ -12,12 +12,19 @@ rules (w: weights, g_m: worker m's gradient, η: the optimizer):
 * `dasgd` (Zhou et al. 2020, arXiv:2006.00441): local SGD whose average is
   merged `delay` steps late: snapshot s_m = w_m at k = nτ; at k = nτ + d,
   w_m ← mean_j s_j + (w_m − s_m) (`merge='keep_local'`) or
-  w_m ← p w_m + (1 − p) mean_j s_j (`merge='mix'`). The all-reduce reads the
-  snapshot from the optimizer state, so inside the jitted step it does not depend
-  on the step's gradients and XLA may run it during the forward/backward pass.
+  w_m ← p w_m + (1 − p) mean_j s_j (`merge='mix'`). With `overlap=True` each period
+  runs as one program with one all-reduce, of the snapshot in the optimizer state:
+  it depends on no gradient of the period, so XLA may run it during the `delay`
+  steps of compute before the merge (`jaxsgd.spmd.step.make_worker_period`).
 * `diloco` (Douillard et al. 2023, arXiv:2311.08105): every `period` inner steps,
   an outer optimizer (`algorithm.outer`, default Nesterov SGD 0.7/0.9) steps the
   anchor with the pseudo-gradient anchor − mean_j w_j; workers restart from it.
+* `streaming_diloco` (Douillard et al. 2025, arXiv:2501.18512): DiLoCo on
+  `algorithm.fragments` = P fragments of the model whose outer steps are staggered
+  (fragment p syncs when (t − p·H/P) mod H = 0), each merged `delay` = τ steps after
+  its sync as w_p ← α w_p + (1 − α) θ_p (`mix` = α; 0 takes the global value). With
+  `overlap=True` each cycle of H steps is one program with one all-reduce per
+  fragment (`jaxsgd.spmd.step.make_worker_cycle`).
 
 The update rules live in `jaxsgd.transforms` (`local_sgd`, `diloco`); this module
 builds them from the config, places state and batches (`jaxsgd.spmd`) and runs
@@ -41,13 +48,15 @@ from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms.settings import SharedSettings, at_least, choice, derived, number
 from jaxsgd.algorithms.settings import optimizer_settings, shared_settings, section
 from jaxsgd.optimizers import OptimizerSettings
+from jaxsgd.scheduler import profiles
 from jaxsgd.spmd import distributed
 from jaxsgd.spmd import mesh as mesh_lib
 from jaxsgd.spmd import step as step_lib
 from jaxsgd.spmd import timing
 from jaxsgd.spmd.trainer import DataParallelTrainer
 
-NAMES = ('ssgd', 'local_sgd', 'dasgd', 'diloco')
+NAMES = ('ssgd', 'local_sgd', 'dasgd', 'diloco', 'streaming_diloco')
+OUTER = ('diloco', 'streaming_diloco')  # The methods with an outer optimizer.
 DATA_SHARDING = ('shard', 'stream')
 DILOCO_OUTER = OptimizerSettings('sgd', 0.7, kwargs=(('momentum', 0.9), ('nesterov', True)))
 
@@ -67,6 +76,7 @@ class Settings:
     data_sharding: 'shard' (disjoint examples per worker) or 'stream'.
     save_params: write params.npz (the evaluated model) at the end.
     outer: DiLoCo's outer optimizer (default Nesterov SGD 0.7 / 0.9).
+    fragments: streaming_diloco's P, a divisor of period (the others use 1).
   """
 
   period: int = 4
@@ -79,6 +89,7 @@ class Settings:
   data_sharding: str = 'shard'
   save_params: bool = False
   outer: OptimizerSettings = DILOCO_OUTER
+  fragments: int = 1
   name: str = derived('ssgd')
   workers: int = derived(1)
   batch_size: int = derived(1)  # per worker
@@ -104,20 +115,57 @@ def settings(config) -> Settings:
   delay = s.delay if s.delay is not None else (1 if name == 'dasgd' else 0)
   delay = 0 if name == 'ssgd' else at_least(delay, 'algorithm.delay', 0)
   if delay >= period:
-    raise ValueError(f'algorithm.delay: must be < algorithm.period (0 <= delay < '
-                     f'period), got delay={delay}, period={period}.')
+    raise ValueError(
+      f'algorithm.delay: must be < algorithm.period (0 <= delay < '
+      f'period), got delay={delay}, period={period}.'
+    )
   if name == 'local_sgd' and delay:
-    raise ValueError(f"algorithm.delay: local_sgd averages without delay (0), got "
-                     f"{delay}; use algorithm.name='dasgd' for a delayed average.")
+    raise ValueError(
+      f'algorithm.delay: local_sgd averages without delay (0), got '
+      f"{delay}; use algorithm.name='dasgd' for a delayed average."
+    )
   choice(s.merge, 'algorithm.merge', transforms.MERGES)
   number(s.mix, 'algorithm.mix', maximum=1.0)
   choice(s.data_sharding, 'algorithm.data_sharding', DATA_SHARDING)
-  outer_settings = (optimizer_settings({**dataclasses.asdict(DILOCO_OUTER),
-                                        **dict(outer)}, 'algorithm.outer')
-                    if outer is not None and name == 'diloco' else DILOCO_OUTER)
-  return dataclasses.replace(s, name=name, period=period, delay=delay, outer=outer_settings,
-                             workers=shared.workers, batch_size=_per_worker_batch(s, shared),
-                             shared=shared)
+  outer_settings = (
+    optimizer_settings({**dataclasses.asdict(DILOCO_OUTER), **dict(outer)}, 'algorithm.outer')
+    if outer is not None and name in OUTER
+    else DILOCO_OUTER
+  )
+  return dataclasses.replace(
+    s,
+    name=name,
+    period=period,
+    delay=delay,
+    outer=outer_settings,
+    workers=shared.workers,
+    batch_size=_per_worker_batch(s, shared),
+    shared=shared,
+    fragments=_fragments(name, s, period, delay),
+  )
+
+
+def _fragments(name: str, s: Settings, period: int, delay: int) -> int:
+  """`algorithm.fragments` of streaming_diloco (checked against period and delay), else 1."""
+  if name != 'streaming_diloco':
+    return 1
+  fragments = at_least(s.fragments, 'algorithm.fragments', 1)
+  if period % fragments:
+    raise ValueError(
+      f'algorithm.fragments: algorithm.period={period} must be a multiple '
+      f'of fragments={fragments} (fragment p syncs at offset p·period/P).'
+    )
+  if delay >= period // fragments:
+    raise ValueError(
+      f'algorithm.delay: must be < period / fragments = '
+      f'{period // fragments} (one fragment in flight), got {delay}.'
+    )
+  if s.merge != 'mix':
+    raise ValueError(
+      f'algorithm.merge: streaming_diloco merges w ← α w + (1 − α) θ '
+      f"(merge='mix', α = algorithm.mix); got {s.merge!r}."
+    )
+  return fragments
 
 
 def _per_worker_batch(s: Settings, shared: SharedSettings) -> int:
@@ -127,9 +175,11 @@ def _per_worker_batch(s: Settings, shared: SharedSettings) -> int:
     return shared.batch_size
   at_least(total, 'algorithm.global_batch_size', 1)
   if total % shared.workers:
-    raise ValueError(f'algorithm.global_batch_size: {total} examples cannot be split '
-                     f'evenly over workers={shared.workers}; use a multiple of '
-                     f'{shared.workers}.')
+    raise ValueError(
+      f'algorithm.global_batch_size: {total} examples cannot be split '
+      f'evenly over workers={shared.workers}; use a multiple of '
+      f'{shared.workers}.'
+    )
   return total // shared.workers
 
 
@@ -143,21 +193,29 @@ def validate(config, model) -> Settings:
   del model
   s = settings(config)
   if s.shared.stages != 1:
-    raise ValueError(f'stages: the data-parallel methods train the whole model on every '
-                     f'worker; use stages=1, got {s.shared.stages}.')
+    raise ValueError(
+      f'stages: the data-parallel methods train the whole model on every '
+      f'worker; use stages=1, got {s.shared.stages}.'
+    )
   if s.shared.cost.device_speeds or s.shared.cost.worker_speeds or s.shared.cost.failures:
-    raise ValueError('cost.device_speeds / worker_speeds / failures: the data-parallel '
-                     'methods run in lock-step SPMD; per-lane speeds and failures are for '
-                     'the scheduler families.')
+    raise ValueError(
+      'cost.device_speeds / worker_speeds / failures: the data-parallel '
+      'methods run in lock-step SPMD; per-lane speeds and failures are for '
+      'the scheduler families.'
+    )
   multi_process = distributed.initialize_from_env()
   if s.stacked and multi_process:
-    raise ValueError('algorithm.stacked: the stacked form runs on one device; it cannot '
-                     'span the processes of a multi-process run.')
+    raise ValueError(
+      'algorithm.stacked: the stacked form runs on one device; it cannot '
+      'span the processes of a multi-process run.'
+    )
   if not s.stacked and s.workers > len(jax.devices()):
-    raise ValueError(f'workers: {s.workers} workers need {s.workers} devices, but '
-                     f'{len(jax.devices())} are visible; lower workers, add devices '
-                     f'(XLA_FLAGS=--xla_force_host_platform_device_count=N on CPU, or '
-                     f'more processes), or set algorithm.stacked=True.')
+    raise ValueError(
+      f'workers: {s.workers} workers need {s.workers} devices, but '
+      f'{len(jax.devices())} are visible; lower workers, add devices '
+      f'(XLA_FLAGS=--xla_force_host_platform_device_count=N on CPU, or '
+      f'more processes), or set algorithm.stacked=True.'
+    )
   return s
 
 
@@ -166,10 +224,27 @@ def make_optimizer(s: Settings):
   inner = optimizers.make_optimizer(s.shared.optimizer, s.shared.train_steps)
   if s.name == 'ssgd':
     return inner
-  kwargs = dict(period=s.period, delay=s.delay, axis_name=mesh_lib.AXIS, merge=s.merge,
-                mix=s.mix, overlap=s.overlap)
-  if s.name == 'diloco':
+  kwargs = dict(
+    period=s.period,
+    delay=s.delay,
+    axis_name=mesh_lib.AXIS,
+    merge=s.merge,
+    mix=s.mix,
+    overlap=s.overlap,
+  )
+  if s.name in OUTER:
     outer = optimizers.make_optimizer(s.outer, max(1, s.shared.train_steps // s.period))
+    if s.name == 'streaming_diloco':
+      return transforms.streaming_diloco(
+        inner,
+        outer,
+        s.period,
+        s.fragments,
+        s.delay,
+        s.mix,
+        axis_name=mesh_lib.AXIS,
+        overlap=s.overlap,
+      )
     return transforms.diloco(inner, outer, **kwargs)
   return transforms.local_sgd(inner, **kwargs)
 
@@ -186,24 +261,33 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
   cost = s.shared.cost
   # SSGD all-reduces gradients and BatchNorm statistics; the others the weights.
   nbytes = timing.tree_bytes(variables if s.name == 'ssgd' else variables['params'])
-  comm = timing.ring_allreduce_time(nbytes, s.workers, bandwidth=cost.bandwidth,
-                                    latency=cost.link_latency)
-  compute = clocks.task_costs(
-      s.shared, lambda: {(0, 'step'): _calibrate(s.shared, model, variables, sample_batch)},
-      ('step',), 1)[(0, 'step')]
+  # Streaming DiLoCo: a 1/P fragment every H/P steps (fragments near-equal in size).
+  comm = timing.ring_allreduce_time(
+    nbytes / s.fragments, s.workers, bandwidth=cost.bandwidth, latency=cost.link_latency
+  )
+  tasks = clocks.Tasks(
+    calls=lambda: {(0, 'step'): _step_call(s.shared, model, variables, sample_batch)},
+    model=model,
+    batch_size=s.batch_size,
+    split=((0, model.num_layers),),
+    name=profiles.WORKER_STEP,
+  )
+  compute = clocks.task_costs(s.shared, tasks, ('step',), 1)[(0, 'step')]
   # overlap=False runs the all-reduce inside a lax.cond on the merge step: it blocks
-  # there, so none of it is hidden. overlap=True issues it every step from the stored
-  # snapshot; the model charges the one all-reduce per period whose result is used.
+  # there, so none of it is hidden. overlap=True runs each period as one program whose
+  # one all-reduce (of the stored snapshot) may overlap the `delay` steps before the merge.
   hidden_steps = s.delay if s.overlap else 0
-  return timing.StepTimeModel(compute=compute, comm=comm, period=s.period, delay=hidden_steps)
+  return timing.StepTimeModel(
+    compute=compute, comm=comm, period=s.period // s.fragments, delay=hidden_steps
+  )
 
 
-def _calibrate(shared: SharedSettings, model, variables, batch) -> float:
-  """Seconds of one worker's step (forward, backward, inner update) on one device."""
+def _step_call(shared: SharedSettings, model, variables, batch) -> tuple:
+  """`(jitted fn, args)` of one worker's step (forward, backward, inner update)."""
   inner = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
   one_step = jax.jit(step_lib.make_worker_step(model, inner, average_grads=False))
   opt_state = jax.jit(inner.init)(variables['params'])
-  return timing.measure_seconds(one_step, variables, opt_state, batch, repeats=shared.cost.reps)
+  return one_step, (variables, opt_state, batch)
 
 
 def train(run, s: Settings) -> dict:
@@ -214,38 +298,70 @@ def train(run, s: Settings) -> dict:
   with collectives deadlocks there) and at evaluation points.
   """
   model = run.model
-  trainer = DataParallelTrainer(model, make_optimizer(s), s.workers,
-                                average_grads=s.name == 'ssgd', stacked=s.stacked)
-  streams = [run.train_batches(m, s.workers, batch_size=s.batch_size,
-                                   sharding=s.data_sharding) for m in trainer.local_workers]
+  trainer = DataParallelTrainer(
+    model,
+    make_optimizer(s),
+    s.workers,
+    average_grads=s.name == 'ssgd',
+    stacked=s.stacked,
+    **_period_program(s),
+  )
+  streams = [
+    run.train_batches(m, s.workers, batch_size=s.batch_size, sharding=s.data_sharding)
+    for m in trainer.local_workers
+  ]
   state = trainer.init(s.shared.seed)
   clock = None
   if s.shared.virtual:
-    sample = next(run.train_batches(0, s.workers, batch_size=s.batch_size,
-                                        sharding=s.data_sharding))
+    sample = next(
+      run.train_batches(0, s.workers, batch_size=s.batch_size, sharding=s.data_sharding)
+    )
     clock = make_time_model(s, model, trainer.eval_variables(state), sample)
   # Local methods report this process's first worker's loss (see `report_loss`).
   where = None if trainer.replicated else f'worker {trainer.local_workers[0]}'
-  for step in range(1, s.shared.train_steps + 1):
-    state, loss = trainer.train_step(state, trainer.put_batch([next(b) for b in streams]))
-    trainer.maybe_wait(step, loss)
-    run.report(step, loss=trainer.report_loss(loss),
-                   variables=lambda state=state: trainer.eval_variables(state),
-                   samples=step * s.global_batch, stage=where,
-                   sim_time=None if clock is None else clock.elapsed(step))
+  step = 0
+  while step < s.shared.train_steps:
+    # A whole period per program where possible (one all-reduce per period).
+    n = trainer.program_length(step, s.shared.train_steps, run.should_evaluate)
+    state, losses = trainer.train_steps(state, [[next(b) for b in streams] for _ in range(n)])
+    trainer.maybe_wait(step + n, losses[-1], steps=n)
+    for loss in losses:
+      step += 1
+      run.report(
+        step,
+        loss=loss,
+        variables=lambda state=state: trainer.eval_variables(state),
+        samples=step * s.global_batch,
+        stage=where,
+        sim_time=None if clock is None else clock.elapsed(step),
+      )
   return _summary_extras(run, s, trainer, state, clock, streams)
 
 
+def _period_program(s: Settings) -> dict:
+  """Trainer arguments: whole-period programs for the local methods with overlap."""
+  if s.name == 'ssgd' or not s.overlap:
+    return {}
+  if s.name == 'streaming_diloco':
+    return {'period': s.period, 'delay': s.delay, 'fragments': s.fragments}
+  return {'period': s.period, 'delay': s.delay}
+
+
 def _summary_extras(run, s, trainer, state, clock, streams) -> dict:
-  extras = {'workers': s.workers, 'global_batch_size': s.global_batch,
-            'processes': jax.process_count(), 'stacked': s.stacked,
-            'epochs': streams[0].epoch if streams else 0}
+  extras = {
+    'workers': s.workers,
+    'global_batch_size': s.global_batch,
+    'processes': jax.process_count(),
+    'stacked': s.stacked,
+    'epochs': streams[0].epoch if streams else 0,
+  }
   if clock is not None:
-    extras['time_model'] = {**dataclasses.asdict(clock),
-                            'hidden_fraction': clock.hidden_fraction(),
-                            'relative_throughput': clock.relative_throughput()}
+    extras['time_model'] = {
+      **dataclasses.asdict(clock),
+      'hidden_fraction': clock.hidden_fraction(),
+      'relative_throughput': clock.relative_throughput(),
+    }
   if s.save_params:
     params = trainer.host_params(state)  # Every process: it may involve a collective.
     run.write_arrays('params.npz', params)
   return extras
-

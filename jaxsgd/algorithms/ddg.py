@@ -81,20 +81,26 @@ class Settings:
 def roles(num_stages: int, variant: str = 'paper') -> tuple[StageRole, ...]:
   """Staged BP's roles with delay K − 1 − k at stage k (0-indexed); `variant` picks
   how a delayed backward takes its Jacobian (see the module docstring)."""
-  return tuple(dataclasses.replace(role, delay=num_stages - 1 - k,
-                                   delayed_backward=_DELAYED_BACKWARD[variant])
-               for k, role in enumerate(sequential_roles(num_stages)))
+  return tuple(
+    dataclasses.replace(role, delay=num_stages - 1 - k, delayed_backward=_DELAYED_BACKWARD[variant])
+    for k, role in enumerate(sequential_roles(num_stages))
+  )
 
 
 def validate(config, model) -> Settings:
   settings = section(config.algorithm, Settings, 'algorithm', ignore=('name',))
   if settings.variant not in VARIANTS:
-    raise ValueError(f'algorithm.variant: {settings.variant!r} is not a DDG variant; '
-                     f'allowed: {", ".join(VARIANTS)}.')
+    raise ValueError(
+      f'algorithm.variant: {settings.variant!r} is not a DDG variant; '
+      f'allowed: {", ".join(VARIANTS)}.'
+    )
   return dataclasses.replace(settings, shared=pipelined.validate_pipeline(config, model))
 
 
 def train(run, settings: Settings) -> dict:
-  return pipelined.train_roles(run, settings.shared,
-                               roles(settings.shared.stages, settings.variant),
-                               title='ddg: staleness per stage')
+  return pipelined.train_roles(
+    run,
+    settings.shared,
+    roles(settings.shared.stages, settings.variant),
+    title='ddg: staleness per stage',
+  )

@@ -70,9 +70,9 @@ class Settings:
   """`config.algorithm` of `local`, and the shared fields (`shared`)."""
 
   variant: str = 'greedy'
-  chunks: int = 1        # chunked only: contiguous groups of stages
+  chunks: int = 1  # chunked only: contiguous groups of stages
   pipelined: bool = True
-  agreement_every: int = 0   # > 0: log each block's gradient agreement every N batches
+  agreement_every: int = 0  # > 0: log each block's gradient agreement every N batches
   shared: SharedSettings | None = derived()
 
 
@@ -83,8 +83,9 @@ def chunk_bounds(num_stages: int, chunks: int) -> list[tuple[int, int]]:
   return [(int(end - size), int(end)) for size, end in zip(sizes, ends)]
 
 
-def roles(num_stages: int, variant: str = 'greedy', chunks: int = 1,
-          pipelined: bool = True) -> tuple[StageRole, ...]:
+def roles(
+  num_stages: int, variant: str = 'greedy', chunks: int = 1, pipelined: bool = True
+) -> tuple[StageRole, ...]:
   """The stage roles of a local-parallelism variant (see the module docstring)."""
   if variant == 'overlapping':
     return tuple(_overlapping(k, num_stages, pipelined) for k in range(num_stages))
@@ -93,44 +94,65 @@ def roles(num_stages: int, variant: str = 'greedy', chunks: int = 1,
   for start, end in chunk_bounds(num_stages, chunks):
     for k in range(start, end):
       loss = 'head' if k == num_stages - 1 else ('aux' if k == end - 1 else 'none')
-      roles_.append(StageRole(loss=loss, receives_delta=k < end - 1,
-                              sends_delta='total' if k > start else 'none',
-                              delay=(end - 1 - k) if pipelined else 0))
+      roles_.append(
+        StageRole(
+          loss=loss,
+          receives_delta=k < end - 1,
+          sends_delta='total' if k > start else 'none',
+          delay=(end - 1 - k) if pipelined else 0,
+        )
+      )
   return tuple(roles_)
 
 
 def _overlapping(k: int, num_stages: int, pipelined: bool) -> StageRole:
   downstream = k < num_stages - 1
-  return StageRole(loss='aux' if downstream else 'head', receives_delta=downstream,
-                   sends_delta='own' if k > 0 else 'none',
-                   delay=1 if pipelined and downstream else 0)
+  return StageRole(
+    loss='aux' if downstream else 'head',
+    receives_delta=downstream,
+    sends_delta='own' if k > 0 else 'none',
+    delay=1 if pipelined and downstream else 0,
+  )
 
 
 def validate(config, model) -> Settings:
   settings = section(config.algorithm, Settings, 'algorithm')
   if settings.variant not in VARIANTS:
-    raise ValueError(f'algorithm.variant: {settings.variant!r} is not a local-parallelism '
-                     f'variant; allowed: {", ".join(VARIANTS)}.')
+    raise ValueError(
+      f'algorithm.variant: {settings.variant!r} is not a local-parallelism '
+      f'variant; allowed: {", ".join(VARIANTS)}.'
+    )
   shared = pipelined.validate_pipeline(config, model)
   given = dict(config.algorithm)
   if settings.variant == 'chunked':
-    if isinstance(settings.chunks, bool) or not isinstance(settings.chunks, int) or not (
-        1 <= settings.chunks <= shared.stages):
-      raise ValueError(f'algorithm.chunks: must be an integer in [1, stages={shared.stages}], '
-                       f'got {settings.chunks!r}.')
+    if (
+      isinstance(settings.chunks, bool)
+      or not isinstance(settings.chunks, int)
+      or not (1 <= settings.chunks <= shared.stages)
+    ):
+      raise ValueError(
+        f'algorithm.chunks: must be an integer in [1, stages={shared.stages}], '
+        f'got {settings.chunks!r}.'
+      )
   elif 'chunks' in given and given['chunks'] != Settings.chunks:
-    raise ValueError(f'algorithm.chunks: only the chunked variant groups stages into chunks; '
-                     f'{settings.variant!r} does not use it (got {given["chunks"]!r}): remove '
-                     f'it or set algorithm.variant=chunked.')
+    raise ValueError(
+      f'algorithm.chunks: only the chunked variant groups stages into chunks; '
+      f'{settings.variant!r} does not use it (got {given["chunks"]!r}): remove '
+      f'it or set algorithm.variant=chunked.'
+    )
   if isinstance(settings.agreement_every, bool) or settings.agreement_every < 0:
-    raise ValueError(f'algorithm.agreement_every: must be an integer >= 0 (0: off), got '
-                     f'{settings.agreement_every!r}.')
+    raise ValueError(
+      f'algorithm.agreement_every: must be an integer >= 0 (0: off), got '
+      f'{settings.agreement_every!r}.'
+    )
   return dataclasses.replace(settings, shared=shared)
 
 
 def train(run, settings: Settings) -> dict:
-  return pipelined.train_roles(run, settings.shared,
-                               roles(settings.shared.stages, settings.variant, settings.chunks,
-                                     settings.pipelined),
-                               title=f'local ({settings.variant}): staleness per stage',
-                               agreement_every=settings.agreement_every)
+  return pipelined.train_roles(
+    run,
+    settings.shared,
+    roles(settings.shared.stages, settings.variant, settings.chunks, settings.pipelined),
+    title=f'local ({settings.variant}): staleness per stage',
+    agreement_every=settings.agreement_every,
+  )

@@ -10,7 +10,7 @@ import dataclasses
 import math
 
 from jaxsgd import optimizers
-from jaxsgd.algorithms import clocks, workers
+from jaxsgd.algorithms import clocks, pipelined, workers
 from jaxsgd.algorithms.settings import SharedSettings, derived, integer, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.lppsgd import LppSession, LppSettings, allreduce_time
@@ -30,8 +30,9 @@ class Settings:
 
   @property
   def session(self) -> LppSettings:
-    return LppSettings(self.devices, self.workers_per_device, self.warmup_steps,
-                       self.averaging_freq)
+    return LppSettings(
+      self.devices, self.workers_per_device, self.warmup_steps, self.averaging_freq
+    )
 
 
 def validate(config, model) -> Settings:
@@ -40,16 +41,16 @@ def validate(config, model) -> Settings:
   integer(settings.workers_per_device, 'algorithm.workers_per_device')
   integer(settings.warmup_steps, 'algorithm.warmup_steps', minimum=0)
   integer(settings.averaging_freq, 'algorithm.averaging_freq')
-  shared = workers.validate_workers(config, model, settings.session.num_workers,
-                                 whole_model=True)
+  shared = workers.validate_workers(config, model, settings.session.num_workers, whole_model=True)
   return dataclasses.replace(settings, shared=shared)
 
 
-def task_costs(table: dict, nbytes: int, devices: int, *, bandwidth: float,
-               latency: float) -> dict:
+def task_costs(table: dict, nbytes: int, devices: int, *, bandwidth: float, latency: float) -> dict:
   """The update paid by the backward task it ends, and the averaging collective."""
-  return {**common.fold_update(table, 1),
-          (0, 'average'): allreduce_time(nbytes, devices, bandwidth=bandwidth, latency=latency)}
+  return {
+    **common.fold_update(table, 1),
+    (0, 'average'): allreduce_time(nbytes, devices, bandwidth=bandwidth, latency=latency),
+  }
 
 
 def train(run, settings: Settings) -> dict:
@@ -60,24 +61,48 @@ def train(run, settings: Settings) -> dict:
   # Each replica keeps its own optimizer state and takes ~train_steps / D of the
   # updates: its learning-rate schedule spans that many steps, not train_steps.
   base = optimizers.make_optimizer(shared.optimizer, math.ceil(shared.train_steps / D))
-  model = PlacedStages(run.model, 1, base, placement=Placement.create(1, devices[:1]),
-                       batch_size=shared.batch_size, seed=shared.seed)
+  model = PlacedStages(
+    run.model,
+    1,
+    base,
+    placement=Placement.create(1, devices[:1]),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+  )
   variables = model.initial_variables(0, sequential_roles(1)[0])
   opt_state = base.init(variables['params'])
   nbytes = transfer.nbytes(variables['params'])
   executor, measured = clocks.make_executor(
-      shared, lambda: model.calibrate(sequential_roles(1), next(run.train_batches(0, 1)),
-                                   shared.cost.reps), KINDS, 1,
-      lane_speeds=[speed / W for speed in clocks.worker_speeds(shared, D * W)], threads=True,
-      adjust=lambda table: task_costs(table, nbytes, D, bandwidth=shared.cost.bandwidth,
-                                      latency=shared.cost.link_latency))
-  log = common.WorkerLog([f'worker {m // W}.{m % W}' for m in range(D * W)],
-                         clocks.failures(shared, D * W), executor.now)
+    shared,
+    pipelined.stage_tasks(
+      model, sequential_roles(1), lambda: next(run.train_batches(0, 1)), shared.batch_size
+    ),
+    KINDS,
+    1,
+    lane_speeds=[speed / W for speed in clocks.worker_speeds(shared, D * W)],
+    threads=True,
+    adjust=lambda table: task_costs(
+      table, nbytes, D, bandwidth=shared.cost.bandwidth, latency=shared.cost.link_latency
+    ),
+  )
+  log = common.WorkerLog(
+    [f'worker {m // W}.{m % W}' for m in range(D * W)], clocks.failures(shared, D * W), executor.now
+  )
   streams = [run.train_batches(m, D * W) for m in range(D * W)]
   return workers.train_session(
-      run, shared, executor, measured, log,
-      lambda steps: LppSession(model, session_settings, variables, opt_state, streams, devices,
-                               steps, log),
-      name='lppsgd', title='lppsgd: staleness per worker',
-      extra=lambda session: {'devices': D, 'workers_per_device': W,
-                             'averaging_rounds': session.averaged_rounds})
+    run,
+    shared,
+    executor,
+    measured,
+    log,
+    lambda steps: LppSession(
+      model, session_settings, variables, opt_state, streams, devices, steps, log
+    ),
+    name='lppsgd',
+    title='lppsgd: staleness per worker',
+    extra=lambda session: {
+      'devices': D,
+      'workers_per_device': W,
+      'averaging_rounds': session.averaged_rounds,
+    },
+  )

@@ -9,7 +9,7 @@ ready (`updates='layer'`) or all at once (`'block'`).
 import dataclasses
 
 from jaxsgd import optimizers
-from jaxsgd.algorithms import clocks, workers
+from jaxsgd.algorithms import clocks, pipelined, workers
 from jaxsgd.algorithms.settings import SharedSettings, choice, derived, integer, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.pdasgd import UPDATES, PdSession, PdSettings, worker_name
@@ -45,8 +45,7 @@ def validate(config, model) -> Settings:
   choice(settings.updates, 'algorithm.updates', UPDATES)
   if settings.max_inflight is not None:
     integer(settings.max_inflight, 'algorithm.max_inflight')
-  shared = workers.validate_workers(config, model, settings.session.num_workers,
-                                 whole_model=False)
+  shared = workers.validate_workers(config, model, settings.session.num_workers, whole_model=False)
   return dataclasses.replace(settings, shared=shared)
 
 
@@ -54,22 +53,48 @@ def train(run, settings: Settings) -> dict:
   """Trains until `train_steps` backward passes have been applied."""
   shared, pd = settings.shared, settings.session
   devices = clocks.lane_devices(shared, 1 + pd.num_workers)
-  model = PlacedStages(run.model, shared.stages,
-                       optimizers.make_optimizer(shared.optimizer, shared.train_steps),
-                       placement=Placement.create(shared.stages, devices[:1]),
-                       batch_size=shared.batch_size, seed=shared.seed)
+  model = PlacedStages(
+    run.model,
+    shared.stages,
+    optimizers.make_optimizer(shared.optimizer, shared.train_steps),
+    placement=Placement.create(shared.stages, devices[:1]),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+  )
   executor, measured = clocks.make_executor(
-      shared, lambda: model.calibrate(sequential_roles(shared.stages),
-                                   next(run.train_batches(0, 1)), shared.cost.reps),
-      KINDS, shared.stages, lane_speeds=(1.0,) + clocks.worker_speeds(shared, pd.num_workers),
-      threads=True, adjust=lambda table: common.fold_update(table, shared.stages))
-  log = common.WorkerLog([worker_name(pd, w) for w in range(pd.num_workers)],
-                         clocks.failures(shared, pd.num_workers), executor.now)
+    shared,
+    pipelined.stage_tasks(
+      model,
+      sequential_roles(shared.stages),
+      lambda: next(run.train_batches(0, 1)),
+      shared.batch_size,
+    ),
+    KINDS,
+    shared.stages,
+    lane_speeds=(1.0,) + clocks.worker_speeds(shared, pd.num_workers),
+    threads=True,
+    adjust=lambda table: common.fold_update(table, shared.stages),
+  )
+  log = common.WorkerLog(
+    [worker_name(pd, w) for w in range(pd.num_workers)],
+    clocks.failures(shared, pd.num_workers),
+    executor.now,
+  )
   streams = [run.train_batches(f, pd.n_fwd) for f in range(pd.n_fwd)]
   costed = shared.cost.links_are_costed(shared.clock)
   return workers.train_session(
-      run, shared, executor, measured, log,
-      lambda steps: PdSession(model, pd, streams, devices, steps, log, costed_links=costed),
-      name='pdasgd', title=f'pdasgd ({pd.updates} updates): staleness per layer',
-      extra=lambda session: {'n_fwd': pd.n_fwd, 'n_bwd': pd.n_bwd, 'updates': pd.updates,
-                             'max_inflight': pd.bound})
+    run,
+    shared,
+    executor,
+    measured,
+    log,
+    lambda steps: PdSession(model, pd, streams, devices, steps, log, costed_links=costed),
+    name='pdasgd',
+    title=f'pdasgd ({pd.updates} updates): staleness per layer',
+    extra=lambda session: {
+      'n_fwd': pd.n_fwd,
+      'n_bwd': pd.n_bwd,
+      'updates': pd.updates,
+      'max_inflight': pd.bound,
+    },
+  )

@@ -16,6 +16,7 @@ from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms.settings import SharedSettings, refuse_workers_field, shared_settings
 from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole
+from jaxsgd.scheduler import profiles
 from jaxsgd.training import files
 from jaxsgd.training import plots
 
@@ -28,16 +29,32 @@ def validate_pipeline(config, model) -> SharedSettings:
   if shared.virtual and not shared.cost.calibrate:
     shared.cost.explicit(KINDS, shared.stages)
   if shared.cost.worker_speeds or shared.cost.failures:
-    raise ValueError('cost.worker_speeds / cost.failures: a pipeline has no workers; set '
-                     'per-stage speeds with cost.device_speeds.')
+    raise ValueError(
+      'cost.worker_speeds / cost.failures: a pipeline has no workers; set '
+      'per-stage speeds with cost.device_speeds.'
+    )
   if shared.cost.device_speeds and len(shared.cost.device_speeds) != shared.stages:
-    raise ValueError(f'cost.device_speeds: {len(shared.cost.device_speeds)} values for '
-                     f'{shared.stages} lanes.')
+    raise ValueError(
+      f'cost.device_speeds: {len(shared.cost.device_speeds)} values for {shared.stages} lanes.'
+    )
   return shared
 
 
-def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: str, *,
-                agreement_every: int = 0) -> dict:
+def stage_tasks(stages: PlacedStages, roles, batch, batch_size: int) -> clocks.Tasks:
+  """The cost keys of `stages` in `roles`: every stage's forward, backward and update on
+  `batch()` (a host batch)."""
+  return clocks.Tasks(
+    calls=lambda: stages.calibration_calls(roles, batch()),
+    model=stages.model,
+    batch_size=batch_size,
+    split=profiles.split_of(stages.stages),
+    name=profiles.roles_signature(roles),
+  )
+
+
+def train_roles(
+  run, shared: SharedSettings, roles: Sequence[StageRole], title: str, *, agreement_every: int = 0
+) -> dict:
   """Trains `roles` on the scheduler for `train_steps` iterations.
 
   Step `t` (1-based) is reported when the last stage has applied batch t − 1's
@@ -47,22 +64,36 @@ def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: 
   records, and `grad_cosine.png` and `grad_cosine.npz` (every measurement).
   """
   num_stages, steps = shared.stages, shared.train_steps
-  stages = PlacedStages(run.model, num_stages,
-                        optimizers.make_optimizer(shared.optimizer, steps),
-                        placement=clocks.placement(shared, num_stages),
-                        batch_size=shared.batch_size, seed=shared.seed,
-                        aux_heads=any(r.loss == 'aux' for r in roles))
+  stages = PlacedStages(
+    run.model,
+    num_stages,
+    optimizers.make_optimizer(shared.optimizer, steps),
+    placement=clocks.placement(shared, num_stages),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+    aux_heads=any(r.loss == 'aux' for r in roles),
+  )
   batches = run.train_batches()
   feed = BatchFeed(batches, consumers=1 + sum(r.loss != 'none' for r in roles))
   executor, _ = clocks.make_executor(
-      shared, lambda: stages.calibrate(roles, feed.peek(0), shared.cost.reps), KINDS, num_stages,
-      lane_speeds=shared.cost.device_speeds)
+    shared,
+    stage_tasks(stages, roles, lambda: feed.peek(0), shared.batch_size),
+    KINDS,
+    num_stages,
+    lane_speeds=shared.cost.device_speeds,
+  )
   last_loss = []
 
   def report(step, loss, sim_time):
-    run.report(step, loss=loss, variables=session.variables,
-                   samples=step * shared.batch_size, sim_time=sim_time, extra=session.metrics,
-                   stage=f'stage {num_stages - 1}')
+    run.report(
+      step,
+      loss=loss,
+      variables=session.variables,
+      samples=step * shared.batch_size,
+      sim_time=sim_time,
+      extra=session.metrics,
+      stage=f'stage {num_stages - 1}',
+    )
 
   def on_step(t, loss):
     if t + 1 < steps:
@@ -75,9 +106,13 @@ def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: 
   report(steps, last_loss[0], timeline.makespan if shared.virtual else None)
   if session.agreement is not None:
     write_agreement(run, *session.agreement.series(), title=title.split(':')[0])
-  return run.write_schedule_outputs(timeline, session.staleness(),
-                                        cost_table=clocks.cost_table(executor),
-                                        epochs=batches.epoch, title=title)
+  return run.write_schedule_outputs(
+    timeline,
+    session.staleness(),
+    cost_table=clocks.cost_table(executor),
+    epochs=batches.epoch,
+    title=title,
+  )
 
 
 def write_agreement(run, steps: np.ndarray, cosines: np.ndarray, title: str) -> None:
@@ -89,9 +124,11 @@ def write_agreement(run, steps: np.ndarray, cosines: np.ndarray, title: str) -> 
   for k in range(cosines.shape[1]):
     ax.plot(steps, cosines[:, k], label=f'block {k}')
   ax.axhline(0, color='0.6', lw=0.8)
-  ax.set(xlabel='batch t (each block at the weights of its forward)',
-         ylabel='cos(local gradient, backprop gradient)',
-         title=f'{title}: gradient agreement per block')
+  ax.set(
+    xlabel='batch t (each block at the weights of its forward)',
+    ylabel='cos(local gradient, backprop gradient)',
+    title=f'{title}: gradient agreement per block',
+  )
   ax.legend(fontsize='small')
   ax.grid(alpha=0.3)
   fig.tight_layout()

@@ -18,6 +18,7 @@ The shared fields:
 
 import dataclasses
 import difflib
+import os
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -25,24 +26,29 @@ from typing import Any
 import jax
 
 from jaxsgd.optimizers import OptimizerSettings
+from jaxsgd.scheduler import hardware
 
 CLOCKS = ('real', 'virtual')
 KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
 
 # Fields that were renamed: the old name is refused with the new one.
 RENAMED = {
-    'cost.step_time': 'cost.compute.step (seconds per step; with cost.calibrate=False)',
-    'cost.bandwidth_gbps': 'cost.link_bandwidth, in bytes/s (10 Gbit/s = 1.25e9)',
-    'cost.latency': 'cost.link_latency (seconds per message)',
-    'cost.calibration_steps': 'cost.reps',
+  'cost.step_time': 'cost.compute.step (seconds per step; with cost.calibrate=False)',
+  'cost.bandwidth_gbps': 'cost.link_bandwidth, in bytes/s (10 Gbit/s = 1.25e9)',
+  'cost.latency': 'cost.link_latency (seconds per message)',
+  'cost.calibration_steps': 'cost.reps',
 }
 
 
 # --- field checks -------------------------------------------------------------------------------
 def integer(value, field: str, minimum: int = 1, maximum: int | None = None) -> int:
   """`value` if it is an integer in [minimum, maximum], else a ValueError naming `field`."""
-  if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
-      or (maximum is not None and value > maximum)):
+  if (
+    isinstance(value, bool)
+    or not isinstance(value, int)
+    or value < minimum
+    or (maximum is not None and value > maximum)
+  ):
     if maximum is not None:
       raise ValueError(f'{field}: must be an integer in [{minimum}, {maximum}], got {value!r}.')
     what = 'a positive integer' if minimum == 1 else f'an integer >= {minimum}'
@@ -57,11 +63,17 @@ def at_least(value, field: str, minimum: int) -> int:
   return int(value)
 
 
-def number(value, field: str, *, minimum: float = 0.0, strict: bool = False,
-           maximum: float = math.inf) -> float:
+def number(
+  value, field: str, *, minimum: float = 0.0, strict: bool = False, maximum: float = math.inf
+) -> float:
   """A finite number in [minimum, maximum] (`strict`: > minimum), else a ValueError."""
-  ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-        and (value > minimum if strict else value >= minimum) and value <= maximum)
+  ok = (
+    not isinstance(value, bool)
+    and isinstance(value, (int, float))
+    and math.isfinite(value)
+    and (value > minimum if strict else value >= minimum)
+    and value <= maximum
+  )
   if not ok:
     bound = f'> {minimum}' if strict else f'>= {minimum}'
     if maximum < math.inf:
@@ -138,10 +150,21 @@ def _coerce(value, f: dataclasses.Field, field: str):
 class CostSettings:
   """The virtual clock's costs (`config.cost`): one schema, one unit per quantity.
 
+  Where task costs come from (the first that applies):
+    `profile`  a cost profile file (`python -m experiments.profile`): measured once;
+    `compute`  explicit seconds, with `calibrate=False`;
+    `device`   a hardware preset (`jaxsgd.scheduler.hardware.PRESETS`): roofline costs from
+               XLA's cost analysis; links default to the preset's when left at 0;
+    `calibrate` measured on this machine the first time and kept as a profile where the data
+               lives (`<data_dir>/jaxsgd_profiles/`), so later runs reuse the same costs.
+  Every source but a first calibration is deterministic: the same config gives the same
+  simulated times, under any load.
+
   Attributes:
-    calibrate: measure every task kind on this machine at the start of the run;
-      False: take `compute`.
+    calibrate: measure the tasks on this machine (once; cached, see above).
     reps: calibration repetitions (the fastest counts).
+    profile: a cost profile file.
+    device: a hardware preset name (`cpu`, `v100`, `a100`, `h100`, `tpu_v4`, ...).
     compute: `(kind, seconds)` pairs; seconds is a number or one per stage. Kinds:
       forward, backward, update (scheduler families), step (data-parallel families).
     device_speeds: one speed factor per stage device (pipelines); () = all 1.
@@ -155,6 +178,8 @@ class CostSettings:
 
   calibrate: bool = True
   reps: int = 5
+  profile: str | None = None
+  device: str | None = None
   compute: tuple[tuple[str, Any], ...] = ()
   device_speeds: tuple[float, ...] = ()
   worker_speeds: tuple[float, ...] = ()
@@ -163,6 +188,11 @@ class CostSettings:
   straggler_std: float = 0.0
   seed: int | None = None
   failures: tuple[tuple[int, float], ...] = ()
+
+  @property
+  def explicit_compute(self) -> bool:
+    """Costs are the given `compute` (not measured, not from a profile or preset)."""
+    return not self.calibrate and self.profile is None and self.device is None
 
   @property
   def bandwidth(self) -> float:
@@ -178,18 +208,24 @@ class CostSettings:
     table = {}
     for kind in kinds:
       if given.get(kind) is None:
-        raise ValueError(f'cost.compute.{kind}: missing (cost.calibrate is False, so every '
-                         f'task kind {list(kinds)} needs a cost in seconds).')
+        raise ValueError(
+          f'cost.compute.{kind}: missing (cost.calibrate is False, so every '
+          f'task kind {list(kinds)} needs a cost in seconds).'
+        )
       value = given[kind]
       per_stage = list(value) if isinstance(value, (list, tuple)) else [value] * num_stages
       if len(per_stage) != num_stages:
-        raise ValueError(f'cost.compute.{kind}: {len(per_stage)} values for {num_stages} '
-                         f'stages.')
+        raise ValueError(f'cost.compute.{kind}: {len(per_stage)} values for {num_stages} stages.')
       for stage, seconds in enumerate(per_stage):
-        if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
-            or not 0 <= seconds < math.inf):
-          raise ValueError(f'cost.compute.{kind}: stage {stage} cost must be a finite number '
-                           f'of seconds >= 0, got {seconds!r}.')
+        if (
+          isinstance(seconds, bool)
+          or not isinstance(seconds, (int, float))
+          or not 0 <= seconds < math.inf
+        ):
+          raise ValueError(
+            f'cost.compute.{kind}: stage {stage} cost must be a finite number '
+            f'of seconds >= 0, got {seconds!r}.'
+          )
         table[(stage, kind)] = float(seconds)
     return table
 
@@ -197,14 +233,34 @@ class CostSettings:
 def cost_settings(given, *, clock: str) -> CostSettings:
   """`config.cost` parsed and range-checked (the sub-config is optional)."""
   given = dict(given or {})
-  compute = {k: tuple(v) if isinstance(v, list) else v
-             for k, v in dict(given.pop('compute', None) or {}).items() if v is not None}
+  compute = {
+    k: tuple(v) if isinstance(v, list) else v
+    for k, v in dict(given.pop('compute', None) or {}).items()
+    if v is not None
+  }
   refuse_unknown(compute, KINDS, 'cost.compute')
-  cost = section({**given, 'compute': tuple(sorted(compute.items()))}, CostSettings, 'cost',
-                 ignore=())
+  cost = section(
+    {**given, 'compute': tuple(sorted(compute.items()))}, CostSettings, 'cost', ignore=()
+  )
   integer(cost.reps, 'cost.reps')
-  for field in ('link_latency', 'link_bandwidth', 'straggler_std'):
+  for field in ('link_latency', 'straggler_std'):
     number(getattr(cost, field), f'cost.{field}')
+  if not (isinstance(cost.link_bandwidth, (int, float)) and cost.link_bandwidth >= 0):
+    raise ValueError(
+      f'cost.link_bandwidth: bytes/s >= 0 (0 or inf: free links), got {cost.link_bandwidth!r}.'
+    )
+  if cost.profile is not None and cost.device is not None:
+    raise ValueError(
+      'cost.profile / cost.device: give one cost source, not both (a profile '
+      'is measured costs, a device preset analytic ones).'
+    )
+  if cost.device is not None:
+    hardware.preset(cost.device)  # Refuses an unknown name, listing the presets.
+  if cost.profile is not None and not os.path.exists(os.path.expanduser(cost.profile)):
+    raise ValueError(
+      f'cost.profile: no file {cost.profile!r}; make one with '
+      f'python -m experiments.profile --config=... --out={cost.profile}.'
+    )
   for field, what in (('device_speeds', 'lane'), ('worker_speeds', 'worker')):
     for i, speed in enumerate(getattr(cost, field)):
       if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 < speed < math.inf:
@@ -222,9 +278,11 @@ def cost_settings(given, *, clock: str) -> CostSettings:
 def refuse_workers_field(name: str, workers: int) -> None:
   """For algorithms whose worker count is not `config.workers`."""
   if workers != 1:
-    raise ValueError(f'workers: {name} does not read `workers` (got {workers}); leave it at 1 '
-                     f'(lppsgd: algorithm.devices and workers_per_device; pdasgd: '
-                     f'algorithm.n_fwd and n_bwd; pipelines: stages).')
+    raise ValueError(
+      f'workers: {name} does not read `workers` (got {workers}); leave it at 1 '
+      f'(lppsgd: algorithm.devices and workers_per_device; pdasgd: '
+      f'algorithm.n_fwd and n_bwd; pipelines: stages).'
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,26 +307,35 @@ def placement_settings(given, num_stages: int) -> PlacementSettings:
   available = len(jax.devices())
   positions = settings.devices
   if positions is not None:
-    bad = [p for p in positions if isinstance(p, bool) or not isinstance(p, int)
-           or not 0 <= p < available]
+    bad = [
+      p
+      for p in positions
+      if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < available
+    ]
     if not positions or bad:
-      raise ValueError(f'placement.devices: positions in jax.devices() (0..{available - 1}) '
-                       f'expected, got {list(positions)}.')
+      raise ValueError(
+        f'placement.devices: positions in jax.devices() (0..{available - 1}) '
+        f'expected, got {list(positions)}.'
+      )
   mapping = settings.stage_to_device
   num_devices = available if positions is None else len(positions)
   if mapping is None:
     if positions is not None and len(positions) < num_stages:
-      raise ValueError(f'placement.devices: {len(positions)} devices listed for '
-                       f'{num_stages} stages; list at least {num_stages}, or map stages '
-                       f'onto them with placement.stage_to_device.')
+      raise ValueError(
+        f'placement.devices: {len(positions)} devices listed for '
+        f'{num_stages} stages; list at least {num_stages}, or map stages '
+        f'onto them with placement.stage_to_device.'
+      )
     return settings
   if len(mapping) != num_stages:
-    raise ValueError(f'placement.stage_to_device: {len(mapping)} entries for {num_stages} '
-                     f'stages.')
-  if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_devices
-         for i in mapping):
-    raise ValueError(f'placement.stage_to_device: indices into the {num_devices} devices '
-                     f'(0..{num_devices - 1}) expected, got {list(mapping)}.')
+    raise ValueError(f'placement.stage_to_device: {len(mapping)} entries for {num_stages} stages.')
+  if any(
+    isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_devices for i in mapping
+  ):
+    raise ValueError(
+      f'placement.stage_to_device: indices into the {num_devices} devices '
+      f'(0..{num_devices - 1}) expected, got {list(mapping)}.'
+    )
   return settings
 
 
@@ -276,8 +343,12 @@ def optimizer_settings(given, prefix: str = 'optimizer') -> OptimizerSettings:
   """`config.optimizer` (or another optimizer sub-config) as checked settings."""
   given = dict(given or {})
   kwargs = given.pop('kwargs', None)
-  settings = section({**given, 'kwargs': tuple(sorted(dict(kwargs or {}).items()))},
-                     OptimizerSettings, prefix, ignore=())
+  settings = section(
+    {**given, 'kwargs': tuple(sorted(dict(kwargs or {}).items()))},
+    OptimizerSettings,
+    prefix,
+    ignore=(),
+  )
   return settings.check(prefix)
 
 
@@ -294,6 +365,7 @@ class SharedSettings:
   optimizer: OptimizerSettings
   cost: CostSettings
   placement: PlacementSettings
+  profile_cache: str | None = None  # where calibrated profiles are kept (by the data)
 
   @property
   def virtual(self) -> bool:
@@ -309,16 +381,25 @@ def shared_settings(config) -> SharedSettings:
   stages = integer(config.stages, 'stages')
   clock = choice(config.clock, 'clock', CLOCKS)
   return SharedSettings(
-      train_steps=integer(config.train_steps, 'train_steps'),
-      batch_size=integer(config.batch_size, 'batch_size'),
-      seed=integer(config.seed, 'seed', minimum=0, maximum=2**32 - 1),
-      clock=clock, stages=stages, workers=integer(config.workers, 'workers'),
-      optimizer=optimizer_settings(config.optimizer),
-      cost=cost_settings(config.get('cost'), clock=clock),
-      placement=placement_settings(config.get('placement'), stages))
+    train_steps=integer(config.train_steps, 'train_steps'),
+    batch_size=integer(config.batch_size, 'batch_size'),
+    seed=integer(config.seed, 'seed', minimum=0, maximum=2**32 - 1),
+    clock=clock,
+    stages=stages,
+    workers=integer(config.workers, 'workers'),
+    optimizer=optimizer_settings(config.optimizer),
+    cost=cost_settings(config.get('cost'), clock=clock),
+    placement=placement_settings(config.get('placement'), stages),
+    profile_cache=_profile_cache(config.get('data_dir')),
+  )
+
+
+def _profile_cache(data_dir) -> str:
+  """`<data_dir>/jaxsgd_profiles`: calibrated costs are kept where the data lives."""
+  root = data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets'
+  return os.path.join(os.path.abspath(os.path.expanduser(root)), 'jaxsgd_profiles')
 
 
 def as_dict(settings) -> Mapping[str, Any]:
   """A settings dataclass as a plain dict (for summaries and config files)."""
   return dataclasses.asdict(settings)
-

@@ -12,8 +12,9 @@ from jaxsgd.pipeline import KINDS
 from jaxsgd.asynchronous import common
 
 
-def validate_workers(config, model, num_workers: int, *, whole_model: bool,
-                     uses_workers_field: bool = False) -> SharedSettings:
+def validate_workers(
+  config, model, num_workers: int, *, whole_model: bool, uses_workers_field: bool = False
+) -> SharedSettings:
   """The shared settings of an asynchronous run of `num_workers` workers.
 
   `whole_model`: every worker computes whole-model gradients (ASGD, DC-ASGD, LPP-SGD),
@@ -23,46 +24,69 @@ def validate_workers(config, model, num_workers: int, *, whole_model: bool,
   shared = shared_settings(config)
   name = config.algorithm.name
   if whole_model and shared.stages != 1:
-    raise ValueError(f'stages: {name} computes whole-model gradients on each worker; use '
-                     f'stages=1, got {shared.stages}.')
+    raise ValueError(
+      f'stages: {name} computes whole-model gradients on each worker; use '
+      f'stages=1, got {shared.stages}.'
+    )
   models_lib.check_num_stages(model, shared.stages)
   if not uses_workers_field:
     refuse_workers_field(name, shared.workers)
   if shared.virtual and not shared.cost.calibrate:
     shared.cost.explicit(KINDS, shared.stages)
   if shared.cost.device_speeds:
-    raise ValueError('cost.device_speeds: the asynchronous algorithms set speeds per worker; '
-                     'use cost.worker_speeds (one factor per worker).')
+    raise ValueError(
+      'cost.device_speeds: the asynchronous algorithms set speeds per worker; '
+      'use cost.worker_speeds (one factor per worker).'
+    )
   clocks.worker_speeds(shared, num_workers)
   clocks.failures(shared, num_workers)
   return shared
 
 
-def train_session(run, shared: SharedSettings, executor, measured: dict, log: common.WorkerLog,
-                  make_session: Callable[[common.StepCounter], Any], *, name: str, title: str,
-                  extra: Callable[[Any], dict]) -> dict:
+def train_session(
+  run,
+  shared: SharedSettings,
+  executor,
+  measured: dict,
+  log: common.WorkerLog,
+  make_session: Callable[[common.StepCounter], Any],
+  *,
+  name: str,
+  title: str,
+  extra: Callable[[Any], dict],
+) -> dict:
   """Runs the session `make_session(steps)` builds and returns the summary extras.
 
   `steps` reports every applied step to `run`; the session must provide
   `cluster`, `processes()`, `variables()`, `metrics()` and `staleness()`.
   """
   session = None
-  steps = common.run_reporter(run, executor, steps=shared.train_steps,
-                              batch_size=shared.batch_size,
-                              variables=lambda: session.variables(),
-                              metrics=lambda: session.metrics())
+  steps = common.run_reporter(
+    run,
+    executor,
+    steps=shared.train_steps,
+    batch_size=shared.batch_size,
+    variables=lambda: session.variables(),
+    metrics=lambda: session.metrics(),
+  )
   session = make_session(steps)
   timeline = executor.run(session.cluster, session.processes())
   if not steps.done:
     raise common.WorkersFailedError(
-        f'{name}: the run stopped after {steps.applied} of {steps.steps} '
-        f'steps: the workers that could go on failed ({log.summary()["failed_workers"]}).')
+      f'{name}: the run stopped after {steps.applied} of {steps.steps} '
+      f'steps: the workers that could go on failed ({log.summary()["failed_workers"]}).'
+    )
   summary = {**extra(session), **log.summary()}
   if measured:
     summary['backward_forward_ratio'] = common.backward_forward_ratio(measured)
-    logging.info('%s: measured backward/forward time ratio %.2f.', title,
-                 summary['backward_forward_ratio'])
+    logging.info(
+      '%s: measured backward/forward time ratio %.2f.', title, summary['backward_forward_ratio']
+    )
   return run.write_schedule_outputs(
-      timeline, session.staleness(), cost_table=clocks.cost_table(executor),
-      epochs=steps.applied * shared.batch_size / run.dataset.num_train, title=title,
-      extra=summary)
+    timeline,
+    session.staleness(),
+    cost_table=clocks.cost_table(executor),
+    epochs=steps.applied * shared.batch_size / run.dataset.num_train,
+    title=title,
+    extra=summary,
+  )

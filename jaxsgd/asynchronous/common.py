@@ -30,6 +30,7 @@ from jaxsgd.scheduler.costs import TRANSFER
 from jaxsgd.pipeline.session import StageParams
 from jaxsgd.scheduler.store import VersionedStore
 
+
 class _Stop:
   def __repr__(self):
     return 'STOP'
@@ -59,8 +60,16 @@ def backward_forward_ratio(table: dict) -> float:
 
 
 # --- copies -------------------------------------------------------------------------------------
-def copy(cluster: Cluster, value, source: int, destination: int, device, *, costed: bool,
-         batch: int | None = None):
+def copy(
+  cluster: Cluster,
+  value,
+  source: int,
+  destination: int,
+  device,
+  *,
+  costed: bool,
+  batch: int | None = None,
+):
   """Generator returning `value` on `device` (the lane `destination`'s).
 
   With costed links (virtual clock) the copy is a transfer task on the link
@@ -69,8 +78,16 @@ def copy(cluster: Cluster, value, source: int, destination: int, device, *, cost
   if not costed or source == destination:
     return transfer.to_device(value, device)
   link = cluster.link(source, destination)
-  return (yield Compute(transfer.to_device, (value, device), kind=TRANSFER, lane=link,
-                        batch=batch, nbytes=transfer.nbytes(value)))
+  return (
+    yield Compute(
+      transfer.to_device,
+      (value, device),
+      kind=TRANSFER,
+      lane=link,
+      batch=batch,
+      nbytes=transfer.nbytes(value),
+    )
+  )
 
 
 # --- shared parameters --------------------------------------------------------------------------
@@ -90,15 +107,23 @@ class SharedParams:
   def read(self):
     return self.store.read()
 
-  def apply(self, update: Callable, grads, *args, read_version: int, lane: int | None = None,
-            batch: int | None = None):
+  def apply(
+    self,
+    update: Callable,
+    grads,
+    *args,
+    read_version: int,
+    lane: int | None = None,
+    batch: int | None = None,
+  ):
     """`(params, opt_state) ← update(params, opt_state, grads, *args)`, recorded as a
     gradient computed at `read_version`."""
     with self._lock:
       current = self.store.read().value
       params, opt_state = update(current.params, current.opt_state, grads, *args)
-      return self.store.write(StageParams(params, opt_state), read_version=read_version,
-                              lane=lane, batch=batch)
+      return self.store.write(
+        StageParams(params, opt_state), read_version=read_version, lane=lane, batch=batch
+      )
 
   def replace_params(self, fn: Callable, *args):
     """`params ← fn(params, *args)` (not a gradient update: no staleness recorded)."""
@@ -148,15 +173,29 @@ class StepCounter:
       return self.applied
 
 
-def run_reporter(run, executor, *, steps: int, batch_size: int, variables: Callable[[], Any],
-                 metrics: Callable[[], dict]) -> StepCounter:
+def run_reporter(
+  run,
+  executor,
+  *,
+  steps: int,
+  batch_size: int,
+  variables: Callable[[], Any],
+  metrics: Callable[[], dict],
+) -> StepCounter:
   """A `StepCounter` of `steps` that reports every step to `run` (with the simulated
   time on the virtual clock)."""
   virtual = executor.clock == 'virtual'
 
   def on_step(step, loss, who):
-    run.report(step, loss=loss, variables=variables, samples=step * batch_size,
-               sim_time=executor.now() if virtual else None, extra=metrics, stage=who)
+    run.report(
+      step,
+      loss=loss,
+      variables=variables,
+      samples=step * batch_size,
+      sim_time=executor.now() if virtual else None,
+      extra=metrics,
+      stage=who,
+    )
 
   return StepCounter(steps, on_step)
 
@@ -166,7 +205,7 @@ class WorkerLog:
 
   def __init__(self, names: Sequence[str], failures: dict[int, float], now: Callable[[], float]):
     self.names, self.failures, self.now = list(names), dict(failures), now
-    self.failed: dict[int, float] = {}           # worker -> when it noticed
+    self.failed: dict[int, float] = {}  # worker -> when it noticed
     self.pushes: list[list[float]] = [[] for _ in names]
     self._lock = threading.Lock()
 
@@ -186,11 +225,20 @@ class WorkerLog:
     self.pushes[worker].append(self.now())
 
   def summary(self) -> dict:
-    return {'failed_workers': [
-        {'worker': self.names[m], 'index': m, 'failure_time': self.failures[m],
-         'stopped_at': at, 'pushes': len(self.pushes[m]),
-         'last_push': max(self.pushes[m], default=None)} for m, at in sorted(self.failed.items())],
-            'pushes_per_worker': {self.names[m]: len(p) for m, p in enumerate(self.pushes)}}
+    return {
+      'failed_workers': [
+        {
+          'worker': self.names[m],
+          'index': m,
+          'failure_time': self.failures[m],
+          'stopped_at': at,
+          'pushes': len(self.pushes[m]),
+          'last_push': max(self.pushes[m], default=None),
+        }
+        for m, at in sorted(self.failed.items())
+      ],
+      'pushes_per_worker': {self.names[m]: len(p) for m, p in enumerate(self.pushes)},
+    }
 
 
 def staleness_by_lane(store: VersionedStore, lanes: dict[int, str]) -> dict[str, np.ndarray]:

@@ -88,8 +88,11 @@ def partition_masks(params, parts: int) -> list:
   masks = []
   for lo, hi in zip(bounds[:-1], bounds[1:]):
     flat = [np.arange(o, o + n) for o, n in zip(offsets, sizes)]
-    masks.append(treedef.unflatten([((i >= lo) & (i < hi)).reshape(leaf.shape)
-                                    for i, leaf in zip(flat, leaves)]))
+    masks.append(
+      treedef.unflatten(
+        [((i >= lo) & (i < hi)).reshape(leaf.shape) for i, leaf in zip(flat, leaves)]
+      )
+    )
   return masks
 
 
@@ -120,9 +123,11 @@ def make_masked_update(update, init):
 
   def slice_of(state, mask):
     if state.shape != mask.shape:
-      raise ValueError(f'LPP-SGD partitioned step: optimizer state of shape {state.shape} '
-                       f'for a parameter of shape {mask.shape}; the optimizer must keep '
-                       'per-parameter state (not factored, as adafactor does).')
+      raise ValueError(
+        f'LPP-SGD partitioned step: optimizer state of shape {state.shape} '
+        f'for a parameter of shape {mask.shape}; the optimizer must keep '
+        'per-parameter state (not factored, as adafactor does).'
+      )
     return mask
 
   @jax.jit
@@ -131,10 +136,13 @@ def make_masked_update(update, init):
 
   @jax.jit
   def keep_slice(params, opt_state, new_params, new_state, mask):
-    state_mask = optax.tree_utils.tree_map_params(init, slice_of, new_state, mask,
-                                                  transform_non_params=lambda _: True)
-    return (jax.tree.map(jnp.where, mask, new_params, params),
-            jax.tree.map(jnp.where, state_mask, new_state, opt_state))
+    state_mask = optax.tree_utils.tree_map_params(
+      init, slice_of, new_state, mask, transform_non_params=lambda _: True
+    )
+    return (
+      jax.tree.map(jnp.where, mask, new_params, params),
+      jax.tree.map(jnp.where, state_mask, new_state, opt_state),
+    )
 
   def masked_update(params, opt_state, grads, mask):
     new_params, new_state = update(params, opt_state, mask_grads(grads, mask))
@@ -173,31 +181,52 @@ class LppSession:
     steps: a `StepCounter`; log: failures and pushes.
   """
 
-  def __init__(self, pipeline: PlacedStages, settings: LppSettings, variables, opt_state,
-               streams: Sequence[Iterator[dict]], devices: Sequence[jax.Device],
-               steps: common.StepCounter, log: common.WorkerLog):
+  def __init__(
+    self,
+    pipeline: PlacedStages,
+    settings: LppSettings,
+    variables,
+    opt_state,
+    streams: Sequence[Iterator[dict]],
+    devices: Sequence[jax.Device],
+    steps: common.StepCounter,
+    log: common.WorkerLog,
+  ):
     self.settings, self.streams, self.devices, self.steps, self.log = (
-        settings, list(streams), list(devices), steps, log)
+      settings,
+      list(streams),
+      list(devices),
+      steps,
+      log,
+    )
     self.ops = pipeline.ops(0, sequential_roles(1)[0])
     self.masked_update = make_masked_update(self.ops.update, pipeline.tx)
     params, state = stages_lib.split_variables(variables)
     D, W = settings.devices, settings.workers_per_device
-    self.replicas = [common.SharedParams(f'replica {d}', transfer.to_device(params, devices[d]),
-                                         transfer.to_device(opt_state, devices[d]))
-                     for d in range(D)]
-    self.states = [VersionedStore(f'model state {d}', transfer.to_device(state, devices[d]))
-                   for d in range(D)]
-    self.masks = [[transfer.to_device(m, devices[d]) for m in partition_masks(params, W)]
-                  for d in range(D)]
+    self.replicas = [
+      common.SharedParams(
+        f'replica {d}',
+        transfer.to_device(params, devices[d]),
+        transfer.to_device(opt_state, devices[d]),
+      )
+      for d in range(D)
+    ]
+    self.states = [
+      VersionedStore(f'model state {d}', transfer.to_device(state, devices[d])) for d in range(D)
+    ]
+    self.masks = [
+      [transfer.to_device(m, devices[d]) for m in partition_masks(params, W)] for d in range(D)
+    ]
     self.cluster = Cluster()
     for m in range(D * W):
       self.cluster.add_lane(f'worker {m // W}.{m % W} ({devices[m // W]})', devices[m // W])
     self.allreduce_lane = self.cluster.add_lane('allreduce')
-    self.rounds = [self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane)
-                   for d in range(D)]
-    self.device_updates = [0] * D           # updates applied to each replica
-    self.last_snapshot = [0] * D            # ... when it last joined a round
-    self.in_flight = [False] * D            # its round is not merged yet
+    self.rounds = [
+      self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane) for d in range(D)
+    ]
+    self.device_updates = [0] * D  # updates applied to each replica
+    self.last_snapshot = [0] * D  # ... when it last joined a round
+    self.in_flight = [False] * D  # its round is not merged yet
     self.alive = [W] * D
     self.active = set(range(D))  # replicas with live workers (evaluated, averaged)
     self.averaged_rounds = 0
@@ -205,8 +234,10 @@ class LppSession:
 
   def processes(self) -> list[Process]:
     W = self.settings.workers_per_device
-    workers = [Process(f'worker {m // W}.{m % W}', m, self._worker(m // W, m % W))
-               for m in range(self.settings.num_workers)]
+    workers = [
+      Process(f'worker {m // W}.{m % W}', m, self._worker(m // W, m % W))
+      for m in range(self.settings.num_workers)
+    ]
     if self.settings.devices > 1:
       workers.append(Process('averaging', self.allreduce_lane, self._averager()))
     return workers
@@ -222,15 +253,21 @@ class LppSession:
       batch = transfer.to_device(next(self.streams[m]), self.devices[d])
       variables = {'params': snapshot.value.params, **self.states[d].read().value}
       _, loss, new_state, vjp = yield Compute(
-          self.ops.forward, (variables, batch['image'], batch['label']), kind='forward',
-          stage=0, batch=k)
+        self.ops.forward,
+        (variables, batch['image'], batch['label']),
+        kind='forward',
+        stage=0,
+        batch=k,
+      )
       grads, _ = yield Compute(self.ops.backward, (vjp, None), kind='backward', stage=0, batch=k)
-      if (failed := self.log.has_failed(m)):
+      if failed := self.log.has_failed(m):
         break
       partitioned = k % 2 == 1 and self.steps.applied >= self.settings.warmup_steps
-      step = self.steps.commit(functools.partial(
-          self._apply, d, m, grads, snapshot.version, new_state, partitioned), loss,
-                               f'worker {d}.{j}')
+      step = self.steps.commit(
+        functools.partial(self._apply, d, m, grads, snapshot.version, new_state, partitioned),
+        loss,
+        f'worker {d}.{j}',
+      )
       if step is None:
         break
       if self._snapshot_due(d, step):
@@ -239,10 +276,12 @@ class LppSession:
 
   def _apply(self, d, m, grads, read_version, new_state, partitioned):
     W = self.settings.workers_per_device
-    update, args = ((self.masked_update, (self.masks[d][m % W],)) if partitioned
-                    else (self.ops.update, ()))
-    self.replicas[d].apply(update, grads, *args, read_version=read_version, lane=m,
-                           batch=self.steps.applied)
+    update, args = (
+      (self.masked_update, (self.masks[d][m % W],)) if partitioned else (self.ops.update, ())
+    )
+    self.replicas[d].apply(
+      update, grads, *args, read_version=read_version, lane=m, batch=self.steps.applied
+    )
     if new_state:
       self.states[d].write(new_state)
     self.device_updates[d] += 1
@@ -316,10 +355,14 @@ class LppSession:
   def staleness(self) -> dict[str, np.ndarray]:
     W, result = self.settings.workers_per_device, {}
     for d, replica in enumerate(self.replicas):
-      result.update(common.staleness_by_lane(
-          replica.store, {d * W + j: f'worker {d}.{j}' for j in range(W)}))
+      result.update(
+        common.staleness_by_lane(replica.store, {d * W + j: f'worker {d}.{j}' for j in range(W)})
+      )
     return result
 
   def metrics(self) -> dict:
-    return {**common.staleness_metrics(self.staleness(), 'worker'),
-            'averaging_rounds': self.averaged_rounds, 'failed_workers': len(self.log.failed)}
+    return {
+      **common.staleness_metrics(self.staleness(), 'worker'),
+      'averaging_rounds': self.averaged_rounds,
+      'failed_workers': len(self.log.failed),
+    }

@@ -95,10 +95,11 @@ def worker_name(settings: PdSettings, w: int) -> str:
 
 class Forwarded(NamedTuple):
   """A forward's result: what its backward needs (residuals at the forward's weights)."""
+
   batch: int
-  lane: int              # where the residuals live
-  vjps: tuple            # one per layer
-  versions: tuple        # the version of each layer the forward read
+  lane: int  # where the residuals live
+  vjps: tuple  # one per layer
+  versions: tuple  # the version of each layer the forward read
   loss: Any
 
 
@@ -115,11 +116,24 @@ class PdSession:
     costed_links: copies are transfer tasks (virtual clock with link costs).
   """
 
-  def __init__(self, pipeline: PlacedStages, settings: PdSettings,
-               streams: Sequence[Iterator[dict]], devices: Sequence[jax.Device],
-               steps: common.StepCounter, log: common.WorkerLog, *, costed_links: bool = False):
+  def __init__(
+    self,
+    pipeline: PlacedStages,
+    settings: PdSettings,
+    streams: Sequence[Iterator[dict]],
+    devices: Sequence[jax.Device],
+    steps: common.StepCounter,
+    log: common.WorkerLog,
+    *,
+    costed_links: bool = False,
+  ):
     self.settings, self.streams, self.devices, self.steps, self.log = (
-        settings, list(streams), list(devices), steps, log)
+      settings,
+      list(streams),
+      list(devices),
+      steps,
+      log,
+    )
     self.costed = costed_links
     self.num_layers = pipeline.num_stages
     roles = sequential_roles(self.num_layers)
@@ -135,16 +149,18 @@ class PdSession:
       self.cluster.add_lane(f'{worker_name(self.settings, w)} ({devices[1 + w]})', devices[1 + w])
     self.queue = self.cluster.channel('forward results', 0)
     self.tokens = self.cluster.channel('tokens', 0)
-    self.started = 0                                   # batches begun by forward workers
+    self.started = 0  # batches begun by forward workers
     self.alive = {'forward': settings.n_fwd, 'backward': settings.n_bwd}
     self._lock = threading.Lock()
 
   def processes(self) -> list[Process]:
     n_fwd = self.settings.n_fwd
-    return ([Process('tokens', 0, self._tokens())] +
-            [Process(worker_name(self.settings, w), 1 + w,
-                     self._forward(w) if w < n_fwd else self._backward(w))
-             for w in range(self.settings.num_workers)])
+    return [Process('tokens', 0, self._tokens())] + [
+      Process(
+        worker_name(self.settings, w), 1 + w, self._forward(w) if w < n_fwd else self._backward(w)
+      )
+      for w in range(self.settings.num_workers)
+    ]
 
   # --- the processes (see the module docstring) ----------------------------------------------
   def _tokens(self):
@@ -161,7 +177,7 @@ class PdSession:
       with self._lock:
         t, self.started = self.started, self.started + 1
       result = yield from self._forward_pass(w, t)
-      if (failed := self.log.has_failed(w)):  # It queues nothing after its failure time.
+      if failed := self.log.has_failed(w):  # It queues nothing after its failure time.
         yield Put(self.tokens, token)
         break
       self.log.pushed(w)
@@ -175,11 +191,18 @@ class PdSession:
     for k in range(self.num_layers):
       snapshot = self.layers[k].read()  # The latest version, at this layer's task start.
       variables = yield from common.copy(
-          self.cluster, {'params': snapshot.value.params, **self.states[k].read().value}, 0,
-          lane, device, costed=self.costed, batch=t)
+        self.cluster,
+        {'params': snapshot.value.params, **self.states[k].read().value},
+        0,
+        lane,
+        device,
+        costed=self.costed,
+        batch=t,
+      )
       labels = batch['label'] if k == self.num_layers - 1 else None
-      h, loss, new_state, vjp = yield Compute(self.ops[k].forward, (variables, h, labels),
-                                              kind='forward', stage=k, batch=t)
+      h, loss, new_state, vjp = yield Compute(
+        self.ops[k].forward, (variables, h, labels), kind='forward', stage=k, batch=t
+      )
       if new_state:
         self.states[k].write(new_state)
       vjps.append(vjp)
@@ -201,12 +224,14 @@ class PdSession:
 
   def _backward_pass(self, w: int, item: Forwarded):
     lane, device = 1 + w, self.devices[1 + w]
-    vjps = yield from common.copy(self.cluster, item.vjps, item.lane, lane, device,
-                                  costed=self.costed, batch=item.batch)
+    vjps = yield from common.copy(
+      self.cluster, item.vjps, item.lane, lane, device, costed=self.costed, batch=item.batch
+    )
     dy, pending = None, []
     for k in reversed(range(self.num_layers)):
-      grads, dy = yield Compute(self.ops[k].backward, (vjps[k], dy), kind='backward', stage=k,
-                                batch=item.batch)
+      grads, dy = yield Compute(
+        self.ops[k].backward, (vjps[k], dy), kind='backward', stage=k, batch=item.batch
+      )
       pending.append((k, grads))
       if self.settings.updates == 'layer' or k == 0:
         yield from self._apply(w, pending, item)
@@ -215,11 +240,19 @@ class PdSession:
 
   def _apply(self, w: int, pending: list, item: Forwarded):
     """Copies the gradients to the shared model and applies them, each atomically."""
-    grads = yield from common.copy(self.cluster, [g for _, g in pending], 1 + w, 0,
-                                   self.devices[0], costed=self.costed, batch=item.batch)
+    grads = yield from common.copy(
+      self.cluster,
+      [g for _, g in pending],
+      1 + w,
+      0,
+      self.devices[0],
+      costed=self.costed,
+      batch=item.batch,
+    )
     for (k, _), g in zip(pending, grads):
-      self.layers[k].apply(self.ops[k].update, g, read_version=item.versions[k], lane=1 + w,
-                           batch=item.batch)
+      self.layers[k].apply(
+        self.ops[k].update, g, read_version=item.versions[k], lane=1 + w, batch=item.batch
+      )
     self.log.pushed(w)
 
   def _leave(self, role: str, failed: bool):
@@ -228,20 +261,27 @@ class PdSession:
       last = self.alive[role] == 0
     if last and role == 'backward' and failed:
       raise common.WorkersFailedError(
-          f'pdasgd: every backward worker failed (cost.failures) after {self.steps.applied} '
-          f'of {self.steps.steps} steps.')
+        f'pdasgd: every backward worker failed (cost.failures) after {self.steps.applied} '
+        f'of {self.steps.steps} steps.'
+      )
     if last and role == 'forward':
       for _ in range(self.settings.n_bwd):
         yield Put(self.queue, common.STOP)
 
   # --- what the run reports -------------------------------------------------------------------
   def variables(self):
-    return models_lib.merge_variables([{'params': layer.read().value.params, **state.read().value}
-                                       for layer, state in zip(self.layers, self.states)])
+    return models_lib.merge_variables(
+      [
+        {'params': layer.read().value.params, **state.read().value}
+        for layer, state in zip(self.layers, self.states)
+      ]
+    )
 
   def staleness(self) -> dict[str, np.ndarray]:
     return {f'layer {k}': layer.store.staleness() for k, layer in enumerate(self.layers)}
 
   def metrics(self) -> dict:
-    return {**common.staleness_metrics(self.staleness(), 'layer'),
-            'failed_workers': len(self.log.failed)}
+    return {
+      **common.staleness_metrics(self.staleness(), 'layer'),
+      'failed_workers': len(self.log.failed),
+    }

@@ -65,8 +65,11 @@ from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
 from jaxsgd.pipeline.session import PlacedStages, StageParams, sequential_roles
 from jaxsgd.scheduler.store import Snapshot, VersionedStore
 
-STALENESS_LR = {'none': None, 'inverse': transforms.inverse_staleness,
-                'inverse_sqrt': transforms.inverse_sqrt_staleness}
+STALENESS_LR = {
+  'none': None,
+  'inverse': transforms.inverse_staleness,
+  'inverse_sqrt': transforms.inverse_sqrt_staleness,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +78,8 @@ class ServerSettings:
 
   num_workers: int
   staleness_lr: str = 'none'
-  delay_compensation: bool = False   # DC-ASGD
-  lambda0: float | None = None       # None: the paper's default (0.04 constant, 2 adaptive)
+  delay_compensation: bool = False  # DC-ASGD
+  lambda0: float | None = None  # None: the paper's default (0.04 constant, 2 adaptive)
   adaptive: bool = False
 
 
@@ -84,15 +87,19 @@ def server_gradient_transforms(settings: ServerSettings) -> list:
   """[delay compensation], [staleness scaling]: what the server does to a pushed g."""
   parts = []
   if settings.delay_compensation:
-    parts.append(transforms.delay_compensation_server(
-        settings.num_workers, settings.lambda0, settings.adaptive))
+    parts.append(
+      transforms.delay_compensation_server(
+        settings.num_workers, settings.lambda0, settings.adaptive
+      )
+    )
   if STALENESS_LR[settings.staleness_lr] is not None:
     parts.append(transforms.scale_by_staleness(STALENESS_LR[settings.staleness_lr]))
   return parts
 
 
-def server_optimizer(base: optax.GradientTransformation,
-                     settings: ServerSettings) -> optax.GradientTransformationExtraArgs:
+def server_optimizer(
+  base: optax.GradientTransformation, settings: ServerSettings
+) -> optax.GradientTransformationExtraArgs:
   """`chain([delay compensation], [staleness scaling], base)`; its update takes
   `worker_id=` and `staleness=`. (`build` uses `make_optimizer`, which also folds
   weight decay into g before these.)"""
@@ -105,8 +112,9 @@ def make_apply(tx: optax.GradientTransformationExtraArgs, record_pulls: bool):
 
   @jax.jit
   def apply(params, opt_state, grads, worker_id, staleness):
-    updates, opt_state = tx.update(grads, opt_state, params, worker_id=worker_id,
-                                   staleness=staleness)
+    updates, opt_state = tx.update(
+      grads, opt_state, params, worker_id=worker_id, staleness=staleness
+    )
     params = optax.apply_updates(params, updates)
     if record_pulls:
       opt_state = transforms.record_pull(opt_state, params, worker_id)
@@ -123,8 +131,15 @@ class ParameterServer:
   or that was computed at another version than the one it pulled.
   """
 
-  def __init__(self, tx: optax.GradientTransformationExtraArgs, params, num_workers: int,
-               device: jax.Device, *, record_pulls: bool):
+  def __init__(
+    self,
+    tx: optax.GradientTransformationExtraArgs,
+    params,
+    num_workers: int,
+    device: jax.Device,
+    *,
+    record_pulls: bool,
+  ):
     self.store = VersionedStore('server params', StageParams(params, tx.init(params)))
     self.apply_fn = make_apply(tx, record_pulls)
     self._device = device
@@ -143,28 +158,41 @@ class ParameterServer:
     `read_version` (read now, at the task's start)."""
     pulled = self._pulled[worker]
     if pulled is None:
-      raise ValueError(f'worker {worker} pushed a gradient but never pulled: the server '
-                       f'records w_bak({worker}) and the pulled version when a worker pulls '
-                       f'(DC-ASGD, Algorithm 2), so a push without a pull has no backup.')
+      raise ValueError(
+        f'worker {worker} pushed a gradient but never pulled: the server '
+        f'records w_bak({worker}) and the pulled version when a worker pulls '
+        f'(DC-ASGD, Algorithm 2), so a push without a pull has no backup.'
+      )
     if read_version != pulled:
-      raise ValueError(f'worker {worker} pushed a gradient computed at version {read_version} '
-                       f'but its last pull was version {pulled}.')
+      raise ValueError(
+        f'worker {worker} pushed a gradient computed at version {read_version} '
+        f'but its last pull was version {pulled}.'
+      )
     current = self.store.read()
     staleness = self._constant(current.version - read_version)
-    return self.apply_fn, (current.value.params, current.value.opt_state, grads,
-                           self._worker_ids[worker], staleness)
+    return self.apply_fn, (
+      current.value.params,
+      current.value.opt_state,
+      grads,
+      self._worker_ids[worker],
+      staleness,
+    )
 
   def commit(self, worker: int, value, read_version: int, *, lane: int, batch: int):
     """Writes the update task's result; the worker must pull again before pushing."""
     self._pulled[worker] = None
-    return self.store.write(StageParams(*value), read_version=read_version, lane=lane,
-                            batch=batch)
+    return self.store.write(StageParams(*value), read_version=read_version, lane=lane, batch=batch)
 
   def calibration_call(self) -> tuple:
     """The update on the initial parameters, standing in for a gradient (for timing)."""
     value = self.store.read().value
-    return self.apply_fn, (value.params, value.opt_state, value.params, self._worker_ids[0],
-                           self._constant(0))
+    return self.apply_fn, (
+      value.params,
+      value.opt_state,
+      value.params,
+      self._worker_ids[0],
+      self._constant(0),
+    )
 
   def _constant(self, staleness: int) -> jax.Array:
     if staleness not in self._staleness:
@@ -172,11 +200,15 @@ class ParameterServer:
     return self._staleness[staleness]
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=['grads', 'loss', 'state'],
-                   meta_fields=['worker', 'version', 'batch'])
+@functools.partial(
+  jax.tree_util.register_dataclass,
+  data_fields=['grads', 'loss', 'state'],
+  meta_fields=['worker', 'version', 'batch'],
+)
 @dataclasses.dataclass(frozen=True)
 class Push:
   """A worker's gradient (copied to the server; the metadata is not an array)."""
+
   worker: int
   version: int
   batch: int
@@ -185,11 +217,13 @@ class Push:
   state: Any
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=['params', 'state'],
-                   meta_fields=['version'])
+@functools.partial(
+  jax.tree_util.register_dataclass, data_fields=['params', 'state'], meta_fields=['version']
+)
 @dataclasses.dataclass(frozen=True)
 class Pulled:
   """The parameters (and model state) a worker receives, and their version."""
+
   version: int
   params: Any
   state: Any
@@ -213,11 +247,23 @@ class AsgdSession:
     log: when workers fail and when they push.
   """
 
-  def __init__(self, pipeline: PlacedStages, server: ParameterServer, state,
-               streams: Sequence[Iterator[dict]], devices: Sequence[jax.Device],
-               steps: common.StepCounter, log: common.WorkerLog):
+  def __init__(
+    self,
+    pipeline: PlacedStages,
+    server: ParameterServer,
+    state,
+    streams: Sequence[Iterator[dict]],
+    devices: Sequence[jax.Device],
+    steps: common.StepCounter,
+    log: common.WorkerLog,
+  ):
     self.pipeline, self.server, self.streams, self.steps, self.log = (
-        pipeline, server, list(streams), steps, log)
+      pipeline,
+      server,
+      list(streams),
+      steps,
+      log,
+    )
     self.ops = pipeline.ops(0, sequential_roles(1)[0])
     self.model_state = VersionedStore('server model state', state)
     self.num_workers = len(self.streams)
@@ -227,12 +273,14 @@ class AsgdSession:
     for m in range(self.num_workers):
       self.cluster.add_lane(f'worker {m} ({devices[1 + m]})', devices[1 + m])
     self.inbox = self.cluster.channel('pushes', 0)
-    self.replies = [self.cluster.channel(f'pulls of worker {m}', 1 + m)
-                    for m in range(self.num_workers)]
+    self.replies = [
+      self.cluster.channel(f'pulls of worker {m}', 1 + m) for m in range(self.num_workers)
+    ]
 
   def processes(self) -> list[Process]:
     return [Process('server', 0, self._server())] + [
-        Process(f'worker {m}', 1 + m, self._worker(m)) for m in range(self.num_workers)]
+      Process(f'worker {m}', 1 + m, self._worker(m)) for m in range(self.num_workers)
+    ]
 
   # --- the processes (see the module docstring) ------------------------------------------------
   def _server(self):
@@ -245,8 +293,9 @@ class AsgdSession:
         live.discard(message.worker)
         if not live:
           raise common.WorkersFailedError(
-              f'asgd: every worker failed (cost.failures) after {self.steps.applied} of '
-              f'{self.steps.steps} steps.')
+            f'asgd: every worker failed (cost.failures) after {self.steps.applied} of '
+            f'{self.steps.steps} steps.'
+          )
         continue
       yield from self._apply(message)
       if not self.steps.done:
@@ -256,16 +305,19 @@ class AsgdSession:
 
   def _reply(self, worker: int):
     snapshot = self.server.pull(worker)
-    yield Send(self.replies[worker],
-               Pulled(snapshot.version, snapshot.value.params, self.model_state.read().value))
+    yield Send(
+      self.replies[worker],
+      Pulled(snapshot.version, snapshot.value.params, self.model_state.read().value),
+    )
 
   def _apply(self, push: Push):
     fn, args = self.server.update_call(push.worker, push.grads, push.version)
     value = yield Compute(fn, args, kind='update', stage=0, batch=self.steps.applied)
 
     def commit():
-      self.server.commit(push.worker, value, push.version, lane=1 + push.worker,
-                         batch=self.steps.applied)
+      self.server.commit(
+        push.worker, value, push.version, lane=1 + push.worker, batch=self.steps.applied
+      )
       if push.state:
         self.model_state.write(push.state)
 
@@ -282,8 +334,12 @@ class AsgdSession:
       batch = transfer.to_device(next(self.streams[m]), device)
       variables = {'params': pulled.params, **pulled.state}
       _, loss, new_state, vjp = yield Compute(
-          self.ops.forward, (variables, batch['image'], batch['label']), kind='forward',
-          stage=0, batch=k)
+        self.ops.forward,
+        (variables, batch['image'], batch['label']),
+        kind='forward',
+        stage=0,
+        batch=k,
+      )
       grads, _ = yield Compute(self.ops.backward, (vjp, None), kind='backward', stage=0, batch=k)
       if self.log.has_failed(m):  # Its pushes stop at its failure time.
         break
@@ -300,5 +356,7 @@ class AsgdSession:
     return common.staleness_by_lane(self.server.store, lanes)
 
   def metrics(self) -> dict:
-    return {**common.staleness_metrics(self.staleness(), 'worker'),
-            'failed_workers': len(self.log.failed)}
+    return {
+      **common.staleness_metrics(self.staleness(), 'worker'),
+      'failed_workers': len(self.log.failed),
+    }

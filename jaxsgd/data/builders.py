@@ -27,18 +27,21 @@ class Digits(tfds.core.GeneratorBasedBuilder):
 
   def _info(self):
     return self.dataset_info_from_configs(
-        description='8x8 handwritten digits bundled with scikit-learn (UCI).',
-        features=tfds.features.FeaturesDict({
-            'image': tfds.features.Tensor(shape=(8, 8, 1), dtype=np.float32),
-            'label': tfds.features.ClassLabel(num_classes=10),
-        }),
-        supervised_keys=('image', 'label'),
-        homepage='https://scikit-learn.org/stable/datasets/toy_dataset.html',
+      description='8x8 handwritten digits bundled with scikit-learn (UCI).',
+      features=tfds.features.FeaturesDict(
+        {
+          'image': tfds.features.Tensor(shape=(8, 8, 1), dtype=np.float32),
+          'label': tfds.features.ClassLabel(num_classes=10),
+        }
+      ),
+      supervised_keys=('image', 'label'),
+      homepage='https://scikit-learn.org/stable/datasets/toy_dataset.html',
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # Nothing to download: the data ships with scikit-learn.
     from sklearn import datasets as sk_datasets  # pylint: disable=g-import-not-at-top
+
     digits = sk_datasets.load_digits()
     images = (digits.images / 16.0).astype(np.float32)[..., None]
     labels = digits.target.astype(np.int64)
@@ -46,8 +49,8 @@ class Digits(tfds.core.GeneratorBasedBuilder):
     num_test = int(round(len(labels) * _DIGITS_TEST_FRACTION))
     test, train = order[:num_test], order[num_test:]
     return {
-        'train': self._generate_examples(images[train], labels[train]),
-        'test': self._generate_examples(images[test], labels[test]),
+      'train': self._generate_examples(images[train], labels[train]),
+      'test': self._generate_examples(images[test], labels[test]),
     }
 
   def _generate_examples(self, images, labels):
@@ -69,30 +72,34 @@ class Mnist1d(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Initial release.'}
   BUILDER_CONFIGS = [
-      Mnist1dConfig(name='50k', num_samples=50_000,
-                    description='40,000 train / 10,000 test sequences.'),
-      Mnist1dConfig(name='5k', num_samples=5_000,
-                    description='The original size: 4,000 train / 1,000 test.'),
+    Mnist1dConfig(
+      name='50k', num_samples=50_000, description='40,000 train / 10,000 test sequences.'
+    ),
+    Mnist1dConfig(
+      name='5k', num_samples=5_000, description='The original size: 4,000 train / 1,000 test.'
+    ),
   ]
 
   def _info(self):
     return self.dataset_info_from_configs(
-        description='MNIST-1D: 1-D digit templates, randomly padded, translated, '
-                    'scaled, sheared and noised; length 40.',
-        features=tfds.features.FeaturesDict({
-            'image': tfds.features.Tensor(shape=(40, 1), dtype=np.float32),
-            'label': tfds.features.ClassLabel(num_classes=10),
-        }),
-        supervised_keys=('image', 'label'),
-        homepage='https://github.com/greydanus/mnist1d',
+      description='MNIST-1D: 1-D digit templates, randomly padded, translated, '
+      'scaled, sheared and noised; length 40.',
+      features=tfds.features.FeaturesDict(
+        {
+          'image': tfds.features.Tensor(shape=(40, 1), dtype=np.float32),
+          'label': tfds.features.ClassLabel(num_classes=10),
+        }
+      ),
+      supervised_keys=('image', 'label'),
+      homepage='https://github.com/greydanus/mnist1d',
     )
 
   def _split_generators(self, dl_manager):
     del dl_manager  # Generated locally: no download.
     data = _generate_mnist1d(self.builder_config.num_samples)
     return {
-        'train': self._generate_examples(data['x'], data['y']),
-        'test': self._generate_examples(data['x_test'], data['y_test']),
+      'train': self._generate_examples(data['x'], data['y']),
+      'test': self._generate_examples(data['x_test'], data['y_test']),
     }
 
   def _generate_examples(self, xs, ys):
@@ -103,6 +110,7 @@ class Mnist1d(tfds.core.GeneratorBasedBuilder):
 def _generate_mnist1d(num_samples: int) -> dict[str, np.ndarray]:
   """Runs the `mnist1d` generator without disturbing numpy's global RNG."""
   from mnist1d import data as mnist1d_data  # pylint: disable=g-import-not-at-top
+
   args = mnist1d_data.get_dataset_args()
   args.num_samples = num_samples
   saved_state = np.random.get_state()  # make_dataset reseeds the global RNG.

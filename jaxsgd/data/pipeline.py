@@ -50,8 +50,15 @@ class Dataset:
   def num_test(self) -> int:
     return len(self.test['label'])
 
-  def train_batches(self, batch_size: int, *, seed: int, worker: int = 0,
-                    num_workers: int = 1, sharding: str = 'stream') -> 'BatchIterator':
+  def train_batches(
+    self,
+    batch_size: int,
+    *,
+    seed: int,
+    worker: int = 0,
+    num_workers: int = 1,
+    sharding: str = 'stream',
+  ) -> 'BatchIterator':
     """An endless, deterministic stream of training batches for one worker.
 
     Args:
@@ -67,8 +74,11 @@ class Dataset:
     indices = np.arange(self.num_train)
     if sharding == 'shard':
       indices = indices[worker::num_workers]
-    _check_batch_size(batch_size, len(indices), f'{self.name} train shard' if
-                      sharding == 'shard' else f'{self.name} train split')
+    _check_batch_size(
+      batch_size,
+      len(indices),
+      f'{self.name} train shard' if sharding == 'shard' else f'{self.name} train split',
+    )
     return BatchIterator(self.train, indices, batch_size, seed=seed, worker=worker)
 
   def test_batches(self, batch_size: int) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
@@ -118,7 +128,7 @@ class BatchIterator:
       self.epoch += 1
       self._position = 0
       self._order = self._shuffled(self.epoch)
-    idx = np.sort(self._order[self._position:self._position + self._batch_size])
+    idx = np.sort(self._order[self._position : self._position + self._batch_size])
     self._position += self._batch_size
     return {k: v[idx] for k, v in self._arrays.items()}
 
@@ -139,10 +149,19 @@ def _load_cached(name: str, data_dir: str) -> Dataset:
   builder_kwargs = {'file_format': 'array_record'}
   is_offline = name in OFFLINE_DATASETS
   try:
-    sources = tfds.data_source(name, split=['train', 'test'], data_dir=data_dir,
-                               download=is_offline, builder_kwargs=builder_kwargs)
-  except (AssertionError, KeyError, FileNotFoundError,
-          tfds.core.registered.DatasetNotFoundError) as e:
+    sources = tfds.data_source(
+      name,
+      split=['train', 'test'],
+      data_dir=data_dir,
+      download=is_offline,
+      builder_kwargs=builder_kwargs,
+    )
+  except (
+    AssertionError,
+    KeyError,
+    FileNotFoundError,
+    tfds.core.registered.DatasetNotFoundError,
+  ) as e:
     if is_offline:
       raise
     raise FileNotFoundError(_not_prepared_message(name, data_dir)) from e
@@ -187,18 +206,22 @@ def _check_name(name):
   except Exception:  # tfds raises several types for unknown names.
     builder = None
   if builder is None:
-    raise ValueError(f'dataset: unknown dataset {name!r}. Allowed: offline '
-                     f'{", ".join(OFFLINE_DATASETS)} (generated locally), or a tfds '
-                     f'dataset prepared in your data_dir, e.g. {", ".join(TFDS_DATASETS)}.')
+    raise ValueError(
+      f'dataset: unknown dataset {name!r}. Allowed: offline '
+      f'{", ".join(OFFLINE_DATASETS)} (generated locally), or a tfds '
+      f'dataset prepared in your data_dir, e.g. {", ".join(TFDS_DATASETS)}.'
+    )
 
 
 def _not_prepared_message(name, data_dir):
-  return (f'dataset: {name!r} is not prepared in the tfds data_dir {data_dir!r}. '
-          f'jaxsgd reads it with tfds.data_source and never downloads at run time. '
-          f'Prepare it once on a machine with network (TensorFlow installed), e.g. '
-          f'`tfds build {name} --data_dir={data_dir} --file_format=array_record`, '
-          f'copy the folder here, or set config.data_dir / TFDS_DATA_DIR to where it '
-          f'is. Offline alternatives: {", ".join(OFFLINE_DATASETS)}.')
+  return (
+    f'dataset: {name!r} is not prepared in the tfds data_dir {data_dir!r}. '
+    f'jaxsgd reads it with tfds.data_source and never downloads at run time. '
+    f'Prepare it once on a machine with network (TensorFlow installed), e.g. '
+    f'`tfds build {name} --data_dir={data_dir} --file_format=array_record`, '
+    f'copy the folder here, or set config.data_dir / TFDS_DATA_DIR to where it '
+    f'is. Offline alternatives: {", ".join(OFFLINE_DATASETS)}.'
+  )
 
 
 def _check_worker(worker, num_workers, sharding):
@@ -212,6 +235,8 @@ def _check_worker(worker, num_workers, sharding):
 
 def _check_batch_size(batch_size, available, what):
   if not 1 <= batch_size <= available:
-    raise ValueError(f'batch_size: {batch_size} is not allowed for the {what} of '
-                     f'{available} examples; use 1 <= batch_size <= {available} '
-                     f'(or fewer workers, or a larger dataset).')
+    raise ValueError(
+      f'batch_size: {batch_size} is not allowed for the {what} of '
+      f'{available} examples; use 1 <= batch_size <= {available} '
+      f'(or fewer workers, or a larger dataset).'
+    )

@@ -33,8 +33,9 @@ class ConvLayer(nn.Module):
   def __call__(self, x, train: bool = False):
     del train
     spatial = x.ndim - 2
-    x = nn.Conv(self.features, (self.kernel,) * spatial, strides=(self.stride,) * spatial,
-                padding='SAME')(x)
+    x = nn.Conv(
+      self.features, (self.kernel,) * spatial, strides=(self.stride,) * spatial, padding='SAME'
+    )(x)
     x = nn.relu(x)
     if self.pool > 1:
       x = nn.max_pool(x, (self.pool,) * spatial, strides=(self.pool,) * spatial)
@@ -71,8 +72,13 @@ class ConvBNStem(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    x = nn.Conv(self.features, (self.kernel, self.kernel), (self.stride, self.stride),
-                padding='SAME', use_bias=False)(x)
+    x = nn.Conv(
+      self.features,
+      (self.kernel, self.kernel),
+      (self.stride, self.stride),
+      padding='SAME',
+      use_bias=False,
+    )(x)
     x = nn.relu(_batch_norm(train)(x))
     if self.pool:
       x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
@@ -107,6 +113,6 @@ class BasicBlock(nn.Module):
     if self.shortcut == 'project':
       x = nn.Conv(self.features, (1, 1), (self.stride, self.stride), use_bias=False)(x)
       return _batch_norm(train)(x)
-    x = x[:, ::self.stride, ::self.stride, :]
+    x = x[:, :: self.stride, :: self.stride, :]
     extra = self.features - x.shape[-1]
     return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (extra // 2, extra - extra // 2)))

@@ -49,8 +49,10 @@ class Stage(nn.Module):
 
   def setup(self):
     # Global names make stage variables a subset of the full model's variables.
-    self.blocks = [layer.clone(parent=self, name=f'layer_{self.first_layer + i}')
-                   for i, layer in enumerate(self.layers)]
+    self.blocks = [
+      layer.clone(parent=self, name=f'layer_{self.first_layer + i}')
+      for i, layer in enumerate(self.layers)
+    ]
     if self.aux_classes:
       self.aux_head = AuxHead(self.aux_classes, name=f'aux_{self.index}')
 
@@ -104,12 +106,18 @@ def check_num_stages(model: StagedModel, num_stages: int) -> None:
     raise ValueError(f'stages: must be a positive integer, got {num_stages!r}.')
   if num_stages > model.num_layers:
     raise ValueError(
-        f'stages: {num_stages} stages asked for, but model {model.name!r} has only '
-        f'{model.num_layers} layers to split; use 1 <= stages <= {model.num_layers}.')
+      f'stages: {num_stages} stages asked for, but model {model.name!r} has only '
+      f'{model.num_layers} layers to split; use 1 <= stages <= {model.num_layers}.'
+    )
 
 
-def split(model: StagedModel, num_stages: int, *, aux_heads: bool = False,
-          costs: Sequence[float] | None = None) -> tuple[Stage, ...]:
+def split(
+  model: StagedModel,
+  num_stages: int,
+  *,
+  aux_heads: bool = False,
+  costs: Sequence[float] | None = None,
+) -> tuple[Stage, ...]:
   """Cuts `model` into `num_stages` contiguous stages of balanced cost.
 
   Args:
@@ -125,9 +133,14 @@ def split(model: StagedModel, num_stages: int, *, aux_heads: bool = False,
   costs = model.layer_costs() if costs is None else tuple(costs)
   bounds = balanced_boundaries(costs, num_stages)
   return tuple(
-      Stage(model.layers[start:end], first_layer=start, index=k,
-            aux_classes=model.num_classes if aux_heads and k < num_stages - 1 else 0)
-      for k, (start, end) in enumerate(bounds))
+    Stage(
+      model.layers[start:end],
+      first_layer=start,
+      index=k,
+      aux_classes=model.num_classes if aux_heads and k < num_stages - 1 else 0,
+    )
+    for k, (start, end) in enumerate(bounds)
+  )
 
 
 def balanced_boundaries(costs: Sequence[float], num_stages: int) -> list[tuple[int, int]]:
@@ -159,8 +172,9 @@ def balanced_boundaries(costs: Sequence[float], num_stages: int) -> list[tuple[i
 def stage_variables(full_variables, stage: Stage):
   """The subset of the unsplit model's variables that `stage` uses."""
   names = {f'layer_{i}' for i in stage.layer_range}
-  return {col: {k: v for k, v in tree.items() if k in names}
-          for col, tree in full_variables.items()}
+  return {
+    col: {k: v for k, v in tree.items() if k in names} for col, tree in full_variables.items()
+  }
 
 
 def merge_variables(stage_variables_list):
@@ -168,13 +182,11 @@ def merge_variables(stage_variables_list):
   merged = {}
   for variables in stage_variables_list:
     for col, tree in variables.items():
-      merged.setdefault(col, {}).update(
-          {k: v for k, v in tree.items() if not k.startswith('aux_')})
+      merged.setdefault(col, {}).update({k: v for k, v in tree.items() if not k.startswith('aux_')})
   return merged
 
 
-def init_stages(model: StagedModel, stages: Sequence[Stage], key: jax.Array,
-                batch_size: int = 2):
+def init_stages(model: StagedModel, stages: Sequence[Stage], key: jax.Array, batch_size: int = 2):
   """Per-stage variables: slices of one full init, plus freshly drawn aux heads."""
   full_key, aux_key = jax.random.split(key)
   full = model.init(full_key, batch_size)
@@ -183,10 +195,8 @@ def init_stages(model: StagedModel, stages: Sequence[Stage], key: jax.Array,
   for stage in stages:
     variables = stage_variables(full, stage)
     if stage.aux_classes:
-      head = stage.init(jax.random.fold_in(aux_key, stage.index), h,
-                        method=Stage.forward_with_aux)
-      variables = {**variables, 'params': {**variables['params'],
-                                           **_aux_only(head['params'])}}
+      head = stage.init(jax.random.fold_in(aux_key, stage.index), h, method=Stage.forward_with_aux)
+      variables = {**variables, 'params': {**variables['params'], **_aux_only(head['params'])}}
     h = jax.eval_shape(functools.partial(stage.apply, train=False), variables, h)
     h = jnp.zeros(h.shape, h.dtype)
     result.append(variables)
@@ -204,7 +214,7 @@ def _layer_costs(model: StagedModel) -> tuple[float, ...]:
   h = jnp.zeros((1,) + model.input_shape, jnp.float32)
   costs = []
   for i in range(model.num_layers):
-    stage = Stage(model.layers[i:i + 1], first_layer=i)
+    stage = Stage(model.layers[i : i + 1], first_layer=i)
     stage_vars = stage_variables(variables, stage)
     apply = jax.jit(functools.partial(stage.apply, train=False))
     analysis = apply.lower(stage_vars, h).cost_analysis() or {}

@@ -52,8 +52,9 @@ def apply_train(stage: Stage, params, state, x, method=None):
   return stage.apply(variables, x, train=True, method=method, mutable=list(state))
 
 
-def make_stage_fns(stage: Stage, *, input_grad: bool = True,
-                   loss_fn: Callable = cross_entropy) -> StageFns:
+def make_stage_fns(
+  stage: Stage, *, input_grad: bool = True, loss_fn: Callable = cross_entropy
+) -> StageFns:
   """Builds and jits `forward`, `loss_forward` and `backward` for `stage`.
 
   Args:
@@ -66,11 +67,11 @@ def make_stage_fns(stage: Stage, *, input_grad: bool = True,
   def forward(variables, x):
     params, state = split_variables(variables)
     if input_grad:
-      y, vjp, new_state = jax.vjp(lambda p, h: apply_train(stage, p, state, h),
-                                  params, x, has_aux=True)
+      y, vjp, new_state = jax.vjp(
+        lambda p, h: apply_train(stage, p, state, h), params, x, has_aux=True
+      )
     else:
-      y, vjp, new_state = jax.vjp(lambda p: apply_train(stage, p, state, x),
-                                  params, has_aux=True)
+      y, vjp, new_state = jax.vjp(lambda p: apply_train(stage, p, state, x), params, has_aux=True)
     return y, new_state, vjp
 
   def loss_forward(variables, x, labels):
@@ -113,5 +114,3 @@ def make_eval_step(model_apply: Callable) -> Callable:
     return (losses * mask).sum(), (correct * mask).sum(), mask.sum()
 
   return eval_step
-
-

@@ -13,8 +13,9 @@ def mlp(input_shape, num_classes, hidden: Sequence[int] = (256, 256, 256)) -> St
   return StagedModel('mlp', units, tuple(input_shape), num_classes)
 
 
-def cnn(input_shape, num_classes, channels: Sequence[int] = (32, 64, 128),
-        kernel: int = 5) -> StagedModel:
+def cnn(
+  input_shape, num_classes, channels: Sequence[int] = (32, 64, 128), kernel: int = 5
+) -> StagedModel:
   """A small CNN (1-D or 2-D by input rank): stride-2 conv+ReLU blocks, linear head.
 
   With the defaults on MNIST-1D (length 40) the feature maps are 20, 10, 5 long; the
@@ -39,7 +40,7 @@ def cifar_resnet(depth: int, input_shape, num_classes, width: int = 16) -> Stage
   for stack in range(3):
     for block in range(n):
       stride = 2 if stack > 0 and block == 0 else 1
-      units.append(L.BasicBlock(width * 2 ** stack, stride=stride, shortcut='pad'))
+      units.append(L.BasicBlock(width * 2**stack, stride=stride, shortcut='pad'))
   units.append(L.ClassifierHead(num_classes))
   return StagedModel(f'resnet{depth}', tuple(units), tuple(input_shape), num_classes)
 
@@ -51,8 +52,7 @@ def resnet18(input_shape, num_classes) -> StagedModel:
   larger ones the ImageNet stem (7x7 stride-2 conv + max-pool).
   """
   small = input_shape[0] < 64
-  units = [L.ConvBNStem(64, kernel=3) if small else
-           L.ConvBNStem(64, kernel=7, stride=2, pool=True)]
+  units = [L.ConvBNStem(64, kernel=3) if small else L.ConvBNStem(64, kernel=7, stride=2, pool=True)]
   for stage, width in enumerate((64, 128, 256, 512)):
     for block in range(2):
       stride = 2 if stage > 0 and block == 0 else 1
@@ -72,7 +72,7 @@ def get_model(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
     return cnn(input_shape, num_classes, **kwargs)
   if name in ('resnet20', 'resnet56', 'resnet110'):
     _check_image(name, input_shape)
-    return cifar_resnet(int(name[len('resnet'):]), input_shape, num_classes, **kwargs)
+    return cifar_resnet(int(name[len('resnet') :]), input_shape, num_classes, **kwargs)
   if name == 'resnet18':
     _check_image(name, input_shape)
     return resnet18(input_shape, num_classes, **kwargs)
@@ -81,5 +81,7 @@ def get_model(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
 
 def _check_image(name, input_shape):
   if len(input_shape) != 3:
-    raise ValueError(f'model.name: {name} needs images of shape (H, W, C); the dataset '
-                     f'gives {tuple(input_shape)}. Use mlp or cnn for it.')
+    raise ValueError(
+      f'model.name: {name} needs images of shape (H, W, C); the dataset '
+      f'gives {tuple(input_shape)}. Use mlp or cnn for it.'
+    )

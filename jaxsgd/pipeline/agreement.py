@@ -61,8 +61,9 @@ def _passes_up(role: StageRole, own: bool) -> bool:
   return own or (role.sends_delta == 'total' and not role.split_backward)
 
 
-def make_cosines(stages: Sequence[Stage], roles: Sequence[StageRole],
-                 loss_fn: Callable = stages_lib.cross_entropy) -> Callable:
+def make_cosines(
+  stages: Sequence[Stage], roles: Sequence[StageRole], loss_fn: Callable = stages_lib.cross_entropy
+) -> Callable:
   """Jitted `(params per block, state per block, x, labels) -> cos_k per block` (K,)."""
   groups = loss_groups(roles)
 
@@ -82,8 +83,9 @@ def make_cosines(stages: Sequence[Stage], roles: Sequence[StageRole],
       h = x if start == 0 else jax.lax.stop_gradient(outputs(params, states, x, start)[-1])
       for k in range(start, end):
         if k == end - 1 and roles[k].loss == 'aux':
-          (h, logits), _ = stages_lib.apply_train(stages[k], params[k], states[k], h,
-                                                  method=Stage.forward_with_aux)
+          (h, logits), _ = stages_lib.apply_train(
+            stages[k], params[k], states[k], h, method=Stage.forward_with_aux
+          )
         else:
           h, _ = stages_lib.apply_train(stages[k], params[k], states[k], h)
           logits = h
@@ -101,8 +103,14 @@ def make_cosines(stages: Sequence[Stage], roles: Sequence[StageRole],
 
 def _block(params) -> jax.Array:
   """A block's parameters without its auxiliary head, as one vector."""
-  return jnp.concatenate([jnp.ravel(leaf) for name, tree in sorted(params.items())
-                          if not name.startswith('aux_') for leaf in jax.tree.leaves(tree)])
+  return jnp.concatenate(
+    [
+      jnp.ravel(leaf)
+      for name, tree in sorted(params.items())
+      if not name.startswith('aux_')
+      for leaf in jax.tree.leaves(tree)
+    ]
+  )
 
 
 def _cosine(a, b):
@@ -121,9 +129,9 @@ class AgreementProbe:
 
   def __init__(self, cosines: Callable, num_stages: int, device, every: int):
     self._cosines, self._num, self._device, self.every = cosines, num_stages, device, every
-    self._pending: dict[int, dict] = {}                # t -> {k: (params, state), 'batch'}
-    self._measured: list[tuple[int, jax.Array]] = []   # not yet on the host
-    self.history: list[tuple[int, np.ndarray]] = []    # (t, cos per block), on the host
+    self._pending: dict[int, dict] = {}  # t -> {k: (params, state), 'batch'}
+    self._measured: list[tuple[int, jax.Array]] = []  # not yet on the host
+    self.history: list[tuple[int, np.ndarray]] = []  # (t, cos per block), on the host
     self._lock = threading.Lock()  # Real-clock stage threads record concurrently.
 
   def wants(self, t: int) -> bool:

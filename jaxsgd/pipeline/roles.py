@@ -92,9 +92,14 @@ class RoleFunctions:
   jitted: tuple  # (name, jitted function) pairs, for trace counting
 
 
-def role_functions(stage: Stage, role: StageRole, tx: optax.GradientTransformation, *,
-                   output: jax.ShapeDtypeStruct, loss_fn: Callable = stages_lib.cross_entropy
-                   ) -> RoleFunctions:
+def role_functions(
+  stage: Stage,
+  role: StageRole,
+  tx: optax.GradientTransformation,
+  *,
+  output: jax.ShapeDtypeStruct,
+  loss_fn: Callable = stages_lib.cross_entropy,
+) -> RoleFunctions:
   """The jitted calls of `stage` in `role`; `output` is the stage output's shape."""
   input_grad = stage.index > 0
   if role.loss == 'aux':
@@ -120,22 +125,36 @@ def role_functions(stage: Stage, role: StageRole, tx: optax.GradientTransformati
     grads = vjp((dy, jnp.zeros((), jnp.float32)))[0]
     return jax.tree.map(jnp.add, grads_own, grads), None
 
-  jitted = {'forward': jitted_forward, 'backward': jax.jit(backward),
-            'recompute': jax.jit(recompute), 'stale_backward': stale_backward,
-            'delta_backward': jax.jit(delta_backward), 'update': stages_lib.make_update(tx)}
-  return RoleFunctions(forward, jitted['backward'], jitted['recompute'], stale_backward,
-                       jitted['delta_backward'], jitted['update'], tuple(jitted.items()))
+  jitted = {
+    'forward': jitted_forward,
+    'backward': jax.jit(backward),
+    'recompute': jax.jit(recompute),
+    'stale_backward': stale_backward,
+    'delta_backward': jax.jit(delta_backward),
+    'update': stages_lib.make_update(tx),
+  }
+  return RoleFunctions(
+    forward,
+    jitted['backward'],
+    jitted['recompute'],
+    stale_backward,
+    jitted['delta_backward'],
+    jitted['update'],
+    tuple(jitted.items()),
+  )
 
 
-def _stale_graph_fns(stage: Stage, loss: str, loss_fn: Callable, cotangent: Callable,
-                     sends: bool) -> tuple[Callable, Callable]:
+def _stale_graph_fns(
+  stage: Stage, loss: str, loss_fn: Callable, cotangent: Callable, sends: bool
+) -> tuple[Callable, Callable]:
   """Jitted `forward` keeping the activations, and `stale_backward` through them at the
   current weights (`jaxsgd.pipeline.stale_graph`)."""
 
   def outputs(params, state, x, labels):
     if loss == 'aux':
-      (y, logits), new_state = stages_lib.apply_train(stage, params, state, x,
-                                                      method=Stage.forward_with_aux)
+      (y, logits), new_state = stages_lib.apply_train(
+        stage, params, state, x, method=Stage.forward_with_aux
+      )
       return (y, loss_fn(logits, labels)), new_state
     out, new_state = stages_lib.apply_train(stage, params, state, x)
     return (loss_fn(out, labels) if loss == 'head' else out), new_state
@@ -159,15 +178,18 @@ def _stale_graph_fns(stage: Stage, loss: str, loss_fn: Callable, cotangent: Call
 def _adapt(fns: stages_lib.StageFns, loss: str):
   """`jaxsgd.models.stage_functions` forward/loss_forward with the uniform signature."""
   if loss == 'head':
+
     def forward(variables, x, labels):
       value, new_state, vjp = fns.loss_forward(variables, x, labels)
       return None, value, new_state, vjp
+
     return forward, fns.loss_forward
 
   def forward(variables, x, labels):  # pylint: disable=function-redefined
     del labels
     y, new_state, vjp = fns.forward(variables, x)
     return y, None, new_state, vjp
+
   return forward, fns.forward
 
 
@@ -178,8 +200,9 @@ def _aux_forward(stage: Stage, input_grad: bool, loss_fn: Callable):
     params, state = stages_lib.split_variables(variables)
 
     def outputs(p, *h):
-      (y, logits), new_state = stages_lib.apply_train(stage, p, state, h[0] if h else x,
-                                                      method=Stage.forward_with_aux)
+      (y, logits), new_state = stages_lib.apply_train(
+        stage, p, state, h[0] if h else x, method=Stage.forward_with_aux
+      )
       return (y, loss_fn(logits, labels)), new_state
 
     primals = (params, x) if input_grad else (params,)
@@ -195,5 +218,7 @@ def _cotangent(loss: str, output: jax.ShapeDtypeStruct) -> Callable:
     return lambda dy: dy
   if loss == 'head':
     return lambda dy: jnp.ones((), jnp.float32)
-  return lambda dy: (jnp.zeros(output.shape, output.dtype) if dy is None else dy,
-                     jnp.ones((), jnp.float32))
+  return lambda dy: (
+    jnp.zeros(output.shape, output.dtype) if dy is None else dy,
+    jnp.ones((), jnp.float32),
+  )

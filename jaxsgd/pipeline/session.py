@@ -59,10 +59,14 @@ KINDS = ('forward', 'backward', 'update')  # The task kinds a stage runs (cost k
 
 def sequential_roles(num_stages: int) -> tuple[StageRole, ...]:
   """Staged backprop (the reference): the whole gradient, no delay."""
-  return tuple(StageRole(loss='head' if k == num_stages - 1 else 'none',
-                         receives_delta=k < num_stages - 1,
-                         sends_delta='total' if k > 0 else 'none')
-               for k in range(num_stages))
+  return tuple(
+    StageRole(
+      loss='head' if k == num_stages - 1 else 'none',
+      receives_delta=k < num_stages - 1,
+      sends_delta='total' if k > 0 else 'none',
+    )
+    for k in range(num_stages)
+  )
 
 
 class StageParams(NamedTuple):
@@ -72,6 +76,7 @@ class StageParams(NamedTuple):
 
 class _Slot(NamedTuple):
   """What a backward needs from its forward: the batch, version, vjp and inputs."""
+
   batch: int
   version: int
   vjp: Any
@@ -122,10 +127,18 @@ class PlacedStages:
     aux_heads: give stages auxiliary heads (local losses).
   """
 
-  def __init__(self, model: models_lib.StagedModel, num_stages: int,
-               tx: optax.GradientTransformation, *, placement: Placement,
-               batch_size: int, seed: int = 0, aux_heads: bool = False,
-               loss_fn: Callable = stages_lib.cross_entropy):
+  def __init__(
+    self,
+    model: models_lib.StagedModel,
+    num_stages: int,
+    tx: optax.GradientTransformation,
+    *,
+    placement: Placement,
+    batch_size: int,
+    seed: int = 0,
+    aux_heads: bool = False,
+    loss_fn: Callable = stages_lib.cross_entropy,
+  ):
     models_lib.check_num_stages(model, num_stages)
     self.model, self.tx, self.placement, self.loss_fn = model, tx, placement, loss_fn
     self.num_stages = num_stages
@@ -143,23 +156,40 @@ class PlacedStages:
     does not change the computation)."""
     key = (k, role.loss, role.receives_delta, role.sends_delta, role.backward_form)
     if key not in self._ops:
-      self._ops[key] = role_functions(self.stages[k], role, self.tx, output=self.outputs[k],
-                                      loss_fn=self.loss_fn)
+      self._ops[key] = role_functions(
+        self.stages[k], role, self.tx, output=self.outputs[k], loss_fn=self.loss_fn
+      )
     return self._ops[key]
 
   def initial_variables(self, k: int, role: StageRole):
     """Stage k's initial variables on its device (aux heads only where a role uses one)."""
     variables = self._variables[k]
     if role.loss != 'aux':
-      variables = {**variables, 'params': {n: p for n, p in variables['params'].items()
-                                           if not n.startswith('aux_')}}
+      variables = {
+        **variables,
+        'params': {n: p for n, p in variables['params'].items() if not n.startswith('aux_')},
+      }
     return transfer.to_device(variables, self.device(k))
 
-  def session(self, roles: Sequence[StageRole], feed: BatchFeed, steps: int, *,
-              on_step: Callable[[int, Any], None] | None = None,
-              idle_fill: str | None = None, agreement_every: int = 0) -> 'PipelineSession':
-    return PipelineSession(self, roles, feed, steps, on_step=on_step, idle_fill=idle_fill,
-                           agreement_every=agreement_every)
+  def session(
+    self,
+    roles: Sequence[StageRole],
+    feed: BatchFeed,
+    steps: int,
+    *,
+    on_step: Callable[[int, Any], None] | None = None,
+    idle_fill: str | None = None,
+    agreement_every: int = 0,
+  ) -> 'PipelineSession':
+    return PipelineSession(
+      self,
+      roles,
+      feed,
+      steps,
+      on_step=on_step,
+      idle_fill=idle_fill,
+      agreement_every=agreement_every,
+    )
 
   def cosines(self, roles: Sequence[StageRole]) -> Callable:
     """The jitted gradient-agreement measurement of `roles` (`agreement.make_cosines`)."""
@@ -170,21 +200,26 @@ class PlacedStages:
 
   def calibrate(self, roles: Sequence[StageRole], batch: dict, reps: int = 3) -> dict:
     """Seconds per (stage, kind), timing the real jitted calls on `batch` once."""
-    return calibrate(self._calibration_calls(roles, batch), reps)
+    return calibrate(self.calibration_calls(roles, batch), reps)
 
-  def _calibration_calls(self, roles, batch):
+  def calibration_calls(self, roles, batch) -> dict:
+    """`{(stage, kind): (jitted fn, args)}`: every task of `roles` on one host `batch`."""
     calls, x = {}, transfer.to_device(batch['image'], self.device(0))
     for k, role in enumerate(roles):
       ops, device = self.ops(k, role), self.device(k)
       variables = self.initial_variables(k, role)
       labels = transfer.to_device(batch['label'], device) if role.loss != 'none' else None
-      dy = (transfer.to_device(np.ones(self.outputs[k].shape, self.outputs[k].dtype), device)
-            if role.receives_delta else None)
+      dy = (
+        transfer.to_device(np.ones(self.outputs[k].shape, self.outputs[k].dtype), device)
+        if role.receives_delta
+        else None
+      )
       y, _, _, vjp = ops.forward(variables, x, labels)
-      backward = {'stored': (ops.backward, (vjp, dy)),
-                  'recompute': (ops.recompute, (variables, x, labels, dy)),
-                  'stale_graph': (ops.stale_backward, (vjp, variables, x, labels, dy)),
-                  }[role.backward_form]
+      backward = {
+        'stored': (ops.backward, (vjp, dy)),
+        'recompute': (ops.recompute, (variables, x, labels, dy)),
+        'stale_graph': (ops.stale_backward, (vjp, variables, x, labels, dy)),
+      }[role.backward_form]
       grads, _ = backward[0](*backward[1])
       params, _ = stages_lib.split_variables(variables)
       opt_state = transfer.to_device(self.tx.init(params), device)
@@ -199,8 +234,17 @@ class PlacedStages:
 class PipelineSession:
   """One training run of a pipeline: stores, channels and the stage processes."""
 
-  def __init__(self, pipeline: PlacedStages, roles: Sequence[StageRole], feed: BatchFeed,
-               steps: int, *, on_step=None, idle_fill=None, agreement_every: int = 0):
+  def __init__(
+    self,
+    pipeline: PlacedStages,
+    roles: Sequence[StageRole],
+    feed: BatchFeed,
+    steps: int,
+    *,
+    on_step=None,
+    idle_fill=None,
+    agreement_every: int = 0,
+  ):
     check_roles(roles)
     if len(roles) != pipeline.num_stages:
       raise ValueError(f'stages: {len(roles)} roles for {pipeline.num_stages} stages.')
@@ -222,9 +266,13 @@ class PipelineSession:
       self.losses.append([])
     num = pipeline.num_stages
     # Every `agreement_every` batches: each block's local gradient against backprop's.
-    self.agreement = (agreement_lib.AgreementProbe(pipeline.cosines(self.roles), num,
-                                                   pipeline.device(num - 1), agreement_every)
-                      if agreement_every else None)
+    self.agreement = (
+      agreement_lib.AgreementProbe(
+        pipeline.cosines(self.roles), num, pipeline.device(num - 1), agreement_every
+      )
+      if agreement_every
+      else None
+    )
     self.activations = [self.cluster.channel(f'activations → stage {k}', k) for k in range(num)]
     self.deltas = [self.cluster.channel(f'deltas → stage {k}', k) for k in range(num)]
 
@@ -239,16 +287,21 @@ class PipelineSession:
     for t in range(self.steps):
       probed = self.agreement is not None and self.agreement.wants(t)
       batch = self.feed.peek(t) if probed and k == 0 else None  # Before it is taken.
-      x = (transfer.to_device(self.feed.take(t, 'image'), device) if k == 0
-           else (yield Get(self.activations[k])))
-      labels = (transfer.to_device(self.feed.take(t, 'label'), device)
-                if role.loss != 'none' else None)
+      x = (
+        transfer.to_device(self.feed.take(t, 'image'), device)
+        if k == 0
+        else (yield Get(self.activations[k]))
+      )
+      labels = (
+        transfer.to_device(self.feed.take(t, 'label'), device) if role.loss != 'none' else None
+      )
       snapshot = self.stores[k].read()
       variables = {'params': snapshot.value.params, **self.states[k].read().value}
       if probed:
         self.agreement.record(k, t, *stages_lib.split_variables(variables), batch)
-      y, loss, new_state, vjp = yield Compute(ops.forward, (variables, x, labels),
-                                              kind='forward', stage=k, batch=t)
+      y, loss, new_state, vjp = yield Compute(
+        ops.forward, (variables, x, labels), kind='forward', stage=k, batch=t
+      )
       self.states[k].write(new_state)
       if not last:
         yield Send(self.activations[k + 1], y, batch=t)
@@ -285,9 +338,11 @@ class PipelineSession:
       current = self.stores[k].read()
       variables = {'params': current.value.params, **self.states[k].read().value}
       weights_version = current.version
-      call = ((ops.stale_backward, (slot.vjp, variables, slot.x, slot.labels, dy))
-              if role.backward_form == 'stale_graph'
-              else (ops.recompute, (variables, slot.x, slot.labels, dy)))
+      call = (
+        (ops.stale_backward, (slot.vjp, variables, slot.x, slot.labels, dy))
+        if role.backward_form == 'stale_graph'
+        else (ops.recompute, (variables, slot.x, slot.labels, dy))
+      )
     grads, dx = yield Compute(*call, kind='backward', stage=k, batch=slot.batch)
     yield from self._send_delta(k, dx, slot.batch)
     return grads, read_version, weights_version
@@ -296,8 +351,9 @@ class PipelineSession:
     """Overlapping: the own loss's backward on the current batch, its input gradient
     sent upstream at once (it does not depend on anything downstream)."""
     ops = self.pipeline.ops(k, self.roles[k])
-    grads, dx = yield Compute(ops.backward, (slot.vjp, None), kind='backward', stage=k,
-                              batch=slot.batch)
+    grads, dx = yield Compute(
+      ops.backward, (slot.vjp, None), kind='backward', stage=k, batch=slot.batch
+    )
     yield from self._send_delta(k, dx, slot.batch)
     return grads, slot.version
 
@@ -308,12 +364,17 @@ class PipelineSession:
 
   def _update(self, k: int, grads, read_version: int, batch: int, weights_version: int):
     current = self.stores[k].read().value
-    params, opt_state = yield Compute(self.pipeline.ops(k, self.roles[k]).update,
-                                      (current.params, current.opt_state, grads),
-                                      kind='update', stage=k, batch=batch)
+    params, opt_state = yield Compute(
+      self.pipeline.ops(k, self.roles[k]).update,
+      (current.params, current.opt_state, grads),
+      kind='update',
+      stage=k,
+      batch=batch,
+    )
     self.weight_staleness[k].append(self.stores[k].version - weights_version)
-    self.stores[k].write(StageParams(params, opt_state), read_version=read_version, lane=k,
-                         batch=batch)
+    self.stores[k].write(
+      StageParams(params, opt_state), read_version=read_version, lane=k, batch=batch
+    )
 
   def _idle_slot(self, k: int) -> _Slot | None:
     """What an idle pipeline slot holds: nothing, or (`idle_fill='nan'`) a forward
@@ -332,9 +393,12 @@ class PipelineSession:
   def variables(self):
     """The full model's variables (aux heads dropped), gathered on the first device."""
     device = self.pipeline.placement.devices[0]
-    return models_lib.merge_variables([
+    return models_lib.merge_variables(
+      [
         transfer.to_device({'params': store.read().value.params, **state.read().value}, device)
-        for store, state in zip(self.stores, self.states)])
+        for store, state in zip(self.stores, self.states)
+      ]
+    )
 
   def staleness(self) -> dict[str, np.ndarray]:
     return {f'stage {k}': store.staleness() for k, store in enumerate(self.stores)}
@@ -364,9 +428,11 @@ def _drain_local_losses(k: int, pending: list) -> float:
   values = np.asarray(transfer.to_host(list(losses)), np.float64)
   bad = np.flatnonzero(~np.isfinite(values))
   if bad.size:
-    raise NonFiniteLossError(f'training loss became {values[bad[0]]} at step '
-                             f'{steps[bad[0]] + 1} at stage/worker stage {k} (its local loss); '
-                             f'lower optimizer.learning_rate or check the data.')
+    raise NonFiniteLossError(
+      f'training loss became {values[bad[0]]} at step '
+      f'{steps[bad[0]] + 1} at stage/worker stage {k} (its local loss); '
+      f'lower optimizer.learning_rate or check the data.'
+    )
   return float(values.mean())
 
 
@@ -379,14 +445,20 @@ def check_roles(roles: Sequence[StageRole]) -> None:
     if role.delay < 0:
       raise ValueError(f'roles: stage {k} has a negative delay.')
     if role.delayed_backward not in DELAYED_BACKWARDS:
-      raise ValueError(f'roles: stage {k} delayed_backward={role.delayed_backward!r}; '
-                       f'allowed: {", ".join(DELAYED_BACKWARDS)}.')
+      raise ValueError(
+        f'roles: stage {k} delayed_backward={role.delayed_backward!r}; '
+        f'allowed: {", ".join(DELAYED_BACKWARDS)}.'
+      )
     if role.split_backward and role.backward_form != 'stored':
-      raise ValueError(f'roles: stage {k} splits its backward (a local loss and a gradient '
-                       f'from downstream), which supports only delayed_backward="stored".')
+      raise ValueError(
+        f'roles: stage {k} splits its backward (a local loss and a gradient '
+        f'from downstream), which supports only delayed_backward="stored".'
+      )
     if role.receives_delta != (k < last and roles[k + 1].sends_delta != 'none'):
-      raise ValueError(f'roles: stage {k} receives_delta={role.receives_delta} but stage '
-                       f'{k + 1} sends {roles[k + 1].sends_delta if k < last else "nothing"}.')
+      raise ValueError(
+        f'roles: stage {k} receives_delta={role.receives_delta} but stage '
+        f'{k + 1} sends {roles[k + 1].sends_delta if k < last else "nothing"}.'
+      )
     if role.loss == 'none' and not role.receives_delta:
       raise ValueError(f'roles: stage {k} has neither a loss nor a gradient from downstream.')
 
@@ -398,8 +470,11 @@ def _stage_shapes(model, stages, batch_size):
   inputs, outputs = [], []
   for stage in stages:
     inputs.append(h)
-    h = jax.eval_shape(lambda v, x, s=stage: s.apply(v, x, train=False),
-                       models_lib.stage_variables(variables, stage), h)
+    h = jax.eval_shape(
+      lambda v, x, s=stage: s.apply(v, x, train=False),
+      models_lib.stage_variables(variables, stage),
+      h,
+    )
     outputs.append(h)
   return inputs, outputs
 
@@ -408,8 +483,11 @@ def _initial_variables(model, stages, seed):
   """The fused `bp` initialization, cut per stage, plus auxiliary heads if any."""
   key = jax.random.key(seed)
   full = model.init(key)
-  with_aux = (models_lib.init_stages(model, stages, key)
-              if any(s.aux_classes for s in stages) else [None] * len(stages))
+  with_aux = (
+    models_lib.init_stages(model, stages, key)
+    if any(s.aux_classes for s in stages)
+    else [None] * len(stages)
+  )
   result = []
   for stage, aux in zip(stages, with_aux):
     variables = models_lib.stage_variables(full, stage)

@@ -43,7 +43,7 @@ class _Graph:
   closed: jcore.ClosedJaxpr
   num_params: int
   weights: frozenset
-  kept: tuple      # the activations some operation reads, in a fixed order
+  kept: tuple  # the activations some operation reads, in a fixed order
   out_tree: object
 
 
@@ -84,12 +84,16 @@ def stale_graph(fn: Callable) -> tuple[Callable, Callable]:
         continue
       for var, ct in zip(eqn.invars, _eqn_vjp(eqn, [_read(env, v) for v in eqn.invars], outs)):
         _accumulate(cts, var, ct)
-    grads = [_zero_if_none(cts.get(v), v) for v in jaxpr.invars[:graph.num_params]]
-    arg_cts = [_zero_if_none(cts.get(v), v) if _inexact(v.aval) else None
-               for v in jaxpr.invars[graph.num_params:]]
+    grads = [_zero_if_none(cts.get(v), v) for v in jaxpr.invars[: graph.num_params]]
+    arg_cts = [
+      _zero_if_none(cts.get(v), v) if _inexact(v.aval) else None
+      for v in jaxpr.invars[graph.num_params :]
+    ]
     _, args_tree = jax.tree.flatten(args_like)
-    return (jax.tree.unflatten(jax.tree.structure(params_now), grads),
-            jax.tree.unflatten(args_tree, arg_cts))
+    return (
+      jax.tree.unflatten(jax.tree.structure(params_now), grads),
+      jax.tree.unflatten(args_tree, arg_cts),
+    )
 
   return forward, backward
 
@@ -116,16 +120,15 @@ def _trace(fn, params, args) -> _Graph:
       if isinstance(v, jcore.Var) and v not in weights and v not in seen:
         seen.add(v)
         kept.append(v)
-  return _Graph(closed, num_params, frozenset(weights), tuple(kept),
-                jax.tree.structure(out_shape))
+  return _Graph(closed, num_params, frozenset(weights), tuple(kept), jax.tree.structure(out_shape))
 
 
 def _bind_inputs(graph: _Graph, params, args) -> dict:
   jaxpr = graph.closed.jaxpr
   env = dict(zip(jaxpr.constvars, graph.closed.consts))
-  env.update(zip(jaxpr.invars[:graph.num_params], jax.tree.leaves(params)))
+  env.update(zip(jaxpr.invars[: graph.num_params], jax.tree.leaves(params)))
   if args is not None:
-    env.update(zip(jaxpr.invars[graph.num_params:], jax.tree.leaves(args)))
+    env.update(zip(jaxpr.invars[graph.num_params :], jax.tree.leaves(args)))
   return env
 
 
@@ -148,8 +151,7 @@ def _apply(eqn, invals) -> list:
 
 def _eqn_vjp(eqn, invals, out_cts) -> list:
   """The cotangents of `eqn`'s inputs (None: not differentiable), its vjp taken at `invals`."""
-  wrt = [i for i, v in enumerate(eqn.invars)
-         if isinstance(v, jcore.Var) and _inexact(v.aval)]
+  wrt = [i for i, v in enumerate(eqn.invars) if isinstance(v, jcore.Var) and _inexact(v.aval)]
   outputs = [i for i, v in enumerate(eqn.outvars) if _inexact(v.aval)]
   if not wrt or not outputs:
     return [None] * len(eqn.invars)
@@ -162,9 +164,12 @@ def _eqn_vjp(eqn, invals, out_cts) -> list:
     return [outs[i] for i in outputs]
 
   _, pullback = jax.vjp(partial_eqn, *[invals[i] for i in wrt])
-  cts = [out_cts[i] if out_cts[i] is not None else jnp.zeros(eqn.outvars[i].aval.shape,
-                                                              eqn.outvars[i].aval.dtype)
-         for i in outputs]
+  cts = [
+    out_cts[i]
+    if out_cts[i] is not None
+    else jnp.zeros(eqn.outvars[i].aval.shape, eqn.outvars[i].aval.dtype)
+    for i in outputs
+  ]
   result = [None] * len(eqn.invars)
   for i, ct in zip(wrt, pullback(cts)):
     result[i] = ct

@@ -45,7 +45,7 @@ class Compute:
   stage: int | None = None
   batch: int | None = None
   lane: int | None = None  # None: the process's own lane.
-  nbytes: int = 0          # transfers: bytes moved (the link cost depends on it)
+  nbytes: int = 0  # transfers: bytes moved (the link cost depends on it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Channel:
     self.device = device
     self.items: collections.deque = collections.deque()
     self.waiters: collections.deque = collections.deque()  # processes blocked in Get
-    self.condition = threading.Condition()                 # for the threaded executor
+    self.condition = threading.Condition()  # for the threaded executor
 
   def __repr__(self):
     return f'Channel({self.name!r}, lane={self.lane})'

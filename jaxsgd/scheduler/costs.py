@@ -47,8 +47,10 @@ class CostModel:
   def __post_init__(self):
     for key, value in self.compute.items():
       if not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
-        raise ValueError(f'cost.compute: the cost of {key!r} must be a finite number '
-                         f'of seconds >= 0, got {value!r}.')
+        raise ValueError(
+          f'cost.compute: the cost of {key!r} must be a finite number '
+          f'of seconds >= 0, got {value!r}.'
+        )
     for lane, speed in enumerate(self.device_speeds):
       if not speed > 0:
         raise ValueError(f'cost.device_speeds: must be > 0, got {speed!r} for lane {lane}.')
@@ -64,8 +66,10 @@ class CostModel:
       return self.compute[(stage, kind)]
     if kind in self.compute:
       return self.compute[kind]
-    raise ValueError(f'cost.compute: no cost for {kind!r} tasks of stage {stage}; give '
-                     f'one (per stage or for every stage) or set cost.calibrate=True.')
+    raise ValueError(
+      f'cost.compute: no cost for {kind!r} tasks of stage {stage}; give '
+      f'one (per stage or for every stage) or set cost.calibrate=True.'
+    )
 
   def transfer_time(self, nbytes: int) -> float:
     return self.link_latency + nbytes / self.link_bandwidth
@@ -115,8 +119,16 @@ def calibrate(calls: Mapping[Any, tuple[Callable, tuple]], reps: int = 3) -> dic
 
 
 # --- from a config's `cost` sub-config ------------------------------------------------------
-DEFAULTS = {'calibrate': True, 'compute': None, 'device_speeds': (), 'link_latency': 0.0,
-            'link_bandwidth': 0.0, 'straggler_std': 0.0, 'seed': None, 'reps': 5}
+DEFAULTS = {
+  'calibrate': True,
+  'compute': None,
+  'device_speeds': (),
+  'link_latency': 0.0,
+  'link_bandwidth': 0.0,
+  'straggler_std': 0.0,
+  'seed': None,
+  'reps': 5,
+}
 
 
 def settings(cost_config) -> dict:
@@ -134,16 +146,20 @@ def explicit_compute(cost: dict, num_stages: int, kinds: Sequence[str]) -> dict:
   table = {}
   for kind in kinds:
     if kind not in given or given[kind] is None:
-      raise ValueError(f'cost.compute.{kind}: missing (cost.calibrate is False, so every '
-                       f'task kind {list(kinds)} needs a cost in seconds).')
+      raise ValueError(
+        f'cost.compute.{kind}: missing (cost.calibrate is False, so every '
+        f'task kind {list(kinds)} needs a cost in seconds).'
+      )
     value = given[kind]
     per_stage = list(value) if isinstance(value, (list, tuple)) else [value] * num_stages
     if len(per_stage) != num_stages:
       raise ValueError(f'cost.compute.{kind}: {len(per_stage)} values for {num_stages} stages.')
     for stage, seconds in enumerate(per_stage):
       if not isinstance(seconds, (int, float)) or not seconds >= 0 or math.isinf(seconds):
-        raise ValueError(f'cost.compute.{kind}: stage {stage} cost must be a finite number '
-                         f'of seconds >= 0, got {seconds!r}.')
+        raise ValueError(
+          f'cost.compute.{kind}: stage {stage} cost must be a finite number '
+          f'of seconds >= 0, got {seconds!r}.'
+        )
       table[(stage, kind)] = float(seconds)
   return table
 
@@ -159,14 +175,19 @@ def check_settings(cost_config, num_lanes: int, kinds: Sequence[str]) -> dict:
   if not isinstance(cost['reps'], int) or cost['reps'] < 1:
     raise ValueError(f'cost.reps: must be a positive integer, got {cost["reps"]!r}.')
   if not (cost['link_bandwidth'] or 0) >= 0:
-    raise ValueError(f'cost.link_bandwidth: must be >= 0 (0: free), got {cost["link_bandwidth"]!r}.')
+    raise ValueError(
+      f'cost.link_bandwidth: must be >= 0 (0: free), got {cost["link_bandwidth"]!r}.'
+    )
   model_from_settings(cost, {}, seed=0)  # Range checks of the remaining fields.
   return cost
 
 
 def model_from_settings(cost: dict, compute: Mapping[Any, float], *, seed: int) -> CostModel:
-  return CostModel(compute=dict(compute), device_speeds=tuple(cost['device_speeds'] or ()),
-                   link_latency=float(cost['link_latency']),
-                   link_bandwidth=float(cost['link_bandwidth']) or math.inf,
-                   straggler_std=float(cost['straggler_std']),
-                   seed=seed if cost['seed'] is None else int(cost['seed']))
+  return CostModel(
+    compute=dict(compute),
+    device_speeds=tuple(cost['device_speeds'] or ()),
+    link_latency=float(cost['link_latency']),
+    link_bandwidth=float(cost['link_bandwidth']) or math.inf,
+    straggler_std=float(cost['straggler_std']),
+    seed=seed if cost['seed'] is None else int(cost['seed']),
+  )

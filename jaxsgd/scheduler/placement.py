@@ -29,8 +29,12 @@ class Placement:
     return self.devices[self.stage_device[stage]]
 
   @classmethod
-  def create(cls, num_stages: int, devices: Sequence[jax.Device] | None = None,
-             stage_to_device: Sequence[int] | None = None) -> 'Placement':
+  def create(
+    cls,
+    num_stages: int,
+    devices: Sequence[jax.Device] | None = None,
+    stage_to_device: Sequence[int] | None = None,
+  ) -> 'Placement':
     """Stage k on `devices[k]` (round-robin if fewer devices), or as mapped."""
     devices = tuple(jax.devices() if devices is None else devices)
     if stage_to_device is None:
@@ -43,31 +47,37 @@ def check_config(config, num_stages: int) -> None:
   settings = dict(config.get('placement') or {})
   unknown = set(settings) - {'devices', 'stage_to_device'}
   if unknown:
-    raise ValueError(f'placement: unknown field(s) {sorted(unknown)}; allowed: devices, '
-                     f'stage_to_device.')
+    raise ValueError(
+      f'placement: unknown field(s) {sorted(unknown)}; allowed: devices, stage_to_device.'
+    )
   available = len(jax.devices())
   positions = settings.get('devices')
   if positions is not None:
     positions = list(positions)
     bad = [p for p in positions if not isinstance(p, int) or not 0 <= p < available]
     if not positions or bad:
-      raise ValueError(f'placement.devices: positions in jax.devices() (0..{available - 1}) '
-                       f'expected, got {positions}.')
+      raise ValueError(
+        f'placement.devices: positions in jax.devices() (0..{available - 1}) '
+        f'expected, got {positions}.'
+      )
   mapping = settings.get('stage_to_device')
   num_devices = available if positions is None else len(positions)
   if mapping is None:
     if positions is not None and len(positions) < num_stages:
-      raise ValueError(f'placement.devices: {len(positions)} devices listed for '
-                       f'{num_stages} stages; list at least {num_stages}, or map stages '
-                       f'onto them with placement.stage_to_device.')
+      raise ValueError(
+        f'placement.devices: {len(positions)} devices listed for '
+        f'{num_stages} stages; list at least {num_stages}, or map stages '
+        f'onto them with placement.stage_to_device.'
+      )
     return
   mapping = list(mapping)
   if len(mapping) != num_stages:
-    raise ValueError(f'placement.stage_to_device: {len(mapping)} entries for {num_stages} '
-                     f'stages.')
+    raise ValueError(f'placement.stage_to_device: {len(mapping)} entries for {num_stages} stages.')
   if any(not isinstance(i, int) or not 0 <= i < num_devices for i in mapping):
-    raise ValueError(f'placement.stage_to_device: indices into the {num_devices} devices '
-                     f'(0..{num_devices - 1}) expected, got {mapping}.')
+    raise ValueError(
+      f'placement.stage_to_device: indices into the {num_devices} devices '
+      f'(0..{num_devices - 1}) expected, got {mapping}.'
+    )
 
 
 def from_config(config, num_stages: int) -> Placement:

@@ -134,8 +134,10 @@ class RealExecutor:
     self._waiting: dict[Process, object] = {}
     self._alive = len(processes)
     self._count_lock = threading.Lock()
-    threads = [threading.Thread(target=self._thread_main, args=(p,), name=p.name, daemon=True)
-               for p in processes]
+    threads = [
+      threading.Thread(target=self._thread_main, args=(p,), name=p.name, daemon=True)
+      for p in processes
+    ]
     for thread in threads:
       thread.start()
     try:
@@ -204,11 +206,13 @@ class RealExecutor:
         with self._count_lock:
           self._waiting[process] = channel
           # Deadlock: every live process waits, and on a channel that is empty.
-          stuck = (len(self._waiting) == self._alive and
-                   not any(waited.items for waited in self._waiting.values()))
+          stuck = len(self._waiting) == self._alive and not any(
+            waited.items for waited in self._waiting.values()
+          )
         if stuck:
-          raise DeadlockError(f'real clock: every live process waits ({process.name} '
-                              f'on {channel}).')
+          raise DeadlockError(
+            f'real clock: every live process waits ({process.name} on {channel}).'
+          )
         channel.condition.wait(_POLL)
 
   def _wake_all(self):
@@ -226,8 +230,9 @@ class RealExecutor:
     if channel.lane == process.lane:
       return op.value
     link = self._cluster.link(process.lane, channel.lane)
-    copy = Compute(transfer.to_device, (op.value, channel.device), kind=TRANSFER,
-                   batch=op.batch, lane=link)
+    copy = Compute(
+      transfer.to_device, (op.value, channel.device), kind=TRANSFER, batch=op.batch, lane=link
+    )
     if not wait:
       return self._dispatch(copy, link)
     start = self.now()
@@ -246,8 +251,7 @@ class _LaneWatcher:
     self._queue: queue.SimpleQueue = queue.SimpleQueue()
     self._slots = threading.Semaphore(executor.max_inflight)
     self._previous_end = 0.0
-    self._thread = threading.Thread(target=self._loop, daemon=True,
-                                    name=f'timing lane {lane}')
+    self._thread = threading.Thread(target=self._loop, daemon=True, name=f'timing lane {lane}')
     self._thread.start()
 
   def acquire(self):
@@ -275,7 +279,8 @@ class _LaneWatcher:
         start = max(dispatched, inputs_ready, self._previous_end)
         self._previous_end = end
         executor._records.append(  # pylint: disable=protected-access
-            TaskRecord(self._lane, op.kind, min(start, end), end, op.stage, op.batch))
+          TaskRecord(self._lane, op.kind, min(start, end), end, op.stage, op.batch)
+        )
       except BaseException as e:  # pylint: disable=broad-except
         executor._fail(e)  # pylint: disable=protected-access
       finally:

@@ -32,9 +32,9 @@ class Snapshot(NamedTuple):
 class UpdateRecord:
   """One applied gradient: the version it was computed at and its staleness."""
 
-  read_version: int   # the version the gradient was computed from
-  version: int        # the version this write created
-  staleness: int      # writes between the read and this write
+  read_version: int  # the version the gradient was computed from
+  version: int  # the version this write created
+  staleness: int  # writes between the read and this write
   lane: int | None = None
   batch: int | None = None
 
@@ -57,13 +57,21 @@ class VersionedStore:
     with self._lock:
       return Snapshot(self._version, self._value)
 
-  def write(self, value: Any, *, read_version: int | None = None,
-            lane: int | None = None, batch: int | None = None) -> UpdateRecord | None:
+  def write(
+    self,
+    value: Any,
+    *,
+    read_version: int | None = None,
+    lane: int | None = None,
+    batch: int | None = None,
+  ) -> UpdateRecord | None:
     """Stores `value` as a new version; records the update if `read_version` is given."""
     with self._lock:
       if read_version is not None and not 0 <= read_version <= self._version:
-        raise ValueError(f'{self.name}: read_version {read_version} is not a version '
-                         f'this store has had (0..{self._version}).')
+        raise ValueError(
+          f'{self.name}: read_version {read_version} is not a version '
+          f'this store has had (0..{self._version}).'
+        )
       staleness = None if read_version is None else self._version - read_version
       self._value = value
       self._version += 1

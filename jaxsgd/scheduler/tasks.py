@@ -16,6 +16,7 @@ and each lane builds the same function from the same recipe in its own JAX runti
 
 import dataclasses
 import importlib
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,7 +41,11 @@ class TaskRecipe:
   @classmethod
   def of(cls, factory: Callable[..., Mapping[str, Callable]], **kwargs) -> 'TaskRecipe':
     """The recipe of a module-level `factory` called with `kwargs`."""
-    path = f'{factory.__module__}:{factory.__qualname__}'
+    module = factory.__module__
+    if module == '__main__':  # A script run with `python -m pkg.mod`: name it as imported.
+      spec = getattr(sys.modules['__main__'], '__spec__', None)
+      module = spec.name if spec is not None else module
+    path = f'{module}:{factory.__qualname__}'
     if '<' in path:
       raise ValueError(f'{path}: a task factory must be a module-level function.')
     return cls(path, tuple(sorted(kwargs.items())))
@@ -53,8 +58,7 @@ class TaskRecipe:
         built = _BUILT.get(self)
         if built is None:
           module, name = self.factory.split(':')
-          built = _BUILT[self] = getattr(importlib.import_module(module), name)(
-              **dict(self.kwargs))
+          built = _BUILT[self] = getattr(importlib.import_module(module), name)(**dict(self.kwargs))
     return built
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 class TaskRecord:
   lane: int
   kind: str
-  start: float   # seconds
+  start: float  # seconds
   end: float
   stage: int | None = None
   batch: int | None = None
@@ -43,8 +43,11 @@ class Timeline:
 
   def tasks(self, lane: int | None = None, kind: str | None = None) -> list[TaskRecord]:
     """Records on `lane` and/or of `kind`, in start order."""
-    found = [r for r in self.records
-             if (lane is None or r.lane == lane) and (kind is None or r.kind == kind)]
+    found = [
+      r
+      for r in self.records
+      if (lane is None or r.lane == lane) and (kind is None or r.kind == kind)
+    ]
     return sorted(found, key=lambda r: (r.start, r.end))
 
   def busy(self, lane: int) -> float:
@@ -57,17 +60,46 @@ class Timeline:
     return {self.lane_names[lane]: self.busy(lane) / span for lane in used}
 
   def chrome_trace(self) -> dict:
-    events = [{'name': 'process_name', 'ph': 'M', 'pid': 0,
-               'args': {'name': f'jaxsgd ({self.clock} clock)'}}]
+    events = [
+      {
+        'name': 'process_name',
+        'ph': 'M',
+        'pid': 0,
+        'args': {'name': f'jaxsgd ({self.clock} clock)'},
+      }
+    ]
     for lane in sorted({r.lane for r in self.records}):
-      events.append({'name': 'thread_name', 'ph': 'M', 'pid': 0, 'tid': lane,
-                     'args': {'name': self.lane_names[lane]}})
-      events.append({'name': 'thread_sort_index', 'ph': 'M', 'pid': 0, 'tid': lane,
-                     'args': {'sort_index': lane}})
+      events.append(
+        {
+          'name': 'thread_name',
+          'ph': 'M',
+          'pid': 0,
+          'tid': lane,
+          'args': {'name': self.lane_names[lane]},
+        }
+      )
+      events.append(
+        {
+          'name': 'thread_sort_index',
+          'ph': 'M',
+          'pid': 0,
+          'tid': lane,
+          'args': {'sort_index': lane},
+        }
+      )
     for r in self.records:
-      events.append({'name': r.label, 'cat': r.kind, 'ph': 'X', 'pid': 0, 'tid': r.lane,
-                     'ts': r.start * 1e6, 'dur': r.duration * 1e6,
-                     'args': {'stage': r.stage, 'batch': r.batch}})
+      events.append(
+        {
+          'name': r.label,
+          'cat': r.kind,
+          'ph': 'X',
+          'pid': 0,
+          'tid': r.lane,
+          'ts': r.start * 1e6,
+          'dur': r.duration * 1e6,
+          'args': {'stage': r.stage, 'batch': r.batch},
+        }
+      )
     return {'traceEvents': events, 'displayTimeUnit': 'ms'}
 
   def write_chrome_trace(self, path: str) -> None:

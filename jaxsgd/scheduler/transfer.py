@@ -36,5 +36,6 @@ def nbytes(tree) -> int:
 
 def wait(tree) -> None:
   """Blocks until every array in `tree` is computed (timing threads, calibration)."""
-  jax.block_until_ready([leaf for leaf in jax.tree_util.tree_leaves(tree)
-                         if isinstance(leaf, jax.Array)])
+  jax.block_until_ready(
+    [leaf for leaf in jax.tree_util.tree_leaves(tree) if isinstance(leaf, jax.Array)]
+  )

@@ -127,8 +127,14 @@ class VirtualExecutor:
       self._deliver(channel, op.value)
       return
     link = self._cluster.link(process.lane, channel.lane)
-    copy = Compute(transfer.to_device, (op.value, channel.device), kind=TRANSFER,
-                   batch=op.batch, lane=link, nbytes=transfer.nbytes(op.value))
+    copy = Compute(
+      transfer.to_device,
+      (op.value, channel.device),
+      kind=TRANSFER,
+      batch=op.batch,
+      lane=link,
+      nbytes=transfer.nbytes(op.value),
+    )
     mover = Process(f'transfer to {channel.name}', link, _transfer(copy, channel))
     self._at(self._now, self._advance, mover, None)
 

@@ -2,7 +2,8 @@
 
 `DataParallelTrainer` maps one worker's step (`step.make_worker_step`) onto M
 workers, over devices with `jax.shard_map` or stacked on one device with
-`jax.vmap`; `distributed` joins a multi-process cluster (launched by
+`jax.vmap` (the delayed-averaging methods: a whole period per program, one
+all-reduce per period); `distributed` joins a multi-process cluster (launched by
 `python -m jaxsgd.launch`); `timing` is the virtual clock (compute + ring
 all-reduce, hidden when delayed); `hlo` checks what a compiled all-reduce depends on.
 """
@@ -17,12 +18,12 @@ from jaxsgd.spmd.trainer import DataParallelTrainer
 from jaxsgd.spmd.trainer import TrainState
 
 __all__ = (
-    'AXIS',
-    'CoordinatorUnreachableError',
-    'data_mesh',
-    'DataParallelTrainer',
-    'initialize_from_env',
-    'ring_allreduce_time',
-    'StepTimeModel',
-    'TrainState',
+  'AXIS',
+  'CoordinatorUnreachableError',
+  'data_mesh',
+  'DataParallelTrainer',
+  'initialize_from_env',
+  'ring_allreduce_time',
+  'StepTimeModel',
+  'TrainState',
 )

@@ -78,10 +78,14 @@ def cluster_from_env(environ=None) -> dict | None:
   if pid >= num:
     raise ValueError(f'{PROCESS_ID_VAR}: {pid} is not < {NUM_PROCESSES_VAR}={num}.')
   timeout = _int_var(environ, TIMEOUT_VAR, minimum=1, default=DEFAULT_TIMEOUT_S)
-  heartbeat = _int_var(environ, HEARTBEAT_VAR, minimum=1,
-                       default=DEFAULT_HEARTBEAT_TIMEOUT_S)
-  return {'coordinator_address': address, 'num_processes': num, 'process_id': pid,
-          'timeout': timeout, 'heartbeat': heartbeat}
+  heartbeat = _int_var(environ, HEARTBEAT_VAR, minimum=1, default=DEFAULT_HEARTBEAT_TIMEOUT_S)
+  return {
+    'coordinator_address': address,
+    'num_processes': num,
+    'process_id': pid,
+    'timeout': timeout,
+    'heartbeat': heartbeat,
+  }
 
 
 def _int_var(environ, name, *, minimum, default=None):
@@ -91,8 +95,9 @@ def _int_var(environ, name, *, minimum, default=None):
   try:
     value = int(raw)
   except (TypeError, ValueError):
-    raise ValueError(f'{name}: an integer >= {minimum} is needed with {ADDRESS_VAR}, '
-                     f'got {raw!r}.') from None
+    raise ValueError(
+      f'{name}: an integer >= {minimum} is needed with {ADDRESS_VAR}, got {raw!r}.'
+    ) from None
   if value < minimum:
     raise ValueError(f'{name}: must be >= {minimum}, got {value}.')
   return value
@@ -115,9 +120,10 @@ def wait_for_coordinator(address: str, timeout: float) -> None:
     except OSError as e:
       if time.monotonic() >= deadline:
         raise CoordinatorUnreachableError(
-            f'coordinator ({ADDRESS_VAR} / jaxsgd.launch --coordinator): cannot reach '
-            f'{address} within {timeout:g} s ({e}); is process 0 running, and is the '
-            f'address one this host can reach?') from None
+          f'coordinator ({ADDRESS_VAR} / jaxsgd.launch --coordinator): cannot reach '
+          f'{address} within {timeout:g} s ({e}); is process 0 running, and is the '
+          f'address one this host can reach?'
+        ) from None
       time.sleep(0.1)
 
 
@@ -145,10 +151,12 @@ def initialize_from_env(environ=None) -> bool:
     wait_for_coordinator(cluster['coordinator_address'], cluster['timeout'])
   with _exit_unless_formed(cluster, deadline=start + cluster['timeout']):
     jax.distributed.initialize(
-        coordinator_address=cluster['coordinator_address'],
-        num_processes=cluster['num_processes'], process_id=cluster['process_id'],
-        initialization_timeout=cluster['timeout'] + _JAX_INIT_MARGIN_S,
-        heartbeat_timeout_seconds=cluster['heartbeat'])
+      coordinator_address=cluster['coordinator_address'],
+      num_processes=cluster['num_processes'],
+      process_id=cluster['process_id'],
+      initialization_timeout=cluster['timeout'] + _JAX_INIT_MARGIN_S,
+      heartbeat_timeout_seconds=cluster['heartbeat'],
+    )
   record_status('joined')
   install_fail_fast()
   return True
@@ -165,11 +173,14 @@ def _exit_unless_formed(cluster, deadline):
 
   def watch():
     if not done.wait(max(0.0, deadline - time.monotonic())):
-      exit_now(1, f'{CLUSTER_DID_NOT_FORM} within {cluster["timeout"]} s: process '
-                  f'{cluster["process_id"]} waited at {cluster["coordinator_address"]} for '
-                  f'all {cluster["num_processes"]} processes ({NUM_PROCESSES_VAR}) to join; '
-                  f'a process was not started, failed before joining, or has another '
-                  f'coordinator or process count')
+      exit_now(
+        1,
+        f'{CLUSTER_DID_NOT_FORM} within {cluster["timeout"]} s: process '
+        f'{cluster["process_id"]} waited at {cluster["coordinator_address"]} for '
+        f'all {cluster["num_processes"]} processes ({NUM_PROCESSES_VAR}) to join; '
+        f'a process was not started, failed before joining, or has another '
+        f'coordinator or process count',
+      )
 
   threading.Thread(target=watch, daemon=True, name='jaxsgd-cluster-watchdog').start()
   try:
@@ -225,8 +236,7 @@ def describe(error: BaseException) -> str:
 
 def _fail_fast_hook(kind, error, tb) -> None:
   traceback.print_exception(kind, error, tb)
-  exit_now(130 if isinstance(error, KeyboardInterrupt) else 1, describe(error),
-           announce=False)
+  exit_now(130 if isinstance(error, KeyboardInterrupt) else 1, describe(error), announce=False)
 
 
 def install_fail_fast() -> None:

@@ -15,11 +15,20 @@ import re
 _INSTR = re.compile(r'^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*)$')
 _OPCODE = re.compile(r'\s([a-z][\w\-]*)\(')
 _REF = re.compile(r'%([\w.\-]+)')
-_CALLS = re.compile(r'(?:calls|to_apply|body|condition|true_computation|false_computation)'
-                    r'=%([\w.\-]+)|branch_computations=\{([^}]*)\}')
+_CALLS = re.compile(
+  r'(?:calls|to_apply|body|condition|true_computation|false_computation)'
+  r'=%([\w.\-]+)|branch_computations=\{([^}]*)\}'
+)
 _OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
-COLLECTIVES = ('all-reduce', 'all-reduce-start', 'reduce-scatter', 'all-gather',
-               'all-gather-start', 'all-to-all', 'collective-permute')
+COLLECTIVES = (
+  'all-reduce',
+  'all-reduce-start',
+  'reduce-scatter',
+  'all-gather',
+  'all-gather-start',
+  'all-to-all',
+  'collective-permute',
+)
 HEAVY = ('dot', 'convolution')
 
 
@@ -60,8 +69,9 @@ def _instruction(name: str, rest: str) -> Instruction:
     depth += {'(': 1, ')': -1}.get(rest[end], 0)
     end += 1
   operands = _REF.findall(rest[start:end])
-  calls = [c for one, many in _CALLS.findall(rest[end:])
-           for c in ([one] if one else _REF.findall(many))]
+  calls = [
+    c for one, many in _CALLS.findall(rest[end:]) for c in ([one] if one else _REF.findall(many))
+  ]
   op_name = _OP_NAME.search(rest)
   return Instruction(name, opcode, operands, calls, op_name.group(1) if op_name else '')
 
@@ -72,13 +82,14 @@ def _contains(computations, name, opcodes, seen=None) -> bool:
   if name in seen or name not in computations:
     return False
   seen.add(name)
-  return any(i.opcode in opcodes or any(_contains(computations, c, opcodes, seen)
-                                        for c in i.calls) for i in computations[name])
+  return any(
+    i.opcode in opcodes or any(_contains(computations, c, opcodes, seen) for c in i.calls)
+    for i in computations[name]
+  )
 
 
 def _is_site(computations, instr, opcodes) -> bool:
-  return instr.opcode in opcodes or any(_contains(computations, c, opcodes)
-                                        for c in instr.calls)
+  return instr.opcode in opcodes or any(_contains(computations, c, opcodes) for c in instr.calls)
 
 
 def collective_inputs(hlo_text: str) -> list[set[str]]:
@@ -90,16 +101,19 @@ def collective_inputs(hlo_text: str) -> list[set[str]]:
   """
   computations, entry = parse(hlo_text)
   instrs = {i.name: i for i in computations[entry]}
-  params = {i.name: i.op_name.replace("\\'", "'") for i in instrs.values()
-            if i.opcode == 'parameter'}
+  params = {
+    i.name: i.op_name.replace("\\'", "'") for i in instrs.values() if i.opcode == 'parameter'
+  }
 
   memo = {}
   for instr in computations[entry]:  # Printed in a topological order: operands first.
-    memo[instr.name] = ({params[instr.name]} if instr.name in params else
-                        set().union(*(memo.get(o, set()) for o in instr.operands)))
+    memo[instr.name] = (
+      {params[instr.name]}
+      if instr.name in params
+      else set().union(*(memo.get(o, set()) for o in instr.operands))
+    )
 
-  return [memo[i.name] for i in computations[entry]
-          if _is_site(computations, i, COLLECTIVES)]
+  return [memo[i.name] for i in computations[entry] if _is_site(computations, i, COLLECTIVES)]
 
 
 def compute_around_collectives(hlo_text: str) -> list[tuple[int, int]]:
@@ -112,5 +126,54 @@ def compute_around_collectives(hlo_text: str) -> list[tuple[int, int]]:
   computations, entry = parse(hlo_text)
   order = computations[entry]
   heavy = [_is_site(computations, i, HEAVY) for i in order]
-  return [(sum(heavy[:k]), sum(heavy[k + 1:])) for k, i in enumerate(order)
-          if _is_site(computations, i, COLLECTIVES)]
+  return [
+    (sum(heavy[:k]), sum(heavy[k + 1 :]))
+    for k, i in enumerate(order)
+    if _is_site(computations, i, COLLECTIVES)
+  ]
+
+
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+
+
+def collective_count(hlo_text: str) -> dict[str, int | None]:
+  """How many collectives one run of the compiled program executes, and where.
+
+  Returns:
+    `{'top_level': collectives in the entry computation (each runs once),
+      'in_loops': executions inside while loops (each site times its loop's known
+        trip count; None when a trip count is unknown),
+      'in_conditionals': sites inside conditional branches (each runs at most
+        once per run of the conditional)}`.
+  """
+  computations, entry = parse(hlo_text)
+  lines = {m.group(1): m.group(2) for m in map(_INSTR.match, hlo_text.splitlines()) if m}
+  counts = {'top_level': 0, 'in_loops': 0, 'in_conditionals': 0}
+
+  def visit(name, weight, where, seen):
+    for instr in computations.get(name, []):
+      if instr.opcode in COLLECTIVES:
+        key = 'top_level' if where is None else where
+        if counts[key] is not None:
+          counts[key] += 1 if key == 'in_conditionals' else weight
+      if instr.opcode == 'while':
+        trip = _TRIP_COUNT.search(lines[instr.name])
+        inner = None if trip is None or weight is None else weight * int(trip.group(1))
+        if inner is None and _has_collective(computations, instr):
+          counts['in_loops'] = None
+        for callee in instr.calls:
+          visit(callee, inner, where or 'in_loops', seen | {name})
+      elif instr.opcode == 'conditional':
+        for callee in instr.calls:
+          visit(callee, weight, 'in_conditionals', seen | {name})
+      else:
+        for callee in instr.calls:
+          if callee not in seen:
+            visit(callee, weight, where, seen | {name})
+
+  visit(entry, 1, None, frozenset())
+  return counts
+
+
+def _has_collective(computations, instr) -> bool:
+  return any(_contains(computations, c, COLLECTIVES) for c in instr.calls)

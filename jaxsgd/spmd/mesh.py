@@ -25,9 +25,11 @@ def data_mesh(workers: int, devices=None) -> Mesh:
   """A 1-D mesh with axis `data` over the first `workers` devices."""
   devices = jax.devices() if devices is None else list(devices)
   if workers > len(devices):
-    raise ValueError(f'workers: {workers} workers need {workers} devices, but '
-                     f'{len(devices)} are visible; lower workers or set '
-                     f'algorithm.stacked=True to run them on one device.')
+    raise ValueError(
+      f'workers: {workers} workers need {workers} devices, but '
+      f'{len(devices)} are visible; lower workers or set '
+      f'algorithm.stacked=True to run them on one device.'
+    )
   # Explicit Mesh (not jax.make_mesh, whose axes default to Explicit sharding
   # mode): inputs are placed with NamedShardings below.
   return Mesh(np.asarray(devices[:workers]), (AXIS,))
@@ -47,20 +49,23 @@ def local_workers(mesh: Mesh) -> list[int]:
   return [m for m, d in enumerate(mesh.devices.flat) if d.process_index == me]
 
 
-def global_batch(mesh: Mesh, local_batches: list[dict[str, np.ndarray]]) -> dict:
+def global_batch(mesh: Mesh, local_batches: list[dict[str, np.ndarray]], axis: int = 0) -> dict:
   """The `[M*B, ...]` global batch, sharded by worker, from this process's batches.
 
   Args:
     mesh: the data mesh.
     local_batches: one numpy batch per local worker (`local_workers(mesh)` order).
+    axis: the examples' axis: 0, or 1 for `[τ, B, ...]` batches of τ steps
+      (global `[τ, M*B, ...]`, sharded `P(None, 'data')`).
   """
-  sharding = per_worker(mesh)
+  sharding = NamedSharding(mesh, P(*([None] * axis), AXIS))
   workers = mesh.devices.size
 
   def one(*parts):
-    local = np.concatenate(parts) if len(parts) > 1 else parts[0]
-    shape = (workers * parts[0].shape[0],) + parts[0].shape[1:]
-    return jax.make_array_from_process_local_data(sharding, local, shape)
+    local = np.concatenate(parts, axis=axis) if len(parts) > 1 else parts[0]
+    shape = list(parts[0].shape)
+    shape[axis] *= workers
+    return jax.make_array_from_process_local_data(sharding, local, tuple(shape))
 
   return jax.tree.map(one, *local_batches)
 

@@ -19,10 +19,14 @@ with merge steps t ≥ period, t ≡ delay (mod period), as in
 all-reduce blocks every step (no overlap with the backward pass is modeled).
 Local SGD / DiLoCo: delay 0, one blocking all-reduce every `period` steps.
 
-The model charges the algorithm's communication, one all-reduce per period. (With
-`overlap=True` the mesh step issues its all-reduce every step, so that XLA may
-overlap it; a runtime with asynchronous collectives that span steps would issue
-only the one per period the model charges.)
+Streaming DiLoCo: one all-reduce of 1/P of the weights every period/P steps, hidden
+behind `delay` steps.
+
+The model charges one all-reduce per period, and that is what the compiled programs
+issue: with `overlap=True` each period (streaming DiLoCo: each cycle) runs as one
+program whose all-reduce reads the stored snapshot and is merged `delay` steps later
+(`jaxsgd.spmd.step.make_worker_period` / `make_worker_cycle`); with `overlap=False`
+the all-reduce runs inside a `lax.cond` on the merge step, and nothing is hidden.
 """
 
 import dataclasses
@@ -32,8 +36,8 @@ import jax
 
 from jaxsgd.scheduler import costs as costs_lib
 
-def ring_allreduce_time(nbytes: float, workers: int, *, bandwidth: float,
-                        latency: float) -> float:
+
+def ring_allreduce_time(nbytes: float, workers: int, *, bandwidth: float, latency: float) -> float:
   """Seconds of a ring all-reduce of `nbytes` per worker over `workers` workers, on links
   of `bandwidth` bytes/s (`inf`: free) and `latency` seconds per message."""
   if workers <= 1:
@@ -57,6 +61,7 @@ class StepTimeModel:
     period: steps between all-reduces (1: every step).
     delay: steps of compute the all-reduce overlaps before its result is needed.
   """
+
   compute: float
   comm: float
   period: int = 1

@@ -23,6 +23,12 @@ from jaxsgd.spmd import step as step_lib
 SYNC_EVERY = 16
 
 
+@jax.jit
+def _unstack_first_row(losses):
+  """The first row's entries as separate scalars, in one dispatch."""
+  return tuple(losses[0])
+
+
 @dataclasses.dataclass
 class TrainState:
   variables: object
@@ -43,13 +49,40 @@ class DataParallelTrainer:
     stacked: run all M workers on one device with `vmap` instead of a mesh.
     devices: the devices of the mesh (default `jax.devices()`; worker m on the
       m-th).
+    period: with `delay`, the schedule of the delayed-averaging transform in
+      `tx` (a local method with `overlap=True`): then every whole period that
+      `program_length` allows runs as ONE program with one all-reduce
+      (`step.make_worker_period`); None: every step is its own program.
+    delay: the transform's delay d (0 <= d < period).
+    fragments: for streaming DiLoCo (`tx` contains `streaming_diloco_outer_step`
+      with this `period`, `fragments` and `delay`): each cycle of `period` steps
+      runs as one program with one all-reduce per fragment
+      (`step.make_worker_cycle`).
   """
 
-  def __init__(self, model, tx, workers: int, *, average_grads: bool,
-               stacked: bool = False, devices=None):
+  def __init__(
+    self,
+    model,
+    tx,
+    workers: int,
+    *,
+    average_grads: bool,
+    stacked: bool = False,
+    devices=None,
+    period: int | None = None,
+    delay: int = 0,
+    fragments: int | None = None,
+  ):
     self.workers = workers
     self.replicated = average_grads
     self.stacked = stacked
+    if period is not None and average_grads:
+      raise ValueError(
+        'period: whole-period programs are for the local methods '
+        '(average_grads=False); SSGD communicates every step.'
+      )
+    self.period = period
+    self.period_step = None
     if stacked:
       self.mesh = None
       worker_step = step_lib.make_worker_step(model, tx, average_grads=average_grads)
@@ -57,17 +90,29 @@ class DataParallelTrainer:
     else:
       self.mesh = mesh_lib.data_mesh(workers, devices)
       vary = lambda tree: lax.pcast(tree, mesh_lib.AXIS, to='varying')
-      worker_step = step_lib.make_worker_step(model, tx, average_grads=average_grads,
-                                              vary=vary)
+      worker_step = step_lib.make_worker_step(model, tx, average_grads=average_grads, vary=vary)
       self.step = step_lib.mesh_step(worker_step, self.mesh, replicated=self.replicated)
+    if period is not None:
+      worker_period = (
+        step_lib.make_worker_period(worker_step, period=period, delay=delay)
+        if fragments is None
+        else step_lib.make_worker_cycle(
+          worker_step, period=period, fragments=fragments, delay=delay
+        )
+      )
+      self.period_step = (
+        step_lib.stacked_period(worker_period, workers)
+        if stacked
+        else step_lib.mesh_period(worker_period, self.mesh)
+      )
     self._model, self._tx = model, tx
-    self._consensus = jax.jit(step_lib.consensus_fn(replicated=self.replicated),
-                              **({'out_shardings': mesh_lib.replicated(self.mesh)}
-                                 if self.mesh is not None else {}))
+    self._consensus = jax.jit(
+      step_lib.consensus_fn(replicated=self.replicated),
+      **({'out_shardings': mesh_lib.replicated(self.mesh)} if self.mesh is not None else {}),
+    )
 
   def _state_sharding(self):
-    return (mesh_lib.replicated(self.mesh) if self.replicated
-            else mesh_lib.per_worker(self.mesh))
+    return mesh_lib.replicated(self.mesh) if self.replicated else mesh_lib.per_worker(self.mesh)
 
   # --- placement ------------------------------------------------------------------
   @property
@@ -86,9 +131,15 @@ class DataParallelTrainer:
     """Steps between waits for the device (the deadlock hazard), or None: never."""
     return SYNC_EVERY if self.local_device_count > 1 else None
 
-  def maybe_wait(self, step: int, loss: jax.Array) -> None:
-    """Blocks on `loss` every `sync_every` steps; the only wait in the hot loop."""
-    if self.sync_every and step % self.sync_every == 0:
+  def maybe_wait(self, step: int, loss: jax.Array, steps: int = 1) -> None:
+    """Blocks on `loss` every `sync_every` steps; the only wait in the hot loop.
+
+    Args:
+      step: steps done, after the program that produced `loss`.
+      loss: an output of that program.
+      steps: steps that program ran (a whole period: `period`).
+    """
+    if self.sync_every and step // self.sync_every > (step - steps) // self.sync_every:
       loss.block_until_ready()
 
   def init(self, seed: int) -> TrainState:
@@ -119,11 +170,64 @@ class DataParallelTrainer:
       return jax.tree.map(lambda *xs: jnp.asarray(np.concatenate(xs)), *local_batches)
     return mesh_lib.global_batch(self.mesh, local_batches)
 
+  def put_batches(self, steps: list[list[dict[str, np.ndarray]]]):
+    """The `[τ, M*B, ...]` batches of τ steps (`steps[k]`: step k's local batches)."""
+    per_worker = [jax.tree.map(lambda *xs: np.stack(xs), *worker) for worker in zip(*steps)]
+    if self.mesh is None:
+      return jax.tree.map(lambda *xs: jnp.asarray(np.concatenate(xs, axis=1)), *per_worker)
+    return mesh_lib.global_batch(self.mesh, per_worker, axis=1)
+
   # --- training -------------------------------------------------------------------
   def train_step(self, state: TrainState, batch) -> tuple[TrainState, jax.Array]:
     """One step of every worker; asynchronous (returns before the device is done)."""
     variables, opt_state, loss = self.step(state.variables, state.opt_state, batch)
     return TrainState(variables, opt_state), loss
+
+  def train_period(self, state: TrainState, batches) -> tuple[TrainState, jax.Array]:
+    """τ steps of every worker as one program (`put_batches`); losses `[M, τ]`.
+
+    Only from a period boundary (steps done a multiple of `period`).
+    """
+    variables, opt_state, losses = self.period_step(state.variables, state.opt_state, batches)
+    return TrainState(variables, opt_state), losses
+
+  def program_length(self, done: int, total: int, stops=lambda step: False) -> int:
+    """Steps the next program runs: `period` or 1.
+
+    A whole period runs as one program when one is built, `done` is a period
+    boundary, the period ends by `total`, and none of its steps but the last is
+    a stop (`stops(step)`, e.g. an evaluation point, which needs the weights of
+    that step). Otherwise one step runs (its own program: with `overlap=True`
+    it issues its own all-reduce; same arithmetic).
+    """
+    tau = self.period
+    if (
+      self.period_step is None
+      or done % tau
+      or done + tau > total
+      or any(stops(step) for step in range(done + 1, done + tau))
+    ):
+      return 1
+    return tau
+
+  def train_steps(
+    self, state: TrainState, steps: list[list[dict[str, np.ndarray]]]
+  ) -> tuple[TrainState, list[jax.Array]]:
+    """`len(steps)` steps (1, or a whole period: `program_length`) from local batches.
+
+    Returns:
+      The new state and one reportable loss per step (`report_loss`'s).
+    """
+    if len(steps) == 1:
+      state, loss = self.train_step(state, self.put_batch(steps[0]))
+      return state, [self.report_loss(loss)]
+    state, losses = self.train_period(state, self.put_batches(steps))
+    return state, self.report_losses(losses)
+
+  def report_losses(self, losses: jax.Array) -> list[jax.Array]:
+    """`report_loss` of each step of a period program's `[M, τ]` losses."""
+    local = mesh_lib.first_local_shard(losses) if self.mesh is not None else losses
+    return list(_unstack_first_row(local))
 
   def report_loss(self, loss: jax.Array) -> jax.Array:
     """A one-device scalar to report: the mean (SSGD) or this process's first worker's.

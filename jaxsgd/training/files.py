@@ -44,6 +44,7 @@ NON_FINITE = {math.inf: 'Infinity', -math.inf: '-Infinity'}  # NaN: 'NaN'.
 
 # --- atomic writes ----------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def atomic_path(path: str) -> Iterator[str]:
   """Yields a temporary path (same directory, same extension) that becomes `path`.
@@ -136,6 +137,7 @@ def remove_stale_temp_files(directory: str) -> list[str]:
 
 # --- JSON ---------------------------------------------------------------------------------
 
+
 def jsonable(value: Any) -> Any:
   """`value` with only JSON types: non-finite floats as strings, NumPy as Python."""
   if isinstance(value, dict):
@@ -150,8 +152,7 @@ def jsonable(value: Any) -> Any:
     return int(value)
   if isinstance(value, (float, np.floating)):
     value = float(value)
-    return value if math.isfinite(value) else ('NaN' if math.isnan(value)
-                                               else NON_FINITE[value])
+    return value if math.isfinite(value) else ('NaN' if math.isnan(value) else NON_FINITE[value])
   if value is None or isinstance(value, str):
     return value
   return str(value)
@@ -200,6 +201,7 @@ def read_json(path: str) -> Any:
 
 # --- JSON lines --------------------------------------------------------------------------
 
+
 class JsonLinesWriter:
   """Appends JSON objects to a file, one per line, never leaving a torn line.
 
@@ -232,7 +234,7 @@ class JsonLinesWriter:
       raise ValueError(f'{self.path}: the writer is closed.')
     data = memoryview((to_json(record) + '\n').encode())
     while data:  # A regular file takes it in one write; loop on the rare short write.
-      data = data[os.write(self._fd, data):]
+      data = data[os.write(self._fd, data) :]
     if self._fsync:
       os.fsync(self._fd)
 
@@ -272,9 +274,11 @@ def _cut_torn_tail(fd: int) -> int:
     end = start
   if end < size:
     os.ftruncate(fd, end)
-    logging.warning('%s ended in a torn line (%d bytes, from a killed or crashed writer); '
-                    'cut it off.',
-                    _fd_path(fd), size - end)
+    logging.warning(
+      '%s ended in a torn line (%d bytes, from a killed or crashed writer); cut it off.',
+      _fd_path(fd),
+      size - end,
+    )
   return size - end
 
 
@@ -288,11 +292,12 @@ def read_json_lines(path: str) -> list[dict]:
   """The records of a JSON-lines file (`decode_non_finite`), without a torn last line."""
   with open(path, 'rb') as f:
     data = f.read()
-  whole = data[:data.rfind(b'\n') + 1]  # A last line with no newline is torn.
+  whole = data[: data.rfind(b'\n') + 1]  # A last line with no newline is torn.
   return [decode_non_finite(json.loads(line)) for line in whole.splitlines() if line.strip()]
 
 
 # --- the workdir lock ----------------------------------------------------------------------
+
 
 class WorkdirLockedError(RuntimeError):
   """Another live run holds the workdir."""
@@ -325,8 +330,9 @@ class WorkdirLock:
     key = os.path.realpath(self.path)
     earlier = _HELD.get(key)
     if earlier is not None and earlier is not self:
-      logging.warning('%s: taking over from an earlier run in this process that was not '
-                      'finished.', self.workdir)
+      logging.warning(
+        '%s: taking over from an earlier run in this process that was not finished.', self.workdir
+      )
       earlier.release()
     while self._file is None:
       f = open(self.path, 'a+')  # pylint: disable=consider-using-with
@@ -338,8 +344,12 @@ class WorkdirLock:
         raise WorkdirLockedError(_locked_message(self.workdir, holder)) from None
       except OSError as e:  # A file system without locks: run, but say it is unguarded.
         f.close()
-        logging.warning('%s: cannot lock %s (%s); another run into this workdir would not '
-                        'be refused.', self.workdir, LOCK_NAME, e)
+        logging.warning(
+          '%s: cannot lock %s (%s); another run into this workdir would not be refused.',
+          self.workdir,
+          LOCK_NAME,
+          e,
+        )
         return self
       if not _same_file(f, self.path):  # Its holder removed it as we opened it: again.
         f.close()
@@ -349,8 +359,11 @@ class WorkdirLock:
       self._file = f
     _HELD[key] = self
     if self.taken_over:
-      logging.warning('%s: took over the lock of a run that is no longer running (%s).',
-                      self.workdir, _describe(self.taken_over))
+      logging.warning(
+        '%s: took over the lock of a run that is no longer running (%s).',
+        self.workdir,
+        _describe(self.taken_over),
+      )
     remove_stale_temp_files(self.workdir)
     return self
 
@@ -394,9 +407,12 @@ def _same_file(f, path: str) -> bool:
 
 
 def _holder_record() -> dict:
-  return {'pid': os.getpid(), 'host': socket.gethostname(),
-          'started': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-          'command': ' '.join(sys.argv)[:500]}
+  return {
+    'pid': os.getpid(),
+    'host': socket.gethostname(),
+    'started': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    'command': ' '.join(sys.argv)[:500],
+  }
 
 
 def _write_holder(f) -> None:
@@ -426,11 +442,14 @@ def _read_holder(f, wait_s: float = 0.0) -> dict:
 def _describe(holder: dict) -> str:
   if not holder:
     return 'details not recorded'
-  return (f'pid {holder.get("pid")} on host {holder.get("host")}, started '
-          f'{holder.get("started")}: {holder.get("command")}')
+  return (
+    f'pid {holder.get("pid")} on host {holder.get("host")}, started '
+    f'{holder.get("started")}: {holder.get("command")}'
+  )
 
 
 def _locked_message(workdir: str, holder: dict) -> str:
-  return (f'workdir {workdir} is in use by another run ({_describe(holder)}); wait for it '
-          f'to finish, stop it, or choose another workdir.')
-
+  return (
+    f'workdir {workdir} is in use by another run ({_describe(holder)}); wait for it '
+    f'to finish, stop it, or choose another workdir.'
+  )

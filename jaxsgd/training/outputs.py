@@ -10,9 +10,17 @@ from jaxsgd.training import files
 from jaxsgd.training import plots
 
 
-def write_outputs(workdir: str, timeline, staleness: dict[str, np.ndarray], *,
-                  train_steps: int, cost_table: dict | None, epochs, title: str,
-                  extra: dict | None = None) -> dict:
+def write_outputs(
+  workdir: str,
+  timeline,
+  staleness: dict[str, np.ndarray],
+  *,
+  train_steps: int,
+  cost_table: dict | None,
+  epochs,
+  title: str,
+  extra: dict | None = None,
+) -> dict:
   """Writes `trace.json` and `staleness.png`; returns the run's summary fields.
 
   Args:
@@ -31,19 +39,33 @@ def write_outputs(workdir: str, timeline, staleness: dict[str, np.ndarray], *,
   every = np.concatenate([v for v in staleness.values()] or [np.zeros(0, np.int64)])
   values, counts = np.unique(every, return_counts=True)
   summary = {
-      'clock': timeline.clock, 'epochs': epochs, 'makespan': timeline.makespan,
-      'mean_staleness': float(every.mean()) if every.size else math.nan,
-      'staleness_histogram': {int(v): int(n) for v, n in zip(values, counts)},
-      'time_per_step': timeline.makespan / train_steps,
-      'utilization': timeline.utilization(),
-      'staleness': {name: {'mean': float(v.mean()) if v.size else math.nan,
-                           'max': int(v.max()) if v.size else 0, 'updates': int(v.size)}
-                    for name, v in staleness.items()},
-      **(extra or {})}
+    'clock': timeline.clock,
+    'epochs': epochs,
+    'makespan': timeline.makespan,
+    'mean_staleness': float(every.mean()) if every.size else math.nan,
+    'staleness_histogram': {int(v): int(n) for v, n in zip(values, counts)},
+    'time_per_step': timeline.makespan / train_steps,
+    'utilization': timeline.utilization(),
+    'staleness': {
+      name: {
+        'mean': float(v.mean()) if v.size else math.nan,
+        'max': int(v.max()) if v.size else 0,
+        'updates': int(v.size),
+      }
+      for name, v in staleness.items()
+    },
+    **(extra or {}),
+  }
   if timeline.clock == 'virtual':
     summary['sim_time'] = timeline.makespan
-    summary['cost_model_ms'] = {f'stage {k} {kind}': 1e3 * seconds for (k, kind), seconds
-                                in (cost_table or {}).items()}
-  logging.info('%s: makespan %.3f s (%s clock), mean staleness %.2f.', title,
-               timeline.makespan, timeline.clock, summary['mean_staleness'])
+    summary['cost_model_ms'] = {
+      f'stage {k} {kind}': 1e3 * seconds for (k, kind), seconds in (cost_table or {}).items()
+    }
+  logging.info(
+    '%s: makespan %.3f s (%s clock), mean staleness %.2f.',
+    title,
+    timeline.makespan,
+    timeline.clock,
+    summary['mean_staleness'],
+  )
   return summary

@@ -41,8 +41,7 @@ def plot_staleness(staleness_by_lane: dict[str, np.ndarray], path: str, title: s
   if len(names) <= 8:
     width = 0.8 / max(len(names), 1)
     for row, name in enumerate(names):
-      ax.bar(np.arange(largest + 1) + row * width - 0.4 + width / 2, counts[row], width,
-             label=name)
+      ax.bar(np.arange(largest + 1) + row * width - 0.4 + width / 2, counts[row], width, label=name)
     ax.set(xlabel='staleness (writes between read and update)', ylabel='updates')
     ax.set_xticks(np.arange(largest + 1))
     ax.legend(fontsize='small')
@@ -81,9 +80,12 @@ def plot_trace(trace: dict | str, ax=None, *, until: float | None = None):
     if e.get('ph') != 'X' or (until is not None and e['ts'] * 1e-6 > until):
       continue
     kind = e.get('cat', 'compute')
-    ax.broken_barh([(e['ts'] * 1e-6, e['dur'] * 1e-6)], (rows[e['tid']] - 0.4, 0.8),
-                   color=KIND_COLORS.get(kind, 'C4'),
-                   label=None if kind in seen else kind)
+    ax.broken_barh(
+      [(e['ts'] * 1e-6, e['dur'] * 1e-6)],
+      (rows[e['tid']] - 0.4, 0.8),
+      color=KIND_COLORS.get(kind, 'C4'),
+      label=None if kind in seen else kind,
+    )
     seen.add(kind)
   ax.set_yticks(list(rows.values()), [names[t] for t in rows])
   ax.invert_yaxis()

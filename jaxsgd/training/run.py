@@ -31,8 +31,9 @@ from jaxsgd.training import plots
 class Run:
   """Collects what one training run reports; writes the workdir's files."""
 
-  def __init__(self, config, workdir: str, dataset: Dataset, model: StagedModel,
-               *, show_progress: bool = True):
+  def __init__(
+    self, config, workdir: str, dataset: Dataset, model: StagedModel, *, show_progress: bool = True
+  ):
     self.config = config
     self.workdir = workdir
     self.dataset = dataset
@@ -46,31 +47,55 @@ class Run:
     self._pending: list[tuple[int, Any, str | None]] = []  # (step, loss, stage)
     self._eval_step = stages_lib.make_eval_step(model.full().apply)
     self._start = time.perf_counter()
-    self._metrics_file = (files.JsonLinesWriter(os.path.join(workdir, 'metrics.jsonl'), 'w')
-                          if self.is_primary else None)
+    self._metrics_file = (
+      files.JsonLinesWriter(os.path.join(workdir, 'metrics.jsonl'), 'w')
+      if self.is_primary
+      else None
+    )
     self._tensorboard = _tensorboard_writer(config, workdir) if self.is_primary else None
     self._target = config.get('target_accuracy')
     self.time_to_target: dict[str, float] | None = None
-    self._progress = tqdm.tqdm(total=config.train_steps, unit='step', dynamic_ncols=True,
-                               disable=not (show_progress and self.is_primary),
-                               desc=config.algorithm.name)
+    self._progress = tqdm.tqdm(
+      total=config.train_steps,
+      unit='step',
+      dynamic_ncols=True,
+      disable=not (show_progress and self.is_primary),
+      desc=config.algorithm.name,
+    )
 
   # --- data -----------------------------------------------------------------
-  def train_batches(self, worker: int = 0, num_workers: int = 1, *,
-                    batch_size: int | None = None, sharding: str = 'stream'):
+  def train_batches(
+    self,
+    worker: int = 0,
+    num_workers: int = 1,
+    *,
+    batch_size: int | None = None,
+    sharding: str = 'stream',
+  ):
     """Worker `worker`'s deterministic batch stream (seeded by `config.seed`)."""
-    return self.dataset.train_batches(batch_size or self.config.batch_size,
-                                      seed=self.config.seed, worker=worker,
-                                      num_workers=num_workers, sharding=sharding)
+    return self.dataset.train_batches(
+      batch_size or self.config.batch_size,
+      seed=self.config.seed,
+      worker=worker,
+      num_workers=num_workers,
+      sharding=sharding,
+    )
 
   # --- reporting --------------------------------------------------------------
   def should_evaluate(self, step: int) -> bool:
     return step % self.config.eval_every == 0 or step >= self.config.train_steps
 
-  def report(self, step: int, *, loss, variables: Callable[[], Any] | Any,
-             samples: int, sim_time: float | None = None,
-             extra: Callable[[], dict] | dict | None = None,
-             stage: str | None = None) -> None:
+  def report(
+    self,
+    step: int,
+    *,
+    loss,
+    variables: Callable[[], Any] | Any,
+    samples: int,
+    sim_time: float | None = None,
+    extra: Callable[[], dict] | dict | None = None,
+    stage: str | None = None,
+  ) -> None:
     """Records step `step`'s training loss; evaluates at evaluation points.
 
     Args:
@@ -89,10 +114,14 @@ class Run:
       return
     train_loss = self._drain_losses()
     variables = variables() if callable(variables) else variables
-    record = {'step': step, 'samples': int(samples),
-              'epoch': samples / self.dataset.num_train,
-              'wall_time': time.perf_counter() - self._start,
-              'train_loss': train_loss, **self.evaluate(variables)}
+    record = {
+      'step': step,
+      'samples': int(samples),
+      'epoch': samples / self.dataset.num_train,
+      'wall_time': time.perf_counter() - self._start,
+      'train_loss': train_loss,
+      **self.evaluate(variables),
+    }
     if sim_time is not None:
       record['sim_time'] = float(sim_time)
     record.update((extra() if callable(extra) else extra) or {})
@@ -106,8 +135,10 @@ class Run:
     if bad.size:
       i = bad[0]
       place = f' at stage/worker {where[i]}' if where[i] is not None else ''
-      raise NonFiniteLossError(f'training loss became {values[i]} at step {steps[i]}{place}; '
-                               f'lower optimizer.learning_rate or check the data.')
+      raise NonFiniteLossError(
+        f'training loss became {values[i]} at step {steps[i]}{place}; '
+        f'lower optimizer.learning_rate or check the data.'
+      )
     return float(values.mean())
 
   def evaluate(self, variables) -> dict[str, float]:
@@ -119,8 +150,9 @@ class Run:
     return {'test_loss': totals[0] / totals[2], 'test_accuracy': totals[1] / totals[2]}
 
   def _log(self, record):
-    record = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v)
-              for k, v in record.items()}
+    record = {
+      k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in record.items()
+    }
     self.records.append(record)
     if self._metrics_file is not None:
       self._metrics_file.write(record)
@@ -129,11 +161,13 @@ class Run:
         if isinstance(value, (int, float)) and key != 'step':
           self._tensorboard.add_scalar(key, value, record['step'])
       self._tensorboard.flush()
-    self._progress.set_postfix(loss=f'{record["train_loss"]:.3f}',
-                               acc=f'{100 * record["test_accuracy"]:.1f}%')
+    self._progress.set_postfix(
+      loss=f'{record["train_loss"]:.3f}', acc=f'{100 * record["test_accuracy"]:.1f}%'
+    )
     if self._target and self.time_to_target is None and record['test_accuracy'] >= self._target:
-      self.time_to_target = {k: record[k] for k in ('step', 'samples', 'wall_time', 'sim_time')
-                             if k in record}
+      self.time_to_target = {
+        k: record[k] for k in ('step', 'samples', 'wall_time', 'sim_time') if k in record
+      }
 
   # --- the end ------------------------------------------------------------------
   def finish(self, extra_summary: dict | None = None) -> dict[str, Any]:
@@ -141,12 +175,12 @@ class Run:
     self.close()
     final = self.records[-1] if self.records else {}
     summary = {
-        'final': final,
-        'best_test_accuracy': max((r['test_accuracy'] for r in self.records), default=math.nan),
-        'time_to_target': self.time_to_target,
-        'target_accuracy': self._target,
-        'config': self.config.to_dict(),
-        **(extra_summary or {}),
+      'final': final,
+      'best_test_accuracy': max((r['test_accuracy'] for r in self.records), default=math.nan),
+      'time_to_target': self.time_to_target,
+      'target_accuracy': self._target,
+      'config': self.config.to_dict(),
+      **(extra_summary or {}),
     }
     if not self.is_primary:
       return summary
@@ -154,20 +188,38 @@ class Run:
       files.write_json(os.path.join(self.workdir, 'summary.json'), summary)
       if self.records:
         with files.atomic_path(os.path.join(self.workdir, 'curves.png')) as path:
-          plots.plot_curves(self.records, path,
-                            title=f'{self.config.algorithm.name} · {self.config.model.name}'
-                                  f' · {self.config.dataset}')
+          plots.plot_curves(
+            self.records,
+            path,
+            title=f'{self.config.algorithm.name} · {self.config.model.name}'
+            f' · {self.config.dataset}',
+          )
     finally:
       self._lock.release()
     return summary
 
   # --- files an algorithm leaves ---------------------------------------------------
-  def write_schedule_outputs(self, timeline, staleness: dict, *, cost_table: dict | None,
-                             epochs: float, title: str, extra: dict | None = None) -> dict:
+  def write_schedule_outputs(
+    self,
+    timeline,
+    staleness: dict,
+    *,
+    cost_table: dict | None,
+    epochs: float,
+    title: str,
+    extra: dict | None = None,
+  ) -> dict:
     """`trace.json` and `staleness.png` of a scheduler run; returns its summary fields."""
-    return outputs.write_outputs(self.workdir, timeline, staleness,
-                                 train_steps=self.config.train_steps, cost_table=cost_table,
-                                 epochs=epochs, title=title, extra=extra)
+    return outputs.write_outputs(
+      self.workdir,
+      timeline,
+      staleness,
+      train_steps=self.config.train_steps,
+      cost_table=cost_table,
+      epochs=epochs,
+      title=title,
+      extra=extra,
+    )
 
   def write_arrays(self, name: str, arrays: dict) -> None:
     """`arrays` as `name` (an .npz file) in the workdir; only process 0 writes."""
@@ -191,6 +243,7 @@ def _tensorboard_writer(config, workdir):
   try:
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
   except ImportError as e:
-    raise ImportError("tensorboard: install the extra with pip install 'jaxsgd[tensorboard]'") from e
+    raise ImportError(
+      "tensorboard: install the extra with pip install 'jaxsgd[tensorboard]'"
+    ) from e
   return SummaryWriter(os.path.join(workdir, 'tensorboard'))
-

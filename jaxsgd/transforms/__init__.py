@@ -1,7 +1,7 @@
 """Update rules of the seed papers as Optax gradient transformations.
 
-Delay compensation (DC-ASGD), delayed averaging (DaSGD), local SGD, DiLoCo outer
-steps and staleness-aware learning rates. Each is a plain Optax
+Delay compensation (DC-ASGD), delayed averaging (DaSGD), local SGD, DiLoCo and
+streaming DiLoCo outer steps, and staleness-aware learning rates. Each is a plain Optax
 `GradientTransformationExtraArgs`: pure, jittable, state in NamedTuples, per-step
 facts (stale params, worker id, staleness) passed as keyword extra arguments.
 """
@@ -24,32 +24,44 @@ from jaxsgd.transforms.averaging import diloco_outer_step
 from jaxsgd.transforms.averaging import DiLoCoOuterState
 from jaxsgd.transforms.averaging import local_sgd
 from jaxsgd.transforms.averaging import MERGES
+from jaxsgd.transforms.averaging import snapshot_average
 from jaxsgd.transforms.staleness import inverse_sqrt_staleness
 from jaxsgd.transforms.staleness import inverse_staleness
 from jaxsgd.transforms.staleness import power_staleness
 from jaxsgd.transforms.staleness import scale_by_staleness
+from jaxsgd.transforms.streaming import fragment_leaves
+from jaxsgd.transforms.streaming import fragment_snapshot_average
+from jaxsgd.transforms.streaming import streaming_diloco
+from jaxsgd.transforms.streaming import streaming_diloco_outer_step
+from jaxsgd.transforms.streaming import StreamingDiLoCoState
 
 __all__ = (
-    'ADAPTIVE_LAMBDA0',
-    'CONSTANT_LAMBDA0',
-    'dc_asgd',
-    'dc_asgd_server',
-    'delay_compensation',
-    'delay_compensation_server',
-    'DelayCompensationServer',
-    'DelayCompensationServerState',
-    'delayed_averaging',
-    'DelayedAveragingState',
-    'diloco',
-    'diloco_outer_step',
-    'DiLoCoOuterState',
-    'inverse_sqrt_staleness',
-    'inverse_staleness',
-    'local_sgd',
-    'MERGES',
-    'power_staleness',
-    'record_pull',
-    'scale_by_delay_compensation',
-    'scale_by_staleness',
-    'ScaleByDelayCompensationState',
+  'ADAPTIVE_LAMBDA0',
+  'CONSTANT_LAMBDA0',
+  'dc_asgd',
+  'dc_asgd_server',
+  'delay_compensation',
+  'delay_compensation_server',
+  'DelayCompensationServer',
+  'DelayCompensationServerState',
+  'delayed_averaging',
+  'DelayedAveragingState',
+  'diloco',
+  'diloco_outer_step',
+  'DiLoCoOuterState',
+  'fragment_leaves',
+  'fragment_snapshot_average',
+  'inverse_sqrt_staleness',
+  'inverse_staleness',
+  'local_sgd',
+  'MERGES',
+  'power_staleness',
+  'record_pull',
+  'scale_by_delay_compensation',
+  'scale_by_staleness',
+  'ScaleByDelayCompensationState',
+  'snapshot_average',
+  'streaming_diloco',
+  'streaming_diloco_outer_step',
+  'StreamingDiLoCoState',
 )

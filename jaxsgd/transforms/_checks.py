@@ -27,8 +27,9 @@ def static_int(name: str, value: Any, minimum: int, hint: str = '') -> int:
   """Returns `value` as a Python int >= minimum, or raises naming `name`."""
   if isinstance(value, jax.core.Tracer) or isinstance(value, bool):
     raise TypeError(
-        f'{name} must be a Python int (it fixes the schedule/shapes, so it is '
-        f'static){hint}; got {value!r}.')
+      f'{name} must be a Python int (it fixes the schedule/shapes, so it is '
+      f'static){hint}; got {value!r}.'
+    )
   try:
     as_int = int(value)
   except (TypeError, ValueError):
@@ -43,8 +44,7 @@ def static_int(name: str, value: Any, minimum: int, hint: str = '') -> int:
 def require(name: str, value: Any, where: str, what: str) -> None:
   """Raises TypeError when the keyword argument `name` was not passed."""
   if value is None:
-    raise TypeError(
-        f'{where}.update requires the keyword argument `{name}` ({what}).')
+    raise TypeError(f'{where}.update requires the keyword argument `{name}` ({what}).')
 
 
 def same_structure(name: str, tree: Any, ref: Any, ref_name: str) -> None:
@@ -52,13 +52,12 @@ def same_structure(name: str, tree: Any, ref: Any, ref_name: str) -> None:
   tree_def, ref_def = jax.tree.structure(tree), jax.tree.structure(ref)
   if tree_def != ref_def:
     raise ValueError(
-        f'{name} must have the same tree structure as {ref_name}; '
-        f'got {tree_def} vs {ref_def}.')
+      f'{name} must have the same tree structure as {ref_name}; got {tree_def} vs {ref_def}.'
+    )
 
 
 def worker_id_in_range(worker_id: Any, num_workers: Any) -> None:
   """Raises ValueError for a concrete worker_id outside [0, num_workers)."""
   wid, n = concrete(worker_id), concrete(num_workers)
   if wid is not None and n is not None and not 0 <= wid < n:
-    raise ValueError(
-        f'worker_id must be in [0, num_workers={int(n)}); got {worker_id!r}.')
+    raise ValueError(f'worker_id must be in [0, num_workers={int(n)}); got {worker_id!r}.')

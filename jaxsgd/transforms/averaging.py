@@ -37,6 +37,7 @@ class DelayedAveragingState(NamedTuple):
     snapshot: s, the weights sent at the last snapshot step (a pytree like the
       params); None when ``delay = 0`` (the average is merged at once).
   """
+
   count: jax.Array
   snapshot: Any
 
@@ -50,6 +51,7 @@ class DiLoCoOuterState(NamedTuple):
     anchor: the outer (global) parameters of the last outer step.
     outer_state: the outer optimizer's state.
   """
+
   count: jax.Array
   snapshot: Any
   anchor: Any
@@ -61,14 +63,17 @@ def _check_args(period, delay, axis_name, merge, mix, overlap):
   period = _checks.static_int('period', period, 1, _STATIC_HINT)
   delay = _checks.static_int('delay', delay, 0, _STATIC_HINT)
   if delay >= period:
-    raise ValueError(f'delay must be < period (0 <= delay < period); got '
-                     f'delay={delay}, period={period}.')
+    raise ValueError(
+      f'delay must be < period (0 <= delay < period); got delay={delay}, period={period}.'
+    )
   if merge not in MERGES:
     raise ValueError(f'merge must be one of {MERGES}; got {merge!r}.')
   _checks.check_range('mix', mix, 'in [0, 1]', lambda v: 0 <= v <= 1)
   if axis_name is not None and not isinstance(axis_name, (str, tuple)):
-    raise TypeError('axis_name must be None (stacked workers on axis 0) or a '
-                    f'mesh axis name (str or tuple of str); got {axis_name!r}.')
+    raise TypeError(
+      'axis_name must be None (stacked workers on axis 0) or a '
+      f'mesh axis name (str or tuple of str); got {axis_name!r}.'
+    )
   if not isinstance(overlap, bool):
     raise TypeError(f'overlap must be a bool; got {overlap!r}.')
   return period, delay
@@ -76,13 +81,13 @@ def _check_args(period, delay, axis_name, merge, mix, overlap):
 
 def _check_stacked(params):
   """With axis_name=None every leaf must share a leading worker axis."""
-  sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None
-           for x in jax.tree.leaves(params)}
+  sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in jax.tree.leaves(params)}
   if None in sizes or len(sizes) > 1:
     raise ValueError(
-        'With axis_name=None params must be stacked: every leaf needs the same '
-        f'leading worker axis [M, ...]; got leading sizes {sizes}. Pass '
-        'axis_name=<mesh axis> to average across devices instead.')
+      'With axis_name=None params must be stacked: every leaf needs the same '
+      f'leading worker axis [M, ...]; got leading sizes {sizes}. Pass '
+      'axis_name=<mesh axis> to average across devices instead.'
+    )
 
 
 _MAX_UNROLLED_WORKERS = 8
@@ -97,9 +102,8 @@ def _stacked_mean(x):
   if num_workers <= _MAX_UNROLLED_WORKERS:
     total = sum(x[i].astype(jnp.float32) for i in range(num_workers))
     return (total / num_workers).astype(x.dtype)[None]
-  weights = jnp.full((num_workers,), 1. / num_workers, jnp.float32)
-  mean = jnp.tensordot(weights, x.astype(jnp.float32), axes=1,
-                       precision=lax.Precision.HIGHEST)
+  weights = jnp.full((num_workers,), 1.0 / num_workers, jnp.float32)
+  mean = jnp.tensordot(weights, x.astype(jnp.float32), axes=1, precision=lax.Precision.HIGHEST)
   return mean.astype(x.dtype)[None]
 
 
@@ -114,6 +118,7 @@ def _maybe_average(tree, axis_name, when, overlap):
   """The average, computed every step (overlap) or only when it is used."""
   if overlap:
     return _average(tree, axis_name)
+
   def skip(tree):
     # Constants, so the branch types match pmean's device-invariant output.
     shape = lambda x: x.shape if axis_name is not None else (1, *x.shape[1:])
@@ -124,6 +129,7 @@ def _maybe_average(tree, axis_name, when, overlap):
 
 def _outer_step(outer, anchor, outer_state, average, when):
   """On merge steps: anchor ← anchor + outer(anchor − w̄); else unchanged."""
+
   def step(args):
     anchor, outer_state, average = args
     pseudo_grad = jax.tree.map(lambda a, m: a - m, anchor, average)
@@ -136,12 +142,14 @@ def _outer_step(outer, anchor, outer_state, average, when):
 
 def _merged_updates(updates, post, sent, target, when, merge, mix):
   """Updates u' with params + u' = merged weights on merge steps, else u."""
+
   def one(u, w, s, m):
     if merge == 'keep_local':
       correction = m - s  # w ← w̄ + (w − s)  ⇔  u' = u + (w̄ − s).
     else:
       correction = (1 - mix) * (m - w)  # w ← p·w + (1 − p)·w̄.
     return jnp.where(when, u + correction.astype(u.dtype), u)
+
   return jax.tree.map(one, updates, post, sent, target)
 
 
@@ -158,12 +166,54 @@ def _next_snapshot(params, updates, snapshot, is_snapshot):
   # from the old ones) lets XLA update params and snapshot in place; otherwise
   # each output needs the other's old buffer and XLA inserts copies.
   new_params = optax.apply_updates(params, updates)
-  return jax.tree.map(lambda w, s: jnp.where(is_snapshot, w, s), new_params,
-                      snapshot)
+  return jax.tree.map(lambda w, s: jnp.where(is_snapshot, w, s), new_params, snapshot)
 
 
-def _periodic_merge(name, period, delay, axis_name, merge, mix, overlap,
-                    outer):
+def _check_caller_average(average, may_merge, delay):
+  """The extra arguments of a caller that runs the collective itself."""
+  if not isinstance(may_merge, bool):
+    raise TypeError(
+      f'may_merge must be a Python bool (it decides what is compiled); got {may_merge!r}.'
+    )
+  if average is not None and delay == 0:
+    raise ValueError(
+      "average: with delay = 0 the average is of this step's "
+      'own weights, which the caller cannot have; pass '
+      'average only with delay >= 1.'
+    )
+
+
+def _find_states(opt_state):
+  """The `DelayedAveragingState`s / `DiLoCoOuterState`s inside `opt_state`."""
+  is_ours = lambda x: isinstance(x, (DelayedAveragingState, DiLoCoOuterState))
+  return [x for x in jax.tree.leaves(opt_state, is_leaf=is_ours) if is_ours(x)]
+
+
+def snapshot_average(opt_state, axis_name):
+  """w̄ = the workers' mean of the stored snapshot s (one all-reduce).
+
+  What a merge step of `delayed_averaging` / `diloco_outer_step` with
+  ``delay >= 1`` averages. A caller that runs a whole period as one program
+  (`jaxsgd.spmd.step.period_step`) issues it once, at the start of the
+  period, and passes it to the merge step as ``update(..., average=w̄)``.
+
+  Args:
+    opt_state: a state containing exactly one such transform's state (e.g. the
+      state of ``optax.chain(inner, delayed_averaging(...))``).
+    axis_name: the transform's axis name (None: stacked workers on axis 0).
+  """
+  found = _find_states(opt_state)
+  if len(found) != 1:
+    raise ValueError(f'opt_state: expected one delayed-averaging state, found {len(found)}.')
+  if found[0].snapshot is None:
+    raise ValueError(
+      'opt_state: no snapshot is stored when delay = 0; the '
+      "average is of the merge step's own weights."
+    )
+  return _average(found[0].snapshot, axis_name)
+
+
+def _periodic_merge(name, period, delay, axis_name, merge, mix, overlap, outer):
   """The machinery shared by delayed_averaging and diloco_outer_step."""
   period, delay = _check_args(period, delay, axis_name, merge, mix, overlap)
 
@@ -177,39 +227,44 @@ def _periodic_merge(name, period, delay, axis_name, merge, mix, overlap,
     anchor = jax.tree.map(jnp.copy, params)
     return DiLoCoOuterState(count, snapshot, anchor, outer.init(params))
 
-  def update_fn(updates, state, params=None, **extra_args):
+  def update_fn(updates, state, params=None, *, average=None, may_merge=True, **extra_args):
     del extra_args
-    _checks.require('params', params, name,
-                    'the parameters before this step')
+    _checks.require('params', params, name, 'the parameters before this step')
+    _check_caller_average(average, may_merge, delay)
+    cls = DelayedAveragingState if outer is None else DiLoCoOuterState
     t, is_snapshot, is_merge = _schedule(state.count, period, delay)
+    if not may_merge:  # The caller knows: no merge, no collective this step.
+      snapshot = (
+        None if delay == 0 else _next_snapshot(params, updates, state.snapshot, is_snapshot)
+      )
+      return updates, cls(
+        t, snapshot, *(() if outer is None else (state.anchor, state.outer_state))
+      )
     post = optax.apply_updates(params, updates)
     # delay >= 1: average the snapshot from the STATE, so the collective does
     # not depend on this step's gradients and XLA may overlap it with them.
     sent = post if delay == 0 else state.snapshot
-    average = _maybe_average(sent, axis_name, is_merge, overlap)
+    if average is None:
+      average = _maybe_average(sent, axis_name, is_merge, overlap)
     if outer is None:
       target, extra = average, ()
     else:
-      target, outer_state = _outer_step(
-          outer, state.anchor, state.outer_state, average, is_merge)
+      target, outer_state = _outer_step(outer, state.anchor, state.outer_state, average, is_merge)
       extra = (target, outer_state)
-    updates = _merged_updates(updates, post, sent, target, is_merge, merge,
-                              mix)
-    snapshot = None if delay == 0 else _next_snapshot(
-        params, updates, state.snapshot, is_snapshot)
-    cls = DelayedAveragingState if outer is None else DiLoCoOuterState
+    updates = _merged_updates(updates, post, sent, target, is_merge, merge, mix)
+    snapshot = None if delay == 0 else _next_snapshot(params, updates, state.snapshot, is_snapshot)
     return updates, cls(t, snapshot, *extra)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def delayed_averaging(
-    period: int,
-    delay: int = 0,
-    axis_name: str | tuple[str, ...] | None = None,
-    merge: str = 'keep_local',
-    mix: float | jax.Array = 0.25,
-    overlap: bool = True,
+  period: int,
+  delay: int = 0,
+  axis_name: str | tuple[str, ...] | None = None,
+  merge: str = 'keep_local',
+  mix: float | jax.Array = 0.25,
+  overlap: bool = True,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DaSGD: average the workers' weights every `period` steps, `delay` late.
 
@@ -257,9 +312,20 @@ def delayed_averaging(
       it runs inside ``lax.cond`` on merge steps only (one all-reduce per
       period, not overlappable). Results are identical.
 
+  ``update`` also takes two keyword extra arguments, for a caller that runs
+  a whole period as one program and issues the period's one all-reduce itself
+  (`jaxsgd.spmd.step.period_step`); other extra arguments are ignored:
+
+  * ``average``: w̄, the workers' mean of ``state.snapshot``
+    (`snapshot_average`, delay >= 1 only), computed by the caller: the step
+    issues no collective and merges it if this is a merge step.
+  * ``may_merge=False`` (a Python bool): the caller knows this step is not a
+    merge step: no collective and no merge are compiled. The caller must be
+    right (the period program runs whole, aligned periods); the results are
+    those of the default ``True``.
+
   Returns:
-    A `GradientTransformationExtraArgs` (extra arguments are ignored) with
-    state `DelayedAveragingState`.
+    A `GradientTransformationExtraArgs` with state `DelayedAveragingState`.
 
   Example:
     >>> import jax.numpy as jnp, optax
@@ -274,18 +340,17 @@ def delayed_averaging(
     Distributed Training Using Delayed Averaging
     <https://arxiv.org/abs/2006.00441>`_, 2020 (Algorithm 1).
   """
-  return _periodic_merge('delayed_averaging', period, delay, axis_name, merge,
-                         mix, overlap, None)
+  return _periodic_merge('delayed_averaging', period, delay, axis_name, merge, mix, overlap, None)
 
 
 def diloco_outer_step(
-    outer: optax.GradientTransformation,
-    period: int,
-    delay: int = 0,
-    axis_name: str | tuple[str, ...] | None = None,
-    merge: str = 'keep_local',
-    mix: float | jax.Array = 0.25,
-    overlap: bool = True,
+  outer: optax.GradientTransformation,
+  period: int,
+  delay: int = 0,
+  axis_name: str | tuple[str, ...] | None = None,
+  merge: str = 'keep_local',
+  mix: float | jax.Array = 0.25,
+  overlap: bool = True,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo's outer step on the averaged pseudo-gradient, optionally delayed.
 
@@ -314,6 +379,9 @@ def diloco_outer_step(
     mix: p in [0, 1] for ``merge='mix'``.
     overlap: see `delayed_averaging`.
 
+  ``update`` takes the extra arguments ``average`` and ``may_merge`` of
+  `delayed_averaging`.
+
   Returns:
     A `GradientTransformationExtraArgs` with state `DiLoCoOuterState`.
 
@@ -329,20 +397,18 @@ def diloco_outer_step(
     Language Models <https://arxiv.org/abs/2311.08105>`_, 2023 (Algorithm 1).
   """
   if not isinstance(outer, optax.GradientTransformation):
-    raise TypeError('outer must be an optax GradientTransformation; got '
-                    f'{outer!r}.')
-  return _periodic_merge('diloco_outer_step', period, delay, axis_name, merge,
-                         mix, overlap, outer)
+    raise TypeError(f'outer must be an optax GradientTransformation; got {outer!r}.')
+  return _periodic_merge('diloco_outer_step', period, delay, axis_name, merge, mix, overlap, outer)
 
 
 def local_sgd(
-    inner: optax.GradientTransformation,
-    period: int,
-    delay: int = 0,
-    axis_name: str | tuple[str, ...] | None = None,
-    merge: str = 'keep_local',
-    mix: float | jax.Array = 0.25,
-    overlap: bool = True,
+  inner: optax.GradientTransformation,
+  period: int,
+  delay: int = 0,
+  axis_name: str | tuple[str, ...] | None = None,
+  merge: str = 'keep_local',
+  mix: float | jax.Array = 0.25,
+  overlap: bool = True,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Local SGD: `inner` steps on each worker, weights averaged every `period`.
 
@@ -373,19 +439,18 @@ def local_sgd(
     Lin et al., `Don't Use Large Mini-Batches, Use Local SGD
     <https://arxiv.org/abs/1808.07217>`_, ICLR 2020.
   """
-  return optax.chain(inner, delayed_averaging(period, delay, axis_name, merge,
-                                              mix, overlap))
+  return optax.chain(inner, delayed_averaging(period, delay, axis_name, merge, mix, overlap))
 
 
 def diloco(
-    inner: optax.GradientTransformation,
-    outer: optax.GradientTransformation,
-    period: int,
-    delay: int = 0,
-    axis_name: str | tuple[str, ...] | None = None,
-    merge: str = 'keep_local',
-    mix: float | jax.Array = 0.25,
-    overlap: bool = True,
+  inner: optax.GradientTransformation,
+  outer: optax.GradientTransformation,
+  period: int,
+  delay: int = 0,
+  axis_name: str | tuple[str, ...] | None = None,
+  merge: str = 'keep_local',
+  mix: float | jax.Array = 0.25,
+  overlap: bool = True,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo: `inner` steps locally, `outer` on the averaged pseudo-gradient.
 
@@ -420,5 +485,4 @@ def diloco(
     Douillard et al., `DiLoCo: Distributed Low-Communication Training of
     Language Models <https://arxiv.org/abs/2311.08105>`_, 2023.
   """
-  return optax.chain(inner, diloco_outer_step(outer, period, delay, axis_name,
-                                              merge, mix, overlap))
+  return optax.chain(inner, diloco_outer_step(outer, period, delay, axis_name, merge, mix, overlap))

@@ -29,6 +29,7 @@ class ScaleByDelayCompensationState(NamedTuple):
       `[num_workers]` axis when kept per worker), in at least float32; None for
       a constant λ.
   """
+
   mean_square: Any
 
 
@@ -41,6 +42,7 @@ def _init_mean_square(params, num_workers):
   def zeros(p):
     shape = p.shape if num_workers is None else (num_workers, *p.shape)
     return jnp.zeros(shape, _compute_dtype(p.dtype))
+
   return jax.tree.map(zeros, params)
 
 
@@ -54,12 +56,9 @@ def _new_mean_square(ms, g, decay, worker_id):
 
 def _adaptive_lambda(mean_square, grads, lambda0, decay, eps, row):
   """(MeanSquare_t, λ_t = λ0 / sqrt(MeanSquare_t + ε)), MS updated first."""
-  mean_square = jax.tree.map(
-      lambda ms, g: _new_mean_square(ms, g, decay, row), mean_square, grads)
-  current = mean_square if row is None else jax.tree.map(
-      lambda ms: ms[row], mean_square)
-  return mean_square, jax.tree.map(lambda ms: lambda0 / jnp.sqrt(ms + eps),
-                                   current)
+  mean_square = jax.tree.map(lambda ms, g: _new_mean_square(ms, g, decay, row), mean_square, grads)
+  current = mean_square if row is None else jax.tree.map(lambda ms: ms[row], mean_square)
+  return mean_square, jax.tree.map(lambda ms: lambda0 / jnp.sqrt(ms + eps), current)
 
 
 def _compensate(g, w, w_bak, lam):
@@ -70,36 +69,36 @@ def _compensate(g, w, w_bak, lam):
   return (g32 + jnp.asarray(lam, dtype) * g32 * g32 * diff).astype(g.dtype)
 
 
-def _check_dc_args(lambda0, adaptive, mean_square_decay, eps,
-                   per_worker_mean_square, num_workers):
+def _check_dc_args(lambda0, adaptive, mean_square_decay, eps, per_worker_mean_square, num_workers):
   """Validates the constructor arguments; returns (lambda0, num_workers)."""
   if not isinstance(adaptive, bool):
     raise TypeError(f'adaptive must be a bool; got {adaptive!r}.')
   if lambda0 is None:
     lambda0 = ADAPTIVE_LAMBDA0 if adaptive else CONSTANT_LAMBDA0
-  _checks.check_range('lambda0', lambda0, '>= 0 (0 gives plain ASGD)',
-                      lambda v: v >= 0)
-  _checks.check_range('mean_square_decay', mean_square_decay, 'in [0, 1)',
-                      lambda v: 0 <= v < 1)
+  _checks.check_range('lambda0', lambda0, '>= 0 (0 gives plain ASGD)', lambda v: v >= 0)
+  _checks.check_range('mean_square_decay', mean_square_decay, 'in [0, 1)', lambda v: 0 <= v < 1)
   _checks.check_range('eps', eps, '>= 0', lambda v: v >= 0)
   if num_workers is not None:
     num_workers = _checks.static_int('num_workers', num_workers, 1)
   if per_worker_mean_square and not adaptive:
-    raise ValueError('per_worker_mean_square=True needs adaptive=True (a '
-                     'constant lambda keeps no MeanSquare).')
+    raise ValueError(
+      'per_worker_mean_square=True needs adaptive=True (a constant lambda keeps no MeanSquare).'
+    )
   if per_worker_mean_square and num_workers is None:
-    raise ValueError('per_worker_mean_square=True needs num_workers (an int '
-                     '>= 1) to size one MeanSquare per worker.')
+    raise ValueError(
+      'per_worker_mean_square=True needs num_workers (an int '
+      '>= 1) to size one MeanSquare per worker.'
+    )
   return lambda0, num_workers
 
 
 def scale_by_delay_compensation(
-    lambda0: float | jax.Array | None = None,
-    adaptive: bool = False,
-    mean_square_decay: float | jax.Array = 0.95,
-    eps: float | jax.Array = 1e-7,
-    per_worker_mean_square: bool = False,
-    num_workers: int | None = None,
+  lambda0: float | jax.Array | None = None,
+  adaptive: bool = False,
+  mean_square_decay: float | jax.Array = 0.95,
+  eps: float | jax.Array = 1e-7,
+  per_worker_mean_square: bool = False,
+  num_workers: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Compensates a stale gradient with a diagonal second-order Taylor term.
 
@@ -152,8 +151,8 @@ def scale_by_delay_compensation(
     Algorithm 1 for the worker-side rule, Sec. 4 for the adaptive λ).
   """
   lambda0, num_workers = _check_dc_args(
-      lambda0, adaptive, mean_square_decay, eps, per_worker_mean_square,
-      num_workers)
+    lambda0, adaptive, mean_square_decay, eps, per_worker_mean_square, num_workers
+  )
   name = 'scale_by_delay_compensation'
 
   def init_fn(params):
@@ -162,21 +161,23 @@ def scale_by_delay_compensation(
     rows = num_workers if per_worker_mean_square else None
     return ScaleByDelayCompensationState(_init_mean_square(params, rows))
 
-  def update_fn(updates, state, params=None, *, stale_params=None,
-                worker_id=None, **extra_args):
+  def update_fn(updates, state, params=None, *, stale_params=None, worker_id=None, **extra_args):
     del extra_args
     _checks.require('params', params, name, 'the current parameters w')
-    _checks.require('stale_params', stale_params, name,
-                    'the parameters w_bak the gradient was computed at')
+    _checks.require(
+      'stale_params', stale_params, name, 'the parameters w_bak the gradient was computed at'
+    )
     _checks.same_structure('stale_params', stale_params, params, 'params')
     if per_worker_mean_square:
-      _checks.require('worker_id', worker_id, name,
-                      'the pushing worker, for per_worker_mean_square')
+      _checks.require(
+        'worker_id', worker_id, name, 'the pushing worker, for per_worker_mean_square'
+      )
       _checks.worker_id_in_range(worker_id, num_workers)
     if adaptive:
       row = worker_id if per_worker_mean_square else None
       mean_square, lam = _adaptive_lambda(
-          state.mean_square, updates, lambda0, mean_square_decay, eps, row)
+        state.mean_square, updates, lambda0, mean_square_decay, eps, row
+      )
     else:
       mean_square, lam = None, jax.tree.map(lambda _: lambda0, updates)
     updates = jax.tree.map(_compensate, updates, params, stale_params, lam)
@@ -189,13 +190,13 @@ delay_compensation = scale_by_delay_compensation  # The short name of the same t
 
 
 def dc_asgd(
-    learning_rate: optax.ScalarOrSchedule,
-    lambda0: float | jax.Array | None = None,
-    adaptive: bool = False,
-    mean_square_decay: float | jax.Array = 0.95,
-    eps: float | jax.Array = 1e-7,
-    per_worker_mean_square: bool = False,
-    num_workers: int | None = None,
+  learning_rate: optax.ScalarOrSchedule,
+  lambda0: float | jax.Array | None = None,
+  adaptive: bool = False,
+  mean_square_decay: float | jax.Array = 0.95,
+  eps: float | jax.Array = 1e-7,
+  per_worker_mean_square: bool = False,
+  num_workers: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DC-ASGD, worker-side form: delay-compensated SGD.
 
@@ -231,9 +232,11 @@ def dc_asgd(
     Compensation <https://arxiv.org/abs/1609.08326>`_, ICML 2017.
   """
   return optax.chain(
-      scale_by_delay_compensation(lambda0, adaptive, mean_square_decay, eps,
-                                  per_worker_mean_square, num_workers),
-      optax.scale_by_learning_rate(learning_rate))
+    scale_by_delay_compensation(
+      lambda0, adaptive, mean_square_decay, eps, per_worker_mean_square, num_workers
+    ),
+    optax.scale_by_learning_rate(learning_rate),
+  )
 
 
 class DelayCompensationServerState(NamedTuple):
@@ -244,6 +247,7 @@ class DelayCompensationServerState(NamedTuple):
       leading ``[num_workers]`` axis, set by `record_pull`.
     compensation: the `ScaleByDelayCompensationState` (MeanSquare).
   """
+
   backups: Any
   compensation: ScaleByDelayCompensationState
 
@@ -271,18 +275,20 @@ def record_pull(opt_state: Any, params: Any, worker_id: Any) -> Any:
     if not is_server(node):
       return node
     found.append(node)
-    _checks.same_structure('params', params, node.backups,
-                           'the server backups')
+    _checks.same_structure('params', params, node.backups, 'the server backups')
     _checks.worker_id_in_range(worker_id, _num_rows(node.backups))
-    backups = jax.tree.map(lambda b, p: b.at[worker_id].set(p.astype(b.dtype)),
-                           node.backups, params)
+    backups = jax.tree.map(
+      lambda b, p: b.at[worker_id].set(p.astype(b.dtype)), node.backups, params
+    )
     return node._replace(backups=backups)
 
   new_state = jax.tree.map(record, opt_state, is_leaf=is_server)
   if not found:
-    raise ValueError('record_pull: opt_state holds no '
-                     'DelayCompensationServerState (build the optimizer with '
-                     'delay_compensation_server or dc_asgd_server).')
+    raise ValueError(
+      'record_pull: opt_state holds no '
+      'DelayCompensationServerState (build the optimizer with '
+      'delay_compensation_server or dc_asgd_server).'
+    )
   return new_state
 
 
@@ -292,6 +298,7 @@ def _num_rows(backups):
 
 class DelayCompensationServer(optax.GradientTransformationExtraArgs):
   """A `GradientTransformationExtraArgs` with a ``pull`` (= `record_pull`)."""
+
   __slots__ = ()
 
   @staticmethod
@@ -300,12 +307,12 @@ class DelayCompensationServer(optax.GradientTransformationExtraArgs):
 
 
 def delay_compensation_server(
-    num_workers: int,
-    lambda0: float | jax.Array | None = None,
-    adaptive: bool = False,
-    mean_square_decay: float | jax.Array = 0.95,
-    eps: float | jax.Array = 1e-7,
-    per_worker_mean_square: bool = False,
+  num_workers: int,
+  lambda0: float | jax.Array | None = None,
+  adaptive: bool = False,
+  mean_square_decay: float | jax.Array = 0.95,
+  eps: float | jax.Array = 1e-7,
+  per_worker_mean_square: bool = False,
 ) -> DelayCompensationServer:
   r"""Delay compensation on a parameter server that keeps the worker backups.
 
@@ -349,39 +356,39 @@ def delay_compensation_server(
   """
   num_workers = _checks.static_int('num_workers', num_workers, 1)
   inner = scale_by_delay_compensation(
-      lambda0, adaptive, mean_square_decay, eps, per_worker_mean_square,
-      num_workers)
+    lambda0, adaptive, mean_square_decay, eps, per_worker_mean_square, num_workers
+  )
 
   def init_fn(params):
-    backups = jax.tree.map(
-        lambda p: jnp.broadcast_to(p, (num_workers, *jnp.shape(p))), params)
+    backups = jax.tree.map(lambda p: jnp.broadcast_to(p, (num_workers, *jnp.shape(p))), params)
     return DelayCompensationServerState(backups, inner.init(params))
 
-  def update_fn(updates, state, params=None, *, worker_id=None,
-                **extra_args):
+  def update_fn(updates, state, params=None, *, worker_id=None, **extra_args):
     del extra_args  # The server's own backups replace any stale_params.
-    _checks.require('worker_id', worker_id, 'delay_compensation_server',
-                    'the worker that pushed the gradient')
+    _checks.require(
+      'worker_id', worker_id, 'delay_compensation_server', 'the worker that pushed the gradient'
+    )
     _checks.worker_id_in_range(worker_id, num_workers)
-    _checks.require('params', params, 'delay_compensation_server',
-                    'the current server parameters w')
+    _checks.require(
+      'params', params, 'delay_compensation_server', 'the current server parameters w'
+    )
     stale = jax.tree.map(lambda b: b[worker_id], state.backups)
     updates, compensation = inner.update(
-        updates, state.compensation, params, stale_params=stale,
-        worker_id=worker_id)
+      updates, state.compensation, params, stale_params=stale, worker_id=worker_id
+    )
     return updates, state._replace(compensation=compensation)
 
   return DelayCompensationServer(init_fn, update_fn)
 
 
 def dc_asgd_server(
-    learning_rate: optax.ScalarOrSchedule,
-    num_workers: int,
-    lambda0: float | jax.Array | None = None,
-    adaptive: bool = False,
-    mean_square_decay: float | jax.Array = 0.95,
-    eps: float | jax.Array = 1e-7,
-    per_worker_mean_square: bool = False,
+  learning_rate: optax.ScalarOrSchedule,
+  num_workers: int,
+  lambda0: float | jax.Array | None = None,
+  adaptive: bool = False,
+  mean_square_decay: float | jax.Array = 0.95,
+  eps: float | jax.Array = 1e-7,
+  per_worker_mean_square: bool = False,
 ) -> DelayCompensationServer:
   r"""DC-ASGD, parameter-server form (Algorithm 2): backups kept in the state.
 
@@ -413,8 +420,11 @@ def dc_asgd_server(
     Zheng et al., `Asynchronous Stochastic Gradient Descent with Delay
     Compensation <https://arxiv.org/abs/1609.08326>`_, ICML 2017.
   """
-  return DelayCompensationServer(*optax.chain(
-      delay_compensation_server(num_workers, lambda0, adaptive,
-                                mean_square_decay, eps,
-                                per_worker_mean_square),
-      optax.scale_by_learning_rate(learning_rate)))
+  return DelayCompensationServer(
+    *optax.chain(
+      delay_compensation_server(
+        num_workers, lambda0, adaptive, mean_square_decay, eps, per_worker_mean_square
+      ),
+      optax.scale_by_learning_rate(learning_rate),
+    )
+  )

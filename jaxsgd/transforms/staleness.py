@@ -70,8 +70,9 @@ def scale_by_staleness(fn: StalenessFn) -> optax.GradientTransformationExtraArgs
 
   def update_fn(updates, state, params=None, *, staleness=None, **extra_args):
     del params, extra_args
-    _checks.require('staleness', staleness, 'scale_by_staleness',
-                    'tau, updates since the gradient\'s read')
+    _checks.require(
+      'staleness', staleness, 'scale_by_staleness', "tau, updates since the gradient's read"
+    )
     tau = jnp.maximum(jnp.asarray(staleness, jnp.float32), 1.0)
     scale = fn(tau)
     updates = jax.tree.map(lambda u: u * scale.astype(u.dtype), updates)

@@ -42,6 +42,7 @@ def test_dcasgd_with_lambda_zero_equals_asgd_bit_for_bit():
     ex = executor(speeds=(1.0, 1.0, 0.7, 0.45), straggler_std=0.4, seed=3)
     session, _, _ = run_asgd(3, 15, settings=settings, ex=ex)
     return session.server.store.read().value.params, session.server.store.staleness()
+
   asgd, asgd_staleness = run()
   assert len(set(asgd_staleness.tolist())) > 1  # Stragglers make it non-trivial.
   for adaptive in (False, True):
@@ -56,8 +57,9 @@ def test_dcasgd_with_lambda_zero_equals_asgd_bit_for_bit():
 def _server(num_workers, settings, lr=0.5):
   w0 = {'w': jnp.array([1.0, -2.0, 3.0])}
   tx = server.server_optimizer(optax.sgd(lr), settings)
-  return server.ParameterServer(tx, w0, num_workers, jax.devices()[0],
-                                record_pulls=settings.delay_compensation), w0
+  return server.ParameterServer(
+    tx, w0, num_workers, jax.devices()[0], record_pulls=settings.delay_compensation
+  ), w0
 
 
 def _push(ps, worker, grads, version):
@@ -97,8 +99,11 @@ def test_inverse_staleness_scales_the_stale_push():
 
 def test_a_push_without_a_pull_is_refused():
   ps, _ = _server(2, server.ServerSettings(2, delay_compensation=True))
-  with pytest.raises(ValueError, match=r'worker 1 pushed a gradient but never pulled: the server '
-                                       r'records w_bak\(1\)'):
+  with pytest.raises(
+    ValueError,
+    match=r'worker 1 pushed a gradient but never pulled: the server '
+    r'records w_bak\(1\)',
+  ):
     ps.update_call(1, {'w': jnp.ones(3)}, 0)
   ps.pull(1)
   with pytest.raises(ValueError, match=r'computed at version 3 but its last pull was version 0'):
@@ -110,6 +115,7 @@ def test_virtual_clock_with_stragglers_is_bit_identical_run_to_run():
     ex = executor(speeds=(1.0, 1.0, 0.5, 0.8), straggler_std=0.5, seed=11)
     session, timeline, _ = run_asgd(3, 10, ex=ex, tx='adam')
     return session, timeline
+
   (a, ta), (b, tb) = run(), run()
   chex.assert_trees_all_equal(a.server.store.read().value, b.server.store.read().value)
   assert a.server.store.updates == b.server.store.updates
@@ -157,10 +163,13 @@ def test_no_implicit_host_device_transfer_in_a_run(policy):
   """Batches, constants and copies go through `jaxsgd.scheduler.transfer` (explicit).
   (The shared pipelines are built first: model initialization is not the hot path.)"""
   pipeline(), pipeline(3, hidden=(16, 16))
-  runs = {'dcasgd': lambda: run_asgd(3, 6, settings=server.ServerSettings(
-              3, staleness_lr='inverse', delay_compensation=True)),
-          'lppsgd': lambda: run_lpp(lppsgd.LppSettings(2, 2, averaging_freq=1), 8),
-          'pdasgd': lambda: run_pd(pdasgd.PdSettings(1, 2), 6)}
+  runs = {
+    'dcasgd': lambda: run_asgd(
+      3, 6, settings=server.ServerSettings(3, staleness_lr='inverse', delay_compensation=True)
+    ),
+    'lppsgd': lambda: run_lpp(lppsgd.LppSettings(2, 2, averaging_freq=1), 8),
+    'pdasgd': lambda: run_pd(pdasgd.PdSettings(1, 2), 6),
+  }
   with jax.transfer_guard('disallow'):
     runs[policy]()
 
@@ -175,6 +184,7 @@ def test_weight_decay_is_folded_into_g_before_delay_compensation():
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jaxsgd import transforms  # pylint: disable=g-import-not-at-top
   from jaxsgd import optimizers  # pylint: disable=g-import-not-at-top
+
   opt = optimizers.OptimizerSettings('sgd', 1.0, schedule='constant', weight_decay=1.0)
   settings = server.ServerSettings(1, 'none', True, 1.0, False)
   tx = optimizers.make_optimizer(opt, 10, server.server_gradient_transforms(settings))

@@ -10,8 +10,11 @@ from experiments.configs import default
 from jaxsgd import training
 
 NAMES = ('asgd', 'dcasgd', 'lppsgd', 'pdasgd')
-EXPLICIT = {'calibrate': False, 'straggler_std': 0.3,
-            'compute': {'forward': 1e-3, 'backward': 2e-3, 'update': 2e-4}}
+EXPLICIT = {
+  'calibrate': False,
+  'straggler_std': 0.3,
+  'compute': {'forward': 1e-3, 'backward': 2e-3, 'update': 2e-4},
+}
 
 
 def smoke(name, data_dir, **overrides):
@@ -36,8 +39,9 @@ def records(workdir):
 @pytest.mark.parametrize('clock', ['virtual', 'real'])
 @pytest.mark.parametrize('name', NAMES)
 def test_smoke_config_learns_and_writes_its_files(name, clock, data_dir, tmp_path):
-  summary = training.train_and_evaluate(smoke(name, data_dir, clock=clock), str(tmp_path),
-                                        show_progress=False)
+  summary = training.train_and_evaluate(
+    smoke(name, data_dir, clock=clock), str(tmp_path), show_progress=False
+  )
   got = records(tmp_path)
   assert [r['step'] for r in got] == [20, 40, 60]
   assert got[-1]['train_loss'] < got[0]['train_loss'] and got[-1]['test_loss'] < 2.3
@@ -53,25 +57,37 @@ def test_smoke_config_learns_and_writes_its_files(name, clock, data_dir, tmp_pat
 
 def test_one_asgd_worker_reproduces_fused_bp(data_dir, tmp_path):
   """Worker 0 of 1 reads bp's batch stream; the server applies each push at once."""
+
   def config(name, **overrides):
     c = default.get_config('smoke') if name == 'bp' else smoke(name, data_dir)
     c.data_dir, c.train_steps, c.eval_every = data_dir, 30, 30
     c.model = smoke('asgd', data_dir).model
     c.update(overrides)
     return c
+
   bp = training.train_and_evaluate(config('bp'), str(tmp_path / 'bp'), show_progress=False)
-  asgd = training.train_and_evaluate(config('asgd', workers=1), str(tmp_path / 'asgd'),
-                                     show_progress=False)
+  asgd = training.train_and_evaluate(
+    config('asgd', workers=1), str(tmp_path / 'asgd'), show_progress=False
+  )
   for key in ('train_loss', 'test_loss', 'test_accuracy'):
     assert asgd['final'][key] == bp['final'][key], key
   assert asgd['staleness_histogram'] == {0: 30}
 
 
 def test_virtual_runs_are_bit_identical_run_to_run(data_dir, tmp_path):
-  config = explicit_costs(smoke('pdasgd', data_dir, train_steps=20, eval_every=10,
-                                **{'algorithm.n_fwd': 2, 'algorithm.n_bwd': 3}))
-  summaries = [training.train_and_evaluate(config, str(tmp_path / run), show_progress=False)
-               for run in ('a', 'b')]
+  config = explicit_costs(
+    smoke(
+      'pdasgd',
+      data_dir,
+      train_steps=20,
+      eval_every=10,
+      **{'algorithm.n_fwd': 2, 'algorithm.n_bwd': 3},
+    )
+  )
+  summaries = [
+    training.train_and_evaluate(config, str(tmp_path / run), show_progress=False)
+    for run in ('a', 'b')
+  ]
   drop_wall = lambda rs: [{k: v for k, v in r.items() if k != 'wall_time'} for r in rs]
   assert drop_wall(records(tmp_path / 'a')) == drop_wall(records(tmp_path / 'b'))
   assert summaries[0]['staleness'] == summaries[1]['staleness']
@@ -79,8 +95,9 @@ def test_virtual_runs_are_bit_identical_run_to_run(data_dir, tmp_path):
 
 
 def test_failure_injection_from_the_config(data_dir, tmp_path):
-  config = explicit_costs(smoke('asgd', data_dir), failures=((2, 0.02),),
-                          worker_speeds=(1.0, 1.0, 0.5, 1.0))
+  config = explicit_costs(
+    smoke('asgd', data_dir), failures=((2, 0.02),), worker_speeds=(1.0, 1.0, 0.5, 1.0)
+  )
   summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
   [failed] = summary['failed_workers']
   assert failed['worker'] == 'worker 2' and failed['last_push'] < 0.02
@@ -88,41 +105,69 @@ def test_failure_injection_from_the_config(data_dir, tmp_path):
   assert summary['pushes_per_worker']['worker 2'] < summary['pushes_per_worker']['worker 0']
 
 
-@pytest.mark.parametrize('name,overrides,message', [
+@pytest.mark.parametrize(
+  'name,overrides,message',
+  [
     ('asgd', {'workers': 0}, r'workers: must be a positive integer, got 0'),
-    ('asgd', {'algorithm.staleness_lr': 'linear'},
-     r"algorithm.staleness_lr: 'linear'; allowed: none, inverse, inverse_sqrt"),
-    ('asgd', {'cost.worker_speeds': (1.0, 0.0, 1.0, 1.0)},
-     r'cost.worker_speeds: must be > 0, got 0.0 for worker 1'),
+    (
+      'asgd',
+      {'algorithm.staleness_lr': 'linear'},
+      r"algorithm.staleness_lr: 'linear'; allowed: none, inverse, inverse_sqrt",
+    ),
+    (
+      'asgd',
+      {'cost.worker_speeds': (1.0, 0.0, 1.0, 1.0)},
+      r'cost.worker_speeds: must be > 0, got 0.0 for worker 1',
+    ),
     ('asgd', {'cost.worker_speeds': (1.0, 2.0)}, r'cost.worker_speeds: 2 values for 4 workers'),
-    ('asgd', {'cost.failures': ((7, 1.0),)},
-     r'cost.failures: worker 7 is not a worker in \[0, 4\)'),
+    (
+      'asgd',
+      {'cost.failures': ((7, 1.0),)},
+      r'cost.failures: worker 7 is not a worker in \[0, 4\)',
+    ),
     ('asgd', {'stages': 2}, r'stages: asgd computes whole-model gradients on each worker'),
     ('dcasgd', {'algorithm.lambda0': -1.0}, r'algorithm.lambda0: must be a number >= 0'),
-    ('dcasgd', {'algorithm': {'name': 'dcasgd', 'adaptive': 'yes'}},
-     r"algorithm.adaptive: True \(DC-ASGD-a\) or False \(DC-ASGD-c\), got 'yes'"),
+    (
+      'dcasgd',
+      {'algorithm': {'name': 'dcasgd', 'adaptive': 'yes'}},
+      r"algorithm.adaptive: True \(DC-ASGD-a\) or False \(DC-ASGD-c\), got 'yes'",
+    ),
     ('lppsgd', {'algorithm.averaging_freq': 0}, r'algorithm.averaging_freq: must be a positive'),
     ('lppsgd', {'algorithm.devices': 0}, r'algorithm.devices: must be a positive integer'),
-    ('lppsgd', {'algorithm.workers_per_device': -1},
-     r'algorithm.workers_per_device: must be a positive integer'),
+    (
+      'lppsgd',
+      {'algorithm.workers_per_device': -1},
+      r'algorithm.workers_per_device: must be a positive integer',
+    ),
     ('pdasgd', {'algorithm.n_fwd': 0}, r'algorithm.n_fwd: must be a positive integer, got 0'),
     ('pdasgd', {'algorithm.n_bwd': 0}, r'algorithm.n_bwd: must be a positive integer, got 0'),
-    ('pdasgd', {'algorithm.updates': 'eager'},
-     r"algorithm.updates: 'eager'; allowed: layer, block"),
+    (
+      'pdasgd',
+      {'algorithm.updates': 'eager'},
+      r"algorithm.updates: 'eager'; allowed: layer, block",
+    ),
     ('pdasgd', {'stages': 9}, r"stages: 9 stages asked for, but model 'mlp' has only 4 layers"),
-    ('pdasgd', {'cost.worker_speeds': (1.0, -2.0, 1.0)},
-     r'cost.worker_speeds: must be > 0, got -2.0 for worker 1'),
-])
-def test_bad_input_is_refused_before_anything_compiles(name, overrides, message, data_dir,
-                                                       tmp_path):
+    (
+      'pdasgd',
+      {'cost.worker_speeds': (1.0, -2.0, 1.0)},
+      r'cost.worker_speeds: must be > 0, got -2.0 for worker 1',
+    ),
+  ],
+)
+def test_bad_input_is_refused_before_anything_compiles(
+  name, overrides, message, data_dir, tmp_path
+):
   with pytest.raises(ValueError, match=message):
-    training.train_and_evaluate(smoke(name, data_dir, **overrides), str(tmp_path),
-                                show_progress=False)
+    training.train_and_evaluate(
+      smoke(name, data_dir, **overrides), str(tmp_path), show_progress=False
+    )
   assert not (tmp_path / 'metrics.jsonl').exists()
 
 
 def test_a_nan_loss_stops_the_run_naming_the_worker(data_dir, tmp_path):
   config = smoke('asgd', data_dir, **{'optimizer.name': 'sgd', 'optimizer.learning_rate': 1e12})
-  with pytest.raises(training.NonFiniteLossError,
-                     match=r'training loss became (nan|inf) at step \d+ at stage/worker worker \d'):
+  with pytest.raises(
+    training.NonFiniteLossError,
+    match=r'training loss became (nan|inf) at step \d+ at stage/worker worker \d',
+  ):
     training.train_and_evaluate(config, str(tmp_path), show_progress=False)

@@ -36,8 +36,7 @@ def test_masked_update_writes_only_the_slice():
   params = {'w': jnp.arange(6.0)}
   update = lambda p, s, g: (jax.tree.map(lambda a, b: a - b, p, g), s)
   mask = {'w': jnp.array([False, True, True, False, False, False])}
-  new, _ = lppsgd.make_masked_update(update, lambda p: ())(params, (), {'w': jnp.ones(6)},
-                                                          mask)
+  new, _ = lppsgd.make_masked_update(update, lambda p: ())(params, (), {'w': jnp.ones(6)}, mask)
   np.testing.assert_array_equal(new['w'], [0.0, 0.0, 1.0, 3.0, 4.0, 5.0])
 
 
@@ -75,14 +74,17 @@ def test_momentum_full_then_two_partitioned_steps_by_hand():
   full = _update(tx)
   masked = lppsgd.make_masked_update(full, tx)
   w, state = full(W0, tx.init(W0), _grad(2.0, -4.0))
-  chex.assert_trees_all_equal((w['w'], state[0].trace['w']), (jnp.array([0.0, 4.0]),
-                                                               jnp.array([2.0, -4.0])))
+  chex.assert_trees_all_equal(
+    (w['w'], state[0].trace['w']), (jnp.array([0.0, 4.0]), jnp.array([2.0, -4.0]))
+  )
   w, state = masked(w, state, _grad(4.0, 8.0), P0)
-  chex.assert_trees_all_equal((w['w'], state[0].trace['w']), (jnp.array([-2.5, 4.0]),
-                                                               jnp.array([5.0, -4.0])))
+  chex.assert_trees_all_equal(
+    (w['w'], state[0].trace['w']), (jnp.array([-2.5, 4.0]), jnp.array([5.0, -4.0]))
+  )
   w, state = masked(w, state, _grad(8.0, 4.0), P1)
-  chex.assert_trees_all_equal((w['w'], state[0].trace['w']), (jnp.array([-2.5, 3.0]),
-                                                               jnp.array([5.0, 2.0])))
+  chex.assert_trees_all_equal(
+    (w['w'], state[0].trace['w']), (jnp.array([-2.5, 3.0]), jnp.array([5.0, 2.0]))
+  )
 
 
 def test_adam_full_then_two_partitioned_steps_by_hand():
@@ -108,8 +110,9 @@ def test_adam_full_then_two_partitioned_steps_by_hand():
   def check(w, state, expected_w, mu, nu, count):
     adam = state[0]  # The moments are exact; w is not: XLA's fused program does not round
     # m̂ / sqrt(v̂) as the exact quotient (w[0] = −4.5e−8 after step 1), so 1e-6 for w.
-    chex.assert_trees_all_equal((adam.mu['w'], adam.nu['w'], adam.count),
-                                (jnp.array(mu), jnp.array(nu), jnp.int32(count)))
+    chex.assert_trees_all_equal(
+      (adam.mu['w'], adam.nu['w'], adam.count), (jnp.array(mu), jnp.array(nu), jnp.int32(count))
+    )
     np.testing.assert_allclose(w['w'], expected_w, rtol=0, atol=1e-6)
 
   w, state = full(W0, tx.init(W0), _grad(7.0, 16.0))
@@ -134,17 +137,18 @@ def test_a_partitioned_step_changes_nothing_outside_its_slice():
 
   def grads_at(params):
     batch = next(stream)
-    return ops.backward(ops.forward({'params': params}, batch['image'], batch['label'])[3],
-                        None)[0]
+    return ops.backward(ops.forward({'params': params}, batch['image'], batch['label'])[3], None)[0]
 
   params, state = full(params, tx.init(params), grads_at(params))  # Moments ≠ 0 everywhere.
   g = grads_at(params)
   for mask in lppsgd.partition_masks(params, 3):
     new_params, new_state = masked(params, state, g, mask)
     ref_params, ref_state = full(params, state, g)
-    for new, old, ref in [(new_params, params, ref_params),
-                          (new_state[1][0].mu, state[1][0].mu, ref_state[1][0].mu),
-                          (new_state[1][0].nu, state[1][0].nu, ref_state[1][0].nu)]:
+    for new, old, ref in [
+      (new_params, params, ref_params),
+      (new_state[1][0].mu, state[1][0].mu, ref_state[1][0].mu),
+      (new_state[1][0].nu, state[1][0].nu, ref_state[1][0].nu),
+    ]:
       for n, o, r, m in zip(*map(jax.tree.leaves, (new, old, ref, mask))):
         np.testing.assert_array_equal(np.asarray(n)[~m], np.asarray(o)[~m])
         np.testing.assert_array_equal(np.asarray(n)[m], np.asarray(r)[m])
@@ -188,8 +192,7 @@ def test_hogwild_workers_replay_with_alternating_partitioned_steps():
   for step, u in enumerate(updates):
     batch, k = next(streams[u.lane]), taken[u.lane]
     taken[u.lane] += 1
-    _, _, _, vjp = ops.forward({'params': history[u.read_version]}, batch['image'],
-                               batch['label'])
+    _, _, _, vjp = ops.forward({'params': history[u.read_version]}, batch['image'], batch['label'])
     grads, _ = ops.backward(vjp, None)
     if k % 2 == 1 and step >= settings.warmup_steps:  # Its partitioned steps.
       history.append(session.masked_update(history[-1], empty, grads, masks[u.lane])[0])
@@ -230,7 +233,8 @@ def test_averaging_cost_is_a_ring_allreduce_of_the_parameter_bytes():
   assert lppsgd.allreduce_time(4000, 1, **cost) == 0.0
   assert lppsgd.allreduce_time(4000, 4, latency=0.0, bandwidth=math.inf) == 0.0
   table = algorithms_lppsgd.task_costs(
-      {(0, 'forward'): 1.0, (0, 'backward'): 2.0, (0, 'update'): 0.5}, 4000, 4, **cost)
+    {(0, 'forward'): 1.0, (0, 'backward'): 2.0, (0, 'update'): 0.5}, 4000, 4, **cost
+  )
   assert table[(0, 'backward')] == 2.5 and table[(0, 'average')] == pytest.approx(0.012)
 
 

@@ -39,9 +39,13 @@ def test_layerwise_updates_have_the_hand_derived_staleness():
   """
   layer, block = _staleness('layer'), _staleness('block')
   assert [s.store.staleness().tolist() for s in layer.layers] == [
-      [0, 1, 2, 2, 2, 2, 2, 2], [0, 1, 1, 1, 1, 1, 1, 1]]
+    [0, 1, 2, 2, 2, 2, 2, 2],
+    [0, 1, 1, 1, 1, 1, 1, 1],
+  ]
   assert [s.store.staleness().tolist() for s in block.layers] == [
-      [0, 1, 2, 2, 2, 2, 2, 2], [0, 1, 2, 2, 2, 2, 2, 2]]
+    [0, 1, 2, 2, 2, 2, 2, 2],
+    [0, 1, 2, 2, 2, 2, 2, 2],
+  ]
   mean = lambda s: sum(x.store.staleness().sum() for x in s.layers) / 16
   assert mean(layer) == 1.25 < mean(block) == 1.625
   # A forward reads the latest version of each layer: batch 3 saw layer 0 at version 1
@@ -82,5 +86,4 @@ def test_when_every_backward_worker_fails_the_run_stops_with_a_clear_error():
   settings = pdasgd.PdSettings(n_fwd=1, n_bwd=1)
   outcome = run_with_timeout(lambda: run_pd(settings, 10, failures={1: 0.0}), 60)
   assert isinstance(outcome.get('error'), common.WorkersFailedError), outcome
-  assert 'every backward worker failed (cost.failures) after 0 of 10 steps' in str(
-      outcome['error'])
+  assert 'every backward worker failed (cost.failures) after 0 of 10 steps' in str(outcome['error'])

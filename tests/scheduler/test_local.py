@@ -30,8 +30,10 @@ def reference(pipeline, roles, groups, steps=STEPS):
   """SGD on Σ_g L_g, where loss g is taken at stage end−1 of its group (start, end)
   from sg(h_{start−1}): the gradient that reaches a stage is exactly the groups it is in."""
   stages, last = pipeline.stages, len(roles) - 1
-  params = jax.device_put([pipeline.initial_variables(k, role)['params']
-                           for k, role in enumerate(roles)], jax.devices()[0])
+  params = jax.device_put(
+    [pipeline.initial_variables(k, role)['params'] for k, role in enumerate(roles)],
+    jax.devices()[0],
+  )
 
   def objective(params, x, y):
     outputs, h = [], x
@@ -56,11 +58,14 @@ def reference(pipeline, roles, groups, steps=STEPS):
   return params
 
 
-@pytest.mark.parametrize('variant,chunks,groups', [
+@pytest.mark.parametrize(
+  'variant,chunks,groups',
+  [
     ('greedy', 1, [(0, 1), (1, 2), (2, 3)]),
-    ('overlapping', 1, [(0, 1), (0, 2), (1, 3)]),     # each loss reaches two blocks
-    ('chunked', 2, [(0, 2), (2, 3)]),                 # stop-gradient between the chunks
-])
+    ('overlapping', 1, [(0, 1), (0, 2), (1, 3)]),  # each loss reaches two blocks
+    ('chunked', 2, [(0, 2), (2, 3)]),  # stop-gradient between the chunks
+  ],
+)
 def test_lock_step_equals_the_stop_gradient_objective(variant, chunks, groups):
   roles = local.roles(3, variant, chunks, pipelined=False)
   pipeline = pipeline_for(roles)
@@ -79,13 +84,21 @@ def test_pipelined_overlapping_follows_its_delayed_recursion():
   roles = local.roles(2, 'overlapping', pipelined=True)
   pipeline = pipeline_for(roles)
   first, second = pipeline.stages
-  w1, w2 = jax.device_put([pipeline.initial_variables(k, role)['params']
-                           for k, role in enumerate(roles)], jax.devices()[0])
+  w1, w2 = jax.device_put(
+    [pipeline.initial_variables(k, role)['params'] for k, role in enumerate(roles)],
+    jax.devices()[0],
+  )
   apply1 = lambda w, x, **kw: first.apply({'params': w}, x, **kw)
-  own1 = jax.jit(jax.grad(lambda w, x, y: stages_lib.cross_entropy(
-      apply1(w, x, method=Stage.forward_with_aux)[1], y)))
-  grad2 = jax.jit(jax.grad(lambda w, h, y: stages_lib.cross_entropy(
-      second.apply({'params': w}, h), y), argnums=(0, 1)))
+  own1 = jax.jit(
+    jax.grad(
+      lambda w, x, y: stages_lib.cross_entropy(apply1(w, x, method=Stage.forward_with_aux)[1], y)
+    )
+  )
+  grad2 = jax.jit(
+    jax.grad(
+      lambda w, h, y: stages_lib.cross_entropy(second.apply({'params': w}, h), y), argnums=(0, 1)
+    )
+  )
   pullback1 = jax.jit(jax.grad(lambda w, x, delta: jax.numpy.vdot(apply1(w, x), delta)))
   sgd = lambda w, g: jax.tree.map(lambda p, q: p - LR * q, w, g)
   previous = None
@@ -124,14 +137,23 @@ def test_one_chunk_is_bp_and_its_pipelined_form_is_ddg():
 
 def test_greedy_is_exact_whether_pipelined_or_not():
   """No gradient comes from downstream: pipelining changes the timing, not the values."""
-  pipelined, lockstep = local.roles(3, 'greedy', pipelined=True), local.roles(3, 'greedy',
-                                                                              pipelined=False)
+  pipelined, lockstep = (
+    local.roles(3, 'greedy', pipelined=True),
+    local.roles(3, 'greedy', pipelined=False),
+  )
   assert pipelined == lockstep
   session, timeline, _ = train(pipeline_for(pipelined), pipelined, STEPS)
   # F = 1, B = 2, U = 0: block k runs batch t's forward at 3t + k, its backward right after.
   assert [(r.kind, r.batch, r.start) for r in timeline.tasks(lane=2) if r.kind != 'update'] == [
-      ('forward', 0, 2), ('backward', 0, 3), ('forward', 1, 5), ('backward', 1, 6),
-      ('forward', 2, 8), ('backward', 2, 9), ('forward', 3, 11), ('backward', 3, 12)]
+    ('forward', 0, 2),
+    ('backward', 0, 3),
+    ('forward', 1, 5),
+    ('backward', 1, 6),
+    ('forward', 2, 8),
+    ('backward', 2, 9),
+    ('forward', 3, 11),
+    ('backward', 3, 12),
+  ]
   assert timeline.makespan == 14
   assert all(s.staleness().max() == 0 for s in session.stores)
 
@@ -141,10 +163,12 @@ def test_pipelined_overlapping_and_chunked_use_delayed_gradients():
   assert [r.delay for r in overlapping] == [1, 1, 1, 0]
   assert [r.sends_delta for r in overlapping] == ['none', 'own', 'own', 'own']
   chunked = local.roles(4, 'chunked', 2, pipelined=True)
-  assert chunked == (StageRole('none', True, 'none', delay=1),
-                     StageRole('aux', False, 'total', delay=0),
-                     StageRole('none', True, 'none', delay=1),
-                     StageRole('head', False, 'total', delay=0))
+  assert chunked == (
+    StageRole('none', True, 'none', delay=1),
+    StageRole('aux', False, 'total', delay=0),
+    StageRole('none', True, 'none', delay=1),
+    StageRole('head', False, 'total', delay=0),
+  )
   overlapping = local.roles(3, 'overlapping', pipelined=True)
   session, _, _ = train(pipeline_for(overlapping), overlapping, STEPS)
   # The first update is the own loss alone (fill); then the L_{k+1} part is one write old.
@@ -186,18 +210,28 @@ def test_greedy_agreement_by_hand():
       ∇_{W,b} L_0 = (xᵀ, 1) ⊗ s uᵀ          (greedy: block 0's own loss)
       cos_0 = sign(r s) · u·v / (‖u‖ ‖v‖),   cos_1 = 1 (its loss is the model's)
   """
-  model = models.StagedModel('linear', (L.DenseLayer(2, activate=False),
-                                        L.DenseLayer(1, activate=False)), (3,), 1)
+  model = models.StagedModel(
+    'linear', (L.DenseLayer(2, activate=False), L.DenseLayer(1, activate=False)), (3,), 1
+  )
   squared_error = lambda out, y: 0.5 * jnp.mean((out - y) ** 2)
-  pipeline = PlacedStages(model, 2, optax.sgd(0.1), batch_size=1, aux_heads=True,
-                          loss_fn=squared_error, placement=Placement.create(2, jax.devices()[:2]))
+  pipeline = PlacedStages(
+    model,
+    2,
+    optax.sgd(0.1),
+    batch_size=1,
+    aux_heads=True,
+    loss_fn=squared_error,
+    placement=Placement.create(2, jax.devices()[:2]),
+  )
   roles = local.roles(2, 'greedy')
   x, y = np.array([[0.5, -1.0, 2.0]], np.float32), np.array([[0.25]], np.float32)
   feed = BatchFeed(iter([{'image': x, 'label': y}]), 3)
   session = pipeline.session(roles, feed, 1, agreement_every=1)
   VirtualExecutor(UNIT_COSTS).run(session.cluster, session.processes())
-  p0, p1 = (jax.tree.map(np.asarray, pipeline.initial_variables(k, role)['params'])
-            for k, role in enumerate(roles))
+  p0, p1 = (
+    jax.tree.map(np.asarray, pipeline.initial_variables(k, role)['params'])
+    for k, role in enumerate(roles)
+  )
   h = x @ p0['layer_0']['Dense_0']['kernel'] + p0['layer_0']['Dense_0']['bias']
   u, c = p0['aux_0']['Dense_0']['kernel'][:, 0], p0['aux_0']['Dense_0']['bias'][0]
   v, b = p1['layer_1']['Dense_0']['kernel'][:, 0], p1['layer_1']['Dense_0']['bias'][0]
@@ -215,13 +249,16 @@ def test_agreement_is_the_applied_gradient_against_backprop(variant, chunks):
   session, (_, cosines) = _probe(pipeline, roles, 1, every=1)
   batch = take(1)[0]
   full = mlp().init(jax.random.key(0))['params']
-  true = jax.grad(lambda p: stages_lib.cross_entropy(
-      mlp().full().apply({'params': p}, batch['image']), batch['label']))(full)
+  true = jax.grad(
+    lambda p: stages_lib.cross_entropy(
+      mlp().full().apply({'params': p}, batch['image']), batch['label']
+    )
+  )(full)
   expected = []
   for k, (role, after) in enumerate(zip(roles, stage_params(session))):
     names = [n for n in after if not n.startswith('aux_')]
     before = pipeline.initial_variables(k, role)['params']
-    pick = lambda tree: jax.tree.leaves({n: tree[n] for n in names})  # pylint: disable=cell-var-from-loop
+    pick = lambda tree, names=names: jax.tree.leaves({n: tree[n] for n in names})
     local_grad = np.concatenate([np.ravel(a - b) for a, b in zip(pick(before), pick(after))])
     true_grad = np.concatenate([np.ravel(g) for g in pick(true)])
     expected.append(local_grad @ true_grad / np.linalg.norm(local_grad) / np.linalg.norm(true_grad))
@@ -257,15 +294,19 @@ def test_smoke_config_trains_and_writes_trace_and_staleness(data_dir, tmp_path, 
   trace = json.load(open(tmp_path / 'trace.json'))['traceEvents']
   assert {e['tid'] for e in trace if e['ph'] == 'X' and e['cat'] == 'forward'} == {0, 1, 2}
   assert (tmp_path / 'staleness.png').stat().st_size > 5_000
-  assert all(0 < summary['utilization'][f'stage {k} ({d})'] <= 1
-             for k, d in enumerate(jax.devices()[:3]))
+  assert all(
+    0 < summary['utilization'][f'stage {k} ({d})'] <= 1 for k, d in enumerate(jax.devices()[:3])
+  )
 
 
 def test_negative_agreement_every_is_refused(data_dir, tmp_path):
   config = local_config.get_config('smoke')
   config.data_dir = data_dir
   config.algorithm.agreement_every = -1
-  with pytest.raises(ValueError, match=r'algorithm.agreement_every: must be an integer >= 0 '
-                                       r'\(0: off\), got -1'):
+  with pytest.raises(
+    ValueError,
+    match=r'algorithm.agreement_every: must be an integer >= 0 '
+    r'\(0: off\), got -1',
+  ):
     training.train_and_evaluate(config, str(tmp_path), show_progress=False)
   assert not (tmp_path / 'metrics.jsonl').exists()

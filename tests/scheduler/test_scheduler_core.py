@@ -14,10 +14,9 @@ from jaxsgd.scheduler import costs
 from scheduler_helpers import run_with_timeout
 
 EXECUTORS = {
-    'virtual': lambda: VirtualExecutor(CostModel({'work': 1.0, 'gradient': 1.0,
-                                                  'update': 0.01})),
-    'real': RealExecutor,
-    'threads': lambda: RealExecutor(threads=True),
+  'virtual': lambda: VirtualExecutor(CostModel({'work': 1.0, 'gradient': 1.0, 'update': 0.01})),
+  'real': RealExecutor,
+  'threads': lambda: RealExecutor(threads=True),
 }
 
 
@@ -25,9 +24,9 @@ EXECUTORS = {
 def test_store_counts_writes_between_read_and_update():
   store = VersionedStore('w', 0)
   first, second = store.read(), store.read()
-  store.write(1, read_version=first.version)             # nobody wrote in between
-  store.write(2)                                           # a state write: recorded nowhere
-  record = store.write(3, read_version=second.version)   # two writes since its read
+  store.write(1, read_version=first.version)  # nobody wrote in between
+  store.write(2)  # a state write: recorded nowhere
+  record = store.write(3, read_version=second.version)  # two writes since its read
   assert (first.version, store.version) == (0, 3)
   assert [u.staleness for u in store.updates] == [0, 2]
   assert (record.read_version, record.version) == (0, 3)
@@ -39,8 +38,9 @@ def test_store_counts_writes_between_read_and_update():
 # --- the virtual clock on hand-computed cases ------------------------------------------------
 def _producer(out, n):
   for i in range(n):
-    value = yield Compute(lambda i=i: jnp.full((250,), i, jnp.float32), kind='work', stage=0,
-                          batch=i)
+    value = yield Compute(
+      lambda i=i: jnp.full((250,), i, jnp.float32), kind='work', stage=0, batch=i
+    )
     yield Send(out, value, batch=i)
 
 
@@ -56,14 +56,17 @@ def test_virtual_clock_gives_the_hand_computed_schedule_with_link_costs():
   cluster = Cluster()
   a, b = cluster.add_lane('a'), cluster.add_lane('b')
   inbox, seen = cluster.channel('inbox', b), []
-  model = CostModel({(0, 'work'): 1.0, (1, 'work'): 2.0}, link_latency=0.5,
-                    link_bandwidth=4000.0)
-  timeline = VirtualExecutor(model).run(cluster, [
-      Process('a', a, _producer(inbox, 3)), Process('b', b, _consumer(inbox, 3, seen))])
+  model = CostModel({(0, 'work'): 1.0, (1, 'work'): 2.0}, link_latency=0.5, link_bandwidth=4000.0)
+  timeline = VirtualExecutor(model).run(
+    cluster, [Process('a', a, _producer(inbox, 3)), Process('b', b, _consumer(inbox, 3, seen))]
+  )
   spans = lambda lane: [(r.kind, r.batch, r.start, r.end) for r in timeline.tasks(lane=lane)]
   assert spans(a) == [('work', 0, 0.0, 1.0), ('work', 1, 1.0, 2.0), ('work', 2, 2.0, 3.0)]
-  assert spans(2) == [('transfer', 0, 1.0, 1.75), ('transfer', 1, 2.0, 2.75),
-                      ('transfer', 2, 3.0, 3.75)]
+  assert spans(2) == [
+    ('transfer', 0, 1.0, 1.75),
+    ('transfer', 1, 2.0, 2.75),
+    ('transfer', 2, 3.0, 3.75),
+  ]
   assert spans(b) == [('work', 0, 1.75, 3.75), ('work', 1, 3.75, 5.75), ('work', 2, 5.75, 7.75)]
   assert timeline.makespan == 7.75
   assert timeline.utilization() == {'a': 3 / 7.75, 'b': 6 / 7.75, 'link a → b': 2.25 / 7.75}
@@ -74,8 +77,9 @@ def test_device_speeds_and_seeded_stragglers():
   model = CostModel({'work': 2.0}, device_speeds=(1.0, 4.0), straggler_std=0.5, seed=3)
   draws = lambda m: [m.sampler().duration('work', None, lane) for lane in (0, 1)]
   assert draws(model) == draws(model)  # Same seed, same durations.
-  assert draws(model) != draws(CostModel({'work': 2.0}, device_speeds=(1.0, 4.0),
-                                         straggler_std=0.5, seed=4))
+  assert draws(model) != draws(
+    CostModel({'work': 2.0}, device_speeds=(1.0, 4.0), straggler_std=0.5, seed=4)
+  )
   sampler = CostModel({'work': 2.0}, device_speeds=(1.0, 4.0)).sampler()
   assert [sampler.duration('work', None, lane) for lane in (0, 1, 2)] == [2.0, 0.5, 2.0]
   # The straggler factor has mean one.
@@ -83,19 +87,28 @@ def test_device_speeds_and_seeded_stragglers():
   assert abs(np.mean([sampler.duration('work', 0, 0) for _ in range(20000)]) - 1) < 0.02
 
 
-@pytest.mark.parametrize('settings,message', [
-    ({'calibrate': False, 'compute': {'forward': 1.0, 'backward': -2.0, 'update': 0.0}},
-     r'cost.compute.backward: stage 0 cost must be a finite number of seconds >= 0'),
-    ({'calibrate': False, 'compute': {'forward': 1.0, 'update': 0.0}},
-     r'cost.compute.backward: missing'),
-    ({'calibrate': False, 'compute': {'forward': [1.0], 'backward': 1.0, 'update': 0.0}},
-     r'cost.compute.forward: 1 values for 2 stages'),
+@pytest.mark.parametrize(
+  'settings,message',
+  [
+    (
+      {'calibrate': False, 'compute': {'forward': 1.0, 'backward': -2.0, 'update': 0.0}},
+      r'cost.compute.backward: stage 0 cost must be a finite number of seconds >= 0',
+    ),
+    (
+      {'calibrate': False, 'compute': {'forward': 1.0, 'update': 0.0}},
+      r'cost.compute.backward: missing',
+    ),
+    (
+      {'calibrate': False, 'compute': {'forward': [1.0], 'backward': 1.0, 'update': 0.0}},
+      r'cost.compute.forward: 1 values for 2 stages',
+    ),
     ({'device_speeds': (1.0, 0.0)}, r'cost.device_speeds: must be > 0'),
     ({'device_speeds': (1.0,)}, r'cost.device_speeds: 1 values for 2 lanes'),
     ({'link_latency': -1.0}, r'cost.link_latency: must be >= 0'),
     ({'straggler_std': -0.1}, r'cost.straggler_std: must be >= 0'),
     ({'warp_speed': 9}, r"cost: unknown field\(s\) \['warp_speed'\]"),
-])
+  ],
+)
 def test_bad_cost_settings_are_refused_naming_the_field(settings, message):
   with pytest.raises(ValueError, match=message):
     costs.check_settings(settings, 2, ('forward', 'backward', 'update'))
@@ -125,10 +138,13 @@ def _asgd(num_workers, rounds, executor):
   store = VersionedStore('w', jnp.zeros((4,)))
   inbox = cluster.channel('gradients', server)
   replies = [cluster.channel(f'reply {m}', lane) for m, lane in enumerate(workers)]
-  processes = [Process(f'worker {m}', lane, _tagged_worker(store, inbox, replies[m], rounds, m))
-               for m, lane in enumerate(workers)]
-  processes.append(Process('server', server,
-                           _tagged_server(store, inbox, replies, num_workers * rounds)))
+  processes = [
+    Process(f'worker {m}', lane, _tagged_worker(store, inbox, replies[m], rounds, m))
+    for m, lane in enumerate(workers)
+  ]
+  processes.append(
+    Process('server', server, _tagged_server(store, inbox, replies, num_workers * rounds))
+  )
   return store, executor.run(cluster, processes)
 
 
@@ -169,10 +185,15 @@ def test_64_simulated_workers_have_staleness_m_minus_one():
 
 def test_virtual_asgd_with_stragglers_is_bit_identical_run_to_run():
   def run():
-    model = CostModel({'gradient': 1.0, 'update': 0.01}, straggler_std=0.3,
-                      device_speeds=(1.0,) + (1.0, 0.5) * 4, seed=7)
+    model = CostModel(
+      {'gradient': 1.0, 'update': 0.01},
+      straggler_std=0.3,
+      device_speeds=(1.0,) + (1.0, 0.5) * 4,
+      seed=7,
+    )
     store, timeline = _asgd(8, 4, VirtualExecutor(model))
     return store, timeline
+
   (first, t1), (second, t2) = run(), run()
   assert first.staleness().tolist() == second.staleness().tolist()
   assert t1.records == t2.records
@@ -197,10 +218,12 @@ class Boom(RuntimeError):
 
 def _fails_at(n):
   for i in range(10):
+
     def work(i=i):
       if i == n:
         raise Boom(f'task {i} failed')
       return jnp.ones(())
+
     yield Compute(work, kind='work')
 
 
@@ -234,15 +257,23 @@ def test_chrome_trace_has_one_row_per_lane_and_one_slice_per_task(tmp_path):
   a, b = cluster.add_lane('a'), cluster.add_lane('b')
   inbox = cluster.channel('inbox', b)
   timeline = VirtualExecutor(CostModel({(0, 'work'): 1.0, (1, 'work'): 2.0})).run(
-      cluster, [Process('a', a, _producer(inbox, 2)), Process('b', b, _consumer(inbox, 2, []))])
+    cluster, [Process('a', a, _producer(inbox, 2)), Process('b', b, _consumer(inbox, 2, []))]
+  )
   timeline.write_chrome_trace(str(tmp_path / 'trace.json'))
   events = json.load(open(tmp_path / 'trace.json'))['traceEvents']
   names = {e['tid']: e['args']['name'] for e in events if e['name'] == 'thread_name'}
   assert names == {0: 'a', 1: 'b', 2: 'link a → b'}
   slices = [(e['tid'], e['name'], e['ts'], e['dur']) for e in events if e['ph'] == 'X']
-  assert sorted(slices) == sorted([
-      (0, 'work b0', 0.0, 1e6), (0, 'work b1', 1e6, 1e6), (2, 'transfer b0', 1e6, 0.0),
-      (2, 'transfer b1', 2e6, 0.0), (1, 'work b0', 1e6, 2e6), (1, 'work b1', 3e6, 2e6)])
+  assert sorted(slices) == sorted(
+    [
+      (0, 'work b0', 0.0, 1e6),
+      (0, 'work b1', 1e6, 1e6),
+      (2, 'transfer b0', 1e6, 0.0),
+      (2, 'transfer b1', 2e6, 0.0),
+      (1, 'work b0', 1e6, 2e6),
+      (1, 'work b1', 3e6, 2e6),
+    ]
+  )
 
 
 def test_real_clock_measures_every_task_in_order():
@@ -251,7 +282,8 @@ def test_real_clock_measures_every_task_in_order():
   a, b = cluster.add_lane('a', devices[0]), cluster.add_lane('b', devices[1])
   inbox, seen = cluster.channel('inbox', b), []
   timeline = RealExecutor().run(
-      cluster, [Process('a', a, _producer(inbox, 4)), Process('b', b, _consumer(inbox, 4, seen))])
+    cluster, [Process('a', a, _producer(inbox, 4)), Process('b', b, _consumer(inbox, 4, seen))]
+  )
   assert [r.batch for r in timeline.tasks(lane=b)] == [0, 1, 2, 3]
   for lane in (a, b):
     spans = timeline.tasks(lane=lane)

@@ -48,7 +48,7 @@ def test_ddg_two_stages_follows_the_delayed_gradient_recursion(variant):
   w1, w2 = ({n: full[n] for n in ('layer_0',)}, {n: full[n] for n in ('layer_1',)})
   f1 = lambda w, x: stage1.apply({'params': w}, x)
   loss2 = lambda w, h, y: stages_lib.cross_entropy(stage2.apply({'params': w}, h), y)
-  grad2 = jax.jit(jax.grad(loss2, argnums=(0, 1)))                      # (∇_{w2} L, δ)
+  grad2 = jax.jit(jax.grad(loss2, argnums=(0, 1)))  # (∇_{w2} L, δ)
   grad1 = jax.jit(jax.grad(lambda w, x, delta: jnp.vdot(f1(w, x), delta)))  # J_{w1}ᵀ δ
   sgd = lambda w, g: jax.tree.map(lambda a, b: a - lr * b, w, g)
   previous = None  # (w1 of the forward, x, δ) of batch t − 1
@@ -70,8 +70,9 @@ def test_ddg_two_stages_follows_the_delayed_gradient_recursion(variant):
   # Every form learns from batch t − 1's input and δ, one write old (the first update: 0).
   assert [u.staleness for u in session.stores[0].updates] == [0] + [1] * (steps - 2)
   # The paper's Jacobian is at the forward's weights; the other forms' at the current ones.
-  assert session.weight_staleness[0] == ([0] + [1] * (steps - 2) if variant == 'paper'
-                                         else [0] * (steps - 1))
+  assert session.weight_staleness[0] == (
+    [0] + [1] * (steps - 2) if variant == 'paper' else [0] * (steps - 1)
+  )
   assert ('weight_staleness_mean/stage0' in session.metrics()) == (variant != 'paper')
 
 
@@ -86,9 +87,10 @@ class Scale(nn.Module):
     return self.param('w', nn.initializers.constant(self.init), ()) * x
 
 
-@pytest.mark.parametrize('variant,module_1', [('paper', [-7.0, -2.0]),
-                                              ('stale_graph', [-4.0, -2.0]),
-                                              ('recompute', [-4.0, 4.0])])
+@pytest.mark.parametrize(
+  'variant,module_1',
+  [('paper', [-7.0, -2.0]), ('stale_graph', [-4.0, -2.0]), ('recompute', [-4.0, 4.0])],
+)
 def test_ddg_forms_by_hand(variant, module_1):
   """K = 2 modules of two scalar layers, h = b·(a·x) and out = d·(c·h), loss ½(out − y)²,
   SGD η = ½, batches (x, y) = (1, 0), (2, 1), (1, 1); a, b, c, d start at 1, 2, 1, 1.
@@ -106,18 +108,29 @@ def test_ddg_forms_by_hand(variant, module_1):
   In PyTorch (the public code), `mul` saves both its operands: the activation a·x as the
   forward left it, and the parameter b itself, updated in place since.
   """
-  model = models.StagedModel('scalar', (Scale(1.0), Scale(2.0), Scale(1.0), Scale(1.0)),
-                             (1,), 1)
+  model = models.StagedModel('scalar', (Scale(1.0), Scale(2.0), Scale(1.0), Scale(1.0)), (1,), 1)
   squared_error = lambda out, y: 0.5 * jnp.mean((out - y) ** 2)
-  pipeline = PlacedStages(model, 2, optax.sgd(0.5), batch_size=1, loss_fn=squared_error,
-                          placement=Placement.create(2, jax.devices()[:2]))
+  pipeline = PlacedStages(
+    model,
+    2,
+    optax.sgd(0.5),
+    batch_size=1,
+    loss_fn=squared_error,
+    placement=Placement.create(2, jax.devices()[:2]),
+  )
   assert [s.layer_range for s in pipeline.stages] == [range(0, 2), range(2, 4)]
-  data = iter([{'image': np.full((1, 1), x, np.float32), 'label': np.full((1, 1), y, np.float32)}
-               for x, y in ((1, 0), (2, 1), (1, 1))])
+  data = iter(
+    [
+      {'image': np.full((1, 1), x, np.float32), 'label': np.full((1, 1), y, np.float32)}
+      for x, y in ((1, 0), (2, 1), (1, 1))
+    ]
+  )
   session = pipeline.session(ddg.roles(2, variant), BatchFeed(data, consumers=2), 3)
   VirtualExecutor(UNIT_COSTS).run(session.cluster, session.processes())
-  got = [[float(p[f'layer_{i}']['w']) for i in s.layer_range]
-         for s, p in zip(pipeline.stages, stage_params(session))]
+  got = [
+    [float(p[f'layer_{i}']['w']) for i in s.layer_range]
+    for s, p in zip(pipeline.stages, stage_params(session))
+  ]
   assert got == [module_1, [-60.0, -60.0]]  # Exact: every number is a small integer.
   assert session.stores[0].staleness().tolist() == [0, 1]
   assert session.weight_staleness[0] == ([0, 1] if variant == 'paper' else [0, 0])
@@ -144,6 +157,7 @@ def test_stale_graph_backward_of_a_three_layer_module_by_formula():
   def dense(variables, i):
     p = variables['params'][f'layer_{i}']['Dense_0']
     return p['kernel'], p['bias']
+
   h, u = {0: x}, {}
   for i in (1, 2, 3):
     kernel, bias = dense(forward_weights, i)
@@ -159,8 +173,9 @@ def test_stale_graph_backward_of_a_three_layer_module_by_formula():
   paper = ddg.roles(3)
   stored_ops = make_pipeline(mlp(hidden=(8, 4, 4, 16)), paper).ops(1, paper[1])
   stored = stored_ops.backward(stored_ops.forward(forward_weights, x, None)[3], delta)
-  chex.assert_trees_all_close(ops.stale_backward(kept, forward_weights, x, None, delta), stored,
-                              rtol=1e-6, atol=1e-7)
+  chex.assert_trees_all_close(
+    ops.stale_backward(kept, forward_weights, x, None, delta), stored, rtol=1e-6, atol=1e-7
+  )
 
 
 def test_ddg_forms_differ():
@@ -178,28 +193,50 @@ def test_ddg_forms_differ():
 
 # --- the virtual clock, by hand -------------------------------------------------------------
 def _spans(timeline, lane):
-  return [(r.kind[0].upper(), r.batch, r.start, r.end)
-          for r in timeline.tasks(lane=lane) if r.kind in ('forward', 'backward')]
+  return [
+    (r.kind[0].upper(), r.batch, r.start, r.end)
+    for r in timeline.tasks(lane=lane)
+    if r.kind in ('forward', 'backward')
+  ]
 
 
 def test_ddg_virtual_schedule_by_hand():
   """K = 3, F = 1, B = 2, U = 0, free links, 4 iterations (worked out on paper).
 
-      t =  0  1  2  3  4  5  6  7  8  9 10 11 12 13
-      s0   F0 F1 F2 .  .  .  .  B0 B0 F3 B1 B1
-      s1   .  F0 F1 .  .  B0 B0 F2 B1 B1 F3 B2 B2
-      s2   .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3
+  t =  0  1  2  3  4  5  6  7  8  9 10 11 12 13
+  s0   F0 F1 F2 .  .  .  .  B0 B0 F3 B1 B1
+  s1   .  F0 F1 .  .  B0 B0 F2 B1 B1 F3 B2 B2
+  s2   .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3
   """
   roles = ddg.roles(3)
   _, timeline, _ = train(pipeline_for(roles), roles, 4)
-  assert _spans(timeline, 0) == [('F', 0, 0, 1), ('F', 1, 1, 2), ('F', 2, 2, 3),
-                                 ('B', 0, 7, 9), ('F', 3, 9, 10), ('B', 1, 10, 12)]
-  assert _spans(timeline, 1) == [('F', 0, 1, 2), ('F', 1, 2, 3), ('B', 0, 5, 7),
-                                 ('F', 2, 7, 8), ('B', 1, 8, 10), ('F', 3, 10, 11),
-                                 ('B', 2, 11, 13)]
-  assert _spans(timeline, 2) == [('F', 0, 2, 3), ('B', 0, 3, 5), ('F', 1, 5, 6),
-                                 ('B', 1, 6, 8), ('F', 2, 8, 9), ('B', 2, 9, 11),
-                                 ('F', 3, 11, 12), ('B', 3, 12, 14)]
+  assert _spans(timeline, 0) == [
+    ('F', 0, 0, 1),
+    ('F', 1, 1, 2),
+    ('F', 2, 2, 3),
+    ('B', 0, 7, 9),
+    ('F', 3, 9, 10),
+    ('B', 1, 10, 12),
+  ]
+  assert _spans(timeline, 1) == [
+    ('F', 0, 1, 2),
+    ('F', 1, 2, 3),
+    ('B', 0, 5, 7),
+    ('F', 2, 7, 8),
+    ('B', 1, 8, 10),
+    ('F', 3, 10, 11),
+    ('B', 2, 11, 13),
+  ]
+  assert _spans(timeline, 2) == [
+    ('F', 0, 2, 3),
+    ('B', 0, 3, 5),
+    ('F', 1, 5, 6),
+    ('B', 1, 6, 8),
+    ('F', 2, 8, 9),
+    ('B', 2, 9, 11),
+    ('F', 3, 11, 12),
+    ('B', 3, 12, 14),
+  ]
   assert timeline.makespan == 14
   # Steady state: one iteration per F + B = 3 s on every stage, versus 3 (F + B) = 9 s for BP.
   roles = sequential_roles(3)
@@ -234,12 +271,15 @@ def test_every_stage_function_is_traced_once(variant):
 def test_real_virtual_and_threaded_clocks_give_the_same_bits():
   roles = ddg.roles(3)
   pipeline = pipeline_for(roles)
-  runs = [train(pipeline, roles, 6, executor=executor)[0] for executor in
-          (VirtualExecutor(_costs(std=0.4)), RealExecutor(), RealExecutor(threads=True))]
+  runs = [
+    train(pipeline, roles, 6, executor=executor)[0]
+    for executor in (VirtualExecutor(_costs(std=0.4)), RealExecutor(), RealExecutor(threads=True))
+  ]
   for session in runs[1:]:
     chex.assert_trees_all_equal(session.variables(), runs[0].variables())
     assert [s.staleness().tolist() for s in session.stores] == [
-        s.staleness().tolist() for s in runs[0].stores]
+      s.staleness().tolist() for s in runs[0].stores
+    ]
 
 
 def _costs(std):

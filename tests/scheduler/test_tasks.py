@@ -32,5 +32,6 @@ def test_task_pickles_as_recipe_and_name():
 def test_recipe_refuses_a_local_factory():
   def local():
     return {}
+
   with pytest.raises(ValueError, match='module-level'):
     TaskRecipe.of(local)

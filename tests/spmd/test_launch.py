@@ -27,8 +27,13 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 def run_launcher(*args, timeout=150):
   start = time.monotonic()
-  proc = subprocess.run([sys.executable, '-m', 'jaxsgd.launch', *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=timeout)
+  proc = subprocess.run(
+    [sys.executable, '-m', 'jaxsgd.launch', *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   return proc, time.monotonic() - start
 
 
@@ -47,11 +52,22 @@ def test_two_processes_of_two_devices_equal_one_process_of_four(data_dir, tmp_pa
   train_and_evaluate(_smoke_config('dasgd', data_dir), str(single), show_progress=False)
   multi = tmp_path / 'multi'
   proc, _ = run_launcher(
-      '--processes', '2', '--devices_per_process', '2', '--timeout_s', '120', '--',
-      '--config=experiments/configs/dasgd.py:dasgd,smoke', '--config.dataset=digits',
-      f'--config.data_dir={data_dir}', '--config.model.name=mlp',
-      '--config.optimizer.name=sgd', '--config.optimizer.learning_rate=0.05',
-      '--config.algorithm.save_params=True', f'--workdir={multi}')
+    '--processes',
+    '2',
+    '--devices_per_process',
+    '2',
+    '--timeout_s',
+    '120',
+    '--',
+    '--config=experiments/configs/dasgd.py:dasgd,smoke',
+    '--config.dataset=digits',
+    f'--config.data_dir={data_dir}',
+    '--config.model.name=mlp',
+    '--config.optimizer.name=sgd',
+    '--config.optimizer.learning_rate=0.05',
+    '--config.algorithm.save_params=True',
+    f'--workdir={multi}',
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   out = proc.stdout
   assert '[p0] final test accuracy' in out and '[p1] final test accuracy' in out
@@ -68,8 +84,12 @@ def test_two_processes_of_two_devices_equal_one_process_of_four(data_dir, tmp_pa
     assert y['test_loss'] == pytest.approx(x['test_loss'], rel=1e-5)
     assert y['train_loss'] == pytest.approx(x['train_loss'], rel=1e-5)
   # Only process 0 wrote to the workdir.
-  assert {p.name for p in multi.iterdir()} == {'metrics.jsonl', 'summary.json',
-                                               'curves.png', 'params.npz'}
+  assert {p.name for p in multi.iterdir()} == {
+    'metrics.jsonl',
+    'summary.json',
+    'curves.png',
+    'params.npz',
+  }
 
 
 _FAIL_ONE = """
@@ -113,6 +133,7 @@ for step in itertools.count():
     time.sleep(0.005)
 """
 
+
 def _alive(pid):
   """Whether `pid` runs (a zombie whose parent is gone counts as dead)."""
   try:
@@ -132,12 +153,18 @@ CONTRACT_S = 5.0  # The launcher ends the run within this long of a failure or a
 def _start_marked(tmp_path, *args):
   """Starts the launcher with a unique mark in its environment (see `_leftovers`)."""
   mark = str(tmp_path / f'mark-{uuid.uuid4().hex}')
-  env = dict(os.environ, JAXSGD_TEST_MARK=mark,
-             PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+  env = dict(
+    os.environ, JAXSGD_TEST_MARK=mark, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)])
+  )
   (tmp_path / 'collective_worker.py').write_text(_COLLECTIVE_WORKER)
-  launcher = subprocess.Popen([sys.executable, '-m', 'jaxsgd.launch', *args], cwd=REPO,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+  launcher = subprocess.Popen(
+    [sys.executable, '-m', 'jaxsgd.launch', *args],
+    cwd=REPO,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   return launcher, mark
 
 
@@ -168,18 +195,32 @@ def _communicate(launcher, timeout=120):
 
 
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
-@pytest.mark.parametrize('mode, failing, status, line', [
+@pytest.mark.parametrize(
+  'mode, failing, status, line',
+  [
     # In each case the peer is blocked in an all-reduce, waiting for the failing process.
     ('raise', 1, 1, 'process 1 failed (exit status 1): RuntimeError: boom at step 30'),
     ('raise', 0, 1, 'process 0 failed (exit status 1): RuntimeError: boom at step 30'),
     ('exit', 1, 3, 'process 1 failed (exit status 3): sys.exit(3)'),
     ('sigkill', 1, 137, 'process 1 was killed by SIGKILL (status 137)'),
-])
-def test_a_failing_process_ends_the_run_within_the_contract(tmp_path, mode, failing, status,
-                                                            line):
-  launcher, mark = _start_marked(tmp_path, '--processes', '2', '--devices_per_process', '1',
-                                 '--timeout_s', '100', '--', '-m', 'collective_worker', mode,
-                                 str(failing), str(tmp_path / 'run'))
+  ],
+)
+def test_a_failing_process_ends_the_run_within_the_contract(tmp_path, mode, failing, status, line):
+  launcher, mark = _start_marked(
+    tmp_path,
+    '--processes',
+    '2',
+    '--devices_per_process',
+    '1',
+    '--timeout_s',
+    '100',
+    '--',
+    '-m',
+    'collective_worker',
+    mode,
+    str(failing),
+    str(tmp_path / 'run'),
+  )
   out, err, ended = _communicate(launcher)
   assert launcher.returncode == status, out[-3000:] + err
   assert err.strip().splitlines()[-1] == f'jaxsgd.launch: {line}; stopped the other 1 process.'
@@ -201,16 +242,29 @@ def _wait_for(launcher, text, timeout=60):
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 @pytest.mark.parametrize('sig, status', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_stopping_the_launcher_ends_a_jax_run_within_the_contract(tmp_path, sig, status):
-  launcher, mark = _start_marked(tmp_path, '--processes', '2', '--devices_per_process', '1',
-                                 '--timeout_s', '100', '--', '-m', 'collective_worker', 'none',
-                                 '-1', str(tmp_path / 'run'))
+  launcher, mark = _start_marked(
+    tmp_path,
+    '--processes',
+    '2',
+    '--devices_per_process',
+    '1',
+    '--timeout_s',
+    '100',
+    '--',
+    '-m',
+    'collective_worker',
+    'none',
+    '-1',
+    str(tmp_path / 'run'),
+  )
   _wait_for(launcher, '[p1] all-reducing')
   sent = time.time()
   launcher.send_signal(sig)
   _, err, ended = _communicate(launcher)
   assert launcher.returncode == status
-  assert err.strip().splitlines()[-1] == (f'jaxsgd.launch: stopped by {sig.name}; '
-                                          f'stopped all 2 processes.')
+  assert err.strip().splitlines()[-1] == (
+    f'jaxsgd.launch: stopped by {sig.name}; stopped all 2 processes.'
+  )
   assert ended - sent < CONTRACT_S, f'the run ended {ended - sent:.1f} s after {sig.name}'
   assert not _leftovers(mark)
 
@@ -218,40 +272,78 @@ def test_stopping_the_launcher_ends_a_jax_run_within_the_contract(tmp_path, sig,
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 def test_a_stopped_process_ends_the_run_after_the_heartbeat_timeout(tmp_path):
   heartbeat_s = 2
-  launcher, mark = _start_marked(tmp_path, '--processes', '2', '--devices_per_process', '1',
-                                 '--heartbeat_timeout_s', str(heartbeat_s), '--timeout_s',
-                                 '100', '--', '-m', 'collective_worker', 'none', '-1',
-                                 str(tmp_path / 'run'))
+  launcher, mark = _start_marked(
+    tmp_path,
+    '--processes',
+    '2',
+    '--devices_per_process',
+    '1',
+    '--heartbeat_timeout_s',
+    str(heartbeat_s),
+    '--timeout_s',
+    '100',
+    '--',
+    '-m',
+    'collective_worker',
+    'none',
+    '-1',
+    str(tmp_path / 'run'),
+  )
   _wait_for(launcher, '[p1] all-reducing')
-  p1 = next(pid for pid in _leftovers(mark) if _environ(pid).get('JAXSGD_PROCESS_ID') == '1'
-            and pid != launcher.pid)
+  p1 = next(
+    pid
+    for pid in _leftovers(mark)
+    if _environ(pid).get('JAXSGD_PROCESS_ID') == '1' and pid != launcher.pid
+  )
   stopped = time.time()
   os.kill(p1, signal.SIGSTOP)  # Frozen: alive, but silent. Only heartbeats can tell.
   _, err, ended = _communicate(launcher)
   assert launcher.returncode != 0
-  assert err.strip().splitlines()[-1].endswith(
+  assert (
+    err.strip()
+    .splitlines()[-1]
+    .endswith(
       f', after process 1 was stopped (SIGSTOP or a debugger) for longer than the heartbeat '
-      f'timeout ({heartbeat_s} s); stopped the other 1 process.'), err
+      f'timeout ({heartbeat_s} s); stopped the other 1 process.'
+    )
+  ), err
   assert ended - stopped < heartbeat_s + CONTRACT_S
   assert not _leftovers(mark)
 
 
 def _environ(pid: int) -> dict[str, str]:
   with open(f'/proc/{pid}/environ', 'rb') as f:
-    return dict(item.decode(errors='replace').partition('=')[::2]
-                for item in f.read().split(b'\0') if item)
+    return dict(
+      item.decode(errors='replace').partition('=')[::2] for item in f.read().split(b'\0') if item
+    )
 
 
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 def test_a_cluster_that_never_forms_is_a_clear_error(tmp_path):
   # Process 0 starts here; process 1 of 2 is never started anywhere.
-  launcher, mark = _start_marked(tmp_path, '--processes', '1', '--num_processes', '2',
-                                 '--init_timeout_s', '2', '--timeout_s', '100', '--', '-m',
-                                 'collective_worker', 'none', '-1', str(tmp_path / 'run'))
+  launcher, mark = _start_marked(
+    tmp_path,
+    '--processes',
+    '1',
+    '--num_processes',
+    '2',
+    '--init_timeout_s',
+    '2',
+    '--timeout_s',
+    '100',
+    '--',
+    '-m',
+    'collective_worker',
+    'none',
+    '-1',
+    str(tmp_path / 'run'),
+  )
   out, err, _ = _communicate(launcher)
   assert launcher.returncode == 1, out + err
-  assert err.startswith('jaxsgd.launch: process 0 failed (exit status 1): the cluster did not '
-                        'form within 2 s: process 0 waited at 127.0.0.1:'), err
+  assert err.startswith(
+    'jaxsgd.launch: process 0 failed (exit status 1): the cluster did not '
+    'form within 2 s: process 0 waited at 127.0.0.1:'
+  ), err
   assert 'this launcher starts processes 0..0 of 2' in err
   assert '[p0] error: the cluster did not form within 2 s' in out
   assert 'Check failure' not in out  # No C++ abort.
@@ -260,27 +352,49 @@ def test_a_cluster_that_never_forms_is_a_clear_error(tmp_path):
 
 def test_a_failing_process_stops_the_others(tmp_path):
   pid_file = tmp_path / 'pid'
-  proc, elapsed = run_launcher('--processes', '2', '--timeout_s', '30',
-                               '--', 'python', '-c', _FAIL_ONE, str(pid_file), timeout=40)
+  proc, elapsed = run_launcher(
+    '--processes',
+    '2',
+    '--timeout_s',
+    '30',
+    '--',
+    'python',
+    '-c',
+    _FAIL_ONE,
+    str(pid_file),
+    timeout=40,
+  )
   assert proc.returncode == 3, proc.stdout
   assert elapsed < 15
   assert '[p0] hello from 0 of 2' in proc.stdout and '[p1] hello from 1 of 2' in proc.stdout
-  assert proc.stderr == ('jaxsgd.launch: process 1 failed (exit status 3); '
-                         'stopped the other 1 process.\n')
+  assert proc.stderr == (
+    'jaxsgd.launch: process 1 failed (exit status 3); stopped the other 1 process.\n'
+  )
   assert not _alive(int(pid_file.read_text()))  # SIGKILLed: it ignores SIGTERM.
 
 
 def test_a_command_that_cannot_start_is_one_line(tmp_path):
   proc, _ = run_launcher('--processes', '2', '--', str(tmp_path / 'missing'), timeout=30)
   assert proc.returncode == 127
-  assert proc.stderr == (f"jaxsgd.launch: cannot start '{tmp_path / 'missing'}': "
-                         f"No such file or directory.\n")
+  assert proc.stderr == (
+    f"jaxsgd.launch: cannot start '{tmp_path / 'missing'}': No such file or directory.\n"
+  )
 
 
 def test_launcher_timeout_kills_everything():
-  proc, elapsed = run_launcher('--processes', '2', '--grace_s', '0.5', '--timeout_s', '1',
-                               '--', 'python', '-c', 'import time; time.sleep(60)',
-                               timeout=30)
+  proc, elapsed = run_launcher(
+    '--processes',
+    '2',
+    '--grace_s',
+    '0.5',
+    '--timeout_s',
+    '1',
+    '--',
+    'python',
+    '-c',
+    'import time; time.sleep(60)',
+    timeout=30,
+  )
   assert proc.returncode == 124 and elapsed < 10
   assert 'timed out after 1 s' in proc.stderr
 
@@ -297,11 +411,28 @@ def test_sigterm_to_the_launcher_stops_the_children(tmp_path):
 
 
 def _start_sleepers(pid_file, *extra):
-  script = ('import os, sys, time; open(sys.argv[1] + os.environ["JAXSGD_PROCESS_ID"], "w")'
-            '.write(str(os.getpid())); time.sleep(60)')
-  launcher = subprocess.Popen([sys.executable, '-m', 'jaxsgd.launch', '--processes', '2',
-                               *extra, '--', 'python', '-c', script, str(pid_file)],
-                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+  script = (
+    'import os, sys, time; open(sys.argv[1] + os.environ["JAXSGD_PROCESS_ID"], "w")'
+    '.write(str(os.getpid())); time.sleep(60)'
+  )
+  launcher = subprocess.Popen(
+    [
+      sys.executable,
+      '-m',
+      'jaxsgd.launch',
+      '--processes',
+      '2',
+      *extra,
+      '--',
+      'python',
+      '-c',
+      script,
+      str(pid_file),
+    ],
+    cwd=REPO,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.STDOUT,
+  )
   files = [pathlib.Path(f'{pid_file}{k}') for k in range(2)]
   deadline = time.monotonic() + 20
   while not all(f.exists() and f.read_text() for f in files):
@@ -323,23 +454,52 @@ def test_sigkill_to_the_launcher_kills_the_children(tmp_path):
 def test_unreachable_coordinator_is_a_clear_error(tmp_path):
   port = launch.free_port()  # Nobody listens there.
   proc, elapsed = run_launcher(
-      '--processes', '1', '--num_processes', '2', '--first_process_id', '1',
-      '--coordinator', f'127.0.0.1:{port}', '--init_timeout_s', '1', '--timeout_s', '60',
-      '--', '--config=experiments/configs/dasgd.py:smoke', f'--workdir={tmp_path}', timeout=90)
+    '--processes',
+    '1',
+    '--num_processes',
+    '2',
+    '--first_process_id',
+    '1',
+    '--coordinator',
+    f'127.0.0.1:{port}',
+    '--init_timeout_s',
+    '1',
+    '--timeout_s',
+    '60',
+    '--',
+    '--config=experiments/configs/dasgd.py:smoke',
+    f'--workdir={tmp_path}',
+    timeout=90,
+  )
   assert proc.returncode == 1
-  assert f'coordinator (JAXSGD_COORDINATOR_ADDRESS / jaxsgd.launch --coordinator): cannot ' \
-         f'reach 127.0.0.1:{port} within 1 s' in proc.stdout
-  assert proc.stderr.startswith('jaxsgd.launch: process 1 failed (exit status 1): '
-                                'coordinator (JAXSGD_COORDINATOR_ADDRESS')
+  assert (
+    f'coordinator (JAXSGD_COORDINATOR_ADDRESS / jaxsgd.launch --coordinator): cannot '
+    f'reach 127.0.0.1:{port} within 1 s' in proc.stdout
+  )
+  assert proc.stderr.startswith(
+    'jaxsgd.launch: process 1 failed (exit status 1): coordinator (JAXSGD_COORDINATOR_ADDRESS'
+  )
   assert elapsed < 30
 
 
 def test_child_command_and_environment():
   py = sys.executable
   assert launch.child_command(['--config=c.py']) == [
-      py, '-u', '-m', 'jaxsgd.spmd.bootstrap', 'experiments.train', '--config=c.py']
+    py,
+    '-u',
+    '-m',
+    'jaxsgd.spmd.bootstrap',
+    'experiments.train',
+    '--config=c.py',
+  ]
   assert launch.child_command(['-m', 'pkg.mod', '-x']) == [
-      py, '-u', '-m', 'jaxsgd.spmd.bootstrap', 'pkg.mod', '-x']
+    py,
+    '-u',
+    '-m',
+    'jaxsgd.spmd.bootstrap',
+    'pkg.mod',
+    '-x',
+  ]
   assert launch.child_command(['python', 'a.py']) == [py, 'a.py']
   args, _ = launch.parse_args(['--processes', '2', '--devices_per_process', '3', '--', '-x'])
   env = launch.child_env(args, 1, '127.0.0.1:5')
@@ -348,13 +508,18 @@ def test_child_command_and_environment():
   assert (env['JAXSGD_PROCESS_ID'], env['JAXSGD_NUM_PROCESSES']) == ('1', '2')
 
 
-@pytest.mark.parametrize('argv, match', [
+@pytest.mark.parametrize(
+  'argv, match',
+  [
     (['--processes', '2'], 'the "--" is required'),
     (['--processes', '0', '--', '-x'], '--processes: must be >= 1'),
     (['--processes', '2', '--first_process_id', '1', '--', '-x'], '--first_process_id'),
-    (['--processes', '1', '--num_processes', '2', '--first_process_id', '1', '--', '-x'],
-     '--coordinator: needed'),
-])
+    (
+      ['--processes', '1', '--num_processes', '2', '--first_process_id', '1', '--', '-x'],
+      '--coordinator: needed',
+    ),
+  ],
+)
 def test_bad_launcher_arguments(argv, match, capsys):
   with pytest.raises(SystemExit) as exit_info:
     launch.parse_args(argv)
@@ -366,7 +531,7 @@ class _Chunks:
   """A pipe that delivers `data` `size` bytes at a time."""
 
   def __init__(self, data, size):
-    self._chunks = [data[i:i + size] for i in range(0, len(data), size)]
+    self._chunks = [data[i : i + size] for i in range(0, len(data), size)]
 
   def read1(self, _):
     return self._chunks.pop(0) if self._chunks else b''

@@ -32,9 +32,16 @@ def model():
 def batches():
   """STEPS steps of per-worker batches: `batches[t][m]`."""
   rng = np.random.default_rng(0)
-  return [[{'image': rng.normal(size=(B, 12)).astype(np.float32),
-            'label': rng.integers(0, 5, size=B).astype(np.int32)} for _ in range(M)]
-          for _ in range(STEPS)]
+  return [
+    [
+      {
+        'image': rng.normal(size=(B, 12)).astype(np.float32),
+        'label': rng.integers(0, 5, size=B).astype(np.int32),
+      }
+      for _ in range(M)
+    ]
+    for _ in range(STEPS)
+  ]
 
 
 def _config(name, **algorithm):
@@ -65,8 +72,9 @@ def train(model, batches, name, **algorithm):
 def _train(model, batches, name, **algorithm):
   config = _config(name, **algorithm)
   s = data_parallel.settings(config)
-  trainer = DataParallelTrainer(model, data_parallel.make_optimizer(s), M,
-                                average_grads=name == 'ssgd', stacked=s.stacked)
+  trainer = DataParallelTrainer(
+    model, data_parallel.make_optimizer(s), M, average_grads=name == 'ssgd', stacked=s.stacked
+  )
   state = trainer.init(config.seed)
   for t in range(STEPS):
     state, _ = trainer.train_step(state, trainer.put_batch(batches[t]))
@@ -116,8 +124,7 @@ def test_diloco_with_outer_sgd1_equals_local_sgd(model, batches):
 
 @pytest.mark.parametrize('name, fields', [('ssgd', {}), ('dasgd', {'period': 2, 'delay': 1})])
 def test_stacked_form_equals_mesh_form(model, batches, name, fields):
-  close(train(model, batches, name, stacked=True, **fields),
-        train(model, batches, name, **fields))
+  close(train(model, batches, name, stacked=True, **fields), train(model, batches, name, **fields))
 
 
 def _dasgd_reference(model, batches, period, delay, lr=0.3):
@@ -134,20 +141,24 @@ def _dasgd_reference(model, batches, period, delay, lr=0.3):
       snapshots = params
     if t >= period and t % period == delay:  # w ← mean(s) + (w − s)
       mean = jax.tree.map(lambda *s: np.mean(s, axis=0), *snapshots)
-      params = [jax.tree.map(lambda a, w, s: a + (w - s), mean, p, s)
-                for p, s in zip(params, snapshots)]
+      params = [
+        jax.tree.map(lambda a, w, s: a + (w - s), mean, p, s) for p, s in zip(params, snapshots)
+      ]
       workers = [({'params': p}, o) for p, (_, o) in zip(params, workers)]
-  return jax.tree.map(lambda *ws: np.stack(ws), *[jax.device_get(v['params'])
-                                                  for v, _ in workers])
+  return jax.tree.map(lambda *ws: np.stack(ws), *[jax.device_get(v['params']) for v, _ in workers])
 
 
 def test_dasgd_equals_independent_workers_with_delayed_merge(model, batches):
-  close(train(model, batches, 'dasgd', period=2, delay=1),
-        _dasgd_reference(model, batches, period=2, delay=1))
+  close(
+    train(model, batches, 'dasgd', period=2, delay=1),
+    _dasgd_reference(model, batches, period=2, delay=1),
+  )
 
 
 def test_tolerance_can_fail(model, batches):
   """A one-step-late average (delay 1 instead of 0) is far outside the tolerance."""
   with pytest.raises(AssertionError):
-    close(train(model, batches, 'dasgd', period=2, delay=1),
-          train(model, batches, 'local_sgd', period=2))
+    close(
+      train(model, batches, 'dasgd', period=2, delay=1),
+      train(model, batches, 'local_sgd', period=2),
+    )

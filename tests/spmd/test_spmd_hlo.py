@@ -27,8 +27,9 @@ def model():
 def compiled_text(model, tx, *, average_grads=False):
   trainer = DataParallelTrainer(model, tx, M, average_grads=average_grads)
   state = trainer.init(0)
-  batch = trainer.put_batch([{'image': np.zeros((2, 12), np.float32),
-                              'label': np.zeros(2, np.int32)}] * M)
+  batch = trainer.put_batch(
+    [{'image': np.zeros((2, 12), np.float32), 'label': np.zeros(2, np.int32)}] * M
+  )
   return trainer.step.lower(state.variables, state.opt_state, batch).compile().as_text()
 
 
@@ -38,8 +39,7 @@ def reads(deps, prefix):
 
 @pytest.mark.parametrize('overlap', [True, False])
 def test_dasgd_allreduce_reads_only_the_snapshot(model, overlap):
-  tx = transforms.local_sgd(optax.sgd(0.1), period=4, delay=1, axis_name='data',
-                            overlap=overlap)
+  tx = transforms.local_sgd(optax.sgd(0.1), period=4, delay=1, axis_name='data', overlap=overlap)
   sites = hlo.collective_inputs(compiled_text(model, tx))
   assert sites, 'no all-reduce in the compiled DaSGD step'
   for deps in sites:
@@ -53,7 +53,7 @@ def test_dasgd_allreduce_reads_only_the_snapshot(model, overlap):
 def test_dasgd_allreduce_is_scheduled_among_the_compute(model):
   """Where XLA:CPU put it: at least one dot of this step runs after the all-reduce."""
   tx = transforms.local_sgd(optax.sgd(0.1), period=4, delay=1, axis_name='data')
-  (before, after), = hlo.compute_around_collectives(compiled_text(model, tx))
+  ((before, after),) = hlo.compute_around_collectives(compiled_text(model, tx))
   assert after >= 1, (before, after)
 
 
@@ -62,7 +62,6 @@ def test_synchronous_allreduce_depends_on_the_batch(model, name):
   if name == 'ssgd':
     text = compiled_text(model, optax.sgd(0.1), average_grads=True)
   else:
-    text = compiled_text(model, transforms.local_sgd(optax.sgd(0.1), period=4,
-                                                     axis_name='data'))
+    text = compiled_text(model, transforms.local_sgd(optax.sgd(0.1), period=4, axis_name='data'))
   sites = hlo.collective_inputs(text)
   assert sites and all(reads(deps, 'batch') for deps in sites), sites

@@ -29,8 +29,9 @@ def test_dasgd_hides_up_to_delay_steps_of_compute():
 def test_elapsed_is_the_sum_of_step_times(period, delay):
   model = timing.StepTimeModel(compute=0.01, comm=0.05, period=period, delay=delay)
   for steps in range(0, 23):
-    assert model.elapsed(steps) == pytest.approx(sum(model.step_time(t)
-                                                     for t in range(1, steps + 1)))
+    assert model.elapsed(steps) == pytest.approx(
+      sum(model.step_time(t) for t in range(1, steps + 1))
+    )
 
 
 def test_ssgd_blocks_every_step():
@@ -46,6 +47,7 @@ def test_dasgd_hides_the_all_reduce_only_when_it_can_overlap(overlap, exposed):
   from experiments.configs import dasgd  # pylint: disable=g-import-not-at-top
   from jaxsgd.algorithms import data_parallel  # pylint: disable=g-import-not-at-top
   from jaxsgd.models import get_model  # pylint: disable=g-import-not-at-top
+
   config = dasgd.get_config('smoke')
   config.algorithm.overlap = overlap
   config.cost.compute.step = 0.01  # 1 step of compute covers the all-reduce below.

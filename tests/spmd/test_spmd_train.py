@@ -13,8 +13,11 @@ from jaxsgd.training import train_and_evaluate
 
 @pytest.mark.parametrize('variant', ['ssgd', 'local_sgd', 'dasgd', 'diloco'])
 def test_smoke_run_learns(data_dir, tmp_path, variant):
-  config = (ssgd_config.get_config('smoke') if variant == 'ssgd' else
-            dasgd_config.get_config(f'{variant},smoke'))
+  config = (
+    ssgd_config.get_config('smoke')
+    if variant == 'ssgd'
+    else dasgd_config.get_config(f'{variant},smoke')
+  )
   config.dataset, config.data_dir, config.model.name = 'digits', data_dir, 'mlp'
   config.optimizer.learning_rate = 1e-2
   config.cost.link_bandwidth = 0.1e9 / 8  # A slow link (0.1 Gbit/s): DaSGD hides only part.
@@ -27,8 +30,9 @@ def test_smoke_run_learns(data_dir, tmp_path, variant):
   assert records[-1]['test_accuracy'] > 0.8  # Chance is 0.1.
   assert {'metrics.jsonl', 'summary.json', 'curves.png'} <= {p.name for p in tmp_path.iterdir()}
   # The virtual clock: sim_time is the time model's, which the summary records.
-  clock = timing.StepTimeModel(**{k: summary['time_model'][k]
-                                  for k in ('compute', 'comm', 'period', 'delay')})
+  clock = timing.StepTimeModel(
+    **{k: summary['time_model'][k] for k in ('compute', 'comm', 'period', 'delay')}
+  )
   assert clock.compute == config.cost.compute.step and clock.comm > clock.compute
   assert 0 < clock.hidden_fraction() < 1 if variant == 'dasgd' else clock.hidden_fraction() == 0
   for r in records:

@@ -33,18 +33,24 @@ def _compiled(events):
   return [e for e in events if e == '/jax/core/compile/backend_compile_duration']
 
 
-@pytest.mark.parametrize('fields, match', [
-    ({'algorithm.delay': 4, 'algorithm.period': 4}, r'algorithm\.delay: must be < algorithm\.period'),
+@pytest.mark.parametrize(
+  'fields, match',
+  [
+    (
+      {'algorithm.delay': 4, 'algorithm.period': 4},
+      r'algorithm\.delay: must be < algorithm\.period',
+    ),
     ({'algorithm.period': 0, 'algorithm.delay': 0}, r'algorithm\.period: must be an integer >= 1'),
     ({'workers': 9}, r'workers: 9 workers need 9 devices, but 8 are visible'),
     ({'algorithm.global_batch_size': 30}, r'algorithm\.global_batch_size: 30 .* workers=4'),
-    ({'algorithm.name': 'local_sgd', 'algorithm.delay': 1}, r"algorithm\.delay: local_sgd"),
+    ({'algorithm.name': 'local_sgd', 'algorithm.delay': 1}, r'algorithm\.delay: local_sgd'),
     ({'algorithm.merge': 'avg'}, r'algorithm\.merge: .*keep_local, mix'),
     ({'algorithm.data_sharding': 'x'}, r'algorithm\.data_sharding'),
     ({'algorithm.name': 'diloco', 'algorithm.outer.name': 'nope'}, r'optimizer\.name'),
     ({'cost.link_bandwidth': -1.0}, r'cost\.link_bandwidth'),
     ({'stages': 2}, r'stages: the data-parallel methods .* use stages=1'),
-])
+  ],
+)
 def test_bad_settings_are_refused_before_compiling(config, compiles, tmp_path, fields, match):
   config.update_from_flattened_dict(fields)
   with pytest.raises(ValueError, match=match):
@@ -67,23 +73,37 @@ def _closed_port():
 
 
 def test_unreachable_coordinator_fails_fast_and_names_it():
-  env = {distributed.ADDRESS_VAR: f'127.0.0.1:{_closed_port()}',
-         distributed.NUM_PROCESSES_VAR: '2', distributed.PROCESS_ID_VAR: '1',
-         distributed.TIMEOUT_VAR: '1'}
+  env = {
+    distributed.ADDRESS_VAR: f'127.0.0.1:{_closed_port()}',
+    distributed.NUM_PROCESSES_VAR: '2',
+    distributed.PROCESS_ID_VAR: '1',
+    distributed.TIMEOUT_VAR: '1',
+  }
   start = time.monotonic()
-  with pytest.raises(distributed.CoordinatorUnreachableError,
-                     match=r'coordinator \(JAXSGD_COORDINATOR_ADDRESS.*within 1 s'):
+  with pytest.raises(
+    distributed.CoordinatorUnreachableError,
+    match=r'coordinator \(JAXSGD_COORDINATOR_ADDRESS.*within 1 s',
+  ):
     distributed.initialize_from_env(env)
   assert time.monotonic() - start < 5
   assert not jax.distributed.is_initialized()
 
 
-@pytest.mark.parametrize('env, match', [
+@pytest.mark.parametrize(
+  'env, match',
+  [
     ({distributed.ADDRESS_VAR: 'nohostport'}, 'expected host:port'),
     ({distributed.ADDRESS_VAR: 'h:1', distributed.NUM_PROCESSES_VAR: 'x'}, 'JAXSGD_NUM_PROCESSES'),
-    ({distributed.ADDRESS_VAR: 'h:1', distributed.NUM_PROCESSES_VAR: '2',
-      distributed.PROCESS_ID_VAR: '2'}, 'JAXSGD_PROCESS_ID: 2 is not <'),
-])
+    (
+      {
+        distributed.ADDRESS_VAR: 'h:1',
+        distributed.NUM_PROCESSES_VAR: '2',
+        distributed.PROCESS_ID_VAR: '2',
+      },
+      'JAXSGD_PROCESS_ID: 2 is not <',
+    ),
+  ],
+)
 def test_bad_cluster_variables_are_named(env, match):
   with pytest.raises(ValueError, match=match):
     distributed.cluster_from_env(env)

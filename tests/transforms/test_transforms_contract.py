@@ -24,6 +24,7 @@ import jaxsgd.transforms as T
 from jaxsgd.transforms import averaging
 from jaxsgd.transforms import compensation
 from jaxsgd.transforms import staleness
+from jaxsgd.transforms import streaming
 
 M = 2  # Workers (stacked rows, or server workers).
 LR = 0.1
@@ -43,8 +44,7 @@ class Case(NamedTuple):
     fn = self.fn
     if inject:
       fn = optax.inject_hyperparams(fn, static_args=self.static_args)
-    parts = [p for p in (self.before, fn(**self.kwargs), self.after)
-             if p is not None]
+    parts = [p for p in (self.before, fn(**self.kwargs), self.after) if p is not None]
     return parts[0] if len(parts) == 1 else optax.chain(*parts)
 
 
@@ -53,34 +53,81 @@ NESTEROV = optax.sgd(0.7, momentum=0.9, nesterov=True)
 # sqrt(1 − m^t)) changes sign once η|g| is O(0.1), as it is on these toy
 # problems (deep nets have far smaller gradients).
 CASES = [
-    Case('dc_asgd_c', T.dc_asgd, dict(learning_rate=LR, lambda0=0.04),
-         read='stale'),
-    Case('dc_asgd_a', T.dc_asgd,
-         dict(learning_rate=LR, lambda0=0.1, adaptive=True,
-              mean_square_decay=0.95, eps=1e-7), read='stale'),
-    Case('dc_asgd_server_a_per_worker', T.dc_asgd_server,
-         dict(learning_rate=LR, num_workers=M, lambda0=0.1, adaptive=True,
-              per_worker_mean_square=True),
-         static_args=('num_workers',), read='server'),
-    Case('scale_by_staleness', T.scale_by_staleness,
-         dict(fn=T.inverse_sqrt_staleness), static_args=('fn',),
-         after=optax.sgd(LR), read='stale'),
-    Case('delayed_averaging_keep_local', T.delayed_averaging,
-         dict(period=3, delay=1), static_args=('period', 'delay'),
-         before=optax.sgd(LR), stacked=True),
-    Case('delayed_averaging_mix_no_overlap', T.delayed_averaging,
-         dict(period=2, delay=1, merge='mix', mix=0.25, overlap=False),
-         static_args=('period', 'delay'), before=optax.sgd(LR), stacked=True),
-    Case('local_sgd', T.local_sgd,
-         dict(inner=optax.sgd(LR, momentum=0.5), period=3),
-         static_args=('period', 'delay'), stacked=True),
-    Case('diloco', T.diloco,
-         dict(inner=optax.sgd(LR), outer=NESTEROV, period=3),
-         static_args=('period', 'delay'), stacked=True),
-    Case('diloco_streaming_mix', T.diloco,
-         dict(inner=optax.adam(0.05), outer=NESTEROV, period=3, delay=1,
-              merge='mix', mix=0.5),
-         static_args=('period', 'delay'), stacked=True),
+  Case('dc_asgd_c', T.dc_asgd, dict(learning_rate=LR, lambda0=0.04), read='stale'),
+  Case(
+    'dc_asgd_a',
+    T.dc_asgd,
+    dict(learning_rate=LR, lambda0=0.1, adaptive=True, mean_square_decay=0.95, eps=1e-7),
+    read='stale',
+  ),
+  Case(
+    'dc_asgd_server_a_per_worker',
+    T.dc_asgd_server,
+    dict(learning_rate=LR, num_workers=M, lambda0=0.1, adaptive=True, per_worker_mean_square=True),
+    static_args=('num_workers',),
+    read='server',
+  ),
+  Case(
+    'scale_by_staleness',
+    T.scale_by_staleness,
+    dict(fn=T.inverse_sqrt_staleness),
+    static_args=('fn',),
+    after=optax.sgd(LR),
+    read='stale',
+  ),
+  Case(
+    'delayed_averaging_keep_local',
+    T.delayed_averaging,
+    dict(period=3, delay=1),
+    static_args=('period', 'delay'),
+    before=optax.sgd(LR),
+    stacked=True,
+  ),
+  Case(
+    'delayed_averaging_mix_no_overlap',
+    T.delayed_averaging,
+    dict(period=2, delay=1, merge='mix', mix=0.25, overlap=False),
+    static_args=('period', 'delay'),
+    before=optax.sgd(LR),
+    stacked=True,
+  ),
+  Case(
+    'local_sgd',
+    T.local_sgd,
+    dict(inner=optax.sgd(LR, momentum=0.5), period=3),
+    static_args=('period', 'delay'),
+    stacked=True,
+  ),
+  Case(
+    'diloco',
+    T.diloco,
+    dict(inner=optax.sgd(LR), outer=NESTEROV, period=3),
+    static_args=('period', 'delay'),
+    stacked=True,
+  ),
+  Case(
+    'diloco_streaming_mix',
+    T.diloco,
+    dict(inner=optax.adam(0.05), outer=NESTEROV, period=3, delay=1, merge='mix', mix=0.5),
+    static_args=('period', 'delay'),
+    stacked=True,
+  ),
+  Case(
+    'streaming_diloco',
+    T.streaming_diloco,
+    dict(
+      inner=optax.sgd(LR, momentum=0.5), outer=NESTEROV, period=4, fragments=2, delay=1, mix=0.5
+    ),
+    static_args=('period', 'fragments', 'delay'),
+    stacked=True,
+  ),
+  Case(
+    'streaming_diloco_no_overlap',
+    T.streaming_diloco,
+    dict(inner=optax.sgd(LR), outer=NESTEROV, period=3, fragments=1, overlap=False),
+    static_args=('period', 'fragments', 'delay', 'overlap'),
+    stacked=True,
+  ),
 ]
 IDS = [c.name for c in CASES]
 
@@ -91,17 +138,19 @@ def _quadratic():
 
   The offsets sum to zero over the workers, so averaging cancels them.
   """
-  h = {'a': jnp.array([0.5, 1.0, 2.0]), 'b': jnp.array([[1.0, 1.5],
-                                                         [0.7, 1.2]])}
-  target = jax.tree.map(lambda x: jnp.linspace(-1., 1., x.size).reshape(
-      x.shape), h)
-  init = jax.tree.map(lambda x: 2. * jnp.ones_like(x), h)
-  loss = lambda w: sum(jax.tree.leaves(jax.tree.map(
-      lambda hh, ww, tt: 0.5 * jnp.sum(hh * (ww - tt) ** 2), h, w, target)))
+  h = {'a': jnp.array([0.5, 1.0, 2.0]), 'b': jnp.array([[1.0, 1.5], [0.7, 1.2]])}
+  target = jax.tree.map(lambda x: jnp.linspace(-1.0, 1.0, x.size).reshape(x.shape), h)
+  init = jax.tree.map(lambda x: 2.0 * jnp.ones_like(x), h)
+  loss = lambda w: sum(
+    jax.tree.leaves(
+      jax.tree.map(lambda hh, ww, tt: 0.5 * jnp.sum(hh * (ww - tt) ** 2), h, w, target)
+    )
+  )
 
   def grad(w, worker):
-    offset = 0.1 * (2. * worker - 1.)
+    offset = 0.1 * (2.0 * worker - 1.0)
     return jax.tree.map(lambda g: g + offset, jax.grad(loss)(w))
+
   return init, loss, grad
 
 
@@ -109,7 +158,7 @@ def _logistic():
   """Logistic regression on 64 separable points; worker j sees half j."""
   rng = np.random.default_rng(0)
   x = rng.normal(size=(64, 4)).astype(np.float32)
-  y = (x @ np.array([1.5, -2., 1., 0.5], np.float32) > 0).astype(np.float32)
+  y = (x @ np.array([1.5, -2.0, 1.0, 0.5], np.float32) > 0).astype(np.float32)
   x, y = jnp.asarray(x), jnp.asarray(y)
 
   def loss(w, xs=x, ys=y):
@@ -119,6 +168,7 @@ def _logistic():
   def grad(w, worker):
     rows = lax.dynamic_slice_in_dim(jnp.arange(64), 32 * worker, 32)
     return jax.grad(loss)(w, x[rows], y[rows])
+
   init = {'w': jnp.zeros(4), 'b': jnp.zeros(())}
   return init, loss, grad
 
@@ -138,6 +188,7 @@ def _cast(tree, dtype):
 # --------------------------------------------------------------- the loop.
 def _make_step(case, tx, grad_fn):
   """One training step; carry = (params, read copies, opt_state)."""
+
   def step(carry, t):
     params, reads, opt_state = carry
     worker = t % M
@@ -149,17 +200,23 @@ def _make_step(case, tx, grad_fn):
       grads = grad_fn(read, worker)
     grads = _cast(grads, jax.tree.leaves(params)[0].dtype)
     updates, opt_state = tx.update(
-        grads, opt_state, params, stale_params=read, worker_id=worker,
-        staleness=t % 3, an_unknown_extra_arg=jnp.ones(()))
+      grads,
+      opt_state,
+      params,
+      stale_params=read,
+      worker_id=worker,
+      staleness=t % 3,
+      an_unknown_extra_arg=jnp.ones(()),
+    )
     new = optax.apply_updates(params, updates)
     if case.read == 'server':
       opt_state = T.record_pull(opt_state, new, worker)
       reads = jax.tree.map(lambda r, w: r.at[worker].set(w), reads, new)
     else:  # 'stale' reads the params one step late, 'fresh' the new ones.
       latest = params if case.read == 'stale' else new
-      reads = jax.tree.map(lambda r, w: jnp.broadcast_to(w, r.shape), reads,
-                           latest)
+      reads = jax.tree.map(lambda r, w: jnp.broadcast_to(w, r.shape), reads, latest)
     return (new, reads, opt_state), updates
+
   return step
 
 
@@ -177,9 +234,9 @@ def _run(case, problem, steps, inject=False, dtype=jnp.float32):
   @jax.jit
   def run(carry):
     return lax.scan(step, carry, jnp.arange(steps))[0]
+
   params, _, opt_state = run(carry)
-  return loss(_cast(init, jnp.float32)), loss(_mean(params, case)), params, \
-      opt_state
+  return loss(_cast(init, jnp.float32)), loss(_mean(params, case)), params, opt_state
 
 
 # ------------------------------------------------------------- the tests.
@@ -190,8 +247,7 @@ def test_jitted_step_keeps_shapes_dtypes_finite_state_no_retrace(case):
   chex.clear_trace_counter()  # The counter is keyed by code, shared by cases.
   init, _, grad_fn = _quadratic()
   tx = case.make()
-  carry = jax.jit(functools.partial(_init_carry, case, tx))(
-      _cast(init, dtype))
+  carry = jax.jit(functools.partial(_init_carry, case, tx))(_cast(init, dtype))
   step = jax.jit(chex.assert_max_traces(_make_step(case, tx, grad_fn), n=1))
   for t in range(4):  # Passes snapshot and merge steps; a retrace raises.
     params = carry[0]
@@ -208,22 +264,22 @@ def test_converges_on_quadratic_also_under_inject_hyperparams(case):
   _, _, injected, state = _run(case, _quadratic, steps=150, inject=True)
   chex.assert_trees_all_close(injected, plain, rtol=1e-6, atol=1e-6)
   is_injected = lambda x: isinstance(x, optax.InjectStatefulHyperparamsState)
-  [injected_state] = [x for x in jax.tree.leaves(state, is_leaf=is_injected)
-                      if is_injected(x)]
-  numeric = {k for k, v in case.kwargs.items()
-             if k not in case.static_args and isinstance(v, float)}
+  [injected_state] = [x for x in jax.tree.leaves(state, is_leaf=is_injected) if is_injected(x)]
+  numeric = {
+    k for k, v in case.kwargs.items() if k not in case.static_args and isinstance(v, float)
+  }
   assert numeric <= set(injected_state.hyperparams)
 
 
 def test_inject_hyperparams_change_takes_effect():
   """Changing an injected lambda0 changes the step: the value is really used."""
-  tx = optax.inject_hyperparams(T.dc_asgd)(learning_rate=1., lambda0=0.)
-  w, stale, g = jnp.array([1.]), jnp.array([0.]), jnp.array([2.])
+  tx = optax.inject_hyperparams(T.dc_asgd)(learning_rate=1.0, lambda0=0.0)
+  w, stale, g = jnp.array([1.0]), jnp.array([0.0]), jnp.array([2.0])
   state = tx.init(w)
   update = jax.jit(lambda s: tx.update(g, s, w, stale_params=stale)[0])
-  chex.assert_trees_all_equal(update(state), jnp.array([-2.]))
+  chex.assert_trees_all_equal(update(state), jnp.array([-2.0]))
   state.hyperparams['lambda0'] = jnp.array(0.25)
-  chex.assert_trees_all_equal(update(state), jnp.array([-3.]))  # 2+.25*4*1
+  chex.assert_trees_all_equal(update(state), jnp.array([-3.0]))  # 2+.25*4*1
 
 
 @pytest.mark.parametrize('case', CASES, ids=IDS)
@@ -231,14 +287,13 @@ def test_converges_on_logistic_regression(case):
   initial, final, params, state = _run(case, _logistic, steps=300)
   assert final < 0.5 * initial, (initial, final)
   init = _logistic()[0]
-  chex.assert_trees_all_equal_shapes_and_dtypes(
-      params, _stack(init) if case.stacked else init)
+  chex.assert_trees_all_equal_shapes_and_dtypes(params, _stack(init) if case.stacked else init)
   chex.assert_tree_all_finite(state)
 
 
-@pytest.mark.parametrize('module', [compensation, averaging, staleness],
-                         ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+  'module', [compensation, averaging, staleness, streaming], ids=lambda m: m.__name__
+)
 def test_docstring_examples_run(module):
-  result = doctest.testmod(module, extraglobs=vars(module),
-                           optionflags=doctest.ELLIPSIS)
+  result = doctest.testmod(module, extraglobs=vars(module), optionflags=doctest.ELLIPSIS)
   assert result.attempted > 0 and result.failed == 0, result

@@ -1,0 +1,150 @@
+r"""How far the roofline (`hardware`, preset `cpu`) is from measured task costs here.
+
+    python -m benchmarks.roofline_vs_measured [--reps=20] [--stages=4] [--mode=pinned|shared]
+
+For the CNN (MNIST-1D shapes, batch 128) and ResNet-20 (CIFAR-10 shapes, batch
+64), each cut into `--stages` stages as the pipeline algorithms cut them: every
+stage's forward, backward and update (Adam), timed as a cost profile times them
+(`profiles.measure`: 3 warm-up calls, then `--reps` interleaved blocking calls,
+the fastest counts), next to its roofline time `max(flops / peak, bytes /
+bandwidth) + launch + kernels · kernel_overhead` from XLA's compiled cost
+analysis and a preset. `--mode=shared` (default): both cores, wall time,
+against the `cpu` preset — how `experiments.profile` measures by default;
+`--mode=pinned`: the process on one core, calls timed by its CPU time, against
+`cpu_core`.
+`bound` says which term of the max won; `kernels` is the kernel count charged
+`kernel_overhead` each. Ratio = measured / roofline (> 1: the
+task is slower than the roofline says). Last line: `median measured/roofline
+ratio: <x>`. Before it: per stage, the measured and roofline totals and the
+pipeline bound sum / max each implies (what a simulated speed-up rests on: the
+balance of the stages, not their absolute cost).
+"""
+
+import argparse
+import os
+import time
+
+import numpy as np
+import optax
+
+from benchmarks.common import print_table
+from jaxsgd import models
+from jaxsgd.pipeline import PlacedStages, sequential_roles
+from jaxsgd.scheduler import Placement, hardware, profiles
+
+MODELS = {  # name: (input shape, classes, batch size)
+  'cnn': ((40, 1), 10, 128),
+  'resnet20': ((32, 32, 3), 10, 64),
+}
+
+
+def rows_for(name: str, num_stages: int, reps: int, spec: hardware.DeviceSpec, clock) -> list:
+  shape, classes, batch_size = MODELS[name]
+  model = models.get_model(name, shape, classes)
+  roles = sequential_roles(num_stages)
+  pipeline = PlacedStages(
+    model,
+    num_stages,
+    optax.adam(1e-3),
+    placement=Placement.create(num_stages),
+    batch_size=batch_size,
+    seed=0,
+  )
+  rng = np.random.default_rng(0)
+  batch = {
+    'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
+    'label': rng.integers(0, classes, batch_size).astype(np.int32),
+  }
+  calls = pipeline.calibration_calls(roles, batch)
+  measured, _ = profiles.measure(calls, warmup=3, reps=reps, clock=clock)
+  rows = []
+  for (stage, kind), (fn, args) in calls.items():
+    counts = hardware.op_counts(fn, args)
+    roofline = hardware.roofline_seconds(counts, spec)
+    bound = (
+      'flops'
+      if counts.flops / spec.peak_flops >= counts.bytes_accessed / spec.memory_bandwidth
+      else 'bytes'
+    )
+    rows.append(
+      [
+        name,
+        stage,
+        kind,
+        counts.flops / 1e6,
+        counts.bytes_accessed / 1e6,
+        counts.kernels,
+        bound,
+        1e3 * measured[(stage, kind)],
+        1e3 * roofline,
+        measured[(stage, kind)] / roofline,
+      ]
+    )
+  return rows
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument('--reps', type=int, default=20)
+  parser.add_argument('--stages', type=int, default=4)
+  parser.add_argument(
+    '--mode',
+    choices=('pinned', 'shared'),
+    default='shared',
+    help='pinned: one core, CPU-time clock, preset cpu_core (how a profile '
+    'is measured by default); shared: both cores, wall clock, preset cpu',
+  )
+  args = parser.parse_args()
+  if args.mode == 'pinned':
+    profiles.pin_to_core(0)
+  spec = hardware.preset('cpu_core' if args.mode == 'pinned' else 'cpu')
+  clock = time.process_time if args.mode == 'pinned' else time.perf_counter
+  print(
+    f'{spec.name} preset: peak {spec.peak_flops / 1e9:.0f} GFLOP/s, bandwidth '
+    f'{spec.memory_bandwidth / 1e9:.0f} GB/s, launch {spec.launch_overhead * 1e6:.1f} µs, '
+    f'kernel {spec.kernel_overhead * 1e6:.1f} µs; '
+    f'{args.stages} stages, measured = fastest of {args.reps} interleaved calls; '
+    f'load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores'
+  )
+  rows = [row for name in MODELS for row in rows_for(name, args.stages, args.reps, spec, clock)]
+  print_table(
+    [
+      'model',
+      'stage',
+      'kind',
+      'MFLOP',
+      'MB',
+      'kernels',
+      'bound',
+      'measured ms',
+      'roofline ms',
+      'ratio',
+    ],
+    rows,
+  )
+  ratios = np.array([row[-1] for row in rows])
+  print(
+    'per stage (forward + backward + update, ms) and the pipeline bound sum / max '
+    '(the speed-up a K-stage pipeline could reach with these costs):'
+  )
+  for name in MODELS:
+    stages = sorted({row[1] for row in rows if row[0] == name})
+    measured = [sum(r[7] for r in rows if r[0] == name and r[1] == k) for k in stages]
+    roofline = [sum(r[8] for r in rows if r[0] == name and r[1] == k) for k in stages]
+    print(
+      f'{name:>8}: measured {" / ".join(f"{m:.3f}" for m in measured)} -> '
+      f'{sum(measured) / max(measured):.2f}x; roofline '
+      f'{" / ".join(f"{m:.3f}" for m in roofline)} -> {sum(roofline) / max(roofline):.2f}x'
+    )
+  for name in MODELS:
+    for kind in ('forward', 'backward', 'update'):
+      sel = [row[-1] for row in rows if row[0] == name and row[2] == kind]
+      print(
+        f'{name:>8} {kind:<8}: ratio median {np.median(sel):.2f} '
+        f'(range {min(sel):.2f} .. {max(sel):.2f})'
+      )
+  print(f'median measured/roofline ratio: {np.median(ratios):.2f}')
+
+
+if __name__ == '__main__':
+  main()

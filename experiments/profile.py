@@ -1,0 +1,218 @@
+r"""Measures a cost profile for a config: every task it runs, timed once, carefully.
+
+    python -m experiments.profile --config=experiments/configs/ddg.py --out=profiles/ddg.json
+    python -m experiments.profile --config=experiments/configs/ddg.py:smoke \
+        --config.stages=2 --out=/tmp/ddg2.json --reps=50
+
+Writes (or adds a table to) a JSON profile (`jaxsgd.scheduler.profiles`): the
+seconds of each stage's forward, backward and update for the config's model,
+batch size, stage split and algorithm, the host dispatch overhead of the
+executors, and the device, jax version and date. Each task: 3 untimed calls,
+then `--reps` interleaved wall-clock calls, the fastest counting, on every core
+(as `costs.calibrate` measures, so the costs are comparable with calibrated
+runs); `--pin_core` and `--clock=cpu` measure one core by its CPU time instead
+(see `jaxsgd.scheduler.profiles` for how repeatable each is here). Measure on a
+quiet machine: the file is then reused as is. An existing file of the same
+model, batch size, optimizer and device gets this config's table added (one
+profile can serve a whole suite); `--replace` starts a new file instead.
+
+Covers every family: the scheduler algorithms (bp, ddg, local, asgd, dcasgd,
+lppsgd, pdasgd: each stage's forward, backward and update; the server's update)
+and the data-parallel ones (ssgd, local_sgd, dasgd, diloco: one worker's step,
+`(0, 'step')`, at the per-worker batch size; one table serves all four).
+"""
+
+import os
+import types
+
+import jax
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from jaxsgd import algorithms
+from jaxsgd import data as data_lib
+from jaxsgd import optimizers
+from jaxsgd.algorithms import ddg
+from jaxsgd.algorithms import local
+from jaxsgd.pipeline import PlacedStages, sequential_roles
+from jaxsgd.scheduler import Placement, profiles
+from jaxsgd.training.loop import build_model
+
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'An ml_collections config file.', lock_config=True
+)
+_OUT = flags.DEFINE_string('out', None, 'The profile file (JSON) to write or add to.')
+_REPS = flags.DEFINE_integer('reps', 30, 'Timed calls of each task (the fastest counts).')
+_WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed calls of each task first.')
+_REPLACE = flags.DEFINE_bool('replace', False, 'Overwrite --out instead of adding to it.')
+_CLOCK = flags.DEFINE_enum(
+  'clock', 'wall', list(profiles.CLOCKS), 'wall: wall time of each call; cpu: the process CPU time.'
+)
+_PIN_CORE = flags.DEFINE_integer(
+  'pin_core',
+  -1,
+  'Run on this CPU core only (-1: do not pin; the costs are then those of one core).',
+)
+flags.mark_flags_as_required(['config', 'out'])
+
+PIPELINE_ALGORITHMS = ('bp', 'ddg', 'local', 'pdasgd', 'lppsgd')
+SERVER_ALGORITHMS = ('asgd', 'dcasgd')
+DATA_PARALLEL_ALGORITHMS = ('ssgd', 'local_sgd', 'dasgd', 'diloco')
+
+
+def roles_of(name: str, settings):
+  """The stage roles whose computations the algorithm `name` runs (its `Settings`)."""
+  stages = settings.shared.stages
+  if name in ('bp', 'pdasgd'):
+    return sequential_roles(stages)
+  if name == 'ddg':
+    return ddg.roles(stages, settings.variant)
+  if name == 'local':
+    return local.roles(stages, settings.variant, settings.chunks, settings.pipelined)
+  return sequential_roles(1)  # Whole-model workers: lppsgd, asgd, dcasgd.
+
+
+def measure_table(
+  config, model, batch_for, *, warmup: int = 3, reps: int = 30, clock: str = 'wall'
+) -> tuple[profiles.Table, int]:
+  """(the config's task table measured on the first device, the batch size it is for).
+
+  `batch_for(n)` returns a host batch of `n` examples. Pipeline and server
+  algorithms: every task of their stages at `batch_size`; data-parallel ones: one
+  worker's step (forward, backward, inner update; the same computation for all
+  four, their communication is modelled apart) at the per-worker batch size.
+  """
+  name = config.algorithm.name
+  known = PIPELINE_ALGORITHMS + SERVER_ALGORITHMS + DATA_PARALLEL_ALGORITHMS
+  if name not in known:
+    raise ValueError(
+      f'algorithm.name: {name!r} has no task table to profile; allowed: {", ".join(known)}.'
+    )
+  settings = algorithms.get(name).validate(config, model)
+  if name in DATA_PARALLEL_ALGORITHMS:
+    return _worker_step_table(settings, model, batch_for, warmup, reps, clock)
+  shared, roles = settings.shared, roles_of(name, settings)
+  tx = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
+  stages = PlacedStages(
+    model,
+    len(roles),
+    tx,
+    placement=Placement.create(len(roles)),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+    aux_heads=any(r.loss == 'aux' for r in roles),
+  )
+  calls = stages.calibration_calls(roles, batch_for(shared.batch_size))
+  tasks = profiles.roles_signature(roles)
+  if name in SERVER_ALGORITHMS:
+    from jaxsgd.algorithms import asgd  # pylint: disable=import-outside-toplevel
+
+    _, server, _, _ = asgd.build(types.SimpleNamespace(model=model), shared, settings.server)
+    calls[(0, 'update')] = server.calibration_call()
+    tasks = profiles.server_tasks(name)
+  table = profiles.measure_table(
+    calls,
+    split=profiles.split_of(stages.stages),
+    tasks=tasks,
+    warmup=warmup,
+    reps=reps,
+    clock=clock,
+  )
+  return table, shared.batch_size
+
+
+def _worker_step_table(settings, model, batch_for, warmup, reps, clock):
+  """One data-parallel worker's step, as `algorithms.data_parallel` calibrates it."""
+  from jaxsgd.spmd import step as step_lib  # pylint: disable=import-outside-toplevel
+
+  shared = settings.shared
+  inner = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
+  one_step = jax.jit(step_lib.make_worker_step(model, inner, average_grads=False))
+  variables = model.init(jax.random.key(shared.seed))
+  opt_state = jax.jit(inner.init)(variables['params'])
+  batch = batch_for(settings.batch_size)
+  table = profiles.measure_table(
+    {(0, 'step'): (one_step, (variables, opt_state, batch))},
+    split=((0, model.num_layers),),
+    tasks=profiles.WORKER_STEP,
+    warmup=warmup,
+    reps=reps,
+    clock=clock,
+  )
+  return table, settings.batch_size
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  config = _CONFIG.value
+  if _PIN_CORE.value >= 0:
+    profiles.pin_to_core(_PIN_CORE.value)  # Before JAX's first computation.
+  if config.get('workers', 1) > 1 and 'xla_force_host_platform_device_count' not in os.environ.get(
+    'XLA_FLAGS', ''
+  ):
+    # The settings check wants one device per worker; one worker's tasks are what is
+    # timed (on the first device), so fake CPU devices do (ignored on accelerators).
+    jax.config.update('jax_num_cpu_devices', config.workers)
+  dataset = data_lib.load(config.dataset, config.get('data_dir'))
+  model = build_model(config, dataset)
+
+  def batch_for(batch_size):
+    return next(dataset.train_batches(batch_size, seed=config.seed))
+
+  try:
+    table, batch_size = measure_table(
+      config, model, batch_for, warmup=_WARMUP.value, reps=_REPS.value, clock=_CLOCK.value
+    )
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
+  profile = profiles.make_profile(
+    model,
+    batch_size,
+    profiles.optimizer_id(dict(config.optimizer)),
+    [table],
+    warmup=_WARMUP.value,
+    reps=_REPS.value,
+    clock=_CLOCK.value,
+    pinned=_PIN_CORE.value >= 0,
+    dispatch=profiles.measure_dispatch(),
+  )
+  out = _OUT.value
+  if os.path.exists(out) and not _REPLACE.value:
+    try:
+      profile = profiles.merge(profiles.load(out), profile)
+    except profiles.ProfileError as e:
+      raise SystemExit(f'{e} (--replace overwrites {out})') from None
+  profiles.save(profile, out)
+  print(describe(table, profile.dispatch))
+  print(
+    f'wrote {out}: {len(profile.tables)} table(s), model {model.name}, batch '
+    f'{batch_size}, {profile.device_kind}'
+  )
+
+
+def describe(table: profiles.Table, dispatch) -> str:
+  """The measured table: stage, kind, minimum, median and p90 in ms."""
+  lines = [
+    f'tasks {table.tasks}, split {list(map(list, table.split))}',
+    f'{"stage":>5} {"kind":<9} {"min ms":>9} {"median ms":>10} {"p90 ms":>9}',
+  ]
+  for key, seconds in table.costs.items():
+    stage, kind = key if isinstance(key, tuple) else ('*', key)
+    spread = table.spread.get(key, {})
+    lines.append(
+      f'{stage:>5} {kind:<9} {1e3 * seconds:9.4f} '
+      f'{1e3 * spread.get("median", float("nan")):10.4f} '
+      f'{1e3 * spread.get("p90", float("nan")):9.4f}'
+    )
+  lines.append(
+    'dispatch overhead per task (µs): '
+    + ', '.join(f'{name} {1e6 * seconds:.1f}' for name, seconds in dispatch.items())
+  )
+  return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,161 @@
+"""Where each lane process runs: host, CPU cores, GPU — one setting, printed at start.
+
+    placement = LanePlacement.parse('stage0@cores=0; stage1@cores=1')
+    placement = LanePlacement.spread(['server', 'worker0', 'worker1'])  # cores round-robin
+    print(placement.describe())
+
+A lane is a name (a pipeline stage's device, an asynchronous worker, the parameter
+server...). `host` is the IP address of a Ray node (None: the driver's node). `cores`
+pins the lane process and XLA's intra-op threads to those cores of its host (None: not
+pinned). `gpu=True` gives the lane one GPU of its host to itself: Ray assigns it and
+sets `CUDA_VISIBLE_DEVICES`, so there is one process per GPU; the other lanes run
+JAX's CPU backend (`JAX_PLATFORMS=cpu`).
+
+The text form, one lane per `;`: `name[@key=value[,value...][@...]]` with keys
+`host`, `cores` (`0,1` or `0-3`) and `gpu` (`1`/`0`), e.g.
+`server@host=10.0.0.1@cores=0; worker0@host=10.0.0.2@gpu=1`.
+"""
+
+import dataclasses
+import os
+from collections.abc import Iterable, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class LaneSpec:
+  """One lane: its name and where its process runs."""
+
+  name: str
+  host: str | None = None
+  cores: tuple[int, ...] | None = None
+  gpu: bool = False
+
+  def __post_init__(self):
+    if not self.name or any(c in self.name for c in ';@= '):
+      raise ValueError(
+        f'placement: lane name {self.name!r}: a non-empty name without '
+        "';', '@', '=' or spaces expected."
+      )
+    if self.cores is not None:
+      cores = tuple(self.cores)
+      if not cores or any(not isinstance(c, int) or c < 0 for c in cores):
+        raise ValueError(
+          f'placement: lane {self.name!r}: cores must be a non-empty list '
+          f'of core numbers >= 0, got {self.cores!r}.'
+        )
+      object.__setattr__(self, 'cores', cores)
+
+  def environment(self) -> dict[str, str]:
+    """Variables the lane process needs before JAX starts.
+
+    A lane without a GPU uses JAX's CPU backend only (it must not take a share of the
+    host's GPUs: each GPU belongs to one lane process). A pinned lane's intra-op threads
+    are limited to its cores.
+    """
+    variables = {} if self.gpu else {'JAX_PLATFORMS': 'cpu'}
+    if self.cores is None:
+      return variables
+    threads = str(len(self.cores))
+    return {
+      **variables,
+      'OMP_NUM_THREADS': threads,
+      'MKL_NUM_THREADS': threads,
+      'OPENBLAS_NUM_THREADS': threads,
+      # One core: no Eigen thread pool, XLA's intra-op work runs on the caller.
+      'XLA_FLAGS': ('--xla_cpu_multi_thread_eigen=false' if len(self.cores) == 1 else ''),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class LanePlacement:
+  """The lanes of a run, in order; names are unique."""
+
+  lanes: tuple[LaneSpec, ...]
+
+  def __post_init__(self):
+    names = [lane.name for lane in self.lanes]
+    if not names:
+      raise ValueError('placement: at least one lane expected.')
+    if len(set(names)) != len(names):
+      raise ValueError(f'placement: lane names must be unique, got {names}.')
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    return tuple(lane.name for lane in self.lanes)
+
+  def __getitem__(self, name: str) -> LaneSpec:
+    for lane in self.lanes:
+      if lane.name == name:
+        return lane
+    raise KeyError(f'placement: no lane {name!r}; lanes: {list(self.names)}.')
+
+  @classmethod
+  def spread(
+    cls,
+    names: Iterable[str],
+    cores: Sequence[int] | None = None,
+    cores_per_lane: int = 1,
+    host: str | None = None,
+  ) -> 'LanePlacement':
+    """Lanes on one host, `cores_per_lane` cores each, round-robin over `cores`.
+
+    `cores` defaults to the cores this process may run on. With more lanes than
+    cores, lanes share cores (they are still separate processes).
+    """
+    cores = sorted(os.sched_getaffinity(0)) if cores is None else list(cores)
+    if cores_per_lane < 1 or cores_per_lane > len(cores):
+      raise ValueError(
+        f'placement: cores_per_lane must be in 1..{len(cores)}, got {cores_per_lane}.'
+      )
+    lanes = []
+    for i, name in enumerate(names):
+      start = (i * cores_per_lane) % len(cores)
+      mine = tuple(cores[(start + j) % len(cores)] for j in range(cores_per_lane))
+      lanes.append(LaneSpec(name, host=host, cores=mine))
+    return cls(tuple(lanes))
+
+  @classmethod
+  def parse(cls, text: str) -> 'LanePlacement':
+    """The text form (module docstring); refuses bad input with one line naming it."""
+    return cls(tuple(_parse_lane(part.strip()) for part in text.split(';') if part.strip()))
+
+  def describe(self) -> str:
+    """One line per lane, as printed at start."""
+    rows = []
+    for lane in self.lanes:
+      cores = 'any' if lane.cores is None else ','.join(map(str, lane.cores))
+      rows.append(
+        f'  {lane.name}: host={lane.host or "driver"} cores={cores} '
+        f'gpu={"yes" if lane.gpu else "no"}'
+      )
+    return 'placement:\n' + '\n'.join(rows)
+
+
+def _parse_lane(text: str) -> LaneSpec:
+  name, *fields = text.split('@')
+  settings = {}
+  for field in fields:
+    key, sep, value = field.partition('=')
+    if not sep or key not in ('host', 'cores', 'gpu'):
+      raise ValueError(f'placement: lane {name!r}: {field!r} is not host=..., cores=... or gpu=...')
+    settings[key] = value.strip()
+  cores = settings.get('cores')
+  if cores is not None:
+    cores = _parse_cores(name, cores)
+  gpu = settings.get('gpu', '0')
+  if gpu not in ('0', '1'):
+    raise ValueError(f'placement: lane {name!r}: gpu must be 0 or 1, got {gpu!r}.')
+  return LaneSpec(name.strip(), host=settings.get('host') or None, cores=cores, gpu=gpu == '1')
+
+
+def _parse_cores(name: str, text: str) -> tuple[int, ...]:
+  cores = []
+  try:
+    for part in text.split(','):
+      low, _, high = part.partition('-')
+      cores.extend(range(int(low), int(high or low) + 1))
+  except ValueError:
+    raise ValueError(
+      f"placement: lane {name!r}: cores like '0,1' or '0-3' expected, got {text!r}."
+    ) from None
+  return tuple(cores)

@@ -1,0 +1,464 @@
+"""The driver's side of the lanes: one OS process per lane, values held there by handle.
+
+    with LanePool(LanePlacement.spread(['stage0', 'stage1'])) as pool:
+      params = pool.start('stage0', Task(recipe, 'init'), (seed,))
+      pool.wait_any([params])                   # -> params, finished
+      y = pool.start('stage0', Task(recipe, 'forward'), (params.result(), x))
+      pool.wait_any([y])
+      out = pool.start('stage1', Task(recipe, 'loss'), (y.result(),))   # y moves lane->lane
+      pool.wait_any([out]); print(pool.fetch(out.result()))
+
+Each lane is a Ray actor (its own process, its own JAX runtime, pinned to its cores:
+see `placement.py`), created on the host its `LaneSpec` names. Tasks arrive by name
+(`tasks.Task`: a recipe and a name, built inside the lane), never as pickled closures.
+A task's result stays in the lane; the driver gets a `Handle` (a tuple of handles when
+the task returns a tuple), freed in the lane once the driver drops it. A handle passed
+to a task on another lane is first moved there, lane to lane through Ray's object
+store (`move`). Ray keeps the calls from this driver to one lane in the order sent, so
+a task started right after a move (or after a task that made its argument) sees it.
+
+Faults: `wait_any` raises `LaneError` naming the lane and its host when a task raises
+in a lane or a lane's process dies (it watches every lane, not only those it waits
+on). `close()` ends every lane process; it runs on leaving the `with` block, on
+Ctrl-C and on SIGTERM (turned into `SystemExit` while a pool is open); a pool that
+started its own Ray cluster shuts it down too.
+"""
+
+import dataclasses
+import itertools
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxsgd.scheduler.lanes import cluster
+from jaxsgd.scheduler.lanes.placement import LanePlacement
+from jaxsgd.scheduler.lanes.runtime import Ref
+from jaxsgd.scheduler.tasks import Task
+
+
+class LaneError(RuntimeError):
+  """A lane's task raised, or its process died; names the lane and its host."""
+
+  def __init__(self, lane: str, host: str, message: str):
+    super().__init__(f'lane {lane!r} on host {host}: {message}')
+    self.lane, self.host = lane, host
+
+
+class Handle:
+  """The driver's reference to a value that stays in one lane's process.
+
+  Attributes:
+    lane: the lane holding the value.
+    key: its key in that lane.
+    nbytes: bytes of its arrays (what a move would copy).
+    description: `float32[128, 10]`, or the type and leaf count of a pytree.
+  """
+
+  __slots__ = ('lane', 'key', 'nbytes', 'description', '__weakref__')
+
+  def __init__(self, pool: 'LanePool', lane: str, key: Hashable, nbytes: int, description: str):
+    self.lane, self.key, self.nbytes, self.description = lane, key, nbytes, description
+    weakref.finalize(self, pool._drop, lane, key)
+
+  def __reduce__(self):
+    raise TypeError(
+      f'{self!r}: a handle is not sent; pass it to LanePool.start, which '
+      'moves its value to the lane that needs it.'
+    )
+
+  def __repr__(self):
+    return f'Handle({self.lane}:{self.key}, {self.description})'
+
+
+@dataclasses.dataclass(eq=False)
+class Pending:
+  """A task started on a lane; `result()` is its handle(s) once `wait_any` returned it.
+
+  Once done, `started` and `ended` are the task's start and end in the lane
+  (`time.time()` there; the result computed, not only dispatched).
+  """
+
+  lane: str
+  task: Any
+  ref: Any  # Ray's reference to the task's outline
+  key: int
+  args: tuple  # keeps the argument handles alive until the task finished
+  signature: Hashable = None  # the task and its arguments' shapes: keys `early` results
+  done: bool = False
+  started: float | None = None
+  ended: float | None = None
+  _result: Any = None
+
+  def finish(self) -> None:
+    self.done, self.args = True, ()
+
+  def result(self):
+    if not self.done:
+      raise RuntimeError(
+        f'{self.task!r} on lane {self.lane!r}: not finished; wait_any returns it when it is.'
+      )
+    return self._result
+
+
+class LanePool:
+  """Lane processes for `placement`, on a Ray cluster (started here, or at `address`).
+
+  Args:
+    placement: the lanes and where they run; printed at start (`verbose`).
+    address: a running Ray cluster's address (`host:port`, or 'auto'); None starts a
+      cluster on this machine for the pool's lifetime.
+    env: extra environment variables for every lane process.
+    verbose: print the placement (with each lane's host, pid and cores) at start.
+  """
+
+  def __init__(
+    self,
+    placement: LanePlacement,
+    address: str | None = None,
+    env: dict[str, str] | None = None,
+    verbose: bool = True,
+  ):
+    self.placement = placement
+    self._keys = itertools.count()
+    self._freed: dict[str, list] = {name: [] for name in placement.names}
+    self._lock = threading.Lock()
+    self._moves: dict[Any, tuple[str, Handle]] = {}  # unfinished copies: ref -> (lane, src)
+    self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
+    self._closed = False
+    self._owns_connection = cluster.connect(address)
+    self._signals = _SigtermGuard.install()
+    try:
+      self._actors = {spec.name: cluster.lane_actor(spec, env or {}) for spec in placement.lanes}
+      self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
+      self.info = self._gather_info()
+    except BaseException:
+      self.close()
+      raise
+    if verbose:
+      print(self.describe(), flush=True)
+
+  # -- the API an executor uses ------------------------------------------------------
+
+  def start(self, lane: str, task, args: Sequence = ()) -> Pending:
+    """Starts `task(*args)` on `lane`; handles in `args` (any pytree) are moved there.
+
+    `task` is a `tasks.Task` (a recipe and a name): the lane builds the function
+    itself. A plain function is refused, so that no closure is ever pickled.
+    """
+    if not isinstance(task, Task):
+      raise TypeError(
+        f'LanePool.start: a tasks.Task (recipe and name) expected, got '
+        f'{task!r}; lanes build their functions from recipes.'
+      )
+    actor = self._actor(lane)
+    args = tuple(args)
+    copies = []  # handles moved here for this call: alive until it is sent
+    sent = jax.tree.map(
+      lambda leaf: self._argument(leaf, lane, copies), args, is_leaf=lambda x: isinstance(x, Handle)
+    )
+    key = next(self._keys)
+    ref = actor.run.remote(task, sent, key, self._take_freed(lane))
+    copies.clear()  # their frees travel with the lane's next call, after this one
+    return Pending(lane, task, ref, key, args, _signature(task, args))
+
+  def early(self, pending: Pending):
+    """The handle(s) of `pending` before it finishes, or None if they cannot be known yet.
+
+    Known once the same task has finished on arguments of the same shapes (a task's
+    outline depends only on those). A task started on a lane after this one may use
+    them — on this lane or, moved, on another — since calls to a lane run in the
+    order sent: the driver can run ahead of the lanes, as the in-process real clock
+    runs ahead of its devices. `wait_any` still returns `pending` when it finishes
+    (with its times), and raises if it failed.
+    """
+    if pending.done or pending._result is not None:
+      return pending._result
+    outline = self._outlines.get(pending.signature)
+    if outline is None:
+      return None
+    pending._result = self._handles(pending.lane, (pending.key, ()), outline)
+    return pending._result
+
+  def wait_any(self, pending: Sequence[Pending], timeout: float | None = None) -> Pending | None:
+    """The first of `pending` to finish (None after `timeout` seconds).
+
+    Raises `LaneError` if that task raised, or if any lane's process has died.
+    """
+    if not pending:
+      raise ValueError('wait_any: nothing pending.')
+    by_ref = {p.ref: p for p in pending}
+    watched = {ref: name for name, ref in self._watch.items()}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+      left = None if deadline is None else max(0.0, deadline - time.monotonic())
+      done, _ = cluster.wait(list(watched) + list(self._moves) + list(by_ref), left)
+      if not done:
+        return None
+      ref = done[0]
+      if ref in watched:
+        self._raise_dead(watched[ref])
+      if ref in by_ref:
+        break
+      self._check_move(ref)
+    finished = by_ref[ref]
+    try:
+      outline, finished.started, finished.ended = cluster.get(ref)
+    except Exception as error:
+      raise self._error(finished.lane, error, finished.task) from error
+    known = self._outlines.setdefault(finished.signature, outline)
+    if known != outline:  # `early` handed out handles of another shape: never expected
+      raise LaneError(
+        finished.lane,
+        self._host(finished.lane),
+        f'{finished.task!r} returned {outline}, not {known} as before on '
+        'arguments of the same shapes.',
+      )
+    if finished._result is None:  # else `early` made them: one handle per value, ever
+      finished._result = self._handles(finished.lane, (finished.key, ()), outline)
+    finished.finish()
+    return finished
+
+  def run(self, lane: str, task, args: Sequence = ()):
+    """`start` and wait for it: the task's handle(s)."""
+    pending = self.start(lane, task, args)
+    self.wait_any([pending])
+    return pending.result()
+
+  def put(self, lane: str, value) -> Handle:
+    """Sends `value` (a pytree of arrays) from the driver to `lane`; returns its handle."""
+    key = (next(self._keys), ())
+    value = jax.tree.map(_host_array, value)
+    ref = self._actor(lane).put.remote(value, key, self._take_freed(lane))
+    nbytes, description = self._get(lane, ref)
+    return Handle(self, lane, key, nbytes, description)
+
+  def fetch(self, handle: Handle):
+    """The handle's value, as numpy arrays, in the driver (a logging point)."""
+    ref = self._actor(handle.lane).fetch.remote(handle.key, self._take_freed(handle.lane))
+    return self._get(handle.lane, ref)
+
+  def move(self, value, lane: str):
+    """`value` with every handle in it replaced by a handle to a copy on `lane`.
+
+    The copy goes lane to lane (through Ray's object store), not through the driver.
+    Returns at once: the copy is made in `lane`'s order of calls, so a task started
+    there afterwards sees it; a failed copy raises `LaneError` from `wait_any`.
+    """
+    return jax.tree.map(
+      lambda leaf: self._move(leaf, lane) if isinstance(leaf, Handle) else leaf,
+      value,
+      is_leaf=lambda x: isinstance(x, Handle),
+    )
+
+  def remove(self, lane: str) -> None:
+    """Ends `lane`'s process (if still alive) and stops watching it.
+
+    After a `LaneError` for a dead lane, an executor that tolerates the loss (an
+    asynchronous worker) removes the lane and carries on with the others.
+    """
+    actor = self._actor(lane)
+    cluster.kill(actor)
+    del self._actors[lane], self._watch[lane]
+    self._moves = {
+      ref: (to, source)
+      for ref, (to, source) in self._moves.items()
+      if lane not in (to, source.lane)
+    }
+
+  def _move(self, handle: Handle, lane: str) -> Handle:
+    if handle.lane == lane:
+      return handle
+    source, target = self._actor(handle.lane), self._actor(lane)
+    exported = source.export.remote(handle.key, self._take_freed(handle.lane))
+    key = (next(self._keys), ())
+    adopted = target.adopt.remote(exported, key, self._take_freed(lane))
+    self._moves[adopted] = (lane, handle)
+    return Handle(self, lane, key, handle.nbytes, handle.description)
+
+  def close(self) -> None:
+    """Ends every lane process (and the cluster, if this pool started it). Idempotent."""
+    if self._closed:
+      return
+    self._closed = True
+    for actor in getattr(self, '_actors', {}).values():
+      cluster.kill(actor)
+    if self._owns_connection:
+      cluster.shutdown()
+    _SigtermGuard.restore(self._signals)
+
+  # -- inspection ---------------------------------------------------------------------
+
+  def describe(self) -> str:
+    rows = []
+    for name in self.placement.names:
+      info = self.info[name]
+      spec = self.placement[name]
+      cores = ','.join(map(str, info['cores']))
+      gpus = ','.join(map(str, info['gpus'])) or '-'
+      rows.append(
+        f'  {name}: host={info["host"]} ({info["hostname"]}) pid={info["pid"]} '
+        f'cores={cores}{"" if spec.cores else " (not pinned)"} gpu={gpus} '
+        f'device={info["device"]}'
+      )
+    return 'lanes (one process each):\n' + '\n'.join(rows)
+
+  @staticmethod
+  def nbytes(value) -> int:
+    """Bytes of the lane-resident values in `value` (what moving it copies)."""
+    return sum(
+      leaf.nbytes
+      for leaf in jax.tree.leaves(value, is_leaf=lambda x: isinstance(x, Handle))
+      if isinstance(leaf, Handle)
+    )
+
+  def pids(self) -> dict[str, int]:
+    return {name: info['pid'] for name, info in self.info.items()}
+
+  def held(self, lane: str) -> int:
+    """How many values `lane` holds (after applying the frees the driver has queued)."""
+    return self._get(lane, self._actor(lane).count.remote(self._take_freed(lane)))
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  # -- internals ----------------------------------------------------------------------
+
+  def _actor(self, lane: str):
+    if self._closed:
+      raise RuntimeError('LanePool: closed.')
+    try:
+      return self._actors[lane]
+    except KeyError:
+      raise KeyError(f'no lane {lane!r}; lanes: {list(self._actors)}.') from None
+
+  def _argument(self, leaf, lane: str, copies: list):
+    if not isinstance(leaf, Handle):
+      return _host_array(leaf)
+    if leaf.lane != lane:
+      leaf = self._move(leaf, lane)
+      copies.append(leaf)
+    return Ref(leaf.key)
+
+  def _check_move(self, ref) -> None:
+    lane, source = self._moves.pop(ref)
+    try:
+      cluster.get(ref)
+    except Exception as error:
+      raise self._error(lane, error, f'moving {source!r} to it') from error
+
+  def _handles(self, lane: str, key, outline):
+    if isinstance(outline, tuple) and outline and isinstance(outline[0], tuple):
+      return tuple(
+        self._handles(lane, (key[0], key[1] + (i,)), part) for i, part in enumerate(outline)
+      )
+    if isinstance(outline, tuple) and not outline:
+      return ()
+    nbytes, description = outline
+    return Handle(self, lane, key, nbytes, description)
+
+  def _drop(self, lane: str, key) -> None:
+    with self._lock:
+      if lane in self._freed:
+        self._freed[lane].append(key)
+
+  def _take_freed(self, lane: str) -> tuple:
+    with self._lock:
+      freed, self._freed[lane] = tuple(self._freed[lane]), []
+    return freed
+
+  def _gather_info(self) -> dict[str, dict]:
+    refs = {name: actor.info.remote() for name, actor in self._actors.items()}
+    return {
+      name: self._get(name, ref, host=self.placement[name].host or 'driver')
+      for name, ref in refs.items()
+    }
+
+  def _get(self, lane: str, ref, host: str | None = None):
+    watched = self._watch[lane]
+    done, _ = cluster.wait([ref, watched], None)
+    if done[0] == watched:
+      self._raise_dead(lane)
+    try:
+      return cluster.get(ref)
+    except Exception as error:
+      raise self._error(lane, error, None, host) from error
+
+  def _host(self, lane: str) -> str:
+    info = getattr(self, 'info', {}).get(lane)
+    return info['host'] if info else (self.placement[lane].host or 'driver')
+
+  def _raise_dead(self, lane: str):
+    try:
+      cluster.get(self._watch[lane])
+      message = 'its process stopped.'
+    except Exception as error:
+      message = f'its process died ({cluster.describe(error)}).'
+    pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
+    raise LaneError(lane, self._host(lane), f'pid {pid}: {message}')
+
+  def _error(self, lane, error, task, host=None) -> LaneError:
+    what = (
+      'call failed' if task is None else (task if isinstance(task, str) else f'{task!r} raised')
+    )
+    return LaneError(lane, host or self._host(lane), f'{what}: {cluster.describe(error)}')
+
+
+def _signature(task, args) -> Hashable:
+  """The task and what its result's outline can depend on: its arguments' shapes.
+
+  Python scalars and strings count by value (they may set shapes); arrays by shape
+  and dtype; handles by what they hold.
+  """
+  leaves, treedef = jax.tree.flatten(args, is_leaf=lambda x: isinstance(x, Handle))
+
+  def leaf_signature(leaf):
+    if isinstance(leaf, Handle):
+      return ('handle', leaf.nbytes, leaf.description)
+    if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
+      return ('array', tuple(leaf.shape), str(leaf.dtype))
+    return ('value', type(leaf).__name__, leaf if isinstance(leaf, Hashable) else id(leaf))
+
+  return (task, treedef, tuple(leaf_signature(leaf) for leaf in leaves))
+
+
+def _host_array(leaf):
+  """A driver-side jax.Array goes to a lane as numpy (its device means nothing there)."""
+  return np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf
+
+
+class _SigtermGuard:
+  """While a pool is open, SIGTERM raises SystemExit so that `close()` runs."""
+
+  open_pools = 0
+  before = None
+
+  @classmethod
+  def install(cls) -> bool:
+    if threading.current_thread() is not threading.main_thread():
+      return False
+    cls.open_pools += 1
+    if cls.open_pools == 1:
+      cls.before = signal.signal(signal.SIGTERM, _terminate)
+    return True
+
+  @classmethod
+  def restore(cls, installed: bool) -> None:
+    if not installed:
+      return
+    cls.open_pools -= 1
+    if cls.open_pools == 0 and threading.current_thread() is threading.main_thread():
+      signal.signal(signal.SIGTERM, cls.before)
+
+
+def _terminate(signum, frame):
+  del frame
+  raise SystemExit(128 + signum)

@@ -1,0 +1,220 @@
+"""What runs inside a lane process: named tasks on values that stay in this process.
+
+A `LaneRuntime` is the body of one lane's Ray actor. It keeps the lane's values (any
+pytree, including things that cannot be pickled, such as the `VJP` that `jax.vjp`
+returns) in a dict keyed by the driver's handles, runs `Task`s on them, and hands
+values to other lanes through Ray's object store (`export` here, `adopt` there), so
+the data goes lane to lane, never through the driver.
+
+Moving a value whose structure cannot be pickled (a VJP: its leaves are arrays, its
+treedef holds the linearized function) sends only its leaves plus how it was made:
+the producing `Task`, the shapes and dtypes of its arguments and where in the output
+the value sat. The receiving lane rebuilds the structure with `jax.eval_shape` of the
+same task — the same trace of the same code, so the same treedef — and puts the
+received leaves into it.
+"""
+
+import hashlib
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+import ray
+
+
+class Ref:
+  """An argument that stands for a value held by the lane (the driver's handle key)."""
+
+  __slots__ = ('key',)
+
+  def __init__(self, key: Hashable):
+    self.key = key
+
+  def __reduce__(self):
+    return Ref, (self.key,)
+
+  def __repr__(self):
+    return f'Ref({self.key!r})'
+
+
+def pin_process(cores: tuple[int, ...] | None) -> tuple[int, ...]:
+  """Pins every thread of this process (and those it starts later) to `cores`."""
+  if cores is not None:
+    for tid in os.listdir('/proc/self/task'):
+      try:
+        os.sched_setaffinity(int(tid), cores)
+      except OSError:  # a thread that ended meanwhile
+        pass
+  return tuple(sorted(os.sched_getaffinity(0)))
+
+
+class LaneRuntime:
+  """One lane: values by key, tasks run in the order the driver sent them."""
+
+  def __init__(self, name: str, cores: tuple[int, ...] | None):
+    self.name = name
+    self.cores = pin_process(cores)  # before JAX's backend (and its threads) starts
+    import jax
+
+    self.jax = jax
+    self.device = jax.local_devices()[0]
+    self.values: dict[Hashable, Any] = {}
+    self.origins: dict[Hashable, tuple] = {}  # key -> (task, abstract args, path)
+    self.stopped = threading.Event()
+
+  def info(self) -> dict[str, Any]:
+    """Where this lane runs, for the placement printed at start and error messages."""
+    context = ray.get_runtime_context()
+    return {
+      'name': self.name,
+      'host': ray.util.get_node_ip_address(),
+      'hostname': socket.gethostname(),
+      'pid': os.getpid(),
+      'cores': self.cores,
+      'node_id': context.get_node_id(),
+      'gpus': list(ray.get_gpu_ids()),
+      'device': str(self.device),
+      'xla_flags': os.environ.get('XLA_FLAGS', ''),
+    }
+
+  def run(self, task, args: tuple, key: Hashable, free: tuple = ()):
+    """Runs `task(*args)` (Refs replaced by values) and keeps its result under `key`.
+
+    Returns `(outline, start, end)`: the result's outline — nested tuples as tuples,
+    every other value as `(nbytes, description)`, its parts kept under `(key, path)` —
+    and the task's start and end (`time.time()` in this lane, result computed).
+    """
+    try:
+      values = self._resolve(args)
+      start = time.time()
+      # Finished means computed: the driver's clock and its errors need that, not dispatch.
+      result = self.jax.block_until_ready(task(*values))
+      end = time.time()
+      abstract = self.jax.tree.map(_abstract, values)
+      return self._keep(result, key, (), task, abstract), start, end
+    finally:
+      self.free(free)
+
+  def put(self, value, key: Hashable, free: tuple = ()):
+    """Keeps `value` (sent by the driver) on this lane's device under `key`."""
+    self.free(free)
+    value = self.jax.device_put(value, self.device)
+    self.values[key] = value
+    return _outline(self.jax, value)
+
+  def _keep(self, value, key, path, task, abstract):
+    if type(value) is tuple:
+      return tuple(self._keep(v, key, path + (i,), task, abstract) for i, v in enumerate(value))
+    part = (key, path)
+    self.values[part] = value
+    if task is not None:
+      self.origins[part] = (task, abstract, path)
+    return _outline(self.jax, value)
+
+  def fetch(self, key: Hashable, free: tuple = ()):
+    """The value as numpy arrays (for logging and final results)."""
+    try:
+      return self.jax.device_get(self.values[key])
+    finally:
+      self.free(free)
+
+  def export(self, key: Hashable, free: tuple = ()):
+    """Puts the value in the object store; returns `[ref]` for the receiving lane."""
+    try:
+      value = self.values[key]
+    finally:
+      self.free(free)
+    leaves, treedef = self.jax.tree.flatten(value)
+    try:
+      structure = ('treedef', pickle.dumps(treedef))
+    except Exception:
+      origin = self.origins.get(key)
+      try:
+        pickle.dumps(origin)
+      except Exception:
+        origin = None
+      if origin is None:
+        raise TypeError(
+          f'lane {self.name}: value {key} cannot be moved: its structure '
+          'does not pickle, and it was not made by a task whose arguments '
+          'do (the receiving lane rebuilds it from that task).'
+        ) from None
+      structure = ('origin', origin)
+    payload = (structure, [np.asarray(leaf) for leaf in self.jax.device_get(leaves)])
+    return [ray.put(payload)]  # a list, so that Ray hands the reference over unresolved
+
+  def adopt(self, refs: list, key: Hashable, free: tuple = ()):
+    """Takes a value exported by another lane and keeps it under `key`."""
+    self.free(free)
+    (kind, structure), leaves = ray.get(refs[0])
+    jax = self.jax
+    if kind == 'treedef':
+      treedef = pickle.loads(structure)
+    else:
+      task, abstract, path = structure
+      outline = jax.eval_shape(task, *abstract)
+      for i in path:
+        outline = outline[i]
+      treedef = jax.tree.structure(outline)
+      self.origins[key] = structure
+    leaves = [jax.device_put(leaf, self.device) for leaf in leaves]
+    value = jax.tree.unflatten(treedef, leaves)
+    self.values[key] = value
+    return _outline(jax, value)
+
+  def free(self, keys: tuple = ()):
+    for key in keys:
+      self.values.pop(key, None)
+      self.origins.pop(key, None)
+
+  def count(self, free: tuple = ()) -> int:
+    self.free(free)
+    return len(self.values)
+
+  def watch(self):
+    """Never returns while the lane lives: the driver learns of its death through it.
+
+    Runs in its own concurrency group (thread), beside the lane's ordered calls.
+    """
+    self.stopped.wait()
+
+  def _resolve(self, args):
+    def value(leaf):
+      if isinstance(leaf, Ref):
+        try:
+          return self.values[leaf.key]
+        except KeyError:
+          raise KeyError(
+            f'lane {self.name}: no value {leaf.key} here (freed, or held by another lane).'
+          ) from None
+      return leaf
+
+    return self.jax.tree.map(value, args, is_leaf=lambda x: isinstance(x, Ref))
+
+
+def _abstract(leaf):
+  if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
+    import jax
+
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf, 'weak_type', False))
+  return leaf
+
+
+def _outline(jax, value) -> tuple[int, str]:
+  """`(nbytes, description)`: `float32[3, 4]` for an array; for a pytree its type, leaf
+  count and a digest of its leaves' shapes and dtypes (equal shapes, equal digest, in
+  every process)."""
+  leaves = jax.tree.leaves(value)
+  nbytes = sum(int(getattr(leaf, 'nbytes', 0)) for leaf in leaves)
+  if len(leaves) == 1 and hasattr(leaves[0], 'shape') and value is leaves[0]:
+    return nbytes, f'{value.dtype}{list(value.shape)}'
+  shapes = repr(
+    [(getattr(x, 'shape', None), str(getattr(x, 'dtype', type(x).__name__))) for x in leaves]
+  )
+  digest = hashlib.blake2s(shapes.encode(), digest_size=4).hexdigest()
+  return nbytes, f'{type(value).__name__}({len(leaves)} leaves #{digest})'

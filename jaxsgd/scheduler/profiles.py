@@ -1,0 +1,714 @@
+"""Cost profiles: task costs measured once, written to a file, reused by every run.
+
+The virtual clock needs the seconds each task takes. Measuring them at the start
+of every run (`costs.calibrate`) makes simulated times depend on whatever else
+the machine was doing then. A *profile* measures them once, carefully, and is
+read back as is, so two runs with the same profile simulate the same times, bit
+for bit.
+
+How a task is measured (`measure`):
+
+    for each task: `warmup` calls (compile, caches), not timed
+    for r in 1..reps:                      # interleaved: rep r of every task, then r + 1
+      for each task: t = clock time of fn(*args) until every output is ready
+    cost(task) = min over the reps of t
+
+Why the minimum: other processes only ever *add* time to a call, never remove
+any, so the fastest of many calls is the one closest to the task's own cost.
+Interleaving spreads a burst of load over all tasks instead of inflating one.
+The median and the 90th percentile are kept next to each cost (`spread`) so a
+reader can see how loaded the machine was.
+
+Which clock, and pinning (`clock`, `pin_to_core`). Wall time on every core is
+what `costs.calibrate` measures and the default. The process's CPU time of a
+process pinned to one core excludes the time other jobs held the core, and
+gives one core's costs (the unit of a lane pinned to a core). On this 2-core
+machine shared by ~7 jobs (load average 5–11), `benchmarks/profile_repeatability.py`
+timed the CNN's 12 tasks repeatedly and compared each task's minimum across
+repetitions (median over tasks of largest / smallest − 1): within one process,
+pinned CPU time repeated to 8–16 % against 60–80 % for wall time on both cores;
+across fresh processes (two profile commands), every method spread 24–80 %, and
+which one did best changed from run to run. No statistic makes a measurement
+repeatable on a machine this loaded: what makes a *simulation* repeatable is
+measuring once and reading the same file back (two loads give equal `CostModel`s
+and identical simulated timelines). Measure profiles on a quiet machine.
+
+A cost is the time of one blocking call: device time plus one host dispatch,
+as `costs.calibrate` measures it. The host overhead an *executor* adds per task
+(its bookkeeping on top of the JAX call) is measured separately
+(`measure_dispatch`) and stored in the profile's `dispatch` field.
+
+File format (JSON, `FORMAT`):
+
+    {"format": "jaxsgd-cost-profile/1",
+     "model": {"name": "cnn", "input_shape": [40, 1], "num_classes": 10,
+               "num_layers": 6, "num_params": 12345},
+     "batch_size": 128, "optimizer": "adam", "device_kind": "cpu", "platform": "cpu",
+     "jax_version": "0.10.2", "date": "2026-11-23T11:00:00+00:00",
+     "statistic": "min", "clock": "wall", "pinned": false, "warmup": 3, "reps": 30,
+     "dispatch": {"jax_call": 8e-06, "real": 3e-05, "real_threads": 6e-05},
+     "tables": [{"split": [[0, 3], [3, 6]], "tasks": "<roles signature>",
+                 "costs": {"0/forward": 0.001, "0/backward": 0.002, ...},
+                 "spread": {"0/forward": {"median": ..., "p90": ...}, ...}}]}
+
+A profile holds one table per (stage split, task set): a suite whose methods
+cut the model the same way and run the same computations shares one table (BP
+and DDG), others add their own (auxiliary heads change the computation). Cost
+keys are those of `CostModel.compute`: `(stage, kind)` written `"stage/kind"`,
+or `kind` alone (every stage).
+"""
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxsgd.scheduler import transfer
+from jaxsgd.scheduler.costs import CostModel
+
+FORMAT = 'jaxsgd-cost-profile/1'
+STATISTIC = 'min'
+_FIELDS = (
+  'format',
+  'model',
+  'batch_size',
+  'optimizer',
+  'device_kind',
+  'platform',
+  'jax_version',
+  'date',
+  'statistic',
+  'clock',
+  'pinned',
+  'warmup',
+  'reps',
+  'dispatch',
+  'tables',
+)
+CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
+_MODEL_FIELDS = ('name', 'input_shape', 'num_classes', 'num_layers', 'num_params')
+
+
+class ProfileError(ValueError):
+  """A profile file that cannot be read, or does not fit the run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+  """The measured costs of one stage split and task set.
+
+  Attributes:
+    split: `[start, end)` layer range of every stage.
+    tasks: names the computations measured (`roles_signature`, or a caller's name).
+    costs: seconds keyed like `CostModel.compute`: `(stage, kind)` or `kind`.
+    spread: per key, `{'median': s, 'p90': s}` of the same repetitions (diagnostic).
+  """
+
+  split: tuple[tuple[int, int], ...]
+  tasks: str
+  costs: Mapping[Any, float]
+  spread: Mapping[Any, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  """Measured task costs of one model and batch size on one kind of device."""
+
+  model: Mapping[str, Any]
+  batch_size: int
+  optimizer: str
+  device_kind: str
+  platform: str
+  jax_version: str
+  date: str
+  statistic: str
+  clock: str
+  pinned: bool
+  warmup: int
+  reps: int
+  dispatch: Mapping[str, float]
+  tables: tuple[Table, ...]
+
+  def table(self, split: Sequence[Sequence[int]], tasks: str) -> Table:
+    """The table of `split` and `tasks`; refuses (naming what it has) when absent."""
+    split = _split(split)
+    for table in self.tables:
+      if table.split == split and table.tasks == tasks:
+        return table
+    have = '; '.join(f'split={list(map(list, t.split))} tasks={t.tasks!r}' for t in self.tables)
+    raise ProfileError(
+      f'cost.profile: no table for split={list(map(list, split))} '
+      f'tasks={tasks!r}; the profile has: {have or "none"}.'
+    )
+
+
+# --- identifying what was measured ---------------------------------------------------------
+def model_id(model) -> dict:
+  """What identifies a `StagedModel`'s computation: name, shapes, layers, parameters."""
+  variables = jax.eval_shape(lambda key: model.init(key), jax.random.key(0))
+  num_params = sum(
+    int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(variables.get('params', {}))
+  )
+  return {
+    'name': model.name,
+    'input_shape': list(model.input_shape),
+    'num_classes': int(model.num_classes),
+    'num_layers': int(model.num_layers),
+    'num_params': num_params,
+  }
+
+
+def optimizer_id(optimizer) -> str:
+  """What of an optimizer changes the update task's computation (not the rates).
+
+  `optimizer`: `config.optimizer` (a mapping) or its `OptimizerSettings`.
+  """
+  given = (
+    dict(optimizer)
+    if isinstance(optimizer, Mapping)
+    else {f.name: getattr(optimizer, f.name) for f in dataclasses.fields(optimizer)}
+  )
+  kwargs = sorted(dict(given.get('kwargs') or {}))
+  return (
+    given['name']
+    + (f'({",".join(kwargs)})' if kwargs else '')
+    + ('+weight_decay' if given.get('weight_decay') else '')
+  )
+
+
+def split_of(stages) -> tuple[tuple[int, int], ...]:
+  """`[start, end)` layer range of each stage of `models.split(...)`."""
+  return tuple((s.first_layer, s.first_layer + len(s.layers)) for s in stages)
+
+
+def roles_signature(roles) -> str:
+  """The part of each `StageRole` that changes a stage's computation, stage by stage.
+
+  The delay only decides *when* a backward runs, not what it computes, so BP and
+  DDG (paper form) share one signature; a delayed backward at the current weights
+  (stale graph, recomputation) and auxiliary heads do not.
+  """
+  return ','.join(
+    f'{r.loss}:{"dy" if r.receives_delta else "-"}:{r.sends_delta}'
+    f'{"" if r.backward_form == "stored" else ":" + r.backward_form}'
+    for r in roles
+  )
+
+
+# --- measuring -----------------------------------------------------------------------------
+def pin_to_core(core: int) -> None:
+  """Runs this process (and the threads it starts from now on) on one CPU core.
+
+  Pins the threads running now, and those started later inherit it (XLA's CPU
+  thread pool is created at JAX's first computation). On one core a task's process CPU time is
+  its cost without the time other jobs took from it (see the module docstring).
+  """
+  if not hasattr(os, 'sched_setaffinity'):
+    raise RuntimeError('pin_to_core: this platform cannot pin a process to a core.')
+  os.sched_setaffinity(0, {core})
+  for task in os.listdir('/proc/self/task') if os.path.isdir('/proc/self/task') else ():
+    try:  # Threads started before (at import) do not inherit the affinity.
+      os.sched_setaffinity(int(task), {core})
+    except OSError:
+      pass  # The thread ended meanwhile.
+
+
+def measure_times(
+  calls: Mapping[Any, tuple[Callable, tuple]],
+  *,
+  warmup: int = 3,
+  reps: int = 30,
+  clock: Callable[[], float] = time.perf_counter,
+) -> dict[Any, list[float]]:
+  """`{key: [seconds of each timed call]}`: `warmup` untimed calls of every task,
+  then `reps` rounds timing each task once (interleaved), each call waited for."""
+  if warmup < 1 or reps < 1:
+    raise ValueError(f'warmup and reps must be >= 1, got warmup={warmup}, reps={reps}.')
+  for fn, args in calls.values():
+    for _ in range(warmup):
+      transfer.wait(fn(*args))
+  times = {key: [] for key in calls}
+  for _ in range(reps):
+    for key, (fn, args) in calls.items():
+      start = clock()
+      transfer.wait(fn(*args))
+      times[key].append(clock() - start)
+  return times
+
+
+def measure(
+  calls: Mapping[Any, tuple[Callable, tuple]],
+  *,
+  warmup: int = 3,
+  reps: int = 30,
+  clock: Callable[[], float] = time.perf_counter,
+) -> tuple[dict, dict]:
+  """(cost, spread) of every `fn(*args)` in `calls` (see the module docstring).
+
+  Returns:
+    `{key: seconds}` (the minimum over `reps` interleaved blocking calls) and
+    `{key: {'median': s, 'p90': s}}`.
+  """
+  times = measure_times(calls, warmup=warmup, reps=reps, clock=clock)
+  costs = {key: float(min(ts)) for key, ts in times.items()}
+  spread = {
+    key: {'median': float(np.median(ts)), 'p90': float(np.quantile(ts, 0.9))}
+    for key, ts in times.items()
+  }
+  return costs, spread
+
+
+def measure_table(
+  calls: Mapping[Any, tuple[Callable, tuple]],
+  *,
+  split,
+  tasks: str,
+  warmup: int = 3,
+  reps: int = 30,
+  clock: str = 'wall',
+) -> Table:
+  """`measure` as a `Table`; `clock` names one of `CLOCKS`."""
+  if clock not in CLOCKS:
+    raise ValueError(f'clock: {clock!r}; allowed: {", ".join(CLOCKS)}.')
+  costs, spread = measure(calls, warmup=warmup, reps=reps, clock=CLOCKS[clock])
+  return Table(_split(split), tasks, costs, spread)
+
+
+def make_profile(
+  model,
+  batch_size: int,
+  optimizer: str,
+  tables: Sequence[Table],
+  *,
+  warmup: int,
+  reps: int,
+  clock: str = 'wall',
+  pinned: bool = False,
+  dispatch: Mapping[str, float] | None = None,
+  device: jax.Device | None = None,
+) -> Profile:
+  """A profile of `tables` measured now on `device` (default: the first device)."""
+  device = device or jax.devices()[0]
+  return Profile(
+    model=model_id(model),
+    batch_size=int(batch_size),
+    optimizer=optimizer,
+    device_kind=device.device_kind,
+    platform=device.platform,
+    jax_version=jax.__version__,
+    date=datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
+    statistic=STATISTIC,
+    clock=clock,
+    pinned=bool(pinned),
+    warmup=int(warmup),
+    reps=int(reps),
+    dispatch=dict(dispatch or {}),
+    tables=tuple(tables),
+  )
+
+
+# --- stages of a pipeline (`jaxsgd.pipeline.PlacedStages`) --------------------------------
+def pipeline_table(
+  pipeline, roles, batch: dict, *, warmup: int = 3, reps: int = 30, clock: str = 'wall'
+) -> Table:
+  """The measured table of `pipeline`'s stages in `roles`, on one host `batch`.
+
+  Times the very calls `PlacedStages.calibrate` times (forward, backward, update
+  per stage), robustly (`measure`).
+  """
+  calls = pipeline.calibration_calls(roles, batch)
+  return measure_table(
+    calls,
+    split=split_of(pipeline.stages),
+    tasks=roles_signature(roles),
+    warmup=warmup,
+    reps=reps,
+    clock=clock,
+  )
+
+
+def pipeline_costs(
+  profile: Profile, pipeline, roles, *, optimizer: str | None = None, source: str = 'profile'
+) -> dict:
+  """`{(stage, kind): seconds}` for `pipeline` in `roles`, from `profile`.
+
+  Refuses a profile of another model, batch size, stage split or task set: what
+  `PlacedStages.calibrate` would have measured, read from the file instead.
+  """
+  return costs_for(
+    profile,
+    model=pipeline.model,
+    batch_size=pipeline_batch_size(pipeline),
+    split=split_of(pipeline.stages),
+    tasks=roles_signature(roles),
+    optimizer=optimizer,
+    source=source,
+  )
+
+
+# `roles_signature(sequential_roles(1))`: one stage, the model's loss, nothing sent
+# (a constant, so that this module needs nothing above the engine; tested).
+WHOLE_MODEL_WORKER = 'head:-:none'
+
+
+# The task set of a data-parallel worker's step (forward, backward and inner update
+# of the whole model, one table for ssgd, local_sgd, dasgd and diloco): `(0, 'step')`.
+WORKER_STEP = 'worker_step'
+
+
+def server_tasks(algorithm: str) -> str:
+  """The task set of a parameter-server algorithm (`asgd`, `dcasgd`): a worker's
+  forward and backward of the whole model (one stage) and the server's update,
+  whose computation depends on the algorithm (delay compensation)."""
+  return f'{WHOLE_MODEL_WORKER}+server:{algorithm}'
+
+
+def pipeline_batch_size(pipeline) -> int:
+  return int(pipeline.inputs[0].shape[0])
+
+
+# --- host dispatch overhead of the executors -----------------------------------------------
+def measure_dispatch(
+  executors: Mapping[str, Callable[[], Any]] | None = None, *, tasks: int = 200, rounds: int = 5
+) -> dict[str, float]:
+  """Seconds of host overhead per task: `jax_call` and each executor's.
+
+  `jax_call` is one blocking call of a trivial jitted function (a 4-byte add):
+  what every task pays for JAX's dispatch and the wait. An executor's figure is
+  the wall time per task of one process yielding `tasks` such calls in a row
+  through it, minus `jax_call`: its own bookkeeping per task. Each is the
+  minimum over `rounds` rounds of the mean per task (the minimum for the
+  reason given in the module docstring).
+
+  Args:
+    executors: name -> a function returning a fresh executor (default: the real
+      executor, cooperative and threaded).
+  """
+  from jaxsgd.scheduler.core import Cluster, Compute, Process
+  from jaxsgd.scheduler.real import RealExecutor
+
+  if executors is None:
+    executors = {'real': RealExecutor, 'real_threads': lambda: RealExecutor(threads=True)}
+  tiny = jax.jit(lambda x: x + 1)
+  x = jax.device_put(np.zeros((), np.float32), jax.devices()[0])
+
+  def per_task(run_once):
+    run_once()  # warm-up
+    best = math.inf
+    for _ in range(rounds):
+      start = time.perf_counter()
+      run_once()
+      best = min(best, (time.perf_counter() - start) / tasks)
+    return best
+
+  def direct():
+    y = x
+    for _ in range(tasks):
+      y = tiny(y)
+      y.block_until_ready()
+
+  overhead = {'jax_call': per_task(direct)}
+
+  for name, make in executors.items():
+
+    def through(make=make):
+      def program():
+        y = x
+        for _ in range(tasks):
+          y = yield Compute(tiny, (y,), kind='dispatch')
+
+      cluster = Cluster()
+      lane = cluster.add_lane('dispatch', jax.devices()[0])
+      make().run(cluster, [Process('dispatch', lane, program())])
+
+    overhead[name] = max(per_task(through) - overhead['jax_call'], 0.0)
+  return overhead
+
+
+# --- reading, writing, matching ------------------------------------------------------------
+def to_json(profile: Profile) -> dict:
+  return {
+    'format': FORMAT,
+    'model': dict(profile.model),
+    'batch_size': profile.batch_size,
+    'optimizer': profile.optimizer,
+    'device_kind': profile.device_kind,
+    'platform': profile.platform,
+    'jax_version': profile.jax_version,
+    'date': profile.date,
+    'statistic': profile.statistic,
+    'clock': profile.clock,
+    'pinned': profile.pinned,
+    'warmup': profile.warmup,
+    'reps': profile.reps,
+    'dispatch': dict(profile.dispatch),
+    'tables': [
+      {
+        'split': [list(r) for r in t.split],
+        'tasks': t.tasks,
+        'costs': {_key_str(k): v for k, v in t.costs.items()},
+        'spread': {_key_str(k): dict(v) for k, v in t.spread.items()},
+      }
+      for t in profile.tables
+    ],
+  }
+
+
+def save(profile: Profile, path: str) -> None:
+  """Writes `profile` as JSON (atomically: a reader never sees half a file)."""
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  partial = f'{path}.tmp{os.getpid()}'
+  with open(partial, 'w') as f:
+    json.dump(to_json(profile), f, indent=1, sort_keys=True)
+    f.write('\n')
+  os.replace(partial, path)
+
+
+def load(path: str) -> Profile:
+  """Reads and checks a profile; a bad file raises `ProfileError` naming the field."""
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except OSError as e:
+    raise ProfileError(f'cost.profile: cannot read {path!r}: {e.strerror}.') from None
+  except json.JSONDecodeError as e:
+    raise ProfileError(f'cost.profile: {path!r} is not JSON ({e.msg}, line {e.lineno}).') from None
+  return from_json(data, source=path)
+
+
+def from_json(data: Any, source: str = 'profile') -> Profile:
+  """A `Profile` from the JSON object `to_json` writes, checked field by field."""
+  where = f'cost.profile {source!r}'
+  if not isinstance(data, dict):
+    raise ProfileError(f'{where}: expected a JSON object, got {type(data).__name__}.')
+  if data.get('format') != FORMAT:
+    raise ProfileError(f'{where}: field "format" must be {FORMAT!r}, got {data.get("format")!r}.')
+  missing = [f for f in _FIELDS if f not in data]
+  if missing:
+    raise ProfileError(f'{where}: missing field(s) {", ".join(missing)}.')
+  unknown = sorted(set(data) - set(_FIELDS))
+  if unknown:
+    raise ProfileError(
+      f'{where}: unknown field(s) {", ".join(unknown)}; allowed: {", ".join(_FIELDS)}.'
+    )
+  model = data['model']
+  if not isinstance(model, dict) or sorted(model) != sorted(_MODEL_FIELDS):
+    raise ProfileError(
+      f'{where}: field "model" must have exactly the keys '
+      f'{", ".join(_MODEL_FIELDS)}, got {model!r}.'
+    )
+  for field in ('batch_size', 'warmup', 'reps'):
+    _check_int(data[field], field, where)
+  for field in ('optimizer', 'device_kind', 'platform', 'jax_version', 'date', 'statistic'):
+    if not isinstance(data[field], str):
+      raise ProfileError(f'{where}: field "{field}" must be a string, got {data[field]!r}.')
+  if data['clock'] not in CLOCKS:
+    raise ProfileError(
+      f'{where}: field "clock" must be one of {", ".join(CLOCKS)}, got {data["clock"]!r}.'
+    )
+  if not isinstance(data['pinned'], bool):
+    raise ProfileError(f'{where}: field "pinned" must be true or false, got {data["pinned"]!r}.')
+  dispatch = data['dispatch']
+  if not isinstance(dispatch, dict):
+    raise ProfileError(f'{where}: field "dispatch" must be an object, got {dispatch!r}.')
+  for name, seconds in dispatch.items():
+    _check_seconds(seconds, f'dispatch.{name}', where)
+  if not isinstance(data['tables'], list) or not data['tables']:
+    raise ProfileError(f'{where}: field "tables" must be a non-empty list.')
+  tables = tuple(_table(t, i, where) for i, t in enumerate(data['tables']))
+  return Profile(
+    model=dict(model),
+    batch_size=data['batch_size'],
+    optimizer=data['optimizer'],
+    device_kind=data['device_kind'],
+    platform=data['platform'],
+    jax_version=data['jax_version'],
+    date=data['date'],
+    statistic=data['statistic'],
+    clock=data['clock'],
+    pinned=data['pinned'],
+    warmup=data['warmup'],
+    reps=data['reps'],
+    dispatch={k: float(v) for k, v in dispatch.items()},
+    tables=tables,
+  )
+
+
+def check_matches(
+  profile: Profile, *, model, batch_size: int, optimizer: str | None = None, source: str = 'profile'
+) -> None:
+  """Refuses a profile of another model, batch size or optimizer (one line, the field).
+
+  `model`: a `StagedModel` or its `model_id`; `optimizer`: `optimizer_id(config.optimizer)`
+  (None: not checked).
+  """
+  expected = model if isinstance(model, Mapping) else model_id(model)
+  for field in _MODEL_FIELDS:
+    if profile.model[field] != expected[field]:
+      raise ProfileError(
+        f'cost.profile {source!r}: model.{field} is '
+        f'{profile.model[field]!r} in the profile but {expected[field]!r} '
+        f'in this run; measure a profile for this model.'
+      )
+  if profile.batch_size != batch_size:
+    raise ProfileError(
+      f'cost.profile {source!r}: batch_size is {profile.batch_size} in the '
+      f'profile but {batch_size} in this run; measure one for this batch.'
+    )
+  if optimizer is not None and profile.optimizer != optimizer:
+    raise ProfileError(
+      f'cost.profile {source!r}: optimizer is {profile.optimizer!r} in the '
+      f'profile but {optimizer!r} in this run (the update task differs); '
+      f'measure one for this optimizer.'
+    )
+
+
+def costs_for(
+  profile: Profile,
+  *,
+  model,
+  batch_size: int,
+  split,
+  tasks: str,
+  optimizer: str | None = None,
+  source: str = 'profile',
+) -> dict:
+  """The cost table (keys as `CostModel.compute`) of a run, refusing any mismatch."""
+  check_matches(profile, model=model, batch_size=batch_size, optimizer=optimizer, source=source)
+  try:
+    return dict(profile.table(split, tasks).costs)
+  except ProfileError as e:
+    raise ProfileError(str(e).replace('cost.profile:', f'cost.profile {source!r}:', 1)) from None
+
+
+def cost_model(
+  profile: Profile,
+  *,
+  model,
+  batch_size: int,
+  split,
+  tasks: str,
+  optimizer: str | None = None,
+  source: str = 'profile',
+  **cost_model_fields,
+) -> CostModel:
+  """`CostModel(costs_for(...), **cost_model_fields)` (links, speeds, stragglers)."""
+  return CostModel(
+    costs_for(
+      profile,
+      model=model,
+      batch_size=batch_size,
+      split=split,
+      tasks=tasks,
+      optimizer=optimizer,
+      source=source,
+    ),
+    **cost_model_fields,
+  )
+
+
+def merge(old: Profile, new: Profile) -> Profile:
+  """`new`'s tables added to `old`'s (replacing a table of the same split and tasks).
+
+  Both must describe the same model, batch size, optimizer and device kind and be
+  measured the same way (statistic, clock, pinning); the result has `new`'s date,
+  jax version and dispatch figures.
+  """
+  for field in (
+    'model',
+    'batch_size',
+    'optimizer',
+    'device_kind',
+    'platform',
+    'statistic',
+    'clock',
+    'pinned',
+  ):
+    if getattr(old, field) != getattr(new, field):
+      raise ProfileError(
+        f'cost.profile: cannot add to a profile of another {field} '
+        f'({getattr(old, field)!r} there, {getattr(new, field)!r} here).'
+      )
+  replaced = {(t.split, t.tasks) for t in new.tables}
+  kept = tuple(t for t in old.tables if (t.split, t.tasks) not in replaced)
+  return dataclasses.replace(new, tables=kept + tuple(new.tables))
+
+
+# --- helpers --------------------------------------------------------------------------------
+def _key_str(key) -> str:
+  if isinstance(key, tuple):
+    stage, kind = key
+    return f'{stage}/{kind}'
+  return str(key)
+
+
+def _key(text: str, where: str):
+  if '/' not in text:
+    return text
+  stage, kind = text.split('/', 1)
+  if not stage.isdigit() or not kind:
+    raise ProfileError(f'{where}: cost key {text!r} must be "stage/kind" or "kind".')
+  return int(stage), kind
+
+
+def _split(split) -> tuple[tuple[int, int], ...]:
+  return tuple((int(a), int(b)) for a, b in split)
+
+
+def _table(data, index: int, where: str) -> Table:
+  field = f'tables[{index}]'
+  if not isinstance(data, dict) or not {'split', 'tasks', 'costs'} <= set(data):
+    raise ProfileError(f'{where}: field "{field}" must have split, tasks and costs.')
+  split = data['split']
+  if (
+    not isinstance(split, list)
+    or not split
+    or any(
+      not isinstance(r, list)
+      or len(r) != 2
+      or not all(isinstance(i, int) for i in r)
+      or not 0 <= r[0] < r[1]
+      for r in split
+    )
+  ):
+    raise ProfileError(
+      f'{where}: field "{field}.split" must be a list of [start, end) layer ranges, got {split!r}.'
+    )
+  if not isinstance(data['tasks'], str):
+    raise ProfileError(f'{where}: field "{field}.tasks" must be a string.')
+  if not isinstance(data['costs'], dict) or not data['costs']:
+    raise ProfileError(f'{where}: field "{field}.costs" must be a non-empty object.')
+  costs = {}
+  for text, seconds in data['costs'].items():
+    _check_seconds(seconds, f'{field}.costs.{text}', where)
+    costs[_key(text, where)] = float(seconds)
+  spread = {
+    _key(text, where): {k: float(v) for k, v in value.items()}
+    for text, value in (data.get('spread') or {}).items()
+  }
+  return Table(_split(split), data['tasks'], costs, spread)
+
+
+def _check_int(value, field: str, where: str) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ProfileError(f'{where}: field "{field}" must be a positive integer, got {value!r}.')
+
+
+def _check_seconds(value, field: str, where: str) -> None:
+  if (
+    isinstance(value, bool)
+    or not isinstance(value, (int, float))
+    or not value >= 0
+    or math.isinf(value)
+  ):
+    raise ProfileError(
+      f'{where}: field "{field}" must be a finite number of seconds >= 0, got {value!r}.'
+    )

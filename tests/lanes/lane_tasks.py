@@ -1,0 +1,46 @@
+"""Task factories for the lane tests: module-level, built inside each lane process."""
+
+import os
+import time
+
+import jax
+import numpy as np
+import jax.numpy as jnp
+
+
+def layer(w, x):
+  return jnp.tanh(x @ w)
+
+
+def build_layer_tasks(scale: float):
+  """A dense tanh layer: init, forward (with its VJP), backward, and a few probes."""
+
+  def init(seed):
+    return scale * jax.random.normal(jax.random.key(seed), (8, 4))
+
+  def forward(w, x):
+    y, vjp = jax.vjp(layer, w, x)
+    return y, vjp
+
+  def backward(vjp, g):
+    return vjp(g)
+
+  def fail(x):
+    raise ValueError(f'bad input of shape {x.shape}')
+
+  def hang(seconds):
+    time.sleep(seconds)
+    return jnp.zeros(())
+
+  return {
+    'init': jax.jit(init),
+    'forward': jax.jit(forward),
+    'backward': jax.jit(backward),
+    'add': jax.jit(lambda a, b: a + b),
+    'same': lambda v: v,
+    'fail': fail,
+    'hang': hang,
+    'pid': os.getpid,
+    'affinity': lambda: np.array(sorted(os.sched_getaffinity(0))),
+    'env': lambda name: os.environ.get(name, ''),
+  }

@@ -1,0 +1,92 @@
+"""A Ray head node started by `ray start --head`, as on the first host of a cluster.
+
+Tests join it by address — the code path of a run over several hosts — and stop it
+by ending the processes it started (its own process group, and the lane workers
+found by its session directory), never with `ray stop`, which would stop any Ray
+on the machine.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+class RayHead:
+  """`ray start --head --block` in a process group of its own."""
+
+  def __init__(self, temp_dir: str, env: dict[str, str]):
+    self.temp_dir = temp_dir
+    self.port = free_port()
+    ray = os.path.join(os.path.dirname(sys.executable), 'ray')
+    self.process = subprocess.Popen(
+      [
+        ray,
+        'start',
+        '--head',
+        f'--port={self.port}',
+        '--num-cpus=2',
+        '--include-dashboard=false',
+        '--disable-usage-stats',
+        f'--temp-dir={temp_dir}',
+        '--block',
+      ],
+      env=env,
+      start_new_session=True,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+    )
+    self.address = f'127.0.0.1:{self.port}'
+    self._wait_ready(timeout=60)
+
+  def _wait_ready(self, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      if self.process.poll() is not None:
+        raise RuntimeError(f'ray start exited with {self.process.returncode}')
+      if self._raylet_up():
+        return
+      time.sleep(0.2)
+    raise TimeoutError('ray start --head: not ready')
+
+  def _raylet_up(self) -> bool:
+    return any('raylet' == p.info['name'] for p in self.processes())
+
+  def processes(self) -> list[psutil.Process]:
+    """Every process of this head node: its group and whatever runs in its session dir."""
+    found = []
+    for p in psutil.process_iter(['pid', 'name', 'cmdline']):
+      try:
+        if os.getpgid(p.pid) == self.process.pid or self.temp_dir in ' '.join(
+          p.info['cmdline'] or ()
+        ):
+          found.append(p)
+      except (psutil.Error, ProcessLookupError):
+        pass
+    return found
+
+  def stop(self):
+    try:
+      os.killpg(self.process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+      pass
+    try:
+      self.process.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+      pass
+    for p in self.processes():
+      try:
+        p.kill()
+      except psutil.Error:
+        pass
+    self.process.wait()

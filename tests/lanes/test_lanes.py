@@ -1,0 +1,299 @@
+"""Lanes in their own processes (jaxsgd.scheduler.lanes): placement, tasks by name,
+values that stay in their lane, lane-to-lane moves, faults and signals.
+
+The lanes join a Ray head started with `ray start --head` (`ray_head.py`), by address:
+the code path of a run over several hosts. One test starts a cluster of its own, as a
+run on one machine does. Every test checks that no process is left behind.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import psutil
+import pytest
+
+import lane_tasks
+from ray_head import RayHead
+
+from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec
+from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECIPE = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=0.5)
+X = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
+G = np.linspace(1, 2, 12, dtype=np.float32).reshape(3, 4)
+
+
+def task(name):
+  return Task(RECIPE, name)
+
+
+def gone(pids, within: float = 5.0) -> list[int]:
+  """The pids still alive (not zombies) after waiting up to `within` seconds."""
+  deadline = time.monotonic() + within
+  while True:
+    alive = [p for p in pids if _alive(p)]
+    if not alive or time.monotonic() > deadline:
+      return alive
+    time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
+
+
+@pytest.fixture(scope='module')
+def head(tmp_path_factory):
+  env = {**os.environ, 'RAY_AUTH_MODE': 'disabled', 'RAY_USAGE_STATS_ENABLED': '0'}
+  os.environ.update(RAY_AUTH_MODE='disabled')
+  node = RayHead(str(tmp_path_factory.mktemp('ray')), env)
+  yield node
+  import ray
+
+  ray.shutdown()
+  node.stop()
+  assert gone([p.pid for p in node.processes()]) == []
+
+
+@pytest.fixture(scope='module')
+def pool(head):
+  with LanePool(LanePlacement.spread(['a', 'b']), address=head.address) as lanes:
+    yield lanes
+  assert gone(lanes.pids().values()) == []
+
+
+def test_placement_text_form_and_bad_input():
+  placement = LanePlacement.parse('server@cores=0; w0@host=10.0.0.2@cores=1-3@gpu=1')
+  assert placement.lanes == (
+    LaneSpec('server', cores=(0,)),
+    LaneSpec('w0', host='10.0.0.2', cores=(1, 2, 3), gpu=True),
+  )
+  assert 'w0: host=10.0.0.2 cores=1,2,3 gpu=yes' in placement.describe()
+  assert LanePlacement.spread(['a', 'b', 'c'], cores=[0, 1]).lanes[2].cores == (0,)
+  assert placement['w0'].environment() == {
+    'OMP_NUM_THREADS': '3',
+    'MKL_NUM_THREADS': '3',
+    'OPENBLAS_NUM_THREADS': '3',
+    'XLA_FLAGS': '',
+  }  # a GPU lane: no JAX_PLATFORMS; 3 cores: Eigen's pool on them
+  assert placement['server'].environment()['JAX_PLATFORMS'] == 'cpu'
+  with pytest.raises(ValueError, match=r"lane 'w0': cores like '0,1' or '0-3'"):
+    LanePlacement.parse('w0@cores=x')
+  with pytest.raises(ValueError, match='unique'):
+    LanePlacement.parse('a; a')
+  with pytest.raises(ValueError, match=r"'speed=2' is not host=\.\.\."):
+    LanePlacement.parse('a@speed=2')
+
+
+def test_each_lane_is_a_process_pinned_to_its_cores(pool):
+  pids = pool.pids()
+  assert len({*pids.values(), os.getpid()}) == 3
+  cores = sorted(os.sched_getaffinity(0))
+  for i, lane in enumerate(['a', 'b']):
+    assert pool.fetch(pool.run(lane, task('pid'))) == pids[lane]
+    assert pool.fetch(pool.run(lane, task('affinity'))).tolist() == [cores[i % len(cores)]]
+    flags = pool.fetch(pool.run(lane, task('env'), ('XLA_FLAGS',)))
+    assert flags == '--xla_cpu_multi_thread_eigen=false'
+    assert pool.fetch(pool.run(lane, task('env'), ('OMP_NUM_THREADS',))) == '1'
+    assert pool.fetch(pool.run(lane, task('env'), ('JAX_PLATFORMS',))) == 'cpu'
+
+
+def test_results_stay_in_the_lane_until_the_driver_drops_them(pool):
+  before = pool.held('a')
+  w = pool.run('a', task('init'), (0,))
+  y, vjp = pool.run('a', task('forward'), (w, X))
+  assert isinstance(y, Handle) and y.lane == 'a' and y.description == 'float32[3, 4]'
+  assert vjp.description.startswith('VJP(') and vjp.nbytes > 0
+  assert pool.held('a') == before + 3
+  expected_w = 0.5 * jax.random.normal(jax.random.key(0), (8, 4))
+  np.testing.assert_array_equal(pool.fetch(w), expected_w)
+  # The same jitted layer in this process: bit for bit.
+  np.testing.assert_array_equal(pool.fetch(y), jax.jit(lane_tasks.layer)(expected_w, X))
+  del y, vjp
+  assert pool.held('a') == before + 1
+  del w
+  assert pool.held('a') == before
+
+
+def test_only_named_tasks_reach_a_lane(pool):
+  with pytest.raises(TypeError, match=r'a tasks\.Task \(recipe and name\) expected'):
+    pool.start('a', lambda: 0)
+
+
+def test_put_sends_driver_values_to_a_lane(pool):
+  params = {'w': jax.numpy.ones((2, 3)), 'b': np.arange(3, dtype=np.int32)}
+  handle = pool.put('b', params)
+  assert handle.lane == 'b' and handle.nbytes == 2 * 3 * 4 + 3 * 4
+  fetched = pool.fetch(handle)
+  np.testing.assert_array_equal(fetched['w'], np.ones((2, 3)))
+  np.testing.assert_array_equal(fetched['b'], np.arange(3))
+
+
+def test_early_handles_let_the_driver_run_ahead_of_the_lanes(pool):
+  x, g = X[:, None].repeat(2, 1).reshape(6, 8), G[:, None].repeat(2, 1).reshape(6, 4)
+  w = pool.run('a', task('init'), (5,))
+  first = pool.start('a', task('forward'), (w, x))
+  assert pool.early(first) is None  # not known before this task has run on such shapes
+  pool.wait_any([first])
+  y, vjp = first.result()
+  # Same shapes: the handles are known at once; chain three tasks without waiting.
+  second = pool.start('a', task('forward'), (w, 2 * x))
+  y2, vjp2 = pool.early(second)
+  grads = pool.start('b', task('backward'), (vjp2, g))  # moves vjp2 a -> b, in order
+  total = pool.start('b', task('add'), (y2, y))
+  for pending in (second, grads, total):
+    pool.wait_any([pending])
+  assert second.result() == (y2, vjp2)  # the same handles, not copies
+  np.testing.assert_array_equal(
+    pool.fetch(total.result()), pool.fetch(y) + pool.fetch(second.result()[0])
+  )
+  reference = pool.run('a', task('backward'), (pool.run('a', task('forward'), (w, 2 * x))[1], g))
+  for got, want in zip(grads.result(), reference):
+    np.testing.assert_array_equal(pool.fetch(got), pool.fetch(want))
+
+
+def test_wait_any_returns_every_task_once_across_lanes(pool):
+  pending = [
+    pool.start(lane, task('add'), (np.float32(i), np.float32(10)))
+    for i, lane in enumerate(['a', 'b', 'a', 'b'])
+  ]
+  finished = []
+  while len(finished) < len(pending):
+    finished.append(pool.wait_any([p for p in pending if not p.done]))
+  assert sorted(pool.fetch(p.result()) for p in finished) == [10, 11, 12, 13]
+  assert all(p.started <= p.ended for p in finished)
+  assert pool.wait_any([pool.start('a', task('hang'), (0.5,))], timeout=0.01) is None
+
+
+def test_a_vjp_moves_lane_to_lane_rebuilt_from_its_recipe(pool):
+  w = pool.run('a', task('init'), (2,))
+  _, vjp = pool.run('a', task('forward'), (w, X))
+  here = pool.run('a', task('backward'), (vjp, G))
+  there = pool.run('b', task('backward'), (vjp, G))  # the VJP moves a -> b
+  assert [h.lane for h in there] == ['b', 'b']
+  moved = pool.move(vjp, 'b')
+  again = pool.run('b', task('backward'), (moved, G))
+  for a, b, c in zip(here, there, again):
+    np.testing.assert_array_equal(pool.fetch(a), pool.fetch(b))
+    np.testing.assert_array_equal(pool.fetch(a), pool.fetch(c))
+  w_host = np.asarray(pool.fetch(w))
+  reference = jax.jit(lambda w, x, g: jax.vjp(lane_tasks.layer, w, x)[1](g))
+  for got, want in zip(here, reference(w_host, X, G)):
+    np.testing.assert_array_equal(pool.fetch(got), want)
+
+
+def test_a_message_of_handles_moves_as_one_pytree(pool):
+  w = pool.run('a', task('init'), (3,))
+  y, _ = pool.run('a', task('forward'), (w, X))
+  message = (7, {'y': y, 'w': w})
+  moved = pool.move(message, 'b')
+  assert moved[0] == 7 and {h.lane for h in moved[1].values()} == {'b'}
+  assert pool.nbytes(message) == pool.nbytes(moved) == (3 * 4 + 8 * 4) * 4
+  np.testing.assert_array_equal(pool.fetch(moved[1]['y']), pool.fetch(y))
+
+
+def test_a_value_that_cannot_be_rebuilt_is_refused_when_moved(pool):
+  w = pool.run('a', task('init'), (4,))
+  _, vjp = pool.run('a', task('forward'), (w, X))
+  same = pool.run('a', task('same'), (vjp,))  # made from a VJP: no picklable recipe
+  pending = pool.start('b', task('backward'), (same, G))
+  with pytest.raises(
+    LaneError,
+    match=r"lane 'b' on host .*moving .* to it: .*cannot be "
+    'moved: its structure does not pickle',
+  ):
+    while pool.wait_any([pending]) is not pending:
+      pass
+
+
+def test_a_task_that_raises_names_its_lane_and_host(pool):
+  host = pool.info['b']['host']
+  pending = pool.start('b', task('fail'), (X,))
+  with pytest.raises(
+    LaneError,
+    match=rf"lane 'b' on host {host}: .*fail.* raised: "
+    r'ValueError: bad input of shape \(3, 8\)',
+  ):
+    pool.wait_any([pending])
+  assert pool.fetch(pool.run('b', task('add'), (np.float32(1), np.float32(1)))) == 2  # lives on
+
+
+def test_a_killed_lane_stops_the_wait_within_5s_naming_it(head):
+  with LanePool(LanePlacement.spread(['c', 'd']), address=head.address, verbose=False) as lanes:
+    busy = lanes.start('c', task('hang'), (1.0,))
+    os.kill(lanes.pids()['d'], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(
+      LaneError,
+      match=rf"lane 'd' on host {lanes.info['d']['host']}: "
+      r'pid \d+: its process died',
+    ):
+      lanes.wait_any([busy])
+    assert time.monotonic() - start < 5
+    lanes.remove('d')  # tolerate the loss: the other lane carries on
+    assert lanes.fetch(lanes.run('c', task('add'), (np.float32(2), np.float32(3)))) == 5
+  assert gone(lanes.pids().values()) == []
+
+
+def _lane_processes(head) -> list[int]:
+  return [p.pid for p in head.processes() if 'LaneRuntime' in ' '.join(p.cmdline())]
+
+
+def test_lanes_go_to_the_host_they_name_and_a_wrong_host_is_refused(head, pool):
+  node = pool.info['a']['host']  # this machine, as the cluster names it
+  with LanePool(
+    LanePlacement((LaneSpec('here', host=node),)), address=head.address, verbose=False
+  ) as lanes:
+    assert lanes.info['here']['host'] == node
+  before = _lane_processes(head)
+  with pytest.raises(
+    ValueError,
+    match=rf"placement: lane 'far': host '10.255.0.1' is not "
+    rf"a node of the Ray cluster; its nodes: \['{node}'\]",
+  ):
+    LanePool(
+      LanePlacement((LaneSpec('ok', host=node), LaneSpec('far', host='10.255.0.1'))),
+      address=head.address,
+      verbose=False,
+    )
+  assert gone(set(_lane_processes(head)) - set(before)) == []
+
+
+def _driver(address: str) -> tuple[subprocess.Popen, dict]:
+  process = subprocess.Popen(
+    [sys.executable, os.path.join(HERE, 'lane_driver.py'), address],
+    stdout=subprocess.PIPE,
+    text=True,
+    cwd=os.getcwd(),
+    env={**os.environ, 'PYTHONPATH': os.getcwd()},
+  )
+  line = process.stdout.readline()
+  assert line, 'the driver ended before its lanes were up'
+  return process, json.loads(line)
+
+
+def test_sigterm_of_the_driver_ends_every_lane(head):
+  process, started = _driver(head.address)
+  time.sleep(0.5)  # inside its wait
+  process.send_signal(signal.SIGTERM)
+  assert process.wait(timeout=10) != 0
+  assert gone(started['lanes']) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_a_driver_with_its_own_cluster_leaves_no_process():
+  process, started = _driver('local')
+  assert len(started['started']) > len(started['lanes'])  # Ray's own processes too
+  time.sleep(0.5)
+  process.send_signal(signal.SIGINT)
+  assert process.wait(timeout=20) != 0
+  assert gone(started['started'] + started['lanes'], within=10) == []

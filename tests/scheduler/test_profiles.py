@@ -1,0 +1,232 @@
+"""Cost profiles: measured once, written, read back identically; mismatches refused."""
+
+import dataclasses
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from jaxsgd.algorithms import ddg
+from jaxsgd.algorithms import local
+from jaxsgd.pipeline import sequential_roles
+from jaxsgd.scheduler import VirtualExecutor, profiles
+from scheduler_helpers import BATCH, make_pipeline, mlp, pipeline_for, take, train
+
+ROLES = sequential_roles(2)
+
+
+@pytest.fixture(scope='module')
+def profile():
+  pipeline = pipeline_for(ROLES)
+  table = profiles.pipeline_table(pipeline, ROLES, take(1)[0], warmup=1, reps=3)
+  return profiles.make_profile(
+    pipeline.model,
+    BATCH,
+    'sgd',
+    [table],
+    warmup=1,
+    reps=3,
+    dispatch={'jax_call': 1e-5, 'real': 2e-5},
+  )
+
+
+def _write(tmp_path, data, name='p.json'):
+  path = tmp_path / name
+  path.write_text(json.dumps(data))
+  return str(path)
+
+
+def test_measure_takes_the_minimum_of_interleaved_repetitions():
+  """A fake clock: call i of the run takes `durations[i]`; calls alternate a, b."""
+  durations = iter([5.0, 1.0, 3.0, 7.0, 4.0, 2.0])  # a1 b1 a2 b2 a3 b3
+  now = itertools.count()
+  ticks = []
+
+  def clock():  # start, end, start, end, ...: end = start + the call's duration
+    if len(ticks) % 2 == 0:
+      ticks.append(float(next(now)) * 100)
+    else:
+      ticks.append(ticks[-1] + next(durations))
+    return ticks[-1]
+
+  calls = {'a': (lambda: np.zeros(1), ()), 'b': (lambda: np.ones(1), ())}
+  costs, spread = profiles.measure(calls, warmup=1, reps=3, clock=clock)
+  assert costs == {'a': 3.0, 'b': 1.0}
+  assert spread['a']['median'] == 4.0 and spread['b']['median'] == 2.0
+  assert spread['a']['p90'] == pytest.approx(4.8) and spread['b']['p90'] == pytest.approx(6.0)
+
+
+def test_profile_has_every_task_of_every_stage(profile):
+  (table,) = profile.tables
+  assert set(table.costs) == {
+    (k, kind) for k in range(2) for kind in ('forward', 'backward', 'update')
+  }
+  assert all(c > 0 for c in table.costs.values())
+  assert all(table.spread[k]['median'] >= c for k, c in table.costs.items())
+  assert table.tasks == profiles.roles_signature(ROLES)
+  assert profile.model['name'] == 'mlp' and profile.batch_size == BATCH
+  assert profile.statistic == 'min' and profile.jax_version
+  assert profile.clock == 'wall' and not profile.pinned
+
+
+def test_round_trip_is_exact(profile, tmp_path):
+  path = str(tmp_path / 'profile.json')
+  profiles.save(profile, path)
+  loaded = profiles.load(path)
+  assert loaded == profile
+  assert profiles.to_json(loaded) == profiles.to_json(profile)
+
+
+def test_two_loads_give_identical_cost_models_and_simulated_runs(profile, tmp_path):
+  path = str(tmp_path / 'profile.json')
+  profiles.save(profile, path)
+  pipeline = pipeline_for(ROLES)
+  models = [
+    profiles.cost_model(
+      profiles.load(path),
+      model=pipeline.model,
+      batch_size=BATCH,
+      split=profiles.split_of(pipeline.stages),
+      tasks=profiles.roles_signature(ROLES),
+      link_latency=1e-4,
+    )
+    for _ in range(2)
+  ]
+  assert models[0] == models[1]
+  assert models[0].compute == profile.tables[0].costs
+  timelines = [train(pipeline, ROLES, 5, executor=VirtualExecutor(m))[1] for m in models]
+  assert timelines[0].makespan == timelines[1].makespan > 0
+  assert [(r.lane, r.start, r.end) for r in timelines[0].records] == [
+    (r.lane, r.start, r.end) for r in timelines[1].records
+  ]
+
+
+def test_pipeline_costs_reads_what_calibrate_would_measure(profile):
+  assert (
+    profiles.pipeline_costs(profile, pipeline_for(ROLES), ROLES, optimizer='sgd')
+    == profile.tables[0].costs
+  )
+  # DDG (paper form) computes what BP computes: the same table serves both.
+  assert (
+    profiles.pipeline_costs(profile, pipeline_for(ddg.roles(2)), ddg.roles(2))
+    == profile.tables[0].costs
+  )
+
+
+@pytest.mark.parametrize(
+  'case, field',
+  [
+    ('batch', 'batch_size is 16 in the profile but 32'),
+    ('model', 'model.num_params'),
+    ('split', 'no table for split=[[0, 1], [1, 2], [2, 3]]'),
+    ('recompute', "tasks='none:dy:none:recompute"),
+    ('aux', "tasks='aux"),
+    ('optimizer', "optimizer is 'sgd' in the profile but 'adam'"),
+  ],
+)
+def test_mismatches_are_refused(profile, case, field):
+  if case == 'optimizer':
+    with pytest.raises(profiles.ProfileError, match=field):
+      profiles.pipeline_costs(profile, pipeline_for(ROLES), ROLES, optimizer='adam')
+    return
+  if case == 'batch':
+    pipeline, roles = make_pipeline(mlp(), ROLES), ROLES
+    with pytest.raises(profiles.ProfileError, match=field):
+      profiles.costs_for(
+        profile,
+        model=pipeline.model,
+        batch_size=32,
+        split=profiles.split_of(pipeline.stages),
+        tasks=profiles.roles_signature(roles),
+      )
+    return
+  if case == 'model':
+    pipeline, roles = make_pipeline(mlp(hidden=(16, 8)), ROLES), ROLES
+  elif case == 'split':
+    roles = sequential_roles(3)
+    pipeline = make_pipeline(mlp(), roles)
+  elif case == 'recompute':
+    roles = ddg.roles(2, 'recompute')
+    pipeline = pipeline_for(roles)
+  else:
+    roles = local.roles(2)
+    pipeline = pipeline_for(roles)
+  with pytest.raises(profiles.ProfileError, match=field.replace('[', r'\[')):
+    profiles.pipeline_costs(profile, pipeline, roles)
+
+
+@pytest.mark.parametrize(
+  'edit, message',
+  [
+    (lambda d: d.pop('batch_size'), 'missing field.*batch_size'),
+    (lambda d: d.update(batch_size=0), '"batch_size" must be a positive integer'),
+    (lambda d: d.update(format='other/2'), '"format" must be'),
+    (lambda d: d.update(extra=1), r'unknown field\(s\) extra'),
+    (lambda d: d['model'].pop('num_params'), '"model" must have exactly the keys'),
+    (
+      lambda d: d['tables'][0]['costs'].update({'0/forward': -1.0}),
+      r'"tables\[0\].costs.0/forward" must be a finite number of seconds >= 0',
+    ),
+    (lambda d: d['tables'][0]['costs'].update({'x/forward': 1.0}), 'cost key'),
+    (lambda d: d['tables'][0].update(split=[[2, 1]]), r'"tables\[0\].split"'),
+    (lambda d: d['dispatch'].update(real='fast'), '"dispatch.real"'),
+    (lambda d: d.update(tables=[]), '"tables" must be a non-empty list'),
+    (lambda d: d.update(clock='sundial'), '"clock" must be one of wall, cpu'),
+    (lambda d: d.update(pinned='yes'), '"pinned" must be true or false'),
+  ],
+)
+def test_bad_files_name_the_field(profile, tmp_path, edit, message):
+  data = profiles.to_json(profile)
+  edit(data)
+  with pytest.raises(profiles.ProfileError, match=message):
+    profiles.load(_write(tmp_path, data))
+
+
+def test_whole_model_worker_signature_is_one_sequential_stage():
+  assert profiles.WHOLE_MODEL_WORKER == profiles.roles_signature(sequential_roles(1))
+  assert profiles.server_tasks('dcasgd') == 'head:-:none+server:dcasgd'
+
+
+def test_optimizer_id_ignores_rates_but_not_the_computation():
+  assert (
+    profiles.optimizer_id(
+      {'name': 'adam', 'learning_rate': 3e-3, 'weight_decay': 0.0, 'kwargs': {}}
+    )
+    == 'adam'
+  )
+  assert (
+    profiles.optimizer_id(
+      {'name': 'sgd', 'learning_rate': 0.1, 'weight_decay': 5e-4, 'kwargs': {'momentum': 0.9}}
+    )
+    == 'sgd(momentum)+weight_decay'
+  )
+
+
+def test_unreadable_files_are_refused(tmp_path):
+  with pytest.raises(profiles.ProfileError, match='cannot read'):
+    profiles.load(str(tmp_path / 'absent.json'))
+  path = tmp_path / 'bad.json'
+  path.write_text('{"format": ')
+  with pytest.raises(profiles.ProfileError, match='is not JSON'):
+    profiles.load(str(path))
+
+
+def test_merge_adds_and_replaces_tables(profile):
+  other = profiles.Table(((0, 2), (2, 3)), 'other', {'forward': 1.0})
+  newer = dataclasses.replace(profile.tables[0], costs={'forward': 2.0})
+  merged = profiles.merge(profile, dataclasses.replace(profile, tables=(other,)))
+  assert merged.tables == (profile.tables[0], other)
+  merged = profiles.merge(merged, dataclasses.replace(profile, tables=(newer,)))
+  assert merged.tables == (other, newer)
+  with pytest.raises(profiles.ProfileError, match='another batch_size'):
+    profiles.merge(profile, dataclasses.replace(profile, batch_size=BATCH + 1))
+  with pytest.raises(profiles.ProfileError, match='another clock'):
+    profiles.merge(profile, dataclasses.replace(profile, clock='cpu'))
+
+
+def test_dispatch_overhead_is_measured_for_each_executor():
+  overhead = profiles.measure_dispatch(tasks=20, rounds=2)
+  assert set(overhead) == {'jax_call', 'real', 'real_threads'}
+  assert overhead['jax_call'] > 0
+  assert all(np.isfinite(v) and v >= 0 for v in overhead.values())

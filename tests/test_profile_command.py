@@ -1,0 +1,140 @@
+"""`python -m experiments.profile`: the table it writes is the one a run looks up."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import profile as profile_command
+from experiments.configs import asgd as asgd_config
+from experiments.configs import ddg as ddg_config
+from experiments.configs import local as local_config
+from experiments.configs import ssgd as ssgd_config
+from jaxsgd import algorithms
+from jaxsgd import models
+from jaxsgd import optimizers
+from jaxsgd.pipeline import PlacedStages
+from jaxsgd.scheduler import Placement, profiles
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _batch(batch_size):
+  rng = np.random.default_rng(0)
+  return {
+    'image': rng.standard_normal((batch_size, 40, 1)).astype(np.float32),
+    'label': rng.integers(0, 10, batch_size).astype(np.int32),
+  }
+
+
+def _stages_as_train_builds_them(shared, model, roles):
+  """What `algorithms.pipelined.train_roles` builds (its split and computations)."""
+  return PlacedStages(
+    model,
+    shared.stages,
+    optimizers.make_optimizer(shared.optimizer, shared.train_steps),
+    placement=Placement.create(shared.stages),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+    aux_heads=any(r.loss == 'aux' for r in roles),
+  )
+
+
+@pytest.mark.parametrize('get_config', [ddg_config.get_config, local_config.get_config])
+def test_the_measured_table_is_the_one_the_run_looks_up(get_config):
+  config = get_config('smoke')
+  config.stages = 2
+  model = models.get_model(config.model.name, (40, 1), 10)
+  table, batch_size = profile_command.measure_table(config, model, _batch, warmup=1, reps=2)
+  assert batch_size == config.batch_size
+  profile = profiles.make_profile(
+    model,
+    config.batch_size,
+    profiles.optimizer_id(dict(config.optimizer)),
+    [table],
+    warmup=1,
+    reps=2,
+  )
+  settings = algorithms.get(config.algorithm.name).validate(config, model)
+  roles = profile_command.roles_of(config.algorithm.name, settings)
+  stages = _stages_as_train_builds_them(settings.shared, model, roles)
+  # The run looks the table up with its parsed settings' optimizer.
+  assert (
+    profiles.pipeline_costs(
+      profile, stages, roles, optimizer=profiles.optimizer_id(settings.shared.optimizer)
+    )
+    == table.costs
+  )
+  assert set(table.costs) == {
+    (k, kind) for k in range(2) for kind in ('forward', 'backward', 'update')
+  }
+
+
+def test_server_algorithms_time_the_server_update():
+  config = asgd_config.get_config('smoke')
+  model = models.get_model(config.model.name, (40, 1), 10)
+  table, _ = profile_command.measure_table(config, model, _batch, warmup=1, reps=2)
+  assert table.tasks == profiles.server_tasks('asgd') != profiles.server_tasks('dcasgd')
+  assert table.split == ((0, model.num_layers),)
+  assert set(table.costs) == {(0, 'forward'), (0, 'backward'), (0, 'update')}
+
+
+@pytest.mark.parametrize('name', ['ssgd', 'diloco'])
+def test_data_parallel_algorithms_time_one_worker_step(name):
+  """One worker's step at the per-worker batch: one table for every data-parallel method."""
+  config = ssgd_config.get_config('smoke')
+  config.algorithm.name = name
+  model = models.get_model(config.model.name, (40, 1), 10)
+  table, batch_size = profile_command.measure_table(config, model, _batch, warmup=1, reps=2)
+  assert batch_size == config.batch_size  # per worker
+  assert (table.tasks, table.split) == (profiles.WORKER_STEP, ((0, model.num_layers),))
+  assert set(table.costs) == {(0, 'step')} and table.costs[(0, 'step')] > 0
+
+
+def test_unknown_algorithms_are_refused_naming_the_field():
+  config = ddg_config.get_config('smoke')
+  config.algorithm.name = 'sgd_by_hand'
+  with pytest.raises(ValueError, match="algorithm.name: 'sgd_by_hand' has no task table"):
+    profile_command.measure_table(config, None, None)
+
+
+def test_the_command_writes_a_profile_and_refuses_to_mix_models(data_dir, tmp_path):
+  out = str(tmp_path / 'suite.json')
+
+  def command(config_file, *extra):
+    return subprocess.run(
+      [
+        sys.executable,
+        '-m',
+        'experiments.profile',
+        f'--config={config_file}',
+        f'--config.data_dir={data_dir}',
+        f'--out={out}',
+        '--reps=2',
+        '--warmup=1',
+        *extra,
+      ],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+    )
+
+  done = command('experiments/configs/ddg.py:smoke', '--config.stages=2')
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert f'wrote {out}: 1 table(s), model cnn, batch 32' in done.stdout
+  profile = profiles.load(out)
+  assert profile.model['name'] == 'cnn' and profile.batch_size == 32
+  assert {'jax_call', 'real', 'real_threads'} == set(profile.dispatch)
+  assert profile.clock == 'wall' and not profile.pinned  # The defaults.
+  refused = command('experiments/configs/asgd.py:smoke')  # The MLP: another model.
+  assert refused.returncode != 0
+  assert (
+    refused.stderr.strip()
+    .splitlines()[-1]
+    .startswith('cost.profile: cannot add to a profile of another model')
+  )
+  assert profiles.load(out) == profile  # Left as it was.
