@@ -26,6 +26,11 @@ updated parameter), and *activations*, everything that depends on an argument:
 `backward` recomputes the weight values from `params_now` and walks the operations in
 reverse, each one's vjp taken at (kept activations, current weight values). With
 `params_now` equal to the forward's parameters it is the ordinary backward.
+
+A weight-only computation (reshape, cast, broadcast) counts as a view of the parameter,
+current, as PyTorch's `.t()` and `expand` are. Inner `jit`s are inlined; any other
+operation that holds a jaxpr (`custom_jvp` activations, `checkpoint`) is one operation,
+and one that takes both weights and activations is refused (its inside would be re-run).
 """
 
 import dataclasses
@@ -112,8 +117,17 @@ def _trace(fn, params, args) -> _Graph:
   jaxpr = closed.jaxpr
   weights = set(jaxpr.invars[:num_params]) | set(jaxpr.constvars)
   for eqn in jaxpr.eqns:
-    if all(v in weights for v in eqn.invars if isinstance(v, jcore.Var)):
+    inputs = [v for v in eqn.invars if isinstance(v, jcore.Var)]
+    if all(v in weights for v in inputs):
       weights.update(eqn.outvars)
+    elif any(v in weights for v in inputs) and any(
+      True for _ in jcore.jaxprs_in_params(eqn.params)
+    ):
+      # Its inside would be re-run at the current weights, activations included.
+      raise NotImplementedError(
+        f'stale_graph: a {eqn.primitive.name!r} operation (it holds a jaxpr) takes both '
+        f'weights and activations; only jit calls are inlined.'
+      )
   kept, seen = [], set()
   for eqn in jaxpr.eqns:
     for v in eqn.invars:

@@ -11,7 +11,7 @@ import pytest
 from jaxsgd import models
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.algorithms import ddg
-from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles
+from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles, stale_graph
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor
 from scheduler_helpers import OPTIMIZERS, UNIT_COSTS, fused_bp, make_pipeline, mlp
 from scheduler_helpers import pipeline_for, stage_params, take, train
@@ -176,6 +176,15 @@ def test_stale_graph_backward_of_a_three_layer_module_by_formula():
   chex.assert_trees_all_close(
     ops.stale_backward(kept, forward_weights, x, None, delta), stored, rtol=1e-6, atol=1e-7
   )
+
+
+def test_stale_graph_refuses_an_opaque_operation_on_weights_and_activations():
+  """Inside `jax.checkpoint` the activations would be recomputed at the current weights."""
+  forward, _ = stale_graph.stale_graph(
+    lambda w, x: (jax.checkpoint(lambda w, x: jnp.tanh(x @ w))(w, x), None)
+  )
+  with pytest.raises(NotImplementedError, match="'remat2' operation .* takes both weights"):
+    forward(jnp.ones((2, 2)), jnp.ones((3, 2)))
 
 
 def test_ddg_forms_differ():
