@@ -14,14 +14,16 @@ evaluated at (its inputs from the forward, the current weights):
     y = relu(u):    grad_u = δ ⊙ [u_fwd > 0]
     y = u · γ (BN): grad_γ = Σ δ ⊙ u_fwd       grad_u = δ γ_now
 
-`stale_graph(fn)` gives that backward for a JAX function `fn(params, *args)`. Its
-jaxpr (inner `jit`s inlined) is split into *weight* values, computed from `params`
-alone (the parameters and their reshapes and casts, which PyTorch sees as views of the
-updated parameter), and *activations*, everything that depends on an argument:
+`stale_graph(fn)` gives that backward for a JAX function `fn(params, *args) ->
+(outputs, aux)`. Its jaxpr (inner `jit`s inlined) is split into *weight* values,
+computed from `params` alone (the parameters and their reshapes and casts, which
+PyTorch sees as views of the updated parameter), and *activations*, everything that
+depends on an argument:
 
-    forward(params, *args)             -> (outputs, kept)   # kept: every activation an
-                                                            # operation reads
-    backward(kept, params_now, ct)     -> (grads_params, cts_args)
+    forward(params, *args)                        -> ((outputs, aux), kept)
+    backward(kept, params_now, *args, cotangent)  -> (grads of params, cts of args)
+
+(`kept`: every activation an operation reads; `args` give only shapes to `backward`.)
 
 `backward` recomputes the weight values from `params_now` and walks the operations in
 reverse, each one's vjp taken at (kept activations, current weight values). With
