@@ -2,6 +2,10 @@ r"""DDG (decoupled parallel backprop, Huo et al. 2018): the CNN in 4 stages on M
 
     python -m experiments.train --config=experiments/configs/ddg.py --workdir=runs/ddg
     python -m experiments.train --config=experiments/configs/ddg.py:smoke --workdir=/tmp/ddg
+    ... --config.algorithm.variant=paper|stale_graph|recompute
+        # paper: Jacobian at the forward's weights (default); stale_graph: the public
+        # code's (PyTorch autograd through the kept graph after in-place updates: the
+        # forward's activations, the current weights); recompute: the forward again
 
 Virtual clock by default: every stage is calibrated once on this machine and the
 run is simulated on a 4-device cluster with free links (`sim_time` in

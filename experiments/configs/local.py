@@ -4,6 +4,7 @@ r"""Local parallelism (Laskin et al. 2020): the CNN in 4 blocks with local losse
     python -m experiments.train --config=experiments/configs/local.py:smoke --workdir=/tmp/local
     ... --config.algorithm.variant=greedy|overlapping|chunked --config.algorithm.chunks=2
     ... --config.algorithm.pipelined=False      # the idealized lock-step
+    ... --config.algorithm.agreement_every=100  # cos(local, backprop gradient) per block
 
 Virtual clock by default (stages calibrated on this machine, free links); see
 experiments/configs/ddg.py for the cost-model and placement fields.

@@ -11,9 +11,31 @@ Update rule (paper form, `algorithm.variant='paper'`, the default), module k:
     w_k^{t+1} = w_k^t − η · OptaxUpdate( J_{w_k}f_k(w_k^{t−d_k}; h_{k−1}^{t−d_k})ᵀ δ_k^{t−d_k} )
 
 the Jacobian taken at the weights of the forward of batch t − d_k: the stored
-`jax.vjp` residuals of that forward (module k keeps d_k of them). The public
-code's form (`variant='recompute'`) keeps the input h_{k−1}^{t−d_k} instead and
-recomputes the forward with the current weights w_k^t before backpropagating.
+`jax.vjp` residuals of that forward (module k keeps d_k of them).
+
+The public code's form (`variant='stale_graph'`; github.com/slowbull/DDG, PyTorch)
+keeps each forward's autograd graph and calls `output.backward(δ)` d_k iterations
+later, after `optimizer.step()` has changed the weights in place (through `p.data`).
+Every operation's backward then reads the activations it saved in the forward and
+the parameters as they are now (`jaxsgd.pipeline.stale_graph`): for a layer
+h = φ(u), u = x W, that receives δ = ∂L/∂h of batch t − d_k,
+
+    e = δ ⊙ φ'(u^{t−d_k})          u, x: the forward's activations (old)
+    grad_W = (x^{t−d_k})ᵀ e        the forward's input
+    grad_x = e (W^t)ᵀ              the current weight
+
+so inside a module of several layers, and in the δ sent upstream, the current
+weights replace the forward's. The forward is never run again.
+
+The recompute form (`variant='recompute'`; no published code) keeps only the
+input h_{k−1}^{t−d_k} and runs the forward again at the current weights before
+backpropagating: J_{w_k}f_k(w_k^t; h_{k−1}^{t−d_k})ᵀ δ_k^{t−d_k}, activations
+included; it costs a forward more per backward, and the virtual clock charges it.
+
+In all three forms the update of module k uses the input and the error signal of
+batch t − d_k: its recorded staleness is d_k (`staleness_*/stage{k}`). The
+stale-graph and recompute forms take their Jacobian (partly) at the current
+weights; `weight_staleness_mean/stage{k}` reports the age of those weights (0).
 
 Schedule (0-indexed stage k = module k + 1, delay d = K − 1 − k):
 
@@ -44,7 +66,8 @@ from jaxsgd.algorithms import pipelined
 from jaxsgd.algorithms.settings import SharedSettings, derived, section
 from jaxsgd.pipeline import StageRole, sequential_roles
 
-VARIANTS = ('paper', 'recompute')
+VARIANTS = ('paper', 'stale_graph', 'recompute')
+_DELAYED_BACKWARD = {'paper': 'stored', 'stale_graph': 'stale_graph', 'recompute': 'recompute'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +79,10 @@ class Settings:
 
 
 def roles(num_stages: int, variant: str = 'paper') -> tuple[StageRole, ...]:
-  """Staged BP's roles with delay K − 1 − k at stage k (0-indexed)."""
+  """Staged BP's roles with delay K − 1 − k at stage k (0-indexed); `variant` picks
+  how a delayed backward takes its Jacobian (see the module docstring)."""
   return tuple(
-    dataclasses.replace(role, delay=num_stages - 1 - k, recompute=variant == 'recompute')
+    dataclasses.replace(role, delay=num_stages - 1 - k, delayed_backward=_DELAYED_BACKWARD[variant])
     for k, role in enumerate(sequential_roles(num_stages))
   )
 

@@ -35,6 +35,13 @@ so their updates are exact either way.
 every update is the exact gradient of the local objective at the current weights
 (d = 0; a block waits for the gradients it needs).
 
+Gradient agreement (`algorithm.agreement_every=N`, 0 = off): every N batches, the
+cosine between each block's local gradient of batch t and the gradient backprop
+would give it from the same forward (same weights, same batch), per block:
+`grad_cosine/stage{k}` in metrics.jsonl (the mean of the measurements since the last
+record), `grad_cosine.png` and `grad_cosine.npz` in the workdir
+(`jaxsgd.pipeline.agreement`).
+
 Each block consumes the upstream output of batch t produced by block i − 1 at
 *its* iteration t, i.e. with its weights after t updates: on a lock-step global
 clock that is the previous step's output, as in the paper's pipelined setting.
@@ -65,6 +72,7 @@ class Settings:
   variant: str = 'greedy'
   chunks: int = 1  # chunked only: contiguous groups of stages
   pipelined: bool = True
+  agreement_every: int = 0  # > 0: log each block's gradient agreement every N batches
   shared: SharedSettings | None = derived()
 
 
@@ -132,6 +140,11 @@ def validate(config, model) -> Settings:
       f'{settings.variant!r} does not use it (got {given["chunks"]!r}): remove '
       f'it or set algorithm.variant=chunked.'
     )
+  if isinstance(settings.agreement_every, bool) or settings.agreement_every < 0:
+    raise ValueError(
+      f'algorithm.agreement_every: must be an integer >= 0 (0: off), got '
+      f'{settings.agreement_every!r}.'
+    )
   return dataclasses.replace(settings, shared=shared)
 
 
@@ -140,5 +153,6 @@ def train(run, settings: Settings) -> dict:
     run,
     settings.shared,
     roles(settings.shared.stages, settings.variant, settings.chunks, settings.pipelined),
-    title='local: staleness per stage',
+    title=f'local ({settings.variant}): staleness per stage',
+    agreement_every=settings.agreement_every,
   )

@@ -6,7 +6,10 @@ Each of them turns its settings into one `StageRole` per stage (`jaxsgd.pipeline
 pipeline session for `train_steps` iterations.
 """
 
+import os
 from collections.abc import Sequence
+
+import numpy as np
 
 from jaxsgd import models as models_lib
 from jaxsgd import optimizers
@@ -15,6 +18,8 @@ from jaxsgd.algorithms.settings import SharedSettings, refuse_cost_fields, refus
 from jaxsgd.algorithms.settings import shared_settings
 from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole
 from jaxsgd.scheduler import profiles
+from jaxsgd.training import files
+from jaxsgd.training import plots
 
 
 def validate_pipeline(config, model) -> SharedSettings:
@@ -48,12 +53,16 @@ def stage_tasks(stages: PlacedStages, roles, batch, batch_size: int) -> clocks.T
   )
 
 
-def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: str) -> dict:
+def train_roles(
+  run, shared: SharedSettings, roles: Sequence[StageRole], title: str, *, agreement_every: int = 0
+) -> dict:
   """Trains `roles` on the scheduler for `train_steps` iterations.
 
   Step `t` (1-based) is reported when the last stage has applied batch t − 1's
   update (at the simulated time, on the virtual clock); the final step is
-  reported after every lane has finished. Writes `trace.json` and `staleness.png`.
+  reported after every lane has finished. Writes `trace.json` and `staleness.png`;
+  with `agreement_every` (`jaxsgd.pipeline.agreement`), `grad_cosine/stage{k}` in the
+  records, and `grad_cosine.png` and `grad_cosine.npz` (every measurement).
   """
   num_stages, steps = shared.stages, shared.train_steps
   stages = PlacedStages(
@@ -93,9 +102,11 @@ def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: 
     else:
       last_loss.append(loss)  # Reported once every lane is done.
 
-  session = stages.session(roles, feed, steps, on_step=on_step)
+  session = stages.session(roles, feed, steps, on_step=on_step, agreement_every=agreement_every)
   timeline = executor.run(session.cluster, session.processes())
   report(steps, last_loss[0], timeline.makespan if shared.virtual else None)
+  if session.agreement is not None:
+    write_agreement(run, *session.agreement.series(), title=title.split(':')[0])
   return run.write_schedule_outputs(
     timeline,
     session.staleness(),
@@ -103,3 +114,25 @@ def train_roles(run, shared: SharedSettings, roles: Sequence[StageRole], title: 
     epochs=batches.epoch,
     title=title,
   )
+
+
+def write_agreement(run, steps: np.ndarray, cosines: np.ndarray, title: str) -> None:
+  """`grad_cosine.npz` (`steps`, `cosines` (measurements, K)) and `grad_cosine.png`."""
+  run.write_arrays('grad_cosine', {'steps': steps, 'cosines': cosines})
+  if not run.is_primary:
+    return
+  fig, ax = plots.plt.subplots(figsize=(7, 3.6))
+  for k in range(cosines.shape[1]):
+    ax.plot(steps, cosines[:, k], label=f'block {k}')
+  ax.axhline(0, color='0.6', lw=0.8)
+  ax.set(
+    xlabel='batch t (each block at the weights of its forward)',
+    ylabel='cos(local gradient, backprop gradient)',
+    title=f'{title}: gradient agreement per block',
+  )
+  ax.legend(fontsize='small')
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  with files.atomic_path(os.path.join(run.workdir, 'grad_cosine.png')) as path:
+    fig.savefig(path, dpi=110)
+  plots.plt.close(fig)

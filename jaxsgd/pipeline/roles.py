@@ -5,12 +5,15 @@ Built on `jaxsgd.models.stage_functions` (layer 3). Every role gets the same cal
     forward(variables, x, labels)          -> (y, loss, new_state, vjp)
     backward(vjp, dy)                      -> (grads, dx)
     recompute(variables, x, labels, dy)    -> (grads, dx)   # forward again, then backward
+    stale_backward(kept, variables, x, labels, dy) -> (grads, dx)  # stale_graph roles
     delta_backward(vjp, dy, grads_own)     -> (grads_own + vjp((dy, 0)), None)
     update(params, opt_state, grads)       -> (params, opt_state)
 
 with `y` None for the model's last stage (its output is the loss), `loss` None
 for a stage without a loss, `dy` None for a stage that receives no gradient
-from downstream, and `dx` None when the role sends nothing upstream. The
+from downstream, and `dx` None when the role sends nothing upstream. In a role
+whose delayed backward is 'stale_graph', `forward`'s last output is not a vjp but
+the activations `stale_backward` reads (`jaxsgd.pipeline.stale_graph`). The
 backward's cotangent per loss kind:
 
     'none':  vjp(dy)                     the stage is inside a backprop chain
@@ -29,9 +32,11 @@ import optax
 
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.models import Stage
+from jaxsgd.pipeline import stale_graph as stale_graph_lib
 
 LOSS_KINDS = ('none', 'head', 'aux')
 SEND_KINDS = ('none', 'total', 'own')
+DELAYED_BACKWARDS = ('stored', 'stale_graph', 'recompute')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,15 +52,26 @@ class StageRole:
     delay: its backward at iteration t is for batch t − delay (pipeline fill: the
       first `delay` iterations have none). With `split_backward`, only the part
       from downstream is delayed.
-    recompute: the backward recomputes the forward from the stored input with the
-      current weights, instead of using the forward's stored vjp.
+    delayed_backward: the Jacobian a delayed backward (delay > 0) takes of batch
+      t − delay's forward, w_t being the current weights, w_{t−d} the forward's:
+        'stored':      J f(w_{t−d}; h_{t−d}): the forward's vjp residuals (DDG's paper);
+        'stale_graph': each operation's Jacobian at (its input activations of the
+                       forward, w_t): PyTorch's autograd through a kept graph after
+                       in-place updates, the public DDG code (`stale_graph`);
+        'recompute':   J f(w_t; h_{t−d}): the forward run again from the stored input.
+      All three backpropagate the same error signal of batch t − delay.
   """
 
   loss: str = 'none'
   receives_delta: bool = False
   sends_delta: str = 'none'
   delay: int = 0
-  recompute: bool = False
+  delayed_backward: str = 'stored'
+
+  @property
+  def backward_form(self) -> str:
+    """`delayed_backward`, or 'stored' when nothing is delayed (they coincide then)."""
+    return self.delayed_backward if self.delay > 0 else 'stored'
 
   @property
   def split_backward(self) -> bool:
@@ -70,6 +86,7 @@ class RoleFunctions:
   forward: Callable
   backward: Callable
   recompute: Callable
+  stale_backward: Callable
   delta_backward: Callable
   update: Callable
   jitted: tuple  # (name, jitted function) pairs, for trace counting
@@ -92,6 +109,9 @@ def role_functions(
     forward, jitted_forward = _adapt(fns, role.loss)
   cotangent = _cotangent(role.loss, output)
   sends = input_grad and role.sends_delta != 'none'
+  kept_forward, stale_backward = _stale_graph_fns(stage, role.loss, loss_fn, cotangent, sends)
+  if role.backward_form == 'stale_graph':
+    forward = jitted_forward = kept_forward
 
   def backward(vjp, dy):
     grads, *dx = vjp(cotangent(dy))
@@ -109,6 +129,7 @@ def role_functions(
     'forward': jitted_forward,
     'backward': jax.jit(backward),
     'recompute': jax.jit(recompute),
+    'stale_backward': stale_backward,
     'delta_backward': jax.jit(delta_backward),
     'update': stages_lib.make_update(tx),
   }
@@ -116,10 +137,42 @@ def role_functions(
     forward,
     jitted['backward'],
     jitted['recompute'],
+    stale_backward,
     jitted['delta_backward'],
     jitted['update'],
     tuple(jitted.items()),
   )
+
+
+def _stale_graph_fns(
+  stage: Stage, loss: str, loss_fn: Callable, cotangent: Callable, sends: bool
+) -> tuple[Callable, Callable]:
+  """Jitted `forward` keeping the activations, and `stale_backward` through them at the
+  current weights (`jaxsgd.pipeline.stale_graph`)."""
+
+  def outputs(params, state, x, labels):
+    if loss == 'aux':
+      (y, logits), new_state = stages_lib.apply_train(
+        stage, params, state, x, method=Stage.forward_with_aux
+      )
+      return (y, loss_fn(logits, labels)), new_state
+    out, new_state = stages_lib.apply_train(stage, params, state, x)
+    return (loss_fn(out, labels) if loss == 'head' else out), new_state
+
+  kept_forward, kept_backward = stale_graph_lib.stale_graph(outputs)
+
+  def forward(variables, x, labels):
+    params, state = stages_lib.split_variables(variables)
+    (out, new_state), kept = kept_forward(params, state, x, labels)
+    y, value = {'none': (out, None), 'head': (None, out), 'aux': out}[loss]
+    return y, value, new_state, kept
+
+  def backward(kept, variables, x, labels, dy):
+    params, state = stages_lib.split_variables(variables)
+    grads, (_, dx, _) = kept_backward(kept, params, state, x, labels, cotangent=cotangent(dy))
+    return grads, (dx if sends else None)
+
+  return jax.jit(forward), jax.jit(backward)
 
 
 def _adapt(fns: stages_lib.StageFns, loss: str):

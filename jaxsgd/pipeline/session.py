@@ -11,10 +11,17 @@ this module runs any list of roles. Stage `k`'s process, iteration `t`:
     (b, v_b, vjp_b, x_b) = slots.pop()                         # batch b = t − d_k
     if t < d_k: continue                                       # pipeline fill: idle slot
     dy     = Get(deltas[k])              if receives_delta     # dL/dy of batch b
-    g, dx  = backward(vjp_b, dy)         (or recompute at the current weights)
+    g, dx  = backward(vjp_b, dy)         (role.delayed_backward: or through the kept
+                                          activations, or the forward again, at the
+                                          current weights v_now)
     Send(deltas[k−1], dx)                if sends_delta
     params_k.write(update(params_k.read(), g), read_version=v_b)   # staleness recorded
     if k == K − 1: report step t + 1 with ℓ
+
+The recorded staleness of an update is the age of what it learns from: the writes
+since batch b's forward (v_b), whose input and error signal it uses, in every form.
+Where the Jacobian is taken at the current weights, their age (0 writes) is recorded
+apart, as the weight staleness (`weight_staleness_mean/stage{k}`).
 
 A stage with a local loss *and* a gradient from downstream (overlapping local
 losses) splits its backward: right after the forward, `g_own, dx = backward(vjp_t)`
@@ -41,7 +48,8 @@ from jaxsgd.errors import NonFiniteLossError
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
-from jaxsgd.pipeline.roles import RoleFunctions, StageRole, role_functions
+from jaxsgd.pipeline import agreement as agreement_lib
+from jaxsgd.pipeline.roles import DELAYED_BACKWARDS, RoleFunctions, StageRole, role_functions
 from jaxsgd.scheduler.costs import calibrate
 from jaxsgd.scheduler.placement import Placement
 from jaxsgd.scheduler.store import VersionedStore
@@ -138,6 +146,7 @@ class PlacedStages:
     self.inputs, self.outputs = _stage_shapes(model, self.stages, batch_size)
     self._variables = _initial_variables(model, self.stages, seed)
     self._ops: dict[tuple, RoleFunctions] = {}
+    self._cosines: dict[tuple, Callable] = {}
 
   def device(self, k: int) -> jax.Device:
     return self.placement.device(k)
@@ -145,7 +154,7 @@ class PlacedStages:
   def ops(self, k: int, role: StageRole) -> RoleFunctions:
     """Stage k's jitted ops for `role` (built once per distinct role; the delay
     does not change the computation)."""
-    key = (k, role.loss, role.receives_delta, role.sends_delta, role.recompute and role.delay > 0)
+    key = (k, role.loss, role.receives_delta, role.sends_delta, role.backward_form)
     if key not in self._ops:
       self._ops[key] = role_functions(
         self.stages[k], role, self.tx, output=self.outputs[k], loss_fn=self.loss_fn
@@ -170,8 +179,24 @@ class PlacedStages:
     *,
     on_step: Callable[[int, Any], None] | None = None,
     idle_fill: str | None = None,
+    agreement_every: int = 0,
   ) -> 'PipelineSession':
-    return PipelineSession(self, roles, feed, steps, on_step=on_step, idle_fill=idle_fill)
+    return PipelineSession(
+      self,
+      roles,
+      feed,
+      steps,
+      on_step=on_step,
+      idle_fill=idle_fill,
+      agreement_every=agreement_every,
+    )
+
+  def cosines(self, roles: Sequence[StageRole]) -> Callable:
+    """The jitted gradient-agreement measurement of `roles` (`agreement.make_cosines`)."""
+    key = tuple(roles)
+    if key not in self._cosines:
+      self._cosines[key] = agreement_lib.make_cosines(self.stages, roles, self.loss_fn)
+    return self._cosines[key]
 
   def calibrate(self, roles: Sequence[StageRole], batch: dict, reps: int = 3) -> dict:
     """Seconds per (stage, kind), timing the real jitted calls on `batch` once."""
@@ -190,15 +215,16 @@ class PlacedStages:
         else None
       )
       y, _, _, vjp = ops.forward(variables, x, labels)
-      grads, _ = ops.backward(vjp, dy)
+      backward = {
+        'stored': (ops.backward, (vjp, dy)),
+        'recompute': (ops.recompute, (variables, x, labels, dy)),
+        'stale_graph': (ops.stale_backward, (vjp, variables, x, labels, dy)),
+      }[role.backward_form]
+      grads, _ = backward[0](*backward[1])
       params, _ = stages_lib.split_variables(variables)
       opt_state = transfer.to_device(self.tx.init(params), device)
       calls[(k, 'forward')] = (ops.forward, (variables, x, labels))
-      calls[(k, 'backward')] = (
-        (ops.recompute, (variables, x, labels, dy))
-        if role.recompute and role.delay
-        else (ops.backward, (vjp, dy))
-      )
+      calls[(k, 'backward')] = backward
       calls[(k, 'update')] = (ops.update, (params, opt_state, grads))
       if y is not None:
         x = transfer.to_device(y, self.device(k + 1))
@@ -217,6 +243,7 @@ class PipelineSession:
     *,
     on_step=None,
     idle_fill=None,
+    agreement_every: int = 0,
   ):
     check_roles(roles)
     if len(roles) != pipeline.num_stages:
@@ -228,6 +255,8 @@ class PipelineSession:
     self.idle_fill = idle_fill
     self.cluster = Cluster()
     self.stores, self.states, self.losses = [], [], []
+    # Per stage: writes between reading the weights a Jacobian used and its update.
+    self.weight_staleness: list[list[int]] = [[] for _ in self.roles]
     for k, role in enumerate(self.roles):
       self.cluster.add_lane(f'stage {k} ({pipeline.device(k)})', pipeline.device(k))
       params, state = stages_lib.split_variables(pipeline.initial_variables(k, role))
@@ -236,6 +265,14 @@ class PipelineSession:
       self.states.append(VersionedStore(f'stage {k} state', state))
       self.losses.append([])
     num = pipeline.num_stages
+    # Every `agreement_every` batches: each block's local gradient against backprop's.
+    self.agreement = (
+      agreement_lib.AgreementProbe(
+        pipeline.cosines(self.roles), num, pipeline.device(num - 1), agreement_every
+      )
+      if agreement_every
+      else None
+    )
     self.activations = [self.cluster.channel(f'activations → stage {k}', k) for k in range(num)]
     self.deltas = [self.cluster.channel(f'deltas → stage {k}', k) for k in range(num)]
 
@@ -248,6 +285,8 @@ class PipelineSession:
     last = k == self.pipeline.num_stages - 1
     slots = collections.deque([self._idle_slot(k)] * role.delay)
     for t in range(self.steps):
+      probed = self.agreement is not None and self.agreement.wants(t)
+      batch = self.feed.peek(t) if probed and k == 0 else None  # Before it is taken.
       x = (
         transfer.to_device(self.feed.take(t, 'image'), device)
         if k == 0
@@ -258,6 +297,8 @@ class PipelineSession:
       )
       snapshot = self.stores[k].read()
       variables = {'params': snapshot.value.params, **self.states[k].read().value}
+      if probed:
+        self.agreement.record(k, t, *stages_lib.split_variables(variables), batch)
       y, loss, new_state, vjp = yield Compute(
         ops.forward, (variables, x, labels), kind='forward', stage=k, batch=t
       )
@@ -269,35 +310,42 @@ class PipelineSession:
       slots.append(current)
       slot = slots.popleft()
       if t >= role.delay:  # Else the slot is idle: pipeline fill.
-        grads, read_version = yield from self._backward(k, slot, own)
-        yield from self._update(k, grads, read_version, slot.batch)
+        grads, read_version, weights_version = yield from self._backward(k, slot, own)
+        yield from self._update(k, grads, read_version, slot.batch, weights_version)
       elif own is not None:  # Overlapping fill: the own loss alone.
-        yield from self._update(k, *own, t)
+        yield from self._update(k, *own, t, own[1])
       if role.loss == 'aux':
         self.losses[k].append((t, loss))  # Drained (and checked) at evaluation points.
       if last:
         self.on_step(t, loss)
 
   def _backward(self, k: int, slot: _Slot, own):
-    """Backward of `slot`'s batch; returns (grads, the version they were computed at).
+    """Backward of `slot`'s batch; returns (grads, the version of the forward whose
+    input and error signal they use, the version of the weights their Jacobian used).
 
     With `own` (overlapping: the own-loss gradient of the current batch and its
     version), only the downstream part goes through `slot`'s vjp and is added.
     """
     role, ops = self.roles[k], self.pipeline.ops(k, self.roles[k])
     dy = (yield Get(self.deltas[k])) if role.receives_delta else None
-    read_version = slot.version
+    read_version = weights_version = slot.version
     if own is not None:
-      call, read_version = (ops.delta_backward, (slot.vjp, dy, own[0])), min(slot.version, own[1])
-    elif role.recompute and role.delay:  # Public-code DDG: current weights, stored input.
+      call = ops.delta_backward, (slot.vjp, dy, own[0])
+      read_version = weights_version = min(slot.version, own[1])
+    elif role.backward_form == 'stored':  # The forward's weights: its vjp residuals.
+      call = ops.backward, (slot.vjp, dy)
+    else:  # The current weights: through the kept activations, or the forward again.
       current = self.stores[k].read()
       variables = {'params': current.value.params, **self.states[k].read().value}
-      call, read_version = (ops.recompute, (variables, slot.x, slot.labels, dy)), current.version
-    else:  # The forward's weights, from its stored vjp residuals.
-      call = (ops.backward, (slot.vjp, dy))
+      weights_version = current.version
+      call = (
+        (ops.stale_backward, (slot.vjp, variables, slot.x, slot.labels, dy))
+        if role.backward_form == 'stale_graph'
+        else (ops.recompute, (variables, slot.x, slot.labels, dy))
+      )
     grads, dx = yield Compute(*call, kind='backward', stage=k, batch=slot.batch)
     yield from self._send_delta(k, dx, slot.batch)
-    return grads, read_version
+    return grads, read_version, weights_version
 
   def _own_backward(self, k: int, slot: _Slot):
     """Overlapping: the own loss's backward on the current batch, its input gradient
@@ -314,7 +362,7 @@ class PipelineSession:
     if dx is not None and batch < self.steps - self.roles[k - 1].delay:
       yield Send(self.deltas[k - 1], dx, batch=batch)
 
-  def _update(self, k: int, grads, read_version: int, batch: int):
+  def _update(self, k: int, grads, read_version: int, batch: int, weights_version: int):
     current = self.stores[k].read().value
     params, opt_state = yield Compute(
       self.pipeline.ops(k, self.roles[k]).update,
@@ -323,6 +371,7 @@ class PipelineSession:
       stage=k,
       batch=batch,
     )
+    self.weight_staleness[k].append(self.stores[k].version - weights_version)
     self.stores[k].write(
       StageParams(params, opt_state), read_version=read_version, lane=k, batch=batch
     )
@@ -362,9 +411,14 @@ class PipelineSession:
       if values.size:
         record[f'staleness_mean/stage{k}'] = float(values.mean())
         record[f'staleness_max/stage{k}'] = int(values.max())
+      if self.roles[k].backward_form != 'stored' and self.weight_staleness[k]:
+        record[f'weight_staleness_mean/stage{k}'] = float(np.mean(self.weight_staleness[k]))
     for k, role in enumerate(self.roles):
       if role.loss == 'aux' and self.losses[k]:
         record[f'local_loss/stage{k}'] = _drain_local_losses(k, self.losses[k])
+    cosines = self.agreement.drain() if self.agreement is not None else None
+    if cosines is not None:
+      record.update({f'grad_cosine/stage{k}': float(c) for k, c in enumerate(cosines)})
     return record
 
 
@@ -390,6 +444,16 @@ def check_roles(roles: Sequence[StageRole]) -> None:
   for k, role in enumerate(roles):
     if role.delay < 0:
       raise ValueError(f'roles: stage {k} has a negative delay.')
+    if role.delayed_backward not in DELAYED_BACKWARDS:
+      raise ValueError(
+        f'roles: stage {k} delayed_backward={role.delayed_backward!r}; '
+        f'allowed: {", ".join(DELAYED_BACKWARDS)}.'
+      )
+    if role.split_backward and role.backward_form != 'stored':
+      raise ValueError(
+        f'roles: stage {k} splits its backward (a local loss and a gradient '
+        f'from downstream), which supports only delayed_backward="stored".'
+      )
     if role.receives_delta != (k < last and roles[k + 1].sends_delta != 'none'):
       raise ValueError(
         f'roles: stage {k} receives_delta={role.receives_delta} but stage '

@@ -192,11 +192,12 @@ def roles_signature(roles) -> str:
   """The part of each `StageRole` that changes a stage's computation, stage by stage.
 
   The delay only decides *when* a backward runs, not what it computes, so BP and
-  DDG (paper form) share one signature; recomputation and auxiliary heads do not.
+  DDG (paper form) share one signature; a delayed backward at the current weights
+  (stale graph, recomputation) and auxiliary heads do not.
   """
   return ','.join(
     f'{r.loss}:{"dy" if r.receives_delta else "-"}:{r.sends_delta}'
-    f'{":recompute" if r.recompute and r.delay else ""}'
+    f'{"" if r.backward_form == "stored" else ":" + r.backward_form}'
     for r in roles
   )
 

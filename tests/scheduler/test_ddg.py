@@ -53,6 +53,20 @@ def test_virtual_smoke_run_learns_and_is_bit_identical_run_to_run(data_dir, tmp_
   assert (tmp_path / 'a' / 'staleness.png').stat().st_size > 5_000
 
 
+@pytest.mark.parametrize('variant', ['stale_graph', 'recompute'])
+def test_current_weight_forms_learn_and_report_both_delays(data_dir, tmp_path, variant):
+  """The CNN's conv and dense stages through the public code's backward (stale graph) and
+  the recompute form: the update's delay is the paper form's; its weights' age is 0."""
+  summary = training.train_and_evaluate(
+    smoke(data_dir, stages=3, **{'algorithm.variant': variant}), str(tmp_path), show_progress=False
+  )
+  got = records(tmp_path)
+  assert got[-1]['train_loss'] < got[0]['train_loss'] and got[-1]['test_loss'] < 2.3
+  assert [got[-1][f'staleness_max/stage{k}'] for k in range(3)] == [2, 1, 0]
+  assert [got[-1].get(f'weight_staleness_mean/stage{k}') for k in range(3)] == [0.0, 0.0, None]
+  assert summary['staleness']['stage 0']['max'] == 2
+
+
 def test_real_clock_smoke_run_learns(data_dir, tmp_path):
   summary = training.train_and_evaluate(
     smoke(data_dir, clock='real', stages=2), str(tmp_path), show_progress=False
@@ -89,7 +103,7 @@ def test_staged_bp_on_the_virtual_clock_matches_fused_bp(data_dir, tmp_path):
     (
       {'algorithm.variant': 'eager'},
       r"algorithm.variant: 'eager' is not a DDG variant; "
-      r'allowed: paper, recompute',
+      r'allowed: paper, stale_graph, recompute',
     ),
     ({'placement.devices': (0,)}, r'placement.devices: 1 devices listed for 4 stages'),
     ({'placement.stage_to_device': (0, 1, 0)}, r'placement.stage_to_device: 3 entries'),

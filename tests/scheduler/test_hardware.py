@@ -141,8 +141,13 @@ def test_a_faster_device_gives_shorter_tasks():
 
 @pytest.mark.parametrize(
   'roles',
-  [ddg.roles(2, 'recompute'), local.roles(2), local.roles(3, 'overlapping')],
-  ids=['ddg-recompute', 'local-greedy', 'local-overlapping'],
+  [
+    ddg.roles(2, 'recompute'),
+    ddg.roles(2, 'stale_graph'),
+    local.roles(2),
+    local.roles(3, 'overlapping'),
+  ],
+  ids=['ddg-recompute', 'ddg-stale-graph', 'local-greedy', 'local-overlapping'],
 )
 def test_every_role_kind_has_a_roofline(roles):
   """Recomputing backwards and auxiliary heads compile and count like the rest; a
@@ -154,7 +159,7 @@ def test_every_role_kind_has_a_roofline(roles):
     (k, kind) for k in range(len(roles)) for kind in ('forward', 'backward', 'update')
   }
   assert all(seconds > 0 for seconds in costs.values())
-  if roles[0].recompute:
+  if roles[0].backward_form == 'recompute':
     plain = hardware.pipeline_costs(
       pipeline_for(sequential_roles(2)), sequential_roles(2), batch, spec
     )
