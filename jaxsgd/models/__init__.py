@@ -12,3 +12,4 @@ from jaxsgd.models.split import StagedModel
 from jaxsgd.models.zoo import check_model_fields
 from jaxsgd.models.zoo import get_model
 from jaxsgd.models.zoo import MODELS
+from jaxsgd.models.zoo import ModelSpec

@@ -20,6 +20,7 @@ linear for conv features, linear for flat features, stored as `aux_{k}`.
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -83,6 +84,8 @@ class StagedModel:
   layers: tuple[nn.Module, ...]
   input_shape: tuple[int, ...]
   num_classes: int
+  # How to build it again (`zoo.ModelSpec`), e.g. inside a lane process; set by `get_model`.
+  spec: Any = dataclasses.field(default=None, compare=False, repr=False)
 
   @property
   def num_layers(self) -> int:

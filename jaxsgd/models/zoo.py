@@ -1,8 +1,10 @@
 """The model zoo: MLP, small CNN, CIFAR ResNet-20/56/110, ResNet-18."""
 
+import dataclasses
 import difflib
 import inspect
 from collections.abc import Sequence
+from typing import Any
 
 from jaxsgd.models import layers as L
 from jaxsgd.models.split import StagedModel
@@ -63,11 +65,48 @@ def resnet18(input_shape, num_classes) -> StagedModel:
   return StagedModel('resnet18', tuple(units), tuple(input_shape), num_classes)
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """What `get_model` was called with: hashable and picklable, so another process (a lane)
+  builds the same model from it (`ModelSpec.build()`).
+
+  Attributes:
+    name, input_shape, num_classes: `get_model`'s arguments.
+    kwargs: its keyword arguments as sorted `(name, value)` pairs, lists made tuples.
+  """
+
+  name: str
+  input_shape: tuple[int, ...]
+  num_classes: int
+  kwargs: tuple[tuple[str, Any], ...] = ()
+
+  def build(self) -> StagedModel:
+    return get_model(self.name, self.input_shape, self.num_classes, **dict(self.kwargs))
+
+
+def _frozen(value):
+  """Lists (from a config) as tuples, so that a `ModelSpec` is hashable."""
+  if isinstance(value, (list, tuple)):
+    return tuple(_frozen(v) for v in value)
+  return value
+
+
 MODELS = ('mlp', 'cnn', 'resnet20', 'resnet56', 'resnet110', 'resnet18')
 
 
 def get_model(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
-  """Builds model `name` (one of `MODELS`) for inputs of `input_shape`."""
+  """Builds model `name` (one of `MODELS`) for inputs of `input_shape`; the model's `spec`
+  says how to build it again."""
+  spec = ModelSpec(
+    name,
+    _frozen(input_shape),
+    int(num_classes),
+    tuple(sorted((k, _frozen(v)) for k, v in kwargs.items())),
+  )
+  return dataclasses.replace(_build(name, input_shape, num_classes, **kwargs), spec=spec)
+
+
+def _build(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
   if name in _BUILDERS:
     check_model_fields(name, kwargs)
   if name == 'mlp':

@@ -44,6 +44,7 @@ import numpy as np
 import optax
 
 from jaxsgd import models as models_lib
+from jaxsgd import optimizers
 from jaxsgd.errors import NonFiniteLossError
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.scheduler import transfer
@@ -53,8 +54,40 @@ from jaxsgd.pipeline.roles import DELAYED_BACKWARDS, RoleFunctions, StageRole, r
 from jaxsgd.scheduler.costs import calibrate
 from jaxsgd.scheduler.placement import Placement
 from jaxsgd.scheduler.store import VersionedStore
+from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 KINDS = ('forward', 'backward', 'update')  # The task kinds a stage runs (cost keys).
+# The functions of a stage in a role (`RoleFunctions` fields), by task name.
+STAGE_TASKS = ('forward', 'backward', 'recompute', 'stale_backward', 'delta_backward', 'update')
+
+
+def stage_tasks(
+  *,
+  model: models_lib.ModelSpec,
+  num_stages: int,
+  stage: int,
+  role: StageRole,
+  optimizer: optimizers.OptimizerSettings,
+  total_steps: int,
+  batch_size: int,
+  aux_heads: bool,
+) -> dict[str, Callable]:
+  """Stage `stage`'s jitted functions in `role` (`STAGE_TASKS`, plus `jitted` for trace
+  counts), built from picklable settings: the factory of a `TaskRecipe`, called once
+  per process — in the driver for the in-process clocks, in a lane process otherwise."""
+  staged = model.build()
+  stages = models_lib.split(staged, num_stages, aux_heads=aux_heads)
+  _, outputs = _stage_shapes(staged, stages, batch_size)
+  tx = optimizers.make_optimizer(optimizer, total_steps)
+  fns = role_functions(stages[stage], role, tx, output=outputs[stage])
+  return {**{name: getattr(fns, name) for name in STAGE_TASKS}, 'jitted': fns.jitted}
+
+
+def computation_role(role: StageRole) -> StageRole:
+  """`role` with only what its functions depend on (the delay only through the
+  backward's form), so that roles differing in delay alone share one recipe."""
+  form = role.backward_form
+  return StageRole(role.loss, role.receives_delta, role.sends_delta, int(form != 'stored'), form)
 
 
 def sequential_roles(num_stages: int) -> tuple[StageRole, ...]:
@@ -125,6 +158,11 @@ class PlacedStages:
     seed: the model is initialized exactly like the fused `bp` (`model.init(key(seed))`);
       auxiliary heads are drawn from the same key.
     aux_heads: give stages auxiliary heads (local losses).
+    optimizer: `(OptimizerSettings, total steps)` that `tx` was made from
+      (`optimizers.make_optimizer`). With it (and a model from `get_model`, which knows
+      its `spec`, and the default loss), a stage's ops are named tasks (`tasks.Task` of
+      `stage_tasks`): the same jitted functions in this process, and built again from
+      the same settings inside a lane process (`scheduler.process.ProcessExecutor`).
   """
 
   def __init__(
@@ -138,8 +176,22 @@ class PlacedStages:
     seed: int = 0,
     aux_heads: bool = False,
     loss_fn: Callable = stages_lib.cross_entropy,
+    optimizer: tuple[optimizers.OptimizerSettings, int] | None = None,
   ):
     models_lib.check_num_stages(model, num_stages)
+    named = optimizer is not None and model.spec is not None
+    self._recipe = (
+      dict(
+        model=model.spec,
+        num_stages=num_stages,
+        optimizer=optimizer[0],
+        total_steps=optimizer[1],
+        batch_size=batch_size,
+        aux_heads=aux_heads,
+      )
+      if named and loss_fn is stages_lib.cross_entropy
+      else None
+    )
     self.model, self.tx, self.placement, self.loss_fn = model, tx, placement, loss_fn
     self.num_stages = num_stages
     self.stages = models_lib.split(model, num_stages, aux_heads=aux_heads)
@@ -155,6 +207,11 @@ class PlacedStages:
     """Stage k's jitted ops for `role` (built once per distinct role; the delay
     does not change the computation)."""
     key = (k, role.loss, role.receives_delta, role.sends_delta, role.backward_form)
+    if key not in self._ops and self._recipe is not None:
+      recipe = TaskRecipe.of(stage_tasks, stage=k, role=computation_role(role), **self._recipe)
+      self._ops[key] = RoleFunctions(
+        *(Task(recipe, name) for name in STAGE_TASKS), jitted=recipe.build()['jitted']
+      )
     if key not in self._ops:
       self._ops[key] = role_functions(
         self.stages[k], role, self.tx, output=self.outputs[k], loss_fn=self.loss_fn
@@ -253,6 +310,9 @@ class PipelineSession:
     if idle_fill not in (None, 'nan'):
       raise ValueError(f'idle_fill: None or "nan", got {idle_fill!r}.')
     self.idle_fill = idle_fill
+    # Values for the driver (logging, evaluation): an executor whose values live in other
+    # processes sets its own (`Executor.fetch`).
+    self.fetch = lambda value: value
     self.cluster = Cluster()
     self.stores, self.states, self.losses = [], [], []
     # Per stage: writes between reading the weights a Jacobian used and its update.
@@ -395,7 +455,10 @@ class PipelineSession:
     device = self.pipeline.placement.devices[0]
     return models_lib.merge_variables(
       [
-        transfer.to_device({'params': store.read().value.params, **state.read().value}, device)
+        transfer.to_device(
+          {'params': self.fetch(store.read().value.params), **self.fetch(state.read().value)},
+          device,
+        )
         for store, state in zip(self.stores, self.states)
       ]
     )

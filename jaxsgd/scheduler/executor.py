@@ -45,6 +45,10 @@ model is SimPy's `Environment` and its real-time subclass, which overrides only
   (default 0: only a clock that prices links needs it).
 - `begin()`: resets the clock's state at the start of a run; `now()`: seconds since
   the start of the run (simulated or wall).
+- `fetch(value)` / `deferred(value)`: `value` for the driver now (logging,
+  evaluation) / when first read (a loss handed to a report); `close()`: releases
+  what the executor holds after a run (its lane processes). Identity and no-op for
+  the in-process clocks, whose values are already the driver's.
 - `close_processes()`: closes every process's generator when the run ends (an
   executor that runs them in threads closes each in its own thread instead).
 
@@ -190,6 +194,15 @@ class Executor:
   def message_bytes(self, value) -> int:
     del value
     return 0
+
+  def fetch(self, value):
+    return value
+
+  def deferred(self, value):
+    return value
+
+  def close(self) -> None:
+    pass
 
   def close_processes(self) -> None:
     for process in self.processes:

@@ -1,0 +1,232 @@
+"""The real clock across processes: every compute lane of a cluster is an OS process.
+
+    executor = ProcessExecutor(LanePlacement.parse('stage0@cores=0; stage1@cores=1'))
+    try:
+      timeline = executor.run(session.cluster, session.processes())
+      variables = session.variables()        # fetched from the lanes (`fetch`)
+    finally:
+      executor.close()                       # ends every lane process
+
+The policies are the same as under the other clocks; only their `Compute`s must name
+their functions (`tasks.Task`: a recipe and a name), which each lane process builds
+from the same picklable settings — a closure is refused. The lanes are a `LanePool`
+(`lanes/`, docs/engine.md): one Ray actor per lane, pinned to its cores (or given a
+GPU), on this host or another. A cluster lane goes to the placement lane of the same
+name: the cluster's name up to its first ' (' without spaces ('stage 0 (cpu:0)' →
+`stage0`, 'worker 1' → `worker1`); a placement missing one is refused, naming them.
+Without a placement every lane gets its own core, round-robin over this host's cores.
+
+A task's result stays in its lane; the process gets `Handle`s (values with no arrays
+— None, an empty dict — come back as themselves, since policies test them). A `Send`
+between lanes is a transfer task on the link lane whose copy goes lane to lane
+(`LanePool.move`), never through the driver. `fetch` brings values to the driver at
+logging points; `deferred` wraps a lane's scalar for `Run.report` (fetched when read).
+
+Running ahead: once a task has finished on arguments of the same shapes, its handles
+are known at its start (`LanePool.early`) and the process goes on at once while the
+lane computes — as the in-process real clock goes on while its devices compute.
+
+Faults: a task that raises, or a lane process that dies (SIGKILL), raises `LaneError`
+naming the lane and its host from the executor's wait (within ~25 ms of the death);
+the run stops, every process is closed and every lane process ended.
+"""
+
+import collections
+import re
+import time
+
+import jax
+import numpy as np
+
+from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process
+from jaxsgd.scheduler.executor import Executor
+from jaxsgd.scheduler.lanes import Handle, LanePlacement, LanePool
+from jaxsgd.scheduler.tasks import Task
+from jaxsgd.scheduler.timeline import TaskRecord, Timeline
+
+
+class ProcessExecutor(Executor):
+  """Runs each compute lane's tasks in a lane process of a `LanePool`.
+
+  Args:
+    placement: where each lane process runs (None: one core each, round-robin).
+    address: a running Ray cluster (`host:port`) to place the lanes on; None starts
+      one on this machine for the executor's lifetime.
+    pool: an open `LanePool` to use instead (not closed by `close`; its lane names
+      must cover the cluster's).
+    run_ahead: resume a process with a task's handles before the task ends when they
+      are known (`LanePool.early`).
+    verbose: print the placement (lane, host, pid, cores, device) when the lanes start.
+  """
+
+  clock = 'real (processes)'
+
+  def __init__(
+    self,
+    placement: LanePlacement | None = None,
+    *,
+    address: str | None = None,
+    pool: LanePool | None = None,
+    run_ahead: bool = True,
+    verbose: bool = True,
+  ):
+    self.placement, self.address, self.pool = placement, address, pool
+    self._owns_pool = pool is None
+    self.run_ahead, self.verbose = run_ahead, verbose
+    self.dispatch_seconds = 0.0  # host time spent starting tasks (for benchmarks)
+    self.dispatched = 0
+
+  # --- the lanes ---------------------------------------------------------------------------
+  def run(self, cluster: Cluster, processes: list[Process]) -> Timeline:
+    """As `Executor.run`; the lane processes are ended if it raises (else by `close`)."""
+    try:
+      self._lane_names = self._map_lanes(cluster)
+      return super().run(cluster, processes)
+    except BaseException:
+      self.close()
+      raise
+
+  def close(self) -> None:
+    """Ends every lane process this executor started (idempotent)."""
+    if self._owns_pool and self.pool is not None:
+      pool, self.pool = self.pool, None
+      pool.close()
+
+  def _map_lanes(self, cluster: Cluster) -> dict[int, str]:
+    names = {i: lane_name(spec.name) for i, spec in enumerate(cluster.lanes) if spec.link is None}
+    if len(set(names.values())) != len(names):
+      names = {i: f'{name}.{i}' for i, name in names.items()}
+    if self.pool is None:
+      placement = self.placement or LanePlacement.spread(names.values())
+      missing = [n for n in names.values() if n not in placement.names]
+      if missing:
+        raise ValueError(
+          f'placement.lanes: no lane for {", ".join(missing)}; this run needs lanes '
+          f'named {", ".join(names.values())}.'
+        )
+      self.pool = LanePool(placement, address=self.address, verbose=self.verbose)
+    return names
+
+  # --- the clock's hooks (`executor.py`) ---------------------------------------------------
+  def now(self) -> float:
+    return time.time() - self._t0  # lanes report time.time() too
+
+  def begin(self) -> None:
+    self._t0 = time.time()
+    self._ready = collections.deque()
+    self._pending = {}
+    self._resumed = set()
+
+  def execute(self) -> None:
+    self._ready.extend((p, None) for p in self.processes)
+    while self.failure is None:
+      while self._ready:
+        self.advance(*self._ready.popleft())
+      if not self._pending:
+        return
+      finished = self.pool.wait_any(list(self._pending))  # LaneError stops the run
+      process, lane, op = self._pending.pop(finished)
+      self.record(
+        TaskRecord(
+          lane, op.kind, finished.started - self._t0, finished.ended - self._t0, op.stage, op.batch
+        )
+      )
+      if finished in self._resumed:
+        self._resumed.discard(finished)
+      else:
+        self.task_finished(process, _driver_view(finished.result()))
+
+  def resume(self, process: Process, value) -> None:
+    self._ready.append((process, value))
+
+  def start_task(self, process: Process, lane: int, op: Compute) -> None:
+    spec = self.cluster.lanes[lane]
+    if spec.link is not None:  # a Send's copy: lane to lane, not through the driver
+      value, channel = op.args
+      start = self.now()
+      moved = self.pool.move(value, self._lane_names[channel.lane])
+      self.record(TaskRecord(lane, op.kind, start, self.now(), op.stage, op.batch))
+      self.resume(process, moved)
+      return
+    if not isinstance(op.fn, Task):
+      raise TypeError(
+        f'{process.name} yielded Compute({op.fn!r}); the process executor runs named '
+        'tasks only (tasks.Task: a recipe and a name), which each lane builds itself.'
+      )
+    start = time.perf_counter()
+    pending = self.pool.start(self._lane_names[lane], op.fn, op.args)
+    self._pending[pending] = (process, lane, op)
+    early = self.pool.early(pending) if self.run_ahead else None
+    self.dispatch_seconds += time.perf_counter() - start
+    self.dispatched += 1
+    if early is not None:  # the process goes on; the lane computes meanwhile
+      self._resumed.add(pending)
+      self.task_finished(process, _driver_view(early))
+
+  def needs_transfer(self, value, channel: Channel) -> bool:
+    target = self._lane_names[channel.lane]
+    return any(isinstance(h, Handle) and h.lane != target for h in _handles(value))
+
+  def message_bytes(self, value) -> int:
+    return LanePool.nbytes(value)
+
+  # --- values for the driver ---------------------------------------------------------------
+  def fetch(self, value):
+    """`value` with every handle replaced by its value (numpy), fetched from its lane."""
+    return jax.tree.map(
+      lambda leaf: self.pool.fetch(leaf) if isinstance(leaf, Handle) else leaf,
+      value,
+      is_leaf=lambda x: isinstance(x, Handle),
+    )
+
+  def deferred(self, value):
+    """A lane's scalar as an array-like fetched when first read (for `Run.report`)."""
+    return LaneValue(self, value) if isinstance(value, Handle) else value
+
+
+class LaneValue:
+  """A value in a lane, fetched on first `np.asarray` (the report's logging point)."""
+
+  def __init__(self, executor: ProcessExecutor, handle: Handle):
+    self._executor, self._handle, self._value = executor, handle, None
+
+  def is_ready(self) -> bool:
+    return True  # fetching waits for the lane's task, in the order of its calls
+
+  def __array__(self, dtype=None, copy=None):
+    del copy
+    if self._value is None:
+      self._value = np.asarray(self._executor.fetch(self._handle))
+      self._handle = None
+    return self._value if dtype is None else self._value.astype(dtype)
+
+  def __float__(self):
+    return float(self.__array__())
+
+
+def lane_name(cluster_name: str) -> str:
+  """A cluster lane's name as a placement lane name: `stage 0 (cpu:0)` → `stage0`."""
+  return re.sub(r'[^A-Za-z0-9_.-]', '', cluster_name.split(' (')[0]) or 'lane'
+
+
+def _handles(value) -> list:
+  return [
+    leaf
+    for leaf in jax.tree.leaves(value, is_leaf=lambda x: isinstance(x, Handle))
+    if isinstance(leaf, Handle)
+  ]
+
+
+_EMPTY = {'NoneType': lambda: None, 'dict': dict, 'tuple': tuple, 'list': list}
+
+
+def _driver_view(result):
+  """Handles of values without arrays (None, {}) as those values: policies test them
+  (`dx is not None`, `{**state}`), and there is nothing in the lane to refer to."""
+  if isinstance(result, tuple):
+    return tuple(_driver_view(part) for part in result)
+  if isinstance(result, Handle) and result.nbytes == 0 and ' leaves #' in result.description:
+    kind, _, rest = result.description.partition('(')
+    if rest.startswith('0 leaves') and kind in _EMPTY:
+      return _EMPTY[kind]()
+  return result
