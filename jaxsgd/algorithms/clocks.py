@@ -142,8 +142,16 @@ def make_executor(
   threads: bool = False,
   adjust: Callable[[dict], dict] = lambda table: table,
 ):
-  """`(executor, cost table)`: the real clock (`threads`: a thread per process) and
-  `{}`, or the virtual clock with a cost model of `adjust(table)`."""
+  """`(executor, cost table)`: the real clock (`threads`: a thread per process; with
+  `executor='processes'`, a process per lane) and `{}`, or the virtual clock with a cost
+  model of `adjust(table)`. Call the executor's `close()` when the run is over."""
+  if shared.executor == 'processes':
+    from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
+    from jaxsgd.scheduler.process import ProcessExecutor
+
+    lanes = shared.placement.lanes
+    placement = None if lanes is None else LanePlacement.parse(lanes)
+    return ProcessExecutor(placement, address=shared.cluster_address), {}
   if not shared.virtual:
     return RealExecutor(threads=threads), {}
   table = task_costs(shared, tasks, kinds, num_stages)

@@ -73,6 +73,7 @@ def train_roles(
     batch_size=shared.batch_size,
     seed=shared.seed,
     aux_heads=any(r.loss == 'aux' for r in roles),
+    optimizer=(shared.optimizer, steps),  # named tasks: lane processes rebuild them
   )
   batches = run.train_batches()
   feed = BatchFeed(batches, consumers=1 + sum(r.loss != 'none' for r in roles))
@@ -97,14 +98,19 @@ def train_roles(
     )
 
   def on_step(t, loss):
+    loss = executor.deferred(loss)  # a lane's value: fetched when the report reads it
     if t + 1 < steps:
       report(t + 1, loss, executor.now() if shared.virtual else None)
     else:
       last_loss.append(loss)  # Reported once every lane is done.
 
   session = stages.session(roles, feed, steps, on_step=on_step, agreement_every=agreement_every)
-  timeline = executor.run(session.cluster, session.processes())
-  report(steps, last_loss[0], timeline.makespan if shared.virtual else None)
+  session.fetch = executor.fetch
+  try:
+    timeline = executor.run(session.cluster, session.processes())
+    report(steps, last_loss[0], timeline.makespan if shared.virtual else None)
+  finally:
+    executor.close()  # lane processes (executor='processes') end here
   if session.agreement is not None:
     write_agreement(run, *session.agreement.series(), title=title.split(':')[0])
   return run.write_schedule_outputs(

@@ -9,9 +9,11 @@ lanes are other processes can send them and rebuild the same functions there.
 The shared fields:
 
     train_steps, batch_size, seed, clock ('real' | 'virtual'), stages, workers
+    executor ('in_process' | 'processes': the real clock's lanes in this process, or
+      each in an OS process of its own, `scheduler/process.py`), cluster_address
     optimizer.{name, learning_rate, schedule, weight_decay, kwargs}  -> OptimizerSettings
     cost.{...}                                                       -> CostSettings
-    placement.{devices, stage_to_device}                             -> PlacementSettings
+    placement.{devices, stage_to_device, lanes}                      -> PlacementSettings
 
 `cost` is one schema for every family, one unit per quantity (seconds, bytes/s).
 """
@@ -29,6 +31,8 @@ from jaxsgd.optimizers import OptimizerSettings
 from jaxsgd.scheduler import hardware
 
 CLOCKS = ('real', 'virtual')
+# Where the real clock runs its lanes: devices of this process, or an OS process per lane.
+EXECUTORS = ('in_process', 'processes')
 KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
 
 # Fields that were renamed: the old name is refused with the new one.
@@ -316,21 +320,35 @@ class PlacementSettings:
     devices: positions in `jax.devices()` to use; None = all of them.
     stage_to_device: for each stage, an index into that list; None = stage k on device
       k, round-robin when there are fewer devices than stages and `devices` is None.
+    lanes: with `executor='processes'`, where each lane process runs, in the text form
+      of `LanePlacement` (`'stage0@cores=0; stage1@host=10.0.0.2@cores=0-3@gpu=1'`);
+      None = one core per lane, round-robin over this host's cores.
   """
 
   devices: tuple[int, ...] | None = None
   stage_to_device: tuple[int, ...] | None = None
+  lanes: str | None = None
 
 
 def placement_settings(given, num_stages: int) -> PlacementSettings:
   """`config.placement`, checked against the visible devices and the stage count."""
   given = dict(given or {})
-  refuse_unknown(given, ('devices', 'stage_to_device'), 'placement')
+  refuse_unknown(given, ('devices', 'stage_to_device', 'lanes'), 'placement')
+  lanes = given.pop('lanes', None)
+  if lanes is not None:
+    from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
+
+    if not isinstance(lanes, str):
+      raise ValueError(f'placement.lanes: a placement string expected, got {lanes!r}.')
+    try:
+      LanePlacement.parse(lanes)
+    except ValueError as error:
+      raise ValueError(f'placement.lanes: {str(error).removeprefix("placement: ")}') from None
   for key, value in given.items():
     if value is not None and not isinstance(value, (list, tuple)):
       raise ValueError(f'placement.{key}: a tuple of integers (or None) expected, got {value!r}.')
   given = {k: (tuple(v) if v is not None else None) for k, v in given.items()}
-  settings = PlacementSettings(**given)
+  settings = PlacementSettings(**given, lanes=lanes)
   available = len(jax.devices())
   positions = settings.devices
   if positions is not None:
@@ -393,6 +411,8 @@ class SharedSettings:
   cost: CostSettings
   placement: PlacementSettings
   profile_cache: str | None = None  # where calibrated profiles are kept (by the data)
+  executor: str = 'in_process'  # the real clock: 'in_process' or 'processes'
+  cluster_address: str | None = None  # processes: a Ray cluster (None: start one here)
 
   @property
   def virtual(self) -> bool:
@@ -407,6 +427,15 @@ def shared_settings(config) -> SharedSettings:
   """The shared fields of `config`, each checked once."""
   stages = integer(config.stages, 'stages')
   clock = choice(config.clock, 'clock', CLOCKS)
+  executor = choice(config.get('executor', 'in_process'), 'executor', EXECUTORS)
+  if executor == 'processes' and clock != 'real':
+    raise ValueError("executor: 'processes' runs the real clock; set clock='real'.")
+  address = config.get('cluster_address')
+  if address is not None and (executor != 'processes' or not isinstance(address, str)):
+    raise ValueError(
+      "cluster_address: a Ray cluster's 'host:port', with executor='processes'; "
+      f'got {address!r} with executor={executor!r}.'
+    )
   return SharedSettings(
     train_steps=integer(config.train_steps, 'train_steps'),
     batch_size=integer(config.batch_size, 'batch_size'),
@@ -418,6 +447,8 @@ def shared_settings(config) -> SharedSettings:
     cost=cost_settings(config.get('cost'), clock=clock),
     placement=placement_settings(config.get('placement'), stages),
     profile_cache=_profile_cache(config.get('data_dir')),
+    executor=executor,
+    cluster_address=address,
   )
 
 

@@ -478,17 +478,17 @@ class PipelineSession:
         record[f'weight_staleness_mean/stage{k}'] = float(np.mean(self.weight_staleness[k]))
     for k, role in enumerate(self.roles):
       if role.loss == 'aux' and self.losses[k]:
-        record[f'local_loss/stage{k}'] = _drain_local_losses(k, self.losses[k])
+        record[f'local_loss/stage{k}'] = _drain_local_losses(k, self.losses[k], self.fetch)
     cosines = self.agreement.drain() if self.agreement is not None else None
     if cosines is not None:
       record.update({f'grad_cosine/stage{k}': float(c) for k, c in enumerate(cosines)})
     return record
 
 
-def _drain_local_losses(k: int, pending: list) -> float:
+def _drain_local_losses(k: int, pending: list, fetch: Callable) -> float:
   steps, losses = zip(*pending)
   pending.clear()
-  values = np.asarray(transfer.to_host(list(losses)), np.float64)
+  values = np.asarray(transfer.to_host(fetch(list(losses))), np.float64)
   bad = np.flatnonzero(~np.isfinite(values))
   if bad.size:
     raise NonFiniteLossError(

@@ -30,6 +30,8 @@ FIELDS = (
   'stages',
   'workers',
   'clock',
+  'executor',
+  'cluster_address',
   'target_accuracy',
   'tensorboard',
   'placement',
