@@ -1,0 +1,206 @@
+"""The real clock across processes (`scheduler/process.py`): the same policies give the
+same bits as in one process and on the virtual clock; faults end the run, naming the lane.
+
+The lanes join a Ray head started with `ray start --head` (`tests/lanes/ray_head.py`),
+by address: the code path of a run over several hosts. Every test that starts lanes
+checks that none of their processes is left.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'lanes'))
+import lane_tasks  # noqa: E402
+from ray_head import RayHead  # noqa: E402
+from test_lanes import gone  # noqa: E402
+
+from jaxsgd import optimizers  # noqa: E402
+from jaxsgd.algorithms import ddg  # noqa: E402
+from jaxsgd.algorithms.settings import shared_settings  # noqa: E402
+from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
+from jaxsgd.scheduler import Cluster, Compute, Placement, Process, RealExecutor  # noqa: E402
+from jaxsgd.scheduler import VirtualExecutor  # noqa: E402
+from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool  # noqa: E402
+from jaxsgd.scheduler.process import ProcessExecutor, lane_name  # noqa: E402
+from jaxsgd.scheduler.tasks import Task, TaskRecipe  # noqa: E402
+from scheduler_helpers import BATCH, UNIT_COSTS, batches, mlp  # noqa: E402
+
+OPTIMIZER = optimizers.OptimizerSettings('adam', 1e-2)
+STEPS = 6
+PROBES = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=0.5)
+
+
+@pytest.fixture(scope='module')
+def head(tmp_path_factory):
+  env = {**os.environ, 'RAY_AUTH_MODE': 'disabled', 'RAY_USAGE_STATS_ENABLED': '0'}
+  os.environ.update(RAY_AUTH_MODE='disabled')
+  node = RayHead(str(tmp_path_factory.mktemp('ray')), env)
+  yield node
+  import ray
+
+  ray.shutdown()
+  node.stop()
+  assert gone([p.pid for p in node.processes()]) == []
+
+
+@pytest.fixture(scope='module')
+def pool(head):
+  with LanePool(LanePlacement.spread(['stage0', 'stage1']), address=head.address) as lanes:
+    yield lanes
+  assert gone(lanes.pids().values()) == []
+
+
+def train(roles, executor):
+  """`STEPS` iterations of `roles` (MLP, Adam): final variables, losses, staleness."""
+  num = len(roles)
+  stages = PlacedStages(
+    mlp(),
+    num,
+    optimizers.make_optimizer(OPTIMIZER, STEPS),
+    placement=Placement.create(num, jax.devices()[:num]),
+    batch_size=BATCH,
+    seed=0,
+    optimizer=(OPTIMIZER, STEPS),
+  )
+  feed = BatchFeed(batches(0), 1 + sum(r.loss != 'none' for r in roles))
+  losses = []
+  session = stages.session(
+    roles, feed, STEPS, on_step=lambda t, loss: losses.append(executor.deferred(loss))
+  )
+  session.fetch = executor.fetch
+  try:
+    executor.run(session.cluster, session.processes())
+    variables = session.variables()
+    losses = [np.asarray(loss) for loss in losses]
+  finally:
+    executor.close()
+  return variables, losses, [store.staleness().tolist() for store in session.stores]
+
+
+@pytest.mark.parametrize(
+  'roles', [sequential_roles(2), ddg.roles(2), ddg.roles(2, 'recompute')], ids=str
+)
+def test_pipelines_on_lane_processes_are_bit_identical_to_both_in_process_clocks(pool, roles):
+  virtual = train(roles, VirtualExecutor(UNIT_COSTS))
+  real = train(roles, RealExecutor())
+  processes = train(roles, ProcessExecutor(pool=pool))
+  waiting = train(roles, ProcessExecutor(pool=pool, run_ahead=False))
+  for other in (real, processes, waiting):
+    chex.assert_trees_all_equal(other[0], virtual[0])
+    chex.assert_trees_all_equal(other[1], virtual[1])
+    assert other[2] == virtual[2]
+  assert pool.held('stage0') == pool.held('stage1') == 0  # nothing left in the lanes
+
+
+def test_stage_functions_are_named_tasks_in_process_too():
+  stages = PlacedStages(
+    mlp(),
+    2,
+    optimizers.make_optimizer(OPTIMIZER, STEPS),
+    placement=Placement.create(2, jax.devices()[:2]),
+    batch_size=BATCH,
+    optimizer=(OPTIMIZER, STEPS),
+  )
+  ops = stages.ops(0, ddg.roles(2)[0])
+  assert isinstance(ops.forward, Task) and isinstance(ops.update, Task)
+  # Roles that differ only in their delay share one recipe (one compilation).
+  assert stages.ops(1, ddg.roles(2)[1]).forward.recipe == (
+    stages.ops(1, sequential_roles(2)[1]).forward.recipe
+  )
+
+
+def _probe(name, *args):
+  """A process on its lane that runs probe task `name` and then stops."""
+  yield Compute(Task(PROBES, name), args)
+
+
+def _cluster(*names):
+  cluster = Cluster()
+  for name in names:
+    cluster.add_lane(name)
+  return cluster
+
+
+def test_a_task_that_raises_names_lane_and_host(pool):
+  cluster = _cluster('stage 0 (cpu)', 'stage 1 (cpu)')
+  processes = [
+    Process('stage 0', 0, _probe('hang', 0.2)),
+    Process('stage 1', 1, _probe('fail', np.zeros((3, 8), np.float32))),
+  ]
+  host = pool.info['stage1']['host']
+  with pytest.raises(LaneError, match=rf"lane 'stage1' on host {host}: .*bad input of shape"):
+    ProcessExecutor(pool=pool).run(cluster, processes)
+  assert all(p.done for p in processes)  # every process closed
+
+
+def test_a_closure_is_refused_naming_the_process(pool):
+  def policy():
+    yield Compute(lambda: 1.0, ())
+
+  with pytest.raises(TypeError, match='stage 0 yielded Compute.*named tasks only'):
+    ProcessExecutor(pool=pool).run(_cluster('stage 0'), [Process('stage 0', 0, policy())])
+
+
+def test_a_placement_without_a_lane_of_the_run_is_refused(head):
+  executor = ProcessExecutor(LanePlacement.parse('stage0@cores=0'), address=head.address)
+  with pytest.raises(ValueError, match='placement.lanes: no lane for worker1; this run needs'):
+    executor.run(_cluster('stage 0', 'worker 1'), [])
+  assert executor.pool is None  # nothing was started
+  assert lane_name('stage 0 (TFRT_CPU_0)') == 'stage0' and lane_name('worker 12') == 'worker12'
+
+
+def test_a_killed_lane_ends_the_run_within_5s_and_no_process_is_left(head):
+  executor = ProcessExecutor(
+    LanePlacement.spread(['stage0', 'stage1']), address=head.address, verbose=False
+  )
+  processes = [
+    Process('stage 0', 0, _probe('hang', 60.0)),
+    Process('stage 1', 1, _probe('hang', 60.0)),
+  ]
+  killed = {}
+
+  def kill_when_started():
+    while executor.pool is None or not getattr(executor, '_pending', None):
+      time.sleep(0.05)
+    pids = executor.pool.pids()
+    killed.update(pids=list(pids.values()), host=executor.pool.info['stage1']['host'])
+    time.sleep(0.5)
+    killed['at'] = time.monotonic()
+    os.kill(pids['stage1'], signal.SIGKILL)
+
+  threading.Thread(target=kill_when_started, daemon=True).start()
+  with pytest.raises(LaneError, match=r"lane 'stage1' on host .*process died") as error:
+    executor.run(_cluster('stage 0', 'stage 1'), processes)
+  assert time.monotonic() - killed['at'] < 5
+  assert error.value.host == killed['host']
+  assert executor.pool is None  # closed on the way out
+  assert gone(killed['pids']) == []  # the hanging lane too
+
+
+def test_config_executor_processes_is_checked_before_anything_starts():
+  from experiments.configs import default
+
+  config = default.get_config()
+  config.executor = 'processes'
+  config.clock = 'virtual'
+  with pytest.raises(ValueError, match="executor: 'processes' runs the real clock"):
+    shared_settings(config)
+  config.clock = 'real'
+  config.placement.lanes = 'stage0@cores=x'
+  with pytest.raises(ValueError, match=r"placement.lanes: lane 'stage0': cores like"):
+    shared_settings(config)
+  config.placement.lanes = 'stage0@cores=0; stage1@cores=1'
+  config.cluster_address = '10.0.0.1:6379'
+  settings = shared_settings(config)
+  assert (settings.executor, settings.cluster_address) == ('processes', '10.0.0.1:6379')
+  config.executor = 'threads'
+  with pytest.raises(ValueError, match='executor: .*allowed: in_process, processes'):
+    shared_settings(config)
