@@ -258,7 +258,11 @@ class PipelineSession:
     # Per stage: writes between reading the weights a Jacobian used and its update.
     self.weight_staleness: list[list[int]] = [[] for _ in self.roles]
     for k, role in enumerate(self.roles):
-      self.cluster.add_lane(f'stage {k} ({pipeline.device(k)})', pipeline.device(k))
+      self.cluster.add_lane(
+        f'stage {k} ({pipeline.device(k)})',
+        pipeline.device(k),
+        shares=pipeline.placement.hardware(k),
+      )
       params, state = stages_lib.split_variables(pipeline.initial_variables(k, role))
       opt_state = transfer.to_device(pipeline.tx.init(params), pipeline.device(k))
       self.stores.append(VersionedStore(f'stage {k} params', StageParams(params, opt_state)))

@@ -17,6 +17,14 @@ import jax
 class Placement:
   devices: tuple[jax.Device, ...]
   stage_device: tuple[int, ...]  # stage k runs on devices[stage_device[k]]
+  # The map is the hardware being modelled: stages mapped to one device share it, and the
+  # virtual clock runs their tasks one at a time. False: every stage is simulated on a
+  # device of its own, whatever devices this machine has.
+  shared_devices: bool = False
+
+  def hardware(self, stage: int) -> str | None:
+    """The `LaneSpec.shares` key of stage `stage`'s lane (None: a device of its own)."""
+    return f'device {self.stage_device[stage]}' if self.shared_devices else None
 
   @property
   def num_stages(self) -> int:
@@ -32,8 +40,10 @@ class Placement:
     devices: Sequence[jax.Device] | None = None,
     stage_to_device: Sequence[int] | None = None,
   ) -> 'Placement':
-    """Stage k on `devices[k]` (round-robin if fewer devices), or as mapped."""
+    """Stage k on `devices[k]` (round-robin if fewer devices), or as mapped; an explicit
+    map is the hardware modelled (`shared_devices`)."""
     devices = tuple(jax.devices() if devices is None else devices)
+    explicit = stage_to_device is not None
     if stage_to_device is None:
       stage_to_device = [k % len(devices) for k in range(num_stages)]
-    return cls(devices, tuple(int(i) for i in stage_to_device))
+    return cls(devices, tuple(int(i) for i in stage_to_device), shared_devices=explicit)
