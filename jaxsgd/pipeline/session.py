@@ -139,7 +139,6 @@ class PlacedStages:
     aux_heads: bool = False,
     loss_fn: Callable = stages_lib.cross_entropy,
   ):
-    models_lib.check_num_stages(model, num_stages)
     self.model, self.tx, self.placement, self.loss_fn = model, tx, placement, loss_fn
     self.num_stages = num_stages
     self.stages = models_lib.split(model, num_stages, aux_heads=aux_heads)
