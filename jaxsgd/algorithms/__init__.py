@@ -81,6 +81,9 @@ class RunContext(Protocol):
   ) -> dict:
     """Writes what a scheduler run leaves (trace, staleness plot); returns summary fields."""
 
+  def write_agreement(self, steps, cosines, title: str) -> None:
+    """Writes local parallelism's gradient-agreement series and its plot."""
+
   def write_arrays(self, name: str, arrays: dict) -> None:
     """Writes `arrays` to `name` in the workdir (process 0 only)."""
 

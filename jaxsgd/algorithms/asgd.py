@@ -20,7 +20,7 @@ from jaxsgd.asynchronous.server import STALENESS_LR, AsgdSession, ParameterServe
 from jaxsgd.asynchronous.server import ServerSettings, server_gradient_transforms
 from jaxsgd.models import stage_functions
 from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
-from jaxsgd.scheduler import Placement, profiles
+from jaxsgd.scheduler import profiles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,14 +79,7 @@ def build(run, shared: SharedSettings, server_settings: ServerSettings):
   """(the whole model as one stage, server, initial model state, lane devices)."""
   devices = clocks.lane_devices(shared, 1 + server_settings.num_workers)
   base = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
-  model = PlacedStages(
-    run.model,
-    1,
-    base,
-    placement=Placement.create(1, devices[:1]),
-    batch_size=shared.batch_size,
-    seed=shared.seed,
-  )
+  model = workers.whole_model(run, shared, base, devices[0])
   params, state = stage_functions.split_variables(
     model.initial_variables(0, sequential_roles(1)[0])
   )

@@ -51,15 +51,7 @@ def task_costs(shared: SharedSettings, tasks: Tasks, kinds: Sequence[str], num_s
   cost = shared.cost
   optimizer = profiles.optimizer_id(shared.optimizer)
   if cost.profile is not None:
-    return profiles.costs_for(
-      profiles.load(cost.profile),
-      model=tasks.model,
-      batch_size=tasks.batch_size,
-      split=tasks.split,
-      tasks=tasks.name,
-      optimizer=optimizer,
-      source=cost.profile,
-    )
+    return _look_up(profiles.load(cost.profile), tasks, optimizer, cost.profile)
   if cost.explicit_compute:
     return cost.explicit(kinds, num_stages)
   if cost.device is not None:
@@ -84,18 +76,10 @@ def calibrated(shared: SharedSettings, tasks: Tasks) -> dict:
     sort_keys=True,
   )
   path = os.path.join(shared.profile_cache, hashlib.sha1(key.encode()).hexdigest()[:16] + '.json')
-  lookup = dict(
-    model=tasks.model,
-    batch_size=tasks.batch_size,
-    split=tasks.split,
-    tasks=tasks.name,
-    optimizer=optimizer,
-    source=path,
-  )
   saved = profiles.load(path) if os.path.exists(path) else None
   if saved is not None:
     try:
-      return profiles.costs_for(saved, **lookup)
+      return _look_up(saved, tasks, optimizer, path)
     except profiles.ProfileError:
       pass  # This task set is not in it yet: measure it and add it.
   table = profiles.measure_table(
@@ -109,6 +93,19 @@ def calibrated(shared: SharedSettings, tasks: Tasks) -> dict:
     'cost: measured %s (%s); kept in %s for later runs.', tasks.name, tasks.model.name, path
   )
   return dict(table.costs)
+
+
+def _look_up(profile, tasks: Tasks, optimizer: str, source: str) -> dict:
+  """`tasks`' table of `profile`; refuses a profile of another model, batch or split."""
+  return profiles.costs_for(
+    profile,
+    model=tasks.model,
+    batch_size=tasks.batch_size,
+    split=tasks.split,
+    tasks=tasks.name,
+    optimizer=optimizer,
+    source=source,
+  )
 
 
 def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float] = ()) -> CostModel:

@@ -14,8 +14,8 @@ from jaxsgd.algorithms import clocks, pipelined, workers
 from jaxsgd.algorithms.settings import SharedSettings, derived, integer, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.lppsgd import LppSession, LppSettings, allreduce_time
-from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
-from jaxsgd.scheduler import Placement, transfer
+from jaxsgd.pipeline import KINDS, sequential_roles
+from jaxsgd.scheduler import transfer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +61,7 @@ def train(run, settings: Settings) -> dict:
   # Each replica keeps its own optimizer state and takes ~train_steps / D of the
   # updates: its learning-rate schedule spans that many steps, not train_steps.
   base = optimizers.make_optimizer(shared.optimizer, math.ceil(shared.train_steps / D))
-  model = PlacedStages(
-    run.model,
-    1,
-    base,
-    placement=Placement.create(1, devices[:1]),
-    batch_size=shared.batch_size,
-    seed=shared.seed,
-  )
+  model = workers.whole_model(run, shared, base, devices[0])
   variables = model.initial_variables(0, sequential_roles(1)[0])
   opt_state = base.init(variables['params'])
   nbytes = transfer.nbytes(variables['params'])

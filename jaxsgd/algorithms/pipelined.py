@@ -6,20 +6,16 @@ Each of them turns its settings into one `StageRole` per stage (`jaxsgd.pipeline
 pipeline session for `train_steps` iterations.
 """
 
-import os
 from collections.abc import Sequence
 
-import numpy as np
 
 from jaxsgd import models as models_lib
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms.settings import SharedSettings, refuse_cost_fields, refuse_workers_field
-from jaxsgd.algorithms.settings import shared_settings
+from jaxsgd.algorithms.settings import check_lane_speeds, shared_settings
 from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole
 from jaxsgd.scheduler import profiles
-from jaxsgd.training import files
-from jaxsgd.training import plots
 
 
 def validate_pipeline(config, model) -> SharedSettings:
@@ -34,10 +30,7 @@ def validate_pipeline(config, model) -> SharedSettings:
     ('worker_speeds', 'failures'),
     'a pipeline has no workers; set per-stage speeds with cost.device_speeds.',
   )
-  if shared.cost.device_speeds and len(shared.cost.device_speeds) != shared.stages:
-    raise ValueError(
-      f'cost.device_speeds: {len(shared.cost.device_speeds)} values for {shared.stages} lanes.'
-    )
+  check_lane_speeds(shared.cost, shared.stages)
   return shared
 
 
@@ -112,7 +105,8 @@ def train_roles(
   finally:
     executor.close()  # lane processes (executor='processes') end here
   if session.agreement is not None:
-    write_agreement(run, *session.agreement.series(), title=title.split(':')[0])
+    steps_, cosines = session.agreement.series()
+    run.write_agreement(steps_, cosines, title=title.split(':')[0])
   return run.write_schedule_outputs(
     timeline,
     session.staleness(),
@@ -120,25 +114,3 @@ def train_roles(
     epochs=batches.epoch,
     title=title,
   )
-
-
-def write_agreement(run, steps: np.ndarray, cosines: np.ndarray, title: str) -> None:
-  """`grad_cosine.npz` (`steps`, `cosines` (measurements, K)) and `grad_cosine.png`."""
-  run.write_arrays('grad_cosine', {'steps': steps, 'cosines': cosines})
-  if not run.is_primary:
-    return
-  fig, ax = plots.plt.subplots(figsize=(7, 3.6))
-  for k in range(cosines.shape[1]):
-    ax.plot(steps, cosines[:, k], label=f'block {k}')
-  ax.axhline(0, color='0.6', lw=0.8)
-  ax.set(
-    xlabel='batch t (each block at the weights of its forward)',
-    ylabel='cos(local gradient, backprop gradient)',
-    title=f'{title}: gradient agreement per block',
-  )
-  ax.legend(fontsize='small')
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  with files.atomic_path(os.path.join(run.workdir, 'grad_cosine.png')) as path:
-    fig.savefig(path, dpi=110)
-  plots.plt.close(fig)

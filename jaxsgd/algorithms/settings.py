@@ -82,7 +82,7 @@ def number(
     bound = f'> {minimum}' if strict else f'>= {minimum}'
     if maximum < math.inf:
       bound += f' and <= {maximum}'
-    raise ValueError(f'{field}: must be a number {bound} (and finite), got {value!r}.')
+    raise ValueError(f'{field}: must be {bound} (a finite number), got {value!r}.')
   return float(value)
 
 
@@ -300,6 +300,12 @@ def refuse_cost_fields(cost: CostSettings, fields, why: str) -> None:
   for field in fields:
     if getattr(cost, field):
       raise ValueError(f'cost.{field}: {why}')
+
+
+def check_lane_speeds(cost: CostSettings, num_lanes: int) -> None:
+  """`cost.device_speeds` has one factor per lane (or none)."""
+  if cost.device_speeds and len(cost.device_speeds) != num_lanes:
+    raise ValueError(f'cost.device_speeds: {len(cost.device_speeds)} values for {num_lanes} lanes.')
 
 
 def refuse_workers_field(name: str, workers: int) -> None:

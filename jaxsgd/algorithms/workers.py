@@ -8,7 +8,8 @@ from typing import Any
 from jaxsgd import models as models_lib
 from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms.settings import SharedSettings, refuse_workers_field, shared_settings
-from jaxsgd.pipeline import KINDS
+from jaxsgd.pipeline import KINDS, PlacedStages
+from jaxsgd.scheduler import Placement
 from jaxsgd.asynchronous import common
 
 
@@ -41,6 +42,19 @@ def validate_workers(
   clocks.worker_speeds(shared, num_workers)
   clocks.failures(shared, num_workers)
   return shared
+
+
+def whole_model(run, shared: SharedSettings, tx, device) -> PlacedStages:
+  """The whole model as one placed stage on `device`: a worker's jitted forward (with its
+  vjp), backward and update under `tx`, and the initial variables of the fused `bp`."""
+  return PlacedStages(
+    run.model,
+    1,
+    tx,
+    placement=Placement.create(1, [device]),
+    batch_size=shared.batch_size,
+    seed=shared.seed,
+  )
 
 
 def train_session(

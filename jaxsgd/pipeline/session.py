@@ -178,7 +178,6 @@ class PlacedStages:
     loss_fn: Callable = stages_lib.cross_entropy,
     optimizer: tuple[optimizers.OptimizerSettings, int] | None = None,
   ):
-    models_lib.check_num_stages(model, num_stages)
     named = optimizer is not None and model.spec is not None
     self._recipe = (
       dict(
@@ -318,7 +317,11 @@ class PipelineSession:
     # Per stage: writes between reading the weights a Jacobian used and its update.
     self.weight_staleness: list[list[int]] = [[] for _ in self.roles]
     for k, role in enumerate(self.roles):
-      self.cluster.add_lane(f'stage {k} ({pipeline.device(k)})', pipeline.device(k))
+      self.cluster.add_lane(
+        f'stage {k} ({pipeline.device(k)})',
+        pipeline.device(k),
+        shares=pipeline.placement.hardware(k),
+      )
       params, state = stages_lib.split_variables(pipeline.initial_variables(k, role))
       opt_state = transfer.to_device(pipeline.tx.init(params), pipeline.device(k))
       self.stores.append(VersionedStore(f'stage {k} params', StageParams(params, opt_state)))

@@ -93,6 +93,9 @@ class LaneSpec:
   name: str
   device: jax.Device | None = None
   link: tuple[int, int] | None = None  # (source lane, destination lane) for links
+  # Lanes with one `shares` key are one piece of hardware: on the virtual clock their
+  # tasks run one at a time (FIFO). None: the lane is its own hardware.
+  shares: str | None = None
 
 
 class Cluster:
@@ -103,8 +106,10 @@ class Cluster:
     self._links: dict[tuple[int, int], int] = {}
     self._lock = threading.Lock()
 
-  def add_lane(self, name: str, device: jax.Device | None = None) -> int:
-    self.lanes.append(LaneSpec(name, device))
+  def add_lane(
+    self, name: str, device: jax.Device | None = None, *, shares: str | None = None
+  ) -> int:
+    self.lanes.append(LaneSpec(name, device, shares=shares))
     return len(self.lanes) - 1
 
   def channel(self, name: str, lane: int) -> Channel:

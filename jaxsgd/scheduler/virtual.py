@@ -11,7 +11,8 @@ nothing but the programs, the costs and the seed: same seed, same bits.
     now = 0; schedule(advance every process at 0)
     while events: pop the earliest (time, seq) event; now = time; run it
       resume(p, value)     → schedule advance(p, value) now (after what is scheduled)
-      start_task(p, op)    → start now if the lane is free, else queue on the lane
+      start_task(p, op)    → start now if the lane is free, else queue on the lane (lanes
+                             that share hardware, `LaneSpec.shares`, share one queue)
       finish(task)         → lane free; advance(p, result) at once; start the lane's
                              next waiter
 
@@ -61,8 +62,8 @@ class VirtualExecutor(Executor):
     self._at(self._now, self.advance, process, value)
 
   def start_task(self, process: Process, lane: int, op: Compute) -> None:
-    self._queued[lane].append((process, op))
-    self._start_next(lane)
+    self._queued[self._hardware(lane)].append((process, lane, op))
+    self._start_next(self._hardware(lane))
 
   def task_finished(self, process: Process, result) -> None:
     self.advance(process, result)  # Publishes its results now, at the simulated end.
@@ -75,11 +76,17 @@ class VirtualExecutor(Executor):
   def _at(self, time, fn, *args):
     heapq.heappush(self._events, (time, next(self._seq), fn, args))
 
-  def _start_next(self, lane: int) -> None:
-    if self._busy[lane] or not self._queued[lane]:
+  def _hardware(self, lane: int):
+    """What a task on `lane` occupies: the lane, or the hardware it `shares` with others
+    (several stages placed on one device run their tasks one at a time)."""
+    shares = self.cluster.lanes[lane].shares
+    return lane if shares is None else shares
+
+  def _start_next(self, hardware) -> None:
+    if self._busy[hardware] or not self._queued[hardware]:
       return
-    process, op = self._queued[lane].popleft()
-    self._busy[lane] = True
+    process, lane, op = self._queued[hardware].popleft()
+    self._busy[hardware] = True
     start = self._now
     result = op.fn(*op.args)  # Reads its inputs now, at the simulated start.
     duration = self._sampler.duration(op.kind, op.stage, lane, op.nbytes)
@@ -87,6 +94,6 @@ class VirtualExecutor(Executor):
 
   def _finish(self, process, op, lane, start, result) -> None:
     self.record(TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch))
-    self._busy[lane] = False
+    self._busy[self._hardware(lane)] = False
     self.task_finished(process, result)
-    self._start_next(lane)
+    self._start_next(self._hardware(lane))

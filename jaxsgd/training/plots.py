@@ -92,3 +92,21 @@ def plot_trace(trace: dict | str, ax=None, *, until: float | None = None):
   ax.set_xlabel('time (s)')
   ax.legend(fontsize='small', loc='upper right')
   return ax
+
+
+def plot_agreement(steps, cosines, path: str, title: str = '') -> None:
+  """Cosine of each block's local gradient with the backprop gradient, per measurement."""
+  fig, ax = plt.subplots(figsize=(7, 3.6))
+  for k in range(cosines.shape[1]):
+    ax.plot(steps, cosines[:, k], label=f'block {k}')
+  ax.axhline(0, color='0.6', lw=0.8)
+  ax.set(
+    xlabel='batch t (each block at the weights of its forward)',
+    ylabel='cos(local gradient, backprop gradient)',
+    title=f'{title}: gradient agreement per block',
+  )
+  ax.legend(fontsize='small')
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

@@ -285,6 +285,13 @@ class Run:
       with files.atomic_open(os.path.join(self.workdir, name), 'wb') as f:
         np.savez(f, **arrays)
 
+  def write_agreement(self, steps, cosines, title: str) -> None:
+    """`grad_cosine.npz` (`steps`, `cosines` (measurements, K)) and `grad_cosine.png`."""
+    self.write_arrays('grad_cosine', {'steps': steps, 'cosines': cosines})
+    if self.is_primary:
+      with files.atomic_path(os.path.join(self.workdir, 'grad_cosine.png')) as path:
+        plots.plot_agreement(steps, cosines, path, title=title)
+
   def close(self) -> None:
     self._progress.close()
     if self._metrics_file is not None:
