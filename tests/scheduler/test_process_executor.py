@@ -23,7 +23,7 @@ from ray_head import RayHead  # noqa: E402
 from test_lanes import gone  # noqa: E402
 
 from jaxsgd import optimizers  # noqa: E402
-from jaxsgd.algorithms import ddg  # noqa: E402
+from jaxsgd.algorithms import ddg, local  # noqa: E402
 from jaxsgd.algorithms.settings import shared_settings  # noqa: E402
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
 from jaxsgd.scheduler import Cluster, Compute, Placement, Process, RealExecutor  # noqa: E402
@@ -68,6 +68,7 @@ def train(roles, executor):
     placement=Placement.create(num, jax.devices()[:num]),
     batch_size=BATCH,
     seed=0,
+    aux_heads=any(r.loss == 'aux' for r in roles),
     optimizer=(OPTIMIZER, STEPS),
   )
   feed = BatchFeed(batches(0), 1 + sum(r.loss != 'none' for r in roles))
@@ -79,14 +80,24 @@ def train(roles, executor):
   try:
     executor.run(session.cluster, session.processes())
     variables = session.variables()
-    losses = [np.asarray(loss) for loss in losses]
+    losses.append(session.metrics())  # local losses of aux stages, fetched from the lanes
+    losses = [np.asarray(loss) for loss in losses[:-1]] + losses[-1:]
   finally:
     executor.close()
   return variables, losses, [store.staleness().tolist() for store in session.stores]
 
 
 @pytest.mark.parametrize(
-  'roles', [sequential_roles(2), ddg.roles(2), ddg.roles(2, 'recompute')], ids=str
+  'roles',
+  [
+    sequential_roles(2),
+    ddg.roles(2),
+    ddg.roles(2, 'recompute'),
+    local.roles(2),  # pipelined
+    local.roles(2, pipelined=False),  # lock-step
+    local.roles(2, 'overlapping'),
+  ],
+  ids=['bp', 'ddg', 'ddg-recompute', 'local', 'local-lockstep', 'local-overlapping'],
 )
 def test_pipelines_on_lane_processes_are_bit_identical_to_both_in_process_clocks(pool, roles):
   virtual = train(roles, VirtualExecutor(UNIT_COSTS))
