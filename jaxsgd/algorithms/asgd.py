@@ -16,7 +16,7 @@ from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks, pipelined, workers
 from jaxsgd.algorithms.settings import SharedSettings, choice, derived, section
 from jaxsgd.asynchronous import common
-from jaxsgd.asynchronous.server import STALENESS_LR, AsgdSession, ParameterServer
+from jaxsgd.asynchronous.server import STALENESS_LR, AsgdSession, ParameterServer, named_apply
 from jaxsgd.asynchronous.server import ServerSettings, server_gradient_transforms
 from jaxsgd.models import stage_functions
 from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
@@ -79,7 +79,7 @@ def build(run, shared: SharedSettings, server_settings: ServerSettings):
   """(the whole model as one stage, server, initial model state, lane devices)."""
   devices = clocks.lane_devices(shared, 1 + server_settings.num_workers)
   base = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
-  model = workers.whole_model(run, shared, base, devices[0])
+  model = workers.whole_model(run, shared, base, devices[0], shared.train_steps)
   params, state = stage_functions.split_variables(
     model.initial_variables(0, sequential_roles(1)[0])
   )
@@ -94,6 +94,7 @@ def build(run, shared: SharedSettings, server_settings: ServerSettings):
     server_settings.num_workers,
     devices[0],
     record_pulls=server_settings.delay_compensation,
+    apply_fn=named_apply(shared.optimizer, shared.train_steps, server_settings),
   )
   return model, server, state, devices
 

@@ -60,8 +60,9 @@ def train(run, settings: Settings) -> dict:
   devices = clocks.lane_devices(shared, D)
   # Each replica keeps its own optimizer state and takes ~train_steps / D of the
   # updates: its learning-rate schedule spans that many steps, not train_steps.
-  base = optimizers.make_optimizer(shared.optimizer, math.ceil(shared.train_steps / D))
-  model = workers.whole_model(run, shared, base, devices[0])
+  replica_steps = math.ceil(shared.train_steps / D)
+  base = optimizers.make_optimizer(shared.optimizer, replica_steps)
+  model = workers.whole_model(run, shared, base, devices[0], replica_steps)
   variables = model.initial_variables(0, sequential_roles(1)[0])
   opt_state = base.init(variables['params'])
   nbytes = transfer.nbytes(variables['params'])

@@ -44,9 +44,10 @@ def validate_workers(
   return shared
 
 
-def whole_model(run, shared: SharedSettings, tx, device) -> PlacedStages:
+def whole_model(run, shared: SharedSettings, tx, device, total_steps: int) -> PlacedStages:
   """The whole model as one placed stage on `device`: a worker's jitted forward (with its
-  vjp), backward and update under `tx`, and the initial variables of the fused `bp`."""
+  vjp), backward and update under `tx` (`make_optimizer(shared.optimizer, total_steps)`:
+  named tasks a lane process rebuilds), and the initial variables of the fused `bp`."""
   return PlacedStages(
     run.model,
     1,
@@ -54,6 +55,7 @@ def whole_model(run, shared: SharedSettings, tx, device) -> PlacedStages:
     placement=Placement.create(1, [device]),
     batch_size=shared.batch_size,
     seed=shared.seed,
+    optimizer=(shared.optimizer, total_steps),
   )
 
 
@@ -80,11 +82,14 @@ def train_session(
     executor,
     steps=shared.train_steps,
     batch_size=shared.batch_size,
-    variables=lambda: session.variables(),
+    variables=lambda: executor.fetch(session.variables()),
     metrics=lambda: session.metrics(),
   )
   session = make_session(steps)
-  timeline = executor.run(session.cluster, session.processes())
+  try:
+    timeline = executor.run(session.cluster, session.processes())
+  finally:
+    executor.close()  # lane processes (executor='processes') end here
   if not steps.done:
     raise common.WorkersFailedError(
       f'{name}: the run stopped after {steps.applied} of {steps.steps} '

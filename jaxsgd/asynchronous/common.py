@@ -189,7 +189,7 @@ def run_reporter(
   def on_step(step, loss, who):
     run.report(
       step,
-      loss=loss,
+      loss=executor.deferred(loss),  # a lane's value: fetched when the report reads it
       variables=variables,
       samples=step * batch_size,
       sim_time=executor.now() if virtual else None,

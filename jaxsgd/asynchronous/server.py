@@ -58,12 +58,13 @@ import jax
 import numpy as np
 import optax
 
-from jaxsgd import transforms
+from jaxsgd import optimizers, transforms
 from jaxsgd.asynchronous import common
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
 from jaxsgd.pipeline.session import PlacedStages, StageParams, sequential_roles
 from jaxsgd.scheduler.store import Snapshot, VersionedStore
+from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 STALENESS_LR = {
   'none': None,
@@ -123,6 +124,25 @@ def make_apply(tx: optax.GradientTransformationExtraArgs, record_pulls: bool):
   return apply
 
 
+def apply_tasks(
+  *, optimizer: optimizers.OptimizerSettings, total_steps: int, settings: ServerSettings
+) -> dict:
+  """`{'apply': make_apply(...)}` of the server's optimizer, built from picklable settings
+  (a `TaskRecipe` factory: the same jitted update in the driver and in a lane process)."""
+  tx = optimizers.make_optimizer(
+    optimizer, total_steps, gradient_transforms=server_gradient_transforms(settings)
+  )
+  return {'apply': make_apply(tx, settings.delay_compensation)}
+
+
+def named_apply(optimizer, total_steps: int, settings: ServerSettings) -> Task:
+  """The server's update as a named task (`apply_tasks`)."""
+  recipe = TaskRecipe.of(
+    apply_tasks, optimizer=optimizer, total_steps=total_steps, settings=settings
+  )
+  return Task(recipe, 'apply')
+
+
 class ParameterServer:
   """The server's `(params, opt_state)` in one `VersionedStore`, and its update.
 
@@ -139,9 +159,11 @@ class ParameterServer:
     device: jax.Device,
     *,
     record_pulls: bool,
+    apply_fn=None,
   ):
     self.store = VersionedStore('server params', StageParams(params, tx.init(params)))
-    self.apply_fn = make_apply(tx, record_pulls)
+    # `apply_fn`: the same update as a named task (`named_apply`), for lane processes.
+    self.apply_fn = make_apply(tx, record_pulls) if apply_fn is None else apply_fn
     self._device = device
     self._pulled: list[int | None] = [None] * num_workers
     self._worker_ids = [transfer.constant(m, device, np.int32) for m in range(num_workers)]

@@ -1,0 +1,124 @@
+r"""Real speed-up over lane processes: staged BP on one pinned core vs DDG / local on two.
+
+    python -m benchmarks.real_speedup                 # ~3 min on a loaded 2-core CPU
+    python -m benchmarks.real_speedup --address HEAD_IP:6379   # lanes on a Ray cluster
+
+The same policies as training (`jaxsgd.pipeline`), on the real clock across processes
+(`scheduler/process.py`), each lane an OS process pinned to its own core with XLA's
+intra-op threads off:
+  bp      staged BP, the whole model as one stage, on lane `stage0` (core 0)
+  ddg     DDG K=2 (paper form), stages on `stage0` (core 0) and `stage1` (core 1)
+  local   local parallelism K=2 (greedy, pipelined), same lanes
+The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
+the batches are synthetic. Time per iteration: from the end of the last update of
+batch `--warmup` to that of the last batch, over the batches in between (compilation
+in the lanes is left out), median over interleaved rounds. Host time per task: the
+driver's time in `LanePool.start` (and `early`) per dispatched task. The limit on 2
+cores is 2x; other jobs on the machine take their share of the cores (the load average
+is printed). Not a test: speed is measured, not asserted.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from jaxsgd import models, optimizers
+from jaxsgd.algorithms import ddg, local
+from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles
+from jaxsgd.scheduler import Placement
+from jaxsgd.scheduler.lanes import LanePlacement, LanePool
+from jaxsgd.scheduler.process import ProcessExecutor
+
+FEATURES, CLASSES, HIDDEN, BATCH = 512, 10, (1024, 1024, 1024, 1024), 512
+OPTIMIZER = optimizers.OptimizerSettings('sgd', 0.01)
+
+
+def batches(seed: int = 0):
+  rng = np.random.default_rng(seed)
+  while True:
+    yield {
+      'image': rng.standard_normal((BATCH, FEATURES)).astype(np.float32),
+      'label': rng.integers(0, CLASSES, BATCH).astype(np.int32),
+    }
+
+
+def run(pool: LanePool, roles, steps: int, warmup: int) -> tuple[float, float]:
+  """(seconds per iteration after `warmup` batches, driver seconds per dispatched task)."""
+  num = len(roles)
+  model = models.get_model('mlp', (FEATURES,), CLASSES, hidden=HIDDEN)
+  stages = PlacedStages(
+    model,
+    num,
+    optimizers.make_optimizer(OPTIMIZER, steps),
+    placement=Placement.create(num, jax.devices()),
+    batch_size=BATCH,
+    aux_heads=any(r.loss == 'aux' for r in roles),
+    optimizer=(OPTIMIZER, steps),
+  )
+  feed = BatchFeed(batches(), 1 + sum(r.loss != 'none' for r in roles))
+  session = stages.session(roles, feed, steps)
+  executor = ProcessExecutor(pool=pool)
+  timeline = executor.run(session.cluster, session.processes())
+  ends = {}
+  for task in timeline.tasks(kind='update'):
+    ends[task.batch] = max(ends.get(task.batch, 0.0), task.end)
+  per_iteration = (ends[steps - 1] - ends[warmup - 1]) / (steps - warmup)
+  return per_iteration, executor.dispatch_seconds / executor.dispatched
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--steps', type=int, default=30)
+  parser.add_argument('--warmup', type=int, default=5)
+  parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument('--address', default=None, help='a Ray cluster (default: start one here)')
+  args = parser.parse_args()
+  cases = {
+    'bp (1 lane, core 0)': sequential_roles(1),
+    'ddg K=2 (cores 0, 1)': ddg.roles(2),
+    'local K=2 (cores 0, 1)': local.roles(2),
+  }
+  print(
+    f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
+    f'jax {jax.__version__}; MLP {FEATURES}-{"-".join(map(str, HIDDEN))}-{CLASSES}, '
+    f'batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), {args.rounds} rounds'
+  )
+  placement = LanePlacement.parse('stage0@cores=0; stage1@cores=1')
+  times = {name: [] for name in cases}
+  host = {name: [] for name in cases}
+  with LanePool(placement, address=args.address) as pool:
+    for _ in range(args.rounds):  # interleaved: every case once per round
+      for name, roles in cases.items():
+        seconds, dispatch = run(pool, roles, args.steps, args.warmup)
+        times[name].append(seconds)
+        host[name].append(dispatch)
+  print(f'load average {os.getloadavg()[0]:.1f} at end')
+  bp = statistics.median(times['bp (1 lane, core 0)'])
+  header = ('case', 'ms / iteration', 'speed-up over bp', 'host ms / task', 'rounds (ms)')
+  rows = []
+  for name in cases:
+    median = statistics.median(times[name])
+    rows.append(
+      (
+        name,
+        f'{1e3 * median:.1f}',
+        f'{bp / median:.2f}',
+        f'{1e3 * statistics.median(host[name]):.2f}',
+        ' '.join(f'{1e3 * t:.0f}' for t in times[name]),
+      )
+    )
+  widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+  for row in (header, *rows):
+    print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)))
+  speedup = bp / statistics.median(times['ddg K=2 (cores 0, 1)'])
+  print(f'ddg real speed-up K=2 (processes): {speedup:.2f}')
+
+
+if __name__ == '__main__':
+  t0 = time.time()
+  main()
+  print(f'({time.time() - t0:.0f} s)')
