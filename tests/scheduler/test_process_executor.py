@@ -25,6 +25,7 @@ from test_lanes import gone  # noqa: E402
 from jaxsgd import optimizers  # noqa: E402
 from jaxsgd.algorithms import ddg, local  # noqa: E402
 from jaxsgd.algorithms.settings import shared_settings  # noqa: E402
+from jaxsgd.asynchronous import common, server  # noqa: E402
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
 from jaxsgd.scheduler import Cluster, Compute, Placement, Process, RealExecutor  # noqa: E402
 from jaxsgd.scheduler import VirtualExecutor  # noqa: E402
@@ -53,7 +54,8 @@ def head(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def pool(head):
-  with LanePool(LanePlacement.spread(['stage0', 'stage1']), address=head.address) as lanes:
+  names = ['stage0', 'stage1', 'server', 'worker0', 'worker1']
+  with LanePool(LanePlacement.spread(names), address=head.address) as lanes:
     yield lanes
   assert gone(lanes.pids().values()) == []
 
@@ -215,3 +217,70 @@ def test_config_executor_processes_is_checked_before_anything_starts():
   config.executor = 'threads'
   with pytest.raises(ValueError, match='executor: .*allowed: in_process, processes'):
     shared_settings(config)
+
+
+def asgd(num_workers, executor, steps=STEPS):
+  """ASGD with `num_workers` workers (MLP, Adam), every function a named task."""
+  stages = PlacedStages(
+    mlp(),
+    1,
+    optimizers.make_optimizer(OPTIMIZER, steps),
+    placement=Placement.create(1, jax.devices()[:1]),
+    batch_size=BATCH,
+    seed=0,
+    optimizer=(OPTIMIZER, steps),
+  )
+  settings = server.ServerSettings(num_workers)
+  variables = stages.initial_variables(0, sequential_roles(1)[0])
+  tx = optimizers.make_optimizer(
+    OPTIMIZER, steps, gradient_transforms=server.server_gradient_transforms(settings)
+  )
+  device = jax.devices()[0]
+  ps = server.ParameterServer(
+    tx,
+    variables['params'],
+    num_workers,
+    device,
+    record_pulls=False,
+    apply_fn=server.named_apply(OPTIMIZER, steps, settings),
+  )
+  names = [f'worker {m}' for m in range(num_workers)]
+  session = server.AsgdSession(
+    stages,
+    ps,
+    {},
+    [batches(seed=m) for m in range(num_workers)],
+    [device] * (1 + num_workers),
+    common.StepCounter(steps),
+    common.WorkerLog(names, {}, executor.now),
+  )
+  try:
+    executor.run(session.cluster, session.processes())
+    params = executor.fetch(session.variables()['params'])
+  finally:
+    executor.close()
+  return stages, params, session.server.store.staleness().tolist()
+
+
+def test_asgd_one_worker_on_lane_processes_is_sequential_sgd_bit_for_bit(pool):
+  stages, params, staleness = asgd(1, ProcessExecutor(pool=pool))
+  ops = stages.ops(0, sequential_roles(1)[0])
+  expected = stages.initial_variables(0, sequential_roles(1)[0])['params']
+  opt_state = stages.tx.init(expected)
+  stream = batches(seed=0)
+  for _ in range(STEPS):  # sequential SGD: forward, backward, update
+    batch = next(stream)
+    vjp = ops.forward({'params': expected}, batch['image'], batch['label'])[3]
+    grads, _ = ops.backward(vjp, None)
+    expected, opt_state = ops.update(expected, opt_state, grads)
+  chex.assert_trees_all_equal(params, expected)
+  assert staleness == [0] * STEPS
+  _, in_process, _ = asgd(1, RealExecutor(threads=True))
+  chex.assert_trees_all_equal(params, in_process)
+
+
+def test_asgd_two_workers_on_lane_processes_apply_every_step(pool):
+  _, params, staleness = asgd(2, ProcessExecutor(pool=pool), steps=8)
+  # Real timing decides the order; every push is applied, the first at staleness 0.
+  assert len(staleness) == 8 and staleness[0] == 0 and min(staleness) >= 0
+  assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
