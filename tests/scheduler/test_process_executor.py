@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'lanes'))
 import lane_tasks  # noqa: E402
 from ray_head import RayHead  # noqa: E402
-from test_lanes import gone  # noqa: E402
+from test_lanes import _lane_processes, gone  # noqa: E402
 
 from jaxsgd import optimizers  # noqa: E402
 from jaxsgd.algorithms import ddg, local  # noqa: E402
@@ -284,3 +284,37 @@ def test_asgd_two_workers_on_lane_processes_apply_every_step(pool):
   # Real timing decides the order; every push is applied, the first at staleness 0.
   assert len(staleness) == 8 and staleness[0] == 0 and min(staleness) >= 0
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
+
+
+@pytest.mark.parametrize('config_name', ['ddg', 'asgd'])
+def test_a_config_run_on_lane_processes_matches_the_in_process_run(
+  config_name, head, data_dir, tmp_path, capsys
+):
+  """`--config.executor=processes` end to end (`cluster_address`: the multi-host path);
+  the lanes are ended when the run is over."""
+  import importlib
+
+  from jaxsgd import training
+
+  def summary(executor, **fields):
+    config = importlib.import_module(f'experiments.configs.{config_name}').get_config('smoke')
+    overrides = dict(
+      data_dir=data_dir, clock='real', executor=executor, train_steps=20, eval_every=10
+    )
+    config.update({**overrides, **fields})
+    if config_name == 'ddg':
+      config.stages = 2
+    else:
+      config.workers = 1  # one worker: a deterministic order, as in process
+    workdir = str(tmp_path / executor)
+    return training.train_and_evaluate(config, workdir, show_progress=False)['final']
+
+  before = set(_lane_processes(head))
+  on_lanes = summary('processes', cluster_address=head.address)
+  printed = capsys.readouterr().out
+  names = ('stage0', 'stage1') if config_name == 'ddg' else ('server', 'worker0')
+  assert all(f'  {name}: host=' in printed for name in names)  # the placement, at start
+  assert gone(set(_lane_processes(head)) - before) == []
+  in_process = summary('in_process')
+  for key in ('train_loss', 'test_loss', 'test_accuracy'):
+    assert on_lanes[key] == in_process[key], key
