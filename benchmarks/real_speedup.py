@@ -9,6 +9,8 @@ intra-op threads off:
   bp      staged BP, the whole model as one stage, on lane `stage0` (core 0)
   ddg     DDG K=2 (paper form), stages on `stage0` (core 0) and `stage1` (core 1)
   local   local parallelism K=2 (greedy, pipelined), same lanes
+  asgd    ASGD with 2 workers: `server` and `worker0` on core 0, `worker1` on core 1;
+          an iteration is one applied update (one batch's gradient, as for BP)
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
 the batches are synthetic. Time per iteration: from the end of the last update of
 batch `--warmup` to that of the last batch, over the batches in between (compilation
@@ -29,6 +31,7 @@ import numpy as np
 
 from jaxsgd import models, optimizers
 from jaxsgd.algorithms import ddg, local
+from jaxsgd.asynchronous import common, server
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles
 from jaxsgd.scheduler import Placement
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool
@@ -47,11 +50,10 @@ def batches(seed: int = 0):
     }
 
 
-def run(pool: LanePool, roles, steps: int, warmup: int) -> tuple[float, float]:
-  """(seconds per iteration after `warmup` batches, driver seconds per dispatched task)."""
+def placed(roles, steps: int) -> PlacedStages:
   num = len(roles)
   model = models.get_model('mlp', (FEATURES,), CLASSES, hidden=HIDDEN)
-  stages = PlacedStages(
+  return PlacedStages(
     model,
     num,
     optimizers.make_optimizer(OPTIMIZER, steps),
@@ -60,15 +62,60 @@ def run(pool: LanePool, roles, steps: int, warmup: int) -> tuple[float, float]:
     aux_heads=any(r.loss == 'aux' for r in roles),
     optimizer=(OPTIMIZER, steps),
   )
+
+
+def per_iteration(timeline, steps: int, warmup: int) -> float:
+  """Seconds between the ends of the last updates of batch `warmup - 1` and the last."""
+  ends = {}
+  for task in timeline.tasks(kind='update'):
+    ends[task.batch] = max(ends.get(task.batch, 0.0), task.end)
+  return (ends[steps - 1] - ends[warmup - 1]) / (steps - warmup)
+
+
+def run(pool: LanePool, roles, steps: int, warmup: int) -> tuple[float, float]:
+  """(seconds per iteration after `warmup` batches, driver seconds per dispatched task)."""
+  if roles == 'asgd':
+    return run_asgd(pool, 2, steps, warmup)
+  stages = placed(roles, steps)
   feed = BatchFeed(batches(), 1 + sum(r.loss != 'none' for r in roles))
   session = stages.session(roles, feed, steps)
   executor = ProcessExecutor(pool=pool)
   timeline = executor.run(session.cluster, session.processes())
-  ends = {}
-  for task in timeline.tasks(kind='update'):
-    ends[task.batch] = max(ends.get(task.batch, 0.0), task.end)
-  per_iteration = (ends[steps - 1] - ends[warmup - 1]) / (steps - warmup)
-  return per_iteration, executor.dispatch_seconds / executor.dispatched
+  seconds = per_iteration(timeline, steps, warmup)
+  return seconds, executor.dispatch_seconds / executor.dispatched
+
+
+def run_asgd(pool: LanePool, num_workers: int, steps: int, warmup: int) -> tuple[float, float]:
+  """ASGD (`jaxsgd.asynchronous.server`) with every function a named task."""
+  stages = placed(sequential_roles(1), steps)
+  settings = server.ServerSettings(num_workers)
+  params = stages.initial_variables(0, sequential_roles(1)[0])['params']
+  tx = optimizers.make_optimizer(
+    OPTIMIZER, steps, gradient_transforms=server.server_gradient_transforms(settings)
+  )
+  device = jax.devices()[0]
+  ps = server.ParameterServer(
+    tx,
+    params,
+    num_workers,
+    device,
+    record_pulls=False,
+    apply_fn=server.named_apply(OPTIMIZER, steps, settings),
+  )
+  executor = ProcessExecutor(pool=pool)
+  names = [f'worker {m}' for m in range(num_workers)]
+  session = server.AsgdSession(
+    stages,
+    ps,
+    {},
+    [batches(seed=m) for m in range(num_workers)],
+    [device] * (1 + num_workers),
+    common.StepCounter(steps),
+    common.WorkerLog(names, {}, executor.now),
+  )
+  timeline = executor.run(session.cluster, session.processes())
+  seconds = per_iteration(timeline, steps, warmup)
+  return seconds, executor.dispatch_seconds / executor.dispatched
 
 
 def main():
@@ -82,13 +129,16 @@ def main():
     'bp (1 lane, core 0)': sequential_roles(1),
     'ddg K=2 (cores 0, 1)': ddg.roles(2),
     'local K=2 (cores 0, 1)': local.roles(2),
+    'asgd M=2 (cores 0, 1)': 'asgd',
   }
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
     f'jax {jax.__version__}; MLP {FEATURES}-{"-".join(map(str, HIDDEN))}-{CLASSES}, '
     f'batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), {args.rounds} rounds'
   )
-  placement = LanePlacement.parse('stage0@cores=0; stage1@cores=1')
+  placement = LanePlacement.parse(
+    'stage0@cores=0; stage1@cores=1; server@cores=0; worker0@cores=0; worker1@cores=1'
+  )
   times = {name: [] for name in cases}
   host = {name: [] for name in cases}
   with LanePool(placement, address=args.address) as pool:
