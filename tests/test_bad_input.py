@@ -124,7 +124,12 @@ CASES = [
   ),
   ('bp', {'placement.foo': 1}, 'placement.foo', r'unknown field'),
   # --- ddg ---
-  ('ddg', {'algorithm.variant': 'paperr'}, 'algorithm.variant', r'allowed: paper, stale_graph, recompute'),
+  (
+    'ddg',
+    {'algorithm.variant': 'paperr'},
+    'algorithm.variant',
+    r'allowed: paper, stale_graph, recompute',
+  ),
   ('ddg', {'algorithm.delay': 2}, 'algorithm.delay', r'unknown field'),
   ('ddg', {'stages': 99}, 'stages', r'has only 4 layers'),
   ('ddg', {'workers': 2}, 'workers', r'ddg does not read `workers`'),
