@@ -49,12 +49,7 @@ def load_config(path: str, variant: str = ''):
 
 def method_config(method: Method, seed: int, target: float, smoke: bool):
   config = load_config(method.config, 'smoke' if smoke else '')
-  for field, value in method.overrides:
-    parent, _, leaf = field.rpartition('.')
-    node = config
-    for part in filter(None, parent.split('.')):
-      node = node[part]
-    node[leaf] = value
+  config.update_from_flattened_dict(dict(method.overrides))
   if smoke:  # A smoke run stays seconds long whatever the method's overrides say.
     config.train_steps = min(config.train_steps, SMOKE_STEPS)
     config.eval_every = min(config.eval_every, SMOKE_STEPS // 2)
