@@ -54,7 +54,7 @@ from jaxsgd.spmd import distributed
 from jaxsgd.spmd import mesh as mesh_lib
 from jaxsgd.spmd import step as step_lib
 from jaxsgd.spmd import timing
-from jaxsgd.spmd.trainer import DataParallelTrainer
+from jaxsgd.spmd.trainer import DataParallelTrainer, TrainState
 
 NAMES = ('ssgd', 'local_sgd', 'dasgd', 'diloco', 'streaming_diloco')
 OUTER = ('diloco', 'streaming_diloco')  # The methods with an outer optimizer.
@@ -99,6 +99,11 @@ class Settings:
   @property
   def global_batch(self) -> int:
     return self.batch_size * self.workers
+
+  @property
+  def resumable(self) -> bool:
+    """The loop checkpoints (`run.maybe_save`) and resumes exactly."""
+    return True
 
 
 def settings(config) -> Settings:
@@ -321,9 +326,15 @@ def train(run, s: Settings) -> dict:
   # Local methods report this process's first worker's loss (see `report_loss`).
   where = None if trainer.replicated else f'worker {trainer.local_workers[0]}'
   step = 0
+  resumed = run.restore(_arrays(state), streams)
+  if resumed is not None:
+    step, arrays = resumed
+    state = TrainState(**arrays)
   while step < s.shared.train_steps:
     # A whole period per program where possible (one all-reduce per period).
-    n = trainer.program_length(step, s.shared.train_steps, run.should_evaluate)
+    # A period program ends at evaluation points and checkpoints (their step's state).
+    stops = lambda t: run.should_evaluate(t) or run.checkpoint_due(t)
+    n = trainer.program_length(step, s.shared.train_steps, stops)
     state, losses = trainer.train_steps(state, [[next(b) for b in streams] for _ in range(n)])
     trainer.maybe_wait(step + n, losses[-1], steps=n)
     for loss in losses:
@@ -336,7 +347,13 @@ def train(run, s: Settings) -> dict:
         stage=where,
         sim_time=None if clock is None else clock.elapsed(step),
       )
+    run.maybe_save(step, _arrays(state), streams)  # `state` is the state of `step`.
   return _summary_extras(run, s, trainer, state, clock, streams)
+
+
+def _arrays(state: TrainState) -> dict:
+  """What a checkpoint holds of the trainer's state."""
+  return {'variables': state.variables, 'opt_state': state.opt_state}
 
 
 def _period_program(s: Settings) -> dict:
