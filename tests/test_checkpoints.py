@@ -96,10 +96,11 @@ def test_bp_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch):
 
 
 def test_dasgd_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch):
-  # Two workers on a mesh, period 4, delay 1: step 10's checkpoint is in the middle of a
-  # period whose average is in flight in the optimizer state.
-  config = dasgd_config(data_dir, checkpoint_every=10, train_steps=40)
-  assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=27)
+  # Two workers on a mesh, period 4, delay 1: step 12's checkpoint holds the snapshot of
+  # step 12, whose average is merged at step 13 (in flight, in the optimizer state).
+  # Evaluations at 20, 40: the crash at 22 comes after the line of step 20 was written.
+  config = dasgd_config(data_dir, checkpoint_every=12, train_steps=40)
+  assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=22)
 
 
 def test_keeps_the_last_three(data_dir, tmp_path):
