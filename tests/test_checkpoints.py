@@ -166,12 +166,21 @@ def _start(data_dir, workdir, *flags):
   )
 
 
-def _wait_for_training(process, workdir, timeout=120.0):
-  """Until the run is past its first evaluation (it is training)."""
-  deadline = time.monotonic() + timeout
+def _past_first_evaluation(workdir) -> bool:
   path = os.path.join(workdir, 'metrics.jsonl')
+  return os.path.exists(path) and os.path.getsize(path) > 0
+
+
+def _saved_checkpoints(workdir) -> bool:
+  root = checkpoints.directory(workdir)
+  return os.path.isdir(root) and len([n for n in os.listdir(root) if n.isdigit()]) >= 2
+
+
+def _wait_for_training(process, workdir, ready=_past_first_evaluation, timeout=120.0):
+  """Until `ready(workdir)`: the run is training."""
+  deadline = time.monotonic() + timeout
   while time.monotonic() < deadline:
-    if os.path.exists(path) and os.path.getsize(path) > 0:
+    if ready(workdir):
       return
     assert process.poll() is None, process.communicate()
     time.sleep(0.2)
@@ -196,7 +205,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(data_dir, tmp_path):
 def test_ctrl_c_leaves_no_partial_checkpoint(data_dir, tmp_path):
   workdir = str(tmp_path / 'run')
   process = _start(data_dir, workdir, '--config.checkpoint_every=1')  # Saving all the time.
-  _wait_for_training(process, workdir)
+  _wait_for_training(process, workdir, _saved_checkpoints)
   process.send_signal(signal.SIGINT)
   process.communicate(timeout=60)
   assert process.returncode != 0
