@@ -23,6 +23,7 @@ SIGTERM, as a process killed by SIGTERM would). Ctrl-C (SIGINT) is left alone: i
 stops the run at once, without a checkpoint of the step it was in.
 """
 
+import logging
 import os
 import signal
 import threading
@@ -34,9 +35,22 @@ KEEP = 3  # Checkpoints kept (the last ones).
 DIRECTORY = 'checkpoints'
 
 
+class _QuietOrbax(logging.Filter):
+  """Drops orbax's INFO lines (about 15 per save) from the absl log; keeps its warnings."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or f'{os.sep}orbax{os.sep}' not in record.pathname
+
+
+_QUIET = _QuietOrbax()
+
+
 def _ocp():
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top  # Slow import.
 
+  for handler_owner in (logging.getLogger('absl'), logging.getLogger()):
+    if _QUIET not in handler_owner.filters:
+      handler_owner.addFilter(_QUIET)
   return ocp
 
 
