@@ -96,11 +96,26 @@ def test_bp_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch):
 
 
 def test_dasgd_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch):
-  # Two workers on a mesh, period 4, delay 1: step 12's checkpoint holds the snapshot of
-  # step 12, whose average is merged at step 13 (in flight, in the optimizer state).
-  # Evaluations at 20, 40: the crash at 22 comes after the line of step 20 was written.
-  config = dasgd_config(data_dir, checkpoint_every=12, train_steps=40)
+  # Two workers on a mesh, period 4 (one program per period), delay 1. Checkpoints due at
+  # 7, 14, 21, ... are saved at the ends of their programs: 8, 16, 24, ... The crash at
+  # 22 comes after the line of step 20; the resume starts from 16, whose snapshot is
+  # merged at step 17 (an average in flight, in the optimizer state).
+  config = dasgd_config(data_dir, checkpoint_every=7, train_steps=40)
   assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=22)
+  saved = sorted(int(n) for n in os.listdir(checkpoints.directory(str(tmp_path / 'whole'))))
+  assert saved == [28, 36, 40]  # Saved at 8, 16, 24, 28, 36, 40; the last 3 kept.
+
+
+@pytest.mark.parametrize('name', ['dasgd', 'diloco'])
+def test_checkpoints_change_nothing_in_a_run(data_dir, tmp_path, name):
+  """Programs are not cut at checkpoints: the same metrics with and without them."""
+  runs = {}
+  for every in (0, 7):
+    config = smoke_config(data_dir, workers=2, train_steps=40, checkpoint_every=every)
+    config.algorithm = default.algorithm(name, period=4)
+    training.train_and_evaluate(config, str(tmp_path / str(every)), show_progress=False)
+    runs[every] = metrics(str(tmp_path / str(every)))
+  assert runs[0] == runs[7]
 
 
 def test_keeps_the_last_three(data_dir, tmp_path):

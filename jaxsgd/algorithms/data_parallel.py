@@ -332,9 +332,7 @@ def train(run, s: Settings) -> dict:
     state = TrainState(**arrays)
   while step < s.shared.train_steps:
     # A whole period per program where possible (one all-reduce per period).
-    # A period program ends at evaluation points and checkpoints (their step's state).
-    stops = lambda t: run.should_evaluate(t) or run.checkpoint_due(t)
-    n = trainer.program_length(step, s.shared.train_steps, stops)
+    n = trainer.program_length(step, s.shared.train_steps, run.should_evaluate)
     state, losses = trainer.train_steps(state, [[next(b) for b in streams] for _ in range(n)])
     trainer.maybe_wait(step + n, losses[-1], steps=n)
     for loss in losses:
@@ -347,7 +345,9 @@ def train(run, s: Settings) -> dict:
         stage=where,
         sim_time=None if clock is None else clock.elapsed(step),
       )
-    run.maybe_save(step, _arrays(state), streams)  # `state` is the state of `step`.
+    # A checkpoint due inside a period program is taken at its end (`state` is the
+    # state of `step`): cutting the program there would change XLA's arithmetic.
+    run.maybe_save(step, _arrays(state), streams, steps=n)
   return _summary_extras(run, s, trainer, state, clock, streams)
 
 

@@ -136,11 +136,7 @@ class Run:
     step = self._resume['step']
     return step, self._checkpointer.restore(step, template)
 
-  def checkpoint_due(self, step: int) -> bool:
-    """Whether `maybe_save(step, ...)` will save (a program should end at `step`)."""
-    return self._checkpointer is not None and self._checkpointer.due(step)
-
-  def maybe_save(self, step: int, state, streams=()) -> None:
+  def maybe_save(self, step: int, state, streams=(), *, steps: int = 1) -> None:
     """Saves a checkpoint of step `step` (after its `report`) when one is due: every
     `checkpoint_every` steps, at the last step, or after SIGTERM, when it then stops
     the run with `errors.Preempted`.
@@ -149,9 +145,14 @@ class Run:
       step: the steps done.
       state: every array the algorithm needs to continue (a pytree).
       streams: the data streams it reads (their positions are saved).
+      steps: the steps of the program that ended at `step` (a whole period): a
+        checkpoint due at any of them is saved now, at `step`.
     """
     preempted = self.preemption is not None and self.preemption.requested
-    if self._checkpointer is None or not (preempted or self._checkpointer.due(step)):
+    due = self._checkpointer is not None and any(
+      self._checkpointer.due(t) for t in range(step - steps + 1, step + 1)
+    )
+    if self._checkpointer is None or not (preempted or due):
       return
     self.check_losses(wait=True)  # The losses since the last evaluation, as numbers.
     meta = {
