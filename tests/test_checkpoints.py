@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from experiments.configs import default
+from jaxsgd import errors
 from jaxsgd import training
 from jaxsgd.data import pipeline
 from jaxsgd.training import checkpoints
@@ -230,3 +231,35 @@ def test_ctrl_c_leaves_no_partial_checkpoint(data_dir, tmp_path):
   # ... and a checkpoint cut by Ctrl-C is a temporary folder, never a step's folder.
   for name in names:
     assert name.isdigit() or 'tmp' in name, names
+
+
+def _sigterm_at(monkeypatch, step: int) -> None:
+  original = run_lib.Run.report
+
+  def report(self, s, **kwargs):
+    if s == step:
+      os.kill(os.getpid(), signal.SIGTERM)  # Handled by the run: it sets a flag.
+    original(self, s, **kwargs)
+
+  monkeypatch.setattr(run_lib.Run, 'report', report)
+
+
+def test_sigterm_saves_the_step_it_came_in_and_resumes(data_dir, tmp_path, monkeypatch):
+  config = smoke_config(data_dir)  # checkpoint_every = 0: only SIGTERM saves.
+  with monkeypatch.context() as patch:
+    _sigterm_at(patch, 33)
+    with pytest.raises(errors.Preempted, match='checkpoint of step 33'):
+      training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # The handler is gone again.
+  assert checkpoints.latest_meta(str(tmp_path / 'run'))['step'] == 33
+  training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  training.train_and_evaluate(config, str(tmp_path / 'whole'), show_progress=False)
+  assert metrics(str(tmp_path / 'run')) == metrics(str(tmp_path / 'whole'))
+
+
+def test_sigterm_stops_an_algorithm_without_checkpoints(data_dir, tmp_path, monkeypatch):
+  config = smoke_config(data_dir, stages=2)  # Staged bp on the scheduler.
+  _sigterm_at(monkeypatch, 5)
+  with pytest.raises(errors.Preempted, match='at step 5; bp writes no checkpoints'):
+    training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  assert not os.path.exists(checkpoints.directory(str(tmp_path)))
