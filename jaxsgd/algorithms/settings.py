@@ -9,6 +9,7 @@ lanes are other processes can send them and rebuild the same functions there.
 The shared fields:
 
     train_steps, batch_size, seed, clock ('real' | 'virtual'), stages, workers
+    checkpoint_every (0: no periodic checkpoints)
     optimizer.{name, learning_rate, schedule, weight_decay, kwargs}  -> OptimizerSettings
     cost.{...}                                                       -> CostSettings
     placement.{devices, stage_to_device}                             -> PlacementSettings
@@ -399,6 +400,7 @@ class SharedSettings:
   cost: CostSettings
   placement: PlacementSettings
   profile_cache: str | None = None  # where calibrated profiles are kept (by the data)
+  checkpoint_every: int = 0  # steps between checkpoints (0: none but the one SIGTERM asks for)
 
   @property
   def virtual(self) -> bool:
@@ -424,6 +426,7 @@ def shared_settings(config) -> SharedSettings:
     cost=cost_settings(config.get('cost'), clock=clock),
     placement=placement_settings(config.get('placement'), stages),
     profile_cache=_profile_cache(config.get('data_dir')),
+    checkpoint_every=integer(config.get('checkpoint_every', 0), 'checkpoint_every', minimum=0),
   )
 
 
