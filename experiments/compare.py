@@ -19,6 +19,13 @@ _SUITE = flags.DEFINE_enum('suite', None, list(suites.SUITES), 'Which comparison
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where the runs and report.md go.')
 _SEEDS = flags.DEFINE_list('seeds', None, "Seeds to run (default: the suite's).")
 _SMOKE = flags.DEFINE_bool('smoke', False, 'Tiny runs (seconds each), for tests.')
+_PROFILE = flags.DEFINE_string(
+  'profile',
+  None,
+  'A cost profile (python -m experiments.profile) every simulated method takes its task '
+  'costs from; without it each method uses the calibration kept where the data lives, '
+  'shared by all methods of one model, batch and optimizer.',
+)
 _REUSE = flags.DEFINE_bool(
   'reuse',
   False,
@@ -33,7 +40,12 @@ def main(argv):
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   seeds = tuple(int(s) for s in _SEEDS.value) if _SEEDS.value else None
   path = suites.run_suite(
-    _SUITE.value, _WORKDIR.value, seeds=seeds, smoke=_SMOKE.value, reuse=_REUSE.value
+    _SUITE.value,
+    _WORKDIR.value,
+    seeds=seeds,
+    smoke=_SMOKE.value,
+    reuse=_REUSE.value,
+    profile=_PROFILE.value,
   )
   print(f'report: {path}')
 

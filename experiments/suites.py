@@ -47,14 +47,13 @@ def load_config(path: str, variant: str = ''):
   return module.get_config(variant)
 
 
-def method_config(method: Method, seed: int, target: float, smoke: bool):
+def method_config(method: Method, seed: int, target: float, smoke: bool, profile=None):
+  """The run's config; with `profile`, every simulated method whose costs are not given
+  explicitly takes its task costs from that one profile file."""
   config = load_config(method.config, 'smoke' if smoke else '')
-  for field, value in method.overrides:
-    parent, _, leaf = field.rpartition('.')
-    node = config
-    for part in filter(None, parent.split('.')):
-      node = node[part]
-    node[leaf] = value
+  config.update_from_flattened_dict(dict(method.overrides))
+  if profile and config.clock == 'virtual' and config.cost.calibrate:
+    config.cost.profile = profile
   if smoke:  # A smoke run stays seconds long whatever the method's overrides say.
     config.train_steps = min(config.train_steps, SMOKE_STEPS)
     config.eval_every = min(config.eval_every, SMOKE_STEPS // 2)
@@ -69,7 +68,9 @@ def can_reuse(run_dir: str, config) -> bool:
   return saved is not None and workdir_lib.same_config(saved, config)
 
 
-def run_suite(name: str, workdir: str, *, seeds=None, smoke=False, reuse=False) -> str:
+def run_suite(
+  name: str, workdir: str, *, seeds=None, smoke=False, reuse=False, profile=None
+) -> str:
   """Runs every method of suite `name` for every seed; returns the report's path.
 
   Each run goes to `workdir/runs/METHOD/seedN`, replacing what an earlier suite run
@@ -83,7 +84,7 @@ def run_suite(name: str, workdir: str, *, seeds=None, smoke=False, reuse=False) 
     runs[method.label] = []
     for seed in seeds:
       run_dir = os.path.join(workdir, 'runs', _slug(method.label), f'seed{seed}')
-      config = method_config(method, seed, suite.target_accuracy, smoke)
+      config = method_config(method, seed, suite.target_accuracy, smoke, profile)
       if not (reuse and can_reuse(run_dir, config)):
         train_and_evaluate(config, run_dir, overwrite=True)
       runs[method.label].append(report.load_run(run_dir))

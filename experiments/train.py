@@ -14,6 +14,9 @@ and an exit status:
        (--overwrite replaces them)
     1  the run failed: a NaN/inf loss (naming the step), failed workers, an error
        in training; its traceback is in WORKDIR/error.log
+  143  SIGTERM (pre-emption): the run saved a checkpoint in WORKDIR/checkpoints and
+       stopped; the same command resumes it (algorithms without checkpoints stop at
+       once). Ctrl-C stops at once, without saving.
 
 `--verbose` also prints the traceback on stderr. Under `python -m jaxsgd.launch` the
 same line is what the launcher reports for the process.
@@ -32,6 +35,7 @@ from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
+from jaxsgd.errors import Preempted
 from jaxsgd.spmd import distributed
 from jaxsgd.training import files
 from jaxsgd.training import train_and_evaluate
@@ -174,6 +178,8 @@ def main(argv):
   workdir = _WORKDIR.value
   try:
     summary = train_and_evaluate(_CONFIG.value, workdir, overwrite=_OVERWRITE.value)
+  except Preempted as e:
+    fail(Preempted.EXIT_STATUS, str(e))
   except Exception as e:  # pylint: disable=broad-except
     if is_bad_input(e):
       fail(EXIT_BAD_INPUT, str(e), e)

@@ -126,3 +126,14 @@ def test_reuse_keeps_only_runs_of_the_same_config(tmp_path, data_dir, monkeypatc
   assert not suites.can_reuse(
     str(run_dir), suites.method_config(suites.SUITES['test_reuse'].methods[0], 1, 0.3, smoke=True)
   )  # Another seed.
+
+
+def test_a_suite_profile_reaches_every_simulated_method_that_measures_its_costs():
+  from experiments import suites  # pylint: disable=g-import-not-at-top
+
+  suite = suites.SUITES['dcasgd']
+  configs = [suites.method_config(m, 0, 0.9, True, '/tmp/p.json') for m in suite.methods]
+  measured = [c for c in configs if c.clock == 'virtual' and c.cost.calibrate]
+  assert measured and all(c.cost.profile == '/tmp/p.json' for c in measured)
+  explicit = [c for c in configs if not c.cost.calibrate]
+  assert all(c.cost.profile is None for c in explicit)

@@ -42,6 +42,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.tensorboard = False
   config.placement = from_settings(PlacementSettings())
   config.cost = cost()
+  config.checkpoint_every = 0  # steps between checkpoints in WORKDIR/checkpoints (0: none)
   return apply_variants(config, variant, {'smoke': smoke})
 
 

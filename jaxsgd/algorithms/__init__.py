@@ -87,6 +87,17 @@ class RunContext(Protocol):
   def write_arrays(self, name: str, arrays: dict) -> None:
     """Writes `arrays` to `name` in the workdir (process 0 only)."""
 
+  # Checkpoints (an algorithm whose `Settings.resumable` is True uses these two).
+  def restore(self, template, streams=()) -> tuple[int, Any] | None:
+    """`(step, state)` of the checkpoint this run resumes (state shaped and placed as
+    `template`; `streams`, the batch iterators read, moved to their saved positions),
+    or None: start at step 0."""
+
+  def maybe_save(self, step: int, state, streams=(), *, steps: int = 1) -> None:
+    """After `report(step)`: saves `state` and the streams' positions if a checkpoint
+    is due at one of the `steps` steps ending at `step` (every `checkpoint_every`
+    steps, the last step, or SIGTERM: then raises `errors.Preempted`)."""
+
 
 class AlgorithmModule(Protocol):
   """The shape of every algorithm module (see the package docstring)."""

@@ -30,6 +30,11 @@ class Settings:
     """Staged BP on the scheduler (several stages, or simulated time)."""
     return self.shared.stages > 1 or self.shared.virtual
 
+  @property
+  def resumable(self) -> bool:
+    """The fused loop checkpoints (`run.maybe_save`) and resumes exactly."""
+    return not self.uses_scheduler
+
 
 def validate(config, model) -> Settings:
   section(config.algorithm, Settings, 'algorithm')
@@ -69,7 +74,12 @@ def train(run, settings: Settings) -> dict:
   opt_state = tx.init(variables['params'])
   train_step = make_train_step(run.model, tx)
   batches = run.train_batches()
-  for step in range(1, s.train_steps + 1):
+  start = 0
+  resumed = run.restore((variables, opt_state), [batches])
+  if resumed is not None:
+    start, (variables, opt_state) = resumed
+  for step in range(start + 1, s.train_steps + 1):
     variables, opt_state, loss = train_step(variables, opt_state, next(batches))
     run.report(step, loss=loss, variables=variables, samples=step * s.batch_size)
+    run.maybe_save(step, (variables, opt_state), [batches])
   return {'epochs': batches.epoch}

@@ -54,7 +54,7 @@ from jaxsgd.spmd import distributed
 from jaxsgd.spmd import mesh as mesh_lib
 from jaxsgd.spmd import step as step_lib
 from jaxsgd.spmd import timing
-from jaxsgd.spmd.trainer import DataParallelTrainer
+from jaxsgd.spmd.trainer import DataParallelTrainer, TrainState
 
 NAMES = ('ssgd', 'local_sgd', 'dasgd', 'diloco', 'streaming_diloco')
 OUTER = ('diloco', 'streaming_diloco')  # The methods with an outer optimizer.
@@ -99,6 +99,11 @@ class Settings:
   @property
   def global_batch(self) -> int:
     return self.batch_size * self.workers
+
+  @property
+  def resumable(self) -> bool:
+    """The loop checkpoints (`run.maybe_save`) and resumes exactly."""
+    return True
 
 
 def settings(config) -> Settings:
@@ -321,6 +326,10 @@ def train(run, s: Settings) -> dict:
   # Local methods report this process's first worker's loss (see `report_loss`).
   where = None if trainer.replicated else f'worker {trainer.local_workers[0]}'
   step = 0
+  resumed = run.restore(_arrays(state), streams)
+  if resumed is not None:
+    step, arrays = resumed
+    state = TrainState(**arrays)
   while step < s.shared.train_steps:
     # A whole period per program where possible (one all-reduce per period).
     n = trainer.program_length(step, s.shared.train_steps, run.should_evaluate)
@@ -336,7 +345,15 @@ def train(run, s: Settings) -> dict:
         stage=where,
         sim_time=None if clock is None else clock.elapsed(step),
       )
+    # A checkpoint due inside a period program is taken at its end (`state` is the
+    # state of `step`): cutting the program there would change XLA's arithmetic.
+    run.maybe_save(step, _arrays(state), streams, steps=n)
   return _summary_extras(run, s, trainer, state, clock, streams)
+
+
+def _arrays(state: TrainState) -> dict:
+  """What a checkpoint holds of the trainer's state."""
+  return {'variables': state.variables, 'opt_state': state.opt_state}
 
 
 def _period_program(s: Settings) -> dict:

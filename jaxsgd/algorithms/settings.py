@@ -11,6 +11,7 @@ The shared fields:
     train_steps, batch_size, seed, clock ('real' | 'virtual'), stages, workers
     executor ('in_process' | 'processes': the real clock's lanes in this process, or
       each in an OS process of its own, `scheduler/process.py`), cluster_address
+    checkpoint_every (0: no periodic checkpoints)
     optimizer.{name, learning_rate, schedule, weight_decay, kwargs}  -> OptimizerSettings
     cost.{...}                                                       -> CostSettings
     placement.{devices, stage_to_device, lanes}                      -> PlacementSettings
@@ -419,6 +420,7 @@ class SharedSettings:
   profile_cache: str | None = None  # where calibrated profiles are kept (by the data)
   executor: str = 'in_process'  # the real clock: 'in_process' or 'processes'
   cluster_address: str | None = None  # processes: a Ray cluster (None: start one here)
+  checkpoint_every: int = 0  # steps between checkpoints (0: none but the one SIGTERM asks for)
 
   @property
   def virtual(self) -> bool:
@@ -455,6 +457,7 @@ def shared_settings(config) -> SharedSettings:
     profile_cache=_profile_cache(config.get('data_dir')),
     executor=executor,
     cluster_address=address,
+    checkpoint_every=integer(config.get('checkpoint_every', 0), 'checkpoint_every', minimum=0),
   )
 
 

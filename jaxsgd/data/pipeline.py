@@ -117,6 +117,19 @@ class BatchIterator:
     return rng.permutation(self._indices)
 
   @property
+  def position(self) -> dict[str, int]:
+    """Where the stream is: `{'epoch', 'offset'}` (JSON; `seek` returns to it exactly)."""
+    return {'epoch': self.epoch, 'offset': self._position}
+
+  def seek(self, position: dict[str, int]) -> None:
+    """Continues from `position` (from `position` of a stream of the same arguments)."""
+    epoch, offset = int(position['epoch']), int(position['offset'])
+    if epoch < 0 or not 0 <= offset <= len(self._indices):
+      raise ValueError(f'batch stream position: {position!r} is not a position of this stream.')
+    self.epoch, self._position = epoch, offset
+    self._order = self._shuffled(epoch)
+
+  @property
   def batches_per_epoch(self) -> int:
     return len(self._indices) // self._batch_size
 

@@ -10,6 +10,7 @@ from jaxsgd import algorithms
 from jaxsgd import data as data_lib
 from jaxsgd import models as models_lib
 from jaxsgd.algorithms.settings import number, refuse_unknown
+from jaxsgd.training import checkpoints
 from jaxsgd.training import limits
 from jaxsgd.training import workdir as workdir_lib
 from jaxsgd.training.run import Run
@@ -36,6 +37,7 @@ FIELDS = (
   'tensorboard',
   'placement',
   'cost',
+  'checkpoint_every',
 )
 REQUIRED = (
   'dataset',
@@ -165,6 +167,7 @@ def train_and_evaluate(
     settings = algorithm.validate(config, model)
     check_worker_batches(settings, dataset)
     limits.check(config.algorithm.name, settings, model, dataset)
+    checkpointer = _checkpointer(config, settings, workdir)
     claim.clear()  # The input is valid: an earlier run's files (overwrite) go now.
     logging.info(
       'Training %s on %s (%d train / %d test examples), model %s with %d layers.',
@@ -175,13 +178,37 @@ def train_and_evaluate(
       model.name,
       model.num_layers,
     )
-    run = Run(config, workdir, dataset, model, show_progress=show_progress, lock=claim.lock)
+    run = Run(
+      config,
+      workdir,
+      dataset,
+      model,
+      show_progress=show_progress,
+      lock=claim.lock,
+      checkpointer=checkpointer,
+      resume=claim.resume if checkpointer is not None else None,
+    )
   except BaseException:
     claim.release()
     raise
   try:
-    extra = algorithm.train(run, settings)
+    with checkpoints.PreemptionWatch() as run.preemption:
+      extra = algorithm.train(run, settings)
   except BaseException:
     run.abort()
     raise
   return run.finish(extra)
+
+
+def _checkpointer(config, settings, workdir: str) -> checkpoints.Checkpointer | None:
+  """The run's checkpoints, if its algorithm writes them (`Settings.resumable`); refuses
+  `checkpoint_every > 0` for one that does not."""
+  every = settings.shared.checkpoint_every
+  if not getattr(settings, 'resumable', False):
+    if every:
+      raise ValueError(
+        f'checkpoint_every: {config.algorithm.name} writes no checkpoints yet (the fused bp '
+        f'and the data-parallel methods do); use checkpoint_every=0.'
+      )
+    return None
+  return checkpoints.Checkpointer(workdir, every=every, last=settings.shared.train_steps)

@@ -27,11 +27,13 @@ import tqdm
 
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.data import Dataset
-from jaxsgd.errors import NonFiniteLossError
+from jaxsgd.errors import NonFiniteLossError, Preempted
 from jaxsgd.models import StagedModel
+from jaxsgd.training import checkpoints as checkpoints_lib
 from jaxsgd.training import files
 from jaxsgd.training import outputs
 from jaxsgd.training import plots
+from jaxsgd.training import workdir as workdir_lib
 
 CHECK_EVERY_STEPS = 16  # Look at the computed losses this often (no wait) ...
 CHECK_EVERY_S = 1.0  # ... or after this many seconds,
@@ -50,7 +52,12 @@ class Run:
     *,
     show_progress: bool = True,
     lock: files.WorkdirLock | None = None,
+    checkpointer: checkpoints_lib.Checkpointer | None = None,
+    resume: dict | None = None,
+    preemption: checkpoints_lib.PreemptionWatch | None = None,
   ):
+    """See the class docstring; `resume` is the `meta` of the checkpoint to continue from
+    (`checkpoints.latest_meta`): its metrics are written again and continued."""
     self.config = config
     self.workdir = workdir
     self.dataset = dataset
@@ -70,6 +77,10 @@ class Run:
     self._next_check = CHECK_EVERY_STEPS  # len(_pending) at which to check next.
     self._eval_step = stages_lib.make_eval_step(model.full().apply)
     self._start = time.perf_counter()
+    self._checkpointer = checkpointer
+    self._resume = resume
+    self.preemption = preemption
+    self._resumable = False  # The algorithm restores and saves checkpoints (`restore`).
     self._metrics_file = (
       files.JsonLinesWriter(os.path.join(workdir, 'metrics.jsonl'), 'w')
       if self.is_primary
@@ -85,6 +96,81 @@ class Run:
       disable=not (show_progress and self.is_primary),
       desc=config.algorithm.name,
     )
+    if resume is not None:
+      self._continue(resume)
+
+  # --- checkpoints ------------------------------------------------------------------
+  def _continue(self, meta: dict) -> None:
+    """Takes up the metrics of a checkpoint: its records (written again, so that lines
+    written after the checkpoint are dropped), the losses since its last evaluation,
+    its wall time and time to target."""
+    for record in meta['records']:
+      self.records.append(record)
+      if self._metrics_file is not None:
+        self._metrics_file.write(record)
+    self._pending = [(step, value, stage) for step, value, stage in meta['losses']]
+    self._checked = [value for _, value, _ in meta['losses']]
+    self._next_check = len(self._pending) + CHECK_EVERY_STEPS
+    self._start -= meta['wall_time']
+    self.time_to_target = meta['time_to_target']
+    self._progress.update(meta['step'])
+
+  def restore(self, template, streams=()) -> tuple[int, Any] | None:
+    """The step and state to continue from, or None to start afresh.
+
+    Calling it tells the run that the algorithm checkpoints (`maybe_save`). When the
+    run resumes, the checkpoint's state comes back in `template`'s structure and
+    shardings, and `streams` (the `BatchIterator`s the algorithm reads, in the order
+    given to `maybe_save`) are moved to where they were.
+    """
+    self._resumable = True
+    if self._resume is None:
+      return None
+    positions = self._resume['streams']
+    if len(positions) != len(streams):
+      raise ValueError(
+        f'checkpoint: it holds {len(positions)} data streams, this run reads {len(streams)}.'
+      )
+    for stream, position in zip(streams, positions, strict=True):
+      stream.seek(position)
+    step = self._resume['step']
+    return step, self._checkpointer.restore(step, template)
+
+  def maybe_save(self, step: int, state, streams=(), *, steps: int = 1) -> None:
+    """Saves a checkpoint of step `step` (after its `report`) when one is due: every
+    `checkpoint_every` steps, at the last step, or after SIGTERM, when it then stops
+    the run with `errors.Preempted`.
+
+    Args:
+      step: the steps done.
+      state: every array the algorithm needs to continue (a pytree).
+      streams: the data streams it reads (their positions are saved).
+      steps: the steps of the program that ended at `step` (a whole period): a
+        checkpoint due at any of them is saved now, at `step`.
+    """
+    preempted = self.preemption is not None and self.preemption.requested
+    due = self._checkpointer is not None and any(
+      self._checkpointer.due(t) for t in range(step - steps + 1, step + 1)
+    )
+    if self._checkpointer is None or not (preempted or due):
+      return
+    self.check_losses(wait=True)  # The losses since the last evaluation, as numbers.
+    meta = {
+      'step': step,
+      'streams': [stream.position for stream in streams],
+      'records': self.records,
+      'losses': [[s, value, where] for (s, _, where), value in zip(self._pending, self._checked)],
+      'wall_time': time.perf_counter() - self._start,
+      'time_to_target': self.time_to_target,
+      'config': workdir_lib.as_json(self.config),
+    }
+    self._checkpointer.save(step, state, meta)
+    if preempted:
+      raise Preempted(
+        f'SIGTERM: stopped after saving the checkpoint of step {step} in '
+        f'{checkpoints_lib.directory(self.workdir)}; run again with the same config and '
+        f'workdir to resume.'
+      )
 
   # --- data -----------------------------------------------------------------
   def train_batches(
@@ -133,6 +219,11 @@ class Run:
     """
     self._pending.append((step, loss, stage))
     self._progress.update(step - self._progress.n)
+    if not self._resumable and self.preemption is not None and self.preemption.requested:
+      raise Preempted(
+        f'SIGTERM: stopped at step {step}; {self.config.algorithm.name} writes no '
+        f'checkpoints yet, so a new run starts over.'
+      )
     if not self.should_evaluate(step):
       if (
         len(self._pending) >= self._next_check
@@ -294,6 +385,8 @@ class Run:
 
   def close(self) -> None:
     self._progress.close()
+    if self._checkpointer is not None:
+      self._checkpointer.close()
     if self._metrics_file is not None:
       self._metrics_file.close()
     if self._tensorboard is not None:

@@ -14,8 +14,11 @@ loaded or a model built:
    removes the earlier run's files first, so that no stale `trace.json` or
    `staleness.png` of another run is left beside the new results.
 
-Resuming (a workdir holding the same config's checkpoint continues that run) is not
-implemented yet; the message for the same config says so.
+Resuming: a workdir holding a checkpoint (`checkpoints/`, `training.checkpoints`) of
+this same config (`checkpoint_every` aside) is not refused: `claim` returns the latest
+checkpoint's metadata as `Claim.resume`, and the run continues from it, its
+`metrics.jsonl` taken up where the checkpoint was. A checkpoint of another config is
+refused like any other run's files.
 
 If anything fails before training starts, `release` gives the workdir back as it was:
 the lock file is removed, and a workdir that `claim` created is removed if it is
@@ -40,7 +43,10 @@ RUN_FILES = (
   'params.npz',
   'tensorboard',
   'error.log',
+  'checkpoints',
 )
+# Fields that may differ between a run and the run it resumes.
+RESUME_MAY_CHANGE = ('checkpoint_every',)
 
 
 class WorkdirHoldsRunError(ValueError):
@@ -55,6 +61,7 @@ class Claim:
   lock: files.WorkdirLock | None
   created: bool  # The workdir did not exist before `claim`.
   replaced: tuple[str, ...] = ()  # An earlier run's files, removed by `clear`.
+  resume: dict | None = None  # The metadata of the checkpoint this run continues from.
 
   def clear(self) -> None:
     """Removes the earlier run's files (`overwrite`); call once the input is valid."""
@@ -90,14 +97,21 @@ def claim(config, workdir: str, *, primary: bool = True, overwrite: bool = False
   """
   if not isinstance(workdir, str) or not workdir:
     raise ValueError(f'workdir: a directory path expected, got {workdir!r}.')
-  if not primary:
-    return Claim(workdir, None, created=False)
+  if not primary:  # Resumes what process 0 resumes (it refuses anything else).
+    resume = None
+    if os.path.isdir(os.path.join(workdir, 'checkpoints')):
+      resume = resumable_checkpoint(config, workdir)
+    return Claim(workdir, None, created=False, resume=resume)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f'workdir: {workdir} exists and is not a directory.')
   created = not os.path.exists(workdir)
   result = Claim(workdir, files.WorkdirLock(workdir).acquire(), created)
   try:
     present = [name for name in RUN_FILES if os.path.lexists(os.path.join(workdir, name))]
+    if 'checkpoints' in present and not overwrite:
+      result.resume = resumable_checkpoint(config, workdir)
+      if result.resume is not None:
+        return result
     if present and not overwrite:
       raise WorkdirHoldsRunError(holds_run_message(config, workdir, present))
   except BaseException:
@@ -105,6 +119,16 @@ def claim(config, workdir: str, *, primary: bool = True, overwrite: bool = False
     raise
   result.replaced = tuple(present)
   return result
+
+
+def resumable_checkpoint(config, workdir: str) -> dict | None:
+  """The latest checkpoint's metadata if it is one of `config`'s run; else None."""
+  from jaxsgd.training import checkpoints  # pylint: disable=g-import-not-at-top  # orbax: slow.
+
+  meta = checkpoints.latest_meta(workdir)
+  if meta is None or not same_config(meta.get('config') or {}, config, ignore=RESUME_MAY_CHANGE):
+    return None
+  return meta
 
 
 def holds_run_message(config, workdir: str, present: list[str]) -> str:
@@ -115,11 +139,13 @@ def holds_run_message(config, workdir: str, present: list[str]) -> str:
       what = 'the results of a run whose summary.json has no readable config'
     elif same_config(earlier, config):
       what = (
-        'the finished results of a run of this same config (resuming from '
-        'checkpoints is not implemented yet)'
+        'the finished results of a run of this same config, without a checkpoint to '
+        'resume from (set checkpoint_every > 0 to leave one)'
       )
     else:
       what = f'the finished results of a run of a different config ({describe(earlier)})'
+  elif 'checkpoints' in present:
+    what = 'checkpoints of a run of a different config (a run resumes only its own config)'
   elif 'metrics.jsonl' in present:
     what = 'an unfinished run (metrics.jsonl but no summary.json)'
   else:
@@ -146,9 +172,11 @@ def as_json(config) -> dict:
   return json.loads(files.to_json(value))
 
 
-def same_config(saved: dict, config) -> bool:
-  """Whether `saved` (from a `summary.json`) is `config`, field for field."""
-  return saved == as_json(config)
+def same_config(saved: dict, config, *, ignore=()) -> bool:
+  """Whether `saved` (from a `summary.json` or a checkpoint) is `config`, field for field
+  (the top-level fields `ignore` aside)."""
+  drop = lambda c: {k: v for k, v in c.items() if k not in ignore}
+  return drop(saved) == drop(as_json(config))
 
 
 def describe(saved: dict) -> str:

@@ -1,0 +1,265 @@
+"""Checkpoints and exact resume: a run that crashes and is started again on its workdir
+ends bit for bit where the uninterrupted run ends (metrics.jsonl but its wall times, and
+the final parameters and optimizer state)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from experiments.configs import default
+from jaxsgd import errors
+from jaxsgd import training
+from jaxsgd.data import pipeline
+from jaxsgd.training import checkpoints
+from jaxsgd.training import run as run_lib
+from jaxsgd.training import workdir as workdir_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Crash(Exception):
+  """Stands for the process dying at a step (raised from `Run.report`)."""
+
+
+def smoke_config(data_dir, **overrides):
+  config = default.get_config('smoke')
+  config.data_dir = data_dir
+  config.update(overrides)
+  return config
+
+
+def dasgd_config(data_dir, **overrides):
+  config = smoke_config(data_dir, workers=2, **overrides)
+  config.algorithm = default.algorithm('dasgd', period=4, delay=1)
+  return config
+
+
+def metrics(workdir) -> list[dict]:
+  lines = [json.loads(line) for line in open(os.path.join(workdir, 'metrics.jsonl'))]
+  return [{k: v for k, v in record.items() if k != 'wall_time'} for record in lines]
+
+
+def final_state(workdir) -> list[np.ndarray]:
+  """Every array of the last checkpoint (written at the last step)."""
+  root = checkpoints.directory(workdir)
+  step = max(int(name) for name in os.listdir(root) if name.isdigit())
+  tree = ocp.PyTreeCheckpointer().restore(os.path.join(root, str(step), 'state'))
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return step, [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def crash_at(monkeypatch, step: int) -> None:
+  original = run_lib.Run.report
+
+  def report(self, s, **kwargs):
+    original(self, s, **kwargs)
+    if s == step:
+      raise Crash(f'crashed at step {s}')
+
+  monkeypatch.setattr(run_lib.Run, 'report', report)
+
+
+def assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step):
+  whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
+  training.train_and_evaluate(config, whole, show_progress=False)
+  with monkeypatch.context() as patch:
+    crash_at(patch, crash_step)
+    with pytest.raises(Crash):
+      training.train_and_evaluate(config, broken, show_progress=False)
+  assert not os.path.exists(os.path.join(broken, 'summary.json'))
+  written = metrics(broken)  # Lines past the checkpoint: the resume drops them.
+  assert written and written[-1]['step'] > max(
+    int(name) for name in os.listdir(checkpoints.directory(broken)) if name.isdigit()
+  )
+  summary = training.train_and_evaluate(config, broken, show_progress=False)
+  assert metrics(broken) == metrics(whole)
+  (step_a, state_a), (step_b, state_b) = final_state(whole), final_state(broken)
+  assert step_a == step_b == config.train_steps
+  assert len(state_a) == len(state_b) > 0
+  for a, b in zip(state_a, state_b, strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert summary['final']['step'] == config.train_steps
+
+
+def test_bp_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch):
+  # Checkpoints at 25, 50, 60; evaluations at 20, 40, 60. The crash at 45 comes after the
+  # line of step 40 was written: the resume starts from 25 (with steps 21-25's losses).
+  config = smoke_config(data_dir, checkpoint_every=25)
+  assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=45)
+
+
+def test_dasgd_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch):
+  # Two workers on a mesh, period 4 (one program per period), delay 1. Checkpoints due at
+  # 7, 14, 21, ... are saved at the ends of their programs: 8, 16, 24, ... The crash at
+  # 22 comes after the line of step 20; the resume starts from 16, whose snapshot is
+  # merged at step 17 (an average in flight, in the optimizer state).
+  config = dasgd_config(data_dir, checkpoint_every=7, train_steps=40)
+  assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=22)
+  saved = sorted(int(n) for n in os.listdir(checkpoints.directory(str(tmp_path / 'whole'))))
+  assert saved == [28, 36, 40]  # Saved at 8, 16, 24, 28, 36, 40; the last 3 kept.
+
+
+@pytest.mark.parametrize('name', ['dasgd', 'diloco'])
+def test_checkpoints_change_nothing_in_a_run(data_dir, tmp_path, name):
+  """Programs are not cut at checkpoints: the same metrics with and without them."""
+  runs = {}
+  for every in (0, 7):
+    config = smoke_config(data_dir, workers=2, train_steps=40, checkpoint_every=every)
+    config.algorithm = default.algorithm(name, period=4)
+    training.train_and_evaluate(config, str(tmp_path / str(every)), show_progress=False)
+    runs[every] = metrics(str(tmp_path / str(every)))
+  assert runs[0] == runs[7]
+
+
+def test_keeps_the_last_three(data_dir, tmp_path):
+  config = smoke_config(data_dir, checkpoint_every=10)
+  training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  assert sorted(int(n) for n in os.listdir(checkpoints.directory(str(tmp_path)))) == [40, 50, 60]
+
+
+def test_batch_stream_position_is_exact(data_dir):
+  dataset = pipeline.load('mnist1d/5k', data_dir)
+  stream = dataset.train_batches(32, seed=3)
+  for _ in range(130):  # Past an epoch (125 batches of 32 in 4,000).
+    next(stream)
+  position = stream.position
+  expected = [next(stream)['label'] for _ in range(5)]
+  other = dataset.train_batches(32, seed=3)
+  other.seek(position)
+  for labels in expected:
+    np.testing.assert_array_equal(next(other)['label'], labels)
+  with pytest.raises(ValueError, match='position'):
+    other.seek({'epoch': 0, 'offset': 10**9})
+
+
+def test_another_config_is_refused_and_checkpoint_every_may_change(data_dir, tmp_path):
+  config = smoke_config(data_dir, checkpoint_every=30)
+  training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  with pytest.raises(workdir_lib.WorkdirHoldsRunError, match='different config'):
+    training.train_and_evaluate(
+      smoke_config(data_dir, checkpoint_every=30, seed=1), str(tmp_path), show_progress=False
+    )
+  # Same config, another checkpoint_every: resumes the finished run (its last step).
+  summary = training.train_and_evaluate(
+    smoke_config(data_dir, checkpoint_every=20), str(tmp_path), show_progress=False
+  )
+  assert summary['final']['step'] == 60 and len(metrics(str(tmp_path))) == 3
+
+
+def test_checkpoint_every_is_refused_where_not_written(data_dir, tmp_path):
+  config = smoke_config(data_dir, checkpoint_every=10, stages=2)
+  with pytest.raises(ValueError, match='^checkpoint_every: bp writes no checkpoints'):
+    training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  with pytest.raises(ValueError, match='^checkpoint_every: must be an integer >= 0'):
+    training.train_and_evaluate(
+      smoke_config(data_dir, checkpoint_every=-1), str(tmp_path), show_progress=False
+    )
+
+
+# --- pre-emption ---------------------------------------------------------------------------------
+def _start(data_dir, workdir, *flags):
+  command = [
+    sys.executable,
+    '-m',
+    'experiments.train',
+    '--config=experiments/configs/default.py:smoke',
+    f'--workdir={workdir}',
+    f'--config.data_dir={data_dir}',
+    '--config.train_steps=100000',
+    '--config.eval_every=1000',
+    *flags,
+  ]
+  return subprocess.Popen(
+    command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
+
+
+def _past_first_evaluation(workdir) -> bool:
+  path = os.path.join(workdir, 'metrics.jsonl')
+  return os.path.exists(path) and os.path.getsize(path) > 0
+
+
+def _saved_checkpoints(workdir) -> bool:
+  root = checkpoints.directory(workdir)
+  return os.path.isdir(root) and len([n for n in os.listdir(root) if n.isdigit()]) >= 2
+
+
+def _wait_for_training(process, workdir, ready=_past_first_evaluation, timeout=120.0):
+  """Until `ready(workdir)`: the run is training."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if ready(workdir):
+      return
+    assert process.poll() is None, process.communicate()
+    time.sleep(0.2)
+  process.kill()
+  raise AssertionError('the run did not start training')
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_143(data_dir, tmp_path):
+  workdir = str(tmp_path / 'run')
+  process = _start(data_dir, workdir)
+  _wait_for_training(process, workdir)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=60)
+  assert process.returncode == 143, stderr
+  assert 'SIGTERM' in stderr and 'resume' in stderr
+  meta = checkpoints.latest_meta(workdir)
+  assert meta is not None and meta['step'] > 1000  # Saved when the signal came (none before).
+  assert not os.path.exists(os.path.join(workdir, 'summary.json'))
+  assert not [n for n in os.listdir(checkpoints.directory(workdir)) if not n.isdigit()]
+
+
+def test_ctrl_c_leaves_no_partial_checkpoint(data_dir, tmp_path):
+  workdir = str(tmp_path / 'run')
+  process = _start(data_dir, workdir, '--config.checkpoint_every=1')  # Saving all the time.
+  _wait_for_training(process, workdir, _saved_checkpoints)
+  process.send_signal(signal.SIGINT)
+  process.communicate(timeout=60)
+  assert process.returncode != 0
+  names = os.listdir(checkpoints.directory(workdir))
+  complete = checkpoints.latest_meta(workdir)  # Only complete ones are seen ...
+  assert complete is not None and str(complete['step']) in names
+  # ... and a checkpoint cut by Ctrl-C is a temporary folder, never a step's folder.
+  for name in names:
+    assert name.isdigit() or 'tmp' in name, names
+
+
+def _sigterm_at(monkeypatch, step: int) -> None:
+  original = run_lib.Run.report
+
+  def report(self, s, **kwargs):
+    if s == step:
+      os.kill(os.getpid(), signal.SIGTERM)  # Handled by the run: it sets a flag.
+    original(self, s, **kwargs)
+
+  monkeypatch.setattr(run_lib.Run, 'report', report)
+
+
+def test_sigterm_saves_the_step_it_came_in_and_resumes(data_dir, tmp_path, monkeypatch):
+  config = smoke_config(data_dir)  # checkpoint_every = 0: only SIGTERM saves.
+  with monkeypatch.context() as patch:
+    _sigterm_at(patch, 33)
+    with pytest.raises(errors.Preempted, match='checkpoint of step 33'):
+      training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # The handler is gone again.
+  assert checkpoints.latest_meta(str(tmp_path / 'run'))['step'] == 33
+  training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  training.train_and_evaluate(config, str(tmp_path / 'whole'), show_progress=False)
+  assert metrics(str(tmp_path / 'run')) == metrics(str(tmp_path / 'whole'))
+
+
+def test_sigterm_stops_an_algorithm_without_checkpoints(data_dir, tmp_path, monkeypatch):
+  config = smoke_config(data_dir, stages=2)  # Staged bp on the scheduler.
+  _sigterm_at(monkeypatch, 5)
+  with pytest.raises(errors.Preempted, match='at step 5; bp writes no checkpoints'):
+    training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  assert not os.path.exists(checkpoints.directory(str(tmp_path)))
