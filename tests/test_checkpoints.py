@@ -246,11 +246,12 @@ def _sigterm_at(monkeypatch, step: int) -> None:
 
 def test_sigterm_saves_the_step_it_came_in_and_resumes(data_dir, tmp_path, monkeypatch):
   config = smoke_config(data_dir)  # checkpoint_every = 0: only SIGTERM saves.
+  before = signal.getsignal(signal.SIGTERM)  # Other tests' (JAX's, Ray's) may be installed.
   with monkeypatch.context() as patch:
     _sigterm_at(patch, 33)
     with pytest.raises(errors.Preempted, match='checkpoint of step 33'):
       training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
-  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # The handler is gone again.
+  assert signal.getsignal(signal.SIGTERM) is before  # The run's handler is gone again.
   assert checkpoints.latest_meta(str(tmp_path / 'run'))['step'] == 33
   training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
   training.train_and_evaluate(config, str(tmp_path / 'whole'), show_progress=False)
