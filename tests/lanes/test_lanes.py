@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import lane_tasks
-from ray_head import RayHead
+from ray_head import serve_head
 
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
@@ -53,15 +53,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
-  env = {**os.environ, 'RAY_AUTH_MODE': 'disabled', 'RAY_USAGE_STATS_ENABLED': '0'}
-  os.environ.update(RAY_AUTH_MODE='disabled')
-  node = RayHead(str(tmp_path_factory.mktemp('ray')), env)
-  yield node
-  import ray
-
-  ray.shutdown()
-  node.stop()
-  assert gone([p.pid for p in node.processes()]) == []
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
 
 
 @pytest.fixture(scope='module')

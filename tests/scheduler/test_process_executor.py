@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'lanes'))
 import lane_tasks  # noqa: E402
-from ray_head import RayHead  # noqa: E402
+from ray_head import serve_head  # noqa: E402
 from test_lanes import _lane_processes, gone  # noqa: E402
 
 from jaxsgd import optimizers  # noqa: E402
@@ -41,15 +41,7 @@ PROBES = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=0.5)
 
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
-  env = {**os.environ, 'RAY_AUTH_MODE': 'disabled', 'RAY_USAGE_STATS_ENABLED': '0'}
-  os.environ.update(RAY_AUTH_MODE='disabled')
-  node = RayHead(str(tmp_path_factory.mktemp('ray')), env)
-  yield node
-  import ray
-
-  ray.shutdown()
-  node.stop()
-  assert gone([p.pid for p in node.processes()]) == []
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
 
 
 @pytest.fixture(scope='module')
