@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'lanes'))
 from ray_head import serve_head  # noqa: E402
-from test_lanes import gone  # noqa: E402
+from test_lanes import _lane_processes, gone  # noqa: E402
 
 from jaxsgd import models, optimizers  # noqa: E402
 from jaxsgd.algorithms import ddg  # noqa: E402
@@ -276,6 +276,37 @@ def test_batchnorm_lppsgd_on_lane_processes_is_bit_identical_to_in_process(pool)
   assert all(jax.tree.leaves(changed))  # every statistic was updated by the steps
   for executor in (RealExecutor(threads=True), virtual()):
     chex.assert_trees_all_equal((variables, values), lpp(executor, pipe, images())[:2])
+
+
+@pytest.mark.parametrize('config_name', ['lppsgd', 'pdasgd'])
+def test_a_config_run_on_lane_processes_matches_the_in_process_run(
+  config_name, head, data_dir, tmp_path, capsys
+):
+  """`--config.executor=processes` end to end in the sequential configuration (one
+  replica and worker; one forward and one backward worker, one token), joined to the
+  cluster by address; the lanes are ended when the run is over."""
+  from jaxsgd import training
+
+  def summary(executor, **fields):
+    config = _config(config_name, executor=executor, data_dir=data_dir, train_steps=20)
+    config.update({'eval_every': 10, **fields})
+    if config_name == 'lppsgd':
+      config.algorithm.update({'devices': 1, 'workers_per_device': 1})
+    else:
+      config.update({'stages': 2})
+      config.algorithm.update({'n_fwd': 1, 'n_bwd': 1, 'max_inflight': 1})
+    workdir = str(tmp_path / executor)
+    return training.train_and_evaluate(config, workdir, show_progress=False)['final']
+
+  before = set(_lane_processes(head))
+  on_lanes = summary('processes', cluster_address=head.address)
+  printed = capsys.readouterr().out
+  names = ('worker0.0',) if config_name == 'lppsgd' else ('sharedmodel', 'backwardworker0')
+  assert all(f'  {name}: host=' in printed for name in names)  # the placement, at start
+  assert gone(set(_lane_processes(head)) - before) == []
+  in_process = summary('in_process')
+  for key in ('train_loss', 'test_loss', 'test_accuracy', 'staleness_mean'):
+    assert on_lanes[key] == in_process[key], key
 
 
 # --- what cannot run on lane processes is refused, naming the field ------------------------
