@@ -345,14 +345,10 @@ class LppSession:
       if self.lane_processes:
         if not self.steps.claim():  # every step is taken
           break
+        claimed = self.steps.claimed - 1  # this update's step (0-based), its label
         update = self.partitioned[j] if partitioned else self.ops.update
         yield from replica.update_on(
-          self.home(d),
-          update,
-          grads,
-          read_version=snapshot.version,
-          lane=m,
-          batch=self.steps.applied,
+          self.home(d), update, grads, read_version=snapshot.version, lane=m, batch=claimed
         )
         self._updated(d, m, new_state)
         step = self.steps.commit(None, loss, f'worker {d}.{j}')
