@@ -21,7 +21,8 @@ from test_lanes import _lane_processes, gone  # noqa: E402
 
 from jaxsgd import models, optimizers  # noqa: E402
 from jaxsgd.algorithms import ddg  # noqa: E402
-from jaxsgd.asynchronous import common, lppsgd, pdasgd  # noqa: E402
+from jaxsgd.asynchronous import common, lppsgd, pdasgd, server  # noqa: E402
+from jaxsgd.models import stage_functions  # noqa: E402
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # noqa: E402
@@ -34,7 +35,7 @@ STEPS = 4
 # nothing here; every cost is binary-exact.
 COSTS = {'forward': 1.0, 'backward': 2.0, 'update': 0.125, 'average': 0.0}
 LANES = ['sharedmodel', 'forwardworker0', 'backwardworker0', 'backwardworker1']
-LANES += ['worker0.0', 'worker1.0', 'allreduce', 'stage0', 'stage1']
+LANES += ['worker0.0', 'worker1.0', 'allreduce', 'stage0', 'stage1', 'server', 'worker0']
 
 
 @pytest.fixture(scope='module')
@@ -307,6 +308,49 @@ def test_a_config_run_on_lane_processes_matches_the_in_process_run(
   in_process = summary('in_process')
   for key in ('train_loss', 'test_loss', 'test_accuracy', 'staleness_mean'):
     assert on_lanes[key] == in_process[key], key
+
+
+def asgd(executor, pipe: PlacedStages):
+  """ASGD with one worker: its pushes carry the BatchNorm statistics to the server, its
+  pulls bring them back (moved lane to lane on processes)."""
+  settings = server.ServerSettings(1)
+  params, state = stage_functions.split_variables(pipe.initial_variables(0, sequential_roles(1)[0]))
+  tx = optimizers.make_optimizer(
+    OPTIMIZER, STEPS, gradient_transforms=server.server_gradient_transforms(settings)
+  )
+  ps = server.ParameterServer(
+    tx,
+    params,
+    1,
+    jax.devices()[0],
+    record_pulls=False,
+    apply_fn=server.named_apply(OPTIMIZER, STEPS, settings),
+  )
+  session = server.AsgdSession(
+    pipe,
+    ps,
+    state,
+    [images()],
+    [jax.devices()[0]] * 2,
+    common.StepCounter(STEPS),
+    common.WorkerLog(['worker 0'], {}, executor.now),
+  )
+  session.fetch = executor.fetch
+  try:
+    executor.run(session.cluster, session.processes())
+    return session.variables()
+  finally:
+    executor.close()
+
+
+def test_batchnorm_asgd_on_lane_processes_is_bit_identical_to_in_process(pool):
+  pipe = placed(resnet(), 1)
+  variables = asgd(ProcessExecutor(pool=pool), pipe)
+  initial = pipe.initial_variables(0, sequential_roles(1)[0])['batch_stats']
+  changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), variables['batch_stats'], initial)
+  assert all(jax.tree.leaves(changed))  # the statistics went to the server and back
+  for executor in (RealExecutor(threads=True), virtual()):
+    chex.assert_trees_all_equal(variables, asgd(executor, pipe))
 
 
 # --- what cannot run on lane processes is refused, naming the field ------------------------
