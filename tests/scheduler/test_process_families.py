@@ -203,25 +203,30 @@ def test_lppsgd_one_worker_on_lane_processes_is_sequential_sgd(pool):
 def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool):
   """D = 2 replicas (one worker each), averaged after every update: the mean runs on the
   averaging lane, each keep-local merge on the replica's lane in the replica's turn. A
-  merge that overwrote an update would set Adam's count back below the writes."""
+  merge that overwrote an update would set Adam's count back below the writes.
+
+  Run twice: the first run also compiles the tasks in both lanes, so in the second both
+  workers train from the start and their replicas meet in averaging rounds (in the
+  first, a lane still compiling may leave every step to the other)."""
   settings = lppsgd.LppSettings(devices=2, workers_per_device=1, averaging_freq=1)
-  pipe = placed(mlp(), 1, steps=8)
-  executor = ProcessExecutor(pool=pool)
-  variables = pipe.initial_variables(0, sequential_roles(1)[0])
-  session = lppsgd.LppSession(
-    pipe,
-    settings,
-    variables,
-    pipe.tx.init(variables['params']),
-    [batches(seed=d) for d in range(2)],
-    [jax.devices()[0]] * 2,
-    common.StepCounter(8),
-    common.WorkerLog(['worker 0.0', 'worker 1.0'], {}, executor.now),
-    lane_processes=True,
-  )
-  _, values = run(session, executor)
-  counts = [adam_count(opt_state) for _, opt_state in values]
-  assert counts == [len(store.updates) for store in stores(session)] and sum(counts) == 8
+  pipe = placed(mlp(), 1, steps=16)
+  for _ in range(2):
+    executor = ProcessExecutor(pool=pool)
+    variables = pipe.initial_variables(0, sequential_roles(1)[0])
+    session = lppsgd.LppSession(
+      pipe,
+      settings,
+      variables,
+      pipe.tx.init(variables['params']),
+      [batches(seed=d) for d in range(2)],
+      [jax.devices()[0]] * 2,
+      common.StepCounter(16),
+      common.WorkerLog(['worker 0.0', 'worker 1.0'], {}, executor.now),
+      lane_processes=True,
+    )
+    _, values = run(session, executor)
+    counts = [adam_count(opt_state) for _, opt_state in values]
+    assert counts == [len(store.updates) for store in stores(session)] and sum(counts) == 16
   assert session.averaged_rounds >= 1
   assert pool.held('allreduce') == 0
 
