@@ -14,10 +14,9 @@ applied at one instant at the end of its task, to the replica as it is *then*
 (a read-modify-write under a per-replica lock on the real clock, so no update is
 lost; the staleness is the number of writes to the replica since `v`; with every
 lane an OS process of its own, a named task on the replica's lane in the replica's
-turn: see `LppSession`). The
-flat parameter vector is cut into W contiguous slices P_0..P_{W−1}. During
-the first `algorithm.warmup_steps` steps every step is full; afterwards each
-worker alternates full and partitioned steps.
+turn: see `LppSession`). The flat parameter vector is cut into W contiguous slices
+P_0..P_{W−1}. During the first `algorithm.warmup_steps` steps every step is full;
+afterwards each worker alternates full and partitioned steps.
 
 Averaging (non-blocking, keep-local merge): once `algorithm.averaging_freq`
 updates of replica d have been applied since its last snapshot (every update
