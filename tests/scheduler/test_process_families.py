@@ -31,8 +31,8 @@ from scheduler_helpers import BATCH, batches, mlp  # noqa: E402
 
 OPTIMIZER = optimizers.OptimizerSettings('adam', 1e-2)
 STEPS = 4
-# F = 1, B = 2, U = 1/8 s: update tasks of their own (PD-ASGD's, on the processes) cost
-# nothing here; every cost is binary-exact.
+# The virtual clock's costs: F = 1, B = 2, U = 1/8 s (ASGD's server update is a task), a
+# free average; binary-exact, so simulated times tie exactly.
 COSTS = {'forward': 1.0, 'backward': 2.0, 'update': 0.125, 'average': 0.0}
 LANES = ['sharedmodel', 'forwardworker0', 'backwardworker0', 'backwardworker1']
 LANES += ['worker0.0', 'worker1.0', 'allreduce', 'stage0', 'stage1', 'server', 'worker0']
@@ -114,12 +114,7 @@ def sequential_adam(pipe: PlacedStages, stream, steps: int):
 
 # --- PD-ASGD -------------------------------------------------------------------------------
 def pd(executor, updates: str, pipe: PlacedStages):
-  """PD-ASGD with one forward and one backward worker and one token (`max_inflight=1`):
-  the configuration that is sequential. The forward of batch t + 1 waits for the token
-  that the backward of batch t returns after its last update, so every forward reads
-  every layer as the previous batch's updates left it: sequential SGD, whichever of
-  layer-wise or block updates. (More workers or tokens overlap forwards and backwards,
-  and then the real order of tasks decides the result.)"""
+  """PD-ASGD, 1 forward : 1 backward worker, one token; `executor` runs it."""
   settings = pdasgd.PdSettings(n_fwd=1, n_bwd=1, updates=updates, max_inflight=1)
   names = [pdasgd.worker_name(settings, w) for w in range(2)]
   session = pdasgd.PdSession(
@@ -137,6 +132,13 @@ def pd(executor, updates: str, pipe: PlacedStages):
 
 @pytest.mark.parametrize('updates', ['layer', 'block'])
 def test_pdasgd_one_forward_one_backward_on_lane_processes_is_sequential_sgd(pool, updates):
+  """The sequential configuration of PD-ASGD is one forward and one backward worker with
+  one token (`max_inflight=1`), not 1:1 alone: with the default bound (2 tokens) the
+  forward of batch t + 1 overlaps the backward of batch t and reads layers it has not
+  updated yet. With one token the forward of t + 1 waits for the token that the
+  backward of t returns after its last update, so every forward reads every layer as
+  the previous batch left it: sequential SGD, with layer-wise and with block updates.
+  On lane processes the layers live in `sharedmodel` and their updates run there."""
   pipe = placed(mlp(), 3)
   _, values, staleness = pd(ProcessExecutor(pool=pool), updates, pipe)
   chex.assert_trees_all_equal(values, sequential_adam(pipe, batches(seed=0), STEPS))
