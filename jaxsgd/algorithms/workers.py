@@ -82,10 +82,11 @@ def train_session(
     executor,
     steps=shared.train_steps,
     batch_size=shared.batch_size,
-    variables=lambda: executor.fetch(session.variables()),
+    variables=lambda: session.variables(),
     metrics=lambda: session.metrics(),
   )
   session = make_session(steps)
+  session.fetch = executor.fetch  # values in lane processes come to the driver when read
   try:
     timeline = executor.run(session.cluster, session.processes())
   finally:
