@@ -15,20 +15,36 @@ host time and what it makes the device wait for.
 
 For scale, each round also runs the same jitted calls with no scheduler at all
 (`bare`: a plain Python loop in staged-BP order, dispatched asynchronously, one
-wait at the end): the floor this machine gives at that moment. Rounds alternate
-calibration, bare loop and run, so load from other jobs on the machine hits all
-alike; the median ratio of the rounds is reported (on a machine shared with
-other jobs, expect ±30 % between rounds), and the median of `run / bare`, the
-two ratios' quotient, which load affects least. The last line is the figure:
-`real clock overhead DDG K=4 (one device): <wall / Σ task costs>`.
+wait at the end): the floor this machine gives at that moment. Rounds interleave
+calibration, bare loop and run, so load from other jobs hits all alike; each timed
+section starts after a full garbage collection. Reported per round: the wall
+ratios, and the host CPU per task — of the whole process (XLA's threads included),
+of the main thread (dispatch: the policy, the executor, the jitted calls), and of
+the real clock's timing threads (`RealExecutor.timing_cpu_seconds`) — for the run
+and the bare loop. Then the medians, and the figure: the *fastest* run against the
+*fastest* calibration of each task over all rounds, the two estimates least
+disturbed by other jobs (load only ever adds time). The last line:
+`real clock overhead DDG K=4 (one device): <fastest run wall / compute>`, where
+compute = Σ over the tasks the run executes of each task's fastest solo, waited-for
+call.
 
-Measured here (2-core CPU shared with other jobs, load ~4; benchmarks/results/):
-before this engine's changes 2.56 (run / bare 1.44), after 1.99 (run / bare 1.28);
-at lighter load the after engine gave a median of 1.26. The gain: a `Send` between
-lanes of one device moves nothing (it was a `device_put` per message), one timing
-thread per device instead of one per lane (10 threads here before), and the
-timing thread does less per task. Host CPU per compute task (main thread + timing
-threads, `time.thread_time`): 237 µs before, 130–150 after, 83–90 for the bare loop.
+Measured here (2-core CPU shared with other jobs; benchmarks/results/): the engine
+branch took the median wall / Σ costs from 2.56 to 1.99 at load ~4 (a `Send` between
+lanes of one device moves nothing; one timing thread per device). On branch
+`hostcost`, at load 19–25 (main and branch alternated, two passes each), the figure
+was 1.94–2.65 for both — but so was the bare loop: 1.85–2.21 × Σ costs with no
+scheduler at all, and the run took 0.63–1.02 × the bare loop's time. What the
+scheduler adds, in host CPU per task: the main thread 81–86 µs against 79–89 for the
+bare loop (the jitted dispatch of a stage's pytrees is nearly all of it), and the
+timing threads ~46 µs (their two waits per task, in dispatch order); the process
+in all ~430–440 µs per task for both, since XLA's compute threads take the rest. On
+an idle machine (13:45 UTC, load 0.3–1; main's code, this benchmark's previous
+version) the first rounds gave bare 0.84–1.04 × Σ costs and the run 1.30–1.58 ×: there the ~130 µs of host CPU per task (dispatch +
+timing) beside ~210 µs of compute per task on two cores is what stands between the
+run and 1.0. Reaching ≤ 1.3 reliably needs fewer leaves per jitted call (dispatch is
+~60–80 µs for a stage's variables, optimizer state and vjp) or a real clock without
+per-task timing; neither is this executor's to change without changing what it
+measures.
 """
 
 import argparse
