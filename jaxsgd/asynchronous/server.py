@@ -162,7 +162,10 @@ class ParameterServer:
     record_pulls: bool,
     apply_fn=None,
   ):
-    self.store = VersionedStore('server params', StageParams(params, tx.init(params)))
+    # Committed to the device like the updates that replace it: an uncommitted leaf (Adam's
+    # count) would make the first update compile a second program.
+    opt_state = transfer.to_device(tx.init(params), device)
+    self.store = VersionedStore('server params', StageParams(params, opt_state))
     # `apply_fn`: the same update as a named task (`named_apply`), for lane processes.
     self.apply_fn = make_apply(tx, record_pulls) if apply_fn is None else apply_fn
     self._device = device
