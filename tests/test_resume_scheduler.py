@@ -10,6 +10,7 @@ timeline (`trace.json`) as the uninterrupted run.
 import json
 import os
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -18,6 +19,7 @@ from experiments.configs import default
 from jaxsgd import errors
 from jaxsgd import training
 from jaxsgd.algorithms import resume as resume_lib
+from jaxsgd.scheduler import snapshot
 from jaxsgd.training import checkpoints
 
 from test_checkpoints import Crash, _sigterm_at, crash_at, metrics
@@ -75,14 +77,20 @@ def in_flight(monkeypatch):
       'queued': sum(len(q) for q in executor._queued.values()),
       'messages': sum(len(c.items) for c in executor.cluster.channels),
       'transfers': sum(p.name.startswith('transfer') for p in live),
-      # forwards in flight or done whose backward has not run: their vjps are saved
+      # forwards in flight, or done with their backward to come: their vjps are saved
       'vjps': sum(op.kind == 'forward' for _, op, *_ in running)
-      + sum(p.state.phase == 'backward' for p in executor.policy_processes),
+      + sum(_vjps(p.state.__dict__) for p in executor.policy_processes),
     }
     return original(self)
 
   monkeypatch.setattr(resume_lib.SimulationCheckpoints, '_state', state)
   return seen
+
+
+def _vjps(tree) -> int:
+  """The vjps held in a process's variables."""
+  leaves = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, snapshot._VJP_TYPES))
+  return sum(isinstance(leaf, snapshot._VJP_TYPES) for leaf in leaves)
 
 
 def assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step):
@@ -132,3 +140,36 @@ def test_real_clock_refuses_checkpoints(data_dir, tmp_path):
   config = virtual_config(data_dir, 'asgd', workers=2, checkpoint_every=5, clock='real')
   with pytest.raises(ValueError, match='^checkpoint_every: asgd writes no checkpoints'):
     training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+
+
+@pytest.mark.parametrize(
+  'name, algorithm',
+  [
+    ('ddg', {}),
+    ('ddg', {'variant': 'stale_graph'}),
+    ('local', {'variant': 'overlapping'}),
+    ('local', {'variant': 'chunked', 'chunks': 1}),
+  ],
+)
+def test_pipeline_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch, in_flight, name, algorithm):
+  config = virtual_config(data_dir, name, stages=3, checkpoint_every=5)
+  config.model.hidden = (32, 32, 32)
+  config.algorithm.update(algorithm)
+  config.cost.straggler_std = 0.0  # (Per-stage noise is covered by the ASGD tests.)
+  assert assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=13) == 10
+  at = in_flight[10]
+  assert at['running'] >= 2 and at['transfers'] + at['messages'] >= 1, at
+  if algorithm.get('variant') != 'stale_graph':
+    assert at['vjps'] >= 2, at  # Delay lines of stored forwards.
+
+
+def test_staged_bp_resumes_after_sigterm(data_dir, tmp_path, monkeypatch):
+  config = virtual_config(data_dir, 'bp', stages=2)
+  with monkeypatch.context() as patch:
+    _sigterm_at(patch, 7)
+    with pytest.raises(errors.Preempted, match='checkpoint of step 7'):
+      training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  training.train_and_evaluate(config, str(tmp_path / 'whole'), show_progress=False)
+  assert metrics(str(tmp_path / 'run')) == metrics(str(tmp_path / 'whole'))
+  assert trace(str(tmp_path / 'run')) == trace(str(tmp_path / 'whole'))

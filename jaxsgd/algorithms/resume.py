@@ -57,6 +57,10 @@ class SimulationCheckpoints:
     self._checked = self.resumed_step
     return saved['executor']
 
+  def after_run(self) -> None:
+    """Asks for a checkpoint of steps reported after the last event (the run's end)."""
+    self._between_events()
+
   def _between_events(self) -> None:
     step = self.progress()
     if step > self._checked:
