@@ -88,7 +88,7 @@ def train_session(
     executor,
     steps=shared.train_steps,
     batch_size=shared.batch_size,
-    variables=lambda: executor.fetch(session.variables()),
+    variables=lambda: session.variables(),
     metrics=lambda: session.metrics(),
   )
   session = make_session(steps)
@@ -99,6 +99,7 @@ def train_session(
       run, executor, session, processes, streams, lambda: steps.applied
     )
     resume = checkpoints.restore()
+  session.fetch = executor.fetch  # values in lane processes come to the driver when read
   try:
     timeline = (
       executor.run(session.cluster, processes, resume=resume)

@@ -59,6 +59,7 @@ import optax
 
 from jaxsgd import optimizers, transforms
 from jaxsgd.asynchronous import common
+from jaxsgd.models import stage_functions
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put, Send
 from jaxsgd.pipeline.session import PlacedStages, StageParams, sequential_roles
@@ -286,6 +287,7 @@ class AsgdSession:
       log,
     )
     self.ops = pipeline.ops(0, sequential_roles(1)[0])
+    self.fetch = lambda value: value  # `train_session` sets the executor's
     self.model_state = VersionedStore('server model state', state)
     self.num_workers = len(self.streams)
     self.devices = list(devices)
@@ -375,7 +377,7 @@ class AsgdSession:
         s.pulled = pulled
         s.batch = transfer.to_device(next(self.streams[m]), device)
       if s.enter('forward'):
-        variables = {'params': s.pulled.params, **s.pulled.state}
+        variables = stage_functions.with_state(s.pulled.params, s.pulled.state)
         s.forward = yield Compute(
           self.ops.forward,
           (variables, s.batch['image'], s.batch['label']),
@@ -421,7 +423,11 @@ class AsgdSession:
 
   # --- what the run reports ----------------------------------------------------------------------
   def variables(self):
-    return {'params': self.server.store.read().value.params, **self.model_state.read().value}
+    fetch = self.fetch  # values in lane processes come to the driver (`Executor.fetch`)
+    return {
+      'params': fetch(self.server.store.read().value.params),
+      **fetch(self.model_state.read().value),
+    }
 
   def staleness(self) -> dict[str, np.ndarray]:
     lanes = {1 + m: f'worker {m}' for m in range(self.num_workers)}
