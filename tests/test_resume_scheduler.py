@@ -173,3 +173,22 @@ def test_staged_bp_resumes_after_sigterm(data_dir, tmp_path, monkeypatch):
   training.train_and_evaluate(config, str(tmp_path / 'whole'), show_progress=False)
   assert metrics(str(tmp_path / 'run')) == metrics(str(tmp_path / 'whole'))
   assert trace(str(tmp_path / 'run')) == trace(str(tmp_path / 'whole'))
+
+
+@pytest.mark.parametrize('updates', ['layer', 'block'])
+def test_pdasgd_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch, in_flight, updates):
+  config = virtual_config(data_dir, 'pdasgd', stages=3, checkpoint_every=5)
+  config.model.hidden = (32, 32, 32)
+  config.algorithm.update({'n_fwd': 2, 'n_bwd': 2, 'updates': updates})
+  assert assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=13) == 10
+  at = in_flight[10]  # A forward's result queued with its residuals, others running.
+  assert at['running'] >= 2 and at['messages'] >= 1 and at['vjps'] >= 2, at
+
+
+def test_lppsgd_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch, in_flight):
+  # 2 replicas of 2 workers, averaging every 2 updates of a replica: rounds in flight.
+  config = virtual_config(data_dir, 'lppsgd', checkpoint_every=5)
+  config.algorithm.update({'devices': 2, 'workers_per_device': 2, 'averaging_freq': 2})
+  assert assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=13) == 10
+  at = in_flight[10]  # A replica's snapshot waits for its round; workers are running.
+  assert at['running'] >= 2 and at['messages'] >= 1 and at['vjps'] >= 1, at

@@ -19,7 +19,7 @@ devices by id. A `jax.vjp` result (the residuals of a forward kept for a later
 backward) is saved as its residual arrays and the task that made it; `decode` rebuilds
 its tree structure by `jax.eval_shape` of that task at the same argument shapes (the
 same trace, so the same residual order) and puts the saved residuals in. The executor
-records which task made each vjp (`note_vjps`) while checkpoints are on.
+records which task made each vjp structure (`note_vjps`) while checkpoints are on.
 
 The structure is a pickle (`state['structure']`, bytes as a uint8 array): a checkpoint
 is as trusted as the code that reads it.
@@ -27,7 +27,6 @@ is as trusted as the code that reads it.
 
 import io
 import pickle
-import weakref
 from typing import Any
 
 import jax
@@ -47,23 +46,22 @@ class NotResumableError(ValueError):
 
 
 # --- where each vjp came from --------------------------------------------------------------
-_SOURCES: dict[int, tuple] = {}  # id(vjp) -> (weakref, task, argument shapes, index)
+_SOURCES: dict = {}  # a vjp's tree structure -> (task, argument shapes, index in its result)
 
 
 def note_vjps(fn, args, result) -> None:
   """Records `fn(*args)` as the source of every vjp in `result` (itself, or an element
-  of a tuple result), so that a checkpoint can save it (see the module docstring)."""
+  of a tuple result), so that a checkpoint can save it (see the module docstring).
+
+  Keyed by the vjp's tree structure (its jaxpr): every vjp of that structure — a copy
+  to another device included — is rebuilt the same way. One entry per forward task and
+  argument shapes."""
   items = result if isinstance(result, tuple) else (result,)
   for index, item in enumerate(items):
     if isinstance(item, _VJP_TYPES):
-      key = id(item)
-      shapes = jax.tree.map(_shape_of, args)
-      _SOURCES[key] = (
-        weakref.ref(item, lambda _, key=key: _SOURCES.pop(key, None)),
-        fn,
-        shapes,
-        index,
-      )
+      structure = jax.tree.structure(item)
+      if structure not in _SOURCES:
+        _SOURCES[structure] = (fn, jax.tree.map(_shape_of, args), index)
 
 
 def _shape_of(leaf):
@@ -75,13 +73,13 @@ def _shape_of(leaf):
 
 
 def _source(vjp) -> tuple:
-  entry = _SOURCES.get(id(vjp))
-  if entry is None or entry[0]() is not vjp:
+  source = _SOURCES.get(jax.tree.structure(vjp))
+  if source is None:
     raise NotResumableError(
       'checkpoint: a vjp in the run state was not made by a task of the executor, so it '
       'cannot be rebuilt; make it a Compute of a named task (scheduler.tasks.Task).'
     )
-  return entry[1:]
+  return source
 
 
 # --- saving ----------------------------------------------------------------------------------
