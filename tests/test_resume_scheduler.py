@@ -192,3 +192,13 @@ def test_lppsgd_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch, in_flight):
   assert assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=13) == 10
   at = in_flight[10]  # A replica's snapshot waits for its round; workers are running.
   assert at['running'] >= 2 and at['messages'] >= 1 and at['vjps'] >= 1, at
+
+
+def test_checkpoints_change_nothing_in_a_run(data_dir, tmp_path):
+  runs = {}
+  for every in (0, 4):
+    config = virtual_config(data_dir, 'asgd', workers=3, checkpoint_every=every)
+    training.train_and_evaluate(config, str(tmp_path / str(every)), show_progress=False)
+    runs[every] = metrics(str(tmp_path / str(every))), trace(str(tmp_path / str(every)))
+  assert runs[0] == runs[4]
+  assert not os.path.exists(checkpoints.directory(str(tmp_path / '0')))

@@ -208,8 +208,8 @@ def _checkpointer(config, settings, workdir: str) -> checkpoints.Checkpointer | 
     if every:
       raise ValueError(
         f'checkpoint_every: {config.algorithm.name} writes no checkpoints with clock='
-        f'{config.clock!r} (the fused bp and the data-parallel methods do, and asgd, dcasgd, '
-        f"ddg, local and staged bp with clock='virtual'); use checkpoint_every=0."
+        f'{config.clock!r} (the fused bp and the data-parallel methods do, and every '
+        f"scheduler family with clock='virtual'); use checkpoint_every=0."
       )
     return None
   return checkpoints.Checkpointer(workdir, every=every, last=settings.shared.train_steps)
