@@ -202,3 +202,14 @@ def test_checkpoints_change_nothing_in_a_run(data_dir, tmp_path):
     runs[every] = metrics(str(tmp_path / str(every))), trace(str(tmp_path / str(every)))
   assert runs[0] == runs[4]
   assert not os.path.exists(checkpoints.directory(str(tmp_path / '0')))
+
+
+@pytest.mark.parametrize('name', ['asgd', 'ddg'])
+def test_a_finished_run_resumes_to_its_end(data_dir, tmp_path, name):
+  """The last checkpoint is of the last step: running again finishes the same run."""
+  config = virtual_config(data_dir, name, checkpoint_every=10, stages=1 if name == 'asgd' else 2)
+  training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  first = metrics(str(tmp_path)), trace(str(tmp_path))
+  summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  assert (metrics(str(tmp_path)), trace(str(tmp_path))) == first
+  assert summary['final']['step'] == config.train_steps and len(first[0]) == 3
