@@ -7,7 +7,7 @@ logs) and of its processes. Generators cannot be saved, so every process is
 *resumable* (`core.LoopState`): its loop variables and the yield it is suspended at
 are data, and its program, started from them, yields that op again.
 
-    state = snapshot.encode(data, executor)       # at an event boundary: arrays + bytes
+    state = snapshot.encode(data, executor, processes)   # between events: arrays + bytes
     ...                                           # a new run, the same session built
     data = snapshot.decode(state, executor, cluster, processes)
     session.load(data['session']); executor.run(cluster, processes, resume=data['executor'])
@@ -34,10 +34,11 @@ import numpy as np
 
 from jaxsgd.scheduler.core import Cluster, Process
 
+# What `jax.vjp` returns: a `Partial` in older JAX, a `VJP` pytree (not public) in 0.10.
 _VJP_TYPES = tuple(
   t
-  for t in (jax.tree_util.Partial, getattr(jax._src.api, 'VJP', None))
-  if t is not None  # pylint: disable=protected-access
+  for t in (jax.tree_util.Partial, getattr(jax._src.api, 'VJP', None))  # pylint: disable=protected-access
+  if t is not None
 )
 
 
@@ -150,7 +151,9 @@ def encode(data: Any, executor, processes: list[Process]) -> dict:
   try:
     saver.dump(data)
   except (pickle.PicklingError, TypeError, AttributeError) as e:
-    raise NotResumableError(f'checkpoint: the run state cannot be saved: {e}') from e
+    raise NotResumableError(
+      f'checkpoint: the run state cannot be saved (are its tasks named, scheduler.tasks.Task?): {e}'
+    ) from e
   structure = np.frombuffer(buffer.getvalue(), np.uint8).copy()
   return {'structure': structure, 'arrays': {str(i): a for i, a in enumerate(saver.arrays)}}
 
@@ -167,17 +170,22 @@ class _Loader(pickle.Unpickler):
     self._transfer_start = transfer_start
     self._devices = {d.id: d for d in jax.devices()}
     self._structures: dict = {}
+    self._loaded: dict[int, Any] = {}
 
   def persistent_load(self, pid):  # pylint: disable=too-many-return-statements
     kind = pid[0]
-    if kind == 'jax':
+    if kind == 'jax':  # Shared as saved: an array in several places is one array again.
       _, index, device, weak = pid
-      return _placed(self._arrays[str(index)], self._devices[device], weak)
+      if index not in self._loaded:
+        self._loaded[index] = _placed(self._arrays[str(index)], self._devices[device], weak)
+      return self._loaded[index]
     if kind == 'jax0':
       _, shape, dtype, device, weak = pid
       return _placed(np.zeros(shape, dtype), self._devices[device], weak)
     if kind == 'np':
-      return np.asarray(self._arrays[str(pid[1])])
+      if pid[1] not in self._loaded:
+        self._loaded[pid[1]] = np.asarray(self._arrays[str(pid[1])])
+      return self._loaded[pid[1]]
     if kind == 'vjp':
       _, fn, shapes, index, leaves = pid
       return jax.tree.unflatten(
