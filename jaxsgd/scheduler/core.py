@@ -215,9 +215,19 @@ class Process:
     self.state = state.resuming() if state.phase is not None else state
     self.program = self.start(self.state)
 
+  def forget(self) -> None:
+    """Drops a finished process's variables, as a finished generator drops its locals
+    (values that lane processes hold for them are freed)."""
+    if self.state is not None and self.done:
+      self.state = LoopState()
+
   def close(self) -> None:
+    """Ends the process when the run ends (its program, its variables and its `start`,
+    which refers to the policy: nothing of the run stays reachable from it)."""
     self.done = True
     self.program.close()
+    self.forget()
+    self.start = None
 
 
 def blocked_report(processes: list[Process]) -> str:

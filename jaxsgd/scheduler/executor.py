@@ -106,6 +106,7 @@ class Executor:
       op = process.program.send(value)
     except StopIteration:
       process.done = True
+      process.forget()
       return
     if isinstance(op, Compute):
       self.start_task(process, process.lane if op.lane is None else op.lane, op)
