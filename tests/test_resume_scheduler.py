@@ -147,9 +147,10 @@ def test_real_clock_refuses_checkpoints(data_dir, tmp_path):
   [
     ('ddg', {}),
     ('ddg', {'variant': 'stale_graph'}),
-    ('local', {'variant': 'overlapping'}),
+    ('local', {'variant': 'overlapping', 'agreement_every': 3}),
     ('local', {'variant': 'chunked', 'chunks': 1}),
   ],
+  ids=['ddg', 'ddg-stale_graph', 'local-overlapping-probe', 'local-chunked'],
 )
 def test_pipeline_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch, in_flight, name, algorithm):
   config = virtual_config(data_dir, name, stages=3, checkpoint_every=5)
