@@ -64,8 +64,8 @@ def train(run, settings: Settings) -> dict:
   """Trains `train_steps` fused steps on worker 0's batch stream.
 
   With `stages > 1`, `clock='virtual'` or `executor='processes'`: staged BP on the
-  scheduler instead
-  (`jaxsgd.pipeline.sequential_roles`), the same updates stage by stage.
+  scheduler instead (`jaxsgd.pipeline.sequential_roles`), the same updates stage by
+  stage.
   """
   s = settings.shared
   if settings.uses_scheduler:

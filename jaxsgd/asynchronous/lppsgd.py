@@ -12,10 +12,11 @@ Hogwild! workers share each one. Worker (d, j) repeats, on its own batch stream:
 
 applied at one instant at the end of its task, to the replica as it is *then*
 (a read-modify-write under a per-replica lock on the real clock, so no update is
-lost; the staleness is the number of writes to the replica since `v`). The
-flat parameter vector is cut into W contiguous slices P_0..P_{W−1}. During
-the first `algorithm.warmup_steps` steps every step is full; afterwards each
-worker alternates full and partitioned steps.
+lost; the staleness is the number of writes to the replica since `v`; with every
+lane an OS process of its own, a named task on the replica's lane in the replica's
+turn: see `LppSession`). The flat parameter vector is cut into W contiguous slices
+P_0..P_{W−1}. During the first `algorithm.warmup_steps` steps every step is full;
+afterwards each worker alternates full and partitioned steps.
 
 Averaging (non-blocking, keep-local merge): once `algorithm.averaging_freq`
 updates of replica d have been applied since its last snapshot (every update
@@ -368,14 +369,10 @@ class LppSession:
           if not self.steps.claim():  # every step is taken
             s.stopping = True
             break
+          claimed = self.steps.claimed - 1  # this update's step (0-based), its label
           update = self.partitioned[j] if s.partitioned else self.ops.update
           yield from replica.update_on(
-            self.home(d),
-            update,
-            s.grads,
-            read_version=s.version,
-            lane=m,
-            batch=self.steps.applied,
+            self.home(d), update, s.grads, read_version=s.version, lane=m, batch=claimed
           )
           self._updated(d, m, s.new_state)
           s.step = self.steps.commit(None, s.loss, name)

@@ -24,13 +24,16 @@ together at the end of the backward. Two backward workers may update a layer at
 once: an update is a read-modify-write at one instant (under a per-layer lock on
 the real clock), so none is lost. The update is dispatched at the end of the
 layer's backward task, whose duration includes it (cost model: backward +
-update).
+update). With every lane an OS process of its own (`lane_processes`), the update
+is a named task on the shared model's lane, run in the layer's turn
+(`SharedParams.update_on`): queued, never lost.
 
 **The bound.** `algorithm.max_inflight` = Q tokens (default n_fwd + n_bwd): a
 forward takes a token before it starts and the backward of that batch returns
 it when done, so at most Q batches are at any time in a forward, queued, or in
 a backward. Forward workers cannot run unboundedly ahead; Q = 1 gives strictly
-alternating forward and backward (with 1:1 and block updates: sequential SGD).
+alternating forward and backward (with 1:1, layer-wise or block updates: sequential
+SGD).
 
 Per-layer staleness is recorded in each store; with fixed costs and n_bwd ≥ 2,
 layer-wise updates give lower staleness than block updates (the later layers'

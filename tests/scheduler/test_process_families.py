@@ -17,11 +17,12 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'lanes'))
 from ray_head import serve_head  # noqa: E402
-from test_lanes import gone  # noqa: E402
+from test_lanes import _lane_processes, gone  # noqa: E402
 
 from jaxsgd import models, optimizers  # noqa: E402
 from jaxsgd.algorithms import ddg  # noqa: E402
-from jaxsgd.asynchronous import common, lppsgd, pdasgd  # noqa: E402
+from jaxsgd.asynchronous import common, lppsgd, pdasgd, server  # noqa: E402
+from jaxsgd.models import stage_functions  # noqa: E402
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # noqa: E402
@@ -30,11 +31,11 @@ from scheduler_helpers import BATCH, batches, mlp  # noqa: E402
 
 OPTIMIZER = optimizers.OptimizerSettings('adam', 1e-2)
 STEPS = 4
-# F = 1, B = 2, U = 1/8 s: update tasks of their own (PD-ASGD's, on the processes) cost
-# nothing here; every cost is binary-exact.
+# The virtual clock's costs: F = 1, B = 2, U = 1/8 s (ASGD's server update is a task), a
+# free average; binary-exact, so simulated times tie exactly.
 COSTS = {'forward': 1.0, 'backward': 2.0, 'update': 0.125, 'average': 0.0}
 LANES = ['sharedmodel', 'forwardworker0', 'backwardworker0', 'backwardworker1']
-LANES += ['worker0.0', 'worker1.0', 'allreduce', 'stage0', 'stage1']
+LANES += ['worker0.0', 'worker1.0', 'allreduce', 'stage0', 'stage1', 'server', 'worker0']
 
 
 @pytest.fixture(scope='module')
@@ -113,12 +114,7 @@ def sequential_adam(pipe: PlacedStages, stream, steps: int):
 
 # --- PD-ASGD -------------------------------------------------------------------------------
 def pd(executor, updates: str, pipe: PlacedStages):
-  """PD-ASGD with one forward and one backward worker and one token (`max_inflight=1`):
-  the configuration that is sequential. The forward of batch t + 1 waits for the token
-  that the backward of batch t returns after its last update, so every forward reads
-  every layer as the previous batch's updates left it: sequential SGD, whichever of
-  layer-wise or block updates. (More workers or tokens overlap forwards and backwards,
-  and then the real order of tasks decides the result.)"""
+  """PD-ASGD, 1 forward : 1 backward worker, one token; `executor` runs it."""
   settings = pdasgd.PdSettings(n_fwd=1, n_bwd=1, updates=updates, max_inflight=1)
   names = [pdasgd.worker_name(settings, w) for w in range(2)]
   session = pdasgd.PdSession(
@@ -136,6 +132,13 @@ def pd(executor, updates: str, pipe: PlacedStages):
 
 @pytest.mark.parametrize('updates', ['layer', 'block'])
 def test_pdasgd_one_forward_one_backward_on_lane_processes_is_sequential_sgd(pool, updates):
+  """The sequential configuration of PD-ASGD is one forward and one backward worker with
+  one token (`max_inflight=1`), not 1:1 alone: with the default bound (2 tokens) the
+  forward of batch t + 1 overlaps the backward of batch t and reads layers it has not
+  updated yet. With one token the forward of t + 1 waits for the token that the
+  backward of t returns after its last update, so every forward reads every layer as
+  the previous batch left it: sequential SGD, with layer-wise and with block updates.
+  On lane processes the layers live in `sharedmodel` and their updates run there."""
   pipe = placed(mlp(), 3)
   _, values, staleness = pd(ProcessExecutor(pool=pool), updates, pipe)
   chex.assert_trees_all_equal(values, sequential_adam(pipe, batches(seed=0), STEPS))
@@ -202,25 +205,30 @@ def test_lppsgd_one_worker_on_lane_processes_is_sequential_sgd(pool):
 def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool):
   """D = 2 replicas (one worker each), averaged after every update: the mean runs on the
   averaging lane, each keep-local merge on the replica's lane in the replica's turn. A
-  merge that overwrote an update would set Adam's count back below the writes."""
+  merge that overwrote an update would set Adam's count back below the writes.
+
+  Run twice: the first run also compiles the tasks in both lanes, so in the second both
+  workers train from the start and their replicas meet in averaging rounds (in the
+  first, a lane still compiling may leave every step to the other)."""
   settings = lppsgd.LppSettings(devices=2, workers_per_device=1, averaging_freq=1)
-  pipe = placed(mlp(), 1, steps=8)
-  executor = ProcessExecutor(pool=pool)
-  variables = pipe.initial_variables(0, sequential_roles(1)[0])
-  session = lppsgd.LppSession(
-    pipe,
-    settings,
-    variables,
-    pipe.tx.init(variables['params']),
-    [batches(seed=d) for d in range(2)],
-    [jax.devices()[0]] * 2,
-    common.StepCounter(8),
-    common.WorkerLog(['worker 0.0', 'worker 1.0'], {}, executor.now),
-    lane_processes=True,
-  )
-  _, values = run(session, executor)
-  counts = [adam_count(opt_state) for _, opt_state in values]
-  assert counts == [len(store.updates) for store in stores(session)] and sum(counts) == 8
+  pipe = placed(mlp(), 1, steps=16)
+  for _ in range(2):
+    executor = ProcessExecutor(pool=pool)
+    variables = pipe.initial_variables(0, sequential_roles(1)[0])
+    session = lppsgd.LppSession(
+      pipe,
+      settings,
+      variables,
+      pipe.tx.init(variables['params']),
+      [batches(seed=d) for d in range(2)],
+      [jax.devices()[0]] * 2,
+      common.StepCounter(16),
+      common.WorkerLog(['worker 0.0', 'worker 1.0'], {}, executor.now),
+      lane_processes=True,
+    )
+    _, values = run(session, executor)
+    counts = [adam_count(opt_state) for _, opt_state in values]
+    assert counts == [len(store.updates) for store in stores(session)] and sum(counts) == 16
   assert session.averaged_rounds >= 1
   assert pool.held('allreduce') == 0
 
@@ -276,6 +284,80 @@ def test_batchnorm_lppsgd_on_lane_processes_is_bit_identical_to_in_process(pool)
   assert all(jax.tree.leaves(changed))  # every statistic was updated by the steps
   for executor in (RealExecutor(threads=True), virtual()):
     chex.assert_trees_all_equal((variables, values), lpp(executor, pipe, images())[:2])
+
+
+@pytest.mark.parametrize('config_name', ['lppsgd', 'pdasgd'])
+def test_a_config_run_on_lane_processes_matches_the_in_process_run(
+  config_name, head, data_dir, tmp_path, capsys
+):
+  """`--config.executor=processes` end to end in the sequential configuration (one
+  replica and worker; one forward and one backward worker, one token), joined to the
+  cluster by address; the lanes are ended when the run is over."""
+  from jaxsgd import training
+
+  def summary(executor, **fields):
+    config = _config(config_name, executor=executor, data_dir=data_dir, train_steps=20)
+    config.update({'eval_every': 10, **fields})
+    if config_name == 'lppsgd':
+      config.algorithm.update({'devices': 1, 'workers_per_device': 1})
+    else:
+      config.update({'stages': 2})
+      config.algorithm.update({'n_fwd': 1, 'n_bwd': 1, 'max_inflight': 1})
+    workdir = str(tmp_path / executor)
+    return training.train_and_evaluate(config, workdir, show_progress=False)['final']
+
+  before = set(_lane_processes(head))
+  on_lanes = summary('processes', cluster_address=head.address)
+  printed = capsys.readouterr().out
+  names = ('worker0.0',) if config_name == 'lppsgd' else ('sharedmodel', 'backwardworker0')
+  assert all(f'  {name}: host=' in printed for name in names)  # the placement, at start
+  assert gone(set(_lane_processes(head)) - before) == []
+  in_process = summary('in_process')
+  for key in ('train_loss', 'test_loss', 'test_accuracy', 'staleness_mean'):
+    assert on_lanes[key] == in_process[key], key
+
+
+def asgd(executor, pipe: PlacedStages):
+  """ASGD with one worker: its pushes carry the BatchNorm statistics to the server, its
+  pulls bring them back (moved lane to lane on processes)."""
+  settings = server.ServerSettings(1)
+  params, state = stage_functions.split_variables(pipe.initial_variables(0, sequential_roles(1)[0]))
+  tx = optimizers.make_optimizer(
+    OPTIMIZER, STEPS, gradient_transforms=server.server_gradient_transforms(settings)
+  )
+  ps = server.ParameterServer(
+    tx,
+    params,
+    1,
+    jax.devices()[0],
+    record_pulls=False,
+    apply_fn=server.named_apply(OPTIMIZER, STEPS, settings),
+  )
+  session = server.AsgdSession(
+    pipe,
+    ps,
+    state,
+    [images()],
+    [jax.devices()[0]] * 2,
+    common.StepCounter(STEPS),
+    common.WorkerLog(['worker 0'], {}, executor.now),
+  )
+  session.fetch = executor.fetch
+  try:
+    executor.run(session.cluster, session.processes())
+    return session.variables()
+  finally:
+    executor.close()
+
+
+def test_batchnorm_asgd_on_lane_processes_is_bit_identical_to_in_process(pool):
+  pipe = placed(resnet(), 1)
+  variables = asgd(ProcessExecutor(pool=pool), pipe)
+  initial = pipe.initial_variables(0, sequential_roles(1)[0])['batch_stats']
+  changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), variables['batch_stats'], initial)
+  assert all(jax.tree.leaves(changed))  # the statistics went to the server and back
+  for executor in (RealExecutor(threads=True), virtual()):
+    chex.assert_trees_all_equal(variables, asgd(executor, pipe))
 
 
 # --- what cannot run on lane processes is refused, naming the field ------------------------
