@@ -39,6 +39,11 @@ class Settings:
   server: ServerSettings | None = derived()
   shared: SharedSettings | None = derived()
 
+  @property
+  def resumable(self) -> bool:
+    """On the virtual clock the whole simulation is checkpointed and resumed exactly."""
+    return self.shared.virtual
+
 
 def validate(config, model) -> Settings:
   adaptive = config.algorithm.get('adaptive', False)
@@ -144,4 +149,6 @@ def train(run, settings: Settings) -> dict:
     name=name,
     title=f'{name}: staleness per worker',
     extra=lambda _: {'workers': num_workers},
+    streams=streams,
+    resumable=settings.resumable,
   )

@@ -33,8 +33,9 @@ class Settings:
 
   @property
   def resumable(self) -> bool:
-    """The fused loop checkpoints (`run.maybe_save`) and resumes exactly."""
-    return not self.uses_scheduler
+    """The fused loop checkpoints (`run.maybe_save`) and resumes exactly; so does staged
+    BP on the virtual clock (the whole simulation)."""
+    return not self.uses_scheduler or self.shared.virtual
 
 
 def validate(config, model) -> Settings:
@@ -69,7 +70,11 @@ def train(run, settings: Settings) -> dict:
   s = settings.shared
   if settings.uses_scheduler:
     return pipelined.train_roles(
-      run, s, sequential_roles(s.stages), title='bp: staleness per stage'
+      run,
+      s,
+      sequential_roles(s.stages),
+      title='bp: staleness per stage',
+      resumable=settings.resumable,
     )
   tx = optimizers.make_optimizer(s.optimizer, s.train_steps)
   variables = run.model.init(jax.random.key(s.seed))

@@ -77,6 +77,11 @@ class Settings:
   variant: str = 'paper'
   shared: SharedSettings | None = derived()
 
+  @property
+  def resumable(self) -> bool:
+    """On the virtual clock the whole simulation is checkpointed and resumed exactly."""
+    return self.shared.virtual
+
 
 def roles(num_stages: int, variant: str = 'paper') -> tuple[StageRole, ...]:
   """Staged BP's roles with delay K − 1 − k at stage k (0-indexed); `variant` picks
@@ -103,4 +108,5 @@ def train(run, settings: Settings) -> dict:
     settings.shared,
     roles(settings.shared.stages, settings.variant),
     title='ddg: staleness per stage',
+    resumable=settings.resumable,
   )

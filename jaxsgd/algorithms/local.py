@@ -75,6 +75,11 @@ class Settings:
   agreement_every: int = 0  # > 0: log each block's gradient agreement every N batches
   shared: SharedSettings | None = derived()
 
+  @property
+  def resumable(self) -> bool:
+    """On the virtual clock the whole simulation is checkpointed and resumed exactly."""
+    return self.shared.virtual
+
 
 def chunk_bounds(num_stages: int, chunks: int) -> list[tuple[int, int]]:
   """`[start, end)` of each of `chunks` contiguous, near-equal groups of stages."""
@@ -160,4 +165,5 @@ def train(run, settings: Settings) -> dict:
     roles(settings.shared.stages, settings.variant, settings.chunks, settings.pipelined),
     title=f'local ({settings.variant}): staleness per stage',
     agreement_every=settings.agreement_every,
+    resumable=settings.resumable,
   )

@@ -29,6 +29,11 @@ class Settings:
   shared: SharedSettings | None = derived()
 
   @property
+  def resumable(self) -> bool:
+    """On the virtual clock the whole simulation is checkpointed and resumed exactly."""
+    return self.shared.virtual
+
+  @property
   def session(self) -> LppSettings:
     return LppSettings(
       self.devices, self.workers_per_device, self.warmup_steps, self.averaging_freq
@@ -107,4 +112,6 @@ def train(run, settings: Settings) -> dict:
       'workers_per_device': W,
       'averaging_rounds': session.averaged_rounds,
     },
+    streams=streams,
+    resumable=settings.resumable,
   )

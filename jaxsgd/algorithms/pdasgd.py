@@ -34,6 +34,11 @@ class Settings:
   shared: SharedSettings | None = derived()
 
   @property
+  def resumable(self) -> bool:
+    """On the virtual clock the whole simulation is checkpointed and resumed exactly."""
+    return self.shared.virtual
+
+  @property
   def session(self) -> PdSettings:
     return PdSettings(self.n_fwd, self.n_bwd, self.updates, self.max_inflight)
 
@@ -107,4 +112,6 @@ def train(run, settings: Settings) -> dict:
       'updates': pd.updates,
       'max_inflight': pd.bound,
     },
+    streams=streams,
+    resumable=settings.resumable,
   )

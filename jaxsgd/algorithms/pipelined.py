@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from jaxsgd import models as models_lib
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks
+from jaxsgd.algorithms import resume as resume_lib
 from jaxsgd.algorithms.settings import SharedSettings, refuse_cost_fields, refuse_workers_field
 from jaxsgd.algorithms.settings import check_lane_speeds, shared_settings
 from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole
@@ -46,8 +47,29 @@ def stage_tasks(stages: PlacedStages, roles, batch, batch_size: int) -> clocks.T
   )
 
 
+class _Saved:
+  """What a checkpoint saves of a pipeline run: its session and the last step's loss
+  (reported once every lane is done)."""
+
+  def __init__(self, session, last_loss: list):
+    self.cluster, self._session, self._last_loss = session.cluster, session, last_loss
+
+  def snapshot(self) -> dict:
+    return {'session': self._session.snapshot(), 'last_loss': list(self._last_loss)}
+
+  def load(self, saved: dict) -> None:
+    self._session.load(saved['session'])
+    self._last_loss[:] = saved['last_loss']
+
+
 def train_roles(
-  run, shared: SharedSettings, roles: Sequence[StageRole], title: str, *, agreement_every: int = 0
+  run,
+  shared: SharedSettings,
+  roles: Sequence[StageRole],
+  title: str,
+  *,
+  agreement_every: int = 0,
+  resumable: bool = False,
 ) -> dict:
   """Trains `roles` on the scheduler for `train_steps` iterations.
 
@@ -55,7 +77,9 @@ def train_roles(
   update (at the simulated time, on the virtual clock); the final step is
   reported after every lane has finished. Writes `trace.json` and `staleness.png`;
   with `agreement_every` (`jaxsgd.pipeline.agreement`), `grad_cosine/stage{k}` in the
-  records, and `grad_cosine.png` and `grad_cosine.npz` (every measurement).
+  records, and `grad_cosine.png` and `grad_cosine.npz` (every measurement). With
+  `resumable` (the virtual clock), checkpoints hold the whole simulation and a run
+  resumes from one exactly (`algorithms.resume`).
   """
   num_stages, steps = shared.stages, shared.train_steps
   stages = PlacedStages(
@@ -77,9 +101,10 @@ def train_roles(
     num_stages,
     lane_speeds=shared.cost.device_speeds,
   )
-  last_loss = []
+  last_loss, reported = [], [0]
 
   def report(step, loss, sim_time):
+    reported[0] = step
     run.report(
       step,
       loss=loss,
@@ -99,9 +124,22 @@ def train_roles(
 
   session = stages.session(roles, feed, steps, on_step=on_step, agreement_every=agreement_every)
   session.fetch = executor.fetch
+  processes = session.processes()
+  checkpoints = resume = None
+  if resumable:
+    checkpoints = resume_lib.SimulationCheckpoints(
+      run, executor, _Saved(session, last_loss), processes, [batches], lambda: reported[0]
+    )
+    resume = checkpoints.restore()
   try:
-    timeline = executor.run(session.cluster, session.processes())
-    report(steps, last_loss[0], timeline.makespan if shared.virtual else None)
+    if checkpoints is None:
+      timeline = executor.run(session.cluster, processes)
+    else:
+      timeline = executor.run(session.cluster, processes, resume=resume)
+    if checkpoints is None or checkpoints.resumed_step != steps:  # Else reported already.
+      report(steps, last_loss[0], timeline.makespan if shared.virtual else None)
+    if checkpoints is not None:
+      checkpoints.after_run()
   finally:
     executor.close()  # lane processes (executor='processes') end here
   if session.agreement is not None:

@@ -2,11 +2,12 @@
 checks of a worker run, and running a session of `jaxsgd.asynchronous` to its summary."""
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxsgd import models as models_lib
 from jaxsgd.algorithms import clocks
+from jaxsgd.algorithms import resume as resume_lib
 from jaxsgd.algorithms.settings import SharedSettings, refuse_workers_field, shared_settings
 from jaxsgd.pipeline import KINDS, PlacedStages
 from jaxsgd.scheduler import Placement
@@ -70,11 +71,16 @@ def train_session(
   name: str,
   title: str,
   extra: Callable[[Any], dict],
+  streams: Sequence = (),
+  resumable: bool = False,
 ) -> dict:
   """Runs the session `make_session(steps)` builds and returns the summary extras.
 
   `steps` reports every applied step to `run`; the session must provide
-  `cluster`, `processes()`, `variables()`, `metrics()` and `staleness()`.
+  `cluster`, `processes()`, `variables()`, `metrics()` and `staleness()`. With
+  `resumable` (the virtual clock), the run checkpoints the whole simulation and resumes
+  from a checkpoint (`algorithms.resume`; the session also provides `snapshot()` and
+  `load()`, and `streams` are the data streams it reads).
   """
   session = None
   steps = common.run_reporter(
@@ -86,9 +92,20 @@ def train_session(
     metrics=lambda: session.metrics(),
   )
   session = make_session(steps)
+  processes = session.processes()
+  resume = None
+  if resumable:
+    checkpoints = resume_lib.SimulationCheckpoints(
+      run, executor, session, processes, streams, lambda: steps.applied
+    )
+    resume = checkpoints.restore()
   session.fetch = executor.fetch  # values in lane processes come to the driver when read
   try:
-    timeline = executor.run(session.cluster, session.processes())
+    timeline = (
+      executor.run(session.cluster, processes, resume=resume)
+      if resumable
+      else executor.run(session.cluster, processes)
+    )
   finally:
     executor.close()  # lane processes (executor='processes') end here
   if not steps.done:

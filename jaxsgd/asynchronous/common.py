@@ -35,6 +35,9 @@ class _Stop:
   def __repr__(self):
     return 'STOP'
 
+  def __reduce__(self):
+    return 'STOP'  # Pickled by name: a checkpoint's STOP is this one.
+
 
 STOP = _Stop()  # The message that ends a process waiting on a channel.
 _TURN = 'turn'  # The token of a shared store's turn to update (`SharedParams.update_on`).
@@ -214,6 +217,12 @@ class StepCounter:
   def done(self) -> bool:
     return self.applied >= self.steps
 
+  def snapshot(self) -> dict:
+    return {'applied': self.applied, 'claimed': self.claimed}
+
+  def load(self, saved: dict) -> None:
+    self.applied, self.claimed = saved['applied'], saved['claimed']
+
   def commit(self, apply: Callable[[], Any] | None, loss, who: str) -> int | None:
     with self._lock:
       if self.done:
@@ -276,6 +285,16 @@ class WorkerLog:
 
   def pushed(self, worker: int) -> None:
     self.pushes[worker].append(self.now())
+
+  def snapshot(self) -> dict:
+    return {
+      'failed': sorted(self.failed.items()),
+      'pushes': [np.asarray(p, np.float64) for p in self.pushes],
+    }
+
+  def load(self, saved: dict) -> None:
+    self.failed = dict(saved['failed'])
+    self.pushes = [[float(t) for t in p] for p in saved['pushes']]
 
   def summary(self) -> dict:
     return {

@@ -50,7 +50,6 @@ References:
 
 import dataclasses
 import functools
-import itertools
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -63,7 +62,7 @@ from jaxsgd import optimizers
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put
+from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put
 from jaxsgd.pipeline.session import PlacedStages, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
@@ -313,57 +312,88 @@ class LppSession:
     self._lock = threading.Lock()
 
   def processes(self) -> list[Process]:
+    """The workers and the averaging, resumable (their loop variables are `LoopState`s)."""
     W = self.settings.workers_per_device
     workers = [
-      Process(f'worker {m // W}.{m % W}', m, self._worker(m // W, m % W))
+      Process.resumable(
+        f'worker {m // W}.{m % W}',
+        m,
+        functools.partial(self._worker, m // W, m % W),
+        LoopState(k=0, stopping=False, failed=False, last=False, due=False),
+      )
       for m in range(self.settings.num_workers)
     ]
     if self.settings.devices > 1:
-      workers.append(Process('averaging', self.allreduce_lane, self._averager()))
+      averaging = LoopState(taking=list(range(self.settings.devices)), r=-1, asking=[], void=False)
+      workers.append(Process.resumable('averaging', self.allreduce_lane, self._averager, averaging))
     return workers
 
   # --- the processes ----------------------------------------------------------------------------
-  def _worker(self, d: int, j: int):
+  # Their variables live in `s` and their steps are phases (`LoopState.enter`; a phase with a
+  # yield builds its op from `s` alone), so that a checkpoint saves where each one is. With
+  # lanes in processes (the real clock) nothing is checkpointed: the turn-taking updates
+  # there are one phase.
+  def _worker(self, d: int, j: int, s: LoopState):
     m = d * self.settings.workers_per_device + j
-    replica, failed = self.replicas[d], False
-    for k in itertools.count():
-      if self.steps.done or (failed := self.log.has_failed(m)):
-        break
-      snapshot = replica.read()
-      batch = transfer.to_device(next(self.streams[m]), self.devices[d])
-      variables = stages_lib.with_state(snapshot.value.params, self.states[d].read().value)
-      _, loss, new_state, vjp = yield Compute(
-        self.ops.forward,
-        (variables, batch['image'], batch['label']),
-        kind='forward',
-        stage=0,
-        batch=k,
-      )
-      grads, _ = yield Compute(self.ops.backward, (vjp, None), kind='backward', stage=0, batch=k)
-      if failed := self.log.has_failed(m):
-        break
-      partitioned = k % 2 == 1 and self.steps.applied >= self.settings.warmup_steps
-      if self.lane_processes:
-        if not self.steps.claim():  # every step is taken
+    replica, name = self.replicas[d], f'worker {d}.{j}'
+    while not s.stopping:
+      if s.enter('read'):
+        if self.steps.done or self.log.has_failed(m):
+          s.failed, s.stopping = not self.steps.done, True
           break
-        claimed = self.steps.claimed - 1  # this update's step (0-based), its label
-        update = self.partitioned[j] if partitioned else self.ops.update
-        yield from replica.update_on(
-          self.home(d), update, grads, read_version=snapshot.version, lane=m, batch=claimed
+        snapshot = replica.read()
+        s.version = snapshot.version
+        s.batch = transfer.to_device(next(self.streams[m]), self.devices[d])
+        s.variables = stages_lib.with_state(snapshot.value.params, self.states[d].read().value)
+      if s.enter('forward'):
+        s.forward = yield Compute(
+          self.ops.forward,
+          (s.variables, s.batch['image'], s.batch['label']),
+          kind='forward',
+          stage=0,
+          batch=s.k,
         )
-        self._updated(d, m, new_state)
-        step = self.steps.commit(None, loss, f'worker {d}.{j}')
-      else:
-        step = self.steps.commit(
-          functools.partial(self._apply, d, m, grads, snapshot.version, new_state, partitioned),
-          loss,
-          f'worker {d}.{j}',
+        s.variables = s.batch = None
+      if s.enter('backward'):
+        _, loss, new_state, vjp = s.forward
+        s.grads, _ = yield Compute(
+          self.ops.backward, (vjp, None), kind='backward', stage=0, batch=s.k
         )
-      if step is None:
-        break
-      if self._snapshot_due(d, step):
-        yield Put(self.rounds[d], replica.read().value.params)
-    yield from self._leave(d, failed)
+        s.loss, s.new_state, s.forward = loss, new_state, None
+        if self.log.has_failed(m):
+          s.failed = s.stopping = True
+          break
+        s.partitioned = s.k % 2 == 1 and self.steps.applied >= self.settings.warmup_steps
+      if self.lane_processes:
+        if s.enter('update on lane'):
+          if not self.steps.claim():  # every step is taken
+            s.stopping = True
+            break
+          claimed = self.steps.claimed - 1  # this update's step (0-based), its label
+          update = self.partitioned[j] if s.partitioned else self.ops.update
+          yield from replica.update_on(
+            self.home(d), update, s.grads, read_version=s.version, lane=m, batch=claimed
+          )
+          self._updated(d, m, s.new_state)
+          s.step = self.steps.commit(None, s.loss, name)
+      elif s.enter('commit'):
+        s.step = self.steps.commit(
+          functools.partial(self._apply, d, m, s.grads, s.version, s.new_state, s.partitioned),
+          s.loss,
+          name,
+        )
+      if s.enter('committed'):
+        s.grads = s.new_state = s.loss = None
+        if s.step is None:
+          s.stopping = True
+          break
+        s.due = self._snapshot_due(d, s.step)
+        s.snapshot = replica.read().value.params if s.due else None
+      if s.due and s.enter('snapshot'):
+        yield Put(self.rounds[d], s.snapshot)
+      if s.enter('next'):
+        s.k, s.due, s.snapshot = s.k + 1, False, None
+    yield from self._leave(d, s)
 
   def home(self, d: int) -> int:
     """The lane that owns replica d with lanes in processes: worker (d, 0)'s."""
@@ -400,43 +430,51 @@ class LppSession:
       self.in_flight[d], self.last_snapshot[d] = True, self.device_updates[d]
       return True
 
-  def _leave(self, d: int, failed: bool):
+  def _leave(self, d: int, s: LoopState):
     """The last worker of a device to stop ends its part in the averaging."""
-    with self._lock:
-      self.alive[d] -= 1
-      last = self.alive[d] == 0
-      if last and failed:
-        self.active.discard(d)
-    if last and self.settings.devices > 1:
+    if s.enter('leave'):
+      with self._lock:
+        self.alive[d] -= 1
+        s.last = self.alive[d] == 0
+        if s.last and s.failed:
+          self.active.discard(d)
+    if s.last and self.settings.devices > 1 and s.enter('stop'):
       yield Put(self.rounds[d], common.STOP)
 
-  def _averager(self):
-    taking = list(range(self.settings.devices))
-    for r in itertools.count():
-      sent = {}
-      for d in list(taking):
-        message = yield Get(self.rounds[d])
-        if message is common.STOP:
-          taking.remove(d)
-        else:
-          sent[d] = message
-      if len(taking) < 2:
-        return
-      if len(sent) < 2:  # A replica left: the other's round is void.
-        self.in_flight = [False] * self.settings.devices
+  def _averager(self, s: LoopState):
+    while True:
+      if s.enter('round'):
+        s.r, s.sent, s.asking = s.r + 1, {}, list(s.taking)
+      while s.asking:
+        if s.enter('get'):
+          message = yield Get(self.rounds[s.asking[0]])
+          d = s.asking.pop(0)
+          if message is common.STOP:
+            s.taking.remove(d)
+          else:
+            s.sent[d] = message
+      if s.enter('gathered'):
+        if len(s.taking) < 2:
+          return
+        s.void = len(s.sent) < 2
+        if s.void:  # A replica left: the other's round is void.
+          self.in_flight = [False] * self.settings.devices
+      if s.void:
         continue
       if self.lane_processes:
-        merged = yield from self._average_on_lanes(sent, r)
-        if not merged:
-          return
-      else:
-        means = yield Compute(self._allreduce, (sent,), kind='average', stage=0, batch=r)
+        if s.enter('average on lanes'):
+          merged = yield from self._average_on_lanes(s.sent, s.r)
+          if not merged:
+            return
+          self.averaged_rounds += 1
+      elif s.enter('average'):
+        means = yield Compute(self._allreduce, (s.sent,), kind='average', stage=0, batch=s.r)
         if self.steps.done:
           return
         for d, mean in means.items():
-          self.replicas[d].replace_params(keep_local_merge, sent[d], mean)
+          self.replicas[d].replace_params(keep_local_merge, s.sent[d], mean)
           self.in_flight[d] = False
-      self.averaged_rounds += 1
+        self.averaged_rounds += 1
 
   def _average_on_lanes(self, sent: dict, r: int):
     """Lanes in processes: the mean on the averaging lane, each merge on the replica's
@@ -458,6 +496,33 @@ class LppSession:
     home = self.devices[min(sent)]
     mean = _mean([transfer.to_device(s, home) for s in sent.values()])
     return {d: transfer.to_device(mean, self.devices[d]) for d in sent}
+
+  # --- checkpoints --------------------------------------------------------------------------------
+  def snapshot(self) -> dict:
+    """What a checkpoint saves of the session besides its processes (`algorithms.resume`)."""
+    return {
+      'replicas': [replica.store.snapshot() for replica in self.replicas],
+      'states': [state.snapshot() for state in self.states],
+      'device_updates': list(self.device_updates),
+      'last_snapshot': list(self.last_snapshot),
+      'in_flight': list(self.in_flight),
+      'alive': list(self.alive),
+      'active': sorted(self.active),
+      'averaged_rounds': self.averaged_rounds,
+      'steps': self.steps.snapshot(),
+      'log': self.log.snapshot(),
+    }
+
+  def load(self, saved: dict) -> None:
+    for replica, value in zip(self.replicas, saved['replicas']):
+      replica.store.load(value)
+    for state, value in zip(self.states, saved['states']):
+      state.load(value)
+    self.device_updates, self.last_snapshot = saved['device_updates'], saved['last_snapshot']
+    self.in_flight, self.alive = saved['in_flight'], saved['alive']
+    self.active, self.averaged_rounds = set(saved['active']), saved['averaged_rounds']
+    self.steps.load(saved['steps'])
+    self.log.load(saved['log'])
 
   # --- what the run reports -----------------------------------------------------------------------
   def variables(self):

@@ -55,6 +55,7 @@ References:
 """
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
@@ -66,7 +67,7 @@ from jaxsgd import models as models_lib
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put
+from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put
 from jaxsgd.pipeline.session import PlacedStages, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
 
@@ -169,130 +170,190 @@ class PdSession:
     self._lock = threading.Lock()
 
   def processes(self) -> list[Process]:
+    """The token pool and the workers, resumable (their loop variables are `LoopState`s)."""
     n_fwd = self.settings.n_fwd
-    return [Process('tokens', 0, self._tokens())] + [
-      Process(
-        worker_name(self.settings, w), 1 + w, self._forward(w) if w < n_fwd else self._backward(w)
+    return [Process.resumable('tokens', 0, self._tokens, LoopState(given=0))] + [
+      Process.resumable(
+        worker_name(self.settings, w),
+        1 + w,
+        functools.partial(self._forward if w < n_fwd else self._backward, w),
+        LoopState(failed=False, stopping=False, last=False, k=0),
       )
       for w in range(self.settings.num_workers)
     ]
 
   # --- the processes (see the module docstring) ----------------------------------------------
-  def _tokens(self):
-    for _ in range(self.settings.bound):
-      yield Put(self.tokens, TOKEN)
+  # Their variables live in `s` and their steps are phases (`LoopState.enter`; a phase with a
+  # yield builds its op from `s` alone), so that a checkpoint saves where each one is. With
+  # lanes in processes (the real clock) nothing is checkpointed: the turn-taking updates
+  # there are one phase.
+  def _tokens(self, s: LoopState):
+    while s.given < self.settings.bound:
+      if s.enter('give'):
+        yield Put(self.tokens, TOKEN)
+        s.given += 1
 
-  def _forward(self, w: int):
-    failed = False
-    while True:
-      token = yield Get(self.tokens)
-      if self.steps.done or (failed := self.log.has_failed(w)):
-        yield Put(self.tokens, token)
-        break
-      with self._lock:
-        t, self.started = self.started, self.started + 1
-      result = yield from self._forward_pass(w, t)
-      if failed := self.log.has_failed(w):  # It queues nothing after its failure time.
-        yield Put(self.tokens, token)
-        break
-      self.log.pushed(w)
-      yield Put(self.queue, result)
-    yield from self._leave('forward', failed)
+  def _forward(self, w: int, s: LoopState):
+    while not s.stopping:
+      if s.enter('token'):
+        s.token = yield Get(self.tokens)
+        if self.steps.done or self.log.has_failed(w):
+          s.failed, s.stopping = not self.steps.done, True
+          break
+        with self._lock:
+          s.t, self.started = self.started, self.started + 1
+      yield from self._forward_pass(w, s)
+      if s.enter('forwarded'):
+        if self.log.has_failed(w):  # It queues nothing after its failure time.
+          s.failed = s.stopping = True
+          break
+        self.log.pushed(w)
+      if s.enter('queue'):
+        yield Put(self.queue, s.result)
+        s.result = None
+    if s.enter('give back'):
+      yield Put(self.tokens, s.token)
+    yield from self._leave('forward', s)
 
-  def _forward_pass(self, w: int, t: int):
+  def _forward_pass(self, w: int, s: LoopState):
+    """Forward of batch `s.t`, layer by layer: `s.result` (a `Forwarded`)."""
     lane, device = 1 + w, self.devices[1 + w]
-    batch = transfer.to_device(next(self.streams[w]), device)
-    h, vjps, versions, loss = batch['image'], [], [], None
-    for k in range(self.num_layers):
-      snapshot = self.layers[k].read()  # The latest version, at this layer's task start.
-      variables = yield from common.copy(
-        self.cluster,
-        stages_lib.with_state(snapshot.value.params, self.states[k].read().value),
-        0,
-        lane,
-        device,
-        costed=self.costed,
-        batch=t,
-      )
-      labels = batch['label'] if k == self.num_layers - 1 else None
-      h, loss, new_state, vjp = yield Compute(
-        self.ops[k].forward, (variables, h, labels), kind='forward', stage=k, batch=t
-      )
-      if new_state:
-        self.states[k].write(new_state)
-      vjps.append(vjp)
-      versions.append(snapshot.version)
-    return Forwarded(t, lane, tuple(vjps), tuple(versions), loss)
+    if s.enter('batch'):
+      s.batch = transfer.to_device(next(self.streams[w]), device)
+      s.h, s.vjps, s.versions, s.loss, s.k = s.batch['image'], [], [], None, 0
+    while s.k < self.num_layers:
+      k = s.k
+      if s.enter('read'):  # The latest version, at this layer's task start.
+        snapshot = self.layers[k].read()
+        s.version = snapshot.version
+        s.variables = stages_lib.with_state(snapshot.value.params, self.states[k].read().value)
+      if s.enter('copy'):
+        s.variables = yield from common.copy(
+          self.cluster, s.variables, 0, lane, device, costed=self.costed, batch=s.t
+        )
+      if s.enter('forward'):
+        labels = s.batch['label'] if k == self.num_layers - 1 else None
+        s.h, s.loss, new_state, vjp = yield Compute(
+          self.ops[k].forward, (s.variables, s.h, labels), kind='forward', stage=k, batch=s.t
+        )
+        if new_state:
+          self.states[k].write(new_state)
+        s.vjps.append(vjp)
+        s.versions.append(s.version)
+        s.k, s.variables = k + 1, None
+    if s.enter('result'):
+      s.result = Forwarded(s.t, lane, tuple(s.vjps), tuple(s.versions), s.loss)
+      s.batch = s.h = s.vjps = s.versions = s.loss = None
 
-  def _backward(self, w: int):
-    while True:
-      item = yield Get(self.queue)
-      if item is common.STOP:
-        return
-      if self.log.has_failed(w):
-        yield Put(self.queue, item)  # Another backward worker takes it.
-        yield from self._leave('backward', True)
-        return
-      if self.steps.claim():  # Atomic: never more than train_steps passes.
-        yield from self._backward_pass(w, item)
-      yield Put(self.tokens, TOKEN)
+  def _backward(self, w: int, s: LoopState):
+    while not s.stopping:
+      if s.enter('take'):
+        s.item = yield Get(self.queue)
+        if s.item is common.STOP:
+          return
+        if self.log.has_failed(w):
+          s.failed = s.stopping = True
+          break
+        s.claimed = self.steps.claim()  # Atomic: never more than train_steps passes.
+      if s.claimed:
+        yield from self._backward_pass(w, s)
+      if s.enter('token'):
+        yield Put(self.tokens, TOKEN)
+        s.item = None
+    if s.enter('hand back'):
+      yield Put(self.queue, s.item)  # Another backward worker takes it.
+    yield from self._leave('backward', s)
 
-  def _backward_pass(self, w: int, item: Forwarded):
-    lane, device = 1 + w, self.devices[1 + w]
-    vjps = yield from common.copy(
-      self.cluster, item.vjps, item.lane, lane, device, costed=self.costed, batch=item.batch
-    )
-    dy, pending = None, []
-    for k in reversed(range(self.num_layers)):
-      grads, dy = yield Compute(
-        self.ops[k].backward, (vjps[k], dy), kind='backward', stage=k, batch=item.batch
+  def _backward_pass(self, w: int, s: LoopState):
+    lane, device, item = 1 + w, self.devices[1 + w], s.item
+    if s.enter('copy residuals'):
+      s.vjps = yield from common.copy(
+        self.cluster, item.vjps, item.lane, lane, device, costed=self.costed, batch=item.batch
       )
-      pending.append((k, grads))
+      s.dy, s.pending, s.k = None, [], self.num_layers - 1
+    while s.k >= 0:
+      k = s.k
+      if s.enter('backward'):
+        grads, s.dy = yield Compute(
+          self.ops[k].backward, (s.vjps[k], s.dy), kind='backward', stage=k, batch=item.batch
+        )
+        s.pending.append((k, grads))
       if self.settings.updates == 'layer' or k == 0:
-        yield from self._apply(w, pending, item)
-        pending = []
-    self.steps.commit(None, item.loss, worker_name(self.settings, w))
+        yield from self._apply(w, s, item)
+      if s.enter('next layer'):
+        s.k = k - 1
+    if s.enter('commit'):
+      self.steps.commit(None, item.loss, worker_name(self.settings, w))
+      s.vjps = s.dy = None
 
-  def _apply(self, w: int, pending: list, item: Forwarded):
-    """Copies the gradients to the shared model and applies them, each atomically."""
-    grads = yield from common.copy(
-      self.cluster,
-      [g for _, g in pending],
-      1 + w,
-      0,
-      self.devices[0],
-      costed=self.costed,
-      batch=item.batch,
-    )
-    for (k, _), g in zip(pending, grads):
-      if self.lane_processes:  # on lane 0, in the layer's turn
-        yield from self.layers[k].update_on(
-          0,
-          self.ops[k].update,
-          g,
-          read_version=item.versions[k],
-          lane=1 + w,
-          batch=item.batch,
-          stage=k,
-        )
-      else:  # here, at the instant the backward ended
-        self.layers[k].apply(
-          self.ops[k].update, g, read_version=item.versions[k], lane=1 + w, batch=item.batch
-        )
-    self.log.pushed(w)
-
-  def _leave(self, role: str, failed: bool):
-    with self._lock:
-      self.alive[role] -= 1
-      last = self.alive[role] == 0
-    if last and role == 'backward' and failed:
-      raise common.WorkersFailedError(
-        f'pdasgd: every backward worker failed (cost.failures) after {self.steps.applied} '
-        f'of {self.steps.steps} steps.'
+  def _apply(self, w: int, s: LoopState, item: Forwarded):
+    """Copies the gradients `s.pending` to the shared model and applies them, each
+    atomically."""
+    if s.enter('copy gradients'):
+      s.grads = yield from common.copy(
+        self.cluster,
+        [g for _, g in s.pending],
+        1 + w,
+        0,
+        self.devices[0],
+        costed=self.costed,
+        batch=item.batch,
       )
-    if last and role == 'forward':
-      for _ in range(self.settings.n_bwd):
+    if s.enter('apply'):
+      for (k, _), g in zip(s.pending, s.grads):
+        if self.lane_processes:  # on lane 0, in the layer's turn
+          yield from self.layers[k].update_on(
+            0,
+            self.ops[k].update,
+            g,
+            read_version=item.versions[k],
+            lane=1 + w,
+            batch=item.batch,
+            stage=k,
+          )
+        else:  # here, at the instant the backward ended
+          self.layers[k].apply(
+            self.ops[k].update, g, read_version=item.versions[k], lane=1 + w, batch=item.batch
+          )
+      self.log.pushed(w)
+      s.pending, s.grads = [], None
+
+  def _leave(self, role: str, s: LoopState):
+    if s.enter('leave'):
+      with self._lock:
+        self.alive[role] -= 1
+        s.last = self.alive[role] == 0
+      if s.last and role == 'backward' and s.failed:
+        raise common.WorkersFailedError(
+          f'pdasgd: every backward worker failed (cost.failures) after {self.steps.applied} '
+          f'of {self.steps.steps} steps.'
+        )
+      s.stops = 0
+    while s.last and role == 'forward' and s.stops < self.settings.n_bwd:
+      if s.enter('stop'):
         yield Put(self.queue, common.STOP)
+        s.stops += 1
+
+  # --- checkpoints --------------------------------------------------------------------------
+  def snapshot(self) -> dict:
+    """What a checkpoint saves of the session besides its processes (`algorithms.resume`)."""
+    return {
+      'layers': [layer.store.snapshot() for layer in self.layers],
+      'states': [state.snapshot() for state in self.states],
+      'started': self.started,
+      'alive': dict(self.alive),
+      'steps': self.steps.snapshot(),
+      'log': self.log.snapshot(),
+    }
+
+  def load(self, saved: dict) -> None:
+    for layer, value in zip(self.layers, saved['layers']):
+      layer.store.load(value)
+    for state, value in zip(self.states, saved['states']):
+      state.load(value)
+    self.started, self.alive = saved['started'], dict(saved['alive'])
+    self.steps.load(saved['steps'])
+    self.log.load(saved['log'])
 
   # --- what the run reports -------------------------------------------------------------------
   def variables(self):

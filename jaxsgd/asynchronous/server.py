@@ -50,7 +50,6 @@ References:
 
 import dataclasses
 import functools
-import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -62,7 +61,7 @@ from jaxsgd import optimizers, transforms
 from jaxsgd.asynchronous import common
 from jaxsgd.models import stage_functions
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
+from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put, Send
 from jaxsgd.pipeline.session import PlacedStages, StageParams, sequential_roles
 from jaxsgd.scheduler.store import Snapshot, VersionedStore
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
@@ -305,74 +304,125 @@ class AsgdSession:
     ]
 
   def processes(self) -> list[Process]:
-    return [Process('server', 0, self._server())] + [
-      Process(f'worker {m}', 1 + m, self._worker(m)) for m in range(self.num_workers)
+    """The server and the workers, resumable: their loop variables are `LoopState`s."""
+    server = LoopState(first=0, live=list(range(self.num_workers)), push=None, call=None, stop=0)
+    return [Process.resumable('server', 0, self._server, server)] + [
+      Process.resumable(
+        f'worker {m}', 1 + m, functools.partial(self._worker, m), LoopState(k=0, failed=False)
+      )
+      for m in range(self.num_workers)
     ]
 
   # --- the processes (see the module docstring) ------------------------------------------------
-  def _server(self):
-    for m in range(self.num_workers):
-      yield from self._reply(m)
-    live = set(range(self.num_workers))
+  # Their variables live in `s` and every yield is a phase (`LoopState.enter`), so that a
+  # checkpoint saves where each one is and a resumed run yields the same op again.
+  def _server(self, s: LoopState):
+    while s.first < self.num_workers:  # Every worker pulls version 0 first.
+      yield from self._reply(s, s.first)
+      s.first += 1
     while not self.steps.done:
-      message = yield Get(self.inbox)
-      if isinstance(message, WorkerFailed):
-        live.discard(message.worker)
-        if not live:
-          raise common.WorkersFailedError(
-            f'asgd: every worker failed (cost.failures) after {self.steps.applied} of '
-            f'{self.steps.steps} steps.'
-          )
-        continue
-      yield from self._apply(message)
+      if s.enter('get'):
+        message = yield Get(self.inbox)
+        if isinstance(message, WorkerFailed):
+          s.live.remove(message.worker)
+          if not s.live:
+            raise common.WorkersFailedError(
+              f'asgd: every worker failed (cost.failures) after {self.steps.applied} of '
+              f'{self.steps.steps} steps.'
+            )
+          continue
+        s.push = message
+        s.call = self.server.update_call(message.worker, message.grads, message.version)
+      yield from self._apply(s)
       if not self.steps.done:
-        yield from self._reply(message.worker)
-    for m in range(self.num_workers):
-      yield Put(self.replies[m], common.STOP)
+        yield from self._reply(s, s.push.worker)
+    while s.stop < self.num_workers:
+      if s.enter('stop'):
+        yield Put(self.replies[s.stop], common.STOP)
+        s.stop += 1
 
-  def _reply(self, worker: int):
-    snapshot = self.server.pull(worker)
-    yield Send(
-      self.replies[worker],
-      Pulled(snapshot.version, snapshot.value.params, self.model_state.read().value),
-    )
-
-  def _apply(self, push: Push):
-    fn, args = self.server.update_call(push.worker, push.grads, push.version)
-    value = yield Compute(fn, args, kind='update', stage=0, batch=self.steps.applied)
-
-    def commit():
-      self.server.commit(
-        push.worker, value, push.version, lane=1 + push.worker, batch=self.steps.applied
+  def _reply(self, s: LoopState, worker: int):
+    if s.enter('reply'):
+      # Resumed here, the pull is read again: the same, since only this process writes
+      # the store and the model state, and the Send (made before the checkpoint) is not
+      # made again.
+      snapshot = self.server.pull(worker)
+      yield Send(
+        self.replies[worker],
+        Pulled(snapshot.version, snapshot.value.params, self.model_state.read().value),
       )
-      if push.state:
-        self.model_state.write(push.state)
 
-    self.steps.commit(commit, push.loss, f'worker {push.worker}')
+  def _apply(self, s: LoopState):
+    if s.enter('apply'):
+      push = s.push
+      value = yield Compute(*s.call, kind='update', stage=0, batch=self.steps.applied)
+      s.call = None
 
-  def _worker(self, m: int):
+      def commit():
+        self.server.commit(
+          push.worker, value, push.version, lane=1 + push.worker, batch=self.steps.applied
+        )
+        if push.state:
+          self.model_state.write(push.state)
+
+      self.steps.commit(commit, push.loss, f'worker {push.worker}')
+
+  def _worker(self, m: int, s: LoopState):
     device = self.devices[1 + m]
-    for k in itertools.count():
-      pulled = yield Get(self.replies[m])
-      if pulled is common.STOP:
-        return
-      if self.log.has_failed(m):
-        break
-      batch = transfer.to_device(next(self.streams[m]), device)
-      variables = stage_functions.with_state(pulled.params, pulled.state)
-      _, loss, new_state, vjp = yield Compute(
-        self.ops.forward,
-        (variables, batch['image'], batch['label']),
-        kind='forward',
-        stage=0,
-        batch=k,
-      )
-      grads, _ = yield Compute(self.ops.backward, (vjp, None), kind='backward', stage=0, batch=k)
-      if self.log.has_failed(m):  # Its pushes stop at its failure time.
-        break
-      self.log.pushed(m)
-      yield Send(self.inbox, Push(m, pulled.version, k, grads, loss, new_state), batch=k)
-    yield Put(self.inbox, WorkerFailed(m))
+    while not s.failed:
+      if s.enter('pull'):
+        pulled = yield Get(self.replies[m])
+        if pulled is common.STOP:
+          return
+        if self.log.has_failed(m):
+          s.failed = True
+          break
+        s.pulled = pulled
+        s.batch = transfer.to_device(next(self.streams[m]), device)
+      if s.enter('forward'):
+        variables = stage_functions.with_state(s.pulled.params, s.pulled.state)
+        s.forward = yield Compute(
+          self.ops.forward,
+          (variables, s.batch['image'], s.batch['label']),
+          kind='forward',
+          stage=0,
+          batch=s.k,
+        )
+        s.batch = None
+      if s.enter('backward'):
+        _, loss, new_state, vjp = s.forward
+        grads, _ = yield Compute(
+          self.ops.backward, (vjp, None), kind='backward', stage=0, batch=s.k
+        )
+        s.forward = None
+        if self.log.has_failed(m):  # Its pushes stop at its failure time.
+          s.failed = True
+          break
+        self.log.pushed(m)
+        s.push = Push(m, s.pulled.version, s.k, grads, loss, new_state)
+      if s.enter('push'):
+        yield Send(self.inbox, s.push, batch=s.k)
+        s.k, s.push = s.k + 1, None
+    if s.enter('failed'):
+      yield Put(self.inbox, WorkerFailed(m))
+
+  # --- checkpoints --------------------------------------------------------------------------------
+  def snapshot(self) -> dict:
+    """What a checkpoint saves of the session besides its processes (`algorithms.resume`)."""
+    return {
+      'server': self.server.store.snapshot(),
+      'pulled': list(self.server._pulled),  # pylint: disable=protected-access
+      'model_state': self.model_state.snapshot(),
+      'steps': self.steps.snapshot(),
+      'log': self.log.snapshot(),
+    }
+
+  def load(self, saved: dict) -> None:
+    self.server.store.load(saved['server'])
+    self.server._pulled = list(saved['pulled'])  # pylint: disable=protected-access
+    self.model_state.load(saved['model_state'])
+    self.steps.load(saved['steps'])
+    self.log.load(saved['log'])
 
   # --- what the run reports ----------------------------------------------------------------------
   def variables(self):

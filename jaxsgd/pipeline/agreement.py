@@ -154,6 +154,20 @@ class AgreementProbe:
     with self._lock:
       self._measured.append((t, cos))
 
+  def snapshot(self) -> dict:
+    with self._lock:
+      return {
+        'pending': dict(self._pending),
+        'measured': list(self._measured),
+        'history': list(self.history),
+      }
+
+  def load(self, saved: dict) -> None:
+    with self._lock:
+      self._pending = dict(saved['pending'])
+      self._measured = list(saved['measured'])
+      self.history = list(saved['history'])
+
   def drain(self) -> np.ndarray | None:
     """The cosines measured since the last drain, averaged per block (None: none); syncs."""
     with self._lock:

@@ -35,6 +35,7 @@ pipelined schedule of the real clock and the simulated one of the virtual clock.
 """
 
 import collections
+import functools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -48,7 +49,8 @@ from jaxsgd import optimizers
 from jaxsgd.errors import NonFiniteLossError
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
+from jaxsgd.scheduler import snapshot as snapshot_lib
+from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Send
 from jaxsgd.pipeline import agreement as agreement_lib
 from jaxsgd.pipeline.roles import DELAYED_BACKWARDS, RoleFunctions, StageRole, role_functions
 from jaxsgd.scheduler.costs import calibrate
@@ -142,6 +144,15 @@ class BatchFeed:
       if entry[1] == 0:
         del self._cache[t]
       return entry[0][key]
+
+  def snapshot(self) -> dict:
+    with self._lock:
+      return {'cache': {t: list(entry) for t, entry in self._cache.items()}, 'pulled': self._pulled}
+
+  def load(self, saved: dict) -> None:
+    with self._lock:
+      self._cache = {int(t): list(entry) for t, entry in saved['cache'].items()}
+      self._pulled = saved['pulled']
 
   def _fetch(self, t):
     while self._pulled <= t:
@@ -344,104 +355,142 @@ class PipelineSession:
     self.deltas = [self.cluster.channel(f'deltas → stage {k}', k) for k in range(num)]
 
   def processes(self) -> list[Process]:
-    return [Process(f'stage {k}', k, self._stage(k)) for k in range(self.pipeline.num_stages)]
+    """One resumable process per stage (its loop variables in a `LoopState`)."""
+    return [
+      Process.resumable(
+        f'stage {k}',
+        k,
+        functools.partial(self._stage, k),
+        LoopState(
+          t=0, dx=None, slots=collections.deque([self._idle_slot(k)] * self.roles[k].delay)
+        ),
+      )
+      for k in range(self.pipeline.num_stages)
+    ]
 
   # --- the stage process (see the module docstring) --------------------------------------
-  def _stage(self, k: int):
+  # Its variables live in `s`, and its steps are phases (`LoopState.enter`; a phase with a
+  # yield builds the op from `s` alone), so that a checkpoint saves where it is.
+  def _stage(self, k: int, s: LoopState):
     role, ops, device = self.roles[k], self.pipeline.ops(k, self.roles[k]), self.pipeline.device(k)
     last = k == self.pipeline.num_stages - 1
-    slots = collections.deque([self._idle_slot(k)] * role.delay)
-    for t in range(self.steps):
-      probed = self.agreement is not None and self.agreement.wants(t)
-      batch = self.feed.peek(t) if probed and k == 0 else None  # Before it is taken.
-      x = (
-        transfer.to_device(self.feed.take(t, 'image'), device)
-        if k == 0
-        else (yield Get(self.activations[k]))
-      )
-      labels = (
-        transfer.to_device(self.feed.take(t, 'label'), device) if role.loss != 'none' else None
-      )
-      snapshot = self.stores[k].read()
-      variables = stages_lib.with_state(snapshot.value.params, self.states[k].read().value)
-      if probed:
-        self.agreement.record(k, t, *stages_lib.split_variables(variables), batch)
-      y, loss, new_state, vjp = yield Compute(
-        ops.forward, (variables, x, labels), kind='forward', stage=k, batch=t
-      )
-      self.states[k].write(new_state)
-      if not last:
-        yield Send(self.activations[k + 1], y, batch=t)
-      current = _Slot(t, snapshot.version, vjp, x, labels)
-      own = (yield from self._own_backward(k, current)) if role.split_backward else None
-      slots.append(current)
-      slot = slots.popleft()
+    while s.t < self.steps:
+      t = s.t
+      if k > 0 and s.enter('input'):
+        s.x = yield Get(self.activations[k])
+      if s.enter('read'):  # The forward's inputs and weights, at its start.
+        probed = self.agreement is not None and self.agreement.wants(t)
+        batch = self.feed.peek(t) if probed and k == 0 else None  # Before it is taken.
+        if k == 0:
+          s.x = transfer.to_device(self.feed.take(t, 'image'), device)
+        s.labels = (
+          transfer.to_device(self.feed.take(t, 'label'), device) if role.loss != 'none' else None
+        )
+        snapshot = self.stores[k].read()
+        s.version = snapshot.version
+        s.variables = stages_lib.with_state(snapshot.value.params, self.states[k].read().value)
+        if probed:
+          self.agreement.record(k, t, *stages_lib.split_variables(s.variables), batch)
+      if s.enter('forward'):
+        s.y, s.loss, new_state, vjp = yield Compute(
+          ops.forward, (s.variables, s.x, s.labels), kind='forward', stage=k, batch=t
+        )
+        self.states[k].write(new_state)
+        s.current = _Slot(t, s.version, vjp, s.x, s.labels)
+        s.variables = s.x = s.labels = None
+      if not last and s.enter('send'):
+        yield Send(self.activations[k + 1], s.y, batch=t)
+      if role.split_backward:
+        yield from self._own_backward(k, s)
+      if s.enter('slots'):
+        s.slots.append(s.current)
+        s.slot, s.current, s.y = s.slots.popleft(), None, None
       if t >= role.delay:  # Else the slot is idle: pipeline fill.
-        grads, read_version, weights_version = yield from self._backward(k, slot, own)
-        yield from self._update(k, grads, read_version, slot.batch, weights_version)
-      elif own is not None:  # Overlapping fill: the own loss alone.
-        yield from self._update(k, *own, t, own[1])
-      if role.loss == 'aux':
-        self.losses[k].append((t, loss))  # Drained (and checked) at evaluation points.
-      if last:
-        self.on_step(t, loss)
+        yield from self._backward(k, s)
+        yield from self._update(k, s, s.grads, s.read_version, s.slot.batch, s.weights_version)
+      elif role.split_backward:  # Overlapping fill: the own loss alone.
+        yield from self._update(k, s, s.own_grads, s.own_version, t, s.own_version)
+      if s.enter('step'):
+        if role.loss == 'aux':
+          self.losses[k].append((t, s.loss))  # Drained (and checked) at evaluation points.
+        if last:
+          self.on_step(t, s.loss)
+        s.t, s.loss, s.slot, s.grads, s.own_grads = t + 1, None, None, None, None
 
-  def _backward(self, k: int, slot: _Slot, own):
-    """Backward of `slot`'s batch; returns (grads, the version of the forward whose
-    input and error signal they use, the version of the weights their Jacobian used).
+  def _backward(self, k: int, s: LoopState):
+    """Backward of `s.slot`'s batch: `s.grads`, `s.read_version` (the version of the
+    forward whose input and error signal they use), `s.weights_version` (of the weights
+    their Jacobian used).
 
-    With `own` (overlapping: the own-loss gradient of the current batch and its
-    version), only the downstream part goes through `slot`'s vjp and is added.
+    Overlapping (`split_backward`: the own-loss gradient of the current batch in
+    `s.own_grads`, of version `s.own_version`), only the downstream part goes through
+    the slot's vjp and is added.
     """
-    role, ops = self.roles[k], self.pipeline.ops(k, self.roles[k])
-    dy = (yield Get(self.deltas[k])) if role.receives_delta else None
-    read_version = weights_version = slot.version
-    if own is not None:
-      call = ops.delta_backward, (slot.vjp, dy, own[0])
-      read_version = weights_version = min(slot.version, own[1])
-    elif role.backward_form == 'stored':  # The forward's weights: its vjp residuals.
-      call = ops.backward, (slot.vjp, dy)
-    else:  # The current weights: through the kept activations, or the forward again.
-      current = self.stores[k].read()
-      variables = stages_lib.with_state(current.value.params, self.states[k].read().value)
-      weights_version = current.version
-      call = (
-        (ops.stale_backward, (slot.vjp, variables, slot.x, slot.labels, dy))
-        if role.backward_form == 'stale_graph'
-        else (ops.recompute, (variables, slot.x, slot.labels, dy))
-      )
-    grads, dx = yield Compute(*call, kind='backward', stage=k, batch=slot.batch)
-    yield from self._send_delta(k, dx, slot.batch)
-    return grads, read_version, weights_version
+    role, ops, slot = self.roles[k], self.pipeline.ops(k, self.roles[k]), s.slot
+    if role.receives_delta and s.enter('get delta'):
+      s.dy = yield Get(self.deltas[k])
+    if s.enter('backward inputs'):
+      dy = s.dy if role.receives_delta else None
+      read_version = weights_version = slot.version
+      if role.split_backward:
+        call = ops.delta_backward, (slot.vjp, dy, s.own_grads)
+        read_version = weights_version = min(slot.version, s.own_version)
+      elif role.backward_form == 'stored':  # The forward's weights: its vjp residuals.
+        call = ops.backward, (slot.vjp, dy)
+      else:  # The current weights: through the kept activations, or the forward again.
+        current = self.stores[k].read()
+        variables = stages_lib.with_state(current.value.params, self.states[k].read().value)
+        weights_version = current.version
+        call = (
+          (ops.stale_backward, (slot.vjp, variables, slot.x, slot.labels, dy))
+          if role.backward_form == 'stale_graph'
+          else (ops.recompute, (variables, slot.x, slot.labels, dy))
+        )
+      s.call, s.read_version, s.weights_version, s.dy = call, read_version, weights_version, None
+    if s.enter('backward'):
+      s.grads, s.dx = yield Compute(*s.call, kind='backward', stage=k, batch=slot.batch)
+      s.call, s.dx_batch = None, slot.batch
+    yield from self._send_delta(k, s, 'send delta')
 
-  def _own_backward(self, k: int, slot: _Slot):
-    """Overlapping: the own loss's backward on the current batch, its input gradient
-    sent upstream at once (it does not depend on anything downstream)."""
+  def _own_backward(self, k: int, s: LoopState):
+    """Overlapping: the own loss's backward on the current batch (`s.own_grads`), its
+    input gradient sent upstream at once (it does not depend on anything downstream)."""
     ops = self.pipeline.ops(k, self.roles[k])
-    grads, dx = yield Compute(
-      ops.backward, (slot.vjp, None), kind='backward', stage=k, batch=slot.batch
-    )
-    yield from self._send_delta(k, dx, slot.batch)
-    return grads, slot.version
+    if s.enter('own backward'):
+      s.own_grads, s.dx = yield Compute(
+        ops.backward, (s.current.vjp, None), kind='backward', stage=k, batch=s.current.batch
+      )
+      s.own_version, s.dx_batch = s.current.version, s.current.batch
+    yield from self._send_delta(k, s, 'send own delta')
 
-  def _send_delta(self, k: int, dx, batch: int):
+  def _send_delta(self, k: int, s: LoopState, phase: str):
+    """Sends `s.dx`, the input gradient of batch `s.dx_batch`, upstream."""
     # Stage k − 1 runs backwards up to batch steps − 1 − delay; later ones are never used.
-    if dx is not None and batch < self.steps - self.roles[k - 1].delay:
-      yield Send(self.deltas[k - 1], dx, batch=batch)
+    if s.dx is not None and s.dx_batch < self.steps - self.roles[k - 1].delay and s.enter(phase):
+      yield Send(self.deltas[k - 1], s.dx, batch=s.dx_batch)
+    s.dx = None
 
-  def _update(self, k: int, grads, read_version: int, batch: int, weights_version: int):
-    current = self.stores[k].read().value
-    params, opt_state = yield Compute(
-      self.pipeline.ops(k, self.roles[k]).update,
-      (current.params, current.opt_state, grads),
-      kind='update',
-      stage=k,
-      batch=batch,
-    )
-    self.weight_staleness[k].append(self.stores[k].version - weights_version)
-    self.stores[k].write(
-      StageParams(params, opt_state), read_version=read_version, lane=k, batch=batch
-    )
+  def _update(
+    self, k: int, s: LoopState, grads, read_version: int, batch: int, weights_version: int
+  ):
+    """Applies `grads`, computed at `read_version`, to stage k's store."""
+    if s.enter('update inputs'):
+      current = self.stores[k].read().value
+      s.call = (
+        self.pipeline.ops(k, self.roles[k]).update,
+        (
+          current.params,
+          current.opt_state,
+          grads,
+        ),
+      )
+    if s.enter('update'):
+      params, opt_state = yield Compute(*s.call, kind='update', stage=k, batch=batch)
+      s.call = None
+      self.weight_staleness[k].append(self.stores[k].version - weights_version)
+      self.stores[k].write(
+        StageParams(params, opt_state), read_version=read_version, lane=k, batch=batch
+      )
 
   def _idle_slot(self, k: int) -> _Slot | None:
     """What an idle pipeline slot holds: nothing, or (`idle_fill='nan'`) a forward
@@ -453,8 +502,31 @@ class PipelineSession:
     x = transfer.to_device(np.full(shape.shape, np.nan, shape.dtype), device)
     labels = transfer.to_device(np.zeros(shape.shape[:1], np.int32), device)
     variables = {'params': self.stores[k].read().value.params, **self.states[k].read().value}
-    vjp = pipeline.ops(k, role).forward(variables, x, labels)[3]
-    return _Slot(-1, 0, vjp, x, labels)
+    forward = pipeline.ops(k, role).forward
+    result = forward(variables, x, labels)
+    snapshot_lib.note_vjps(forward, (variables, x, labels), result)  # A checkpoint saves it.
+    return _Slot(-1, 0, result[3], x, labels)
+
+  # --- checkpoints ------------------------------------------------------------------------
+  def snapshot(self) -> dict:
+    """What a checkpoint saves of the session besides its processes (`algorithms.resume`)."""
+    return {
+      'stores': [store.snapshot() for store in self.stores],
+      'states': [state.snapshot() for state in self.states],
+      'losses': [list(losses) for losses in self.losses],
+      'weight_staleness': [np.asarray(w, np.int64) for w in self.weight_staleness],
+      'feed': self.feed.snapshot(),
+      'agreement': None if self.agreement is None else self.agreement.snapshot(),
+    }
+
+  def load(self, saved: dict) -> None:
+    for store, value in zip(self.stores + self.states, saved['stores'] + saved['states']):
+      store.load(value)
+    self.losses = [list(losses) for losses in saved['losses']]
+    self.weight_staleness = [[int(w) for w in ws] for ws in saved['weight_staleness']]
+    self.feed.load(saved['feed'])
+    if self.agreement is not None:
+      self.agreement.load(saved['agreement'])
 
   # --- what the run reports -----------------------------------------------------------------
   def variables(self):

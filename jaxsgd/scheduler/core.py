@@ -103,6 +103,7 @@ class Cluster:
 
   def __init__(self):
     self.lanes: list[LaneSpec] = []
+    self.channels: list[Channel] = []  # in creation order (a checkpoint names them by index)
     self._links: dict[tuple[int, int], int] = {}
     self._lock = threading.Lock()
 
@@ -113,7 +114,14 @@ class Cluster:
     return len(self.lanes) - 1
 
   def channel(self, name: str, lane: int) -> Channel:
-    return Channel(name, lane, self.lanes[lane].device)
+    channel = Channel(name, lane, self.lanes[lane].device)
+    self.channels.append(channel)
+    return channel
+
+  @property
+  def links(self) -> list[tuple[int, int]]:
+    """`(source, destination)` of every link lane, in the order they were added."""
+    return sorted(self._links, key=self._links.get)
 
   def link(self, source: int, destination: int) -> int:
     """The lane of the link `source → destination` (created on first use)."""
@@ -128,19 +136,101 @@ class Cluster:
       return self._links[(source, destination)]
 
 
+class LoopState:
+  """A process's loop variables, as attributes, and the `phase` (the yield) it is at.
+
+  A *resumable* process keeps every variable that lives across a yield in its state
+  and marks each yield with a phase; its program, started again from a saved state,
+  goes straight to the saved phase and yields that op again (built from the state):
+
+      def worker(s):                          # s: a LoopState
+        while True:
+          if s.enter('pull'):                 # a phase begins with its yield
+            s.pulled = yield Get(replies)
+          if s.enter('compute'):
+            s.result = yield Compute(fn, (s.pulled,))
+          ...
+
+  `enter(phase)` is True for the phase to run next: when resuming, False for every
+  phase until the saved one (the code of those phases ran before the checkpoint), then
+  True as usual. Code outside phases runs again on a resume, so there is none but
+  loop control on state fields. `jaxsgd.scheduler.snapshot` saves the states.
+  """
+
+  def __init__(self, **fields):
+    self.phase: str | None = None  # None: not started
+    self._resume_at: str | None = None
+    self.__dict__.update(fields)
+
+  def enter(self, phase: str) -> bool:
+    if self._resume_at is not None:
+      if phase != self._resume_at:
+        if phase in self._skipped:  # The loop came round without meeting it.
+          raise RuntimeError(f'resume: the program never reaches phase {self._resume_at!r}.')
+        self._skipped.add(phase)
+        return False
+      self._resume_at = None
+    self.phase = phase
+    return True
+
+  def resuming(self) -> 'LoopState':
+    """Makes the program started next from this state go to its saved phase."""
+    self._resume_at, self._skipped = self.phase, set()
+    return self
+
+  def __getstate__(self):
+    return {k: v for k, v in self.__dict__.items() if k not in ('_resume_at', '_skipped')}
+
+  def __setstate__(self, fields):
+    self.__dict__.update(fields)
+    self._resume_at = None
+
+  def __repr__(self):
+    return f'LoopState(phase={self.phase!r})'
+
+
 @dataclasses.dataclass(eq=False)
 class Process:
-  """A generator of ops running on `lane`."""
+  """A generator of ops running on `lane`.
+
+  A resumable process (`Process.resumable`) also has its `state` (a `LoopState`) and
+  the `start` that makes its program from a state, so that a checkpoint can save it
+  and a resumed run start it again where it was.
+  """
 
   name: str
   lane: int
   program: Generator[Op, Any, None]
   done: bool = False
   waiting_on: Channel | None = None  # set while blocked in Get
+  state: LoopState | None = None
+  start: Callable[[LoopState], Generator[Op, Any, None]] | None = None
+
+  @classmethod
+  def resumable(
+    cls, name: str, lane: int, start: Callable[[LoopState], Generator], state: LoopState
+  ) -> 'Process':
+    return cls(name, lane, start(state), state=state, start=start)
+
+  def restart(self, state: LoopState) -> None:
+    """Continues from `state` (saved at a checkpoint): the program goes to its phase."""
+    self.program.close()
+    self.state = state.resuming() if state.phase is not None else state
+    self.program = self.start(self.state)
+
+  def forget(self) -> None:
+    """Drops a finished process's variables, as a finished generator drops its locals
+    (values that lane processes hold for them are freed)."""
+    if self.state is not None and self.done:
+      self.state = LoopState()
 
   def close(self) -> None:
+    """Ends the process when the run ends (its program, its variables and its `start`,
+    which refers to the policy: nothing of the run stays reachable from it)."""
     self.done = True
     self.program.close()
+    self.forget()
+    self.start = None
 
 
 def blocked_report(processes: list[Process]) -> str:

@@ -58,8 +58,8 @@ Failures: `fail(error)` records the first error of a run (from a thread, say);
 """
 
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Channel, Cluster, Compute, DeadlockError, Get, Process, Put
-from jaxsgd.scheduler.core import Send, blocked_report
+from jaxsgd.scheduler.core import Channel, Cluster, Compute, DeadlockError, Get, LoopState
+from jaxsgd.scheduler.core import Process, Put, Send, blocked_report
 from jaxsgd.scheduler.costs import TRANSFER
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 
@@ -106,6 +106,7 @@ class Executor:
       op = process.program.send(value)
     except StopIteration:
       process.done = True
+      process.forget()
       return
     if isinstance(op, Compute):
       self.start_task(process, process.lane if op.lane is None else op.lane, op)
@@ -152,7 +153,8 @@ class Executor:
       lane=link,
       nbytes=self.message_bytes(op.value),
     )
-    self.spawn(Process(f'transfer to {channel.name}', link, _transfer(copy, channel)))
+    transfer_state = LoopState(copy=copy, channel=channel)
+    self.spawn(Process.resumable(f'transfer to {channel.name}', link, _transfer, transfer_state))
 
   def record(self, task: TaskRecord) -> None:
     self.records.append(task)
@@ -209,7 +211,10 @@ class Executor:
       process.close()
 
 
-def _transfer(copy: Compute, channel: Channel):
-  """A transfer process: the copy is a task on the link lane, delivered at its end."""
-  copied = yield copy
-  yield Put(channel, copied)
+def _transfer(s: LoopState):
+  """A transfer process (`s.copy`, `s.channel`): the copy is a task on the link lane,
+  delivered at its end."""
+  if s.enter('copy'):
+    s.copied = yield s.copy
+  if s.enter('deliver'):
+    yield Put(s.channel, s.copied)

@@ -23,6 +23,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 
+_NONE = -(2**62)  # None in a saved update record
+
+
 class Snapshot(NamedTuple):
   version: int
   value: Any
@@ -80,6 +83,23 @@ class VersionedStore:
       record = UpdateRecord(read_version, self._version, staleness, lane, batch)
       self.updates.append(record)
       return record
+
+  def snapshot(self) -> dict:
+    """The value, version and update records (for a checkpoint; `load` puts them back)."""
+    with self._lock:
+      updates = [[_NONE if f is None else f for f in dataclasses.astuple(u)] for u in self.updates]
+      return {
+        'value': self._value,
+        'version': self._version,
+        'updates': np.asarray(updates, np.int64).reshape(-1, 5),
+      }
+
+  def load(self, saved: dict) -> None:
+    with self._lock:
+      self._value, self._version = saved['value'], saved['version']
+      self.updates = [
+        UpdateRecord(*(None if f == _NONE else int(f) for f in row)) for row in saved['updates']
+      ]
 
   def staleness(self) -> np.ndarray:
     """Staleness of every update applied so far, in order."""

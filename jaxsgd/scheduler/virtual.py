@@ -17,6 +17,13 @@ nothing but the programs, the costs and the seed: same seed, same bits.
                              next waiter
 
 What the ops mean (channels, transfers over link lanes) is the `Executor` base's.
+
+Checkpoints: `between_events` (if set) is called after every event, where the whole
+state is data: `snapshot()` returns it (the event queue as 'advance process P with V'
+and 'the task of P on lane L, started at s, ends at t with result R', the queued tasks
+per hardware, channel items and waiters, the sampler's random streams, the timeline),
+and `run(..., resume=snapshot)` continues from it: every process is started again from
+its saved `LoopState` and re-yields its pending op, which goes back where it was.
 """
 
 import heapq
@@ -24,8 +31,11 @@ import itertools
 import math
 from collections import deque
 
+import numpy as np
+
+from jaxsgd.scheduler import snapshot as snapshot_lib
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Compute, Process
+from jaxsgd.scheduler.core import Compute, Get, Process
 from jaxsgd.scheduler.costs import CostModel
 from jaxsgd.scheduler.executor import Executor
 from jaxsgd.scheduler.timeline import TaskRecord
@@ -39,6 +49,9 @@ class VirtualExecutor(Executor):
   def __init__(self, cost_model: CostModel):
     self.cost_model = cost_model
     self._now = 0.0
+    self.between_events = None  # called after every event (checkpoints), if set
+    self.notes_vjps = False  # records the task of every vjp (`snapshot.note_vjps`)
+    self._resume = None
 
   def now(self) -> float:
     """Simulated seconds since the start of the run."""
@@ -52,13 +65,27 @@ class VirtualExecutor(Executor):
     self._hardware_of: dict[int, object] = {}  # lane -> its hardware (`_hardware`)
     self._sampler = self.cost_model.sampler()
 
+  def run(self, cluster, processes, *, resume: dict | None = None):
+    """`Executor.run`, or with `resume` (a decoded `snapshot()`), its continuation."""
+    self._resume = resume
+    self.policy_processes = list(processes)  # (a checkpoint names them by index)
+    try:
+      return super().run(cluster, processes)
+    finally:
+      self._resume = None
+
   def execute(self) -> None:
-    for process in self.processes:
-      self.resume(process, None)
-    events, pop = self._events, heapq.heappop
+    if self._resume is not None:
+      self._load(self._resume)
+    else:
+      for process in self.processes:
+        self.resume(process, None)
+    events, pop, between_events = self._events, heapq.heappop, self.between_events
     while events:
       self._now, _, fn, args = pop(events)
       fn(*args)
+      if between_events is not None:
+        between_events()
 
   def resume(self, process: Process, value) -> None:
     self._at(self._now, self.advance, process, value)
@@ -99,6 +126,8 @@ class VirtualExecutor(Executor):
     self._busy.add(hardware)
     start = self._now
     result = op.fn(*op.args)  # Reads its inputs now, at the simulated start.
+    if self.notes_vjps:
+      snapshot_lib.note_vjps(op.fn, op.args, result)
     duration = self._sampler.duration(op.kind, op.stage, lane, op.nbytes)
     heapq.heappush(
       self._events,
@@ -110,6 +139,123 @@ class VirtualExecutor(Executor):
     hardware = self._hardware(lane)
     self._busy.discard(hardware)
     self.task_finished(process, result)
-    queue = self._queued[hardware]
+    queue = self._queued.get(hardware)  # (None for a task in flight at a resume)
     if queue and hardware not in self._busy:
       self._start_next(hardware, queue)
+
+  # --- checkpoints ----------------------------------------------------------------------
+  def snapshot(self) -> dict:
+    """The simulation between two events, as data (processes, channels and arrays by
+    reference: `snapshot.encode` saves it); `processes` lists every live process."""
+    seq = next(self._seq)
+    self._seq = itertools.count(seq)
+    events, live = [], list(self.policy_processes)
+    for time, order, fn, args in sorted(self._events):
+      if fn == self.advance:
+        process, value = args
+        events.append((time, order, 'advance', process, value))
+      elif fn == self._finish:
+        process, op, lane, start, result = args
+        events.append((time, order, 'finish', process, lane, start, result))
+      else:
+        raise snapshot_lib.NotResumableError(f'checkpoint: an event {fn!r} is not saved.')
+      live.append(process)
+    queued = [(hw, [(p, lane) for p, lane, _ in tasks]) for hw, tasks in self._queued.items()]
+    live += [p for _, tasks in queued for p, _ in tasks]
+    channels = [(list(c.items), list(c.waiters)) for c in self.cluster.channels]
+    live += [p for _, waiters in channels for p in waiters]
+    live = list(dict.fromkeys(live))  # Each once, in a fixed order.
+    for process in live:
+      if process.state is None:
+        raise snapshot_lib.NotResumableError(
+          f'checkpoint: {process.name} is not a resumable process (core.LoopState).'
+        )
+    return {
+      'now': self._now,
+      'seq': seq,
+      'links': self.cluster.links,
+      'events': events,
+      'queued': [(hw, tasks) for hw, tasks in queued if tasks],
+      'busy': sorted(self._busy, key=repr),
+      'channels': channels,
+      'processes': [(p, p.done, p.state) for p in live],
+      'random': {lane: rng.bit_generator.state for lane, rng in self._sampler._rngs.items()},  # pylint: disable=protected-access
+      'records': _records_as_arrays(self.records),
+    }
+
+  def _load(self, saved: dict) -> None:
+    """Puts the state `snapshot()` saved back (see the module docstring)."""
+    for source, destination in saved['links']:
+      self.cluster.link(source, destination)
+    self._now = saved['now']
+    self._seq = itertools.count(saved['seq'])
+    self.records.extend(_records_from_arrays(saved['records']))
+    for lane, state in saved['random'].items():
+      rng = np.random.default_rng([self.cost_model.seed, lane])
+      rng.bit_generator.state = state
+      self._sampler._rngs[lane] = rng  # pylint: disable=protected-access
+    pending = {}  # process -> the op it yielded again
+    for process, done, state in saved['processes']:
+      process.restart(state)
+      process.done = done
+      if not done and state.phase is not None:
+        pending[process] = process.program.send(None)
+    for time, order, kind, process, *rest in saved['events']:
+      if kind == 'advance':
+        pending.pop(process, None)  # Its op was dispatched: it goes on with the value.
+        self._events.append((time, order, self.advance, (process, rest[0])))
+      else:
+        lane, start, result = rest
+        op = _expect(pending.pop(process), Compute, process)
+        self._events.append((time, order, self._finish, (process, op, lane, start, result)))
+    heapq.heapify(self._events)
+    for hardware, tasks in saved['queued']:
+      for process, lane in tasks:
+        self._queued.setdefault(hardware, deque()).append(
+          (process, lane, _expect(pending.pop(process), Compute, process))
+        )
+    self._busy.update(saved['busy'])
+    for channel, (items, waiters) in zip(self.cluster.channels, saved['channels'], strict=True):
+      channel.items.extend(items)
+      for process in waiters:
+        _expect(pending.pop(process), Get, process)
+        process.waiting_on = channel
+        channel.waiters.append(process)
+    if pending:
+      raise ValueError(f'checkpoint: {", ".join(p.name for p in pending)} saved nowhere.')
+    known = set(map(id, self.processes))
+    self.processes += [p for p, _, _ in saved['processes'] if id(p) not in known]  # spawned
+
+
+def _expect(op, kind, process):
+  if not isinstance(op, kind):
+    raise ValueError(f'checkpoint: {process.name} resumed at {op!r}, expected a {kind.__name__}.')
+  return op
+
+
+_NONE = -(2**62)  # None in the integer columns of the saved timeline
+
+
+def _records_as_arrays(records) -> dict:
+  kinds = sorted({r.kind for r in records})
+  index = {kind: i for i, kind in enumerate(kinds)}
+  column = lambda values: np.asarray([_NONE if v is None else v for v in values], np.int64)  # noqa: E731
+  return {
+    'kinds': kinds,
+    'lane': column(r.lane for r in records),
+    'kind': np.asarray([index[r.kind] for r in records], np.int64),
+    'start': np.asarray([r.start for r in records], np.float64),
+    'end': np.asarray([r.end for r in records], np.float64),
+    'stage': column(r.stage for r in records),
+    'batch': column(r.batch for r in records),
+  }
+
+
+def _records_from_arrays(saved: dict) -> list[TaskRecord]:
+  value = lambda v: None if v == _NONE else int(v)  # noqa: E731
+  return [
+    TaskRecord(int(lane), saved['kinds'][kind], float(start), float(end), value(stage), value(b))
+    for lane, kind, start, end, stage, b in zip(
+      saved['lane'], saved['kind'], saved['start'], saved['end'], saved['stage'], saved['batch']
+    )
+  ]

@@ -116,11 +116,14 @@ class Checkpointer:
     self.manager().wait_until_finished()
 
   def restore(self, step: int, template: Any) -> Any:
-    """Step `step`'s state, in the structure, dtypes and shardings of `template`."""
+    """Step `step`'s state, in the structure, dtypes and shardings of `template` (None:
+    as saved; numpy arrays stay numpy arrays)."""
     ocp = _ocp()
     restored = self.manager().restore(
       step, args=ocp.args.Composite(state=ocp.args.StandardRestore(template))
     )['state']
+    if template is None:
+      return restored
     # orbax gives namedtuples back as tuples: rebuild the template's structure.
     return jax.tree.unflatten(jax.tree.structure(template), jax.tree.leaves(restored))
 

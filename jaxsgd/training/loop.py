@@ -207,8 +207,9 @@ def _checkpointer(config, settings, workdir: str) -> checkpoints.Checkpointer | 
   if not getattr(settings, 'resumable', False):
     if every:
       raise ValueError(
-        f'checkpoint_every: {config.algorithm.name} writes no checkpoints yet (the fused bp '
-        f'and the data-parallel methods do); use checkpoint_every=0.'
+        f'checkpoint_every: {config.algorithm.name} writes no checkpoints with clock='
+        f'{config.clock!r} (the fused bp and the data-parallel methods do, and every '
+        f"scheduler family with clock='virtual'); use checkpoint_every=0."
       )
     return None
   return checkpoints.Checkpointer(workdir, every=every, last=settings.shared.train_steps)

@@ -120,7 +120,8 @@ class Run:
 
     Calling it tells the run that the algorithm checkpoints (`maybe_save`). When the
     run resumes, the checkpoint's state comes back in `template`'s structure and
-    shardings, and `streams` (the `BatchIterator`s the algorithm reads, in the order
+    shardings (`template` None: as it was saved, arrays on the devices they were on),
+    and `streams` (the `BatchIterator`s the algorithm reads, in the order
     given to `maybe_save`) are moved to where they were.
     """
     self._resumable = True
@@ -143,7 +144,8 @@ class Run:
 
     Args:
       step: the steps done.
-      state: every array the algorithm needs to continue (a pytree).
+      state: every array the algorithm needs to continue (a pytree), or a function
+        returning it (called only when a checkpoint is saved).
       streams: the data streams it reads (their positions are saved).
       steps: the steps of the program that ended at `step` (a whole period): a
         checkpoint due at any of them is saved now, at `step`.
@@ -155,6 +157,7 @@ class Run:
     if self._checkpointer is None or not (preempted or due):
       return
     self.check_losses(wait=True)  # The losses since the last evaluation, as numbers.
+    state = state() if callable(state) else state  # Built only when saved.
     meta = {
       'step': step,
       'streams': [stream.position for stream in streams],

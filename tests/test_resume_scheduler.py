@@ -1,0 +1,216 @@
+"""Exact resume of the scheduler families on the virtual clock.
+
+A run interrupted at a step where tasks and messages are in flight (a crash at step k,
+or SIGTERM) and started again on its workdir ends with the same `metrics.jsonl` (wall
+times aside: simulated times included), the same final state bit for bit (every array
+of the last checkpoint: stores, optimizer states, messages, residuals) and the same
+timeline (`trace.json`) as the uninterrupted run.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from experiments.configs import default
+from jaxsgd import errors
+from jaxsgd import training
+from jaxsgd.algorithms import resume as resume_lib
+from jaxsgd.scheduler import snapshot
+from jaxsgd.training import checkpoints
+
+from test_checkpoints import Crash, _sigterm_at, crash_at, metrics
+
+
+def virtual_config(data_dir, name: str, **overrides):
+  config = default.get_config('smoke')
+  config.data_dir = data_dir
+  config.clock = 'virtual'
+  config.train_steps = 24
+  config.eval_every = 8
+  config.model = default.ml_collections.ConfigDict({'name': 'mlp', 'hidden': (32, 32)})
+  config.cost.calibrate = False
+  config.cost.compute.forward = 1.0
+  config.cost.compute.backward = 2.0
+  config.cost.compute.update = 0.25
+  config.cost.straggler_std = 0.3  # Seeded noise: the sampler's state is saved too.
+  config.cost.link_latency = 0.125
+  config.algorithm = default.algorithm(name)
+  config.update(overrides)
+  return config
+
+
+def final_state(workdir) -> tuple[int, list[np.ndarray]]:
+  """Every array of the last checkpoint (written at the last step). The pickled structure
+  is left out: it holds the same values, but Python shares strings differently in a
+  resumed process, so its bytes differ."""
+  root = checkpoints.directory(workdir)
+  step = max(int(name) for name in os.listdir(root) if name.isdigit())
+  tree = ocp.PyTreeCheckpointer().restore(os.path.join(root, str(step), 'state'))
+  arrays = tree['arrays']
+  return step, [np.asarray(arrays[key]) for key in sorted(arrays, key=int)]
+
+
+def trace(workdir) -> list:
+  with open(os.path.join(workdir, 'trace.json')) as f:
+    return json.load(f)['traceEvents']
+
+
+@pytest.fixture
+def in_flight(monkeypatch):
+  """Records, at every checkpoint saved, the tasks running and the messages on channels."""
+  seen = {}
+  original = resume_lib.SimulationCheckpoints._state
+
+  def state(self):
+    executor = self.executor
+    events = executor._events
+    running = [args for _, _, fn, args in events if fn == executor._finish]
+    live = {args[0] for _, _, _, args in events} | {
+      p for q in executor._queued.values() for p, *_ in q
+    }
+    seen[self.progress()] = {
+      'running': len(running),  # tasks started, not ended (their results are saved)
+      'queued': sum(len(q) for q in executor._queued.values()),
+      'messages': sum(len(c.items) for c in executor.cluster.channels),
+      'transfers': sum(p.name.startswith('transfer') for p in live),
+      # forwards in flight, or done with their backward to come: their vjps are saved
+      'vjps': sum(op.kind == 'forward' for _, op, *_ in running)
+      + sum(_vjps(p.state.__dict__) for p in executor.policy_processes),
+    }
+    return original(self)
+
+  monkeypatch.setattr(resume_lib.SimulationCheckpoints, '_state', state)
+  return seen
+
+
+def _vjps(tree) -> int:
+  """The vjps held in a process's variables."""
+  leaves = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, snapshot._VJP_TYPES))
+  return sum(isinstance(leaf, snapshot._VJP_TYPES) for leaf in leaves)
+
+
+def assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step):
+  whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
+  training.train_and_evaluate(config, whole, show_progress=False)
+  with monkeypatch.context() as patch:
+    crash_at(patch, crash_step)
+    with pytest.raises(Crash):
+      training.train_and_evaluate(config, broken, show_progress=False)
+  saved = checkpoints.latest_meta(broken)['step']
+  assert saved < crash_step
+  training.train_and_evaluate(config, broken, show_progress=False)
+  assert metrics(broken) == metrics(whole)
+  assert [r['sim_time'] for r in metrics(whole)] == sorted({r['sim_time'] for r in metrics(whole)})
+  assert trace(broken) == trace(whole)
+  (step_a, state_a), (step_b, state_b) = final_state(whole), final_state(broken)
+  assert step_a == step_b == config.train_steps
+  assert len(state_a) == len(state_b) > 0
+  for a, b in zip(state_a, state_b, strict=True):
+    np.testing.assert_array_equal(a, b)
+  return saved
+
+
+@pytest.mark.parametrize('name', ['asgd', 'dcasgd'])
+def test_asgd_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch, in_flight, name):
+  config = virtual_config(data_dir, name, workers=3, checkpoint_every=5)
+  saved = assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=13)
+  assert saved == 10
+  at = in_flight[10]  # Of the run that was resumed: work in flight at its checkpoint.
+  assert at['running'] >= 2 and at['transfers'] >= 1 and at['vjps'] >= 1, at
+
+
+def test_sigterm_saves_the_simulation_and_resumes(data_dir, tmp_path, monkeypatch):
+  config = virtual_config(data_dir, 'asgd', workers=2)  # checkpoint_every = 0: SIGTERM only.
+  with monkeypatch.context() as patch:
+    _sigterm_at(patch, 9)
+    with pytest.raises(errors.Preempted, match='checkpoint of step 9'):
+      training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  assert checkpoints.latest_meta(str(tmp_path / 'run'))['step'] == 9
+  training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  training.train_and_evaluate(config, str(tmp_path / 'whole'), show_progress=False)
+  assert metrics(str(tmp_path / 'run')) == metrics(str(tmp_path / 'whole'))
+  assert trace(str(tmp_path / 'run')) == trace(str(tmp_path / 'whole'))
+
+
+def test_real_clock_refuses_checkpoints(data_dir, tmp_path):
+  config = virtual_config(data_dir, 'asgd', workers=2, checkpoint_every=5, clock='real')
+  with pytest.raises(ValueError, match='^checkpoint_every: asgd writes no checkpoints'):
+    training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+
+
+@pytest.mark.parametrize(
+  'name, algorithm',
+  [
+    ('ddg', {}),
+    ('ddg', {'variant': 'stale_graph'}),
+    ('local', {'variant': 'overlapping', 'agreement_every': 3}),
+    ('local', {'variant': 'chunked', 'chunks': 1}),
+  ],
+  ids=['ddg', 'ddg-stale_graph', 'local-overlapping-probe', 'local-chunked'],
+)
+def test_pipeline_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch, in_flight, name, algorithm):
+  config = virtual_config(data_dir, name, stages=3, checkpoint_every=5)
+  config.model.hidden = (32, 32, 32)
+  config.algorithm.update(algorithm)
+  config.cost.straggler_std = 0.0  # (Per-stage noise is covered by the ASGD tests.)
+  assert assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=13) == 10
+  at = in_flight[10]
+  assert at['running'] >= 2 and at['transfers'] + at['messages'] >= 1, at
+  if algorithm.get('variant') != 'stale_graph':
+    assert at['vjps'] >= 2, at  # Delay lines of stored forwards.
+
+
+def test_staged_bp_resumes_after_sigterm(data_dir, tmp_path, monkeypatch):
+  config = virtual_config(data_dir, 'bp', stages=2)
+  with monkeypatch.context() as patch:
+    _sigterm_at(patch, 7)
+    with pytest.raises(errors.Preempted, match='checkpoint of step 7'):
+      training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  training.train_and_evaluate(config, str(tmp_path / 'whole'), show_progress=False)
+  assert metrics(str(tmp_path / 'run')) == metrics(str(tmp_path / 'whole'))
+  assert trace(str(tmp_path / 'run')) == trace(str(tmp_path / 'whole'))
+
+
+@pytest.mark.parametrize('updates', ['layer', 'block'])
+def test_pdasgd_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch, in_flight, updates):
+  config = virtual_config(data_dir, 'pdasgd', stages=3, checkpoint_every=5)
+  config.model.hidden = (32, 32, 32)
+  config.algorithm.update({'n_fwd': 2, 'n_bwd': 2, 'updates': updates})
+  assert assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=13) == 10
+  at = in_flight[10]  # A forward's result queued with its residuals, others running.
+  assert at['running'] >= 2 and at['messages'] >= 1 and at['vjps'] >= 2, at
+
+
+def test_lppsgd_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch, in_flight):
+  # 2 replicas of 2 workers, averaging every 2 updates of a replica: rounds in flight.
+  config = virtual_config(data_dir, 'lppsgd', checkpoint_every=5)
+  config.algorithm.update({'devices': 2, 'workers_per_device': 2, 'averaging_freq': 2})
+  assert assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step=13) == 10
+  at = in_flight[10]  # A replica's snapshot waits for its round; workers are running.
+  assert at['running'] >= 2 and at['messages'] >= 1 and at['vjps'] >= 1, at
+
+
+def test_checkpoints_change_nothing_in_a_run(data_dir, tmp_path):
+  runs = {}
+  for every in (0, 4):
+    config = virtual_config(data_dir, 'asgd', workers=3, checkpoint_every=every)
+    training.train_and_evaluate(config, str(tmp_path / str(every)), show_progress=False)
+    runs[every] = metrics(str(tmp_path / str(every))), trace(str(tmp_path / str(every)))
+  assert runs[0] == runs[4]
+  assert not os.path.exists(checkpoints.directory(str(tmp_path / '0')))
+
+
+@pytest.mark.parametrize('name', ['asgd', 'ddg'])
+def test_a_finished_run_resumes_to_its_end(data_dir, tmp_path, name):
+  """The last checkpoint is of the last step: running again finishes the same run."""
+  config = virtual_config(data_dir, name, checkpoint_every=10, stages=1 if name == 'asgd' else 2)
+  training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  first = metrics(str(tmp_path)), trace(str(tmp_path))
+  summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  assert (metrics(str(tmp_path)), trace(str(tmp_path))) == first
+  assert summary['final']['step'] == config.train_steps and len(first[0]) == 3
