@@ -301,7 +301,8 @@ class AsgdSession:
 
   def processes(self) -> list[Process]:
     return [Process('server', 0, self._server())] + [
-      Process(f'worker {m}', 1 + m, self._worker(m)) for m in range(self.num_workers)
+      Process(f'worker {m}', 1 + m, self._worker(m), on_lost=functools.partial(self._lost, m))
+      for m in range(self.num_workers)
     ]
 
   # --- the processes (see the module docstring) ------------------------------------------------
@@ -315,8 +316,8 @@ class AsgdSession:
         live.discard(message.worker)
         if not live:
           raise common.WorkersFailedError(
-            f'asgd: every worker failed (cost.failures) after {self.steps.applied} of '
-            f'{self.steps.steps} steps.'
+            f'asgd: every worker failed (cost.failures) or was lost after '
+            f'{self.steps.applied} of {self.steps.steps} steps.'
           )
         continue
       yield from self._apply(message)
@@ -369,6 +370,12 @@ class AsgdSession:
       yield Send(self.inbox, Push(m, pulled.version, k, grads, loss, new_state), batch=k)
     yield Put(self.inbox, WorkerFailed(m))
 
+  def _lost(self, m: int, reason: str):
+    """Worker m's lane was lost (`ProcessExecutor(tolerate_lost=True)`): the server goes
+    on with the others, as after a failure (`cost.failures`)."""
+    self.log.lose(m, reason)
+    yield Put(self.inbox, WorkerFailed(m))
+
   # --- what the run reports ----------------------------------------------------------------------
   def variables(self):
     return {'params': self.server.store.read().value.params, **self.model_state.read().value}
@@ -381,4 +388,5 @@ class AsgdSession:
     return {
       **common.staleness_metrics(self.staleness(), 'worker'),
       'failed_workers': len(self.log.failed),
+      'lost_workers': len(self.log.lost),
     }

@@ -127,13 +127,21 @@ class Cluster:
 
 @dataclasses.dataclass(eq=False)
 class Process:
-  """A generator of ops running on `lane`."""
+  """A generator of ops running on `lane`.
+
+  `on_lost`: a process whose loss the run can survive (an asynchronous worker). An
+  executor that tolerates lost lanes (`ProcessExecutor(tolerate_lost=True)`), when
+  this process's lane dies or raises, closes the process and runs
+  `on_lost(reason)` in its place: a generator that tells the others (`Put`s,
+  no `Compute`: its lane is gone). None: losing the lane stops the run.
+  """
 
   name: str
   lane: int
   program: Generator[Op, Any, None]
   done: bool = False
   waiting_on: Channel | None = None  # set while blocked in Get
+  on_lost: Callable[[str], Generator[Op, Any, None]] | None = None
 
   def close(self) -> None:
     self.done = True

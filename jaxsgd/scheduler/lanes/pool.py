@@ -19,11 +19,19 @@ a task started right after a move (or after a task that made its argument) sees 
 
 Faults: `wait_any` raises `LaneError` naming the lane and its host when a task raises
 in a lane or a lane's process dies (it watches every lane, not only those it waits
-on). `close()` ends every lane process; it runs on leaving the `with` block, on
-Ctrl-C and on SIGTERM (turned into `SystemExit` while a pool is open); a pool that
-started its own Ray cluster shuts it down too.
+on). `remove(lane)` drops a lost lane so that the others carry on. `close()` ends every
+lane process; it runs on leaving the `with` block, on Ctrl-C and on SIGTERM; a pool that
+started its own Ray cluster shuts it down too (every process of it, at once).
+
+Signals: while a pool is open, SIGTERM interrupts the driver as Ctrl-C does
+(`KeyboardInterrupt`, the one exception Ray passes through its waits unchanged; a
+`SystemExit` raised inside a Ray wait comes out as exit status 1) and is remembered
+(`sigterm_received()`), so that the caller can exit as a SIGTERM should; a handler
+installed before (a pre-emption flag) is called too. While `close()` runs, further
+Ctrl-Cs and SIGTERMs are only remembered, so that the clean-up is not cut short.
 """
 
+import contextlib
 import dataclasses
 import itertools
 import signal
@@ -90,6 +98,7 @@ class Pending:
   key: int
   args: tuple  # keeps the argument handles alive until the task finished
   signature: Hashable = None  # the task and its arguments' shapes: keys `early` results
+  source: str | None = None  # a move's (`move(..., landed=True)`): the lane it copies from
   done: bool = False
   started: float | None = None
   ended: float | None = None
@@ -132,7 +141,7 @@ class LanePool:
     self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
     self._closed = False
     self._owns_connection = cluster.connect(address)
-    self._signals = _SigtermGuard.install()
+    self._signals = _StopSignals.install()
     try:
       self._actors = {spec.name: cluster.lane_actor(spec, env or {}) for spec in placement.lanes}
       self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
@@ -207,6 +216,11 @@ class LanePool:
         break
       self._check_move(ref)
     finished = by_ref[ref]
+    if finished.source is not None:  # a move: landed, or failed (naming a dead source)
+      self._check_move(ref)
+      finished.started = finished.ended = time.time()
+      finished.finish()
+      return finished
     try:
       outline, finished.started, finished.ended = cluster.get(ref)
     except Exception as error:
@@ -243,18 +257,33 @@ class LanePool:
     ref = self._actor(handle.lane).fetch.remote(handle.key, self._take_freed(handle.lane))
     return self._get(handle.lane, ref)
 
-  def move(self, value, lane: str):
+  def move(self, value, lane: str, *, landed: bool = False):
     """`value` with every handle in it replaced by a handle to a copy on `lane`.
 
     The copy goes lane to lane (through Ray's object store), not through the driver.
     Returns at once: the copy is made in `lane`'s order of calls, so a task started
     there afterwards sees it; a failed copy raises `LaneError` from `wait_any`.
+
+    `landed=True` (a value from a lane that may be lost) returns `(copy, Pending)`
+    instead; `wait_any` returns the `Pending` once every copy is on `lane` (its
+    `result()` is the copy), or raises `LaneError` naming the source lane if that
+    lane's process died first. Delivered only then, a message is never half there.
     """
-    return jax.tree.map(
-      lambda leaf: self._move(leaf, lane) if isinstance(leaf, Handle) else leaf,
+    refs = []
+    moved = jax.tree.map(
+      lambda leaf: self._move(leaf, lane, refs) if isinstance(leaf, Handle) else leaf,
       value,
       is_leaf=lambda x: isinstance(x, Handle),
     )
+    if not landed:
+      return moved
+    if not refs:
+      raise ValueError(f'LanePool.move(landed=True): nothing to move to {lane!r} in {value!r}.')
+    sources = {self._moves[ref][1].lane for ref in refs}
+    # Copies to one lane run in the order sent: the last one landing means all have.
+    pending = Pending(lane, f'move from {", ".join(sorted(sources))}', refs[-1], -1, ())
+    pending.source, pending._result = min(sources), moved
+    return moved, pending
 
   def remove(self, lane: str) -> None:
     """Ends `lane`'s process (if still alive) and stops watching it.
@@ -265,13 +294,15 @@ class LanePool:
     actor = self._actor(lane)
     cluster.kill(actor)
     del self._actors[lane], self._watch[lane]
+    with self._lock:
+      self._freed.pop(lane, None)
     self._moves = {
       ref: (to, source)
       for ref, (to, source) in self._moves.items()
       if lane not in (to, source.lane)
     }
 
-  def _move(self, handle: Handle, lane: str) -> Handle:
+  def _move(self, handle: Handle, lane: str, refs: list | None = None) -> Handle:
     if handle.lane == lane:
       return handle
     source, target = self._actor(handle.lane), self._actor(lane)
@@ -279,6 +310,8 @@ class LanePool:
     key = (next(self._keys), ())
     adopted = target.adopt.remote(exported, key, self._take_freed(lane))
     self._moves[adopted] = (lane, handle)
+    if refs is not None:
+      refs.append(adopted)
     return Handle(self, lane, key, handle.nbytes, handle.description)
 
   def close(self) -> None:
@@ -286,11 +319,12 @@ class LanePool:
     if self._closed:
       return
     self._closed = True
-    for actor in getattr(self, '_actors', {}).values():
-      cluster.kill(actor)
-    if self._owns_connection:
-      cluster.shutdown()
-    _SigtermGuard.restore(self._signals)
+    with _StopSignals.deferred():
+      for actor in getattr(self, '_actors', {}).values():
+        cluster.kill(actor)
+      if self._owns_connection:
+        cluster.shutdown()
+    _StopSignals.restore(self._signals)
 
   # -- inspection ---------------------------------------------------------------------
 
@@ -353,7 +387,17 @@ class LanePool:
     try:
       cluster.get(ref)
     except Exception as error:
+      dead = self._dead_end(lane, source.lane) if cluster.is_death(error) else None
+      if dead is not None:  # the copy failed because one end's process is gone
+        self._raise_dead(dead)
       raise self._error(lane, error, f'moving {source!r} to it') from error
+
+  def _dead_end(self, *lanes: str, within: float = 2.0) -> str | None:
+    """The first of `lanes` whose process is found dead within `within` seconds (a
+    death notice may lag the failed call it caused), or None."""
+    watched = {self._watch[lane]: lane for lane in lanes if lane in self._watch}
+    done, _ = cluster.wait(list(watched), within) if watched else ([], [])
+    return watched[done[0]] if done else None
 
   def _handles(self, lane: str, key, outline):
     if isinstance(outline, tuple) and outline and isinstance(outline[0], tuple):
@@ -435,11 +479,14 @@ def _host_array(leaf):
   return np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf
 
 
-class _SigtermGuard:
-  """While a pool is open, SIGTERM raises SystemExit so that `close()` runs."""
+class _StopSignals:
+  """While a pool is open: SIGTERM raises `KeyboardInterrupt` (once; remembered), so that
+  `close()` runs and no Ray wait turns it into another exit status (module docstring)."""
 
   open_pools = 0
-  before = None
+  before = None  # the SIGTERM handler installed before the first pool opened
+  sigterm = False  # SIGTERM arrived while a pool was open
+  closing = False
 
   @classmethod
   def install(cls) -> bool:
@@ -447,7 +494,8 @@ class _SigtermGuard:
       return False
     cls.open_pools += 1
     if cls.open_pools == 1:
-      cls.before = signal.signal(signal.SIGTERM, _terminate)
+      cls.sigterm = False
+      cls.before = signal.signal(signal.SIGTERM, cls._terminate)
     return True
 
   @classmethod
@@ -458,7 +506,32 @@ class _SigtermGuard:
     if cls.open_pools == 0 and threading.current_thread() is threading.main_thread():
       signal.signal(signal.SIGTERM, cls.before)
 
+  @classmethod
+  def _terminate(cls, signum, frame):
+    first = not cls.sigterm
+    cls.sigterm = True
+    if callable(cls.before):  # e.g. the run's pre-emption flag
+      cls.before(signum, frame)
+    if first and not cls.closing:
+      raise KeyboardInterrupt(f'signal {signum}')
 
-def _terminate(signum, frame):
-  del frame
-  raise SystemExit(128 + signum)
+  @classmethod
+  @contextlib.contextmanager
+  def deferred(cls):
+    """Ctrl-C and SIGTERM only remembered (main thread), so that a clean-up runs to its end."""
+    if threading.current_thread() is not threading.main_thread() or cls.closing:
+      yield
+      return
+    cls.closing = True
+    interrupted = []
+    before = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    try:
+      yield
+    finally:
+      signal.signal(signal.SIGINT, before)
+      cls.closing = False
+
+
+def sigterm_received() -> bool:
+  """Whether SIGTERM arrived while a pool was open (since the first of them opened)."""
+  return _StopSignals.sigterm
