@@ -206,7 +206,8 @@ class LanePool:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
       left = None if deadline is None else max(0.0, deadline - time.monotonic())
-      done, _ = cluster.wait(list(watched) + list(self._moves) + list(by_ref), left)
+      refs = dict.fromkeys([*watched, *self._moves, *by_ref])  # a landed move is in two
+      done, _ = cluster.wait(list(refs), left)
       if not done:
         return None
       ref = done[0]
