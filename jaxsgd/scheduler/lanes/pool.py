@@ -26,8 +26,9 @@ started its own Ray cluster shuts it down too (every process of it, at once).
 Signals: while a pool is open, SIGTERM interrupts the driver as Ctrl-C does
 (`KeyboardInterrupt`, the one exception Ray passes through its waits unchanged; a
 `SystemExit` raised inside a Ray wait comes out as exit status 1) and is remembered
-(`sigterm_received()`), so that the caller can exit as a SIGTERM should; a handler
-installed before (a pre-emption flag) is called too. While `close()` runs, further
+(`sigterm_received()`), so that the caller can exit as a SIGTERM should; the handler
+installed before the pool (not the `sys.exit(15)` of `ray.init`) is restored when the
+last pool closes. While `close()` runs, further
 Ctrl-Cs and SIGTERMs are only remembered, so that the clean-up is not cut short.
 """
 
@@ -140,8 +141,9 @@ class LanePool:
     self._moves: dict[Any, tuple[str, Handle]] = {}  # unfinished copies: ref -> (lane, src)
     self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
     self._closed = False
+    before = _StopSignals.current()  # `ray.init` installs a SIGTERM handler of its own
     self._owns_connection = cluster.connect(address)
-    self._signals = _StopSignals.install()
+    self._signals = _StopSignals.install(before)
     try:
       self._actors = {spec.name: cluster.lane_actor(spec, env or {}) for spec in placement.lanes}
       self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
@@ -489,14 +491,21 @@ class _StopSignals:
   sigterm = False  # SIGTERM arrived while a pool was open
   closing = False
 
+  @staticmethod
+  def current():
+    return signal.getsignal(signal.SIGTERM)
+
   @classmethod
-  def install(cls) -> bool:
+  def install(cls, before) -> bool:
+    """Our handler from now on; `before`: the one to restore when the last pool closes
+    (the run's, not the `sys.exit(15)` that `ray.init` installs)."""
     if threading.current_thread() is not threading.main_thread():
       return False
     cls.open_pools += 1
     if cls.open_pools == 1:
       cls.sigterm = False
-      cls.before = signal.signal(signal.SIGTERM, cls._terminate)
+      cls.before = before
+    signal.signal(signal.SIGTERM, cls._terminate)
     return True
 
   @classmethod
@@ -505,14 +514,13 @@ class _StopSignals:
       return
     cls.open_pools -= 1
     if cls.open_pools == 0 and threading.current_thread() is threading.main_thread():
-      signal.signal(signal.SIGTERM, cls.before)
+      signal.signal(signal.SIGTERM, signal.SIG_DFL if cls.before is None else cls.before)
 
   @classmethod
   def _terminate(cls, signum, frame):
+    del frame
     first = not cls.sigterm
     cls.sigterm = True
-    if callable(cls.before):  # e.g. the run's pre-emption flag
-      cls.before(signum, frame)
     if first and not cls.closing:
       raise KeyboardInterrupt(f'signal {signum}')
 
