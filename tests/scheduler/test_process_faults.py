@@ -154,10 +154,10 @@ def test_a_lost_lane_ends_a_training_run_naming_it(fault, head, data_dir, tmp_pa
   assert gone(set(_lane_processes(head)) - before) == []
 
 
-def test_asgd_goes_on_without_a_killed_worker_and_reports_it(head, data_dir, tmp_path):
-  """`tolerate_lost_workers=True`: worker 1 SIGKILLed mid-run is dropped, the server and
-  the other workers train every step, and the summary names the lost worker (when,
-  why); no lane process is left."""
+def test_asgd_goes_on_without_lost_workers_and_reports_them(head, data_dir, tmp_path):
+  """`tolerate_lost_workers=True`, 3 workers: worker 1 SIGKILLed mid-run and worker 2
+  whose 40th backward raises are dropped; the server and worker 0 train every step, and
+  the summary names both losses (which worker, when, why); no lane process is left."""
   before = set(_lane_processes(head))
   driver = Driver(
     tmp_path / 'run',
@@ -166,6 +166,7 @@ def test_asgd_goes_on_without_a_killed_worker_and_reports_it(head, data_dir, tmp
     '--config.train_steps=200',
     '--config.tolerate_lost_workers=True',
     f'--config.cluster_address={head.address}',
+    env={FAULT_VAR: 'worker2:backward:40'},
   )
   driver.wait_for_step(20)
   os.kill(driver.lane_pid('worker1'), signal.SIGKILL)
@@ -174,14 +175,20 @@ def test_asgd_goes_on_without_a_killed_worker_and_reports_it(head, data_dir, tmp
   with open(tmp_path / 'run' / 'summary.json') as f:
     summary = json.load(f)
   assert summary['final']['step'] == 200
-  [lost] = summary['lost_workers']
-  assert (lost['worker'], lost['index']) == ('worker 1', 1)
-  assert "lane 'worker1' on host" in lost['reason'] and 'its process died' in lost['reason']
-  assert lost['lost_at'] > 0 and lost['pushes'] >= 1
-  [lane] = summary['lost_lanes']
-  assert lane['lane'] == 'worker1' and lane['processes'] == ['worker 1']
+  killed, raised = summary['lost_workers']
+  assert (killed['worker'], killed['index'], raised['worker']) == ('worker 1', 1, 'worker 2')
+  assert re.match(r"lane 'worker1' on host \S+: pid \d+: its process died", killed['reason'])
+  assert re.match(
+    r"lane 'worker2' on host \S+: Task\('backward' .* raised: RuntimeError: injected fault",
+    raised['reason'],
+  )
+  assert raised['pushes'] == 40  # the 40th was sent (running ahead) but never arrived
+  assert killed['lost_at'] > 0 and killed['pushes'] >= 1
+  assert [lane['lane'] for lane in summary['lost_lanes']] == ['worker1', 'worker2']
+  assert summary['lost_lanes'][0]['processes'] == ['worker 1']
   pushes = summary['pushes_per_worker']
-  assert pushes['worker 1'] == lost['pushes'] < pushes['worker 0'] + pushes['worker 2']
+  assert pushes['worker 0'] > pushes['worker 1'] + pushes['worker 2']
+  assert sum(pushes.values()) >= 200  # every step applied (pushes past the end dropped)
   assert gone(set(_lane_processes(head)) - before) == []
 
 

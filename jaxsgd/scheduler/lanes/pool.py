@@ -140,6 +140,7 @@ class LanePool:
     self._lock = threading.Lock()
     self._moves: dict[Any, tuple[str, Handle]] = {}  # unfinished copies: ref -> (lane, src)
     self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
+    self._unfinished: dict[Any, Pending] = {}  # tasks started, not yet returned by wait_any
     self._closed = False
     before = _StopSignals.current()  # `ray.init` installs a SIGTERM handler of its own
     self._owns_connection = cluster.connect(address)
@@ -176,7 +177,9 @@ class LanePool:
     key = next(self._keys)
     ref = actor.run.remote(task, sent, key, self._take_freed(lane))
     copies.clear()  # their frees travel with the lane's next call, after this one
-    return Pending(lane, task, ref, key, args, _signature(task, args))
+    pending = Pending(lane, task, ref, key, args, _signature(task, args))
+    self._unfinished[ref] = pending
+    return pending
 
   def early(self, pending: Pending):
     """The handle(s) of `pending` before it finishes, or None if they cannot be known yet.
@@ -224,10 +227,11 @@ class LanePool:
       finished.started = finished.ended = time.time()
       finished.finish()
       return finished
+    self._unfinished.pop(ref, None)
     try:
       outline, finished.started, finished.ended = cluster.get(ref)
     except Exception as error:
-      raise self._error(finished.lane, error, finished.task) from error
+      raise self._error(finished.lane, error, finished.task, key=finished.key) from error
     known = self._outlines.setdefault(finished.signature, outline)
     if known != outline:  # `early` handed out handles of another shape: never expected
       raise LaneError(
@@ -299,6 +303,7 @@ class LanePool:
     del self._actors[lane], self._watch[lane]
     with self._lock:
       self._freed.pop(lane, None)
+    self._unfinished = {r: p for r, p in self._unfinished.items() if p.lane != lane}
     self._moves = {
       ref: (to, source)
       for ref, (to, source) in self._moves.items()
@@ -386,6 +391,8 @@ class LanePool:
     return Ref(leaf.key)
 
   def _check_move(self, ref) -> None:
+    """Raises `LaneError` if the copy `ref` failed, naming what made it fail: a dead
+    lane at either end, or a task that raised first (`_error`); else the receiving lane."""
     lane, source = self._moves.pop(ref)
     try:
       cluster.get(ref)
@@ -452,7 +459,23 @@ class LanePool:
     pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
     raise LaneError(lane, self._host(lane), f'pid {pid}: {message}')
 
-  def _error(self, lane, error, task, host=None) -> LaneError:
+  def _error(self, lane, error, task, host=None, key=None) -> LaneError:
+    """The `LaneError` to raise for `error` (a failed call on `lane`): the failure of an
+    earlier task if one has failed (started before, on a lane still here), which a
+    later call fails of (a value it never made: a copy of it, an update using it);
+    else this one's."""
+    for first in sorted(self._unfinished.values(), key=lambda p: p.key):
+      if (key is not None and first.key >= key) or first.lane not in self._actors:
+        continue
+      if cluster.wait([first.ref], 0)[0]:
+        try:
+          cluster.get(first.ref)
+        except Exception as cause:  # the root cause; the executor sees it as this task's
+          self._unfinished.pop(first.ref, None)
+          return self._describe(first.lane, cause, first.task, None)
+    return self._describe(lane, error, task, host)
+
+  def _describe(self, lane, error, task, host) -> LaneError:
     what = (
       'call failed' if task is None else (task if isinstance(task, str) else f'{task!r} raised')
     )
