@@ -146,7 +146,7 @@ def describe(error: BaseException) -> str:
     cause = error.cause if error.cause is not None else error
     text = f'{type(cause).__name__}: {cause}'
   elif isinstance(error, ray.exceptions.ActorDiedError):
-    text = 'the process died (killed, or crashed)'
+    text = 'killed, or crashed'
   else:
     text = f'{type(error).__name__}: {error}'
   lines = text.strip().splitlines()

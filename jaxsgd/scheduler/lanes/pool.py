@@ -476,6 +476,13 @@ class LanePool:
     return self._describe(lane, error, task, host)
 
   def _describe(self, lane, error, task, host) -> LaneError:
+    if isinstance(task, Task) and cluster.is_death(error):  # the lane died under the task
+      pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
+      return LaneError(
+        lane,
+        host or self._host(lane),
+        f'pid {pid}: its process died ({cluster.describe(error)}) while running {task!r}.',
+      )
     what = (
       'call failed' if task is None else (task if isinstance(task, str) else f'{task!r} raised')
     )
