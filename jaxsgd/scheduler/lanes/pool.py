@@ -28,8 +28,8 @@ Signals: while a pool is open, SIGTERM interrupts the driver as Ctrl-C does
 `SystemExit` raised inside a Ray wait comes out as exit status 1) and is remembered
 (`sigterm_received()`), so that the caller can exit as a SIGTERM should; the handler
 installed before the pool (not the `sys.exit(15)` of `ray.init`) is restored when the
-last pool closes. While `close()` runs, further
-Ctrl-Cs and SIGTERMs are only remembered, so that the clean-up is not cut short.
+last pool closes. While `close()` runs, further Ctrl-Cs and SIGTERMs are only
+remembered, so that the clean-up is not cut short.
 """
 
 import contextlib
