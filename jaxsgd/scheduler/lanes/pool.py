@@ -100,6 +100,7 @@ class Pending:
   args: tuple  # keeps the argument handles alive until the task finished
   signature: Hashable = None  # the task and its arguments' shapes: keys `early` results
   source: str | None = None  # a move's (`move(..., landed=True)`): the lane it copies from
+  copies: tuple = ()  # and its copies (refs), the last one `ref`
   done: bool = False
   started: float | None = None
   ended: float | None = None
@@ -222,8 +223,10 @@ class LanePool:
         break
       self._check_move(ref)
     finished = by_ref[ref]
-    if finished.source is not None:  # a move: landed, or failed (naming a dead source)
-      self._check_move(ref)
+    if finished.source is not None:  # a move: landed, or failed (naming what failed)
+      for copy in finished.copies:  # all done: the last one is (one lane's calls in order)
+        if copy in self._moves:
+          self._check_move(copy)
       finished.started = finished.ended = time.time()
       finished.finish()
       return finished
@@ -287,9 +290,10 @@ class LanePool:
     if not refs:
       raise ValueError(f'LanePool.move(landed=True): nothing to move to {lane!r} in {value!r}.')
     sources = {self._moves[ref][1].lane for ref in refs}
-    # Copies to one lane run in the order sent: the last one landing means all have.
+    # Copies to one lane run in the order sent: when the last is done, all are (each
+    # may have failed: `wait_any` checks them all).
     pending = Pending(lane, f'move from {", ".join(sorted(sources))}', refs[-1], -1, ())
-    pending.source, pending._result = min(sources), moved
+    pending.source, pending.copies, pending._result = min(sources), tuple(refs), moved
     return moved, pending
 
   def remove(self, lane: str) -> None:
