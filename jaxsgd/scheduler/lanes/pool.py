@@ -139,7 +139,8 @@ class LanePool:
     self._keys = itertools.count()
     self._freed: dict[str, list] = {name: [] for name in placement.names}
     self._lock = threading.Lock()
-    self._moves: dict[Any, tuple[str, Handle]] = {}  # unfinished copies: ref -> (lane, src)
+    # unfinished copies: ref -> (lane, source handle, its key's order among the calls)
+    self._moves: dict[Any, tuple[str, Handle, int]] = {}
     self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
     self._unfinished: dict[Any, Pending] = {}  # tasks started, not yet returned by wait_any
     self._closed = False
@@ -309,8 +310,8 @@ class LanePool:
       self._freed.pop(lane, None)
     self._unfinished = {r: p for r, p in self._unfinished.items() if p.lane != lane}
     self._moves = {
-      ref: (to, source)
-      for ref, (to, source) in self._moves.items()
+      ref: (to, source, order)
+      for ref, (to, source, order) in self._moves.items()
       if lane not in (to, source.lane)
     }
 
@@ -321,7 +322,7 @@ class LanePool:
     exported = source.export.remote(handle.key, self._take_freed(handle.lane))
     key = (next(self._keys), ())
     adopted = target.adopt.remote(exported, key, self._take_freed(lane))
-    self._moves[adopted] = (lane, handle)
+    self._moves[adopted] = (lane, handle, key[0])
     if refs is not None:
       refs.append(adopted)
     return Handle(self, lane, key, handle.nbytes, handle.description)
@@ -397,14 +398,14 @@ class LanePool:
   def _check_move(self, ref) -> None:
     """Raises `LaneError` if the copy `ref` failed, naming what made it fail: a dead
     lane at either end, or a task that raised first (`_error`); else the receiving lane."""
-    lane, source = self._moves.pop(ref)
+    lane, source, order = self._moves.pop(ref)
     try:
       cluster.get(ref)
     except Exception as error:
       dead = self._dead_end(lane, source.lane) if cluster.is_death(error) else None
       if dead is not None:  # the copy failed because one end's process is gone
         self._raise_dead(dead)
-      raise self._error(lane, error, f'moving {source!r} to it') from error
+      raise self._error(lane, error, f'moving {source!r} to it', key=order) from error
 
   def _dead_end(self, *lanes: str, within: float = 2.0) -> str | None:
     """The first of `lanes` whose process is found dead within `within` seconds (a
@@ -465,18 +466,22 @@ class LanePool:
 
   def _error(self, lane, error, task, host=None, key=None) -> LaneError:
     """The `LaneError` to raise for `error` (a failed call on `lane`): the failure of an
-    earlier task if one has failed (started before, on a lane still here), which a
-    later call fails of (a value it never made: a copy of it, an update using it);
-    else this one's."""
-    for first in sorted(self._unfinished.values(), key=lambda p: p.key):
-      if (key is not None and first.key >= key) or first.lane not in self._actors:
-        continue
-      if cluster.wait([first.ref], 0)[0]:
+    earlier task on another lane if one has failed (started before, on a lane still
+    here), which a later call fails of (a value it never made: a copy of it, an update
+    using it); else this one's. (A failed task on the same lane is reported first by
+    itself: a lane runs its calls in order.)"""
+    failed = []  # tasks that failed by now, in the order they were started
+    for other in sorted(self._unfinished.values(), key=lambda p: p.key):
+      if other.lane != lane and other.lane in self._actors and cluster.wait([other.ref], 0)[0]:
         try:
-          cluster.get(first.ref)
-        except Exception as cause:  # the root cause; the executor sees it as this task's
-          self._unfinished.pop(first.ref, None)
-          return self._describe(first.lane, cause, first.task, None)
+          cluster.get(other.ref)
+        except Exception as cause:
+          failed.append((other, cause))
+    for other, _ in failed:  # accounted for by this error: never blamed again
+      self._unfinished.pop(other.ref, None)
+    if failed and (key is None or failed[0][0].key < key):  # the root cause
+      other, cause = failed[0]
+      return self._describe(other.lane, cause, other.task, None)
     return self._describe(lane, error, task, host)
 
   def _describe(self, lane, error, task, host) -> LaneError:
