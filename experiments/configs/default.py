@@ -38,6 +38,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.clock = 'real'
   config.executor = 'in_process'  # 'processes': each lane an OS process (docs/engine.md)
   config.cluster_address = placeholder(str)  # processes: 'host:port' of a Ray cluster
+  config.tolerate_lost_workers = False  # processes, asgd/dcasgd: go on without a lost worker
   config.target_accuracy = placeholder(float)
   config.tensorboard = False
   config.placement = from_settings(PlacementSettings())

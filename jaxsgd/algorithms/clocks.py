@@ -148,7 +148,10 @@ def make_executor(
 
     lanes = shared.placement.lanes
     placement = None if lanes is None else LanePlacement.parse(lanes)
-    return ProcessExecutor(placement, address=shared.cluster_address), {}
+    executor = ProcessExecutor(
+      placement, address=shared.cluster_address, tolerate_lost=shared.tolerate_lost_workers
+    )
+    return executor, {}
   if not shared.virtual:
     return RealExecutor(threads=threads), {}
   table = task_costs(shared, tasks, kinds, num_stages)

@@ -10,7 +10,9 @@ The shared fields:
 
     train_steps, batch_size, seed, clock ('real' | 'virtual'), stages, workers
     executor ('in_process' | 'processes': the real clock's lanes in this process, or
-      each in an OS process of its own, `scheduler/process.py`), cluster_address
+      each in an OS process of its own, `scheduler/process.py`), cluster_address,
+      tolerate_lost_workers (processes, asgd/dcasgd: a worker whose lane process dies
+      or raises is dropped and the run goes on; False: it stops the run)
     checkpoint_every (0: no periodic checkpoints)
     optimizer.{name, learning_rate, schedule, weight_decay, kwargs}  -> OptimizerSettings
     cost.{...}                                                       -> CostSettings
@@ -35,6 +37,10 @@ CLOCKS = ('real', 'virtual')
 # Where the real clock runs its lanes: devices of this process, or an OS process per lane.
 EXECUTORS = ('in_process', 'processes')
 KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
+
+# The algorithms whose runs can go on without a lost worker (`tolerate_lost_workers`):
+# their worker processes declare what replaces them (`core.Process.on_lost`).
+TOLERATE_LOST_WORKERS = ('asgd', 'dcasgd')
 
 # Fields that were renamed: the old name is refused with the new one.
 RENAMED = {
@@ -421,6 +427,7 @@ class SharedSettings:
   executor: str = 'in_process'  # the real clock: 'in_process' or 'processes'
   cluster_address: str | None = None  # processes: a Ray cluster (None: start one here)
   checkpoint_every: int = 0  # steps between checkpoints (0: none but the one SIGTERM asks for)
+  tolerate_lost_workers: bool = False  # processes: a lost worker's lane is dropped, run goes on
 
   @property
   def virtual(self) -> bool:
@@ -446,6 +453,7 @@ def shared_settings(config) -> SharedSettings:
     )
   _check_placement_for(executor, dict(config.get('placement') or {}))
   placement = placement_settings(config.get('placement'), stages)
+  tolerate = tolerate_lost_workers(config, executor)
   return SharedSettings(
     train_steps=integer(config.train_steps, 'train_steps'),
     batch_size=integer(config.batch_size, 'batch_size'),
@@ -460,6 +468,7 @@ def shared_settings(config) -> SharedSettings:
     executor=executor,
     cluster_address=address,
     checkpoint_every=integer(config.get('checkpoint_every', 0), 'checkpoint_every', minimum=0),
+    tolerate_lost_workers=tolerate,
   )
 
 
@@ -477,6 +486,26 @@ def _check_placement_for(executor: str, placement: dict) -> None:
     raise ValueError(
       f"placement.lanes: places lane processes; it needs executor='processes' (got {executor!r})."
     )
+
+
+def tolerate_lost_workers(config, executor: str) -> bool:
+  """`tolerate_lost_workers`, refused where a lost worker cannot be survived."""
+  tolerate = boolean(config.get('tolerate_lost_workers', False), 'tolerate_lost_workers')
+  if not tolerate:
+    return False
+  name = config.algorithm.name
+  if name not in TOLERATE_LOST_WORKERS:
+    raise ValueError(
+      f'tolerate_lost_workers: {name} cannot go on without a lost worker (its lanes '
+      f'all depend on each other); only {", ".join(TOLERATE_LOST_WORKERS)} can. '
+      'Leave it False.'
+    )
+  if executor != 'processes':
+    raise ValueError(
+      "tolerate_lost_workers: needs executor='processes' (a worker is lost when its "
+      'lane process dies or raises); on the virtual clock, cost.failures stops workers.'
+    )
+  return True
 
 
 def _profile_cache(data_dir) -> str:

@@ -263,13 +263,20 @@ def run_reporter(
 
 
 class WorkerLog:
-  """When workers fail (`cost.failures`) and when each pushed its updates."""
+  """When workers fail (`cost.failures`) or are lost (their lane process died or raised,
+  `tolerate_lost_workers`), and when each pushed its updates."""
 
   def __init__(self, names: Sequence[str], failures: dict[int, float], now: Callable[[], float]):
     self.names, self.failures, self.now = list(names), dict(failures), now
     self.failed: dict[int, float] = {}  # worker -> when it noticed
+    self.lost: dict[int, tuple[float, str]] = {}  # worker -> (when, why)
     self.pushes: list[list[float]] = [[] for _ in names]
     self._lock = threading.Lock()
+
+  def lose(self, worker: int, reason: str) -> None:
+    """`worker`'s lane was lost (`reason`: which lane, on which host, what happened)."""
+    with self._lock:
+      self.lost.setdefault(worker, (self.now(), reason))
 
   def has_failed(self, worker: int) -> bool:
     """Whether `worker`'s failure time has come (recorded the first time it has)."""
@@ -308,6 +315,17 @@ class WorkerLog:
           'last_push': max(self.pushes[m], default=None),
         }
         for m, at in sorted(self.failed.items())
+      ],
+      'lost_workers': [
+        {
+          'worker': self.names[m],
+          'index': m,
+          'lost_at': at,
+          'reason': reason,
+          'pushes': len(self.pushes[m]),
+          'last_push': max(self.pushes[m], default=None),
+        }
+        for m, (at, reason) in sorted(self.lost.items())
       ],
       'pushes_per_worker': {self.names[m]: len(p) for m, p in enumerate(self.pushes)},
     }

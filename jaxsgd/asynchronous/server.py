@@ -304,14 +304,18 @@ class AsgdSession:
     ]
 
   def processes(self) -> list[Process]:
-    """The server and the workers, resumable: their loop variables are `LoopState`s."""
+    """The server and the workers, resumable: their loop variables are `LoopState`s. A
+    worker's loss can be survived (`on_lost`, with `tolerate_lost_workers`)."""
     server = LoopState(first=0, live=list(range(self.num_workers)), push=None, call=None, stop=0)
-    return [Process.resumable('server', 0, self._server, server)] + [
+    workers = [
       Process.resumable(
         f'worker {m}', 1 + m, functools.partial(self._worker, m), LoopState(k=0, failed=False)
       )
       for m in range(self.num_workers)
     ]
+    for m, worker in enumerate(workers):
+      worker.on_lost = functools.partial(self._lost, m)
+    return [Process.resumable('server', 0, self._server, server)] + workers
 
   # --- the processes (see the module docstring) ------------------------------------------------
   # Their variables live in `s` and every yield is a phase (`LoopState.enter`), so that a
@@ -327,8 +331,8 @@ class AsgdSession:
           s.live.remove(message.worker)
           if not s.live:
             raise common.WorkersFailedError(
-              f'asgd: every worker failed (cost.failures) after {self.steps.applied} of '
-              f'{self.steps.steps} steps.'
+              f'asgd: every worker failed (cost.failures) or was lost after '
+              f'{self.steps.applied} of {self.steps.steps} steps.'
             )
           continue
         s.push = message
@@ -424,6 +428,12 @@ class AsgdSession:
     self.steps.load(saved['steps'])
     self.log.load(saved['log'])
 
+  def _lost(self, m: int, reason: str):
+    """Worker m's lane was lost (`ProcessExecutor(tolerate_lost=True)`): the server goes
+    on with the others, as after a failure (`cost.failures`)."""
+    self.log.lose(m, reason)
+    yield Put(self.inbox, WorkerFailed(m))
+
   # --- what the run reports ----------------------------------------------------------------------
   def variables(self):
     fetch = self.fetch  # values in lane processes come to the driver (`Executor.fetch`)
@@ -440,4 +450,5 @@ class AsgdSession:
     return {
       **common.staleness_metrics(self.staleness(), 'worker'),
       'failed_workers': len(self.log.failed),
+      'lost_workers': len(self.log.lost),
     }

@@ -196,6 +196,12 @@ class Process:
   A resumable process (`Process.resumable`) also has its `state` (a `LoopState`) and
   the `start` that makes its program from a state, so that a checkpoint can save it
   and a resumed run start it again where it was.
+
+  `on_lost`: a process whose loss the run can survive (an asynchronous worker). An
+  executor that tolerates lost lanes (`ProcessExecutor(tolerate_lost=True)`), when
+  this process's lane dies or raises, closes the process and runs
+  `on_lost(reason)` in its place: a generator that tells the others (`Put`s,
+  no `Compute`: its lane is gone). None: losing the lane stops the run.
   """
 
   name: str
@@ -203,6 +209,7 @@ class Process:
   program: Generator[Op, Any, None]
   done: bool = False
   waiting_on: Channel | None = None  # set while blocked in Get
+  on_lost: Callable[[str], Generator[Op, Any, None]] | None = None
   state: LoopState | None = None
   start: Callable[[LoopState], Generator[Op, Any, None]] | None = None
 

@@ -29,18 +29,34 @@ lane computes — as the in-process real clock goes on while its devices compute
 Faults: a task that raises, or a lane process that dies (SIGKILL), raises `LaneError`
 naming the lane and its host from the executor's wait (within ~25 ms of the death);
 the run stops, every process is closed and every lane process ended.
+
+Lost workers (`tolerate_lost=True`): a lane whose every process has an `on_lost`
+(`core.Process`: asynchronous workers) may be lost instead. When it dies or a task of
+it raises, its process is ended (`LanePool.remove`), what was pending on it or being
+copied from it is dropped, its processes are closed and each `on_lost(reason)` runs in
+its place (an ASGD worker's tells the server to stop waiting for it); messages sent to
+it later are dropped. Messages from such a lane are delivered only once their copy has
+landed (`LanePool.move(landed=True)`), so a loss never leaves half a message. Each loss
+is in `lost` (lane, host, when, why). Any other lane's failure still stops the run.
+
+Signals: Ctrl-C or SIGTERM of the driver ends the run and every lane process (and the
+Ray cluster the run started) within seconds; after SIGTERM `run` raises
+`errors.Preempted` (the binary exits with 143: these runs keep no checkpoint).
 """
 
 import collections
+import dataclasses
+import logging
 import re
 import time
 
 import jax
 import numpy as np
 
-from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process
+from jaxsgd.errors import Preempted
+from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process, Send
 from jaxsgd.scheduler.executor import Executor
-from jaxsgd.scheduler.lanes import Handle, LanePlacement, LanePool
+from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, sigterm_received
 from jaxsgd.scheduler.tasks import Task
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 
@@ -57,6 +73,9 @@ class ProcessExecutor(Executor):
     run_ahead: resume a process with a task's handles before the task ends when they
       are known (`LanePool.early`).
     verbose: print the placement (lane, host, pid, cores, device) when the lanes start.
+    tolerate_lost: a lane whose processes all have `on_lost` (asynchronous workers)
+      may be lost without stopping the run (module docstring); False: any lost lane
+      stops it.
   """
 
   clock = 'real (processes)'
@@ -69,12 +88,14 @@ class ProcessExecutor(Executor):
     pool: LanePool | None = None,
     run_ahead: bool = True,
     verbose: bool = True,
+    tolerate_lost: bool = False,
   ):
     self.placement, self.address, self.pool = placement, address, pool
     self._owns_pool = pool is None
-    self.run_ahead, self.verbose = run_ahead, verbose
+    self.run_ahead, self.verbose, self.tolerate_lost = run_ahead, verbose, tolerate_lost
     self.dispatch_seconds = 0.0  # host time spent starting tasks (for benchmarks)
     self.dispatched = 0
+    self.lost: list[LostLane] = []
 
   # --- the lanes ---------------------------------------------------------------------------
   def run(self, cluster: Cluster, processes: list[Process]) -> Timeline:
@@ -82,8 +103,13 @@ class ProcessExecutor(Executor):
     try:
       self._lane_names = self._map_lanes(cluster)
       return super().run(cluster, processes)
-    except BaseException:
+    except BaseException as error:
       self.close()
+      if isinstance(error, KeyboardInterrupt) and sigterm_received():
+        raise Preempted(
+          'SIGTERM: stopped; every lane process was ended. Runs on lane processes '
+          'write no checkpoints, so running the command again starts over.'
+        ) from None
       raise
 
   def close(self) -> None:
@@ -116,6 +142,17 @@ class ProcessExecutor(Executor):
     self._ready = collections.deque()
     self._pending = {}
     self._resumed = set()
+    self.lost = []
+    self._lost_lanes: set[int] = set()
+    self._lanes_by_name = {name: i for i, name in self._lane_names.items()}
+    lanes = collections.defaultdict(list)
+    for process in self.processes:
+      lanes[process.lane].append(process)
+    self._expendable = {
+      lane
+      for lane, processes in lanes.items()
+      if self.tolerate_lost and all(p.on_lost is not None for p in processes)
+    }
 
   def execute(self) -> None:
     self._ready.extend((p, None) for p in self.processes)
@@ -124,7 +161,11 @@ class ProcessExecutor(Executor):
         self.advance(*self._ready.popleft())
       if not self._pending:
         return
-      finished = self.pool.wait_any(list(self._pending))  # LaneError stops the run
+      try:
+        finished = self.pool.wait_any(list(self._pending))
+      except LaneError as error:
+        self._lose(error)  # a lost worker, tolerated; else it stops the run
+        continue
       process, lane, op = self._pending.pop(finished)
       self.record(
         TaskRecord(
@@ -141,10 +182,17 @@ class ProcessExecutor(Executor):
 
   def start_task(self, process: Process, lane: int, op: Compute) -> None:
     spec = self.cluster.lanes[lane]
+    if lane in self._lost_lanes:
+      raise RuntimeError(f'{process.name}: yielded a Compute on a lost lane ({spec.name}).')
     if spec.link is not None:  # a Send's copy: lane to lane, not through the driver
       value, channel = op.args
+      target = self._lane_names[channel.lane]
+      if spec.link[0] in self._expendable:  # delivered once it has all landed
+        _, landed = self.pool.move(value, target, landed=True)
+        self._pending[landed] = (process, lane, op)
+        return
       start = self.now()
-      moved = self.pool.move(value, self._lane_names[channel.lane])
+      moved = self.pool.move(value, target)
       self.record(TaskRecord(lane, op.kind, start, self.now(), op.stage, op.batch))
       self.resume(process, moved)
       return
@@ -162,6 +210,50 @@ class ProcessExecutor(Executor):
     if early is not None:  # the process goes on; the lane computes meanwhile
       self._resumed.add(pending)
       self.task_finished(process, _driver_view(early))
+
+  def send(self, process: Process, op: Send) -> None:
+    if op.channel.lane in self._lost_lanes:
+      return  # nobody is left to read it
+    super().send(process, op)
+
+  # --- lost workers -----------------------------------------------------------------------
+  def _lose(self, error: LaneError) -> None:
+    """Drops the lane `error` names if its loss is tolerated (module docstring); else
+    raises `error`."""
+    lane = self._lanes_by_name.get(error.lane)
+    if lane not in self._expendable:
+      raise error
+    self._expendable.discard(lane)
+    self._lost_lanes.add(lane)
+    self.pool.remove(error.lane)
+    reason = str(error)
+    closed = []
+    for pending, (process, _, _) in list(self._pending.items()):
+      if error.lane in (pending.lane, pending.source):  # its tasks; copies from it
+        del self._pending[pending]
+        self._resumed.discard(pending)
+        if process.lane != lane:  # a transfer process on a link from it
+          self._end(process)
+    for process, _ in list(self._ready):  # copies from or to it, not started yet
+      link = self.cluster.lanes[process.lane].link
+      if link is not None and lane in link:
+        self._end(process)
+    for process in self.processes:
+      if process.lane == lane and not process.done:
+        self._end(process)
+        closed.append(process.name)
+        process.program, process.done = process.on_lost(reason), False
+        self._ready.append((process, None))
+    self.lost.append(LostLane(error.lane, error.host, self.now(), reason, tuple(closed)))
+    logging.warning('%s; the run goes on without it (a lost worker is tolerated).', reason)
+
+  def _end(self, process: Process) -> None:
+    """Closes `process` wherever it is: waiting on a channel, or ready to go on."""
+    if process.waiting_on is not None:
+      process.waiting_on.waiters.remove(process)
+      process.waiting_on = None
+    self._ready = collections.deque((p, v) for p, v in self._ready if p is not process)
+    process.close()
 
   def needs_transfer(self, value, channel: Channel) -> bool:
     target = self._lane_names[channel.lane]
@@ -182,6 +274,18 @@ class ProcessExecutor(Executor):
   def deferred(self, value):
     """A lane's scalar as an array-like fetched when first read (for `Run.report`)."""
     return LaneValue(self, value) if isinstance(value, Handle) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class LostLane:
+  """A lane lost during a run whose loss was tolerated: which, where, when (seconds
+  since the start), why, and the processes it ran."""
+
+  lane: str
+  host: str
+  at: float
+  reason: str
+  processes: tuple[str, ...]
 
 
 class LaneValue:

@@ -33,6 +33,7 @@ FIELDS = (
   'clock',
   'executor',
   'cluster_address',
+  'tolerate_lost_workers',
   'target_accuracy',
   'tensorboard',
   'placement',

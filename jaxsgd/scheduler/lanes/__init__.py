@@ -7,6 +7,14 @@ inside a lane process. See docs/engine.md.
 """
 
 from jaxsgd.scheduler.lanes.placement import LanePlacement, LaneSpec
-from jaxsgd.scheduler.lanes.pool import Handle, LaneError, LanePool, Pending
+from jaxsgd.scheduler.lanes.pool import Handle, LaneError, LanePool, Pending, sigterm_received
 
-__all__ = ('Handle', 'LaneError', 'LanePlacement', 'LanePool', 'LaneSpec', 'Pending')
+__all__ = (
+  'Handle',
+  'LaneError',
+  'LanePlacement',
+  'LanePool',
+  'LaneSpec',
+  'Pending',
+  'sigterm_received',
+)

@@ -5,6 +5,11 @@ A cluster is either started for the run on this machine (`connect(None)`, offlin
 no dashboard, no usage statistics, a temporary directory of its own) or joined at an
 address (`connect('10.0.0.1:6379')`, the several-host case; see docs/engine.md for the
 `ray start` commands).
+
+Stopping a cluster started here is fast and complete: Ray's own `shutdown` stops its
+processes one at a time, giving each up to a second, so `shutdown` first kills the lane
+and worker processes and Ray's helpers all at once, lets Ray stop its GCS and raylet,
+and kills whatever of the cluster is still alive after that (found by its directory).
 """
 
 import os
@@ -14,11 +19,12 @@ import tempfile
 
 os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
 
+import psutil
 import ray
 from ray.util import scheduling_strategies
 
 from jaxsgd.scheduler.lanes.placement import LaneSpec
-from jaxsgd.scheduler.lanes.runtime import LaneRuntime
+from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, LaneRuntime
 
 WATCH_GROUP = 'watch'
 _STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
@@ -44,16 +50,62 @@ def connect(address: str | None) -> bool:
 
 
 def shutdown() -> None:
-  """Disconnects; stops the cluster (and removes its logs) if `connect` started it."""
-  ray.shutdown()
+  """Disconnects; stops the cluster (and removes its logs) if `connect` started it.
+
+  Every process of a cluster started here is gone when this returns (within ~1 s):
+  its workers (the lanes) and helpers are killed at once, Ray stops its GCS and
+  raylet, and any process of the cluster still alive is killed.
+  """
   temp_dir = _STARTED_HERE.pop('temp_dir', None)
-  if temp_dir is not None:
-    shutil.rmtree(temp_dir, ignore_errors=True)
+  if temp_dir is None:
+    ray.shutdown()
+    return
+  started = cluster_processes(temp_dir)
+  _kill([p for p in started if _name(p) not in _STOPPED_BY_RAY])
+  ray.shutdown()
+  _kill(started)
+  shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# Ray's own shutdown stops these (the others would each cost it up to 1 s).
+_STOPPED_BY_RAY = ('gcs_server', 'raylet')
+
+
+def cluster_processes(temp_dir: str) -> list[psutil.Process]:
+  """Every process of the cluster this process started in `temp_dir`: Ray's own
+  (GCS, raylet, monitors; their command lines name the directory) and all they
+  started (workers, lanes, agents)."""
+  found = []
+  for child in psutil.Process().children():
+    try:
+      if temp_dir in ' '.join(child.cmdline()):
+        found += [child, *child.children(recursive=True)]
+    except psutil.Error:  # ended meanwhile
+      pass
+  return found
+
+
+def _name(process: psutil.Process) -> str:
+  try:
+    return process.name()
+  except psutil.Error:
+    return ''
+
+
+def _kill(processes: list[psutil.Process], timeout: float = 3.0) -> None:
+  """SIGKILLs `processes` all at once and waits (up to `timeout`) until they are gone."""
+  for process in processes:
+    try:
+      process.kill()
+    except psutil.Error:
+      pass
+  psutil.wait_procs(processes, timeout=timeout)
 
 
 def lane_actor(spec: LaneSpec, env: dict[str, str]):
   """A Ray actor running `LaneRuntime` in a process of its own, on `spec.host`."""
-  variables = {**_code_path(), **spec.environment(), **env}
+  hook = {FAULT_VAR: os.environ[FAULT_VAR]} if FAULT_VAR in os.environ else {}  # tests only
+  variables = {**_code_path(), **hook, **spec.environment(), **env}
   options = dict(
     num_cpus=0,
     num_gpus=1 if spec.gpu else 0,
@@ -94,11 +146,24 @@ def describe(error: BaseException) -> str:
     cause = error.cause if error.cause is not None else error
     text = f'{type(cause).__name__}: {cause}'
   elif isinstance(error, ray.exceptions.ActorDiedError):
-    text = 'the process died (killed, or crashed)'
+    text = 'killed, or crashed'
   else:
     text = f'{type(error).__name__}: {error}'
   lines = text.strip().splitlines()
   return lines[0] if len(lines) == 1 else lines[0] + ' ...'
+
+
+def is_death(error: BaseException) -> bool:
+  """Whether a failed call failed because a process died (an actor, or the owner of an
+  object it needed), rather than because a task raised."""
+  cause = error
+  while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
+    if cause.cause is cause:
+      break
+    cause = cause.cause
+  return isinstance(cause, ray.exceptions.RayError) and not isinstance(
+    cause, ray.exceptions.RayTaskError
+  )
 
 
 def _node_id(spec: LaneSpec) -> str:

@@ -19,11 +19,20 @@ a task started right after a move (or after a task that made its argument) sees 
 
 Faults: `wait_any` raises `LaneError` naming the lane and its host when a task raises
 in a lane or a lane's process dies (it watches every lane, not only those it waits
-on). `close()` ends every lane process; it runs on leaving the `with` block, on
-Ctrl-C and on SIGTERM (turned into `SystemExit` while a pool is open); a pool that
-started its own Ray cluster shuts it down too.
+on). `remove(lane)` drops a lost lane so that the others carry on. `close()` ends every
+lane process; it runs on leaving the `with` block, on Ctrl-C and on SIGTERM; a pool that
+started its own Ray cluster shuts it down too (every process of it, at once).
+
+Signals: while a pool is open, SIGTERM interrupts the driver as Ctrl-C does
+(`KeyboardInterrupt`, the one exception Ray passes through its waits unchanged; a
+`SystemExit` raised inside a Ray wait comes out as exit status 1) and is remembered
+(`sigterm_received()`), so that the caller can exit as a SIGTERM should; the handler
+installed before the pool (not the `sys.exit(15)` of `ray.init`) is restored when the
+last pool closes. While `close()` runs, further Ctrl-Cs and SIGTERMs are only
+remembered, so that the clean-up is not cut short.
 """
 
+import contextlib
 import dataclasses
 import itertools
 import signal
@@ -90,6 +99,8 @@ class Pending:
   key: int
   args: tuple  # keeps the argument handles alive until the task finished
   signature: Hashable = None  # the task and its arguments' shapes: keys `early` results
+  source: str | None = None  # a move's (`move(..., landed=True)`): the lane it copies from
+  copies: tuple = ()  # and its copies (refs), the last one `ref`
   done: bool = False
   started: float | None = None
   ended: float | None = None
@@ -128,11 +139,14 @@ class LanePool:
     self._keys = itertools.count()
     self._freed: dict[str, list] = {name: [] for name in placement.names}
     self._lock = threading.Lock()
-    self._moves: dict[Any, tuple[str, Handle]] = {}  # unfinished copies: ref -> (lane, src)
+    # unfinished copies: ref -> (lane, source handle, its key's order among the calls)
+    self._moves: dict[Any, tuple[str, Handle, int]] = {}
     self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
+    self._unfinished: dict[Any, Pending] = {}  # tasks started, not yet returned by wait_any
     self._closed = False
+    before = _StopSignals.current()  # `ray.init` installs a SIGTERM handler of its own
     self._owns_connection = cluster.connect(address)
-    self._signals = _SigtermGuard.install()
+    self._signals = _StopSignals.install(before)
     try:
       self._actors = {spec.name: cluster.lane_actor(spec, env or {}) for spec in placement.lanes}
       self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
@@ -165,7 +179,9 @@ class LanePool:
     key = next(self._keys)
     ref = actor.run.remote(task, sent, key, self._take_freed(lane))
     copies.clear()  # their frees travel with the lane's next call, after this one
-    return Pending(lane, task, ref, key, args, _signature(task, args))
+    pending = Pending(lane, task, ref, key, args, _signature(task, args))
+    self._unfinished[ref] = pending
+    return pending
 
   def early(self, pending: Pending):
     """The handle(s) of `pending` before it finishes, or None if they cannot be known yet.
@@ -197,7 +213,8 @@ class LanePool:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
       left = None if deadline is None else max(0.0, deadline - time.monotonic())
-      done, _ = cluster.wait(list(watched) + list(self._moves) + list(by_ref), left)
+      refs = dict.fromkeys([*watched, *self._moves, *by_ref])  # a landed move is in two
+      done, _ = cluster.wait(list(refs), left)
       if not done:
         return None
       ref = done[0]
@@ -207,10 +224,18 @@ class LanePool:
         break
       self._check_move(ref)
     finished = by_ref[ref]
+    if finished.source is not None:  # a move: landed, or failed (naming what failed)
+      for copy in finished.copies:  # all done: the last one is (one lane's calls in order)
+        if copy in self._moves:
+          self._check_move(copy)
+      finished.started = finished.ended = time.time()
+      finished.finish()
+      return finished
+    self._unfinished.pop(ref, None)
     try:
       outline, finished.started, finished.ended = cluster.get(ref)
     except Exception as error:
-      raise self._error(finished.lane, error, finished.task) from error
+      raise self._error(finished.lane, error, finished.task, key=finished.key) from error
     known = self._outlines.setdefault(finished.signature, outline)
     if known != outline:  # `early` handed out handles of another shape: never expected
       raise LaneError(
@@ -243,18 +268,34 @@ class LanePool:
     ref = self._actor(handle.lane).fetch.remote(handle.key, self._take_freed(handle.lane))
     return self._get(handle.lane, ref)
 
-  def move(self, value, lane: str):
+  def move(self, value, lane: str, *, landed: bool = False):
     """`value` with every handle in it replaced by a handle to a copy on `lane`.
 
     The copy goes lane to lane (through Ray's object store), not through the driver.
     Returns at once: the copy is made in `lane`'s order of calls, so a task started
     there afterwards sees it; a failed copy raises `LaneError` from `wait_any`.
+
+    `landed=True` (a value from a lane that may be lost) returns `(copy, Pending)`
+    instead; `wait_any` returns the `Pending` once every copy is on `lane` (its
+    `result()` is the copy), or raises `LaneError` naming the source lane if that
+    lane's process died first. Delivered only then, a message is never half there.
     """
-    return jax.tree.map(
-      lambda leaf: self._move(leaf, lane) if isinstance(leaf, Handle) else leaf,
+    refs = []
+    moved = jax.tree.map(
+      lambda leaf: self._move(leaf, lane, refs) if isinstance(leaf, Handle) else leaf,
       value,
       is_leaf=lambda x: isinstance(x, Handle),
     )
+    if not landed:
+      return moved
+    if not refs:
+      raise ValueError(f'LanePool.move(landed=True): nothing to move to {lane!r} in {value!r}.')
+    sources = {self._moves[ref][1].lane for ref in refs}
+    # Copies to one lane run in the order sent: when the last is done, all are (each
+    # may have failed: `wait_any` checks them all).
+    pending = Pending(lane, f'move from {", ".join(sorted(sources))}', refs[-1], -1, ())
+    pending.source, pending.copies, pending._result = min(sources), tuple(refs), moved
+    return moved, pending
 
   def remove(self, lane: str) -> None:
     """Ends `lane`'s process (if still alive) and stops watching it.
@@ -265,20 +306,25 @@ class LanePool:
     actor = self._actor(lane)
     cluster.kill(actor)
     del self._actors[lane], self._watch[lane]
+    with self._lock:
+      self._freed.pop(lane, None)
+    self._unfinished = {r: p for r, p in self._unfinished.items() if p.lane != lane}
     self._moves = {
-      ref: (to, source)
-      for ref, (to, source) in self._moves.items()
+      ref: (to, source, order)
+      for ref, (to, source, order) in self._moves.items()
       if lane not in (to, source.lane)
     }
 
-  def _move(self, handle: Handle, lane: str) -> Handle:
+  def _move(self, handle: Handle, lane: str, refs: list | None = None) -> Handle:
     if handle.lane == lane:
       return handle
     source, target = self._actor(handle.lane), self._actor(lane)
     exported = source.export.remote(handle.key, self._take_freed(handle.lane))
     key = (next(self._keys), ())
     adopted = target.adopt.remote(exported, key, self._take_freed(lane))
-    self._moves[adopted] = (lane, handle)
+    self._moves[adopted] = (lane, handle, key[0])
+    if refs is not None:
+      refs.append(adopted)
     return Handle(self, lane, key, handle.nbytes, handle.description)
 
   def close(self) -> None:
@@ -286,11 +332,12 @@ class LanePool:
     if self._closed:
       return
     self._closed = True
-    for actor in getattr(self, '_actors', {}).values():
-      cluster.kill(actor)
-    if self._owns_connection:
-      cluster.shutdown()
-    _SigtermGuard.restore(self._signals)
+    with _StopSignals.deferred():
+      for actor in getattr(self, '_actors', {}).values():
+        cluster.kill(actor)
+      if self._owns_connection:
+        cluster.shutdown()
+    _StopSignals.restore(self._signals)
 
   # -- inspection ---------------------------------------------------------------------
 
@@ -349,11 +396,23 @@ class LanePool:
     return Ref(leaf.key)
 
   def _check_move(self, ref) -> None:
-    lane, source = self._moves.pop(ref)
+    """Raises `LaneError` if the copy `ref` failed, naming what made it fail: a dead
+    lane at either end, or a task that raised first (`_error`); else the receiving lane."""
+    lane, source, order = self._moves.pop(ref)
     try:
       cluster.get(ref)
     except Exception as error:
-      raise self._error(lane, error, f'moving {source!r} to it') from error
+      dead = self._dead_end(lane, source.lane) if cluster.is_death(error) else None
+      if dead is not None:  # the copy failed because one end's process is gone
+        self._raise_dead(dead)
+      raise self._error(lane, error, f'moving {source!r} to it', key=order) from error
+
+  def _dead_end(self, *lanes: str, within: float = 2.0) -> str | None:
+    """The first of `lanes` whose process is found dead within `within` seconds (a
+    death notice may lag the failed call it caused), or None."""
+    watched = {self._watch[lane]: lane for lane in lanes if lane in self._watch}
+    done, _ = cluster.wait(list(watched), within) if watched else ([], [])
+    return watched[done[0]] if done else None
 
   def _handles(self, lane: str, key, outline):
     if isinstance(outline, tuple) and outline and isinstance(outline[0], tuple):
@@ -405,7 +464,34 @@ class LanePool:
     pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
     raise LaneError(lane, self._host(lane), f'pid {pid}: {message}')
 
-  def _error(self, lane, error, task, host=None) -> LaneError:
+  def _error(self, lane, error, task, host=None, key=None) -> LaneError:
+    """The `LaneError` to raise for `error` (a failed call on `lane`): the failure of an
+    earlier task on another lane if one has failed (started before, on a lane still
+    here), which a later call fails of (a value it never made: a copy of it, an update
+    using it); else this one's. (A failed task on the same lane is reported first by
+    itself: a lane runs its calls in order.)"""
+    failed = []  # tasks that failed by now, in the order they were started
+    for other in sorted(self._unfinished.values(), key=lambda p: p.key):
+      if other.lane != lane and other.lane in self._actors and cluster.wait([other.ref], 0)[0]:
+        try:
+          cluster.get(other.ref)
+        except Exception as cause:
+          failed.append((other, cause))
+    for other, _ in failed:  # accounted for by this error: never blamed again
+      self._unfinished.pop(other.ref, None)
+    if failed and (key is None or failed[0][0].key < key):  # the root cause
+      other, cause = failed[0]
+      return self._describe(other.lane, cause, other.task, None)
+    return self._describe(lane, error, task, host)
+
+  def _describe(self, lane, error, task, host) -> LaneError:
+    if isinstance(task, Task) and cluster.is_death(error):  # the lane died under the task
+      pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
+      return LaneError(
+        lane,
+        host or self._host(lane),
+        f'pid {pid}: its process died ({cluster.describe(error)}) while running {task!r}.',
+      )
     what = (
       'call failed' if task is None else (task if isinstance(task, str) else f'{task!r} raised')
     )
@@ -435,19 +521,30 @@ def _host_array(leaf):
   return np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf
 
 
-class _SigtermGuard:
-  """While a pool is open, SIGTERM raises SystemExit so that `close()` runs."""
+class _StopSignals:
+  """While a pool is open: SIGTERM raises `KeyboardInterrupt` (once; remembered), so that
+  `close()` runs and no Ray wait turns it into another exit status (module docstring)."""
 
   open_pools = 0
-  before = None
+  before = None  # the SIGTERM handler installed before the first pool opened
+  sigterm = False  # SIGTERM arrived while a pool was open
+  closing = False
+
+  @staticmethod
+  def current():
+    return signal.getsignal(signal.SIGTERM)
 
   @classmethod
-  def install(cls) -> bool:
+  def install(cls, before) -> bool:
+    """Our handler from now on; `before`: the one to restore when the last pool closes
+    (the run's, not the `sys.exit(15)` that `ray.init` installs)."""
     if threading.current_thread() is not threading.main_thread():
       return False
     cls.open_pools += 1
     if cls.open_pools == 1:
-      cls.before = signal.signal(signal.SIGTERM, _terminate)
+      cls.sigterm = False
+      cls.before = before
+    signal.signal(signal.SIGTERM, cls._terminate)
     return True
 
   @classmethod
@@ -456,9 +553,33 @@ class _SigtermGuard:
       return
     cls.open_pools -= 1
     if cls.open_pools == 0 and threading.current_thread() is threading.main_thread():
-      signal.signal(signal.SIGTERM, cls.before)
+      signal.signal(signal.SIGTERM, signal.SIG_DFL if cls.before is None else cls.before)
+
+  @classmethod
+  def _terminate(cls, signum, frame):
+    del frame
+    first = not cls.sigterm
+    cls.sigterm = True
+    if first and not cls.closing:
+      raise KeyboardInterrupt(f'signal {signum}')
+
+  @classmethod
+  @contextlib.contextmanager
+  def deferred(cls):
+    """Ctrl-C and SIGTERM only remembered (main thread), so that a clean-up runs to its end."""
+    if threading.current_thread() is not threading.main_thread() or cls.closing:
+      yield
+      return
+    cls.closing = True
+    interrupted = []
+    before = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+    try:
+      yield
+    finally:
+      signal.signal(signal.SIGINT, before)
+      cls.closing = False
 
 
-def _terminate(signum, frame):
-  del frame
-  raise SystemExit(128 + signum)
+def sigterm_received() -> bool:
+  """Whether SIGTERM arrived while a pool was open (since the first of them opened)."""
+  return _StopSignals.sigterm

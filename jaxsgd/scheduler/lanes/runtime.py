@@ -12,11 +12,16 @@ the producing `Task`, the shapes and dtypes of its arguments and where in the ou
 the value sat. The receiving lane rebuilds the structure with `jax.eval_shape` of the
 same task — the same trace of the same code, so the same treedef — and puts the
 received leaves into it.
+
+A test hook injects a fault into a real run: `JAXSGD_TEST_LANE_FAULT=LANE:TASK:N` in
+the driver's environment (passed to every lane) makes the N-th `TASK` of lane `LANE`
+raise, and `LANE:TASK:N:kill` makes that lane's process SIGKILL itself there instead.
 """
 
 import hashlib
 import os
 import pickle
+import signal
 import socket
 import threading
 import time
@@ -25,6 +30,9 @@ from typing import Any
 
 import numpy as np
 import ray
+
+
+FAULT_VAR = 'JAXSGD_TEST_LANE_FAULT'  # a test hook: see the module docstring
 
 
 class Ref:
@@ -66,6 +74,7 @@ class LaneRuntime:
     self.values: dict[Hashable, Any] = {}
     self.origins: dict[Hashable, tuple] = {}  # key -> (task, abstract args, path)
     self.stopped = threading.Event()
+    self.fault = _fault(name)  # (task name, n, kill) of the test hook, or None
 
   def info(self) -> dict[str, Any]:
     """Where this lane runs, for the placement printed at start and error messages."""
@@ -90,6 +99,7 @@ class LaneRuntime:
     and the task's start and end (`time.time()` in this lane, result computed).
     """
     try:
+      self._maybe_fail(task)
       values = self._resolve(args)
       start = time.time()
       # Finished means computed: the driver's clock and its errors need that, not dispatch.
@@ -183,6 +193,16 @@ class LaneRuntime:
     """
     self.stopped.wait()
 
+  def _maybe_fail(self, task) -> None:
+    """The test hook (`FAULT_VAR`): the N-th run of the named task raises, or kills us."""
+    if self.fault is None or getattr(task, 'name', None) != self.fault[0]:
+      return
+    self.fault[1] -= 1
+    if self.fault[1] == 0:
+      if self.fault[2]:
+        os.kill(os.getpid(), signal.SIGKILL)
+      raise RuntimeError(f'injected fault ({FAULT_VAR}) in task {task.name!r}')
+
   def _resolve(self, args):
     def value(leaf):
       if isinstance(leaf, Ref):
@@ -195,6 +215,14 @@ class LaneRuntime:
       return leaf
 
     return self.jax.tree.map(value, args, is_leaf=lambda x: isinstance(x, Ref))
+
+
+def _fault(lane: str) -> list | None:
+  """`[task, n, kill]` if the test hook names this lane (`LANE:TASK:N[:kill]`)."""
+  parts = os.environ.get(FAULT_VAR, '').split(':')
+  if len(parts) < 3 or parts[0] != lane:
+    return None
+  return [parts[1], int(parts[2]), parts[3:] == ['kill']]
 
 
 def _abstract(leaf):

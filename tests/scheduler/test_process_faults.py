@@ -1,0 +1,211 @@
+"""Faults and signals of training runs on lane processes (`--config.executor=processes`).
+
+Each test runs the real binary, `python -m experiments.train`, as a process of its own
+(ASGD: a server and workers, each a lane process), does something to it while it
+trains — SIGTERM, Ctrl-C, a lane killed with SIGKILL, a task that raises — and then
+counts the processes of the run that are left: none may be.
+
+The signal tests let the run start its own Ray cluster (as a run on one machine does),
+so the count covers Ray's own processes too (GCS, raylet, workers, agents); the others
+join the shared `ray start --head` node (`tests/lanes/ray_head.py`) and count its lane
+processes.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'lanes'))
+from ray_head import serve_head  # noqa: E402
+from test_lanes import _lane_processes, gone  # noqa: E402
+
+from jaxsgd.algorithms.settings import shared_settings  # noqa: E402
+from jaxsgd.scheduler.lanes.runtime import FAULT_VAR  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope='module')
+def head(tmp_path_factory):
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+
+
+class Driver:
+  """`python -m experiments.train` (ASGD smoke, lane processes) running in the background."""
+
+  def __init__(self, workdir, data_dir, *flags, env=None):
+    self.workdir = str(workdir)
+    self.log_path = os.path.join(os.path.dirname(self.workdir), 'driver.log')
+    self.log = open(self.log_path, 'w')
+    command = [
+      sys.executable,
+      '-m',
+      'experiments.train',
+      '--config=experiments/configs/asgd.py:smoke',
+      f'--workdir={self.workdir}',
+      f'--config.data_dir={data_dir}',
+      '--config.clock=real',
+      '--config.executor=processes',
+      '--config.eval_every=20',
+      *flags,
+    ]
+    self.process = subprocess.Popen(
+      command,
+      cwd=REPO,
+      stdout=self.log,
+      stderr=subprocess.STDOUT,
+      env={**os.environ, **(env or {})},
+    )
+
+  def output(self) -> str:
+    with open(self.log_path) as f:
+      return f.read()
+
+  def wait_for_step(self, step: int, timeout: float = 240) -> None:
+    """Until `metrics.jsonl` holds step `step` (the run is training)."""
+    deadline = time.monotonic() + timeout
+    path = os.path.join(self.workdir, 'metrics.jsonl')
+    while time.monotonic() < deadline:
+      assert self.process.poll() is None, self.output()[-3000:]
+      if os.path.exists(path):
+        with open(path) as f:
+          if any(json.loads(line)['step'] >= step for line in f if line.strip()):
+            return
+      time.sleep(0.2)
+    raise TimeoutError(f'step {step} not reached:\n{self.output()[-3000:]}')
+
+  def lane_pid(self, lane: str) -> int:
+    """The pid of `lane` from the placement printed at start (`  worker1: host=... pid=N`)."""
+    for line in self.output().splitlines():
+      if line.startswith(f'  {lane}: host='):
+        return int(line.split(' pid=')[1].split()[0])
+    raise AssertionError(f'no lane {lane} in the placement:\n{self.output()[-3000:]}')
+
+  def finish(self, timeout: float = 300) -> tuple[int, str]:
+    """The exit status and the last line of the output (after the progress bar)."""
+    status = self.process.wait(timeout=timeout)
+    self.log.close()
+    lines = [line for line in self.output().replace('\r', '\n').splitlines() if line.strip()]
+    return status, lines[-1]
+
+
+def _descendants(pid: int) -> list[int]:
+  return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT], ids=['sigterm', 'ctrl-c'])
+def test_a_signal_to_the_driver_ends_every_process_of_the_run(signum, data_dir, tmp_path):
+  """SIGTERM (exit 143, one line) or Ctrl-C while the run trains: the lane processes and
+  the Ray cluster the run started (GCS, raylet, workers, agents) are all gone within 5 s."""
+  driver = Driver(tmp_path / 'run', data_dir, '--config.workers=2', '--config.train_steps=100000')
+  driver.wait_for_step(20)
+  started = _descendants(driver.process.pid)
+  lanes = [driver.lane_pid(lane) for lane in ('server', 'worker0', 'worker1')]
+  assert set(lanes) <= set(started) and len(started) > len(lanes)  # Ray's own too
+  driver.process.send_signal(signum)
+  left = gone(started, within=5)  # counted from the signal
+  status, last = driver.finish(timeout=60)
+  assert left == [], [(pid, psutil.Process(pid).name()) for pid in gone(left, within=0)]
+  if signum == signal.SIGTERM:
+    assert status == 143, last
+    assert last.startswith('error: SIGTERM: stopped; every lane process was ended.'), last
+  else:
+    assert status in (130, -signal.SIGINT), last
+
+
+@pytest.mark.parametrize('fault', ['raise', 'kill'])
+def test_a_lost_lane_ends_a_training_run_naming_it(fault, head, data_dir, tmp_path):
+  """Without `tolerate_lost_workers`, a worker's task that raises or its process killed
+  with SIGKILL ends the run within 5 s (exit 1) with one line naming the lane and its
+  host; no lane process is left."""
+  before = set(_lane_processes(head))
+  hook = {FAULT_VAR: 'worker1:backward:30'} if fault == 'raise' else {}
+  driver = Driver(
+    tmp_path / 'run',
+    data_dir,
+    '--config.workers=2',
+    '--config.train_steps=100000',
+    f'--config.cluster_address={head.address}',
+    env=hook,
+  )
+  if fault == 'kill':
+    driver.wait_for_step(20)
+    killed = time.monotonic()
+    os.kill(driver.lane_pid('worker1'), signal.SIGKILL)
+  status, last = driver.finish(timeout=240)
+  if fault == 'kill':
+    assert time.monotonic() - killed < 5
+  host = r"lane 'worker1' on host \d+\.\d+\.\d+\.\d+: "
+  what = (
+    r"Task\('backward' .* raised: RuntimeError: injected fault"
+    if fault == 'raise'
+    else r'pid \d+: its process died'
+  )
+  assert status == 1, last
+  assert re.match(rf'error: LaneError: {host}{what}', last), last
+  assert gone(set(_lane_processes(head)) - before) == []
+
+
+def test_asgd_goes_on_without_lost_workers_and_reports_them(head, data_dir, tmp_path):
+  """`tolerate_lost_workers=True`, 3 workers: worker 1 SIGKILLed mid-run and worker 2
+  whose 40th backward raises are dropped; the server and worker 0 train every step, and
+  the summary names both losses (which worker, when, why); no lane process is left."""
+  before = set(_lane_processes(head))
+  driver = Driver(
+    tmp_path / 'run',
+    data_dir,
+    '--config.workers=3',
+    '--config.train_steps=200',
+    '--config.tolerate_lost_workers=True',
+    f'--config.cluster_address={head.address}',
+    env={FAULT_VAR: 'worker2:backward:40'},
+  )
+  driver.wait_for_step(20)
+  os.kill(driver.lane_pid('worker1'), signal.SIGKILL)
+  status, last = driver.finish()
+  assert status == 0, driver.output()[-3000:]
+  with open(tmp_path / 'run' / 'summary.json') as f:
+    summary = json.load(f)
+  assert summary['final']['step'] == 200
+  killed, raised = summary['lost_workers']
+  assert (killed['worker'], killed['index'], raised['worker']) == ('worker 1', 1, 'worker 2')
+  assert re.match(r"lane 'worker1' on host \S+: pid \d+: its process died", killed['reason'])
+  assert re.match(
+    r"lane 'worker2' on host \S+: Task\('backward' .* raised: RuntimeError: injected fault",
+    raised['reason'],
+  )
+  assert raised['pushes'] == 40  # the 40th was sent (running ahead) but never arrived
+  assert killed['lost_at'] > 0 and killed['pushes'] >= 1
+  assert [lane['lane'] for lane in summary['lost_lanes']] == ['worker1', 'worker2']
+  assert summary['lost_lanes'][0]['processes'] == ['worker 1']
+  pushes = summary['pushes_per_worker']
+  assert pushes['worker 0'] > pushes['worker 1'] + pushes['worker 2']
+  assert sum(pushes.values()) >= 200  # every step applied (pushes past the end dropped)
+  assert gone(set(_lane_processes(head)) - before) == []
+
+
+def test_tolerate_lost_workers_is_checked_before_anything_starts():
+  from experiments.configs import asgd, ddg
+
+  config = asgd.get_config()
+  config.tolerate_lost_workers = True
+  with pytest.raises(ValueError, match=r"tolerate_lost_workers: needs executor='processes'"):
+    shared_settings(config)
+  config.clock, config.executor = 'real', 'processes'
+  assert shared_settings(config).tolerate_lost_workers
+  del config['tolerate_lost_workers']  # a config built in Python may hold any type
+  config.tolerate_lost_workers = 'yes'
+  with pytest.raises(ValueError, match=r"^tolerate_lost_workers: True or False, got 'yes'\.$"):
+    shared_settings(config)
+  config = ddg.get_config()
+  config.clock, config.executor, config.tolerate_lost_workers = 'real', 'processes', True
+  with pytest.raises(ValueError, match=r'tolerate_lost_workers: ddg cannot go on without a lost'):
+    shared_settings(config)
