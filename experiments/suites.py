@@ -117,7 +117,7 @@ register(
       Method('DDG K=3', 'experiments/configs/ddg.py', _CPU + (('stages', 3),)),
       Method('DDG K=4', 'experiments/configs/ddg.py', _CPU + (('stages', 4),)),
     ),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     target_accuracy=0.95,
   )
 )
@@ -146,7 +146,7 @@ register(
         _CPU + (('algorithm.variant', 'chunked'), ('algorithm.chunks', 2)),
       ),
     ),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     target_accuracy=0.95,
   )
 )
@@ -182,7 +182,7 @@ register(
         _data_parallel(f'DaSGD M={workers}', 'experiments/configs/dasgd.py', workers, 'dasgd'),
       )
     ),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     target_accuracy=0.95,
   )
 )
@@ -245,7 +245,7 @@ register(
     + _dc_methods(4, False)
     + _dc_methods(8, False)
     + _dc_methods(8, True),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     target_accuracy=0.95,
   )
 )
@@ -296,7 +296,7 @@ register(
     'synchronous data parallelism under injected delays and 2.14x over comparable ASGD '
     '(CIFAR-10/100 ResNet-18/34, 3 GPUs).',
     methods=_pd_methods(False) + _pd_methods(True),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     target_accuracy=0.95,
   )
 )
