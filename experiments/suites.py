@@ -88,7 +88,7 @@ def run_suite(
       if not (reuse and can_reuse(run_dir, config)):
         train_and_evaluate(config, run_dir, overwrite=True)
       runs[method.label].append(report.load_run(run_dir))
-  return report.write_report(suite, runs, workdir)
+  return report.write_report(suite, runs, workdir, profile=profile)
 
 
 def _slug(label: str) -> str:

@@ -53,7 +53,14 @@ def test_table_rows_hand_computed():
     {'A': [run(0.90, {'step': 5, 'sim_time': 1.0, 'wall_time': 3.0}), run(0.94, None)]}
   )
   # mean 92.00, sample std of (90, 94) = 2.83; one of two runs reached the target.
-  assert rows == [['A', '2', '92.00 ± 2.83', '1/2', '1', '3.0', '2.00', '4', '10.0']]
+  assert rows == [['A', '2', '92.00 ± 2.83', '1/2', '1', '3.0', '2.00', '4 ± 0', '10.0']]
+  slower = run(0.94, {'step': 5, 'sim_time': 3.0, 'wall_time': 3.0})
+  slower['records'] = [{'wall_time': 10.0, 'sim_time': 6.0}]
+  rows = report.table_rows(
+    {'B': [run(0.90, {'step': 5, 'sim_time': 1.0, 'wall_time': 3.0}), slower]}
+  )
+  # Simulated times to target (1, 3) and in all (4, 6): mean ± sample std √2 = 1.4.
+  assert rows[0][4] == '2 ± 1.4' and rows[0][7] == '5 ± 1.4'
 
 
 def test_every_registered_suite_has_valid_configs(data_dir):
