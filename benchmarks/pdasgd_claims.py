@@ -12,8 +12,11 @@ runs), and the *clock* is that of a ResNet-18 on 3 GPUs:
   `--device` preset (`jaxsgd.scheduler.hardware`): per stage of the model cut in 4 (for
   PD-ASGD's 4 layer groups, mapped onto the CNN's 4 layers) and for the whole model (a
   worker of ASGD / LPP-SGD, ASGD's server update, an SSGD step). Written to
-  `experiments/results/pdasgd_v3/resnet18_<device>_costs.json`. Its backward/forward
-  ratio is ~2, the GPU ratio the paper assumes (this CPU measured 1.36-1.53).
+  `experiments/results/pdasgd_v3/resnet18_<device>_costs.json`. The default, `v100`
+  (FP32), leaves ResNet-18 compute-bound, so the costs rest on flop counts (the same
+  whatever backend compiled the program) and the backward is ~1.9x the forward, the
+  ratio the paper assumes (this CPU measured 1.36-1.76); on `a100`/`h100` the roofline
+  turns memory-bound on XLA:CPU's byte counts and the ratio falls to ~1.2.
 - 3 devices: PD-ASGD 1 forward + 2 backward workers, one per device; ASGD 3 workers with
   the server on worker 0's device (`placement.lane_to_device=(0, 0, 1, 2)`: the server's
   updates queue behind that worker's tasks); LPP-SGD 3 replicas x 2 Hogwild! workers
