@@ -1,6 +1,7 @@
 """`report.md` and its plots from a suite's finished runs."""
 
 import os
+from collections.abc import Sequence
 
 import matplotlib
 
@@ -149,10 +150,17 @@ def _merge(hists):
 
 
 def write_report(
-  suite, runs: dict[str, list[dict]], workdir: str, *, profile: str | None = None
+  suite,
+  runs: dict[str, list[dict]],
+  workdir: str,
+  *,
+  profile: str | None = None,
+  diverged: Sequence[tuple[str, int, str]] = (),
 ) -> str:
   """Writes `report.md`, `accuracy.png` and (if any) `staleness.png` into `workdir`;
-  `profile`: the cost profile every simulated method took its costs from."""
+  `profile`: the cost profile every simulated method took its costs from; `diverged`:
+  (method, seed, error) of the runs whose loss became NaN (listed, not in the table)."""
+  runs = {label: method_runs for label, method_runs in runs.items() if method_runs}
   os.makedirs(workdir, exist_ok=True)
   plot_accuracy(runs, os.path.join(workdir, 'accuracy.png'), suite.target_accuracy)
   has_staleness = plot_staleness(runs, os.path.join(workdir, 'staleness.png'))
@@ -179,17 +187,21 @@ def write_report(
     '|' + '---|' * len(HEADER),
   ]
   lines += ['| ' + ' | '.join(row) + ' |' for row in table_rows(runs)]
+  if diverged:
+    lines += ['', '**Diverged** (not in the table; their seeds are missing from its counts):', '']
+    lines += [f'- {label}, seed {seed}: {error}' for label, seed, error in diverged]
   lines += ['', '![accuracy against time](accuracy.png)']
   if has_staleness:
     lines += ['', '![staleness histograms](staleness.png)']
-  first = next(iter(runs.values()))[0]['summary']['config']
-  lines += [
-    '',
-    f'Dataset `{first["dataset"]}`, model `{first["model"]["name"]}`, '
-    f'{first["train_steps"]} steps of batch {first["batch_size"]}'
-    f'{" per worker" if first.get("workers", 1) > 1 else ""}.',
-    '',
-  ]
+  if runs:
+    first = next(iter(runs.values()))[0]['summary']['config']
+    lines += [
+      '',
+      f'Dataset `{first["dataset"]}`, model `{first["model"]["name"]}`, '
+      f'{first["train_steps"]} steps of batch {first["batch_size"]}'
+      f'{" per worker" if first.get("workers", 1) > 1 else ""}.',
+      '',
+    ]
   path = os.path.join(workdir, 'report.md')
   files.atomic_write(path, '\n'.join(lines))
   return path

@@ -42,6 +42,31 @@ def test_suite_runs_every_method_and_seed_and_writes_a_report(tmp_path, data_dir
   assert not (tmp_path / 'staleness.png').exists()  # BP records no staleness.
 
 
+def test_a_diverged_run_is_reported_and_the_suite_goes_on(tmp_path, data_dir):
+  base = (('data_dir', data_dir), ('train_steps', 20))
+  suite = suites.Suite(
+    name='test_diverges',
+    title='One method diverges',
+    claim='none',
+    methods=(
+      suites.Method(
+        'SGD lr=1e9',
+        'experiments/configs/default.py',
+        base + (('optimizer.name', 'sgd'), ('optimizer.learning_rate', 1e9)),
+      ),
+      suites.Method('BP', 'experiments/configs/default.py', base),
+    ),
+    seeds=(0,),
+    target_accuracy=0.3,
+  )
+  suites.register(suite)
+  text = open(suites.run_suite('test_diverges', str(tmp_path), smoke=True)).read()
+  assert [line.split(' | ')[0] for line in text.splitlines() if line.startswith('| ')][1:] == [
+    '| BP'
+  ]  # The header, then BP alone: the diverged method has no row.
+  assert '- SGD lr=1e9, seed 0: training loss became' in text
+
+
 def test_table_rows_hand_computed():
   def run(acc, hit):
     return {
