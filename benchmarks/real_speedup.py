@@ -11,6 +11,12 @@ intra-op threads off:
   local   local parallelism K=2 (greedy, pipelined), same lanes
   asgd    ASGD with 2 workers: `server` and `worker0` on core 0, `worker1` on core 1;
           an iteration is one applied update (one batch's gradient, as for BP)
+  pdasgd  PD-ASGD 1:1, the model in K=2 layers: the shared model (whose lane applies
+          the layer-wise updates) and the forward worker on core 0, the backward
+          worker on core 1; an iteration is one batch's backward, applied
+  lppsgd  LPP-SGD with 2 replicas of one worker each (`worker0.0` on core 0,
+          `worker1.0` on core 1), averaged every 4 updates (`allreduce` on core 0); an
+          iteration is one applied update
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
 the batches are synthetic. Time per iteration: from the end of the last update of
 batch `--warmup` to that of the last batch, over the batches in between (compilation
@@ -31,7 +37,7 @@ import numpy as np
 
 from jaxsgd import models, optimizers
 from jaxsgd.algorithms import ddg, local
-from jaxsgd.asynchronous import common, server
+from jaxsgd.asynchronous import common, lppsgd, pdasgd, server
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles
 from jaxsgd.scheduler import Placement
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool
@@ -76,6 +82,10 @@ def run(pool: LanePool, roles, steps: int, warmup: int) -> tuple[float, float]:
   """(seconds per iteration after `warmup` batches, driver seconds per dispatched task)."""
   if roles == 'asgd':
     return run_asgd(pool, 2, steps, warmup)
+  if roles == 'pdasgd':
+    return run_pdasgd(pool, steps, warmup)
+  if roles == 'lppsgd':
+    return run_lppsgd(pool, steps, warmup)
   stages = placed(roles, steps)
   feed = BatchFeed(batches(), 1 + sum(r.loss != 'none' for r in roles))
   session = stages.session(roles, feed, steps)
@@ -118,6 +128,47 @@ def run_asgd(pool: LanePool, num_workers: int, steps: int, warmup: int) -> tuple
   return seconds, executor.dispatch_seconds / executor.dispatched
 
 
+def run_pdasgd(pool: LanePool, steps: int, warmup: int) -> tuple[float, float]:
+  """PD-ASGD (`jaxsgd.asynchronous.pdasgd`), one forward and one backward worker, the
+  default bound of 2 batches in flight; updates on the shared model's lane."""
+  settings = pdasgd.PdSettings(n_fwd=1, n_bwd=1, updates='layer')
+  executor = ProcessExecutor(pool=pool)
+  session = pdasgd.PdSession(
+    placed(sequential_roles(2), steps),
+    settings,
+    [batches()],
+    [jax.devices()[0]] * 3,
+    common.StepCounter(steps),
+    common.WorkerLog([pdasgd.worker_name(settings, w) for w in range(2)], {}, executor.now),
+    lane_processes=True,
+  )
+  timeline = executor.run(session.cluster, session.processes())
+  seconds = per_iteration(timeline, steps, warmup)
+  return seconds, executor.dispatch_seconds / executor.dispatched
+
+
+def run_lppsgd(pool: LanePool, steps: int, warmup: int) -> tuple[float, float]:
+  """LPP-SGD (`jaxsgd.asynchronous.lppsgd`), 2 replicas of one worker, averaged every 4."""
+  settings = lppsgd.LppSettings(devices=2, workers_per_device=1, averaging_freq=4)
+  stages = placed(sequential_roles(1), steps)
+  variables = stages.initial_variables(0, sequential_roles(1)[0])
+  executor = ProcessExecutor(pool=pool)
+  session = lppsgd.LppSession(
+    stages,
+    settings,
+    variables,
+    stages.tx.init(variables['params']),
+    [batches(seed=d) for d in range(2)],
+    [jax.devices()[0]] * 2,
+    common.StepCounter(steps),
+    common.WorkerLog(['worker 0.0', 'worker 1.0'], {}, executor.now),
+    lane_processes=True,
+  )
+  timeline = executor.run(session.cluster, session.processes())
+  seconds = per_iteration(timeline, steps, warmup)
+  return seconds, executor.dispatch_seconds / executor.dispatched
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--steps', type=int, default=20)
@@ -130,6 +181,8 @@ def main():
     'ddg K=2 (cores 0, 1)': ddg.roles(2),
     'local K=2 (cores 0, 1)': local.roles(2),
     'asgd M=2 (cores 0, 1)': 'asgd',
+    'pdasgd 1:1 K=2 (cores 0, 1)': 'pdasgd',
+    'lppsgd D=2 (cores 0, 1)': 'lppsgd',
   }
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
@@ -137,7 +190,9 @@ def main():
     f'batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), {args.rounds} rounds'
   )
   placement = LanePlacement.parse(
-    'stage0@cores=0; stage1@cores=1; server@cores=0; worker0@cores=0; worker1@cores=1'
+    'stage0@cores=0; stage1@cores=1; server@cores=0; worker0@cores=0; worker1@cores=1; '
+    'sharedmodel@cores=0; forwardworker0@cores=0; backwardworker0@cores=1; '
+    'worker0.0@cores=0; worker1.0@cores=1; allreduce@cores=0'
   )
   times = {name: [] for name in cases}
   host = {name: [] for name in cases}

@@ -10,28 +10,52 @@ worker step is 5 tasks: forward, backward, the push's transfer, the server's
 update, the reply's transfer.
 
 Host time is the CPU time of the Python thread that runs the simulation
-(`time.thread_time`): XLA executes the jitted calls on threads of its own, so
-what the thread spends is the simulator — event loop, channels, stores,
-messages, copies, byte counting, placing each host batch on the device — plus
-dispatching the jitted calls. The cost of those calls alone is measured the same
-way on a bare loop that makes the same calls (forward, backward, server update
-per step, on a batch already on the device) with no scheduler; the difference,
-per task, is the simulator's host cost. The workers' host batches cycle through a
-few pre-generated ones, so making data costs nothing here. CPU time rather than wall time, because other jobs on a
-shared machine add wall time but not this thread's CPU time. Rounds alternate
-session and bare loop; medians are reported. The last line is the figure:
-`simulated ASGD M=64 host time per task: <x> us` (excluding the jitted calls).
+(`time.thread_time`): XLA executes the jitted calls on threads of its own, so what
+the thread spends is the simulator — event loop, channels, stores, messages, byte
+counting, on-device checks — plus what JAX does on the host for the work: dispatching
+the jitted calls, placing each host batch on the device, freeing the arrays the
+tasks made. CPU time rather than wall time, because other jobs on a shared machine
+add wall time but not this thread's CPU time (they still inflate it a little: caches
+and cores are shared). Every session reuses one compiled server update (a run
+compiles it once), and starts after a full garbage collection. The columns, per task:
 
-Measured here (2-core CPU shared with other jobs, load ~3–4; benchmarks/results/):
-before this engine's changes 173 µs per task, after 71 µs (medians of 5; the spread
-between repeats is ±40 % at this load; 52–67 µs in quieter moments). The gain: no
-`device_put` of a message already on its destination device, host batches placed
-through a jitted identity, bytes counted from avals, on-device checks by sharding
-identity. The event loop itself costs ~4 µs per task without a garbage collection.
+- `µs/task`: the session's thread CPU time.
+- `in jitted calls` / `outside them`: the time inside the task functions (forward,
+  backward, server update: each call timed) and the rest. The rest includes freeing
+  the arrays the calls made and placing the host batches.
+- `bare loop`: the same jitted calls, `updates` times, in a plain loop (forward,
+  backward, server update per step, on one batch already on the device, its frees
+  included), no scheduler; `session − bare` is the figure of the last line, as this
+  benchmark has always reported it: the host time a simulated session adds to the
+  calls it makes.
+- `constant outputs`: the same session with every task returning a constant output
+  (no JAX call, no array made or freed) and every batch already on the device: the
+  simulator's own Python alone.
+
+The workers' host batches cycle through a few pre-generated ones, so making data costs
+nothing here. Repeats interleave session, bare loop and constant-output session;
+medians are reported, with the load average. The last line is the figure:
+`simulated ASGD M=64 host time per task: <x> us` (session − bare).
+
+Measured here (2-core CPU shared with other jobs; benchmarks/results/): at load ~4,
+the engine branch took the figure from 173 µs to 71 µs. On branch `hostcost`, at
+load 17–26 (results file, main and branch alternated, three passes each), the
+simulator alone costs 13–16 µs per task (main 15–18), and `session − bare` is 80–97
+µs on the branch against 76–89 on main: no difference this load lets one see, since
+what remains is JAX's host work, not the simulator's. Where the ~90 µs outside the
+jitted calls go, measured by removing one part at a time (load ~23, medians of 5):
+freeing the tasks' arrays ~33 µs (results kept alive: 93 → 60), placing each host
+batch on the device ~21 µs (batches pre-placed: 93 → 72; 53 µs per placement here,
+11 µs on an idle device, `jax.device_put` 207), the simulator's Python ~15 µs, garbage
+collection ~0, and ~20 µs of contention: the same Python costs more CPU time while
+XLA's threads compute beside it on the two cores.
 """
 
 import argparse
+import dataclasses
+import gc
 import itertools
+import os
 import time
 
 import jax
@@ -81,6 +105,11 @@ class Setup:
       batch_size=BATCH,
     )
     self.settings = server.ServerSettings(num_workers)
+    # One jitted update for every session, as a run has: a fresh `jax.jit` per session
+    # would trace (on this thread) and compile (on XLA's) inside the timed region.
+    self.apply_fn = server.make_apply(
+      server.server_optimizer(self.pipeline.tx, self.settings), record_pulls=False
+    )
     self.streams = [
       synthetic_batches(self.model.input_shape, 10, BATCH, seed=m) for m in range(num_workers)
     ]
@@ -90,7 +119,7 @@ class Setup:
     params, state = stages_lib.split_variables(variables)
     tx = server.server_optimizer(self.pipeline.tx, self.settings)
     return server.ParameterServer(
-      tx, params, self.num_workers, self.device, record_pulls=False
+      tx, params, self.num_workers, self.device, record_pulls=False, apply_fn=self.apply_fn
     ), state
 
   def session(self, steps: int):
@@ -107,15 +136,59 @@ class Setup:
     )
 
 
-def session_cost(setup: Setup, steps: int) -> tuple[float, float, int]:
-  """(thread CPU seconds, wall seconds, tasks) of one simulated session."""
+class _Timed:
+  """Wraps a jitted function: thread CPU seconds spent inside its calls, summed."""
+
+  def __init__(self, fn, clock: list):
+    self.fn, self.clock = fn, clock
+
+  def __call__(self, *args):
+    start = time.thread_time()
+    result = self.fn(*args)
+    self.clock[0] += time.thread_time() - start
+    return result
+
+
+def constant_outputs(setup: Setup) -> dict:
+  """One real output of each task function (forward, backward, server update)."""
+  ps, state = setup.server()
+  ops = setup.pipeline.ops(0, sequential_roles(1)[0])
+  batch = transfer.to_device(next(setup.streams[0]), setup.device)
+  current = ps.store.read().value
+  forward = ops.forward({'params': current.params, **state}, batch['image'], batch['label'])
+  backward = ops.backward(forward[3], None)
+  ps.pull(0)
+  fn, args = ps.update_call(0, backward[0], 0)
+  return {'forward': forward, 'backward': backward, 'apply': jax.block_until_ready(fn(*args))}
+
+
+def session_cost(setup: Setup, steps: int, constants: dict | None = None) -> tuple:
+  """(thread CPU seconds, of which inside the jitted task calls, wall seconds, tasks) of
+  one simulated session. With `constants` (`constant_outputs`), every task returns its
+  constant output instead of calling JAX, and every host batch is already on the device:
+  what is left is the simulator's own Python (event loop, policy, messages, checks)."""
   session = setup.session(steps)
+  inside = [0.0]
+  if constants is None:
+    forward, backward = session.ops.forward, session.ops.backward
+    apply_fn = session.server.apply_fn
+  else:
+    forward, backward, apply_fn = (
+      lambda *args, out=constants[name]: out for name in ('forward', 'backward', 'apply')
+    )
+    on_device = transfer.to_device(next(setup.streams[0]), setup.device)
+    session.streams = [itertools.repeat(on_device)] * setup.num_workers
+  session.ops = dataclasses.replace(
+    session.ops, forward=_Timed(forward, inside), backward=_Timed(backward, inside)
+  )
+  session.server.apply_fn = _Timed(apply_fn, inside)
   executor = VirtualExecutor(COSTS)
+  gc.collect()  # Every repeat starts with the same garbage: none.
   wall, cpu = time.perf_counter(), time.thread_time()
   timeline = executor.run(session.cluster, session.processes())
   cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
   jax.block_until_ready(session.server.store.read().value)
-  return cpu, wall, len(timeline.records)
+  return cpu, inside[0], wall, len(timeline.records)
 
 
 def bare_cost(setup: Setup, steps: int) -> float:
@@ -123,6 +196,7 @@ def bare_cost(setup: Setup, steps: int) -> float:
   ps, state = setup.server()
   ops = setup.pipeline.ops(0, sequential_roles(1)[0])
   batch = transfer.to_device(next(setup.streams[0]), setup.device)
+  gc.collect()
   cpu = time.thread_time()
   for _ in range(steps):
     current = ps.store.read().value
@@ -146,10 +220,13 @@ def main():
   steps = args.workers * args.rounds
   session_cost(setup, args.workers)  # Compiles every call.
   bare_cost(setup, 2)
-  rows = []
-  for r in range(args.repeats):
-    cpu, wall, tasks = session_cost(setup, steps)
+  constants = constant_outputs(setup)
+  rows, loads = [], [os.getloadavg()[0]]
+  for r in range(args.repeats):  # Interleaved: session, bare loop, constant-output session.
+    cpu, inside, wall, tasks = session_cost(setup, steps)
     bare = bare_cost(setup, steps)
+    own, own_inside, _, own_tasks = session_cost(setup, steps, constants)
+    loads.append(os.getloadavg()[0])
     rows.append(
       (
         r,
@@ -158,11 +235,18 @@ def main():
         cpu,
         wall,
         1e6 * cpu / tasks,
+        1e6 * inside / tasks,
+        1e6 * (cpu - inside) / tasks,
         1e6 * bare / tasks,
         1e6 * (cpu - bare) / tasks,
+        1e6 * (own - own_inside) / own_tasks,
       )
     )
   print(f'ASGD on the virtual clock: {args.workers} workers, CNN batch {BATCH}, on {setup.device}')
+  print(
+    f'load average {min(loads):.1f}-{max(loads):.1f} during the repeats, '
+    f'on {os.cpu_count()} CPU cores'
+  )
   common.print_table(
     (
       'repeat',
@@ -171,17 +255,27 @@ def main():
       'thread CPU s',
       'wall s',
       'µs/task',
-      'jitted calls µs/task',
-      'simulator µs/task',
+      'in jitted calls',
+      'outside them',
+      'bare loop',
+      'session − bare',
+      'constant outputs',
     ),
     rows,
   )
-  host = float(np.median([row[-1] for row in rows]))
+  median = lambda column: float(np.median([row[column] for row in rows]))
   print(
-    f'simulated ASGD M={args.workers} host time per task, jitted calls included: '
-    f'{float(np.median([row[5] for row in rows])):.1f} us'
+    f'simulated ASGD M={args.workers} host time per task, jitted calls included: {median(5):.1f} us'
   )
-  print(f'simulated ASGD M={args.workers} host time per task: {host:.1f} us')
+  print(
+    f'simulated ASGD M={args.workers} host time per task outside the jitted task calls '
+    f'(array frees, batch placement included): {median(7):.1f} us'
+  )
+  print(
+    f'simulated ASGD M={args.workers} host time per task of the simulator alone (tasks '
+    f'return constant outputs, batches already placed): {median(10):.1f} us'
+  )
+  print(f'simulated ASGD M={args.workers} host time per task: {median(9):.1f} us')
 
 
 if __name__ == '__main__':

@@ -2,9 +2,9 @@
 
     w ← w − η · OptaxUpdate(∇_w L(w; ξ_t))
 
-With `stages > 1` or the virtual clock, the same algorithm runs stage by stage
-on the scheduler instead (see `jaxsgd.scheduler`), which every layer-wise method
-is checked against.
+With `stages > 1`, the virtual clock or lane processes (`executor='processes'`: one
+stage on one lane process), the same algorithm runs stage by stage on the scheduler
+instead (see `jaxsgd.scheduler`), which every layer-wise method is checked against.
 """
 
 import dataclasses
@@ -27,8 +27,9 @@ class Settings:
 
   @property
   def uses_scheduler(self) -> bool:
-    """Staged BP on the scheduler (several stages, or simulated time)."""
-    return self.shared.stages > 1 or self.shared.virtual
+    """Staged BP on the scheduler (several stages, simulated time, or lane processes:
+    one stage is then one lane process)."""
+    return self.shared.stages > 1 or self.shared.virtual or self.shared.executor == 'processes'
 
   @property
   def resumable(self) -> bool:
@@ -61,8 +62,9 @@ def make_train_step(model, tx):
 def train(run, settings: Settings) -> dict:
   """Trains `train_steps` fused steps on worker 0's batch stream.
 
-  With `stages > 1` or `clock='virtual'`: staged BP on the scheduler instead
-  (`jaxsgd.pipeline.sequential_roles`), the same updates stage by stage.
+  With `stages > 1`, `clock='virtual'` or `executor='processes'`: staged BP on the
+  scheduler instead (`jaxsgd.pipeline.sequential_roles`), the same updates stage by
+  stage.
   """
   s = settings.shared
   if settings.uses_scheduler:

@@ -90,7 +90,15 @@ def train(run, settings: Settings) -> dict:
     measured,
     log,
     lambda steps: LppSession(
-      model, session_settings, variables, opt_state, streams, devices, steps, log
+      model,
+      session_settings,
+      variables,
+      opt_state,
+      streams,
+      devices,
+      steps,
+      log,
+      lane_processes=shared.executor == 'processes',
     ),
     name='lppsgd',
     title='lppsgd: staleness per worker',

@@ -63,6 +63,7 @@ def train(run, settings: Settings) -> dict:
     placement=Placement.create(shared.stages, devices[:1]),
     batch_size=shared.batch_size,
     seed=shared.seed,
+    optimizer=(shared.optimizer, shared.train_steps),  # named tasks: lane processes rebuild them
   )
   executor, measured = clocks.make_executor(
     shared,
@@ -91,7 +92,16 @@ def train(run, settings: Settings) -> dict:
     executor,
     measured,
     log,
-    lambda steps: PdSession(model, pd, streams, devices, steps, log, costed_links=costed),
+    lambda steps: PdSession(
+      model,
+      pd,
+      streams,
+      devices,
+      steps,
+      log,
+      costed_links=costed,
+      lane_processes=shared.executor == 'processes',
+    ),
     name='pdasgd',
     title=f'pdasgd ({pd.updates} updates): staleness per layer',
     extra=lambda session: {

@@ -460,6 +460,7 @@ def shared_settings(config) -> SharedSettings:
       "cluster_address: a Ray cluster's 'host:port', with executor='processes'; "
       f'got {address!r} with executor={executor!r}.'
     )
+  _check_placement_for(executor, dict(config.get('placement') or {}))
   placement = placement_settings(config.get('placement'), stages)
   name = config.algorithm.name
   if placement.lane_to_device is not None and name not in ASYNCHRONOUS:
@@ -482,6 +483,22 @@ def shared_settings(config) -> SharedSettings:
     cluster_address=address,
     checkpoint_every=integer(config.get('checkpoint_every', 0), 'checkpoint_every', minimum=0),
   )
+
+
+def _check_placement_for(executor: str, placement: dict) -> None:
+  """`placement.devices`/`stage_to_device` place stages on this process's devices;
+  `placement.lanes` places lane processes: each goes with its executor only."""
+  if executor == 'processes':
+    for field in ('devices', 'stage_to_device'):
+      if placement.get(field) is not None:
+        raise ValueError(
+          f"placement.{field}: places stages on this process's devices; with "
+          "executor='processes' every lane is a process, placed by placement.lanes."
+        )
+  elif placement.get('lanes') is not None:
+    raise ValueError(
+      f"placement.lanes: places lane processes; it needs executor='processes' (got {executor!r})."
+    )
 
 
 def _profile_cache(data_dir) -> str:

@@ -107,10 +107,11 @@ def train_session(
     executor,
     steps=shared.train_steps,
     batch_size=shared.batch_size,
-    variables=lambda: executor.fetch(session.variables()),
+    variables=lambda: session.variables(),
     metrics=lambda: session.metrics(),
   )
   session = make_session(steps)
+  session.fetch = executor.fetch  # values in lane processes come to the driver when read
   if shared.placement.lane_to_device is not None:
     common.share_devices(session.cluster, shared.placement.lane_to_device)
   try:

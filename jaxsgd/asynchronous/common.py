@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Cluster, Compute
+from jaxsgd.scheduler.core import Channel, Cluster, Compute, Get, Put
 from jaxsgd.scheduler.costs import TRANSFER
 from jaxsgd.pipeline.session import StageParams
 from jaxsgd.scheduler.store import VersionedStore
@@ -38,6 +38,7 @@ class _Stop:
 
 
 STOP = _Stop()  # The message that ends a process waiting on a channel.
+_TURN = 'turn'  # The token of a shared store's turn to update (`SharedParams.update_on`).
 
 
 class WorkersFailedError(RuntimeError):
@@ -107,11 +108,19 @@ class SharedParams:
   result at one instant; the lock makes that instant atomic on the real clock
   (the update is dispatched asynchronously, so the lock is held only for the
   dispatch). Two workers updating one store therefore never lose an update.
+
+  With lanes in processes of their own (`executor='processes'`) the value lives in
+  the lane that owns the store and the driver cannot call the update: `update_on`
+  and `replace_on` are the same read-modify-writes as `Compute`s of named tasks on
+  that lane. From the read to the write a process holds the store's *turn* (one
+  token in a FIFO channel), so concurrent updates queue in the order they asked
+  and none is lost; readers see the last written version, as with `apply`.
   """
 
   def __init__(self, name: str, params, opt_state):
     self.store = VersionedStore(name, StageParams(params, opt_state))
     self._lock = threading.Lock()
+    self._turn: Channel | None = None  # made by the first `update_on` / `replace_on`
 
   def read(self):
     return self.store.read()
@@ -139,6 +148,50 @@ class SharedParams:
     with self._lock:
       current = self.store.read().value
       self.store.write(current._replace(params=fn(current.params, *args)))
+
+  def update_on(
+    self,
+    owner: int,
+    update: Callable,
+    grads,
+    *,
+    read_version: int,
+    lane: int,
+    batch: int,
+    stage: int = 0,
+  ):
+    """Generator: `apply(update, grads, ...)` as a `Compute` on lane `owner` (a named
+    task there), holding the store's turn from the read to the write."""
+    yield Get(self._turn_on(owner))
+    current = self.store.read().value
+    params, opt_state = yield Compute(
+      update,
+      (current.params, current.opt_state, grads),
+      kind='update',
+      stage=stage,
+      batch=batch,
+      lane=owner,
+    )
+    version = self.store.write(
+      StageParams(params, opt_state), read_version=read_version, lane=lane, batch=batch
+    )
+    yield Put(self._turn, _TURN)
+    return version
+
+  def replace_on(self, owner: int, fn: Callable, *args, kind: str, batch: int | None = None):
+    """Generator: `replace_params(fn, *args)` as a `Compute` on lane `owner`, holding
+    the store's turn."""
+    yield Get(self._turn_on(owner))
+    current = self.store.read().value
+    params = yield Compute(fn, (current.params, *args), kind=kind, stage=0, batch=batch, lane=owner)
+    self.store.write(current._replace(params=params))
+    yield Put(self._turn, _TURN)
+
+  def _turn_on(self, owner: int) -> Channel:
+    if self._turn is None:
+      self._turn = Channel(f'{self.store.name}: turn to update', owner)
+      self._turn.items.append(_TURN)  # free
+    return self._turn
 
 
 # --- reporting ----------------------------------------------------------------------------------

@@ -12,10 +12,11 @@ Hogwild! workers share each one. Worker (d, j) repeats, on its own batch stream:
 
 applied at one instant at the end of its task, to the replica as it is *then*
 (a read-modify-write under a per-replica lock on the real clock, so no update is
-lost; the staleness is the number of writes to the replica since `v`). The
-flat parameter vector is cut into W contiguous slices P_0..P_{W−1}. During
-the first `algorithm.warmup_steps` steps every step is full; afterwards each
-worker alternates full and partitioned steps.
+lost; the staleness is the number of writes to the replica since `v`; with every
+lane an OS process of its own, a named task on the replica's lane in the replica's
+turn: see `LppSession`). The flat parameter vector is cut into W contiguous slices
+P_0..P_{W−1}. During the first `algorithm.warmup_steps` steps every step is full;
+afterwards each worker alternates full and partitioned steps.
 
 Averaging (non-blocking, keep-local merge): once `algorithm.averaging_freq`
 updates of replica d have been applied since its last snapshot (every update
@@ -58,12 +59,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxsgd import optimizers
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put
 from jaxsgd.pipeline.session import PlacedStages, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
+from jaxsgd.scheduler.tasks import Task, TaskRecipe
 from jaxsgd.spmd import timing
 
 
@@ -151,6 +154,63 @@ def make_masked_update(update, init):
   return masked_update
 
 
+def partitioned_steps(update, tx, parts: int) -> list:
+  """`parts` functions `(params, opt_state, grads) -> (params, opt_state)`: the
+  partitioned step on each slice (`make_masked_update` of `update`, the full step under
+  `tx`; each mask made from the parameters' shapes, once per shape and device). Named
+  tasks when `update` is one (the stage's named update): a lane that owns a replica
+  then builds them from the same settings."""
+  if isinstance(update, Task):
+    return [
+      Task(
+        TaskRecipe.of(partitioned_step_tasks, update=update, part=j, parts=parts),
+        'partitioned_update',
+      )
+      for j in range(parts)
+    ]
+  masked = make_masked_update(update, tx)
+  return [_on_slice(masked, j, parts) for j in range(parts)]
+
+
+def partitioned_step_tasks(*, update: Task, part: int, parts: int) -> dict:
+  """`{'partitioned_update': ...}` of `partitioned_steps` (a `TaskRecipe` factory)."""
+  return {'partitioned_update': _on_slice(_masked_update_of(update), part, parts)}
+
+
+@functools.lru_cache(maxsize=None)
+def _masked_update_of(update: Task):
+  """The named `update` masked (one per process), its optimizer rebuilt from the settings
+  of the update's recipe (`pipeline.session.stage_tasks`: `optimizer`, `total_steps`)."""
+  settings = dict(update.recipe.kwargs)
+  return make_masked_update(
+    update, optimizers.make_optimizer(settings['optimizer'], settings['total_steps'])
+  )
+
+
+def _on_slice(masked_update, part: int, parts: int):
+  masks = {}
+
+  def step(params, opt_state, grads):
+    leaves = jax.tree.leaves(params)
+    device = next(iter(leaves[0].devices())) if isinstance(leaves[0], jax.Array) else None
+    key = (jax.tree.structure(params), tuple(np.shape(leaf) for leaf in leaves), device)
+    if key not in masks:
+      mask = partition_masks(params, parts)[part]
+      masks[key] = mask if device is None else jax.device_put(mask, device)
+    return masked_update(params, opt_state, grads, masks[key])
+
+  return step
+
+
+def averaging_tasks() -> dict:
+  """`{'mean': _mean, 'merge': keep_local_merge}`: the averaging as named tasks (a
+  `TaskRecipe` factory) for lanes in processes of their own."""
+  return {'mean': _mean, 'merge': keep_local_merge}
+
+
+AVERAGING = TaskRecipe.of(averaging_tasks)
+
+
 @jax.jit
 def _mean(trees):
   return jax.tree.map(lambda *xs: functools.reduce(jnp.add, xs) / len(xs), *trees)
@@ -171,6 +231,18 @@ def allreduce_time(nbytes: int, num_devices: int, *, bandwidth: float, latency: 
 class LppSession:
   """One run: worker (d, j) on lane d·W + j, the averaging collective on the last lane.
 
+  With lanes in processes of their own (`lane_processes`, `executor='processes'`),
+  replica d lives in the process of worker (d, 0), lane d·W: the lane of the device
+  that holds the replica in one process. There its worker's tasks and the replica's
+  updates share one queue, as a device's do, and with one worker per device (W = 1)
+  the replica never moves to be read or updated. Each update — full or partitioned —
+  and each keep-local merge is a `Compute` of a named task on that lane, holding the
+  replica's turn from its read to its write (`SharedParams.update_on`/`replace_on`), so
+  concurrent updates queue instead of being lost; a step is claimed before its update
+  (`StepCounter.claim`), so no more than `train_steps` updates are applied. The mean of
+  a round's snapshots is a named task on the averaging lane (`AVERAGING`). Values are
+  not copied by the policy: the executor moves a lane's value to the lane that uses it.
+
   Args:
     pipeline: the model as one stage (its jitted forward, backward and update).
     settings: D, W, warm-up and averaging frequency.
@@ -179,6 +251,8 @@ class LppSession:
     streams: one host batch iterator per worker (D·W).
     devices: the device of each replica (D).
     steps: a `StepCounter`; log: failures and pushes.
+    lane_processes: every lane is an OS process of its own (see above; the pipeline's
+      ops must be named tasks).
   """
 
   def __init__(
@@ -191,7 +265,11 @@ class LppSession:
     devices: Sequence[jax.Device],
     steps: common.StepCounter,
     log: common.WorkerLog,
+    *,
+    lane_processes: bool = False,
   ):
+    if lane_processes:  # values stay in the lane processes; the executor moves them
+      devices = [None] * len(devices)
     self.settings, self.streams, self.devices, self.steps, self.log = (
       settings,
       list(streams),
@@ -199,10 +277,13 @@ class LppSession:
       steps,
       log,
     )
+    self.lane_processes = lane_processes
+    self.fetch = lambda value: value  # values for the driver (`Executor.fetch`)
     self.ops = pipeline.ops(0, sequential_roles(1)[0])
     self.masked_update = make_masked_update(self.ops.update, pipeline.tx)
     params, state = stages_lib.split_variables(variables)
     D, W = settings.devices, settings.workers_per_device
+    self.partitioned = partitioned_steps(self.ops.update, pipeline.tx, W)
     self.replicas = [
       common.SharedParams(
         f'replica {d}',
@@ -214,15 +295,14 @@ class LppSession:
     self.states = [
       VersionedStore(f'model state {d}', transfer.to_device(state, devices[d])) for d in range(D)
     ]
-    self.masks = [
-      [transfer.to_device(m, devices[d]) for m in partition_masks(params, W)] for d in range(D)
-    ]
     self.cluster = Cluster()
     for m in range(D * W):
       self.cluster.add_lane(f'worker {m // W}.{m % W} ({devices[m // W]})', devices[m // W])
-    self.allreduce_lane = self.cluster.add_lane('allreduce')
+    # The averaging collective's lane (none with one replica: nothing to average).
+    self.allreduce_lane = self.cluster.add_lane('allreduce') if D > 1 else None
     self.rounds = [
-      self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane) for d in range(D)
+      self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane)
+      for d in range(D if D > 1 else 0)
     ]
     self.device_updates = [0] * D  # updates applied to each replica
     self.last_snapshot = [0] * D  # ... when it last joined a round
@@ -251,7 +331,7 @@ class LppSession:
         break
       snapshot = replica.read()
       batch = transfer.to_device(next(self.streams[m]), self.devices[d])
-      variables = {'params': snapshot.value.params, **self.states[d].read().value}
+      variables = stages_lib.with_state(snapshot.value.params, self.states[d].read().value)
       _, loss, new_state, vjp = yield Compute(
         self.ops.forward,
         (variables, batch['image'], batch['label']),
@@ -263,25 +343,41 @@ class LppSession:
       if failed := self.log.has_failed(m):
         break
       partitioned = k % 2 == 1 and self.steps.applied >= self.settings.warmup_steps
-      step = self.steps.commit(
-        functools.partial(self._apply, d, m, grads, snapshot.version, new_state, partitioned),
-        loss,
-        f'worker {d}.{j}',
-      )
+      if self.lane_processes:
+        if not self.steps.claim():  # every step is taken
+          break
+        claimed = self.steps.claimed - 1  # this update's step (0-based), its label
+        update = self.partitioned[j] if partitioned else self.ops.update
+        yield from replica.update_on(
+          self.home(d), update, grads, read_version=snapshot.version, lane=m, batch=claimed
+        )
+        self._updated(d, m, new_state)
+        step = self.steps.commit(None, loss, f'worker {d}.{j}')
+      else:
+        step = self.steps.commit(
+          functools.partial(self._apply, d, m, grads, snapshot.version, new_state, partitioned),
+          loss,
+          f'worker {d}.{j}',
+        )
       if step is None:
         break
       if self._snapshot_due(d, step):
         yield Put(self.rounds[d], replica.read().value.params)
     yield from self._leave(d, failed)
 
+  def home(self, d: int) -> int:
+    """The lane that owns replica d with lanes in processes: worker (d, 0)'s."""
+    return d * self.settings.workers_per_device
+
   def _apply(self, d, m, grads, read_version, new_state, partitioned):
     W = self.settings.workers_per_device
-    update, args = (
-      (self.masked_update, (self.masks[d][m % W],)) if partitioned else (self.ops.update, ())
-    )
+    update = self.partitioned[m % W] if partitioned else self.ops.update
     self.replicas[d].apply(
-      update, grads, *args, read_version=read_version, lane=m, batch=self.steps.applied
+      update, grads, read_version=read_version, lane=m, batch=self.steps.applied
     )
+    self._updated(d, m, new_state)
+
+  def _updated(self, d, m, new_state):
     if new_state:
       self.states[d].write(new_state)
     self.device_updates[d] += 1
@@ -329,13 +425,33 @@ class LppSession:
       if len(sent) < 2:  # A replica left: the other's round is void.
         self.in_flight = [False] * self.settings.devices
         continue
-      means = yield Compute(self._allreduce, (sent,), kind='average', stage=0, batch=r)
-      if self.steps.done:
-        return
-      for d, mean in means.items():
-        self.replicas[d].replace_params(keep_local_merge, sent[d], mean)
-        self.in_flight[d] = False
+      if self.lane_processes:
+        merged = yield from self._average_on_lanes(sent, r)
+        if not merged:
+          return
+      else:
+        means = yield Compute(self._allreduce, (sent,), kind='average', stage=0, batch=r)
+        if self.steps.done:
+          return
+        for d, mean in means.items():
+          self.replicas[d].replace_params(keep_local_merge, sent[d], mean)
+          self.in_flight[d] = False
       self.averaged_rounds += 1
+
+  def _average_on_lanes(self, sent: dict, r: int):
+    """Lanes in processes: the mean on the averaging lane, each merge on the replica's
+    lane in the replica's turn. Returns False if the run ended meanwhile."""
+    mean = yield Compute(
+      Task(AVERAGING, 'mean'), (list(sent.values()),), kind='average', stage=0, batch=r
+    )
+    if self.steps.done:
+      return False
+    for d in sent:
+      yield from self.replicas[d].replace_on(
+        self.home(d), Task(AVERAGING, 'merge'), sent[d], mean, kind='merge', batch=r
+      )
+      self.in_flight[d] = False
+    return True
 
   def _allreduce(self, sent: dict) -> dict:
     """The mean of the snapshots, on every participating replica's device."""
@@ -347,10 +463,12 @@ class LppSession:
   def variables(self):
     """The mean of the replicas that still have workers (all, if none has)."""
     devices = sorted(self.active) or list(range(self.settings.devices))
-    home = self.devices[devices[0]]
-    params = [transfer.to_device(self.replicas[d].read().value.params, home) for d in devices]
+    home, fetch = self.devices[devices[0]], self.fetch
+    params = [
+      transfer.to_device(fetch(self.replicas[d].read().value.params), home) for d in devices
+    ]
     mean = params[0] if len(params) == 1 else _mean(params)
-    return {'params': mean, **transfer.to_device(self.states[devices[0]].read().value, home)}
+    return {'params': mean, **transfer.to_device(fetch(self.states[devices[0]].read().value), home)}
 
   def staleness(self) -> dict[str, np.ndarray]:
     W, result = self.settings.workers_per_device, {}

@@ -24,13 +24,16 @@ together at the end of the backward. Two backward workers may update a layer at
 once: an update is a read-modify-write at one instant (under a per-layer lock on
 the real clock), so none is lost. The update is dispatched at the end of the
 layer's backward task, whose duration includes it (cost model: backward +
-update).
+update). With every lane an OS process of its own (`lane_processes`), the update
+is a named task on the shared model's lane, run in the layer's turn
+(`SharedParams.update_on`): queued, never lost.
 
 **The bound.** `algorithm.max_inflight` = Q tokens (default n_fwd + n_bwd): a
 forward takes a token before it starts and the backward of that batch returns
 it when done, so at most Q batches are at any time in a forward, queued, or in
 a backward. Forward workers cannot run unboundedly ahead; Q = 1 gives strictly
-alternating forward and backward (with 1:1 and block updates: sequential SGD).
+alternating forward and backward (with 1:1, layer-wise or block updates: sequential
+SGD).
 
 Per-layer staleness is recorded in each store; with fixed costs and n_bwd ≥ 2,
 layer-wise updates give lower staleness than block updates (the later layers'
@@ -114,6 +117,14 @@ class PdSession:
     devices: the device of each lane (1 + n_fwd + n_bwd).
     steps: a `StepCounter`; log: failures and pushes.
     costed_links: copies are transfer tasks (virtual clock with link costs).
+    lane_processes: every lane is an OS process of its own (`executor='processes'`;
+      the pipeline's ops must be named tasks). The layers then live in the shared
+      model's process (lane 0, the lane that owns them): each update is a `Compute`
+      of the layer's named update task there, holding the layer's turn from its read
+      to its write (`SharedParams.update_on`), so updates queue as under the lock of
+      the in-process clocks: the same versions read, the same staleness recorded,
+      each layer's updates applied one after another. Values are not copied by the
+      policy: the executor moves a lane's value to the lane of a task that uses it.
   """
 
   def __init__(
@@ -126,7 +137,10 @@ class PdSession:
     log: common.WorkerLog,
     *,
     costed_links: bool = False,
+    lane_processes: bool = False,
   ):
+    if lane_processes:  # values stay in the lane processes; the executor moves them
+      devices = [None] * len(devices)
     self.settings, self.streams, self.devices, self.steps, self.log = (
       settings,
       list(streams),
@@ -134,7 +148,8 @@ class PdSession:
       steps,
       log,
     )
-    self.costed = costed_links
+    self.costed, self.lane_processes = costed_links, lane_processes
+    self.fetch = lambda value: value  # values for the driver (`Executor.fetch`)
     self.num_layers = pipeline.num_stages
     roles = sequential_roles(self.num_layers)
     self.ops = [pipeline.ops(k, role) for k, role in enumerate(roles)]
@@ -192,7 +207,7 @@ class PdSession:
       snapshot = self.layers[k].read()  # The latest version, at this layer's task start.
       variables = yield from common.copy(
         self.cluster,
-        {'params': snapshot.value.params, **self.states[k].read().value},
+        stages_lib.with_state(snapshot.value.params, self.states[k].read().value),
         0,
         lane,
         device,
@@ -250,9 +265,20 @@ class PdSession:
       batch=item.batch,
     )
     for (k, _), g in zip(pending, grads):
-      self.layers[k].apply(
-        self.ops[k].update, g, read_version=item.versions[k], lane=1 + w, batch=item.batch
-      )
+      if self.lane_processes:  # on lane 0, in the layer's turn
+        yield from self.layers[k].update_on(
+          0,
+          self.ops[k].update,
+          g,
+          read_version=item.versions[k],
+          lane=1 + w,
+          batch=item.batch,
+          stage=k,
+        )
+      else:  # here, at the instant the backward ended
+        self.layers[k].apply(
+          self.ops[k].update, g, read_version=item.versions[k], lane=1 + w, batch=item.batch
+        )
     self.log.pushed(w)
 
   def _leave(self, role: str, failed: bool):
@@ -272,7 +298,7 @@ class PdSession:
   def variables(self):
     return models_lib.merge_variables(
       [
-        {'params': layer.read().value.params, **state.read().value}
+        {'params': self.fetch(layer.read().value.params), **self.fetch(state.read().value)}
         for layer, state in zip(self.layers, self.states)
       ]
     )

@@ -60,6 +60,7 @@ import optax
 
 from jaxsgd import optimizers, transforms
 from jaxsgd.asynchronous import common
+from jaxsgd.models import stage_functions
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
 from jaxsgd.pipeline.session import PlacedStages, StageParams, sequential_roles
@@ -161,7 +162,10 @@ class ParameterServer:
     record_pulls: bool,
     apply_fn=None,
   ):
-    self.store = VersionedStore('server params', StageParams(params, tx.init(params)))
+    # Committed to the device like the updates that replace it: an uncommitted leaf (Adam's
+    # count) would make the first update compile a second program.
+    opt_state = transfer.to_device(tx.init(params), device)
+    self.store = VersionedStore('server params', StageParams(params, opt_state))
     # `apply_fn`: the same update as a named task (`named_apply`), for lane processes.
     self.apply_fn = make_apply(tx, record_pulls) if apply_fn is None else apply_fn
     self._device = device
@@ -287,6 +291,7 @@ class AsgdSession:
       log,
     )
     self.ops = pipeline.ops(0, sequential_roles(1)[0])
+    self.fetch = lambda value: value  # `train_session` sets the executor's
     self.model_state = VersionedStore('server model state', state)
     self.num_workers = len(self.streams)
     self.devices = list(devices)
@@ -354,7 +359,7 @@ class AsgdSession:
       if self.log.has_failed(m):
         break
       batch = transfer.to_device(next(self.streams[m]), device)
-      variables = {'params': pulled.params, **pulled.state}
+      variables = stage_functions.with_state(pulled.params, pulled.state)
       _, loss, new_state, vjp = yield Compute(
         self.ops.forward,
         (variables, batch['image'], batch['label']),
@@ -371,7 +376,11 @@ class AsgdSession:
 
   # --- what the run reports ----------------------------------------------------------------------
   def variables(self):
-    return {'params': self.server.store.read().value.params, **self.model_state.read().value}
+    fetch = self.fetch  # values in lane processes come to the driver (`Executor.fetch`)
+    return {
+      'params': fetch(self.server.store.read().value.params),
+      **fetch(self.model_state.read().value),
+    }
 
   def staleness(self) -> dict[str, np.ndarray]:
     lanes = {1 + m: f'worker {m}' for m in range(self.num_workers)}

@@ -14,7 +14,9 @@ weights of the forward pass exactly (DDG's paper form, PD-ASGD's backward).
 """
 
 import dataclasses
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +34,48 @@ def split_variables(variables):
   """`(params, state)`: the trainable parameters and the other collections."""
   state = {k: v for k, v in variables.items() if k != 'params'}
   return variables['params'], state
+
+
+@functools.partial(
+  jax.tree_util.register_dataclass, data_fields=['params', 'state'], meta_fields=[]
+)
+@dataclasses.dataclass(frozen=True)
+class UnmergedVariables:
+  """`{'params': params, **state}` whose `state` cannot be unpacked where it is built.
+
+  A policy runs in the driver; with lanes in other processes, a stage's model state
+  (BatchNorm statistics) is a handle to a dict that stays in a lane, so the driver
+  cannot write `{**state}`. It hands the task this pair instead, and the task merges
+  it (`merged`) where the state is a dict again: in the lane, before the same jitted
+  call on the same dict as in one process.
+  """
+
+  params: Any
+  state: Any
+
+
+def with_state(params, state):
+  """Flax variables `{'params': params, **state}`; a `state` that is not a mapping here
+  (a lane's handle) gives `UnmergedVariables`, which the receiving task merges."""
+  if isinstance(state, Mapping):
+    return {'params': params, **state}
+  return UnmergedVariables(params, state)
+
+
+def merged(variables):
+  """`variables` as a Flax variables dict (`UnmergedVariables` merged)."""
+  if isinstance(variables, UnmergedVariables):
+    return {'params': variables.params, **variables.state}
+  return variables
+
+
+def merging_variables(fn: Callable) -> Callable:
+  """`fn` taking any `UnmergedVariables` argument as its merged dict (see `with_state`)."""
+
+  def call(*args):
+    return fn(*(merged(arg) for arg in args))
+
+  return call
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,7 +80,11 @@ def stage_tasks(
   _, outputs = _stage_shapes(staged, stages, batch_size)
   tx = optimizers.make_optimizer(optimizer, total_steps)
   fns = role_functions(stages[stage], role, tx, output=outputs[stage])
-  return {**{name: getattr(fns, name) for name in STAGE_TASKS}, 'jitted': fns.jitted}
+  # A model state that stays in a lane reaches a task unmerged (`stages_lib.with_state`).
+  return {
+    **{name: stages_lib.merging_variables(getattr(fns, name)) for name in STAGE_TASKS},
+    'jitted': fns.jitted,
+  }
 
 
 def computation_role(role: StageRole) -> StageRole:
@@ -359,7 +363,7 @@ class PipelineSession:
         transfer.to_device(self.feed.take(t, 'label'), device) if role.loss != 'none' else None
       )
       snapshot = self.stores[k].read()
-      variables = {'params': snapshot.value.params, **self.states[k].read().value}
+      variables = stages_lib.with_state(snapshot.value.params, self.states[k].read().value)
       if probed:
         self.agreement.record(k, t, *stages_lib.split_variables(variables), batch)
       y, loss, new_state, vjp = yield Compute(
@@ -399,7 +403,7 @@ class PipelineSession:
       call = ops.backward, (slot.vjp, dy)
     else:  # The current weights: through the kept activations, or the forward again.
       current = self.stores[k].read()
-      variables = {'params': current.value.params, **self.states[k].read().value}
+      variables = stages_lib.with_state(current.value.params, self.states[k].read().value)
       weights_version = current.version
       call = (
         (ops.stale_backward, (slot.vjp, variables, slot.x, slot.labels, dy))

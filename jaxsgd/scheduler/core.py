@@ -117,6 +117,9 @@ class Cluster:
 
   def link(self, source: int, destination: int) -> int:
     """The lane of the link `source → destination` (created on first use)."""
+    lane = self._links.get((source, destination))  # Once made, a link never changes.
+    if lane is not None:
+      return lane
     with self._lock:
       if (source, destination) not in self._links:
         name = f'link {self.lanes[source].name} → {self.lanes[destination].name}'

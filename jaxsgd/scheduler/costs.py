@@ -87,11 +87,15 @@ class CostSampler:
   def __init__(self, model: CostModel):
     self.model = model
     self._rngs: dict[int, np.random.Generator] = {}
+    self._seconds: dict[tuple, float] = {}  # (kind, stage, lane) -> base / speed
 
   def duration(self, kind: str, stage: int | None, lane: int, nbytes: int = 0) -> float:
     if kind == TRANSFER:
       return self.model.transfer_time(nbytes)
-    seconds = self.model.base(kind, stage) / self.model.speed(lane)
+    key = (kind, stage, lane)
+    seconds = self._seconds.get(key)
+    if seconds is None:
+      seconds = self._seconds[key] = self.model.base(kind, stage) / self.model.speed(lane)
     sigma = self.model.straggler_std
     if sigma:
       rng = self._rngs.setdefault(lane, np.random.default_rng([self.model.seed, lane]))

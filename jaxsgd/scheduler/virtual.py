@@ -22,7 +22,7 @@ What the ops mean (channels, transfers over link lanes) is the `Executor` base's
 import heapq
 import itertools
 import math
-from collections import defaultdict, deque
+from collections import deque
 
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Compute, Process
@@ -47,23 +47,30 @@ class VirtualExecutor(Executor):
   def begin(self) -> None:
     self._now = 0.0
     self._events, self._seq = [], itertools.count()
-    self._busy: dict[int, bool] = defaultdict(bool)
-    self._queued: dict[int, deque] = defaultdict(deque)
+    self._busy: set = set()  # hardware running a task
+    self._queued: dict = {}  # hardware -> deque of (process, lane, op) waiting for it
+    self._hardware_of: dict[int, object] = {}  # lane -> its hardware (`_hardware`)
     self._sampler = self.cost_model.sampler()
 
   def execute(self) -> None:
     for process in self.processes:
       self.resume(process, None)
-    while self._events:
-      self._now, _, fn, args = heapq.heappop(self._events)
+    events, pop = self._events, heapq.heappop
+    while events:
+      self._now, _, fn, args = pop(events)
       fn(*args)
 
   def resume(self, process: Process, value) -> None:
     self._at(self._now, self.advance, process, value)
 
   def start_task(self, process: Process, lane: int, op: Compute) -> None:
-    self._queued[self._hardware(lane)].append((process, lane, op))
-    self._start_next(self._hardware(lane))
+    hardware = self._hardware(lane)
+    queue = self._queued.get(hardware)
+    if queue is None:
+      queue = self._queued[hardware] = deque()
+    queue.append((process, lane, op))
+    if hardware not in self._busy:
+      self._start_next(hardware, queue)
 
   def task_finished(self, process: Process, result) -> None:
     self.advance(process, result)  # Publishes its results now, at the simulated end.
@@ -78,22 +85,31 @@ class VirtualExecutor(Executor):
 
   def _hardware(self, lane: int):
     """What a task on `lane` occupies: the lane, or the hardware it `shares` with others
-    (several stages placed on one device run their tasks one at a time)."""
-    shares = self.cluster.lanes[lane].shares
-    return lane if shares is None else shares
+    (several stages placed on one device run their tasks one at a time). Remembered per
+    lane: it is asked twice per task."""
+    hardware = self._hardware_of.get(lane)
+    if hardware is None:
+      shares = self.cluster.lanes[lane].shares
+      hardware = self._hardware_of[lane] = lane if shares is None else shares
+    return hardware
 
-  def _start_next(self, hardware) -> None:
-    if self._busy[hardware] or not self._queued[hardware]:
-      return
-    process, lane, op = self._queued[hardware].popleft()
-    self._busy[hardware] = True
+  def _start_next(self, hardware, queue: deque) -> None:
+    """Starts the first task waiting for `hardware` (free, with `queue` not empty)."""
+    process, lane, op = queue.popleft()
+    self._busy.add(hardware)
     start = self._now
     result = op.fn(*op.args)  # Reads its inputs now, at the simulated start.
     duration = self._sampler.duration(op.kind, op.stage, lane, op.nbytes)
-    self._at(start + duration, self._finish, process, op, lane, start, result)
+    heapq.heappush(
+      self._events,
+      (start + duration, next(self._seq), self._finish, (process, op, lane, start, result)),
+    )
 
   def _finish(self, process, op, lane, start, result) -> None:
     self.record(TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch))
-    self._busy[self._hardware(lane)] = False
+    hardware = self._hardware(lane)
+    self._busy.discard(hardware)
     self.task_finished(process, result)
-    self._start_next(self._hardware(lane))
+    queue = self._queued[hardware]
+    if queue and hardware not in self._busy:
+      self._start_next(hardware, queue)

@@ -168,6 +168,16 @@ def _start_marked(tmp_path, *args):
   return launcher, mark
 
 
+def _start_collective(tmp_path, mode='none', failing=-1, *, processes=2, launcher_flags=()):
+  """Starts `collective_worker` (`mode`: how process `failing` fails, 'none': never) on
+  `processes` local processes, with `launcher_flags` added."""
+  return _start_marked(
+    tmp_path,
+    *('--processes', str(processes), '--timeout_s', '100', *launcher_flags),
+    *('--', '-m', 'collective_worker', mode, str(failing), str(tmp_path / 'run')),
+  )
+
+
 def _leftovers(mark: str) -> list[int]:
   """Running processes that inherited `mark` (the launcher's children and theirs)."""
   needle = f'JAXSGD_TEST_MARK={mark}\0'.encode()
@@ -206,20 +216,8 @@ def _communicate(launcher, timeout=120):
   ],
 )
 def test_a_failing_process_ends_the_run_within_the_contract(tmp_path, mode, failing, status, line):
-  launcher, mark = _start_marked(
-    tmp_path,
-    '--processes',
-    '2',
-    '--devices_per_process',
-    '1',
-    '--timeout_s',
-    '100',
-    '--',
-    '-m',
-    'collective_worker',
-    mode,
-    str(failing),
-    str(tmp_path / 'run'),
+  launcher, mark = _start_collective(
+    tmp_path, mode, failing, launcher_flags=('--devices_per_process', '1')
   )
   out, err, ended = _communicate(launcher)
   assert launcher.returncode == status, out[-3000:] + err
@@ -242,21 +240,7 @@ def _wait_for(launcher, text, timeout=60):
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 @pytest.mark.parametrize('sig, status', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_stopping_the_launcher_ends_a_jax_run_within_the_contract(tmp_path, sig, status):
-  launcher, mark = _start_marked(
-    tmp_path,
-    '--processes',
-    '2',
-    '--devices_per_process',
-    '1',
-    '--timeout_s',
-    '100',
-    '--',
-    '-m',
-    'collective_worker',
-    'none',
-    '-1',
-    str(tmp_path / 'run'),
-  )
+  launcher, mark = _start_collective(tmp_path, launcher_flags=('--devices_per_process', '1'))
   _wait_for(launcher, '[p1] all-reducing')
   sent = time.time()
   launcher.send_signal(sig)
@@ -272,22 +256,9 @@ def test_stopping_the_launcher_ends_a_jax_run_within_the_contract(tmp_path, sig,
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 def test_a_stopped_process_ends_the_run_after_the_heartbeat_timeout(tmp_path):
   heartbeat_s = 2
-  launcher, mark = _start_marked(
+  launcher, mark = _start_collective(
     tmp_path,
-    '--processes',
-    '2',
-    '--devices_per_process',
-    '1',
-    '--heartbeat_timeout_s',
-    str(heartbeat_s),
-    '--timeout_s',
-    '100',
-    '--',
-    '-m',
-    'collective_worker',
-    'none',
-    '-1',
-    str(tmp_path / 'run'),
+    launcher_flags=('--devices_per_process', '1', '--heartbeat_timeout_s', str(heartbeat_s)),
   )
   _wait_for(launcher, '[p1] all-reducing')
   p1 = next(
@@ -321,22 +292,10 @@ def _environ(pid: int) -> dict[str, str]:
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 def test_a_cluster_that_never_forms_is_a_clear_error(tmp_path):
   # Process 0 starts here; process 1 of 2 is never started anywhere.
-  launcher, mark = _start_marked(
+  launcher, mark = _start_collective(
     tmp_path,
-    '--processes',
-    '1',
-    '--num_processes',
-    '2',
-    '--init_timeout_s',
-    '2',
-    '--timeout_s',
-    '100',
-    '--',
-    '-m',
-    'collective_worker',
-    'none',
-    '-1',
-    str(tmp_path / 'run'),
+    processes=1,
+    launcher_flags=('--num_processes', '2', '--init_timeout_s', '2'),
   )
   out, err, _ = _communicate(launcher)
   assert launcher.returncode == 1, out + err

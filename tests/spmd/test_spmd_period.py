@@ -21,6 +21,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+import spmd_helpers
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -37,23 +38,13 @@ RTOL, ATOL = 1e-6, 1e-7
 
 @pytest.fixture(scope='module')
 def model():
-  return models.get_model('mlp', (12,), 5, hidden=(16,))
+  return spmd_helpers.small_mlp()
 
 
 @pytest.fixture(scope='module')
 def batches():
   """STEPS steps of per-worker batches: `batches[t][m]`."""
-  rng = np.random.default_rng(0)
-  return [
-    [
-      {
-        'image': rng.normal(size=(B, 12)).astype(np.float32),
-        'label': rng.integers(0, 5, size=B).astype(np.int32),
-      }
-      for _ in range(M)
-    ]
-    for _ in range(STEPS)
-  ]
+  return spmd_helpers.worker_batches(STEPS, M, B)
 
 
 def make_tx(kind, period, delay, overlap=True, merge='keep_local'):

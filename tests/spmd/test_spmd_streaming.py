@@ -7,6 +7,7 @@ import chex
 import jax
 import numpy as np
 import pytest
+import spmd_helpers
 
 from experiments.configs import streaming_diloco as streaming_config
 from jaxsgd.algorithms import data_parallel
@@ -19,24 +20,13 @@ M, B, STEPS = 4, 8, 10
 
 @pytest.fixture(scope='module')
 def model():
-  from jaxsgd import models
-
-  return models.get_model('mlp', (12,), 5, hidden=(16,))
+  return spmd_helpers.small_mlp()
 
 
 @pytest.fixture(scope='module')
 def batches():
-  rng = np.random.default_rng(0)
-  return [
-    [
-      {
-        'image': rng.normal(size=(B, 12)).astype(np.float32),
-        'label': rng.integers(0, 5, size=B).astype(np.int32),
-      }
-      for _ in range(M)
-    ]
-    for _ in range(STEPS)
-  ]
+  """STEPS steps of per-worker batches: `batches[t][m]`."""
+  return spmd_helpers.worker_batches(STEPS, M, B)
 
 
 def _config(name, **algorithm):

@@ -1,0 +1,394 @@
+"""LPP-SGD, PD-ASGD and models with BatchNorm statistics on lane processes
+(`executor='processes'`): the same bits as in one process and on the virtual clock.
+
+Each lane is a process of its own; the replica of LPP-SGD lives in its worker's lane and
+PD-ASGD's layers in the shared model's lane, where their updates run as named tasks
+(`SharedParams.update_on`). The lanes join a Ray head started with `ray start --head`
+(`tests/lanes/ray_head.py`), by address, and none of their processes is left afterwards.
+"""
+
+import os
+import sys
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'lanes'))
+from ray_head import serve_head  # noqa: E402
+from test_lanes import _lane_processes, gone  # noqa: E402
+
+from jaxsgd import models, optimizers  # noqa: E402
+from jaxsgd.algorithms import ddg  # noqa: E402
+from jaxsgd.asynchronous import common, lppsgd, pdasgd, server  # noqa: E402
+from jaxsgd.models import stage_functions  # noqa: E402
+from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
+from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor  # noqa: E402
+from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # noqa: E402
+from jaxsgd.scheduler.process import ProcessExecutor  # noqa: E402
+from scheduler_helpers import BATCH, batches, mlp  # noqa: E402
+
+OPTIMIZER = optimizers.OptimizerSettings('adam', 1e-2)
+STEPS = 4
+# The virtual clock's costs: F = 1, B = 2, U = 1/8 s (ASGD's server update is a task), a
+# free average; binary-exact, so simulated times tie exactly.
+COSTS = {'forward': 1.0, 'backward': 2.0, 'update': 0.125, 'average': 0.0}
+LANES = ['sharedmodel', 'forwardworker0', 'backwardworker0', 'backwardworker1']
+LANES += ['worker0.0', 'worker1.0', 'allreduce', 'stage0', 'stage1', 'server', 'worker0']
+
+
+@pytest.fixture(scope='module')
+def head(tmp_path_factory):
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+
+
+@pytest.fixture(scope='module')
+def pool(head):
+  with LanePool(LanePlacement.spread(LANES), address=head.address) as lanes:
+    yield lanes
+  assert gone(lanes.pids().values()) == []
+
+
+def virtual(num_stages: int = 1) -> VirtualExecutor:
+  table = {(k, kind): v for kind, v in COSTS.items() for k in range(num_stages)}
+  return VirtualExecutor(CostModel(table))
+
+
+def on_processes(executor) -> bool:
+  return isinstance(executor, ProcessExecutor)
+
+
+def placed(model, num_stages: int, steps: int = STEPS) -> PlacedStages:
+  """`model` cut into `num_stages` on one device, every op a named task (Adam)."""
+  return PlacedStages(
+    model,
+    num_stages,
+    optimizers.make_optimizer(OPTIMIZER, steps),
+    placement=Placement.create(num_stages, jax.devices()[:1] * num_stages),
+    batch_size=BATCH,
+    seed=0,
+    optimizer=(OPTIMIZER, steps),
+  )
+
+
+def run(session, executor):
+  """Runs `session`; its variables and every store's value, fetched to the driver."""
+  session.fetch = executor.fetch
+  try:
+    executor.run(session.cluster, session.processes())
+    return session.variables(), executor.fetch([tuple(s.read().value) for s in stores(session)])
+  finally:
+    executor.close()
+
+
+def stores(session):
+  shared = session.layers if hasattr(session, 'layers') else session.replicas
+  return [store.store for store in shared]
+
+
+def adam_count(opt_state) -> int:
+  """The update count of Adam's state (`make_optimizer`: Adam, then the schedule)."""
+  return int(opt_state[0][0].count)
+
+
+def sequential_adam(pipe: PlacedStages, stream, steps: int):
+  """The reference: forward every stage, backward every stage, update every stage."""
+  roles = sequential_roles(pipe.num_stages)
+  ops = [pipe.ops(k, role) for k, role in enumerate(roles)]
+  params = [pipe.initial_variables(k, role)['params'] for k, role in enumerate(roles)]
+  opt = [pipe.tx.init(p) for p in params]
+  for _ in range(steps):
+    batch = next(stream)
+    h, vjps = batch['image'], []
+    for k in range(pipe.num_stages):
+      labels = batch['label'] if k == pipe.num_stages - 1 else None
+      h, _, _, vjp = ops[k].forward({'params': params[k]}, h, labels)
+      vjps.append(vjp)
+    dy = None
+    for k in reversed(range(pipe.num_stages)):
+      grads, dy = ops[k].backward(vjps[k], dy)
+      params[k], opt[k] = ops[k].update(params[k], opt[k], grads)
+  return [(p, o) for p, o in zip(params, opt)]
+
+
+# --- PD-ASGD -------------------------------------------------------------------------------
+def pd(executor, updates: str, pipe: PlacedStages):
+  """PD-ASGD, 1 forward : 1 backward worker, one token; `executor` runs it."""
+  settings = pdasgd.PdSettings(n_fwd=1, n_bwd=1, updates=updates, max_inflight=1)
+  names = [pdasgd.worker_name(settings, w) for w in range(2)]
+  session = pdasgd.PdSession(
+    pipe,
+    settings,
+    [batches(seed=0)],
+    [jax.devices()[0]] * 3,
+    common.StepCounter(STEPS),
+    common.WorkerLog(names, {}, executor.now),
+    lane_processes=on_processes(executor),
+  )
+  variables, values = run(session, executor)
+  return variables, values, [s.staleness().tolist() for s in stores(session)]
+
+
+@pytest.mark.parametrize('updates', ['layer', 'block'])
+def test_pdasgd_one_forward_one_backward_on_lane_processes_is_sequential_sgd(pool, updates):
+  """The sequential configuration of PD-ASGD is one forward and one backward worker with
+  one token (`max_inflight=1`), not 1:1 alone: with the default bound (2 tokens) the
+  forward of batch t + 1 overlaps the backward of batch t and reads layers it has not
+  updated yet. With one token the forward of t + 1 waits for the token that the
+  backward of t returns after its last update, so every forward reads every layer as
+  the previous batch left it: sequential SGD, with layer-wise and with block updates.
+  On lane processes the layers live in `sharedmodel` and their updates run there."""
+  pipe = placed(mlp(), 3)
+  _, values, staleness = pd(ProcessExecutor(pool=pool), updates, pipe)
+  chex.assert_trees_all_equal(values, sequential_adam(pipe, batches(seed=0), STEPS))
+  assert staleness == [[0] * STEPS] * 3
+  for executor in (RealExecutor(threads=True), virtual(3)):
+    _, in_process, _ = pd(executor, updates, pipe)
+    chex.assert_trees_all_equal(values, in_process)
+  assert pool.held('sharedmodel') == pool.held('backwardworker0') == 0  # nothing left
+
+
+def test_pdasgd_concurrent_updates_on_lane_processes_are_never_lost(pool):
+  """Two backward workers update the layers in the shared model's lane as they finish;
+  each update takes the layer's turn, so Adam counts every one (a lost update — two
+  read-modify-writes from one version — would leave the count behind the writes)."""
+  settings = pdasgd.PdSettings(n_fwd=1, n_bwd=2, updates='layer')
+  executor = ProcessExecutor(pool=pool)
+  session = pdasgd.PdSession(
+    placed(mlp(), 3, steps=8),
+    settings,
+    [batches(seed=0)],
+    [jax.devices()[0]] * 4,
+    common.StepCounter(8),
+    common.WorkerLog([pdasgd.worker_name(settings, w) for w in range(3)], {}, executor.now),
+    lane_processes=True,
+  )
+  _, values = run(session, executor)
+  for store, (_, opt_state) in zip(stores(session), values):
+    assert adam_count(opt_state) == len(store.updates) == 8
+  assert {u.lane for s in stores(session) for u in s.updates} <= {2, 3}
+  assert session.steps.applied == 8
+
+
+# --- LPP-SGD -------------------------------------------------------------------------------
+def lpp(executor, pipe: PlacedStages, stream):
+  """LPP-SGD with one replica and one worker; from step 1 on, every other step is
+  partitioned over one slice, which is the whole model: sequential SGD."""
+  settings = lppsgd.LppSettings(devices=1, workers_per_device=1, warmup_steps=0)
+  variables = pipe.initial_variables(0, sequential_roles(1)[0])
+  session = lppsgd.LppSession(
+    pipe,
+    settings,
+    variables,
+    pipe.tx.init(variables['params']),
+    [stream],
+    [jax.devices()[0]],
+    common.StepCounter(STEPS),
+    common.WorkerLog(['worker 0.0'], {}, executor.now),
+    lane_processes=on_processes(executor),
+  )
+  variables, values = run(session, executor)
+  return variables, values, stores(session)[0].staleness().tolist()
+
+
+def test_lppsgd_one_worker_on_lane_processes_is_sequential_sgd(pool):
+  pipe = placed(mlp(), 1)
+  _, values, staleness = lpp(ProcessExecutor(pool=pool), pipe, batches(seed=0))
+  chex.assert_trees_all_equal(values, sequential_adam(pipe, batches(seed=0), STEPS))
+  assert staleness == [0] * STEPS
+  for executor in (RealExecutor(threads=True), virtual()):
+    chex.assert_trees_all_equal(values, lpp(executor, pipe, batches(seed=0))[1])
+  assert pool.held('worker0.0') == 0
+
+
+def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool):
+  """D = 2 replicas (one worker each), averaged after every update: the mean runs on the
+  averaging lane, each keep-local merge on the replica's lane in the replica's turn. A
+  merge that overwrote an update would set Adam's count back below the writes.
+
+  Run twice: the first run also compiles the tasks in both lanes, so in the second both
+  workers train from the start and their replicas meet in averaging rounds (in the
+  first, a lane still compiling may leave every step to the other)."""
+  settings = lppsgd.LppSettings(devices=2, workers_per_device=1, averaging_freq=1)
+  pipe = placed(mlp(), 1, steps=16)
+  for _ in range(2):
+    executor = ProcessExecutor(pool=pool)
+    variables = pipe.initial_variables(0, sequential_roles(1)[0])
+    session = lppsgd.LppSession(
+      pipe,
+      settings,
+      variables,
+      pipe.tx.init(variables['params']),
+      [batches(seed=d) for d in range(2)],
+      [jax.devices()[0]] * 2,
+      common.StepCounter(16),
+      common.WorkerLog(['worker 0.0', 'worker 1.0'], {}, executor.now),
+      lane_processes=True,
+    )
+    _, values = run(session, executor)
+    counts = [adam_count(opt_state) for _, opt_state in values]
+    assert counts == [len(store.updates) for store in stores(session)] and sum(counts) == 16
+  assert session.averaged_rounds >= 1
+  assert pool.held('allreduce') == 0
+
+
+# --- BatchNorm statistics ------------------------------------------------------------------
+IMAGE = (4, 4, 3)
+
+
+def resnet():
+  """The smallest model with BatchNorm statistics: ResNet-20, one channel wide."""
+  return models.get_model('resnet20', IMAGE, 4, width=1)
+
+
+def images(seed: int = 0):
+  rng = np.random.default_rng(seed)
+  while True:
+    yield {
+      'image': rng.standard_normal((BATCH,) + IMAGE).astype(np.float32),
+      'label': rng.integers(0, 4, BATCH).astype(np.int32),
+    }
+
+
+def pipeline(roles, executor, pipe: PlacedStages):
+  """`STEPS` iterations of `roles`: the variables (BatchNorm statistics too), losses."""
+  losses = []
+  session = pipe.session(
+    roles,
+    BatchFeed(images(), 2),
+    STEPS,
+    on_step=lambda t, loss: losses.append(executor.deferred(loss)),
+  )
+  session.fetch = executor.fetch
+  try:
+    executor.run(session.cluster, session.processes())
+    return session.variables(), [np.asarray(loss) for loss in losses]
+  finally:
+    executor.close()
+
+
+def test_batchnorm_ddg_on_lane_processes_is_bit_identical_to_in_process(pool):
+  pipe = placed(resnet(), 2)
+  variables, losses = pipeline(ddg.roles(2), ProcessExecutor(pool=pool), pipe)
+  assert 'batch_stats' in variables and variables['batch_stats']  # the statistics moved
+  for executor in (RealExecutor(), virtual(2)):
+    chex.assert_trees_all_equal((variables, losses), pipeline(ddg.roles(2), executor, pipe))
+
+
+def test_batchnorm_lppsgd_on_lane_processes_is_bit_identical_to_in_process(pool):
+  pipe = placed(resnet(), 1)
+  variables, values, _ = lpp(ProcessExecutor(pool=pool), pipe, images())
+  initial = pipe.initial_variables(0, sequential_roles(1)[0])['batch_stats']
+  changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), variables['batch_stats'], initial)
+  assert all(jax.tree.leaves(changed))  # every statistic was updated by the steps
+  for executor in (RealExecutor(threads=True), virtual()):
+    chex.assert_trees_all_equal((variables, values), lpp(executor, pipe, images())[:2])
+
+
+@pytest.mark.parametrize('config_name', ['lppsgd', 'pdasgd'])
+def test_a_config_run_on_lane_processes_matches_the_in_process_run(
+  config_name, head, data_dir, tmp_path, capsys
+):
+  """`--config.executor=processes` end to end in the sequential configuration (one
+  replica and worker; one forward and one backward worker, one token), joined to the
+  cluster by address; the lanes are ended when the run is over."""
+  from jaxsgd import training
+
+  def summary(executor, **fields):
+    config = _config(config_name, executor=executor, data_dir=data_dir, train_steps=20)
+    config.update({'eval_every': 10, **fields})
+    if config_name == 'lppsgd':
+      config.algorithm.update({'devices': 1, 'workers_per_device': 1})
+    else:
+      config.update({'stages': 2})
+      config.algorithm.update({'n_fwd': 1, 'n_bwd': 1, 'max_inflight': 1})
+    workdir = str(tmp_path / executor)
+    return training.train_and_evaluate(config, workdir, show_progress=False)['final']
+
+  before = set(_lane_processes(head))
+  on_lanes = summary('processes', cluster_address=head.address)
+  printed = capsys.readouterr().out
+  names = ('worker0.0',) if config_name == 'lppsgd' else ('sharedmodel', 'backwardworker0')
+  assert all(f'  {name}: host=' in printed for name in names)  # the placement, at start
+  assert gone(set(_lane_processes(head)) - before) == []
+  in_process = summary('in_process')
+  for key in ('train_loss', 'test_loss', 'test_accuracy', 'staleness_mean'):
+    assert on_lanes[key] == in_process[key], key
+
+
+def asgd(executor, pipe: PlacedStages):
+  """ASGD with one worker: its pushes carry the BatchNorm statistics to the server, its
+  pulls bring them back (moved lane to lane on processes)."""
+  settings = server.ServerSettings(1)
+  params, state = stage_functions.split_variables(pipe.initial_variables(0, sequential_roles(1)[0]))
+  tx = optimizers.make_optimizer(
+    OPTIMIZER, STEPS, gradient_transforms=server.server_gradient_transforms(settings)
+  )
+  ps = server.ParameterServer(
+    tx,
+    params,
+    1,
+    jax.devices()[0],
+    record_pulls=False,
+    apply_fn=server.named_apply(OPTIMIZER, STEPS, settings),
+  )
+  session = server.AsgdSession(
+    pipe,
+    ps,
+    state,
+    [images()],
+    [jax.devices()[0]] * 2,
+    common.StepCounter(STEPS),
+    common.WorkerLog(['worker 0'], {}, executor.now),
+  )
+  session.fetch = executor.fetch
+  try:
+    executor.run(session.cluster, session.processes())
+    return session.variables()
+  finally:
+    executor.close()
+
+
+def test_batchnorm_asgd_on_lane_processes_is_bit_identical_to_in_process(pool):
+  pipe = placed(resnet(), 1)
+  variables = asgd(ProcessExecutor(pool=pool), pipe)
+  initial = pipe.initial_variables(0, sequential_roles(1)[0])['batch_stats']
+  changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), variables['batch_stats'], initial)
+  assert all(jax.tree.leaves(changed))  # the statistics went to the server and back
+  for executor in (RealExecutor(threads=True), virtual()):
+    chex.assert_trees_all_equal(variables, asgd(executor, pipe))
+
+
+# --- what cannot run on lane processes is refused, naming the field ------------------------
+def _config(name: str, **fields):
+  import importlib
+
+  module = 'default' if name == 'bp' else name
+  config = importlib.import_module(f'experiments.configs.{module}').get_config('smoke')
+  config.update({'clock': 'real', 'executor': 'processes', **fields})
+  return config
+
+
+def test_combinations_that_cannot_run_on_lane_processes_are_refused_before_compiling():
+  from jaxsgd import algorithms
+
+  model = mlp()
+  with pytest.raises(ValueError, match=r"^executor: 'processes' runs the scheduler families"):
+    algorithms.get('ssgd').validate(_config('ssgd'), model)
+  config = _config('ddg')
+  config.placement.devices = (0,)
+  with pytest.raises(ValueError, match=r'^placement.devices: places stages on this process'):
+    algorithms.get('ddg').validate(config, model)
+  config = _config('ddg', executor='in_process')
+  config.placement.lanes = 'stage0@cores=0'
+  with pytest.raises(ValueError, match=r'^placement.lanes: places lane processes; it needs'):
+    algorithms.get('ddg').validate(config, model)
+  # Every scheduler family validates on processes; bp of one stage is one lane process.
+  for name in ('bp', 'ddg', 'local', 'asgd', 'dcasgd', 'lppsgd', 'pdasgd'):
+    config = _config(name)
+    if name == 'lppsgd':
+      config.algorithm.devices = 2
+    settings = algorithms.get(name).validate(config, models.get_model('mlp', (40,), 10))
+    assert settings.shared.executor == 'processes', name
+  assert algorithms.get('bp').validate(_config('bp', stages=1), model).uses_scheduler
