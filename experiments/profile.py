@@ -3,6 +3,7 @@ r"""Measures a cost profile for a config: every task it runs, timed once, carefu
     python -m experiments.profile --config=experiments/configs/ddg.py --out=profiles/ddg.json
     python -m experiments.profile --config=experiments/configs/ddg.py:smoke \
         --config.stages=2 --out=/tmp/ddg2.json --reps=50
+    python -m experiments.profile --suite=ddg --out=experiments/results/profile_cnn_adam.json
 
 Writes (or adds a table to) a JSON profile (`jaxsgd.scheduler.profiles`): the
 seconds of each stage's forward, backward and update for the config's model,
@@ -15,6 +16,11 @@ runs); `--pin_core` and `--clock=cpu` measure one core by its CPU time instead
 quiet machine: the file is then reused as is. An existing file of the same
 model, batch size, optimizer and device gets this config's table added (one
 profile can serve a whole suite); `--replace` starts a new file instead.
+
+`--suite=NAME` (instead of `--config`) measures the table of every method of a
+comparison suite (`experiments/suites.py`) that takes its costs from a profile (virtual
+clock, `cost.calibrate`), into one file: `experiments.compare --profile=` then runs the
+whole suite on it. Its methods must share the model, batch size and optimizer.
 
 Covers every family: the scheduler algorithms (bp, ddg, local, asgd, dcasgd,
 lppsgd, pdasgd: each stage's forward, backward and update; the server's update)
@@ -55,7 +61,10 @@ _PIN_CORE = flags.DEFINE_integer(
   -1,
   'Run on this CPU core only (-1: do not pin; the costs are then those of one core).',
 )
-flags.mark_flags_as_required(['config', 'out'])
+_SUITE = flags.DEFINE_string(
+  'suite', None, 'Instead of --config: every profiled method of this comparison suite.'
+)
+flags.mark_flags_as_required(['out'])
 
 PIPELINE_ALGORITHMS = ('bp', 'ddg', 'local', 'pdasgd', 'lppsgd')
 SERVER_ALGORITHMS = ('asgd', 'dcasgd')
@@ -144,18 +153,59 @@ def _worker_step_table(settings, model, batch_for, warmup, reps, clock):
   return table, settings.batch_size
 
 
+def suite_configs(name: str) -> list:
+  """(label, config) of each method of suite `name` that takes its costs from a profile."""
+  from experiments import suites  # pylint: disable=import-outside-toplevel
+
+  if name not in suites.SUITES:
+    raise SystemExit(f'--suite: {name!r} is not a suite; allowed: {", ".join(suites.SUITES)}.')
+  suite = suites.SUITES[name]
+  configs = []
+  for method in suite.methods:
+    config = suites.method_config(method, suite.seeds[0], suite.target_accuracy, smoke=False)
+    if config.clock == 'virtual' and config.cost.calibrate:
+      configs.append((method.label, config))
+  if not configs:
+    raise SystemExit(f'--suite: no method of {name} takes its costs from a profile.')
+  return configs
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  config = _CONFIG.value
+  if (_CONFIG.value is None) == (_SUITE.value is None):
+    raise SystemExit('--config or --suite: give exactly one.')
+  configs = suite_configs(_SUITE.value) if _SUITE.value else [('', _CONFIG.value)]
   if _PIN_CORE.value >= 0:
     profiles.pin_to_core(_PIN_CORE.value)  # Before JAX's first computation.
-  if config.get('workers', 1) > 1 and 'xla_force_host_platform_device_count' not in os.environ.get(
-    'XLA_FLAGS', ''
-  ):
+  workers = max(config.get('workers', 1) for _, config in configs)
+  if workers > 1 and 'xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', ''):
     # The settings check wants one device per worker; one worker's tasks are what is
     # timed (on the first device), so fake CPU devices do (ignored on accelerators).
-    jax.config.update('jax_num_cpu_devices', config.workers)
+    jax.config.update('jax_num_cpu_devices', workers)
+  profile = None
+  for label, config in configs:
+    measured = _measure(config)
+    try:
+      profile = measured if profile is None else profiles.merge(profile, measured)
+    except profiles.ProfileError as e:
+      raise SystemExit(f'{label}: {e}') from None
+    print((f'{label}:\n' if label else '') + describe(measured.tables[0], measured.dispatch))
+  out = _OUT.value
+  if os.path.exists(out) and not _REPLACE.value:
+    try:
+      profile = profiles.merge(profiles.load(out), profile)
+    except profiles.ProfileError as e:
+      raise SystemExit(f'{e} (--replace overwrites {out})') from None
+  profiles.save(profile, out)
+  print(
+    f'wrote {out}: {len(profile.tables)} table(s), model {profile.model["name"]}, batch '
+    f'{profile.batch_size}, {profile.device_kind}'
+  )
+
+
+def _measure(config) -> profiles.Profile:
+  """A profile of one table: the tasks of `config`."""
   dataset = data_lib.load(config.dataset, config.get('data_dir'))
   model = build_model(config, dataset)
 
@@ -168,7 +218,7 @@ def main(argv):
     )
   except ValueError as e:
     raise SystemExit(str(e)) from None
-  profile = profiles.make_profile(
+  return profiles.make_profile(
     model,
     batch_size,
     profiles.optimizer_id(dict(config.optimizer)),
@@ -178,18 +228,6 @@ def main(argv):
     clock=_CLOCK.value,
     pinned=_PIN_CORE.value >= 0,
     dispatch=profiles.measure_dispatch(),
-  )
-  out = _OUT.value
-  if os.path.exists(out) and not _REPLACE.value:
-    try:
-      profile = profiles.merge(profiles.load(out), profile)
-    except profiles.ProfileError as e:
-      raise SystemExit(f'{e} (--replace overwrites {out})') from None
-  profiles.save(profile, out)
-  print(describe(table, profile.dispatch))
-  print(
-    f'wrote {out}: {len(profile.tables)} table(s), model {model.name}, batch '
-    f'{batch_size}, {profile.device_kind}'
   )
 
 

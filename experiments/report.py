@@ -1,6 +1,7 @@
 """`report.md` and its plots from a suite's finished runs."""
 
 import os
+from collections.abc import Sequence
 
 import matplotlib
 
@@ -48,6 +49,14 @@ def _mean_or_dash(values, fmt='{:.2f}') -> str:
   return fmt.format(float(np.mean(values))) if values else '—'
 
 
+def _mean_and_spread(values, fmt='{:.3g}') -> str:
+  """Mean ± sample standard deviation of the values given (None: not reached/absent)."""
+  values = [float(v) for v in values if v is not None]
+  if len(values) < 2:
+    return _mean_or_dash(values, fmt)
+  return f'{fmt.format(np.mean(values))} ± {np.std(values, ddof=1):.2g}'
+
+
 def _time_to_target(run, key):
   hit = run['summary'].get('time_to_target')
   return None if not hit else hit.get(key)
@@ -64,10 +73,10 @@ def table_rows(runs: dict[str, list[dict]]) -> list[list[str]]:
         str(len(method_runs)),
         _spread(finals),
         f'{reached}/{len(method_runs)}',
-        _mean_or_dash([_time_to_target(r, 'sim_time') for r in method_runs], '{:.3g}'),
+        _mean_and_spread([_time_to_target(r, 'sim_time') for r in method_runs]),
         _mean_or_dash([_time_to_target(r, 'wall_time') for r in method_runs], '{:.1f}'),
         _mean_or_dash([mean_staleness(r) for r in method_runs]),
-        _mean_or_dash([r['records'][-1].get('sim_time') for r in method_runs], '{:.3g}'),
+        _mean_and_spread([r['records'][-1].get('sim_time') for r in method_runs]),
         _mean_or_dash([r['records'][-1]['wall_time'] for r in method_runs], '{:.1f}'),
       ]
     )
@@ -140,11 +149,22 @@ def _merge(hists):
   return merged
 
 
-def write_report(suite, runs: dict[str, list[dict]], workdir: str) -> str:
-  """Writes `report.md`, `accuracy.png` and (if any) `staleness.png` into `workdir`."""
+def write_report(
+  suite,
+  runs: dict[str, list[dict]],
+  workdir: str,
+  *,
+  profile: str | None = None,
+  diverged: Sequence[tuple[str, int, str]] = (),
+) -> str:
+  """Writes `report.md`, `accuracy.png` and (if any) `staleness.png` into `workdir`;
+  `profile`: the cost profile every simulated method took its costs from; `diverged`:
+  (method, seed, error) of the runs whose loss became NaN (listed, not in the table)."""
+  runs = {label: method_runs for label, method_runs in runs.items() if method_runs}
   os.makedirs(workdir, exist_ok=True)
   plot_accuracy(runs, os.path.join(workdir, 'accuracy.png'), suite.target_accuracy)
   has_staleness = plot_staleness(runs, os.path.join(workdir, 'staleness.png'))
+  seeds = sorted({r['summary']['config']['seed'] for method in runs.values() for r in method})
   lines = [
     f'# {suite.title}',
     '',
@@ -152,23 +172,36 @@ def write_report(suite, runs: dict[str, list[dict]], workdir: str) -> str:
     '',
     f'Target test accuracy: {100 * suite.target_accuracy:.0f} %. '
     f'Regenerate: `python -m experiments.compare --suite={suite.name} '
-    f'--workdir={workdir}`.',
+    f'--workdir={workdir} --seeds={",".join(map(str, seeds))}'
+    + (f' --profile={profile}`.' if profile else '`.'),
+    '',
+    'Simulated times: mean ± standard deviation over the seeds that reached the target '
+    '(time to target) or over all seeds (total).'
+    + (
+      f' Every simulated method whose costs are measured took them from one profile, `{profile}`.'
+      if profile
+      else ''
+    ),
     '',
     '| ' + ' | '.join(HEADER) + ' |',
     '|' + '---|' * len(HEADER),
   ]
   lines += ['| ' + ' | '.join(row) + ' |' for row in table_rows(runs)]
+  if diverged:
+    lines += ['', '**Diverged** (not in the table; their seeds are missing from its counts):', '']
+    lines += [f'- {label}, seed {seed}: {error}' for label, seed, error in diverged]
   lines += ['', '![accuracy against time](accuracy.png)']
   if has_staleness:
     lines += ['', '![staleness histograms](staleness.png)']
-  first = next(iter(runs.values()))[0]['summary']['config']
-  lines += [
-    '',
-    f'Dataset `{first["dataset"]}`, model `{first["model"]["name"]}`, '
-    f'{first["train_steps"]} steps of batch {first["batch_size"]}'
-    f'{" per worker" if first.get("workers", 1) > 1 else ""}.',
-    '',
-  ]
+  if runs:
+    first = next(iter(runs.values()))[0]['summary']['config']
+    lines += [
+      '',
+      f'Dataset `{first["dataset"]}`, model `{first["model"]["name"]}`, '
+      f'{first["train_steps"]} steps of batch {first["batch_size"]}'
+      f'{" per worker" if first.get("workers", 1) > 1 else ""}.',
+      '',
+    ]
   path = os.path.join(workdir, 'report.md')
   files.atomic_write(path, '\n'.join(lines))
   return path

@@ -5,6 +5,7 @@ import importlib.util
 import os
 
 from experiments import report
+from jaxsgd.errors import NonFiniteLossError
 from jaxsgd.training import train_and_evaluate
 from jaxsgd.training import workdir as workdir_lib
 
@@ -76,19 +77,25 @@ def run_suite(
   Each run goes to `workdir/runs/METHOD/seedN`, replacing what an earlier suite run
   left there; with `reuse`, a run whose `summary.json` records the very config it
   would run (every field: a smoke run is not reused for a full one) is kept instead.
+  A run whose loss becomes NaN or infinite (`NonFiniteLossError`) is a result, not a
+  crash: the suite goes on and the report lists it as diverged.
   """
   suite = SUITES[name]
   seeds = seeds or (suite.seeds[:1] if smoke else suite.seeds)
-  runs = {}
+  runs, diverged = {}, []
   for method in suite.methods:
     runs[method.label] = []
     for seed in seeds:
       run_dir = os.path.join(workdir, 'runs', _slug(method.label), f'seed{seed}')
       config = method_config(method, seed, suite.target_accuracy, smoke, profile)
       if not (reuse and can_reuse(run_dir, config)):
-        train_and_evaluate(config, run_dir, overwrite=True)
+        try:
+          train_and_evaluate(config, run_dir, overwrite=True)
+        except NonFiniteLossError as error:
+          diverged.append((method.label, seed, str(error)))
+          continue
       runs[method.label].append(report.load_run(run_dir))
-  return report.write_report(suite, runs, workdir)
+  return report.write_report(suite, runs, workdir, profile=profile, diverged=diverged)
 
 
 def _slug(label: str) -> str:
@@ -117,7 +124,7 @@ register(
       Method('DDG K=3', 'experiments/configs/ddg.py', _CPU + (('stages', 3),)),
       Method('DDG K=4', 'experiments/configs/ddg.py', _CPU + (('stages', 4),)),
     ),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     target_accuracy=0.95,
   )
 )
@@ -146,7 +153,7 @@ register(
         _CPU + (('algorithm.variant', 'chunked'), ('algorithm.chunks', 2)),
       ),
     ),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     target_accuracy=0.95,
   )
 )
@@ -182,7 +189,7 @@ register(
         _data_parallel(f'DaSGD M={workers}', 'experiments/configs/dasgd.py', workers, 'dasgd'),
       )
     ),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     target_accuracy=0.95,
   )
 )
@@ -245,7 +252,7 @@ register(
     + _dc_methods(4, False)
     + _dc_methods(8, False)
     + _dc_methods(8, True),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     target_accuracy=0.95,
   )
 )
@@ -296,7 +303,7 @@ register(
     'synchronous data parallelism under injected delays and 2.14x over comparable ASGD '
     '(CIFAR-10/100 ResNet-18/34, 3 GPUs).',
     methods=_pd_methods(False) + _pd_methods(True),
-    seeds=(0, 1),
+    seeds=(0, 1, 2),
     target_accuracy=0.95,
   )
 )

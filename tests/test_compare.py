@@ -42,6 +42,31 @@ def test_suite_runs_every_method_and_seed_and_writes_a_report(tmp_path, data_dir
   assert not (tmp_path / 'staleness.png').exists()  # BP records no staleness.
 
 
+def test_a_diverged_run_is_reported_and_the_suite_goes_on(tmp_path, data_dir):
+  base = (('data_dir', data_dir), ('train_steps', 20))
+  suite = suites.Suite(
+    name='test_diverges',
+    title='One method diverges',
+    claim='none',
+    methods=(
+      suites.Method(
+        'SGD lr=1e9',
+        'experiments/configs/default.py',
+        base + (('optimizer.name', 'sgd'), ('optimizer.learning_rate', 1e9)),
+      ),
+      suites.Method('BP', 'experiments/configs/default.py', base),
+    ),
+    seeds=(0,),
+    target_accuracy=0.3,
+  )
+  suites.register(suite)
+  text = open(suites.run_suite('test_diverges', str(tmp_path), smoke=True)).read()
+  assert [line.split(' | ')[0] for line in text.splitlines() if line.startswith('| ')][1:] == [
+    '| BP'
+  ]  # The header, then BP alone: the diverged method has no row.
+  assert '- SGD lr=1e9, seed 0: training loss became' in text
+
+
 def test_table_rows_hand_computed():
   def run(acc, hit):
     return {
@@ -53,7 +78,14 @@ def test_table_rows_hand_computed():
     {'A': [run(0.90, {'step': 5, 'sim_time': 1.0, 'wall_time': 3.0}), run(0.94, None)]}
   )
   # mean 92.00, sample std of (90, 94) = 2.83; one of two runs reached the target.
-  assert rows == [['A', '2', '92.00 ± 2.83', '1/2', '1', '3.0', '2.00', '4', '10.0']]
+  assert rows == [['A', '2', '92.00 ± 2.83', '1/2', '1', '3.0', '2.00', '4 ± 0', '10.0']]
+  slower = run(0.94, {'step': 5, 'sim_time': 3.0, 'wall_time': 3.0})
+  slower['records'] = [{'wall_time': 10.0, 'sim_time': 6.0}]
+  rows = report.table_rows(
+    {'B': [run(0.90, {'step': 5, 'sim_time': 1.0, 'wall_time': 3.0}), slower]}
+  )
+  # Simulated times to target (1, 3) and in all (4, 6): mean ± sample std √2 = 1.4.
+  assert rows[0][4] == '2 ± 1.4' and rows[0][7] == '5 ± 1.4'
 
 
 def test_every_registered_suite_has_valid_configs(data_dir):

@@ -138,3 +138,15 @@ def test_the_command_writes_a_profile_and_refuses_to_mix_models(data_dir, tmp_pa
     .startswith('cost.profile: cannot add to a profile of another model')
   )
   assert profiles.load(out) == profile  # Left as it was.
+
+
+def test_suite_profiles_every_method_with_measured_costs():
+  labels = [label for label, _ in profile_command.suite_configs('ddg')]
+  assert labels == ['BP (staged, K=4)', 'DDG K=2', 'DDG K=3', 'DDG K=4']
+  # pdasgd: SSGD prices its step from the profile too (a worker step at batch 128).
+  configs = dict(profile_command.suite_configs('pdasgd'))
+  assert configs['SSGD M=3'].algorithm.name == 'ssgd' and configs['SSGD M=3'].batch_size == 128
+  with pytest.raises(SystemExit, match='no method of dasgd takes its costs from a profile'):
+    profile_command.suite_configs('dasgd')  # Every dasgd method gives its step's seconds.
+  with pytest.raises(SystemExit, match="--suite: 'nope' is not a suite"):
+    profile_command.suite_configs('nope')

@@ -74,7 +74,12 @@ def validate(config, model) -> Settings:
       )
     lambda0 = float(lambda0)
   shared = workers.validate_workers(
-    config, model, config.workers, whole_model=True, uses_workers_field=True
+    config,
+    model,
+    config.workers,
+    whole_model=True,
+    uses_workers_field=True,
+    num_lanes=1 + config.workers,
   )
   server = ServerSettings(shared.workers, settings.staleness_lr, dc, lambda0, settings.adaptive)
   return dataclasses.replace(settings, lambda0=lambda0, server=server, shared=shared)

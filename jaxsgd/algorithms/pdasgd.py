@@ -50,7 +50,10 @@ def validate(config, model) -> Settings:
   choice(settings.updates, 'algorithm.updates', UPDATES)
   if settings.max_inflight is not None:
     integer(settings.max_inflight, 'algorithm.max_inflight')
-  shared = workers.validate_workers(config, model, settings.session.num_workers, whole_model=False)
+  num_workers = settings.session.num_workers
+  shared = workers.validate_workers(
+    config, model, num_workers, whole_model=False, num_lanes=1 + num_workers
+  )
   return dataclasses.replace(settings, shared=shared)
 
 

@@ -336,17 +336,23 @@ class PlacementSettings:
     lanes: with `executor='processes'`, where each lane process runs, in the text form
       of `LanePlacement` (`'stage0@cores=0; stage1@host=10.0.0.2@cores=0-3@gpu=1'`);
       None = one core per lane, round-robin over this host's cores.
+    lane_to_device: the asynchronous algorithms on the virtual clock (asgd, dcasgd:
+      the server, then the workers; pdasgd: the shared model, then the forward and the
+      backward workers): the simulated device of each lane. Lanes mapped to one device
+      share it: their tasks run one at a time (an ASGD server on a worker's GPU). None =
+      every lane a device of its own.
   """
 
   devices: tuple[int, ...] | None = None
   stage_to_device: tuple[int, ...] | None = None
   lanes: str | None = None
+  lane_to_device: tuple[int, ...] | None = None
 
 
 def placement_settings(given, num_stages: int) -> PlacementSettings:
   """`config.placement`, checked against the visible devices and the stage count."""
   given = dict(given or {})
-  refuse_unknown(given, ('devices', 'stage_to_device', 'lanes'), 'placement')
+  refuse_unknown(given, ('devices', 'stage_to_device', 'lanes', 'lane_to_device'), 'placement')
   lanes = given.pop('lanes', None)
   if lanes is not None:
     from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
@@ -362,6 +368,13 @@ def placement_settings(given, num_stages: int) -> PlacementSettings:
       raise ValueError(f'placement.{key}: a tuple of integers (or None) expected, got {value!r}.')
   given = {k: (tuple(v) if v is not None else None) for k, v in given.items()}
   settings = PlacementSettings(**given, lanes=lanes)
+  lane_map = settings.lane_to_device
+  if lane_map is not None and (
+    not lane_map or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in lane_map)
+  ):
+    raise ValueError(
+      f'placement.lane_to_device: a device index >= 0 per lane expected, got {list(lane_map)}.'
+    )
   available = len(jax.devices())
   positions = settings.devices
   if positions is not None:
@@ -410,6 +423,9 @@ def optimizer_settings(given, prefix: str = 'optimizer') -> OptimizerSettings:
   return settings.check(prefix)
 
 
+ASYNCHRONOUS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')  # Their lanes: `placement.lane_to_device`.
+
+
 @dataclasses.dataclass(frozen=True)
 class SharedSettings:
   """The fields every algorithm shares (top level of the config, `optimizer`, `cost`)."""
@@ -453,6 +469,12 @@ def shared_settings(config) -> SharedSettings:
     )
   _check_placement_for(executor, dict(config.get('placement') or {}))
   placement = placement_settings(config.get('placement'), stages)
+  name = config.algorithm.name
+  if placement.lane_to_device is not None and name not in ASYNCHRONOUS:
+    raise ValueError(
+      f'placement.lane_to_device: maps the lanes of {", ".join(ASYNCHRONOUS)}; {name} '
+      'places stages with placement.stage_to_device.'
+    )
   tolerate = tolerate_lost_workers(config, executor)
   return SharedSettings(
     train_steps=integer(config.train_steps, 'train_steps'),

@@ -16,16 +16,41 @@ from jaxsgd.asynchronous import common
 
 
 def validate_workers(
-  config, model, num_workers: int, *, whole_model: bool, uses_workers_field: bool = False
+  config,
+  model,
+  num_workers: int,
+  *,
+  whole_model: bool,
+  uses_workers_field: bool = False,
+  num_lanes: int | None = None,
 ) -> SharedSettings:
   """The shared settings of an asynchronous run of `num_workers` workers.
 
   `whole_model`: every worker computes whole-model gradients (ASGD, DC-ASGD, LPP-SGD),
   so `stages` must be 1. `uses_workers_field`: the worker count is `config.workers`
-  (else it comes from `algorithm.*` and `workers` must stay 1).
+  (else it comes from `algorithm.*` and `workers` must stay 1). `num_lanes`: the
+  session's compute lanes, which `placement.lane_to_device` maps to simulated devices
+  (None: the algorithm does not take that map).
   """
   shared = shared_settings(config)
   name = config.algorithm.name
+  lane_map = shared.placement.lane_to_device
+  if lane_map is not None:
+    if num_lanes is None:
+      raise ValueError(
+        f'placement.lane_to_device: {name} places its workers itself (lppsgd: '
+        'algorithm.devices x workers_per_device); leave it None.'
+      )
+    if not shared.virtual:
+      raise ValueError(
+        'placement.lane_to_device: models shared devices on the virtual clock; set '
+        "clock='virtual' (on the real clock lane i runs on jax.devices()[i % n])."
+      )
+    if len(lane_map) != num_lanes:
+      raise ValueError(
+        f'placement.lane_to_device: {len(lane_map)} entries for the {num_lanes} lanes of '
+        f'{name} (asgd/dcasgd: server + workers; pdasgd: shared model + n_fwd + n_bwd).'
+      )
   if whole_model and shared.stages != 1:
     raise ValueError(
       f'stages: {name} computes whole-model gradients on each worker; use '
@@ -101,6 +126,8 @@ def train_session(
     )
     resume = checkpoints.restore()
   session.fetch = executor.fetch  # values in lane processes come to the driver when read
+  if shared.placement.lane_to_device is not None:
+    common.share_devices(session.cluster, shared.placement.lane_to_device)
   try:
     timeline = (
       executor.run(session.cluster, processes, resume=resume)

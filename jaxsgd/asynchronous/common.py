@@ -17,6 +17,7 @@ the pieces they have in common:
 The config glue (settings, executors, the summary) is in `jaxsgd.algorithms.workers`.
 """
 
+import dataclasses
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -61,6 +62,14 @@ def backward_forward_ratio(table: dict) -> float:
   forward = sum(v for (_, kind), v in table.items() if kind == 'forward')
   backward = sum(v for (_, kind), v in table.items() if kind == 'backward')
   return backward / forward if forward else math.nan
+
+
+def share_devices(cluster: Cluster, lane_to_device) -> None:
+  """Lane i of `cluster` runs on simulated device `lane_to_device[i]`: lanes mapped to one
+  device share it, so the virtual clock runs their tasks one at a time, first come first
+  served (`LaneSpec.shares`), as two processes on one GPU take turns at its queue."""
+  for lane, device in enumerate(lane_to_device):
+    cluster.lanes[lane] = dataclasses.replace(cluster.lanes[lane], shares=f'device {device}')
 
 
 # --- copies -------------------------------------------------------------------------------------
