@@ -34,7 +34,9 @@ from jaxsgd.scheduler import hardware
 CLOCKS = ('real', 'virtual')
 # Where the real clock runs its lanes: devices of this process, or an OS process per lane.
 EXECUTORS = ('in_process', 'processes')
-KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
+KINDS = ('forward', 'backward', 'update', 'step')
+# Whose host overhead per task the virtual clock may add (`cost.dispatch`; `profile.dispatch`).
+DISPATCH = ('none', 'real', 'real_threads', 'processes')  # the task kinds `cost.compute` may cost
 
 # Fields that were renamed: the old name is refused with the new one.
 RENAMED = {
@@ -189,6 +191,10 @@ class CostSettings:
     straggler_std: σ of the seeded log-normal per-task noise.
     seed: seeds the noise; None = `config.seed`.
     failures: `(worker, seconds)` pairs: from then on, that worker stops.
+    dispatch: the executor whose host overhead per task the simulation adds to every
+      task (`'real'`, `'real_threads'`, `'processes'`: the figure measured in
+      `cost.profile`, `profile.dispatch`), or `'none'` (default): the devices' time
+      alone, as on hardware whose host keeps every device fed (a preset's, say).
   """
 
   calibrate: bool = True
@@ -203,6 +209,7 @@ class CostSettings:
   straggler_std: float = 0.0
   seed: int | None = None
   failures: tuple[tuple[int, float], ...] = ()
+  dispatch: str = 'none'
 
   @property
   def explicit_compute(self) -> bool:
@@ -281,6 +288,12 @@ def cost_settings(given, *, clock: str) -> CostSettings:
     raise ValueError(
       f'cost.profile: no file {cost.profile!r}; make one with '
       f'python -m experiments.profile --config=... --out={cost.profile}.'
+    )
+  choice(cost.dispatch, 'cost.dispatch', DISPATCH)
+  if cost.dispatch != 'none' and cost.profile is None:
+    raise ValueError(
+      f'cost.dispatch: {cost.dispatch!r} adds the dispatch overhead measured in a cost '
+      "profile; give cost.profile (python -m experiments.profile), or set 'none'."
     )
   for field, what in (('device_speeds', 'lane'), ('worker_speeds', 'worker')):
     for i, speed in enumerate(getattr(cost, field)):

@@ -32,7 +32,6 @@ the run stops, every process is closed and every lane process ended.
 """
 
 import collections
-import re
 import time
 
 import jax
@@ -41,6 +40,7 @@ import numpy as np
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process
 from jaxsgd.scheduler.executor import Executor
 from jaxsgd.scheduler.lanes import Handle, LanePlacement, LanePool
+from jaxsgd.scheduler.placement import lane_name
 from jaxsgd.scheduler.tasks import Task
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 
@@ -202,11 +202,6 @@ class LaneValue:
 
   def __float__(self):
     return float(self.__array__())
-
-
-def lane_name(cluster_name: str) -> str:
-  """A cluster lane's name as a placement lane name: `stage 0 (cpu:0)` → `stage0`."""
-  return re.sub(r'[^A-Za-z0-9_.-]', '', cluster_name.split(' (')[0]) or 'lane'
 
 
 def _handles(value) -> list:

@@ -23,11 +23,13 @@ import heapq
 import itertools
 import math
 from collections import defaultdict, deque
+from collections.abc import Mapping
 
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Compute, Process
 from jaxsgd.scheduler.costs import CostModel
 from jaxsgd.scheduler.executor import Executor
+from jaxsgd.scheduler.placement import lane_name
 from jaxsgd.scheduler.timeline import TaskRecord
 
 
@@ -36,8 +38,11 @@ class VirtualExecutor(Executor):
 
   clock = 'virtual'
 
-  def __init__(self, cost_model: CostModel):
+  def __init__(self, cost_model: CostModel, *, lane_hardware: Mapping[str, str] | None = None):
+    """`lane_hardware`: placement lane name (`placement.lane_name`) -> hardware key, for
+    lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`."""
     self.cost_model = cost_model
+    self.lane_hardware = dict(lane_hardware or {})
     self._now = 0.0
 
   def now(self) -> float:
@@ -50,6 +55,7 @@ class VirtualExecutor(Executor):
     self._busy: dict[int, bool] = defaultdict(bool)
     self._queued: dict[int, deque] = defaultdict(deque)
     self._sampler = self.cost_model.sampler()
+    self._hardware_of: dict[int, object] = {}
 
   def execute(self) -> None:
     for process in self.processes:
@@ -78,9 +84,20 @@ class VirtualExecutor(Executor):
 
   def _hardware(self, lane: int):
     """What a task on `lane` occupies: the lane, or the hardware it `shares` with others
-    (several stages placed on one device run their tasks one at a time)."""
-    shares = self.cluster.lanes[lane].shares
-    return lane if shares is None else shares
+    (several stages placed on one device run their tasks one at a time). A link is the
+    pair of hardware it joins: transfers between two devices share one FIFO link,
+    whichever lanes of those devices send them."""
+    hardware = self._hardware_of.get(lane)
+    if hardware is None:
+      spec = self.cluster.lanes[lane]
+      if spec.link is not None:
+        hardware = ('link', *map(self._hardware, spec.link))
+      elif spec.shares is not None:
+        hardware = spec.shares
+      else:
+        hardware = self.lane_hardware.get(lane_name(spec.name), lane)
+      self._hardware_of[lane] = hardware
+    return hardware
 
   def _start_next(self, hardware) -> None:
     if self._busy[hardware] or not self._queued[hardware]:
