@@ -49,6 +49,7 @@ LABELS = {
   'pdasgd': 'PD-ASGD 1:1',
   'lppsgd': 'LPP-SGD 2x1',
 }
+SIDES = ('measured', 'predicted', 'replayed')
 ASYNCHRONOUS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')
 # The profile's tables: DDG and PD-ASGD (2 stages, sequential roles) compute what staged
 # BP computes (`profiles.roles_signature`), so BP's table serves all three.
@@ -72,7 +73,7 @@ LANE_ENV = {
 }
 
 
-def family_config(name: str, args, side: str, profile: str | None = None):
+def family_config(name: str, args, side: str, profile: str | None = None, links=(0.0, 0.0)):
   """The config of family `name` for `side`: 'measured' (lane processes), 'predicted'
   (the virtual clock with `profile`) or 'tables' (what the profile measures)."""
   import ml_collections
@@ -107,6 +108,7 @@ def family_config(name: str, args, side: str, profile: str | None = None):
   if side == 'predicted':
     config.cost.profile = profile
     config.cost.dispatch = 'processes'
+    config.cost.link_latency, config.cost.link_bandwidth = links
   return config
 
 
@@ -160,12 +162,20 @@ def _write_tables(path: str, args) -> None:
 
 # --- reading a run's trace ---------------------------------------------------------------------
 def read_trace(workdir: str):
-  """`(lane names, [(lane, kind, start, end, batch)])` of the run's trace.json, in seconds."""
+  """`(lane names, [(lane, kind, start, end, batch, stage)])` of the run's trace.json
+  (seconds)."""
   with open(os.path.join(workdir, 'trace.json')) as f:
     events = json.load(f)['traceEvents']
   names = {e['tid']: e['args']['name'] for e in events if e.get('name') == 'thread_name'}
   tasks = [
-    (e['tid'], e['cat'], e['ts'] / 1e6, (e['ts'] + e['dur']) / 1e6, e['args'].get('batch'))
+    (
+      e['tid'],
+      e['cat'],
+      e['ts'] / 1e6,
+      (e['ts'] + e['dur']) / 1e6,
+      e['args'].get('batch'),
+      e['args'].get('stage'),
+    )
     for e in events
     if e.get('ph') == 'X'
   ]
@@ -177,7 +187,7 @@ def iteration_ends(tasks) -> list[float]:
   updated); without update tasks (updates applied in the driver), its backward tasks."""
   for kind in ('update', 'backward'):
     ends = {}
-    for _, task_kind, _, end, batch in tasks:
+    for _, task_kind, _, end, batch, _ in tasks:
       if task_kind == kind and batch is not None:
         ends[batch] = max(ends.get(batch, 0.0), end)
     if ends:
@@ -185,16 +195,31 @@ def iteration_ends(tasks) -> list[float]:
   raise ValueError('the trace has no update or backward tasks')
 
 
-def window_stats(workdir: str, warmup: int) -> dict:
-  """Seconds per iteration after `warmup` iterations, and each compute lane's
-  utilization over that window."""
-  names, tasks = read_trace(workdir)
+def window(names, tasks, warmup: int) -> tuple[float, float, int]:
+  """`(start, stop, iterations)` of the steady state: from the end of the first
+  iteration after both `warmup` iterations and every compute lane's first `warmup`
+  tasks (a lane compiles its tasks on first use: a worker still compiling while the
+  others run would make the start look unlike the rest), to the end of the last."""
   ends = sorted(iteration_ends(tasks))
-  warmup = min(warmup, len(ends) - 2)
-  start, stop = ends[warmup], ends[-1]
-  per_iteration = (stop - start) / (len(ends) - 1 - warmup)
+  per_lane = {}
+  for lane, _, _, end, _, _ in tasks:
+    if not names[lane].startswith('link '):
+      per_lane.setdefault(lane, []).append(end)
+  warm = max(sorted(e)[min(warmup, len(e)) - 1] for e in per_lane.values())
+  warm = max(warm, ends[min(warmup, len(ends) - 2)])
+  after = [e for e in ends if e >= warm]
+  if len(after) < 2:
+    raise ValueError(f'fewer than 2 iterations after the warm-up; run more than {len(ends)}')
+  return after[0], after[-1], len(after) - 1
+
+
+def window_stats(workdir: str, warmup: int) -> dict:
+  """Seconds per iteration in the steady state (`window`), and each compute lane's
+  utilization over it."""
+  names, tasks = read_trace(workdir)
+  start, stop, iterations = window(names, tasks, warmup)
   busy = {}
-  for lane, _, begin, end, _ in tasks:
+  for lane, _, begin, end, _, _ in tasks:
     name = names[lane]
     if name.startswith('link '):
       continue
@@ -202,7 +227,11 @@ def window_stats(workdir: str, warmup: int) -> dict:
     key = _short(name)
     busy[key] = busy.get(key, 0.0) + overlap
   utilization = {lane: seconds / (stop - start) for lane, seconds in sorted(busy.items())}
-  return {'per_iteration': per_iteration, 'utilization': utilization}
+  return {
+    'per_iteration': (stop - start) / iterations,
+    'utilization': utilization,
+    'iterations': iterations,
+  }
 
 
 def _short(name: str) -> str:
@@ -211,13 +240,45 @@ def _short(name: str) -> str:
   return lane_name(name)
 
 
-def run_family(name: str, args, profile: str, root: str) -> dict:
+def observed_profile(profile: str, workdir: str, warmup: int) -> str:
+  """A copy of `profile` whose task costs are the median durations of each task kind
+  in the measured run at `workdir` (after `warmup` iterations), as the lanes timed them.
+
+  What the virtual clock then predicts differs from the measured run only by what the
+  schedule model leaves out (dispatch, links, the order of tasks on a shared core), not
+  by how long tasks took under the machine's load.
+  """
+  import dataclasses
+
+  from jaxsgd.scheduler import profiles
+
+  names, tasks = read_trace(workdir)
+  start, _, _ = window(names, tasks, warmup)
+  durations = {}
+  for lane, kind, begin, end, _, stage in tasks:
+    if begin >= start and not names[lane].startswith('link '):
+      durations.setdefault((stage, kind), []).append(end - begin)
+  loaded = profiles.load(profile)
+  medians = {key: float(np.median(d)) for key, d in durations.items()}
+  tables = tuple(
+    dataclasses.replace(t, costs={k: medians.get(k, v) for k, v in t.costs.items()})
+    for t in loaded.tables
+  )
+  path = os.path.join(workdir, 'observed_profile.json')
+  profiles.save(dataclasses.replace(loaded, tables=tables), path)
+  return path
+
+
+def run_family(name: str, args, profile: str, links, root: str) -> dict:
   """Both runs of family `name`: their statistics, or why the measured one could not run."""
   from jaxsgd import training
 
   result = {}
-  for side in ('measured', 'predicted'):
-    config = family_config(name, args, side, profile)
+  for side in SIDES:
+    given = profile
+    if side == 'replayed':  # the schedule alone: the measured run's own task times
+      given = observed_profile(profile, os.path.join(root, f'{name}-measured'), args.warmup)
+    config = family_config(name, args, 'predicted' if side == 'replayed' else side, given, links)
     workdir = os.path.join(root, f'{name}-{side}')
     try:
       summary = training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
@@ -241,6 +302,8 @@ def main():
   parser.add_argument('--reps', type=int, default=20, help='timed calls per task (profile)')
   parser.add_argument('--families', default=','.join(FAMILIES))
   parser.add_argument('--profile', default=None, help='a profile to use (default: measure)')
+  parser.add_argument('--link_latency', type=float, default=None, help='s (default: measure)')
+  parser.add_argument('--link_bandwidth', type=float, default=None, help='B/s, with the above')
   parser.add_argument('--_tables', default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args._tables:
@@ -281,9 +344,17 @@ def main():
       + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items()),
       flush=True,
     )
+    if args.link_latency is None:
+      links = profiles.measure_process_links(cores=(0, 1))
+    else:
+      links = (args.link_latency, args.link_bandwidth)
+    print(
+      f'links between lane processes: {1e6 * links[0]:.0f} µs + bytes / {links[1] / 1e9:.2f} GB/s',
+      flush=True,
+    )
     results = {}
     for name in families:
-      results[name] = run_family(name, args, profile, root)
+      results[name] = run_family(name, args, profile, links, root)
       print(f'  {LABELS[name]}: {_one_line(results[name])}', flush=True)
   finally:
     cluster.shutdown()
@@ -303,11 +374,16 @@ def _with_dispatch(profile, dispatch: dict):
 def _one_line(result: dict) -> str:
   if 'skipped' in result:
     return result['skipped']
-  measured, predicted = result['measured'], result['predicted']
-  return (
-    f'measured {1e3 * measured["per_iteration"]:.2f} ms/iteration, predicted '
-    f'{1e3 * predicted["per_iteration"]:.2f}'
+  return ', '.join(
+    f'{side} {1e3 * result[side]["per_iteration"]:.2f} ms/iteration'
+    for side in ('measured', 'predicted', 'replayed')
+    if side in result
   )
+
+
+def _error(result: dict, side: str) -> float:
+  measured = result['measured']['per_iteration']
+  return 100 * abs(result[side]['per_iteration'] - measured) / measured
 
 
 def print_table(results: dict) -> None:
@@ -315,6 +391,8 @@ def print_table(results: dict) -> None:
     'family',
     'measured ms/it',
     'predicted ms/it',
+    'error %',
+    'replayed ms/it',
     'error %',
     'utilization measured',
     'utilization predicted',
@@ -324,34 +402,40 @@ def print_table(results: dict) -> None:
     if 'skipped' in result:
       notes.append(f'{LABELS[name]}: {result["skipped"]}')
       continue
-    measured, predicted = result['measured'], result['predicted']
-    error = abs(predicted['per_iteration'] - measured['per_iteration'])
-    errors[name] = 100 * error / measured['per_iteration']
+    errors[name] = _error(result, 'predicted')
     rows.append(
       (
         LABELS[name],
-        f'{1e3 * measured["per_iteration"]:.2f}',
-        f'{1e3 * predicted["per_iteration"]:.2f}',
+        f'{1e3 * result["measured"]["per_iteration"]:.2f}',
+        f'{1e3 * result["predicted"]["per_iteration"]:.2f}',
         f'{errors[name]:.1f}',
-        _lanes(measured['utilization']),
-        _lanes(predicted['utilization']),
+        f'{1e3 * result["replayed"]["per_iteration"]:.2f}',
+        f'{_error(result, "replayed"):.1f}',
+        _lanes(result['measured']['utilization']),
+        _lanes(result['predicted']['utilization']),
       )
     )
   widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
   for row in (header, *rows):
     print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+  print(
+    'replayed: the virtual clock again, with each task kind costing its median duration '
+    'in the measured run (the schedule model alone, without the profile)'
+  )
   staleness = [n for n in results if n in ASYNCHRONOUS and 'skipped' not in results[n]]
   if staleness:
-    print('staleness histogram (staleness: updates), measured | predicted:')
+    print('staleness histogram {staleness: updates}, measured | predicted | replayed:')
     for name in staleness:
-      measured, predicted = (results[name][s]['staleness'] for s in ('measured', 'predicted'))
-      print(f'  {LABELS[name]}: {_histogram(measured)} | {_histogram(predicted)}')
+      cells = (_histogram(results[name][s]['staleness']) for s in SIDES)
+      print(f'  {LABELS[name]}: ' + ' | '.join(cells))
   for note in notes:
     print(note)
   if errors:
     worst = max(errors, key=errors.get)
+    replayed = max(_error(results[n], 'replayed') for n in errors)
     print(
-      f'(largest: {LABELS[worst]}; median over families {np.median(list(errors.values())):.1f} %)'
+      f'(largest: {LABELS[worst]}; median over families {np.median(list(errors.values())):.1f} %; '
+      f'replayed, largest {replayed:.1f} %)'
     )
     print(f'simulator max error across families: {errors[worst]:.1f}%')
   else:

@@ -472,8 +472,8 @@ def measure_process_links(
   *,
   cores: Sequence[int] = (0, 1),
   address: str | None = None,
-  sizes: Sequence[int] = (1 << 16, 1 << 22),
-  reps: int = 10,
+  sizes: Sequence[int] = (1 << 16, 1 << 24),
+  reps: int = 15,
 ) -> tuple[float, float]:
   """`(latency s, bandwidth B/s)` of a move between two lane processes (`LanePool.move`,
   Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, the fastest of
