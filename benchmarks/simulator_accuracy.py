@@ -240,26 +240,31 @@ def _short(name: str) -> str:
   return lane_name(name)
 
 
-def observed_profile(profile: str, workdir: str, warmup: int) -> str:
-  """A copy of `profile` whose task costs are the median durations of each task kind
-  in the measured run at `workdir` (after `warmup` iterations), as the lanes timed them.
-
-  What the virtual clock then predicts differs from the measured run only by what the
-  schedule model leaves out (dispatch, links, the order of tasks on a shared core), not
-  by how long tasks took under the machine's load.
-  """
-  import dataclasses
-
-  from jaxsgd.scheduler import profiles
-
+def task_medians(workdir: str, warmup: int) -> dict:
+  """`{(stage, kind): median seconds}` of the compute tasks of the run's steady state."""
   names, tasks = read_trace(workdir)
   start, _, _ = window(names, tasks, warmup)
   durations = {}
   for lane, kind, begin, end, _, stage in tasks:
     if begin >= start and not names[lane].startswith('link '):
       durations.setdefault((stage, kind), []).append(end - begin)
+  return {key: float(np.median(d)) for key, d in durations.items()}
+
+
+def observed_profile(profile: str, workdir: str, warmup: int) -> str:
+  """A copy of `profile` whose task costs are the median durations of each task kind
+  in the measured run at `workdir` (steady state), as the lanes timed them.
+
+  What the virtual clock then predicts differs from the measured run only by what the
+  schedule model leaves out or gets wrong (dispatch, links, the order of tasks on a
+  shared core), not by how much longer tasks took under the machine's load.
+  """
+  import dataclasses
+
+  from jaxsgd.scheduler import profiles
+
+  medians = task_medians(workdir, warmup)
   loaded = profiles.load(profile)
-  medians = {key: float(np.median(d)) for key, d in durations.items()}
   tables = tuple(
     dataclasses.replace(t, costs={k: medians.get(k, v) for k, v in t.costs.items()})
     for t in loaded.tables
@@ -269,7 +274,29 @@ def observed_profile(profile: str, workdir: str, warmup: int) -> str:
   return path
 
 
-def run_family(name: str, args, profile: str, links, root: str) -> dict:
+def slowdown(root: str, name: str, warmup: int, dispatch: float) -> float:
+  """Median over task kinds of (the task's median duration in the measured run) / (its
+  cost in the profile): how much longer the lanes took for the same work (1 on an
+  idle machine whose lanes match the profile; other jobs' load raises it)."""
+  measured = task_medians(os.path.join(root, f'{name}-measured'), warmup)
+  predicted = task_medians(os.path.join(root, f'{name}-predicted'), warmup)
+  ratios = [
+    measured[k] / (predicted[k] - dispatch)
+    for k in measured
+    if k in predicted and predicted[k] > dispatch
+  ]
+  return float(np.median(ratios)) if ratios else float('nan')
+
+
+def wait_for_quiet(max_load: float, max_wait: float) -> None:
+  """Waits until the 1-minute load average is below `max_load` (at most `max_wait` s):
+  on a shared machine, other jobs take the lanes' cores, which no simulator can know."""
+  deadline = time.time() + max_wait
+  while os.getloadavg()[0] >= max_load and time.time() < deadline:
+    time.sleep(5)
+
+
+def run_family(name: str, args, profile: str, links, dispatch: float, root: str) -> dict:
   """Both runs of family `name`: their statistics, or why the measured one could not run."""
   from jaxsgd import training
 
@@ -285,6 +312,8 @@ def run_family(name: str, args, profile: str, links, root: str) -> dict:
         warm = family_config(name, args, side)  # their programs instead of compiling them
         warm.train_steps = warm.eval_every = 4
         training.train_and_evaluate(warm, workdir + '-warm', show_progress=False, overwrite=True)
+        wait_for_quiet(args.max_load, args.max_wait)
+        result['load'] = os.getloadavg()[0]
       summary = training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
     except Exception as error:  # noqa: BLE001 - reported, the other families go on
       line = ' '.join(str(error).split())[:160]
@@ -294,6 +323,10 @@ def run_family(name: str, args, profile: str, links, root: str) -> dict:
     stats = window_stats(workdir, args.warmup)
     stats['staleness'] = summary.get('staleness_histogram', {})
     result[side] = stats
+    if side == 'measured':
+      result['load'] = max(result['load'], os.getloadavg()[0])
+    if side == 'predicted':
+      result['slowdown'] = slowdown(root, name, args.warmup, dispatch)
   return result
 
 
@@ -308,6 +341,10 @@ def main():
   parser.add_argument('--profile', default=None, help='a profile to use (default: measure)')
   parser.add_argument('--link_latency', type=float, default=None, help='s (default: measure)')
   parser.add_argument('--link_bandwidth', type=float, default=None, help='B/s, with the above')
+  parser.add_argument(
+    '--max_load', type=float, default=1e9, help='wait for a 1-min load average below this'
+  )
+  parser.add_argument('--max_wait', type=float, default=600, help='s, at most, per family')
   parser.add_argument('--_tables', default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args._tables:
@@ -365,7 +402,7 @@ def main():
     )
     results = {}
     for name in families:
-      results[name] = run_family(name, args, profile, links, root)
+      results[name] = run_family(name, args, profile, links, loaded.dispatch['processes'], root)
       print(f'  {LABELS[name]}: {_one_line(results[name])}', flush=True)
   finally:
     cluster.shutdown()
@@ -405,6 +442,8 @@ def print_table(results: dict) -> None:
     'error %',
     'replayed ms/it',
     'error %',
+    'task slowdown',
+    'load',
     'utilization measured',
     'utilization predicted',
   )
@@ -422,6 +461,8 @@ def print_table(results: dict) -> None:
         f'{errors[name]:.1f}',
         f'{1e3 * result["replayed"]["per_iteration"]:.2f}',
         f'{_error(result, "replayed"):.1f}',
+        f'{result["slowdown"]:.2f}',
+        f'{result["load"]:.1f}',
         _lanes(result['measured']['utilization']),
         _lanes(result['predicted']['utilization']),
       )
@@ -431,7 +472,9 @@ def print_table(results: dict) -> None:
     print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
   print(
     'replayed: the virtual clock again, with each task kind costing its median duration '
-    'in the measured run (the schedule model alone, without the profile)'
+    'in the measured run (the schedule model alone, without the profile); task slowdown: '
+    'median over task kinds of its measured duration / its profiled cost; load: the '
+    '1-minute load average during the measured run (the larger of its start and end)'
   )
   staleness = [n for n in results if n in ASYNCHRONOUS and 'skipped' not in results[n]]
   if staleness:
