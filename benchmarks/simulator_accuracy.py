@@ -382,6 +382,7 @@ def main():
   cluster.connect(None)  # one Ray cluster for every run (each run starts its own lanes)
   try:
     loaded = profiles.load(profile)
+    wait_for_quiet(args.max_load, args.max_wait)
     if 'processes' not in loaded.dispatch:
       dispatch = profiles.measure_process_dispatch(cores=(0,))
       loaded = profiles.merge(loaded, _with_dispatch(loaded, {'processes': dispatch}))
