@@ -34,9 +34,9 @@ from jaxsgd.scheduler import hardware
 CLOCKS = ('real', 'virtual')
 # Where the real clock runs its lanes: devices of this process, or an OS process per lane.
 EXECUTORS = ('in_process', 'processes')
-KINDS = ('forward', 'backward', 'update', 'step')
+KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
 # Whose host overhead per task the virtual clock may add (`cost.dispatch`; `profile.dispatch`).
-DISPATCH = ('none', 'real', 'real_threads', 'processes')  # the task kinds `cost.compute` may cost
+DISPATCH = ('none', 'real', 'real_threads', 'processes')
 
 # Fields that were renamed: the old name is refused with the new one.
 RENAMED = {
