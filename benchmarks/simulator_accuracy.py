@@ -10,8 +10,13 @@ Each family runs the same config twice, through `experiments.train`'s own path
              a core (`--placement`, below), the run's trace as the lanes timed it;
   predicted  `clock='virtual'` with `cost.profile` = one profile measured at the start
              for this executor (`cost.dispatch='processes'`: its host overhead per task
-             is added to every task) and the same `placement.lanes` (lanes placed on one
-             core share it on the virtual clock, as they do on the machine).
+             is added to every task), links between lane processes measured at the
+             start, copies made by the sending lane between its tasks
+             (`cost.copies='sender'`: Ray serializes the value in the lane process), and
+             the same `placement.lanes` (lanes placed on one core share it on the
+             virtual clock, as they do on the machine);
+  replayed   the predicted run again with each task kind costing its median duration in
+             the measured run: the schedule model alone, without the profile.
 The profile (`--profile` reuses one) is measured as the lanes run: in a process pinned
 to core 0 with XLA's intra-op threads off (`--xla_cpu_multi_thread_eigen=false`, one
 OpenMP thread), every task of every family's table (`experiments.profile`), the fastest
@@ -108,6 +113,7 @@ def family_config(name: str, args, side: str, profile: str | None = None, links=
   if side == 'predicted':
     config.cost.profile = profile
     config.cost.dispatch = 'processes'
+    config.cost.copies = 'sender'  # a lane serializes what it sends, between its tasks
     config.cost.link_latency, config.cost.link_bandwidth = links
   return config
 

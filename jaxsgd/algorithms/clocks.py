@@ -158,7 +158,10 @@ def make_executor(
     return RealExecutor(threads=threads), {}
   table = task_costs(shared, tasks, kinds, num_stages)
   model = cost_model(shared, adjust(table), lane_speeds)
-  return VirtualExecutor(model, lane_hardware=lane_hardware(shared)), table
+  executor = VirtualExecutor(
+    model, lane_hardware=lane_hardware(shared), copies_on_sender=shared.cost.copies == 'sender'
+  )
+  return executor, table
 
 
 def lane_hardware(shared: SharedSettings) -> dict[str, str]:

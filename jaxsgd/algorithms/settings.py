@@ -195,6 +195,11 @@ class CostSettings:
       task (`'real'`, `'real_threads'`, `'processes'`: the figure measured in
       `cost.profile`, `profile.dispatch`), or `'none'` (default): the devices' time
       alone, as on hardware whose host keeps every device fed (a preset's, say).
+    copies: what a transfer between lanes occupies: `'link'` (default) the link between
+      the two devices only (a DMA engine or NIC copies while the devices compute), or
+      `'sender'` the sending lane's hardware as well, one task at a time with its
+      computations (a processor that copies with its own cycles: the process
+      executor's CPU lanes, whose copy is Ray serializing into its object store).
   """
 
   calibrate: bool = True
@@ -210,6 +215,7 @@ class CostSettings:
   seed: int | None = None
   failures: tuple[tuple[int, float], ...] = ()
   dispatch: str = 'none'
+  copies: str = 'link'
 
   @property
   def explicit_compute(self) -> bool:
@@ -290,6 +296,7 @@ def cost_settings(given, *, clock: str) -> CostSettings:
       f'python -m experiments.profile --config=... --out={cost.profile}.'
     )
   choice(cost.dispatch, 'cost.dispatch', DISPATCH)
+  choice(cost.copies, 'cost.copies', ('link', 'sender'))
   if cost.dispatch != 'none' and cost.profile is None:
     raise ValueError(
       f'cost.dispatch: {cost.dispatch!r} adds the dispatch overhead measured in a cost '

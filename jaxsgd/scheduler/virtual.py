@@ -38,11 +38,20 @@ class VirtualExecutor(Executor):
 
   clock = 'virtual'
 
-  def __init__(self, cost_model: CostModel, *, lane_hardware: Mapping[str, str] | None = None):
+  def __init__(
+    self,
+    cost_model: CostModel,
+    *,
+    lane_hardware: Mapping[str, str] | None = None,
+    copies_on_sender: bool = False,
+  ):
     """`lane_hardware`: placement lane name (`placement.lane_name`) -> hardware key, for
-    lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`."""
+    lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`.
+    `copies_on_sender`: a transfer occupies the sending lane's hardware (FIFO with its
+    tasks), not a link of its own (`cost.copies='sender'`)."""
     self.cost_model = cost_model
     self.lane_hardware = dict(lane_hardware or {})
+    self.copies_on_sender = copies_on_sender
     self._now = 0.0
 
   def now(self) -> float:
@@ -86,11 +95,13 @@ class VirtualExecutor(Executor):
     """What a task on `lane` occupies: the lane, or the hardware it `shares` with others
     (several stages placed on one device run their tasks one at a time). A link is the
     pair of hardware it joins: transfers between two devices share one FIFO link,
-    whichever lanes of those devices send them."""
+    whichever lanes of those devices send them; with `copies_on_sender`, the sender's."""
     hardware = self._hardware_of.get(lane)
     if hardware is None:
       spec = self.cluster.lanes[lane]
-      if spec.link is not None:
+      if spec.link is not None and self.copies_on_sender:
+        hardware = self._hardware(spec.link[0])
+      elif spec.link is not None:
         hardware = ('link', *map(self._hardware, spec.link))
       elif spec.shares is not None:
         hardware = spec.shares

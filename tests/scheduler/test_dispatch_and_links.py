@@ -264,3 +264,50 @@ def test_placement_lanes_map_lanes_on_the_same_cores_to_one_key(data_dir):
   hardware = clocks.lane_hardware(shared_settings(config))
   assert hardware['server'] == hardware['worker0'] != hardware['worker1']
   assert len({hardware['g'], hardware['free'], hardware['worker1'], hardware['server']}) == 4
+
+
+def _send_between_tasks(copies_on_sender):
+  """Lane a: a 1 s task, a Send to lane b (1 s transfer), another 1 s task; b waits for
+  the message, then runs a 1 s task. Returns the (lane, start, end) of every task."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+
+  def sender():
+    yield Compute(lambda: None, kind='forward', stage=0)
+    yield Send(inbox, 'x')
+    yield Compute(lambda: None, kind='forward', stage=0)
+
+  def receiver():
+    yield Get(inbox)
+    yield Compute(lambda: None, kind='forward', stage=0)
+
+  executor = VirtualExecutor(
+    CostModel({'forward': 1.0}, link_latency=1.0), copies_on_sender=copies_on_sender
+  )
+  timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
+  return sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records)
+
+
+def test_a_copy_on_a_link_overlaps_the_senders_next_task():
+  assert _send_between_tasks(False) == [
+    ('forward', 0, 0.0, 1.0),
+    ('forward', 0, 1.0, 2.0),  # the sender goes on at once
+    ('forward', 1, 2.0, 3.0),
+    ('transfer', 2, 1.0, 2.0),
+  ]
+
+
+def test_a_copy_on_the_sender_runs_between_its_tasks():
+  """`cost.copies='sender'` (the process executor: the lane serializes the value)."""
+  assert _send_between_tasks(True) == [
+    ('forward', 0, 0.0, 1.0),
+    ('forward', 0, 2.0, 3.0),  # after the copy, on the same lane
+    ('forward', 1, 2.0, 3.0),
+    ('transfer', 2, 1.0, 2.0),
+  ]
+
+
+def test_bad_copies_setting_is_refused():
+  with pytest.raises(ValueError, match=r"cost.copies: 'dma'; allowed: link, sender"):
+    cost_settings({'copies': 'dma'}, clock='virtual')
