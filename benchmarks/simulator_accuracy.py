@@ -219,9 +219,15 @@ def window(names, tasks, warmup: int) -> tuple[float, float, int]:
   return after[0], after[-1], len(after) - 1
 
 
+# Iterations per block: the time per iteration is the median over blocks of this many.
+BLOCK = 5
+
+
 def window_stats(workdir: str, warmup: int) -> dict:
-  """Seconds per iteration in the steady state (`window`), and each compute lane's
-  utilization over it."""
+  """Seconds per iteration in the steady state (`window`): the median over blocks of
+  `BLOCK` iterations (a burst of other jobs' load slows some blocks; the median is the
+  time the run takes when they leave it alone), and the mean; each compute lane's
+  utilization over the window."""
   names, tasks = read_trace(workdir)
   start, stop, iterations = window(names, tasks, warmup)
   busy = {}
@@ -233,8 +239,13 @@ def window_stats(workdir: str, warmup: int) -> dict:
     key = _short(name)
     busy[key] = busy.get(key, 0.0) + overlap
   utilization = {lane: seconds / (stop - start) for lane, seconds in sorted(busy.items())}
+  ends = [e for e in sorted(iteration_ends(tasks)) if start <= e <= stop]
+  blocks = [(ends[i + BLOCK] - ends[i]) / BLOCK for i in range(0, len(ends) - BLOCK, BLOCK)] or [
+    (stop - start) / iterations
+  ]
   return {
-    'per_iteration': (stop - start) / iterations,
+    'per_iteration': float(np.median(blocks)),
+    'mean_per_iteration': (stop - start) / iterations,
     'utilization': utilization,
     'iterations': iterations,
   }
@@ -410,6 +421,8 @@ def main():
     results = {}
     for name in families:
       results[name] = run_family(name, args, profile, links, loaded.dispatch['processes'], root)
+      with open(os.path.join(root, 'results.json'), 'w') as f:
+        json.dump(results, f)
       print(f'  {LABELS[name]}: {_one_line(results[name])}', flush=True)
   finally:
     cluster.shutdown()
@@ -445,6 +458,7 @@ def print_table(results: dict) -> None:
   header = (
     'family',
     'measured ms/it',
+    '(mean)',
     'predicted ms/it',
     'error %',
     'replayed ms/it',
@@ -464,6 +478,7 @@ def print_table(results: dict) -> None:
       (
         LABELS[name],
         f'{1e3 * result["measured"]["per_iteration"]:.2f}',
+        f'{1e3 * result["measured"]["mean_per_iteration"]:.2f}',
         f'{1e3 * result["predicted"]["per_iteration"]:.2f}',
         f'{errors[name]:.1f}',
         f'{1e3 * result["replayed"]["per_iteration"]:.2f}',
@@ -477,6 +492,10 @@ def print_table(results: dict) -> None:
   widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
   for row in (header, *rows):
     print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+  print(
+    f'ms/it: median over blocks of {BLOCK} iterations of the steady state (mean: over all '
+    'of it); error: |predicted - measured| / measured of the median'
+  )
   print(
     'replayed: the virtual clock again, with each task kind costing its median duration '
     'in the measured run (the schedule model alone, without the profile); task slowdown: '
