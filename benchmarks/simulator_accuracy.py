@@ -327,7 +327,7 @@ def run_family(name: str, args, profile: str, links, dispatch: float, root: str)
     try:
       if side == 'measured':  # fills the compilation cache: the lanes of the next run load
         warm = family_config(name, args, side)  # their programs instead of compiling them
-        warm.train_steps = warm.eval_every = 4
+        warm.train_steps = warm.eval_every = args.steps  # every worker's second step too
         training.train_and_evaluate(warm, workdir + '-warm', show_progress=False, overwrite=True)
         wait_for_quiet(args.max_load, args.max_wait)
         result['load'] = os.getloadavg()[0]
@@ -337,7 +337,10 @@ def run_family(name: str, args, profile: str, links, dispatch: float, root: str)
       if side == 'measured' and name in ('pdasgd', 'lppsgd'):
         return {'skipped': f'not on processes yet ({type(error).__name__}: {line})'}
       return {'skipped': f'{side} run failed ({type(error).__name__}: {line})'}
-    stats = window_stats(workdir, args.warmup)
+    try:
+      stats = window_stats(workdir, args.warmup)
+    except ValueError as error:  # a lane that barely ran (compiling, or starved)
+      return {'skipped': f'{side} run has no steady state: {error}'}
     stats['staleness'] = summary.get('staleness_histogram', {})
     result[side] = stats
     if side == 'measured':
