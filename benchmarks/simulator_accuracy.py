@@ -305,6 +305,23 @@ def slowdown(root: str, name: str, warmup: int, dispatch: float) -> float:
   return float(np.median(ratios)) if ratios else float('nan')
 
 
+def warm_up(name: str, args, workdir: str, attempts: int = 3) -> None:
+  """Runs family `name` on lane processes until every lane has run `args.warmup` tasks
+  in one run (at most `attempts` runs): each run adds the programs its lanes compiled
+  to the shared compilation cache. An asynchronous worker that compiles slowly can see
+  the others take every step of a run, and compile its next program only in the next."""
+  from jaxsgd import training
+
+  config = family_config(name, args, 'measured')
+  config.train_steps = config.eval_every = args.steps
+  for _ in range(attempts):
+    training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
+    names, tasks = read_trace(workdir)
+    counts = [sum(1 for t in tasks if t[0] == lane) for lane in names]
+    if min(c for c, n in zip(counts, names.values()) if not n.startswith('link ')) >= args.warmup:
+      return
+
+
 def wait_for_quiet(max_load: float, max_wait: float) -> None:
   """Waits until the 1-minute load average is below `max_load` (at most `max_wait` s):
   on a shared machine, other jobs take the lanes' cores, which no simulator can know."""
@@ -326,9 +343,7 @@ def run_family(name: str, args, profile: str, links, dispatch: float, root: str)
     workdir = os.path.join(root, f'{name}-{side}')
     try:
       if side == 'measured':  # fills the compilation cache: the lanes of the next run load
-        warm = family_config(name, args, side)  # their programs instead of compiling them
-        warm.train_steps = warm.eval_every = args.steps  # every worker's second step too
-        training.train_and_evaluate(warm, workdir + '-warm', show_progress=False, overwrite=True)
+        warm_up(name, args, workdir + '-warm')
         wait_for_quiet(args.max_load, args.max_wait)
         result['load'] = os.getloadavg()[0]
       summary = training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
