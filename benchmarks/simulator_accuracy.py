@@ -15,6 +15,9 @@ Each family runs the same config twice, through `experiments.train`'s own path
              (`cost.copies='sender'`: Ray serializes the value in the lane process), and
              the same `placement.lanes` (lanes placed on one core share it on the
              virtual clock, as they do on the machine);
+  calibrated the predicted run again with each task kind costing its median duration in
+             the family's warm-up run on the lanes (another run, before the measured
+             one: lane costs measured the way lanes run);
   replayed   the predicted run again with each task kind costing its median duration in
              the measured run: the schedule model alone, without the profile.
 The profile (`--profile` reuses one) is measured as the lanes run: in a process pinned
@@ -54,7 +57,7 @@ LABELS = {
   'pdasgd': 'PD-ASGD 1:1',
   'lppsgd': 'LPP-SGD 2x1',
 }
-SIDES = ('measured', 'predicted', 'replayed')
+SIDES = ('measured', 'predicted', 'calibrated', 'replayed')
 ASYNCHRONOUS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')
 # The profile's tables: DDG and PD-ASGD (2 stages, sequential roles) compute what staged
 # BP computes (`profiles.roles_signature`), so BP's table serves all three.
@@ -339,7 +342,14 @@ def run_family(name: str, args, profile: str, links, dispatch: float, root: str)
     given = profile
     if side == 'replayed':  # the schedule alone: the measured run's own task times
       given = observed_profile(profile, os.path.join(root, f'{name}-measured'), args.warmup)
-    config = family_config(name, args, 'predicted' if side == 'replayed' else side, given, links)
+    if side == 'calibrated':  # lane costs from another run: the warm-up (calibration) run
+      try:
+        given = observed_profile(profile, os.path.join(root, f'{name}-measured-warm'), args.warmup)
+      except ValueError:  # no steady state in it
+        result[side] = None
+        continue
+    virtual = side in ('calibrated', 'replayed')
+    config = family_config(name, args, 'predicted' if virtual else side, given, links)
     workdir = os.path.join(root, f'{name}-{side}')
     try:
       if side == 'measured':  # fills the compilation cache: the lanes of the next run load
@@ -462,9 +472,13 @@ def _one_line(result: dict) -> str:
     return result['skipped']
   return ', '.join(
     f'{side} {1e3 * result[side]["per_iteration"]:.2f} ms/iteration'
-    for side in ('measured', 'predicted', 'replayed')
-    if side in result
+    for side in SIDES
+    if result.get(side)
   )
+
+
+def _ms(stats) -> str:
+  return f'{1e3 * stats["per_iteration"]:.2f}' if stats else '-'
 
 
 def _error(result: dict, side: str) -> float:
@@ -478,6 +492,8 @@ def print_table(results: dict) -> None:
     'measured ms/it',
     '(mean)',
     'predicted ms/it',
+    'error %',
+    'calibrated ms/it',
     'error %',
     'replayed ms/it',
     'error %',
@@ -499,6 +515,8 @@ def print_table(results: dict) -> None:
         f'{1e3 * result["measured"]["mean_per_iteration"]:.2f}',
         f'{1e3 * result["predicted"]["per_iteration"]:.2f}',
         f'{errors[name]:.1f}',
+        _ms(result['calibrated']),
+        f'{_error(result, "calibrated"):.1f}' if result['calibrated'] else '-',
         f'{1e3 * result["replayed"]["per_iteration"]:.2f}',
         f'{_error(result, "replayed"):.1f}',
         f'{result["slowdown"]:.2f}',
@@ -515,6 +533,10 @@ def print_table(results: dict) -> None:
     'of it); error: |predicted - measured| / measured of the median'
   )
   print(
+    'calibrated: the virtual clock with each task kind costing its median duration in '
+    "the family's warm-up run on the lanes (another run, before the measured one)"
+  )
+  print(
     'replayed: the virtual clock again, with each task kind costing its median duration '
     'in the measured run (the schedule model alone, without the profile); task slowdown: '
     'median over task kinds of its measured duration / its profiled cost; load: the '
@@ -522,15 +544,23 @@ def print_table(results: dict) -> None:
   )
   staleness = [n for n in results if n in ASYNCHRONOUS and 'skipped' not in results[n]]
   if staleness:
-    print('staleness histogram {staleness: updates}, measured | predicted | replayed:')
+    print('staleness histogram {staleness: updates}, ' + ' | '.join(SIDES) + ':')
     for name in staleness:
-      cells = (_histogram(results[name][s]['staleness']) for s in SIDES)
+      cells = (
+        _histogram(results[name][s]['staleness']) if results[name][s] else '-' for s in SIDES
+      )
       print(f'  {LABELS[name]}: ' + ' | '.join(cells))
   for note in notes:
     print(note)
   if errors:
     worst = max(errors, key=errors.get)
     replayed = max(_error(results[n], 'replayed') for n in errors)
+    calibrated = [_error(results[n], 'calibrated') for n in errors if results[n]['calibrated']]
+    if calibrated:
+      print(
+        'with lane costs from a calibration run of the same family (its warm-up run), '
+        f'max error across families: {max(calibrated):.1f}%'
+      )
     print(
       f'(largest: {LABELS[worst]}; median over families {np.median(list(errors.values())):.1f} %; '
       f'replayed, largest {replayed:.1f} %)'
