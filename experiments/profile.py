@@ -8,7 +8,8 @@ r"""Measures a cost profile for a config: every task it runs, timed once, carefu
 Writes (or adds a table to) a JSON profile (`jaxsgd.scheduler.profiles`): the
 seconds of each stage's forward, backward and update for the config's model,
 batch size, stage split and algorithm, the host dispatch overhead of the
-executors, and the device, jax version and date. Each task: 3 untimed calls,
+executors (`--dispatch_processes`: the process executor's too), and the device, jax
+version and date. Each task: 3 untimed calls,
 then `--reps` interleaved wall-clock calls, the fastest counting, on every core
 (as `costs.calibrate` measures, so the costs are comparable with calibrated
 runs); `--pin_core` and `--clock=cpu` measure one core by its CPU time instead
@@ -63,6 +64,12 @@ _PIN_CORE = flags.DEFINE_integer(
 )
 _SUITE = flags.DEFINE_string(
   'suite', None, 'Instead of --config: every profiled method of this comparison suite.'
+)
+_DISPATCH_PROCESSES = flags.DEFINE_bool(
+  'dispatch_processes',
+  False,
+  "Also measure the process executor's dispatch overhead per task (starts a Ray cluster "
+  'and one lane process pinned to core 0, or to --pin_core; ~15 s).',
 )
 flags.mark_flags_as_required(['out'])
 
@@ -227,8 +234,18 @@ def _measure(config) -> profiles.Profile:
     reps=_REPS.value,
     clock=_CLOCK.value,
     pinned=_PIN_CORE.value >= 0,
-    dispatch=profiles.measure_dispatch(),
+    dispatch=measure_dispatch(),
   )
+
+
+def measure_dispatch() -> dict[str, float]:
+  """Host overhead per task of the in-process executors (and of the process executor
+  with --dispatch_processes)."""
+  dispatch = profiles.measure_dispatch()
+  if _DISPATCH_PROCESSES.value:
+    core = max(_PIN_CORE.value, 0)
+    dispatch['processes'] = profiles.measure_process_dispatch(cores=(core,))
+  return dispatch
 
 
 def describe(table: profiles.Table, dispatch) -> str:

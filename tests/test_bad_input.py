@@ -184,6 +184,8 @@ CASES = [
   ('local', {'algorithm.pipelined': 'yes'}, 'algorithm.pipelined', r'True or False'),
   ('local', {'stages': 5}, 'stages', r'has only 4 layers'),
   ('local', {'cost.failures': ((0, 1.0),)}, 'cost.failures', r'a pipeline has no workers'),
+  ('ddg', {'cost.dispatch': 'gpu'}, 'cost.dispatch', r"'gpu'; allowed: none, real"),
+  ('ddg', {'cost.dispatch': 'processes'}, 'cost.dispatch', r'give cost.profile'),
   # --- ssgd ---
   ('ssgd', {'workers': 9}, 'workers', r'9 workers need 9 devices, but 8 are visible'),
   ('ssgd', {'stages': 2}, 'stages', r'use stages=1'),

@@ -112,13 +112,17 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
   """The virtual clock's cost model: `table`, lane speeds, links, stragglers, seed.
 
   Links are `cost.link_*`; with a hardware preset (`cost.device`) and both left at 0
-  they are the preset's.
+  they are the preset's. `cost.dispatch` names the executor whose measured host
+  overhead per task (`cost.profile`'s `dispatch`) is added to every task.
   """
   cost = shared.cost
   latency, bandwidth = cost.link_latency, cost.bandwidth
   if cost.device is not None and not cost.link_latency and not cost.link_bandwidth:
     spec = hardware.preset(cost.device)
     latency, bandwidth = spec.link_latency, spec.link_bandwidth
+  dispatch = 0.0
+  if cost.dispatch != 'none':
+    dispatch = profiles.dispatch_of(profiles.load(cost.profile), cost.dispatch, cost.profile)
   return CostModel(
     compute=dict(table),
     device_speeds=tuple(lane_speeds),
@@ -126,6 +130,7 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
     link_bandwidth=bandwidth,
     straggler_std=cost.straggler_std,
     seed=shared.cost_seed,
+    dispatch=dispatch,
   )
 
 
@@ -155,7 +160,32 @@ def make_executor(
   if not shared.virtual:
     return RealExecutor(threads=threads), {}
   table = task_costs(shared, tasks, kinds, num_stages)
-  return VirtualExecutor(cost_model(shared, adjust(table), lane_speeds)), table
+  model = cost_model(shared, adjust(table), lane_speeds)
+  executor = VirtualExecutor(
+    model, lane_hardware=lane_hardware(shared), copies_on_sender=shared.cost.copies == 'sender'
+  )
+  return executor, table
+
+
+def lane_hardware(shared: SharedSettings) -> dict[str, str]:
+  """`placement.lanes` on the virtual clock: lanes placed on the same cores (or GPU) of
+  one host share that hardware, so their tasks run one at a time, as the process
+  executor would run them with this placement. Lanes by placement name (`stage0`,
+  `worker1`, `server`: `process.lane_name`) -> a hardware key; unplaced lanes: none."""
+  if shared.placement.lanes is None:
+    return {}
+  from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
+
+  placement = LanePlacement.parse(shared.placement.lanes)
+  return {lane.name: _hardware_key(lane) for lane in placement.lanes}
+
+
+def _hardware_key(lane) -> str:
+  if lane.gpu:
+    return f'{lane.host or "local"} gpu of {lane.name}'  # one GPU per lane process
+  if lane.cores is None:
+    return f'{lane.host or "local"} {lane.name}'  # unpinned: its own
+  return f'{lane.host or "local"} cores {",".join(map(str, sorted(lane.cores)))}'
 
 
 def cost_table(executor) -> dict | None:

@@ -215,6 +215,11 @@ def validate(config, model) -> Settings:
     'the data-parallel methods run in lock-step SPMD; per-lane speeds and failures are for '
     'the scheduler families.',
   )
+  if s.shared.cost.dispatch != 'none':
+    raise ValueError(
+      f'cost.dispatch: {s.shared.cost.dispatch!r} models a per-task host overhead of the '
+      "scheduler families; a data-parallel step is one compiled program. Use 'none'."
+    )
   multi_process = distributed.initialize_from_env()
   if s.stacked and multi_process:
     raise ValueError(

@@ -37,6 +37,8 @@ CLOCKS = ('real', 'virtual')
 # Where the real clock runs its lanes: devices of this process, or an OS process per lane.
 EXECUTORS = ('in_process', 'processes')
 KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
+# Whose host overhead per task the virtual clock may add (`cost.dispatch`; `profile.dispatch`).
+DISPATCH = ('none', 'real', 'real_threads', 'processes')
 
 # The algorithms whose runs can go on without a lost worker (`tolerate_lost_workers`):
 # their worker processes declare what replaces them (`core.Process.on_lost`).
@@ -195,6 +197,15 @@ class CostSettings:
     straggler_std: σ of the seeded log-normal per-task noise.
     seed: seeds the noise; None = `config.seed`.
     failures: `(worker, seconds)` pairs: from then on, that worker stops.
+    dispatch: the executor whose host overhead per task the simulation adds to every
+      task (`'real'`, `'real_threads'`, `'processes'`: the figure measured in
+      `cost.profile`, `profile.dispatch`), or `'none'` (default): the devices' time
+      alone, as on hardware whose host keeps every device fed (a preset's, say).
+    copies: what a transfer between lanes occupies: `'link'` (default) the link between
+      the two devices only (a DMA engine or NIC copies while the devices compute), or
+      `'sender'` the sending lane's hardware as well, one task at a time with its
+      computations (a processor that copies with its own cycles: the process
+      executor's CPU lanes, whose copy is Ray serializing into its object store).
   """
 
   calibrate: bool = True
@@ -209,6 +220,8 @@ class CostSettings:
   straggler_std: float = 0.0
   seed: int | None = None
   failures: tuple[tuple[int, float], ...] = ()
+  dispatch: str = 'none'
+  copies: str = 'link'
 
   @property
   def explicit_compute(self) -> bool:
@@ -287,6 +300,13 @@ def cost_settings(given, *, clock: str) -> CostSettings:
     raise ValueError(
       f'cost.profile: no file {cost.profile!r}; make one with '
       f'python -m experiments.profile --config=... --out={cost.profile}.'
+    )
+  choice(cost.dispatch, 'cost.dispatch', DISPATCH)
+  choice(cost.copies, 'cost.copies', ('link', 'sender'))
+  if cost.dispatch != 'none' and cost.profile is None:
+    raise ValueError(
+      f'cost.dispatch: {cost.dispatch!r} adds the dispatch overhead measured in a cost '
+      "profile; give cost.profile (python -m experiments.profile), or set 'none'."
     )
   for field, what in (('device_speeds', 'lane'), ('worker_speeds', 'worker')):
     for i, speed in enumerate(getattr(cost, field)):
@@ -467,7 +487,7 @@ def shared_settings(config) -> SharedSettings:
       "cluster_address: a Ray cluster's 'host:port', with executor='processes'; "
       f'got {address!r} with executor={executor!r}.'
     )
-  _check_placement_for(executor, dict(config.get('placement') or {}))
+  _check_placement_for(clock, executor, dict(config.get('placement') or {}))
   placement = placement_settings(config.get('placement'), stages)
   name = config.algorithm.name
   if placement.lane_to_device is not None and name not in ASYNCHRONOUS:
@@ -494,9 +514,10 @@ def shared_settings(config) -> SharedSettings:
   )
 
 
-def _check_placement_for(executor: str, placement: dict) -> None:
+def _check_placement_for(clock: str, executor: str, placement: dict) -> None:
   """`placement.devices`/`stage_to_device` place stages on this process's devices;
-  `placement.lanes` places lane processes: each goes with its executor only."""
+  `placement.lanes` places lane processes (and, on the virtual clock, the lanes it
+  simulates: `clocks.lane_hardware`): each goes with its executor only."""
   if executor == 'processes':
     for field in ('devices', 'stage_to_device'):
       if placement.get(field) is not None:
@@ -504,9 +525,10 @@ def _check_placement_for(executor: str, placement: dict) -> None:
           f"placement.{field}: places stages on this process's devices; with "
           "executor='processes' every lane is a process, placed by placement.lanes."
         )
-  elif placement.get('lanes') is not None:
+  elif placement.get('lanes') is not None and clock != 'virtual':
     raise ValueError(
-      f"placement.lanes: places lane processes; it needs executor='processes' (got {executor!r})."
+      "placement.lanes: places lane processes (or the simulated lanes, clock='virtual'); "
+      f"it needs executor='processes' (got {executor!r})."
     )
 
 

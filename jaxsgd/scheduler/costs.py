@@ -1,10 +1,14 @@
 """How long tasks take on a simulated cluster: the virtual clock's cost model.
 
-    duration(task on lane l) = base(stage, kind) / speed[l] · noise_l
+    duration(task on lane l) = base(stage, kind) / speed[l] · noise_l + dispatch
     duration(transfer of n bytes) = link_latency + n / link_bandwidth
 
 `base` is given explicitly or measured by timing the real jitted functions once
-on this machine (`calibrate`). `speed[l]` (default 1) makes some devices or
+on this machine (`calibrate`). `dispatch` is the host time an executor spends per
+task on top of the JAX call that `base` already includes (0 by default: the devices'
+time alone; a profile's measured figure when the simulation predicts an executor,
+`cost.dispatch`); it is host time, so neither the lane's speed nor the noise scales
+it. `speed[l]` (default 1) makes some devices or
 workers faster or slower. `noise_l = exp(σ z − σ²/2)`, `z ~ N(0, 1)` drawn from a
 generator seeded by `(seed, l)`, is a mean-one log-normal straggler factor: the
 same seed gives the same durations, so the same simulated run, bit for bit.
@@ -35,6 +39,7 @@ class CostModel:
     link_bandwidth: bytes per second (`inf`: free).
     straggler_std: σ of the log-normal straggler factor (0: none).
     seed: seeds the straggler noise.
+    dispatch: seconds of host overhead added to every compute task (not to transfers).
   """
 
   compute: Mapping[Any, float]
@@ -43,6 +48,7 @@ class CostModel:
   link_bandwidth: float = math.inf
   straggler_std: float = 0.0
   seed: int = 0
+  dispatch: float = 0.0
 
   def __post_init__(self):
     for key, value in self.compute.items():
@@ -60,6 +66,10 @@ class CostModel:
       raise ValueError(f'cost.link_bandwidth: must be > 0, got {self.link_bandwidth!r}.')
     if not self.straggler_std >= 0:
       raise ValueError(f'cost.straggler_std: must be >= 0, got {self.straggler_std!r}.')
+    if not 0 <= self.dispatch < math.inf:
+      raise ValueError(
+        f'cost.dispatch: must be a finite number of seconds >= 0, got {self.dispatch!r}.'
+      )
 
   def base(self, kind: str, stage: int | None) -> float:
     if (stage, kind) in self.compute:
@@ -100,7 +110,7 @@ class CostSampler:
     if sigma:
       rng = self._rngs.setdefault(lane, np.random.default_rng([self.model.seed, lane]))
       seconds *= math.exp(sigma * rng.standard_normal() - sigma * sigma / 2)
-    return seconds
+    return seconds + self.model.dispatch
 
 
 def calibrate(calls: Mapping[Any, tuple[Callable, tuple]], reps: int = 3) -> dict[Any, float]:

@@ -8,6 +8,7 @@
 """
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
 import jax
@@ -47,3 +48,9 @@ class Placement:
     if stage_to_device is None:
       stage_to_device = [k % len(devices) for k in range(num_stages)]
     return cls(devices, tuple(int(i) for i in stage_to_device), shared_devices=explicit)
+
+
+def lane_name(cluster_name: str) -> str:
+  """A cluster lane's name as a placement lane name (`LanePlacement`, `placement.lanes`):
+  the name up to its first ' (' without spaces, `stage 0 (cpu:0)` → `stage0`."""
+  return re.sub(r'[^A-Za-z0-9_.-]', '', cluster_name.split(' (')[0]) or 'lane'

@@ -47,7 +47,6 @@ Ray cluster the run started) within seconds; after SIGTERM `run` raises
 import collections
 import dataclasses
 import logging
-import re
 import time
 
 import jax
@@ -57,6 +56,7 @@ from jaxsgd.errors import Preempted
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process, Send
 from jaxsgd.scheduler.executor import Executor
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, sigterm_received
+from jaxsgd.scheduler.placement import lane_name
 from jaxsgd.scheduler.tasks import Task
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 
@@ -306,11 +306,6 @@ class LaneValue:
 
   def __float__(self):
     return float(self.__array__())
-
-
-def lane_name(cluster_name: str) -> str:
-  """A cluster lane's name as a placement lane name: `stage 0 (cpu:0)` → `stage0`."""
-  return re.sub(r'[^A-Za-z0-9_.-]', '', cluster_name.split(' (')[0]) or 'lane'
 
 
 def _handles(value) -> list:

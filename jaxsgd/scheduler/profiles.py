@@ -375,29 +375,45 @@ def pipeline_batch_size(pipeline) -> int:
 
 
 # --- host dispatch overhead of the executors -----------------------------------------------
+def dispatch_tasks() -> dict[str, Callable]:
+  """The trivial task whose dispatch is timed (a `TaskRecipe` factory: lane processes
+  build it themselves): a 4-byte add."""
+  return {'add_one': jax.jit(lambda x: x + 1), 'first': jax.jit(lambda x: x.reshape(-1)[0])}
+
+
 def measure_dispatch(
-  executors: Mapping[str, Callable[[], Any]] | None = None, *, tasks: int = 200, rounds: int = 5
+  executors: Mapping[str, Callable[[], Any]] | None = None,
+  *,
+  tasks: int = 200,
+  rounds: int = 5,
+  lane: str = 'dispatch',
 ) -> dict[str, float]:
   """Seconds of host overhead per task: `jax_call` and each executor's.
 
   `jax_call` is one blocking call of a trivial jitted function (a 4-byte add):
-  what every task pays for JAX's dispatch and the wait. An executor's figure is
-  the wall time per task of one process yielding `tasks` such calls in a row
-  through it, minus `jax_call`: its own bookkeeping per task. Each is the
-  minimum over `rounds` rounds of the mean per task (the minimum for the
-  reason given in the module docstring).
+  what every task pays for JAX's dispatch and the wait, and what a measured cost
+  already includes. An executor's figure is the wall time per task of one process
+  yielding `tasks` such calls in a row (each on the previous one's result) through
+  it, minus `jax_call`: what it adds to every task of a lane that it keeps busy —
+  its bookkeeping, and for the process executor the round trip to the lane process
+  as far as running ahead does not hide it. Each is the minimum over `rounds` rounds
+  of the mean per task (the minimum for the reason given in the module docstring).
 
   Args:
     executors: name -> a function returning a fresh executor (default: the real
-      executor, cooperative and threaded).
+      executor, cooperative and threaded). The task is a named one (`tasks.Task`),
+      so a `ProcessExecutor` over a pool with a lane called `lane` can run it.
+    lane: the name of the one lane the tasks run on.
   """
   from jaxsgd.scheduler.core import Cluster, Compute, Process
   from jaxsgd.scheduler.real import RealExecutor
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
   if executors is None:
     executors = {'real': RealExecutor, 'real_threads': lambda: RealExecutor(threads=True)}
-  tiny = jax.jit(lambda x: x + 1)
-  x = jax.device_put(np.zeros((), np.float32), jax.devices()[0])
+  task = Task(TaskRecipe.of(dispatch_tasks), 'add_one')
+  tiny = task.recipe.build()['add_one']
+  x = np.zeros((), np.float32)
 
   def per_task(run_once):
     run_once()  # warm-up
@@ -409,7 +425,7 @@ def measure_dispatch(
     return best
 
   def direct():
-    y = x
+    y = jax.device_put(x, jax.devices()[0])
     for _ in range(tasks):
       y = tiny(y)
       y.block_until_ready()
@@ -422,14 +438,84 @@ def measure_dispatch(
       def program():
         y = x
         for _ in range(tasks):
-          y = yield Compute(tiny, (y,), kind='dispatch')
+          y = yield Compute(task, (y,), kind='dispatch')
 
       cluster = Cluster()
-      lane = cluster.add_lane('dispatch', jax.devices()[0])
-      make().run(cluster, [Process('dispatch', lane, program())])
+      index = cluster.add_lane(lane, jax.devices()[0])
+      executor = make()
+      executor.run(cluster, [Process(lane, index, program())])
 
     overhead[name] = max(per_task(through) - overhead['jax_call'], 0.0)
   return overhead
+
+
+def measure_process_dispatch(
+  *, cores: Sequence[int] = (0,), address: str | None = None, tasks: int = 200, rounds: int = 5
+) -> float:
+  """The process executor's host overhead per task (`measure_dispatch`'s `processes`
+  figure), on one lane process pinned to `cores` (a Ray cluster at `address`, or one
+  started here for the measurement)."""
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
+  from jaxsgd.scheduler.process import ProcessExecutor
+
+  placement = LanePlacement.parse(f'dispatch@cores={",".join(map(str, cores))}')
+  with LanePool(placement, address=address, verbose=False) as pool:
+    measured = measure_dispatch(
+      {'processes': lambda: ProcessExecutor(pool=pool, verbose=False)},
+      tasks=tasks,
+      rounds=rounds,
+    )
+  return measured['processes']
+
+
+def measure_process_links(
+  *,
+  cores: Sequence[int] = (0, 1),
+  address: str | None = None,
+  sizes: Sequence[int] = (1 << 16, 1 << 24),
+  reps: int = 15,
+) -> tuple[float, float]:
+  """`(latency s, bandwidth B/s)` of a move between two lane processes (`LanePool.move`,
+  Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, the fastest of
+  `reps` tasks on the second lane that needed the array moved there, less the fastest
+  of the same task on an array already there; then the line through the two sizes."""
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+  first = Task(TaskRecipe.of(dispatch_tasks), 'first')
+  placement = LanePlacement.parse(f'source@cores={cores[0]}; target@cores={cores[1]}')
+  seconds = []
+  with LanePool(placement, address=address, verbose=False) as pool:
+    for size in sizes:
+      held = pool.put('source', np.zeros(size // 4, np.float32))
+      local = pool.move(held, 'target')
+
+      def fastest(value):
+        pool.run('target', first, (value,))  # warm: compiled, moved once
+        best = math.inf
+        for _ in range(reps):
+          start = time.perf_counter()
+          pool.run('target', first, (value,))
+          best = min(best, time.perf_counter() - start)
+        return best
+
+      seconds.append(max(fastest(held) - fastest(local), 0.0))
+  (n1, n2), (t1, t2) = sizes, seconds
+  bandwidth = (n2 - n1) / (t2 - t1) if t2 > t1 else math.inf
+  return max(t1 - n1 / bandwidth, 0.0), bandwidth
+
+
+def dispatch_of(profile: Profile, executor: str, source: str = 'profile') -> float:
+  """Seconds of host overhead per task of `executor` measured in `profile`
+  (`cost.dispatch`); refuses a profile without that figure, naming what it has."""
+  if executor not in profile.dispatch or executor == 'jax_call':
+    have = ', '.join(k for k in profile.dispatch if k != 'jax_call') or 'none'
+    raise ProfileError(
+      f'cost.dispatch: the profile {source!r} has no dispatch overhead for {executor!r} '
+      f'(it has: {have}); measure one with python -m experiments.profile'
+      + (' --dispatch_processes.' if executor == 'processes' else '.')
+    )
+  return float(profile.dispatch[executor])
 
 
 # --- reading, writing, matching ------------------------------------------------------------
@@ -620,7 +706,7 @@ def merge(old: Profile, new: Profile) -> Profile:
 
   Both must describe the same model, batch size, optimizer and device kind and be
   measured the same way (statistic, clock, pinning); the result has `new`'s date,
-  jax version and dispatch figures.
+  jax version, and its dispatch figures added to (or replacing) `old`'s.
   """
   for field in (
     'model',
@@ -639,7 +725,9 @@ def merge(old: Profile, new: Profile) -> Profile:
       )
   replaced = {(t.split, t.tasks) for t in new.tables}
   kept = tuple(t for t in old.tables if (t.split, t.tasks) not in replaced)
-  return dataclasses.replace(new, tables=kept + tuple(new.tables))
+  return dataclasses.replace(
+    new, tables=kept + tuple(new.tables), dispatch={**old.dispatch, **new.dispatch}
+  )
 
 
 # --- helpers --------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import heapq
 import itertools
 import math
 from collections import deque
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Compute, Get, Process
 from jaxsgd.scheduler.costs import CostModel
 from jaxsgd.scheduler.executor import Executor
+from jaxsgd.scheduler.placement import lane_name
 from jaxsgd.scheduler.timeline import TaskRecord
 
 
@@ -46,8 +48,20 @@ class VirtualExecutor(Executor):
 
   clock = 'virtual'
 
-  def __init__(self, cost_model: CostModel):
+  def __init__(
+    self,
+    cost_model: CostModel,
+    *,
+    lane_hardware: Mapping[str, str] | None = None,
+    copies_on_sender: bool = False,
+  ):
+    """`lane_hardware`: placement lane name (`placement.lane_name`) -> hardware key, for
+    lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`.
+    `copies_on_sender`: a transfer occupies the sending lane's hardware (FIFO with its
+    tasks), not a link of its own (`cost.copies='sender'`)."""
     self.cost_model = cost_model
+    self.lane_hardware = dict(lane_hardware or {})
+    self.copies_on_sender = copies_on_sender
     self._now = 0.0
     self.between_events = None  # called after every event (checkpoints), if set
     self.notes_vjps = False  # records the task of every vjp (`snapshot.note_vjps`)
@@ -64,6 +78,7 @@ class VirtualExecutor(Executor):
     self._queued: dict = {}  # hardware -> deque of (process, lane, op) waiting for it
     self._hardware_of: dict[int, object] = {}  # lane -> its hardware (`_hardware`)
     self._sampler = self.cost_model.sampler()
+    self._hardware_of: dict[int, object] = {}
 
   def run(self, cluster, processes, *, resume: dict | None = None):
     """`Executor.run`, or with `resume` (a decoded `snapshot()`), its continuation."""
@@ -112,12 +127,21 @@ class VirtualExecutor(Executor):
 
   def _hardware(self, lane: int):
     """What a task on `lane` occupies: the lane, or the hardware it `shares` with others
-    (several stages placed on one device run their tasks one at a time). Remembered per
-    lane: it is asked twice per task."""
+    (several stages placed on one device run their tasks one at a time). A link is the
+    pair of hardware it joins: transfers between two devices share one FIFO link,
+    whichever lanes of those devices send them; with `copies_on_sender`, the sender's."""
     hardware = self._hardware_of.get(lane)
     if hardware is None:
-      shares = self.cluster.lanes[lane].shares
-      hardware = self._hardware_of[lane] = lane if shares is None else shares
+      spec = self.cluster.lanes[lane]
+      if spec.link is not None and self.copies_on_sender:
+        hardware = self._hardware(spec.link[0])
+      elif spec.link is not None:
+        hardware = ('link', *map(self._hardware, spec.link))
+      elif spec.shares is not None:
+        hardware = spec.shares
+      else:
+        hardware = self.lane_hardware.get(lane_name(spec.name), lane)
+      self._hardware_of[lane] = hardware
     return hardware
 
   def _start_next(self, hardware, queue: deque) -> None:

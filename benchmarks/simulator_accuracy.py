@@ -1,0 +1,586 @@
+r"""The simulator's error: each scheduler family on lane processes and on the virtual clock.
+
+    python -m benchmarks.simulator_accuracy                 # ~5 min on a loaded 2-core CPU
+    python -m benchmarks.simulator_accuracy --steps=40 --families=ddg,asgd
+    python -m benchmarks.simulator_accuracy --profile=/tmp/acc.json   # reuse a profile
+
+Each family runs the same config twice, through `experiments.train`'s own path
+(`training.train_and_evaluate`):
+  measured   `clock='real', executor='processes'`: every lane an OS process pinned to
+             a core (`--placement`, below), the run's trace as the lanes timed it;
+  predicted  `clock='virtual'` with `cost.profile` = one profile measured at the start
+             for this executor (`cost.dispatch='processes'`: its host overhead per task
+             is added to every task), links between lane processes measured at the
+             start, copies made by the sending lane between its tasks
+             (`cost.copies='sender'`: Ray serializes the value in the lane process), and
+             the same `placement.lanes` (lanes placed on one core share it on the
+             virtual clock, as they do on the machine);
+  calibrated the predicted run again with each task kind costing its median duration in
+             the family's warm-up run on the lanes (another run, before the measured
+             one: lane costs measured the way lanes run);
+  replayed   the predicted run again with each task kind costing its median duration in
+             the measured run: the schedule model alone, without the profile.
+The profile (`--profile` reuses one) is measured as the lanes run: in a process pinned
+to core 0 with XLA's intra-op threads off (`--xla_cpu_multi_thread_eigen=false`, one
+OpenMP thread), every task of every family's table (`experiments.profile`), the fastest
+of `--reps` interleaved wall-clock calls; plus the process executor's dispatch overhead,
+timed through one pinned lane (`profiles.measure_process_dispatch`).
+
+Per family: time per iteration (an iteration is one applied update of the whole model:
+a batch whose every stage has updated, or one server update), from the end of iteration
+`--warmup` to the end of the last one (the lanes compile during the first ones);
+utilization of each compute lane over the same window; and for the asynchronous methods
+the staleness histogram of every applied update. Error = |predicted - measured| /
+measured of the time per iteration; the last line is the largest over the families that
+ran. The model is an MLP on MNIST-1D wide enough that a task (a few ms) is well above a
+dispatch (~0.5 ms). The machine's load average is printed: other jobs on this 2-core
+machine take cores from the lanes, which the simulator cannot know.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+FAMILIES = ('bp', 'ddg', 'local', 'asgd', 'dcasgd', 'pdasgd', 'lppsgd')
+LABELS = {
+  'bp': 'staged BP K=2',
+  'ddg': 'DDG K=2',
+  'local': 'local K=2',
+  'asgd': 'ASGD M=2',
+  'dcasgd': 'DC-ASGD M=2',
+  'pdasgd': 'PD-ASGD 1:1',
+  'lppsgd': 'LPP-SGD 2x1',
+}
+SIDES = ('measured', 'predicted', 'calibrated', 'replayed')
+ASYNCHRONOUS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')
+# The profile's tables: DDG and PD-ASGD (2 stages, sequential roles) compute what staged
+# BP computes (`profiles.roles_signature`), so BP's table serves all three.
+MEASURED = ('bp', 'local', 'asgd', 'dcasgd', 'lppsgd')
+# Lanes pinned to cores 0 and 1 (names: `placement.lane_name` of the cluster's lanes).
+PLACEMENT = {
+  'bp': 'stage0@cores=0; stage1@cores=1',
+  'ddg': 'stage0@cores=0; stage1@cores=1',
+  'local': 'stage0@cores=0; stage1@cores=1',
+  'asgd': 'server@cores=0; worker0@cores=0; worker1@cores=1',
+  'dcasgd': 'server@cores=0; worker0@cores=0; worker1@cores=1',
+  'pdasgd': 'sharedmodel@cores=0; forwardworker0@cores=0; backwardworker0@cores=1',
+  'lppsgd': 'worker0.0@cores=0; worker1.0@cores=1; allreduce@cores=0',
+}
+# What a lane process runs with (`lanes.placement.LaneSpec.environment`, one core).
+LANE_ENV = {
+  'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=false',
+  'OMP_NUM_THREADS': '1',
+  'MKL_NUM_THREADS': '1',
+  'OPENBLAS_NUM_THREADS': '1',
+}
+
+
+def family_config(name: str, args, side: str, profile: str | None = None, links=(0.0, 0.0)):
+  """The config of family `name` for `side`: 'measured' (lane processes), 'predicted'
+  (the virtual clock with `profile`) or 'tables' (what the profile measures)."""
+  import ml_collections
+
+  from experiments.configs import default
+
+  config = default.get_config()
+  config.dataset = 'mnist1d/5k'
+  config.model = ml_collections.ConfigDict({'name': 'mlp', 'hidden': (args.hidden,) * 4})
+  config.batch_size = args.batch
+  config.train_steps = args.steps
+  config.eval_every = args.steps
+  config.eval_batch_size = 500
+  config.optimizer.name = 'sgd'
+  config.optimizer.schedule = 'constant'
+  config.optimizer.learning_rate = 0.05
+  config.algorithm = default.algorithm(name)
+  if name in ('bp', 'ddg', 'local'):
+    config.stages = 2
+  if name in ('asgd', 'dcasgd'):
+    config.workers = 2
+  if name == 'pdasgd':
+    config.stages = 2
+    config.algorithm.update({'n_fwd': 1, 'n_bwd': 1})
+  if name == 'lppsgd':
+    config.algorithm.update({'devices': 2, 'workers_per_device': 1})
+  config.placement.lanes = PLACEMENT[name]
+  if side == 'measured':
+    config.clock, config.executor = 'real', 'processes'
+  else:
+    config.clock = 'virtual'
+  if side == 'predicted':
+    config.cost.profile = profile
+    config.cost.dispatch = 'processes'
+    config.cost.copies = 'sender'  # a lane serializes what it sends, between its tasks
+    config.cost.link_latency, config.cost.link_bandwidth = links
+  return config
+
+
+# --- the profile: measured in a process set up as a lane ---------------------------------------
+def measure_profile(path: str, args) -> None:
+  """Runs this module in a process pinned to core 0 with the lanes' flags; it writes the
+  tables of every family to `path` (`_write_tables`)."""
+  env = {**os.environ, **LANE_ENV}
+  command = [sys.executable, '-m', 'benchmarks.simulator_accuracy', '--_tables', path]
+  command += [f'--{k}={v}' for k, v in _shape_args(args).items()]
+  subprocess.run(command, env=env, check=True)
+
+
+def _shape_args(args) -> dict:
+  return {'hidden': args.hidden, 'batch': args.batch, 'steps': args.steps, 'reps': args.reps}
+
+
+def _write_tables(path: str, args) -> None:
+  from experiments import profile as profile_command
+  from jaxsgd import data as data_lib
+  from jaxsgd.scheduler import profiles
+  from jaxsgd.training.loop import build_model
+
+  profiles.pin_to_core(0)  # before JAX's first computation
+  merged = None
+  for name in MEASURED:
+    config = family_config(name, args, 'tables')
+    dataset = data_lib.load(config.dataset, config.get('data_dir'))
+    model = build_model(config, dataset)
+
+    def batch_for(size, dataset=dataset, config=config):
+      return next(dataset.train_batches(size, seed=config.seed))
+
+    table, batch = profile_command.measure_table(
+      config, model, batch_for, warmup=3, reps=args.reps, clock='cpu'
+    )
+    profile = profiles.make_profile(
+      model,
+      batch,
+      profiles.optimizer_id(dict(config.optimizer)),
+      [table],
+      warmup=3,
+      reps=args.reps,
+      clock='cpu',
+      pinned=True,
+      dispatch=profiles.measure_dispatch() if merged is None else {},
+    )
+    merged = profile if merged is None else profiles.merge(merged, profile)
+  profiles.save(merged, path)
+
+
+# --- reading a run's trace ---------------------------------------------------------------------
+def read_trace(workdir: str):
+  """`(lane names, [(lane, kind, start, end, batch, stage)])` of the run's trace.json
+  (seconds)."""
+  with open(os.path.join(workdir, 'trace.json')) as f:
+    events = json.load(f)['traceEvents']
+  names = {e['tid']: e['args']['name'] for e in events if e.get('name') == 'thread_name'}
+  tasks = [
+    (
+      e['tid'],
+      e['cat'],
+      e['ts'] / 1e6,
+      (e['ts'] + e['dur']) / 1e6,
+      e['args'].get('batch'),
+      e['args'].get('stage'),
+    )
+    for e in events
+    if e.get('ph') == 'X'
+  ]
+  return names, tasks
+
+
+def iteration_ends(tasks) -> list[float]:
+  """When each iteration ended: per batch, the last end of its update tasks (every stage
+  updated); without update tasks (updates applied in the driver), its backward tasks."""
+  for kind in ('update', 'backward'):
+    ends = {}
+    for _, task_kind, _, end, batch, _ in tasks:
+      if task_kind == kind and batch is not None:
+        ends[batch] = max(ends.get(batch, 0.0), end)
+    if ends:
+      return [ends[b] for b in sorted(ends)]
+  raise ValueError('the trace has no update or backward tasks')
+
+
+def window(names, tasks, warmup: int) -> tuple[float, float, int]:
+  """`(start, stop, iterations)` of the steady state: from the end of the first
+  iteration after both `warmup` iterations and every compute lane's first `warmup`
+  tasks (a lane compiles its tasks on first use: a worker still compiling while the
+  others run would make the start look unlike the rest), to the end of the last."""
+  ends = sorted(iteration_ends(tasks))
+  per_lane = {}
+  for lane, _, _, end, _, _ in tasks:
+    if not names[lane].startswith('link '):
+      per_lane.setdefault(lane, []).append(end)
+  warm = max(sorted(e)[min(warmup, len(e)) - 1] for e in per_lane.values())
+  warm = max(warm, ends[min(warmup, len(ends) - 2)])
+  after = [e for e in ends if e >= warm]
+  if len(after) < 2:
+    raise ValueError(f'fewer than 2 iterations after the warm-up; run more than {len(ends)}')
+  return after[0], after[-1], len(after) - 1
+
+
+# Iterations per block: the time per iteration is the median over blocks of this many.
+BLOCK = 5
+
+
+def window_stats(workdir: str, warmup: int) -> dict:
+  """Seconds per iteration in the steady state (`window`): the median over blocks of
+  `BLOCK` iterations (a burst of other jobs' load slows some blocks; the median is the
+  time the run takes when they leave it alone), and the mean; each compute lane's
+  utilization over the window."""
+  names, tasks = read_trace(workdir)
+  start, stop, iterations = window(names, tasks, warmup)
+  busy = {}
+  for lane, _, begin, end, _, _ in tasks:
+    name = names[lane]
+    if name.startswith('link '):
+      continue
+    overlap = max(0.0, min(end, stop) - max(begin, start))
+    key = _short(name)
+    busy[key] = busy.get(key, 0.0) + overlap
+  utilization = {lane: seconds / (stop - start) for lane, seconds in sorted(busy.items())}
+  ends = [e for e in sorted(iteration_ends(tasks)) if start <= e <= stop]
+  blocks = [(ends[i + BLOCK] - ends[i]) / BLOCK for i in range(0, len(ends) - BLOCK, BLOCK)] or [
+    (stop - start) / iterations
+  ]
+  return {
+    'per_iteration': float(np.median(blocks)),
+    'mean_per_iteration': (stop - start) / iterations,
+    'utilization': utilization,
+    'iterations': iterations,
+  }
+
+
+def _short(name: str) -> str:
+  from jaxsgd.scheduler.placement import lane_name
+
+  return lane_name(name)
+
+
+def task_medians(workdir: str, warmup: int) -> dict:
+  """`{(stage, kind): median seconds}` of the compute tasks of the run's steady state."""
+  names, tasks = read_trace(workdir)
+  start, _, _ = window(names, tasks, warmup)
+  durations = {}
+  for lane, kind, begin, end, _, stage in tasks:
+    if begin >= start and not names[lane].startswith('link '):
+      durations.setdefault((stage, kind), []).append(end - begin)
+  return {key: float(np.median(d)) for key, d in durations.items()}
+
+
+def observed_profile(profile: str, workdir: str, warmup: int) -> str:
+  """A copy of `profile` whose task costs are the median durations of each task kind
+  in the measured run at `workdir` (steady state), as the lanes timed them.
+
+  What the virtual clock then predicts differs from the measured run only by what the
+  schedule model leaves out or gets wrong (dispatch, links, the order of tasks on a
+  shared core), not by how much longer tasks took under the machine's load.
+  """
+  import dataclasses
+
+  from jaxsgd.scheduler import profiles
+
+  medians = task_medians(workdir, warmup)
+  loaded = profiles.load(profile)
+  tables = tuple(
+    dataclasses.replace(t, costs={k: medians.get(k, v) for k, v in t.costs.items()})
+    for t in loaded.tables
+  )
+  path = os.path.join(workdir, 'observed_profile.json')
+  profiles.save(dataclasses.replace(loaded, tables=tables), path)
+  return path
+
+
+def slowdown(root: str, name: str, warmup: int, dispatch: float) -> float:
+  """Median over task kinds of (the task's median duration in the measured run) / (its
+  cost in the profile): how much longer the lanes took for the same work (1 on an
+  idle machine whose lanes match the profile; other jobs' load raises it)."""
+  measured = task_medians(os.path.join(root, f'{name}-measured'), warmup)
+  predicted = task_medians(os.path.join(root, f'{name}-predicted'), warmup)
+  ratios = [
+    measured[k] / (predicted[k] - dispatch)
+    for k in measured
+    if k in predicted and predicted[k] > dispatch
+  ]
+  return float(np.median(ratios)) if ratios else float('nan')
+
+
+def warm_up(name: str, args, workdir: str, attempts: int = 3) -> None:
+  """Runs family `name` on lane processes until every lane has run `args.warmup` tasks
+  in one run (at most `attempts` runs): each run adds the programs its lanes compiled
+  to the shared compilation cache. An asynchronous worker that compiles slowly can see
+  the others take every step of a run, and compile its next program only in the next."""
+  from jaxsgd import training
+
+  config = family_config(name, args, 'measured')
+  config.train_steps = config.eval_every = args.steps
+  for _ in range(attempts):
+    training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
+    names, tasks = read_trace(workdir)
+    counts = [sum(1 for t in tasks if t[0] == lane) for lane in names]
+    if min(c for c, n in zip(counts, names.values()) if not n.startswith('link ')) >= args.warmup:
+      return
+
+
+def wait_for_quiet(max_load: float, max_wait: float) -> None:
+  """Waits until the 1-minute load average is below `max_load` (at most `max_wait` s):
+  on a shared machine, other jobs take the lanes' cores, which no simulator can know."""
+  deadline = time.time() + max_wait
+  while os.getloadavg()[0] >= max_load and time.time() < deadline:
+    time.sleep(5)
+
+
+def run_family(name: str, args, profile: str, links, dispatch: float, root: str) -> dict:
+  """Both runs of family `name`: their statistics, or why the measured one could not run."""
+  from jaxsgd import training
+
+  result = {}
+  for side in SIDES:
+    given = profile
+    if side == 'replayed':  # the schedule alone: the measured run's own task times
+      given = observed_profile(profile, os.path.join(root, f'{name}-measured'), args.warmup)
+    if side == 'calibrated':  # lane costs from another run: the warm-up (calibration) run
+      try:
+        given = observed_profile(profile, os.path.join(root, f'{name}-measured-warm'), args.warmup)
+      except ValueError:  # no steady state in it
+        result[side] = None
+        continue
+    virtual = side in ('calibrated', 'replayed')
+    config = family_config(name, args, 'predicted' if virtual else side, given, links)
+    workdir = os.path.join(root, f'{name}-{side}')
+    try:
+      if side == 'measured':  # fills the compilation cache: the lanes of the next run load
+        warm_up(name, args, workdir + '-warm')
+        wait_for_quiet(args.max_load, args.max_wait)
+        result['load'] = os.getloadavg()[0]
+      summary = training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
+    except Exception as error:  # noqa: BLE001 - reported, the other families go on
+      line = ' '.join(str(error).split())[:160]
+      if side == 'measured' and name in ('pdasgd', 'lppsgd'):
+        return {'skipped': f'not on processes yet ({type(error).__name__}: {line})'}
+      return {'skipped': f'{side} run failed ({type(error).__name__}: {line})'}
+    try:
+      stats = window_stats(workdir, args.warmup)
+    except ValueError as error:  # a lane that barely ran (compiling, or starved)
+      return {'skipped': f'{side} run has no steady state: {error}'}
+    stats['staleness'] = summary.get('staleness_histogram', {})
+    result[side] = stats
+    if side == 'measured':
+      result['load'] = max(result['load'], os.getloadavg()[0])
+    if side == 'predicted':
+      result['slowdown'] = slowdown(root, name, args.warmup, dispatch)
+  return result
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--steps', type=int, default=40, help='iterations of each run')
+  parser.add_argument('--warmup', type=int, default=8, help='iterations left out (compiling)')
+  parser.add_argument('--hidden', type=int, default=512, help='width of the MLP')
+  parser.add_argument('--batch', type=int, default=256)
+  parser.add_argument('--reps', type=int, default=20, help='timed calls per task (profile)')
+  parser.add_argument('--families', default=','.join(FAMILIES))
+  parser.add_argument('--profile', default=None, help='a profile to use (default: measure)')
+  parser.add_argument('--link_latency', type=float, default=None, help='s (default: measure)')
+  parser.add_argument('--link_bandwidth', type=float, default=None, help='B/s, with the above')
+  parser.add_argument(
+    '--max_load', type=float, default=1e9, help='wait for a 1-min load average below this'
+  )
+  parser.add_argument('--max_wait', type=float, default=600, help='s, at most, per family')
+  parser.add_argument('--_tables', default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args._tables:
+    _write_tables(args._tables, args)
+    return
+  families = [f for f in args.families.split(',') if f]
+  unknown = sorted(set(families) - set(FAMILIES))
+  if unknown:
+    parser.error(f'--families: unknown {unknown}; allowed: {", ".join(FAMILIES)}')
+  started = time.time()
+  print(
+    f'machine: {os.cpu_count()} CPU cores, load average '
+    f'{"/".join(f"{x:.1f}" for x in os.getloadavg())} at start; MLP 40-'
+    f'{"-".join([str(args.hidden)] * 4)}-10 on MNIST-1D, batch {args.batch}, SGD; '
+    f'{args.steps} iterations per run, the first {args.warmup} left out',
+    flush=True,
+  )
+  root = tempfile.mkdtemp(prefix='simacc-')
+  # Every process (lanes inherit the cluster's environment) shares one compilation cache:
+  # a lane compiling a task for seconds while the others run would not be steady state.
+  os.environ.update(
+    JAX_COMPILATION_CACHE_DIR=os.path.join(root, 'jax_cache'),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0',
+  )
+  import jax
+
+  from jaxsgd.scheduler import profiles
+  from jaxsgd.scheduler.lanes import cluster
+
+  profile = args.profile
+  if profile is None:
+    profile = os.path.join(root, 'profile.json')
+    measure_profile(profile, args)
+  cluster.connect(None)  # one Ray cluster for every run (each run starts its own lanes)
+  try:
+    loaded = profiles.load(profile)
+    wait_for_quiet(args.max_load, args.max_wait)
+    if 'processes' not in loaded.dispatch:
+      dispatch = profiles.measure_process_dispatch(cores=(0,))
+      loaded = profiles.merge(loaded, _with_dispatch(loaded, {'processes': dispatch}))
+      profiles.save(loaded, profile)
+    print(
+      f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags; fastest of '
+      f'{loaded.reps}); dispatch per task (µs): '
+      + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items()),
+      flush=True,
+    )
+    if args.link_latency is None:
+      links = profiles.measure_process_links(cores=(0, 1))
+    else:
+      links = (args.link_latency, args.link_bandwidth)
+    print(
+      f'links between lane processes: {1e6 * links[0]:.0f} µs + bytes / {links[1] / 1e9:.2f} GB/s',
+      flush=True,
+    )
+    results = {}
+    for name in families:
+      results[name] = run_family(name, args, profile, links, loaded.dispatch['processes'], root)
+      with open(os.path.join(root, 'results.json'), 'w') as f:
+        json.dump(results, f)
+      print(f'  {LABELS[name]}: {_one_line(results[name])}', flush=True)
+  finally:
+    cluster.shutdown()
+  print(
+    f'load average {"/".join(f"{x:.1f}" for x in os.getloadavg())} at end; '
+    f'jax {jax.__version__}; {time.time() - started:.0f} s'
+  )
+  print_table(results)
+
+
+def _with_dispatch(profile, dispatch: dict):
+  import dataclasses
+
+  return dataclasses.replace(profile, tables=(), dispatch=dispatch)
+
+
+def _one_line(result: dict) -> str:
+  if 'skipped' in result:
+    return result['skipped']
+  return ', '.join(
+    f'{side} {1e3 * result[side]["per_iteration"]:.2f} ms/iteration'
+    for side in SIDES
+    if result.get(side)
+  )
+
+
+def _ms(stats) -> str:
+  return f'{1e3 * stats["per_iteration"]:.2f}' if stats else '-'
+
+
+def _error(result: dict, side: str) -> float:
+  measured = result['measured']['per_iteration']
+  return 100 * abs(result[side]['per_iteration'] - measured) / measured
+
+
+def print_table(results: dict) -> None:
+  header = (
+    'family',
+    'measured ms/it',
+    '(mean)',
+    'predicted ms/it',
+    'error %',
+    'calibrated ms/it',
+    'error %',
+    'replayed ms/it',
+    'error %',
+    'task slowdown',
+    'load',
+    'utilization measured',
+    'utilization predicted',
+  )
+  rows, errors, notes = [], {}, []
+  for name, result in results.items():
+    if 'skipped' in result:
+      notes.append(f'{LABELS[name]}: {result["skipped"]}')
+      continue
+    errors[name] = _error(result, 'predicted')
+    rows.append(
+      (
+        LABELS[name],
+        f'{1e3 * result["measured"]["per_iteration"]:.2f}',
+        f'{1e3 * result["measured"]["mean_per_iteration"]:.2f}',
+        f'{1e3 * result["predicted"]["per_iteration"]:.2f}',
+        f'{errors[name]:.1f}',
+        _ms(result['calibrated']),
+        f'{_error(result, "calibrated"):.1f}' if result['calibrated'] else '-',
+        f'{1e3 * result["replayed"]["per_iteration"]:.2f}',
+        f'{_error(result, "replayed"):.1f}',
+        f'{result["slowdown"]:.2f}',
+        f'{result["load"]:.1f}',
+        _lanes(result['measured']['utilization']),
+        _lanes(result['predicted']['utilization']),
+      )
+    )
+  widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+  for row in (header, *rows):
+    print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+  print(
+    f'ms/it: median over blocks of {BLOCK} iterations of the steady state (mean: over all '
+    'of it); error: |predicted - measured| / measured of the median'
+  )
+  print(
+    'calibrated: the virtual clock with each task kind costing its median duration in '
+    "the family's warm-up run on the lanes (another run, before the measured one)"
+  )
+  print(
+    'replayed: the virtual clock again, with each task kind costing its median duration '
+    'in the measured run (the schedule model alone, without the profile); task slowdown: '
+    'median over task kinds of its measured duration / its profiled cost; load: the '
+    '1-minute load average during the measured run (the larger of its start and end)'
+  )
+  staleness = [n for n in results if n in ASYNCHRONOUS and 'skipped' not in results[n]]
+  if staleness:
+    print('staleness histogram {staleness: updates}, ' + ' | '.join(SIDES) + ':')
+    for name in staleness:
+      cells = (
+        _histogram(results[name][s]['staleness']) if results[name][s] else '-' for s in SIDES
+      )
+      print(f'  {LABELS[name]}: ' + ' | '.join(cells))
+  for note in notes:
+    print(note)
+  if errors:
+    worst = max(errors, key=errors.get)
+    replayed = max(_error(results[n], 'replayed') for n in errors)
+    calibrated = [_error(results[n], 'calibrated') for n in errors if results[n]['calibrated']]
+    if calibrated:
+      print(
+        'with lane costs from a calibration run of the same family (its warm-up run), '
+        f'max error across families: {max(calibrated):.1f}%'
+      )
+    print(
+      f'(largest: {LABELS[worst]}; median over families {np.median(list(errors.values())):.1f} %; '
+      f'replayed, largest {replayed:.1f} %)'
+    )
+    print(f'simulator max error across families: {errors[worst]:.1f}%')
+  else:
+    print('simulator max error across families: n/a (no family ran)')
+
+
+def _lanes(utilization: dict) -> str:
+  return ' '.join(f'{lane} {value:.2f}' for lane, value in utilization.items())
+
+
+def _histogram(histogram: dict) -> str:
+  return (
+    '{'
+    + ', '.join(f'{k}: {v}' for k, v in sorted(histogram.items(), key=lambda x: int(x[0])))
+    + '}'
+  )
+
+
+if __name__ == '__main__':
+  main()

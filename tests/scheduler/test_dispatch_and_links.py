@@ -1,0 +1,313 @@
+"""What the virtual clock adds for an executor's host dispatch, and how lanes share hardware.
+
+- `cost.dispatch`: the executor's measured host overhead per task (`profile.dispatch`) is
+  added to every compute task, unscaled by lane speed, never to a transfer.
+- A link is the pair of hardware it joins: transfers from two lanes of one device to
+  another device queue on one FIFO link.
+- `placement.lanes` on the virtual clock: lanes placed on the same cores share them.
+Every expected time below is computed by hand.
+"""
+
+import dataclasses
+
+import pytest
+
+from experiments import profile as profile_command
+from experiments.configs import ddg as ddg_config
+from jaxsgd import data as data_lib
+from jaxsgd import training
+from jaxsgd.algorithms import clocks
+from jaxsgd.algorithms.settings import cost_settings, shared_settings
+from jaxsgd.scheduler import CostModel, VirtualExecutor, profiles
+from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
+from jaxsgd.training.loop import build_model
+
+
+def _tasks(n, kind='forward', stage=0, lane=None):
+  """A process body running `n` compute tasks in a row."""
+
+  def program():
+    for _ in range(n):
+      yield Compute(lambda: None, kind=kind, stage=stage, lane=lane)
+
+  return program()
+
+
+def _spans(timeline, kind=None):
+  return [(r.lane, r.start, r.end) for r in timeline.tasks(kind=kind)]
+
+
+# --- dispatch ---------------------------------------------------------------------------------
+def test_dispatch_is_added_to_every_compute_task():
+  cluster = Cluster()
+  lane = cluster.add_lane('a')
+  model = CostModel({'forward': 1.0}, dispatch=0.25)
+  timeline = VirtualExecutor(model).run(cluster, [Process('p', lane, _tasks(3))])
+  assert _spans(timeline) == [(0, 0.0, 1.25), (0, 1.25, 2.5), (0, 2.5, 3.75)]
+
+
+def test_dispatch_is_host_time_not_scaled_by_lane_speed():
+  cluster = Cluster()
+  slow = cluster.add_lane('slow')
+  model = CostModel({'forward': 1.0}, device_speeds=(0.5,), dispatch=0.25)
+  timeline = VirtualExecutor(model).run(cluster, [Process('p', slow, _tasks(2))])
+  assert _spans(timeline) == [(0, 0.0, 2.25), (0, 2.25, 4.5)]  # 1 / 0.5 + 0.25 each
+
+
+def test_dispatch_is_not_added_to_transfers():
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+
+  def sender():
+    yield Compute(lambda: None, kind='forward', stage=0)  # 0 -> 1.5
+    yield Send(inbox, 'x')  # a transfer on link a -> b: 1.5 -> 1.5 + 0.5
+
+  def receiver():
+    yield Get(inbox)
+    yield Compute(lambda: None, kind='forward', stage=0)  # 2.0 -> 3.5
+
+  model = CostModel({'forward': 1.0}, link_latency=0.5, dispatch=0.5)
+  timeline = VirtualExecutor(model).run(
+    cluster, [Process('s', a, sender()), Process('r', b, receiver())]
+  )
+  assert _spans(timeline, 'forward') == [(a, 0.0, 1.5), (b, 2.0, 3.5)]
+  assert [(r.start, r.end) for r in timeline.tasks(kind='transfer')] == [(1.5, 2.0)]
+
+
+def test_zero_dispatch_changes_no_duration():
+  sampler = CostModel({'forward': 0.1 + 0.2}, straggler_std=0.3, seed=4).sampler()
+  with_zero = CostModel({'forward': 0.1 + 0.2}, straggler_std=0.3, seed=4, dispatch=0.0).sampler()
+  for lane in range(3):
+    assert sampler.duration('forward', 0, lane) == with_zero.duration('forward', 0, lane)
+
+
+def test_bad_dispatch_settings_are_refused_naming_the_field(tmp_path):
+  with pytest.raises(ValueError, match=r"cost.dispatch: 'gpu'; allowed: none, real"):
+    cost_settings({'dispatch': 'gpu'}, clock='virtual')
+  with pytest.raises(ValueError, match='cost.dispatch: .*give cost.profile'):
+    cost_settings({'dispatch': 'processes'}, clock='virtual')
+  with pytest.raises(ValueError, match='cost.dispatch: must be a finite number'):
+    CostModel({'forward': 1.0}, dispatch=-1.0)
+  profile = profiles.Profile(
+    model={},
+    batch_size=1,
+    optimizer='sgd',
+    device_kind='cpu',
+    platform='cpu',
+    jax_version='0',
+    date='',
+    statistic='min',
+    clock='wall',
+    pinned=False,
+    warmup=1,
+    reps=1,
+    dispatch={'jax_call': 1e-6, 'real': 2e-6},
+    tables=(),
+  )
+  with pytest.raises(
+    profiles.ProfileError, match=r"no dispatch overhead for 'processes' \(it has: real\)"
+  ):
+    profiles.dispatch_of(profile, 'processes', 'p.json')
+  assert profiles.dispatch_of(profile, 'real') == 2e-6
+
+
+def test_merge_keeps_the_dispatch_figures_of_both():
+  base = dict(
+    model={},
+    batch_size=1,
+    optimizer='sgd',
+    device_kind='cpu',
+    platform='cpu',
+    jax_version='0',
+    date='',
+    statistic='min',
+    clock='wall',
+    pinned=False,
+    warmup=1,
+    reps=1,
+    tables=(),
+  )
+  old = profiles.Profile(**base, dispatch={'jax_call': 1e-6, 'processes': 5e-4})
+  new = profiles.Profile(**base, dispatch={'jax_call': 2e-6, 'real': 1e-5})
+  assert profiles.merge(old, new).dispatch == {'jax_call': 2e-6, 'processes': 5e-4, 'real': 1e-5}
+
+
+# DDG K = 2 with both stages on one device (as tests/scheduler/test_shared_hardware.py): the
+# device is never idle, so the makespan is the sum of every task run, each + the dispatch.
+STEPS = 10
+COSTS = {
+  (0, 'forward'): 1e-3,
+  (1, 'forward'): 2e-3,
+  (0, 'backward'): 3e-3,
+  (1, 'backward'): 4e-3,
+  (0, 'update'): 5e-4,
+  (1, 'update'): 5e-4,
+}
+DISPATCH = 2.5e-4
+
+
+def _ddg_config(data_dir, **fields):
+  config = ddg_config.get_config('smoke')
+  config.data_dir = data_dir
+  config.update_from_flattened_dict(
+    {
+      'stages': 2,
+      'train_steps': STEPS,
+      'eval_every': STEPS,
+      'placement.stage_to_device': (0, 0),
+      **fields,
+    }
+  )
+  return config
+
+
+@pytest.fixture(scope='module')
+def ddg_profile(data_dir, tmp_path_factory):
+  """A profile of the DDG smoke config with the hand-chosen costs above."""
+  config = _ddg_config(data_dir)
+  dataset = data_lib.load(config.dataset, data_dir)
+  model = build_model(config, dataset)
+  table, batch = profile_command.measure_table(
+    config, model, lambda n: next(dataset.train_batches(n, seed=0)), warmup=1, reps=1
+  )
+  assert set(table.costs) == set(COSTS)
+  profile = profiles.make_profile(
+    model,
+    batch,
+    profiles.optimizer_id(dict(config.optimizer)),
+    [dataclasses.replace(table, costs=COSTS, spread={})],
+    warmup=1,
+    reps=1,
+    dispatch={'jax_call': 1e-6, 'real': 1e-5, 'processes': DISPATCH},
+  )
+  path = str(tmp_path_factory.mktemp('profile') / 'ddg.json')
+  profiles.save(profile, path)
+  return path
+
+
+@pytest.mark.parametrize('dispatch', ['none', 'processes'])
+def test_ddg_on_one_device_takes_every_task_plus_its_dispatch(
+  dispatch, ddg_profile, data_dir, tmp_path
+):
+  config = _ddg_config(data_dir, **{'cost.profile': ddg_profile, 'cost.dispatch': dispatch})
+  summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  tasks = 6 * STEPS - 2  # stage 0's last backward and update are never run (delay 1)
+  total = STEPS * sum(COSTS.values()) - COSTS[(0, 'backward')] - COSTS[(0, 'update')]
+  if dispatch == 'processes':
+    total += tasks * DISPATCH
+  assert summary['sim_time'] == pytest.approx(total, rel=1e-12)
+
+
+def test_cost_model_reads_the_named_executors_dispatch(ddg_profile, data_dir):
+  config = _ddg_config(data_dir, **{'cost.profile': ddg_profile, 'cost.dispatch': 'real'})
+  shared = shared_settings(config)
+  assert clocks.cost_model(shared, COSTS).dispatch == 1e-5
+
+
+# --- links and shared hardware ------------------------------------------------------------------
+def _two_senders(shares):
+  """Lanes a and b (hardware `shares[0]`, `shares[1]`) each send one message to lane c at
+  t = 0; the transfers take 1 s; c receives both. Returns the transfers' (start, end)."""
+  cluster = Cluster()
+  a = cluster.add_lane('a', shares=shares[0])
+  b = cluster.add_lane('b', shares=shares[1])
+  c = cluster.add_lane('c')
+  inbox = cluster.channel('inbox', c)
+
+  def sender(tag):
+    yield Send(inbox, tag)
+
+  def receiver():
+    yield Get(inbox)
+    yield Get(inbox)
+
+  processes = [
+    Process('a', a, sender('a')),
+    Process('b', b, sender('b')),
+    Process('c', c, receiver()),
+  ]
+  timeline = VirtualExecutor(CostModel({}, link_latency=1.0)).run(cluster, processes)
+  return sorted((r.start, r.end) for r in timeline.tasks(kind='transfer'))
+
+
+def test_transfers_from_one_device_to_another_share_the_link_fifo():
+  assert _two_senders(('gpu0', 'gpu0')) == [(0.0, 1.0), (1.0, 2.0)]
+
+
+def test_transfers_between_different_device_pairs_do_not_contend():
+  assert _two_senders((None, None)) == [(0.0, 1.0), (0.0, 1.0)]
+  assert _two_senders(('gpu0', 'gpu1')) == [(0.0, 1.0), (0.0, 1.0)]
+
+
+def test_lanes_placed_on_one_core_run_one_task_at_a_time():
+  """`lane_hardware` (from `placement.lanes`): worker0 and the server on core 0, worker1
+  on core 1; each lane runs two 1 s tasks from t = 0."""
+  cluster = Cluster()
+  names = ('server (cpu:0)', 'worker 0 (cpu:0)', 'worker 1 (cpu:0)')
+  lanes = [cluster.add_lane(name) for name in names]
+  processes = [Process(n, lane, _tasks(2)) for n, lane in zip(names, lanes)]
+  executor = VirtualExecutor(
+    CostModel({'forward': 1.0}),
+    lane_hardware={'server': 'core 0', 'worker0': 'core 0', 'worker1': 'core 1'},
+  )
+  spans = _spans(executor.run(cluster, processes))
+  on_core0 = sorted((s, e) for lane, s, e in spans if lane in (0, 1))
+  assert on_core0 == [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0)]
+  assert sorted((s, e) for lane, s, e in spans if lane == 2) == [(0.0, 1.0), (1.0, 2.0)]
+
+
+def test_placement_lanes_map_lanes_on_the_same_cores_to_one_key(data_dir):
+  config = _ddg_config(data_dir)
+  config.placement.stage_to_device = None
+  config.placement.lanes = 'server@cores=0; worker0@cores=0; worker1@cores=1; g@gpu=1; free'
+  hardware = clocks.lane_hardware(shared_settings(config))
+  assert hardware['server'] == hardware['worker0'] != hardware['worker1']
+  assert len({hardware['g'], hardware['free'], hardware['worker1'], hardware['server']}) == 4
+
+
+def _send_between_tasks(copies_on_sender):
+  """Lane a: a 1 s task, a Send to lane b (1 s transfer), another 1 s task; b waits for
+  the message, then runs a 1 s task. Returns the (lane, start, end) of every task."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+
+  def sender():
+    yield Compute(lambda: None, kind='forward', stage=0)
+    yield Send(inbox, 'x')
+    yield Compute(lambda: None, kind='forward', stage=0)
+
+  def receiver():
+    yield Get(inbox)
+    yield Compute(lambda: None, kind='forward', stage=0)
+
+  executor = VirtualExecutor(
+    CostModel({'forward': 1.0}, link_latency=1.0), copies_on_sender=copies_on_sender
+  )
+  timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
+  return sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records)
+
+
+def test_a_copy_on_a_link_overlaps_the_senders_next_task():
+  assert _send_between_tasks(False) == [
+    ('forward', 0, 0.0, 1.0),
+    ('forward', 0, 1.0, 2.0),  # the sender goes on at once
+    ('forward', 1, 2.0, 3.0),
+    ('transfer', 2, 1.0, 2.0),
+  ]
+
+
+def test_a_copy_on_the_sender_runs_between_its_tasks():
+  """`cost.copies='sender'` (the process executor: the lane serializes the value)."""
+  assert _send_between_tasks(True) == [
+    ('forward', 0, 0.0, 1.0),
+    ('forward', 0, 2.0, 3.0),  # after the copy, on the same lane
+    ('forward', 1, 2.0, 3.0),
+    ('transfer', 2, 1.0, 2.0),
+  ]
+
+
+def test_bad_copies_setting_is_refused():
+  with pytest.raises(ValueError, match=r"cost.copies: 'dma'; allowed: link, sender"):
+    cost_settings({'copies': 'dma'}, clock='virtual')
