@@ -382,7 +382,9 @@ def test_combinations_that_cannot_run_on_lane_processes_are_refused_before_compi
     algorithms.get('ddg').validate(config, model)
   config = _config('ddg', executor='in_process')
   config.placement.lanes = 'stage0@cores=0'
-  with pytest.raises(ValueError, match=r'^placement.lanes: places lane processes \(or the simulated lanes'):
+  with pytest.raises(
+    ValueError, match=r'^placement.lanes: places lane processes \(or the simulated lanes'
+  ):
     algorithms.get('ddg').validate(config, model)
   # Every scheduler family validates on processes; bp of one stage is one lane process.
   for name in ('bp', 'ddg', 'local', 'asgd', 'dcasgd', 'lppsgd', 'pdasgd'):
