@@ -207,12 +207,12 @@ def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool):
   averaging lane, each keep-local merge on the replica's lane in the replica's turn. A
   merge that overwrote an update would set Adam's count back below the writes.
 
-  Run twice: the first run also compiles the tasks in both lanes, so in the second both
-  workers train from the start and their replicas meet in averaging rounds (in the
-  first, a lane still compiling may leave every step to the other)."""
+  Run until the replicas met in an averaging round (at most 4 runs): whether they meet
+  depends on real timing — in the first run a lane still compiling may leave every step
+  to the other — and every run must lose no update."""
   settings = lppsgd.LppSettings(devices=2, workers_per_device=1, averaging_freq=1)
   pipe = placed(mlp(), 1, steps=16)
-  for _ in range(2):
+  for _ in range(4):
     executor = ProcessExecutor(pool=pool)
     variables = pipe.initial_variables(0, sequential_roles(1)[0])
     session = lppsgd.LppSession(
@@ -229,7 +229,9 @@ def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool):
     _, values = run(session, executor)
     counts = [adam_count(opt_state) for _, opt_state in values]
     assert counts == [len(store.updates) for store in stores(session)] and sum(counts) == 16
-  assert session.averaged_rounds >= 1
+    if session.averaged_rounds >= 1:
+      break
+  assert session.averaged_rounds >= 1  # the merges were exercised
   assert pool.held('allreduce') == 0
 
 
@@ -274,16 +276,6 @@ def test_batchnorm_ddg_on_lane_processes_is_bit_identical_to_in_process(pool):
   assert 'batch_stats' in variables and variables['batch_stats']  # the statistics moved
   for executor in (RealExecutor(), virtual(2)):
     chex.assert_trees_all_equal((variables, losses), pipeline(ddg.roles(2), executor, pipe))
-
-
-def test_batchnorm_lppsgd_on_lane_processes_is_bit_identical_to_in_process(pool):
-  pipe = placed(resnet(), 1)
-  variables, values, _ = lpp(ProcessExecutor(pool=pool), pipe, images())
-  initial = pipe.initial_variables(0, sequential_roles(1)[0])['batch_stats']
-  changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), variables['batch_stats'], initial)
-  assert all(jax.tree.leaves(changed))  # every statistic was updated by the steps
-  for executor in (RealExecutor(threads=True), virtual()):
-    chex.assert_trees_all_equal((variables, values), lpp(executor, pipe, images())[:2])
 
 
 @pytest.mark.parametrize('config_name', ['lppsgd', 'pdasgd'])
