@@ -9,7 +9,7 @@ import optax
 
 from jaxsgd import models
 from jaxsgd.algorithms import backprop
-from jaxsgd.pipeline import BatchFeed, PlacedStages
+from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles
 from jaxsgd.scheduler import CostModel, Placement, VirtualExecutor
 
 FEATURES, CLASSES, BATCH = 12, 4, 16
@@ -115,3 +115,23 @@ def run_with_timeout(fn, seconds: float):
   thread.join(seconds)
   assert not thread.is_alive(), f'still running after {seconds} s: the run hangs'
   return outcome
+
+
+def sequential_sgd(pipe: PlacedStages, stream, steps: int):
+  """The reference: forward all stages, backward all stages, update every stage."""
+  roles = sequential_roles(pipe.num_stages)
+  ops = [pipe.ops(k, role) for k, role in enumerate(roles)]
+  params = [pipe.initial_variables(k, role)['params'] for k, role in enumerate(roles)]
+  opt = [pipe.tx.init(p) for p in params]
+  for _ in range(steps):
+    batch = next(stream)
+    h, vjps = batch['image'], []
+    for k in range(pipe.num_stages):
+      labels = batch['label'] if k == pipe.num_stages - 1 else None
+      h, _, _, vjp = ops[k].forward({'params': params[k]}, h, labels)
+      vjps.append(vjp)
+    dy = None
+    for k in reversed(range(pipe.num_stages)):
+      grads, dy = ops[k].backward(vjps[k], dy)
+      params[k], opt[k] = ops[k].update(params[k], opt[k], grads)
+  return params, opt

@@ -6,6 +6,7 @@ import jax
 
 # tests/ is on sys.path (its conftest.py): the scheduler tests' helpers are shared.
 from scheduler_helpers import BATCH, OPTIMIZERS, batches, mlp, run_with_timeout  # noqa: F401
+from scheduler_helpers import sequential_sgd  # noqa: F401
 
 from jaxsgd.asynchronous import common, lppsgd, pdasgd, server
 from jaxsgd.pipeline import PlacedStages
@@ -113,23 +114,3 @@ def run_pd(
     pipe, settings, streams, [jax.devices()[0]] * (1 + n), common.StepCounter(steps), log
   )
   return session, ex.run(session.cluster, session.processes()), log
-
-
-def sequential_sgd(pipe: PlacedStages, stream, steps: int):
-  """The reference: forward all stages, backward all stages, update every stage."""
-  roles = sequential_roles(pipe.num_stages)
-  ops = [pipe.ops(k, role) for k, role in enumerate(roles)]
-  params = [pipe.initial_variables(k, role)['params'] for k, role in enumerate(roles)]
-  opt = [pipe.tx.init(p) for p in params]
-  for _ in range(steps):
-    batch = next(stream)
-    h, vjps = batch['image'], []
-    for k in range(pipe.num_stages):
-      labels = batch['label'] if k == pipe.num_stages - 1 else None
-      h, _, _, vjp = ops[k].forward({'params': params[k]}, h, labels)
-      vjps.append(vjp)
-    dy = None
-    for k in reversed(range(pipe.num_stages)):
-      grads, dy = ops[k].backward(vjps[k], dy)
-      params[k], opt[k] = ops[k].update(params[k], opt[k], grads)
-  return params, opt

@@ -82,14 +82,9 @@ def test_zero_dispatch_changes_no_duration():
     assert sampler.duration('forward', 0, lane) == with_zero.duration('forward', 0, lane)
 
 
-def test_bad_dispatch_settings_are_refused_naming_the_field(tmp_path):
-  with pytest.raises(ValueError, match=r"cost.dispatch: 'gpu'; allowed: none, real"):
-    cost_settings({'dispatch': 'gpu'}, clock='virtual')
-  with pytest.raises(ValueError, match='cost.dispatch: .*give cost.profile'):
-    cost_settings({'dispatch': 'processes'}, clock='virtual')
-  with pytest.raises(ValueError, match='cost.dispatch: must be a finite number'):
-    CostModel({'forward': 1.0}, dispatch=-1.0)
-  profile = profiles.Profile(
+def _profile(dispatch: dict) -> profiles.Profile:
+  """A profile with no tables and these dispatch figures (seconds per task)."""
+  return profiles.Profile(
     model={},
     batch_size=1,
     optimizer='sgd',
@@ -102,9 +97,19 @@ def test_bad_dispatch_settings_are_refused_naming_the_field(tmp_path):
     pinned=False,
     warmup=1,
     reps=1,
-    dispatch={'jax_call': 1e-6, 'real': 2e-6},
+    dispatch=dispatch,
     tables=(),
   )
+
+
+def test_bad_dispatch_settings_are_refused_naming_the_field(tmp_path):
+  with pytest.raises(ValueError, match=r"cost.dispatch: 'gpu'; allowed: none, real"):
+    cost_settings({'dispatch': 'gpu'}, clock='virtual')
+  with pytest.raises(ValueError, match='cost.dispatch: .*give cost.profile'):
+    cost_settings({'dispatch': 'processes'}, clock='virtual')
+  with pytest.raises(ValueError, match='cost.dispatch: must be a finite number'):
+    CostModel({'forward': 1.0}, dispatch=-1.0)
+  profile = _profile({'jax_call': 1e-6, 'real': 2e-6})
   with pytest.raises(
     profiles.ProfileError, match=r"no dispatch overhead for 'processes' \(it has: real\)"
   ):
@@ -113,23 +118,8 @@ def test_bad_dispatch_settings_are_refused_naming_the_field(tmp_path):
 
 
 def test_merge_keeps_the_dispatch_figures_of_both():
-  base = dict(
-    model={},
-    batch_size=1,
-    optimizer='sgd',
-    device_kind='cpu',
-    platform='cpu',
-    jax_version='0',
-    date='',
-    statistic='min',
-    clock='wall',
-    pinned=False,
-    warmup=1,
-    reps=1,
-    tables=(),
-  )
-  old = profiles.Profile(**base, dispatch={'jax_call': 1e-6, 'processes': 5e-4})
-  new = profiles.Profile(**base, dispatch={'jax_call': 2e-6, 'real': 1e-5})
+  old = _profile({'jax_call': 1e-6, 'processes': 5e-4})
+  new = _profile({'jax_call': 2e-6, 'real': 1e-5})
   assert profiles.merge(old, new).dispatch == {'jax_call': 2e-6, 'processes': 5e-4, 'real': 1e-5}
 
 

@@ -27,7 +27,7 @@ from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor  # noqa: E402
-from scheduler_helpers import BATCH, batches, mlp  # noqa: E402
+from scheduler_helpers import BATCH, batches, mlp, sequential_sgd  # noqa: E402
 
 OPTIMIZER = optimizers.OptimizerSettings('adam', 1e-2)
 STEPS = 4
@@ -93,23 +93,8 @@ def adam_count(opt_state) -> int:
 
 
 def sequential_adam(pipe: PlacedStages, stream, steps: int):
-  """The reference: forward every stage, backward every stage, update every stage."""
-  roles = sequential_roles(pipe.num_stages)
-  ops = [pipe.ops(k, role) for k, role in enumerate(roles)]
-  params = [pipe.initial_variables(k, role)['params'] for k, role in enumerate(roles)]
-  opt = [pipe.tx.init(p) for p in params]
-  for _ in range(steps):
-    batch = next(stream)
-    h, vjps = batch['image'], []
-    for k in range(pipe.num_stages):
-      labels = batch['label'] if k == pipe.num_stages - 1 else None
-      h, _, _, vjp = ops[k].forward({'params': params[k]}, h, labels)
-      vjps.append(vjp)
-    dy = None
-    for k in reversed(range(pipe.num_stages)):
-      grads, dy = ops[k].backward(vjps[k], dy)
-      params[k], opt[k] = ops[k].update(params[k], opt[k], grads)
-  return [(p, o) for p, o in zip(params, opt)]
+  """The reference, `[(params, opt_state)]` per stage: sequential SGD with Adam."""
+  return list(zip(*sequential_sgd(pipe, stream, steps)))
 
 
 # --- PD-ASGD -------------------------------------------------------------------------------
