@@ -143,7 +143,9 @@ def _raising_stream(after):
 @pytest.mark.parametrize('clock', ['virtual', 'real'])
 def test_a_worker_that_raises_stops_the_run(clock):
   streams = [batches(seed=0), _raising_stream(2), batches(seed=2)]
-  outcome = run_with_timeout(lambda: run_asgd(3, 50, ex=executor(clock), streams=streams), 60)
+  # Far more steps than the run reaches: on the real clock a starved worker-1 thread must
+  # not let the others finish every step before its stream breaks (seen under load).
+  outcome = run_with_timeout(lambda: run_asgd(3, 5000, ex=executor(clock), streams=streams), 60)
   assert isinstance(outcome.get('error'), RuntimeError), outcome
   assert 'worker data stream broke' in str(outcome['error'])
 
