@@ -37,8 +37,27 @@ def head(tmp_path_factory):
   yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
 
 
+@pytest.fixture(autouse=True)
+def no_driver_left():
+  """Kills what a failed test left running (its driver and all it started), so that a
+  failure here does not load the machine for the tests after it."""
+  yield
+  for driver in Driver.started:
+    if driver.process.poll() is None:
+      family = [psutil.Process(driver.process.pid), *_family(driver.process.pid)]
+      for process in family:
+        try:
+          process.kill()
+        except psutil.NoSuchProcess:
+          pass
+      psutil.wait_procs(family, timeout=10)
+  Driver.started.clear()
+
+
 class Driver:
   """`python -m experiments.train` (ASGD smoke, lane processes) running in the background."""
+
+  started: list['Driver'] = []
 
   def __init__(self, workdir, data_dir, *flags, env=None):
     self.workdir = str(workdir)
@@ -63,6 +82,7 @@ class Driver:
       stderr=subprocess.STDOUT,
       env={**os.environ, **(env or {})},
     )
+    Driver.started.append(self)
 
   def output(self) -> str:
     with open(self.log_path) as f:
@@ -96,8 +116,15 @@ class Driver:
     return status, lines[-1]
 
 
+def _family(pid: int) -> list[psutil.Process]:
+  try:
+    return psutil.Process(pid).children(recursive=True)
+  except psutil.NoSuchProcess:
+    return []
+
+
 def _descendants(pid: int) -> list[int]:
-  return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+  return [p.pid for p in _family(pid)]
 
 
 @pytest.mark.slow

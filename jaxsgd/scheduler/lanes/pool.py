@@ -26,9 +26,14 @@ started its own Ray cluster shuts it down too (every process of it, at once).
 Signals: while a pool is open, SIGTERM interrupts the driver as Ctrl-C does
 (`KeyboardInterrupt`, the one exception Ray passes through its waits unchanged; a
 `SystemExit` raised inside a Ray wait comes out as exit status 1) and is remembered
-(`sigterm_received()`), so that the caller can exit as a SIGTERM should; the handler
-installed before the pool (not the `sys.exit(15)` of `ray.init`) is restored when the
-last pool closes. While `close()` runs, further Ctrl-Cs and SIGTERMs are only
+(`sigterm_received()`), so that the caller can exit as a SIGTERM should; the handlers
+installed before the pool (not the `sys.exit(15)` of `ray.init`) are restored when the
+last pool closes. A signal handler's exception can be lost: Python runs the handler
+wherever the main thread is, and one raised inside a garbage-collector callback (JAX
+has one) is printed and dropped. So every wait of the pool waits in slices of
+`_STOP_CHECK` seconds and raises `KeyboardInterrupt` again between them while a
+signal is on record (`_StopSignals.check`): the run stops within a slice, whatever
+swallowed the first. While `close()` runs, further Ctrl-Cs and SIGTERMs are only
 remembered, so that the clean-up is not cut short.
 """
 
@@ -49,6 +54,8 @@ from jaxsgd.scheduler.lanes import cluster
 from jaxsgd.scheduler.lanes.placement import LanePlacement
 from jaxsgd.scheduler.lanes.runtime import Ref
 from jaxsgd.scheduler.tasks import Task
+
+_STOP_CHECK = 0.25  # seconds: how often a wait looks for a signal whose exception was lost
 
 
 class LaneError(RuntimeError):
@@ -214,7 +221,7 @@ class LanePool:
     while True:
       left = None if deadline is None else max(0.0, deadline - time.monotonic())
       refs = dict.fromkeys([*watched, *self._moves, *by_ref])  # a landed move is in two
-      done, _ = cluster.wait(list(refs), left)
+      done, _ = _wait(list(refs), left)
       if not done:
         return None
       ref = done[0]
@@ -411,7 +418,7 @@ class LanePool:
     """The first of `lanes` whose process is found dead within `within` seconds (a
     death notice may lag the failed call it caused), or None."""
     watched = {self._watch[lane]: lane for lane in lanes if lane in self._watch}
-    done, _ = cluster.wait(list(watched), within) if watched else ([], [])
+    done, _ = _wait(list(watched), within) if watched else ([], [])
     return watched[done[0]] if done else None
 
   def _handles(self, lane: str, key, outline):
@@ -443,7 +450,7 @@ class LanePool:
 
   def _get(self, lane: str, ref, host: str | None = None):
     watched = self._watch[lane]
-    done, _ = cluster.wait([ref, watched], None)
+    done, _ = _wait([ref, watched], None)
     if done[0] == watched:
       self._raise_dead(lane)
     try:
@@ -521,30 +528,47 @@ def _host_array(leaf):
   return np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf
 
 
-class _StopSignals:
-  """While a pool is open: SIGTERM raises `KeyboardInterrupt` (once; remembered), so that
-  `close()` runs and no Ray wait turns it into another exit status (module docstring)."""
+def _wait(refs: list, timeout: float | None):
+  """`cluster.wait` in slices of `_STOP_CHECK` s, raising `KeyboardInterrupt` between them
+  while a stop signal is on record (module docstring: a handler's exception can be lost)."""
+  deadline = None if timeout is None else time.monotonic() + timeout
+  while True:
+    _StopSignals.check()
+    left = _STOP_CHECK if deadline is None else min(_STOP_CHECK, deadline - time.monotonic())
+    done, rest = cluster.wait(refs, max(0.0, left))
+    if done or (deadline is not None and time.monotonic() >= deadline):
+      return done, rest
 
+
+class _StopSignals:
+  """While a pool is open: SIGTERM and Ctrl-C raise `KeyboardInterrupt` and are remembered
+  (SIGTERM apart, for the exit status), so that `close()` runs and no Ray wait turns them
+  into another exit status; `check` raises again if that exception was lost (module
+  docstring)."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
   open_pools = 0
-  before = None  # the SIGTERM handler installed before the first pool opened
+  before: dict = {}  # signal -> the handler installed before the first pool opened
   sigterm = False  # SIGTERM arrived while a pool was open
+  stopped = False  # SIGTERM or Ctrl-C arrived while a pool was open
   closing = False
 
-  @staticmethod
-  def current():
-    return signal.getsignal(signal.SIGTERM)
+  @classmethod
+  def current(cls) -> dict:
+    return {signum: signal.getsignal(signum) for signum in cls.SIGNALS}
 
   @classmethod
-  def install(cls, before) -> bool:
-    """Our handler from now on; `before`: the one to restore when the last pool closes
+  def install(cls, before: dict) -> bool:
+    """Our handlers from now on; `before`: those to restore when the last pool closes
     (the run's, not the `sys.exit(15)` that `ray.init` installs)."""
     if threading.current_thread() is not threading.main_thread():
       return False
     cls.open_pools += 1
     if cls.open_pools == 1:
-      cls.sigterm = False
+      cls.sigterm = cls.stopped = False
       cls.before = before
-    signal.signal(signal.SIGTERM, cls._terminate)
+    for signum in cls.SIGNALS:
+      signal.signal(signum, cls._stop)
     return True
 
   @classmethod
@@ -553,15 +577,23 @@ class _StopSignals:
       return
     cls.open_pools -= 1
     if cls.open_pools == 0 and threading.current_thread() is threading.main_thread():
-      signal.signal(signal.SIGTERM, signal.SIG_DFL if cls.before is None else cls.before)
+      for signum, handler in cls.before.items():
+        signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
   @classmethod
-  def _terminate(cls, signum, frame):
+  def _stop(cls, signum, frame):
     del frame
-    first = not cls.sigterm
-    cls.sigterm = True
-    if first and not cls.closing:
+    cls.stopped = True
+    cls.sigterm = cls.sigterm or signum == signal.SIGTERM
+    if not cls.closing:
       raise KeyboardInterrupt(f'signal {signum}')
+
+  @classmethod
+  def check(cls) -> None:
+    """Raises `KeyboardInterrupt` if a stop signal arrived and the pools are not closing:
+    its first exception was lost, or the run would not be here."""
+    if cls.stopped and not cls.closing and cls.open_pools:
+      raise KeyboardInterrupt('a stop signal arrived (its first interrupt was lost)')
 
   @classmethod
   @contextlib.contextmanager
@@ -571,12 +603,9 @@ class _StopSignals:
       yield
       return
     cls.closing = True
-    interrupted = []
-    before = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
       yield
     finally:
-      signal.signal(signal.SIGINT, before)
       cls.closing = False
 
 
