@@ -1,10 +1,13 @@
-"""Exact resume of the scheduler families on the virtual clock.
+"""Exact resume of the scheduler families on the virtual clock, and of the stage-per-lane
+families on the in-process real clock from a drained point.
 
 A run interrupted at a step where tasks and messages are in flight (a crash at step k,
 or SIGTERM) and started again on its workdir ends with the same `metrics.jsonl` (wall
 times aside: simulated times included), the same final state bit for bit (every array
 of the last checkpoint: stores, optimizer states, messages, residuals) and the same
-timeline (`trace.json`) as the uninterrupted run.
+timeline (`trace.json`) as the uninterrupted run. On the real clock the checkpoint is
+taken once the devices finished what was dispatched (messages and stored forwards are
+still in flight between the stages); all but the wall times is the same.
 """
 
 import json
@@ -20,6 +23,7 @@ from jaxsgd import errors
 from jaxsgd import training
 from jaxsgd.algorithms import resume as resume_lib
 from jaxsgd.scheduler import snapshot
+from jaxsgd.scheduler.real import RealExecutor
 from jaxsgd.training import checkpoints
 
 from test_checkpoints import Crash, _sigterm_at, crash_at, metrics
@@ -134,6 +138,56 @@ def test_sigterm_saves_the_simulation_and_resumes(data_dir, tmp_path, monkeypatc
   training.train_and_evaluate(config, str(tmp_path / 'whole'), show_progress=False)
   assert metrics(str(tmp_path / 'run')) == metrics(str(tmp_path / 'whole'))
   assert trace(str(tmp_path / 'run')) == trace(str(tmp_path / 'whole'))
+
+
+def real_config(data_dir, name: str, **overrides):
+  """`virtual_config` on the in-process real clock (stage k on device k of the test's 8)."""
+  config = virtual_config(data_dir, name, clock='real', **overrides)
+  config.cost = default.get_config('smoke').cost
+  return config
+
+
+@pytest.mark.parametrize(
+  'name, algorithm',
+  [('ddg', {}), ('local', {'variant': 'overlapping'}), ('bp', {})],
+  ids=['ddg', 'local-overlapping', 'staged-bp'],
+)
+def test_real_clock_pipeline_resumes_from_a_drained_point(
+  data_dir, tmp_path, monkeypatch, name, algorithm
+):
+  config = real_config(data_dir, name, stages=3, checkpoint_every=5)
+  config.model.hidden = (32, 32, 32)
+  config.algorithm.update(algorithm)
+  whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
+  training.train_and_evaluate(config, whole, show_progress=False)
+  with monkeypatch.context() as patch:
+    crash_at(patch, 13)
+    with pytest.raises(Crash):
+      training.train_and_evaluate(config, broken, show_progress=False)
+  assert checkpoints.latest_meta(broken)['step'] == 10
+  dispatched = []
+  start_task = RealExecutor.start_task
+  monkeypatch.setattr(
+    RealExecutor,
+    'start_task',
+    lambda self, p, lane, op: [dispatched.append(op.batch), start_task(self, p, lane, op)],
+  )
+  training.train_and_evaluate(config, broken, show_progress=False)
+  # It went on from step 10: only the tasks after it (a stage's backward lags by < K steps).
+  batches = [b for b in dispatched if b is not None]
+  assert 0 < len(dispatched) < len(trace(whole)) and min(batches) >= 10 - config.stages
+  assert metrics(broken) == metrics(whole)
+  (step_a, state_a), (step_b, state_b) = final_state(whole), final_state(broken)
+  assert step_a == step_b == config.train_steps and len(state_a) == len(state_b) > 0
+  # Every array but the timeline's columns (float64 times, int64 lanes and batches: wall
+  # times, recorded by timing threads in the order they finish): JAX's are 32-bit.
+  model = [(a, b) for a, b in zip(state_a, state_b, strict=True) if a.dtype.itemsize <= 4]
+  assert sum(a.size for a, _ in model) > 3 * 32 * 32  # the stages' weights at least
+  for a, b in model:
+    np.testing.assert_array_equal(a, b)
+  # The timeline goes on from the saved wall time: every task of the run, once.
+  tasks = [(e['tid'], e['name']) for e in trace(broken) if e.get('ph') == 'X']
+  assert sorted(tasks) == sorted((e['tid'], e['name']) for e in trace(whole) if e.get('ph') == 'X')
 
 
 def test_real_clock_refuses_checkpoints(data_dir, tmp_path):

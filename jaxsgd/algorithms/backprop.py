@@ -34,8 +34,9 @@ class Settings:
   @property
   def resumable(self) -> bool:
     """The fused loop checkpoints (`run.maybe_save`) and resumes exactly; so does staged
-    BP on the virtual clock (the whole simulation)."""
-    return not self.uses_scheduler or self.shared.virtual
+    BP on the virtual clock (the whole simulation) and on the in-process real clock (at
+    a drained point)."""
+    return not self.uses_scheduler or self.shared.drained_resume
 
 
 def validate(config, model) -> Settings:

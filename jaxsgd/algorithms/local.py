@@ -77,8 +77,9 @@ class Settings:
 
   @property
   def resumable(self) -> bool:
-    """On the virtual clock the whole simulation is checkpointed and resumed exactly."""
-    return self.shared.virtual
+    """The whole run is checkpointed and resumed exactly: on the virtual clock between
+    any two events, on the in-process real clock at a drained point."""
+    return self.shared.drained_resume
 
 
 def chunk_bounds(num_stages: int, chunks: int) -> list[tuple[int, int]]:

@@ -78,8 +78,8 @@ def train_roles(
   reported after every lane has finished. Writes `trace.json` and `staleness.png`;
   with `agreement_every` (`jaxsgd.pipeline.agreement`), `grad_cosine/stage{k}` in the
   records, and `grad_cosine.png` and `grad_cosine.npz` (every measurement). With
-  `resumable` (the virtual clock), checkpoints hold the whole simulation and a run
-  resumes from one exactly (`algorithms.resume`).
+  `resumable` (the virtual clock; the in-process real clock at a drained point),
+  checkpoints hold the whole run and a run resumes from one exactly (`algorithms.resume`).
   """
   num_stages, steps = shared.stages, shared.train_steps
   stages = PlacedStages(

@@ -1,4 +1,8 @@
-"""Checkpoints of a scheduler run on the virtual clock: the whole simulation, resumed exactly.
+"""Checkpoints of a scheduler run: the whole simulation, resumed exactly.
+
+On the virtual clock the state is taken between any two events; on the in-process real
+clock (`RealExecutor`, one thread) at a drained point, once every dispatched task has
+finished (`scheduler.real`). Both save it in the same form.
 
     checkpoints = SimulationCheckpoints(run, executor, session, processes, streams, progress)
     resume = checkpoints.restore()        # None, or the executor's saved state (the
@@ -23,7 +27,7 @@ class SimulationCheckpoints:
 
   Args:
     run: the `RunContext`.
-    executor: a `VirtualExecutor`.
+    executor: a `VirtualExecutor`, or a one-thread `RealExecutor`.
     session: has `snapshot()`, `load(saved)`.
     processes: the session's processes, given to `executor.run`.
     streams: the data streams the session reads (positions saved by the run).

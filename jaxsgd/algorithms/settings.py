@@ -470,6 +470,13 @@ class SharedSettings:
     return self.clock == 'virtual'
 
   @property
+  def drained_resume(self) -> bool:
+    """Whether a stage-per-lane run (staged bp, ddg, local) can checkpoint its whole
+    state: the virtual clock between any two events, the in-process real clock at a
+    drained point (`scheduler.real`); lane processes cannot."""
+    return self.virtual or self.executor == 'in_process'
+
+  @property
   def cost_seed(self) -> int:
     return self.seed if self.cost.seed is None else self.cost.seed
 

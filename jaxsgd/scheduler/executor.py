@@ -52,15 +52,24 @@ model is SimPy's `Environment` and its real-time subclass, which overrides only
 - `close_processes()`: closes every process's generator when the run ends (an
   executor that runs them in threads closes each in its own thread instead).
 
+Checkpoints: a clock that can save a run between two ops (`snapshot()`, the virtual
+clock after any event, the one-thread real clock at a drained point) saves its
+processes and channels with `save_processes(live)` and puts them back with
+`load_processes` and `load_channels`: every process is started again from its saved
+`LoopState` and re-yields its pending op, which the clock puts back where it was.
+
 Failures: `fail(error)` records the first error of a run (from a thread, say);
 `run` raises it. A process waiting while another part has failed raises
 `Stopped`, which `run` swallows in favour of the recorded error.
 """
 
+import numpy as np
+
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, DeadlockError, Get, LoopState
 from jaxsgd.scheduler.core import Process, Put, Send, blocked_report
 from jaxsgd.scheduler.costs import TRANSFER
+from jaxsgd.scheduler.snapshot import NotResumableError
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 
 
@@ -209,6 +218,90 @@ class Executor:
   def close_processes(self) -> None:
     for process in self.processes:
       process.close()
+
+  # --- checkpoints (module docstring) ------------------------------------------------------
+  def save_processes(self, live: list[Process]) -> dict:
+    """The links made so far, the channels (items, waiters), every process in `live` or
+    waiting on a channel (each once, in a fixed order: its `LoopState`) and the timeline
+    so far. Raises `NotResumableError` for a process that is not resumable."""
+    channels = [(list(c.items), list(c.waiters)) for c in self.cluster.channels]
+    live = list(dict.fromkeys([*live, *(p for _, waiters in channels for p in waiters)]))
+    for process in live:
+      if process.state is None:
+        raise NotResumableError(
+          f'checkpoint: {process.name} is not a resumable process (core.LoopState).'
+        )
+    return {
+      'links': self.cluster.links,
+      'channels': channels,
+      'processes': [(p, p.done, p.state) for p in live],
+      'records': records_as_arrays(self.records),
+    }
+
+  def load_processes(self, saved: dict) -> dict:
+    """Makes the saved links, restores the timeline and starts every saved process again
+    from its state; returns `{process: the op it yielded again}` for those that were
+    suspended at one (the clock puts each back, then calls `load_channels`)."""
+    for source, destination in saved['links']:
+      self.cluster.link(source, destination)
+    self.records.extend(records_from_arrays(saved['records']))
+    pending = {}
+    for process, done, state in saved['processes']:
+      process.restart(state)
+      process.done = done
+      if not done and state.phase is not None:
+        pending[process] = process.program.send(None)
+    return pending
+
+  def load_channels(self, saved: dict, pending: dict) -> None:
+    """Puts the channels' items and waiters back (each waiter re-yielded its `Get`), checks
+    that every pending op went somewhere and adds the spawned processes to the run."""
+    for channel, (items, waiters) in zip(self.cluster.channels, saved['channels'], strict=True):
+      channel.items.extend(items)
+      for process in waiters:
+        expect_op(pending.pop(process), Get, process)
+        process.waiting_on = channel
+        channel.waiters.append(process)
+    if pending:
+      raise ValueError(f'checkpoint: {", ".join(p.name for p in pending)} saved nowhere.')
+    known = set(map(id, self.processes))
+    self.processes += [p for p, _, _ in saved['processes'] if id(p) not in known]  # spawned
+
+
+def expect_op(op, kind, process):
+  """`op` if it is a `kind` (what a resumed process re-yielded where it was saved)."""
+  if not isinstance(op, kind):
+    raise ValueError(f'checkpoint: {process.name} resumed at {op!r}, expected a {kind.__name__}.')
+  return op
+
+
+_NONE = -(2**62)  # None in the integer columns of a saved timeline
+
+
+def records_as_arrays(records) -> dict:
+  """A timeline's records as columns of arrays (what a checkpoint saves)."""
+  kinds = sorted({r.kind for r in records})
+  index = {kind: i for i, kind in enumerate(kinds)}
+  column = lambda values: np.asarray([_NONE if v is None else v for v in values], np.int64)  # noqa: E731
+  return {
+    'kinds': kinds,
+    'lane': column(r.lane for r in records),
+    'kind': np.asarray([index[r.kind] for r in records], np.int64),
+    'start': np.asarray([r.start for r in records], np.float64),
+    'end': np.asarray([r.end for r in records], np.float64),
+    'stage': column(r.stage for r in records),
+    'batch': column(r.batch for r in records),
+  }
+
+
+def records_from_arrays(saved: dict) -> list[TaskRecord]:
+  value = lambda v: None if v == _NONE else int(v)  # noqa: E731
+  return [
+    TaskRecord(int(lane), saved['kinds'][kind], float(start), float(end), value(stage), value(b))
+    for lane, kind, start, end, stage, b in zip(
+      saved['lane'], saved['kind'], saved['start'], saved['end'], saved['stage'], saved['batch']
+    )
+  ]
 
 
 def _transfer(s: LoopState):

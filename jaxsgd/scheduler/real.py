@@ -20,6 +20,18 @@ thread, which waits for each of its tasks to finish before going on: independent
 workers (a parameter server's workers, stragglers) that must see each other's
 progress in real time. Tasks on one lane are serialized by a lock.
 
+Checkpoints (one thread): `between_events` (if set) is called after every op the loop
+dispatches. There the run can be saved at a *drained point*: `snapshot()` first waits
+until every task dispatched so far has finished (its timing thread has recorded it),
+so nothing is in flight but values; what is left is data — the processes' `LoopState`s,
+the queue of processes ready to go on (with the values they go on with), channel items
+and waiters, the timeline, the wall time. `run(..., resume=snapshot)` continues from
+it, the wall clock going on from the saved time. The loop's order depends only on the
+programs, so a resumed run of a deterministic schedule (staged BP, DDG, local) ends
+bit-identical to an uninterrupted one; only its wall times differ.
+`RealExecutor(threads=True)` saves nothing: its threads are never all at a point
+between two ops that one thread could see.
+
 Either way an exception in any process, task or timing thread stops the whole
 run promptly and is re-raised by `run`. What the ops mean (channels, transfers
 over link lanes) is the `Executor` base's; these classes say only when tasks run
@@ -31,6 +43,7 @@ import queue
 import threading
 import time
 
+from jaxsgd.scheduler import snapshot as snapshot_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Channel, Compute, DeadlockError, Process, blocked_report
 from jaxsgd.scheduler.executor import Executor, Stopped
@@ -58,6 +71,9 @@ class RealExecutor(Executor):
     del threads  # Chose the class (`__new__`).
     self.max_inflight = max_inflight
     self._t0 = time.perf_counter()
+    self.between_events = None  # called after every op the loop dispatches (checkpoints)
+    self.notes_vjps = False  # records the task of every vjp (`snapshot.note_vjps`)
+    self._resume = None
 
   def now(self) -> float:
     """Wall seconds since the start of the run."""
@@ -73,13 +89,31 @@ class RealExecutor(Executor):
     super().fail(error)
     self._stop.set()
 
+  def run(self, cluster, processes, *, resume: dict | None = None):
+    """`Executor.run`, or with `resume` (a decoded `snapshot()`), its continuation."""
+    if resume is not None and self.threads:
+      raise ValueError('RealExecutor(threads=True) cannot resume a run (module docstring).')
+    self._resume = resume
+    self.policy_processes = list(processes)  # (a checkpoint names them by index)
+    try:
+      return super().run(cluster, processes)
+    finally:
+      self._resume = None
+
   # --- one thread, asynchronous dispatch --------------------------------------------------
   def execute(self) -> None:
     self._timers: dict = {}
-    self._ready = collections.deque((p, None) for p in self.processes)
+    self._ready = collections.deque()
+    if self._resume is not None:
+      self._load(self._resume)
+    else:
+      self._ready.extend((p, None) for p in self.processes)
+    between_events = self.between_events
     try:
       while self._ready and self.failure is None:
         self.advance(*self._ready.popleft())
+        if between_events is not None:
+          between_events()
     finally:
       for timer in self._timers.values():
         timer.stop()
@@ -90,6 +124,8 @@ class RealExecutor(Executor):
   def start_task(self, process: Process, lane: int, op: Compute) -> None:
     dispatched = self.now()
     result = op.fn(*op.args)  # Asynchronous: returns futures.
+    if self.notes_vjps:
+      snapshot_lib.note_vjps(op.fn, op.args, result)
     spec = self.cluster.lanes[lane]
     key = spec.device if spec.link is None else lane  # A device, or a link of its own.
     timer = self._timers.get(key)
@@ -101,6 +137,32 @@ class RealExecutor(Executor):
   def needs_transfer(self, value, channel: Channel) -> bool:
     """Only a value not yet on the channel's device is copied (a task on the link)."""
     return channel.device is not None and not transfer.on_device(value, channel.device)
+
+  # --- checkpoints at a drained point (module docstring) -----------------------------------
+  def snapshot(self) -> dict:
+    """The run between two ops, once every dispatched task has finished, as data in the
+    virtual clock's form (`VirtualExecutor.snapshot`): the ready queue is its events."""
+    for timer in self._timers.values():
+      timer.drain()
+    if self.failure is not None:
+      raise self.failure
+    events = [(0.0, order, 'advance', p, value) for order, (p, value) in enumerate(self._ready)]
+    live = [*self.policy_processes, *(p for p, _ in self._ready)]
+    return {'now': self.now(), 'events': events, **self.save_processes(live)}
+
+  def _load(self, saved: dict) -> None:
+    """Puts the state `snapshot()` saved back; the wall clock goes on from its time."""
+    if saved.get('queued') or any(kind != 'advance' for _, _, kind, *_ in saved['events']):
+      raise ValueError(
+        'checkpoint: saved with tasks in flight (the virtual clock); the real clock '
+        'resumes from a drained point only.'
+      )
+    self._t0 = time.perf_counter() - saved['now']
+    pending = self.load_processes(saved)
+    for _, _, _, process, value in saved['events']:
+      pending.pop(process, None)  # Its op was dispatched: it goes on with the value.
+      self._ready.append((process, value))
+    self.load_channels(saved, pending)
 
 
 class _Timer:
@@ -132,11 +194,16 @@ class _Timer:
     if self._submitted - self._finished > self._executor.max_inflight:
       self._wait_for_room()
 
-  def _wait_for_room(self):
+  def drain(self):
+    """Waits until every task submitted so far has been timed (a drained point)."""
+    self._wait_for_room(0)
+
+  def _wait_for_room(self, room: int | None = None):
+    room = self._executor.max_inflight if room is None else room
     with self._progress:
       self._waiting = True  # Set before the check: the timing thread then notifies.
       try:
-        while self._submitted - self._finished > self._executor.max_inflight:
+        while self._submitted - self._finished > room:
           if self._executor.failure is not None:
             raise Stopped
           self._progress.wait(_POLL)

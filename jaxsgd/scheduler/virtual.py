@@ -36,9 +36,9 @@ import numpy as np
 
 from jaxsgd.scheduler import snapshot as snapshot_lib
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Compute, Get, Process
+from jaxsgd.scheduler.core import Compute, Process
 from jaxsgd.scheduler.costs import CostModel
-from jaxsgd.scheduler.executor import Executor
+from jaxsgd.scheduler.executor import Executor, expect_op
 from jaxsgd.scheduler.placement import lane_name
 from jaxsgd.scheduler.timeline import TaskRecord
 
@@ -186,100 +186,38 @@ class VirtualExecutor(Executor):
       live.append(process)
     queued = [(hw, [(p, lane) for p, lane, _ in tasks]) for hw, tasks in self._queued.items()]
     live += [p for _, tasks in queued for p, _ in tasks]
-    channels = [(list(c.items), list(c.waiters)) for c in self.cluster.channels]
-    live += [p for _, waiters in channels for p in waiters]
-    live = list(dict.fromkeys(live))  # Each once, in a fixed order.
-    for process in live:
-      if process.state is None:
-        raise snapshot_lib.NotResumableError(
-          f'checkpoint: {process.name} is not a resumable process (core.LoopState).'
-        )
     return {
       'now': self._now,
       'seq': seq,
-      'links': self.cluster.links,
       'events': events,
       'queued': [(hw, tasks) for hw, tasks in queued if tasks],
       'busy': sorted(self._busy, key=repr),
-      'channels': channels,
-      'processes': [(p, p.done, p.state) for p in live],
       'random': {lane: rng.bit_generator.state for lane, rng in self._sampler._rngs.items()},  # pylint: disable=protected-access
-      'records': _records_as_arrays(self.records),
+      **self.save_processes(live),
     }
 
   def _load(self, saved: dict) -> None:
     """Puts the state `snapshot()` saved back (see the module docstring)."""
-    for source, destination in saved['links']:
-      self.cluster.link(source, destination)
     self._now = saved['now']
     self._seq = itertools.count(saved['seq'])
-    self.records.extend(_records_from_arrays(saved['records']))
     for lane, state in saved['random'].items():
       rng = np.random.default_rng([self.cost_model.seed, lane])
       rng.bit_generator.state = state
       self._sampler._rngs[lane] = rng  # pylint: disable=protected-access
-    pending = {}  # process -> the op it yielded again
-    for process, done, state in saved['processes']:
-      process.restart(state)
-      process.done = done
-      if not done and state.phase is not None:
-        pending[process] = process.program.send(None)
+    pending = self.load_processes(saved)
     for time, order, kind, process, *rest in saved['events']:
       if kind == 'advance':
         pending.pop(process, None)  # Its op was dispatched: it goes on with the value.
         self._events.append((time, order, self.advance, (process, rest[0])))
       else:
         lane, start, result = rest
-        op = _expect(pending.pop(process), Compute, process)
+        op = expect_op(pending.pop(process), Compute, process)
         self._events.append((time, order, self._finish, (process, op, lane, start, result)))
     heapq.heapify(self._events)
     for hardware, tasks in saved['queued']:
       for process, lane in tasks:
         self._queued.setdefault(hardware, deque()).append(
-          (process, lane, _expect(pending.pop(process), Compute, process))
+          (process, lane, expect_op(pending.pop(process), Compute, process))
         )
     self._busy.update(saved['busy'])
-    for channel, (items, waiters) in zip(self.cluster.channels, saved['channels'], strict=True):
-      channel.items.extend(items)
-      for process in waiters:
-        _expect(pending.pop(process), Get, process)
-        process.waiting_on = channel
-        channel.waiters.append(process)
-    if pending:
-      raise ValueError(f'checkpoint: {", ".join(p.name for p in pending)} saved nowhere.')
-    known = set(map(id, self.processes))
-    self.processes += [p for p, _, _ in saved['processes'] if id(p) not in known]  # spawned
-
-
-def _expect(op, kind, process):
-  if not isinstance(op, kind):
-    raise ValueError(f'checkpoint: {process.name} resumed at {op!r}, expected a {kind.__name__}.')
-  return op
-
-
-_NONE = -(2**62)  # None in the integer columns of the saved timeline
-
-
-def _records_as_arrays(records) -> dict:
-  kinds = sorted({r.kind for r in records})
-  index = {kind: i for i, kind in enumerate(kinds)}
-  column = lambda values: np.asarray([_NONE if v is None else v for v in values], np.int64)  # noqa: E731
-  return {
-    'kinds': kinds,
-    'lane': column(r.lane for r in records),
-    'kind': np.asarray([index[r.kind] for r in records], np.int64),
-    'start': np.asarray([r.start for r in records], np.float64),
-    'end': np.asarray([r.end for r in records], np.float64),
-    'stage': column(r.stage for r in records),
-    'batch': column(r.batch for r in records),
-  }
-
-
-def _records_from_arrays(saved: dict) -> list[TaskRecord]:
-  value = lambda v: None if v == _NONE else int(v)  # noqa: E731
-  return [
-    TaskRecord(int(lane), saved['kinds'][kind], float(start), float(end), value(stage), value(b))
-    for lane, kind, start, end, stage, b in zip(
-      saved['lane'], saved['kind'], saved['start'], saved['end'], saved['stage'], saved['batch']
-    )
-  ]
+    self.load_channels(saved, pending)

@@ -201,6 +201,11 @@ def train_and_evaluate(
   return run.finish(extra)
 
 
+def _on_processes(settings) -> str:
+  shared = getattr(settings, 'shared', None)
+  return " and executor='processes'" if getattr(shared, 'executor', '') == 'processes' else ''
+
+
 def _checkpointer(config, settings, workdir: str) -> checkpoints.Checkpointer | None:
   """The run's checkpoints, if its algorithm writes them (`Settings.resumable`); refuses
   `checkpoint_every > 0` for one that does not."""
@@ -209,8 +214,9 @@ def _checkpointer(config, settings, workdir: str) -> checkpoints.Checkpointer | 
     if every:
       raise ValueError(
         f'checkpoint_every: {config.algorithm.name} writes no checkpoints with clock='
-        f'{config.clock!r} (the fused bp and the data-parallel methods do, and every '
-        f"scheduler family with clock='virtual'); use checkpoint_every=0."
+        f'{config.clock!r}{_on_processes(settings)} (the fused bp and the data-parallel '
+        "methods do, every scheduler family with clock='virtual', and staged bp, ddg and "
+        "local with clock='real' in one process); use checkpoint_every=0."
       )
     return None
   return checkpoints.Checkpointer(workdir, every=every, last=settings.shared.train_steps)
