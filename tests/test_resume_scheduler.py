@@ -23,7 +23,7 @@ from jaxsgd import errors
 from jaxsgd import training
 from jaxsgd.algorithms import resume as resume_lib
 from jaxsgd.scheduler import snapshot
-from jaxsgd.scheduler.real import RealExecutor
+from jaxsgd.scheduler.real import RealExecutor, ThreadedExecutor
 from jaxsgd.training import checkpoints
 
 from test_checkpoints import Crash, _sigterm_at, crash_at, metrics
@@ -147,6 +147,45 @@ def real_config(data_dir, name: str, **overrides):
   return config
 
 
+def crash_and_resume(config, tmp_path, monkeypatch, saved_at=(10,)) -> tuple[str, str, list]:
+  """Runs `config` whole, and crashed at step 13 then resumed (checkpoint_every=5, so
+  saved at step 10: `saved_at`); the workdirs, and the batches of the tasks the resumed
+  run dispatched."""
+  whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
+  training.train_and_evaluate(config, whole, show_progress=False)
+  with monkeypatch.context() as patch:
+    crash_at(patch, 13)
+    with pytest.raises(Crash):
+      training.train_and_evaluate(config, broken, show_progress=False)
+  assert checkpoints.latest_meta(broken)['step'] in saved_at
+  dispatched = []
+  for executor in (RealExecutor, ThreadedExecutor):
+    start_task = executor.start_task
+    monkeypatch.setattr(
+      executor,
+      'start_task',
+      lambda self, p, lane, op, start=start_task: [
+        dispatched.append(op.batch),
+        start(self, p, lane, op),
+      ],
+    )
+  training.train_and_evaluate(config, broken, show_progress=False)
+  assert 0 < len(dispatched) < len(trace(whole))
+  return whole, broken, [b for b in dispatched if b is not None]
+
+
+def assert_same_final_model(whole, broken, at_least: int) -> None:
+  """Every array of the two runs' last checkpoints but the timeline's columns (float64
+  times, int64 lanes and batches: wall times, recorded in the order tasks finish);
+  JAX's arrays are 32-bit."""
+  (step_a, state_a), (step_b, state_b) = final_state(whole), final_state(broken)
+  assert step_a == step_b and len(state_a) == len(state_b) > 0
+  model = [(a, b) for a, b in zip(state_a, state_b, strict=True) if a.dtype.itemsize <= 4]
+  assert sum(a.size for a, _ in model) > at_least
+  for a, b in model:
+    np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize(
   'name, algorithm',
   [('ddg', {}), ('local', {'variant': 'overlapping'}), ('bp', {})],
@@ -158,41 +197,63 @@ def test_real_clock_pipeline_resumes_from_a_drained_point(
   config = real_config(data_dir, name, stages=3, checkpoint_every=5)
   config.model.hidden = (32, 32, 32)
   config.algorithm.update(algorithm)
-  whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
-  training.train_and_evaluate(config, whole, show_progress=False)
-  with monkeypatch.context() as patch:
-    crash_at(patch, 13)
-    with pytest.raises(Crash):
-      training.train_and_evaluate(config, broken, show_progress=False)
-  assert checkpoints.latest_meta(broken)['step'] == 10
-  dispatched = []
-  start_task = RealExecutor.start_task
-  monkeypatch.setattr(
-    RealExecutor,
-    'start_task',
-    lambda self, p, lane, op: [dispatched.append(op.batch), start_task(self, p, lane, op)],
-  )
-  training.train_and_evaluate(config, broken, show_progress=False)
+  whole, broken, batches = crash_and_resume(config, tmp_path, monkeypatch)
   # It went on from step 10: only the tasks after it (a stage's backward lags by < K steps).
-  batches = [b for b in dispatched if b is not None]
-  assert 0 < len(dispatched) < len(trace(whole)) and min(batches) >= 10 - config.stages
+  assert min(batches) >= 10 - config.stages
   assert metrics(broken) == metrics(whole)
-  (step_a, state_a), (step_b, state_b) = final_state(whole), final_state(broken)
-  assert step_a == step_b == config.train_steps and len(state_a) == len(state_b) > 0
-  # Every array but the timeline's columns (float64 times, int64 lanes and batches: wall
-  # times, recorded by timing threads in the order they finish): JAX's are 32-bit.
-  model = [(a, b) for a, b in zip(state_a, state_b, strict=True) if a.dtype.itemsize <= 4]
-  assert sum(a.size for a, _ in model) > 3 * 32 * 32  # the stages' weights at least
-  for a, b in model:
-    np.testing.assert_array_equal(a, b)
+  assert_same_final_model(whole, broken, at_least=3 * 32 * 32)  # the stages' weights
   # The timeline goes on from the saved wall time: every task of the run, once.
   tasks = [(e['tid'], e['name']) for e in trace(broken) if e.get('ph') == 'X']
   assert sorted(tasks) == sorted((e['tid'], e['name']) for e in trace(whole) if e.get('ph') == 'X')
 
 
-def test_real_clock_refuses_checkpoints(data_dir, tmp_path):
-  config = virtual_config(data_dir, 'asgd', workers=2, checkpoint_every=5, clock='real')
-  with pytest.raises(ValueError, match='^checkpoint_every: asgd writes no checkpoints'):
+def test_one_asgd_worker_on_real_threads_resumes_bit_for_bit(data_dir, tmp_path, monkeypatch):
+  """One worker: its order does not depend on timing (sequential SGD), so the run resumed
+  from the drained point (server and worker threads stopped between two ops) ends
+  exactly as the uninterrupted one."""
+  config = real_config(data_dir, 'asgd', workers=1, checkpoint_every=5)
+  whole, broken, batches = crash_and_resume(config, tmp_path, monkeypatch)
+  assert min(batches) >= 9
+  assert metrics(broken) == metrics(whole)
+  assert_same_final_model(whole, broken, at_least=2 * 32 * 32)
+
+
+@pytest.mark.parametrize(
+  'name, algorithm',
+  [
+    ('asgd', {}),
+    ('dcasgd', {}),
+    ('lppsgd', {'devices': 2, 'workers_per_device': 2, 'averaging_freq': 2}),
+    ('pdasgd', {'n_fwd': 2, 'n_bwd': 2}),
+  ],
+)
+def test_asynchronous_workers_on_real_threads_resume_from_a_drained_point(
+  data_dir, tmp_path, monkeypatch, name, algorithm
+):
+  """Several workers: the threads' interleaving is real time's, so the resumed run is
+  another run from the checkpoint on; it trains to the end from there and reports the
+  same steps. The checkpoint due at step 10 is taken at the first drained point from
+  there: the thread whose op reported step 10 may find another thread taking its turn
+  first, and by then a worker may have pushed step 11 or 12."""
+  config = real_config(data_dir, name, checkpoint_every=5)
+  config.algorithm.update(algorithm)
+  if name in ('asgd', 'dcasgd'):
+    config.workers = 3
+  if name == 'pdasgd':
+    config.stages = 3
+    config.model.hidden = (32, 32, 32)
+  whole, broken, _ = crash_and_resume(config, tmp_path, monkeypatch, saved_at=(10, 11, 12))
+  assert [r['step'] for r in metrics(broken)] == [r['step'] for r in metrics(whole)]
+  with open(os.path.join(broken, 'summary.json')) as f:
+    assert json.load(f)['final']['step'] == config.train_steps
+
+
+def test_lane_processes_refuse_checkpoints(data_dir, tmp_path):
+  config = real_config(data_dir, 'asgd', workers=2, checkpoint_every=5, executor='processes')
+  refusal = (
+    "^checkpoint_every: asgd writes no checkpoints with clock='real' and executor='processes'"
+  )
+  with pytest.raises(ValueError, match=refusal):
     training.train_and_evaluate(config, str(tmp_path), show_progress=False)
 
 

@@ -35,8 +35,9 @@ class Settings:
 
   @property
   def resumable(self) -> bool:
-    """On the virtual clock the whole simulation is checkpointed and resumed exactly."""
-    return self.shared.virtual
+    """The whole run is checkpointed: on the virtual clock between any two events
+    (resumed exactly), on the in-process real clock at a drained point."""
+    return self.shared.drained_resume
 
   @property
   def session(self) -> PdSettings:

@@ -471,9 +471,9 @@ class SharedSettings:
 
   @property
   def drained_resume(self) -> bool:
-    """Whether a stage-per-lane run (staged bp, ddg, local) can checkpoint its whole
-    state: the virtual clock between any two events, the in-process real clock at a
-    drained point (`scheduler.real`); lane processes cannot."""
+    """Whether a scheduler run can checkpoint its whole state: the virtual clock between
+    any two events, the in-process real clock at a drained point (`scheduler.real`);
+    lane processes cannot."""
     return self.virtual or self.executor == 'in_process'
 
   @property

@@ -104,7 +104,8 @@ def train_session(
 
   `steps` reports every applied step to `run`; the session must provide
   `cluster`, `processes()`, `variables()`, `metrics()` and `staleness()`. With
-  `resumable` (the virtual clock), the run checkpoints the whole simulation and resumes
+  `resumable` (the virtual clock; the in-process real clock at a drained point), the run
+  checkpoints the whole simulation and resumes
   from a checkpoint (`algorithms.resume`; the session also provides `snapshot()` and
   `load()`, and `streams` are the data streams it reads).
   """
@@ -119,7 +120,7 @@ def train_session(
   )
   session = make_session(steps)
   processes = session.processes()
-  resume = None
+  checkpoints = resume = None
   if resumable:
     checkpoints = resume_lib.SimulationCheckpoints(
       run, executor, session, processes, streams, lambda: steps.applied
@@ -134,6 +135,8 @@ def train_session(
       if resumable
       else executor.run(session.cluster, processes)
     )
+    if checkpoints is not None:
+      checkpoints.after_run()  # steps reported in the last ops (a thread may skip asking)
   finally:
     executor.close()  # lane processes (executor='processes') end here
   if not steps.done:

@@ -29,8 +29,14 @@ and waiters, the timeline, the wall time. `run(..., resume=snapshot)` continues 
 it, the wall clock going on from the saved time. The loop's order depends only on the
 programs, so a resumed run of a deterministic schedule (staged BP, DDG, local) ends
 bit-identical to an uninterrupted one; only its wall times differ.
-`RealExecutor(threads=True)` saves nothing: its threads are never all at a point
-between two ops that one thread could see.
+With `threads=True` the drained point is reached by pausing: the thread whose op
+reported a checkpoint's step asks every other thread to stop before its next op, and
+waits until each has stopped there, waits on a channel, or is done (a task a thread is
+running finishes first: tasks run in their threads). Every process is then between two
+ops; the snapshot lists those that will go on with a value (the events) and the channel
+waiters, and the threads go on. A resumed run starts each thread where its process was.
+The threads' interleaving is real time's, so only a run whose order does not depend on
+it (one asynchronous worker: sequential SGD) resumes bit-identically.
 
 Either way an exception in any process, task or timing thread stops the whole
 run promptly and is re-raised by `run`. What the ops mean (channels, transfers
@@ -91,8 +97,6 @@ class RealExecutor(Executor):
 
   def run(self, cluster, processes, *, resume: dict | None = None):
     """`Executor.run`, or with `resume` (a decoded `snapshot()`), its continuation."""
-    if resume is not None and self.threads:
-      raise ValueError('RealExecutor(threads=True) cannot resume a run (module docstring).')
     self._resume = resume
     self.policy_processes = list(processes)  # (a checkpoint names them by index)
     try:
@@ -152,6 +156,12 @@ class RealExecutor(Executor):
 
   def _load(self, saved: dict) -> None:
     """Puts the state `snapshot()` saved back; the wall clock goes on from its time."""
+    for process, value in self._load_drained(saved):
+      self._ready.append((process, value))
+
+  def _load_drained(self, saved: dict) -> list:
+    """Restarts the saved processes and channels; returns the `(process, value)` pairs
+    that go on with a value, in their saved order."""
     if saved.get('queued') or any(kind != 'advance' for _, _, kind, *_ in saved['events']):
       raise ValueError(
         'checkpoint: saved with tasks in flight (the virtual clock); the real clock '
@@ -159,10 +169,12 @@ class RealExecutor(Executor):
       )
     self._t0 = time.perf_counter() - saved['now']
     pending = self.load_processes(saved)
+    ready = []
     for _, _, _, process, value in saved['events']:
       pending.pop(process, None)  # Its op was dispatched: it goes on with the value.
-      self._ready.append((process, value))
+      ready.append((process, value))
     self.load_channels(saved, pending)
+    return ready
 
 
 class _Timer:
@@ -237,6 +249,9 @@ class _Timer:
     executor.timing_cpu_seconds += time.thread_time() - cpu  # Threads end one at a time.
 
 
+_START, _WAIT, _DONE = object(), object(), object()  # how a thread starts (`_drive`)
+
+
 class _Mailbox:
   """Where a waiting thread's process receives the value it resumes with."""
 
@@ -261,11 +276,21 @@ class ThreadedExecutor(RealExecutor):
     self._lock = threading.RLock()
     self._lane_locks = collections.defaultdict(threading.Lock)
     self._mailboxes: dict[Process, _Mailbox] = {p: _Mailbox() for p in self.processes}
+    self._saving = threading.Lock()  # held by the thread taking a checkpoint
+    self._pause = threading.Event()  # set: threads stop before their next op
+    self._pause_over = threading.Event()  # set when the checkpoint is taken
+    self._paused: dict[Process, object] = {}  # stopped there, with the value they go on with
+    self._waiting_turn: set[Process] = set()  # after an op, waiting to call `between_events`
+    self._depth = threading.local()  # nesting of `_drive` (a Send's transfer runs inside)
 
   def execute(self) -> None:
+    starts = {p: _START for p in self.processes}
+    if self._resume is not None:
+      starts.update(self._load_threads(self._resume))
     threads = [
-      threading.Thread(target=self._thread_main, args=(p,), name=p.name, daemon=True)
-      for p in self.processes
+      threading.Thread(target=self._thread_main, args=(p, start), name=p.name, daemon=True)
+      for p, start in starts.items()
+      if start is not _DONE
     ]
     for thread in threads:
       thread.start()
@@ -282,9 +307,9 @@ class ThreadedExecutor(RealExecutor):
   def close_processes(self) -> None:
     pass  # Each thread closes its own process's generator.
 
-  def _thread_main(self, process: Process) -> None:
+  def _thread_main(self, process: Process, start=None) -> None:
     try:
-      self._drive(process)
+      self._drive(process, start)
     except Stopped:
       pass
     except BaseException as e:  # pylint: disable=broad-except
@@ -292,15 +317,117 @@ class ThreadedExecutor(RealExecutor):
     finally:
       process.program.close()
 
-  def _drive(self, process: Process) -> None:
-    """Runs `process` to its end in this thread, waiting wherever it waits."""
-    value = None
-    while not self._stop.is_set():
-      self.advance(process, value)
-      if process.done:
+  def _drive(self, process: Process, start=None) -> None:
+    """Runs `process` to its end in this thread, waiting wherever it waits. `start`:
+    the value it goes on with (`_WAIT`: it waits on its channel first)."""
+    depth = getattr(self._depth, 'value', 0)
+    self._depth.value = depth + 1
+    if depth == 0:
+      self._depth.process = process  # (whose thread this is: `snapshot`)
+    try:
+      value = self._wait(process) if start is _WAIT else (None if start is _START else start)
+      while not self._stop.is_set():
+        if depth == 0:
+          value = self._stop_if_asked(process, value)
+        self.advance(process, value)
+        if depth == 0 and self.between_events is not None:
+          self._between_ops()
+        if process.done:
+          return
+        value = self._wait(process)
+      raise Stopped
+    finally:
+      self._depth.value = depth
+
+  # --- checkpoints at a drained point (module docstring) -----------------------------------
+  def _between_ops(self) -> None:
+    """`between_events`, by one thread at a time. A thread waiting for its turn is
+    between two ops (its next value in its mailbox, or it waits on a channel), so a
+    checkpoint being taken counts it as stopped (`_waiting_turn`)."""
+    process = self._depth.process
+    with self._lock:
+      self._waiting_turn.add(process)
+    try:
+      self._saving.acquire()
+    finally:
+      with self._lock:
+        self._waiting_turn.discard(process)
+    try:
+      self.between_events()
+    finally:
+      self._go_on()  # after the checkpoint is written, not when `snapshot` returns
+      self._saving.release()
+
+  def _go_on(self) -> None:
+    if self._pause.is_set():
+      self._pause.clear()
+      self._pause_over.set()
+
+  def _stop_if_asked(self, process: Process, value):
+    """Before an op: while a checkpoint is being taken, stop here (`_paused`)."""
+    if not self._pause.is_set():
+      return value
+    with self._lock:
+      self._paused[process] = value
+    while self._pause.is_set():
+      if self._stop.is_set():
+        raise Stopped
+      self._pause_over.wait(_POLL)
+    with self._lock:
+      return self._paused.pop(process)
+
+  def snapshot(self) -> dict:
+    """Called by `between_events` in the thread whose op reported the step: stops every
+    other thread between two ops and returns the state; they go on once
+    `between_events` has returned (the state, by reference, is saved by then)."""
+    me = getattr(self._depth, 'process', None)  # None: the run is over (`after_run`)
+    self._pause_over = threading.Event()
+    self._pause.set()
+    try:
+      self._wait_until_drained(me)
+    except BaseException:
+      self._go_on()
+      raise
+    with self._lock:
+      going_on = dict(self._paused)
+      for process in (me, *self._waiting_turn):  # after an op: its value is in its mailbox
+        mailbox = self._mailboxes.get(process)
+        if mailbox is not None and mailbox.ready.is_set():
+          going_on[process] = mailbox.value
+      order = {p: i for i, p in enumerate(self.processes)}
+      events = [
+        (0.0, i, 'advance', p, going_on[p]) for i, p in enumerate(sorted(going_on, key=order.get))
+      ]
+      live = [*self.policy_processes, *going_on]
+      return {'now': self.now(), 'events': events, **self.save_processes(live)}
+
+  def _wait_until_drained(self, me: Process) -> None:
+    while True:
+      with self._lock:
+        busy = [
+          p
+          for p in self.processes
+          if p is not me
+          and not p.done
+          and p not in self._paused
+          and p not in self._waiting_turn
+          and not (p.waiting_on is not None and not self._mailboxes[p].ready.is_set())
+        ]
+      if not busy:
         return
-      value = self._wait(process)
-    raise Stopped
+      if self.failure is not None:
+        raise Stopped
+      time.sleep(0.001)
+
+  def _load_threads(self, saved: dict) -> dict:
+    """Each saved process's start: the value it goes on with, `_WAIT` (on a channel) or
+    `_DONE`; spawned processes get their mailboxes."""
+    ready = self._load_drained(saved)
+    for process in self.processes:
+      self._mailboxes.setdefault(process, _Mailbox())
+    starts = {p: _DONE if p.done else _WAIT for p in self.processes}
+    starts.update(ready)
+    return starts
 
   def _wait(self, process: Process):
     mailbox = self._mailboxes[process]
@@ -329,6 +456,8 @@ class ThreadedExecutor(RealExecutor):
     with self._lane_locks[lane]:
       start = self.now()
       result = op.fn(*op.args)
+      if self.notes_vjps:
+        snapshot_lib.note_vjps(op.fn, op.args, result)
       transfer.wait(result)  # This worker waits for its own task, as a real one does.
       self.record(TaskRecord(lane, op.kind, start, self.now(), op.stage, op.batch))
     self.task_finished(process, result)
