@@ -38,7 +38,7 @@ def cifar_resnet(depth: int, input_shape, num_classes, width: int = 16) -> Stage
   Layers: stem, 3n blocks, head.
   """
   if (depth - 2) % 6 or depth < 8:
-    raise ValueError(f'model.depth: CIFAR ResNets have depth 6n+2 (20, 56, 110), got {depth}.')
+    raise ValueError(f'model.depth: CIFAR ResNets have depth 6n+2 (8, 20, 56, 110), got {depth}.')
   n = (depth - 2) // 6
   units = [L.ConvBNStem(width)]
   for stack in range(3):
@@ -91,7 +91,7 @@ def _frozen(value):
   return value
 
 
-MODELS = ('mlp', 'cnn', 'resnet20', 'resnet56', 'resnet110', 'resnet18')
+MODELS = ('mlp', 'cnn', 'resnet8', 'resnet20', 'resnet56', 'resnet110', 'resnet18')
 
 
 def get_model(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
@@ -113,7 +113,7 @@ def _build(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
     return mlp(input_shape, num_classes, **kwargs)
   if name == 'cnn':
     return cnn(input_shape, num_classes, **kwargs)
-  if name in ('resnet20', 'resnet56', 'resnet110'):
+  if name in ('resnet8', 'resnet20', 'resnet56', 'resnet110'):
     _check_image(name, input_shape)
     return cifar_resnet(int(name[len('resnet') :]), input_shape, num_classes, **kwargs)
   if name == 'resnet18':
@@ -125,6 +125,7 @@ def _build(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
 _BUILDERS = {
   'mlp': mlp,
   'cnn': cnn,
+  'resnet8': cifar_resnet,  # one block a stack: the smallest, for smoke tests
   'resnet20': cifar_resnet,
   'resnet56': cifar_resnet,
   'resnet110': cifar_resnet,
