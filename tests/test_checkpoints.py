@@ -259,10 +259,19 @@ def test_sigterm_saves_the_step_it_came_in_and_resumes(data_dir, tmp_path, monke
   assert metrics(str(tmp_path / 'run')) == metrics(str(tmp_path / 'whole'))
 
 
-def test_sigterm_stops_an_algorithm_without_checkpoints(data_dir, tmp_path, monkeypatch):
-  config = smoke_config(data_dir, workers=2)  # ASGD on the real clock: worker threads.
+def test_sigterm_saves_worker_threads_at_a_drained_point_and_resumes(
+  data_dir, tmp_path, monkeypatch
+):
+  """ASGD on the real clock (a thread per worker, one worker: sequential SGD): SIGTERM
+  saves the checkpoint once every thread has stopped between two ops (the step the
+  signal came in, or the next the busy thread reported) and the run started again ends
+  as an uninterrupted one."""
+  config = smoke_config(data_dir, workers=1)
   config.algorithm = default.algorithm('asgd')
-  _sigterm_at(monkeypatch, 5)
-  with pytest.raises(errors.Preempted, match=r'at step \d+; asgd writes no checkpoints'):
-    training.train_and_evaluate(config, str(tmp_path), show_progress=False)
-  assert not os.path.exists(checkpoints.directory(str(tmp_path)))
+  with monkeypatch.context() as patch:
+    _sigterm_at(patch, 33)
+    with pytest.raises(errors.Preempted, match=r'checkpoint of step 3[34]'):
+      training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  training.train_and_evaluate(config, str(tmp_path / 'whole'), show_progress=False)
+  assert metrics(str(tmp_path / 'run')) == metrics(str(tmp_path / 'whole'))

@@ -147,14 +147,16 @@ def real_config(data_dir, name: str, **overrides):
   return config
 
 
-def crash_and_resume(config, tmp_path, monkeypatch, saved_at=(10,)) -> tuple[str, str, list]:
-  """Runs `config` whole, and crashed at step 13 then resumed (checkpoint_every=5, so
-  saved at step 10: `saved_at`); the workdirs, and the batches of the tasks the resumed
-  run dispatched."""
+def crash_and_resume(
+  config, tmp_path, monkeypatch, crash: int = 13, saved_at=(10,)
+) -> tuple[str, str, list]:
+  """Runs `config` whole, and crashed at step `crash` then resumed (checkpoint_every=5,
+  so saved at step 10: `saved_at`); the workdirs, and the batches of the tasks the
+  resumed run dispatched."""
   whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
   training.train_and_evaluate(config, whole, show_progress=False)
   with monkeypatch.context() as patch:
-    crash_at(patch, 13)
+    crash_at(patch, crash)
     with pytest.raises(Crash):
       training.train_and_evaluate(config, broken, show_progress=False)
   assert checkpoints.latest_meta(broken)['step'] in saved_at
@@ -231,9 +233,10 @@ def test_asynchronous_workers_on_real_threads_resume_from_a_drained_point(
 ):
   """Several workers: the threads' interleaving is real time's, so the resumed run is
   another run from the checkpoint on; it trains to the end from there and reports the
-  same steps. The checkpoint due at step 10 is taken at the first drained point from
-  there: the thread whose op reported step 10 may find another thread taking its turn
-  first, and by then a worker may have pushed step 11 or 12."""
+  same steps. A checkpoint due at step 10 is taken at the first drained point from
+  there: the threads busy with an op finish it first, and their ops may report a step
+  or two more (four LPP-SGD workers and the averaging: up to three). Crashed at step 19,
+  the run was saved at step 10 to 14, or 15 to 18."""
   config = real_config(data_dir, name, checkpoint_every=5)
   config.algorithm.update(algorithm)
   if name == 'dcasgd':
@@ -241,7 +244,9 @@ def test_asynchronous_workers_on_real_threads_resume_from_a_drained_point(
   if name == 'pdasgd':
     config.stages = 3
     config.model.hidden = (32, 32, 32)
-  whole, broken, _ = crash_and_resume(config, tmp_path, monkeypatch, saved_at=(10, 11, 12))
+  whole, broken, _ = crash_and_resume(
+    config, tmp_path, monkeypatch, crash=19, saved_at=range(10, 19)
+  )
   assert [r['step'] for r in metrics(broken)] == [r['step'] for r in metrics(whole)]
   with open(os.path.join(broken, 'summary.json')) as f:
     assert json.load(f)['final']['step'] == config.train_steps
