@@ -67,13 +67,19 @@ def crash_at(monkeypatch, step: int) -> None:
   monkeypatch.setattr(run_lib.Run, 'report', report)
 
 
-def assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step):
+def whole_and_crashed(config, tmp_path, monkeypatch, crash_step: int) -> tuple[str, str]:
+  """The workdirs of `config` run whole and of it crashed at `crash_step`."""
   whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
   training.train_and_evaluate(config, whole, show_progress=False)
   with monkeypatch.context() as patch:
     crash_at(patch, crash_step)
     with pytest.raises(Crash):
       training.train_and_evaluate(config, broken, show_progress=False)
+  return whole, broken
+
+
+def assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step):
+  whole, broken = whole_and_crashed(config, tmp_path, monkeypatch, crash_step)
   assert not os.path.exists(os.path.join(broken, 'summary.json'))
   written = metrics(broken)  # Lines past the checkpoint: the resume drops them.
   assert written and written[-1]['step'] > max(

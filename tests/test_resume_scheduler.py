@@ -26,7 +26,7 @@ from jaxsgd.scheduler import snapshot
 from jaxsgd.scheduler.real import RealExecutor, ThreadedExecutor
 from jaxsgd.training import checkpoints
 
-from test_checkpoints import Crash, _sigterm_at, crash_at, metrics
+from test_checkpoints import _sigterm_at, metrics, whole_and_crashed
 
 
 def virtual_config(data_dir, name: str, **overrides):
@@ -98,12 +98,7 @@ def _vjps(tree) -> int:
 
 
 def assert_resumes_exactly(config, tmp_path, monkeypatch, crash_step):
-  whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
-  training.train_and_evaluate(config, whole, show_progress=False)
-  with monkeypatch.context() as patch:
-    crash_at(patch, crash_step)
-    with pytest.raises(Crash):
-      training.train_and_evaluate(config, broken, show_progress=False)
+  whole, broken = whole_and_crashed(config, tmp_path, monkeypatch, crash_step)
   saved = checkpoints.latest_meta(broken)['step']
   assert saved < crash_step
   training.train_and_evaluate(config, broken, show_progress=False)
@@ -153,12 +148,7 @@ def crash_and_resume(
   """Runs `config` whole, and crashed at step `crash` then resumed (checkpoint_every=5,
   so saved at step 10: `saved_at`); the workdirs, and the batches of the tasks the
   resumed run dispatched."""
-  whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
-  training.train_and_evaluate(config, whole, show_progress=False)
-  with monkeypatch.context() as patch:
-    crash_at(patch, crash)
-    with pytest.raises(Crash):
-      training.train_and_evaluate(config, broken, show_progress=False)
+  whole, broken = whole_and_crashed(config, tmp_path, monkeypatch, crash)
   assert checkpoints.latest_meta(broken)['step'] in saved_at
   dispatched = []
   for executor in (RealExecutor, ThreadedExecutor):

@@ -82,12 +82,25 @@ class Executor:
 
   clock = ''
 
-  def run(self, cluster: Cluster, processes: list[Process]) -> Timeline:
+  def run(
+    self, cluster: Cluster, processes: list[Process], *, resume: dict | None = None
+  ) -> Timeline:
     """Runs `processes` until all are done; their tasks as a `Timeline`.
 
-    Raises the first exception of any process or task, or `DeadlockError` when the
-    unfinished processes all wait on channels nobody will fill.
+    `resume`: a decoded `snapshot()` of a clock that saves (module docstring), to go on
+    from. Raises the first exception of any process or task, or `DeadlockError` when
+    the unfinished processes all wait on channels nobody will fill.
     """
+    if resume is not None and not hasattr(self, 'snapshot'):
+      raise ValueError(f'the {self.clock} clock cannot resume a run.')
+    self._resume = resume
+    self.policy_processes = list(processes)  # (a checkpoint names them by index)
+    try:
+      return self._run(cluster, processes)
+    finally:
+      self._resume = None
+
+  def _run(self, cluster: Cluster, processes: list[Process]) -> Timeline:
     self.cluster = cluster
     self.processes = list(processes)
     self.records: list[TaskRecord] = []

@@ -95,15 +95,6 @@ class RealExecutor(Executor):
     super().fail(error)
     self._stop.set()
 
-  def run(self, cluster, processes, *, resume: dict | None = None):
-    """`Executor.run`, or with `resume` (a decoded `snapshot()`), its continuation."""
-    self._resume = resume
-    self.policy_processes = list(processes)  # (a checkpoint names them by index)
-    try:
-      return super().run(cluster, processes)
-    finally:
-      self._resume = None
-
   # --- one thread, asynchronous dispatch --------------------------------------------------
   def execute(self) -> None:
     self._timers: dict = {}

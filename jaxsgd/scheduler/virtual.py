@@ -80,15 +80,6 @@ class VirtualExecutor(Executor):
     self._sampler = self.cost_model.sampler()
     self._hardware_of: dict[int, object] = {}
 
-  def run(self, cluster, processes, *, resume: dict | None = None):
-    """`Executor.run`, or with `resume` (a decoded `snapshot()`), its continuation."""
-    self._resume = resume
-    self.policy_processes = list(processes)  # (a checkpoint names them by index)
-    try:
-      return super().run(cluster, processes)
-    finally:
-      self._resume = None
-
   def execute(self) -> None:
     if self._resume is not None:
       self._load(self._resume)
