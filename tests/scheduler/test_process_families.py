@@ -157,22 +157,28 @@ def test_pdasgd_concurrent_updates_on_lane_processes_are_never_lost(pool):
 
 
 # --- LPP-SGD -------------------------------------------------------------------------------
-def lpp(executor, pipe: PlacedStages, stream):
-  """LPP-SGD with one replica and one worker; from step 1 on, every other step is
-  partitioned over one slice, which is the whole model: sequential SGD."""
-  settings = lppsgd.LppSettings(devices=1, workers_per_device=1, warmup_steps=0)
+def lpp_session(executor, pipe: PlacedStages, settings, streams, steps: int):
+  """An LPP-SGD session of one worker per replica (`settings.devices` replicas, one
+  stream each) on one device, starting from the pipeline's initial variables."""
   variables = pipe.initial_variables(0, sequential_roles(1)[0])
-  session = lppsgd.LppSession(
+  return lppsgd.LppSession(
     pipe,
     settings,
     variables,
     pipe.tx.init(variables['params']),
-    [stream],
-    [jax.devices()[0]],
-    common.StepCounter(STEPS),
-    common.WorkerLog(['worker 0.0'], {}, executor.now),
+    list(streams),
+    [jax.devices()[0]] * settings.devices,
+    common.StepCounter(steps),
+    common.WorkerLog([f'worker {d}.0' for d in range(settings.devices)], {}, executor.now),
     lane_processes=on_processes(executor),
   )
+
+
+def lpp(executor, pipe: PlacedStages, stream):
+  """LPP-SGD with one replica and one worker; from step 1 on, every other step is
+  partitioned over one slice, which is the whole model: sequential SGD."""
+  settings = lppsgd.LppSettings(devices=1, workers_per_device=1, warmup_steps=0)
+  session = lpp_session(executor, pipe, settings, [stream], STEPS)
   variables, values = run(session, executor)
   return variables, values, stores(session)[0].staleness().tolist()
 
@@ -199,18 +205,7 @@ def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool):
   pipe = placed(mlp(), 1, steps=16)
   for _ in range(4):
     executor = ProcessExecutor(pool=pool)
-    variables = pipe.initial_variables(0, sequential_roles(1)[0])
-    session = lppsgd.LppSession(
-      pipe,
-      settings,
-      variables,
-      pipe.tx.init(variables['params']),
-      [batches(seed=d) for d in range(2)],
-      [jax.devices()[0]] * 2,
-      common.StepCounter(16),
-      common.WorkerLog(['worker 0.0', 'worker 1.0'], {}, executor.now),
-      lane_processes=True,
-    )
+    session = lpp_session(executor, pipe, settings, [batches(seed=d) for d in range(2)], 16)
     _, values = run(session, executor)
     counts = [adam_count(opt_state) for _, opt_state in values]
     assert counts == [len(store.updates) for store in stores(session)] and sum(counts) == 16
