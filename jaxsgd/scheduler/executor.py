@@ -52,8 +52,8 @@ model is SimPy's `Environment` and its real-time subclass, which overrides only
 - `close_processes()`: closes every process's generator when the run ends (an
   executor that runs them in threads closes each in its own thread instead).
 
-Checkpoints: a clock that can save a run between two ops (`snapshot()`, the virtual
-clock after any event, the one-thread real clock at a drained point) saves its
+Checkpoints: a clock that can save a run between two ops (`snapshot()`: the virtual
+clock after any event, the real clock at a drained point, `real.py`) saves its
 processes and channels with `save_processes(live)` and puts them back with
 `load_processes` and `load_channels`: every process is started again from its saved
 `LoopState` and re-yields its pending op, which the clock puts back where it was.

@@ -79,7 +79,6 @@ class RealExecutor(Executor):
     self._t0 = time.perf_counter()
     self.between_events = None  # called after every op the loop dispatches (checkpoints)
     self.notes_vjps = False  # records the task of every vjp (`snapshot.note_vjps`)
-    self._resume = None
 
   def now(self) -> float:
     """Wall seconds since the start of the run."""
@@ -100,7 +99,7 @@ class RealExecutor(Executor):
     self._timers: dict = {}
     self._ready = collections.deque()
     if self._resume is not None:
-      self._load(self._resume)
+      self._ready.extend(self._load(self._resume))
     else:
       self._ready.extend((p, None) for p in self.processes)
     between_events = self.between_events
@@ -145,14 +144,10 @@ class RealExecutor(Executor):
     live = [*self.policy_processes, *(p for p, _ in self._ready)]
     return {'now': self.now(), 'events': events, **self.save_processes(live)}
 
-  def _load(self, saved: dict) -> None:
-    """Puts the state `snapshot()` saved back; the wall clock goes on from its time."""
-    for process, value in self._load_drained(saved):
-      self._ready.append((process, value))
-
-  def _load_drained(self, saved: dict) -> list:
-    """Restarts the saved processes and channels; returns the `(process, value)` pairs
-    that go on with a value, in their saved order."""
+  def _load(self, saved: dict) -> list:
+    """Puts the processes and channels `snapshot()` saved back (the wall clock goes on
+    from its time); returns the `(process, value)` pairs that go on with a value, in
+    their saved order."""
     if saved.get('queued') or any(kind != 'advance' for _, _, kind, *_ in saved['events']):
       raise ValueError(
         'checkpoint: saved with tasks in flight (the virtual clock); the real clock '
@@ -413,7 +408,7 @@ class ThreadedExecutor(RealExecutor):
   def _load_threads(self, saved: dict) -> dict:
     """Each saved process's start: the value it goes on with, `_WAIT` (on a channel) or
     `_DONE`; spawned processes get their mailboxes."""
-    ready = self._load_drained(saved)
+    ready = self._load(saved)
     for process in self.processes:
       self._mailboxes.setdefault(process, _Mailbox())
     starts = {p: _DONE if p.done else _WAIT for p in self.processes}

@@ -65,7 +65,6 @@ class VirtualExecutor(Executor):
     self._now = 0.0
     self.between_events = None  # called after every event (checkpoints), if set
     self.notes_vjps = False  # records the task of every vjp (`snapshot.note_vjps`)
-    self._resume = None
 
   def now(self) -> float:
     """Simulated seconds since the start of the run."""
