@@ -36,7 +36,7 @@ class Settings:
     """The fused loop checkpoints (`run.maybe_save`) and resumes exactly; so does staged
     BP on the virtual clock (the whole simulation) and on the in-process real clock (at
     a drained point)."""
-    return not self.uses_scheduler or self.shared.drained_resume
+    return not self.uses_scheduler or self.shared.saves_whole_run
 
 
 def validate(config, model) -> Settings:

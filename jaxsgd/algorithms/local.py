@@ -79,7 +79,7 @@ class Settings:
   def resumable(self) -> bool:
     """The whole run is checkpointed and resumed exactly: on the virtual clock between
     any two events, on the in-process real clock at a drained point."""
-    return self.shared.drained_resume
+    return self.shared.saves_whole_run
 
 
 def chunk_bounds(num_stages: int, chunks: int) -> list[tuple[int, int]]:

@@ -37,7 +37,7 @@ class Settings:
   def resumable(self) -> bool:
     """The whole run is checkpointed: on the virtual clock between any two events
     (resumed exactly), on the in-process real clock at a drained point."""
-    return self.shared.drained_resume
+    return self.shared.saves_whole_run
 
   @property
   def session(self) -> PdSettings:

@@ -1,8 +1,9 @@
 """Checkpoints of a scheduler run: the whole simulation, resumed exactly.
 
 On the virtual clock the state is taken between any two events; on the in-process real
-clock (`RealExecutor`, one thread) at a drained point, once every dispatched task has
-finished (`scheduler.real`). Both save it in the same form.
+clock at a drained point: once every dispatched task has finished (one thread), or
+once every worker thread has stopped between two ops (`scheduler.real`). All save it in
+the same form.
 
     checkpoints = SimulationCheckpoints(run, executor, session, processes, streams, progress)
     resume = checkpoints.restore()        # None, or the executor's saved state (the
@@ -27,7 +28,7 @@ class SimulationCheckpoints:
 
   Args:
     run: the `RunContext`.
-    executor: a `VirtualExecutor`, or a one-thread `RealExecutor`.
+    executor: a `VirtualExecutor` or a `RealExecutor` (threads or not).
     session: has `snapshot()`, `load(saved)`.
     processes: the session's processes, given to `executor.run`.
     streams: the data streams the session reads (positions saved by the run).

@@ -470,7 +470,7 @@ class SharedSettings:
     return self.clock == 'virtual'
 
   @property
-  def drained_resume(self) -> bool:
+  def saves_whole_run(self) -> bool:
     """Whether a scheduler run can checkpoint its whole state: the virtual clock between
     any two events, the in-process real clock at a drained point (`scheduler.real`);
     lane processes cannot."""

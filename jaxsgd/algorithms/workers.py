@@ -136,7 +136,7 @@ def train_session(
       else executor.run(session.cluster, processes)
     )
     if checkpoints is not None:
-      checkpoints.after_run()  # steps reported in the last ops (a thread may skip asking)
+      checkpoints.after_run()  # steps reported after the last `between_events` call
   finally:
     executor.close()  # lane processes (executor='processes') end here
   if not steps.done:
