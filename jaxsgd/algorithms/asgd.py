@@ -139,6 +139,7 @@ def train(run, settings: Settings) -> dict:
     1,
     lane_speeds=(1.0,) + clocks.worker_speeds(shared, num_workers),
     threads=True,
+    devices=devices,
   )
   log = common.WorkerLog(
     [f'worker {m}' for m in range(num_workers)], clocks.failures(shared, num_workers), executor.now

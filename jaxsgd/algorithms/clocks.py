@@ -21,7 +21,7 @@ import jax
 
 from jaxsgd.algorithms.settings import SharedSettings
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor
-from jaxsgd.scheduler import hardware, profiles
+from jaxsgd.scheduler import hardware, profiles, transfer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,10 +143,12 @@ def make_executor(
   lane_speeds: Sequence[float] = (),
   threads: bool = False,
   adjust: Callable[[dict], dict] = lambda table: table,
+  devices: Sequence[jax.Device] = (),
 ):
   """`(executor, cost table)`: the real clock (`threads`: a thread per process; with
   `executor='processes'`, a process per lane) and `{}`, or the virtual clock with a cost
-  model of `adjust(table)`. Call the executor's `close()` when the run is over."""
+  model of `adjust(table)`. On the in-process real clock every task is compiled first, on
+  each of the lanes' `devices` (`warm_up`). Call the executor's `close()` when the run is over."""
   if shared.executor == 'processes':
     from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
     from jaxsgd.scheduler.process import ProcessExecutor
@@ -158,6 +160,7 @@ def make_executor(
     )
     return executor, {}
   if not shared.virtual:
+    warm_up(tasks, devices)
     return RealExecutor(threads=threads), {}
   table = task_costs(shared, tasks, kinds, num_stages)
   model = cost_model(shared, adjust(table), lane_speeds)
@@ -165,6 +168,22 @@ def make_executor(
     model, lane_hardware=lane_hardware(shared), copies_on_sender=shared.cost.copies == 'sender'
   )
   return executor, table
+
+
+def warm_up(tasks: Tasks, devices: Sequence[jax.Device]) -> None:
+  """Runs every task of `tasks` once where its sample arguments are placed and once on
+  each of `devices`, so that the real clock measures the run, not XLA compiling.
+
+  jit compiles a function once per device its inputs are on. Unwarmed, a lane whose
+  device had not run the model yet compiled while the others ran: LPP-SGD's replicas on
+  devices 1 and 2 took none of 60 steps while device 0's two workers took them all (and,
+  past their share of the learning-rate schedule, stopped learning), in a clean clone on
+  2 cores.
+  """
+  for fn, args in tasks.calls().values():
+    transfer.wait(fn(*args))
+    for device in dict.fromkeys(devices):
+      transfer.wait(fn(*transfer.to_device(args, device)))
 
 
 def lane_hardware(shared: SharedSettings) -> dict[str, str]:

@@ -81,6 +81,7 @@ def train(run, settings: Settings) -> dict:
     1,
     lane_speeds=[speed / W for speed in clocks.worker_speeds(shared, D * W)],
     threads=True,
+    devices=devices,
     adjust=lambda table: task_costs(
       table, nbytes, D, bandwidth=shared.cost.bandwidth, latency=shared.cost.link_latency
     ),

@@ -83,6 +83,7 @@ def train(run, settings: Settings) -> dict:
     shared.stages,
     lane_speeds=(1.0,) + clocks.worker_speeds(shared, pd.num_workers),
     threads=True,
+    devices=devices,
     adjust=lambda table: common.fold_update(table, shared.stages),
   )
   log = common.WorkerLog(

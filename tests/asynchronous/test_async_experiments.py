@@ -4,10 +4,14 @@ determinism, failure injection and bad input."""
 import importlib
 import json
 
+import jax
+import numpy as np
 import pytest
 
 from experiments.configs import default
 from jaxsgd import training
+from jaxsgd.algorithms import clocks
+from jaxsgd.algorithms.settings import shared_settings
 
 NAMES = ('asgd', 'dcasgd', 'lppsgd', 'pdasgd')
 EXPLICIT = {
@@ -58,6 +62,45 @@ def test_smoke_config_learns_and_writes_its_files(name, clock, data_dir, tmp_pat
     assert (tmp_path / file).exists(), file
   if clock == 'virtual':
     assert summary['backward_forward_ratio'] > 0 and got[-1]['sim_time'] > got[0]['sim_time']
+
+
+def test_warm_up_compiles_each_task_where_its_arguments_are_and_on_every_lane_device():
+  square = jax.jit(lambda x: x * x)
+  x = jax.device_put(np.arange(3.0), jax.devices()[0])
+  tasks = clocks.Tasks(
+    calls=lambda: {(0, 'forward'): (square, (x,))}, model=None, batch_size=1, split=(), name=''
+  )
+  assert square._cache_size() == 0
+  clocks.warm_up(tasks, [jax.devices()[1], jax.devices()[2], jax.devices()[1]])
+  assert square._cache_size() == 3  # devices 0 (the sample's), 1 and 2: one program each
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_the_real_clock_compiles_before_it_starts_on_the_lanes_devices(
+  name, data_dir, tmp_path, monkeypatch
+):
+  """Unwarmed, LPP-SGD's replicas on devices 1 and 2 once took none of 60 steps: their
+  lanes were compiling while device 0's workers took every step."""
+  warmed, warm_up = [], clocks.warm_up
+
+  def recording(tasks, devices):
+    warmed.append((sorted(key[1] for key in tasks.calls()), list(devices)))
+    warm_up(tasks, devices)
+
+  monkeypatch.setattr(clocks, 'warm_up', recording)
+  config = smoke(name, data_dir, clock='real', train_steps=4, eval_every=4)
+  training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  a = config.algorithm
+  lanes = {  # the devices of the server and workers, the replicas, the workers
+    'asgd': 1 + config.workers,
+    'dcasgd': 1 + config.workers,
+    'lppsgd': a.get('devices'),
+    'pdasgd': 1 + a.get('n_fwd', 0) + a.get('n_bwd', 0),
+  }[name]
+  [(kinds, devices)] = warmed
+  assert set(kinds) == {'backward', 'forward', 'update'}
+  assert devices == clocks.lane_devices(shared_settings(config), lanes)
+  assert len(set(devices)) > 1
 
 
 def test_one_asgd_worker_reproduces_fused_bp(data_dir, tmp_path):
