@@ -45,7 +45,8 @@ Nothing hangs, nothing is left behind:
   then also names the stopped process.
 
 Exit status: 0 when every process exited 0; the status of the first process that
-failed (128 + N if signal N killed it); 124 after `--timeout_s`; 128 + N when the
+failed (128 + N if signal N killed it) — the first to record its failure, which is the
+cause even when a peer whose collective it broke exits before it; 124 after `--timeout_s`; 128 + N when the
 launcher got signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); 127 when the command
 cannot be started; 2 for bad arguments.
 """
@@ -74,6 +75,7 @@ PROGRESS_EVERY_S = 10.0  # Progress-bar redraws forwarded at most this often.
 EXIT_TIMEOUT = 124  # As `timeout(1)`.
 EXIT_CANNOT_START = 127  # As a shell, for a command it cannot run.
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_CAUSE_WAIT_S = 2.0  # for the status of a process that recorded its failure first
 
 
 def free_port() -> int:
@@ -337,13 +339,46 @@ def _failure_message(args, local: int, code: int, status_file: str) -> str:
 
 def _recorded_reason(status_file: str) -> str | None:
   """The last failure a process recorded in its status file (see `distributed`)."""
+  failure = _recorded_failure(status_file)
+  return None if failure is None else failure.get('reason')
+
+
+def _recorded_failure(status_file: str) -> dict | None:
+  """The last `failed` record of a status file (`{'time', 'reason', ...}`), or None."""
   try:
     with open(status_file) as f:
       records = [json.loads(line) for line in f if line.endswith('\n')]
   except (OSError, ValueError):
     return None
   failures = [r for r in records if r.get('event') == 'failed']
-  return failures[-1].get('reason') if failures else None
+  return failures[-1] if failures else None
+
+
+def _first_cause(failed: int, code: int, exits: queue.Queue, status_files: list[str]):
+  """`(index, status)` of the process whose failure was recorded first, which may not be
+  the first to exit. A process whose collective failed because a peer ended records its
+  failure after that peer did (the peer records, then exits, which closes the
+  connection), but it can exit first: process 1 was once named for process 0's
+  `RuntimeError`. A first failure with no record (a signal, a crash) is taken as it is.
+  The process named instead has recorded and is exiting; its status is waited for up
+  to `_CAUSE_WAIT_S`."""
+  records = [_recorded_failure(path) for path in status_files]
+  if records[failed] is None:
+    return failed, code
+  earliest = min((r['time'], k) for k, r in enumerate(records) if r is not None)[1]
+  deadline = time.monotonic() + _CAUSE_WAIT_S
+  while earliest != failed and time.monotonic() < deadline:
+    try:
+      index, status = exits.get(timeout=0.05)
+    except queue.Empty:
+      continue
+    if index == earliest:
+      return index, status
+  return failed, code
+
+
+def _status_file(status_dir: str, process_id: int) -> str:
+  return os.path.join(status_dir, f'p{process_id}.jsonl')
 
 
 def _start(args, cmd, coordinator, status_dir, out, lock, procs, threads) -> None:
@@ -351,7 +386,7 @@ def _start(args, cmd, coordinator, status_dir, out, lock, procs, threads) -> Non
   for local in range(args.processes):
     pid = args.first_process_id + local
     env = child_env(args, pid, coordinator)
-    env[distributed.STATUS_FILE_VAR] = os.path.join(status_dir, f'p{pid}.jsonl')
+    env[distributed.STATUS_FILE_VAR] = _status_file(status_dir, pid)
     procs.append(
       subprocess.Popen(
         cmd,
@@ -383,6 +418,9 @@ def launch(args, command: list[str], out=sys.stdout, err=sys.stderr) -> int:
   lock, exits = threading.Lock(), queue.Queue()
   procs, threads = [], []
   status_dir = tempfile.mkdtemp(prefix='jaxsgd-launch-')
+  status_files = [
+    _status_file(status_dir, args.first_process_id + k) for k in range(args.processes)
+  ]
   previous = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
   for s in _STOP_SIGNALS:
     if previous[s] != signal.SIG_IGN:  # Started with `nohup` or `&`: keep ignoring.
@@ -395,13 +433,12 @@ def launch(args, command: list[str], out=sys.stdout, err=sys.stderr) -> int:
         _start_waiter(p, k, exits)
       failed, code = _watch(procs, exits, args.timeout_s)
       if failed is not None:
+        failed, code = _first_cause(failed, code, exits, status_files)
         stopped = [k for k, p in enumerate(procs) if k != failed and _is_stopped(p.pid)]
         _kill_all(procs)  # Its peers cannot go on (their collectives need it): no grace.
         status = _status(code)
         message = (
-          _failure_message(
-            args, failed, code, os.path.join(status_dir, f'p{args.first_process_id + failed}.jsonl')
-          )
+          _failure_message(args, failed, code, status_files[failed])
           + _stopped_cause(args, stopped)
           + _stopped_others(len(procs) - 1)
         )

@@ -139,7 +139,7 @@ def train(run, settings: Settings) -> dict:
     1,
     lane_speeds=(1.0,) + clocks.worker_speeds(shared, num_workers),
     threads=True,
-    devices=devices,
+    devices={'forward': devices[1:], 'backward': devices[1:], 'update': devices[:1]},
   )
   log = common.WorkerLog(
     [f'worker {m}' for m in range(num_workers)], clocks.failures(shared, num_workers), executor.now

@@ -143,12 +143,12 @@ def make_executor(
   lane_speeds: Sequence[float] = (),
   threads: bool = False,
   adjust: Callable[[dict], dict] = lambda table: table,
-  devices: Sequence[jax.Device] = (),
+  devices: Mapping[str, Sequence[jax.Device]] | None = None,
 ):
   """`(executor, cost table)`: the real clock (`threads`: a thread per process; with
   `executor='processes'`, a process per lane) and `{}`, or the virtual clock with a cost
   model of `adjust(table)`. On the in-process real clock every task is compiled first, on
-  each of the lanes' `devices` (`warm_up`). Call the executor's `close()` when the run is over."""
+  the devices each kind of task runs on (`devices`: kind -> devices; `warm_up`). Call the executor's `close()` when the run is over."""
   if shared.executor == 'processes':
     from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
     from jaxsgd.scheduler.process import ProcessExecutor
@@ -170,9 +170,10 @@ def make_executor(
   return executor, table
 
 
-def warm_up(tasks: Tasks, devices: Sequence[jax.Device]) -> None:
+def warm_up(tasks: Tasks, devices: Mapping[str, Sequence[jax.Device]] | None = None) -> None:
   """Runs every task of `tasks` once where its sample arguments are placed and once on
-  each of `devices`, so that the real clock measures the run, not XLA compiling.
+  each device its kind runs on (`devices[kind]`), so that the real clock measures the
+  run, not XLA compiling.
 
   jit compiles a function once per device its inputs are on. Unwarmed, a lane whose
   device had not run the model yet compiled while the others ran: LPP-SGD's replicas on
@@ -180,9 +181,9 @@ def warm_up(tasks: Tasks, devices: Sequence[jax.Device]) -> None:
   past their share of the learning-rate schedule, stopped learning), in a clean clone on
   2 cores.
   """
-  for fn, args in tasks.calls().values():
+  for (_, kind), (fn, args) in tasks.calls().items():
     transfer.wait(fn(*args))
-    for device in dict.fromkeys(devices):
+    for device in dict.fromkeys((devices or {}).get(kind, ())):
       transfer.wait(fn(*transfer.to_device(args, device)))
 
 

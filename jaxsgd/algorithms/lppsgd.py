@@ -81,7 +81,7 @@ def train(run, settings: Settings) -> dict:
     1,
     lane_speeds=[speed / W for speed in clocks.worker_speeds(shared, D * W)],
     threads=True,
-    devices=devices,
+    devices=dict.fromkeys(KINDS, devices),  # a replica's device runs all three
     adjust=lambda table: task_costs(
       table, nbytes, D, bandwidth=shared.cost.bandwidth, latency=shared.cost.link_latency
     ),

@@ -83,7 +83,11 @@ def train(run, settings: Settings) -> dict:
     shared.stages,
     lane_speeds=(1.0,) + clocks.worker_speeds(shared, pd.num_workers),
     threads=True,
-    devices=devices,
+    devices={  # the forward workers', the backward workers', the shared model's
+      'forward': devices[1 : 1 + pd.n_fwd],
+      'backward': devices[1 + pd.n_fwd :],
+      'update': devices[:1],
+    },
     adjust=lambda table: common.fold_update(table, shared.stages),
   )
   log = common.WorkerLog(

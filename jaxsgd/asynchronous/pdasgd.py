@@ -157,7 +157,10 @@ class PdSession:
     self.layers, self.states = [], []
     for k, role in enumerate(roles):
       params, state = stages_lib.split_variables(pipeline.initial_variables(k, role))
-      self.layers.append(common.SharedParams(f'layer {k}', params, pipeline.tx.init(params)))
+      # Committed to the layer's device, as its updates' outputs are: an uncommitted
+      # count would make the first update compile once more than the others.
+      opt_state = transfer.to_device(pipeline.tx.init(params), pipeline.device(k))
+      self.layers.append(common.SharedParams(f'layer {k}', params, opt_state))
       self.states.append(VersionedStore(f'layer {k} state', state))
     self.cluster = Cluster()
     self.cluster.add_lane(f'shared model ({devices[0]})', devices[0])

@@ -159,9 +159,10 @@ class ProcessExecutor(Executor):
     while self.failure is None:
       while self._ready:
         self.advance(*self._ready.popleft())
-      if not self._pending:
-        return
       try:
+        if not self._pending:
+          self.pool.settle()  # copies still on their way (and their sources) end here
+          return
         finished = self.pool.wait_any(list(self._pending))
       except LaneError as error:
         self._lose(error)  # a lost worker, tolerated; else it stops the run

@@ -64,19 +64,25 @@ def test_smoke_config_learns_and_writes_its_files(name, clock, data_dir, tmp_pat
     assert summary['backward_forward_ratio'] > 0 and got[-1]['sim_time'] > got[0]['sim_time']
 
 
-def test_warm_up_compiles_each_task_where_its_arguments_are_and_on_every_lane_device():
-  square = jax.jit(lambda x: x * x)
+def test_warm_up_compiles_each_task_where_its_arguments_are_and_where_its_kind_runs():
+  square, cube = jax.jit(lambda x: x * x), jax.jit(lambda x: x * x * x)
   x = jax.device_put(np.arange(3.0), jax.devices()[0])
   tasks = clocks.Tasks(
-    calls=lambda: {(0, 'forward'): (square, (x,))}, model=None, batch_size=1, split=(), name=''
+    calls=lambda: {(0, 'forward'): (square, (x,)), (0, 'update'): (cube, (x,))},
+    model=None,
+    batch_size=1,
+    split=(),
+    name='',
   )
-  assert square._cache_size() == 0
-  clocks.warm_up(tasks, [jax.devices()[1], jax.devices()[2], jax.devices()[1]])
+  assert square._cache_size() == cube._cache_size() == 0
+  d = jax.devices()
+  clocks.warm_up(tasks, {'forward': [d[1], d[2], d[1]], 'backward': [d[3]]})
   assert square._cache_size() == 3  # devices 0 (the sample's), 1 and 2: one program each
+  assert cube._cache_size() == 1  # device 0 only: no update runs elsewhere
 
 
 @pytest.mark.parametrize('name', NAMES)
-def test_the_real_clock_compiles_before_it_starts_on_the_lanes_devices(
+def test_the_real_clock_compiles_before_it_starts_where_each_task_kind_runs(
   name, data_dir, tmp_path, monkeypatch
 ):
   """Unwarmed, LPP-SGD's replicas on devices 1 and 2 once took none of 60 steps: their
@@ -84,23 +90,28 @@ def test_the_real_clock_compiles_before_it_starts_on_the_lanes_devices(
   warmed, warm_up = [], clocks.warm_up
 
   def recording(tasks, devices):
-    warmed.append((sorted(key[1] for key in tasks.calls()), list(devices)))
+    warmed.append(devices)
     warm_up(tasks, devices)
 
   monkeypatch.setattr(clocks, 'warm_up', recording)
   config = smoke(name, data_dir, clock='real', train_steps=4, eval_every=4)
   training.train_and_evaluate(config, str(tmp_path), show_progress=False)
-  a = config.algorithm
-  lanes = {  # the devices of the server and workers, the replicas, the workers
-    'asgd': 1 + config.workers,
-    'dcasgd': 1 + config.workers,
-    'lppsgd': a.get('devices'),
-    'pdasgd': 1 + a.get('n_fwd', 0) + a.get('n_bwd', 0),
-  }[name]
-  [(kinds, devices)] = warmed
-  assert set(kinds) == {'backward', 'forward', 'update'}
-  assert devices == clocks.lane_devices(shared_settings(config), lanes)
-  assert len(set(devices)) > 1
+  shared, a = shared_settings(config), config.algorithm
+  if name == 'lppsgd':  # each replica's device runs all three kinds
+    replicas = clocks.lane_devices(shared, a.devices)
+    expected = dict.fromkeys(('forward', 'backward', 'update'), replicas)
+  elif name == 'pdasgd':  # the shared model, then the forward and the backward workers
+    lanes = clocks.lane_devices(shared, 1 + a.n_fwd + a.n_bwd)
+    expected = {
+      'forward': lanes[1 : 1 + a.n_fwd],
+      'backward': lanes[1 + a.n_fwd :],
+      'update': lanes[:1],
+    }
+  else:  # the server, then the workers
+    lanes = clocks.lane_devices(shared, 1 + config.workers)
+    expected = {'forward': lanes[1:], 'backward': lanes[1:], 'update': lanes[:1]}
+  assert warmed == [expected]
+  assert len({device for devices in expected.values() for device in devices}) > 1
 
 
 def test_one_asgd_worker_reproduces_fused_bp(data_dir, tmp_path):

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import pathlib
+import queue
 import signal
 import subprocess
 import sys
@@ -226,6 +227,31 @@ def test_a_failing_process_ends_the_run_within_the_contract(tmp_path, mode, fail
   failed_at = float((tmp_path / 'run.failed_at').read_text())
   assert ended - failed_at < CONTRACT_S, f'the run ended {ended - failed_at:.1f} s after'
   assert not _leftovers(mark)
+
+
+def _status_files(directory, records):
+  """One status file per process: its `failed` record at `time` (None: no record)."""
+  directory.mkdir()
+  files = []
+  for k, when in enumerate(records):
+    path = directory / f'p{k}.jsonl'
+    if when is not None:
+      path.write_text(json.dumps({'event': 'failed', 'time': when, 'reason': f'p{k}'}) + '\n')
+    files.append(str(path))
+  return files
+
+
+def test_the_process_that_recorded_its_failure_first_is_named_not_the_first_to_exit(tmp_path):
+  """Process 1 exited first (its all-reduce failed when process 0's connection closed),
+  but process 0 recorded its failure before: it is the cause, with its own status."""
+  exits = queue.Queue()
+  exits.put((0, 1))
+  files = _status_files(tmp_path / 'a', [100.0, 100.2])
+  assert launch._first_cause(1, 7, exits, files) == (0, 1)
+  # The first to exit is kept when it recorded first, or recorded nothing (a signal).
+  assert launch._first_cause(0, 1, queue.Queue(), files) == (0, 1)
+  killed = _status_files(tmp_path / 'b', [100.0, None])
+  assert launch._first_cause(1, -9, exits, killed) == (1, -9)
 
 
 def _wait_for(launcher, text, timeout=60):

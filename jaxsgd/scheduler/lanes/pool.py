@@ -256,6 +256,18 @@ class LanePool:
     finished.finish()
     return finished
 
+  def settle(self) -> None:
+    """Waits for the copies still on their way (`move`) and checks each, as `wait_any`
+    does (raising `LaneError` if one failed). Until checked, a copy keeps its source
+    value alive in the source lane: a run that ends with a message nobody waited for
+    (its copy made, never returned by a `wait_any`) would leave that value held there."""
+    watched = {ref: name for name, ref in self._watch.items()}
+    while self._moves:
+      done, _ = _wait([*watched, *self._moves], None)
+      if done[0] in watched:
+        self._raise_dead(watched[done[0]])
+      self._check_move(done[0])
+
   def run(self, lane: str, task, args: Sequence = ()):
     """`start` and wait for it: the task's handle(s)."""
     pending = self.start(lane, task, args)
