@@ -61,6 +61,9 @@ from jaxsgd.scheduler.tasks import Task
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 
 
+_HEAR_LANES_S = 0.005  # while processes are ready, finished tasks are looked for this often
+
+
 class ProcessExecutor(Executor):
   """Runs each compute lane's tasks in a lane process of a `LanePool`.
 
@@ -157,15 +160,17 @@ class ProcessExecutor(Executor):
   def execute(self) -> None:
     self._ready.extend((p, None) for p in self.processes)
     while self.failure is None:
-      while self._ready:
-        self.advance(*self._ready.popleft())
+      self._advance_ready()
       try:
         if not self._pending:
           self.pool.settle()  # copies still on their way (and their sources) end here
           return
-        finished = self.pool.wait_any(list(self._pending))
+        # While processes are still ready, only look: they go on after.
+        finished = self.pool.wait_any(list(self._pending), timeout=0 if self._ready else None)
       except LaneError as error:
         self._lose(error)  # a lost worker, tolerated; else it stops the run
+        continue
+      if finished is None:
         continue
       process, lane, op = self._pending.pop(finished)
       self.record(
@@ -177,6 +182,19 @@ class ProcessExecutor(Executor):
         self._resumed.discard(finished)
       else:
         self.task_finished(process, _driver_view(finished.result()))
+
+  def _advance_ready(self) -> None:
+    """Advances the ready processes until none is, or — while tasks are pending — for
+    `_HEAR_LANES_S` at most, so that a finished task is heard even if processes never
+    stop being ready. Running ahead, they can keep one another going without waiting for
+    any lane: once PD-ASGD's steps were all claimed, its forward and backward workers
+    passed tokens forever while the update that would end the run waited, unheard, for
+    its lane (and the forward lane filled with unused passes)."""
+    deadline = time.monotonic() + _HEAR_LANES_S
+    while self._ready:
+      self.advance(*self._ready.popleft())
+      if self._pending and time.monotonic() > deadline:
+        return
 
   def resume(self, process: Process, value) -> None:
     self._ready.append((process, value))

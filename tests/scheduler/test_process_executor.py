@@ -28,6 +28,7 @@ from jaxsgd.algorithms.settings import shared_settings  # noqa: E402
 from jaxsgd.asynchronous import common, server  # noqa: E402
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
 from jaxsgd.scheduler import Cluster, Compute, Placement, Process, RealExecutor  # noqa: E402
+from jaxsgd.scheduler.core import Get, Put  # noqa: E402
 from jaxsgd.scheduler import VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor, lane_name  # noqa: E402
@@ -144,6 +145,37 @@ def test_a_task_that_raises_names_lane_and_host(pool):
   with pytest.raises(LaneError, match=rf"lane 'stage1' on host {host}: .*bad input of shape"):
     ProcessExecutor(pool=pool).run(cluster, processes)
   assert all(p.done for p in processes)  # every process closed
+
+
+def test_a_finished_task_is_heard_while_other_processes_keep_each_other_ready(pool):
+  """Two processes passing a number back and forth are always ready; they stop once a
+  third's task on a lane has finished, which the executor must hear meanwhile. (Once all
+  of PD-ASGD's steps were claimed, its workers passed tokens so, forever, while the update
+  that would end the run waited unheard for its lane.) Without run-ahead the third waits
+  for its task whatever ran before on that lane."""
+  cluster = _cluster('stage 0', 'stage 1')
+  ping, pong = cluster.channel('ping', 1), cluster.channel('pong', 1)
+  finished, started = [], time.monotonic()
+
+  def waiter():
+    yield Compute(Task(PROBES, 'hang'), (0.05,))
+    finished.append(time.monotonic() - started)
+
+  def passer(mine, other, first: bool):
+    if first:
+      yield Put(other, 0)
+    while not finished:
+      assert time.monotonic() - started < 60, 'the finished task was never heard'
+      n = yield Get(mine)
+      yield Put(other, n + 1)
+
+  processes = [
+    Process('stage 0', 0, waiter()),
+    Process('ping', 1, passer(ping, pong, True)),
+    Process('pong', 1, passer(pong, ping, False)),
+  ]
+  ProcessExecutor(pool=pool, run_ahead=False).run(cluster, processes)
+  assert finished and all(p.done for p in processes)
 
 
 def test_a_closure_is_refused_naming_the_process(pool):
