@@ -178,6 +178,19 @@ def test_a_finished_task_is_heard_while_other_processes_keep_each_other_ready(po
   assert finished and all(p.done for p in processes)
 
 
+def test_a_lane_value_is_ready_only_when_its_lane_has_nothing_queued(pool):
+  """The loss checks between logging points read only ready values: a fetch runs after
+  every call sent to its lane before it, so a lane with a task still queued is not ready
+  even for a value made before that task (reading it would wait for the task)."""
+  executor = ProcessExecutor(pool=pool)
+  made = pool.run('stage0', Task(PROBES, 'init'), (0,))
+  queued = pool.start('stage0', Task(PROBES, 'hang'), (0.3,))
+  value = executor.deferred(made)
+  assert not value.is_ready()
+  pool.wait_any([queued])
+  assert value.is_ready() and np.asarray(value).shape == (8, 4)
+
+
 def test_a_closure_is_refused_naming_the_process(pool):
   def policy():
     yield Compute(lambda: 1.0, ())

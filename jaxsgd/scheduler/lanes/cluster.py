@@ -8,8 +8,9 @@ address (`connect('10.0.0.1:6379')`, the several-host case; see docs/engine.md f
 
 Stopping a cluster started here is fast and complete: Ray's own `shutdown` stops its
 processes one at a time, giving each up to a second, so `shutdown` first kills the lane
-and worker processes and Ray's helpers all at once, lets Ray stop its GCS and raylet,
-and kills whatever of the cluster is still alive after that (found by its directory).
+and worker processes and Ray's monitors all at once, lets Ray stop its GCS and raylet
+(and the raylet its agents, whose death it shares), and kills whatever of the cluster
+is still alive after that (found by its directory).
 """
 
 import os
@@ -67,8 +68,12 @@ def shutdown() -> None:
   shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-# Ray's own shutdown stops these (the others would each cost it up to 1 s).
-_STOPPED_BY_RAY = ('gcs_server', 'raylet')
+# Ray's own shutdown stops these (the others would each cost it up to 1 s). The raylet
+# fate-shares with its agents: killed first, they took the raylet and its object store
+# down while this process was still connected, and Ray ended it with status 1 ("The
+# connection to the plasma store is failed. Terminate the process"): an in-process run on
+# lanes with its own cluster died so at its end, before returning its summary.
+_STOPPED_BY_RAY = ('gcs_server', 'raylet', 'ray::DashboardAgent', 'ray::RuntimeEnvAgent')
 
 
 def cluster_processes(temp_dir: str) -> list[psutil.Process]:
@@ -127,6 +132,11 @@ def watch(actor):
 
 def wait(refs: list, timeout: float | None):
   return ray.wait(refs, num_returns=1, timeout=timeout)
+
+
+def finished(refs: list) -> list:
+  """Those of `refs` that are done now (no wait)."""
+  return ray.wait(refs, num_returns=len(refs), timeout=0)[0]
 
 
 def get(ref):

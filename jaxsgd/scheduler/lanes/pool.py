@@ -386,6 +386,14 @@ class LanePool:
   def pids(self) -> dict[str, int]:
     return {name: info['pid'] for name, info in self.info.items()}
 
+  def idle(self, lane: str) -> bool:
+    """Whether every task and copy sent to `lane` has finished (asked of Ray, without
+    waiting): a call sent to it now (a `fetch`) then runs at once, not after the tasks
+    queued there."""
+    refs = [ref for ref, p in self._unfinished.items() if p.lane == lane]
+    refs += [ref for ref, (target, _, _) in self._moves.items() if target == lane]
+    return not refs or len(cluster.finished(refs)) == len(refs)
+
   def held(self, lane: str) -> int:
     """How many values `lane` holds (after applying the frees the driver has queued)."""
     return self._get(lane, self._actor(lane).count.remote(self._take_freed(lane)))
