@@ -46,8 +46,8 @@ Nothing hangs, nothing is left behind:
 
 Exit status: 0 when every process exited 0; the status of the first process that
 failed (128 + N if signal N killed it) — the first to record its failure, which is the
-cause even when a peer whose collective it broke exits before it; 124 after `--timeout_s`; 128 + N when the
-launcher got signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); 127 when the command
+cause even when a peer whose collective it broke exits before it; 124 after
+`--timeout_s`; 128 + N when the launcher got signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); 127 when the command
 cannot be started; 2 for bad arguments.
 """
 

@@ -19,7 +19,7 @@ if _FLAG.split('=')[0] not in os.environ.get('XLA_FLAGS', ''):
 _CACHE = tempfile.mkdtemp(prefix='jaxsgd-tests-xla-cache-')
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', _CACHE)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
-atexit.register(shutil.rmtree, _CACHE, True)
+atexit.register(lambda: shutil.rmtree(_CACHE, ignore_errors=True))
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 

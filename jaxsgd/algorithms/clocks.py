@@ -148,7 +148,8 @@ def make_executor(
   """`(executor, cost table)`: the real clock (`threads`: a thread per process; with
   `executor='processes'`, a process per lane) and `{}`, or the virtual clock with a cost
   model of `adjust(table)`. On the in-process real clock every task is compiled first, on
-  the devices each kind of task runs on (`devices`: kind -> devices; `warm_up`). Call the executor's `close()` when the run is over."""
+  the devices each kind of task runs on (`devices`: kind -> devices; `warm_up`). Call
+  the executor's `close()` when the run is over."""
   if shared.executor == 'processes':
     from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
     from jaxsgd.scheduler.process import ProcessExecutor

@@ -132,10 +132,7 @@ def train_roles(
     )
     resume = checkpoints.restore()
   try:
-    if checkpoints is None:
-      timeline = executor.run(session.cluster, processes)
-    else:
-      timeline = executor.run(session.cluster, processes, resume=resume)
+    timeline = executor.run(session.cluster, processes, resume=resume)
     if checkpoints is None or checkpoints.resumed_step != steps:  # Else reported already.
       report(steps, last_loss[0], timeline.makespan if shared.virtual else None)
     if checkpoints is not None:

@@ -130,11 +130,7 @@ def train_session(
   if shared.placement.lane_to_device is not None:
     common.share_devices(session.cluster, shared.placement.lane_to_device)
   try:
-    timeline = (
-      executor.run(session.cluster, processes, resume=resume)
-      if resumable
-      else executor.run(session.cluster, processes)
-    )
+    timeline = executor.run(session.cluster, processes, resume=resume)
     if checkpoints is not None:
       checkpoints.after_run()  # steps reported after the last `between_events` call
   finally:

@@ -101,11 +101,14 @@ class ProcessExecutor(Executor):
     self.lost: list[LostLane] = []
 
   # --- the lanes ---------------------------------------------------------------------------
-  def run(self, cluster: Cluster, processes: list[Process]) -> Timeline:
-    """As `Executor.run`; the lane processes are ended if it raises (else by `close`)."""
+  def run(
+    self, cluster: Cluster, processes: list[Process], *, resume: dict | None = None
+  ) -> Timeline:
+    """As `Executor.run` (which refuses a `resume`: lane runs keep no checkpoint); the
+    lane processes are ended if it raises (else by `close`)."""
     try:
       self._lane_names = self._map_lanes(cluster)
-      return super().run(cluster, processes)
+      return super().run(cluster, processes, resume=resume)
     except BaseException as error:
       self.close()
       if isinstance(error, KeyboardInterrupt) and sigterm_received():

@@ -48,12 +48,12 @@ def test_smoke_config_learns_and_writes_its_files(name, clock, data_dir, tmp_pat
   )
   got = records(tmp_path)
   assert [r['step'] for r in got] == [20, 40, 60]
-  # Learning: on the virtual clock the training loss of the last 20 steps falls below that
-  # of the first 20 (deterministic); on the real clock the replicas' and workers' timing
-  # moves that 20-step window by as much as the learning does (LPP-SGD once: 2.277 ->
-  # 2.280, in a clean clone), so there the test loss (1,000 examples) must fall.
-  loss = 'train_loss' if clock == 'virtual' else 'test_loss'
-  assert got[-1][loss] < got[0][loss] and got[-1]['test_loss'] < 2.3
+  # Learning: the training loss of the last 20 steps falls below that of the first 20,
+  # and so does the test loss (1,000 examples). (LPP-SGD on the real clock once failed
+  # both: its replicas on devices 1-2 were compiling while device 0's took every step;
+  # `clocks.warm_up` now compiles first.)
+  assert got[-1]['train_loss'] < got[0]['train_loss'] and got[-1]['test_loss'] < 2.3
+  assert got[-1]['test_loss'] < got[0]['test_loss']
   assert ('sim_time' in got[-1]) == (clock == 'virtual') and summary['clock'] == clock
   assert 'staleness_mean' in got[-1] and summary['mean_staleness'] >= 0
   assert sum(summary['staleness_histogram'].values()) >= 60
