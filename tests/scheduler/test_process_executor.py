@@ -6,6 +6,7 @@ by address: the code path of a run over several hosts. Every test that starts la
 checks that none of their processes is left.
 """
 
+import collections
 import os
 import signal
 import sys
@@ -104,6 +105,36 @@ def test_pipelines_on_lane_processes_are_bit_identical_to_both_in_process_clocks
     chex.assert_trees_all_equal(other[1], virtual[1])
     assert other[2] == virtual[2]
   assert pool.held('stage0') == pool.held('stage1') == 0  # nothing left in the lanes
+
+
+@pytest.mark.parametrize('run_ahead', [0, 1, 3])
+def test_running_ahead_leaves_at_most_run_ahead_tasks_waiting_on_a_lane(
+  pool, monkeypatch, run_ahead
+):
+  """Unbounded, the driver queued a whole run's tasks on the lanes at once, and no lane
+  freed a value until the run ended (a DDG K=2 lane reached 3 GB in 300 steps)."""
+  most = {}
+  start = pool.start
+
+  def start_and_count(lane, task, args=()):
+    pending = start(lane, task, args)
+    most[lane] = max(most.get(lane, 0), pool.unfinished(lane))
+    return pending
+
+  monkeypatch.setattr(pool, 'start', start_and_count)
+  executor = ProcessExecutor(pool=pool, run_ahead=run_ahead)
+  got = train(ddg.roles(2), executor)
+  monkeypatch.undo()
+  # Each process of a lane that did not run ahead waits for its own task.
+  processes = collections.Counter(
+    lane_name(executor.cluster.lanes[p.lane].name) for p in executor.processes
+  )
+  assert set(most) == {'stage0', 'stage1'}
+  for lane, unfinished in most.items():
+    assert unfinished <= run_ahead + processes[lane]
+  want = train(ddg.roles(2), VirtualExecutor(UNIT_COSTS))
+  chex.assert_trees_all_equal(got[0], want[0])
+  chex.assert_trees_all_equal(got[1], want[1])
 
 
 def test_stage_functions_are_named_tasks_in_process_too():

@@ -394,6 +394,10 @@ class LanePool:
     refs += [ref for ref, (target, _, _) in self._moves.items() if target == lane]
     return not refs or len(cluster.finished(refs)) == len(refs)
 
+  def unfinished(self, lane: str) -> int:
+    """How many tasks started on `lane` `wait_any` has not returned yet."""
+    return sum(p.lane == lane for p in self._unfinished.values())
+
   def held(self, lane: str) -> int:
     """How many values `lane` holds (after applying the frees the driver has queued)."""
     return self._get(lane, self._actor(lane).count.remote(self._take_freed(lane)))
