@@ -206,15 +206,17 @@ def iteration_ends(tasks) -> list[float]:
 
 def window(names, tasks, warmup: int) -> tuple[float, float, int]:
   """`(start, stop, iterations)` of the steady state: from the end of the first
-  iteration after both `warmup` iterations and every compute lane's first `warmup`
-  tasks (a lane compiles its tasks on first use: a worker still compiling while the
+  iteration after both `warmup` iterations and the first `warmup` tasks of every compute
+  lane that runs more (a lane compiles its tasks on first use: a worker still compiling while the
   others run would make the start look unlike the rest), to the end of the last."""
   ends = sorted(iteration_ends(tasks))
   per_lane = {}
   for lane, _, _, end, _, _ in tasks:
     if not names[lane].startswith('link '):
       per_lane.setdefault(lane, []).append(end)
-  warm = max(sorted(e)[min(warmup, len(e)) - 1] for e in per_lane.values())
+  # A lane with no more than `warmup` tasks (LPP-SGD's all-reduce, which averages once,
+  # at the end) does no per-iteration work to warm up.
+  warm = max((sorted(e)[warmup - 1] for e in per_lane.values() if len(e) > warmup), default=0.0)
   warm = max(warm, ends[min(warmup, len(ends) - 2)])
   after = [e for e in ends if e >= warm]
   if len(after) < 2:
