@@ -183,6 +183,26 @@ def test_a_vjp_moves_lane_to_lane_rebuilt_from_its_recipe(pool):
     np.testing.assert_array_equal(pool.fetch(got), want)
 
 
+def test_a_copy_is_waited_for_only_by_the_call_that_needs_it(pool):
+  """A copy is taken in by the first call on its lane that uses it: until then the
+  lane's other calls do not wait for the source lane to export it. (Taken in by a call
+  of its own, sent with the copy, it held up every call queued behind it: DDG's first
+  stage idled waiting for a gradient while the next stage waited for an activation.)"""
+  w = pool.run('a', task('init'), (5,))
+  twice = pool.run('a', task('add'), (w, w))  # its outline is known from now on
+  busy = pool.start('a', task('hang'), (1.5,))
+  y = pool.start('a', task('add'), (twice, w))  # behind `hang` on lane a
+  moved = pool.move(pool.early(y), 'b')  # exported once `hang` and `y` are done
+  other = pool.start('b', task('add'), (np.float32(1), np.float32(2)))
+  assert pool.wait_any([other, busy]) is other  # lane b did not wait for lane a
+  used = pool.start('b', task('add'), (moved, w))  # takes the copy in: waits for lane a
+  for pending in (busy, y, used):
+    pool.wait_any([pending])
+  assert used.started >= busy.ended
+  np.testing.assert_allclose(pool.fetch(used.result()), 4 * pool.fetch(w), rtol=1e-6)
+  np.testing.assert_array_equal(pool.fetch(other.result()), 3)
+
+
 def test_a_message_of_handles_moves_as_one_pytree(pool):
   w = pool.run('a', task('init'), (3,))
   y, _ = pool.run('a', task('forward'), (w, X))

@@ -14,8 +14,10 @@ see `placement.py`), created on the host its `LaneSpec` names. Tasks arrive by n
 A task's result stays in the lane; the driver gets a `Handle` (a tuple of handles when
 the task returns a tuple), freed in the lane once the driver drops it. A handle passed
 to a task on another lane is first moved there, lane to lane through Ray's object
-store (`move`). Ray keeps the calls from this driver to one lane in the order sent, so
-a task started right after a move (or after a task that made its argument) sees it.
+store (`move`): the source lane exports it at once, and the first call on the target
+lane that needs it takes it in. Ray keeps the calls from this driver to one lane in the
+order sent, so a task started after a move (or after a task that made its argument)
+sees it.
 
 Faults: `wait_any` raises `LaneError` naming the lane and its host when a task raises
 in a lane or a lane's process dies (it watches every lane, not only those it waits
@@ -150,6 +152,8 @@ class LanePool:
     self._moves: dict[Any, tuple[str, Handle, int]] = {}
     self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
     self._unfinished: dict[Any, Pending] = {}  # tasks started, not yet returned by wait_any
+    # copies not yet taken in: (lane, key) -> the export's reference (`_move`)
+    self._imports: dict[tuple[str, Hashable], Any] = {}
     self._closed = False
     before = _StopSignals.current()  # `ray.init` installs a SIGTERM handler of its own
     self._owns_connection = cluster.connect(address)
@@ -179,13 +183,14 @@ class LanePool:
       )
     actor = self._actor(lane)
     args = tuple(args)
-    copies = []  # handles moved here for this call: alive until it is sent
+    here = []  # the arguments' handles on this lane (moved here for this call, or not)
     sent = jax.tree.map(
-      lambda leaf: self._argument(leaf, lane, copies), args, is_leaf=lambda x: isinstance(x, Handle)
+      lambda leaf: self._argument(leaf, lane, here), args, is_leaf=lambda x: isinstance(x, Handle)
     )
     key = next(self._keys)
-    ref = actor.run.remote(task, sent, key, self._take_freed(lane))
-    copies.clear()  # their frees travel with the lane's next call, after this one
+    imports = self._take_imports(lane, here)
+    ref = actor.run.remote(task, sent, key, self._take_freed(lane), imports)
+    here.clear()  # alive until sent: the frees of copies travel with a later call
     pending = Pending(lane, task, ref, key, args, _signature(task, args))
     self._unfinished[ref] = pending
     return pending
@@ -284,22 +289,24 @@ class LanePool:
 
   def fetch(self, handle: Handle):
     """The handle's value, as numpy arrays, in the driver (a logging point)."""
-    ref = self._actor(handle.lane).fetch.remote(handle.key, self._take_freed(handle.lane))
+    imports = self._take_imports(handle.lane, [handle])
+    ref = self._actor(handle.lane).fetch.remote(handle.key, self._take_freed(handle.lane), imports)
     return self._get(handle.lane, ref)
 
   def move(self, value, lane: str, *, landed: bool = False):
     """`value` with every handle in it replaced by a handle to a copy on `lane`.
 
     The copy goes lane to lane (through Ray's object store), not through the driver.
-    Returns at once: the copy is made in `lane`'s order of calls, so a task started
-    there afterwards sees it; a failed copy raises `LaneError` from `wait_any`.
+    Returns at once: the source exports the value in its order of calls, and the first
+    call on `lane` that needs the copy takes it in, so a task started there afterwards
+    sees it; a failed copy raises `LaneError` from `wait_any`.
 
     `landed=True` (a value from a lane that may be lost) returns `(copy, Pending)`
     instead; `wait_any` returns the `Pending` once every copy is on `lane` (its
     `result()` is the copy), or raises `LaneError` naming the source lane if that
     lane's process died first. Delivered only then, a message is never half there.
     """
-    refs = []
+    refs = [] if landed else None
     moved = jax.tree.map(
       lambda leaf: self._move(leaf, lane, refs) if isinstance(leaf, Handle) else leaf,
       value,
@@ -328,23 +335,46 @@ class LanePool:
     with self._lock:
       self._freed.pop(lane, None)
     self._unfinished = {r: p for r, p in self._unfinished.items() if p.lane != lane}
+    self._imports = {at: ref for at, ref in self._imports.items() if at[0] != lane}
     self._moves = {
       ref: (to, source, order)
       for ref, (to, source, order) in self._moves.items()
       if lane not in (to, source.lane)
     }
 
-  def _move(self, handle: Handle, lane: str, refs: list | None = None) -> Handle:
+  def _move(self, handle: Handle, lane: str, landed: list | None = None) -> Handle:
+    """A copy of `handle` on `lane`. The source lane exports the value at once (in its
+    order of calls); the copy is taken in by the first call on `lane` that needs it (a
+    task using it, a fetch, a move on), which carries the export's reference. Taken in
+    by a call of its own as soon as it was sent, a copy made `lane` wait, in its order
+    of calls, for the source to export it, with the tasks queued behind it: DDG's first
+    stage idled waiting for the gradient of a batch while the activation the next
+    stage waited for stood behind that wait. `landed` (a list): take it in at once, by
+    a call of its own, whose reference is appended (`move(landed=True)`)."""
     if handle.lane == lane:
       return handle
-    source, target = self._actor(handle.lane), self._actor(lane)
-    exported = source.export.remote(handle.key, self._take_freed(handle.lane))
+    source = self._actor(handle.lane)
+    imports = self._take_imports(handle.lane, [handle])  # a copy moved on
+    exported = source.export.remote(handle.key, self._take_freed(handle.lane), imports)
     key = (next(self._keys), ())
-    adopted = target.adopt.remote(exported, key, self._take_freed(lane))
-    self._moves[adopted] = (lane, handle, key[0])
-    if refs is not None:
-      refs.append(adopted)
+    if landed is None:
+      self._imports[lane, key] = exported
+      self._moves[exported] = (lane, handle, key[0])
+    else:
+      adopted = self._actor(lane).adopt.remote(exported, key, self._take_freed(lane))
+      self._moves[adopted] = (lane, handle, key[0])
+      landed.append(adopted)
     return Handle(self, lane, key, handle.nbytes, handle.description)
+
+  def _take_imports(self, lane: str, handles: list) -> tuple:
+    """`(key, [export's reference])` of those of `handles` (on `lane`) not taken in yet;
+    nested in a list, the reference reaches the lane unresolved (the lane waits for it)."""
+    imports = []
+    for handle in handles:
+      exported = self._imports.pop((lane, handle.key), None)
+      if exported is not None:
+        imports.append((handle.key, [exported]))
+    return tuple(imports)
 
   def close(self) -> None:
     """Ends every lane process (and the cluster, if this pool started it). Idempotent."""
@@ -418,12 +448,12 @@ class LanePool:
     except KeyError:
       raise KeyError(f'no lane {lane!r}; lanes: {list(self._actors)}.') from None
 
-  def _argument(self, leaf, lane: str, copies: list):
+  def _argument(self, leaf, lane: str, here: list):
     if not isinstance(leaf, Handle):
       return _host_array(leaf)
     if leaf.lane != lane:
       leaf = self._move(leaf, lane)
-      copies.append(leaf)
+    here.append(leaf)
     return Ref(leaf.key)
 
   def _check_move(self, ref) -> None:
@@ -456,6 +486,7 @@ class LanePool:
     return Handle(self, lane, key, nbytes, description)
 
   def _drop(self, lane: str, key) -> None:
+    self._imports.pop((lane, key), None)  # a copy never taken in: nothing to free there
     with self._lock:
       if lane in self._freed:
         self._freed[lane].append(key)

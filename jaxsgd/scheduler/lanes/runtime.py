@@ -91,8 +91,9 @@ class LaneRuntime:
       'xla_flags': os.environ.get('XLA_FLAGS', ''),
     }
 
-  def run(self, task, args: tuple, key: Hashable, free: tuple = ()):
-    """Runs `task(*args)` (Refs replaced by values) and keeps its result under `key`.
+  def run(self, task, args: tuple, key: Hashable, free: tuple = (), imports: tuple = ()):
+    """Runs `task(*args)` (Refs replaced by values) and keeps its result under `key`,
+    after taking in `imports` (`take_in`).
 
     Returns `(outline, start, end)`: the result's outline — nested tuples as tuples,
     every other value as `(nbytes, description)`, its parts kept under `(key, path)` —
@@ -100,6 +101,7 @@ class LaneRuntime:
     """
     try:
       self._maybe_fail(task)
+      self.take_in(imports)
       values = self._resolve(args)
       start = time.time()
       # Finished means computed: the driver's clock and its errors need that, not dispatch.
@@ -126,16 +128,18 @@ class LaneRuntime:
       self.origins[part] = (task, abstract, path)
     return _outline(self.jax, value)
 
-  def fetch(self, key: Hashable, free: tuple = ()):
+  def fetch(self, key: Hashable, free: tuple = (), imports: tuple = ()):
     """The value as numpy arrays (for logging and final results)."""
     try:
+      self.take_in(imports)
       return self.jax.device_get(self.values[key])
     finally:
       self.free(free)
 
-  def export(self, key: Hashable, free: tuple = ()):
+  def export(self, key: Hashable, free: tuple = (), imports: tuple = ()):
     """Puts the value in the object store; returns `[ref]` for the receiving lane."""
     try:
+      self.take_in(imports)
       value = self.values[key]
     finally:
       self.free(free)
@@ -157,6 +161,12 @@ class LaneRuntime:
       structure = ('origin', origin)
     payload = (structure, [np.asarray(leaf) for leaf in self.jax.device_get(leaves)])
     return [ray.put(payload)]  # a list, so that Ray hands the reference over unresolved
+
+  def take_in(self, imports: tuple) -> None:
+    """Adopts each `(key, [reference to an export task's result])` of `imports`,
+    waiting for the export if it has not run yet (the driver's `LanePool._move`)."""
+    for key, (exported,) in imports:
+      self.adopt(ray.get(exported), key)
 
   def adopt(self, refs: list, key: Hashable, free: tuple = ()):
     """Takes a value exported by another lane and keeps it under `key`."""
