@@ -473,12 +473,16 @@ def measure_process_links(
   cores: Sequence[int] = (0, 1),
   address: str | None = None,
   sizes: Sequence[int] = (1 << 16, 1 << 24),
-  reps: int = 15,
+  reps: int = 21,
 ) -> tuple[float, float]:
   """`(latency s, bandwidth B/s)` of a move between two lane processes (`LanePool.move`,
-  Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, the fastest of
-  `reps` tasks on the second lane that needed the array moved there, less the fastest
-  of the same task on an array already there; then the line through the two sizes."""
+  Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, `reps` pairs
+  of calls, one of a task on the second lane that needs the array moved there and one
+  of the same task on an array already there, alternated; the median over the pairs of
+  their difference; then the line through the two sizes. Paired and a median, because
+  the difference of two minima moved by half from one measurement to the next here
+  (2.9 and 4.5 ms of latency, minutes apart on a quiet machine): the minimum of a
+  difference is not the difference of the minima."""
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
@@ -486,20 +490,19 @@ def measure_process_links(
   placement = LanePlacement.parse(f'source@cores={cores[0]}; target@cores={cores[1]}')
   seconds = []
   with LanePool(placement, address=address, verbose=False) as pool:
+
+    def timed(value) -> float:
+      start = time.perf_counter()
+      pool.run('target', first, (value,))
+      return time.perf_counter() - start
+
     for size in sizes:
       held = pool.put('source', np.zeros(size // 4, np.float32))
       local = pool.move(held, 'target')
-
-      def fastest(value):
-        pool.run('target', first, (value,))  # warm: compiled, moved once
-        best = math.inf
-        for _ in range(reps):
-          start = time.perf_counter()
-          pool.run('target', first, (value,))
-          best = min(best, time.perf_counter() - start)
-        return best
-
-      seconds.append(max(fastest(held) - fastest(local), 0.0))
+      for _ in range(3):  # warm: compiled, the copy taken in, the object store's pages touched
+        timed(held), timed(local)
+      differences = [timed(held) - timed(local) for _ in range(reps)]
+      seconds.append(max(float(np.median(differences)), 0.0))
   (n1, n2), (t1, t2) = sizes, seconds
   bandwidth = (n2 - n1) / (t2 - t1) if t2 > t1 else math.inf
   return max(t1 - n1 / bandwidth, 0.0), bandwidth
