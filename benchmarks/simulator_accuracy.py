@@ -206,9 +206,10 @@ def iteration_ends(tasks) -> list[float]:
 
 def window(names, tasks, warmup: int) -> tuple[float, float, int]:
   """`(start, stop, iterations)` of the steady state: from the end of the first
-  iteration after both `warmup` iterations and the first `warmup` tasks of every compute
-  lane that runs more (a lane compiles its tasks on first use: a worker still compiling while the
-  others run would make the start look unlike the rest), to the end of the last."""
+  iteration after both `warmup` iterations and the first `warmup` tasks of every
+  compute lane that runs more (a lane compiles its tasks on first use: a worker still
+  compiling while the others run would make the start look unlike the rest), to the
+  end of the last."""
   ends = sorted(iteration_ends(tasks))
   per_lane = {}
   for lane, _, _, end, _, _ in tasks:

@@ -26,8 +26,8 @@ Running ahead: once a task has finished on arguments of the same shapes, its han
 are known at its start (`LanePool.early`) and the process goes on at once while the
 lane computes — as the in-process real clock goes on while its devices compute — as
 long as its lane then has at most `run_ahead` unfinished tasks (this one included);
-beyond that the process waits for its task, as without running ahead, so a lane has at
-most `run_ahead` plus its number of processes tasks queued. Unbounded, the
+beyond that the process waits for its task, as without running ahead, so a lane never
+has more than `run_ahead` tasks queued plus one per process of its own. Unbounded, the
 driver raced through a whole run's schedule in its first seconds: every queued task
 kept its arguments' handles alive, so no lane freed anything (each lane of a DDG K=2
 run grew by ~300 MB/s, to 3 GB in 300 steps), every task wrote to freshly faulted

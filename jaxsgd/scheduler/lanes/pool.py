@@ -190,7 +190,7 @@ class LanePool:
     key = next(self._keys)
     imports = self._take_imports(lane, here)
     ref = actor.run.remote(task, sent, key, self._take_freed(lane), imports)
-    here.clear()  # alive until sent: the frees of copies travel with a later call
+    here.clear()  # kept alive until sent, so that a copy's free follows this call
     pending = Pending(lane, task, ref, key, args, _signature(task, args))
     self._unfinished[ref] = pending
     return pending
