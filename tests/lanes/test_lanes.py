@@ -8,6 +8,7 @@ run on one machine does. Every test checks that no process is left behind.
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import lane_tasks
 from ray_head import serve_head
 
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec
+from jaxsgd.scheduler.lanes.runtime import Ref
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -119,6 +121,31 @@ def test_results_stay_in_the_lane_until_the_driver_drops_them(pool):
 def test_only_named_tasks_reach_a_lane(pool):
   with pytest.raises(TypeError, match=r'a tasks\.Task \(recipe and name\) expected'):
     pool.start('a', lambda: 0)
+
+
+def test_a_task_reaches_a_lane_once_then_goes_by_its_number(pool, monkeypatch):
+  calls = []
+  pickled = pool._task_call
+  monkeypatch.setattr(pool, '_task_call', lambda *args: calls.append(pickled(*args)) or calls[-1])
+  recipe = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=0.25)  # new to both lanes
+  for lane in ('a', 'a', 'b', 'b'):
+    w = pool.run(lane, Task(recipe, 'init'), (1,))  # an equal task, a new object each time
+    np.testing.assert_array_equal(
+      pool.fetch(w), 0.25 * jax.random.normal(jax.random.key(1), (8, 4))
+    )
+  assert [b'build_layer_tasks' in call for call in calls] == [True, False, True, False]
+  assert len(calls[1]) < len(calls[0]) / 2
+
+
+def test_a_call_pickles_what_only_cloudpickle_can_write():
+  from jaxsgd.scheduler.lanes.pool import _dumps
+
+  class Local:  # pickle refuses a local class; cloudpickle writes it by value
+    def __init__(self, n):
+      self.n = n
+
+  assert pickle.loads(_dumps((Local(3), Ref(4))))[0].n == 3
+  assert pickle.loads(_dumps((1, Ref((4, (0,))))))[1].key == (4, (0,))
 
 
 def test_put_sends_driver_values_to_a_lane(pool):

@@ -73,6 +73,7 @@ class LaneRuntime:
     self.device = jax.local_devices()[0]
     self.values: dict[Hashable, Any] = {}
     self.origins: dict[Hashable, tuple] = {}  # key -> (task, abstract args, path)
+    self.tasks: dict[int, tuple] = {}  # number -> (task, its function) (`_task`)
     self.stopped = threading.Event()
     self.fault = _fault(name)  # (task name, n, kill) of the test hook, or None
 
@@ -91,26 +92,38 @@ class LaneRuntime:
       'xla_flags': os.environ.get('XLA_FLAGS', ''),
     }
 
-  def run(self, task, args: tuple, key: Hashable, free: tuple = (), imports: tuple = ()):
-    """Runs `task(*args)` (Refs replaced by values) and keeps its result under `key`,
-    after taking in `imports` (`take_in`).
+  def run(self, call: bytes, imports: tuple = ()):
+    """Runs a task call (`LanePool._task_call`: `(task, args, key, frees)` pickled):
+    `task(*args)`, `Ref`s replaced by values, its result kept under `key`, after taking
+    in `imports` (`take_in`); then frees the keys `frees` names.
 
     Returns `(outline, start, end)`: the result's outline — nested tuples as tuples,
     every other value as `(nbytes, description)`, its parts kept under `(key, path)` —
     and the task's start and end (`time.time()` in this lane, result computed).
     """
+    named, args, key, free = pickle.loads(call)
     try:
+      task, fn = self._task(named)
       self._maybe_fail(task)
       self.take_in(imports)
       values = self._resolve(args)
       start = time.time()
       # Finished means computed: the driver's clock and its errors need that, not dispatch.
-      result = self.jax.block_until_ready(task(*values))
+      result = self.jax.block_until_ready(fn(*values))
       end = time.time()
       abstract = self.jax.tree.map(_abstract, values)
       return self._keep(result, key, (), task, abstract), start, end
     finally:
       self.free(free)
+
+  def _task(self, named) -> tuple:
+    """`(task, its function)` of a call's task: `(number, task)` the first time a task
+    reaches this lane (kept), its number afterwards."""
+    if isinstance(named, tuple):
+      number, task = named
+      self.tasks[number] = (task, task.recipe.build()[task.name])
+      return self.tasks[number]
+    return self.tasks[named]
 
   def put(self, value, key: Hashable, free: tuple = ()):
     """Keeps `value` (sent by the driver) on this lane's device under `key`."""
