@@ -9,8 +9,11 @@ Each family runs the same config twice, through `experiments.train`'s own path
   measured   `clock='real', executor='processes'`: every lane an OS process pinned to
              a core (`--placement`, below), the run's trace as the lanes timed it;
   predicted  `clock='virtual'` with `cost.profile` = one profile measured at the start
-             for this executor (`cost.dispatch='processes'`: its host overhead per task
-             is added to every task), links between lane processes measured at the
+             for this executor (`cost.dispatch`: its host overhead per task is added
+             to every task; `--dispatch=auto` takes `processes_cpu`, the CPU all the
+             run's processes spend per task, where the two lanes take every core and
+             the driver and Ray run on theirs, as here, else `processes`, the wall time
+             per task of a chain), links between lane processes measured at the
              start, copies made by the sending lane between its tasks
              (`cost.copies='sender'`: Ray serializes the value in the lane process), and
              the same `placement.lanes` (lanes placed on one core share it on the
@@ -24,7 +27,7 @@ The profile (`--profile` reuses one) is measured as the lanes run: in a process 
 to core 0 with XLA's intra-op threads off (`--xla_cpu_multi_thread_eigen=false`, one
 OpenMP thread), every task of every family's table (`experiments.profile`), the fastest
 of `--reps` interleaved wall-clock calls; plus the process executor's dispatch overhead,
-timed through one pinned lane (`profiles.measure_process_dispatch`).
+timed (wall and CPU) through one pinned lane (`profiles.measure_process_dispatch`).
 
 Per family: time per iteration (an iteration is one applied update of the whole model:
 a batch whose every stage has updated, or one server update), from the end of iteration
@@ -81,7 +84,9 @@ LANE_ENV = {
 }
 
 
-def family_config(name: str, args, side: str, profile: str | None = None, links=(0.0, 0.0)):
+def family_config(
+  name: str, args, side: str, profile: str | None = None, links=(0.0, 0.0), dispatch='processes'
+):
   """The config of family `name` for `side`: 'measured' (lane processes), 'predicted'
   (the virtual clock with `profile`) or 'tables' (what the profile measures)."""
   import ml_collections
@@ -115,7 +120,7 @@ def family_config(name: str, args, side: str, profile: str | None = None, links=
     config.clock = 'virtual'
   if side == 'predicted':
     config.cost.profile = profile
-    config.cost.dispatch = 'processes'
+    config.cost.dispatch = dispatch
     config.cost.copies = 'sender'  # a lane serializes what it sends, between its tasks
     config.cost.link_latency, config.cost.link_bandwidth = links
   return config
@@ -336,8 +341,9 @@ def wait_for_quiet(max_load: float, max_wait: float) -> None:
     time.sleep(5)
 
 
-def run_family(name: str, args, profile: str, links, dispatch: float, root: str) -> dict:
-  """Both runs of family `name`: their statistics, or why the measured one could not run."""
+def run_family(name: str, args, profile: str, links, dispatch: tuple, root: str) -> dict:
+  """Every run of family `name`: their statistics, or why one could not run. `dispatch`:
+  `(cost.dispatch, its seconds)` of the virtual clock's runs."""
   from jaxsgd import training
 
   result = {}
@@ -352,7 +358,7 @@ def run_family(name: str, args, profile: str, links, dispatch: float, root: str)
         result[side] = None
         continue
     virtual = side in ('calibrated', 'replayed')
-    config = family_config(name, args, 'predicted' if virtual else side, given, links)
+    config = family_config(name, args, 'predicted' if virtual else side, given, links, dispatch[0])
     workdir = os.path.join(root, f'{name}-{side}')
     try:
       if side == 'measured':  # fills the compilation cache: the lanes of the next run load
@@ -374,7 +380,7 @@ def run_family(name: str, args, profile: str, links, dispatch: float, root: str)
     if side == 'measured':
       result['load'] = max(result['load'], os.getloadavg()[0])
     if side == 'predicted':
-      result['slowdown'] = slowdown(root, name, args.warmup, dispatch)
+      result['slowdown'] = slowdown(root, name, args.warmup, dispatch[1])
   return result
 
 
@@ -386,6 +392,13 @@ def main():
   parser.add_argument('--batch', type=int, default=256)
   parser.add_argument('--reps', type=int, default=20, help='timed calls per task (profile)')
   parser.add_argument('--families', default=','.join(FAMILIES))
+  parser.add_argument(
+    '--dispatch',
+    default='auto',
+    choices=('auto', 'processes', 'processes_cpu'),
+    help='host overhead per task the virtual clock adds (cost.dispatch); auto: '
+    "'processes_cpu' where the lanes take every core (this 2-core machine), else 'processes'",
+  )
   parser.add_argument('--profile', default=None, help='a profile to use (default: measure)')
   parser.add_argument('--link_latency', type=float, default=None, help='s (default: measure)')
   parser.add_argument('--link_bandwidth', type=float, default=None, help='B/s, with the above')
@@ -431,14 +444,18 @@ def main():
   try:
     loaded = profiles.load(profile)
     wait_for_quiet(args.max_load, args.max_wait)
-    if 'processes' not in loaded.dispatch:
+    if not {'processes', 'processes_cpu'} <= loaded.dispatch.keys():
       dispatch = profiles.measure_process_dispatch(cores=(0,))
-      loaded = profiles.merge(loaded, _with_dispatch(loaded, {'processes': dispatch}))
+      loaded = profiles.merge(loaded, _with_dispatch(loaded, dispatch))
       profiles.save(loaded, profile)
+    dispatch_kind = args.dispatch
+    if dispatch_kind == 'auto':  # lanes on cores 0 and 1: do they leave the host a core?
+      dispatch_kind = 'processes' if (os.cpu_count() or 1) > 2 else 'processes_cpu'
     print(
       f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags; fastest of '
       f'{loaded.reps}); dispatch per task (µs): '
-      + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items()),
+      + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items())
+      + f'; predicted with {dispatch_kind}',
       flush=True,
     )
     if args.link_latency is None:
@@ -451,7 +468,9 @@ def main():
     )
     results = {}
     for name in families:
-      results[name] = run_family(name, args, profile, links, loaded.dispatch['processes'], root)
+      results[name] = run_family(
+        name, args, profile, links, (dispatch_kind, loaded.dispatch[dispatch_kind]), root
+      )
       with open(os.path.join(root, 'results.json'), 'w') as f:
         json.dump(results, f)
       print(f'  {LABELS[name]}: {_one_line(results[name])}', flush=True)

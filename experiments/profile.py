@@ -244,7 +244,7 @@ def measure_dispatch() -> dict[str, float]:
   dispatch = profiles.measure_dispatch()
   if _DISPATCH_PROCESSES.value:
     core = max(_PIN_CORE.value, 0)
-    dispatch['processes'] = profiles.measure_process_dispatch(cores=(core,))
+    dispatch.update(profiles.measure_process_dispatch(cores=(core,)))
   return dispatch
 
 

@@ -38,7 +38,7 @@ CLOCKS = ('real', 'virtual')
 EXECUTORS = ('in_process', 'processes')
 KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
 # Whose host overhead per task the virtual clock may add (`cost.dispatch`; `profile.dispatch`).
-DISPATCH = ('none', 'real', 'real_threads', 'processes')
+DISPATCH = ('none', 'real', 'real_threads', 'processes', 'processes_cpu')
 
 # The algorithms whose runs can go on without a lost worker (`tolerate_lost_workers`):
 # their worker processes declare what replaces them (`core.Process.on_lost`).

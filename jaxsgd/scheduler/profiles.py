@@ -451,21 +451,60 @@ def measure_dispatch(
 
 def measure_process_dispatch(
   *, cores: Sequence[int] = (0,), address: str | None = None, tasks: int = 200, rounds: int = 5
-) -> float:
-  """The process executor's host overhead per task (`measure_dispatch`'s `processes`
-  figure), on one lane process pinned to `cores` (a Ray cluster at `address`, or one
-  started here for the measurement)."""
-  from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
+) -> dict[str, float]:
+  """The process executor's host overhead per task, on one lane process pinned to
+  `cores` (a Ray cluster at `address`, or one started here for the measurement):
+
+  - `processes`: `measure_dispatch`'s figure, wall time per task of a chain of tasks:
+    what a task waits for the driver and Ray when they have cores of their own.
+  - `processes_cpu` (only with a cluster started for it): the CPU seconds per task of
+    every process of the run — the driver, the lane and Ray's own (raylet, GCS), all
+    descendants of this process then — over the same chain: what each task costs the
+    machine's cores. On a machine whose lanes take every core (two lanes on this
+    2-core VM), the driver and Ray run on the lanes' cores, and that is what a lane
+    loses per task: measured here, ~0.7–0.8 ms per task against ~0.5 ms of wall time
+    (the driver, the lane and the raylet work at once), and in a DDG K=2 run the
+    driver and the raylet took 0.45 and 0.13 of the 2 cores.
+  """
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool, cluster  # Ray only if asked
   from jaxsgd.scheduler.process import ProcessExecutor
 
   placement = LanePlacement.parse(f'dispatch@cores={",".join(map(str, cores))}')
   with LanePool(placement, address=address, verbose=False) as pool:
+    before = _run_cpu_seconds()
     measured = measure_dispatch(
       {'processes': lambda: ProcessExecutor(pool=pool, verbose=False)},
       tasks=tasks,
       rounds=rounds,
     )
-  return measured['processes']
+    cpu = _run_cpu_seconds(before)
+    owns_cluster = cluster.started_here()
+  figures = {'processes': measured['processes']}
+  if owns_cluster:  # Ray's processes are this one's descendants: all counted
+    # `measure_dispatch` runs the chain once to warm up, then `rounds` times, and
+    # before that its `jax_call` loop, whose CPU (this process's) is taken out.
+    figures['processes_cpu'] = max(
+      (cpu - (rounds + 1) * tasks * measured['jax_call']) / ((rounds + 1) * tasks), 0.0
+    )
+  return figures
+
+
+def _run_cpu_seconds(before: dict | None = None):
+  """CPU seconds (user + system) of this process and its descendants: a dict by pid,
+  or, given such a dict, the seconds spent since by the processes in both."""
+  import psutil
+
+  me = psutil.Process()
+  seconds = {}
+  for process in [me, *me.children(recursive=True)]:
+    try:
+      times = process.cpu_times()
+    except psutil.Error:  # ended meanwhile
+      continue
+    seconds[process.pid] = times.user + times.system
+  if before is None:
+    return seconds
+  return sum(seconds[pid] - before[pid] for pid in seconds.keys() & before.keys())
 
 
 def measure_process_links(
@@ -478,8 +517,8 @@ def measure_process_links(
   """`(latency s, bandwidth B/s)` of a move between two lane processes (`LanePool.move`,
   Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, `reps` pairs
   of calls, one of a task on the second lane that needs the array moved there and one
-  of the same task on an array already there, alternated; the median over the pairs of
-  their difference; then the line through the two sizes. Paired and a median, because
+  of the same task on an array already there, alternated (and the sizes interleaved);
+  the median over the pairs of their difference; then the line through the two sizes. Paired and a median, because
   the difference of two minima moved by half from one measurement to the next here
   (2.9 and 4.5 ms of latency, minutes apart on a quiet machine): the minimum of a
   difference is not the difference of the minima."""
@@ -488,7 +527,6 @@ def measure_process_links(
 
   first = Task(TaskRecipe.of(dispatch_tasks), 'first')
   placement = LanePlacement.parse(f'source@cores={cores[0]}; target@cores={cores[1]}')
-  seconds = []
   with LanePool(placement, address=address, verbose=False) as pool:
 
     def timed(value) -> float:
@@ -496,13 +534,20 @@ def measure_process_links(
       pool.run('target', first, (value,))
       return time.perf_counter() - start
 
+    arrays = []
     for size in sizes:
       held = pool.put('source', np.zeros(size // 4, np.float32))
       local = pool.move(held, 'target')
       for _ in range(3):  # warm: compiled, the copy taken in, the object store's pages touched
         timed(held), timed(local)
-      differences = [timed(held) - timed(local) for _ in range(reps)]
-      seconds.append(max(float(np.median(differences)), 0.0))
+      arrays.append((held, local))
+    # The sizes interleaved, pair by pair: a slow spell of the machine slows both sizes'
+    # pairs, not one size's (which tilts the line: one run gave 9.4 GB/s, others 1.6-1.7).
+    differences = [[] for _ in sizes]
+    for _ in range(reps):
+      for (held, local), measured in zip(arrays, differences):
+        measured.append(timed(held) - timed(local))
+    seconds = [max(float(np.median(d)), 0.0) for d in differences]
   (n1, n2), (t1, t2) = sizes, seconds
   bandwidth = (n2 - n1) / (t2 - t1) if t2 > t1 else math.inf
   return max(t1 - n1 / bandwidth, 0.0), bandwidth
@@ -516,7 +561,7 @@ def dispatch_of(profile: Profile, executor: str, source: str = 'profile') -> flo
     raise ProfileError(
       f'cost.dispatch: the profile {source!r} has no dispatch overhead for {executor!r} '
       f'(it has: {have}); measure one with python -m experiments.profile'
-      + (' --dispatch_processes.' if executor == 'processes' else '.')
+      + (' --dispatch_processes.' if executor.startswith('processes') else '.')
     )
   return float(profile.dispatch[executor])
 

@@ -345,3 +345,23 @@ def test_ctrl_c_of_a_driver_with_its_own_cluster_leaves_no_process():
   process.send_signal(signal.SIGINT)
   assert process.wait(timeout=20) != 0
   assert gone(started['started'] + started['lanes'], within=10) == []
+
+
+def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
+  from jaxsgd.scheduler import profiles
+
+  # On a cluster started elsewhere Ray's processes are not this one's: no CPU figure.
+  assert set(profiles.measure_process_dispatch(address=head.address, tasks=20, rounds=1)) == {
+    'processes'
+  }
+  code = (
+    'import json; from jaxsgd.scheduler import profiles; '
+    'print(json.dumps(profiles.measure_process_dispatch(tasks=20, rounds=1)))'
+  )
+  out = subprocess.run(
+    [sys.executable, '-c', code], capture_output=True, text=True, check=True, timeout=120
+  )
+  measured = json.loads(out.stdout.strip().splitlines()[-1])
+  assert set(measured) == {'processes', 'processes_cpu'}
+  # Each task costs CPU in the driver and in the lane at least, Ray's calls included.
+  assert measured['processes_cpu'] > 0 and measured['processes'] > 0

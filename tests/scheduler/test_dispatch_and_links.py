@@ -169,14 +169,14 @@ def ddg_profile(data_dir, tmp_path_factory):
     [dataclasses.replace(table, costs=COSTS, spread={})],
     warmup=1,
     reps=1,
-    dispatch={'jax_call': 1e-6, 'real': 1e-5, 'processes': DISPATCH},
+    dispatch={'jax_call': 1e-6, 'real': 1e-5, 'processes': DISPATCH, 'processes_cpu': 3 * DISPATCH},
   )
   path = str(tmp_path_factory.mktemp('profile') / 'ddg.json')
   profiles.save(profile, path)
   return path
 
 
-@pytest.mark.parametrize('dispatch', ['none', 'processes'])
+@pytest.mark.parametrize('dispatch', ['none', 'processes', 'processes_cpu'])
 def test_ddg_on_one_device_takes_every_task_plus_its_dispatch(
   dispatch, ddg_profile, data_dir, tmp_path
 ):
@@ -184,8 +184,7 @@ def test_ddg_on_one_device_takes_every_task_plus_its_dispatch(
   summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
   tasks = 6 * STEPS - 2  # stage 0's last backward and update are never run (delay 1)
   total = STEPS * sum(COSTS.values()) - COSTS[(0, 'backward')] - COSTS[(0, 'update')]
-  if dispatch == 'processes':
-    total += tasks * DISPATCH
+  total += tasks * {'none': 0.0, 'processes': DISPATCH, 'processes_cpu': 3 * DISPATCH}[dispatch]
   assert summary['sim_time'] == pytest.approx(total, rel=1e-12)
 
 

@@ -50,6 +50,12 @@ def connect(address: str | None) -> bool:
   return True  # connected here: disconnect (the cluster itself stays up) at close
 
 
+def started_here() -> bool:
+  """Whether this process started the cluster it is connected to: then every process of
+  the cluster (raylet, GCS, the lanes) is a descendant of this one."""
+  return ray.is_initialized() and 'temp_dir' in _STARTED_HERE
+
+
 def shutdown() -> None:
   """Disconnects; stops the cluster (and removes its logs) if `connect` started it.
 
