@@ -361,20 +361,21 @@ class LanePool:
       return handle
     source = self._actor(handle.lane)
     imports = self._take_imports(handle.lane, [handle])  # a copy moved on
-    exported = source.export.remote(handle.key, self._take_freed(handle.lane), imports)
+    exported, payload = source.export.remote(handle.key, self._take_freed(handle.lane), imports)
     key = (next(self._keys), ())
     if landed is None:
-      self._imports[lane, key] = exported
+      self._imports[lane, key] = payload
       self._moves[exported] = (lane, handle, key[0])
     else:
-      adopted = self._actor(lane).adopt.remote(exported, key, self._take_freed(lane))
+      adopted = self._actor(lane).adopt.remote(payload, key, self._take_freed(lane))
       self._moves[adopted] = (lane, handle, key[0])
       landed.append(adopted)
     return Handle(self, lane, key, handle.nbytes, handle.description)
 
   def _take_imports(self, lane: str, handles: list) -> tuple:
-    """`(key, [export's reference])` of those of `handles` (on `lane`) not taken in yet;
-    nested in a list, the reference reaches the lane unresolved (the lane waits for it)."""
+    """`(key, [reference to the export's payload])` of those of `handles` (on `lane`) not
+    taken in yet; nested in a list, the reference reaches the lane unresolved (the lane
+    waits for it there)."""
     imports = []
     for handle in handles:
       exported = self._imports.pop((lane, handle.key), None)
