@@ -83,7 +83,8 @@ class ProcessExecutor(Executor):
       must cover the cluster's).
     run_ahead: resume a process with a task's handles before the task ends when they
       are known (`LanePool.early`) and its lane then has at most this many unfinished
-      tasks, this one included; 0 (or False): never.
+      tasks, this one included; 0 (or False): never. 4: a stage's forward, backward
+      and update of one iteration, and the next forward (docs/engine.md).
     verbose: print the placement (lane, host, pid, cores, device) when the lanes start.
     tolerate_lost: a lane whose processes all have `on_lost` (asynchronous workers)
       may be lost without stopping the run (module docstring); False: any lost lane
@@ -98,7 +99,7 @@ class ProcessExecutor(Executor):
     *,
     address: str | None = None,
     pool: LanePool | None = None,
-    run_ahead: int = 2,
+    run_ahead: int = 4,
     verbose: bool = True,
     tolerate_lost: bool = False,
   ):
