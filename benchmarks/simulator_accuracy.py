@@ -196,26 +196,40 @@ def read_trace(workdir: str):
   return names, tasks
 
 
-def iteration_ends(tasks) -> list[float]:
+def iteration_ends(tasks, per_task: bool = False) -> list[float]:
   """When each iteration ended: per batch, the last end of its update tasks (every stage
-  updated); without update tasks (updates applied in the driver), its backward tasks."""
+  updated); without update tasks (updates applied in the driver), its backward tasks.
+  `per_task` (`ONE_UPDATE_PER_TASK`): every such task ends an iteration of its own."""
   for kind in ('update', 'backward'):
     ends = {}
-    for _, task_kind, _, end, batch, _ in tasks:
+    for i, (_, task_kind, _, end, batch, _) in enumerate(tasks):
       if task_kind == kind and batch is not None:
-        ends[batch] = max(ends.get(batch, 0.0), end)
+        key = i if per_task else batch
+        ends[key] = max(ends.get(key, 0.0), end)
     if ends:
-      return [ends[b] for b in sorted(ends)]
+      return sorted(ends.values()) if per_task else [ends[b] for b in sorted(ends)]
   raise ValueError('the trace has no update or backward tasks')
 
 
-def window(names, tasks, warmup: int) -> tuple[float, float, int]:
+# Families whose every update (or, with updates applied in the driver, every backward) is
+# an iteration: an LPP-SGD worker updates its replica alone, and numbers its batches
+# itself, so that grouping tasks by batch made one iteration of two workers' updates on
+# the virtual clock (no update tasks there) and of one on the lanes.
+ONE_UPDATE_PER_TASK = ('lppsgd',)
+
+
+def _per_task(workdir: str) -> bool:
+  """Whether the run at `workdir` (`<family>-<side>`) counts an iteration per task."""
+  return os.path.basename(workdir).split('-')[0] in ONE_UPDATE_PER_TASK
+
+
+def window(names, tasks, warmup: int, per_task: bool = False) -> tuple[float, float, int]:
   """`(start, stop, iterations)` of the steady state: from the end of the first
   iteration after both `warmup` iterations and the first `warmup` tasks of every
   compute lane that runs more (a lane compiles its tasks on first use: a worker still
   compiling while the others run would make the start look unlike the rest), to the
   end of the last."""
-  ends = sorted(iteration_ends(tasks))
+  ends = sorted(iteration_ends(tasks, per_task))
   per_lane = {}
   for lane, _, _, end, _, _ in tasks:
     if not names[lane].startswith('link '):
@@ -240,7 +254,7 @@ def window_stats(workdir: str, warmup: int) -> dict:
   time the run takes when they leave it alone), and the mean; each compute lane's
   utilization over the window."""
   names, tasks = read_trace(workdir)
-  start, stop, iterations = window(names, tasks, warmup)
+  start, stop, iterations = window(names, tasks, warmup, _per_task(workdir))
   busy = {}
   for lane, _, begin, end, _, _ in tasks:
     name = names[lane]
@@ -250,7 +264,7 @@ def window_stats(workdir: str, warmup: int) -> dict:
     key = _short(name)
     busy[key] = busy.get(key, 0.0) + overlap
   utilization = {lane: seconds / (stop - start) for lane, seconds in sorted(busy.items())}
-  ends = [e for e in sorted(iteration_ends(tasks)) if start <= e <= stop]
+  ends = [e for e in sorted(iteration_ends(tasks, _per_task(workdir))) if start <= e <= stop]
   blocks = [(ends[i + BLOCK] - ends[i]) / BLOCK for i in range(0, len(ends) - BLOCK, BLOCK)] or [
     (stop - start) / iterations
   ]
@@ -271,7 +285,7 @@ def _short(name: str) -> str:
 def task_medians(workdir: str, warmup: int) -> dict:
   """`{(stage, kind): median seconds}` of the compute tasks of the run's steady state."""
   names, tasks = read_trace(workdir)
-  start, _, _ = window(names, tasks, warmup)
+  start, _, _ = window(names, tasks, warmup, _per_task(workdir))
   durations = {}
   for lane, kind, begin, end, _, stage in tasks:
     if begin >= start and not names[lane].startswith('link '):

@@ -144,10 +144,14 @@ def make_executor(
   threads: bool = False,
   adjust: Callable[[dict], dict] = lambda table: table,
   devices: Mapping[str, Sequence[jax.Device]] | None = None,
+  run_ahead: int | None = None,
 ):
   """`(executor, cost table)`: the real clock (`threads`: a thread per process; with
   `executor='processes'`, a process per lane) and `{}`, or the virtual clock with a cost
-  model of `adjust(table)`. On the in-process real clock every task is compiled first, on
+  model of `adjust(table)`.
+
+  `run_ahead`: the process executor's (`ProcessExecutor.RUN_AHEAD` if None); a
+  parameter server's workers take 1 (`asgd.py`). On the in-process real clock every task is compiled first, on
   the devices each kind of task runs on (`devices`: kind -> devices; `warm_up`). Call
   the executor's `close()` when the run is over."""
   if shared.executor == 'processes':
@@ -157,7 +161,10 @@ def make_executor(
     lanes = shared.placement.lanes
     placement = None if lanes is None else LanePlacement.parse(lanes)
     executor = ProcessExecutor(
-      placement, address=shared.cluster_address, tolerate_lost=shared.tolerate_lost_workers
+      placement,
+      address=shared.cluster_address,
+      tolerate_lost=shared.tolerate_lost_workers,
+      run_ahead=ProcessExecutor.RUN_AHEAD if run_ahead is None else run_ahead,
     )
     return executor, {}
   if not shared.virtual:

@@ -92,6 +92,7 @@ class ProcessExecutor(Executor):
   """
 
   clock = 'real (processes)'
+  RUN_AHEAD = 4  # the default `run_ahead` (docs/engine.md)
 
   def __init__(
     self,
@@ -99,7 +100,7 @@ class ProcessExecutor(Executor):
     *,
     address: str | None = None,
     pool: LanePool | None = None,
-    run_ahead: int = 4,
+    run_ahead: int = RUN_AHEAD,
     verbose: bool = True,
     tolerate_lost: bool = False,
   ):
