@@ -36,7 +36,7 @@ import jax
 import numpy as np
 
 from jaxsgd import models, optimizers
-from jaxsgd.algorithms import ddg, local
+from jaxsgd.algorithms import asgd, ddg, local
 from jaxsgd.asynchronous import common, lppsgd, pdasgd, server
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles
 from jaxsgd.scheduler import Placement
@@ -112,7 +112,7 @@ def run_asgd(pool: LanePool, num_workers: int, steps: int, warmup: int) -> tuple
     record_pulls=False,
     apply_fn=server.named_apply(OPTIMIZER, steps, settings),
   )
-  executor = ProcessExecutor(pool=pool)
+  executor = ProcessExecutor(pool=pool, run_ahead=asgd.RUN_AHEAD)  # as experiments.train
   names = [f'worker {m}' for m in range(num_workers)]
   session = server.AsgdSession(
     stages,

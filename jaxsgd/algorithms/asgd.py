@@ -22,6 +22,15 @@ from jaxsgd.models import stage_functions
 from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
 from jaxsgd.scheduler import profiles
 
+# On lane processes (`executor='processes'`), a worker goes on before its task ends only
+# while its lane has nothing else to do, so that its push is sent once its gradient
+# exists. Further ahead, pushes reached the server in the driver's order of dispatch,
+# before their gradients existed, and the server applied them in that order, waiting in
+# its lane for the one sent first while the other was ready: ASGD M=2's staleness was
+# {0: 17, 1: 27, 2: 16} on lanes against {0: 1, 1: 59} on the virtual clock; with 1 it is
+# {0: 1, 1: 59} on both, at 14.7 ms per update against 15-17 (benchmarks/simulator_accuracy).
+RUN_AHEAD = 1
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -140,15 +149,7 @@ def train(run, settings: Settings) -> dict:
     lane_speeds=(1.0,) + clocks.worker_speeds(shared, num_workers),
     threads=True,
     devices={'forward': devices[1:], 'backward': devices[1:], 'update': devices[:1]},
-    # On lane processes, a worker goes on before its task ends only while its lane has
-    # nothing else to do, so that its push is sent once its gradient exists. Further
-    # ahead, pushes reached the server in the driver's order of dispatch, before their
-    # gradients existed, and the server applied them in that order, waiting in its lane
-    # for the one sent first while the other was ready: ASGD M=2's staleness was
-    # {0: 17, 1: 27, 2: 16} on lanes against {0: 1, 1: 59} on the virtual clock; with 1
-    # it is {0: 1, 1: 59} on both, at 14.7 ms per update against 15-17
-    # (benchmarks/simulator_accuracy).
-    run_ahead=1,
+    run_ahead=RUN_AHEAD,
   )
   log = common.WorkerLog(
     [f'worker {m}' for m in range(num_workers)], clocks.failures(shared, num_workers), executor.now
