@@ -68,8 +68,9 @@ _SUITE = flags.DEFINE_string(
 _DISPATCH_PROCESSES = flags.DEFINE_bool(
   'dispatch_processes',
   False,
-  "Also measure the process executor's dispatch overhead per task (starts a Ray cluster "
-  'and one lane process pinned to core 0, or to --pin_core; ~15 s).',
+  "Also measure the process executor's dispatch overhead per task, as wall time "
+  "('processes') and as the CPU of all the run's processes ('processes_cpu'); starts a "
+  'Ray cluster and one lane process pinned to core 0, or to --pin_core; ~15 s.',
 )
 flags.mark_flags_as_required(['out'])
 
