@@ -467,9 +467,11 @@ class LanePool:
     with a core per lane it takes from the lanes."""
     number = self._task_numbers.setdefault(task, len(self._task_numbers))  # equal, same
     known = self._tasks_sent[lane]
-    named = number if number in known else (number, task)
-    known.add(number)
-    return _dumps((named, args, key, self._take_freed(lane)))
+    call = _dumps(
+      (number if number in known else (number, task), args, key, self._take_freed(lane))
+    )
+    known.add(number)  # once pickled: a call that could not be is never sent
+    return call
 
   def _argument(self, leaf, lane: str, here: list):
     if not isinstance(leaf, Handle):
