@@ -199,7 +199,9 @@ class CostSettings:
     failures: `(worker, seconds)` pairs: from then on, that worker stops.
     dispatch: the executor whose host overhead per task the simulation adds to every
       task (`'real'`, `'real_threads'`, `'processes'`: the figure measured in
-      `cost.profile`, `profile.dispatch`), or `'none'` (default): the devices' time
+      `cost.profile`, `profile.dispatch`; `'processes_cpu'`: the CPU all of a process
+      executor run's processes spend per task, for lanes that take every core), or
+      `'none'` (default): the devices' time
       alone, as on hardware whose host keeps every device fed (a preset's, say).
     copies: what a transfer between lanes occupies: `'link'` (default) the link between
       the two devices only (a DMA engine or NIC copies while the devices compute), or
