@@ -148,12 +148,12 @@ def make_executor(
 ):
   """`(executor, cost table)`: the real clock (`threads`: a thread per process; with
   `executor='processes'`, a process per lane) and `{}`, or the virtual clock with a cost
-  model of `adjust(table)`.
+  model of `adjust(table)`. On the in-process real clock every task is compiled first, on
+  the devices each kind of task runs on (`devices`: kind -> devices; `warm_up`). Call
+  the executor's `close()` when the run is over.
 
   `run_ahead`: the process executor's (`ProcessExecutor.RUN_AHEAD` if None); a
-  parameter server's workers take 1 (`asgd.py`). On the in-process real clock every task is compiled first, on
-  the devices each kind of task runs on (`devices`: kind -> devices; `warm_up`). Call
-  the executor's `close()` when the run is over."""
+  parameter server's workers take 1 (`asgd.RUN_AHEAD`)."""
   if shared.executor == 'processes':
     from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
     from jaxsgd.scheduler.process import ProcessExecutor

@@ -471,16 +471,17 @@ def measure_process_dispatch(
 
   placement = LanePlacement.parse(f'dispatch@cores={",".join(map(str, cores))}')
   with LanePool(placement, address=address, verbose=False) as pool:
-    before = _run_cpu_seconds()
+    before = _cpu_seconds_by_pid()
     measured = measure_dispatch(
       {'processes': lambda: ProcessExecutor(pool=pool, verbose=False)},
       tasks=tasks,
       rounds=rounds,
     )
-    cpu = _run_cpu_seconds(before)
+    after = _cpu_seconds_by_pid()
     owns_cluster = cluster.started_here()
   figures = {'processes': measured['processes']}
   if owns_cluster:  # Ray's processes are this one's descendants: all counted
+    cpu = sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
     # `measure_dispatch` runs the chain once to warm up, then `rounds` times, and
     # before that its `jax_call` loop, whose CPU (this process's) is taken out.
     figures['processes_cpu'] = max(
@@ -489,9 +490,8 @@ def measure_process_dispatch(
   return figures
 
 
-def _run_cpu_seconds(before: dict | None = None):
-  """CPU seconds (user + system) of this process and its descendants: a dict by pid,
-  or, given such a dict, the seconds spent since by the processes in both."""
+def _cpu_seconds_by_pid() -> dict[int, float]:
+  """CPU seconds (user + system) of this process and of each of its descendants."""
   import psutil
 
   me = psutil.Process()
@@ -502,9 +502,7 @@ def _run_cpu_seconds(before: dict | None = None):
     except psutil.Error:  # ended meanwhile
       continue
     seconds[process.pid] = times.user + times.system
-  if before is None:
-    return seconds
-  return sum(seconds[pid] - before[pid] for pid in seconds.keys() & before.keys())
+  return seconds
 
 
 def measure_process_links(
@@ -518,10 +516,10 @@ def measure_process_links(
   Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, `reps` pairs
   of calls, one of a task on the second lane that needs the array moved there and one
   of the same task on an array already there, alternated (and the sizes interleaved);
-  the median over the pairs of their difference; then the line through the two sizes. Paired and a median, because
-  the difference of two minima moved by half from one measurement to the next here
-  (2.9 and 4.5 ms of latency, minutes apart on a quiet machine): the minimum of a
-  difference is not the difference of the minima."""
+  the median over the pairs of their difference; then the line through the two sizes.
+  Paired and a median, because the difference of two minima moved by half from one
+  measurement to the next here (2.9 and 4.5 ms of latency, minutes apart on a quiet
+  machine): the minimum of a difference is not the difference of the minima."""
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
