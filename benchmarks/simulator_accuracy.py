@@ -86,7 +86,7 @@ LANE_ENV = {
 
 def family_config(
   name: str, args, side: str, profile: str | None = None, links=(0.0, 0.0), dispatch='processes'
-):
+):  # pylint: disable=too-many-arguments
   """The config of family `name` for `side`: 'measured' (lane processes), 'predicted'
   (the virtual clock with `profile`) or 'tables' (what the profile measures)."""
   import ml_collections
@@ -122,6 +122,8 @@ def family_config(
     config.cost.profile = profile
     config.cost.dispatch = dispatch
     config.cost.copies = 'sender'  # a lane serializes what it sends, between its tasks
+    config.cost.statistic = args.statistic
+    config.cost.sharing = args.sharing
     config.cost.link_latency, config.cost.link_bandwidth = links
   return config
 
@@ -307,10 +309,13 @@ def observed_profile(profile: str, workdir: str, warmup: int) -> str:
 
   medians = task_medians(workdir, warmup)
   loaded = profiles.load(profile)
-  tables = tuple(
-    dataclasses.replace(t, costs={k: medians.get(k, v) for k, v in t.costs.items()})
-    for t in loaded.tables
-  )
+
+  def observed(table):  # every figure the run's median (whichever `cost.statistic` reads)
+    costs = {k: medians.get(k, v) for k, v in table.costs.items()}
+    spread = {k: dict.fromkeys(profiles.SPREAD_STATISTICS, v) for k, v in costs.items()}
+    return dataclasses.replace(table, costs=costs, spread=spread)
+
+  tables = tuple(observed(t) for t in loaded.tables)
   path = os.path.join(workdir, 'observed_profile.json')
   profiles.save(dataclasses.replace(loaded, tables=tables), path)
   return path
@@ -413,6 +418,18 @@ def main():
     help='host overhead per task the virtual clock adds (cost.dispatch); auto: '
     "'processes_cpu' where the lanes take every core (this 2-core machine), else 'processes'",
   )
+  parser.add_argument(
+    '--statistic',
+    default='median',
+    choices=('min', 'median', 'p90'),
+    help="which figure of the profile's repetitions a task costs (cost.statistic)",
+  )
+  parser.add_argument(
+    '--sharing',
+    default='time_slice',
+    choices=('fifo', 'time_slice'),
+    help='how lanes placed on one core share it on the virtual clock (cost.sharing)',
+  )
   parser.add_argument('--profile', default=None, help='a profile to use (default: measure)')
   parser.add_argument('--link_latency', type=float, default=None, help='s (default: measure)')
   parser.add_argument('--link_bandwidth', type=float, default=None, help='B/s, with the above')
@@ -466,10 +483,11 @@ def main():
     if dispatch_kind == 'auto':  # lanes on cores 0 and 1: do they leave the host a core?
       dispatch_kind = 'processes' if (os.cpu_count() or 1) > 2 else 'processes_cpu'
     print(
-      f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags; fastest of '
+      f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags; min, median, p90 of '
       f'{loaded.reps}); dispatch per task (µs): '
       + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items())
-      + f'; predicted with {dispatch_kind}',
+      + f'; predicted with {dispatch_kind}, cost.statistic={args.statistic!r}, '
+      f'cost.sharing={args.sharing!r}',
       flush=True,
     )
     if args.link_latency is None:

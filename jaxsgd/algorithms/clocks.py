@@ -51,7 +51,7 @@ def task_costs(shared: SharedSettings, tasks: Tasks, kinds: Sequence[str], num_s
   cost = shared.cost
   optimizer = profiles.optimizer_id(shared.optimizer)
   if cost.profile is not None:
-    return _look_up(profiles.load(cost.profile), tasks, optimizer, cost.profile)
+    return _look_up(profiles.load(cost.profile), tasks, optimizer, cost.profile, cost.statistic)
   if cost.explicit_compute:
     return cost.explicit(kinds, num_stages)
   if cost.device is not None:
@@ -79,7 +79,7 @@ def calibrated(shared: SharedSettings, tasks: Tasks) -> dict:
   saved = profiles.load(path) if os.path.exists(path) else None
   if saved is not None:
     try:
-      return _look_up(saved, tasks, optimizer, path)
+      return _look_up(saved, tasks, optimizer, path, shared.cost.statistic)
     except profiles.ProfileError:
       pass  # This task set is not in it yet: measure it and add it.
   table = profiles.measure_table(
@@ -92,11 +92,12 @@ def calibrated(shared: SharedSettings, tasks: Tasks) -> dict:
   logging.info(
     'cost: measured %s (%s); kept in %s for later runs.', tasks.name, tasks.model.name, path
   )
-  return dict(table.costs)
+  return table.figures(shared.cost.statistic)
 
 
-def _look_up(profile, tasks: Tasks, optimizer: str, source: str) -> dict:
-  """`tasks`' table of `profile`; refuses a profile of another model, batch or split."""
+def _look_up(profile, tasks: Tasks, optimizer: str, source: str, statistic: str) -> dict:
+  """`tasks`' table of `profile` (`statistic` of each task's repetitions); refuses a
+  profile of another model, batch or split."""
   return profiles.costs_for(
     profile,
     model=tasks.model,
@@ -105,6 +106,7 @@ def _look_up(profile, tasks: Tasks, optimizer: str, source: str) -> dict:
     tasks=tasks.name,
     optimizer=optimizer,
     source=source,
+    statistic=statistic,
   )
 
 
@@ -173,7 +175,10 @@ def make_executor(
   table = task_costs(shared, tasks, kinds, num_stages)
   model = cost_model(shared, adjust(table), lane_speeds)
   executor = VirtualExecutor(
-    model, lane_hardware=lane_hardware(shared), copies_on_sender=shared.cost.copies == 'sender'
+    model,
+    lane_hardware=lane_hardware(shared),
+    copies_on_sender=shared.cost.copies == 'sender',
+    time_sliced=shared.cost.sharing == 'time_slice',
   )
   return executor, table
 

@@ -39,6 +39,8 @@ EXECUTORS = ('in_process', 'processes')
 KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
 # Whose host overhead per task the virtual clock may add (`cost.dispatch`; `profile.dispatch`).
 DISPATCH = ('none', 'real', 'real_threads', 'processes', 'processes_cpu')
+# Which figure of a measured task's repetitions is its cost (`cost.statistic`).
+STATISTICS = ('min', 'median', 'p90')
 
 # The algorithms whose runs can go on without a lost worker (`tolerate_lost_workers`):
 # their worker processes declare what replaces them (`core.Process.on_lost`).
@@ -208,6 +210,17 @@ class CostSettings:
       `'sender'` the sending lane's hardware as well, one task at a time with its
       computations (a processor that copies with its own cycles: the process
       executor's CPU lanes, whose copy is Ray serializing into its object store).
+    statistic: which figure of a measured task's repetitions is its cost (`cost.profile`
+      or a kept calibration): `'min'` (default) the fastest call, the work with nothing
+      in its way; `'median'` (or `'p90'`) what a call typically takes, which is what the
+      tasks of a long run pay (`docs/simulator.md`: the lanes' median durations were
+      within 5 % of a profile's medians and 15-30 % above its minima).
+    sharing: how lanes that `placement.lanes` puts on the same cores share them:
+      `'fifo'` (default) one task at a time, in the order they came, as a device queue
+      runs them; `'time_slice'` as an operating system runs processes on one core: the
+      n tasks running there at once each progress at 1/n of its speed (processor
+      sharing), so a short task is not held behind a long one. Stages placed on one
+      device (`placement.stage_to_device`) always share it first in, first out.
   """
 
   calibrate: bool = True
@@ -224,6 +237,8 @@ class CostSettings:
   failures: tuple[tuple[int, float], ...] = ()
   dispatch: str = 'none'
   copies: str = 'link'
+  statistic: str = 'min'
+  sharing: str = 'fifo'
 
   @property
   def explicit_compute(self) -> bool:
@@ -305,6 +320,13 @@ def cost_settings(given, *, clock: str) -> CostSettings:
     )
   choice(cost.dispatch, 'cost.dispatch', DISPATCH)
   choice(cost.copies, 'cost.copies', ('link', 'sender'))
+  choice(cost.statistic, 'cost.statistic', STATISTICS)
+  choice(cost.sharing, 'cost.sharing', ('fifo', 'time_slice'))
+  if cost.statistic != 'min' and (cost.device is not None or cost.explicit_compute):
+    raise ValueError(
+      f'cost.statistic: {cost.statistic!r} picks a figure of measured costs (cost.profile '
+      "or a calibration); a preset or cost.compute has one figure: set 'min'."
+    )
   if cost.dispatch != 'none' and cost.profile is None:
     raise ValueError(
       f'cost.dispatch: {cost.dispatch!r} adds the dispatch overhead measured in a cost '
@@ -505,6 +527,13 @@ def shared_settings(config) -> SharedSettings:
       'places stages with placement.stage_to_device.'
     )
   tolerate = tolerate_lost_workers(config, executor)
+  cost = cost_settings(config.get('cost'), clock=clock)
+  every = integer(config.get('checkpoint_every', 0), 'checkpoint_every', minimum=0)
+  if every and cost.sharing == 'time_slice' and placement.lanes is not None:
+    raise ValueError(
+      "checkpoint_every: a run with cost.sharing='time_slice' writes no checkpoints (its "
+      "cores' shares are not saved); use cost.sharing='fifo' or checkpoint_every=0."
+    )
   return SharedSettings(
     train_steps=integer(config.train_steps, 'train_steps'),
     batch_size=integer(config.batch_size, 'batch_size'),
@@ -513,12 +542,12 @@ def shared_settings(config) -> SharedSettings:
     stages=stages,
     workers=integer(config.workers, 'workers'),
     optimizer=optimizer_settings(config.optimizer),
-    cost=cost_settings(config.get('cost'), clock=clock),
+    cost=cost,
     placement=placement,
     profile_cache=_profile_cache(config.get('data_dir')),
     executor=executor,
     cluster_address=address,
-    checkpoint_every=integer(config.get('checkpoint_every', 0), 'checkpoint_every', minimum=0),
+    checkpoint_every=every,
     tolerate_lost_workers=tolerate,
   )
 

@@ -54,14 +54,20 @@ class VirtualExecutor(Executor):
     *,
     lane_hardware: Mapping[str, str] | None = None,
     copies_on_sender: bool = False,
+    time_sliced: bool = False,
   ):
     """`lane_hardware`: placement lane name (`placement.lane_name`) -> hardware key, for
     lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`.
     `copies_on_sender`: a transfer occupies the sending lane's hardware (FIFO with its
-    tasks), not a link of its own (`cost.copies='sender'`)."""
+    tasks), not a link of its own (`cost.copies='sender'`). `time_sliced`: lanes that
+    `lane_hardware` puts on one piece of hardware share it as an operating system shares
+    a core between processes (`cost.sharing='time_slice'`, `_TimeSlicedCore`): each lane
+    runs its own tasks one at a time, and the n tasks running on the core at once each
+    progress at 1/n of its speed."""
     self.cost_model = cost_model
     self.lane_hardware = dict(lane_hardware or {})
     self.copies_on_sender = copies_on_sender
+    self.time_sliced = time_sliced
     self._now = 0.0
     self.between_events = None  # called after every event (checkpoints), if set
     self.notes_vjps = False  # records the task of every vjp (`snapshot.note_vjps`)
@@ -77,7 +83,8 @@ class VirtualExecutor(Executor):
     self._queued: dict = {}  # hardware -> deque of (process, lane, op) waiting for it
     self._hardware_of: dict[int, object] = {}  # lane -> its hardware (`_hardware`)
     self._sampler = self.cost_model.sampler()
-    self._hardware_of: dict[int, object] = {}
+    self._cores: dict = {}  # queue key -> its `_TimeSlicedCore` (`time_sliced`)
+    self._core_named: dict = {}  # `lane_hardware` key -> its `_TimeSlicedCore`
 
   def execute(self) -> None:
     if self._resume is not None:
@@ -129,6 +136,12 @@ class VirtualExecutor(Executor):
         hardware = ('link', *map(self._hardware, spec.link))
       elif spec.shares is not None:
         hardware = spec.shares
+      elif self.time_sliced and lane_name(spec.name) in self.lane_hardware:
+        # Its own queue (a lane process runs one task at a time); the core is shared.
+        name = self.lane_hardware[lane_name(spec.name)]
+        hardware = ('process', lane)
+        core = self._core_named.get(name) or _TimeSlicedCore(self, name)
+        self._cores[hardware] = self._core_named[name] = core
       else:
         hardware = self.lane_hardware.get(lane_name(spec.name), lane)
       self._hardware_of[lane] = hardware
@@ -143,6 +156,10 @@ class VirtualExecutor(Executor):
     if self.notes_vjps:
       snapshot_lib.note_vjps(op.fn, op.args, result)
     duration = self._sampler.duration(op.kind, op.stage, lane, op.nbytes)
+    core = self._cores.get(hardware)
+    if core is not None:
+      core.add(duration, (process, op, lane, start, result))
+      return
     heapq.heappush(
       self._events,
       (start + duration, next(self._seq), self._finish, (process, op, lane, start, result)),
@@ -211,3 +228,55 @@ class VirtualExecutor(Executor):
         )
     self._busy.update(saved['busy'])
     self.load_channels(saved, pending)
+
+
+class _TimeSlicedCore:
+  """A core shared by the lanes placed on it, as an operating system shares it between
+  processes: processor sharing. With n tasks running, each progresses at 1/n of the
+  core's speed; a task's cost is the seconds it would take alone.
+
+      remaining_i -= (now - last) / n            at every arrival and departure
+      next end = now + min_i remaining_i · n     (one event; superseded ones are ignored)
+
+  Linux's scheduler gives each runnable process of one core an equal share over a few
+  milliseconds (CFS), which this fluid model approximates for tasks of a few ms or more;
+  a lane's own tasks still run one at a time (its queue, `VirtualExecutor._hardware`).
+  Everything is arithmetic in a fixed order, so a run stays deterministic.
+  """
+
+  def __init__(self, executor: VirtualExecutor, name):
+    self.executor, self.name = executor, name
+    self.running: list = []  # [remaining seconds alone, arrival number, task]
+    self.last = 0.0
+    self.generation = 0
+    self.arrivals = itertools.count()
+
+  def add(self, seconds: float, task: tuple) -> None:
+    self._advance()
+    self.running.append([seconds, next(self.arrivals), task])
+    self._schedule()
+
+  def _advance(self) -> None:
+    now = self.executor.now()
+    if self.running:
+      share = (now - self.last) / len(self.running)
+      for entry in self.running:
+        entry[0] -= share
+    self.last = now
+
+  def _schedule(self) -> None:
+    self.generation += 1
+    if self.running:
+      first = min(self.running, key=lambda e: (e[0], e[1]))
+      end = self.executor.now() + max(first[0], 0.0) * len(self.running)
+      self.executor._at(end, self._end, self.generation, first[1])  # pylint: disable=protected-access
+
+  def _end(self, generation: int, arrival: int) -> None:
+    if generation != self.generation:
+      return  # superseded by a later arrival or departure
+    self._advance()
+    done = [e for e in self.running if e[1] == arrival or e[0] <= 1e-12]
+    self.running = [e for e in self.running if not any(e is d for d in done)]
+    for _, _, task in done:
+      self.executor._finish(*task)  # pylint: disable=protected-access
+    self._schedule()

@@ -300,3 +300,117 @@ def test_a_copy_on_the_sender_runs_between_its_tasks():
 def test_bad_copies_setting_is_refused():
   with pytest.raises(ValueError, match=r"cost.copies: 'dma'; allowed: link, sender"):
     cost_settings({'copies': 'dma'}, clock='virtual')
+
+
+# --- time-slicing (`cost.sharing='time_slice'`) ------------------------------------------------
+def _on_one_core(programs, time_sliced=True, **lanes):
+  """Lanes `a` and `b` placed on core 0 (and any in `lanes`), each running its program;
+  returns `{lane name: [(start, end), ...]}`."""
+  cluster = Cluster()
+  names = list(programs)
+  lane_ids = {name: cluster.add_lane(f'{name} (cpu:0)') for name in names}
+  processes = [Process(name, lane_ids[name], programs[name]) for name in names]
+  executor = VirtualExecutor(
+    CostModel({'forward': 1.0, 'update': 0.25}),
+    lane_hardware={'a': 'core 0', 'b': 'core 0', **lanes},
+    time_sliced=time_sliced,
+  )
+  timeline = executor.run(cluster, processes)
+  by_lane = {lane_ids[n]: n for n in names}
+  spans = {name: [] for name in names}
+  for record in timeline.records:
+    spans[by_lane[record.lane]].append((record.start, record.end))
+  return spans
+
+
+def test_two_lanes_time_sliced_on_one_core_each_run_at_half_speed():
+  """Two 1 s tasks started together on one core: each progresses at 1/2, both end at 2 s
+  (one FIFO: the first at 1 s, the second at 2 s)."""
+  spans = _on_one_core({'a': _tasks(1), 'b': _tasks(1)})
+  assert spans == {'a': [(0.0, 2.0)], 'b': [(0.0, 2.0)]}
+  fifo = _on_one_core({'a': _tasks(1), 'b': _tasks(1)}, time_sliced=False)
+  assert sorted(fifo.values()) == [[(0.0, 1.0)], [(1.0, 2.0)]]
+
+
+def test_a_short_task_is_not_held_behind_a_long_one_on_a_time_sliced_core():
+  """a: two 1 s forwards; b: one 0.25 s update (a parameter server's, say), both from 0.
+  They share the core from 0: b's 0.25 s of work ends at
+  0.5 s (half speed), a's first forward has 0.75 s left at 0.5 s and ends at 1.25 s; its
+  second runs alone, 1.25-2.25 s. FIFO: b waits for a's first forward (1.0-1.25 s)."""
+  spans = _on_one_core({'a': _tasks(2), 'b': _tasks(1, kind='update')})
+  assert spans == {'a': [(0.0, 1.25), (1.25, 2.25)], 'b': [(0.0, 0.5)]}
+  fifo = _on_one_core({'a': _tasks(2), 'b': _tasks(1, kind='update')}, time_sliced=False)
+  assert fifo == {'a': [(0.0, 1.0), (1.25, 2.25)], 'b': [(1.0, 1.25)]}
+
+
+def test_a_lane_runs_its_own_tasks_one_at_a_time_on_a_time_sliced_core():
+  """a: two 1 s tasks and b: one 1 s task, on one core. From 0 to 2 s, a's first and
+  b's task share it (both end at 2 s); a's second then runs alone, 2-3 s. A lane on a
+  core of its own (c, core 1) is not slowed."""
+  spans = _on_one_core({'a': _tasks(2), 'b': _tasks(1), 'c': _tasks(1)}, c='core 1')
+  assert spans == {'a': [(0.0, 2.0), (2.0, 3.0)], 'b': [(0.0, 2.0)], 'c': [(0.0, 1.0)]}
+
+
+def test_time_sliced_shares_give_the_same_total_work_as_one_fifo():
+  """Three lanes on one core, 1, 2 and 3 tasks of 1 s: 6 s of work ends at 6 s either way;
+  time-sliced, the lane with one task ends first, at 3 s (three shares of 1/3)."""
+  programs = lambda: {'a': _tasks(1), 'b': _tasks(2), 'd': _tasks(3)}  # noqa: E731
+  sliced = _on_one_core(programs(), d='core 0')
+  fifo = _on_one_core(programs(), time_sliced=False, d='core 0')
+  assert max(e for spans in sliced.values() for _, e in spans) == 6.0
+  assert max(e for spans in fifo.values() for _, e in spans) == 6.0
+  assert sliced == {
+    'a': [(0.0, 3.0)],
+    'b': [(0.0, 3.0), (3.0, 5.0)],
+    'd': [(0.0, 3.0), (3.0, 5.0), (5.0, 6.0)],
+  }
+
+
+def test_bad_sharing_setting_is_refused():
+  with pytest.raises(ValueError, match=r"cost.sharing: 'round_robin'; allowed: fifo, time_slice"):
+    cost_settings({'sharing': 'round_robin'}, clock='virtual')
+
+
+def test_time_slicing_refuses_periodic_checkpoints(data_dir):
+  config = _ddg_config(data_dir)
+  config.placement.stage_to_device = None
+  config.placement.lanes = 'stage0@cores=0; stage1@cores=0'
+  config.cost.sharing = 'time_slice'
+  config.checkpoint_every = 5
+  with pytest.raises(ValueError, match=r"checkpoint_every: a run with cost.sharing='time_slice'"):
+    shared_settings(config)
+
+
+# --- which figure of a profile is a task's cost (`cost.statistic`) -----------------------------
+@pytest.fixture(scope='module')
+def spread_profile(ddg_profile, tmp_path_factory):
+  """`ddg_profile` with medians twice and 90th percentiles three times its minima."""
+  loaded = profiles.load(ddg_profile)
+  spread = {k: {'median': 2 * v, 'p90': 3 * v} for k, v in COSTS.items()}
+  table = dataclasses.replace(loaded.tables[0], spread=spread)
+  path = str(tmp_path_factory.mktemp('spread') / 'ddg.json')
+  profiles.save(dataclasses.replace(loaded, tables=(table,)), path)
+  return path
+
+
+@pytest.mark.parametrize('statistic, factor', [('min', 1), ('median', 2), ('p90', 3)])
+def test_the_statistic_picks_which_figure_of_the_profile_a_task_costs(
+  statistic, factor, spread_profile, data_dir, tmp_path
+):
+  config = _ddg_config(data_dir, **{'cost.profile': spread_profile, 'cost.statistic': statistic})
+  summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  total = STEPS * sum(COSTS.values()) - COSTS[(0, 'backward')] - COSTS[(0, 'update')]
+  assert summary['sim_time'] == pytest.approx(factor * total, rel=1e-12)
+
+
+def test_a_statistic_the_profile_lacks_is_refused_naming_it(ddg_profile, data_dir, tmp_path):
+  config = _ddg_config(data_dir, **{'cost.profile': ddg_profile, 'cost.statistic': 'median'})
+  with pytest.raises(profiles.ProfileError, match=r'no median for task 0/\w+ .*has no "spread"'):
+    training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+
+
+def test_bad_statistic_settings_are_refused():
+  with pytest.raises(ValueError, match=r"cost.statistic: 'mean'; allowed: min, median, p90"):
+    cost_settings({'statistic': 'mean'}, clock='virtual')
+  with pytest.raises(ValueError, match=r"cost.statistic: 'median' picks a figure of measured"):
+    cost_settings({'statistic': 'median', 'device': 'h100', 'calibrate': False}, clock='virtual')
