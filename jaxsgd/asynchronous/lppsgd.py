@@ -478,9 +478,20 @@ class LppSession:
 
   def _average_on_lanes(self, sent: dict, r: int):
     """Lanes in processes: the mean on the averaging lane, each merge on the replica's
-    lane in the replica's turn. Returns False if the run ended meanwhile."""
+    lane in the replica's turn. Returns False if the run ended meanwhile.
+
+    The mean is waited for (`ahead=False`) before any replica's turn is taken: running
+    ahead, the merge was queued on a replica's lane, holding its turn, while the mean
+    still waited for the other replica's snapshot, queued behind that lane's forward and
+    backward, and the first replica's worker stood idle (0.13-0.19 s per round in a
+    trace of `benchmarks/simulator_accuracy.py`, MLP 1024, batch 1024)."""
     mean = yield Compute(
-      Task(AVERAGING, 'mean'), (list(sent.values()),), kind='average', stage=0, batch=r
+      Task(AVERAGING, 'mean'),
+      (list(sent.values()),),
+      kind='average',
+      stage=0,
+      batch=r,
+      ahead=False,
     )
     if self.steps.done:
       return False

@@ -27,7 +27,8 @@ are known at its start (`LanePool.early`) and the process goes on at once while 
 lane computes — as the in-process real clock goes on while its devices compute — as
 long as its lane then has at most `run_ahead` unfinished tasks (this one included);
 beyond that the process waits for its task, as without running ahead, so a lane never
-has more than `run_ahead` tasks queued plus one per process of its own. Unbounded, the
+has more than `run_ahead` tasks queued plus one per process of its own. A task marked
+`Compute(..., ahead=False)` is always waited for. Unbounded, the
 driver raced through a whole run's schedule in its first seconds: every queued task
 kept its arguments' handles alive, so no lane freed anything (each lane of a DDG K=2
 run grew by ~300 MB/s, to 3 GB in 300 steps), every task wrote to freshly faulted
@@ -238,7 +239,7 @@ class ProcessExecutor(Executor):
     pending = self.pool.start(self._lane_names[lane], op.fn, op.args)
     self._pending[pending] = (process, lane, op)
     early = None
-    if self.pool.unfinished(pending.lane) <= self.run_ahead:  # this one included
+    if op.ahead and self.pool.unfinished(pending.lane) <= self.run_ahead:  # this one included
       early = self.pool.early(pending)
     self.dispatch_seconds += time.perf_counter() - start
     self.dispatched += 1

@@ -209,6 +209,24 @@ def test_a_finished_task_is_heard_while_other_processes_keep_each_other_ready(po
   assert finished and all(p.done for p in processes)
 
 
+def test_a_task_marked_not_ahead_is_waited_for_before_its_process_goes_on(pool):
+  """Running ahead, a process goes on with its task's handles while the lane computes;
+  `Compute(ahead=False)` (LPP-SGD's mean) makes it wait for the task to end."""
+  cluster = _cluster('stage 0')
+  waited = {}
+
+  def worker(ahead: bool):
+    for _ in range(2):  # the second call has known handles: it could run ahead
+      started = time.monotonic()
+      yield Compute(Task(PROBES, 'hang'), (0.2,), ahead=ahead)
+      waited.setdefault(ahead, []).append(time.monotonic() - started)
+
+  for ahead in (True, False):
+    ProcessExecutor(pool=pool, run_ahead=4).run(cluster, [Process('stage 0', 0, worker(ahead))])
+  assert waited[False][1] >= 0.2  # the process went on only once the 0.2 s task ended
+  assert waited[True][1] < 0.1  # it went on at once with the task's handles
+
+
 def test_a_lane_value_is_ready_only_when_its_lane_has_nothing_queued(pool):
   """The loss checks between logging points read only ready values: a fetch runs after
   every call sent to its lane before it, so a lane with a task still queued is not ready
