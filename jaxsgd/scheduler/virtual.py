@@ -126,12 +126,18 @@ class VirtualExecutor(Executor):
     """What a task on `lane` occupies: the lane, or the hardware it `shares` with others
     (several stages placed on one device run their tasks one at a time). A link is the
     pair of hardware it joins: transfers between two devices share one FIFO link,
-    whichever lanes of those devices send them; with `copies_on_sender`, the sender's."""
+    whichever lanes of those devices send them; with `copies_on_sender`, the sender's:
+    its own queue, or (`time_sliced`) a queue of the sender's copies on the sender's
+    core, beside its tasks (a lane process exports in a thread of its own)."""
     hardware = self._hardware_of.get(lane)
     if hardware is None:
       spec = self.cluster.lanes[lane]
       if spec.link is not None and self.copies_on_sender:
         hardware = self._hardware(spec.link[0])
+        core = self._cores.get(hardware)
+        if core is not None:  # the sender's copies: a queue of their own on its core
+          hardware = ('copies', spec.link[0])
+          self._cores[hardware] = core
       elif spec.link is not None:
         hardware = ('link', *map(self._hardware, spec.link))
       elif spec.shares is not None:

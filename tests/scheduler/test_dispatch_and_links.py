@@ -414,3 +414,37 @@ def test_bad_statistic_settings_are_refused():
     cost_settings({'statistic': 'mean'}, clock='virtual')
   with pytest.raises(ValueError, match=r"cost.statistic: 'median' picks a figure of measured"):
     cost_settings({'statistic': 'median', 'device': 'h100', 'calibrate': False}, clock='virtual')
+
+
+def test_a_copy_on_a_time_sliced_core_shares_it_with_the_senders_next_task():
+  """`cost.copies='sender'` with `cost.sharing='time_slice'` (the process executor, whose
+  lanes export in a thread of their own, `lanes.runtime.EXPORT_GROUP`): lane a (core 0)
+  runs a 1 s task, sends a 1 s copy to b (core 1), runs another 1 s task. From 1 s the
+  copy and a's second task share core 0 at half speed each: both end at 3 s, and b's
+  task runs 3-4 s. (One FIFO on the sender: copy 1-2 s, a's task 2-3 s, b's 2-3 s.)"""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a (cpu:0)'), cluster.add_lane('b (cpu:0)')
+  inbox = cluster.channel('inbox', b)
+
+  def sender():
+    yield Compute(lambda: None, kind='forward', stage=0)
+    yield Send(inbox, 'x')
+    yield Compute(lambda: None, kind='forward', stage=0)
+
+  def receiver():
+    yield Get(inbox)
+    yield Compute(lambda: None, kind='forward', stage=0)
+
+  executor = VirtualExecutor(
+    CostModel({'forward': 1.0}, link_latency=1.0),
+    lane_hardware={'a': 'core 0', 'b': 'core 1'},
+    copies_on_sender=True,
+    time_sliced=True,
+  )
+  timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
+  assert sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records) == [
+    ('forward', 0, 0.0, 1.0),
+    ('forward', 0, 1.0, 3.0),
+    ('forward', 1, 3.0, 4.0),
+    ('transfer', 2, 1.0, 3.0),
+  ]

@@ -25,12 +25,13 @@ import ray
 from ray.util import scheduling_strategies
 
 from jaxsgd.scheduler.lanes.placement import LaneSpec
-from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, LaneRuntime
+from jaxsgd.scheduler.lanes.runtime import EXPORT_GROUP, FAULT_VAR, LaneRuntime
 
 WATCH_GROUP = 'watch'
 _STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
-# Calls run one at a time, in the order sent; `watch` waits in a thread of its own.
-_LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1})(LaneRuntime)
+# Calls run one at a time, in the order sent; `watch` waits in a thread of its own, and
+# exports run in another, one at a time (`LaneRuntime.export`).
+_LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1, EXPORT_GROUP: 1})(LaneRuntime)
 
 
 def connect(address: str | None) -> bool:

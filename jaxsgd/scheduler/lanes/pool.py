@@ -56,7 +56,7 @@ from ray import cloudpickle
 
 from jaxsgd.scheduler.lanes import cluster
 from jaxsgd.scheduler.lanes.placement import LanePlacement
-from jaxsgd.scheduler.lanes.runtime import Ref
+from jaxsgd.scheduler.lanes.runtime import EXPORT_GROUP, Ref
 from jaxsgd.scheduler.tasks import Task
 
 _STOP_CHECK = 0.25  # seconds: how often a wait looks for a signal whose exception was lost
@@ -361,7 +361,10 @@ class LanePool:
       return handle
     source = self._actor(handle.lane)
     imports = self._take_imports(handle.lane, [handle])  # a copy moved on
-    exported, payload = source.export.remote(handle.key, self._take_freed(handle.lane), imports)
+    # In the source's export thread: it waits for the value, not for the calls queued
+    # after the one that makes it. No frees ride with it (those calls may need them).
+    export = source.export.options(concurrency_group=EXPORT_GROUP)
+    exported, payload = export.remote(handle.key, (), imports)
     key = (next(self._keys), ())
     if landed is None:
       self._imports[lane, key] = payload

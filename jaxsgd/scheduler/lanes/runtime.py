@@ -33,6 +33,8 @@ import ray
 
 
 FAULT_VAR = 'JAXSGD_TEST_LANE_FAULT'  # a test hook: see the module docstring
+# The concurrency group (a thread of its own) in which a lane exports values (`export`).
+EXPORT_GROUP = 'export'
 
 
 class Ref:
@@ -76,6 +78,10 @@ class LaneRuntime:
     self.tasks: dict[int, tuple] = {}  # number -> (task, its function) (`_task`)
     self.stopped = threading.Event()
     self.fault = _fault(name)  # (task name, n, kill) of the test hook, or None
+    # `export` runs in a thread of its own (`EXPORT_GROUP`) and waits here for the value
+    # it exports, which a call still queued on the lane's ordered thread may make.
+    self.stored = threading.Condition()
+    self.failed_calls: set = set()  # keys of calls that raised (their values never come)
 
   def info(self) -> dict[str, Any]:
     """Where this lane runs, for the placement printed at start and error messages."""
@@ -112,7 +118,15 @@ class LaneRuntime:
       result = self.jax.block_until_ready(fn(*values))
       end = time.time()
       abstract = self.jax.tree.map(_abstract, values)
-      return self._keep(result, key, (), task, abstract), start, end
+      with self.stored:
+        outline = self._keep(result, key, (), task, abstract)
+        self.stored.notify_all()
+      return outline, start, end
+    except BaseException:
+      with self.stored:
+        self.failed_calls.add(key)
+        self.stored.notify_all()
+      raise
     finally:
       self.free(free)
 
@@ -129,7 +143,9 @@ class LaneRuntime:
     """Keeps `value` (sent by the driver) on this lane's device under `key`."""
     self.free(free)
     value = self.jax.device_put(value, self.device)
-    self.values[key] = value
+    with self.stored:
+      self.values[key] = value
+      self.stored.notify_all()
     return _outline(self.jax, value)
 
   def _keep(self, value, key, path, task, abstract):
@@ -156,10 +172,17 @@ class LaneRuntime:
     the second, which goes to the receiving lane). Returned rather than `ray.put`
     here and handed over by reference: an object put by this lane and passed on
     through the driver made Ray track two borrowers of it, and a move of 64 KB cost
-    the run's processes ~3.9 ms of CPU in all."""
+    the run's processes ~3.9 ms of CPU in all.
+
+    Called in `EXPORT_GROUP` (`LanePool.move`), a thread of its own: it waits for the
+    value to exist (`_stored`), not for every call queued before it. In the lane's
+    ordered thread an export waited behind the tasks queued after the one that made
+    its value: PD-ASGD's residuals waited ~120 ms behind the next forward on the
+    forward worker's lane, and its backward could not overlap that forward. `free`
+    must be empty there: a call queued earlier may still need what it names."""
     try:
       self.take_in(imports)
-      value = self.values[key]
+      value = self._stored(key)
     finally:
       self.free(free)
     leaves, treedef = self.jax.tree.flatten(value)
@@ -179,6 +202,18 @@ class LaneRuntime:
         ) from None
       structure = ('origin', origin)
     return None, (structure, [np.asarray(leaf) for leaf in self.jax.device_get(leaves)])
+
+  def _stored(self, key: Hashable):
+    """The value under `key` once a call has made it (or raises if that call failed)."""
+    with self.stored:
+      while key not in self.values:
+        if key[0] in self.failed_calls:
+          raise RuntimeError(
+            f'lane {self.name}: value {key} cannot be exported: the task that was to '
+            'make it failed.'
+          )
+        self.stored.wait(0.5)
+      return self.values[key]
 
   def take_in(self, imports: tuple) -> None:
     """Adopts each `(key, [reference to an export's payload])` of `imports`, waiting
@@ -203,7 +238,9 @@ class LaneRuntime:
       self.origins[key] = structure
     leaves = [jax.device_put(leaf, self.device) for leaf in leaves]
     value = jax.tree.unflatten(treedef, leaves)
-    self.values[key] = value
+    with self.stored:
+      self.values[key] = value
+      self.stored.notify_all()
     return _outline(jax, value)
 
   def free(self, keys: tuple = ()):
