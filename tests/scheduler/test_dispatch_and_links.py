@@ -255,11 +255,11 @@ def test_placement_lanes_map_lanes_on_the_same_cores_to_one_key(data_dir):
   assert len({hardware['g'], hardware['free'], hardware['worker1'], hardware['server']}) == 4
 
 
-def _send_between_tasks(copies_on_sender):
+def _send_between_tasks(copies_on_sender, **executor_options):
   """Lane a: a 1 s task, a Send to lane b (1 s transfer), another 1 s task; b waits for
   the message, then runs a 1 s task. Returns the (lane, start, end) of every task."""
   cluster = Cluster()
-  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  a, b = cluster.add_lane('a (cpu:0)'), cluster.add_lane('b (cpu:0)')
   inbox = cluster.channel('inbox', b)
 
   def sender():
@@ -272,7 +272,9 @@ def _send_between_tasks(copies_on_sender):
     yield Compute(lambda: None, kind='forward', stage=0)
 
   executor = VirtualExecutor(
-    CostModel({'forward': 1.0}, link_latency=1.0), copies_on_sender=copies_on_sender
+    CostModel({'forward': 1.0}, link_latency=1.0),
+    copies_on_sender=copies_on_sender,
+    **executor_options,
   )
   timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
   return sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records)
@@ -422,27 +424,8 @@ def test_a_copy_on_a_time_sliced_core_shares_it_with_the_senders_next_task():
   runs a 1 s task, sends a 1 s copy to b (core 1), runs another 1 s task. From 1 s the
   copy and a's second task share core 0 at half speed each: both end at 3 s, and b's
   task runs 3-4 s. (One FIFO on the sender: copy 1-2 s, a's task 2-3 s, b's 2-3 s.)"""
-  cluster = Cluster()
-  a, b = cluster.add_lane('a (cpu:0)'), cluster.add_lane('b (cpu:0)')
-  inbox = cluster.channel('inbox', b)
-
-  def sender():
-    yield Compute(lambda: None, kind='forward', stage=0)
-    yield Send(inbox, 'x')
-    yield Compute(lambda: None, kind='forward', stage=0)
-
-  def receiver():
-    yield Get(inbox)
-    yield Compute(lambda: None, kind='forward', stage=0)
-
-  executor = VirtualExecutor(
-    CostModel({'forward': 1.0}, link_latency=1.0),
-    lane_hardware={'a': 'core 0', 'b': 'core 1'},
-    copies_on_sender=True,
-    time_sliced=True,
-  )
-  timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
-  assert sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records) == [
+  spans = _send_between_tasks(True, lane_hardware={'a': 'core 0', 'b': 'core 1'}, time_sliced=True)
+  assert spans == [
     ('forward', 0, 0.0, 1.0),
     ('forward', 0, 1.0, 3.0),
     ('forward', 1, 3.0, 4.0),
