@@ -377,17 +377,26 @@ def test_a_config_run_on_lane_processes_matches_the_in_process_run(
   config_name, head, data_dir, tmp_path, capsys
 ):
   """`--config.executor=processes` end to end (`cluster_address`: the multi-host path);
-  the lanes are ended when the run is over."""
+  the lanes are ended when the run is over.
+
+  Each lane gets this process's cores: XLA:CPU splits some operations over the cores a
+  process may use, so a lane pinned to one core computes the CNN's DDG run to other
+  bits (its train loss differed in the 8th digit on a 2-core VM) than this process on
+  two; the same run of this process pinned to one core gave the lanes' bits. Same
+  cores, same programs, same bits."""
   import importlib
 
   from jaxsgd import training
+
+  cores = ','.join(map(str, sorted(os.sched_getaffinity(0))))
 
   def summary(executor, **fields):
     config = importlib.import_module(f'experiments.configs.{config_name}').get_config('smoke')
     overrides = dict(
       data_dir=data_dir, clock='real', executor=executor, train_steps=20, eval_every=10
     )
-    config.update({**overrides, **fields})
+    config.update(overrides)
+    config.update_from_flattened_dict(fields)
     if config_name == 'ddg':
       config.stages = 2
     else:
@@ -395,10 +404,11 @@ def test_a_config_run_on_lane_processes_matches_the_in_process_run(
     workdir = str(tmp_path / executor)
     return training.train_and_evaluate(config, workdir, show_progress=False)['final']
 
-  before = set(_lane_processes(head))
-  on_lanes = summary('processes', cluster_address=head.address)
-  printed = capsys.readouterr().out
   names = ('stage0', 'stage1') if config_name == 'ddg' else ('server', 'worker0')
+  lanes = '; '.join(f'{name}@cores={cores}' for name in names)
+  before = set(_lane_processes(head))
+  on_lanes = summary('processes', cluster_address=head.address, **{'placement.lanes': lanes})
+  printed = capsys.readouterr().out
   assert all(f'  {name}: host=' in printed for name in names)  # the placement, at start
   assert gone(set(_lane_processes(head)) - before) == []
   in_process = summary('in_process')
