@@ -93,7 +93,7 @@ LANE_ENV = {
 
 def family_config(
   name: str, args, side: str, profile: str | None = None, links=(0.0, 0.0), dispatch='processes'
-):  # pylint: disable=too-many-arguments
+):
   """The config of family `name` for `side`: 'measured' (lane processes), 'predicted'
   (the virtual clock with `profile`) or 'tables' (what the profile measures)."""
   import ml_collections

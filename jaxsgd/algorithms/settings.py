@@ -31,7 +31,7 @@ from typing import Any
 import jax
 
 from jaxsgd.optimizers import OptimizerSettings
-from jaxsgd.scheduler import hardware
+from jaxsgd.scheduler import hardware, profiles
 
 CLOCKS = ('real', 'virtual')
 # Where the real clock runs its lanes: devices of this process, or an OS process per lane.
@@ -40,7 +40,7 @@ KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.comput
 # Whose host overhead per task the virtual clock may add (`cost.dispatch`; `profile.dispatch`).
 DISPATCH = ('none', 'real', 'real_threads', 'processes', 'processes_cpu')
 # Which figure of a measured task's repetitions is its cost (`cost.statistic`).
-STATISTICS = ('min', 'median', 'p90')
+STATISTICS = (profiles.STATISTIC, *profiles.SPREAD_STATISTICS)
 
 # The algorithms whose runs can go on without a lost worker (`tolerate_lost_workers`):
 # their worker processes declare what replaces them (`core.Process.on_lost`).

@@ -146,7 +146,7 @@ class VirtualExecutor(Executor):
         # Its own queue (a lane process runs one task at a time); the core is shared.
         name = self.lane_hardware[lane_name(spec.name)]
         hardware = ('process', lane)
-        core = self._core_named.get(name) or _TimeSlicedCore(self, name)
+        core = self._core_named.get(name) or _TimeSlicedCore(self)
         self._cores[hardware] = self._core_named[name] = core
       else:
         hardware = self.lane_hardware.get(lane_name(spec.name), lane)
@@ -250,8 +250,8 @@ class _TimeSlicedCore:
   Everything is arithmetic in a fixed order, so a run stays deterministic.
   """
 
-  def __init__(self, executor: VirtualExecutor, name):
-    self.executor, self.name = executor, name
+  def __init__(self, executor: VirtualExecutor):
+    self.executor = executor
     self.running: list = []  # [remaining seconds alone, arrival number, task]
     self.last = 0.0
     self.generation = 0
