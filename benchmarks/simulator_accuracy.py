@@ -131,6 +131,7 @@ def family_config(
     config.cost.copies = 'sender'  # a lane serializes what it sends, between its tasks
     config.cost.statistic = args.statistic
     config.cost.sharing = args.sharing
+    config.cost.schedule = args.schedule
     config.cost.link_latency, config.cost.link_bandwidth = links
   return config
 
@@ -437,6 +438,13 @@ def main():
     choices=('fifo', 'time_slice'),
     help='how lanes placed on one core share it on the virtual clock (cost.sharing)',
   )
+  parser.add_argument(
+    '--schedule',
+    default='run_ahead',
+    choices=('in_order', 'run_ahead'),
+    help='when a simulated process goes on: at its task end, or at its dispatch as the '
+    "process executor's driver runs ahead of its lanes (cost.schedule)",
+  )
   parser.add_argument('--profile', default=None, help='a profile to use (default: measure)')
   parser.add_argument('--link_latency', type=float, default=None, help='s (default: measure)')
   parser.add_argument('--link_bandwidth', type=float, default=None, help='B/s, with the above')
@@ -494,7 +502,7 @@ def main():
       f'{loaded.reps}); dispatch per task (µs): '
       + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items())
       + f'; predicted with {dispatch_kind}, cost.statistic={args.statistic!r}, '
-      f'cost.sharing={args.sharing!r}',
+      f'cost.sharing={args.sharing!r}, cost.schedule={args.schedule!r}',
       flush=True,
     )
     if args.link_latency is None:

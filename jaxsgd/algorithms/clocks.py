@@ -21,6 +21,7 @@ import jax
 
 from jaxsgd.algorithms.settings import SharedSettings
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor
+from jaxsgd.scheduler import executor as executor_lib
 from jaxsgd.scheduler import hardware, profiles, transfer
 
 
@@ -154,8 +155,10 @@ def make_executor(
   the devices each kind of task runs on (`devices`: kind -> devices; `warm_up`). Call
   the executor's `close()` when the run is over.
 
-  `run_ahead`: the process executor's (`ProcessExecutor.RUN_AHEAD` if None); a
-  parameter server's workers take 1 (`asgd.RUN_AHEAD`)."""
+  `run_ahead`: the process executor's (`executor.RUN_AHEAD` if None); a
+  parameter server's workers take 1 (`asgd.RUN_AHEAD`). The virtual clock takes the
+  same bound with `cost.schedule='run_ahead'`."""
+  run_ahead = executor_lib.RUN_AHEAD if run_ahead is None else run_ahead
   if shared.executor == 'processes':
     from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
     from jaxsgd.scheduler.process import ProcessExecutor
@@ -166,7 +169,7 @@ def make_executor(
       placement,
       address=shared.cluster_address,
       tolerate_lost=shared.tolerate_lost_workers,
-      run_ahead=ProcessExecutor.RUN_AHEAD if run_ahead is None else run_ahead,
+      run_ahead=run_ahead,
     )
     return executor, {}
   if not shared.virtual:
@@ -179,6 +182,7 @@ def make_executor(
     lane_hardware=lane_hardware(shared),
     copies_on_sender=shared.cost.copies == 'sender',
     time_sliced=shared.cost.sharing == 'time_slice',
+    run_ahead=run_ahead if shared.cost.schedule == 'run_ahead' else 0,
   )
   return executor, table
 

@@ -215,6 +215,12 @@ def validate(config, model) -> Settings:
     'the data-parallel methods run in lock-step SPMD; per-lane speeds and failures are for '
     'the scheduler families.',
   )
+  if s.shared.cost.schedule != 'in_order':
+    raise ValueError(
+      f'cost.schedule: {s.shared.cost.schedule!r} simulates the process executor, which '
+      'runs the scheduler families; a data-parallel step is one compiled program. Use '
+      "'in_order'."
+    )
   if s.shared.cost.dispatch != 'none':
     raise ValueError(
       f'cost.dispatch: {s.shared.cost.dispatch!r} models a per-task host overhead of the '

@@ -51,8 +51,24 @@ def validate(config, model) -> Settings:
   return dataclasses.replace(settings, shared=shared)
 
 
-def task_costs(table: dict, nbytes: int, devices: int, *, bandwidth: float, latency: float) -> dict:
-  """The update paid by the backward task it ends, and the averaging collective."""
+def task_costs(
+  table: dict,
+  nbytes: int,
+  devices: int,
+  *,
+  bandwidth: float,
+  latency: float,
+  lane_processes: bool = False,
+) -> dict:
+  """The update paid by the backward task it ends, and the averaging collective.
+
+  In the lane-process form (`SharedSettings.lane_processes`) the update, the mean of a
+  round's snapshots and each keep-local merge are tasks of their own, and the virtual
+  clock prices the copies of the snapshots and the mean between lanes: the mean and a
+  merge are each costed as one update (an elementwise pass over the parameters, which
+  is what all three are; an approximation for optimizers with more state)."""
+  if lane_processes:
+    return {**table, (0, 'average'): table[(0, 'update')], (0, 'merge'): table[(0, 'update')]}
   return {
     **common.fold_update(table, 1),
     (0, 'average'): allreduce_time(nbytes, devices, bandwidth=bandwidth, latency=latency),
@@ -83,7 +99,12 @@ def train(run, settings: Settings) -> dict:
     threads=True,
     devices=dict.fromkeys(KINDS, devices),  # a replica's device runs all three
     adjust=lambda table: task_costs(
-      table, nbytes, D, bandwidth=shared.cost.bandwidth, latency=shared.cost.link_latency
+      table,
+      nbytes,
+      D,
+      bandwidth=shared.cost.bandwidth,
+      latency=shared.cost.link_latency,
+      lane_processes=shared.lane_processes,
     ),
   )
   log = common.WorkerLog(
@@ -105,7 +126,7 @@ def train(run, settings: Settings) -> dict:
       devices,
       steps,
       log,
-      lane_processes=shared.executor == 'processes',
+      lane_processes=shared.lane_processes,
     ),
     name='lppsgd',
     title='lppsgd: staleness per worker',

@@ -88,7 +88,10 @@ def train(run, settings: Settings) -> dict:
       'backward': devices[1 + pd.n_fwd :],
       'update': devices[:1],
     },
-    adjust=lambda table: common.fold_update(table, shared.stages),
+    # In the lane-process form each update is a task of its own on the shared model's lane.
+    adjust=lambda table: (
+      table if shared.lane_processes else common.fold_update(table, shared.stages)
+    ),
   )
   log = common.WorkerLog(
     [worker_name(pd, w) for w in range(pd.num_workers)],
@@ -96,7 +99,9 @@ def train(run, settings: Settings) -> dict:
     executor.now,
   )
   streams = [run.train_batches(f, pd.n_fwd) for f in range(pd.n_fwd)]
-  costed = shared.cost.links_are_costed(shared.clock)
+  # In the lane-process form the policy copies nothing: the executor moves what a task
+  # reads from another lane (and the virtual clock, running ahead, prices that copy).
+  costed = shared.cost.links_are_costed(shared.clock) and not shared.lane_processes
   return workers.train_session(
     run,
     shared,
@@ -111,7 +116,7 @@ def train(run, settings: Settings) -> dict:
       steps,
       log,
       costed_links=costed,
-      lane_processes=shared.executor == 'processes',
+      lane_processes=shared.lane_processes,
     ),
     name='pdasgd',
     title=f'pdasgd ({pd.updates} updates): staleness per layer',

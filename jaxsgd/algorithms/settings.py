@@ -41,6 +41,8 @@ KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.comput
 DISPATCH = ('none', 'real', 'real_threads', 'processes', 'processes_cpu')
 # Which figure of a measured task's repetitions is its cost (`cost.statistic`).
 STATISTICS = (profiles.STATISTIC, *profiles.SPREAD_STATISTICS)
+# When a process goes on (`cost.schedule`): at its task's end, or at its dispatch.
+SCHEDULES = ('in_order', 'run_ahead')
 
 # The algorithms whose runs can go on without a lost worker (`tolerate_lost_workers`):
 # their worker processes declare what replaces them (`core.Process.on_lost`).
@@ -221,6 +223,14 @@ class CostSettings:
       n tasks running there at once each progress at 1/n of its speed (processor
       sharing), so a short task is not held behind a long one. Stages placed on one
       device (`placement.stage_to_device`) always share it first in, first out.
+    schedule: when a process goes on: `'in_order'` (default) when its task ends, as
+      the in-process clocks run a policy; `'run_ahead'` as the process executor's driver
+      does (`VirtualExecutor(run_ahead=...)`, docs/simulator.md): at the task's dispatch
+      while its lane has at most the executor's bound of unfinished tasks (4; a
+      parameter server's workers 1), a task waiting for the tasks whose results it
+      reads, and a result read on another lane copied there first (a lane process
+      imports it). The asynchronous policies then take their lane-process forms
+      (updates and merges as tasks on the lane that owns the parameters).
   """
 
   calibrate: bool = True
@@ -239,6 +249,7 @@ class CostSettings:
   copies: str = 'link'
   statistic: str = 'min'
   sharing: str = 'fifo'
+  schedule: str = 'in_order'
 
   @property
   def explicit_compute(self) -> bool:
@@ -322,6 +333,7 @@ def cost_settings(given, *, clock: str) -> CostSettings:
   choice(cost.copies, 'cost.copies', ('link', 'sender'))
   choice(cost.statistic, 'cost.statistic', STATISTICS)
   choice(cost.sharing, 'cost.sharing', ('fifo', 'time_slice'))
+  choice(cost.schedule, 'cost.schedule', SCHEDULES)
   if cost.statistic != 'min' and (cost.device is not None or cost.explicit_compute):
     raise ValueError(
       f'cost.statistic: {cost.statistic!r} picks a figure of measured costs (cost.profile '
@@ -494,6 +506,13 @@ class SharedSettings:
     return self.clock == 'virtual'
 
   @property
+  def lane_processes(self) -> bool:
+    """Whether policies take their lane-process forms: every lane an OS process
+    (`executor='processes'`), or the virtual clock simulating that executor's schedule
+    (`cost.schedule='run_ahead'`)."""
+    return self.executor == 'processes' or (self.virtual and self.cost.schedule == 'run_ahead')
+
+  @property
   def saves_whole_run(self) -> bool:
     """Whether a scheduler run can checkpoint its whole state: the virtual clock between
     any two events, the in-process real clock at a drained point (`scheduler.real`);
@@ -529,6 +548,11 @@ def shared_settings(config) -> SharedSettings:
   tolerate = tolerate_lost_workers(config, executor)
   cost = cost_settings(config.get('cost'), clock=clock)
   every = integer(config.get('checkpoint_every', 0), 'checkpoint_every', minimum=0)
+  if every and cost.schedule == 'run_ahead' and clock == 'virtual':
+    raise ValueError(
+      "checkpoint_every: a run with cost.schedule='run_ahead' writes no checkpoints (its "
+      "tasks in flight are not saved); use cost.schedule='in_order' or checkpoint_every=0."
+    )
   if every and cost.sharing == 'time_slice' and placement.lanes is not None:
     raise ValueError(
       "checkpoint_every: a run with cost.sharing='time_slice' writes no checkpoints (its "

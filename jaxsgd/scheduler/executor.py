@@ -73,6 +73,12 @@ from jaxsgd.scheduler.snapshot import NotResumableError
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 
 
+# How many unfinished tasks a lane may have before a process that dispatched one waits
+# for it (`ProcessExecutor(run_ahead=...)`, and the virtual clock simulating it): a
+# stage's forward, backward and update of one iteration, and the next forward.
+RUN_AHEAD = 4
+
+
 class Stopped(Exception):
   """Raised where a process waits once another part of the run has failed."""
 

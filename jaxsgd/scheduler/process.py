@@ -63,7 +63,7 @@ import numpy as np
 
 from jaxsgd.errors import Preempted
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process, Send
-from jaxsgd.scheduler.executor import Executor
+from jaxsgd.scheduler.executor import RUN_AHEAD, Executor
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, sigterm_received
 from jaxsgd.scheduler.placement import lane_name
 from jaxsgd.scheduler.tasks import Task
@@ -93,7 +93,7 @@ class ProcessExecutor(Executor):
   """
 
   clock = 'real (processes)'
-  RUN_AHEAD = 4  # the default `run_ahead` (docs/engine.md)
+  RUN_AHEAD = RUN_AHEAD  # the default `run_ahead` (docs/engine.md)
 
   def __init__(
     self,

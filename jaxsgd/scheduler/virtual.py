@@ -18,6 +18,24 @@ nothing but the programs, the costs and the seed: same seed, same bits.
 
 What the ops mean (channels, transfers over link lanes) is the `Executor` base's.
 
+Running ahead (`run_ahead=N`, `cost.schedule='run_ahead'`): the schedule of the process
+executor (`process.py`), whose driver lets a process go on once its task is dispatched
+and its lanes compute behind it:
+
+      start_task(p, op)    → queue op on its lane; if the lane now has at most N
+                             unfinished tasks (op included, `op.ahead`) or it is a copy:
+                             compute op's result now and resume(p, result) at once
+      a task starts        when its lane is free and every task whose result it reads
+                           has ended (a lane waits for its first queued task's inputs,
+                           as a lane process waits for its imports)
+      a task that reads    another compute lane's result (not sent to it) first pays a
+                           copy over the link, as a lane process imports a handle
+
+Results are tracked by array identity (a weak reference per leaf): what a task made,
+where it is, and whether it exists yet. A value computed by the driver from a running
+task's result (outside any task) is not tracked: such policies take their lane-process
+forms in this mode (`SharedSettings.lane_processes`), where every computation is a task.
+
 Checkpoints: `between_events` (if set) is called after every event, where the whole
 state is data: `snapshot()` returns it (the event queue as 'advance process P with V'
 and 'the task of P on lane L, started at s, ends at t with result R', the queued tasks
@@ -29,15 +47,17 @@ its saved `LoopState` and re-yields its pending op, which goes back where it was
 import heapq
 import itertools
 import math
+import weakref
 from collections import deque
 from collections.abc import Mapping
 
+import jax
 import numpy as np
 
 from jaxsgd.scheduler import snapshot as snapshot_lib
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Compute, Process
-from jaxsgd.scheduler.costs import CostModel
+from jaxsgd.scheduler.core import Compute, DeadlockError, Process
+from jaxsgd.scheduler.costs import TRANSFER, CostModel
 from jaxsgd.scheduler.executor import Executor, expect_op
 from jaxsgd.scheduler.placement import lane_name
 from jaxsgd.scheduler.timeline import TaskRecord
@@ -55,6 +75,7 @@ class VirtualExecutor(Executor):
     lane_hardware: Mapping[str, str] | None = None,
     copies_on_sender: bool = False,
     time_sliced: bool = False,
+    run_ahead: int = 0,
   ):
     """`lane_hardware`: placement lane name (`placement.lane_name`) -> hardware key, for
     lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`.
@@ -63,7 +84,12 @@ class VirtualExecutor(Executor):
     `lane_hardware` puts on one piece of hardware share it as an operating system shares
     a core between processes (`cost.sharing='time_slice'`, `_TimeSlicedCore`): each lane
     runs its own tasks one at a time, and the n tasks running on the core at once each
-    progress at 1/n of its speed."""
+    progress at 1/n of its speed. `run_ahead`: 0, a process goes on when its task ends;
+    N > 0, the process executor's schedule (module docstring): it goes on at the
+    task's dispatch while its lane has at most N unfinished tasks."""
+    if run_ahead < 0:
+      raise ValueError(f'run_ahead: unfinished tasks per lane >= 0, got {run_ahead!r}.')
+    self.run_ahead = run_ahead
     self.cost_model = cost_model
     self.lane_hardware = dict(lane_hardware or {})
     self.copies_on_sender = copies_on_sender
@@ -85,6 +111,8 @@ class VirtualExecutor(Executor):
     self._sampler = self.cost_model.sampler()
     self._cores: dict = {}  # queue key -> its `_TimeSlicedCore` (`time_sliced`)
     self._core_named: dict = {}  # `lane_hardware` key -> its `_TimeSlicedCore`
+    self._unfinished: dict[int, int] = {}  # run_ahead: compute lane -> its unfinished tasks
+    self._made: dict[int, _Made] = {}  # run_ahead: id of a result leaf -> where, by which task
 
   def execute(self) -> None:
     if self._resume is not None:
@@ -98,16 +126,27 @@ class VirtualExecutor(Executor):
       fn(*args)
       if between_events is not None:
         between_events()
+    stuck = [hw for hw, queue in self._queued.items() if queue] if self.run_ahead else []
+    if stuck:  # running ahead, a process may end while its tasks never could start
+      raise DeadlockError(
+        f'virtual clock: tasks wait for inputs no task will make, on {", ".join(map(str, stuck))}'
+      )
 
   def resume(self, process: Process, value) -> None:
     self._at(self._now, self.advance, process, value)
 
   def start_task(self, process: Process, lane: int, op: Compute) -> None:
+    if self.run_ahead:
+      self._start_ahead(process, lane, op)
+    else:
+      self._enqueue(process, lane, op, None)
+
+  def _enqueue(self, process: Process | None, lane: int, op: Compute, job: '_Job | None') -> None:
     hardware = self._hardware(lane)
     queue = self._queued.get(hardware)
     if queue is None:
       queue = self._queued[hardware] = deque()
-    queue.append((process, lane, op))
+    queue.append((process, lane, op, job))
     if hardware not in self._busy:
       self._start_next(hardware, queue)
 
@@ -154,36 +193,121 @@ class VirtualExecutor(Executor):
     return hardware
 
   def _start_next(self, hardware, queue: deque) -> None:
-    """Starts the first task waiting for `hardware` (free, with `queue` not empty)."""
-    process, lane, op = queue.popleft()
+    """Starts the first task waiting for `hardware` (free, with `queue` not empty), once
+    the tasks whose results it reads have ended (running ahead)."""
+    process, lane, op, job = queue[0]
+    if job is not None:
+      missing = next((j for j in job.inputs if not j.done), None)
+      if missing is not None:
+        missing.blocked[hardware] = None  # started again when `missing` ends
+        return
+    queue.popleft()
     self._busy.add(hardware)
     start = self._now
-    result = op.fn(*op.args)  # Reads its inputs now, at the simulated start.
+    if job is not None and job.result is not _NOT_YET:
+      result = job.result  # computed when the process ran ahead
+    else:
+      result = op.fn(*op.args)  # Reads its inputs now, at the simulated start.
     if self.notes_vjps:
       snapshot_lib.note_vjps(op.fn, op.args, result)
     duration = self._sampler.duration(op.kind, op.stage, lane, op.nbytes)
+    task = (process, op, lane, start, result) + (() if job is None else (job,))
     core = self._cores.get(hardware)
     if core is not None:
-      core.add(duration, (process, op, lane, start, result))
+      core.add(duration, task)
       return
-    heapq.heappush(
-      self._events,
-      (start + duration, next(self._seq), self._finish, (process, op, lane, start, result)),
-    )
+    heapq.heappush(self._events, (start + duration, next(self._seq), self._finish, task))
 
-  def _finish(self, process, op, lane, start, result) -> None:
+  def _finish(self, process, op, lane, start, result, job=None) -> None:
     self.record(TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch))
     hardware = self._hardware(lane)
     self._busy.discard(hardware)
-    self.task_finished(process, result)
+    if job is None:
+      self.task_finished(process, result)
+    else:
+      self._ended(job, lane, result)
+      if process is not None and not job.ahead:
+        self.task_finished(process, result)
     queue = self._queued.get(hardware)  # (None for a task in flight at a resume)
     if queue and hardware not in self._busy:
       self._start_next(hardware, queue)
+    if job is not None:
+      for waiting in job.blocked:  # lanes whose next task read this one's result
+        queue = self._queued.get(waiting)
+        if queue and waiting not in self._busy:
+          self._start_next(waiting, queue)
+
+  # --- running ahead (module docstring) ---------------------------------------------------
+  def _start_ahead(self, process: Process, lane: int, op: Compute) -> None:
+    """Queues `op` behind the tasks whose results it reads (and the copies of those made
+    on other lanes); the process goes on now if the lane may run that far ahead."""
+    spec = self.cluster.lanes[lane]
+    leaves = _arrays(op.args)
+    job = _Job(self._imports(leaves, lane) if spec.link is None else [])
+    job.inputs += [made.job for made in map(self._made_of, leaves) if made and not made.job.done]
+    if spec.link is None:
+      self._unfinished[lane] = self._unfinished.get(lane, 0) + 1
+    job.ahead = spec.link is not None or (op.ahead and self._unfinished[lane] <= self.run_ahead)
+    if job.ahead:
+      job.result = op.fn(*op.args)
+      self._note(job, lane, job.result)
+    self._enqueue(process, lane, op, job)
+    if job.ahead:
+      self.resume(process, job.result)
+
+  def _imports(self, leaves: list, lane: int) -> list:
+    """The copies `leaves` need to reach compute lane `lane`: one per lane they were made
+    on, queued now on its link (a lane process imports each handle a task reads)."""
+    sources: dict[int, list] = {}
+    for leaf in leaves:
+      made = self._made_of(leaf)
+      if made is not None and lane not in made.lanes:
+        sources.setdefault(made.lanes[0], []).append(leaf)
+    copies = []
+    for source, arrays in sources.items():
+      link = self.cluster.link(source, lane)
+      nbytes = sum(a.nbytes for a in arrays) if math.isfinite(self.cost_model.link_bandwidth) else 0
+      copy = _Job([m.job for m in map(self._made_of, arrays) if not m.job.done])
+      copy.result = ()
+      self._enqueue(None, link, Compute(None, kind=TRANSFER, lane=link, nbytes=nbytes), copy)
+      copies.append(copy)
+    return copies
+
+  def _made_of(self, leaf) -> '_Made | None':
+    made = self._made.get(id(leaf))
+    return made if made is not None and made.ref() is leaf else None
+
+  def _note(self, job: '_Job', lane: int, result) -> None:
+    """Records where `result`'s arrays are (a copy's: at its destination as well) and
+    that `job` makes them."""
+    spec = self.cluster.lanes[lane]
+    where = lane if spec.link is None else spec.link[1]
+    made_here = self._made
+    for leaf in _arrays(result):
+      key, made = id(leaf), self._made_of(leaf)
+      if made is None:
+        ref = weakref.ref(leaf, lambda dead, key=key: _forget(made_here, key, dead))
+        made_here[key] = _Made(ref, [where], job)
+      else:  # the same array, sent on (a copy to the device it is on already)
+        made.job = job
+        if where not in made.lanes:
+          made.lanes.append(where)
+
+  def _ended(self, job: '_Job', lane: int, result) -> None:
+    job.done = True
+    if self.cluster.lanes[lane].link is None:
+      self._unfinished[lane] -= 1
+    if not job.ahead and job.result is _NOT_YET:
+      self._note(job, lane, result)  # its process sees it only now
 
   # --- checkpoints ----------------------------------------------------------------------
   def snapshot(self) -> dict:
     """The simulation between two events, as data (processes, channels and arrays by
     reference: `snapshot.encode` saves it); `processes` lists every live process."""
+    if self.run_ahead:
+      raise snapshot_lib.NotResumableError(
+        'checkpoint: a run-ahead schedule (cost.schedule) keeps tasks in flight.'
+      )
     seq = next(self._seq)
     self._seq = itertools.count(seq)
     events, live = [], list(self.policy_processes)
@@ -197,7 +321,7 @@ class VirtualExecutor(Executor):
       else:
         raise snapshot_lib.NotResumableError(f'checkpoint: an event {fn!r} is not saved.')
       live.append(process)
-    queued = [(hw, [(p, lane) for p, lane, _ in tasks]) for hw, tasks in self._queued.items()]
+    queued = [(hw, [(p, lane) for p, lane, *_ in tasks]) for hw, tasks in self._queued.items()]
     live += [p for _, tasks in queued for p, _ in tasks]
     return {
       'now': self._now,
@@ -230,10 +354,51 @@ class VirtualExecutor(Executor):
     for hardware, tasks in saved['queued']:
       for process, lane in tasks:
         self._queued.setdefault(hardware, deque()).append(
-          (process, lane, expect_op(pending.pop(process), Compute, process))
+          (process, lane, expect_op(pending.pop(process), Compute, process), None)
         )
     self._busy.update(saved['busy'])
     self.load_channels(saved, pending)
+
+
+_NOT_YET = object()  # a task's result, not computed yet
+
+
+class _Job:
+  """A task of a run-ahead schedule: the tasks it waits for (`inputs`), its result once
+  computed, whether its process went on with it at dispatch (`ahead`), whether it has
+  ended, and the hardware whose next task waits for it (`blocked`, in order)."""
+
+  __slots__ = ('inputs', 'result', 'ahead', 'done', 'blocked')
+
+  def __init__(self, inputs: list):
+    self.inputs, self.result, self.ahead, self.done, self.blocked = (
+      inputs,
+      _NOT_YET,
+      False,
+      False,
+      {},
+    )
+
+
+class _Made:
+  """Where a result array is (the lane that made it first, then those it was sent to) and
+  the task that makes it (`job`: the last one, a copy's for a sent array)."""
+
+  __slots__ = ('ref', 'lanes', 'job')
+
+  def __init__(self, ref, lanes: list, job: _Job):
+    self.ref, self.lanes, self.job = ref, lanes, job
+
+
+def _forget(made: dict, key: int, dead) -> None:
+  entry = made.get(key)
+  if entry is not None and entry.ref is dead:
+    del made[key]
+
+
+def _arrays(tree) -> list:
+  """The arrays among `tree`'s leaves (what a task reads or makes)."""
+  return [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
 
 
 class _TimeSlicedCore:

@@ -1,0 +1,210 @@
+"""The virtual clock's run-ahead schedule (`VirtualExecutor(run_ahead=N)`,
+`cost.schedule='run_ahead'`): the process executor's driver, simulated.
+
+A process goes on when its task is dispatched (while its lane has at most N unfinished
+tasks); a task starts once the tasks whose results it reads have ended, and a result read
+on another lane is first copied over the link, as a lane process imports a handle. Every
+expected time below is computed by hand; the values are the in-order clock's, bit for bit.
+"""
+
+import jax.numpy as jnp
+import pytest
+
+from jaxsgd.scheduler import CostModel, VirtualExecutor
+from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
+from jaxsgd.scheduler.snapshot import NotResumableError
+
+# F = 1 s on lane a, B = 2 s on lane b, a copy 0.5 s (latency; free bandwidth).
+COSTS = CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=0.5)
+
+
+def _make():
+  return jnp.zeros(250)  # 1000 bytes
+
+
+def _use(x):
+  return x + 1
+
+
+def _producer_consumer(cluster, *, sent: bool, seen: list):
+  """Lane a makes two results (F each) and hands each to lane b (a `Put`: the value as it
+  is; `sent`: a `Send`, an explicit copy), which computes B on each. `seen` gets
+  (what, when) as the processes go on."""
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+
+  def producer(executor):
+    for i in range(2):
+      made = yield Compute(_make, kind='forward', stage=0, batch=i)
+      seen.append((f'a made {i}', executor.now()))
+      yield (Send if sent else Put)(inbox, made)
+
+  def consumer(executor):
+    for i in range(2):
+      made = yield Get(inbox)
+      seen.append((f'b got {i}', executor.now()))
+      yield Compute(_use, (made,), kind='backward', stage=0, batch=i)
+
+  return a, b, producer, consumer
+
+
+def _run(run_ahead: int, *, sent: bool = False):
+  cluster, seen = Cluster(), []
+  a, b, producer, consumer = _producer_consumer(cluster, sent=sent, seen=seen)
+  executor = VirtualExecutor(COSTS, run_ahead=run_ahead)
+  timeline = executor.run(
+    cluster, [Process('a', a, producer(executor)), Process('b', b, consumer(executor))]
+  )
+  spans = {}
+  for task in timeline.tasks():
+    spans.setdefault(task.kind, []).append((task.start, task.end))
+  return spans, seen
+
+
+def test_in_order_a_process_goes_on_when_its_task_ends_and_a_put_is_free():
+  spans, seen = _run(0)
+  assert spans == {'forward': [(0, 1), (1, 2)], 'backward': [(1, 3), (3, 5)]}
+  assert seen == [('a made 0', 1), ('b got 0', 1), ('a made 1', 2), ('b got 1', 3)]
+
+
+def test_running_ahead_a_result_read_on_another_lane_is_copied_after_it_is_made():
+  """a dispatches both forwards at 0 and hands both on at once; b's first backward waits
+  for the copy of forward 0 (1 → 1.5), its second queues behind it (3.5 → 5.5), while
+  the copy of forward 1 ran at 2 → 2.5, hidden behind the first backward."""
+  spans, seen = _run(4)
+  assert spans == {
+    'forward': [(0, 1), (1, 2)],
+    'transfer': [(1, 1.5), (2, 2.5)],
+    'backward': [(1.5, 3.5), (3.5, 5.5)],
+  }
+  assert seen == [('a made 0', 0), ('b got 0', 0), ('a made 1', 0), ('b got 1', 0)]
+
+
+def test_a_lane_runs_ahead_by_at_most_its_bound():
+  """With a bound of 1, a goes on after forward 0 (its lane was idle) but waits for
+  forward 1 (the lane had one unfinished task); b likewise waits for backward 1."""
+  spans, seen = _run(1)
+  assert spans['backward'] == [(1.5, 3.5), (3.5, 5.5)]
+  assert seen == [('a made 0', 0), ('b got 0', 0), ('a made 1', 2), ('b got 1', 2)]
+
+
+def test_a_send_made_before_its_value_exists_is_copied_once_it_does():
+  """The explicit copy waits for forward 0 (1 → 1.5); b reads the copy, made on b, so
+  it pays for no second copy."""
+  spans, _ = _run(4, sent=True)
+  assert spans['transfer'] == [(1, 1.5), (2, 2.5)]
+  assert spans['backward'] == [(1.5, 3.5), (3.5, 5.5)]
+
+
+def test_a_task_marked_not_ahead_is_waited_for():
+  cluster, seen = Cluster(), []
+  lane = cluster.add_lane('a')
+  executor = VirtualExecutor(COSTS, run_ahead=4)
+
+  def program():
+    yield Compute(_make, kind='forward', stage=0)
+    seen.append(executor.now())
+    yield Compute(_make, kind='forward', stage=0, ahead=False)
+    seen.append(executor.now())
+
+  executor.run(cluster, [Process('p', lane, program())])
+  assert seen == [0, 2]
+
+
+def test_a_run_ahead_schedule_refuses_a_checkpoint():
+  cluster = Cluster()
+  lane = cluster.add_lane('a')
+  executor = VirtualExecutor(COSTS, run_ahead=2)
+  refused = []
+
+  def program():
+    yield Compute(_make, kind='forward', stage=0)
+    try:
+      executor.snapshot()
+    except NotResumableError as error:
+      refused.append(str(error))
+
+  executor.run(cluster, [Process('p', lane, program())])
+  assert refused and 'run-ahead' in refused[0]
+
+
+def test_a_negative_bound_is_refused():
+  with pytest.raises(ValueError, match='run_ahead'):
+    VirtualExecutor(COSTS, run_ahead=-1)
+
+
+# --- every scheduler family, end to end (`cost.schedule='run_ahead'`) -------------------------
+# Each family in a configuration whose values do not depend on the schedule: the pipelines
+# are deterministic; one ASGD worker, PD-ASGD's 1:1 with one token and LPP-SGD's one replica
+# are sequential SGD (whose lane-process forms these runs take).
+SEQUENTIAL = {
+  'bp': ('ddg', {'algorithm.name': 'bp', 'stages': 2}),
+  'ddg': ('ddg', {}),
+  'local': ('local', {}),
+  'asgd': ('asgd', {'workers': 1}),
+  'dcasgd': ('dcasgd', {'workers': 1}),
+  'pdasgd': (
+    'pdasgd',
+    {'stages': 2, 'algorithm.n_fwd': 1, 'algorithm.n_bwd': 1, 'algorithm.max_inflight': 1},
+  ),
+  'lppsgd': ('lppsgd', {'algorithm.devices': 1, 'algorithm.workers_per_device': 1}),
+}
+
+
+def _family_run(family, schedule, data_dir, workdir):
+  import importlib
+
+  from jaxsgd import training
+
+  name, overrides = SEQUENTIAL[family]
+  config = importlib.import_module(f'experiments.configs.{name}').get_config('smoke')
+  config.update({'data_dir': data_dir, 'clock': 'virtual', 'train_steps': 12, 'eval_every': 12})
+  if family == 'bp':
+    del config.algorithm['variant']  # a DDG field
+  config.cost.update({'schedule': schedule, 'link_latency': 1e-4})
+  for field, value in overrides.items():
+    parent, _, leaf = field.rpartition('.')
+    (config[parent] if parent else config)[leaf] = value
+  return training.train_and_evaluate(config, str(workdir), show_progress=False)['final']
+
+
+@pytest.mark.parametrize('family', SEQUENTIAL)
+def test_every_family_running_ahead_computes_the_in_order_values(family, data_dir, tmp_path):
+  """The same losses, accuracy and staleness as the in-order clock, bit for bit; the
+  simulated time may differ (copies the in-order clock does not price, overlap)."""
+  in_order = _family_run(family, 'in_order', data_dir, tmp_path / 'in_order')
+  ahead = _family_run(family, 'run_ahead', data_dir, tmp_path / 'run_ahead')
+  for key in ('train_loss', 'test_loss', 'test_accuracy'):
+    assert ahead[key] == in_order[key], key
+  assert ahead.get('staleness_mean') == in_order.get('staleness_mean')
+
+
+# --- bad input -----------------------------------------------------------------------------------
+def test_bad_schedule_setting_is_refused():
+  from jaxsgd.algorithms.settings import cost_settings
+
+  with pytest.raises(ValueError, match=r"cost.schedule: 'eager'; allowed: in_order, run_ahead"):
+    cost_settings({'schedule': 'eager'}, clock='virtual')
+
+
+def test_a_run_ahead_schedule_refuses_periodic_checkpoints():
+  from experiments.configs import ddg as ddg_config
+  from jaxsgd.algorithms.settings import shared_settings
+
+  config = ddg_config.get_config('smoke')
+  config.update({'clock': 'virtual', 'checkpoint_every': 5})
+  config.cost.schedule = 'run_ahead'
+  with pytest.raises(ValueError, match=r"checkpoint_every: a run with cost.schedule='run_ahead'"):
+    shared_settings(config)
+
+
+def test_a_data_parallel_method_refuses_a_run_ahead_schedule():
+  from experiments.configs import ssgd as ssgd_config
+  from jaxsgd import algorithms
+
+  from scheduler_helpers import mlp
+
+  config = ssgd_config.get_config('smoke')
+  config.cost.schedule = 'run_ahead'
+  with pytest.raises(ValueError, match=r"^cost.schedule: 'run_ahead' simulates the process"):
+    algorithms.get('ssgd').validate(config, mlp())
