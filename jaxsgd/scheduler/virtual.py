@@ -208,6 +208,8 @@ class VirtualExecutor(Executor):
       result = job.result  # computed when the process ran ahead
     else:
       result = op.fn(*op.args)  # Reads its inputs now, at the simulated start.
+    if job is not None:
+      job.inputs = ()  # (ended: a chain of jobs would keep every result of the run alive)
     if self.notes_vjps:
       snapshot_lib.note_vjps(op.fn, op.args, result)
     duration = self._sampler.duration(op.kind, op.stage, lane, op.nbytes)
@@ -297,8 +299,9 @@ class VirtualExecutor(Executor):
     job.done = True
     if self.cluster.lanes[lane].link is None:
       self._unfinished[lane] -= 1
-    if not job.ahead and job.result is _NOT_YET:
+    if not job.ahead:
       self._note(job, lane, result)  # its process sees it only now
+    job.result = None  # the process has it; the executor keeps no result of an ended task
 
   # --- checkpoints ----------------------------------------------------------------------
   def snapshot(self) -> dict:

@@ -111,6 +111,31 @@ def test_a_task_marked_not_ahead_is_waited_for():
   assert seen == [0, 2]
 
 
+def test_an_ended_task_keeps_no_result_alive():
+  """Each task reads the previous one's result: the executor's record of who made what
+  must not chain them, or every result of the run stays in memory (it did: a PD-ASGD run
+  of 80 steps grew to 11 GB)."""
+  import gc
+  import weakref
+
+  cluster = Cluster()
+  lane = cluster.add_lane('a')
+  made, alive = [], []
+  executor = VirtualExecutor(COSTS, run_ahead=4)
+
+  def program():
+    x = yield Compute(_make, kind='forward', stage=0)
+    for _ in range(20):
+      made.append(weakref.ref(x))
+      x = yield Compute(_use, (x,), kind='forward', stage=0)
+    yield Compute(_use, (x,), kind='forward', stage=0, ahead=False)  # all ended
+    gc.collect()
+    alive.append(sum(ref() is not None for ref in made))
+
+  executor.run(cluster, [Process('p', lane, program())])
+  assert alive == [0]  # (x now holds a result made after them)
+
+
 def test_a_run_ahead_schedule_refuses_a_checkpoint():
   cluster = Cluster()
   lane = cluster.add_lane('a')
