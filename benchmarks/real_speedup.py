@@ -18,7 +18,12 @@ intra-op threads off:
           `worker1.0` on core 1), averaged every 4 updates (`allreduce` on core 0); an
           iteration is one applied update
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
-the batches are synthetic. Time per iteration: from the end of the last update of
+the batches are synthetic. Its inputs (`--features`, 1536 by default) make the two stages
+that `split` cuts by forward FLOPs (printed) cost about the same forward and backward: a
+first stage computes no input gradient, so its backward is lighter than the next stage's
+(with 1024 inputs the stages cost the same forward, but the lanes' busy times were
+5 : 6). Per case the busiest lane's busy time per iteration is printed, and BP's time
+over it: the case's ceiling as it ran, had nothing but that lane's tasks taken time. Time per iteration: from the end of the last update of
 batch `--warmup` to that of the last batch, over the batches in between (compilation
 in the lanes is left out), median over interleaved rounds; the speed-up is the median
 over rounds of BP's time over the case's in the same round. Host time per task: the
@@ -43,7 +48,7 @@ from jaxsgd.scheduler import Placement
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool
 from jaxsgd.scheduler.process import ProcessExecutor
 
-FEATURES, CLASSES, HIDDEN, BATCH = 512, 10, (1024, 1024, 1024, 1024), 512
+FEATURES, CLASSES, HIDDEN, BATCH = 1536, 10, (1024, 1024, 1024, 1024), 512
 OPTIMIZER = optimizers.OptimizerSettings('sgd', 0.01)
 
 
@@ -70,6 +75,42 @@ def placed(roles, steps: int) -> PlacedStages:
   )
 
 
+def split_balance() -> str:
+  """The K=2 split's stages in forward FLOPs (XLA's count, what `split` balances)."""
+  from jaxsgd.models.split import balanced_boundaries
+
+  model = models.get_model('mlp', (FEATURES,), CLASSES, hidden=HIDDEN)
+  costs = model.layer_costs()
+  stages = [sum(costs[a:b]) for a, b in balanced_boundaries(costs, 2)]
+  shares = ' : '.join(f'{c / 1e6:.2f}' for c in stages)
+  return f'K=2 split: {shares} forward MFLOP per example'
+
+
+def measured(executor: ProcessExecutor, timeline, steps: int, warmup: int):
+  """`run`'s three figures of a finished run."""
+  return (
+    per_iteration(timeline, steps, warmup),
+    executor.dispatch_seconds / executor.dispatched,
+    busiest_lane(timeline, steps, warmup),
+  )
+
+
+def busiest_lane(timeline, steps: int, warmup: int) -> float:
+  """Busy seconds per iteration of the busiest compute lane over `per_iteration`'s window:
+  what the case would take if nothing but its lanes' work took time (its ceiling is BP's
+  time over this)."""
+  ends = {}
+  for task in timeline.tasks(kind='update'):
+    ends[task.batch] = max(ends.get(task.batch, 0.0), task.end)
+  start, end = ends[warmup - 1], ends[steps - 1]
+  busy = {}
+  for task in timeline.records:
+    if not timeline.lane_names[task.lane].startswith('link '):
+      overlap = max(0.0, min(task.end, end) - max(task.start, start))
+      busy[task.lane] = busy.get(task.lane, 0.0) + overlap
+  return max(busy.values()) / (steps - warmup)
+
+
 def per_iteration(timeline, steps: int, warmup: int) -> float:
   """Seconds between the ends of the last updates of batch `warmup - 1` and the last."""
   ends = {}
@@ -78,8 +119,9 @@ def per_iteration(timeline, steps: int, warmup: int) -> float:
   return (ends[steps - 1] - ends[warmup - 1]) / (steps - warmup)
 
 
-def run(pool: LanePool, roles, steps: int, warmup: int) -> tuple[float, float]:
-  """(seconds per iteration after `warmup` batches, driver seconds per dispatched task)."""
+def run(pool: LanePool, roles, steps: int, warmup: int) -> tuple[float, float, float]:
+  """(seconds per iteration after `warmup` batches, driver seconds per dispatched task,
+  busy seconds per iteration of the busiest lane)."""
   if roles == 'asgd':
     return run_asgd(pool, 2, steps, warmup)
   if roles == 'pdasgd':
@@ -91,8 +133,7 @@ def run(pool: LanePool, roles, steps: int, warmup: int) -> tuple[float, float]:
   session = stages.session(roles, feed, steps)
   executor = ProcessExecutor(pool=pool)
   timeline = executor.run(session.cluster, session.processes())
-  seconds = per_iteration(timeline, steps, warmup)
-  return seconds, executor.dispatch_seconds / executor.dispatched
+  return measured(executor, timeline, steps, warmup)
 
 
 def run_asgd(pool: LanePool, num_workers: int, steps: int, warmup: int) -> tuple[float, float]:
@@ -124,8 +165,7 @@ def run_asgd(pool: LanePool, num_workers: int, steps: int, warmup: int) -> tuple
     common.WorkerLog(names, {}, executor.now),
   )
   timeline = executor.run(session.cluster, session.processes())
-  seconds = per_iteration(timeline, steps, warmup)
-  return seconds, executor.dispatch_seconds / executor.dispatched
+  return measured(executor, timeline, steps, warmup)
 
 
 def run_pdasgd(pool: LanePool, steps: int, warmup: int) -> tuple[float, float]:
@@ -143,8 +183,7 @@ def run_pdasgd(pool: LanePool, steps: int, warmup: int) -> tuple[float, float]:
     lane_processes=True,
   )
   timeline = executor.run(session.cluster, session.processes())
-  seconds = per_iteration(timeline, steps, warmup)
-  return seconds, executor.dispatch_seconds / executor.dispatched
+  return measured(executor, timeline, steps, warmup)
 
 
 def run_lppsgd(pool: LanePool, steps: int, warmup: int) -> tuple[float, float]:
@@ -165,17 +204,20 @@ def run_lppsgd(pool: LanePool, steps: int, warmup: int) -> tuple[float, float]:
     lane_processes=True,
   )
   timeline = executor.run(session.cluster, session.processes())
-  seconds = per_iteration(timeline, steps, warmup)
-  return seconds, executor.dispatch_seconds / executor.dispatched
+  return measured(executor, timeline, steps, warmup)
 
 
 def main():
+  global FEATURES, BATCH  # (`--features`, `--batch`), read by `batches` and `placed`
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--steps', type=int, default=20)
   parser.add_argument('--warmup', type=int, default=4)
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--address', default=None, help='a Ray cluster (default: start one here)')
+  parser.add_argument('--features', type=int, default=FEATURES, help='inputs of the MLP')
+  parser.add_argument('--batch', type=int, default=BATCH, help='examples per batch')
   args = parser.parse_args()
+  FEATURES, BATCH = args.features, args.batch
   cases = {
     'bp (1 lane, core 0)': sequential_roles(1),
     'ddg K=2 (cores 0, 1)': ddg.roles(2),
@@ -189,6 +231,7 @@ def main():
     f'jax {jax.__version__}; MLP {FEATURES}-{"-".join(map(str, HIDDEN))}-{CLASSES}, '
     f'batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), {args.rounds} rounds'
   )
+  print(split_balance())
   placement = LanePlacement.parse(
     'stage0@cores=0; stage1@cores=1; server@cores=0; worker0@cores=0; worker1@cores=1; '
     'sharedmodel@cores=0; forwardworker0@cores=0; backwardworker0@cores=1; '
@@ -196,15 +239,25 @@ def main():
   )
   times = {name: [] for name in cases}
   host = {name: [] for name in cases}
+  busiest = {name: [] for name in cases}
   with LanePool(placement, address=args.address) as pool:
     for _ in range(args.rounds):  # interleaved: every case once per round
       for name, roles in cases.items():
-        seconds, dispatch = run(pool, roles, args.steps, args.warmup)
+        seconds, dispatch, busy = run(pool, roles, args.steps, args.warmup)
+        busiest[name].append(busy)
         times[name].append(seconds)
         host[name].append(dispatch)
   print(f'load average {os.getloadavg()[0]:.1f} at end')
   bp = times['bp (1 lane, core 0)']
-  header = ('case', 'ms / iteration', 'speed-up over bp', 'host ms / task', 'rounds (ms)')
+  header = (
+    'case',
+    'ms / iteration',
+    'speed-up over bp',
+    'busiest lane ms / it',
+    'ceiling',
+    'host ms / task',
+    'rounds (ms)',
+  )
   rows, speedups = [], {}
   for name in cases:
     median = statistics.median(times[name])
@@ -215,6 +268,8 @@ def main():
         name,
         f'{1e3 * median:.1f}',
         f'{speedups[name]:.2f}',
+        f'{1e3 * statistics.median(busiest[name]):.1f}',
+        f'{statistics.median(b / t for b, t in zip(bp, busiest[name])):.2f}',
         f'{1e3 * statistics.median(host[name]):.2f}',
         ' '.join(f'{1e3 * t:.0f}' for t in times[name]),
       )
@@ -222,6 +277,11 @@ def main():
   widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
   for row in (header, *rows):
     print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)))
+  print(
+    "busiest lane: the busy time per iteration of the case's busiest lane (its tasks, "
+    "in the lane's own timing); ceiling: bp's time over it, the speed-up if nothing "
+    'but that lane took time (stage balance, tasks slowed by a neighbour)'
+  )
   print(f'ddg real speed-up K=2 (processes): {speedups["ddg K=2 (cores 0, 1)"]:.2f}')
 
 
