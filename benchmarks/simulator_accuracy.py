@@ -42,8 +42,9 @@ ran. The model is an MLP on MNIST-1D (40-1024-1024-1024-1024-10, batch 1024: tas
 (the driver's and Ray's CPU, 1-2.5 ms per task on this 2-core VM, on the lanes' own
 cores). With `--hidden=512 --batch=256` the tasks take 1-5 ms, that host time is of their
 size, and the error measures mostly it (49 % here, docs/simulator.md). The predicted runs
-read the profile's medians (`--statistic`, `cost.statistic`) and time-slice lanes placed
-on one core (`--sharing`, `cost.sharing`). The machine's load average is printed: other
+read the profile's medians (`--statistic`, `cost.statistic`), time-slice lanes placed
+on one core (`--sharing`, `cost.sharing`) and run processes ahead of their lanes as the
+process executor's driver does (`--schedule`, `cost.schedule`). The machine's load average is printed: other
 jobs on this 2-core machine take cores from the lanes, which the simulator cannot know.
 """
 

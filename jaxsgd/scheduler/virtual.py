@@ -32,7 +32,9 @@ and its lanes compute behind it:
                            copy over the link, as a lane process imports a handle
 
 Results are tracked by array identity (a weak reference per leaf): what a task made,
-where it is, and whether it exists yet. A value computed by the driver from a running
+where it is, and whether it exists yet. A task waits only for tasks dispatched before
+it, and every queue runs in dispatch order, so the earliest queued task can always
+start once the tasks before it end: running ahead cannot deadlock. A value computed by the driver from a running
 task's result (outside any task) is not tracked: such policies take their lane-process
 forms in this mode (`SharedSettings.lane_processes`), where every computation is a task.
 
@@ -56,7 +58,7 @@ import numpy as np
 
 from jaxsgd.scheduler import snapshot as snapshot_lib
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Compute, DeadlockError, Process
+from jaxsgd.scheduler.core import Compute, Process
 from jaxsgd.scheduler.costs import TRANSFER, CostModel
 from jaxsgd.scheduler.executor import Executor, expect_op
 from jaxsgd.scheduler.placement import lane_name
@@ -126,11 +128,6 @@ class VirtualExecutor(Executor):
       fn(*args)
       if between_events is not None:
         between_events()
-    stuck = [hw for hw, queue in self._queued.items() if queue] if self.run_ahead else []
-    if stuck:  # running ahead, a process may end while its tasks never could start
-      raise DeadlockError(
-        f'virtual clock: tasks wait for inputs no task will make, on {", ".join(map(str, stuck))}'
-      )
 
   def resume(self, process: Process, value) -> None:
     self._at(self._now, self.advance, process, value)
@@ -209,7 +206,7 @@ class VirtualExecutor(Executor):
     else:
       result = op.fn(*op.args)  # Reads its inputs now, at the simulated start.
     if job is not None:
-      job.inputs = ()  # (ended: a chain of jobs would keep every result of the run alive)
+      job.inputs = ()  # (they have ended; a chain of jobs would keep every result alive)
     if self.notes_vjps:
       snapshot_lib.note_vjps(op.fn, op.args, result)
     duration = self._sampler.duration(op.kind, op.stage, lane, op.nbytes)
