@@ -22,6 +22,12 @@ FAMILIES = {
   'dcasgd': ('dcasgd', {}),
   'lppsgd': ('lppsgd', {}),
   'pdasgd': ('pdasgd', {}),
+  # The process executor's schedule, simulated (`cost.schedule='run_ahead'`): what a task
+  # waits for and the copies it pays are decided by the same events, in the same order.
+  'ddg (run ahead)': ('ddg', {'cost.schedule': 'run_ahead'}),
+  'asgd (run ahead)': ('asgd', {'cost.schedule': 'run_ahead'}),
+  'pdasgd (run ahead)': ('pdasgd', {'cost.schedule': 'run_ahead'}),
+  'lppsgd (run ahead)': ('lppsgd', {'cost.schedule': 'run_ahead'}),
   'dasgd': ('dasgd', {'cost.calibrate': True, 'cost.compute.step': None}),
   'streaming_diloco': ('streaming_diloco', {'cost.calibrate': True, 'cost.compute.step': None}),
 }
