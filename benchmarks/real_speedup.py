@@ -96,13 +96,10 @@ def measured(executor: ProcessExecutor, timeline, steps: int, warmup: int):
 
 
 def busiest_lane(timeline, steps: int, warmup: int) -> float:
-  """Busy seconds per iteration of the busiest compute lane over `per_iteration`'s window:
+  """Busy seconds per iteration of the busiest compute lane over `steady_window`:
   what the case would take if nothing but its lanes' work took time (its ceiling is BP's
   time over this)."""
-  ends = {}
-  for task in timeline.tasks(kind='update'):
-    ends[task.batch] = max(ends.get(task.batch, 0.0), task.end)
-  start, end = ends[warmup - 1], ends[steps - 1]
+  start, end = steady_window(timeline, steps, warmup)
   busy = {}
   for task in timeline.records:
     if not timeline.lane_names[task.lane].startswith('link '):
@@ -111,12 +108,18 @@ def busiest_lane(timeline, steps: int, warmup: int) -> float:
   return max(busy.values()) / (steps - warmup)
 
 
-def per_iteration(timeline, steps: int, warmup: int) -> float:
-  """Seconds between the ends of the last updates of batch `warmup - 1` and the last."""
+def steady_window(timeline, steps: int, warmup: int) -> tuple[float, float]:
+  """From the end of the last update of batch `warmup - 1` to that of the last batch."""
   ends = {}
   for task in timeline.tasks(kind='update'):
     ends[task.batch] = max(ends.get(task.batch, 0.0), task.end)
-  return (ends[steps - 1] - ends[warmup - 1]) / (steps - warmup)
+  return ends[warmup - 1], ends[steps - 1]
+
+
+def per_iteration(timeline, steps: int, warmup: int) -> float:
+  """Seconds per iteration over `steady_window`."""
+  start, end = steady_window(timeline, steps, warmup)
+  return (end - start) / (steps - warmup)
 
 
 def run(pool: LanePool, roles, steps: int, warmup: int) -> tuple[float, float, float]:

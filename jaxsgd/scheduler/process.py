@@ -93,7 +93,6 @@ class ProcessExecutor(Executor):
   """
 
   clock = 'real (processes)'
-  RUN_AHEAD = RUN_AHEAD  # the default `run_ahead` (docs/engine.md)
 
   def __init__(
     self,

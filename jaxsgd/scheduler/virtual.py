@@ -257,16 +257,17 @@ class VirtualExecutor(Executor):
   def _imports(self, leaves: list, lane: int) -> list:
     """The copies `leaves` need to reach compute lane `lane`: one per lane they were made
     on, queued now on its link (a lane process imports each handle a task reads)."""
-    sources: dict[int, list] = {}
+    sources: dict[int, list] = {}  # lane made on -> [(array, its _Made)]
     for leaf in leaves:
       made = self._made_of(leaf)
       if made is not None and lane not in made.lanes:
-        sources.setdefault(made.lanes[0], []).append(leaf)
+        sources.setdefault(made.lanes[0], []).append((leaf, made))
     copies = []
     for source, arrays in sources.items():
       link = self.cluster.link(source, lane)
-      nbytes = sum(a.nbytes for a in arrays) if math.isfinite(self.cost_model.link_bandwidth) else 0
-      copy = _Job([m.job for m in map(self._made_of, arrays) if not m.job.done])
+      costed = math.isfinite(self.cost_model.link_bandwidth)
+      nbytes = sum(a.nbytes for a, _ in arrays) if costed else 0
+      copy = _Job([made.job for _, made in arrays if not made.job.done])
       copy.result = ()
       self._enqueue(None, link, Compute(None, kind=TRANSFER, lane=link, nbytes=nbytes), copy)
       copies.append(copy)

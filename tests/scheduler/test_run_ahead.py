@@ -233,3 +233,27 @@ def test_a_data_parallel_method_refuses_a_run_ahead_schedule():
   config.cost.schedule = 'run_ahead'
   with pytest.raises(ValueError, match=r"^cost.schedule: 'run_ahead' simulates the process"):
     algorithms.get('ssgd').validate(config, mlp())
+
+
+@pytest.mark.parametrize(
+  'schedule, given, bound, lane_processes',
+  [('in_order', None, 0, False), ('run_ahead', None, 4, True), ('run_ahead', 1, 1, True)],
+)
+def test_the_schedule_reaches_the_virtual_clock_with_the_process_executors_bound(
+  schedule, given, bound, lane_processes
+):
+  """`cost.schedule` is what makes the family runs above run ahead at all: the virtual
+  clock gets the process executor's bound (4; ASGD's 1, passed as `run_ahead`), and the
+  asynchronous policies their lane-process forms."""
+  from experiments.configs import ddg as ddg_config
+  from jaxsgd.algorithms import clocks
+  from jaxsgd.algorithms.settings import KINDS, shared_settings
+
+  config = ddg_config.get_config('smoke')
+  config.clock = 'virtual'
+  config.cost.update({'schedule': schedule, 'calibrate': False})
+  config.cost.compute.update({kind: 1.0 for kind in KINDS})
+  shared = shared_settings(config)
+  executor, _ = clocks.make_executor(shared, None, KINDS, 2, run_ahead=given)
+  assert executor.run_ahead == bound
+  assert shared.lane_processes is lane_processes
