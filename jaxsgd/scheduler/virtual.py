@@ -25,16 +25,21 @@ and its lanes compute behind it:
       start_task(p, op)    → queue op on its lane; if the lane now has at most N
                              unfinished tasks (op included, `op.ahead`) or it is a copy:
                              compute op's result now and resume(p, result) at once
-      a task starts        when its lane is free and every task whose result it reads
-                           has ended (a lane waits for its first queued task's inputs,
-                           as a lane process waits for its imports)
+      a task starts        when its lane is free and every task that put what it reads
+                           on its lane has ended (the task that made it there, or the
+                           copy that sent it there); a lane waits for its next task's
+                           inputs, as a lane process waits for its imports, and lanes
+                           sharing hardware take it in dispatch order among the lanes
+                           whose next task can start (one lane's wait does not hold the
+                           device: a lane process waiting for an import does not)
       a task that reads    another compute lane's result (not sent to it) first pays a
                            copy over the link, as a lane process imports a handle
 
 Results are tracked by array identity (a weak reference per leaf): what a task made,
-where it is, and whether it exists yet. A task waits only for tasks dispatched before
-it, and every queue runs in dispatch order, so the earliest queued task can always
-start once the tasks before it end: running ahead cannot deadlock. A value computed by the driver from a running
+where it is (and which copy put it on each lane it was sent to), and whether it exists
+yet. A task waits only for tasks dispatched before it, and each lane runs its tasks in
+dispatch order, so the earliest queued task can always start once the tasks before it
+end: running ahead cannot deadlock. A value computed by the driver from a running
 task's result (outside any task) is not tracked: such policies take their lane-process
 forms in this mode (`SharedSettings.lane_processes`), where every computation is a task.
 
@@ -190,15 +195,17 @@ class VirtualExecutor(Executor):
     return hardware
 
   def _start_next(self, hardware, queue: deque) -> None:
-    """Starts the first task waiting for `hardware` (free, with `queue` not empty), once
-    the tasks whose results it reads have ended (running ahead)."""
-    process, lane, op, job = queue[0]
-    if job is not None:
-      missing = next((j for j in job.inputs if not j.done), None)
-      if missing is not None:
-        missing.blocked[hardware] = None  # started again when `missing` ends
-        return
-    queue.popleft()
+    """Starts the first task waiting for `hardware` (free, with `queue` not empty). In
+    order, the queue's head. Running ahead, the earliest queued task whose inputs have
+    ended and that is its lane's next (each lane runs its tasks in order): a lane whose
+    next task waits for a result does not hold up another lane sharing the hardware
+    (two lane processes on one core; a lane process waiting for an import does not
+    occupy its device)."""
+    index = self._startable(hardware, queue)
+    if index is None:
+      return
+    process, lane, op, job = queue[index]
+    del queue[index]
     self._busy.add(hardware)
     start = self._now
     if job is not None and job.result is not _NOT_YET:
@@ -216,6 +223,23 @@ class VirtualExecutor(Executor):
       core.add(duration, task)
       return
     heapq.heappush(self._events, (start + duration, next(self._seq), self._finish, task))
+
+  def _startable(self, hardware, queue: deque) -> int | None:
+    """The index in `queue` of the task to start now, or None if every lane's next task
+    waits for a task still running (each such task then starts `hardware` again when
+    it ends: `_Job.blocked`)."""
+    if queue[0][3] is None:  # in order: no job, nothing to wait for
+      return 0
+    seen = set()
+    for index, (_, lane, _, job) in enumerate(queue):
+      if lane in seen:
+        continue  # not its lane's next task
+      seen.add(lane)
+      missing = next((j for j in job.inputs if not j.done), None)
+      if missing is None:
+        return index
+      missing.blocked[hardware] = None  # started again when `missing` ends
+    return None
 
   def _finish(self, process, op, lane, start, result, job=None) -> None:
     self.record(TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch))
@@ -243,7 +267,12 @@ class VirtualExecutor(Executor):
     spec = self.cluster.lanes[lane]
     leaves = _arrays(op.args)
     job = _Job(self._imports(leaves, lane) if spec.link is None else [])
-    job.inputs += [made.job for made in map(self._made_of, leaves) if made and not made.job.done]
+    reads_at = lane if spec.link is None else spec.link[0]  # a copy reads at its source
+    for made in map(self._made_of, leaves):
+      if made is not None:
+        maker = made.at.get(reads_at, made.job)  # what put it where this task reads it
+        if not maker.done:
+          job.inputs.append(maker)
     if spec.link is None:
       self._unfinished[lane] = self._unfinished.get(lane, 0) + 1
     job.ahead = spec.link is not None or (op.ahead and self._unfinished[lane] <= self.run_ahead)
@@ -288,8 +317,11 @@ class VirtualExecutor(Executor):
       if made is None:
         ref = weakref.ref(leaf, lambda dead, key=key: _forget(made_here, key, dead))
         made_here[key] = _Made(ref, [where], job)
-      else:  # the same array, sent on (a copy to the device it is on already)
-        made.job = job
+      elif where != made.lanes[0]:  # the same array, sent on (a copy to its device)
+        # Readers on `where` wait for this copy; readers elsewhere, for what put it
+        # there (not for this copy: the sender's next task and a copy to a third lane
+        # do not wait for it).
+        made.at[where] = job
         if where not in made.lanes:
           made.lanes.append(where)
 
@@ -382,13 +414,14 @@ class _Job:
 
 
 class _Made:
-  """Where a result array is (the lane that made it first, then those it was sent to) and
-  the task that makes it (`job`: the last one, a copy's for a sent array)."""
+  """Where a result array is (the lane that made it first, then those it was sent to), the
+  task that made it (`job`) and, per lane it was sent to, the copy that put it there
+  (`at`): a task reads it once what put it on its lane has ended."""
 
-  __slots__ = ('ref', 'lanes', 'job')
+  __slots__ = ('ref', 'lanes', 'job', 'at')
 
   def __init__(self, ref, lanes: list, job: _Job):
-    self.ref, self.lanes, self.job = ref, lanes, job
+    self.ref, self.lanes, self.job, self.at = ref, lanes, job, {}
 
 
 def _forget(made: dict, key: int, dead) -> None:

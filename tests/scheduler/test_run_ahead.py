@@ -96,6 +96,110 @@ def test_a_send_made_before_its_value_exists_is_copied_once_it_does():
   assert spans['backward'] == [(1.5, 3.5), (3.5, 5.5)]
 
 
+def _spans_by_lane(cluster, timeline) -> dict:
+  spans = {}
+  for task in timeline.tasks():
+    spans.setdefault(cluster.lanes[task.lane].name, []).append((task.start, task.end))
+  return spans
+
+
+@pytest.mark.parametrize('run_ahead', [0, 4])
+def test_the_sender_of_a_value_reads_it_without_waiting_for_its_copy(run_ahead):
+  """a makes x (0 → 1), sends it to b (the copy 1 → 1.5) and computes on x itself: its
+  second forward reads x where x was made, so it starts at 1, not after the copy (it
+  started at 1.5 running ahead: the copy had become the task that made x, everywhere)."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+
+  def on_a():
+    x = yield Compute(_make, kind='forward', stage=0, batch=0)
+    yield Send(inbox, x)
+    yield Compute(_use, (x,), kind='forward', stage=0, batch=1)
+
+  def on_b():
+    x = yield Get(inbox)
+    yield Compute(_use, (x,), kind='backward', stage=0)
+
+  executor = VirtualExecutor(COSTS, run_ahead=run_ahead)
+  timeline = executor.run(cluster, [Process('a', a, on_a()), Process('b', b, on_b())])
+  assert _spans_by_lane(cluster, timeline) == {
+    'a': [(0, 1), (1, 2)],
+    'link a → b': [(1, 1.5)],
+    'b': [(1.5, 3.5)],
+  }
+
+
+@pytest.mark.parametrize('run_ahead', [0, 4])
+def test_a_value_sent_to_two_lanes_waits_for_each_copy_on_its_own_link(run_ahead):
+  """x (made 1 → 2 on a) is sent to c, whose link still carries y (4 MB at 1 MB/s:
+  1 → 5.5), then to b: its copy to b runs 2 → 2.501 and b computes 2.501 → 4.501; only c
+  waits for the busy link (copy 5.5 → 6.001, its task 6.001 → 8.001). Running ahead,
+  the copy to b had waited for the copy to c, and b's task started at 6.5."""
+  costs = CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=0.5, link_bandwidth=1e6)
+  cluster = Cluster()
+  a, b, c = cluster.add_lane('a'), cluster.add_lane('b'), cluster.add_lane('c')
+  to_b, to_c = cluster.channel('to b', b), cluster.channel('to c', c)
+
+  def on_a():
+    y = yield Compute(lambda: jnp.zeros(1_000_000), kind='forward', stage=0, batch=0)
+    yield Send(to_c, y, batch=0)
+    x = yield Compute(_make, kind='forward', stage=0, batch=1)
+    yield Send(to_c, x, batch=1)
+    yield Send(to_b, x, batch=2)
+
+  def on_b():
+    x = yield Get(to_b)
+    yield Compute(_use, (x,), kind='backward', stage=0, batch=2)
+
+  def on_c():
+    yield Get(to_c)
+    x = yield Get(to_c)
+    yield Compute(_use, (x,), kind='backward', stage=0, batch=1)
+
+  executor = VirtualExecutor(costs, run_ahead=run_ahead)
+  processes = [Process('a', a, on_a()), Process('b', b, on_b()), Process('c', c, on_c())]
+  spans = _spans_by_lane(cluster, executor.run(cluster, processes))
+  assert spans['link a → b'] == [pytest.approx((2, 2.501))]
+  assert spans['b'] == [pytest.approx((2.501, 4.501))]
+  assert spans['link a → c'] == [pytest.approx((1, 5.5)), pytest.approx((5.5, 6.001))]
+  assert spans['c'] == [pytest.approx((6.001, 8.001))]
+
+
+def test_a_lane_waiting_for_its_input_leaves_a_shared_device_to_the_other_lane():
+  """x and y share one device. x's task reads v, made on z (0 → 2) and copied to x
+  (2 → 2.5); y's task, dispatched after x's, reads nothing: running ahead it takes the
+  idle device at once (0 → 1), as a second lane process on the device would while the
+  first waits for its import; x's runs at 2.5 → 3.5. It ran 3.5 → 4.5 before: one queue
+  per device, whose head waited."""
+  cluster = Cluster()
+  z = cluster.add_lane('z')
+  x, y = cluster.add_lane('x', shares='device'), cluster.add_lane('y', shares='device')
+  inbox, go = cluster.channel('inbox', x), cluster.channel('go', y)
+
+  def on_z():
+    v = yield Compute(_make, kind='backward', stage=0)
+    yield Put(inbox, v)
+
+  def on_x():
+    v = yield Get(inbox)
+    yield Compute(_use, (v,), kind='forward', stage=0, batch=0)
+    yield Put(go, None)
+
+  def on_y():
+    yield Get(go)  # dispatched just after x's task
+    yield Compute(_make, kind='forward', stage=0, batch=1)
+
+  executor = VirtualExecutor(COSTS, run_ahead=4)
+  processes = [Process('z', z, on_z()), Process('x', x, on_x()), Process('y', y, on_y())]
+  assert _spans_by_lane(cluster, executor.run(cluster, processes)) == {
+    'z': [(0, 2)],
+    'link z → x': [(2, 2.5)],
+    'x': [(2.5, 3.5)],
+    'y': [(0, 1)],
+  }
+
+
 def test_a_task_marked_not_ahead_is_waited_for():
   cluster, seen = Cluster(), []
   lane = cluster.add_lane('a')
