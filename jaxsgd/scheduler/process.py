@@ -19,7 +19,10 @@ Without a placement every lane gets its own core, round-robin over this host's c
 A task's result stays in its lane; the process gets `Handle`s (values with no arrays
 — None, an empty dict — come back as themselves, since policies test them). A `Send`
 between lanes is a transfer task on the link lane whose copy goes lane to lane
-(`LanePool.move`), never through the driver. `fetch` brings values to the driver at
+(`LanePool.move`), never through the driver; its record spans the copy as the lanes
+made it, from when the value existed on the sending lane to when its export was in
+Ray's object store (the receiving lane takes it in as part of its next call that reads
+it: that shows in the gap before that call). `fetch` brings values to the driver at
 logging points; `deferred` wraps a lane's scalar for `Run.report` (fetched when read).
 
 Running ahead: once a task has finished on arguments of the same shapes, its handles
@@ -161,6 +164,8 @@ class ProcessExecutor(Executor):
     self._resumed = set()
     self.lost = []
     self._lost_lanes: set[int] = set()
+    # copies on their way: (link lane, op, issued, sent, export refs), recorded once done
+    self._copies: list = []
     self._lanes_by_name = {name: i for i, name in self._lane_names.items()}
     lanes = collections.defaultdict(list)
     for process in self.processes:
@@ -178,9 +183,11 @@ class ProcessExecutor(Executor):
       try:
         if not self._pending:
           self.pool.settle()  # copies still on their way (and their sources) end here
+          self._record_copies(final=True)
           return
         # While processes are still ready, only look: they go on after.
         finished = self.pool.wait_any(list(self._pending), timeout=0 if self._ready else None)
+        self._record_copies()
       except LaneError as error:
         self._lose(error)  # a lost worker, tolerated; else it stops the run
         continue
@@ -196,6 +203,28 @@ class ProcessExecutor(Executor):
         self._resumed.discard(finished)
       else:
         self.task_finished(process, _driver_view(finished.result()))
+
+  def _record_copies(self, final: bool = False) -> None:
+    """Records each copy whose exports are done, from when its value existed on the
+    source lane to when its export was in Ray's object store (`LanePool.exported`); its
+    taking-in is part of the receiving lane's next call that reads it. `final`: a copy
+    that never got that far (its source lane was lost) is recorded as sent, from the
+    driver's clock."""
+    if not self._copies:
+      return
+    waiting = []
+    for copy in self._copies:
+      lane, op, issued, sent, exports = copy
+      span = self.pool.exported(exports)
+      if span is not None:
+        start, end = span[0] - self._t0, span[1] - self._t0
+      elif final:
+        start, end = issued, sent
+      else:
+        waiting.append(copy)
+        continue
+      self.record(TaskRecord(lane, op.kind, start, max(start, end), op.stage, op.batch))
+    self._copies = waiting
 
   def _advance_ready(self) -> None:
     """Advances the ready processes until none is, or — while tasks are pending — for
@@ -224,9 +253,9 @@ class ProcessExecutor(Executor):
         _, landed = self.pool.move(value, target, landed=True)
         self._pending[landed] = (process, lane, op)
         return
-      start = self.now()
-      moved = self.pool.move(value, target)
-      self.record(TaskRecord(lane, op.kind, start, self.now(), op.stage, op.batch))
+      issued, exports = self.now(), []
+      moved = self.pool.move(value, target, exports=exports)
+      self._copies.append((lane, op, issued, self.now(), exports))
       self.resume(process, moved)
       return
     if not isinstance(op.fn, Task):

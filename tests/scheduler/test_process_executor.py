@@ -227,6 +227,37 @@ def test_a_task_marked_not_ahead_is_waited_for_before_its_process_goes_on(pool):
   assert waited[True][1] < 0.1  # it went on at once with the task's handles
 
 
+def test_a_copy_is_recorded_as_the_lanes_made_it_not_as_the_driver_sent_it(pool):
+  """Running ahead, stage 0's process sends each 0.2 s task's result before the task has
+  ended (its handles are known from the first call). Each copy's record starts when its
+  value existed on stage 0 (at or after its task's end) and ends when the export was
+  done; stage 1's task on the copy starts after it. (The record was the driver's sending
+  of it: 0.2 s before the value existed.)"""
+  from jaxsgd.scheduler.core import Send
+
+  cluster = _cluster('stage 0', 'stage 1')
+  inbox = cluster.channel('inbox', 1)
+
+  def producer():
+    for _ in range(3):
+      made = yield Compute(Task(PROBES, 'hang'), (0.2,), kind='forward')
+      yield Send(inbox, made)
+
+  def consumer():
+    for _ in range(3):
+      got = yield Get(inbox)
+      yield Compute(Task(PROBES, 'add'), (got, got), kind='backward')
+
+  timeline = ProcessExecutor(pool=pool, run_ahead=4).run(
+    cluster, [Process('stage 0', 0, producer()), Process('stage 1', 1, consumer())]
+  )
+  made, copies, used = (timeline.tasks(kind=k) for k in ('forward', 'transfer', 'backward'))
+  assert len(made) == len(copies) == len(used) == 3
+  for task, copy, use in zip(made, copies, used):
+    assert task.end <= copy.start <= copy.end
+    assert copy.start <= use.start
+
+
 def test_a_lane_value_is_ready_only_when_its_lane_has_nothing_queued(pool):
   """The loss checks between logging points read only ready values: a fetch runs after
   every call sent to its lane before it, so a lane with a task still queued is not ready

@@ -152,6 +152,8 @@ class LanePool:
     self._lock = threading.Lock()
     # unfinished copies: ref -> (lane, source handle, its key's order among the calls)
     self._moves: dict[Any, tuple[str, Handle, int]] = {}
+    self._timed: set = set()  # exports whose span was asked for (`move(exports=...)`)
+    self._exported: dict[Any, tuple[float, float]] = {}  # their spans, once seen done
     self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
     self._unfinished: dict[Any, Pending] = {}  # tasks started, not yet returned by wait_any
     # copies not yet taken in: (lane, key) -> the export's reference (`_move`)
@@ -298,13 +300,17 @@ class LanePool:
     ref = self._actor(handle.lane).fetch.remote(handle.key, self._take_freed(handle.lane), imports)
     return self._get(handle.lane, ref)
 
-  def move(self, value, lane: str, *, landed: bool = False):
+  def move(self, value, lane: str, *, landed: bool = False, exports: list | None = None):
     """`value` with every handle in it replaced by a handle to a copy on `lane`.
 
     The copy goes lane to lane (through Ray's object store), not through the driver.
     Returns at once: the source exports the value in its order of calls, and the first
     call on `lane` that needs the copy takes it in, so a task started there afterwards
     sees it; a failed copy raises `LaneError` from `wait_any`.
+
+    `exports` (a list): the reference of each copy's export is appended to it, and once
+    `wait_any` or `settle` has seen them all done, `exported(refs)` says when the copy
+    ran (`exported`).
 
     `landed=True` (a value from a lane that may be lost) returns `(copy, Pending)`
     instead; `wait_any` returns the `Pending` once every copy is on `lane` (its
@@ -313,7 +319,7 @@ class LanePool:
     """
     refs = [] if landed else None
     moved = jax.tree.map(
-      lambda leaf: self._move(leaf, lane, refs) if isinstance(leaf, Handle) else leaf,
+      lambda leaf: self._move(leaf, lane, refs, exports) if isinstance(leaf, Handle) else leaf,
       value,
       is_leaf=lambda x: isinstance(x, Handle),
     )
@@ -347,8 +353,23 @@ class LanePool:
       for ref, (to, source, order) in self._moves.items()
       if lane not in (to, source.lane)
     }
+    self._timed &= self._moves.keys()  # dropped copies are never seen done
 
-  def _move(self, handle: Handle, lane: str, landed: list | None = None) -> Handle:
+  def exported(self, refs) -> tuple[float, float] | None:
+    """`(start, end)` (`time.time()`) of the copies whose export references `move`
+    appended to its `exports` list, once every one has been seen done (None until then):
+    from when the first value existed on its source lane, where its export began, to
+    when the driver saw the last export in Ray's object store. The copy's taking-in
+    on the receiving lane is not in it: the first call there that needs the copy takes
+    it in (`_move`), as part of that call."""
+    if not all(ref in self._exported for ref in refs):
+      return None
+    spans = [self._exported.pop(ref) for ref in refs]
+    return min(start for start, _ in spans), max(end for _, end in spans)
+
+  def _move(
+    self, handle: Handle, lane: str, landed: list | None = None, exports: list | None = None
+  ) -> Handle:
     """A copy of `handle` on `lane`. The source lane exports the value at once (in its
     order of calls); the copy is taken in by the first call on `lane` that needs it (a
     task using it, a fetch, a move on), which carries the export's reference. Taken in
@@ -369,6 +390,9 @@ class LanePool:
     if landed is None:
       self._imports[lane, key] = payload
       self._moves[exported] = (lane, handle, key[0])
+      if exports is not None:
+        exports.append(exported)
+        self._timed.add(exported)
     else:
       adopted = self._actor(lane).adopt.remote(payload, key, self._take_freed(lane))
       self._moves[adopted] = (lane, handle, key[0])
@@ -489,12 +513,15 @@ class LanePool:
     lane at either end, or a task that raised first (`_error`); else the receiving lane."""
     lane, source, order = self._moves.pop(ref)
     try:
-      cluster.get(ref)
+      ready = cluster.get(ref)
     except Exception as error:
       dead = self._dead_end(lane, source.lane) if cluster.is_death(error) else None
       if dead is not None:  # the copy failed because one end's process is gone
         self._raise_dead(dead)
       raise self._error(lane, error, f'moving {source!r} to it', key=order) from error
+    if ref in self._timed:  # an export whose span `exported` reports
+      self._timed.discard(ref)
+      self._exported[ref] = (ready, time.time())
 
   def _dead_end(self, *lanes: str, within: float = 2.0) -> str | None:
     """The first of `lanes` whose process is found dead within `within` seconds (a
