@@ -215,10 +215,10 @@ class ProcessExecutor(Executor):
     waiting = []
     for copy in self._copies:
       lane, op, issued, sent, exports = copy
-      span = self.pool.exported(exports)
+      span = self.pool.exported(exports) if exports else None
       if span is not None:
         start, end = span[0] - self._t0, span[1] - self._t0
-      elif final:
+      elif final or not exports:  # (nothing was exported: every value was there already)
         start, end = issued, sent
       else:
         waiting.append(copy)
