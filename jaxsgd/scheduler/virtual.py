@@ -31,7 +31,8 @@ and its lanes compute behind it:
                            inputs, as a lane process waits for its imports, and lanes
                            sharing hardware take it in dispatch order among the lanes
                            whose next task can start (one lane's wait does not hold the
-                           device: a lane process waiting for an import does not)
+                           device: a lane process waiting for an import does not); a
+                           sender's copies run in the order sent (one export thread)
       a task that reads    another compute lane's result (not sent to it) first pays a
                            copy over the link, as a lane process imports a handle
 
@@ -197,10 +198,10 @@ class VirtualExecutor(Executor):
   def _start_next(self, hardware, queue: deque) -> None:
     """Starts the first task waiting for `hardware` (free, with `queue` not empty). In
     order, the queue's head. Running ahead, the earliest queued task whose inputs have
-    ended and that is its lane's next (each lane runs its tasks in order): a lane whose
-    next task waits for a result does not hold up another lane sharing the hardware
-    (two lane processes on one core; a lane process waiting for an import does not
-    occupy its device)."""
+    ended and that is its lane's next (each lane runs its tasks in order, and a sender's
+    copies run in order): a lane whose next task waits for a result does not hold up
+    another lane sharing the hardware (two lane processes on one core; a lane process
+    waiting for an import does not occupy its device)."""
     index = self._startable(hardware, queue)
     if index is None:
       return
@@ -230,11 +231,15 @@ class VirtualExecutor(Executor):
     it ends: `_Job.blocked`)."""
     if queue[0][3] is None:  # in order: no job, nothing to wait for
       return 0
-    seen = set()
+    seen, lanes = set(), self.cluster.lanes
     for index, (_, lane, _, job) in enumerate(queue):
-      if lane in seen:
-        continue  # not its lane's next task
-      seen.add(lane)
+      # What runs its tasks in order: a compute lane; for copies, their sender (a lane
+      # process exports in one thread, each export waiting for its value in turn).
+      link = lanes[lane].link
+      in_order = lane if link is None else ('copies', link[0])
+      if in_order in seen:
+        continue  # not the next of its kind
+      seen.add(in_order)
       missing = next((j for j in job.inputs if not j.done), None)
       if missing is None:
         return index

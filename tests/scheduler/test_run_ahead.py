@@ -200,6 +200,39 @@ def test_a_lane_waiting_for_its_input_leaves_a_shared_device_to_the_other_lane()
   }
 
 
+def test_a_senders_copies_run_in_the_order_sent_even_when_a_later_value_is_ready():
+  """Lane a makes x (0 → 1) and y (1 → 2), sends y to b, then x to c. Its copies share
+  a's core with its tasks (`copies_on_sender`, time-sliced) and run one at a time in the
+  order sent, as a lane process's exports do (one thread, each waiting for its value):
+  y's copy waits for y (2 → 2.5), x's copy for y's (2.5 → 3). Taken out of turn at 1,
+  x's copy would have shared the core with the making of y (which would end at 2.5)."""
+  cluster = Cluster()
+  a, b, c = cluster.add_lane('a'), cluster.add_lane('b'), cluster.add_lane('c')
+  to_b, to_c = cluster.channel('to b', b), cluster.channel('to c', c)
+
+  def on_a():
+    x = yield Compute(_make, kind='forward', stage=0, batch=0)
+    y = yield Compute(_make, kind='forward', stage=0, batch=1)
+    yield Send(to_b, y)
+    yield Send(to_c, x)
+
+  def on(channel):
+    got = yield Get(channel)
+    yield Compute(_use, (got,), kind='backward', stage=0)
+
+  executor = VirtualExecutor(
+    COSTS, run_ahead=4, copies_on_sender=True, time_sliced=True, lane_hardware={'a': 'core'}
+  )
+  processes = [Process('a', a, on_a()), Process('b', b, on(to_b)), Process('c', c, on(to_c))]
+  assert _spans_by_lane(cluster, executor.run(cluster, processes)) == {
+    'a': [(0, 1), (1, 2)],
+    'link a → b': [(2, 2.5)],
+    'link a → c': [(2.5, 3)],
+    'b': [(2.5, 4.5)],
+    'c': [(3, 5)],
+  }
+
+
 def test_a_task_marked_not_ahead_is_waited_for():
   cluster, seen = Cluster(), []
   lane = cluster.add_lane('a')
