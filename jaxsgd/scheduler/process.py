@@ -124,6 +124,9 @@ class ProcessExecutor(Executor):
       self._lane_names = self._map_lanes(cluster)
       return super().run(cluster, processes, resume=resume)
     except BaseException as error:
+      if self.pool is not None:  # a pool that goes on (not ours) keeps no trace of the run
+        for copy in getattr(self, '_copies', ()):
+          self.pool.forget_exports(copy[4])
       self.close()
       if isinstance(error, KeyboardInterrupt) and sigterm_received():
         raise Preempted(
@@ -220,6 +223,7 @@ class ProcessExecutor(Executor):
         start, end = span[0] - self._t0, span[1] - self._t0
       elif final or not exports:  # (nothing was exported: every value was there already)
         start, end = issued, sent
+        self.pool.forget_exports(exports)  # (part of it may have been seen done)
       else:
         waiting.append(copy)
         continue

@@ -32,7 +32,9 @@ and its lanes compute behind it:
                            sharing hardware take it in dispatch order among the lanes
                            whose next task can start (one lane's wait does not hold the
                            device: a lane process waiting for an import does not); a
-                           sender's copies run in the order sent (one export thread)
+                           sender's copies on one queue (`copies_on_sender`) run in the
+                           order sent (one export thread); on links (`cost.copies=
+                           'link'`) copies to different lanes go on their own links
       a task that reads    another compute lane's result (not sent to it) first pays a
                            copy over the link, as a lane process imports a handle
 
@@ -274,10 +276,11 @@ class VirtualExecutor(Executor):
     job = _Job(self._imports(leaves, lane) if spec.link is None else [])
     reads_at = lane if spec.link is None else spec.link[0]  # a copy reads at its source
     for made in map(self._made_of, leaves):
-      if made is not None:
-        maker = made.at.get(reads_at, made.job)  # what put it where this task reads it
-        if not maker.done:
-          job.inputs.append(maker)
+      if made is not None:  # what put it where this task reads it
+        waits = made.at.get(reads_at, ())
+        if reads_at == made.lanes[0] or not waits:
+          waits = (made.job, *waits)
+        job.inputs += [j for j in waits if not j.done]
     if spec.link is None:
       self._unfinished[lane] = self._unfinished.get(lane, 0) + 1
     job.ahead = spec.link is not None or (op.ahead and self._unfinished[lane] <= self.run_ahead)
@@ -322,11 +325,13 @@ class VirtualExecutor(Executor):
       if made is None:
         ref = weakref.ref(leaf, lambda dead, key=key: _forget(made_here, key, dead))
         made_here[key] = _Made(ref, [where], job)
-      elif where != made.lanes[0]:  # the same array, sent on (a copy to its device)
-        # Readers on `where` wait for this copy; readers elsewhere, for what put it
-        # there (not for this copy: the sender's next task and a copy to a third lane
-        # do not wait for it).
-        made.at[where] = job
+      else:  # the same array, sent on (a copy to its device)
+        # Readers on `where` wait for this copy (and the other unfinished copies to
+        # `where`: one array object stands for every copy of it, so which one brought a
+        # reader its message is not known; waiting for all is never early); readers
+        # elsewhere do not (the sender's next task, a copy to a third lane).
+        copies = made.at.get(where)
+        made.at[where] = [j for j in copies if not j.done] + [job] if copies else [job]
         if where not in made.lanes:
           made.lanes.append(where)
 
@@ -420,8 +425,9 @@ class _Job:
 
 class _Made:
   """Where a result array is (the lane that made it first, then those it was sent to), the
-  task that made it (`job`) and, per lane it was sent to, the copy that put it there
-  (`at`): a task reads it once what put it on its lane has ended."""
+  task that made it (`job`) and, per lane it was sent to, the copies that put it there
+  (`at`, the first lane included: a copy sent back): a task reads it once what put it
+  on its lane has ended."""
 
   __slots__ = ('ref', 'lanes', 'job', 'at')
 

@@ -166,6 +166,38 @@ def test_a_value_sent_to_two_lanes_waits_for_each_copy_on_its_own_link(run_ahead
   assert spans['c'] == [pytest.approx((6.001, 8.001))]
 
 
+@pytest.mark.parametrize('run_ahead', [0, 4])
+def test_a_value_sent_back_to_the_lane_that_made_it_is_read_after_it_arrives(run_ahead):
+  """x (made 0 → 1 on a) goes to b (1 → 1.501) and comes back to a behind b's y (4 MB at
+  1 MB/s, on the link b → a 2 → 6.5): the copy back runs 6.5 → 7.001, and a's task on
+  what came back starts then, not at 1 (it did, once copies to the array's first lane
+  were not noted)."""
+  costs = CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=0.5, link_bandwidth=1e6)
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  to_a, to_b = cluster.channel('to a', a), cluster.channel('to b', b)
+
+  def on_a():
+    x = yield Compute(_make, kind='forward', stage=0, batch=0)
+    yield Send(to_b, x, batch=1)
+    yield Get(to_a)  # y
+    back = yield Get(to_a)
+    yield Compute(_use, (back,), kind='forward', stage=0, batch=4)
+
+  def on_b():
+    y = yield Compute(lambda: jnp.zeros(1_000_000), kind='backward', stage=0, batch=2)
+    yield Send(to_a, y, batch=5)
+    x = yield Get(to_b)
+    yield Send(to_a, x, batch=3)
+
+  executor = VirtualExecutor(costs, run_ahead=run_ahead)
+  spans = _spans_by_lane(
+    cluster, executor.run(cluster, [Process('a', a, on_a()), Process('b', b, on_b())])
+  )
+  assert spans['link b → a'] == [pytest.approx((2, 6.5)), pytest.approx((6.5, 7.001))]
+  assert spans['a'] == [pytest.approx((0, 1)), pytest.approx((7.001, 8.001))]
+
+
 def test_a_lane_waiting_for_its_input_leaves_a_shared_device_to_the_other_lane():
   """x and y share one device. x's task reads v, made on z (0 → 2) and copied to x
   (2 → 2.5); y's task, dispatched after x's, reads nothing: running ahead it takes the

@@ -367,6 +367,13 @@ class LanePool:
     spans = [self._exported.pop(ref) for ref in refs]
     return min(start for start, _ in spans), max(end for _, end in spans)
 
+  def forget_exports(self, refs) -> None:
+    """Stops timing the copies of `refs` (`move(exports=...)`) and drops what is known of
+    them: a copy that will never be asked for (its run ended without it)."""
+    for ref in refs:
+      self._timed.discard(ref)
+      self._exported.pop(ref, None)
+
   def _move(
     self, handle: Handle, lane: str, landed: list | None = None, exports: list | None = None
   ) -> Handle:
