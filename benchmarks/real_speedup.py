@@ -33,14 +33,13 @@ is printed). Not a test: speed is measured, not asserted.
 """
 
 import argparse
-import itertools
 import os
 import statistics
 import time
 
 import jax
-import numpy as np
 
+from benchmarks import common as bench_common
 from jaxsgd import models, optimizers
 from jaxsgd.algorithms import asgd, ddg, local
 from jaxsgd.asynchronous import common, lppsgd, pdasgd, server
@@ -53,21 +52,9 @@ FEATURES, CLASSES, HIDDEN, BATCH = 1536, 10, (1024, 1024, 1024, 1024), 512
 OPTIMIZER = optimizers.OptimizerSettings('sgd', 0.01)
 
 
-def batches(seed: int = 0, distinct: int = 4):
-  """An endless cycle of `distinct` synthetic host batches, made once: drawing a fresh
-  batch took the driver 8.8 ms of CPU per iteration here (512 x 1536 normals), a core's
-  time the lanes of a two-lane case lose on a 2-core machine and BP's lane does not
-  (its driver has the other core), so the comparison measured the data's cost."""
-  rng = np.random.default_rng(seed)
-  return itertools.cycle(
-    [
-      {
-        'image': rng.standard_normal((BATCH, FEATURES)).astype(np.float32),
-        'label': rng.integers(0, CLASSES, BATCH).astype(np.int32),
-      }
-      for _ in range(distinct)
-    ]
-  )
+def batches(seed: int = 0):
+  """The cases' synthetic batches: a cycle of a few made once (`cycled_batches`)."""
+  return bench_common.cycled_batches((FEATURES,), CLASSES, BATCH, seed=seed)
 
 
 def placed(roles, steps: int) -> PlacedStages:

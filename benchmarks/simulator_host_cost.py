@@ -76,20 +76,6 @@ COSTS = CostModel(
 )
 
 
-def synthetic_batches(shape, classes, batch_size, seed=0, distinct=4):
-  """An endless cycle of `distinct` random host batches (free to produce)."""
-  rng = np.random.default_rng(seed)
-  return itertools.cycle(
-    [
-      {
-        'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
-        'label': rng.integers(0, classes, batch_size).astype(np.int32),
-      }
-      for _ in range(distinct)
-    ]
-  )
-
-
 class Setup:
   """The model as one stage, a fresh parameter server per session, the batches."""
 
@@ -111,7 +97,7 @@ class Setup:
       server.server_optimizer(self.pipeline.tx, self.settings), record_pulls=False
     )
     self.streams = [
-      synthetic_batches(self.model.input_shape, 10, BATCH, seed=m) for m in range(num_workers)
+      common.cycled_batches(self.model.input_shape, 10, BATCH, seed=m) for m in range(num_workers)
     ]
 
   def server(self):
