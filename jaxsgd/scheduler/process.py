@@ -126,7 +126,7 @@ class ProcessExecutor(Executor):
     except BaseException as error:
       if self.pool is not None:  # a pool that goes on (not ours) keeps no trace of the run
         for copy in getattr(self, '_copies', ()):
-          self.pool.forget_exports(copy[4])
+          self.pool.forget_exports(copy.exports)
       self.close()
       if isinstance(error, KeyboardInterrupt) and sigterm_received():
         raise Preempted(
@@ -167,8 +167,7 @@ class ProcessExecutor(Executor):
     self._resumed = set()
     self.lost = []
     self._lost_lanes: set[int] = set()
-    # copies on their way: (link lane, op, issued, sent, export refs), recorded once done
-    self._copies: list = []
+    self._copies: list[_Copy] = []  # copies on their way, recorded once done
     self._lanes_by_name = {name: i for i, name in self._lane_names.items()}
     lanes = collections.defaultdict(list)
     for process in self.processes:
@@ -217,17 +216,17 @@ class ProcessExecutor(Executor):
       return
     waiting = []
     for copy in self._copies:
-      lane, op, issued, sent, exports = copy
-      span = self.pool.exported(exports) if exports else None
+      span = self.pool.exported(copy.exports) if copy.exports else None
       if span is not None:
         start, end = span[0] - self._t0, span[1] - self._t0
-      elif final or not exports:  # (nothing was exported: every value was there already)
-        start, end = issued, sent
-        self.pool.forget_exports(exports)  # (part of it may have been seen done)
+      elif final or not copy.exports:  # (nothing was exported: every value was there)
+        start, end = copy.issued, copy.sent
+        self.pool.forget_exports(copy.exports)  # (part of it may have been seen done)
       else:
         waiting.append(copy)
         continue
-      self.record(TaskRecord(lane, op.kind, start, max(start, end), op.stage, op.batch))
+      op = copy.op
+      self.record(TaskRecord(copy.lane, op.kind, start, max(start, end), op.stage, op.batch))
     self._copies = waiting
 
   def _advance_ready(self) -> None:
@@ -259,7 +258,7 @@ class ProcessExecutor(Executor):
         return
       issued, exports = self.now(), []
       moved = self.pool.move(value, target, exports=exports)
-      self._copies.append((lane, op, issued, self.now(), exports))
+      self._copies.append(_Copy(lane, op, issued, self.now(), exports))
       self.resume(process, moved)
       return
     if not isinstance(op.fn, Task):
@@ -342,6 +341,18 @@ class ProcessExecutor(Executor):
   def deferred(self, value):
     """A lane's scalar as an array-like fetched when first read (for `Run.report`)."""
     return LaneValue(self, value) if isinstance(value, Handle) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class _Copy:
+  """A `Send`'s copy on its way: its link lane and op, when the driver sent it (from
+  `issued` to `sent`, its clock) and its exports' references (`LanePool.move`)."""
+
+  lane: int
+  op: Compute
+  issued: float
+  sent: float
+  exports: list
 
 
 @dataclasses.dataclass(frozen=True)

@@ -152,8 +152,8 @@ class LanePool:
     self._lock = threading.Lock()
     # unfinished copies: ref -> (lane, source handle, its key's order among the calls)
     self._moves: dict[Any, tuple[str, Handle, int]] = {}
-    self._timed: set = set()  # exports whose span was asked for (`move(exports=...)`)
-    self._exported: dict[Any, tuple[float, float]] = {}  # their spans, once seen done
+    # exports whose span was asked for (`move(exports=...)`) -> it, once seen done
+    self._exported: dict[Any, tuple[float, float] | None] = {}
     self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
     self._unfinished: dict[Any, Pending] = {}  # tasks started, not yet returned by wait_any
     # copies not yet taken in: (lane, key) -> the export's reference (`_move`)
@@ -353,7 +353,9 @@ class LanePool:
       for ref, (to, source, order) in self._moves.items()
       if lane not in (to, source.lane)
     }
-    self._timed &= self._moves.keys()  # dropped copies are never seen done
+    self._exported = {  # dropped copies are never seen done
+      ref: span for ref, span in self._exported.items() if span or ref in self._moves
+    }
 
   def exported(self, refs) -> tuple[float, float] | None:
     """`(start, end)` (`time.time()`) of the copies whose export references `move`
@@ -362,7 +364,7 @@ class LanePool:
     when the driver saw the last export in Ray's object store. The copy's taking-in
     on the receiving lane is not in it: the first call there that needs the copy takes
     it in (`_move`), as part of that call."""
-    if not all(ref in self._exported for ref in refs):
+    if not all(self._exported.get(ref) for ref in refs):
       return None
     spans = [self._exported.pop(ref) for ref in refs]
     return min(start for start, _ in spans), max(end for _, end in spans)
@@ -371,7 +373,6 @@ class LanePool:
     """Stops timing the copies of `refs` (`move(exports=...)`) and drops what is known of
     them: a copy that will never be asked for (its run ended without it)."""
     for ref in refs:
-      self._timed.discard(ref)
       self._exported.pop(ref, None)
 
   def _move(
@@ -399,7 +400,7 @@ class LanePool:
       self._moves[exported] = (lane, handle, key[0])
       if exports is not None:
         exports.append(exported)
-        self._timed.add(exported)
+        self._exported[exported] = None  # timed once seen done (`_check_move`)
     else:
       adopted = self._actor(lane).adopt.remote(payload, key, self._take_freed(lane))
       self._moves[adopted] = (lane, handle, key[0])
@@ -526,8 +527,7 @@ class LanePool:
       if dead is not None:  # the copy failed because one end's process is gone
         self._raise_dead(dead)
       raise self._error(lane, error, f'moving {source!r} to it', key=order) from error
-    if ref in self._timed:  # an export whose span `exported` reports
-      self._timed.discard(ref)
+    if ref in self._exported:  # an export whose span `exported` reports
       self._exported[ref] = (ready, time.time())
 
   def _dead_end(self, *lanes: str, within: float = 2.0) -> str | None:
