@@ -76,6 +76,7 @@ class LaneRuntime:
     self.values: dict[Hashable, Any] = {}
     self.origins: dict[Hashable, tuple] = {}  # key -> (task, abstract args, path)
     self.tasks: dict[int, tuple] = {}  # number -> (task, its function) (`_task`)
+    self.rebuilt: dict[int, bool] = {}  # number -> its results need `origins` (`_rebuilt`)
     self.stopped = threading.Event()
     self.fault = _fault(name)  # (task name, n, kill) of the test hook, or None
     # `export` runs in a thread of its own (`EXPORT_GROUP`) and waits here for the value
@@ -109,6 +110,7 @@ class LaneRuntime:
     """
     named, args, key, free = pickle.loads(call)
     try:
+      number = named if isinstance(named, int) else named[0]
       task, fn = self._task(named)
       self._maybe_fail(task)
       self.take_in(imports)
@@ -117,9 +119,11 @@ class LaneRuntime:
       # Finished means computed: the driver's clock and its errors need that, not dispatch.
       result = self.jax.block_until_ready(fn(*values))
       end = time.time()
-      abstract = self.jax.tree.map(_abstract, values)
+      # How the result was made, for the parts a move must rebuild (`export`); ~30 µs a
+      # call, so only for tasks whose results hold such a part.
+      origin = (task, self.jax.tree.map(_abstract, values)) if self._rebuilt(number, result) else None
       with self.stored:
-        outline = self._keep(result, key, (), task, abstract)
+        outline = self._keep(result, key, (), origin)
         self.stored.notify_all()
       return outline, start, end
     except BaseException:
@@ -148,14 +152,26 @@ class LaneRuntime:
       self.stored.notify_all()
     return _outline(self.jax, value)
 
-  def _keep(self, value, key, path, task, abstract):
+  def _keep(self, value, key, path, origin):
+    """Keeps `value`'s parts (a tuple's items, nested) under `(key, path)`; `origin`:
+    `(task, abstract args)` that made it, noted for each part."""
     if type(value) is tuple:
-      return tuple(self._keep(v, key, path + (i,), task, abstract) for i, v in enumerate(value))
+      return tuple(self._keep(v, key, path + (i,), origin) for i, v in enumerate(value))
     part = (key, path)
     self.values[part] = value
-    if task is not None:
-      self.origins[part] = (task, abstract, path)
+    if origin is not None:
+      self.origins[part] = (*origin, path)
     return _outline(self.jax, value)
+
+  def _rebuilt(self, number: int, result) -> bool:
+    """Whether a part of task `number`'s results has a structure that does not pickle (a
+    VJP's), so that moving it rebuilds it from the task (`export`); decided by the
+    task's first result, since a task's results have one structure."""
+    rebuilt = self.rebuilt.get(number)
+    if rebuilt is None:
+      parts = _parts(result)
+      rebuilt = self.rebuilt[number] = not all(_pickles(self.jax.tree.structure(p)) for p in parts)
+    return rebuilt
 
   def fetch(self, key: Hashable, free: tuple = (), imports: tuple = ()):
     """The value as numpy arrays (for logging and final results)."""
@@ -294,6 +310,11 @@ def _fault(lane: str) -> list | None:
 
 
 def _abstract(leaf):
+  aval = getattr(leaf, 'aval', None)  # a jax.Array's: read in ~0.1 µs, `.shape` in ~1–3 µs
+  if aval is not None:
+    import jax
+
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
   if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
     import jax
 
@@ -301,16 +322,47 @@ def _abstract(leaf):
   return leaf
 
 
+def _parts(value) -> list:
+  """The parts a task's result is kept as (`LaneRuntime._keep`): a tuple's items, nested."""
+  if type(value) is tuple:
+    return [part for item in value for part in _parts(item)]
+  return [value]
+
+
+def _pickles(treedef) -> bool:
+  try:
+    pickle.dumps(treedef)
+    return True
+  except Exception:
+    return False
+
+
+def _spec(leaf) -> tuple:
+  """`(shape, dtype name, nbytes)` of a leaf, read from a jax.Array's aval where it has
+  one: an array's own `.shape`, `.dtype` and `.nbytes` cost ~1–3 µs each, `str` of a
+  dtype ~4 µs, and a call's outline reads every leaf of its result (a VJP's outline
+  took ~115 µs)."""
+  aval = getattr(leaf, 'aval', None)
+  if aval is not None and isinstance(aval.dtype, np.dtype):  # (not a PRNG key's dtype)
+    dtype = aval.dtype
+    name = _DTYPE_NAMES.get(dtype) or _DTYPE_NAMES.setdefault(dtype, str(dtype))
+    return aval.shape, name, aval.size * dtype.itemsize
+  dtype = str(getattr(leaf, 'dtype', type(leaf).__name__))
+  return getattr(leaf, 'shape', None), dtype, int(getattr(leaf, 'nbytes', 0))
+
+
+_DTYPE_NAMES: dict[np.dtype, str] = {}  # `_spec`
+
+
 def _outline(jax, value) -> tuple[int, str]:
   """`(nbytes, description)`: `float32[3, 4]` for an array; for a pytree its type, leaf
   count and a digest of its leaves' shapes and dtypes (equal shapes, equal digest, in
   every process)."""
   leaves = jax.tree.leaves(value)
-  nbytes = sum(int(getattr(leaf, 'nbytes', 0)) for leaf in leaves)
+  specs = [_spec(leaf) for leaf in leaves]
+  nbytes = sum(spec[2] for spec in specs)
   if len(leaves) == 1 and hasattr(leaves[0], 'shape') and value is leaves[0]:
-    return nbytes, f'{value.dtype}{list(value.shape)}'
-  shapes = repr(
-    [(getattr(x, 'shape', None), str(getattr(x, 'dtype', type(x).__name__))) for x in leaves]
-  )
+    return nbytes, f'{specs[0][1]}{list(specs[0][0])}'
+  shapes = repr([(shape, dtype) for shape, dtype, _ in specs])
   digest = hashlib.blake2s(shapes.encode(), digest_size=4).hexdigest()
   return nbytes, f'{type(value).__name__}({len(leaves)} leaves #{digest})'
