@@ -126,7 +126,9 @@ def test_only_named_tasks_reach_a_lane(pool):
 def test_a_task_reaches_a_lane_once_then_goes_by_its_number(pool, monkeypatch):
   calls = []
   pickled = pool._task_call
-  monkeypatch.setattr(pool, '_task_call', lambda *args: calls.append(pickled(*args)) or calls[-1])
+  monkeypatch.setattr(
+    pool, '_task_call', lambda *args: calls.append(pickled(*args)[0]) or (calls[-1], [])
+  )
   recipe = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=0.25)  # new to both lanes
   for lane in ('a', 'a', 'b', 'b'):
     w = pool.run(lane, Task(recipe, 'init'), (1,))  # an equal task, a new object each time
@@ -144,8 +146,26 @@ def test_a_call_pickles_what_only_cloudpickle_can_write():
     def __init__(self, n):
       self.n = n
 
-  assert pickle.loads(_dumps((Local(3), Ref(4))))[0].n == 3
-  assert pickle.loads(_dumps((1, Ref((4, (0,))))))[1].key == (4, (0,))
+  assert pickle.loads(_dumps((Local(3), Ref(4)))[0])[0].n == 3
+  assert pickle.loads(_dumps((1, Ref((4, (0,)))))[0])[1].key == (4, (0,))
+
+
+def test_a_large_array_goes_beside_the_call_and_arrives_equal(pool):
+  from jaxsgd.scheduler.lanes.pool import _OUT_OF_BAND, _dumps
+
+  big = np.arange(_OUT_OF_BAND // 4, dtype=np.float32).reshape(-1, 64)  # _OUT_OF_BAND bytes
+  small = np.arange(_OUT_OF_BAND // 8, dtype=np.float32)
+  call, buffers = _dumps((big, small, Ref(1)))
+  assert len(call) < small.nbytes + 1024  # the big array is not in the pickle
+  assert [b.nbytes for b in buffers] == [big.nbytes]
+  assert np.shares_memory(buffers[0], big)  # a view, not a copy
+  out = pickle.loads(call, buffers=buffers)
+  np.testing.assert_array_equal(out[0], big)
+  np.testing.assert_array_equal(out[1], small)
+  # Through a lane: a task on it reads the array that went beside its call.
+  recipe = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=0.25)
+  doubled = pool.run('a', Task(recipe, 'add'), (big, big))
+  np.testing.assert_array_equal(pool.fetch(doubled), big + big)
 
 
 def test_put_sends_driver_values_to_a_lane(pool):

@@ -195,8 +195,8 @@ class LanePool:
     )
     key = next(self._keys)
     imports = self._take_imports(lane, here)
-    call = self._task_call(lane, task, sent, key)
-    ref = actor.run.remote(call, imports)
+    call, buffers = self._task_call(lane, task, sent, key)
+    ref = actor.run.remote(call, imports, *buffers)
     here.clear()  # kept alive until sent, so that a copy's free follows this call
     pending = Pending(lane, task, ref, key, args, _signature(task, args))
     self._unfinished[ref] = pending
@@ -490,9 +490,10 @@ class LanePool:
     except KeyError:
       raise KeyError(f'no lane {lane!r}; lanes: {list(self._actors)}.') from None
 
-  def _task_call(self, lane: str, task: Task, args: tuple, key: Hashable) -> bytes:
+  def _task_call(self, lane: str, task: Task, args: tuple, key: Hashable) -> tuple[bytes, list]:
     """`LaneRuntime.run`'s call, pickled here: `(task, args, key, frees)`, where the task
-    is its number on `lane` once the lane has it (`(number, task)` the first time).
+    is its number on `lane` once the lane has it (`(number, task)` the first time), and
+    the large arrays among `args` (a batch), which go beside it (`_dumps`).
 
     Ray pickles any argument it cannot write as msgpack with cloudpickle, whose
     pickler runs in Python: measured here, a task call (the `Task` with its recipe,
@@ -502,11 +503,11 @@ class LanePool:
     with a core per lane it takes from the lanes."""
     number = self._task_numbers.setdefault(task, len(self._task_numbers))  # equal, same
     known = self._tasks_sent[lane]
-    call = _dumps(
+    call, buffers = _dumps(
       (number if number in known else (number, task), args, key, self._take_freed(lane))
     )
     known.add(number)  # once pickled: a call that could not be is never sent
-    return call
+    return call, buffers
 
   def _argument(self, leaf, lane: str, here: list):
     if not isinstance(leaf, Handle):
@@ -640,13 +641,33 @@ def _signature(task, args) -> Hashable:
   return (task, treedef, tuple(leaf_signature(leaf) for leaf in leaves))
 
 
-def _dumps(value) -> bytes:
+def _dumps(value) -> tuple[bytes, list]:
   """`value` pickled by `pickle` (C), or by cloudpickle if it holds something only
-  cloudpickle can write (a class defined in `__main__`); `pickle.loads` reads both."""
+  cloudpickle can write (a class defined in `__main__`); `pickle.loads` reads both.
+  Arrays of `_OUT_OF_BAND` bytes or more are left out of the pickle: returned beside
+  it (as uint8 arrays, each a view of its array's memory), to go as arguments of their
+  own, which Ray writes once into its object store and the lane reads where they lie;
+  pickled in, a batch was copied into the pickle here, and in the lane out of the
+  call Ray handed over and again out of the pickle.
+  """
+  buffers = []
+
+  def keep_large(buffer: pickle.PickleBuffer):
+    raw = buffer.raw()
+    if raw.nbytes < _OUT_OF_BAND:
+      return True  # in the pickle
+    buffers.append(np.frombuffer(raw, np.uint8))
+    return False
+
   try:
-    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    call = pickle.dumps(value, protocol=5, buffer_callback=keep_large)
   except (pickle.PicklingError, AttributeError, TypeError):
-    return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    buffers.clear()
+    call = cloudpickle.dumps(value, protocol=5, buffer_callback=keep_large)
+  return call, buffers
+
+
+_OUT_OF_BAND = 1 << 16  # bytes: an array this large goes beside a call's pickle (`_dumps`)
 
 
 def _host_array(leaf):

@@ -99,7 +99,7 @@ class LaneRuntime:
       'xla_flags': os.environ.get('XLA_FLAGS', ''),
     }
 
-  def run(self, call: bytes, imports: tuple = ()):
+  def run(self, call: bytes, imports: tuple = (), *buffers):
     """Runs a task call (`LanePool._task_call`: `(task, args, key, frees)` pickled):
     `task(*args)`, `Ref`s replaced by values, its result kept under `key`, after taking
     in `imports` (`take_in`); then frees the keys `frees` names.
@@ -108,7 +108,7 @@ class LaneRuntime:
     every other value as `(nbytes, description)`, its parts kept under `(key, path)` —
     and the task's start and end (`time.time()` in this lane, result computed).
     """
-    named, args, key, free = pickle.loads(call)
+    named, args, key, free = pickle.loads(call, buffers=buffers)
     try:
       number = named if isinstance(named, int) else named[0]
       task, fn = self._task(named)
