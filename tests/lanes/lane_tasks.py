@@ -25,6 +25,11 @@ def build_layer_tasks(scale: float):
   def backward(vjp, g):
     return vjp(g)
 
+  def by_shape(w, x):  # a VJP for batches of more than 2 rows, else arrays only
+    if x.shape[0] > 2:
+      return jax.vjp(layer, w, x)
+    return layer(w, x), jnp.zeros(())
+
   def fail(x):
     raise ValueError(f'bad input of shape {x.shape}')
 
@@ -36,6 +41,7 @@ def build_layer_tasks(scale: float):
     'init': jax.jit(init),
     'forward': jax.jit(forward),
     'backward': jax.jit(backward),
+    'by_shape': jax.jit(by_shape),
     'add': jax.jit(lambda a, b: a + b),
     'same': lambda v: v,
     'fail': fail,

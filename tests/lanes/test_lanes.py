@@ -200,6 +200,19 @@ def test_early_handles_let_the_driver_run_ahead_of_the_lanes(pool):
     np.testing.assert_array_equal(pool.fetch(got), pool.fetch(want))
 
 
+def test_a_vjp_moves_when_its_task_made_only_arrays_before(pool):
+  # A lane notes how a result was made only where it may not pickle: a task whose first
+  # result was arrays alone still has its later VJP rebuilt on another lane.
+  w = pool.run('a', task('init'), (2,))
+  pool.run('a', task('by_shape'), (w, X[:2]))  # arrays only
+  _, vjp = pool.run('a', task('by_shape'), (w, X))  # a VJP (3 rows)
+  there = pool.run('b', task('backward'), (vjp, G))  # the VJP moves a -> b
+  w_host = np.asarray(pool.fetch(w))
+  reference = jax.jit(lambda w, x, g: jax.vjp(lane_tasks.layer, w, x)[1](g))
+  for got, want in zip(there, reference(w_host, X, G)):
+    np.testing.assert_array_equal(pool.fetch(got), want)
+
+
 def test_wait_any_returns_every_task_once_across_lanes(pool):
   pending = [
     pool.start(lane, task('add'), (np.float32(i), np.float32(10)))

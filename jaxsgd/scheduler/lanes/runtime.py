@@ -76,7 +76,10 @@ class LaneRuntime:
     self.values: dict[Hashable, Any] = {}
     self.origins: dict[Hashable, tuple] = {}  # key -> (task, abstract args, path)
     self.tasks: dict[int, tuple] = {}  # number -> (task, its function) (`_task`)
-    self.rebuilt: dict[int, bool] = {}  # number -> its results need `origins` (`_rebuilt`)
+    # `_rebuilt`: task number -> the structures of its results' parts, seen to pickle; and
+    # the tasks whose results have held a part that does not
+    self.plain: dict[int, tuple] = {}
+    self.rebuilding: set[int] = set()
     self.stopped = threading.Event()
     self.fault = _fault(name)  # (task name, n, kill) of the test hook, or None
     # `export` runs in a thread of its own (`EXPORT_GROUP`) and waits here for the value
@@ -100,9 +103,12 @@ class LaneRuntime:
     }
 
   def run(self, call: bytes, imports: tuple = (), *buffers):
-    """Runs a task call (`LanePool._task_call`: `(task, args, key, frees)` pickled):
-    `task(*args)`, `Ref`s replaced by values, its result kept under `key`, after taking
-    in `imports` (`take_in`); then frees the keys `frees` names.
+    """Runs a task call (`LanePool._task_call`: `(task, args, key, frees)` pickled, its
+    large arrays in `buffers`): `task(*args)`, `Ref`s replaced by values, its result kept
+    under `key`, after taking in `imports` (`take_in`); then frees the keys `frees`
+    names. An argument that came in `buffers` is a read-only view of Ray's object store:
+    a task that writes into a numpy argument in place must copy it first (jaxsgd's tasks
+    are jitted and never do).
 
     Returns `(outline, start, end)`: the result's outline — nested tuples as tuples,
     every other value as `(nbytes, description)`, its parts kept under `(key, path)` —
@@ -120,8 +126,9 @@ class LaneRuntime:
       result = self.jax.block_until_ready(fn(*values))
       end = time.time()
       # How the result was made, for the parts a move must rebuild (`export`); ~30 µs a
-      # call, so only for tasks whose results hold such a part.
-      origin = (task, self.jax.tree.map(_abstract, values)) if self._rebuilt(number, result) else None
+      # call, so only where the result may hold such a part.
+      rebuilt = self._rebuilt(number, result)
+      origin = (task, self.jax.tree.map(_abstract, values)) if rebuilt else None
       with self.stored:
         outline = self._keep(result, key, (), origin)
         self.stored.notify_all()
@@ -164,14 +171,23 @@ class LaneRuntime:
     return _outline(self.jax, value)
 
   def _rebuilt(self, number: int, result) -> bool:
-    """Whether a part of task `number`'s results has a structure that does not pickle (a
-    VJP's), so that moving it rebuilds it from the task (`export`); decided by the
-    task's first result, since a task's results have one structure."""
-    rebuilt = self.rebuilt.get(number)
-    if rebuilt is None:
-      parts = _parts(result)
-      rebuilt = self.rebuilt[number] = not all(_pickles(self.jax.tree.structure(p)) for p in parts)
-    return rebuilt
+    """Whether a part of this result of task `number` may have a structure that does not
+    pickle (a VJP's), so that moving it rebuilds it from the task (`export`). False only
+    for structures seen to pickle: a task's last such structures are kept (a few µs to
+    compare, where noting the arguments' shapes costs ~30), and a task whose results
+    once held a part that does not is always noted (its results may change structure
+    with its arguments' shapes; a VJP's structure is new at every call of an unjitted
+    `jax.vjp`, so it is never kept)."""
+    if number in self.rebuilding:
+      return True
+    structures = tuple(self.jax.tree.structure(part) for part in _parts(result))
+    if self.plain.get(number) == structures:
+      return False
+    if all(_pickles(structure) for structure in structures):
+      self.plain[number] = structures
+      return False
+    self.rebuilding.add(number)
+    return True
 
   def fetch(self, key: Hashable, free: tuple = (), imports: tuple = ()):
     """The value as numpy arrays (for logging and final results)."""
