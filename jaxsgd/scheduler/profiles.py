@@ -801,6 +801,74 @@ def merge(old: Profile, new: Profile) -> Profile:
   )
 
 
+# --- calibrating from a real run --------------------------------------------------------
+def trace_durations(path: str, skip: int) -> dict[tuple[Any, str], list[float]]:
+  """Seconds of every compute task of a run's trace (`trace.json`, as
+  `Timeline.write_chrome_trace` writes it), by `(stage, kind)`, leaving out each lane's
+  first `skip` tasks (compiling, warming up) and the transfers of link lanes."""
+  if skip < 0:
+    raise ProfileError(f'skip: tasks left out per lane, >= 0; got {skip}.')
+  try:
+    with open(path) as f:
+      events = json.load(f)['traceEvents']
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ProfileError(f'trace {path!r}: not a trace.json of a run ({e}).') from None
+  names = {e['tid']: e['args']['name'] for e in events if e.get('name') == 'thread_name'}
+  seen: dict[Any, int] = {}
+  durations: dict[tuple[Any, str], list[float]] = {}
+  for event in sorted((e for e in events if e.get('ph') == 'X'), key=lambda e: e['ts']):
+    lane = event['tid']
+    if names.get(lane, '').startswith('link '):
+      continue
+    seen[lane] = seen.get(lane, 0) + 1
+    if seen[lane] > skip:
+      key = (event['args'].get('stage'), event['cat'])
+      durations.setdefault(key, []).append(event['dur'] / 1e6)
+  return durations
+
+
+def calibrate(profile: Profile, durations: Mapping[tuple[Any, str], Sequence[float]]) -> Profile:
+  """`profile` (one table) with each task's cost the median of its durations in a real
+  run (`trace_durations`): every figure (`costs`, `median`, `p90`) that median, what
+  the run's tasks took as they ran there, load and neighbours included. A task the run
+  did not time keeps its measured cost; a `kind` key (every stage) takes the median
+  over every stage's tasks of that kind. The virtual clock given this profile replays
+  the run's own task costs (`benchmarks/simulator_accuracy.py`'s "calibrated" and
+  "replayed" columns, docs/simulator.md): what it then predicts wrongly is the schedule
+  model's, not the costs'."""
+  if len(profile.tables) != 1:
+    have = '; '.join(f'split={list(map(list, t.split))} tasks={t.tasks!r}' for t in profile.tables)
+    raise ProfileError(
+      f"cost.profile: calibrating needs a profile of one table (the run's); this one "
+      f"has {len(profile.tables)}: {have}. Measure one for the run's config."
+    )
+  (table,) = profile.tables
+  costs, timed = {}, []
+  for key, seconds in table.costs.items():
+    if isinstance(key, tuple):
+      found = list(durations.get(key, ()))
+    else:
+      found = [d for (_, kind), ds in durations.items() if kind == key for d in ds]
+    costs[key] = float(np.median(found)) if found else seconds
+    if found:
+      timed.append(key)
+  if not timed:
+    raise ProfileError(
+      f"cost.profile: the run timed none of the profile's tasks "
+      f'({", ".join(map(_key_str, table.costs))}); it ran '
+      f'{", ".join(sorted(map(_key_str, durations))) or "no compute task"}.'
+    )
+  spread = {k: dict.fromkeys(SPREAD_STATISTICS, v) for k, v in costs.items()}
+  calibrated = dataclasses.replace(table, costs=costs, spread=spread)
+  return dataclasses.replace(
+    profile,
+    tables=(calibrated,),
+    statistic=STATISTIC,
+    clock='wall',
+    date=datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
+  )
+
+
 # --- helpers --------------------------------------------------------------------------------
 def _key_str(key) -> str:
   if isinstance(key, tuple):

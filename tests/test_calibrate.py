@@ -1,0 +1,177 @@
+"""Calibrating a profile from a run's trace (`profiles.calibrate`, `experiments.calibrate`)."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments import profile as profile_command
+from experiments.configs import ddg as ddg_config
+from jaxsgd import models
+from jaxsgd.scheduler import profiles
+from jaxsgd.training import train_and_evaluate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _write_trace(path, lanes, tasks):
+  """A trace.json as `Timeline.write_chrome_trace` writes it: `lanes` {tid: name},
+  `tasks` [(tid, kind, stage, start s, duration s)]."""
+  events = [
+    {'name': 'thread_name', 'ph': 'M', 'tid': t, 'args': {'name': n}} for t, n in lanes.items()
+  ]
+  events += [
+    {
+      'ph': 'X',
+      'tid': t,
+      'cat': kind,
+      'ts': 1e6 * start,
+      'dur': 1e6 * dur,
+      'args': {'stage': stage, 'batch': 0},
+    }
+    for t, kind, stage, start, dur in tasks
+  ]
+  with open(path, 'w') as f:
+    json.dump({'traceEvents': events}, f)
+
+
+def _profile(costs, tables=1):
+  table = profiles.Table(((0, 2), (2, 4)), 'roles', dict(costs))
+  extra = tuple(profiles.Table(((0, 4),), f'other{i}', dict(costs)) for i in range(tables - 1))
+  return profiles.Profile(
+    model={'name': 'm', 'input_shape': [4], 'num_classes': 2, 'num_layers': 4, 'num_params': 1},
+    batch_size=8,
+    optimizer='sgd',
+    device_kind='cpu',
+    platform='cpu',
+    jax_version='0',
+    date='2026-11-26',
+    statistic='min',
+    clock='cpu',
+    pinned=True,
+    warmup=1,
+    reps=3,
+    dispatch={'real': 1e-5},
+    tables=(table, *extra),
+  )
+
+
+def test_a_trace_gives_each_compute_task_kind_its_durations_after_each_lanes_first(tmp_path):
+  path = str(tmp_path / 'trace.json')
+  _write_trace(
+    path,
+    {0: 'stage 0 (cpu:0)', 1: 'stage 1 (cpu:0)', 2: 'link stage 0 (cpu:0) → stage 1 (cpu:0)'},
+    [
+      (0, 'forward', 0, 0.0, 9.0),  # left out: lane 0's first
+      (1, 'forward', 1, 0.5, 8.0),  # left out: lane 1's first
+      (2, 'transfer', None, 0.6, 0.25),  # a link's copy: never a task cost
+      (0, 'backward', 0, 10.0, 0.5),
+      (0, 'forward', 0, 11.0, 0.125),
+      (1, 'forward', 1, 12.0, 0.25),
+      (0, 'forward', 0, 13.0, 0.375),
+    ],
+  )
+  assert profiles.trace_durations(path, skip=1) == {
+    (0, 'backward'): [0.5],
+    (0, 'forward'): [0.125, 0.375],
+    (1, 'forward'): [0.25],
+  }
+  assert profiles.trace_durations(path, skip=0)[(0, 'forward')] == [9.0, 0.125, 0.375]
+
+
+def test_calibrating_takes_each_tasks_median_and_keeps_what_the_run_did_not_time():
+  measured = _profile(
+    {(0, 'forward'): 1.0, (0, 'backward'): 2.0, (1, 'forward'): 3.0, 'update': 4.0}
+  )
+  durations = {
+    (0, 'forward'): [0.25, 0.75, 0.5],
+    (1, 'update'): [0.125],
+    (0, 'update'): [0.375, 0.625],
+  }
+  calibrated = profiles.calibrate(measured, durations)
+  (table,) = calibrated.tables
+  # (0, 'backward') and (1, 'forward') were not timed: kept; 'update' pools every stage.
+  assert table.costs == {
+    (0, 'forward'): 0.5,
+    (0, 'backward'): 2.0,
+    (1, 'forward'): 3.0,
+    'update': 0.375,
+  }
+  assert table.figures('median') == table.figures('p90') == table.costs
+  assert (table.split, table.tasks) == (measured.tables[0].split, measured.tables[0].tasks)
+  assert calibrated.dispatch == measured.dispatch and calibrated.model == measured.model
+  assert (calibrated.statistic, calibrated.clock) == ('min', 'wall')
+
+
+def test_calibrating_refuses_a_profile_of_several_tables_or_a_run_of_other_tasks():
+  with pytest.raises(profiles.ProfileError, match='needs a profile of one table'):
+    profiles.calibrate(_profile({(0, 'forward'): 1.0}, tables=2), {(0, 'forward'): [1.0]})
+  with pytest.raises(profiles.ProfileError, match='timed none of the profile'):
+    profiles.calibrate(_profile({(0, 'forward'): 1.0}), {(5, 'forward'): [1.0]})
+  with pytest.raises(profiles.ProfileError, match='not a trace.json'):
+    profiles.trace_durations('/nonexistent/trace.json', 0)
+  with pytest.raises(profiles.ProfileError, match='skip'):
+    profiles.trace_durations('/nonexistent/trace.json', -1)
+
+
+def test_a_profile_calibrated_from_a_virtual_run_gives_back_that_runs_costs(tmp_path):
+  # The virtual clock's trace is exact: calibrating any profile of the config from a
+  # virtual run on costs A gives back A, task for task.
+  config = ddg_config.get_config('smoke')
+  config.stages, config.train_steps, config.eval_every = 2, 12, 12
+  model = models.get_model(config.model.name, (40, 1), 10)
+  rng = np.random.default_rng(0)
+
+  def batch(size):
+    return {
+      'image': rng.standard_normal((size, 40, 1)).astype(np.float32),
+      'label': rng.integers(0, 10, size).astype(np.int32),
+    }
+
+  table, batch_size = profile_command.measure_table(config, model, batch, warmup=1, reps=2)
+  measured = profiles.make_profile(
+    model, batch_size, profiles.optimizer_id(dict(config.optimizer)), [table], warmup=1, reps=2
+  )
+  costs_a = {key: 1e-3 * (i + 1) for i, key in enumerate(sorted(table.costs, key=str))}
+  profile_a = dataclasses.replace(measured, tables=(dataclasses.replace(table, costs=costs_a),))
+  profiles.save(profile_a, str(tmp_path / 'a.json'))
+  config.clock, config.cost.profile = 'virtual', str(tmp_path / 'a.json')
+  train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+
+  durations = profiles.trace_durations(str(tmp_path / 'run' / 'trace.json'), skip=0)
+  calibrated = profiles.calibrate(measured, durations)
+  assert set(durations) == set(costs_a)
+  assert calibrated.tables[0].costs == pytest.approx(costs_a, rel=1e-9)
+  assert calibrated.tables[0].costs != table.costs
+
+
+def test_the_command_writes_the_calibrated_profile_and_never_overwrites(tmp_path):
+  measured = _profile({(0, 'forward'): 1.0, (1, 'forward'): 3.0})
+  profiles.save(measured, str(tmp_path / 'p.json'))
+  os.makedirs(tmp_path / 'run')
+  _write_trace(
+    str(tmp_path / 'run' / 'trace.json'),
+    {0: 'stage 0 (cpu:0)'},
+    [(0, 'forward', 0, float(i), 0.5) for i in range(8)],
+  )
+  command = [
+    sys.executable,
+    '-m',
+    'experiments.calibrate',
+    f'--profile={tmp_path / "p.json"}',
+    f'--run={tmp_path / "run"}',
+    f'--out={tmp_path / "c.json"}',
+    '--skip=2',
+  ]
+  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
+  assert '(kept)' in done.stdout  # stage 1's forward: not in the run
+  assert profiles.load(str(tmp_path / 'c.json')).tables[0].costs == {
+    (0, 'forward'): 0.5,
+    (1, 'forward'): 3.0,
+  }
+  again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+  assert again.returncode != 0 and again.stderr.strip().splitlines()[-1].startswith('--out:')
