@@ -13,14 +13,24 @@ its own tasks) and writes a copy of `--profile` (a profile of the run's config: 
 table) whose every task costs the median of its durations in that run, each lane's
 first `--skip` tasks left out (compiling). The virtual clock given it replays the
 machine as the pilot found it — load, neighbours on shared cores, a slow spell — where
-a profile measured alone sees a quiet core. Measured here (docs/simulator.md): with
-costs from such a run, every scheduler family came within 12.4 % of the process
-executor, where the profile measured alone gave up to 30.4 % in the same run. Run the
-pilot on lane processes: the in-process real clock with several stages on one CPU device
-is no pilot (its trace gave 5–15 µs for tasks that take 0.08–0.5 ms alone).
+a profile measured alone sees a quiet core. `benchmarks/simulator_accuracy.py` measures
+the same idea in its "calibrated" column (each task kind's median in a warm-up run on
+lanes, over its own steady-state window, simulated with the benchmark's settings:
+`cost.dispatch`, copies on the sender, time-sliced cores, the run-ahead schedule,
+measured links): within 12.4 % of the process executor for every scheduler family,
+where the profile measured alone gave up to 30.4 %, in one run (docs/simulator.md).
+
+The pilot must be a run on the real clock of the profile's model and batch size, best
+on lane processes: the in-process real clock with several stages on one CPU device is
+no pilot (its trace gave 5–15 µs for tasks that take 0.08–0.5 ms alone). Speed factors
+the simulation applies (`cost.device_speeds`, `cost.worker_speeds`) scale the calibrated
+costs again, and LPP-SGD runs with several workers per device are refused as pilots (the
+virtual clock divides those workers' speed again). Data-parallel runs write no trace.
 """
 
+import json
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -44,6 +54,7 @@ def main(argv):
     raise SystemExit(f'--out: {_OUT.value} exists; --replace overwrites it.')
   try:
     measured = profiles.load(_PROFILE.value)
+    check_pilot(pilot_config(_RUN.value), measured)
     durations = profiles.trace_durations(os.path.join(_RUN.value, 'trace.json'), _SKIP.value)
     calibrated = profiles.calibrate(measured, durations)
   except profiles.ProfileError as e:
@@ -52,18 +63,63 @@ def main(argv):
   before, after = measured.tables[0].costs, calibrated.tables[0].costs
   print(f'{"task":<14} {"profile ms":>11} {"run ms":>9} {"tasks":>6}')
   for key in before:
-    count = _count(durations, key)
+    count = _count(durations, key, before)
     shown = f'{1e3 * after[key]:9.3f}' if count else f'{"(kept)":>9}'
     print(f'{_name(key):<14} {1e3 * before[key]:11.3f} {shown} {count:6d}')
+  unused = sorted(_name(k) for k in durations if k not in before and k[1] not in before)
+  if unused:
+    print(f'timed in the run, not in the profile (left out): {", ".join(unused)}')
   print(
-    f'wrote {_OUT.value}: the costs of {_RUN.value} (first {_SKIP.value} tasks per lane left out)'
+    f'wrote {_OUT.value}: the costs of {_RUN.value} ({_SKIP.value} first tasks per lane left out)'
   )
 
 
-def _count(durations, key) -> int:
+def pilot_config(run: str) -> dict:
+  """The config of the run at `run` (its summary.json)."""
+  try:
+    with open(os.path.join(run, 'summary.json')) as f:
+      return json.load(f)['config']
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise profiles.ProfileError(f'--run: {run} has no summary.json of a run ({e!r}).') from None
+
+
+def check_pilot(config: dict, profile: profiles.Profile) -> None:
+  """Refuses a run that cannot calibrate `profile` (one line, the field): not on the
+  real clock, another model or batch size, or lanes whose simulated speed the virtual
+  clock scales again (LPP-SGD's workers sharing a device)."""
+  if config.get('clock') != 'real':
+    raise profiles.ProfileError(
+      f'--run: a run on the {config.get("clock")!r} clock; a pilot runs on the real clock '
+      '(--config.clock=real --config.executor=processes).'
+    )
+  model, batch = config.get('model', {}).get('name'), config.get('batch_size')
+  if model != profile.model['name'] or batch != profile.batch_size:
+    raise profiles.ProfileError(
+      f'--run: model {model!r}, batch {batch}; the profile is of model '
+      f'{profile.model["name"]!r}, batch {profile.batch_size}.'
+    )
+  algorithm = config.get('algorithm', {})
+  if algorithm.get('name') == 'lppsgd' and algorithm.get('workers_per_device', 1) > 1:
+    raise profiles.ProfileError(
+      '--run: LPP-SGD with algorithm.workers_per_device > 1: the virtual clock divides '
+      "those workers' speed by it, and the pilot's durations already carry that sharing; "
+      'calibrate from a run with one worker per device.'
+    )
+  if config.get('executor') != 'processes':
+    print(
+      'note: an in-process pilot: its durations are task costs only with a device per '
+      'lane (on one CPU device they are not; docs/simulator.md).',
+      file=sys.stderr,
+    )
+
+
+def _count(durations, key, costs) -> int:
+  """How many of the run's tasks `key`'s cost is the median of (`profiles.calibrate`)."""
   if isinstance(key, tuple):
     return len(durations.get(key, ()))
-  return sum(len(ds) for (_, kind), ds in durations.items() if kind == key)
+  return sum(
+    len(ds) for (s, kind), ds in durations.items() if kind == key and (s, kind) not in costs
+  )
 
 
 def _name(key) -> str:

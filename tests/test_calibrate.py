@@ -65,14 +65,14 @@ def test_a_trace_gives_each_compute_task_kind_its_durations_after_each_lanes_fir
   _write_trace(
     path,
     {0: 'stage 0 (cpu:0)', 1: 'stage 1 (cpu:0)', 2: 'link stage 0 (cpu:0) → stage 1 (cpu:0)'},
-    [
-      (0, 'forward', 0, 0.0, 9.0),  # left out: lane 0's first
-      (1, 'forward', 1, 0.5, 8.0),  # left out: lane 1's first
-      (2, 'transfer', None, 0.6, 0.25),  # a link's copy: never a task cost
-      (0, 'backward', 0, 10.0, 0.5),
-      (0, 'forward', 0, 11.0, 0.125),
-      (1, 'forward', 1, 12.0, 0.25),
+    [  # not in time order: the first of a lane is its earliest
       (0, 'forward', 0, 13.0, 0.375),
+      (0, 'backward', 0, 10.0, 0.5),
+      (2, 'transfer', None, 11.5, 0.25),  # a link's copy: never a task cost
+      (1, 'forward', 1, 12.0, 0.25),
+      (0, 'forward', 0, 0.0, 9.0),  # lane 0's first
+      (0, 'forward', 0, 11.0, 0.125),
+      (1, 'forward', 1, 0.5, 8.0),  # lane 1's first
     ],
   )
   assert profiles.trace_durations(path, skip=1) == {
@@ -80,31 +80,45 @@ def test_a_trace_gives_each_compute_task_kind_its_durations_after_each_lanes_fir
     (0, 'forward'): [0.125, 0.375],
     (1, 'forward'): [0.25],
   }
-  assert profiles.trace_durations(path, skip=0)[(0, 'forward')] == [9.0, 0.125, 0.375]
+  assert profiles.trace_durations(path, skip=0) == {
+    (0, 'backward'): [0.5],
+    (0, 'forward'): [9.0, 0.125, 0.375],
+    (1, 'forward'): [8.0, 0.25],
+  }
+  assert profiles.trace_durations(path, skip=3) == {(0, 'forward'): [0.375]}
 
 
 def test_calibrating_takes_each_tasks_median_and_keeps_what_the_run_did_not_time():
   measured = _profile(
-    {(0, 'forward'): 1.0, (0, 'backward'): 2.0, (1, 'forward'): 3.0, 'update': 4.0}
+    {
+      (0, 'forward'): 1.0,
+      (0, 'backward'): 2.0,
+      (1, 'forward'): 3.0,
+      (0, 'update'): 5.0,
+      'update': 4.0,
+    }
   )
   durations = {
-    (0, 'forward'): [0.25, 0.75, 0.5],
-    (1, 'update'): [0.125],
-    (0, 'update'): [0.375, 0.625],
+    (0, 'forward'): [0.1, 0.2, 0.9],  # median 0.2 (mean 0.4)
+    (0, 'update'): [0.5, 0.75],  # its own key: not pooled into 'update'
+    (1, 'update'): [0.125, 0.375, 0.25, 1.0],  # median 0.3125
   }
   calibrated = profiles.calibrate(measured, durations)
   (table,) = calibrated.tables
-  # (0, 'backward') and (1, 'forward') were not timed: kept; 'update' pools every stage.
+  # (0, 'backward') and (1, 'forward') were not timed: kept.
   assert table.costs == {
-    (0, 'forward'): 0.5,
+    (0, 'forward'): 0.2,
     (0, 'backward'): 2.0,
     (1, 'forward'): 3.0,
-    'update': 0.375,
+    (0, 'update'): 0.625,
+    'update': 0.3125,
   }
   assert table.figures('median') == table.figures('p90') == table.costs
   assert (table.split, table.tasks) == (measured.tables[0].split, measured.tables[0].tasks)
   assert calibrated.dispatch == measured.dispatch and calibrated.model == measured.model
-  assert (calibrated.statistic, calibrated.clock) == ('min', 'wall')
+  assert calibrated.statistic == profiles.CALIBRATED != measured.statistic
+  with pytest.raises(profiles.ProfileError, match='another statistic'):
+    profiles.merge(measured, calibrated)  # never mixed with measured tables
 
 
 def test_calibrating_refuses_a_profile_of_several_tables_or_a_run_of_other_tasks():
@@ -116,6 +130,13 @@ def test_calibrating_refuses_a_profile_of_several_tables_or_a_run_of_other_tasks
     profiles.trace_durations('/nonexistent/trace.json', 0)
   with pytest.raises(profiles.ProfileError, match='skip'):
     profiles.trace_durations('/nonexistent/trace.json', -1)
+
+
+def test_a_malformed_trace_is_refused_in_one_line(tmp_path):
+  path = tmp_path / 'trace.json'
+  path.write_text(json.dumps({'traceEvents': [{'ph': 'X', 'cat': 'forward', 'ts': 0, 'dur': 1}]}))
+  with pytest.raises(profiles.ProfileError, match='not a trace.json of a run'):
+    profiles.trace_durations(str(path), 0)
 
 
 def test_a_profile_calibrated_from_a_virtual_run_gives_back_that_runs_costs(tmp_path):
@@ -146,32 +167,65 @@ def test_a_profile_calibrated_from_a_virtual_run_gives_back_that_runs_costs(tmp_
   calibrated = profiles.calibrate(measured, durations)
   assert set(durations) == set(costs_a)
   assert calibrated.tables[0].costs == pytest.approx(costs_a, rel=1e-9)
-  assert calibrated.tables[0].costs != table.costs
 
 
-def test_the_command_writes_the_calibrated_profile_and_never_overwrites(tmp_path):
-  measured = _profile({(0, 'forward'): 1.0, (1, 'forward'): 3.0})
-  profiles.save(measured, str(tmp_path / 'p.json'))
-  os.makedirs(tmp_path / 'run')
+def _pilot(run, **config):
+  os.makedirs(run, exist_ok=True)
+  config = {
+    'clock': 'real',
+    'executor': 'processes',
+    'model': {'name': 'm'},
+    'batch_size': 8,
+    'algorithm': {'name': 'ddg'},
+    **config,
+  }
+  with open(os.path.join(run, 'summary.json'), 'w') as f:
+    json.dump({'config': config}, f)
   _write_trace(
-    str(tmp_path / 'run' / 'trace.json'),
+    os.path.join(run, 'trace.json'),
     {0: 'stage 0 (cpu:0)'},
     [(0, 'forward', 0, float(i), 0.5) for i in range(8)],
   )
+
+
+def _calibrate_command(tmp_path, run, out='c.json'):
   command = [
     sys.executable,
     '-m',
     'experiments.calibrate',
     f'--profile={tmp_path / "p.json"}',
-    f'--run={tmp_path / "run"}',
-    f'--out={tmp_path / "c.json"}',
+    f'--run={run}',
+    f'--out={tmp_path / out}',
     '--skip=2',
   ]
-  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
+  return subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+
+
+def test_the_command_writes_the_calibrated_profile_and_never_overwrites(tmp_path):
+  profiles.save(_profile({(0, 'forward'): 1.0, (1, 'forward'): 3.0}), str(tmp_path / 'p.json'))
+  _pilot(str(tmp_path / 'run'))
+  done = _calibrate_command(tmp_path, tmp_path / 'run')
+  assert done.returncode == 0, done.stderr
   assert '(kept)' in done.stdout  # stage 1's forward: not in the run
-  assert profiles.load(str(tmp_path / 'c.json')).tables[0].costs == {
-    (0, 'forward'): 0.5,
-    (1, 'forward'): 3.0,
-  }
-  again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+  written = profiles.load(str(tmp_path / 'c.json')).tables[0].costs
+  assert written == {(0, 'forward'): 0.5, (1, 'forward'): 3.0}
+  again = _calibrate_command(tmp_path, tmp_path / 'run')
   assert again.returncode != 0 and again.stderr.strip().splitlines()[-1].startswith('--out:')
+
+
+@pytest.mark.parametrize(
+  'config, message',
+  [
+    ({'clock': 'virtual'}, "--run: a run on the 'virtual' clock"),
+    ({'batch_size': 16}, "--run: model 'm', batch 16; the profile is of model 'm', batch 8."),
+    ({'model': {'name': 'cnn'}}, "--run: model 'cnn', batch 8"),
+    ({'algorithm': {'name': 'lppsgd', 'workers_per_device': 2}}, '--run: LPP-SGD with'),
+  ],
+)
+def test_the_command_refuses_a_run_that_is_no_pilot_for_the_profile(tmp_path, config, message):
+  profiles.save(_profile({(0, 'forward'): 1.0}), str(tmp_path / 'p.json'))
+  _pilot(str(tmp_path / 'run'), **config)
+  done = _calibrate_command(tmp_path, tmp_path / 'run')
+  assert done.returncode != 0
+  assert done.stderr.strip().splitlines()[-1].startswith(message)
+  assert not (tmp_path / 'c.json').exists()

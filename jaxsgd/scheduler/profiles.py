@@ -75,6 +75,8 @@ from jaxsgd.scheduler.costs import CostModel
 
 FORMAT = 'jaxsgd-cost-profile/1'
 STATISTIC = 'min'
+# A profile's `statistic` when its costs are a real run's medians (`calibrate`).
+CALIBRATED = 'median of a run'
 # The other figures of each task's repetitions a profile keeps (`Table.spread`).
 SPREAD_STATISTICS = ('median', 'p90')
 _FIELDS = (
@@ -805,25 +807,32 @@ def merge(old: Profile, new: Profile) -> Profile:
 def trace_durations(path: str, skip: int) -> dict[tuple[Any, str], list[float]]:
   """Seconds of every compute task of a run's trace (`trace.json`, as
   `Timeline.write_chrome_trace` writes it), by `(stage, kind)`, leaving out each lane's
-  first `skip` tasks (compiling, warming up) and the transfers of link lanes."""
+  first `skip` tasks in time order (compiling, warming up) and the transfers of link
+  lanes."""
   if skip < 0:
     raise ProfileError(f'skip: tasks left out per lane, >= 0; got {skip}.')
   try:
     with open(path) as f:
       events = json.load(f)['traceEvents']
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ProfileError(f'trace {path!r}: not a trace.json of a run ({e}).') from None
-  names = {e['tid']: e['args']['name'] for e in events if e.get('name') == 'thread_name'}
+    names = {e['tid']: e['args']['name'] for e in events if e.get('name') == 'thread_name'}
+    tasks = sorted(
+      (
+        (e['ts'], e['tid'], (e['args'].get('stage'), e['cat']), e['dur'] / 1e6)
+        for e in events
+        if e.get('ph') == 'X'
+      ),
+      key=lambda task: (task[0], repr(task[1])),
+    )
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    raise ProfileError(f'trace {path!r}: not a trace.json of a run ({e!r}).') from None
   seen: dict[Any, int] = {}
   durations: dict[tuple[Any, str], list[float]] = {}
-  for event in sorted((e for e in events if e.get('ph') == 'X'), key=lambda e: e['ts']):
-    lane = event['tid']
+  for _, lane, key, seconds in tasks:
     if names.get(lane, '').startswith('link '):
       continue
     seen[lane] = seen.get(lane, 0) + 1
     if seen[lane] > skip:
-      key = (event['args'].get('stage'), event['cat'])
-      durations.setdefault(key, []).append(event['dur'] / 1e6)
+      durations.setdefault(key, []).append(seconds)
   return durations
 
 
@@ -831,11 +840,16 @@ def calibrate(profile: Profile, durations: Mapping[tuple[Any, str], Sequence[flo
   """`profile` (one table) with each task's cost the median of its durations in a real
   run (`trace_durations`): every figure (`costs`, `median`, `p90`) that median, what
   the run's tasks took as they ran there, load and neighbours included. A task the run
-  did not time keeps its measured cost; a `kind` key (every stage) takes the median
-  over every stage's tasks of that kind. The virtual clock given this profile replays
-  the run's own task costs (`benchmarks/simulator_accuracy.py`'s "calibrated" and
-  "replayed" columns, docs/simulator.md): what it then predicts wrongly is the schedule
-  model's, not the costs'."""
+  did not time keeps its measured cost; a `kind` key (the stages without a key of
+  their own) takes the median over those stages' tasks of that kind. Its `statistic`
+  says so (`CALIBRATED`), so that `merge` refuses to mix it with measured tables.
+
+  The virtual clock given it replays the run's task costs: the idea of
+  `benchmarks/simulator_accuracy.py`'s "calibrated" column (docs/simulator.md). Speed
+  factors the simulation applies to lanes (`cost.device_speeds`, `cost.worker_speeds`,
+  LPP-SGD's workers sharing a device) scale these costs again, and an in-process run's
+  folded backward-and-update of PD-ASGD and LPP-SGD is timed as one backward.
+  """
   if len(profile.tables) != 1:
     have = '; '.join(f'split={list(map(list, t.split))} tasks={t.tasks!r}' for t in profile.tables)
     raise ProfileError(
@@ -847,23 +861,28 @@ def calibrate(profile: Profile, durations: Mapping[tuple[Any, str], Sequence[flo
   for key, seconds in table.costs.items():
     if isinstance(key, tuple):
       found = list(durations.get(key, ()))
-    else:
-      found = [d for (_, kind), ds in durations.items() if kind == key for d in ds]
+    else:  # the stages without a key of their own (`CostModel.compute` looks those up first)
+      found = [
+        d
+        for (stage, kind), ds in durations.items()
+        if kind == key and (stage, kind) not in table.costs
+        for d in ds
+      ]
     costs[key] = float(np.median(found)) if found else seconds
     if found:
       timed.append(key)
   if not timed:
     raise ProfileError(
       f"cost.profile: the run timed none of the profile's tasks "
-      f'({", ".join(map(_key_str, table.costs))}); it ran '
-      f'{", ".join(sorted(map(_key_str, durations))) or "no compute task"}.'
+      f'({", ".join(map(_key_str, table.costs))}); it timed '
+      f'{", ".join(sorted(map(_key_str, durations))) or "none (skip larger than its lanes ran?)"}.'
     )
   spread = {k: dict.fromkeys(SPREAD_STATISTICS, v) for k, v in costs.items()}
   calibrated = dataclasses.replace(table, costs=costs, spread=spread)
   return dataclasses.replace(
     profile,
     tables=(calibrated,),
-    statistic=STATISTIC,
+    statistic=CALIBRATED,  # so that `merge` never mixes it with measured tables
     clock='wall',
     date=datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
   )
