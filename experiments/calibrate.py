@@ -28,9 +28,7 @@ costs again, and LPP-SGD runs with several workers per device are refused as pil
 virtual clock divides those workers' speed again). Data-parallel runs write no trace.
 """
 
-import json
 import os
-import sys
 
 from absl import app
 from absl import flags
@@ -54,7 +52,7 @@ def main(argv):
     raise SystemExit(f'--out: {_OUT.value} exists; --replace overwrites it.')
   try:
     measured = profiles.load(_PROFILE.value)
-    check_pilot(pilot_config(_RUN.value), measured)
+    profiles.check_pilot(profiles.pilot_config(_RUN.value), measured)
     durations = profiles.trace_durations(os.path.join(_RUN.value, 'trace.json'), _SKIP.value)
     calibrated = profiles.calibrate(measured, durations)
   except profiles.ProfileError as e:
@@ -72,45 +70,6 @@ def main(argv):
   print(
     f'wrote {_OUT.value}: the costs of {_RUN.value} ({_SKIP.value} first tasks per lane left out)'
   )
-
-
-def pilot_config(run: str) -> dict:
-  """The config of the run at `run` (its summary.json)."""
-  try:
-    with open(os.path.join(run, 'summary.json')) as f:
-      return json.load(f)['config']
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise profiles.ProfileError(f'--run: {run} has no summary.json of a run ({e!r}).') from None
-
-
-def check_pilot(config: dict, profile: profiles.Profile) -> None:
-  """Refuses a run that cannot calibrate `profile` (one line, the field): not on the
-  real clock, another model or batch size, or lanes whose simulated speed the virtual
-  clock scales again (LPP-SGD's workers sharing a device)."""
-  if config.get('clock') != 'real':
-    raise profiles.ProfileError(
-      f'--run: a run on the {config.get("clock")!r} clock; a pilot runs on the real clock '
-      '(--config.clock=real --config.executor=processes).'
-    )
-  model, batch = config.get('model', {}).get('name'), config.get('batch_size')
-  if model != profile.model['name'] or batch != profile.batch_size:
-    raise profiles.ProfileError(
-      f'--run: model {model!r}, batch {batch}; the profile is of model '
-      f'{profile.model["name"]!r}, batch {profile.batch_size}.'
-    )
-  algorithm = config.get('algorithm', {})
-  if algorithm.get('name') == 'lppsgd' and algorithm.get('workers_per_device', 1) > 1:
-    raise profiles.ProfileError(
-      '--run: LPP-SGD with algorithm.workers_per_device > 1: the virtual clock divides '
-      "those workers' speed by it, and the pilot's durations already carry that sharing; "
-      'calibrate from a run with one worker per device.'
-    )
-  if config.get('executor') != 'processes':
-    print(
-      'note: an in-process pilot: its durations are task costs only with a device per '
-      'lane (on one CPU device they are not; docs/simulator.md).',
-      file=sys.stderr,
-    )
 
 
 def _count(durations, key, costs) -> int:

@@ -62,6 +62,7 @@ import dataclasses
 import datetime
 import json
 import math
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -886,6 +887,45 @@ def calibrate(profile: Profile, durations: Mapping[tuple[Any, str], Sequence[flo
     clock='wall',
     date=datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
   )
+
+
+def pilot_config(run: str) -> dict:
+  """The config of the run at `run` (its summary.json)."""
+  try:
+    with open(os.path.join(run, 'summary.json')) as f:
+      return json.load(f)['config']
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ProfileError(f'--run: {run} has no summary.json of a run ({e!r}).') from None
+
+
+def check_pilot(config: dict, profile: Profile) -> None:
+  """Refuses a run (its config, `pilot_config`) that cannot calibrate `profile`, in one
+  line naming the field: not on the real clock, another model or batch size, or lanes
+  whose simulated speed the virtual clock scales again (LPP-SGD's workers sharing a
+  device); warns of an in-process pilot."""
+  if config.get('clock') != 'real':
+    raise ProfileError(
+      f'--run: a run on the {config.get("clock")!r} clock; a pilot runs on the real clock '
+      '(--config.clock=real --config.executor=processes).'
+    )
+  model, batch = config.get('model', {}).get('name'), config.get('batch_size')
+  if model != profile.model['name'] or batch != profile.batch_size:
+    raise ProfileError(
+      f'--run: model {model!r}, batch {batch}; the profile is of model '
+      f'{profile.model["name"]!r}, batch {profile.batch_size}.'
+    )
+  algorithm = config.get('algorithm', {})
+  if algorithm.get('name') == 'lppsgd' and algorithm.get('workers_per_device', 1) > 1:
+    raise ProfileError(
+      '--run: LPP-SGD with algorithm.workers_per_device > 1: the virtual clock divides '
+      "those workers' speed by it, and the pilot's durations already carry that sharing; "
+      'calibrate from a run with one worker per device.'
+    )
+  if config.get('executor') != 'processes':
+    logging.warning(
+      'an in-process pilot: its durations are task costs only with a device per lane (on '
+      'one CPU device they are not; docs/simulator.md).'
+    )
 
 
 # --- helpers --------------------------------------------------------------------------------
