@@ -321,12 +321,9 @@ def observed_profile(profile: str, workdir: str, warmup: int) -> str:
   medians = task_medians(workdir, warmup)
   loaded = profiles.load(profile)
 
-  def observed(table):  # every figure the run's median (whichever `cost.statistic` reads)
-    costs = {k: medians.get(k, v) for k, v in table.costs.items()}
-    spread = {k: dict.fromkeys(profiles.SPREAD_STATISTICS, v) for k, v in costs.items()}
-    return dataclasses.replace(table, costs=costs, spread=spread)
-
-  tables = tuple(observed(t) for t in loaded.tables)
+  # Every figure the run's median (whichever `cost.statistic` reads), as `calibrate` does.
+  timed = {key: [seconds] for key, seconds in medians.items()}
+  tables = tuple(profiles.calibrated_table(t, timed) for t in loaded.tables)
   path = os.path.join(workdir, 'observed_profile.json')
   profiles.save(dataclasses.replace(loaded, tables=tables), path)
   return path

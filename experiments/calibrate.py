@@ -61,7 +61,7 @@ def main(argv):
   before, after = measured.tables[0].costs, calibrated.tables[0].costs
   print(f'{"task":<14} {"profile ms":>11} {"run ms":>9} {"tasks":>6}')
   for key in before:
-    count = _count(durations, key, before)
+    count = len(profiles.timed_durations(measured.tables[0], key, durations))
     shown = f'{1e3 * after[key]:9.3f}' if count else f'{"(kept)":>9}'
     print(f'{_name(key):<14} {1e3 * before[key]:11.3f} {shown} {count:6d}')
   unused = sorted(_name(k) for k in durations if k not in before and k[1] not in before)
@@ -69,15 +69,6 @@ def main(argv):
     print(f'timed in the run, not in the profile (left out): {", ".join(unused)}')
   print(
     f'wrote {_OUT.value}: the costs of {_RUN.value} ({_SKIP.value} first tasks per lane left out)'
-  )
-
-
-def _count(durations, key, costs) -> int:
-  """How many of the run's tasks `key`'s cost is the median of (`profiles.calibrate`)."""
-  if isinstance(key, tuple):
-    return len(durations.get(key, ()))
-  return sum(
-    len(ds) for (s, kind), ds in durations.items() if kind == key and (s, kind) not in costs
   )
 
 

@@ -858,28 +858,13 @@ def calibrate(profile: Profile, durations: Mapping[tuple[Any, str], Sequence[flo
       f"has {len(profile.tables)}: {have}. Measure one for the run's config."
     )
   (table,) = profile.tables
-  costs, timed = {}, []
-  for key, seconds in table.costs.items():
-    if isinstance(key, tuple):
-      found = list(durations.get(key, ()))
-    else:  # the stages without a key of their own (`CostModel.compute` looks those up first)
-      found = [
-        d
-        for (stage, kind), ds in durations.items()
-        if kind == key and (stage, kind) not in table.costs
-        for d in ds
-      ]
-    costs[key] = float(np.median(found)) if found else seconds
-    if found:
-      timed.append(key)
-  if not timed:
+  if not any(timed_durations(table, key, durations) for key in table.costs):
     raise ProfileError(
       f"cost.profile: the run timed none of the profile's tasks "
       f'({", ".join(map(_key_str, table.costs))}); it timed '
       f'{", ".join(sorted(map(_key_str, durations))) or "none (skip larger than its lanes ran?)"}.'
     )
-  spread = {k: dict.fromkeys(SPREAD_STATISTICS, v) for k, v in costs.items()}
-  calibrated = dataclasses.replace(table, costs=costs, spread=spread)
+  calibrated = calibrated_table(table, durations)
   return dataclasses.replace(
     profile,
     tables=(calibrated,),
@@ -887,6 +872,31 @@ def calibrate(profile: Profile, durations: Mapping[tuple[Any, str], Sequence[flo
     clock='wall',
     date=datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
   )
+
+
+def timed_durations(table: Table, key, durations: Mapping[tuple[Any, str], Sequence[float]]):
+  """The durations (`trace_durations`) that task `key` of `table` costs: its own, or for a
+  `kind` key those of the stages without a key of their own (`CostModel.compute` looks
+  those up first)."""
+  if isinstance(key, tuple):
+    return list(durations.get(key, ()))
+  return [
+    d
+    for (stage, kind), ds in durations.items()
+    if kind == key and (stage, kind) not in table.costs
+    for d in ds
+  ]
+
+
+def calibrated_table(table: Table, durations: Mapping[tuple[Any, str], Sequence[float]]) -> Table:
+  """`table` with every task the durations time costing their median (every figure:
+  `costs`, `median`, `p90`); the others keep their cost (`calibrate`)."""
+  costs = {}
+  for key, seconds in table.costs.items():
+    found = timed_durations(table, key, durations)
+    costs[key] = float(np.median(found)) if found else seconds
+  spread = {k: dict.fromkeys(SPREAD_STATISTICS, v) for k, v in costs.items()}
+  return dataclasses.replace(table, costs=costs, spread=spread)
 
 
 def pilot_config(run: str) -> dict:
