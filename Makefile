@@ -20,8 +20,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m experiments.train --config=$(CONFIG) --workdir=$(WORKDIR)
 
+# The tests in TEST_WORKERS processes (pytest-xdist, a file's tests in one of them), then
+# those marked `alone` (they bound how long a fault takes to end a run) with nothing
+# beside them. Plain `pytest` runs them all in one process, in order.
+TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not alone' --durations=15
+	$(PY) -m pytest -q -m alone --durations=5
 
 # The whole tree passes the formatter and the linter (configured in pyproject.toml).
 lint: $(STAMP)

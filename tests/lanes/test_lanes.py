@@ -28,6 +28,9 @@ from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECIPE = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=0.5)
+# Its tests bound how long a killed lane or a signal takes to end everything (5 s): run
+# with nothing beside them.
+pytestmark = pytest.mark.alone
 X = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
 G = np.linspace(1, 2, 12, dtype=np.float32).reshape(3, 4)
 

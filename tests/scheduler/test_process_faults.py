@@ -8,7 +8,8 @@ counts the processes of the run that are left: none may be.
 The signal tests let the run start its own Ray cluster (as a run on one machine does),
 so the count covers Ray's own processes too (GCS, raylet, workers, agents); the others
 join the shared `ray start --head` node (`tests/lanes/ray_head.py`) and count its lane
-processes.
+processes. One test drives `ProcessExecutor` itself: a lane killed in the middle of a
+task ends the run within 5 s.
 """
 
 import json
@@ -17,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -25,11 +27,17 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'lanes'))
 from ray_head import serve_head  # noqa: E402
 from test_lanes import _lane_processes, gone  # noqa: E402
+from test_process_executor import _cluster, _probe  # noqa: E402
 
 from jaxsgd.algorithms.settings import shared_settings  # noqa: E402
+from jaxsgd.scheduler import Process  # noqa: E402
+from jaxsgd.scheduler.lanes import LaneError, LanePlacement  # noqa: E402
 from jaxsgd.scheduler.lanes.runtime import FAULT_VAR  # noqa: E402
+from jaxsgd.scheduler.process import ProcessExecutor  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Every test here bounds how long a fault takes to end the run: run with nothing beside it.
+pytestmark = pytest.mark.alone
 
 
 @pytest.fixture(scope='module')
@@ -219,6 +227,34 @@ def test_asgd_goes_on_without_lost_workers_and_reports_them(head, data_dir, tmp_
   assert pushes['worker 0'] > pushes['worker 1'] + pushes['worker 2']
   assert sum(pushes.values()) >= 200  # every step applied (pushes past the end dropped)
   assert gone(set(_lane_processes(head)) - before) == []
+
+
+def test_a_killed_lane_ends_the_run_within_5s_and_no_process_is_left(head):
+  executor = ProcessExecutor(
+    LanePlacement.spread(['stage0', 'stage1']), address=head.address, verbose=False
+  )
+  processes = [
+    Process('stage 0', 0, _probe('hang', 60.0)),
+    Process('stage 1', 1, _probe('hang', 60.0)),
+  ]
+  killed = {}
+
+  def kill_when_started():
+    while executor.pool is None or not getattr(executor, '_pending', None):
+      time.sleep(0.05)
+    pids = executor.pool.pids()
+    killed.update(pids=list(pids.values()), host=executor.pool.info['stage1']['host'])
+    time.sleep(0.5)
+    killed['at'] = time.monotonic()
+    os.kill(pids['stage1'], signal.SIGKILL)
+
+  threading.Thread(target=kill_when_started, daemon=True).start()
+  with pytest.raises(LaneError, match=r"lane 'stage1' on host .*process died") as error:
+    executor.run(_cluster('stage 0', 'stage 1'), processes)
+  assert time.monotonic() - killed['at'] < 5
+  assert error.value.host == killed['host']
+  assert executor.pool is None  # closed on the way out
+  assert gone(killed['pids']) == []  # the hanging lane too
 
 
 def test_tolerate_lost_workers_is_checked_before_anything_starts():

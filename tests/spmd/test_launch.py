@@ -24,6 +24,9 @@ from jaxsgd import launch
 from jaxsgd.training import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# Its tests bound how long the launcher takes to end a failed or stopped run
+# (`CONTRACT_S`): run with nothing beside them.
+pytestmark = pytest.mark.alone
 
 
 def run_launcher(*args, timeout=150):

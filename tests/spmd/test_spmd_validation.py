@@ -72,6 +72,7 @@ def _closed_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.alone  # bounds the time to fail (5 s)
 def test_unreachable_coordinator_fails_fast_and_names_it():
   env = {
     distributed.ADDRESS_VAR: f'127.0.0.1:{_closed_port()}',
