@@ -426,6 +426,22 @@ def test_to_device_copies_only_what_is_not_on_the_device():
   np.testing.assert_array_equal(moved['b'][0], [0.0, 2.0, 4.0])
 
 
+def test_a_constant_is_the_array_device_put_makes_and_passes_the_transfer_guard():
+  device = jax.devices()[1]
+  for value, dtype in ((3, np.int32), (1.0, np.float32), (-2.5, np.float64), (7, np.int64)):
+    with jax.transfer_guard('disallow'):  # An explicit placement.
+      made = transfer.constant(value, device, dtype)
+    expected = jax.device_put(np.asarray(value, dtype), device)
+    assert (made.dtype, made.shape, made.weak_type, made.committed, made.sharding) == (
+      expected.dtype,
+      expected.shape,
+      expected.weak_type,
+      True,
+      expected.sharding,
+    )
+    assert made.item() == expected.item() == value
+
+
 def _committed_producer(out, device):
   for i in range(3):
     value = yield Compute(
