@@ -22,11 +22,16 @@ demo: $(STAMP)
 
 # The tests in TEST_WORKERS processes (pytest-xdist, a file's tests in one of them), then
 # those marked `alone` (they bound how long a fault takes to end a run) with nothing
-# beside them. Plain `pytest` runs them all in one process, in order.
+# beside them; the second phase runs even if the first failed, and the status is the
+# first failure's. Both phases share one XLA compilation cache (tests/conftest.py uses
+# JAX_COMPILATION_CACHE_DIR when it is set). Plain `pytest` runs them all in one process.
 TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not alone' --durations=15
-	$(PY) -m pytest -q -m alone --durations=5
+	@cache=$$(mktemp -d -t jaxsgd-tests-xla-cache-XXXXXX); trap 'rm -rf "$$cache"' EXIT; \
+	export JAX_COMPILATION_CACHE_DIR="$$cache"; status=0; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not alone' --durations=15 || status=$$?; \
+	$(PY) -m pytest -q -m alone --durations=5 || { [ $$status -ne 0 ] || status=$$?; }; \
+	exit $$status
 
 # The whole tree passes the formatter and the linter (configured in pyproject.toml).
 lint: $(STAMP)

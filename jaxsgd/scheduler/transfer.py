@@ -120,7 +120,8 @@ def constant(value, device: jax.Device, dtype=np.float32):
   """A scalar constant committed to `device` (e.g. the loss cotangent 1.0, a push's
   staleness): the array `jax.device_put` makes, placed by `_host_placer` (measured on a
   2-core Intel Xeon VM: 15 µs of host time against `device_put`'s 56; a parameter
-  server makes one per staleness it meets)."""
+  server makes one per staleness it meets). Like `to_device`'s host path, it is not seen
+  by the `*_explicit` transfer guards, which only `jax.device_put` reports."""
   return _host_placer(device)(np.asarray(value, dtype))
 
 
