@@ -28,9 +28,6 @@ from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECIPE = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=0.5)
-# Its tests bound how long a killed lane or a signal takes to end everything (5 s): run
-# with nothing beside them.
-pytestmark = pytest.mark.alone
 X = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
 G = np.linspace(1, 2, 12, dtype=np.float32).reshape(3, 4)
 
@@ -302,6 +299,7 @@ def test_a_task_that_raises_names_its_lane_and_host(pool):
   assert pool.fetch(pool.run('b', task('add'), (np.float32(1), np.float32(1)))) == 2  # lives on
 
 
+@pytest.mark.alone  # bounds how long the lanes take to end (5 s)
 def test_a_killed_lane_stops_the_wait_within_5s_naming_it(head):
   with LanePool(LanePlacement.spread(['c', 'd']), address=head.address, verbose=False) as lanes:
     busy = lanes.start('c', task('hang'), (1.0,))
@@ -356,6 +354,7 @@ def _driver(address: str, *flags: str) -> tuple[subprocess.Popen, dict]:
   return process, json.loads(line)
 
 
+@pytest.mark.alone  # bounds how long the lanes take to end (5 s)
 def test_sigterm_of_the_driver_ends_every_lane(head):
   process, started = _driver(head.address)
   time.sleep(0.5)  # inside its wait
@@ -364,6 +363,7 @@ def test_sigterm_of_the_driver_ends_every_lane(head):
   assert gone(started['lanes']) == []
 
 
+@pytest.mark.alone  # bounds how long the lanes take to end (5 s)
 def test_a_sigterm_whose_interrupt_was_lost_still_ends_the_run(head):
   """Python runs a signal handler wherever the main thread is; inside a garbage-collector
   callback its `KeyboardInterrupt` is printed and dropped. The pool's waits look again
@@ -373,6 +373,7 @@ def test_a_sigterm_whose_interrupt_was_lost_still_ends_the_run(head):
   assert gone(started['lanes']) == []
 
 
+@pytest.mark.alone  # bounds how long the lanes take to end (5 s)
 @pytest.mark.slow
 def test_ctrl_c_of_a_driver_with_its_own_cluster_leaves_no_process():
   process, started = _driver('local')

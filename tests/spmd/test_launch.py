@@ -24,9 +24,6 @@ from jaxsgd import launch
 from jaxsgd.training import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-# Its tests bound how long the launcher takes to end a failed or stopped run
-# (`CONTRACT_S`): run with nothing beside them.
-pytestmark = pytest.mark.alone
 
 
 def run_launcher(*args, timeout=150):
@@ -208,6 +205,7 @@ def _communicate(launcher, timeout=120):
   return out, err, time.time()
 
 
+@pytest.mark.alone  # bounds how long the launcher takes to end the run
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 @pytest.mark.parametrize(
   'mode, failing, status, line',
@@ -266,6 +264,7 @@ def _wait_for(launcher, text, timeout=60):
   return seen
 
 
+@pytest.mark.alone  # bounds how long the launcher takes to end the run
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 @pytest.mark.parametrize('sig, status', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_stopping_the_launcher_ends_a_jax_run_within_the_contract(tmp_path, sig, status):
@@ -282,6 +281,7 @@ def test_stopping_the_launcher_ends_a_jax_run_within_the_contract(tmp_path, sig,
   assert not _leftovers(mark)
 
 
+@pytest.mark.alone  # bounds how long the launcher takes to end the run
 @pytest.mark.slow  # Two fresh JAX processes, ~10-15 s on 2 busy cores.
 def test_a_stopped_process_ends_the_run_after_the_heartbeat_timeout(tmp_path):
   heartbeat_s = 2
@@ -338,6 +338,7 @@ def test_a_cluster_that_never_forms_is_a_clear_error(tmp_path):
   assert not _leftovers(mark)
 
 
+@pytest.mark.alone  # bounds how long the launcher takes to end the run
 def test_a_failing_process_stops_the_others(tmp_path):
   pid_file = tmp_path / 'pid'
   proc, elapsed = run_launcher(
@@ -369,6 +370,7 @@ def test_a_command_that_cannot_start_is_one_line(tmp_path):
   )
 
 
+@pytest.mark.alone  # bounds how long the launcher takes to end the run
 def test_launcher_timeout_kills_everything():
   proc, elapsed = run_launcher(
     '--processes',
@@ -429,6 +431,7 @@ def _start_sleepers(pid_file, *extra):
   return launcher, [int(f.read_text()) for f in files]
 
 
+@pytest.mark.alone  # bounds how long the children take to end (5 s)
 def test_sigkill_to_the_launcher_kills_the_children(tmp_path):
   launcher, pids = _start_sleepers(tmp_path / 'pid')
   launcher.kill()
@@ -439,6 +442,7 @@ def test_sigkill_to_the_launcher_kills_the_children(tmp_path):
   assert not any(_alive(p) for p in pids)
 
 
+@pytest.mark.alone  # bounds how long the launcher takes to end the run
 def test_unreachable_coordinator_is_a_clear_error(tmp_path):
   port = launch.free_port()  # Nobody listens there.
   proc, elapsed = run_launcher(
