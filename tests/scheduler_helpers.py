@@ -135,3 +135,27 @@ def sequential_sgd(pipe: PlacedStages, stream, steps: int):
       grads, dy = ops[k].backward(vjps[k], dy)
       params[k], opt[k] = ops[k].update(params[k], opt[k], grads)
   return params, opt
+
+
+def profile_of(**fields):
+  """A `profiles.Profile` for tests: neutral metadata (no tables, no dispatch figures),
+  with `fields` in its place."""
+  from jaxsgd.scheduler import profiles  # pylint: disable=g-import-not-at-top
+
+  defaults = dict(
+    model={},
+    batch_size=1,
+    optimizer='sgd',
+    device_kind='cpu',
+    platform='cpu',
+    jax_version='0',
+    date='',
+    statistic='min',
+    clock='wall',
+    pinned=False,
+    warmup=1,
+    reps=1,
+    dispatch={},
+    tables=(),
+  )
+  return profiles.Profile(**{**defaults, **fields})

@@ -14,6 +14,7 @@ from experiments.configs import ddg as ddg_config
 from jaxsgd import models
 from jaxsgd.scheduler import profiles
 from jaxsgd.training import train_and_evaluate
+from scheduler_helpers import profile_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,18 +43,12 @@ def _write_trace(path, lanes, tasks):
 def _profile(costs, tables=1):
   table = profiles.Table(((0, 2), (2, 4)), 'roles', dict(costs))
   extra = tuple(profiles.Table(((0, 4),), f'other{i}', dict(costs)) for i in range(tables - 1))
-  return profiles.Profile(
+  return profile_of(
     model={'name': 'm', 'input_shape': [4], 'num_classes': 2, 'num_layers': 4, 'num_params': 1},
     batch_size=8,
-    optimizer='sgd',
-    device_kind='cpu',
-    platform='cpu',
-    jax_version='0',
     date='2026-11-26',
-    statistic='min',
     clock='cpu',
     pinned=True,
-    warmup=1,
     reps=3,
     dispatch={'real': 1e-5},
     tables=(table, *extra),

@@ -21,6 +21,7 @@ from jaxsgd.algorithms.settings import cost_settings, shared_settings
 from jaxsgd.scheduler import CostModel, VirtualExecutor, profiles
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
 from jaxsgd.training.loop import build_model
+from scheduler_helpers import profile_of
 
 
 def _tasks(n, kind='forward', stage=0, lane=None):
@@ -84,22 +85,7 @@ def test_zero_dispatch_changes_no_duration():
 
 def _profile(dispatch: dict) -> profiles.Profile:
   """A profile with no tables and these dispatch figures (seconds per task)."""
-  return profiles.Profile(
-    model={},
-    batch_size=1,
-    optimizer='sgd',
-    device_kind='cpu',
-    platform='cpu',
-    jax_version='0',
-    date='',
-    statistic='min',
-    clock='wall',
-    pinned=False,
-    warmup=1,
-    reps=1,
-    dispatch=dispatch,
-    tables=(),
-  )
+  return profile_of(dispatch=dispatch)
 
 
 def test_bad_dispatch_settings_are_refused_naming_the_field(tmp_path):
