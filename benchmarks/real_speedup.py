@@ -2,6 +2,7 @@ r"""Real speed-up over lane processes: staged BP on one pinned core vs DDG / loc
 
     python -m benchmarks.real_speedup                 # ~3 min on a loaded 2-core CPU
     python -m benchmarks.real_speedup --address HEAD_IP:6379   # lanes on a Ray cluster
+    python -m benchmarks.real_speedup --lanes=8 --depth=16 --gpu  # K=8 on 8 cores; BP on a GPU
 
 The same policies as training (`jaxsgd.pipeline`), on the real clock across processes
 (`scheduler/process.py`), each lane an OS process pinned to its own core with XLA's
@@ -17,6 +18,12 @@ intra-op threads off:
   lppsgd  LPP-SGD with 2 replicas of one worker each (`worker0.0` on core 0,
           `worker1.0` on core 1), averaged every 4 updates (`allreduce` on core 0); an
           iteration is one applied update
+`--lanes=K` runs the same cases with K lanes on cores 0..K-1 (DDG and local K=K, ASGD with
+K workers, PD-ASGD 1:(K-1) with its backward workers on cores 1..K-1, LPP-SGD with K
+replicas); a core number past the machine's wraps round (lanes then share cores). A split
+into K stages needs at least K layers: `--depth` sets the hidden layers. `--gpu` adds BP
+on one lane given the host's GPU (`stage0@gpu=1`), in a pool of its own after the CPU
+rounds (not interleaved with them: its time is for reference, not a ratio).
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
 the batches are synthetic, a cycle of a few made once (`batches`). Its inputs (`--features`, 1536 by default) make the two stages
 that `split` cuts by forward FLOPs (printed) cost about the same forward and backward: a
@@ -59,7 +66,7 @@ def batches(seed: int = 0):
 
 def placed(roles, steps: int) -> PlacedStages:
   num = len(roles)
-  model = models.get_model('mlp', (FEATURES,), CLASSES, hidden=HIDDEN)
+  model = mlp()
   return PlacedStages(
     model,
     num,
@@ -71,15 +78,19 @@ def placed(roles, steps: int) -> PlacedStages:
   )
 
 
-def split_balance() -> str:
-  """The K=2 split's stages in forward FLOPs (XLA's count, what `split` balances)."""
+def mlp():
+  """The benchmark's model: `FEATURES` inputs, the `HIDDEN` layers, `CLASSES` outputs."""
+  return models.get_model('mlp', (FEATURES,), CLASSES, hidden=HIDDEN)
+
+
+def split_balance(num_stages: int) -> str:
+  """The K-stage split's stages in forward FLOPs (XLA's count, what `split` balances)."""
   from jaxsgd.models.split import balanced_boundaries
 
-  model = models.get_model('mlp', (FEATURES,), CLASSES, hidden=HIDDEN)
-  costs = model.layer_costs()
-  stages = [sum(costs[a:b]) for a, b in balanced_boundaries(costs, 2)]
+  costs = mlp().layer_costs()
+  stages = [sum(costs[a:b]) for a, b in balanced_boundaries(costs, num_stages)]
   shares = ' : '.join(f'{c / 1e6:.2f}' for c in stages)
-  return f'K=2 split: {shares} forward MFLOP per example'
+  return f'K={num_stages} split: {shares} forward MFLOP per example'
 
 
 def measured(executor: ProcessExecutor, timeline, steps: int, warmup: int):
@@ -118,18 +129,18 @@ def per_iteration(timeline, steps: int, warmup: int) -> float:
   return (end - start) / (steps - warmup)
 
 
-def run(pool: LanePool, roles, steps: int, warmup: int) -> tuple[float, float, float]:
+def run(pool: LanePool, case, steps: int, warmup: int) -> tuple[float, float, float]:
   """(seconds per iteration after `warmup` batches, driver seconds per dispatched task,
-  busy seconds per iteration of the busiest lane)."""
-  if roles == 'asgd':
-    return run_asgd(pool, 2, steps, warmup)
-  if roles == 'pdasgd':
-    return run_pdasgd(pool, steps, warmup)
-  if roles == 'lppsgd':
-    return run_lppsgd(pool, steps, warmup)
-  stages = placed(roles, steps)
-  feed = BatchFeed(batches(), 1 + sum(r.loss != 'none' for r in roles))
-  session = stages.session(roles, feed, steps)
+  busy seconds per iteration of the busiest lane). `case`: stage roles, or
+  `(family, K)` of an asynchronous family."""
+  if isinstance(case[0], str):
+    family, lanes = case
+    return {'asgd': run_asgd, 'pdasgd': run_pdasgd, 'lppsgd': run_lppsgd}[family](
+      pool, lanes, steps, warmup
+    )
+  stages = placed(case, steps)
+  feed = BatchFeed(batches(), 1 + sum(r.loss != 'none' for r in case))
+  session = stages.session(case, feed, steps)
   executor = ProcessExecutor(pool=pool)
   timeline = executor.run(session.cluster, session.processes())
   return measured(executor, timeline, steps, warmup)
@@ -167,27 +178,29 @@ def run_asgd(pool: LanePool, num_workers: int, steps: int, warmup: int) -> tuple
   return measured(executor, timeline, steps, warmup)
 
 
-def run_pdasgd(pool: LanePool, steps: int, warmup: int) -> tuple[float, float]:
-  """PD-ASGD (`jaxsgd.asynchronous.pdasgd`), one forward and one backward worker, the
-  default bound of 2 batches in flight; updates on the shared model's lane."""
-  settings = pdasgd.PdSettings(n_fwd=1, n_bwd=1, updates='layer')
+def run_pdasgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[float, float]:
+  """PD-ASGD (`jaxsgd.asynchronous.pdasgd`), one forward and `lanes - 1` backward workers
+  (a backward costs about twice a forward), the default bound of `lanes` batches in
+  flight; updates on the shared model's lane."""
+  settings = pdasgd.PdSettings(n_fwd=1, n_bwd=lanes - 1, updates='layer')
   executor = ProcessExecutor(pool=pool)
   session = pdasgd.PdSession(
     placed(sequential_roles(2), steps),
     settings,
     [batches()],
-    [jax.devices()[0]] * 3,
+    [jax.devices()[0]] * (1 + lanes),
     common.StepCounter(steps),
-    common.WorkerLog([pdasgd.worker_name(settings, w) for w in range(2)], {}, executor.now),
+    common.WorkerLog([pdasgd.worker_name(settings, w) for w in range(lanes)], {}, executor.now),
     lane_processes=True,
   )
   timeline = executor.run(session.cluster, session.processes())
   return measured(executor, timeline, steps, warmup)
 
 
-def run_lppsgd(pool: LanePool, steps: int, warmup: int) -> tuple[float, float]:
-  """LPP-SGD (`jaxsgd.asynchronous.lppsgd`), 2 replicas of one worker, averaged every 4."""
-  settings = lppsgd.LppSettings(devices=2, workers_per_device=1, averaging_freq=4)
+def run_lppsgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[float, float]:
+  """LPP-SGD (`jaxsgd.asynchronous.lppsgd`), `lanes` replicas of one worker, averaged
+  every 4."""
+  settings = lppsgd.LppSettings(devices=lanes, workers_per_device=1, averaging_freq=4)
   stages = placed(sequential_roles(1), steps)
   variables = stages.initial_variables(0, sequential_roles(1)[0])
   executor = ProcessExecutor(pool=pool)
@@ -196,18 +209,43 @@ def run_lppsgd(pool: LanePool, steps: int, warmup: int) -> tuple[float, float]:
     settings,
     variables,
     stages.tx.init(variables['params']),
-    [batches(seed=d) for d in range(2)],
-    [jax.devices()[0]] * 2,
+    [batches(seed=d) for d in range(lanes)],
+    [jax.devices()[0]] * lanes,
     common.StepCounter(steps),
-    common.WorkerLog(['worker 0.0', 'worker 1.0'], {}, executor.now),
+    common.WorkerLog([f'worker {d}.0' for d in range(lanes)], {}, executor.now),
     lane_processes=True,
   )
   timeline = executor.run(session.cluster, session.processes())
   return measured(executor, timeline, steps, warmup)
 
 
+def cases(lanes: int) -> dict:
+  """Each case's name and what `run` takes: stage roles, or `(family, K)`."""
+  cores = ', '.join(map(str, range(lanes))) if lanes <= 4 else f'0-{lanes - 1}'
+  return {
+    'bp (1 lane, core 0)': sequential_roles(1),
+    f'ddg K={lanes} (cores {cores})': ddg.roles(lanes),
+    f'local K={lanes} (cores {cores})': local.roles(lanes),
+    f'asgd M={lanes} (cores {cores})': ('asgd', lanes),
+    f'pdasgd 1:{lanes - 1} (cores {cores})': ('pdasgd', lanes),
+    f'lppsgd D={lanes} (cores {cores})': ('lppsgd', lanes),
+  }
+
+
+def lane_placement(lanes: int) -> LanePlacement:
+  """Lane k of every case on core k (modulo the machine's cores); the parameter server,
+  the shared model and the all-reduce beside lane 0."""
+  core = lambda k: k % os.cpu_count()
+  spec = [f'stage{k}@cores={core(k)}' for k in range(lanes)]
+  spec += ['server@cores=0', 'sharedmodel@cores=0', 'forwardworker0@cores=0', 'allreduce@cores=0']
+  spec += [f'worker{k}@cores={core(k)}' for k in range(lanes)]
+  spec += [f'backwardworker{k - 1}@cores={core(k)}' for k in range(1, lanes)]
+  spec += [f'worker{k}.0@cores={core(k)}' for k in range(lanes)]
+  return LanePlacement.parse('; '.join(spec))
+
+
 def main():
-  global FEATURES, BATCH  # (`--features`, `--batch`), read by `batches` and `placed`
+  global FEATURES, BATCH, HIDDEN  # (`--features`, `--batch`, `--depth`), read by `mlp`
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--steps', type=int, default=20)
   parser.add_argument('--warmup', type=int, default=4)
@@ -215,37 +253,41 @@ def main():
   parser.add_argument('--address', default=None, help='a Ray cluster (default: start one here)')
   parser.add_argument('--features', type=int, default=FEATURES, help='inputs of the MLP')
   parser.add_argument('--batch', type=int, default=BATCH, help='examples per batch')
+  parser.add_argument('--lanes', type=int, default=2, help='K: lanes of each case, cores 0..K-1')
+  parser.add_argument('--depth', type=int, default=len(HIDDEN), help='hidden layers (1024 wide)')
+  parser.add_argument('--gpu', action='store_true', help='also BP on one GPU lane (reference)')
   args = parser.parse_args()
-  FEATURES, BATCH = args.features, args.batch
-  cases = {
-    'bp (1 lane, core 0)': sequential_roles(1),
-    'ddg K=2 (cores 0, 1)': ddg.roles(2),
-    'local K=2 (cores 0, 1)': local.roles(2),
-    'asgd M=2 (cores 0, 1)': 'asgd',
-    'pdasgd 1:1 K=2 (cores 0, 1)': 'pdasgd',
-    'lppsgd D=2 (cores 0, 1)': 'lppsgd',
-  }
+  if args.lanes < 2:
+    parser.error(f'--lanes: lanes per case, at least 2; got {args.lanes}')
+  if args.depth + 1 < args.lanes:
+    parser.error(
+      f'--depth: hidden layers; {args.lanes} stages need at least {args.lanes - 1}, got {args.depth}'
+    )
+  FEATURES, BATCH, HIDDEN = args.features, args.batch, (HIDDEN[0],) * args.depth
+  cases_ = cases(args.lanes)
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
     f'jax {jax.__version__}; MLP {FEATURES}-{"-".join(map(str, HIDDEN))}-{CLASSES}, '
     f'batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), {args.rounds} rounds'
   )
-  print(split_balance())
-  placement = LanePlacement.parse(
-    'stage0@cores=0; stage1@cores=1; server@cores=0; worker0@cores=0; worker1@cores=1; '
-    'sharedmodel@cores=0; forwardworker0@cores=0; backwardworker0@cores=1; '
-    'worker0.0@cores=0; worker1.0@cores=1; allreduce@cores=0'
-  )
-  times = {name: [] for name in cases}
-  host = {name: [] for name in cases}
-  busiest = {name: [] for name in cases}
+  print(split_balance(args.lanes))
+  placement = lane_placement(args.lanes)
+  times, host, busiest = {}, {}, {}
+
+  def record(name, case, pool):
+    seconds, dispatch, busy = run(pool, case, args.steps, args.warmup)
+    times.setdefault(name, []).append(seconds)
+    host.setdefault(name, []).append(dispatch)
+    busiest.setdefault(name, []).append(busy)
+
   with LanePool(placement, address=args.address) as pool:
     for _ in range(args.rounds):  # interleaved: every case once per round
-      for name, roles in cases.items():
-        seconds, dispatch, busy = run(pool, roles, args.steps, args.warmup)
-        busiest[name].append(busy)
-        times[name].append(seconds)
-        host[name].append(dispatch)
+      for name, case in cases_.items():
+        record(name, case, pool)
+  if args.gpu:  # a pool of its own: lane `stage0` is on core 0 in the other
+    with LanePool(LanePlacement.parse('stage0@gpu=1'), address=args.address) as pool:
+      for _ in range(args.rounds):
+        record('bp (1 lane, GPU; not interleaved)', sequential_roles(1), pool)
   print(f'load average {os.getloadavg()[0]:.1f} at end')
   bp = times['bp (1 lane, core 0)']
   header = (
@@ -258,7 +300,7 @@ def main():
     'rounds (ms)',
   )
   rows, speedups = [], {}
-  for name in cases:
+  for name in times:
     median = statistics.median(times[name])
     # Paired: bp and this case ran in the same round, so they saw about the same load.
     speedups[name] = statistics.median(b / t for b, t in zip(bp, times[name]))
@@ -281,7 +323,8 @@ def main():
     "in the lane's own timing); ceiling: bp's time over it, the speed-up if nothing "
     'but that lane took time (stage balance, tasks slowed by a neighbour)'
   )
-  print(f'ddg real speed-up K=2 (processes): {speedups["ddg K=2 (cores 0, 1)"]:.2f}')
+  ddg_case = next(name for name in cases_ if name.startswith('ddg'))
+  print(f'ddg real speed-up K={args.lanes} (processes): {speedups[ddg_case]:.2f}')
 
 
 if __name__ == '__main__':

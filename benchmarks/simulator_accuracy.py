@@ -61,30 +61,44 @@ import time
 import numpy as np
 
 FAMILIES = ('bp', 'ddg', 'local', 'asgd', 'dcasgd', 'pdasgd', 'lppsgd')
-LABELS = {
-  'bp': 'staged BP K=2',
-  'ddg': 'DDG K=2',
-  'local': 'local K=2',
-  'asgd': 'ASGD M=2',
-  'dcasgd': 'DC-ASGD M=2',
-  'pdasgd': 'PD-ASGD 1:1',
-  'lppsgd': 'LPP-SGD 2x1',
-}
+
+
+def labels(lanes: int) -> dict:
+  """Each family's name in the tables, with `lanes` (K) lanes."""
+  return {
+    'bp': f'staged BP K={lanes}',
+    'ddg': f'DDG K={lanes}',
+    'local': f'local K={lanes}',
+    'asgd': f'ASGD M={lanes}',
+    'dcasgd': f'DC-ASGD M={lanes}',
+    'pdasgd': f'PD-ASGD 1:{lanes - 1}',
+    'lppsgd': f'LPP-SGD {lanes}x1',
+  }
+
+
+LABELS = labels(2)  # `--lanes` updates it
 SIDES = ('measured', 'predicted', 'calibrated', 'replayed')
 ASYNCHRONOUS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')
-# The profile's tables: DDG and PD-ASGD (2 stages, sequential roles) compute what staged
+# The profile's tables: DDG and PD-ASGD (K stages, sequential roles) compute what staged
 # BP computes (`profiles.roles_signature`), so BP's table serves all three.
 MEASURED = ('bp', 'local', 'asgd', 'dcasgd', 'lppsgd')
-# Lanes pinned to cores 0 and 1 (names: `placement.lane_name` of the cluster's lanes).
-PLACEMENT = {
-  'bp': 'stage0@cores=0; stage1@cores=1',
-  'ddg': 'stage0@cores=0; stage1@cores=1',
-  'local': 'stage0@cores=0; stage1@cores=1',
-  'asgd': 'server@cores=0; worker0@cores=0; worker1@cores=1',
-  'dcasgd': 'server@cores=0; worker0@cores=0; worker1@cores=1',
-  'pdasgd': 'sharedmodel@cores=0; forwardworker0@cores=0; backwardworker0@cores=1',
-  'lppsgd': 'worker0.0@cores=0; worker1.0@cores=1; allreduce@cores=0',
-}
+
+
+def placement(name: str, lanes: int) -> str:
+  """Family `name`'s lanes, lane k pinned to core k (names: `placement.lane_name` of the
+  cluster's lanes); the server, the shared model and the all-reduce beside lane 0."""
+  if name in ('bp', 'ddg', 'local'):
+    spec = [f'stage{k}@cores={k}' for k in range(lanes)]
+  elif name in ('asgd', 'dcasgd'):
+    spec = ['server@cores=0'] + [f'worker{k}@cores={k}' for k in range(lanes)]
+  elif name == 'pdasgd':
+    spec = ['sharedmodel@cores=0', 'forwardworker0@cores=0']
+    spec += [f'backwardworker{k - 1}@cores={k}' for k in range(1, lanes)]
+  else:
+    spec = [f'worker{k}.0@cores={k}' for k in range(lanes)] + ['allreduce@cores=0']
+  return '; '.join(spec)
+
+
 # What a lane process runs with (`lanes.placement.LaneSpec.environment`, one core).
 LANE_ENV = {
   'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=false',
@@ -105,7 +119,7 @@ def family_config(
 
   config = default.get_config()
   config.dataset = 'mnist1d/5k'
-  config.model = ml_collections.ConfigDict({'name': 'mlp', 'hidden': (args.hidden,) * 4})
+  config.model = ml_collections.ConfigDict({'name': 'mlp', 'hidden': (args.hidden,) * args.depth})
   config.batch_size = args.batch
   config.train_steps = args.steps
   config.eval_every = args.steps
@@ -115,15 +129,15 @@ def family_config(
   config.optimizer.learning_rate = 0.05
   config.algorithm = default.algorithm(name)
   if name in ('bp', 'ddg', 'local'):
-    config.stages = 2
+    config.stages = args.lanes
   if name in ('asgd', 'dcasgd'):
-    config.workers = 2
+    config.workers = args.lanes
   if name == 'pdasgd':
-    config.stages = 2
-    config.algorithm.update({'n_fwd': 1, 'n_bwd': 1})
+    config.stages = args.lanes
+    config.algorithm.update({'n_fwd': 1, 'n_bwd': args.lanes - 1})
   if name == 'lppsgd':
-    config.algorithm.update({'devices': 2, 'workers_per_device': 1})
-  config.placement.lanes = PLACEMENT[name]
+    config.algorithm.update({'devices': args.lanes, 'workers_per_device': 1})
+  config.placement.lanes = placement(name, args.lanes)
   if side == 'measured':
     config.clock, config.executor = 'real', 'processes'
   else:
@@ -150,7 +164,14 @@ def measure_profile(path: str, args) -> None:
 
 
 def _shape_args(args) -> dict:
-  return {'hidden': args.hidden, 'batch': args.batch, 'steps': args.steps, 'reps': args.reps}
+  return {
+    'hidden': args.hidden,
+    'depth': args.depth,
+    'lanes': args.lanes,
+    'batch': args.batch,
+    'steps': args.steps,
+    'reps': args.reps,
+  }
 
 
 def _write_tables(path: str, args) -> None:
@@ -450,6 +471,10 @@ def main():
   parser.add_argument('--steps', type=int, default=40, help='iterations of each run')
   parser.add_argument('--warmup', type=int, default=8, help='iterations left out (compiling)')
   parser.add_argument('--hidden', type=int, default=1024, help='width of the MLP')
+  parser.add_argument('--depth', type=int, default=4, help='hidden layers of the MLP')
+  parser.add_argument(
+    '--lanes', type=int, default=2, help='K: stages, workers or replicas, on cores 0..K-1'
+  )
   parser.add_argument('--batch', type=int, default=1024)
   parser.add_argument('--reps', type=int, default=20, help='timed calls per task (profile)')
   parser.add_argument('--families', default=','.join(FAMILIES))
@@ -499,6 +524,13 @@ def main():
     return
   if args.repeats < 1:
     parser.error(f'--repeats: measured runs per family, at least 1; got {args.repeats}')
+  if not 2 <= args.lanes <= (os.cpu_count() or 1):
+    parser.error(f"--lanes: 2 to this machine's {os.cpu_count()} cores; got {args.lanes}")
+  if args.depth + 1 < args.lanes:
+    parser.error(
+      f'--depth: {args.lanes} stages need {args.lanes - 1} hidden layers; got {args.depth}'
+    )
+  LABELS.update(labels(args.lanes))
   families = [f for f in args.families.split(',') if f]
   unknown = sorted(set(families) - set(FAMILIES))
   if unknown:
@@ -507,7 +539,8 @@ def main():
   print(
     f'machine: {os.cpu_count()} CPU cores, load average '
     f'{"/".join(f"{x:.1f}" for x in os.getloadavg())} at start; MLP 40-'
-    f'{"-".join([str(args.hidden)] * 4)}-10 on MNIST-1D, batch {args.batch}, SGD; '
+    f'{"-".join([str(args.hidden)] * args.depth)}-10 on MNIST-1D, batch {args.batch}, SGD; '
+    f'{args.lanes} lanes per family; '
     f'{args.steps} iterations per run, the first {args.warmup} left out',
     flush=True,
   )

@@ -74,11 +74,12 @@ def test_placement_text_form_and_bad_input():
   assert 'w0: host=10.0.0.2 cores=1,2,3 gpu=yes' in placement.describe()
   assert LanePlacement.spread(['a', 'b', 'c'], cores=[0, 1]).lanes[2].cores == (0,)
   assert placement['w0'].environment() == {
+    'JAX_PLATFORMS': '',
     'OMP_NUM_THREADS': '3',
     'MKL_NUM_THREADS': '3',
     'OPENBLAS_NUM_THREADS': '3',
     'XLA_FLAGS': '',
-  }  # a GPU lane: no JAX_PLATFORMS; 3 cores: Eigen's pool on them
+  }  # a GPU lane: JAX's default platforms, not the driver's; 3 cores: Eigen's pool on them
   assert placement['server'].environment()['JAX_PLATFORMS'] == 'cpu'
   with pytest.raises(ValueError, match=r"lane 'w0': cores like '0,1' or '0-3'"):
     LanePlacement.parse('w0@cores=x')

@@ -8,8 +8,10 @@ A lane is a name (a pipeline stage's device, an asynchronous worker, the paramet
 server...). `host` is the IP address of a Ray node (None: the driver's node). `cores`
 pins the lane process and XLA's intra-op threads to those cores of its host (None: not
 pinned). `gpu=True` gives the lane one GPU of its host to itself: Ray assigns it and
-sets `CUDA_VISIBLE_DEVICES`, so there is one process per GPU; the other lanes run
-JAX's CPU backend (`JAX_PLATFORMS=cpu`).
+sets `CUDA_VISIBLE_DEVICES`, so there is one process per GPU, and JAX picks its backend
+(`JAX_PLATFORMS` empty: a driver run with `JAX_PLATFORMS=cpu`, as it should be on a host
+whose GPUs its lanes use, does not pass that on); the other lanes run JAX's CPU backend
+(`JAX_PLATFORMS=cpu`).
 
 The text form, one lane per `;`: `name[@key=value[,value...][@...]]` with keys
 `host`, `cores` (`0,1` or `0-3`) and `gpu` (`1`/`0`), e.g.
@@ -49,10 +51,12 @@ class LaneSpec:
     """Variables the lane process needs before JAX starts.
 
     A lane without a GPU uses JAX's CPU backend only (it must not take a share of the
-    host's GPUs: each GPU belongs to one lane process). A pinned lane's intra-op threads
-    are limited to its cores.
+    host's GPUs: each GPU belongs to one lane process). A GPU lane lets JAX choose (empty
+    is JAX's default: every platform it finds, the GPU first), whatever the driver's
+    `JAX_PLATFORMS`: lane processes inherit the driver's environment otherwise. A pinned
+    lane's intra-op threads are limited to its cores.
     """
-    variables = {} if self.gpu else {'JAX_PLATFORMS': 'cpu'}
+    variables = {'JAX_PLATFORMS': '' if self.gpu else 'cpu'}
     if self.cores is None:
       return variables
     threads = str(len(self.cores))
