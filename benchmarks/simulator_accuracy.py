@@ -5,8 +5,12 @@ r"""The simulator's error: each scheduler family on lane processes and on the vi
                                                             # small tasks (1-5 ms), ~5 min
     python -m benchmarks.simulator_accuracy --steps=40 --families=ddg,asgd
     python -m benchmarks.simulator_accuracy --profile=/tmp/acc.json   # reuse a profile
+    python -m benchmarks.simulator_accuracy --lanes=8 --depth=8 --batch=512 --repeats=1
+                                                            # K=8 lanes (a 16-core machine)
 
-Each family runs the same config on both clocks, through `experiments.train`'s own path
+`--lanes=K` (2 by default) gives every family K lanes on cores 0..K-1: K stages, K
+workers beside the server, PD-ASGD 1:(K-1), K LPP-SGD replicas; `--depth` the hidden
+layers (K stages need K-1). Each family runs the same config on both clocks, through `experiments.train`'s own path
 (`training.train_and_evaluate`):
   measured   `clock='real', executor='processes'`: every lane an OS process pinned to
              a core (`--placement`, below), the run's trace as the lanes timed it;
