@@ -55,6 +55,7 @@ jobs on this 2-core machine take cores from the lanes, which the simulator canno
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -86,6 +87,7 @@ ASYNCHRONOUS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')
 # The profile's tables: DDG and PD-ASGD (K stages, sequential roles) compute what staged
 # BP computes (`profiles.roles_signature`), so BP's table serves all three.
 MEASURED = ('bp', 'local', 'asgd', 'dcasgd', 'lppsgd')
+TABLE_OF = {'ddg': 'bp', 'pdasgd': 'bp'}  # else the family's own
 
 
 def placement(name: str, lanes: int) -> str:
@@ -175,18 +177,30 @@ def _shape_args(args) -> dict:
     'batch': args.batch,
     'steps': args.steps,
     'reps': args.reps,
+    'neighbours': args.neighbours,
+    'families': args.families,
   }
 
 
 def _write_tables(path: str, args) -> None:
+  from jaxsgd.scheduler import profiles
+
+  profiles.pin_to_core(0)  # before JAX's first computation
+  with contextlib.ExitStack() as neighbours:
+    if args.neighbours == 'busy':  # the lanes' other cores compute, as in the runs
+      neighbours.enter_context(profiles.BusyNeighbours(range(1, args.lanes)))
+    profiles.save(_measured_tables(args), path)
+
+
+def _measured_tables(args):
   from experiments import profile as profile_command
   from jaxsgd import data as data_lib
   from jaxsgd.scheduler import profiles
   from jaxsgd.training.loop import build_model
 
-  profiles.pin_to_core(0)  # before JAX's first computation
   merged = None
-  for name in MEASURED:
+  families = set(args.families.split(','))
+  for name in [m for m in MEASURED if m in {TABLE_OF.get(f, f) for f in families}]:
     config = family_config(name, args, 'tables')
     dataset = data_lib.load(config.dataset, config.get('data_dir'))
     model = build_model(config, dataset)
@@ -209,7 +223,7 @@ def _write_tables(path: str, args) -> None:
       dispatch=profiles.measure_dispatch() if merged is None else {},
     )
     merged = profile if merged is None else profiles.merge(merged, profile)
-  profiles.save(merged, path)
+  return merged
 
 
 # --- reading a run's trace ---------------------------------------------------------------------
@@ -514,6 +528,13 @@ def main():
     help='when a simulated process goes on: at its task end, or at its dispatch as the '
     "process executor's driver runs ahead of its lanes (cost.schedule)",
   )
+  parser.add_argument(
+    '--neighbours',
+    default='idle',
+    choices=('idle', 'busy'),
+    help='cores 1..K-1 while the profile is measured on core 0: idle, or busy with matrix '
+    'products (`profiles.BusyNeighbours`), as the lanes keep them in the runs',
+  )
   parser.add_argument('--profile', default=None, help='a profile to use (default: measure)')
   parser.add_argument('--link_latency', type=float, default=None, help='s (default: measure)')
   parser.add_argument('--link_bandwidth', type=float, default=None, help='B/s, with the above')
@@ -577,7 +598,9 @@ def main():
     if dispatch_kind == 'auto':  # lanes on cores 0 and 1: do they leave the host a core?
       dispatch_kind = 'processes' if (os.cpu_count() or 1) > 2 else 'processes_cpu'
     print(
-      f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags; min, median, p90 of '
+      f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags, '
+      f'{"cores 1-" + str(args.lanes - 1) + " busy" if args.neighbours == "busy" else "neighbours idle"}'
+      f'; min, median, p90 of '
       f'{loaded.reps}); dispatch per task (µs): '
       + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items())
       + f'; predicted with {dispatch_kind}, cost.statistic={args.statistic!r}, '

@@ -246,6 +246,85 @@ def pin_to_core(core: int) -> None:
       pass  # The thread ended meanwhile.
 
 
+# A neighbour's work: float32 matrix products of the size of an MLP layer's, one core, in
+# a loop, until its parent (the measuring process) is gone. Run as `python -c`, so that
+# nothing of this module is imported there (JAX only).
+_NEIGHBOUR_LOOP = """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+import jax, jax.numpy as jnp
+parent = os.getppid()
+step = jax.jit(lambda a, b: jnp.tanh(a @ b))
+a = jnp.ones((512, 1024), jnp.float32) / 1024
+b = jnp.ones((1024, 1024), jnp.float32)
+print('busy', flush=True)
+while os.getppid() == parent:
+  a = step(a, b).block_until_ready()
+"""
+
+
+class BusyNeighbours:
+  """A context: one process per core of `cores`, each running float32 matrix products
+  in a loop (one thread, `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false`), while the
+  tasks are timed.
+
+  Lanes on neighbouring cores compute at once, and each task then runs slower than alone
+  (an all-core clock below the one-core turbo, a shared last-level cache and memory bus):
+  the lanes' tasks ran 1.04-1.32x a profile measured with idle neighbours on a 16-core
+  machine (docs/simulator.md, "Its error at K = 2, 4, 8"). Measuring with the lanes'
+  other cores busy prices tasks as the lanes run them. Entering waits until every
+  neighbour computes; leaving stops them (SIGKILL after 5 s); a neighbour whose parent
+  dies stops by itself.
+  """
+
+  def __init__(self, cores: Sequence[int]):
+    self.cores = tuple(int(c) for c in cores)
+    self.processes = []
+
+  def __enter__(self):
+    import subprocess
+    import sys
+
+    environment = {
+      **os.environ,
+      'JAX_PLATFORMS': 'cpu',
+      'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=false',
+      'OMP_NUM_THREADS': '1',
+    }
+    try:
+      for core in self.cores:
+        self.processes.append(
+          subprocess.Popen(
+            [sys.executable, '-c', _NEIGHBOUR_LOOP, str(core)],
+            env=environment,
+            stdout=subprocess.PIPE,
+            text=True,
+          )
+        )
+      for process, core in zip(self.processes, self.cores):
+        if process.stdout.readline().strip() != 'busy':
+          raise RuntimeError(f'BusyNeighbours: the neighbour on core {core} did not start.')
+    except BaseException:
+      self.__exit__(None, None, None)
+      raise
+    return self
+
+  def __exit__(self, *exc):
+    import subprocess
+
+    for process in self.processes:
+      process.terminate()
+    for process in self.processes:
+      try:
+        process.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+      process.stdout.close()
+    self.processes = []
+    return False
+
+
 def measure_times(
   calls: Mapping[Any, tuple[Callable, tuple]],
   *,

@@ -3,8 +3,13 @@
 import dataclasses
 import itertools
 import json
+import os
+import subprocess
+import sys
+import time
 
 import numpy as np
+import psutil
 import pytest
 
 from jaxsgd.algorithms import ddg
@@ -230,3 +235,36 @@ def test_dispatch_overhead_is_measured_for_each_executor():
   assert set(overhead) == {'jax_call', 'real', 'real_threads'}
   assert overhead['jax_call'] > 0
   assert all(np.isfinite(v) and v >= 0 for v in overhead.values())
+
+
+def _core() -> int:
+  return sorted(os.sched_getaffinity(0))[-1]
+
+
+def test_busy_neighbours_compute_on_their_cores_and_end_with_the_context():
+  core = _core()
+  with profiles.BusyNeighbours([core, core]) as busy:
+    processes = [psutil.Process(p.pid) for p in busy.processes]
+    assert [p.cpu_affinity() for p in processes] == [[core], [core]]
+    before = [p.cpu_times().user for p in processes]
+    time.sleep(0.5)
+    assert all(p.cpu_times().user > b for p, b in zip(processes, before))  # computing
+  assert busy.processes == []
+  assert [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_busy_neighbours_end_when_the_measuring_process_is_killed(tmp_path):
+  script = (
+    'import sys, time\n'
+    'from jaxsgd.scheduler import profiles\n'
+    f'with profiles.BusyNeighbours([{_core()}]) as busy:\n'
+    '  print(busy.processes[0].pid, flush=True)\n'
+    '  time.sleep(600)\n'
+  )
+  parent = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True)
+  neighbour = psutil.Process(int(parent.stdout.readline()))
+  parent.kill()  # no __exit__: the neighbour sees its parent gone
+  parent.wait()
+  parent.stdout.close()
+  _, alive = psutil.wait_procs([neighbour], timeout=20)  # generous: a safety bound only
+  assert alive == []
