@@ -50,3 +50,22 @@ def cycled_batches(shape, classes, batch_size, seed=0, distinct=4):
       for _ in range(distinct)
     ]
   )
+
+
+def family_lanes(family: str, lanes: int, core=lambda k: k) -> list[str]:
+  """The placement (`LanePlacement` text, one entry per lane) of scheduler family `family`
+  with `lanes` (K) lanes, lane k on core `core(k)`; the parameter server, the shared model
+  and the all-reduce beside lane 0. Families: `bp`/`ddg`/`local` (K stages), `asgd`/
+  `dcasgd` (K workers), `pdasgd` (1 forward, K-1 backward workers), `lppsgd` (K replicas).
+  Lane names are those `placement.lane_name` gives each family's cluster lanes."""
+  if family in ('bp', 'ddg', 'local'):
+    return [f'stage{k}@cores={core(k)}' for k in range(lanes)]
+  if family in ('asgd', 'dcasgd'):
+    return [f'server@cores={core(0)}'] + [f'worker{k}@cores={core(k)}' for k in range(lanes)]
+  if family == 'pdasgd':
+    backward = [f'backwardworker{k - 1}@cores={core(k)}' for k in range(1, lanes)]
+    return [f'sharedmodel@cores={core(0)}', f'forwardworker0@cores={core(0)}', *backward]
+  if family == 'lppsgd':
+    replicas = [f'worker{k}.0@cores={core(k)}' for k in range(lanes)]
+    return [*replicas, f'allreduce@cores={core(0)}']
+  raise ValueError(f'family_lanes: unknown family {family!r}')

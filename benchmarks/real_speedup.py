@@ -1,4 +1,4 @@
-r"""Real speed-up over lane processes: staged BP on one pinned core vs DDG / local on two.
+r"""Real speed-up over lane processes: staged BP on one pinned core vs DDG / local on K.
 
     python -m benchmarks.real_speedup                 # ~3 min on a loaded 2-core CPU
     python -m benchmarks.real_speedup --address HEAD_IP:6379   # lanes on a Ray cluster
@@ -12,7 +12,8 @@ intra-op threads off:
   local   local parallelism K=2 (greedy, pipelined), same lanes
   asgd    ASGD with 2 workers: `server` and `worker0` on core 0, `worker1` on core 1;
           an iteration is one applied update (one batch's gradient, as for BP)
-  pdasgd  PD-ASGD 1:1, the model in K=2 layers: the shared model (whose lane applies
+  pdasgd  PD-ASGD 1:1, the model in 2 layer groups whatever K (the store's per-layer
+          update granularity, not its lanes): the shared model (whose lane applies
           the layer-wise updates) and the forward worker on core 0, the backward
           worker on core 1; an iteration is one batch's backward, applied
   lppsgd  LPP-SGD with 2 replicas of one worker each (`worker0.0` on core 0,
@@ -20,10 +21,12 @@ intra-op threads off:
           iteration is one applied update
 `--lanes=K` runs the same cases with K lanes on cores 0..K-1 (DDG and local K=K, ASGD with
 K workers, PD-ASGD 1:(K-1) with its backward workers on cores 1..K-1, LPP-SGD with K
-replicas); a core number past the machine's wraps round (lanes then share cores). A split
+replicas); past the cores this process may use, lanes wrap round and share cores (a smoke
+run of K=4 on 2 cores; `simulator_accuracy` refuses that instead). A split
 into K stages needs at least K layers: `--depth` sets the hidden layers. `--gpu` adds BP
 on one lane given the host's GPU (`stage0@gpu=1`), in a pool of its own after the CPU
-rounds (not interleaved with them: its time is for reference, not a ratio).
+rounds (not interleaved with them: its time is for reference, so no ratio is printed);
+it is refused before any round where the Ray cluster has no GPU.
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
 the batches are synthetic, a cycle of a few made once (`batches`). Its inputs (`--features`, 1536 by default) make the two stages
 that `split` cuts by forward FLOPs (printed) cost about the same forward and backward: a
@@ -146,7 +149,9 @@ def run(pool: LanePool, case, steps: int, warmup: int) -> tuple[float, float, fl
   return measured(executor, timeline, steps, warmup)
 
 
-def run_asgd(pool: LanePool, num_workers: int, steps: int, warmup: int) -> tuple[float, float]:
+def run_asgd(
+  pool: LanePool, num_workers: int, steps: int, warmup: int
+) -> tuple[float, float, float]:
   """ASGD (`jaxsgd.asynchronous.server`) with every function a named task."""
   stages = placed(sequential_roles(1), steps)
   settings = server.ServerSettings(num_workers)
@@ -178,7 +183,7 @@ def run_asgd(pool: LanePool, num_workers: int, steps: int, warmup: int) -> tuple
   return measured(executor, timeline, steps, warmup)
 
 
-def run_pdasgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[float, float]:
+def run_pdasgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[float, float, float]:
   """PD-ASGD (`jaxsgd.asynchronous.pdasgd`), one forward and `lanes - 1` backward workers
   (a backward costs about twice a forward), the default bound of `lanes` batches in
   flight; updates on the shared model's lane."""
@@ -197,7 +202,7 @@ def run_pdasgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[flo
   return measured(executor, timeline, steps, warmup)
 
 
-def run_lppsgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[float, float]:
+def run_lppsgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[float, float, float]:
   """LPP-SGD (`jaxsgd.asynchronous.lppsgd`), `lanes` replicas of one worker, averaged
   every 4."""
   settings = lppsgd.LppSettings(devices=lanes, workers_per_device=1, averaging_freq=4)
@@ -233,15 +238,21 @@ def cases(lanes: int) -> dict:
 
 
 def lane_placement(lanes: int) -> LanePlacement:
-  """Lane k of every case on core k (modulo the machine's cores); the parameter server,
-  the shared model and the all-reduce beside lane 0."""
-  core = lambda k: k % os.cpu_count()
-  spec = [f'stage{k}@cores={core(k)}' for k in range(lanes)]
-  spec += ['server@cores=0', 'sharedmodel@cores=0', 'forwardworker0@cores=0', 'allreduce@cores=0']
-  spec += [f'worker{k}@cores={core(k)}' for k in range(lanes)]
-  spec += [f'backwardworker{k - 1}@cores={core(k)}' for k in range(1, lanes)]
-  spec += [f'worker{k}.0@cores={core(k)}' for k in range(lanes)]
-  return LanePlacement.parse('; '.join(spec))
+  """Every case's lanes (`common.family_lanes`), lane k on the k-th core this process may
+  use, round-robin: past the machine's cores, lanes share cores (a smoke run of K=4 on 2)."""
+  cores = sorted(os.sched_getaffinity(0))
+  spec = {}  # one entry per lane name: the families share `stage0`, `server`, ...
+  for family in ('bp', 'asgd', 'pdasgd', 'lppsgd'):
+    for entry in bench_common.family_lanes(family, lanes, lambda k: cores[k % len(cores)]):
+      spec.setdefault(entry.split('@')[0], entry)
+  return LanePlacement.parse('; '.join(spec.values()))
+
+
+def cluster_has_gpu() -> bool:
+  """Whether the Ray cluster this driver is connected to has a GPU for a lane."""
+  import ray
+
+  return ray.cluster_resources().get('GPU', 0) >= 1
 
 
 def main():
@@ -281,6 +292,8 @@ def main():
     busiest.setdefault(name, []).append(busy)
 
   with LanePool(placement, address=args.address) as pool:
+    if args.gpu and not cluster_has_gpu():  # else the GPU lane would wait for one forever
+      parser.error('--gpu: the Ray cluster has no GPU (ray.cluster_resources()); drop --gpu')
     for _ in range(args.rounds):  # interleaved: every case once per round
       for name, case in cases_.items():
         record(name, case, pool)
@@ -302,15 +315,18 @@ def main():
   rows, speedups = [], {}
   for name in times:
     median = statistics.median(times[name])
+    interleaved = name in cases_  # with bp's rounds: a ratio (the GPU case is not)
     # Paired: bp and this case ran in the same round, so they saw about the same load.
-    speedups[name] = statistics.median(b / t for b, t in zip(bp, times[name]))
+    if interleaved:
+      speedups[name] = statistics.median(b / t for b, t in zip(bp, times[name]))
+    ceiling = statistics.median(b / t for b, t in zip(bp, busiest[name]))
     rows.append(
       (
         name,
         f'{1e3 * median:.1f}',
-        f'{speedups[name]:.2f}',
+        f'{speedups[name]:.2f}' if interleaved else '-',
         f'{1e3 * statistics.median(busiest[name]):.1f}',
-        f'{statistics.median(b / t for b, t in zip(bp, busiest[name])):.2f}',
+        f'{ceiling:.2f}' if interleaved else '-',
         f'{1e3 * statistics.median(host[name]):.2f}',
         ' '.join(f'{1e3 * t:.0f}' for t in times[name]),
       )

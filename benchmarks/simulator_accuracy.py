@@ -90,21 +90,6 @@ MEASURED = ('bp', 'local', 'asgd', 'dcasgd', 'lppsgd')
 TABLE_OF = {'ddg': 'bp', 'pdasgd': 'bp'}  # else the family's own
 
 
-def placement(name: str, lanes: int) -> str:
-  """Family `name`'s lanes, lane k pinned to core k (names: `placement.lane_name` of the
-  cluster's lanes); the server, the shared model and the all-reduce beside lane 0."""
-  if name in ('bp', 'ddg', 'local'):
-    spec = [f'stage{k}@cores={k}' for k in range(lanes)]
-  elif name in ('asgd', 'dcasgd'):
-    spec = ['server@cores=0'] + [f'worker{k}@cores={k}' for k in range(lanes)]
-  elif name == 'pdasgd':
-    spec = ['sharedmodel@cores=0', 'forwardworker0@cores=0']
-    spec += [f'backwardworker{k - 1}@cores={k}' for k in range(1, lanes)]
-  else:
-    spec = [f'worker{k}.0@cores={k}' for k in range(lanes)] + ['allreduce@cores=0']
-  return '; '.join(spec)
-
-
 # What a lane process runs with (`lanes.placement.LaneSpec.environment`, one core).
 LANE_ENV = {
   'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=false',
@@ -121,6 +106,7 @@ def family_config(
   (the virtual clock with `profile`) or 'tables' (what the profile measures)."""
   import ml_collections
 
+  from benchmarks import common as bench_common  # (imports JAX: not at the module's top)
   from experiments.configs import default
 
   config = default.get_config()
@@ -143,7 +129,7 @@ def family_config(
     config.algorithm.update({'n_fwd': 1, 'n_bwd': args.lanes - 1})
   if name == 'lppsgd':
     config.algorithm.update({'devices': args.lanes, 'workers_per_device': 1})
-  config.placement.lanes = placement(name, args.lanes)
+  config.placement.lanes = '; '.join(bench_common.family_lanes(name, args.lanes))
   if side == 'measured':
     config.clock, config.executor = 'real', 'processes'
   else:
@@ -162,7 +148,9 @@ def family_config(
 # --- the profile: measured in a process set up as a lane ---------------------------------------
 def measure_profile(path: str, args) -> None:
   """Runs this module in a process pinned to core 0 with the lanes' flags; it writes the
-  tables of every family to `path` (`_write_tables`)."""
+  tables the asked families need to `path` (`_write_tables`): a profile reused with
+  `--profile` must come from a run of the same families, `--lanes` and `--depth` (else
+  `ProfileError` names the missing table)."""
   env = {**os.environ, **LANE_ENV}
   command = [sys.executable, '-m', 'benchmarks.simulator_accuracy', '--_tables', path]
   command += [f'--{k}={v}' for k, v in _shape_args(args).items()]
@@ -183,6 +171,8 @@ def _shape_args(args) -> dict:
 
 
 def _write_tables(path: str, args) -> None:
+  """In the profile's own process: pins it to core 0, busies cores 1..K-1 if asked
+  (`--neighbours=busy`), and writes the profile of `_measured_tables` to `path`."""
   from jaxsgd.scheduler import profiles
 
   profiles.pin_to_core(0)  # before JAX's first computation
@@ -193,6 +183,9 @@ def _write_tables(path: str, args) -> None:
 
 
 def _measured_tables(args):
+  """One profile of the tables of the asked families (`TABLE_OF`: DDG and PD-ASGD read
+  BP's), each measured through `experiments.profile`, the dispatch overhead with the
+  first."""
   from experiments import profile as profile_command
   from jaxsgd import data as data_lib
   from jaxsgd.scheduler import profiles
@@ -507,7 +500,8 @@ def main():
     default='auto',
     choices=('auto', 'processes', 'processes_cpu'),
     help='host overhead per task the virtual clock adds (cost.dispatch); auto: '
-    "'processes_cpu' where the lanes take every core (this 2-core machine), else 'processes'",
+    "'processes_cpu' where the K lanes take every core this process may use (K=2 on a "
+    "2-core machine), else 'processes'",
   )
   parser.add_argument(
     '--statistic',
@@ -549,8 +543,9 @@ def main():
     return
   if args.repeats < 1:
     parser.error(f'--repeats: measured runs per family, at least 1; got {args.repeats}')
-  if not 2 <= args.lanes <= (os.cpu_count() or 1):
-    parser.error(f"--lanes: 2 to this machine's {os.cpu_count()} cores; got {args.lanes}")
+  cores = len(os.sched_getaffinity(0))
+  if not 2 <= args.lanes <= cores:
+    parser.error(f'--lanes: 2 to the {cores} cores this process may use; got {args.lanes}')
   if args.depth + 1 < args.lanes:
     parser.error(
       f'--depth: {args.lanes} stages need {args.lanes - 1} hidden layers; got {args.depth}'
@@ -595,11 +590,12 @@ def main():
       loaded = profiles.merge(loaded, _with_dispatch(loaded, dispatch))
       profiles.save(loaded, profile)
     dispatch_kind = args.dispatch
-    if dispatch_kind == 'auto':  # lanes on cores 0 and 1: do they leave the host a core?
-      dispatch_kind = 'processes' if (os.cpu_count() or 1) > 2 else 'processes_cpu'
+    if dispatch_kind == 'auto':  # lanes on cores 0..K-1: do they leave the host a core?
+      free = len(os.sched_getaffinity(0)) > args.lanes
+      dispatch_kind = 'processes' if free else 'processes_cpu'
+    measured_how = 'a profile given' if args.profile else _neighbours_label(args)
     print(
-      f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags, '
-      f'{"cores 1-" + str(args.lanes - 1) + " busy" if args.neighbours == "busy" else "neighbours idle"}'
+      f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags, {measured_how}'
       f'; min, median, p90 of '
       f'{loaded.reps}); dispatch per task (µs): '
       + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items())
@@ -630,6 +626,14 @@ def main():
     f'jax {jax.__version__}; {time.time() - started:.0f} s'
   )
   print_table(results)
+
+
+def _neighbours_label(args) -> str:
+  """How the other lanes' cores were while the profile was measured (`--neighbours`)."""
+  if args.neighbours == 'idle':
+    return 'neighbours idle'
+  busy = '1' if args.lanes == 2 else f'1-{args.lanes - 1}'
+  return f'core{"s" if args.lanes > 2 else ""} {busy} busy'
 
 
 def _with_dispatch(profile, dispatch: dict):

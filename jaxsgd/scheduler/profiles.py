@@ -64,6 +64,8 @@ import json
 import math
 import logging
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -249,14 +251,17 @@ def pin_to_core(core: int) -> None:
 # A neighbour's work: float32 matrix products of the size of an MLP layer's, one core, in
 # a loop, until its parent (the measuring process) is gone. Run as `python -c`, so that
 # nothing of this module is imported there (JAX only).
+# The parent's pid comes as an argument: read in the child, it could already be a
+# reaper's if the parent died while JAX was being imported.
 _NEIGHBOUR_LOOP = """
 import os, sys
-os.sched_setaffinity(0, {int(sys.argv[1])})
+core, parent = int(sys.argv[1]), int(sys.argv[2])
+os.sched_setaffinity(0, {core})
 import jax, jax.numpy as jnp
-parent = os.getppid()
 step = jax.jit(lambda a, b: jnp.tanh(a @ b))
 a = jnp.ones((512, 1024), jnp.float32) / 1024
 b = jnp.ones((1024, 1024), jnp.float32)
+a = step(a, b).block_until_ready()  # compiled: busy from the first timed call on
 print('busy', flush=True)
 while os.getppid() == parent:
   a = step(a, b).block_until_ready()
@@ -269,10 +274,11 @@ class BusyNeighbours:
   tasks are timed.
 
   Lanes on neighbouring cores compute at once, and each task then runs slower than alone
-  (an all-core clock below the one-core turbo, a shared last-level cache and memory bus):
-  the lanes' tasks ran 1.04-1.32x a profile measured with idle neighbours on a 16-core
-  machine (docs/simulator.md, "Its error at K = 2, 4, 8"). Measuring with the lanes'
-  other cores busy prices tasks as the lanes run them. Entering waits until every
+  (a shared last-level cache and memory bus, an all-core clock below the one-core
+  turbo): at K = 2 and 4 lanes the lanes' tasks ran 1.04-1.27x a profile measured with
+  idle neighbours on a 16-core machine (docs/simulator.md, "Its error at K = 2, 4, 8").
+  Measuring with the lanes' other cores busy prices tasks as the lanes run them; there it
+  raised DDG K=4's predicted time by 6 %, less than two runs moved. Entering waits until every
   neighbour computes; leaving stops them (SIGKILL after 5 s); a neighbour whose parent
   dies stops by itself.
   """
@@ -282,9 +288,6 @@ class BusyNeighbours:
     self.processes = []
 
   def __enter__(self):
-    import subprocess
-    import sys
-
     environment = {
       **os.environ,
       'JAX_PLATFORMS': 'cpu',
@@ -295,7 +298,7 @@ class BusyNeighbours:
       for core in self.cores:
         self.processes.append(
           subprocess.Popen(
-            [sys.executable, '-c', _NEIGHBOUR_LOOP, str(core)],
+            [sys.executable, '-c', _NEIGHBOUR_LOOP, str(core), str(os.getpid())],
             env=environment,
             stdout=subprocess.PIPE,
             text=True,
@@ -310,8 +313,6 @@ class BusyNeighbours:
     return self
 
   def __exit__(self, *exc):
-    import subprocess
-
     for process in self.processes:
       process.terminate()
     for process in self.processes:

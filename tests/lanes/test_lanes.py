@@ -89,6 +89,13 @@ def test_placement_text_form_and_bad_input():
     LanePlacement.parse('a@speed=2')
 
 
+def test_gpu_lanes_their_host_cannot_take_are_refused_before_any_lane_starts(head):
+  gpus = '; '.join(f'g{i}@gpu=1' for i in range(64))  # more than any one host has
+  refused = r"lane\(s\) 'g0', .* ask for a GPU each \(gpu=1\), but the driver's host has \d+"
+  with pytest.raises(ValueError, match=refused):
+    LanePool(LanePlacement.parse(f'a; {gpus}'), address=head.address, verbose=False)
+
+
 def test_each_lane_is_a_process_pinned_to_its_cores(pool):
   pids = pool.pids()
   assert len({*pids.values(), os.getpid()}) == 3

@@ -267,4 +267,6 @@ def test_busy_neighbours_end_when_the_measuring_process_is_killed(tmp_path):
   parent.wait()
   parent.stdout.close()
   _, alive = psutil.wait_procs([neighbour], timeout=20)  # generous: a safety bound only
+  for process in alive:  # (a failure leaves nothing behind either)
+    process.kill()
   assert alive == []

@@ -183,7 +183,30 @@ def is_death(error: BaseException) -> bool:
   )
 
 
+def check_gpus(lanes) -> None:
+  """Refuses, in one line, GPU lanes (`gpu=1`) that their host cannot take: Ray would
+  wait for a free GPU forever. A lane without a host runs on the driver's node."""
+  wanted: dict[str | None, list[str]] = {}
+  for spec in lanes:
+    if spec.gpu:
+      wanted.setdefault(spec.host, []).append(spec.name)
+  if not wanted:
+    return
+  nodes = {n['NodeID']: n for n in ray.nodes() if n.get('Alive')}
+  for host, names in wanted.items():
+    node = nodes.get(_node_id(LaneSpec(names[0], host=host)))
+    gpus = int((node or {}).get('Resources', {}).get('GPU', 0))
+    if gpus < len(names):
+      where = f'host {host}' if host else "the driver's host"
+      raise ValueError(
+        f'placement: lane(s) {", ".join(map(repr, names))} ask for a GPU each (gpu=1), '
+        f'but {where} has {gpus} in the Ray cluster; give fewer lanes gpu=1.'
+      )
+
+
 def _node_id(spec: LaneSpec) -> str:
+  if spec.host is None:
+    return ray.get_runtime_context().get_node_id()
   nodes = [n for n in ray.nodes() if n.get('Alive')]
   for node in nodes:
     if spec.host in (node.get('NodeManagerAddress'), node.get('NodeManagerHostname')):

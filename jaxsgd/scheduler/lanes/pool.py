@@ -165,6 +165,7 @@ class LanePool:
     self._owns_connection = cluster.connect(address)
     self._signals = _StopSignals.install(before)
     try:
+      cluster.check_gpus(placement.lanes)
       self._actors = {spec.name: cluster.lane_actor(spec, env or {}) for spec in placement.lanes}
       self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
       self.info = self._gather_info()
