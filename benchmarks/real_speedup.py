@@ -26,7 +26,7 @@ run of K=4 on 2 cores; `simulator_accuracy` refuses that instead). A split
 into K stages needs at least K layers: `--depth` sets the hidden layers. `--gpu` adds BP
 on one lane given the host's GPU (`stage0@gpu=1`), in a pool of its own after the CPU
 rounds (not interleaved with them: its time is for reference, so no ratio is printed);
-it is refused before any round where the Ray cluster has no GPU.
+it is refused before any round where the driver's host has no GPU in the Ray cluster.
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
 the batches are synthetic, a cycle of a few made once (`batches`). Its inputs (`--features`, 1536 by default) make the two stages
 that `split` cuts by forward FLOPs (printed) cost about the same forward and backward: a
@@ -56,10 +56,12 @@ from jaxsgd.asynchronous import common, lppsgd, pdasgd, server
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles
 from jaxsgd.scheduler import Placement
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool
+from jaxsgd.scheduler.lanes import cluster
 from jaxsgd.scheduler.process import ProcessExecutor
 
 FEATURES, CLASSES, HIDDEN, BATCH = 1536, 10, (1024, 1024, 1024, 1024), 512
 OPTIMIZER = optimizers.OptimizerSettings('sgd', 0.01)
+GPU_PLACEMENT = LanePlacement.parse('stage0@gpu=1')  # `--gpu`: BP on the driver's host's GPU
 
 
 def batches(seed: int = 0):
@@ -241,18 +243,11 @@ def lane_placement(lanes: int) -> LanePlacement:
   """Every case's lanes (`common.family_lanes`), lane k on the k-th core this process may
   use, round-robin: past the machine's cores, lanes share cores (a smoke run of K=4 on 2)."""
   cores = sorted(os.sched_getaffinity(0))
-  spec = {}  # one entry per lane name: the families share `stage0`, `server`, ...
+  spec = {}  # one entry per lane name (the families' names differ: a safeguard)
   for family in ('bp', 'asgd', 'pdasgd', 'lppsgd'):
     for entry in bench_common.family_lanes(family, lanes, lambda k: cores[k % len(cores)]):
       spec.setdefault(entry.split('@')[0], entry)
   return LanePlacement.parse('; '.join(spec.values()))
-
-
-def cluster_has_gpu() -> bool:
-  """Whether the Ray cluster this driver is connected to has a GPU for a lane."""
-  import ray
-
-  return ray.cluster_resources().get('GPU', 0) >= 1
 
 
 def main():
@@ -264,7 +259,9 @@ def main():
   parser.add_argument('--address', default=None, help='a Ray cluster (default: start one here)')
   parser.add_argument('--features', type=int, default=FEATURES, help='inputs of the MLP')
   parser.add_argument('--batch', type=int, default=BATCH, help='examples per batch')
-  parser.add_argument('--lanes', type=int, default=2, help='K: lanes of each case, cores 0..K-1')
+  parser.add_argument(
+    '--lanes', type=int, default=2, help='K: lanes of each case, on the first K cores allowed'
+  )
   parser.add_argument('--depth', type=int, default=len(HIDDEN), help='hidden layers (1024 wide)')
   parser.add_argument('--gpu', action='store_true', help='also BP on one GPU lane (reference)')
   args = parser.parse_args()
@@ -292,13 +289,16 @@ def main():
     busiest.setdefault(name, []).append(busy)
 
   with LanePool(placement, address=args.address) as pool:
-    if args.gpu and not cluster_has_gpu():  # else the GPU lane would wait for one forever
-      parser.error('--gpu: the Ray cluster has no GPU (ray.cluster_resources()); drop --gpu')
+    if args.gpu:  # refused now, not after the CPU rounds
+      try:
+        cluster.check_gpus(GPU_PLACEMENT.lanes)
+      except ValueError as error:
+        parser.error(f'--gpu: {error}')
     for _ in range(args.rounds):  # interleaved: every case once per round
       for name, case in cases_.items():
         record(name, case, pool)
   if args.gpu:  # a pool of its own: lane `stage0` is on core 0 in the other
-    with LanePool(LanePlacement.parse('stage0@gpu=1'), address=args.address) as pool:
+    with LanePool(GPU_PLACEMENT, address=args.address) as pool:
       for _ in range(args.rounds):
         record('bp (1 lane, GPU; not interleaved)', sequential_roles(1), pool)
   print(f'load average {os.getloadavg()[0]:.1f} at end')

@@ -149,8 +149,8 @@ def family_config(
 def measure_profile(path: str, args) -> None:
   """Runs this module in a process pinned to core 0 with the lanes' flags; it writes the
   tables the asked families need to `path` (`_write_tables`): a profile reused with
-  `--profile` must come from a run of the same families, `--lanes` and `--depth` (else
-  `ProfileError` names the missing table)."""
+  `--profile` must hold the tables of these families at this `--lanes`, `--depth`,
+  `--hidden` and `--batch` (else `ProfileError` names what does not fit)."""
   env = {**os.environ, **LANE_ENV}
   command = [sys.executable, '-m', 'benchmarks.simulator_accuracy', '--_tables', path]
   command += [f'--{k}={v}' for k, v in _shape_args(args).items()]
@@ -543,9 +543,11 @@ def main():
     return
   if args.repeats < 1:
     parser.error(f'--repeats: measured runs per family, at least 1; got {args.repeats}')
-  cores = len(os.sched_getaffinity(0))
-  if not 2 <= args.lanes <= cores:
-    parser.error(f'--lanes: 2 to the {cores} cores this process may use; got {args.lanes}')
+  if args.lanes < 2 or not set(range(args.lanes)) <= os.sched_getaffinity(0):
+    parser.error(
+      f'--lanes: K >= 2 lanes pinned to cores 0..K-1, which this process may use '
+      f'(it may use {sorted(os.sched_getaffinity(0))}); got {args.lanes}'
+    )
   if args.depth + 1 < args.lanes:
     parser.error(
       f'--depth: {args.lanes} stages need {args.lanes - 1} hidden layers; got {args.depth}'

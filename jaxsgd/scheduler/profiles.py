@@ -278,7 +278,7 @@ class BusyNeighbours:
   turbo): at K = 2 and 4 lanes the lanes' tasks ran 1.04-1.27x a profile measured with
   idle neighbours on a 16-core machine (docs/simulator.md, "Its error at K = 2, 4, 8").
   Measuring with the lanes' other cores busy prices tasks as the lanes run them; there it
-  raised DDG K=4's predicted time by 6 %, less than two runs moved. Entering waits until every
+  raised DDG K=4's predicted time by 6 % (one pair of profiles), less than two runs moved. Entering waits until every
   neighbour computes; leaving stops them (SIGKILL after 5 s); a neighbour whose parent
   dies stops by itself.
   """

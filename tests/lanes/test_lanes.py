@@ -89,11 +89,16 @@ def test_placement_text_form_and_bad_input():
     LanePlacement.parse('a@speed=2')
 
 
-def test_gpu_lanes_their_host_cannot_take_are_refused_before_any_lane_starts(head):
-  gpus = '; '.join(f'g{i}@gpu=1' for i in range(64))  # more than any one host has
-  refused = r"lane\(s\) 'g0', .* ask for a GPU each \(gpu=1\), but the driver's host has \d+"
+def test_gpu_lanes_their_host_cannot_take_are_refused_before_any_lane_starts(head, pool):
+  node = pool.info['a']['host']  # this machine, as the cluster names it
+  before = _lane_processes(head)
+  # 64 GPU lanes on one node (more than any has), half named by host, half not: counted
+  # together, per node.
+  gpus = [f'g{i}@gpu=1' for i in range(32)] + [f'h{i}@host={node}@gpu=1' for i in range(32)]
+  refused = r"lane\(s\) 'g0', .*'h31' ask for a GPU each \(gpu=1\), but the driver's host has \d+"
   with pytest.raises(ValueError, match=refused):
-    LanePool(LanePlacement.parse(f'a; {gpus}'), address=head.address, verbose=False)
+    LanePool(LanePlacement.parse('; '.join(['a', *gpus])), address=head.address, verbose=False)
+  assert set(_lane_processes(head)) - set(before) == set()  # none started
 
 
 def test_each_lane_is_a_process_pinned_to_its_cores(pool):

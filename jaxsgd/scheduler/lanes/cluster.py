@@ -125,10 +125,12 @@ def lane_actor(spec: LaneSpec, env: dict[str, str]):
     max_task_retries=0,
     runtime_env={'env_vars': variables},
   )
-  if spec.host is not None:
-    options['scheduling_strategy'] = scheduling_strategies.NodeAffinitySchedulingStrategy(
-      _node_id(spec), soft=False
-    )
+  # On its host's node, the driver's without one: left to Ray, a lane without a host went
+  # to any node of a cluster joined by address (half of them elsewhere, on two nodes),
+  # pinned to cores of a host nobody named.
+  options['scheduling_strategy'] = scheduling_strategies.NodeAffinitySchedulingStrategy(
+    _node_id(spec), soft=False
+  )
   return _LANE_ACTOR.options(**options).remote(spec.name, spec.cores)
 
 
@@ -184,23 +186,26 @@ def is_death(error: BaseException) -> bool:
 
 
 def check_gpus(lanes) -> None:
-  """Refuses, in one line, GPU lanes (`gpu=1`) that their host cannot take: Ray would
-  wait for a free GPU forever. A lane without a host runs on the driver's node."""
-  wanted: dict[str | None, list[str]] = {}
+  """Refuses, in one line, GPU lanes (`gpu=1`) that their node cannot take: Ray would
+  wait for a free GPU forever. Lanes are counted per node (a lane without a host is on
+  the driver's, `lane_actor`) against the node's total GPUs (ones another job holds
+  still make a lane wait)."""
+  wanted: dict[str, list[LaneSpec]] = {}
   for spec in lanes:
     if spec.gpu:
-      wanted.setdefault(spec.host, []).append(spec.name)
+      wanted.setdefault(_node_id(spec), []).append(spec)
   if not wanted:
     return
   nodes = {n['NodeID']: n for n in ray.nodes() if n.get('Alive')}
-  for host, names in wanted.items():
-    node = nodes.get(_node_id(LaneSpec(names[0], host=host)))
-    gpus = int((node or {}).get('Resources', {}).get('GPU', 0))
-    if gpus < len(names):
+  for node_id, specs in wanted.items():
+    gpus = int(nodes.get(node_id, {}).get('Resources', {}).get('GPU', 0))
+    if gpus < len(specs):
+      names = ', '.join(repr(spec.name) for spec in specs)
+      host = specs[0].host
       where = f'host {host}' if host else "the driver's host"
       raise ValueError(
-        f'placement: lane(s) {", ".join(map(repr, names))} ask for a GPU each (gpu=1), '
-        f'but {where} has {gpus} in the Ray cluster; give fewer lanes gpu=1.'
+        f'placement: lane(s) {names} ask for a GPU each (gpu=1), but {where} has {gpus} '
+        'in the Ray cluster; give fewer lanes gpu=1.'
       )
 
 
