@@ -243,11 +243,12 @@ def lane_placement(lanes: int) -> LanePlacement:
   """Every case's lanes (`common.family_lanes`), lane k on the k-th core this process may
   use, round-robin: past the machine's cores, lanes share cores (a smoke run of K=4 on 2)."""
   cores = sorted(os.sched_getaffinity(0))
-  spec = {}  # one entry per lane name (the families' names differ: a safeguard)
-  for family in ('bp', 'asgd', 'pdasgd', 'lppsgd'):
-    for entry in bench_common.family_lanes(family, lanes, lambda k: cores[k % len(cores)]):
-      spec.setdefault(entry.split('@')[0], entry)
-  return LanePlacement.parse('; '.join(spec.values()))
+  core = lambda k: cores[k % len(cores)]
+  # (ddg and local run on bp's stage lanes; `parse` refuses a name given twice)
+  families = ('bp', 'asgd', 'pdasgd', 'lppsgd')
+  return LanePlacement.parse(
+    '; '.join(entry for f in families for entry in bench_common.family_lanes(f, lanes, core))
+  )
 
 
 def main():

@@ -86,8 +86,8 @@ SIDES = ('measured', 'predicted', 'calibrated', 'replayed')
 ASYNCHRONOUS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')
 # The profile's tables: DDG and PD-ASGD (K stages, sequential roles) compute what staged
 # BP computes (`profiles.roles_signature`), so BP's table serves all three.
-MEASURED = ('bp', 'local', 'asgd', 'dcasgd', 'lppsgd')
 TABLE_OF = {'ddg': 'bp', 'pdasgd': 'bp'}  # else the family's own
+MEASURED = tuple(f for f in FAMILIES if f not in TABLE_OF)  # the families with a table
 
 
 # What a lane process runs with (`lanes.placement.LaneSpec.environment`, one core).
