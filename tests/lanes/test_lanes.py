@@ -89,6 +89,7 @@ def test_placement_text_form_and_bad_input():
     LanePlacement.parse('a@speed=2')
 
 
+@pytest.mark.timeout(120)  # a placement Ray could wait on for ever: a hang fails here
 def test_gpu_lanes_their_host_cannot_take_are_refused_before_any_lane_starts(head, pool):
   node = pool.info['a']['host']  # this machine, as the cluster names it
   before = _lane_processes(head)
