@@ -493,6 +493,7 @@ def measure_dispatch(
   tasks: int = 200,
   rounds: int = 5,
   lane: str = 'dispatch',
+  ahead: bool = True,
 ) -> dict[str, float]:
   """Seconds of host overhead per task: `jax_call` and each executor's.
 
@@ -510,6 +511,9 @@ def measure_dispatch(
       executor, cooperative and threaded). The task is a named one (`tasks.Task`),
       so a `ProcessExecutor` over a pool with a lane called `lane` can run it.
     lane: the name of the one lane the tasks run on.
+    ahead: False marks every task `Compute(..., ahead=False)`: its process waits until
+      it has ended before yielding the next (for the process executor, until the driver
+      has heard of its end: the round trip; `benchmarks/lane_overheads.py`).
   """
   from jaxsgd.scheduler.core import Cluster, Compute, Process
   from jaxsgd.scheduler.real import RealExecutor
@@ -544,7 +548,7 @@ def measure_dispatch(
       def program():
         y = x
         for _ in range(tasks):
-          y = yield Compute(task, (y,), kind='dispatch')
+          y = yield Compute(task, (y,), kind='dispatch', ahead=ahead)
 
       cluster = Cluster()
       index = cluster.add_lane(lane, jax.devices()[0])

@@ -236,7 +236,10 @@ def test_wait_any_returns_every_task_once_across_lanes(pool):
   while len(finished) < len(pending):
     finished.append(pool.wait_any([p for p in pending if not p.done]))
   assert sorted(pool.fetch(p.result()) for p in finished) == [10, 11, 12, 13]
-  assert all(p.started <= p.ended for p in finished)
+  assert all(p.entered <= p.started <= p.ended for p in finished)
+  for lane in 'ab':  # a lane takes its calls one at a time, in the order started
+    calls = [p for p in pending if p.lane == lane]
+    assert all(a.ended <= b.entered for a, b in zip(calls, calls[1:]))
   assert pool.wait_any([pool.start('a', task('hang'), (0.5,))], timeout=0.01) is None
 
 

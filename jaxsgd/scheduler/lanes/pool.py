@@ -101,7 +101,8 @@ class Pending:
   """A task started on a lane; `result()` is its handle(s) once `wait_any` returned it.
 
   Once done, `started` and `ended` are the task's start and end in the lane
-  (`time.time()` there; the result computed, not only dispatched).
+  (`time.time()` there; the result computed, not only dispatched), and `entered` when
+  its call began there (before taking in its imports: `LaneRuntime.run`).
   """
 
   lane: str
@@ -113,6 +114,7 @@ class Pending:
   source: str | None = None  # a move's (`move(..., landed=True)`): the lane it copies from
   copies: tuple = ()  # and its copies (refs), the last one `ref`
   done: bool = False
+  entered: float | None = None
   started: float | None = None
   ended: float | None = None
   _result: Any = None
@@ -253,7 +255,7 @@ class LanePool:
       return finished
     self._unfinished.pop(ref, None)
     try:
-      outline, finished.started, finished.ended = cluster.get(ref)
+      outline, finished.entered, finished.started, finished.ended = cluster.get(ref)
     except Exception as error:
       raise self._error(finished.lane, error, finished.task, key=finished.key) from error
     known = self._outlines.setdefault(finished.signature, outline)

@@ -110,10 +110,14 @@ class LaneRuntime:
     a task that writes into a numpy argument in place must copy it first (jaxsgd's tasks
     are jitted and never do).
 
-    Returns `(outline, start, end)`: the result's outline — nested tuples as tuples,
-    every other value as `(nbytes, description)`, its parts kept under `(key, path)` —
-    and the task's start and end (`time.time()` in this lane, result computed).
+    Returns `(outline, entered, start, end)`: the result's outline — nested tuples as
+    tuples, every other value as `(nbytes, description)`, its parts kept under
+    `(key, path)` — when the call began here, and the task's start and end
+    (`time.time()` in this lane; start after its imports were taken in, end with the
+    result computed). Between a call's end and the next call's `entered` the lane waits
+    for Ray to hand it that call; between `entered` and `start`, for its imports.
     """
+    entered = time.time()
     named, args, key, free = pickle.loads(call, buffers=buffers)
     try:
       number = named if isinstance(named, int) else named[0]
@@ -132,7 +136,7 @@ class LaneRuntime:
       with self.stored:
         outline = self._keep(result, key, (), origin)
         self.stored.notify_all()
-      return outline, start, end
+      return outline, entered, start, end
     except BaseException:
       with self.stored:
         self.failed_calls.add(key)
