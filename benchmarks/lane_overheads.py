@@ -35,7 +35,6 @@ small tasks is mostly the push delay of (3), which the virtual clock does not mo
 import argparse
 import os
 import statistics
-import time
 
 import psutil
 
