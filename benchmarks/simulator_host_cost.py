@@ -13,16 +13,16 @@ Host time is the CPU time of the Python thread that runs the simulation
 (`time.thread_time`): XLA executes the jitted calls on threads of its own, so what
 the thread spends is the simulator — event loop, channels, stores, messages, byte
 counting, on-device checks — plus what JAX does on the host for the work: dispatching
-the jitted calls, placing each host batch on the device, freeing the arrays the
-tasks made. CPU time rather than wall time, because other jobs on a shared machine
+the jitted calls, copying each host batch to the device (inside the forward's call:
+`transfer.HostInputs`), freeing the arrays the tasks made. CPU time rather than wall time, because other jobs on a shared machine
 add wall time but not this thread's CPU time (they still inflate it a little: caches
 and cores are shared). Every session reuses one compiled server update (a run
 compiles it once), and starts after a full garbage collection. The columns, per task:
 
 - `µs/task`: the session's thread CPU time.
-- `in jitted calls` / `outside them`: the time inside the task functions (forward,
-  backward, server update: each call timed) and the rest. The rest includes freeing
-  the arrays the calls made and placing the host batches.
+- `in jitted calls` / `outside them`: the time inside the task functions (forward, its
+  host batch copied in by the call; backward; server update: each call timed) and the
+  rest, which includes freeing the arrays the calls made.
 - `bare loop`: the same jitted calls, `updates` times, in a plain loop (forward,
   backward, server update per step, on one batch already on the device, its frees
   included), no scheduler; `session − bare` is the figure of the last line, as this
@@ -48,7 +48,10 @@ freeing the tasks' arrays ~33 µs (results kept alive: 93 → 60), placing each 
 batch on the device ~21 µs (batches pre-placed: 93 → 72; 53 µs per placement here,
 11 µs on an idle device, `jax.device_put` 207), the simulator's Python ~15 µs, garbage
 collection ~0, and ~20 µs of contention: the same Python costs more CPU time while
-XLA's threads compute beside it on the two cores.
+XLA's threads compute beside it on the two cores. Since then a worker's host batch goes
+into its forward call instead of being placed first (one dispatch instead of two): six
+interleaved pairs of runs on a 2-core AMD EPYC VM (2026-11-26), the figure 72.4 → 68.7
+µs (medians), the session's whole host time per task 128 → 116 µs (three pairs).
 """
 
 import argparse
@@ -255,7 +258,7 @@ def main():
   )
   print(
     f'simulated ASGD M={args.workers} host time per task outside the jitted task calls '
-    f'(array frees, batch placement included): {median(7):.1f} us'
+    f'(array frees included; a host batch is copied in by its forward call): {median(7):.1f} us'
   )
   print(
     f'simulated ASGD M={args.workers} host time per task of the simulator alone (tasks '

@@ -382,11 +382,11 @@ class AsgdSession:
           s.failed = True
           break
         s.pulled = pulled
-        s.batch = transfer.to_device(next(self.streams[m]), device)
+        s.batch = transfer.for_task(next(self.streams[m]), device)
       if s.enter('forward'):
         variables = stage_functions.with_state(s.pulled.params, s.pulled.state)
         s.forward = yield Compute(
-          self.ops.forward,
+          transfer.HostInputs(self.ops.forward),  # the host batch goes in with the call
           (variables, s.batch['image'], s.batch['label']),
           kind='forward',
           stage=0,

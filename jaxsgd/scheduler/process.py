@@ -71,6 +71,7 @@ from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, s
 from jaxsgd.scheduler.placement import lane_name
 from jaxsgd.scheduler.tasks import Task
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
+from jaxsgd.scheduler.transfer import HostInputs
 
 
 _HEAR_LANES_S = 0.005  # while processes are ready, finished tasks are looked for this often
@@ -261,13 +262,14 @@ class ProcessExecutor(Executor):
       self._copies.append(_Copy(lane, op, issued, self.now(), exports))
       self.resume(process, moved)
       return
-    if not isinstance(op.fn, Task):
+    task = op.fn.fn if isinstance(op.fn, HostInputs) else op.fn  # a lane takes host arrays
+    if not isinstance(task, Task):
       raise TypeError(
         f'{process.name} yielded Compute({op.fn!r}); the process executor runs named '
         'tasks only (tasks.Task: a recipe and a name), which each lane builds itself.'
       )
     start = time.perf_counter()
-    pending = self.pool.start(self._lane_names[lane], op.fn, op.args)
+    pending = self.pool.start(self._lane_names[lane], task, op.args)
     self._pending[pending] = (process, lane, op)
     early = None
     if op.ahead and self.pool.unfinished(pending.lane) <= self.run_ahead:  # this one included

@@ -426,6 +426,25 @@ def test_to_device_copies_only_what_is_not_on_the_device():
   np.testing.assert_array_equal(moved['b'][0], [0.0, 2.0, 4.0])
 
 
+def test_a_task_through_host_inputs_takes_a_host_batch_explicitly_and_computes_the_same():
+  device = jax.devices()[1]
+  w = transfer.to_device(np.arange(12.0, dtype=np.float32).reshape(3, 4), device)
+  batch = {'x': np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)}
+  task = jax.jit(lambda w, x: jnp.tanh(x @ w))
+  assert transfer.for_task(batch, device) is batch  # host arrays: the call copies them in
+  with jax.transfer_guard('disallow'):
+    with pytest.raises(Exception, match='host-to-device'):  # as it is: an implicit copy
+      task(w, batch['x'])
+    out = transfer.HostInputs(task)(w, batch['x'])  # explicit, as `to_device` is
+    placed = task(w, transfer.to_device(batch, device)['x'])
+  assert out.devices() == {device} and out.committed
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(placed))  # the same bits
+  on_device = transfer.to_device(batch, device)
+  assert transfer.for_task(on_device, device) is on_device
+  moved = transfer.for_task({'x': jax.device_put(batch['x'], jax.devices()[0])}, device)
+  assert moved['x'].devices() == {device}  # arrays elsewhere are placed, as `to_device`
+
+
 def test_a_constant_is_the_array_device_put_makes_and_passes_the_transfer_guard():
   device = jax.devices()[1]
   for value, dtype in ((3, np.int32), (1.0, np.float32), (-2.5, np.float64), (7, np.int64)):
