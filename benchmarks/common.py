@@ -2,7 +2,7 @@
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -69,3 +69,25 @@ def family_lanes(family: str, lanes: int, core=lambda k: k) -> list[str]:
     replicas = [f'worker{k}.0@cores={core(k)}' for k in range(lanes)]
     return [*replicas, f'allreduce@cores={core(0)}']
   raise ValueError(f'family_lanes: unknown family {family!r}')
+
+
+def send_delays(lane_names: Mapping[int, str], tasks, kind: str = 'backward') -> list[float]:
+  """Seconds from the end of each `kind` task to the start of the first copy its lane
+  sent of the same batch. `tasks`: `(lane, kind, start, end, batch)` tuples of a run; a
+  copy is a task on a link lane, named 'link <sender> → <receiver>' (`Cluster.link`).
+  For an ASGD worker: from its gradient existing to its push leaving, which the process
+  executor's driver sends only once it has heard that the backward ended (a worker waits
+  for its backward: `asgd.RUN_AHEAD`). Tasks whose lane sent no copy of their batch are
+  left out."""
+  first_copy = {}
+  for lane, _, start, _, batch in tasks:
+    name = lane_names[lane]
+    if name.startswith('link ') and ' → ' in name:
+      key = (name[len('link ') :].split(' → ')[0], batch)
+      first_copy[key] = min(first_copy.get(key, start), start)
+  delays = []
+  for lane, task_kind, _, end, batch in tasks:
+    copy = first_copy.get((lane_names[lane], batch))
+    if task_kind == kind and copy is not None:
+      delays.append(copy - end)
+  return delays

@@ -1,35 +1,44 @@
 r"""Where lane processes lose time between their tasks: Ray's hand-over of each call,
-imports, and the driver's round trip.
+the driver, imports.
 
     python -m benchmarks.lane_overheads            # ~1 min on a 2-core CPU
     python -m benchmarks.lane_overheads --steps=60
 
 What `real_speedup` and `simulator_accuracy` measure as a whole, taken apart, on this
-machine's lane processes (`ProcessExecutor` over one `LanePool`):
+machine's lane processes (`ProcessExecutor` over one `LanePool`). Each call to a lane is
+stamped when the driver sent it (`Pending.sent`), when it entered the lane
+(`entered`), when its task started there, its imports taken in (`started`), and when
+the task ended (`ended`). Between two calls a, b of one lane:
+
+    b sent before a ended:  hand-over = b.entered - a.ended   (Ray handing the lane its
+                                                               next, queued call)
+    b sent after a ended:   waiting for the driver = b.sent - a.ended,
+                            hand-over = b.entered - b.sent
+
+The hand-over is Ray's per-call work in the driver and in the lane, and whatever else
+runs on the lane's core meanwhile (its own export thread copying a value out, the
+driver, Ray's processes).
 
 1. Idle chains (`profiles.measure_dispatch`, one lane on core 0, nothing else running):
-   200 tasks of a 4-byte add in a row, each on the previous one's result; wall time per
-   task minus the JAX call itself. Run ahead (the driver sends each call as soon as it
-   has the previous one's handles, so the lane finds it queued: what Ray costs between
-   two queued calls), and waited for (`Compute(ahead=False)`: the driver hears of each
-   task's end before it sends the next: the round trip). Their difference is the driver
-   hearing of an end, which a process that waits for its task pays on top.
+   200 tasks of a 4-byte add in a row, each on the previous one's result. Run ahead
+   (the driver sends each call as soon as it has the previous one's handles) and waited
+   for (`Compute(ahead=False)`: the driver hears of each task's end before it sends the
+   next): wall time per task minus the JAX call, and the run-ahead chain's median
+   hand-over. The difference of the two per-task times is the driver hearing of an end.
 2. DDG K=2 of `real_speedup`'s model (stages on cores 0 and 1; the driver and Ray share
-   those cores), per lane and per iteration of the steady state: busy (its tasks),
-   waiting for imports (a call's entering the lane → its task's start: a copy from the
-   other lane not there yet), and hand-over (a task's end → the next call's entering the
-   lane); the driver's CPU per iteration by thread, and Ray's processes' (raylet, GCS).
+   those cores), per lane, over the steady state, in ms per iteration: busy (its tasks),
+   waiting for imports (entered -> started: a copy from the other lane not there yet),
+   waiting for the driver, hand-overs, and the hand-overs' median; then the driver's and
+   Ray's processes' CPU per iteration of the whole run (set-up and warm-up included).
 3. ASGD M=2 of the same model (workers on cores 0 and 1, the server on core 0): from a
-   worker's backward end to the start of its push's copy. A worker waits for its
-   backward (`asgd.RUN_AHEAD` = 1: its pushes reach the server in the order their
-   gradients exist), so the push goes once the driver has heard of that end.
+   worker's backward end to the start of its push's copy (`common.send_delays`). A
+   worker waits for its backward (`asgd.RUN_AHEAD` = 1: its pushes reach the server in
+   the order their gradients exist), so the push goes once the driver has heard of that
+   end. The virtual clock sends it at once (`simulator_accuracy` prints both).
 
-The last line: `lane hand-over between calls in DDG K=2 (processes): <x> ms median (idle
-chain: <y> ms)`. No timing is asserted anywhere; the figures are this machine's.
-
-Measured here (2-core AMD EPYC VM, 2026-11-26, benchmarks/results/lane_overheads.txt):
-what `simulator_accuracy` replays with the runs' own task costs still misses for ASGD at
-small tasks is mostly the push delay of (3), which the virtual clock does not model.
+The last line: `lane hand-over between queued calls in DDG K=2 (processes): <x> ms median
+(idle chain: <y> ms)`. No timing is asserted anywhere; the figures are this machine's
+(benchmarks/results/lane_overheads.txt).
 """
 
 import argparse
@@ -46,17 +55,9 @@ from jaxsgd.scheduler.lanes import LanePlacement, LanePool
 from jaxsgd.scheduler.process import ProcessExecutor
 
 
-def idle_chains(pool: LanePool) -> dict[str, float]:
-  """Seconds per task of the idle chains (module docstring, 1): run ahead, waited for."""
-  make = {'processes': lambda: ProcessExecutor(pool=pool, verbose=False)}
-  return {
-    'run ahead': profiles.measure_dispatch(make, lane='stage0')['processes'],
-    'waited for': profiles.measure_dispatch(make, lane='stage0', ahead=False)['processes'],
-  }
-
-
 class FinishedTasks:
-  """Records every task `pool.wait_any` returns: (lane, entered, started, ended)."""
+  """Records every task `pool.wait_any` returns: (lane, sent, entered, started, ended)
+  (`time.time()`; moves, which have no call of their own, are left out)."""
 
   def __init__(self, pool: LanePool):
     self.pool, self.tasks = pool, []
@@ -66,7 +67,9 @@ class FinishedTasks:
     def wait_any(pending, timeout=None):
       finished = self._wait_any(pending, timeout)
       if finished is not None and finished.entered is not None:
-        self.tasks.append((finished.lane, finished.entered, finished.started, finished.ended))
+        self.tasks.append(
+          (finished.lane, finished.sent, finished.entered, finished.started, finished.ended)
+        )
       return finished
 
     self.pool.wait_any = wait_any
@@ -74,6 +77,45 @@ class FinishedTasks:
 
   def __exit__(self, *exc):
     del self.pool.wait_any  # the bound method again
+
+
+def between_calls(calls: list, start: float = -float('inf'), end: float = float('inf')) -> dict:
+  """Seconds of one lane's `calls` ((sent, entered, started, ended), in order) that fall
+  in [start, end]: busy (tasks clipped to it), imports, driver waits and hand-overs (of
+  the calls that entered in it; module docstring), the hand-overs between queued calls,
+  and the calls that entered in it."""
+  inside = lambda t: start <= t <= end
+  busy = sum(max(0.0, min(e, end) - max(s, start)) for _, _, s, e in calls)
+  imports = sum(s - n for _, n, s, _ in calls if inside(n))
+  driver, handovers, queued = 0.0, [], []
+  for (_, _, _, ended), (sent, entered, _, _) in zip(calls, calls[1:]):
+    if not inside(entered):
+      continue
+    if sent <= ended:
+      queued.append(entered - ended)
+      handovers.append(entered - ended)
+    else:
+      driver += sent - ended
+      handovers.append(max(0.0, entered - sent))
+  return {
+    'calls': sum(1 for _, n, _, _ in calls if inside(n)),
+    'busy': busy,
+    'imports': imports,
+    'driver': driver,
+    'hand-overs': sum(handovers),
+    'queued': queued,
+  }
+
+
+def idle_chains(pool: LanePool) -> dict[str, float]:
+  """The idle chains (module docstring, 1): seconds per task run ahead and waited for,
+  and the run-ahead chain's median hand-over between queued calls."""
+  make = {'processes': lambda: ProcessExecutor(pool=pool, verbose=False)}
+  with FinishedTasks(pool) as finished:
+    ahead = profiles.measure_dispatch(make, lane='stage0')['processes']
+  waited = profiles.measure_dispatch(make, lane='stage0', ahead=False)['processes']
+  queued = between_calls(sorted(t[1:] for t in finished.tasks))['queued']
+  return {'run ahead': ahead, 'waited for': waited, 'hand-over': statistics.median(queued)}
 
 
 def thread_cpu() -> dict[str, float]:
@@ -109,34 +151,24 @@ def ray_cpu() -> dict[str, float]:
 
 
 def ddg_lanes(pool: LanePool, steps: int, warmup: int) -> tuple[dict, dict, float]:
-  """DDG K=2 (module docstring, 2): per lane, ms per iteration busy, waiting for imports
-  and in hand-overs (with the hand-overs' median), and the driver's and Ray's CPU ms per
-  iteration by thread ('driver <name>') or process ('<name> process'); and the run's
-  seconds per iteration."""
+  """DDG K=2 (module docstring, 2): `between_calls` of each lane over the steady state;
+  the driver's and Ray's CPU seconds over the run, by thread ('driver <name>') or
+  process ('<name> process'); and the run's seconds per iteration."""
   real_speedup.run(pool, ddg.roles(2), warmup + 2, 2)  # every lane compiled its tasks
   cpu, ray_before = thread_cpu(), ray_cpu()
   with FinishedTasks(pool) as finished:
     seconds = real_speedup.run(pool, ddg.roles(2), steps, warmup)[0]
   used = {f'driver {n}': s - cpu.get(n, 0.0) for n, s in thread_cpu().items()}
   used.update({f'{n} process': s - ray_before.get(n, 0.0) for n, s in ray_cpu().items()})
-  timeline = real_speedup.LAST_RUN['timeline']
-  start, end = real_speedup.steady_window(timeline, steps, warmup)
-  t0 = real_speedup.LAST_RUN['executor']._t0  # pylint: disable=protected-access
-  iterations = steps - warmup
-  lanes = {}
-  for lane in sorted({task[0] for task in finished.tasks}):
-    tasks = sorted(t[1:] for t in finished.tasks if t[0] == lane)
-    tasks = [t for t in tasks if start <= t[0] - t0 and t[2] - t0 <= end]
-    handovers = [b[0] - a[2] for a, b in zip(tasks, tasks[1:])]
-    lanes[lane] = {
-      'busy': sum(t[2] - t[1] for t in tasks) / iterations,
-      'imports': sum(t[1] - t[0] for t in tasks) / iterations,
-      'hand-overs': sum(handovers) / iterations,
-      'calls': len(tasks) / iterations,
-      'hand-over median': statistics.median(handovers),
-    }
-  per_iteration = {n: s / steps for n, s in used.items() if s > 0}  # whole run, warm-up too
-  return lanes, per_iteration, seconds
+  run = real_speedup.LAST_RUN
+  start, end = real_speedup.steady_window(run['timeline'], steps, warmup)
+  lanes = {
+    lane: between_calls(
+      sorted(t[1:] for t in finished.tasks if t[0] == lane), run['t0'] + start, run['t0'] + end
+    )
+    for lane in sorted({t[0] for t in finished.tasks})
+  }
+  return lanes, {n: s for n, s in used.items() if s > 0}, seconds
 
 
 def asgd_push_delays(pool: LanePool, steps: int, warmup: int) -> list[float]:
@@ -145,20 +177,9 @@ def asgd_push_delays(pool: LanePool, steps: int, warmup: int) -> list[float]:
   real_speedup.run_asgd(pool, 2, warmup + 2, 2)
   real_speedup.run_asgd(pool, 2, steps, warmup)
   timeline = real_speedup.LAST_RUN['timeline']
-  names = timeline.lane_names
   start, _ = real_speedup.steady_window(timeline, steps, warmup)
-  copies = {}
-  for task in timeline.records:
-    name = names[task.lane]
-    if name.startswith('link worker') and task.kind == 'transfer':
-      worker = name[len('link ') :].split(' (')[0]
-      copies[worker, task.batch] = min(copies.get((worker, task.batch), task.start), task.start)
-  delays = []
-  for task in timeline.tasks(kind='backward'):
-    copy = copies.get((names[task.lane].split(' (')[0], task.batch))
-    if task.start >= start and copy is not None:
-      delays.append(copy - task.end)
-  return delays
+  tasks = [(r.lane, r.kind, r.start, r.end, r.batch) for r in timeline.records if r.start >= start]
+  return bench_common.send_delays(dict(enumerate(timeline.lane_names)), tasks)
 
 
 def main():
@@ -181,52 +202,63 @@ def main():
   )
   with LanePool(placement) as pool:
     chains = idle_chains(pool)
-    lanes, driver, seconds = ddg_lanes(pool, args.steps, args.warmup)
+    lanes, used, seconds = ddg_lanes(pool, args.steps, args.warmup)
     delays = asgd_push_delays(pool, args.steps, args.warmup)
   print(f'load average {os.getloadavg()[0]:.1f} at end')
+  ms = lambda s: f'{1e3 * s:.3f}'
   print('\n1. idle chains, one lane (ms per task, the JAX call taken out)')
   bench_common.print_table(
-    ('chain', 'ms / task'), [(name, f'{1e3 * s:.3f}') for name, s in chains.items()]
+    ('chain', 'ms / task'), [(name, ms(chains[name])) for name in ('run ahead', 'waited for')]
   )
   print(
-    f'the driver hearing of an end: {1e3 * (chains["waited for"] - chains["run ahead"]):.3f} ms'
+    f'the driver hearing of an end: {ms(chains["waited for"] - chains["run ahead"])} ms; '
+    f'hand-over between queued calls (median): {ms(chains["hand-over"])} ms'
   )
-  print(f'\n2. DDG K=2, {1e3 * seconds:.1f} ms per iteration (ms per iteration of each lane)')
+  iterations = args.steps - args.warmup
+  print(f'\n2. DDG K=2, {1e3 * seconds:.1f} ms per iteration (per lane: ms per iteration)')
   bench_common.print_table(
-    ('lane', 'calls', 'busy', 'waiting for imports', 'hand-overs', 'hand-over median ms'),
+    (
+      'lane',
+      'calls',
+      'busy',
+      'waiting for imports',
+      'waiting for the driver',
+      'hand-overs',
+      'hand-over median ms',
+    ),
     [
       (
         lane,
-        f'{v["calls"]:.1f}',
-        f'{1e3 * v["busy"]:.1f}',
-        f'{1e3 * v["imports"]:.1f}',
-        f'{1e3 * v["hand-overs"]:.1f}',
-        f'{1e3 * v["hand-over median"]:.2f}',
+        f'{v["calls"] / iterations:.1f}',
+        f'{1e3 * v["busy"] / iterations:.1f}',
+        f'{1e3 * v["imports"] / iterations:.1f}',
+        f'{1e3 * v["driver"] / iterations:.1f}',
+        f'{1e3 * v["hand-overs"] / iterations:.1f}',
+        ms(statistics.median(v['queued'])) if v['queued'] else '-',
       )
       for lane, v in lanes.items()
     ],
   )
-  top = sorted(driver.items(), key=lambda item: -item[1])[:8]
+  top = sorted(used.items(), key=lambda item: -item[1])[:8]
   print(
-    'driver and Ray, CPU ms per iteration (the whole run): '
-    + ', '.join(f'{name} {1e3 * s:.1f}' for name, s in top)
+    'driver and Ray, CPU ms per iteration of the whole run (set-up and warm-up included): '
+    + ', '.join(f'{name} {1e3 * s / args.steps:.1f}' for name, s in top)
   )
   print("\n3. ASGD M=2: a backward's end -> its push's copy starts (ms)")
-  bench_common.print_table(
-    ('pushes', 'median', 'mean', 'p90'),
-    [
-      (
-        len(delays),
-        f'{1e3 * statistics.median(delays):.2f}',
-        f'{1e3 * statistics.mean(delays):.2f}',
-        f'{1e3 * sorted(delays)[int(0.9 * (len(delays) - 1))]:.2f}',
-      )
-    ],
-  )
-  handover = statistics.median(v['hand-over median'] for v in lanes.values())
+  cells = ('-', '-', '-')
+  if delays:
+    ordered = sorted(delays)
+    cells = (
+      ms(statistics.median(delays)),
+      ms(statistics.mean(delays)),
+      ms(ordered[int(0.9 * (len(ordered) - 1))]),
+    )
+  bench_common.print_table(('pushes', 'median', 'mean', 'p90'), [(len(delays), *cells)])
+  queued = [d for v in lanes.values() for d in v['queued']]
   print(
-    f'lane hand-over between calls in DDG K=2 (processes): {1e3 * handover:.2f} ms median '
-    f'(idle chain: {1e3 * chains["run ahead"]:.2f} ms)'
+    f'lane hand-over between queued calls in DDG K=2 (processes): '
+    f'{1e3 * statistics.median(queued):.2f} ms median (idle chain: '
+    f'{1e3 * chains["hand-over"]:.2f} ms)'
   )
 
 

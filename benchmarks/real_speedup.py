@@ -98,14 +98,14 @@ def split_balance(num_stages: int) -> str:
   return f'K={num_stages} split: {shares} forward MFLOP per example'
 
 
-# The last run's executor and timeline, for a benchmark that reads more of it
-# (`benchmarks.lane_overheads`).
+# The last run's timeline and the `time.time()` its times count from, for a benchmark
+# that reads more of it (`benchmarks.lane_overheads`).
 LAST_RUN: dict = {}
 
 
 def measured(executor: ProcessExecutor, timeline, steps: int, warmup: int):
   """`run`'s three figures of a finished run."""
-  LAST_RUN.update(executor=executor, timeline=timeline)
+  LAST_RUN.update(timeline=timeline, t0=executor._t0)  # pylint: disable=protected-access
   return (
     per_iteration(timeline, steps, warmup),
     executor.dispatch_seconds / executor.dispatched,

@@ -313,11 +313,16 @@ def window_stats(workdir: str, warmup: int) -> dict:
   blocks = [(ends[i + BLOCK] - ends[i]) / BLOCK for i in range(0, len(ends) - BLOCK, BLOCK)] or [
     (stop - start) / iterations
   ]
+  from benchmarks import common as bench_common
+
+  steady = [(lane, kind, b, e, batch) for lane, kind, b, e, batch, _ in tasks if b >= start]
   return {
     'per_iteration': float(np.median(blocks)),
     'mean_per_iteration': (stop - start) / iterations,
     'utilization': utilization,
     'iterations': iterations,
+    # A backward's end -> its lane's copy of that batch (an ASGD worker's push), s.
+    'send_delays': bench_common.send_delays(names, steady),
   }
 
 
@@ -730,6 +735,15 @@ def print_table(results: dict) -> None:
         _histogram(results[name][s]['staleness']) if results[name][s] else '-' for s in SIDES
       )
       print(f'  {LABELS[name]}: ' + ' | '.join(cells))
+  pushing = [n for n in staleness if n in ('asgd', 'dcasgd')]
+  if pushing:
+    print(
+      "a backward's end -> its push's copy starts, ms median / mean (the process executor's "
+      'driver sends it once it has heard of that end), ' + ' | '.join(SIDES) + ':'
+    )
+    for name in pushing:
+      cells = (_delays(results[name][s]) for s in SIDES)
+      print(f'  {LABELS[name]}: ' + ' | '.join(cells))
   for note in notes:
     print(note)
   if errors:
@@ -748,6 +762,13 @@ def print_table(results: dict) -> None:
     print(f'simulator max error across families: {errors[worst]:.1f}%')
   else:
     print('simulator max error across families: n/a (no family ran)')
+
+
+def _delays(stats: dict | None) -> str:
+  delays = (stats or {}).get('send_delays')
+  if not delays:
+    return '-'
+  return f'{1e3 * np.median(delays):.2f} / {1e3 * np.mean(delays):.2f}'
 
 
 def _lanes(utilization: dict) -> str:

@@ -14,9 +14,9 @@ Host time is the CPU time of the Python thread that runs the simulation
 the thread spends is the simulator — event loop, channels, stores, messages, byte
 counting, on-device checks — plus what JAX does on the host for the work: dispatching
 the jitted calls, copying each host batch to the device (inside the forward's call:
-`transfer.HostInputs`), freeing the arrays the tasks made. CPU time rather than wall time, because other jobs on a shared machine
-add wall time but not this thread's CPU time (they still inflate it a little: caches
-and cores are shared). Every session reuses one compiled server update (a run
+`transfer.HostInputs`), freeing the arrays the tasks made. CPU time rather than wall
+time, because other jobs on a shared machine add wall time but not this thread's CPU
+time (they still inflate it a little: caches and cores are shared). Every session reuses one compiled server update (a run
 compiles it once), and starts after a full garbage collection. The columns, per task:
 
 - `µs/task`: the session's thread CPU time.

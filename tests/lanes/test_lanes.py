@@ -89,7 +89,7 @@ def test_placement_text_form_and_bad_input():
     LanePlacement.parse('a@speed=2')
 
 
-@pytest.mark.timeout(120)  # a placement Ray could wait on for ever: a hang fails here
+@pytest.mark.timeout(120, func_only=True)  # a placement Ray could wait on for ever
 def test_gpu_lanes_their_host_cannot_take_are_refused_before_any_lane_starts(head, pool):
   node = pool.info['a']['host']  # this machine, as the cluster names it
   before = _lane_processes(head)
@@ -236,7 +236,7 @@ def test_wait_any_returns_every_task_once_across_lanes(pool):
   while len(finished) < len(pending):
     finished.append(pool.wait_any([p for p in pending if not p.done]))
   assert sorted(pool.fetch(p.result()) for p in finished) == [10, 11, 12, 13]
-  assert all(p.entered <= p.started <= p.ended for p in finished)
+  assert all(p.sent <= p.entered <= p.started <= p.ended for p in finished)
   for lane in 'ab':  # a lane takes its calls one at a time, in the order started
     calls = [p for p in pending if p.lane == lane]
     assert all(a.ended <= b.entered for a, b in zip(calls, calls[1:]))
@@ -276,6 +276,8 @@ def test_a_copy_is_waited_for_only_by_the_call_that_needs_it(pool):
   for pending in (busy, y, used):
     pool.wait_any([pending])
   assert used.started >= busy.ended
+  # It entered lane b while lane a still computed, and waited there for its import.
+  assert used.sent <= used.entered < busy.ended <= used.started
   np.testing.assert_allclose(pool.fetch(used.result()), 4 * pool.fetch(w), rtol=1e-6)
   np.testing.assert_array_equal(pool.fetch(other.result()), 3)
 

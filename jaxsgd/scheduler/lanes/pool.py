@@ -101,8 +101,10 @@ class Pending:
   """A task started on a lane; `result()` is its handle(s) once `wait_any` returned it.
 
   Once done, `started` and `ended` are the task's start and end in the lane
-  (`time.time()` there; the result computed, not only dispatched), and `entered` when
-  its call began there (before taking in its imports: `LaneRuntime.run`).
+  (`time.time()` there; the result computed, not only dispatched), `entered` when its
+  call began there (before taking in its imports: `LaneRuntime.run`), and `sent` when
+  the driver sent the call (`time.time()` here, just before). A move
+  (`move(landed=True)`) has no call of its own: both stay None.
   """
 
   lane: str
@@ -114,6 +116,7 @@ class Pending:
   source: str | None = None  # a move's (`move(..., landed=True)`): the lane it copies from
   copies: tuple = ()  # and its copies (refs), the last one `ref`
   done: bool = False
+  sent: float | None = None
   entered: float | None = None
   started: float | None = None
   ended: float | None = None
@@ -199,9 +202,11 @@ class LanePool:
     key = next(self._keys)
     imports = self._take_imports(lane, here)
     call, buffers = self._task_call(lane, task, sent, key)
+    at = time.time()
     ref = actor.run.remote(call, imports, *buffers)
     here.clear()  # kept alive until sent, so that a copy's free follows this call
     pending = Pending(lane, task, ref, key, args, _signature(task, args))
+    pending.sent = at
     self._unfinished[ref] = pending
     return pending
 
