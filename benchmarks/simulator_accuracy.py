@@ -768,7 +768,8 @@ def _delays(stats: dict | None) -> str:
   delays = (stats or {}).get('send_delays')
   if not delays:
     return '-'
-  return f'{1e3 * np.median(delays):.2f} / {1e3 * np.mean(delays):.2f}'
+  ms = lambda seconds: round(1e3 * float(seconds), 2) + 0.0  # (no '-0.00' from rounding)
+  return f'{ms(np.median(delays)):.2f} / {ms(np.mean(delays)):.2f}'
 
 
 def _lanes(utilization: dict) -> str:
