@@ -17,7 +17,9 @@ the task ended (`ended`). Between two calls a, b of one lane:
 
 The hand-over is Ray's per-call work in the driver and in the lane, and whatever else
 runs on the lane's core meanwhile (its own export thread copying a value out, the
-driver, Ray's processes).
+driver, Ray's processes). Waiting for the driver is the lane idle with no call sent to
+it: the driver had not got to it yet, or the policy had nothing to start there (a
+stage waiting for the other stage's gradient).
 
 1. Idle chains (`profiles.measure_dispatch`, one lane on core 0, nothing else running):
    200 tasks of a 4-byte add in a row, each on the previous one's result. Run ahead
