@@ -73,21 +73,22 @@ def family_lanes(family: str, lanes: int, core=lambda k: k) -> list[str]:
 
 def send_delays(lane_names: Mapping[int, str], tasks, kind: str = 'backward') -> list[float]:
   """Seconds from the end of each `kind` task to the start of the first copy its lane
-  sent of the same batch. `tasks`: `(lane, kind, start, end, batch)` tuples of a run; a
-  copy is a task on a link lane, named 'link <sender> → <receiver>' (`Cluster.link`).
-  For an ASGD worker: from its gradient existing to its push leaving, which the process
-  executor's driver sends only once it has heard that the backward ended (a worker waits
-  for its backward: `asgd.RUN_AHEAD`). Tasks whose lane sent no copy of their batch are
-  left out."""
-  first_copy = {}
+  sent of the same batch after it. `tasks`: `(lane, kind, start, end, batch)` tuples of
+  a run; a copy is a task on a link lane, named 'link <sender> → <receiver>'
+  (`Cluster.link`). For an ASGD worker: from its gradient existing to its push leaving,
+  which the process executor's driver sends only once it has heard that the backward
+  ended (a worker waits for its backward: `asgd.RUN_AHEAD`). Tasks without a batch, or
+  whose lane sent no copy of their batch after them, are left out."""
+  copies = {}  # (sender, batch) -> the starts of its copies of that batch
   for lane, _, start, _, batch in tasks:
     name = lane_names[lane]
-    if name.startswith('link ') and ' → ' in name:
-      key = (name[len('link ') :].split(' → ')[0], batch)
-      first_copy[key] = min(first_copy.get(key, start), start)
+    if batch is not None and name.startswith('link ') and ' → ' in name:
+      copies.setdefault((name[len('link ') :].split(' → ')[0], batch), []).append(start)
   delays = []
   for lane, task_kind, _, end, batch in tasks:
-    copy = first_copy.get((lane_names[lane], batch))
-    if task_kind == kind and copy is not None:
-      delays.append(copy - end)
+    if task_kind != kind or batch is None:
+      continue
+    later = [start for start in copies.get((lane_names[lane], batch), ()) if start >= end]
+    if later:
+      delays.append(min(later) - end)
   return delays

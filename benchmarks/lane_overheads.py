@@ -25,13 +25,17 @@ stage waiting for the other stage's gradient).
    200 tasks of a 4-byte add in a row, each on the previous one's result. Run ahead
    (the driver sends each call as soon as it has the previous one's handles) and waited
    for (`Compute(ahead=False)`: the driver hears of each task's end before it sends the
-   next): wall time per task minus the JAX call, and the run-ahead chain's median
-   hand-over. The difference of the two per-task times is the driver hearing of an end.
+   next): wall time per task minus the JAX call (the fastest of 5 rounds), and the
+   median hand-over of the run-ahead chain's queued calls (over its warm-up and 5
+   rounds). The difference of the two per-task times is the driver hearing of an end.
 2. DDG K=2 of `real_speedup`'s model (stages on cores 0 and 1; the driver and Ray share
    those cores), per lane, over the steady state, in ms per iteration: busy (its tasks),
    waiting for imports (entered -> started: a copy from the other lane not there yet),
-   waiting for the driver, hand-overs, and the hand-overs' median; then the driver's and
-   Ray's processes' CPU per iteration of the whole run (set-up and warm-up included).
+   waiting for the driver, hand-overs (all, each interval clipped to the steady state, so
+   the parts add up), and the median hand-over of a queued call; then the driver's and
+   Ray's processes' CPU per iteration of the whole run (set-up and warm-up included),
+   and the driver's Ray threads together (worker.io, nexting_thread, client.poll*,
+   server.poll*).
 3. ASGD M=2 of the same model (workers on cores 0 and 1, the server on core 0): from a
    worker's backward end to the start of its push's copy (`common.send_delays`). A
    worker waits for its backward (`asgd.RUN_AHEAD` = 1: its pushes reach the server in
@@ -44,6 +48,7 @@ The last line: `lane hand-over between queued calls in DDG K=2 (processes): <x> 
 """
 
 import argparse
+import math
 import os
 import statistics
 
@@ -81,32 +86,36 @@ class FinishedTasks:
     del self.pool.wait_any  # the bound method again
 
 
-def between_calls(calls: list, start: float = -float('inf'), end: float = float('inf')) -> dict:
-  """Seconds of one lane's `calls` ((sent, entered, started, ended), in order) that fall
-  in [start, end]: busy (tasks clipped to it), imports, driver waits and hand-overs (of
-  the calls that entered in it; module docstring), the hand-overs between queued calls,
-  and the calls that entered in it."""
-  inside = lambda t: start <= t <= end
-  busy = sum(max(0.0, min(e, end) - max(s, start)) for _, _, s, e in calls)
-  imports = sum(s - n for _, n, s, _ in calls if inside(n))
-  driver, handovers, queued = 0.0, [], []
+def between_calls(calls: list, start: float = -math.inf, end: float = math.inf) -> dict:
+  """Where one lane's time went between `start` and `end` (`time.time()`): `calls` are
+  its calls' (sent, entered, started, ended), in any order; each interval is clipped
+  to the window, so the parts add up to the time the calls span there. Busy (tasks),
+  imports (entered -> started), waiting for the driver and hand-overs (module
+  docstring), the number of calls that entered in the window, and `queued`: each
+  hand-over of a call sent before the previous one ended that entered in the window,
+  whole (a distribution, not a sum)."""
+  calls = sorted(calls, key=lambda call: call[1])  # the order the lane took them in
+  clip = lambda a, b: max(0.0, min(b, end) - max(a, start))
+  parts = {'busy': 0.0, 'imports': 0.0, 'driver': 0.0, 'hand-overs': 0.0}
+  for _, entered, started, ended in calls:
+    parts['busy'] += clip(started, ended)
+    parts['imports'] += clip(entered, started)
+  queued = []
   for (_, _, _, ended), (sent, entered, _, _) in zip(calls, calls[1:]):
-    if not inside(entered):
-      continue
+    if entered < ended - _SKEW:
+      raise ValueError(f'a call entered the lane at {entered} before the last ended at {ended}')
     if sent <= ended:
-      queued.append(entered - ended)
-      handovers.append(entered - ended)
+      parts['hand-overs'] += clip(ended, entered)
+      if start <= entered <= end:
+        queued.append(entered - ended)
     else:
-      driver += sent - ended
-      handovers.append(max(0.0, entered - sent))
-  return {
-    'calls': sum(1 for _, n, _, _ in calls if inside(n)),
-    'busy': busy,
-    'imports': imports,
-    'driver': driver,
-    'hand-overs': sum(handovers),
-    'queued': queued,
-  }
+      parts['driver'] += clip(ended, sent)
+      parts['hand-overs'] += clip(sent, entered)
+  calls_in = sum(1 for _, entered, _, _ in calls if start <= entered <= end)
+  return {**parts, 'calls': calls_in, 'queued': queued}
+
+
+_SKEW = 1e-3  # s: stamps of one host's processes (`time.time()`) agree far better
 
 
 def idle_chains(pool: LanePool) -> dict[str, float]:
@@ -116,8 +125,12 @@ def idle_chains(pool: LanePool) -> dict[str, float]:
   with FinishedTasks(pool) as finished:
     ahead = profiles.measure_dispatch(make, lane='stage0')['processes']
   waited = profiles.measure_dispatch(make, lane='stage0', ahead=False)['processes']
-  queued = between_calls(sorted(t[1:] for t in finished.tasks))['queued']
-  return {'run ahead': ahead, 'waited for': waited, 'hand-over': statistics.median(queued)}
+  queued = between_calls([t[1:] for t in finished.tasks if t[0] == 'stage0'])['queued']
+  return {'run ahead': ahead, 'waited for': waited, 'hand-over': _median(queued)}
+
+
+def _median(values: list) -> float:
+  return statistics.median(values) if values else math.nan
 
 
 def thread_cpu() -> dict[str, float]:
@@ -136,6 +149,13 @@ def thread_cpu() -> dict[str, float]:
 
 
 _TICKS = os.sysconf('SC_CLK_TCK')
+# The threads Ray's core worker runs in a driver (`thread_cpu` names).
+_RAY_THREADS = (
+  'driver worker.io',
+  'driver nexting_thread',
+  'driver client.poll',
+  'driver server.poll',
+)
 
 
 def ray_cpu() -> dict[str, float]:
@@ -166,7 +186,7 @@ def ddg_lanes(pool: LanePool, steps: int, warmup: int) -> tuple[dict, dict, floa
   start, end = real_speedup.steady_window(run['timeline'], steps, warmup)
   lanes = {
     lane: between_calls(
-      sorted(t[1:] for t in finished.tasks if t[0] == lane), run['t0'] + start, run['t0'] + end
+      [t[1:] for t in finished.tasks if t[0] == lane], run['t0'] + start, run['t0'] + end
     )
     for lane in sorted({t[0] for t in finished.tasks})
   }
@@ -226,7 +246,7 @@ def main():
       'waiting for imports',
       'waiting for the driver',
       'hand-overs',
-      'hand-over median ms',
+      'queued hand-over median ms',
     ),
     [
       (
@@ -236,7 +256,7 @@ def main():
         f'{1e3 * v["imports"] / iterations:.1f}',
         f'{1e3 * v["driver"] / iterations:.1f}',
         f'{1e3 * v["hand-overs"] / iterations:.1f}',
-        ms(statistics.median(v['queued'])) if v['queued'] else '-',
+        ms(_median(v['queued'])),
       )
       for lane, v in lanes.items()
     ],
@@ -246,6 +266,8 @@ def main():
     'driver and Ray, CPU ms per iteration of the whole run (set-up and warm-up included): '
     + ', '.join(f'{name} {1e3 * s / args.steps:.1f}' for name, s in top)
   )
+  ray_threads = sum(s for name, s in used.items() if name.startswith(_RAY_THREADS))
+  print(f"the driver's Ray threads together: {1e3 * ray_threads / args.steps:.1f} ms per iteration")
   print("\n3. ASGD M=2: a backward's end -> its push's copy starts (ms)")
   cells = ('-', '-', '-')
   if delays:
@@ -259,7 +281,7 @@ def main():
   queued = [d for v in lanes.values() for d in v['queued']]
   print(
     f'lane hand-over between queued calls in DDG K=2 (processes): '
-    f'{1e3 * statistics.median(queued):.2f} ms median (idle chain: '
+    f'{1e3 * _median(queued):.2f} ms median (idle chain: '
     f'{1e3 * chains["hand-over"]:.2f} ms)'
   )
 

@@ -228,10 +228,14 @@ def test_a_vjp_moves_when_its_task_made_only_arrays_before(pool):
 
 
 def test_wait_any_returns_every_task_once_across_lanes(pool):
+  before = time.time()
   pending = [
     pool.start(lane, task('add'), (np.float32(i), np.float32(10)))
     for i, lane in enumerate(['a', 'b', 'a', 'b'])
   ]
+  after = time.time()
+  sent = [p.sent for p in pending]
+  assert before <= sent[0] <= sent[1] <= sent[2] <= sent[3] <= after  # the driver's clock
   finished = []
   while len(finished) < len(pending):
     finished.append(pool.wait_any([p for p in pending if not p.done]))

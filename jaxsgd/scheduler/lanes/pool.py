@@ -103,7 +103,8 @@ class Pending:
   Once done, `started` and `ended` are the task's start and end in the lane
   (`time.time()` there; the result computed, not only dispatched), `entered` when its
   call began there (before taking in its imports: `LaneRuntime.run`), and `sent` when
-  the driver sent the call (`time.time()` here, just before). A move
+  the driver sent the call (`time.time()` here, just before): comparable with the
+  lane's stamps on one host (clocks of two hosts may differ). A move
   (`move(landed=True)`) has no call of its own: both stay None.
   """
 

@@ -115,7 +115,8 @@ class LaneRuntime:
     `(key, path)` — when the call began here, and the task's start and end
     (`time.time()` in this lane; start after its imports were taken in, end with the
     result computed). Between a call's end and the next call's `entered` the lane waits
-    for Ray to hand it that call; between `entered` and `start`, for its imports.
+    for the driver to send that call, if it has not yet, and for Ray to hand it over;
+    between `entered` and `start`, for its imports (`benchmarks/lane_overheads.py`).
     """
     entered = time.time()
     named, args, key, free = pickle.loads(call, buffers=buffers)
