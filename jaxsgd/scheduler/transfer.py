@@ -29,8 +29,7 @@ def to_device(tree, device: jax.Device | None):
   """
   if device is None or on_device(tree, device):
     return tree
-  leaves = jax.tree_util.tree_leaves(tree)
-  if all(type(leaf) is np.ndarray for leaf in leaves):  # pylint: disable=unidiomatic-typecheck
+  if _all_host(tree):
     return _host_placer(device)(tree)
   return jax.device_put(tree, device)
 
@@ -38,9 +37,12 @@ def to_device(tree, device: jax.Device | None):
 def for_task(tree, device: jax.Device | None):
   """`tree` for a task called through `HostInputs` on `device`: a tree of host numpy
   arrays as it is (the task's own call copies it in), anything else `to_device`."""
-  if all(type(leaf) is np.ndarray for leaf in jax.tree_util.tree_leaves(tree)):  # pylint: disable=unidiomatic-typecheck
-    return tree
-  return to_device(tree, device)
+  return tree if _all_host(tree) else to_device(tree, device)
+
+
+def _all_host(tree) -> bool:
+  """Whether every leaf of `tree` is a host numpy array (an empty tree: vacuously)."""
+  return all(type(leaf) is np.ndarray for leaf in jax.tree_util.tree_leaves(tree))  # pylint: disable=unidiomatic-typecheck
 
 
 @dataclasses.dataclass(frozen=True)
