@@ -100,10 +100,17 @@ LANE_ENV = {
 
 
 def family_config(
-  name: str, args, side: str, profile: str | None = None, links=(0.0, 0.0), dispatch='processes'
+  name: str,
+  args,
+  side: str,
+  profile: str | None = None,
+  links=(0.0, 0.0),
+  dispatch='processes',
+  driver: float = 0.0,
 ):
   """The config of family `name` for `side`: 'measured' (lane processes), 'predicted'
-  (the virtual clock with `profile`) or 'tables' (what the profile measures)."""
+  (the virtual clock with `profile`, its simulated driver taking `driver` seconds per
+  event) or 'tables' (what the profile measures)."""
   import ml_collections
 
   from benchmarks import common as bench_common  # (imports JAX: not at the module's top)
@@ -141,6 +148,7 @@ def family_config(
     config.cost.statistic = args.statistic
     config.cost.sharing = args.sharing
     config.cost.schedule = args.schedule
+    config.cost.driver = driver
     config.cost.link_latency, config.cost.link_bandwidth = links
   return config
 
@@ -323,7 +331,35 @@ def window_stats(workdir: str, warmup: int) -> dict:
     'iterations': iterations,
     # A backward's end -> its lane's copy of that batch (an ASGD worker's push), s.
     'send_delays': bench_common.send_delays(names, steady),
+    # A compute task's end -> the driver hearing of it, s (`TaskRecord.heard`).
+    'hear_delays': hear_delays(workdir, start),
   }
+
+
+def hear_delays(workdir: str, since: float) -> list[float]:
+  """Seconds from the end of each compute task that started at `since` or later to its
+  run's driver hearing of it (the trace's 'heard': the process executor's, or the virtual
+  clock's simulated driver; none without one)."""
+  with open(os.path.join(workdir, 'trace.json')) as f:
+    events = json.load(f)['traceEvents']
+  return [
+    (e['args']['heard'] - e['ts'] - e['dur']) / 1e6
+    for e in events
+    if e.get('ph') == 'X' and 'heard' in e['args'] and e['ts'] / 1e6 >= since
+  ]
+
+
+def driver_seconds(how: str, profile_driver: float, workdir: str | None, warmup: int) -> float:
+  """`cost.driver` for a virtual run (`--driver`): a number; 0 for 'none'; for 'heard',
+  the profile's figure (`workdir` None) or the median hear delay of the lanes' run at
+  `workdir`."""
+  if how == 'none':
+    return 0.0
+  if how != 'heard':
+    return float(how)
+  if workdir is None:
+    return profile_driver
+  return float(np.median(window_stats(workdir, warmup)['hear_delays']))
 
 
 def _short(name: str) -> str:
@@ -440,24 +476,42 @@ def wait_for_quiet(max_load: float, max_wait: float) -> None:
     time.sleep(5)
 
 
-def run_family(name: str, args, profile: str, links, dispatch: tuple, root: str) -> dict:
+def run_family(
+  name: str, args, profile: str, links, dispatch: tuple, root: str, driver: float
+) -> dict:
   """Every run of family `name`: their statistics, or why one could not run. `dispatch`:
-  `(cost.dispatch, its seconds)` of the virtual clock's runs."""
+  `(cost.dispatch, its seconds)` of the virtual clock's runs; `driver`: the profile's
+  driver time per event (`--driver=heard`)."""
   from jaxsgd import training
 
-  result = {}
+  result = {'driver': {}}
   for side in SIDES:
-    given = profile
+    given, lanes_run = profile, None
     if side == 'replayed':  # the schedule alone: the measured run's own task times
-      given = observed_profile(profile, os.path.join(root, f'{name}-measured'), args.warmup)
+      lanes_run = os.path.join(root, f'{name}-measured')
     if side == 'calibrated':  # lane costs from another run: the warm-up (calibration) run
-      try:
-        given = observed_profile(profile, os.path.join(root, f'{name}-measured-warm'), args.warmup)
-      except ValueError:  # no steady state in it
-        result[side] = None
-        continue
+      lanes_run = os.path.join(root, f'{name}-measured-warm')
+    try:
+      if lanes_run is not None:
+        given = observed_profile(profile, lanes_run, args.warmup)
+        result['driver'][side] = driver_seconds(args.driver, driver, lanes_run, args.warmup)
+      elif side == 'predicted':
+        result['driver'][side] = driver_seconds(args.driver, driver, None, args.warmup)
+    except ValueError:  # no steady state in the calibration run
+      if side != 'calibrated':
+        raise
+      result[side] = None
+      continue
     virtual = side in ('calibrated', 'replayed')
-    config = family_config(name, args, 'predicted' if virtual else side, given, links, dispatch[0])
+    config = family_config(
+      name,
+      args,
+      'predicted' if virtual else side,
+      given,
+      links,
+      dispatch[0],
+      result['driver'].get(side, 0.0),
+    )
     workdir = os.path.join(root, f'{name}-{side}')
     try:
       if side == 'measured':  # fills the compilation cache: the lanes of the next run load
@@ -528,6 +582,14 @@ def main():
     "process executor's driver runs ahead of its lanes (cost.schedule)",
   )
   parser.add_argument(
+    '--driver',
+    default='heard',
+    help="the simulated driver's seconds per event (cost.driver): 'heard' (predicted: "
+    "the profile's figure, measured on an idle lane; calibrated and replayed: the median "
+    "time from a task's end to the driver hearing of it in the warm-up and the measured "
+    "run), 'none' (0), or a number of seconds for every side",
+  )
+  parser.add_argument(
     '--neighbours',
     default='idle',
     choices=('idle', 'busy'),
@@ -543,6 +605,13 @@ def main():
   parser.add_argument('--max_wait', type=float, default=600, help='s, at most, per family')
   parser.add_argument('--_tables', default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.driver not in ('heard', 'none'):
+    try:
+      seconds = float(args.driver)
+    except ValueError:
+      seconds = -1.0
+    if not 0 <= seconds < float('inf'):
+      parser.error(f"--driver: 'heard', 'none' or seconds >= 0; got {args.driver!r}")
   if args._tables:
     _write_tables(args._tables, args)
     return
@@ -592,7 +661,7 @@ def main():
   try:
     loaded = profiles.load(profile)
     wait_for_quiet(args.max_load, args.max_wait)
-    if not {'processes', 'processes_cpu'} <= loaded.dispatch.keys():
+    if not {'processes', 'processes_cpu', 'driver'} <= loaded.dispatch.keys():
       dispatch = profiles.measure_process_dispatch(cores=(0,))
       loaded = profiles.merge(loaded, _with_dispatch(loaded, dispatch))
       profiles.save(loaded, profile)
@@ -605,9 +674,11 @@ def main():
       f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags, {measured_how}'
       f'; min, median, p90 of '
       f'{loaded.reps}); dispatch per task (µs): '
-      + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items())
+      + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items() if k != 'driver')
+      + f'; the driver per event (a task end heard, µs) {1e6 * loaded.dispatch["driver"]:.1f}'
       + f'; predicted with {dispatch_kind}, cost.statistic={args.statistic!r}, '
-      f'cost.sharing={args.sharing!r}, cost.schedule={args.schedule!r}',
+      f'cost.sharing={args.sharing!r}, cost.schedule={args.schedule!r}, '
+      f'--driver={args.driver!r}',
       flush=True,
     )
     if args.link_latency is None:
@@ -621,7 +692,13 @@ def main():
     results = {}
     for name in families:
       results[name] = run_family(
-        name, args, profile, links, (dispatch_kind, loaded.dispatch[dispatch_kind]), root
+        name,
+        args,
+        profile,
+        links,
+        (dispatch_kind, loaded.dispatch[dispatch_kind]),
+        root,
+        loaded.dispatch['driver'],
       )
       with open(os.path.join(root, 'results.json'), 'w') as f:
         json.dump(results, f)
@@ -744,6 +821,16 @@ def print_table(results: dict) -> None:
     for name in pushing:
       cells = (_delays(results[name][s]) for s in SIDES)
       print(f'  {LABELS[name]}: ' + ' | '.join(cells))
+  heard = [n for n in results if 'skipped' not in results[n]]
+  if heard:
+    print(
+      "a task's end -> the driver hears of it, ms median / mean, " + ' | '.join(SIDES) + ';'
+      " the simulated driver's ms per event (cost.driver), " + ' | '.join(SIDES[1:]) + ':'
+    )
+    for name in heard:
+      cells = (_delays(results[name][s], 'hear_delays') for s in SIDES)
+      used = (f'{1e3 * results[name]["driver"].get(s, 0.0):.2f}' for s in SIDES[1:])
+      print(f'  {LABELS[name]}: ' + ' | '.join(cells) + '; ' + ' | '.join(used))
   for note in notes:
     print(note)
   if errors:
@@ -764,8 +851,8 @@ def print_table(results: dict) -> None:
     print('simulator max error across families: n/a (no family ran)')
 
 
-def _delays(stats: dict | None) -> str:
-  delays = (stats or {}).get('send_delays')
+def _delays(stats: dict | None, which: str = 'send_delays') -> str:
+  delays = (stats or {}).get(which)
   if not delays:
     return '-'
   ms = lambda seconds: round(1e3 * float(seconds), 2) + 0.0  # (no '-0.00' from rounding)

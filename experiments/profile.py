@@ -69,8 +69,10 @@ _DISPATCH_PROCESSES = flags.DEFINE_bool(
   'dispatch_processes',
   False,
   "Also measure the process executor's dispatch overhead per task, as wall time "
-  "('processes') and as the CPU of all the run's processes ('processes_cpu'); starts a "
-  'Ray cluster and one lane process pinned to core 0, or to --pin_core; ~15 s.',
+  "('processes') and as the CPU of all the run's processes ('processes_cpu'), and its "
+  "driver's time per event ('driver': a task's end to the driver hearing of it, "
+  'cost.driver); starts a Ray cluster and one lane process pinned to core 0, or to '
+  '--pin_core; ~15 s.',
 )
 flags.mark_flags_as_required(['out'])
 
@@ -265,7 +267,12 @@ def describe(table: profiles.Table, dispatch) -> str:
     )
   lines.append(
     'dispatch overhead per task (µs): '
-    + ', '.join(f'{name} {1e6 * seconds:.1f}' for name, seconds in dispatch.items())
+    + ', '.join(
+      f'{name} {1e6 * seconds:.1f}' for name, seconds in dispatch.items() if name != 'driver'
+    )
+    + (
+      f'; the driver per event (µs) {1e6 * dispatch["driver"]:.1f}' if 'driver' in dispatch else ''
+    )
   )
   return '\n'.join(lines)
 

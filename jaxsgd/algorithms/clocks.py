@@ -116,7 +116,8 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
 
   Links are `cost.link_*`; with a hardware preset (`cost.device`) and both left at 0
   they are the preset's. `cost.dispatch` names the executor whose measured host
-  overhead per task (`cost.profile`'s `dispatch`) is added to every task.
+  overhead per task (`cost.profile`'s `dispatch`) is added to every task; `cost.driver`
+  is the simulated driver's time per event.
   """
   cost = shared.cost
   latency, bandwidth = cost.link_latency, cost.bandwidth
@@ -134,6 +135,7 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
     straggler_std=cost.straggler_std,
     seed=shared.cost_seed,
     dispatch=dispatch,
+    driver=float(cost.driver),
   )
 
 

@@ -231,6 +231,12 @@ class CostSettings:
       reads, and a result read on another lane copied there first (a lane process
       imports it). The asynchronous policies then take their lane-process forms
       (updates and merges as tasks on the lane that owns the parameters).
+    driver: seconds of the process executor's driver per event it handles — a task or
+      a copy dispatched, a task's end heard — simulated as one host thread that handles
+      its events one at a time in the order they come (needs `schedule='run_ahead'`):
+      a lane then gets a task only once the driver has dispatched it, and a process
+      that waits for a task goes on only once the driver has heard of its end. 0
+      (default): the driver takes no time.
   """
 
   calibrate: bool = True
@@ -250,6 +256,7 @@ class CostSettings:
   statistic: str = 'min'
   sharing: str = 'fifo'
   schedule: str = 'in_order'
+  driver: float = 0.0
 
   @property
   def explicit_compute(self) -> bool:
@@ -338,6 +345,15 @@ def cost_settings(given, *, clock: str) -> CostSettings:
     raise ValueError(
       f'cost.statistic: {cost.statistic!r} picks a figure of measured costs (cost.profile '
       "or a calibration); a preset or cost.compute has one figure: set 'min'."
+    )
+  if not 0 <= cost.driver < math.inf:
+    raise ValueError(
+      f'cost.driver: seconds per driver event, >= 0 and finite; got {cost.driver!r}.'
+    )
+  if cost.driver and cost.schedule != 'run_ahead':
+    raise ValueError(
+      f"cost.driver: {cost.driver!r} s per event simulates the process executor's driver, "
+      "whose schedule is cost.schedule='run_ahead'; set it, or cost.driver=0."
     )
   if cost.dispatch != 'none' and cost.profile is None:
     raise ValueError(

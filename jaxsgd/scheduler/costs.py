@@ -40,6 +40,9 @@ class CostModel:
     straggler_std: σ of the log-normal straggler factor (0: none).
     seed: seeds the straggler noise.
     dispatch: seconds of host overhead added to every compute task (not to transfers).
+    driver: seconds of the driver's host thread per event it handles — a task or copy
+      dispatched, a task's end heard — one event at a time, in the order they arrive
+      (`VirtualExecutor`'s run-ahead schedule; 0: the driver takes no time).
   """
 
   compute: Mapping[Any, float]
@@ -49,6 +52,7 @@ class CostModel:
   straggler_std: float = 0.0
   seed: int = 0
   dispatch: float = 0.0
+  driver: float = 0.0
 
   def __post_init__(self):
     for key, value in self.compute.items():
@@ -69,6 +73,10 @@ class CostModel:
     if not 0 <= self.dispatch < math.inf:
       raise ValueError(
         f'cost.dispatch: must be a finite number of seconds >= 0, got {self.dispatch!r}.'
+      )
+    if not 0 <= self.driver < math.inf:
+      raise ValueError(
+        f'cost.driver: must be a finite number of seconds >= 0, got {self.driver!r}.'
       )
 
   def base(self, kind: str, stage: int | None) -> float:

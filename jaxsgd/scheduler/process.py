@@ -197,11 +197,8 @@ class ProcessExecutor(Executor):
       if finished is None:
         continue
       process, lane, op = self._pending.pop(finished)
-      self.record(
-        TaskRecord(
-          lane, op.kind, finished.started - self._t0, finished.ended - self._t0, op.stage, op.batch
-        )
-      )
+      start, end = finished.started - self._t0, finished.ended - self._t0
+      self.record(TaskRecord(lane, op.kind, start, end, op.stage, op.batch, heard=self.now()))
       if finished in self._resumed:
         self._resumed.discard(finished)
       else:

@@ -36,7 +36,9 @@ and identical simulated timelines). Measure profiles on a quiet machine.
 A cost is the time of one blocking call: device time plus one host dispatch,
 as `costs.calibrate` measures it. The host overhead an *executor* adds per task
 (its bookkeeping on top of the JAX call) is measured separately
-(`measure_dispatch`) and stored in the profile's `dispatch` field.
+(`measure_dispatch`) and stored in the profile's `dispatch` field; with the process
+executor's figures (`measure_process_dispatch`) comes `driver`, its driver's time per
+event (a task's end to the driver hearing of it), which `cost.driver` simulates.
 
 File format (JSON, `FORMAT`):
 
@@ -567,6 +569,9 @@ def measure_process_dispatch(
 
   - `processes`: `measure_dispatch`'s figure, wall time per task of a chain of tasks:
     what a task waits for the driver and Ray when they have cores of their own.
+  - `driver`: seconds from a task's end on the lane to the driver hearing of it (the
+    median over a chain of tasks each waited for, `Compute(ahead=False)`): the
+    simulated driver's time per event (`cost.driver`), on an idle machine.
   - `processes_cpu` (only with a cluster started for it): the CPU seconds per task of
     every process of the run — the driver, the lane and Ray's own (raylet, GCS), all
     descendants of this process then — over the same chain: what each task costs the
@@ -589,7 +594,8 @@ def measure_process_dispatch(
     )
     after = _cpu_seconds_by_pid()
     owns_cluster = cluster.started_here()
-  figures = {'processes': measured['processes']}
+    heard = _hear_delays(ProcessExecutor(pool=pool, verbose=False), lane='dispatch', tasks=tasks)
+  figures = {'processes': measured['processes'], 'driver': float(np.median(heard))}
   if owns_cluster:  # Ray's processes are this one's descendants: all counted
     cpu = sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
     # `measure_dispatch` runs the chain once to warm up, then `rounds` times, and
@@ -598,6 +604,25 @@ def measure_process_dispatch(
       (cpu - (rounds + 1) * tasks * measured['jax_call']) / ((rounds + 1) * tasks), 0.0
     )
   return figures
+
+
+def _hear_delays(executor, *, lane: str, tasks: int) -> list[float]:
+  """Seconds from each task's end to `executor`'s driver hearing of it, over a chain of
+  `tasks` trivial tasks on `lane`, each waited for (the first tenth left out: warm-up)."""
+  from jaxsgd.scheduler.core import Cluster, Compute, Process
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+  task = Task(TaskRecipe.of(dispatch_tasks), 'add_one')
+
+  def program():
+    y = np.zeros((), np.float32)
+    for _ in range(tasks):
+      y = yield Compute(task, (y,), kind='dispatch', ahead=False)
+
+  cluster = Cluster()
+  index = cluster.add_lane(lane, jax.devices()[0])
+  records = executor.run(cluster, [Process(lane, index, program())]).records
+  return [r.heard - r.end for r in records[tasks // 10 :]]
 
 
 def _cpu_seconds_by_pid() -> dict[int, float]:

@@ -13,7 +13,9 @@ from typing import NamedTuple
 
 
 class TaskRecord(NamedTuple):
-  """One task: its lane, kind, start and end (seconds), stage and batch.
+  """One task: its lane, kind, start and end (seconds), stage and batch, and when the
+  driver heard of its end (`heard`: the process executor's, and the virtual clock's with
+  a simulated driver, `cost.driver`; else None).
 
   A named tuple rather than a frozen dataclass: an executor makes one per task, and a
   tuple is built in a tenth of the time (~0.3 µs against ~3 µs here).
@@ -25,6 +27,7 @@ class TaskRecord(NamedTuple):
   end: float
   stage: int | None = None
   batch: int | None = None
+  heard: float | None = None  # seconds, on the run's clock
 
   @property
   def duration(self) -> float:
@@ -103,7 +106,9 @@ class Timeline:
           'tid': r.lane,
           'ts': r.start * 1e6,
           'dur': r.duration * 1e6,
-          'args': {'stage': r.stage, 'batch': r.batch},
+          'args': {'stage': r.stage, 'batch': r.batch}
+          if r.heard is None
+          else {'stage': r.stage, 'batch': r.batch, 'heard': r.heard * 1e6},
         }
       )
     return {'traceEvents': events, 'displayTimeUnit': 'ms'}

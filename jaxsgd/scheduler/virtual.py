@@ -99,6 +99,11 @@ class VirtualExecutor(Executor):
     task's dispatch while its lane has at most N unfinished tasks."""
     if run_ahead < 0:
       raise ValueError(f'run_ahead: unfinished tasks per lane >= 0, got {run_ahead!r}.')
+    if cost_model.driver and not run_ahead:
+      raise ValueError(
+        f"cost.driver: {cost_model.driver!r} s per event models the process executor's "
+        "driver, whose schedule is cost.schedule='run_ahead'; set it, or cost.driver=0."
+      )
     self.run_ahead = run_ahead
     self.cost_model = cost_model
     self.lane_hardware = dict(lane_hardware or {})
@@ -123,6 +128,7 @@ class VirtualExecutor(Executor):
     self._core_named: dict = {}  # `lane_hardware` key -> its `_TimeSlicedCore`
     self._unfinished: dict[int, int] = {}  # run_ahead: compute lane -> its unfinished tasks
     self._made: dict[int, _Made] = {}  # run_ahead: id of a result leaf -> where, by which task
+    self._driver_free = 0.0  # when the simulated driver has handled every event so far
 
   def execute(self) -> None:
     if self._resume is not None:
@@ -141,10 +147,12 @@ class VirtualExecutor(Executor):
     self._at(self._now, self.advance, process, value)
 
   def start_task(self, process: Process, lane: int, op: Compute) -> None:
-    if self.run_ahead:
-      self._start_ahead(process, lane, op)
-    else:
+    if not self.run_ahead:
       self._enqueue(process, lane, op, None)
+    elif self.cost_model.driver:
+      self._on_driver(self._start_ahead, process, lane, op)  # the driver dispatches it
+    else:
+      self._start_ahead(process, lane, op)
 
   def _enqueue(self, process: Process | None, lane: int, op: Compute, job: '_Job | None') -> None:
     hardware = self._hardware(lane)
@@ -165,6 +173,13 @@ class VirtualExecutor(Executor):
   # --- events ---------------------------------------------------------------------------
   def _at(self, time, fn, *args):
     heapq.heappush(self._events, (time, next(self._seq), fn, args))
+
+  def _on_driver(self, fn, *args) -> None:
+    """Runs `fn(*args)` once the simulated driver has handled this event: one host
+    thread, `cost_model.driver` seconds per event, events in the order they arrive (a
+    FIFO single server; `cost.driver`)."""
+    self._driver_free = max(self._now, self._driver_free) + self.cost_model.driver
+    self._at(self._driver_free, fn, *args)
 
   def _hardware(self, lane: int):
     """What a task on `lane` occupies: the lane, or the hardware it `shares` with others
@@ -249,15 +264,20 @@ class VirtualExecutor(Executor):
     return None
 
   def _finish(self, process, op, lane, start, result, job=None) -> None:
-    self.record(TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch))
     hardware = self._hardware(lane)
     self._busy.discard(hardware)
+    record = TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch)
     if job is None:
+      self.record(record)
       self.task_finished(process, result)
     else:
-      self._ended(job, lane, result)
-      if process is not None and not job.ahead:
-        self.task_finished(process, result)
+      job.done = True  # what reads it may start: lanes take their inputs from one another
+      if self.cost_model.driver and self.cluster.lanes[lane].link is None:
+        # a copy's end is not heard: the process executor does not wait for it
+        self._on_driver(self._heard, process, job, lane, result, record)
+      else:
+        self.record(record)
+        self._heard(process, job, lane, result)
     queue = self._queued.get(hardware)  # (None for a task in flight at a resume)
     if queue and hardware not in self._busy:
       self._start_next(hardware, queue)
@@ -335,13 +355,19 @@ class VirtualExecutor(Executor):
         if where not in made.lanes:
           made.lanes.append(where)
 
-  def _ended(self, job: '_Job', lane: int, result) -> None:
-    job.done = True
+  def _heard(self, process: Process | None, job: '_Job', lane: int, result, record=None) -> None:
+    """The driver hears that `job` has ended on `lane` (at its end, or once the simulated
+    driver has handled the event, which `record` then notes): the lane has one task fewer
+    unfinished, and a process that waited for the task goes on with its result."""
+    if record is not None:
+      self.record(record._replace(heard=self._now))
     if self.cluster.lanes[lane].link is None:
       self._unfinished[lane] -= 1
     if not job.ahead:
       self._note(job, lane, result)  # its process sees it only now
     job.result = None  # the process has it; the executor keeps no result of an ended task
+    if process is not None and not job.ahead:
+      self.task_finished(process, result)
 
   # --- checkpoints ----------------------------------------------------------------------
   def snapshot(self) -> dict:

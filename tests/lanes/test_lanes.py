@@ -412,7 +412,8 @@ def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
 
   # On a cluster started elsewhere Ray's processes are not this one's: no CPU figure.
   assert set(profiles.measure_process_dispatch(address=head.address, tasks=20, rounds=1)) == {
-    'processes'
+    'processes',
+    'driver',
   }
   code = (
     'import json; from jaxsgd.scheduler import profiles; '
@@ -422,6 +423,7 @@ def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
     [sys.executable, '-c', code], capture_output=True, text=True, check=True, timeout=120
   )
   measured = json.loads(out.stdout.strip().splitlines()[-1])
-  assert set(measured) == {'processes', 'processes_cpu'}
-  # Each task costs CPU in the driver and in the lane at least, Ray's calls included.
-  assert measured['processes_cpu'] > 0 and measured['processes'] > 0
+  assert set(measured) == {'processes', 'processes_cpu', 'driver'}
+  # Each task costs CPU in the driver and in the lane at least, Ray's calls included; the
+  # driver hears of a task's end after it.
+  assert measured['processes_cpu'] > 0 and measured['processes'] > 0 and measured['driver'] > 0

@@ -219,10 +219,18 @@ def test_a_task_marked_not_ahead_is_waited_for_before_its_process_goes_on(pool):
       yield Compute(Task(PROBES, 'hang'), (0.2,), ahead=ahead)
       waited.setdefault(ahead, []).append(time.monotonic() - started)
 
+  runs = {}
   for ahead in (True, False):
-    ProcessExecutor(pool=pool, run_ahead=4).run(cluster, [Process('stage 0', 0, worker(ahead))])
+    runs[ahead] = ProcessExecutor(pool=pool, run_ahead=4).run(
+      cluster, [Process('stage 0', 0, worker(ahead))]
+    )
   assert waited[False][1] >= 0.2  # the process went on only once the 0.2 s task ended
   assert waited[True][1] < 0.1  # it went on at once with the task's handles
+  # Each record says when the driver heard of the task's end (`TaskRecord.heard`), after
+  # it; a task waited for was heard of before the next one could start.
+  first, second = runs[False].records
+  assert first.end <= first.heard <= second.start <= second.end <= second.heard
+  assert all(r.end <= r.heard for r in runs[True].records)
 
 
 def test_a_copy_is_recorded_as_the_lanes_made_it_not_as_the_driver_sent_it(pool):

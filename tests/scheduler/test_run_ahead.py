@@ -345,7 +345,7 @@ SEQUENTIAL = {
 }
 
 
-def _family_run(family, schedule, data_dir, workdir):
+def _family_run(family, schedule, data_dir, workdir, driver=0.0):
   import importlib
 
   from jaxsgd import training
@@ -355,7 +355,7 @@ def _family_run(family, schedule, data_dir, workdir):
   config.update({'data_dir': data_dir, 'clock': 'virtual', 'train_steps': 12, 'eval_every': 12})
   if family == 'bp':
     del config.algorithm['variant']  # a DDG field
-  config.cost.update({'schedule': schedule, 'link_latency': 1e-4})
+  config.cost.update({'schedule': schedule, 'link_latency': 1e-4, 'driver': driver})
   for field, value in overrides.items():
     parent, _, leaf = field.rpartition('.')
     (config[parent] if parent else config)[leaf] = value
@@ -364,13 +364,17 @@ def _family_run(family, schedule, data_dir, workdir):
 
 @pytest.mark.parametrize('family', SEQUENTIAL)
 def test_every_family_running_ahead_computes_the_in_order_values(family, data_dir, tmp_path):
-  """The same losses, accuracy and staleness as the in-order clock, bit for bit; the
-  simulated time may differ (copies the in-order clock does not price, overlap)."""
+  """The same losses, accuracy and staleness as the in-order clock, bit for bit, with
+  and without a simulated driver (`cost.driver`); the simulated time may differ (copies
+  the in-order clock does not price, overlap, the driver's time)."""
   in_order = _family_run(family, 'in_order', data_dir, tmp_path / 'in_order')
   ahead = _family_run(family, 'run_ahead', data_dir, tmp_path / 'run_ahead')
-  for key in ('train_loss', 'test_loss', 'test_accuracy'):
-    assert ahead[key] == in_order[key], key
-  assert ahead.get('staleness_mean') == in_order.get('staleness_mean')
+  driven = _family_run(family, 'run_ahead', data_dir, tmp_path / 'driven', driver=1e-3)
+  for run in (ahead, driven):
+    for key in ('train_loss', 'test_loss', 'test_accuracy'):
+      assert run[key] == in_order[key], key
+    assert run.get('staleness_mean') == in_order.get('staleness_mean')
+  assert driven['sim_time'] > ahead['sim_time']  # the driver's time is on its path
 
 
 # --- bad input -----------------------------------------------------------------------------------

@@ -1,0 +1,179 @@
+"""The virtual clock's simulated driver (`cost.driver`, `CostModel.driver`): one host thread
+that handles every event — a task or a copy dispatched, a task's end heard — one at a time,
+in the order they come, `driver` seconds each.
+
+A lane gets a task only once the driver has dispatched it; a process that waits for its
+task goes on only once the driver has heard of the task's end; a lane that reads another
+lane's result does not wait for the driver (lanes take their inputs from one another).
+Every expected time is computed by hand (quarters of a second: exact in binary); the
+values are those of the run without a driver, bit for bit.
+"""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxsgd.algorithms.settings import cost_settings
+from jaxsgd.scheduler import CostModel, VirtualExecutor
+from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
+
+DRIVER = 0.25  # seconds per event
+
+
+def _costs(driver: float = DRIVER, **links) -> CostModel:
+  return CostModel({'forward': 1.0, 'backward': 2.0}, driver=driver, **links)
+
+
+def _add_one(x):
+  return x + 1
+
+
+def _chain(lane: int, tasks: int, *, ahead: bool, seen: list, executor_box: list):
+  """`tasks` forwards on `lane`, each on the previous one's result; `seen` gets when the
+  process went on after each."""
+
+  def program():
+    x = jnp.zeros(4)
+    for _ in range(tasks):
+      x = yield Compute(_add_one, (x,), kind='forward', ahead=ahead)
+      seen.append(executor_box[0].now())
+    return x
+
+  return program()
+
+
+def _run_chains(lanes: int, tasks: int, *, ahead: bool, run_ahead: int, driver: float = DRIVER):
+  cluster, seen, box = Cluster(), [[] for _ in range(lanes)], []
+  indices = [cluster.add_lane(f'lane{i}') for i in range(lanes)]
+  executor = VirtualExecutor(_costs(driver), run_ahead=run_ahead)
+  box.append(executor)
+  processes = [
+    Process(f'p{i}', lane, _chain(lane, tasks, ahead=ahead, seen=seen[i], executor_box=box))
+    for i, lane in enumerate(indices)
+  ]
+  timeline = executor.run(cluster, processes)
+  return timeline, seen
+
+
+def _spans(timeline, lane=None):
+  return [(r.start, r.end, r.heard) for r in timeline.records if lane is None or r.lane == lane]
+
+
+def test_a_waited_task_costs_a_dispatch_before_it_and_a_hearing_after_it():
+  """Dispatch 0 → 0.25, the task 0.25 → 1.25, heard 1.25 → 1.5; the next dispatch
+  1.5 → 1.75, its task 1.75 → 2.75, heard at 3."""
+  timeline, seen = _run_chains(1, 2, ahead=False, run_ahead=4)
+  assert _spans(timeline) == [(0.25, 1.25, 1.5), (1.75, 2.75, 3.0)]
+  assert seen == [[1.5, 3.0]]
+
+
+def test_without_a_driver_the_same_chain_takes_only_its_tasks():
+  timeline, seen = _run_chains(1, 2, ahead=False, run_ahead=4, driver=0.0)
+  assert _spans(timeline) == [(0, 1, None), (1, 2, None)]
+  assert seen == [[1.0, 2.0]]
+
+
+def test_the_driver_handles_one_event_at_a_time_in_the_order_they_come():
+  """Both processes dispatch at 0: p0's dispatch 0 → 0.25, p1's 0.25 → 0.5; their tasks
+  run 0.25 → 1.25 and 0.5 → 1.5. p0's end is heard 1.25 → 1.5; p1's end (1.5) arrives
+  before p0's second dispatch (also at 1.5, but scheduled after it), so the driver hears
+  it first, 1.5 → 1.75, and dispatches p0's 1.75 → 2 (its task 2 → 3); p1 goes on at
+  1.75 and its dispatch takes 2 → 2.25 (task 2.25 → 3.25). Heard: 3 → 3.25, 3.25 → 3.5."""
+  timeline, seen = _run_chains(2, 2, ahead=False, run_ahead=4)
+  assert _spans(timeline, 0) == [(0.25, 1.25, 1.5), (2.0, 3.0, 3.25)]
+  assert _spans(timeline, 1) == [(0.5, 1.5, 1.75), (2.25, 3.25, 3.5)]
+  assert seen == [[1.5, 3.25], [1.75, 3.5]]
+
+
+def test_running_ahead_a_process_goes_on_once_its_task_is_dispatched():
+  """run_ahead 2: the first two tasks are dispatched 0 → 0.25 and 0.25 → 0.5 and the
+  process goes on after each; the lane runs them 0.25 → 1.25 → 2.25. The third makes
+  three unfinished (> 2): dispatched 0.5 → 0.75 but waited for: queued behind the second,
+  it runs 2.25 → 3.25. The ends are heard 1.25 → 1.5, 2.25 → 2.5, 3.25 → 3.5."""
+  timeline, seen = _run_chains(1, 3, ahead=True, run_ahead=2)
+  assert _spans(timeline) == [(0.25, 1.25, 1.5), (1.25, 2.25, 2.5), (2.25, 3.25, 3.5)]
+  assert seen == [[0.25, 0.5, 3.5]]
+
+
+def test_a_lane_reads_another_lanes_result_without_waiting_for_the_driver():
+  """p0 makes x on lane a (dispatch 0 → 0.25, forward 0.25 → 1.25) and sends it to lane b
+  (the copy's dispatch 0.25 → 0.5, as p0 went on at once: its copy waits for x, 1.25 →
+  1.75 with a 0.5 s link). p1 on b reads it: its backward's dispatch 0.5 → 0.75, and it
+  starts when the copy has landed (1.75), not when the driver hears the forward end
+  (1.5) nor the copy's (copies are not heard)."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+  executor = VirtualExecutor(_costs(link_latency=0.5), run_ahead=4)
+
+  def producer():
+    x = yield Compute(_add_one, (jnp.zeros(4),), kind='forward')
+    yield Send(inbox, x)
+
+  def consumer():
+    x = yield Get(inbox)
+    yield Compute(_add_one, (x,), kind='backward')
+
+  timeline = executor.run(cluster, [Process('p0', a, producer()), Process('p1', b, consumer())])
+  spans = {r.kind: (r.start, r.end, r.heard) for r in timeline.records}
+  assert spans == {
+    'forward': (0.25, 1.25, 1.5),
+    'transfer': (1.25, 1.75, None),
+    'backward': (1.75, 3.75, 4.0),
+  }
+
+
+def test_the_values_do_not_depend_on_the_driver():
+  def final(driver):
+    cluster = Cluster()
+    lane = cluster.add_lane('lane')
+    results = []
+
+    def program():
+      x = jnp.arange(4.0)
+      for i in range(5):
+        x = yield Compute(lambda v, i=i: v * 1.5 + i, (x,), kind='forward', ahead=i % 2 == 0)
+      results.append(x)
+
+    VirtualExecutor(_costs(driver), run_ahead=2).run(cluster, [Process('p', lane, program())])
+    return np.asarray(results[0])
+
+  np.testing.assert_array_equal(final(0.0), final(DRIVER))
+  np.testing.assert_array_equal(final(0.0), final(0.3))
+
+
+def test_the_trace_carries_when_the_driver_heard_of_each_task():
+  timeline, _ = _run_chains(1, 1, ahead=False, run_ahead=4)
+  (task,) = [e for e in timeline.chrome_trace()['traceEvents'] if e.get('ph') == 'X']
+  assert task['args'] == {'stage': None, 'batch': None, 'heard': 1.5e6}
+  timeline, _ = _run_chains(1, 1, ahead=False, run_ahead=4, driver=0.0)
+  (task,) = [e for e in timeline.chrome_trace()['traceEvents'] if e.get('ph') == 'X']
+  assert task['args'] == {'stage': None, 'batch': None}
+  json.dumps(timeline.chrome_trace())
+
+
+def test_a_driver_needs_the_run_ahead_schedule():
+  with pytest.raises(ValueError, match=r"cost\.driver: 0\.25 s per event .*'run_ahead'"):
+    VirtualExecutor(_costs(), run_ahead=0)
+
+
+@pytest.mark.parametrize('bad', [-0.001, float('inf'), float('nan')])
+def test_a_driver_time_is_a_finite_number_of_seconds(bad):
+  with pytest.raises(ValueError, match=r'cost\.driver: must be a finite number of seconds'):
+    _costs(bad)
+
+
+@pytest.mark.parametrize(
+  'settings, message',
+  [
+    (dict(driver=0.001), r"cost\.driver: 0\.001 s per event .*cost\.schedule='run_ahead'"),
+    (dict(driver=-1.0, schedule='run_ahead'), r'cost\.driver: seconds per driver event, >= 0'),
+    (dict(driver=True, schedule='run_ahead'), r'cost\.driver: expected a float, got True'),
+    (dict(driver='fast', schedule='run_ahead'), r"cost\.driver: expected a float, got 'fast'"),
+  ],
+)
+def test_settings_refuse_a_driver_in_one_line(settings, message):
+  with pytest.raises(ValueError, match=message):
+    cost_settings(settings, clock='virtual')
