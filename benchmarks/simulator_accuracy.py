@@ -106,11 +106,11 @@ def family_config(
   profile: str | None = None,
   links=(0.0, 0.0),
   dispatch='processes',
-  driver: float = 0.0,
+  driver=(0.0, 0.0),
 ):
   """The config of family `name` for `side`: 'measured' (lane processes), 'predicted'
-  (the virtual clock with `profile`, its simulated driver taking `driver` seconds per
-  event) or 'tables' (what the profile measures)."""
+  (the virtual clock with `profile`, its simulated driver taking `driver` = (seconds per
+  event, seconds of each message's way)) or 'tables' (what the profile measures)."""
   import ml_collections
 
   from benchmarks import common as bench_common  # (imports JAX: not at the module's top)
@@ -148,7 +148,7 @@ def family_config(
     config.cost.statistic = args.statistic
     config.cost.sharing = args.sharing
     config.cost.schedule = args.schedule
-    config.cost.driver = driver
+    config.cost.driver, config.cost.driver_latency = driver
     config.cost.link_latency, config.cost.link_bandwidth = links
   return config
 
@@ -349,17 +349,18 @@ def hear_delays(workdir: str, since: float) -> list[float]:
   ]
 
 
-def driver_seconds(how: str, profile_driver: float, workdir: str | None, warmup: int) -> float:
-  """`cost.driver` for a virtual run (`--driver`): a number; 0 for 'none'; for 'heard',
-  the profile's figure (`workdir` None) or the median hear delay of the lanes' run at
-  `workdir`."""
+def driver_seconds(how: str, profile: tuple, workdir: str | None, warmup: int) -> tuple:
+  """`(cost.driver, cost.driver_latency)` of a virtual run (`--driver`): 'none', zeros;
+  'profile', the profile's figures (`profile`: the driver's CPU per event, the latency
+  on an idle machine); 'heard', the same for the predicted run (`workdir` None), and for
+  a run costed by the lanes' run at `workdir`, the latency that makes the driver hear of
+  an end as late as that run's median (its median hear delay less the CPU per event)."""
   if how == 'none':
-    return 0.0
-  if how != 'heard':
-    return float(how)
-  if workdir is None:
-    return profile_driver
-  return float(np.median(window_stats(workdir, warmup)['hear_delays']))
+    return 0.0, 0.0
+  if how == 'profile' or workdir is None:
+    return profile
+  heard = float(np.median(window_stats(workdir, warmup)['hear_delays']))
+  return profile[0], max(heard - profile[0], 0.0)
 
 
 def _short(name: str) -> str:
@@ -477,11 +478,11 @@ def wait_for_quiet(max_load: float, max_wait: float) -> None:
 
 
 def run_family(
-  name: str, args, profile: str, links, dispatch: tuple, root: str, driver: float
+  name: str, args, profile: str, links, dispatch: tuple, root: str, driver: tuple
 ) -> dict:
   """Every run of family `name`: their statistics, or why one could not run. `dispatch`:
   `(cost.dispatch, its seconds)` of the virtual clock's runs; `driver`: the profile's
-  driver time per event (`--driver=heard`)."""
+  `(driver, driver_latency)` (`driver_seconds`)."""
   from jaxsgd import training
 
   result = {'driver': {}}
@@ -510,7 +511,7 @@ def run_family(
       given,
       links,
       dispatch[0],
-      result['driver'].get(side, 0.0),
+      result['driver'].get(side, (0.0, 0.0)),
     )
     workdir = os.path.join(root, f'{name}-{side}')
     try:
@@ -533,6 +534,11 @@ def run_family(
     result[side] = stats
     if side == 'predicted':
       result['slowdown'] = slowdown(root, name, args.warmup, dispatch[1])
+  if any(result['driver'].get('replayed', ())):  # what the driver adds: the replay without it
+    config.cost.driver = config.cost.driver_latency = 0.0
+    workdir = os.path.join(root, f'{name}-replayed-no-driver')
+    training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
+    result['replayed_no_driver'] = steady_stats(workdir, args.warmup)
   return result
 
 
@@ -584,10 +590,12 @@ def main():
   parser.add_argument(
     '--driver',
     default='heard',
-    help="the simulated driver's seconds per event (cost.driver): 'heard' (predicted: "
-    "the profile's figure, measured on an idle lane; calibrated and replayed: the median "
-    "time from a task's end to the driver hearing of it in the warm-up and the measured "
-    "run), 'none' (0), or a number of seconds for every side",
+    choices=('heard', 'profile', 'none'),
+    help='the simulated driver (cost.driver: its CPU per event, cost.driver_latency: each '
+    "message's way): 'profile', the profile's figures (an idle lane) for every virtual "
+    "run; 'heard' (default), those for the predicted run, and for the calibrated and "
+    'replayed runs a latency from the warm-up and the measured run (the median time from '
+    "a task's end to the driver hearing of it, less the CPU per event); 'none': no driver",
   )
   parser.add_argument(
     '--neighbours',
@@ -605,13 +613,6 @@ def main():
   parser.add_argument('--max_wait', type=float, default=600, help='s, at most, per family')
   parser.add_argument('--_tables', default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
-  if args.driver not in ('heard', 'none'):
-    try:
-      seconds = float(args.driver)
-    except ValueError:
-      seconds = -1.0
-    if not 0 <= seconds < float('inf'):
-      parser.error(f"--driver: 'heard', 'none' or seconds >= 0; got {args.driver!r}")
   if args._tables:
     _write_tables(args._tables, args)
     return
@@ -661,7 +662,7 @@ def main():
   try:
     loaded = profiles.load(profile)
     wait_for_quiet(args.max_load, args.max_wait)
-    if not {'processes', 'processes_cpu', 'driver'} <= loaded.dispatch.keys():
+    if not {'processes', 'processes_cpu', 'driver', 'driver_latency'} <= loaded.dispatch.keys():
       dispatch = profiles.measure_process_dispatch(cores=(0,))
       loaded = profiles.merge(loaded, _with_dispatch(loaded, dispatch))
       profiles.save(loaded, profile)
@@ -674,8 +675,9 @@ def main():
       f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags, {measured_how}'
       f'; min, median, p90 of '
       f'{loaded.reps}); dispatch per task (µs): '
-      + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items() if k != 'driver')
-      + f'; the driver per event (a task end heard, µs) {1e6 * loaded.dispatch["driver"]:.1f}'
+      + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items() if 'driver' not in k)
+      + f'; the driver (µs): {1e6 * loaded.dispatch["driver"]:.1f} of CPU per event, '
+      f"{1e6 * loaded.dispatch['driver_latency']:.1f} per message's way"
       + f'; predicted with {dispatch_kind}, cost.statistic={args.statistic!r}, '
       f'cost.sharing={args.sharing!r}, cost.schedule={args.schedule!r}, '
       f'--driver={args.driver!r}',
@@ -698,7 +700,7 @@ def main():
         links,
         (dispatch_kind, loaded.dispatch[dispatch_kind]),
         root,
-        loaded.dispatch['driver'],
+        (loaded.dispatch['driver'], loaded.dispatch['driver_latency']),
       )
       with open(os.path.join(root, 'results.json'), 'w') as f:
         json.dump(results, f)
@@ -825,17 +827,37 @@ def print_table(results: dict) -> None:
   if heard:
     print(
       "a task's end -> the driver hears of it, ms median / mean, " + ' | '.join(SIDES) + ';'
-      " the simulated driver's ms per event (cost.driver), " + ' | '.join(SIDES[1:]) + ':'
+      " the simulated driver's ms per event + ms per message (cost.driver, "
+      'cost.driver_latency), ' + ' | '.join(SIDES[1:]) + ':'
     )
     for name in heard:
       cells = (_delays(results[name][s], 'hear_delays') for s in SIDES)
-      used = (f'{1e3 * results[name]["driver"].get(s, 0.0):.2f}' for s in SIDES[1:])
+      used = (
+        '{:.2f} + {:.2f}'.format(*(1e3 * x for x in results[name]['driver'].get(s, (0, 0))))
+        for s in SIDES[1:]
+      )
       print(f'  {LABELS[name]}: ' + ' | '.join(cells) + '; ' + ' | '.join(used))
+  undriven = [n for n in errors if results[n].get('replayed_no_driver')]
+  if undriven:
+    print(
+      'replayed without the simulated driver (cost.driver=cost.driver_latency=0), ms/it '
+      'and error %: '
+      + '; '.join(
+        f'{LABELS[n]} {_ms(results[n]["replayed_no_driver"])} '
+        f'({_error(results[n], "replayed_no_driver"):.1f})'
+        for n in undriven
+      )
+    )
   for note in notes:
     print(note)
   if errors:
     worst = max(errors, key=errors.get)
     replayed = max(_error(results[n], 'replayed') for n in errors)
+    if undriven:
+      undriven_worst = max(_error(results[n], 'replayed_no_driver') for n in undriven)
+      print(
+        f'replayed without the simulated driver, max error across families: {undriven_worst:.1f}%'
+      )
     calibrated = [_error(results[n], 'calibrated') for n in errors if results[n]['calibrated']]
     if calibrated:
       print(

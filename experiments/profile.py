@@ -70,9 +70,9 @@ _DISPATCH_PROCESSES = flags.DEFINE_bool(
   False,
   "Also measure the process executor's dispatch overhead per task, as wall time "
   "('processes') and as the CPU of all the run's processes ('processes_cpu'), and its "
-  "driver's time per event ('driver': a task's end to the driver hearing of it, "
-  'cost.driver); starts a Ray cluster and one lane process pinned to core 0, or to '
-  '--pin_core; ~15 s.',
+  "driver's CPU per event ('driver', cost.driver) and each message's way between it and "
+  "a lane ('driver_latency', cost.driver_latency); starts a Ray cluster and one lane "
+  'process pinned to core 0, or to --pin_core; ~15 s.',
 )
 flags.mark_flags_as_required(['out'])
 
@@ -267,12 +267,8 @@ def describe(table: profiles.Table, dispatch) -> str:
     )
   lines.append(
     'dispatch overhead per task (µs): '
-    + ', '.join(
-      f'{name} {1e6 * seconds:.1f}' for name, seconds in dispatch.items() if name != 'driver'
-    )
-    + (
-      f'; the driver per event (µs) {1e6 * dispatch["driver"]:.1f}' if 'driver' in dispatch else ''
-    )
+    + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in dispatch.items() if 'driver' not in k)
+    + ''.join(f'; {k} (µs) {1e6 * v:.1f}' for k, v in dispatch.items() if 'driver' in k)
   )
   return '\n'.join(lines)
 

@@ -117,7 +117,8 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
   Links are `cost.link_*`; with a hardware preset (`cost.device`) and both left at 0
   they are the preset's. `cost.dispatch` names the executor whose measured host
   overhead per task (`cost.profile`'s `dispatch`) is added to every task; `cost.driver`
-  is the simulated driver's time per event.
+  and `cost.driver_latency` are the simulated driver's time per event and each message's
+  way between it and a lane.
   """
   cost = shared.cost
   latency, bandwidth = cost.link_latency, cost.bandwidth
@@ -136,6 +137,7 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
     seed=shared.cost_seed,
     dispatch=dispatch,
     driver=float(cost.driver),
+    driver_latency=float(cost.driver_latency),
   )
 
 

@@ -237,6 +237,9 @@ class CostSettings:
       a lane then gets a task only once the driver has dispatched it, and a process
       that waits for a task goes on only once the driver has heard of its end. 0
       (default): the driver takes no time.
+    driver_latency: seconds a message between the driver and a lane takes, each way (a
+      dispatched task reaching its lane; a task's end reaching the driver), on top of
+      `driver`; messages do not queue. Needs `schedule='run_ahead'`; 0 (default): none.
   """
 
   calibrate: bool = True
@@ -257,6 +260,7 @@ class CostSettings:
   sharing: str = 'fifo'
   schedule: str = 'in_order'
   driver: float = 0.0
+  driver_latency: float = 0.0
 
   @property
   def explicit_compute(self) -> bool:
@@ -346,15 +350,15 @@ def cost_settings(given, *, clock: str) -> CostSettings:
       f'cost.statistic: {cost.statistic!r} picks a figure of measured costs (cost.profile '
       "or a calibration); a preset or cost.compute has one figure: set 'min'."
     )
-  if not 0 <= cost.driver < math.inf:
-    raise ValueError(
-      f'cost.driver: seconds per driver event, >= 0 and finite; got {cost.driver!r}.'
-    )
-  if cost.driver and cost.schedule != 'run_ahead':
-    raise ValueError(
-      f"cost.driver: {cost.driver!r} s per event simulates the process executor's driver, "
-      "whose schedule is cost.schedule='run_ahead'; set it, or cost.driver=0."
-    )
+  for field in ('driver', 'driver_latency'):
+    value = getattr(cost, field)
+    if not 0 <= value < math.inf:
+      raise ValueError(f'cost.{field}: seconds >= 0 and finite; got {value!r}.')
+    if value and cost.schedule != 'run_ahead':
+      raise ValueError(
+        f"cost.{field}: {value!r} s simulates the process executor's driver, whose "
+        f"schedule is cost.schedule='run_ahead'; set it, or cost.{field}=0."
+      )
   if cost.dispatch != 'none' and cost.profile is None:
     raise ValueError(
       f'cost.dispatch: {cost.dispatch!r} adds the dispatch overhead measured in a cost '

@@ -43,6 +43,9 @@ class CostModel:
     driver: seconds of the driver's host thread per event it handles — a task or copy
       dispatched, a task's end heard — one event at a time, in the order they arrive
       (`VirtualExecutor`'s run-ahead schedule; 0: the driver takes no time).
+    driver_latency: seconds a message between the driver and a lane takes, each way (a
+      dispatched task reaching its lane, a task's end reaching the driver); messages do
+      not queue behind one another.
   """
 
   compute: Mapping[Any, float]
@@ -53,6 +56,7 @@ class CostModel:
   seed: int = 0
   dispatch: float = 0.0
   driver: float = 0.0
+  driver_latency: float = 0.0
 
   def __post_init__(self):
     for key, value in self.compute.items():
@@ -74,10 +78,14 @@ class CostModel:
       raise ValueError(
         f'cost.dispatch: must be a finite number of seconds >= 0, got {self.dispatch!r}.'
       )
-    if not 0 <= self.driver < math.inf:
-      raise ValueError(
-        f'cost.driver: must be a finite number of seconds >= 0, got {self.driver!r}.'
-      )
+    for field in ('driver', 'driver_latency'):
+      value = getattr(self, field)
+      if not 0 <= value < math.inf:
+        raise ValueError(f'cost.{field}: must be a finite number of seconds >= 0, got {value!r}.')
+
+  @property
+  def simulates_driver(self) -> bool:
+    return bool(self.driver or self.driver_latency)
 
   def base(self, kind: str, stage: int | None) -> float:
     if (stage, kind) in self.compute:

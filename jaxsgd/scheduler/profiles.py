@@ -37,8 +37,9 @@ A cost is the time of one blocking call: device time plus one host dispatch,
 as `costs.calibrate` measures it. The host overhead an *executor* adds per task
 (its bookkeeping on top of the JAX call) is measured separately
 (`measure_dispatch`) and stored in the profile's `dispatch` field; with the process
-executor's figures (`measure_process_dispatch`) comes `driver`, its driver's time per
-event (a task's end to the driver hearing of it), which `cost.driver` simulates.
+executor's figures (`measure_process_dispatch`) come `driver` and `driver_latency`, its
+driver's CPU time per event and the time a message takes between it and a lane, which
+`cost.driver` and `cost.driver_latency` simulate.
 
 File format (JSON, `FORMAT`):
 
@@ -569,9 +570,12 @@ def measure_process_dispatch(
 
   - `processes`: `measure_dispatch`'s figure, wall time per task of a chain of tasks:
     what a task waits for the driver and Ray when they have cores of their own.
-  - `driver`: seconds from a task's end on the lane to the driver hearing of it (the
-    median over a chain of tasks each waited for, `Compute(ahead=False)`): the
-    simulated driver's time per event (`cost.driver`), on an idle machine.
+  - `driver`: the CPU seconds of the driver's thread per event it handles (a task
+    dispatched, a task's end heard), over a chain of tasks each waited for
+    (`Compute(ahead=False)`): the simulated driver's time per event (`cost.driver`).
+  - `driver_latency`: the median time from a task's end on the lane to the driver
+    hearing of it, over the same chain, less `driver`: each way of a message between
+    the driver and a lane (`cost.driver_latency`), on an idle machine.
   - `processes_cpu` (only with a cluster started for it): the CPU seconds per task of
     every process of the run — the driver, the lane and Ray's own (raylet, GCS), all
     descendants of this process then — over the same chain: what each task costs the
@@ -594,8 +598,14 @@ def measure_process_dispatch(
     )
     after = _cpu_seconds_by_pid()
     owns_cluster = cluster.started_here()
-    heard = _hear_delays(ProcessExecutor(pool=pool, verbose=False), lane='dispatch', tasks=tasks)
-  figures = {'processes': measured['processes'], 'driver': float(np.median(heard))}
+    per_event, heard = _driver_figures(
+      ProcessExecutor(pool=pool, verbose=False), lane='dispatch', tasks=tasks
+    )
+  figures = {
+    'processes': measured['processes'],
+    'driver': per_event,
+    'driver_latency': max(float(np.median(heard)) - per_event, 0.0),
+  }
   if owns_cluster:  # Ray's processes are this one's descendants: all counted
     cpu = sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
     # `measure_dispatch` runs the chain once to warm up, then `rounds` times, and
@@ -606,9 +616,11 @@ def measure_process_dispatch(
   return figures
 
 
-def _hear_delays(executor, *, lane: str, tasks: int) -> list[float]:
-  """Seconds from each task's end to `executor`'s driver hearing of it, over a chain of
-  `tasks` trivial tasks on `lane`, each waited for (the first tenth left out: warm-up)."""
+def _driver_figures(executor, *, lane: str, tasks: int) -> tuple[float, list[float]]:
+  """`(CPU seconds of this thread per event, [seconds from each task's end to the driver
+  hearing of it])` of `executor` running a chain of `tasks` trivial tasks on `lane`, each
+  waited for: two events per task, its dispatch and its end heard (the first tenth of the
+  hear delays left out: warm-up)."""
   from jaxsgd.scheduler.core import Cluster, Compute, Process
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
@@ -621,8 +633,10 @@ def _hear_delays(executor, *, lane: str, tasks: int) -> list[float]:
 
   cluster = Cluster()
   index = cluster.add_lane(lane, jax.devices()[0])
+  cpu = time.thread_time()
   records = executor.run(cluster, [Process(lane, index, program())]).records
-  return [r.heard - r.end for r in records[tasks // 10 :]]
+  cpu = time.thread_time() - cpu
+  return cpu / (2 * tasks), [r.heard - r.end for r in records[tasks // 10 :]]
 
 
 def _cpu_seconds_by_pid() -> dict[int, float]:

@@ -99,10 +99,11 @@ class VirtualExecutor(Executor):
     task's dispatch while its lane has at most N unfinished tasks."""
     if run_ahead < 0:
       raise ValueError(f'run_ahead: unfinished tasks per lane >= 0, got {run_ahead!r}.')
-    if cost_model.driver and not run_ahead:
+    if cost_model.simulates_driver and not run_ahead:
       raise ValueError(
-        f"cost.driver: {cost_model.driver!r} s per event models the process executor's "
-        "driver, whose schedule is cost.schedule='run_ahead'; set it, or cost.driver=0."
+        f'cost.driver / cost.driver_latency: {cost_model.driver!r} / '
+        f"{cost_model.driver_latency!r} s simulate the process executor's driver, whose "
+        "schedule is cost.schedule='run_ahead'; set it, or set both to 0."
       )
     self.run_ahead = run_ahead
     self.cost_model = cost_model
@@ -149,8 +150,8 @@ class VirtualExecutor(Executor):
   def start_task(self, process: Process, lane: int, op: Compute) -> None:
     if not self.run_ahead:
       self._enqueue(process, lane, op, None)
-    elif self.cost_model.driver:
-      self._on_driver(self._start_ahead, process, lane, op)  # the driver dispatches it
+    elif self.cost_model.simulates_driver:
+      self._on_driver(self._dispatched, process, lane, op)  # the driver dispatches it
     else:
       self._start_ahead(process, lane, op)
 
@@ -180,6 +181,21 @@ class VirtualExecutor(Executor):
     FIFO single server; `cost.driver`)."""
     self._driver_free = max(self._now, self._driver_free) + self.cost_model.driver
     self._at(self._driver_free, fn, *args)
+
+  def _dispatched(self, process: Process, lane: int, op: Compute) -> None:
+    """The driver has dispatched `op`: its process goes on as running ahead says, and
+    the task reaches its lane `driver_latency` later."""
+    latency = self.cost_model.driver_latency
+    self._start_ahead(process, lane, op, arrives=self._now + latency if latency else None)
+
+  def _arrived(self, job: '_Job') -> None:
+    """`job` is done (a task ended, or a dispatched task reached its lane): the lanes
+    whose next task waited for it may start."""
+    job.done = True
+    for waiting in job.blocked:
+      queue = self._queued.get(waiting)
+      if queue and waiting not in self._busy:
+        self._start_next(waiting, queue)
 
   def _hardware(self, lane: int):
     """What a task on `lane` occupies: the lane, or the hardware it `shares` with others
@@ -272,9 +288,14 @@ class VirtualExecutor(Executor):
       self.task_finished(process, result)
     else:
       job.done = True  # what reads it may start: lanes take their inputs from one another
-      if self.cost_model.driver and self.cluster.lanes[lane].link is None:
-        # a copy's end is not heard: the process executor does not wait for it
-        self._on_driver(self._heard, process, job, lane, result, record)
+      if self.cost_model.simulates_driver and self.cluster.lanes[lane].link is None:
+        # (a copy's end is not heard: the process executor does not wait for it) The end
+        # reaches the driver `driver_latency` later and waits there for its turn.
+        heard = (self._heard, process, job, lane, result, record)
+        if self.cost_model.driver_latency:
+          self._at(self._now + self.cost_model.driver_latency, self._on_driver, *heard)
+        else:
+          self._on_driver(*heard)
       else:
         self.record(record)
         self._heard(process, job, lane, result)
@@ -282,18 +303,23 @@ class VirtualExecutor(Executor):
     if queue and hardware not in self._busy:
       self._start_next(hardware, queue)
     if job is not None:
-      for waiting in job.blocked:  # lanes whose next task read this one's result
-        queue = self._queued.get(waiting)
-        if queue and waiting not in self._busy:
-          self._start_next(waiting, queue)
+      self._arrived(job)  # lanes whose next task read this one's result
 
   # --- running ahead (module docstring) ---------------------------------------------------
-  def _start_ahead(self, process: Process, lane: int, op: Compute) -> None:
+  def _start_ahead(
+    self, process: Process, lane: int, op: Compute, arrives: float | None = None
+  ) -> None:
     """Queues `op` behind the tasks whose results it reads (and the copies of those made
-    on other lanes); the process goes on now if the lane may run that far ahead."""
+    on other lanes); the process goes on now if the lane may run that far ahead.
+    `arrives`: when the task reaches its lane (`driver_latency`); neither it nor the
+    copies it needs can start before."""
     spec = self.cluster.lanes[lane]
     leaves = _arrays(op.args)
-    job = _Job(self._imports(leaves, lane) if spec.link is None else [])
+    message = []
+    if arrives is not None:  # the dispatch on its way to the lane: a job that ends then
+      message = [_Job([])]
+      self._at(arrives, self._arrived, message[0])
+    job = _Job(self._imports(leaves, lane, message) + message if spec.link is None else message)
     reads_at = lane if spec.link is None else spec.link[0]  # a copy reads at its source
     for made in map(self._made_of, leaves):
       if made is not None:  # what put it where this task reads it
@@ -311,9 +337,10 @@ class VirtualExecutor(Executor):
     if job.ahead:
       self.resume(process, job.result)
 
-  def _imports(self, leaves: list, lane: int) -> list:
+  def _imports(self, leaves: list, lane: int, message: list) -> list:
     """The copies `leaves` need to reach compute lane `lane`: one per lane they were made
-    on, queued now on its link (a lane process imports each handle a task reads)."""
+    on, queued now on its link (a lane process imports each handle a task reads), each
+    after the task's `message` has reached the lane, if one is on its way."""
     sources: dict[int, list] = {}  # lane made on -> [(array, its _Made)]
     for leaf in leaves:
       made = self._made_of(leaf)
@@ -324,7 +351,7 @@ class VirtualExecutor(Executor):
       link = self.cluster.link(source, lane)
       costed = math.isfinite(self.cost_model.link_bandwidth)
       nbytes = sum(a.nbytes for a, _ in arrays) if costed else 0
-      copy = _Job([made.job for _, made in arrays if not made.job.done])
+      copy = _Job([made.job for _, made in arrays if not made.job.done] + message)
       copy.result = ()
       self._enqueue(None, link, Compute(None, kind=TRANSFER, lane=link, nbytes=nbytes), copy)
       copies.append(copy)

@@ -414,6 +414,7 @@ def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
   assert set(profiles.measure_process_dispatch(address=head.address, tasks=20, rounds=1)) == {
     'processes',
     'driver',
+    'driver_latency',
   }
   code = (
     'import json; from jaxsgd.scheduler import profiles; '
@@ -423,7 +424,7 @@ def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
     [sys.executable, '-c', code], capture_output=True, text=True, check=True, timeout=120
   )
   measured = json.loads(out.stdout.strip().splitlines()[-1])
-  assert set(measured) == {'processes', 'processes_cpu', 'driver'}
+  assert set(measured) == {'processes', 'processes_cpu', 'driver', 'driver_latency'}
   # Each task costs CPU in the driver and in the lane at least, Ray's calls included; the
   # driver hears of a task's end after it.
   assert measured['processes_cpu'] > 0 and measured['processes'] > 0 and measured['driver'] > 0

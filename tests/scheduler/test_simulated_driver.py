@@ -1,10 +1,12 @@
-"""The virtual clock's simulated driver (`cost.driver`, `CostModel.driver`): one host thread
-that handles every event — a task or a copy dispatched, a task's end heard — one at a time,
-in the order they come, `driver` seconds each.
+"""The virtual clock's simulated driver (`cost.driver`, `cost.driver_latency`): one host
+thread that handles every event — a task or a copy dispatched, a task's end heard — one at
+a time, in the order they come, `driver` seconds each; each message between it and a lane
+takes `driver_latency` on its way (without queueing).
 
-A lane gets a task only once the driver has dispatched it; a process that waits for its
-task goes on only once the driver has heard of the task's end; a lane that reads another
-lane's result does not wait for the driver (lanes take their inputs from one another).
+A lane gets a task only once the driver has dispatched it and the task has reached it; a
+process that waits for its task goes on only once the driver has heard of the task's end;
+a lane that reads another lane's result does not wait for the driver (lanes take their
+inputs from one another).
 Every expected time is computed by hand (quarters of a second: exact in binary); the
 values are those of the run without a driver, bit for bit.
 """
@@ -17,13 +19,13 @@ import pytest
 
 from jaxsgd.algorithms.settings import cost_settings
 from jaxsgd.scheduler import CostModel, VirtualExecutor
-from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
+from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
 
 DRIVER = 0.25  # seconds per event
 
 
-def _costs(driver: float = DRIVER, **links) -> CostModel:
-  return CostModel({'forward': 1.0, 'backward': 2.0}, driver=driver, **links)
+def _costs(driver: float = DRIVER, **others) -> CostModel:
+  return CostModel({'forward': 1.0, 'backward': 2.0}, driver=driver, **others)
 
 
 def _add_one(x):
@@ -44,10 +46,12 @@ def _chain(lane: int, tasks: int, *, ahead: bool, seen: list, executor_box: list
   return program()
 
 
-def _run_chains(lanes: int, tasks: int, *, ahead: bool, run_ahead: int, driver: float = DRIVER):
+def _run_chains(
+  lanes: int, tasks: int, *, ahead: bool, run_ahead: int, driver: float = DRIVER, latency=0.0
+):
   cluster, seen, box = Cluster(), [[] for _ in range(lanes)], []
   indices = [cluster.add_lane(f'lane{i}') for i in range(lanes)]
-  executor = VirtualExecutor(_costs(driver), run_ahead=run_ahead)
+  executor = VirtualExecutor(_costs(driver, driver_latency=latency), run_ahead=run_ahead)
   box.append(executor)
   processes = [
     Process(f'p{i}', lane, _chain(lane, tasks, ahead=ahead, seen=seen[i], executor_box=box))
@@ -125,8 +129,63 @@ def test_a_lane_reads_another_lanes_result_without_waiting_for_the_driver():
   }
 
 
+def test_each_message_takes_the_latency_on_its_way_to_the_lane_and_back():
+  """Latency 0.5: dispatch 0 → 0.25, the task reaches the lane at 0.75 and runs to 1.75,
+  its end reaches the driver at 2.25 and is heard at 2.5; the second: dispatched 2.5 →
+  2.75, at the lane 3.25, ends 4.25, heard 4.75 → 5."""
+  timeline, seen = _run_chains(1, 2, ahead=False, run_ahead=4, latency=0.5)
+  assert _spans(timeline) == [(0.75, 1.75, 2.5), (3.25, 4.25, 5.0)]
+  assert seen == [[2.5, 5.0]]
+
+
+def test_a_latency_alone_delays_without_occupying_the_driver():
+  """No time per event: two processes dispatch at 0, both tasks reach their lanes at 0.5
+  (the messages do not queue), end at 1.5 and are heard at 2."""
+  timeline, seen = _run_chains(2, 1, ahead=False, run_ahead=4, driver=0.0, latency=0.5)
+  assert _spans(timeline) == [(0.5, 1.5, 2.0), (0.5, 1.5, 2.0)]
+  assert seen == [[2.0], [2.0]]
+
+
+def test_running_ahead_with_a_latency_the_process_goes_on_at_dispatch():
+  """run_ahead 2, latency 0.5: dispatched 0 → 0.25, 0.25 → 0.5 (the process goes on after
+  each), 0.5 → 0.75 (the third: waited for). They reach the lane at 0.75, 1 and 1.25 and
+  run 0.75 → 1.75 → 2.75 → 3.75; heard at 2.5, 3.5, 4.5."""
+  timeline, seen = _run_chains(1, 3, ahead=True, run_ahead=2, latency=0.5)
+  assert _spans(timeline) == [(0.75, 1.75, 2.5), (1.75, 2.75, 3.5), (2.75, 3.75, 4.5)]
+  assert seen == [[0.25, 0.5, 4.5]]
+
+
+def test_a_lane_imports_what_a_task_reads_only_once_the_task_has_reached_it():
+  """p0 makes x on lane a, waited for (dispatch 0 → 0.25, at the lane 0.75, runs to 1.75,
+  heard 2.25 → 2.5), and hands it to p1 (a `Put`: x stays on a). p1's task on lane b
+  reads it: dispatched 2.5 → 2.75, it reaches b at 3.25, and only then does b import x
+  (the copy, 0.5 s: 3.25 → 3.75; not at 2.75, when the driver sent the task), then runs
+  3.75 → 5.75, heard 6.25 → 6.5."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+  costs = _costs(driver_latency=0.5, link_latency=0.5)
+  executor = VirtualExecutor(costs, run_ahead=4)
+
+  def producer():
+    x = yield Compute(_add_one, (jnp.zeros(4),), kind='forward', ahead=False)
+    yield Put(inbox, x)
+
+  def consumer():
+    x = yield Get(inbox)
+    yield Compute(_add_one, (x,), kind='backward')
+
+  timeline = executor.run(cluster, [Process('p0', a, producer()), Process('p1', b, consumer())])
+  spans = {r.kind: (r.start, r.end, r.heard) for r in timeline.records}
+  assert spans == {
+    'forward': (0.75, 1.75, 2.5),
+    'transfer': (3.25, 3.75, None),
+    'backward': (3.75, 5.75, 6.5),
+  }
+
+
 def test_the_values_do_not_depend_on_the_driver():
-  def final(driver):
+  def final(driver, latency=0.0):
     cluster = Cluster()
     lane = cluster.add_lane('lane')
     results = []
@@ -137,11 +196,12 @@ def test_the_values_do_not_depend_on_the_driver():
         x = yield Compute(lambda v, i=i: v * 1.5 + i, (x,), kind='forward', ahead=i % 2 == 0)
       results.append(x)
 
-    VirtualExecutor(_costs(driver), run_ahead=2).run(cluster, [Process('p', lane, program())])
+    costs = _costs(driver, driver_latency=latency)
+    VirtualExecutor(costs, run_ahead=2).run(cluster, [Process('p', lane, program())])
     return np.asarray(results[0])
 
   np.testing.assert_array_equal(final(0.0), final(DRIVER))
-  np.testing.assert_array_equal(final(0.0), final(0.3))
+  np.testing.assert_array_equal(final(0.0), final(0.3, 0.7))
 
 
 def test_the_trace_carries_when_the_driver_heard_of_each_task():
@@ -155,7 +215,9 @@ def test_the_trace_carries_when_the_driver_heard_of_each_task():
 
 
 def test_a_driver_needs_the_run_ahead_schedule():
-  with pytest.raises(ValueError, match=r"cost\.driver: 0\.25 s per event .*'run_ahead'"):
+  with pytest.raises(
+    ValueError, match=r"cost\.driver / cost\.driver_latency: 0\.25 / 0\.0 s .*'run_ahead'"
+  ):
     VirtualExecutor(_costs(), run_ahead=0)
 
 
@@ -163,13 +225,17 @@ def test_a_driver_needs_the_run_ahead_schedule():
 def test_a_driver_time_is_a_finite_number_of_seconds(bad):
   with pytest.raises(ValueError, match=r'cost\.driver: must be a finite number of seconds'):
     _costs(bad)
+  with pytest.raises(ValueError, match=r'cost\.driver_latency: must be a finite number of'):
+    _costs(driver_latency=bad)
 
 
 @pytest.mark.parametrize(
   'settings, message',
   [
-    (dict(driver=0.001), r"cost\.driver: 0\.001 s per event .*cost\.schedule='run_ahead'"),
-    (dict(driver=-1.0, schedule='run_ahead'), r'cost\.driver: seconds per driver event, >= 0'),
+    (dict(driver=0.001), r"cost\.driver: 0\.001 s simulates .*cost\.schedule='run_ahead'"),
+    (dict(driver_latency=0.5), r'cost\.driver_latency: 0\.5 s simulates .*cost\.driver_lat'),
+    (dict(driver=-1.0, schedule='run_ahead'), r'cost\.driver: seconds >= 0 and finite; got -1'),
+    (dict(driver_latency=float('nan'), schedule='run_ahead'), r'cost\.driver_latency: seconds'),
     (dict(driver=True, schedule='run_ahead'), r'cost\.driver: expected a float, got True'),
     (dict(driver='fast', schedule='run_ahead'), r"cost\.driver: expected a float, got 'fast'"),
   ],
