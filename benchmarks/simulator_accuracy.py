@@ -31,6 +31,13 @@ layers (K stages need K-1). Each family runs the same config on both clocks, thr
              one: lane costs measured the way lanes run);
   replayed   the predicted run again with each task kind costing its median duration in
              the measured run: the schedule model alone, without the profile.
+The virtual runs simulate the process executor's driver (`--driver`, `cost.driver` and
+`cost.driver_latency`): predicted with the profile's figures (its thread's CPU per event
+and the time a message takes between it and a lane, measured on an idle lane);
+calibrated and replayed with a latency from their lanes' run, so that the driver hears
+of an end as late as there (the median from a task's end to the driver hearing of it,
+less the CPU per event). The replay is run again without the driver, and printed, so
+that what the driver model adds is seen against the same measured run.
 The profile (`--profile` reuses one) is measured as the lanes run: in a process pinned
 to core 0 with XLA's intra-op threads off (`--xla_cpu_multi_thread_eigen=false`, one
 OpenMP thread), every task of every family's table (`experiments.profile`), the fastest

@@ -38,6 +38,17 @@ and its lanes compute behind it:
       a task that reads    another compute lane's result (not sent to it) first pays a
                            copy over the link, as a lane process imports a handle
 
+With a simulated driver (`cost.driver`: seconds per event, `cost.driver_latency`: each
+message's way), the process executor's driver thread is one more resource:
+
+      start_task(p, op)    → the driver handles the dispatch (FIFO, `driver` s), then
+                           as above; op reaches its lane `driver_latency` later (it and
+                           the copies it imports start no earlier)
+      a task's end         → reaches the driver `driver_latency` later, is heard once the
+                           driver has handled it (FIFO, `driver` s): only then does its
+                           lane count one unfinished task fewer and a process that waited
+                           for it go on (`TaskRecord.heard`); a copy's end is not heard
+
 Results are tracked by array identity (a weak reference per leaf): what a task made,
 where it is (and which copy put it on each lane it was sent to), and whether it exists
 yet. A task waits only for tasks dispatched before it, and each lane runs its tasks in
@@ -319,7 +330,8 @@ class VirtualExecutor(Executor):
     if arrives is not None:  # the dispatch on its way to the lane: a job that ends then
       message = [_Job([])]
       self._at(arrives, self._arrived, message[0])
-    job = _Job(self._imports(leaves, lane, message) + message if spec.link is None else message)
+    imports = self._imports(leaves, lane, message) if spec.link is None else []
+    job = _Job(imports + message)
     reads_at = lane if spec.link is None else spec.link[0]  # a copy reads at its source
     for made in map(self._made_of, leaves):
       if made is not None:  # what put it where this task reads it
