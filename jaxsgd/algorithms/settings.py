@@ -351,13 +351,12 @@ def cost_settings(given, *, clock: str) -> CostSettings:
       "or a calibration); a preset or cost.compute has one figure: set 'min'."
     )
   for field in ('driver', 'driver_latency'):
-    value = getattr(cost, field)
-    if not 0 <= value < math.inf:
-      raise ValueError(f'cost.{field}: seconds >= 0 and finite; got {value!r}.')
+    value = number(getattr(cost, field), f'cost.{field}')
     if value and cost.schedule != 'run_ahead':
       raise ValueError(
         f"cost.{field}: {value!r} s simulates the process executor's driver, whose "
-        f"schedule is cost.schedule='run_ahead'; set it, or cost.{field}=0."
+        f"schedule is cost.schedule='run_ahead'; set cost.schedule='run_ahead', or "
+        f'cost.{field}=0.'
       )
   if cost.dispatch != 'none' and cost.profile is None:
     raise ValueError(

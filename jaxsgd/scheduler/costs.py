@@ -80,7 +80,9 @@ class CostModel:
       )
     for field in ('driver', 'driver_latency'):
       value = getattr(self, field)
-      if not 0 <= value < math.inf:
+      if (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf
+      ):
         raise ValueError(f'cost.{field}: must be a finite number of seconds >= 0, got {value!r}.')
 
   @property

@@ -114,7 +114,8 @@ class VirtualExecutor(Executor):
       raise ValueError(
         f'cost.driver / cost.driver_latency: {cost_model.driver!r} / '
         f"{cost_model.driver_latency!r} s simulate the process executor's driver, whose "
-        "schedule is cost.schedule='run_ahead'; set it, or set both to 0."
+        "schedule is run_ahead > 0 (cost.schedule='run_ahead'); give run_ahead, or set both "
+        'to 0.'
       )
     self.run_ahead = run_ahead
     self.cost_model = cost_model

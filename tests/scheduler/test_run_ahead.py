@@ -345,7 +345,7 @@ SEQUENTIAL = {
 }
 
 
-def _family_run(family, schedule, data_dir, workdir, driver=0.0):
+def _family_run(family, schedule, data_dir, workdir, **cost):
   import importlib
 
   from jaxsgd import training
@@ -355,7 +355,7 @@ def _family_run(family, schedule, data_dir, workdir, driver=0.0):
   config.update({'data_dir': data_dir, 'clock': 'virtual', 'train_steps': 12, 'eval_every': 12})
   if family == 'bp':
     del config.algorithm['variant']  # a DDG field
-  config.cost.update({'schedule': schedule, 'link_latency': 1e-4, 'driver': driver})
+  config.cost.update({'schedule': schedule, 'link_latency': 1e-4, **cost})
   for field, value in overrides.items():
     parent, _, leaf = field.rpartition('.')
     (config[parent] if parent else config)[leaf] = value
@@ -365,11 +365,20 @@ def _family_run(family, schedule, data_dir, workdir, driver=0.0):
 @pytest.mark.parametrize('family', SEQUENTIAL)
 def test_every_family_running_ahead_computes_the_in_order_values(family, data_dir, tmp_path):
   """The same losses, accuracy and staleness as the in-order clock, bit for bit, with
-  and without a simulated driver (`cost.driver`); the simulated time may differ (copies
-  the in-order clock does not price, overlap, the driver's time)."""
+  and without a simulated driver (`cost.driver`, `cost.driver_latency`; its run copies
+  on the sender, `cost.copies='sender'`); the simulated time may differ (copies the
+  in-order clock does not price, overlap, the driver's time)."""
   in_order = _family_run(family, 'in_order', data_dir, tmp_path / 'in_order')
   ahead = _family_run(family, 'run_ahead', data_dir, tmp_path / 'run_ahead')
-  driven = _family_run(family, 'run_ahead', data_dir, tmp_path / 'driven', driver=1e-3)
+  driven = _family_run(
+    family,
+    'run_ahead',
+    data_dir,
+    tmp_path / 'driven',
+    driver=1e-3,
+    driver_latency=2e-3,
+    copies='sender',
+  )
   for run in (ahead, driven):
     for key in ('train_loss', 'test_loss', 'test_accuracy'):
       assert run[key] == in_order[key], key

@@ -184,6 +184,34 @@ def test_a_lane_imports_what_a_task_reads_only_once_the_task_has_reached_it():
   }
 
 
+def test_a_sends_copy_starts_only_once_its_dispatch_has_reached_the_sender():
+  """p0's forward is waited for (dispatch 0 → 0.25, at lane a 0.75, runs to 1.75, heard
+  2.25 → 2.5); then p0 sends x to b: the copy's dispatch 2.5 → 2.75 reaches a at 3.25,
+  and the copy runs 3.25 → 3.75 (x existed since 1.75). p1 gets x at once (the copy runs
+  ahead) and dispatches its backward 2.75 → 3, at b 3.5; it reads the copy: 3.75 →
+  5.75, heard 6.25 → 6.5."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+  executor = VirtualExecutor(_costs(driver_latency=0.5, link_latency=0.5), run_ahead=4)
+
+  def producer():
+    x = yield Compute(_add_one, (jnp.zeros(4),), kind='forward', ahead=False)
+    yield Send(inbox, x)
+
+  def consumer():
+    x = yield Get(inbox)
+    yield Compute(_add_one, (x,), kind='backward')
+
+  timeline = executor.run(cluster, [Process('p0', a, producer()), Process('p1', b, consumer())])
+  spans = {r.kind: (r.start, r.end, r.heard) for r in timeline.records}
+  assert spans == {
+    'forward': (0.75, 1.75, 2.5),
+    'transfer': (3.25, 3.75, None),
+    'backward': (3.75, 5.75, 6.5),
+  }
+
+
 def test_the_values_do_not_depend_on_the_driver():
   def final(driver, latency=0.0):
     cluster = Cluster()
@@ -216,12 +244,12 @@ def test_the_trace_carries_when_the_driver_heard_of_each_task():
 
 def test_a_driver_needs_the_run_ahead_schedule():
   with pytest.raises(
-    ValueError, match=r"cost\.driver / cost\.driver_latency: 0\.25 / 0\.0 s .*'run_ahead'"
+    ValueError, match=r'cost\.driver / cost\.driver_latency: 0\.25 / 0\.0 s .*run_ahead > 0'
   ):
     VirtualExecutor(_costs(), run_ahead=0)
 
 
-@pytest.mark.parametrize('bad', [-0.001, float('inf'), float('nan')])
+@pytest.mark.parametrize('bad', [-0.001, float('inf'), float('nan'), True, '0.1'])
 def test_a_driver_time_is_a_finite_number_of_seconds(bad):
   with pytest.raises(ValueError, match=r'cost\.driver: must be a finite number of seconds'):
     _costs(bad)
@@ -232,10 +260,13 @@ def test_a_driver_time_is_a_finite_number_of_seconds(bad):
 @pytest.mark.parametrize(
   'settings, message',
   [
-    (dict(driver=0.001), r"cost\.driver: 0\.001 s simulates .*cost\.schedule='run_ahead'"),
-    (dict(driver_latency=0.5), r'cost\.driver_latency: 0\.5 s simulates .*cost\.driver_lat'),
-    (dict(driver=-1.0, schedule='run_ahead'), r'cost\.driver: seconds >= 0 and finite; got -1'),
-    (dict(driver_latency=float('nan'), schedule='run_ahead'), r'cost\.driver_latency: seconds'),
+    (dict(driver=0.001), r"cost\.driver: 0\.001 s simulates .*set cost\.schedule='run_ahead', or"),
+    (dict(driver_latency=0.5), r'cost\.driver_latency: 0\.5 s simulates .*cost\.driver_latency=0'),
+    (dict(driver=-1.0, schedule='run_ahead'), r'cost\.driver: must be >= 0.0 \(a finite number\)'),
+    (
+      dict(driver_latency=float('nan'), schedule='run_ahead'),
+      r'cost\.driver_latency: must be >= 0',
+    ),
     (dict(driver=True, schedule='run_ahead'), r'cost\.driver: expected a float, got True'),
     (dict(driver='fast', schedule='run_ahead'), r"cost\.driver: expected a float, got 'fast'"),
   ],
