@@ -65,6 +65,28 @@ def _spans(timeline, lane=None):
   return [(r.start, r.end, r.heard) for r in timeline.records if lane is None or r.lane == lane]
 
 
+def _hand_over(costs: CostModel, *, handed, waited: bool) -> dict:
+  """p0 makes x on lane a (`waited`: its process waits for it) and hands it to p1 on lane
+  b (`handed`: `Send`, a copy, or `Put`, x as it is), which computes on it:
+  `{kind: (start, end, heard)}` of the run."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+
+  def producer():
+    x = yield Compute(_add_one, (jnp.zeros(4),), kind='forward', ahead=not waited)
+    yield handed(inbox, x)
+
+  def consumer():
+    x = yield Get(inbox)
+    yield Compute(_add_one, (x,), kind='backward')
+
+  timeline = VirtualExecutor(costs, run_ahead=4).run(
+    cluster, [Process('p0', a, producer()), Process('p1', b, consumer())]
+  )
+  return {r.kind: (r.start, r.end, r.heard) for r in timeline.records}
+
+
 def test_a_waited_task_costs_a_dispatch_before_it_and_a_hearing_after_it():
   """Dispatch 0 → 0.25, the task 0.25 → 1.25, heard 1.25 → 1.5; the next dispatch
   1.5 → 1.75, its task 1.75 → 2.75, heard at 3."""
@@ -107,21 +129,7 @@ def test_a_lane_reads_another_lanes_result_without_waiting_for_the_driver():
   1.75 with a 0.5 s link). p1 on b reads it: its backward's dispatch 0.5 → 0.75, and it
   starts when the copy has landed (1.75), not when the driver hears the forward end
   (1.5) nor the copy's (copies are not heard)."""
-  cluster = Cluster()
-  a, b = cluster.add_lane('a'), cluster.add_lane('b')
-  inbox = cluster.channel('inbox', b)
-  executor = VirtualExecutor(_costs(link_latency=0.5), run_ahead=4)
-
-  def producer():
-    x = yield Compute(_add_one, (jnp.zeros(4),), kind='forward')
-    yield Send(inbox, x)
-
-  def consumer():
-    x = yield Get(inbox)
-    yield Compute(_add_one, (x,), kind='backward')
-
-  timeline = executor.run(cluster, [Process('p0', a, producer()), Process('p1', b, consumer())])
-  spans = {r.kind: (r.start, r.end, r.heard) for r in timeline.records}
+  spans = _hand_over(_costs(link_latency=0.5), handed=Send, waited=False)
   assert spans == {
     'forward': (0.25, 1.25, 1.5),
     'transfer': (1.25, 1.75, None),
@@ -155,56 +163,20 @@ def test_running_ahead_with_a_latency_the_process_goes_on_at_dispatch():
   assert seen == [[0.25, 0.5, 4.5]]
 
 
-def test_a_lane_imports_what_a_task_reads_only_once_the_task_has_reached_it():
+@pytest.mark.parametrize('handed', [Put, Send], ids=['imported', 'sent'])
+def test_a_copy_starts_only_once_the_dispatch_that_needs_it_has_reached_its_lane(handed):
   """p0 makes x on lane a, waited for (dispatch 0 → 0.25, at the lane 0.75, runs to 1.75,
-  heard 2.25 → 2.5), and hands it to p1 (a `Put`: x stays on a). p1's task on lane b
-  reads it: dispatched 2.5 → 2.75, it reaches b at 3.25, and only then does b import x
-  (the copy, 0.5 s: 3.25 → 3.75; not at 2.75, when the driver sent the task), then runs
-  3.75 → 5.75, heard 6.25 → 6.5."""
-  cluster = Cluster()
-  a, b = cluster.add_lane('a'), cluster.add_lane('b')
-  inbox = cluster.channel('inbox', b)
-  costs = _costs(driver_latency=0.5, link_latency=0.5)
-  executor = VirtualExecutor(costs, run_ahead=4)
+  heard 2.25 → 2.5), and hands it to p1 on lane b.
 
-  def producer():
-    x = yield Compute(_add_one, (jnp.zeros(4),), kind='forward', ahead=False)
-    yield Put(inbox, x)
+  imported (a `Put`: x stays on a): p1's task reads it, dispatched 2.5 → 2.75; it
+  reaches b at 3.25, and only then does b import x (the copy, 0.5 s: 3.25 → 3.75; not at
+  2.75, when the driver sent the task).
+  sent (a `Send`): the copy's own dispatch 2.5 → 2.75 reaches a at 3.25 and the copy runs
+  3.25 → 3.75 (x existed since 1.75); p1 gets x at once (the copy runs ahead) and its
+  task, dispatched 2.75 → 3, reaches b at 3.5 and reads the copy.
 
-  def consumer():
-    x = yield Get(inbox)
-    yield Compute(_add_one, (x,), kind='backward')
-
-  timeline = executor.run(cluster, [Process('p0', a, producer()), Process('p1', b, consumer())])
-  spans = {r.kind: (r.start, r.end, r.heard) for r in timeline.records}
-  assert spans == {
-    'forward': (0.75, 1.75, 2.5),
-    'transfer': (3.25, 3.75, None),
-    'backward': (3.75, 5.75, 6.5),
-  }
-
-
-def test_a_sends_copy_starts_only_once_its_dispatch_has_reached_the_sender():
-  """p0's forward is waited for (dispatch 0 → 0.25, at lane a 0.75, runs to 1.75, heard
-  2.25 → 2.5); then p0 sends x to b: the copy's dispatch 2.5 → 2.75 reaches a at 3.25,
-  and the copy runs 3.25 → 3.75 (x existed since 1.75). p1 gets x at once (the copy runs
-  ahead) and dispatches its backward 2.75 → 3, at b 3.5; it reads the copy: 3.75 →
-  5.75, heard 6.25 → 6.5."""
-  cluster = Cluster()
-  a, b = cluster.add_lane('a'), cluster.add_lane('b')
-  inbox = cluster.channel('inbox', b)
-  executor = VirtualExecutor(_costs(driver_latency=0.5, link_latency=0.5), run_ahead=4)
-
-  def producer():
-    x = yield Compute(_add_one, (jnp.zeros(4),), kind='forward', ahead=False)
-    yield Send(inbox, x)
-
-  def consumer():
-    x = yield Get(inbox)
-    yield Compute(_add_one, (x,), kind='backward')
-
-  timeline = executor.run(cluster, [Process('p0', a, producer()), Process('p1', b, consumer())])
-  spans = {r.kind: (r.start, r.end, r.heard) for r in timeline.records}
+  Either way p1's task runs 3.75 → 5.75 and is heard 6.25 → 6.5."""
+  spans = _hand_over(_costs(driver_latency=0.5, link_latency=0.5), handed=handed, waited=True)
   assert spans == {
     'forward': (0.75, 1.75, 2.5),
     'transfer': (3.25, 3.75, None),
