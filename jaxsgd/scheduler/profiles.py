@@ -518,7 +518,6 @@ def measure_dispatch(
       it has ended before yielding the next (for the process executor, until the driver
       has heard of its end: the round trip; `benchmarks/lane_overheads.py`).
   """
-  from jaxsgd.scheduler.core import Cluster, Compute, Process
   from jaxsgd.scheduler.real import RealExecutor
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
@@ -548,15 +547,7 @@ def measure_dispatch(
   for name, make in executors.items():
 
     def through(make=make):
-      def program():
-        y = x
-        for _ in range(tasks):
-          y = yield Compute(task, (y,), kind='dispatch', ahead=ahead)
-
-      cluster = Cluster()
-      index = cluster.add_lane(lane, jax.devices()[0])
-      executor = make()
-      executor.run(cluster, [Process(lane, index, program())])
+      _run_chain(make(), lane=lane, tasks=tasks, ahead=ahead)
 
     overhead[name] = max(per_task(through) - overhead['jax_call'], 0.0)
   return overhead
@@ -616,11 +607,9 @@ def measure_process_dispatch(
   return figures
 
 
-def _driver_figures(executor, *, lane: str, tasks: int) -> tuple[float, list[float]]:
-  """`(CPU seconds of this thread per event, [seconds from each task's end to the driver
-  hearing of it])` of `executor` running a chain of `tasks` trivial tasks on `lane`, each
-  waited for: two events per task, its dispatch and its end heard (the first tenth of the
-  hear delays left out: warm-up)."""
+def _run_chain(executor, *, lane: str, tasks: int, ahead: bool):
+  """The `Timeline` of one process yielding `tasks` trivial named tasks on `lane` through
+  `executor`, each on the previous one's result (`ahead=False`: each waited for)."""
   from jaxsgd.scheduler.core import Cluster, Compute, Process
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
@@ -629,12 +618,20 @@ def _driver_figures(executor, *, lane: str, tasks: int) -> tuple[float, list[flo
   def program():
     y = np.zeros((), np.float32)
     for _ in range(tasks):
-      y = yield Compute(task, (y,), kind='dispatch', ahead=False)
+      y = yield Compute(task, (y,), kind='dispatch', ahead=ahead)
 
   cluster = Cluster()
   index = cluster.add_lane(lane, jax.devices()[0])
+  return executor.run(cluster, [Process(lane, index, program())])
+
+
+def _driver_figures(executor, *, lane: str, tasks: int) -> tuple[float, list[float]]:
+  """`(CPU seconds of this thread per event, [seconds from each task's end to the driver
+  hearing of it])` of `executor` running a chain of `tasks` trivial tasks on `lane`, each
+  waited for: two events per task, its dispatch and its end heard (the first tenth of the
+  hear delays left out: warm-up)."""
   cpu = time.thread_time()
-  records = executor.run(cluster, [Process(lane, index, program())]).records
+  records = _run_chain(executor, lane=lane, tasks=tasks, ahead=False).records
   cpu = time.thread_time() - cpu
   return cpu / (2 * tasks), [r.heard - r.end for r in records[tasks // 10 :]]
 

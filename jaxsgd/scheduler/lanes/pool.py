@@ -206,8 +206,7 @@ class LanePool:
     at = time.time()
     ref = actor.run.remote(call, imports, *buffers)
     here.clear()  # kept alive until sent, so that a copy's free follows this call
-    pending = Pending(lane, task, ref, key, args, _signature(task, args))
-    pending.sent = at
+    pending = Pending(lane, task, ref, key, args, _signature(task, args), sent=at)
     self._unfinished[ref] = pending
     return pending
 
