@@ -262,6 +262,7 @@ class LanePool:
     try:
       outline, finished.entered, finished.started, finished.ended = cluster.get(ref)
     except Exception as error:
+      self._check_moves_into(finished.lane)  # a copy it took in failed: that is the cause
       raise self._error(finished.lane, error, finished.task, key=finished.key) from error
     known = self._outlines.setdefault(finished.signature, outline)
     if known != outline:  # `early` handed out handles of another shape: never expected
@@ -538,6 +539,19 @@ class LanePool:
       raise self._error(lane, error, f'moving {source!r} to it', key=order) from error
     if ref in self._exported:  # an export whose span `exported` reports
       self._exported[ref] = (ready, time.time())
+
+  def _check_moves_into(self, lane: str, within: float = 1.0) -> None:
+    """Checks the copies to `lane` not checked yet (`_check_move`), waiting up to `within`
+    seconds for them, so that a task that failed because a copy it took in had failed is
+    reported as that copy's failure: the driver may get the task's reply before the
+    failed export's, though the export failed first."""
+    refs = [ref for ref, (target, _, _) in self._moves.items() if target == lane]
+    deadline = time.monotonic() + within
+    while refs:
+      done, refs = _wait(refs, max(0.0, deadline - time.monotonic()))
+      if not done:
+        return
+      self._check_move(done[0])  # raises if that copy failed
 
   def _dead_end(self, *lanes: str, within: float = 2.0) -> str | None:
     """The first of `lanes` whose process is found dead within `within` seconds (a
