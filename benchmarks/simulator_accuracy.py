@@ -22,7 +22,8 @@ layers (K stages need K-1). Each family runs the same config on both clocks, thr
              run's processes spend per task, where the two lanes take every core and
              the driver and Ray run on theirs, as here, else `processes`, the wall time
              per task of a chain), links between lane processes measured at the
-             start, copies made by the sending lane between its tasks
+             start (`measure_process_links`: each size's quietest of five rounds),
+             copies made by the sending lane between its tasks
              (`cost.copies='sender'`: Ray serializes the value in the lane process), and
              the same `placement.lanes` (lanes placed on one core share it on the
              virtual clock, as they do on the machine);
@@ -33,7 +34,8 @@ layers (K stages need K-1). Each family runs the same config on both clocks, thr
              the measured run: the schedule model alone, without the profile.
 The virtual runs simulate the process executor's driver (`--driver`, `cost.driver` and
 `cost.driver_latency`): predicted with the profile's figures (its thread's CPU per event
-and the time a message takes between it and a lane, measured on an idle lane);
+and the time a message takes between it and a lane, measured on an idle lane, or where
+the K lanes take every core with one busy lane per core: `measure_loaded_driver`);
 calibrated and replayed with a latency from their lanes' run, so that the driver hears
 of an end as late as there (the median from a task's end to the driver hearing of it,
 less the CPU per event). The replay is run again without the driver, and printed, so
@@ -94,6 +96,9 @@ ASYNCHRONOUS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')
 # The profile's tables: DDG and PD-ASGD (K stages, sequential roles) compute what staged
 # BP computes (`profiles.roles_signature`), so BP's table serves all three.
 TABLE_OF = {'ddg': 'bp', 'pdasgd': 'bp'}  # else the family's own
+# The profile's driver figures with every core busy (`profiles.measure_loaded_driver`):
+# what the predicted runs simulate where the K lanes leave the driver no core.
+DRIVER_LOADED = ('driver_loaded', 'driver_latency_loaded')
 MEASURED = tuple(f for f in FAMILIES if f not in TABLE_OF)  # the families with a table
 
 
@@ -673,10 +678,16 @@ def main():
       dispatch = profiles.measure_process_dispatch(cores=(0,))
       loaded = profiles.merge(loaded, _with_dispatch(loaded, dispatch))
       profiles.save(loaded, profile)
+    # Lanes on cores 0..K-1: do they leave the driver and Ray a core of their own?
+    free = len(os.sched_getaffinity(0)) > args.lanes
     dispatch_kind = args.dispatch
-    if dispatch_kind == 'auto':  # lanes on cores 0..K-1: do they leave the host a core?
-      free = len(os.sched_getaffinity(0)) > args.lanes
+    if dispatch_kind == 'auto':
       dispatch_kind = 'processes' if free else 'processes_cpu'
+    driver_keys = ('driver', 'driver_latency') if free else DRIVER_LOADED
+    if not set(driver_keys) <= loaded.dispatch.keys():  # the lanes keep every core busy
+      figures = profiles.measure_loaded_driver(cores=range(args.lanes))
+      loaded = profiles.merge(loaded, _with_dispatch(loaded, figures))
+      profiles.save(loaded, profile)
     measured_how = 'a profile given' if args.profile else _neighbours_label(args)
     print(
       f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags, {measured_how}'
@@ -685,6 +696,13 @@ def main():
       + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items() if 'driver' not in k)
       + f'; the driver (µs): {1e6 * loaded.dispatch["driver"]:.1f} of CPU per event, '
       f"{1e6 * loaded.dispatch['driver_latency']:.1f} per message's way"
+      + (
+        ''
+        if free
+        else f'; with the lanes busy on cores 0-{args.lanes - 1} (used here): '
+        f'{1e6 * loaded.dispatch[DRIVER_LOADED[0]]:.1f} per event, '
+        f'{1e6 * loaded.dispatch[DRIVER_LOADED[1]]:.1f} per way'
+      )
       + f'; predicted with {dispatch_kind}, cost.statistic={args.statistic!r}, '
       f'cost.sharing={args.sharing!r}, cost.schedule={args.schedule!r}, '
       f'--driver={args.driver!r}',
@@ -707,7 +725,7 @@ def main():
         links,
         (dispatch_kind, loaded.dispatch[dispatch_kind]),
         root,
-        (loaded.dispatch['driver'], loaded.dispatch['driver_latency']),
+        tuple(loaded.dispatch[key] for key in driver_keys),
       )
       with open(os.path.join(root, 'results.json'), 'w') as f:
         json.dump(results, f)

@@ -487,7 +487,21 @@ def pipeline_batch_size(pipeline) -> int:
 def dispatch_tasks() -> dict[str, Callable]:
   """The trivial task whose dispatch is timed (a `TaskRecipe` factory: lane processes
   build it themselves): a 4-byte add."""
-  return {'add_one': jax.jit(lambda x: x + 1), 'first': jax.jit(lambda x: x.reshape(-1)[0])}
+  return {
+    'add_one': jax.jit(lambda x: x + 1),
+    'first': jax.jit(lambda x: x.reshape(-1)[0]),
+    'busy': jax.jit(_busy),
+  }
+
+
+def _busy(x):
+  """`x` (a scalar) + 0, after 16 products of two 512 x 512 float32 matrices (~25 ms on
+  one core here): a task that keeps its lane's core busy."""
+  import jax.numpy as jnp
+
+  a = jnp.full((512, 512), x, jnp.float32) / 512
+  a = jax.lax.fori_loop(0, 16, lambda _, m: jnp.tanh(m @ m), a)
+  return x + 0 * a[0, 0]
 
 
 def measure_dispatch(
@@ -610,10 +624,16 @@ def measure_process_dispatch(
 def _run_chain(executor, *, lane: str, tasks: int, ahead: bool):
   """The `Timeline` of one process yielding `tasks` trivial named tasks on `lane` through
   `executor`, each on the previous one's result (`ahead=False`: each waited for)."""
+  return _run_chains(executor, lanes=(lane,), tasks=tasks, ahead=ahead, name='add_one')
+
+
+def _run_chains(executor, *, lanes: Sequence[str], tasks: int, ahead: bool, name: str):
+  """The `Timeline` of one process per lane of `lanes`, each yielding `tasks` named tasks
+  `name` of `dispatch_tasks` on its lane, each on the previous one's result."""
   from jaxsgd.scheduler.core import Cluster, Compute, Process
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
-  task = Task(TaskRecipe.of(dispatch_tasks), 'add_one')
+  task = Task(TaskRecipe.of(dispatch_tasks), name)
 
   def program():
     y = np.zeros((), np.float32)
@@ -621,8 +641,48 @@ def _run_chain(executor, *, lane: str, tasks: int, ahead: bool):
       y = yield Compute(task, (y,), kind='dispatch', ahead=ahead)
 
   cluster = Cluster()
-  index = cluster.add_lane(lane, jax.devices()[0])
-  return executor.run(cluster, [Process(lane, index, program())])
+  indices = [cluster.add_lane(lane, jax.devices()[0]) for lane in lanes]
+  return executor.run(cluster, [Process(lane, i, program()) for lane, i in zip(lanes, indices)])
+
+
+def measure_loaded_driver(
+  *, cores: Sequence[int], address: str | None = None, tasks: int = 40
+) -> dict[str, float]:
+  """The simulated driver's figures while the lanes keep every core of `cores` busy:
+  `driver_loaded` and `driver_latency_loaded`, measured as `measure_process_dispatch`'s
+  `driver` and `driver_latency`, but over one lane process pinned to each core of
+  `cores`, each running a chain of `tasks` tasks of ~25 ms of matrix products
+  (`dispatch_tasks`' `busy`), run ahead as the process executor runs a family's tasks
+  (the first fifth of each chain left out: warm-up).
+
+  Why: where the lanes take every core (two lanes on a 2-core VM), the driver and Ray's
+  processes only run when they preempt a lane, and a task's end reaches the driver
+  later than on an idle machine: measured on a 2-core AMD EPYC VM (2026-11-28), 1.2-1.3
+  ms from a task's end to the driver hearing of it with both lanes busy, 0.38 ms with
+  an idle lane, and 1.5-2.4 ms (medians) in the families' runs of
+  `benchmarks/simulator_accuracy.py`. Where a core is left to the driver, the idle
+  figures are the ones that apply.
+  """
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
+  from jaxsgd.scheduler.process import ProcessExecutor
+
+  lanes = [f'busy{core}' for core in cores]
+  placement = LanePlacement.parse('; '.join(f'{n}@cores={c}' for n, c in zip(lanes, cores)))
+  with LanePool(placement, address=address, verbose=False) as pool:
+    _run_chains(  # compiled on every lane, and the lanes warm
+      ProcessExecutor(pool=pool, verbose=False), lanes=lanes, tasks=2, ahead=True, name='busy'
+    )
+    cpu = time.thread_time()
+    records = _run_chains(
+      ProcessExecutor(pool=pool, verbose=False), lanes=lanes, tasks=tasks, ahead=True, name='busy'
+    ).records
+    cpu = time.thread_time() - cpu
+  per_event = cpu / (2 * len(records))
+  heard = [r.heard - r.end for r in sorted(records, key=lambda r: r.start)[len(records) // 5 :]]
+  return {
+    'driver_loaded': per_event,
+    'driver_latency_loaded': max(float(np.median(heard)) - per_event, 0.0),
+  }
 
 
 def _driver_figures(executor, *, lane: str, tasks: int) -> tuple[float, list[float]]:
@@ -656,16 +716,26 @@ def measure_process_links(
   cores: Sequence[int] = (0, 1),
   address: str | None = None,
   sizes: Sequence[int] = (1 << 16, 1 << 24),
-  reps: int = 21,
+  reps: int = 9,
+  rounds: int = 5,
+  warmup: int = 10,
 ) -> tuple[float, float]:
   """`(latency s, bandwidth B/s)` of a move between two lane processes (`LanePool.move`,
-  Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, `reps` pairs
-  of calls, one of a task on the second lane that needs the array moved there and one
-  of the same task on an array already there, alternated (and the sizes interleaved);
-  the median over the pairs of their difference; then the line through the two sizes.
+  Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, `rounds` of
+  `reps` pairs of calls, one of a task on the second lane that needs the array moved
+  there and one of the same task on an array already there, alternated (and the sizes
+  interleaved); per round the median over its pairs of their difference; per size the
+  quietest round's (the smallest median); then the line through the two sizes.
+
   Paired and a median, because the difference of two minima moved by half from one
   measurement to the next here (2.9 and 4.5 ms of latency, minutes apart on a quiet
-  machine): the minimum of a difference is not the difference of the minima."""
+  machine): the minimum of a difference is not the difference of the minima. The
+  quietest of several rounds, because a 16 MB move runs in spells on this 2-core VM
+  (2026-11-28, 60 moves in a row: 25 at ~18 ms, 25 at ~4.5 ms, then ~55 ms), so one
+  median over all the pairs took whichever spell held most of them: 0.32 GB/s at one
+  benchmark's start, 0.6-5.9 GB/s in repeats, while the lanes' own copies of 12.8 MB
+  took 5-10 ms in the runs measured right after (docs/simulator.md). A spell is a load
+  spike of the machine, not the link."""
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
@@ -682,17 +752,30 @@ def measure_process_links(
     for size in sizes:
       held = pool.put('source', np.zeros(size // 4, np.float32))
       local = pool.move(held, 'target')
-      for _ in range(3):  # warm: compiled, the copy taken in, the object store's pages touched
+      for _ in range(warmup):  # warm: compiled, the copy taken in, the object store's pages touched
         timed(held), timed(local)
       arrays.append((held, local))
     # The sizes interleaved, pair by pair: a slow spell of the machine slows both sizes'
     # pairs, not one size's (which tilts the line: one run gave 9.4 GB/s, others 1.6-1.7).
-    differences = [[] for _ in sizes]
-    for _ in range(reps):
-      for (held, local), measured in zip(arrays, differences):
-        measured.append(timed(held) - timed(local))
-    seconds = [max(float(np.median(d)), 0.0) for d in differences]
-  (n1, n2), (t1, t2) = sizes, seconds
+    medians = [[] for _ in sizes]
+    for _ in range(rounds):
+      differences = [[] for _ in sizes]
+      for _ in range(reps):
+        for (held, local), measured in zip(arrays, differences):
+          measured.append(timed(held) - timed(local))
+      for size_medians, measured in zip(medians, differences):
+        size_medians.append(float(np.median(measured)))
+  return link_from_rounds(sizes, medians)
+
+
+def link_from_rounds(
+  sizes: Sequence[int], round_medians: Sequence[Sequence[float]]
+) -> tuple[float, float]:
+  """`(latency s, bandwidth B/s)` of the line through two sizes' move times, each size
+  taking its quietest round (the smallest of `round_medians[i]`, seconds, one median
+  per round; a negative one counts as 0): bandwidth `(n2 - n1) / (t2 - t1)` (infinite
+  if the larger size was not slower), latency `t1 - n1 / bandwidth` (at least 0)."""
+  (n1, n2), (t1, t2) = sizes, [max(min(medians), 0.0) for medians in round_medians]
   bandwidth = (n2 - n1) / (t2 - t1) if t2 > t1 else math.inf
   return max(t1 - n1 / bandwidth, 0.0), bandwidth
 

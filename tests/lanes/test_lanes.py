@@ -377,6 +377,18 @@ def _driver(address: str, *flags: str) -> tuple[subprocess.Popen, dict]:
   return process, json.loads(line)
 
 
+def test_driver_figures_with_every_core_busy_are_measured_on_a_lane_per_core(head):
+  from jaxsgd.scheduler import profiles
+
+  busy = profiles.dispatch_tasks()['busy']
+  assert float(busy(np.float32(3.0))) == 3.0  # a chain of it carries its value unchanged
+  figures = profiles.measure_loaded_driver(cores=(0, 1), address=head.address, tasks=6)
+  assert set(figures) == {'driver_loaded', 'driver_latency_loaded'}
+  # The driver's thread spends CPU on every event; the latency is the median hear delay
+  # less that (it may be 0, never negative).
+  assert figures['driver_loaded'] > 0 and figures['driver_latency_loaded'] >= 0
+
+
 @pytest.mark.alone  # bounds how long the lanes take to end (5 s)
 def test_sigterm_of_the_driver_ends_every_lane(head):
   process, started = _driver(head.address)
