@@ -19,10 +19,12 @@ time, because other jobs on a shared machine add wall time but not this thread's
 time (they still inflate it a little: caches and cores are shared). Every session reuses one compiled server update (a run
 compiles it once), and starts after a full garbage collection. The columns, per task:
 
-- `µs/task`: the session's thread CPU time.
-- `in jitted calls` / `outside them`: the time inside the task functions (forward, its
-  host batch copied in by the call; backward; server update: each call timed) and the
-  rest, which includes freeing the arrays the calls made.
+- `µs/task`: the session's thread CPU time, its task calls not timed.
+- `timed: µs/task`, `in jitted calls` / `outside them`: another session whose task
+  calls are timed (forward, its host batch copied in by the call; backward; server
+  update), split into the time inside those calls and the rest, which includes
+  freeing the arrays the calls made. Timing a call costs two `time.thread_time` system
+  calls (~7 µs here), which is why the figure reads the session that is not timed.
 - `bare loop`: the same jitted calls, `updates` times, in a plain loop (forward,
   backward, server update per step, on one batch already on the device, its frees
   included), no scheduler; `session − bare` is the figure of the last line, as this
@@ -33,7 +35,8 @@ compiles it once), and starts after a full garbage collection. The columns, per 
   simulator's own Python alone.
 
 The workers' host batches cycle through a few pre-generated ones, so making data costs
-nothing here. Repeats interleave session, bare loop and constant-output session;
+nothing here. Repeats interleave timed session, session, bare loop and constant-output
+session;
 medians are reported, with the load average. The last line is the figure:
 `simulated ASGD M=64 host time per task: <x> us` (session − bare).
 
@@ -51,7 +54,11 @@ collection ~0, and ~20 µs of contention: the same Python costs more CPU time wh
 XLA's threads compute beside it on the two cores. Since then a worker's host batch goes
 into its forward call instead of being placed first (one dispatch instead of two): six
 interleaved pairs of runs on a 2-core AMD EPYC VM (2026-11-26), the figure 72.4 → 68.7
-µs (medians), the session's whole host time per task 128 → 116 µs (three pairs).
+µs (medians), the session's whole host time per task 128 → 116 µs (three pairs). On
+2026-11-28 (same VM kind) the figure became the untimed session's and the virtual
+clock flattens a `Send` once: 58.4–67.2 µs in four runs (the simulator alone 13.0–13.4),
+against 26–34 µs with one worker and 36–38 with eight: the jitted calls and frees cost
+~25 µs more per task with 64 workers' work held at once.
 """
 
 import argparse
@@ -151,11 +158,16 @@ def constant_outputs(setup: Setup) -> dict:
   return {'forward': forward, 'backward': backward, 'apply': jax.block_until_ready(fn(*args))}
 
 
-def session_cost(setup: Setup, steps: int, constants: dict | None = None) -> tuple:
+def session_cost(
+  setup: Setup, steps: int, constants: dict | None = None, timed: bool = True
+) -> tuple:
   """(thread CPU seconds, of which inside the jitted task calls, wall seconds, tasks) of
   one simulated session. With `constants` (`constant_outputs`), every task returns its
   constant output instead of calling JAX, and every host batch is already on the device:
-  what is left is the simulator's own Python (event loop, policy, messages, checks)."""
+  what is left is the simulator's own Python (event loop, policy, messages, checks).
+  With `timed=False` the task calls are not timed (the second figure is 0): timing them
+  costs two `time.thread_time` calls each, ~7 µs of this thread's CPU per call here (a
+  system call), which the bare loop it is held against does not pay."""
   session = setup.session(steps)
   inside = [0.0]
   if constants is None:
@@ -167,10 +179,10 @@ def session_cost(setup: Setup, steps: int, constants: dict | None = None) -> tup
     )
     on_device = transfer.to_device(next(setup.streams[0]), setup.device)
     session.streams = [itertools.repeat(on_device)] * setup.num_workers
-  session.ops = dataclasses.replace(
-    session.ops, forward=_Timed(forward, inside), backward=_Timed(backward, inside)
-  )
-  session.server.apply_fn = _Timed(apply_fn, inside)
+  if timed:
+    forward, backward, apply_fn = (_Timed(fn, inside) for fn in (forward, backward, apply_fn))
+  session.ops = dataclasses.replace(session.ops, forward=forward, backward=backward)
+  session.server.apply_fn = apply_fn
   executor = VirtualExecutor(COSTS)
   gc.collect()  # Every repeat starts with the same garbage: none.
   wall, cpu = time.perf_counter(), time.thread_time()
@@ -211,10 +223,12 @@ def main():
   bare_cost(setup, 2)
   constants = constant_outputs(setup)
   rows, loads = [], [os.getloadavg()[0]]
-  for r in range(args.repeats):  # Interleaved: session, bare loop, constant-output session.
-    cpu, inside, wall, tasks = session_cost(setup, steps)
+  for r in range(args.repeats):
+    # Interleaved: session (its calls timed), session, bare loop, constant-output session.
+    timed_cpu, inside, _, timed_tasks = session_cost(setup, steps)
+    cpu, _, wall, tasks = session_cost(setup, steps, timed=False)
     bare = bare_cost(setup, steps)
-    own, own_inside, _, own_tasks = session_cost(setup, steps, constants)
+    own, _, _, own_tasks = session_cost(setup, steps, constants, timed=False)
     loads.append(os.getloadavg()[0])
     rows.append(
       (
@@ -224,11 +238,12 @@ def main():
         cpu,
         wall,
         1e6 * cpu / tasks,
-        1e6 * inside / tasks,
-        1e6 * (cpu - inside) / tasks,
+        1e6 * timed_cpu / timed_tasks,
+        1e6 * inside / timed_tasks,
+        1e6 * (timed_cpu - inside) / timed_tasks,
         1e6 * bare / tasks,
         1e6 * (cpu - bare) / tasks,
-        1e6 * (own - own_inside) / own_tasks,
+        1e6 * own / own_tasks,
       )
     )
   print(f'ASGD on the virtual clock: {args.workers} workers, CNN batch {BATCH}, on {setup.device}')
@@ -244,6 +259,7 @@ def main():
       'thread CPU s',
       'wall s',
       'µs/task',
+      'timed: µs/task',
       'in jitted calls',
       'outside them',
       'bare loop',
@@ -258,13 +274,14 @@ def main():
   )
   print(
     f'simulated ASGD M={args.workers} host time per task outside the jitted task calls '
-    f'(array frees included; a host batch is copied in by its forward call): {median(7):.1f} us'
+    f'(array frees included; a host batch is copied in by its forward call; the session '
+    f'whose calls are timed): {median(8):.1f} us'
   )
   print(
     f'simulated ASGD M={args.workers} host time per task of the simulator alone (tasks '
-    f'return constant outputs, batches already placed): {median(10):.1f} us'
+    f'return constant outputs, batches already placed): {median(11):.1f} us'
   )
-  print(f'simulated ASGD M={args.workers} host time per task: {median(9):.1f} us')
+  print(f'simulated ASGD M={args.workers} host time per task: {median(10):.1f} us')
 
 
 if __name__ == '__main__':

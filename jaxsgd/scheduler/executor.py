@@ -43,6 +43,9 @@ model is SimPy's `Environment` and its real-time subclass, which overrides only
   real clock delivers a value already on the channel's device in place.
 - `message_bytes(value)`: the bytes a transfer moves, for the cost of the link
   (default 0: only a clock that prices links needs it).
+- `transfer_call(value, channel)`: `(fn, args, nbytes)` of a transfer's task (default
+  `copy_for_send` and `message_bytes`); the virtual clock flattens the message once
+  for both.
 - `begin()`: resets the clock's state at the start of a run; `now()`: seconds since
   the start of the run (simulated or wall).
 - `fetch(value)` / `deferred(value)`: `value` for the driver now (logging,
@@ -173,14 +176,8 @@ class Executor:
       self.deliver(channel, op.value)
       return
     link = self.cluster.link(process.lane, channel.lane)
-    copy = Compute(
-      self.copy_for_send,
-      (op.value, channel),
-      kind=TRANSFER,
-      batch=op.batch,
-      lane=link,
-      nbytes=self.message_bytes(op.value),
-    )
+    fn, args, nbytes = self.transfer_call(op.value, channel)
+    copy = Compute(fn, args, kind=TRANSFER, batch=op.batch, lane=link, nbytes=nbytes)
     transfer_state = LoopState(copy=copy, channel=channel)
     self.spawn(Process.resumable(f'transfer to {channel.name}', link, _transfer, transfer_state))
 
@@ -220,6 +217,10 @@ class Executor:
 
   def copy_for_send(self, value, channel: Channel):
     return transfer.to_device(value, channel.device)
+
+  def transfer_call(self, value, channel: Channel) -> tuple:
+    """`(fn, args, nbytes)` of the transfer task a `Send` of `value` to `channel` runs."""
+    return self.copy_for_send, (value, channel), self.message_bytes(value)
 
   def message_bytes(self, value) -> int:
     del value

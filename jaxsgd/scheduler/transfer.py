@@ -94,8 +94,13 @@ def _host_placer(device: jax.Device):
 
 def on_device(tree, device: jax.Device) -> bool:
   """Whether every leaf of `tree` is a `jax.Array` committed to `device` alone."""
+  return leaves_on_device(jax.tree_util.tree_leaves(tree), device)
+
+
+def leaves_on_device(leaves, device: jax.Device) -> bool:
+  """`on_device` of a tree flattened already (`jax.tree_util.tree_leaves`)."""
   known, array_types = _known_shardings(device), _ARRAY_TYPES
-  for leaf in jax.tree_util.tree_leaves(tree):
+  for leaf in leaves:
     if not ((type(leaf) in array_types or _is_array(leaf)) and leaf.committed):
       return False
     sharding = leaf.sharding
@@ -165,8 +170,13 @@ def constant(value, device: jax.Device, dtype=np.float32):
 
 def nbytes(tree) -> int:
   """Bytes a transfer of `tree` moves (from shapes and dtypes: never syncs)."""
+  return leaves_nbytes(jax.tree_util.tree_leaves(tree))
+
+
+def leaves_nbytes(leaves) -> int:
+  """`nbytes` of a tree flattened already (`jax.tree_util.tree_leaves`)."""
   total, array_types, known = 0, _ARRAY_TYPES, _AVAL_BYTES
-  for leaf in jax.tree_util.tree_leaves(tree):
+  for leaf in leaves:
     if type(leaf) in array_types or _is_array(leaf):
       aval = leaf.aval  # `leaf.nbytes` costs ~1 µs; the aval does not.
       size = known.get(id(aval))

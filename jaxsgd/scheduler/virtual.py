@@ -183,6 +183,17 @@ class VirtualExecutor(Executor):
     """Bytes of a `Send`, counted only where the link's cost depends on them."""
     return transfer.nbytes(value) if math.isfinite(self.cost_model.link_bandwidth) else 0
 
+  def transfer_call(self, value, channel) -> tuple:
+    """The base's transfer task, the message flattened once for its bytes and for
+    whether it is on the channel's device already (then the task hands it on as it is,
+    which is what `copy_for_send` returns for it): two flattens of a pushed gradient
+    cost ~11 µs each of a simulated ASGD session's host time here."""
+    leaves = jax.tree_util.tree_leaves(value)
+    nbytes = transfer.leaves_nbytes(leaves) if math.isfinite(self.cost_model.link_bandwidth) else 0
+    if channel.device is None or transfer.leaves_on_device(leaves, channel.device):
+      return _as_it_is, (value,), nbytes
+    return self.copy_for_send, (value, channel), nbytes
+
   # --- events ---------------------------------------------------------------------------
   def _at(self, time, fn, *args):
     heapq.heappush(self._events, (time, next(self._seq), fn, args))
@@ -562,3 +573,8 @@ class _TimeSlicedCore:
     for _, _, task in done:
       self.executor._finish(*task)  # pylint: disable=protected-access
     self._schedule()
+
+
+def _as_it_is(value):
+  """A transfer's task for a message already on its channel's device: the message."""
+  return value

@@ -10,6 +10,8 @@ Every expected time below is computed by hand.
 
 import dataclasses
 
+import jax
+import numpy as np
 import pytest
 
 from experiments import profile as profile_command
@@ -213,6 +215,41 @@ def test_transfers_from_one_device_to_another_share_the_link_fifo():
 def test_transfers_between_different_device_pairs_do_not_contend():
   assert _two_senders((None, None)) == [(0.0, 1.0), (0.0, 1.0)]
   assert _two_senders(('gpu0', 'gpu1')) == [(0.0, 1.0), (0.0, 1.0)]
+
+
+def test_a_send_is_priced_by_its_bytes_and_copied_only_when_not_on_the_device():
+  """Lane a sends lane b (both on cpu:0) an array already there, then the same values
+  as host numpy: 1000 float32 each, 4000 B at 1000 B/s + 0.5 s = 4.5 s per transfer.
+  The first arrives as the very same array (nothing to copy); the second as a copy
+  committed to the device, equal to what was sent."""
+  device = jax.devices()[0]
+  on_device = jax.device_put(np.arange(1000, dtype=np.float32), device)
+  on_host = np.arange(1000, dtype=np.float32)
+  cluster = Cluster()
+  a, b = cluster.add_lane('a', device), cluster.add_lane('b', device)
+  inbox = cluster.channel('inbox', b)
+  received = []
+
+  def sender():
+    yield Send(inbox, {'x': on_device})
+    yield Send(inbox, {'x': on_host})
+
+  def receiver():
+    received.append((yield Get(inbox)))
+    received.append((yield Get(inbox)))
+
+  cost = CostModel({}, link_latency=0.5, link_bandwidth=1000.0)
+  timeline = VirtualExecutor(cost).run(
+    cluster, [Process('a', a, sender()), Process('b', b, receiver())]
+  )
+  assert sorted((r.start, r.end) for r in timeline.tasks(kind='transfer')) == [
+    (0.0, 4.5),
+    (4.5, 9.0),
+  ]
+  assert received[0]['x'] is on_device
+  copy = received[1]['x']
+  assert isinstance(copy, jax.Array) and copy.committed and copy.devices() == {device}
+  np.testing.assert_array_equal(np.asarray(copy), on_host)
 
 
 def test_lanes_placed_on_one_core_run_one_task_at_a_time():
