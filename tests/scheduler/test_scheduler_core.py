@@ -3,6 +3,7 @@
 import collections
 import json
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -515,3 +516,48 @@ def test_lanes_sharing_a_device_are_timed_one_task_after_another():
   spans = sorted(timeline.records, key=lambda r: r.start)
   assert len(spans) == 12 and {r.lane for r in spans} == {a, b}
   assert all(x.end <= y.start + 1e-9 for x, y in zip(spans, spans[1:]))
+
+
+class _Pending:
+  """A task's output that is ready only once released (the timing thread waits on it
+  through `block_until_ready`, as on a device array)."""
+
+  def __init__(self):
+    self.released = threading.Event()
+
+  def block_until_ready(self):
+    self.released.wait()
+    return self
+
+
+def test_a_full_real_clock_window_waits_until_half_of_it_has_finished():
+  """max_inflight = 4: the loop dispatches tasks 0-4 (5 unfinished > 4), then waits; the
+  6th task is dispatched only once 3 have finished (2 = 4 // 2 left), not at the first."""
+  outputs = [_Pending() for _ in range(8)]
+  dispatched = [threading.Event() for _ in outputs]
+
+  def task(i):
+    dispatched[i].set()
+    return outputs[i]
+
+  def program():
+    for i in range(len(outputs)):
+      yield Compute(task, (i,), kind='work')
+
+  cluster = Cluster()
+  lane = cluster.add_lane('a', jax.devices()[0])
+  executor = RealExecutor(max_inflight=4)
+  run = threading.Thread(target=executor.run, args=(cluster, [Process('p', lane, program())]))
+  run.start()
+  try:
+    assert dispatched[4].wait(10) and not dispatched[5].is_set()
+    for i in range(2):  # 4 and 3 unfinished: still more than 2
+      outputs[i].released.set()
+      assert not dispatched[5].wait(0.3)
+    outputs[2].released.set()  # 2 unfinished: the loop goes on
+    assert dispatched[5].wait(10)
+  finally:
+    for output in outputs:
+      output.released.set()
+    run.join(10)
+  assert not run.is_alive() and executor.failure is None
