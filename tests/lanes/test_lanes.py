@@ -9,6 +9,7 @@ run on one machine does. Every test checks that no process is left behind.
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -338,6 +339,25 @@ def test_a_killed_lane_stops_the_wait_within_5s_naming_it(head):
     lanes.remove('d')  # tolerate the loss: the other lane carries on
     assert lanes.fetch(lanes.run('c', task('add'), (np.float32(2), np.float32(3)))) == 5
   assert gone(lanes.pids().values()) == []
+
+
+def test_a_death_that_reaches_a_task_on_a_live_lane_names_the_dead_lane(head):
+  """A copy taken in from a lane that died on its way raises that death inside the task
+  taking it in (a killed ASGD worker's push, inside the server's update), and a copy of
+  that task's result then fails too; whichever the driver hears of first, the error
+  names the lane whose process is gone, not the live lane the death passed through."""
+  from jaxsgd.scheduler.lanes import cluster
+
+  with LanePool(LanePlacement.spread(['x', 'y']), address=head.address, verbose=False) as lanes:
+    os.kill(lanes.pids()['x'], signal.SIGKILL)
+    assert lanes._dead_end('x', within=10) == 'x'  # the cluster has noticed
+    with pytest.raises(Exception) as death:
+      cluster.get(lanes._watch['x'])  # the error Ray raises wherever x's death reaches
+    assert cluster.is_death(death.value)
+    error = lanes._describe('y', death.value, task('same'), None)
+    assert error.lane == 'x' and re.search(r'pid \d+: its process died', str(error)), error
+    lanes.remove('x')
+    assert lanes.fetch(lanes.run('y', task('add'), (np.float32(2), np.float32(3)))) == 5
 
 
 def _lane_processes(head) -> list[int]:

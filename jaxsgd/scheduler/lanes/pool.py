@@ -603,13 +603,17 @@ class LanePool:
     return info['host'] if info else (self.placement[lane].host or 'driver')
 
   def _raise_dead(self, lane: str):
+    raise self._dead_error(lane)
+
+  def _dead_error(self, lane: str) -> LaneError:
+    """The `LaneError` of `lane`'s process having ended (its watch call has returned)."""
     try:
       cluster.get(self._watch[lane])
       message = 'its process stopped.'
     except Exception as error:
       message = f'its process died ({cluster.describe(error)}).'
     pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
-    raise LaneError(lane, self._host(lane), f'pid {pid}: {message}')
+    return LaneError(lane, self._host(lane), f'pid {pid}: {message}')
 
   def _error(self, lane, error, task, host=None, key=None) -> LaneError:
     """The `LaneError` to raise for `error` (a failed call on `lane`): the failure of an
@@ -632,8 +636,14 @@ class LanePool:
     return self._describe(lane, error, task, host)
 
   def _describe(self, lane, error, task, host) -> LaneError:
-    if isinstance(task, Task) and cluster.is_death(error):  # the lane died under the task
-      pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
+    if isinstance(task, Task) and cluster.is_death(error):
+      # A death reaches a task on a live lane too: a copy it takes in from a lane that
+      # died on its way raises the source's death there (a killed ASGD worker's push,
+      # inside the server's update). The lane whose process is gone is the cause.
+      dead = self._dead_end(lane, within=0.0) or self._dead_end(*self._watch)
+      if dead is not None and dead != lane:
+        return self._dead_error(dead)
+      pid = getattr(self, 'info', {}).get(lane, {}).get('pid')  # the lane died under the task
       return LaneError(
         lane,
         host or self._host(lane),
