@@ -22,7 +22,8 @@ layers (K stages need K-1). Each family runs the same config on both clocks, thr
              run's processes spend per task, where the two lanes take every core and
              the driver and Ray run on theirs, as here, else `processes`, the wall time
              per task of a chain), links between lane processes measured at the
-             start (`measure_process_links`: each size's quietest of five rounds),
+             start (`measure_process_links`: a new value moved in every pair, as
+             every message of a run is one),
              copies made by the sending lane between its tasks
              (`cost.copies='sender'`: Ray serializes the value in the lane process), and
              the same `placement.lanes` (lanes placed on one core share it on the

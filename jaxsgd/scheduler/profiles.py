@@ -716,26 +716,27 @@ def measure_process_links(
   cores: Sequence[int] = (0, 1),
   address: str | None = None,
   sizes: Sequence[int] = (1 << 16, 1 << 24),
-  reps: int = 9,
-  rounds: int = 5,
-  warmup: int = 10,
+  reps: int = 21,
+  warmup: int = 3,
 ) -> tuple[float, float]:
   """`(latency s, bandwidth B/s)` of a move between two lane processes (`LanePool.move`,
-  Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, `rounds` of
-  `reps` pairs of calls, one of a task on the second lane that needs the array moved
-  there and one of the same task on an array already there, alternated (and the sizes
-  interleaved); per round the median over its pairs of their difference; per size the
-  quietest round's (the smallest median); then the line through the two sizes.
+  Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, `reps` pairs
+  of calls, one of a task on the second lane that needs a new value of that size moved
+  there from the first, and one of the same task on an array already there, alternated
+  (and the sizes interleaved); the median over the pairs of their difference; then the
+  line through the two sizes (`link_line`).
 
+  A new value every pair, because every message of a run is one (a gradient, an
+  activation, the parameters after an update): its export writes a new object and its
+  import makes a new array, whose memory this VM serves at its first-touch price. Moving
+  one value again and again, as this did until 2026-11-28, measured a path the runs never
+  take and ran in spells (60 moves of 16 MB in a row: 25 at ~18 ms, 25 at ~4.5 ms, then
+  ~55 ms), so the fitted bandwidth moved from 0.32 to 8.2 GB/s between measurements; a
+  new value each time gave 1.44-1.53 ms + 0.97-1.02 GB/s in three fresh clusters, and
+  the lanes' runs agree with it (docs/simulator.md, "What a link costs a run").
   Paired and a median, because the difference of two minima moved by half from one
-  measurement to the next here (2.9 and 4.5 ms of latency, minutes apart on a quiet
-  machine): the minimum of a difference is not the difference of the minima. The
-  quietest of several rounds, because a 16 MB move runs in spells on this 2-core VM
-  (2026-11-28, 60 moves in a row: 25 at ~18 ms, 25 at ~4.5 ms, then ~55 ms), so one
-  median over all the pairs took whichever spell held most of them: 0.32 GB/s at one
-  benchmark's start, 0.6-5.9 GB/s in repeats, while the lanes' own copies of 12.8 MB
-  took 5-10 ms in the runs measured right after (docs/simulator.md). A spell is a load
-  spike of the machine, not the link."""
+  measurement to the next here: the minimum of a difference is not the difference of
+  the minima."""
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
@@ -748,34 +749,28 @@ def measure_process_links(
       pool.run('target', first, (value,))
       return time.perf_counter() - start
 
-    arrays = []
-    for size in sizes:
-      held = pool.put('source', np.zeros(size // 4, np.float32))
-      local = pool.move(held, 'target')
-      for _ in range(warmup):  # warm: compiled, the copy taken in, the object store's pages touched
-        timed(held), timed(local)
-      arrays.append((held, local))
+    def new_value(size: int, tag: int):  # put on the source lane, outside the timing
+      return pool.put('source', np.full(size // 4, tag, np.float32))
+
+    there = [pool.move(new_value(size, -1), 'target') for size in sizes]
+    for size, local in zip(sizes, there):
+      for tag in range(warmup):  # warm: compiled, the first copies taken in
+        timed(new_value(size, tag)), timed(local)
     # The sizes interleaved, pair by pair: a slow spell of the machine slows both sizes'
     # pairs, not one size's (which tilts the line: one run gave 9.4 GB/s, others 1.6-1.7).
-    medians = [[] for _ in sizes]
-    for _ in range(rounds):
-      differences = [[] for _ in sizes]
-      for _ in range(reps):
-        for (held, local), measured in zip(arrays, differences):
-          measured.append(timed(held) - timed(local))
-      for size_medians, measured in zip(medians, differences):
-        size_medians.append(float(np.median(measured)))
-  return link_from_rounds(sizes, medians)
+    differences = [[] for _ in sizes]
+    for tag in range(reps):
+      for size, local, measured in zip(sizes, there, differences):
+        moved = new_value(size, tag)
+        measured.append(timed(moved) - timed(local))
+  return link_line(sizes, [float(np.median(d)) for d in differences])
 
 
-def link_from_rounds(
-  sizes: Sequence[int], round_medians: Sequence[Sequence[float]]
-) -> tuple[float, float]:
-  """`(latency s, bandwidth B/s)` of the line through two sizes' move times, each size
-  taking its quietest round (the smallest of `round_medians[i]`, seconds, one median
-  per round; a negative one counts as 0): bandwidth `(n2 - n1) / (t2 - t1)` (infinite
-  if the larger size was not slower), latency `t1 - n1 / bandwidth` (at least 0)."""
-  (n1, n2), (t1, t2) = sizes, [max(min(medians), 0.0) for medians in round_medians]
+def link_line(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+  """`(latency s, bandwidth B/s)` of the line through two sizes' move times (a negative
+  time counts as 0): bandwidth `(n2 - n1) / (t2 - t1)` (infinite if the larger size was
+  not slower), latency `t1 - n1 / bandwidth` (at least 0)."""
+  (n1, n2), (t1, t2) = sizes, [max(t, 0.0) for t in seconds]
   bandwidth = (n2 - n1) / (t2 - t1) if t2 > t1 else math.inf
   return max(t1 - n1 / bandwidth, 0.0), bandwidth
 

@@ -62,16 +62,15 @@ def test_measure_takes_the_minimum_of_interleaved_repetitions():
   assert spread['a']['p90'] == pytest.approx(4.8) and spread['b']['p90'] == pytest.approx(6.0)
 
 
-def test_a_link_takes_each_sizes_quietest_round():
-  """Hand-computed: 1000 B at best 2 ms, 5000 B at best 6 ms (the slow spells, 7 and
-  30 ms, are other rounds): 4000 B in 4 ms is 1 MB/s, and 1000 B of it leave 1 ms."""
-  rounds = [[3e-3, 2e-3, 7e-3], [10e-3, 6e-3, 30e-3]]
-  latency, bandwidth = profiles.link_from_rounds((1000, 5000), rounds)
+def test_a_link_is_the_line_through_two_sizes_move_times():
+  """Hand-computed: 1000 B in 2 ms, 5000 B in 6 ms: 4000 B in 4 ms is 1 MB/s, and 1000 B
+  of it leave 1 ms of latency."""
+  latency, bandwidth = profiles.link_line((1000, 5000), (2e-3, 6e-3))
   assert bandwidth == pytest.approx(1e6) and latency == pytest.approx(1e-3)
   # A larger size not slower: no bandwidth term, all latency.
-  assert profiles.link_from_rounds((1000, 5000), [[4e-3, 3e-3], [2e-3]]) == (3e-3, np.inf)
-  # A negative median counts as 0 (and the latency is at least 0).
-  assert profiles.link_from_rounds((1000, 5000), [[-1e-3], [2e-3]]) == (0.0, 2e6)
+  assert profiles.link_line((1000, 5000), (3e-3, 2e-3)) == (3e-3, np.inf)
+  # A negative time counts as 0 (and the latency is at least 0).
+  assert profiles.link_line((1000, 5000), (-1e-3, 2e-3)) == (0.0, 2e6)
 
 
 def test_profile_has_every_task_of_every_stage(profile):
