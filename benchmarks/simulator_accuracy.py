@@ -685,7 +685,8 @@ def main():
     if dispatch_kind == 'auto':
       dispatch_kind = 'processes' if free else 'processes_cpu'
     driver_keys = ('driver', 'driver_latency') if free else DRIVER_LOADED
-    if not set(driver_keys) <= loaded.dispatch.keys():  # the lanes keep every core busy
+    busy_lanes = loaded.dispatch.get('driver_loaded_lanes')
+    if not free and busy_lanes != args.lanes:  # the lanes keep every core busy: measured so
       figures = profiles.measure_loaded_driver(cores=range(args.lanes))
       loaded = profiles.merge(loaded, _with_dispatch(loaded, figures))
       profiles.save(loaded, profile)

@@ -653,7 +653,8 @@ def measure_loaded_driver(
   `driver` and `driver_latency`, but over one lane process pinned to each core of
   `cores`, each running a chain of `tasks` tasks of ~25 ms of matrix products
   (`dispatch_tasks`' `busy`), run ahead as the process executor runs a family's tasks
-  (the first fifth of each chain left out: warm-up).
+  (the first fifth of each chain left out: warm-up); `driver_loaded_lanes`, how many
+  lanes (cores) were busy.
 
   Why: where the lanes take every core (two lanes on a 2-core VM), the driver and Ray's
   processes only run when they preempt a lane, and a task's end reaches the driver
@@ -668,20 +669,25 @@ def measure_loaded_driver(
 
   lanes = [f'busy{core}' for core in cores]
   placement = LanePlacement.parse('; '.join(f'{n}@cores={c}' for n, c in zip(lanes, cores)))
+  if tasks < 5:
+    raise ValueError(f'measure_loaded_driver: tasks per lane, at least 5; got {tasks}.')
   with LanePool(placement, address=address, verbose=False) as pool:
     _run_chains(  # compiled on every lane, and the lanes warm
       ProcessExecutor(pool=pool, verbose=False), lanes=lanes, tasks=2, ahead=True, name='busy'
     )
+    executor = ProcessExecutor(pool=pool, verbose=False)
     cpu = time.thread_time()
-    records = _run_chains(
-      ProcessExecutor(pool=pool, verbose=False), lanes=lanes, tasks=tasks, ahead=True, name='busy'
-    ).records
+    records = _run_chains(executor, lanes=lanes, tasks=tasks, ahead=True, name='busy').records
     cpu = time.thread_time() - cpu
   per_event = cpu / (2 * len(records))
-  heard = [r.heard - r.end for r in sorted(records, key=lambda r: r.start)[len(records) // 5 :]]
+  heard = []
+  for lane in {r.lane for r in records}:  # each chain's first fifth left out: warm-up
+    chain = sorted((r for r in records if r.lane == lane), key=lambda r: r.start)
+    heard += [r.heard - r.end for r in chain[len(chain) // 5 :]]
   return {
     'driver_loaded': per_event,
     'driver_latency_loaded': max(float(np.median(heard)) - per_event, 0.0),
+    'driver_loaded_lanes': float(len(lanes)),
   }
 
 
@@ -762,7 +768,10 @@ def measure_process_links(
     for tag in range(reps):
       for size, local, measured in zip(sizes, there, differences):
         moved = new_value(size, tag)
-        measured.append(timed(moved) - timed(local))
+        seconds = timed(moved)
+        del moved
+        pool.held('target')  # its copy freed there now, not inside the next timed call
+        measured.append(seconds - timed(local))
   return link_line(sizes, [float(np.median(d)) for d in differences])
 
 

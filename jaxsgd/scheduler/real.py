@@ -195,11 +195,12 @@ class _Timer:
     other task (950 waits in 1,788 tasks of DDG K=4 on one CPU device), each a wake-up
     of this thread and a hand-over of the GIL between it and the timing thread; with
     half the window the loop waits about once per `max_inflight / 2` tasks, and the
-    device still has that many queued when it goes on."""
+    device still has that many queued when it goes on (at least one: a window of one
+    keeps one task queued, as before)."""
     self._queue.put((lane, op, dispatched, result))
     self._submitted += 1
     if self._submitted - self._finished > self._executor.max_inflight:
-      self._wait_for_room(self._executor.max_inflight // 2)
+      self._wait_for_room(max(1, self._executor.max_inflight // 2))
 
   def drain(self):
     """Waits until every task submitted so far has been timed (a drained point)."""

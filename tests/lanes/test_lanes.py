@@ -358,6 +358,13 @@ def test_a_death_that_reaches_a_task_on_a_live_lane_names_the_dead_lane(head):
     assert error.lane == 'x' and re.search(r'pid \d+: its process died', str(error)), error
     lanes.remove('x')
     assert lanes.fetch(lanes.run('y', task('add'), (np.float32(2), np.float32(3)))) == 5
+    # A lane that died under its own task is still the one named.
+    os.kill(lanes.pids()['y'], signal.SIGKILL)
+    assert lanes._dead_end('y', within=10) == 'y'
+    with pytest.raises(Exception) as own:
+      cluster.get(lanes._watch['y'])
+    error = lanes._describe('y', own.value, task('same'), None)
+    assert error.lane == 'y' and 'while running' in str(error), error
 
 
 def _lane_processes(head) -> list[int]:
@@ -397,13 +404,17 @@ def _driver(address: str, *flags: str) -> tuple[subprocess.Popen, dict]:
   return process, json.loads(line)
 
 
+@pytest.mark.skipif(
+  not {0, 1} <= os.sched_getaffinity(0), reason='needs cores 0 and 1 for its two lanes'
+)
 def test_driver_figures_with_every_core_busy_are_measured_on_a_lane_per_core(head):
   from jaxsgd.scheduler import profiles
 
   busy = profiles.dispatch_tasks()['busy']
   assert float(busy(np.float32(3.0))) == 3.0  # a chain of it carries its value unchanged
   figures = profiles.measure_loaded_driver(cores=(0, 1), address=head.address, tasks=6)
-  assert set(figures) == {'driver_loaded', 'driver_latency_loaded'}
+  assert set(figures) == {'driver_loaded', 'driver_latency_loaded', 'driver_loaded_lanes'}
+  assert figures['driver_loaded_lanes'] == 2.0
   # The driver's thread spends CPU on every event; the latency is the median hear delay
   # less that (it may be 0, never negative).
   assert figures['driver_loaded'] > 0 and figures['driver_latency_loaded'] >= 0
