@@ -256,6 +256,12 @@ def _sigterm_at(monkeypatch, step: int) -> None:
   def report(self, s, **kwargs):
     if s == step:
       os.kill(os.getpid(), signal.SIGTERM)  # Handled by the run: it sets a flag.
+      # Python runs the handler in the main thread only: a worker thread reporting this
+      # step waits until it has, so that the signal has come in at this step (else a
+      # fast worker ran on two steps before the main thread took it, on a loaded CI).
+      deadline = time.monotonic() + 10
+      while time.monotonic() < deadline and not (self.preemption and self.preemption.requested):
+        time.sleep(0.001)
     original(self, s, **kwargs)
 
   monkeypatch.setattr(run_lib.Run, 'report', report)
