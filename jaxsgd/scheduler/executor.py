@@ -41,11 +41,11 @@ model is SimPy's `Environment` and its real-time subclass, which overrides only
 - `needs_transfer(value, channel)`: whether a `Send` between two lanes is a
   transfer task at all (default True: the virtual clock prices every link); the
   real clock delivers a value already on the channel's device in place.
-- `message_bytes(value)`: the bytes a transfer moves, for the cost of the link
-  (default 0: only a clock that prices links needs it).
+- `message_bytes(value)`: the bytes a transfer moves, for its record (default 0; the
+  process executor counts its handles' bytes).
 - `transfer_call(value, channel)`: `(fn, args, nbytes)` of a transfer's task (default
-  `copy_for_send` and `message_bytes`); the virtual clock flattens the message once
-  for both.
+  `copy_for_send` and `message_bytes`); the virtual clock, which prices a link by its
+  bytes, flattens the message once for both.
 - `begin()`: resets the clock's state at the start of a run; `now()`: seconds since
   the start of the run (simulated or wall).
 - `fetch(value)` / `deferred(value)`: `value` for the driver now (logging,

@@ -603,13 +603,13 @@ def measure_process_dispatch(
     )
     after = _cpu_seconds_by_pid()
     owns_cluster = cluster.started_here()
-    per_event, heard = _driver_figures(
-      ProcessExecutor(pool=pool, verbose=False), lane='dispatch', tasks=tasks
+    per_event, latency = _driver_figures(
+      ProcessExecutor(pool=pool, verbose=False), lanes=('dispatch',), tasks=tasks
     )
   figures = {
     'processes': measured['processes'],
     'driver': per_event,
-    'driver_latency': max(float(np.median(heard)) - per_event, 0.0),
+    'driver_latency': latency,
   }
   if owns_cluster:  # Ray's processes are this one's descendants: all counted
     cpu = sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
@@ -667,39 +667,52 @@ def measure_loaded_driver(
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.process import ProcessExecutor
 
-  lanes = [f'busy{core}' for core in cores]
-  placement = LanePlacement.parse('; '.join(f'{n}@cores={c}' for n, c in zip(lanes, cores)))
   if tasks < 5:
     raise ValueError(f'measure_loaded_driver: tasks per lane, at least 5; got {tasks}.')
+  lanes = [f'busy{core}' for core in cores]
+  placement = LanePlacement.parse('; '.join(f'{n}@cores={c}' for n, c in zip(lanes, cores)))
   with LanePool(placement, address=address, verbose=False) as pool:
     _run_chains(  # compiled on every lane, and the lanes warm
       ProcessExecutor(pool=pool, verbose=False), lanes=lanes, tasks=2, ahead=True, name='busy'
     )
-    executor = ProcessExecutor(pool=pool, verbose=False)
-    cpu = time.thread_time()
-    records = _run_chains(executor, lanes=lanes, tasks=tasks, ahead=True, name='busy').records
-    cpu = time.thread_time() - cpu
-  per_event = cpu / (2 * len(records))
-  heard = []
-  for lane in {r.lane for r in records}:  # each chain's first fifth left out: warm-up
-    chain = sorted((r for r in records if r.lane == lane), key=lambda r: r.start)
-    heard += [r.heard - r.end for r in chain[len(chain) // 5 :]]
+    per_event, latency = _driver_figures(
+      ProcessExecutor(pool=pool, verbose=False),
+      lanes=lanes,
+      tasks=tasks,
+      ahead=True,
+      name='busy',
+      warmup=5,
+    )
   return {
     'driver_loaded': per_event,
-    'driver_latency_loaded': max(float(np.median(heard)) - per_event, 0.0),
+    'driver_latency_loaded': latency,
     'driver_loaded_lanes': float(len(lanes)),
   }
 
 
-def _driver_figures(executor, *, lane: str, tasks: int) -> tuple[float, list[float]]:
-  """`(CPU seconds of this thread per event, [seconds from each task's end to the driver
-  hearing of it])` of `executor` running a chain of `tasks` trivial tasks on `lane`, each
-  waited for: two events per task, its dispatch and its end heard (the first tenth of the
-  hear delays left out: warm-up)."""
+def _driver_figures(
+  executor,
+  *,
+  lanes: Sequence[str],
+  tasks: int,
+  ahead: bool = False,
+  name: str = 'add_one',
+  warmup: int = 10,
+) -> tuple[float, float]:
+  """`(CPU seconds of this thread per event, driver latency)` of `executor` running one
+  chain of `tasks` named tasks `name` per lane of `lanes` (`_run_chains`; `ahead=False`:
+  each waited for): two events per task, its dispatch and its end heard; the latency is
+  the median time from a task's end to the driver hearing of it, less the CPU per event
+  (at least 0), the first `1 / warmup` of each chain's hear delays left out (warm-up)."""
   cpu = time.thread_time()
-  records = _run_chain(executor, lane=lane, tasks=tasks, ahead=False).records
+  records = _run_chains(executor, lanes=lanes, tasks=tasks, ahead=ahead, name=name).records
   cpu = time.thread_time() - cpu
-  return cpu / (2 * tasks), [r.heard - r.end for r in records[tasks // 10 :]]
+  per_event = cpu / (2 * len(records))
+  heard = []
+  for lane in {r.lane for r in records}:
+    chain = sorted((r for r in records if r.lane == lane), key=lambda r: r.start)
+    heard += [r.heard - r.end for r in chain[len(chain) // warmup :]]
+  return per_event, max(float(np.median(heard)) - per_event, 0.0)
 
 
 def _cpu_seconds_by_pid() -> dict[int, float]:

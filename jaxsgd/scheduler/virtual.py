@@ -179,15 +179,12 @@ class VirtualExecutor(Executor):
   def task_finished(self, process: Process, result) -> None:
     self.advance(process, result)  # Publishes its results now, at the simulated end.
 
-  def message_bytes(self, value) -> int:
-    """Bytes of a `Send`, counted only where the link's cost depends on them."""
-    return transfer.nbytes(value) if math.isfinite(self.cost_model.link_bandwidth) else 0
-
   def transfer_call(self, value, channel) -> tuple:
-    """The base's transfer task, the message flattened once for its bytes and for
-    whether it is on the channel's device already (then the task hands it on as it is,
-    which is what `copy_for_send` returns for it): two flattens of a pushed gradient
-    cost ~11 µs each of a simulated ASGD session's host time here."""
+    """The base's transfer task, the message flattened once for its bytes (counted only
+    where the link's cost depends on them) and for whether it is on the channel's
+    device already (then the task hands it on as it is, which is what `copy_for_send`
+    returns for it): two flattens of a pushed gradient cost ~11 µs each of a simulated
+    ASGD session's host time here."""
     leaves = jax.tree_util.tree_leaves(value)
     nbytes = transfer.leaves_nbytes(leaves) if math.isfinite(self.cost_model.link_bandwidth) else 0
     if channel.device is None or transfer.leaves_on_device(leaves, channel.device):
