@@ -8,13 +8,13 @@ r"""Measures a cost profile for a config: every task it runs, timed once, carefu
 Writes (or adds a table to) a JSON profile (`jaxsgd.scheduler.profiles`): the
 seconds of each stage's forward, backward and update for the config's model,
 batch size, stage split and algorithm, the host dispatch overhead of the
-executors (`--dispatch_processes`: the process executor's too), and the device, jax
-version and date. Each task: 3 untimed calls,
-then `--reps` interleaved wall-clock calls, the fastest counting, on every core
-(as `costs.calibrate` measures, so the costs are comparable with calibrated
-runs); `--pin_core` and `--clock=cpu` measure one core by its CPU time instead
-(see `jaxsgd.scheduler.profiles` for how repeatable each is here). Measure on a
-quiet machine: the file is then reused as is. An existing file of the same
+executors (`--dispatch_processes`: the process executor's too; `--loaded_driver`:
+its driver's figures with a busy lane on every core), and the device, jax version
+and date. Each task: 3 untimed calls, then `--reps` interleaved wall-clock calls,
+the fastest counting, on every core (as `costs.calibrate` measures, so the costs
+are comparable with calibrated runs); `--pin_core` and `--clock=cpu` measure one
+core by its CPU time instead (see `jaxsgd.scheduler.profiles` for how repeatable
+each is here). Measure on a quiet machine: the file is then reused as is. An existing file of the same
 model, batch size, optimizer and device gets this config's table added (one
 profile can serve a whole suite); `--replace` starts a new file instead.
 
@@ -73,6 +73,14 @@ _DISPATCH_PROCESSES = flags.DEFINE_bool(
   "driver's CPU per event ('driver', cost.driver) and each message's way between it and "
   "a lane ('driver_latency', cost.driver_latency); starts a Ray cluster and one lane "
   'process pinned to core 0, or to --pin_core; ~15 s.',
+)
+_LOADED_DRIVER = flags.DEFINE_bool(
+  'loaded_driver',
+  False,
+  "Also measure the process executor's driver with a busy lane process pinned to every "
+  "core of this machine ('driver_loaded', 'driver_latency_loaded'; "
+  "cost.driver_from='profile_loaded'): what a run whose lanes take every core pays; "
+  'starts a Ray cluster; ~20 s.',
 )
 flags.mark_flags_as_required(['out'])
 
@@ -243,11 +251,13 @@ def _measure(config) -> profiles.Profile:
 
 def measure_dispatch() -> dict[str, float]:
   """Host overhead per task of the in-process executors (and of the process executor
-  with --dispatch_processes)."""
+  with --dispatch_processes; its driver with every core busy with --loaded_driver)."""
   dispatch = profiles.measure_dispatch()
   if _DISPATCH_PROCESSES.value:
     core = max(_PIN_CORE.value, 0)
     dispatch.update(profiles.measure_process_dispatch(cores=(core,)))
+  if _LOADED_DRIVER.value:
+    dispatch.update(profiles.measure_loaded_driver(cores=range(os.cpu_count())))
   return dispatch
 
 
@@ -268,7 +278,11 @@ def describe(table: profiles.Table, dispatch) -> str:
   lines.append(
     'dispatch overhead per task (µs): '
     + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in dispatch.items() if 'driver' not in k)
-    + ''.join(f'; {k} (µs) {1e6 * v:.1f}' for k, v in dispatch.items() if 'driver' in k)
+    + ''.join(
+      f'; {k} {v:.0f}' if k.endswith('_lanes') else f'; {k} (µs) {1e6 * v:.1f}'
+      for k, v in dispatch.items()
+      if 'driver' in k
+    )
   )
   return '\n'.join(lines)
 

@@ -118,7 +118,7 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
   they are the preset's. `cost.dispatch` names the executor whose measured host
   overhead per task (`cost.profile`'s `dispatch`) is added to every task; `cost.driver`
   and `cost.driver_latency` are the simulated driver's time per event and each message's
-  way between it and a lane.
+  way between it and a lane, or the profile's (`cost.driver_from`).
   """
   cost = shared.cost
   latency, bandwidth = cost.link_latency, cost.bandwidth
@@ -128,6 +128,11 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
   dispatch = 0.0
   if cost.dispatch != 'none':
     dispatch = profiles.dispatch_of(profiles.load(cost.profile), cost.dispatch, cost.profile)
+  driver, driver_latency = cost.driver, cost.driver_latency
+  if cost.driver_from != 'none':
+    driver, driver_latency = profiles.driver_of(
+      profiles.load(cost.profile), cost.driver_from, cost.profile
+    )
   return CostModel(
     compute=dict(table),
     device_speeds=tuple(lane_speeds),
@@ -136,8 +141,8 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
     straggler_std=cost.straggler_std,
     seed=shared.cost_seed,
     dispatch=dispatch,
-    driver=float(cost.driver),
-    driver_latency=float(cost.driver_latency),
+    driver=float(driver),
+    driver_latency=float(driver_latency),
   )
 
 

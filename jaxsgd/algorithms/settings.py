@@ -43,6 +43,9 @@ DISPATCH = ('none', 'real', 'real_threads', 'processes', 'processes_cpu')
 STATISTICS = (profiles.STATISTIC, *profiles.SPREAD_STATISTICS)
 # When a process goes on (`cost.schedule`): at its task's end, or at its dispatch.
 SCHEDULES = ('in_order', 'run_ahead')
+# Where the simulated driver's figures come from (`cost.driver_from`): as given, or a
+# profile's, measured with an idle lane or with every core busy.
+DRIVER_FROM = ('none', *profiles.DRIVER_FIGURES)
 
 # The algorithms whose runs can go on without a lost worker (`tolerate_lost_workers`):
 # their worker processes declare what replaces them (`core.Process.on_lost`).
@@ -240,6 +243,12 @@ class CostSettings:
     driver_latency: seconds a message between the driver and a lane takes, each way (a
       dispatched task reaching its lane; a task's end reaching the driver), on top of
       `driver`; messages do not queue. Needs `schedule='run_ahead'`; 0 (default): none.
+    driver_from: `driver` and `driver_latency` read from `cost.profile`'s `dispatch`
+      instead of given: `'profile'` the figures measured with an idle lane (`python -m
+      experiments.profile --dispatch_processes`), right where the lanes leave the driver
+      a core of its own; `'profile_loaded'` those measured with a busy lane on every
+      core (`--loaded_driver`), right where the lanes take every core and the driver
+      runs only when it preempts one. `'none'` (default): the two fields as given.
   """
 
   calibrate: bool = True
@@ -261,6 +270,7 @@ class CostSettings:
   schedule: str = 'in_order'
   driver: float = 0.0
   driver_latency: float = 0.0
+  driver_from: str = 'none'
 
   @property
   def explicit_compute(self) -> bool:
@@ -358,6 +368,28 @@ def cost_settings(given, *, clock: str) -> CostSettings:
         f"schedule is cost.schedule='run_ahead'; set cost.schedule='run_ahead', or "
         f'cost.{field}=0.'
       )
+  choice(cost.driver_from, 'cost.driver_from', DRIVER_FROM)
+  if cost.driver_from != 'none':
+    given = [f'cost.{f}' for f in ('driver', 'driver_latency') if getattr(cost, f)]
+    if given:
+      raise ValueError(
+        f"cost.driver_from: {cost.driver_from!r} reads the driver's figures from "
+        f'cost.profile; {" and ".join(given)} given too: set them to 0, or '
+        f"cost.driver_from='none'."
+      )
+    if cost.schedule != 'run_ahead':
+      raise ValueError(
+        f"cost.driver_from: {cost.driver_from!r} simulates the process executor's "
+        f"driver, whose schedule is cost.schedule='run_ahead'; set it, or "
+        f"cost.driver_from='none'."
+      )
+    if cost.profile is None:
+      raise ValueError(
+        f"cost.driver_from: {cost.driver_from!r} reads the driver's figures from a "
+        f'cost profile; give cost.profile (python -m experiments.profile '
+        f"--dispatch_processes), or set 'none'."
+      )
+    profiles.driver_of(profiles.load(cost.profile), cost.driver_from, cost.profile)
   if cost.dispatch != 'none' and cost.profile is None:
     raise ValueError(
       f'cost.dispatch: {cost.dispatch!r} adds the dispatch overhead measured in a cost '

@@ -39,7 +39,9 @@ as `costs.calibrate` measures it. The host overhead an *executor* adds per task
 (`measure_dispatch`) and stored in the profile's `dispatch` field; with the process
 executor's figures (`measure_process_dispatch`) come `driver` and `driver_latency`, its
 driver's CPU time per event and the time a message takes between it and a lane, which
-`cost.driver` and `cost.driver_latency` simulate.
+`cost.driver` and `cost.driver_latency` simulate; `measure_loaded_driver` measures the
+same two with a busy lane on every core (`driver_loaded`, `driver_latency_loaded`).
+`cost.driver_from` reads either pair (`driver_of`).
 
 File format (JSON, `FORMAT`):
 
@@ -85,6 +87,12 @@ STATISTIC = 'min'
 CALIBRATED = 'median of a run'
 # The other figures of each task's repetitions a profile keeps (`Table.spread`).
 SPREAD_STATISTICS = ('median', 'p90')
+# The simulated driver's two figures (per event, each way) in a profile's `dispatch`, by
+# `cost.driver_from`: measured with an idle lane, or with a busy lane on every core.
+DRIVER_FIGURES = {
+  'profile': ('driver', 'driver_latency'),
+  'profile_loaded': ('driver_loaded', 'driver_latency_loaded'),
+}
 _FIELDS = (
   'format',
   'model',
@@ -808,6 +816,21 @@ def dispatch_of(profile: Profile, executor: str, source: str = 'profile') -> flo
       + (' --dispatch_processes.' if executor.startswith('processes') else '.')
     )
   return float(profile.dispatch[executor])
+
+
+def driver_of(profile: Profile, which: str, source: str = 'profile') -> tuple[float, float]:
+  """`(driver, driver_latency)` seconds measured in `profile` (`cost.driver_from`:
+  `which` is a key of `DRIVER_FIGURES`); refuses a profile without them, saying how to
+  measure them."""
+  keys = DRIVER_FIGURES[which]
+  missing = [key for key in keys if key not in profile.dispatch]
+  if missing:
+    flag = '--dispatch_processes' + (' --loaded_driver' if which == 'profile_loaded' else '')
+    raise ProfileError(
+      f'cost.driver_from: the profile {source!r} has no {" or ".join(missing)} '
+      f'(measure them with python -m experiments.profile {flag}).'
+    )
+  return float(profile.dispatch[keys[0]]), float(profile.dispatch[keys[1]])
 
 
 # --- reading, writing, matching ------------------------------------------------------------

@@ -450,6 +450,41 @@ def test_ctrl_c_of_a_driver_with_its_own_cluster_leaves_no_process():
   assert gone(started['started'] + started['lanes'], within=10) == []
 
 
+def test_the_profile_command_measures_the_loaded_driver_with_a_lane_on_every_core(
+  data_dir, tmp_path
+):
+  """`experiments.profile --loaded_driver`: the figures `cost.driver_from='profile_loaded'`
+  reads, measured with one busy lane per core of the machine (a cluster of its own)."""
+  out = tmp_path / 'loaded.json'
+  done = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'experiments.profile',
+      '--config=experiments/configs/ddg.py:smoke',
+      f'--config.data_dir={data_dir}',
+      '--config.stages=2',
+      f'--out={out}',
+      '--reps=1',
+      '--warmup=1',
+      '--loaded_driver',
+    ],
+    cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  from jaxsgd.scheduler import profiles
+
+  dispatch = profiles.load(str(out)).dispatch
+  assert dispatch['driver_loaded_lanes'] == os.cpu_count()
+  driver, latency = profiles.driver_of(profiles.load(str(out)), 'profile_loaded')
+  assert driver > 0 and latency >= 0
+  assert 'driver' not in dispatch  # the idle figures come with --dispatch_processes only
+
+
 def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
   from jaxsgd.scheduler import profiles
 

@@ -123,6 +123,14 @@ COSTS = {
   (1, 'update'): 5e-4,
 }
 DISPATCH = 2.5e-4
+# The simulated driver's figures of the profile below: idle lane, and every core busy.
+DRIVER_FIGURES = {
+  'driver': 1e-4,
+  'driver_latency': 3e-4,
+  'driver_loaded': 4e-4,
+  'driver_latency_loaded': 1.2e-3,
+  'driver_loaded_lanes': 2.0,
+}
 
 
 def _ddg_config(data_dir, **fields):
@@ -157,7 +165,13 @@ def ddg_profile(data_dir, tmp_path_factory):
     [dataclasses.replace(table, costs=COSTS, spread={})],
     warmup=1,
     reps=1,
-    dispatch={'jax_call': 1e-6, 'real': 1e-5, 'processes': DISPATCH, 'processes_cpu': 3 * DISPATCH},
+    dispatch={
+      'jax_call': 1e-6,
+      'real': 1e-5,
+      'processes': DISPATCH,
+      'processes_cpu': 3 * DISPATCH,
+      **DRIVER_FIGURES,
+    },
   )
   path = str(tmp_path_factory.mktemp('profile') / 'ddg.json')
   profiles.save(profile, path)
@@ -180,6 +194,56 @@ def test_cost_model_reads_the_named_executors_dispatch(ddg_profile, data_dir):
   config = _ddg_config(data_dir, **{'cost.profile': ddg_profile, 'cost.dispatch': 'real'})
   shared = shared_settings(config)
   assert clocks.cost_model(shared, COSTS).dispatch == 1e-5
+
+
+@pytest.mark.parametrize(
+  'driver_from, figures',
+  [
+    ('profile', ('driver', 'driver_latency')),
+    ('profile_loaded', ('driver_loaded', 'driver_latency_loaded')),
+  ],
+)
+def test_driver_figures_read_from_the_profile_run_as_the_same_figures_given(
+  driver_from, figures, ddg_profile, data_dir, tmp_path
+):
+  """`cost.driver_from` gives the run `cost.driver` and `cost.driver_latency` set to the
+  profile's pair by hand would have, simulated times included; the other pair differs."""
+  run_ahead = {'cost.profile': ddg_profile, 'cost.schedule': 'run_ahead'}
+
+  def final(workdir, **fields):
+    config = _ddg_config(data_dir, **run_ahead, **fields)
+    summary = training.train_and_evaluate(config, str(tmp_path / workdir), show_progress=False)
+    return {k: v for k, v in summary['final'].items() if k != 'wall_time'}
+
+  read = final('read', **{'cost.driver_from': driver_from})
+  driver, latency = (DRIVER_FIGURES[key] for key in figures)
+  given = final('given', **{'cost.driver': driver, 'cost.driver_latency': latency})
+  assert read == given
+  other = 'profile' if driver_from == 'profile_loaded' else 'profile_loaded'
+  assert final('other', **{'cost.driver_from': other})['sim_time'] != read['sim_time']
+
+
+def test_bad_driver_from_settings_are_refused_naming_the_field(ddg_profile, tmp_path):
+  ahead = {'schedule': 'run_ahead', 'profile': ddg_profile}
+  with pytest.raises(ValueError, match=r"cost.driver_from: 'idle'; allowed: none, profile, "):
+    cost_settings({**ahead, 'driver_from': 'idle'}, clock='virtual')
+  with pytest.raises(ValueError, match=r"cost.driver_from: 'profile' .*give cost.profile"):
+    cost_settings({'schedule': 'run_ahead', 'driver_from': 'profile'}, clock='virtual')
+  with pytest.raises(ValueError, match=r"cost.driver_from: .*cost.schedule='run_ahead'; set"):
+    cost_settings({'profile': ddg_profile, 'driver_from': 'profile'}, clock='virtual')
+  with pytest.raises(ValueError, match=r'cost.driver_from: .*cost.driver_latency given too'):
+    cost_settings({**ahead, 'driver_from': 'profile', 'driver_latency': 1e-3}, clock='virtual')
+  idle_only = str(tmp_path / 'idle.json')
+  profile = profiles.load(ddg_profile)
+  without_loaded = {k: v for k, v in profile.dispatch.items() if 'loaded' not in k}
+  profiles.save(dataclasses.replace(profile, dispatch=without_loaded), idle_only)
+  cost_settings({**ahead, 'profile': idle_only, 'driver_from': 'profile'}, clock='virtual')
+  with pytest.raises(
+    ValueError,
+    match=r'cost.driver_from: the profile .* has no driver_loaded or driver_latency_loaded '
+    r'\(measure them with python -m experiments.profile --dispatch_processes --loaded_driver\)',
+  ):
+    cost_settings({**ahead, 'profile': idle_only, 'driver_from': 'profile_loaded'}, clock='virtual')
 
 
 # --- links and shared hardware ------------------------------------------------------------------
