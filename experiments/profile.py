@@ -78,7 +78,7 @@ _LOADED_DRIVER = flags.DEFINE_bool(
   'loaded_driver',
   False,
   "Also measure the process executor's driver with a busy lane process pinned to every "
-  "core of this machine ('driver_loaded', 'driver_latency_loaded'; "
+  "core this process may use ('driver_loaded', 'driver_latency_loaded'; "
   "cost.driver_from='profile_loaded'): what a run whose lanes take every core pays; "
   'starts a Ray cluster; ~20 s.',
 )
@@ -202,8 +202,9 @@ def main(argv):
     # timed (on the first device), so fake CPU devices do (ignored on accelerators).
     jax.config.update('jax_num_cpu_devices', workers)
   profile = None
+  dispatch = {}  # measured once, after the first table: they do not depend on the config
   for label, config in configs:
-    measured = _measure(config)
+    measured = _measure(config, dispatch)
     try:
       profile = measured if profile is None else profiles.merge(profile, measured)
     except profiles.ProfileError as e:
@@ -222,8 +223,10 @@ def main(argv):
   )
 
 
-def _measure(config) -> profiles.Profile:
-  """A profile of one table: the tasks of `config`."""
+def _measure(config, dispatch: dict[str, float]) -> profiles.Profile:
+  """A profile of one table: the tasks of `config`, and the executors' `dispatch`
+  (measured into it here if it is empty: after the table, so a bad config is refused
+  before anything else runs)."""
   dataset = data_lib.load(config.dataset, config.get('data_dir'))
   model = build_model(config, dataset)
 
@@ -236,6 +239,8 @@ def _measure(config) -> profiles.Profile:
     )
   except ValueError as e:
     raise SystemExit(str(e)) from None
+  if not dispatch:
+    dispatch.update(measure_dispatch())
   return profiles.make_profile(
     model,
     batch_size,
@@ -245,7 +250,7 @@ def _measure(config) -> profiles.Profile:
     reps=_REPS.value,
     clock=_CLOCK.value,
     pinned=_PIN_CORE.value >= 0,
-    dispatch=measure_dispatch(),
+    dispatch=dispatch,
   )
 
 
@@ -257,7 +262,7 @@ def measure_dispatch() -> dict[str, float]:
     core = max(_PIN_CORE.value, 0)
     dispatch.update(profiles.measure_process_dispatch(cores=(core,)))
   if _LOADED_DRIVER.value:
-    dispatch.update(profiles.measure_loaded_driver(cores=range(os.cpu_count())))
+    dispatch.update(profiles.measure_loaded_driver(cores=sorted(os.sched_getaffinity(0))))
   return dispatch
 
 

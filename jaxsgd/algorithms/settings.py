@@ -387,7 +387,7 @@ def cost_settings(given, *, clock: str) -> CostSettings:
       raise ValueError(
         f"cost.driver_from: {cost.driver_from!r} reads the driver's figures from a "
         f'cost profile; give cost.profile (python -m experiments.profile '
-        f"--dispatch_processes), or set 'none'."
+        f"{profiles.DRIVER_FLAGS[cost.driver_from]}), or set 'none'."
       )
     profiles.driver_of(profiles.load(cost.profile), cost.driver_from, cost.profile)
   if cost.dispatch != 'none' and cost.profile is None:

@@ -93,6 +93,8 @@ DRIVER_FIGURES = {
   'profile': ('driver', 'driver_latency'),
   'profile_loaded': ('driver_loaded', 'driver_latency_loaded'),
 }
+# The `experiments.profile` flag that measures each pair.
+DRIVER_FLAGS = {'profile': '--dispatch_processes', 'profile_loaded': '--loaded_driver'}
 _FIELDS = (
   'format',
   'model',
@@ -825,11 +827,11 @@ def driver_of(profile: Profile, which: str, source: str = 'profile') -> tuple[fl
   keys = DRIVER_FIGURES[which]
   missing = [key for key in keys if key not in profile.dispatch]
   if missing:
-    flag = '--dispatch_processes' + (' --loaded_driver' if which == 'profile_loaded' else '')
     raise ProfileError(
       f'cost.driver_from: the profile {source!r} has no {" or ".join(missing)} '
-      f'(measure them with python -m experiments.profile {flag}).'
+      f'(measure them with python -m experiments.profile {DRIVER_FLAGS[which]}).'
     )
+  # (`load` refuses a dispatch figure that is not a finite number of seconds >= 0.)
   return float(profile.dispatch[keys[0]]), float(profile.dispatch[keys[1]])
 
 

@@ -227,7 +227,9 @@ def test_bad_driver_from_settings_are_refused_naming_the_field(ddg_profile, tmp_
   ahead = {'schedule': 'run_ahead', 'profile': ddg_profile}
   with pytest.raises(ValueError, match=r"cost.driver_from: 'idle'; allowed: none, profile, "):
     cost_settings({**ahead, 'driver_from': 'idle'}, clock='virtual')
-  with pytest.raises(ValueError, match=r"cost.driver_from: 'profile' .*give cost.profile"):
+  with pytest.raises(
+    ValueError, match=r"cost.driver_from: 'profile' .*give cost.profile .*--dispatch_processes\)"
+  ):
     cost_settings({'schedule': 'run_ahead', 'driver_from': 'profile'}, clock='virtual')
   with pytest.raises(ValueError, match=r"cost.driver_from: .*cost.schedule='run_ahead'; set"):
     cost_settings({'profile': ddg_profile, 'driver_from': 'profile'}, clock='virtual')
@@ -241,7 +243,7 @@ def test_bad_driver_from_settings_are_refused_naming_the_field(ddg_profile, tmp_
   with pytest.raises(
     ValueError,
     match=r'cost.driver_from: the profile .* has no driver_loaded or driver_latency_loaded '
-    r'\(measure them with python -m experiments.profile --dispatch_processes --loaded_driver\)',
+    r'\(measure them with python -m experiments.profile --loaded_driver\)',
   ):
     cost_settings({**ahead, 'profile': idle_only, 'driver_from': 'profile_loaded'}, clock='virtual')
 
