@@ -86,8 +86,8 @@ interleaved pairs of runs on a 2-core AMD EPYC VM (2026-11-26), the figure 72.4 
 clock flattens a `Send` once: 58.4–67.2 µs in four runs (the simulator alone 13.0–13.4),
 against 26–34 µs with one worker and 36–38 with eight: the jitted calls and frees cost
 ~25 µs more per task with 64 workers' work held at once. The same day the figure became
-session − replayed calls (above): 44.4–53.2 µs in six runs, the old one 59.4–74.7 µs in
-the same runs (benchmarks/results/simulator_host_cost.txt).
+session − replayed calls (above): 48.3, 56.1 and 57.1 µs in three runs, the old one 61.6,
+67.6 and 68.9 µs in the same runs (benchmarks/results/simulator_host_cost.txt).
 """
 
 import argparse
