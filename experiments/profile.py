@@ -14,9 +14,10 @@ and date. Each task: 3 untimed calls, then `--reps` interleaved wall-clock calls
 the fastest counting, on every core (as `costs.calibrate` measures, so the costs
 are comparable with calibrated runs); `--pin_core` and `--clock=cpu` measure one
 core by its CPU time instead (see `jaxsgd.scheduler.profiles` for how repeatable
-each is here). Measure on a quiet machine: the file is then reused as is. An existing file of the same
-model, batch size, optimizer and device gets this config's table added (one
-profile can serve a whole suite); `--replace` starts a new file instead.
+each is here). Measure on a quiet machine: the file is then reused as is. An
+existing file of the same model, batch size, optimizer and device gets this
+config's table added (one profile can serve a whole suite); `--replace` starts a
+new file instead. The executors' figures are measured once per command.
 
 `--suite=NAME` (instead of `--config`) measures the table of every method of a
 comparison suite (`experiments/suites.py`) that takes its costs from a profile (virtual
