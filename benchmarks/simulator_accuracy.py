@@ -97,9 +97,6 @@ ASYNCHRONOUS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')
 # The profile's tables: DDG and PD-ASGD (K stages, sequential roles) compute what staged
 # BP computes (`profiles.roles_signature`), so BP's table serves all three.
 TABLE_OF = {'ddg': 'bp', 'pdasgd': 'bp'}  # else the family's own
-# The profile's driver figures with every core busy (`profiles.measure_loaded_driver`):
-# what the predicted runs simulate where the K lanes leave the driver no core.
-DRIVER_LOADED = ('driver_loaded', 'driver_latency_loaded')
 MEASURED = tuple(f for f in FAMILIES if f not in TABLE_OF)  # the families with a table
 
 
@@ -684,7 +681,9 @@ def main():
     dispatch_kind = args.dispatch
     if dispatch_kind == 'auto':
       dispatch_kind = 'processes' if free else 'processes_cpu'
-    driver_keys = ('driver', 'driver_latency') if free else DRIVER_LOADED
+    # The driver's figures the predicted runs simulate: measured with every core busy
+    # (`profiles.measure_loaded_driver`) where the K lanes leave the driver no core.
+    driver_keys = profiles.DRIVER_FIGURES['profile' if free else 'profile_loaded']
     busy_lanes = loaded.dispatch.get('driver_loaded_lanes')
     if not free and busy_lanes != args.lanes:  # the lanes keep every core busy: measured so
       figures = profiles.measure_loaded_driver(cores=range(args.lanes))
@@ -702,8 +701,8 @@ def main():
         ''
         if free
         else f'; with the lanes busy on cores 0-{args.lanes - 1} (used here): '
-        f'{1e6 * loaded.dispatch[DRIVER_LOADED[0]]:.1f} per event, '
-        f'{1e6 * loaded.dispatch[DRIVER_LOADED[1]]:.1f} per way'
+        f'{1e6 * loaded.dispatch[driver_keys[0]]:.1f} per event, '
+        f'{1e6 * loaded.dispatch[driver_keys[1]]:.1f} per way'
       )
       + f'; predicted with {dispatch_kind}, cost.statistic={args.statistic!r}, '
       f'cost.sharing={args.sharing!r}, cost.schedule={args.schedule!r}, '

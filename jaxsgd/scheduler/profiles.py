@@ -571,7 +571,7 @@ def measure_dispatch(
   for name, make in executors.items():
 
     def through(make=make):
-      _run_chain(make(), lane=lane, tasks=tasks, ahead=ahead)
+      _run_chains(make(), lanes=(lane,), tasks=tasks, ahead=ahead, name='add_one')
 
     overhead[name] = max(per_task(through) - overhead['jax_call'], 0.0)
   return overhead
@@ -631,15 +631,10 @@ def measure_process_dispatch(
   return figures
 
 
-def _run_chain(executor, *, lane: str, tasks: int, ahead: bool):
-  """The `Timeline` of one process yielding `tasks` trivial named tasks on `lane` through
-  `executor`, each on the previous one's result (`ahead=False`: each waited for)."""
-  return _run_chains(executor, lanes=(lane,), tasks=tasks, ahead=ahead, name='add_one')
-
-
 def _run_chains(executor, *, lanes: Sequence[str], tasks: int, ahead: bool, name: str):
   """The `Timeline` of one process per lane of `lanes`, each yielding `tasks` named tasks
-  `name` of `dispatch_tasks` on its lane, each on the previous one's result."""
+  `name` of `dispatch_tasks` on its lane through `executor`, each on the previous one's
+  result (`ahead=False`: each waited for)."""
   from jaxsgd.scheduler.core import Cluster, Compute, Process
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
