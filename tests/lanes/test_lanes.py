@@ -367,6 +367,21 @@ def test_a_death_that_reaches_a_task_on_a_live_lane_names_the_dead_lane(head):
     assert error.lane == 'y' and 'while running' in str(error), error
 
 
+def test_a_failed_copy_is_blamed_on_the_call_that_was_to_make_its_value(head):
+  """An export of a value whose task failed fails at once on its lane, and the driver may
+  hear of that before the task's own failure: the copy's error waits for the call that
+  was to make the value (`_await_maker`) and names that call's failure, not the lane the
+  copy was going to."""
+  with LanePool(LanePlacement.spread(['x', 'y']), address=head.address, verbose=False) as lanes:
+    lanes.start('x', task('hang'), (1.0,))  # the failing call below ends a second later
+    failing = lanes.start('x', task('fail'), (np.zeros(3, np.float32),))
+    value = Handle(lanes, 'x', (failing.key, ()), 12, 'float32[3]')
+    export = RuntimeError('value cannot be exported: the task that was to make it failed.')
+    lanes._await_maker(value, within=10)
+    error = lanes._error('y', export, f'moving {value!r} to it', key=failing.key + 1)
+    assert error.lane == 'x' and 'bad input of shape (3,)' in str(error), error
+
+
 def _lane_processes(head) -> list[int]:
   return [p.pid for p in head.processes() if 'LaneRuntime' in ' '.join(p.cmdline())]
 
