@@ -14,10 +14,11 @@ import logging
 
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks, pipelined, workers
-from jaxsgd.algorithms.settings import SharedSettings, choice, derived, section
+from jaxsgd.algorithms.settings import SharedSettings, check_placed_lanes, choice, derived
+from jaxsgd.algorithms.settings import section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.server import STALENESS_LR, AsgdSession, ParameterServer, named_apply
-from jaxsgd.asynchronous.server import ServerSettings, server_gradient_transforms
+from jaxsgd.asynchronous.server import ServerSettings, lane_names, server_gradient_transforms
 from jaxsgd.models import stage_functions
 from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
 from jaxsgd.scheduler import profiles
@@ -91,6 +92,7 @@ def validate(config, model) -> Settings:
     uses_workers_field=True,
     num_lanes=1 + config.workers,
   )
+  check_placed_lanes(shared, lane_names(shared.workers))
   server = ServerSettings(shared.workers, settings.staleness_lr, dc, lambda0, settings.adaptive)
   return dataclasses.replace(settings, lambda0=lambda0, server=server, shared=shared)
 

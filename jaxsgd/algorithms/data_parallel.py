@@ -209,6 +209,11 @@ def validate(config, model) -> Settings:
       'data-parallel methods run SPMD (several processes or hosts: jaxsgd.launch); use '
       "executor='in_process'."
     )
+  if s.shared.placement.lanes is not None:
+    raise ValueError(
+      'placement.lanes: places the lanes of the scheduler families; the data-parallel '
+      'methods have none (SPMD over placement.devices); leave it None.'
+    )
   refuse_cost_fields(
     s.shared.cost,
     ('device_speeds', 'worker_speeds', 'failures'),

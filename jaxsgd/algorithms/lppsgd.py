@@ -11,7 +11,8 @@ import math
 
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks, pipelined, workers
-from jaxsgd.algorithms.settings import SharedSettings, derived, integer, section
+from jaxsgd.algorithms.settings import SharedSettings, check_placed_lanes, derived, integer
+from jaxsgd.algorithms.settings import section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.lppsgd import LppSession, LppSettings, allreduce_time
 from jaxsgd.pipeline import KINDS, sequential_roles
@@ -48,6 +49,7 @@ def validate(config, model) -> Settings:
   integer(settings.warmup_steps, 'algorithm.warmup_steps', minimum=0)
   integer(settings.averaging_freq, 'algorithm.averaging_freq')
   shared = workers.validate_workers(config, model, settings.session.num_workers, whole_model=True)
+  check_placed_lanes(shared, settings.session.lane_names)
   return dataclasses.replace(settings, shared=shared)
 
 

@@ -10,9 +10,10 @@ import dataclasses
 
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks, pipelined, workers
-from jaxsgd.algorithms.settings import SharedSettings, choice, derived, integer, section
+from jaxsgd.algorithms.settings import SharedSettings, check_placed_lanes, choice, derived
+from jaxsgd.algorithms.settings import integer, section
 from jaxsgd.asynchronous import common
-from jaxsgd.asynchronous.pdasgd import UPDATES, PdSession, PdSettings, worker_name
+from jaxsgd.asynchronous.pdasgd import UPDATES, PdSession, PdSettings, lane_names, worker_name
 from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
 from jaxsgd.scheduler import Placement
 
@@ -55,6 +56,7 @@ def validate(config, model) -> Settings:
   shared = workers.validate_workers(
     config, model, num_workers, whole_model=False, num_lanes=1 + num_workers
   )
+  check_placed_lanes(shared, lane_names(settings.session))
   return dataclasses.replace(settings, shared=shared)
 
 

@@ -14,8 +14,8 @@ from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms import resume as resume_lib
 from jaxsgd.algorithms.settings import SharedSettings, refuse_cost_fields, refuse_workers_field
-from jaxsgd.algorithms.settings import check_lane_speeds, shared_settings
-from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole
+from jaxsgd.algorithms.settings import check_lane_speeds, check_placed_lanes, shared_settings
+from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole, lane_names
 from jaxsgd.scheduler import profiles
 
 
@@ -32,6 +32,7 @@ def validate_pipeline(config, model) -> SharedSettings:
     'a pipeline has no workers; set per-stage speeds with cost.device_speeds.',
   )
   check_lane_speeds(shared.cost, shared.stages)
+  check_placed_lanes(shared, lane_names(shared.stages))
   return shared
 
 

@@ -25,7 +25,7 @@ import dataclasses
 import difflib
 import os
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -420,6 +420,33 @@ def check_lane_speeds(cost: CostSettings, num_lanes: int) -> None:
   """`cost.device_speeds` has one factor per lane (or none)."""
   if cost.device_speeds and len(cost.device_speeds) != num_lanes:
     raise ValueError(f'cost.device_speeds: {len(cost.device_speeds)} values for {num_lanes} lanes.')
+
+
+def check_placed_lanes(shared: 'SharedSettings', lanes: Sequence[str]) -> None:
+  """`placement.lanes` against the run's lanes (`lanes`: their names as a trace shows
+  them, `stage 0`, `worker 1`), before anything compiles. A placed name that is none of
+  the run's lanes is refused on either clock (the virtual clock ignored it: a typo left
+  a lane unplaced without a word); with executor='processes' every lane needs a place,
+  since the placement starts its process."""
+  if shared.placement.lanes is None:
+    return
+  from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
+  from jaxsgd.scheduler.placement import lane_name
+
+  names = [lane_name(lane) for lane in lanes]
+  placed = LanePlacement.parse(shared.placement.lanes).names
+  unknown = [name for name in placed if name not in names]
+  if unknown:
+    raise ValueError(
+      f'placement.lanes: no lane of this run is named {", ".join(map(repr, unknown))}; '
+      f'its lanes: {", ".join(names)}.'
+    )
+  missing = [name for name in names if name not in placed]
+  if missing and shared.executor == 'processes':
+    raise ValueError(
+      f'placement.lanes: no lane for {", ".join(missing)}; this run needs lanes named '
+      f'{", ".join(names)}.'
+    )
 
 
 def refuse_workers_field(name: str, workers: int) -> None:

@@ -80,6 +80,14 @@ class LppSettings:
   def num_workers(self) -> int:
     return self.devices * self.workers_per_device
 
+  @property
+  def lane_names(self) -> list[str]:
+    """The session's lanes, in order: worker j of replica d (`worker d.j`, placement
+    name `workerd.j`), then the averaging collective's (none with one replica)."""
+    W = self.workers_per_device
+    workers = [f'worker {m // W}.{m % W}' for m in range(self.num_workers)]
+    return workers + (['allreduce'] if self.devices > 1 else [])
+
 
 def partition_masks(params, parts: int) -> list:
   """`parts` boolean pytrees like `params`: contiguous slices of the flat vector."""
@@ -295,10 +303,11 @@ class LppSession:
       VersionedStore(f'model state {d}', transfer.to_device(state, devices[d])) for d in range(D)
     ]
     self.cluster = Cluster()
+    names = settings.lane_names
     for m in range(D * W):
-      self.cluster.add_lane(f'worker {m // W}.{m % W} ({devices[m // W]})', devices[m // W])
+      self.cluster.add_lane(f'{names[m]} ({devices[m // W]})', devices[m // W])
     # The averaging collective's lane (none with one replica: nothing to average).
-    self.allreduce_lane = self.cluster.add_lane('allreduce') if D > 1 else None
+    self.allreduce_lane = self.cluster.add_lane(names[D * W]) if D > 1 else None
     self.rounds = [
       self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane)
       for d in range(D if D > 1 else 0)

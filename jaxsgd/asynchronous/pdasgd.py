@@ -97,6 +97,12 @@ def worker_name(settings: PdSettings, w: int) -> str:
   return f'forward worker {w}' if w < n_fwd else f'backward worker {w - n_fwd}'
 
 
+def lane_names(settings: PdSettings) -> list[str]:
+  """The session's lanes, in order: the shared model's (it applies the layer-wise
+  updates), then every worker's (placement names `sharedmodel`, `forwardworker0`, ...)."""
+  return ['shared model', *(worker_name(settings, w) for w in range(settings.num_workers))]
+
+
 class Forwarded(NamedTuple):
   """A forward's result: what its backward needs (residuals at the forward's weights)."""
 
@@ -163,9 +169,8 @@ class PdSession:
       self.layers.append(common.SharedParams(f'layer {k}', params, opt_state))
       self.states.append(VersionedStore(f'layer {k} state', state))
     self.cluster = Cluster()
-    self.cluster.add_lane(f'shared model ({devices[0]})', devices[0])
-    for w in range(settings.num_workers):
-      self.cluster.add_lane(f'{worker_name(self.settings, w)} ({devices[1 + w]})', devices[1 + w])
+    for i, name in enumerate(lane_names(settings)):
+      self.cluster.add_lane(f'{name} ({devices[i]})', devices[i])
     self.queue = self.cluster.channel('forward results', 0)
     self.tokens = self.cluster.channel('tokens', 0)
     self.started = 0  # batches begun by forward workers

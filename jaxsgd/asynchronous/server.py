@@ -84,6 +84,12 @@ class ServerSettings:
   adaptive: bool = False
 
 
+def lane_names(num_workers: int) -> list[str]:
+  """The session's lanes, in order: the server's, then each worker's (a trace row is
+  the name and the lane's device, `worker 1 (cpu:1)`; its placement name `worker1`)."""
+  return ['server', *(f'worker {m}' for m in range(num_workers))]
+
+
 def server_gradient_transforms(settings: ServerSettings) -> list:
   """[delay compensation], [staleness scaling]: what the server does to a pushed g."""
   parts = []
@@ -295,9 +301,8 @@ class AsgdSession:
     self.num_workers = len(self.streams)
     self.devices = list(devices)
     self.cluster = Cluster()
-    self.cluster.add_lane(f'server ({devices[0]})', devices[0])
-    for m in range(self.num_workers):
-      self.cluster.add_lane(f'worker {m} ({devices[1 + m]})', devices[1 + m])
+    for i, name in enumerate(lane_names(self.num_workers)):
+      self.cluster.add_lane(f'{name} ({devices[i]})', devices[i])
     self.inbox = self.cluster.channel('pushes', 0)
     self.replies = [
       self.cluster.channel(f'pulls of worker {m}', 1 + m) for m in range(self.num_workers)

@@ -15,4 +15,4 @@ turns a config into roles and runs them on an executor of `jaxsgd.scheduler`.
 
 from jaxsgd.pipeline.roles import RoleFunctions, StageRole, role_functions
 from jaxsgd.pipeline.session import KINDS, BatchFeed, PipelineSession, PlacedStages
-from jaxsgd.pipeline.session import StageParams, check_roles, sequential_roles
+from jaxsgd.pipeline.session import StageParams, check_roles, lane_names, sequential_roles

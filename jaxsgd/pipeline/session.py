@@ -96,6 +96,11 @@ def computation_role(role: StageRole) -> StageRole:
   return StageRole(role.loss, role.receives_delta, role.sends_delta, int(form != 'stored'), form)
 
 
+def lane_names(num_stages: int) -> list[str]:
+  """The session's lanes, one per stage (`stage k`; placement name `stagek`)."""
+  return [f'stage {k}' for k in range(num_stages)]
+
+
 def sequential_roles(num_stages: int) -> tuple[StageRole, ...]:
   """Staged backprop (the reference): the whole gradient, no delay."""
   return tuple(
@@ -331,9 +336,10 @@ class PipelineSession:
     self.stores, self.states, self.losses = [], [], []
     # Per stage: writes between reading the weights a Jacobian used and its update.
     self.weight_staleness: list[list[int]] = [[] for _ in self.roles]
+    names = lane_names(len(self.roles))
     for k, role in enumerate(self.roles):
       self.cluster.add_lane(
-        f'stage {k} ({pipeline.device(k)})',
+        f'{names[k]} ({pipeline.device(k)})',
         pipeline.device(k),
         shares=pipeline.placement.hardware(k),
       )

@@ -123,7 +123,9 @@ class ProcessExecutor(Executor):
     lane processes are ended if it raises (else by `close`)."""
     try:
       self._lane_names = self._map_lanes(cluster)
-      return super().run(cluster, processes, resume=resume)
+      timeline = super().run(cluster, processes, resume=resume)
+      timeline.lane_names = self._lane_labels(cluster)
+      return timeline
     except BaseException as error:
       if self.pool is not None:  # a pool that goes on (not ours) keeps no trace of the run
         for copy in getattr(self, '_copies', ()):
@@ -156,6 +158,26 @@ class ProcessExecutor(Executor):
         )
       self.pool = LanePool(placement, address=self.address, verbose=self.verbose)
     return names
+
+  def _lane_labels(self, cluster: Cluster) -> list[str]:
+    """The lanes' names in the run's outputs (trace rows, `utilization`): each compute
+    lane's with the device its lane process ran on, the lane and its host
+    (`stage 0 (stage0: cuda:0 on 10.0.0.2)`), not the driver's stand-in device that the
+    policy named it by (`stage 0 (cpu:0)`: a GPU lane was reported as `cpu:0`); a link's
+    from its ends."""
+    labels = []
+    for i, spec in enumerate(cluster.lanes):
+      if spec.link is not None:  # links come after the lanes they join
+        source, destination = spec.link
+        labels.append(f'link {labels[source]} → {labels[destination]}')
+        continue
+      lane = self._lane_names[i]
+      info = self.pool.info[lane]
+      base = spec.name
+      if spec.device is not None and base.endswith(f' ({spec.device})'):
+        base = base[: -len(f' ({spec.device})')]
+      labels.append(f'{base} ({lane}: {info["device"]} on {info["host"]})')
+    return labels
 
   # --- the clock's hooks (`executor.py`) ---------------------------------------------------
   def now(self) -> float:

@@ -52,8 +52,9 @@ def pool(head):
   assert gone(lanes.pids().values()) == []
 
 
-def train(roles, executor):
-  """`STEPS` iterations of `roles` (MLP, Adam): final variables, losses, staleness."""
+def train(roles, executor, timelines: list | None = None):
+  """`STEPS` iterations of `roles` (MLP, Adam): final variables, losses, staleness (and
+  the run's timeline appended to `timelines`, if given)."""
   num = len(roles)
   stages = PlacedStages(
     mlp(),
@@ -72,7 +73,9 @@ def train(roles, executor):
   )
   session.fetch = executor.fetch
   try:
-    executor.run(session.cluster, session.processes())
+    timeline = executor.run(session.cluster, session.processes())
+    if timelines is not None:
+      timelines.append(timeline)
     variables = session.variables()
     losses.append(session.metrics())  # local losses of aux stages, fetched from the lanes
     losses = [np.asarray(loss) for loss in losses[:-1]] + losses[-1:]
@@ -133,6 +136,22 @@ def test_running_ahead_leaves_at_most_run_ahead_tasks_waiting_on_a_lane(
   want = train(ddg.roles(2), VirtualExecutor(UNIT_COSTS))
   chex.assert_trees_all_equal(got[0], want[0])
   chex.assert_trees_all_equal(got[1], want[1])
+
+
+def test_the_outputs_name_each_lane_by_the_device_its_process_ran_on(pool, monkeypatch):
+  """A GPU lane's rows were `stage 0 (cpu:0)` in `trace.json` and `utilization`: the
+  driver's stand-in device (seen on the lent H200 machine, `stage0@gpu=1`)."""
+  monkeypatch.setitem(pool.info, 'stage0', {**pool.info['stage0'], 'device': 'cuda:0'})
+  timelines = []
+  train(ddg.roles(2), ProcessExecutor(pool=pool), timelines)
+  host = pool.info['stage1']['host']
+  first, second = f'stage 0 (stage0: cuda:0 on {host})', f'stage 1 (stage1: cpu:0 on {host})'
+  assert set(timelines[0].utilization()) == {
+    first,
+    second,
+    f'link {first} → {second}',
+    f'link {second} → {first}',
+  }
 
 
 def test_stage_functions_are_named_tasks_in_process_too():

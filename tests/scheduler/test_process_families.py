@@ -367,3 +367,60 @@ def test_combinations_that_cannot_run_on_lane_processes_are_refused_before_compi
     settings = algorithms.get(name).validate(config, models.get_model('mlp', (40,), 10))
     assert settings.shared.executor == 'processes', name
   assert algorithms.get('bp').validate(_config('bp', stages=1), model).uses_scheduler
+
+
+LANES_OF = {  # hand-written: each family's lanes for the fields beside it
+  'ddg': ({'stages': 2}, 'stage0, stage1'),
+  'asgd': ({'workers': 2}, 'server, worker0, worker1'),
+  'lppsgd': (
+    {'algorithm.devices': 2, 'algorithm.workers_per_device': 2},
+    'worker0.0, worker0.1, worker1.0, worker1.1, allreduce',
+  ),
+  'pdasgd': (
+    {'algorithm.n_fwd': 1, 'algorithm.n_bwd': 2},
+    'sharedmodel, forwardworker0, backwardworker0, backwardworker1',
+  ),
+}
+
+
+@pytest.mark.parametrize('name', list(LANES_OF))
+def test_placement_lanes_must_name_the_runs_lanes_on_either_clock(name):
+  """A placed name that is no lane of the run was ignored on the virtual clock (a typo
+  left its lane unplaced without a word) and found on processes only once the run had
+  loaded its data and built its model; now `validate` refuses both, naming the lanes."""
+  from jaxsgd import algorithms
+
+  fields, lanes = LANES_OF[name]
+  names = lanes.split(', ')
+  model = models.get_model('mlp', (40,), 10)
+
+  def validate(clock, executor, placement):
+    config = _config(name, clock=clock, executor=executor)
+    config.update_from_flattened_dict({**fields, 'placement.lanes': placement})
+    return algorithms.get(name).validate(config, model)
+
+  every = '; '.join(f'{lane}@cores=0' for lane in names)
+  for clock, executor in (('virtual', 'in_process'), ('real', 'processes')):
+    assert validate(clock, executor, every).shared.placement.lanes == every
+    typo = every.replace(names[-1], names[-1] + 'x')
+    with pytest.raises(ValueError) as refused:
+      validate(clock, executor, typo)
+    assert str(refused.value) == (
+      f"placement.lanes: no lane of this run is named '{names[-1]}x'; its lanes: {lanes}."
+    )
+  some = '; '.join(f'{lane}@cores=0' for lane in names[:-1])
+  assert validate('virtual', 'in_process', some)  # unplaced: a lane of its own
+  with pytest.raises(ValueError) as refused:
+    validate('real', 'processes', some)
+  assert str(refused.value) == (
+    f'placement.lanes: no lane for {names[-1]}; this run needs lanes named {lanes}.'
+  )
+
+
+def test_placement_lanes_are_refused_for_the_data_parallel_methods():
+  from jaxsgd import algorithms
+
+  config = _config('ssgd', clock='virtual', executor='in_process')
+  config.placement.lanes = 'worker0@cores=0'
+  with pytest.raises(ValueError, match=r'^placement.lanes: places the lanes of the scheduler'):
+    algorithms.get('ssgd').validate(config, mlp())
