@@ -67,7 +67,7 @@ def family_lanes(family: str, lanes: int, core=lambda k: k) -> list[str]:
     return [f'sharedmodel@cores={core(0)}', f'forwardworker0@cores={core(0)}', *backward]
   if family == 'lppsgd':
     replicas = [f'worker{k}.0@cores={core(k)}' for k in range(lanes)]
-    return [*replicas, f'allreduce@cores={core(0)}']
+    return replicas + ([f'allreduce@cores={core(0)}'] if lanes > 1 else [])  # one: no average
   raise ValueError(f'family_lanes: unknown family {family!r}')
 
 
