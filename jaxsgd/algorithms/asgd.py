@@ -154,7 +154,7 @@ def train(run, settings: Settings) -> dict:
     run_ahead=RUN_AHEAD,
   )
   log = common.WorkerLog(
-    [f'worker {m}' for m in range(num_workers)], clocks.failures(shared, num_workers), executor.now
+    lane_names(num_workers)[1:], clocks.failures(shared, num_workers), executor.now
   )
   streams = [run.train_batches(m, num_workers) for m in range(num_workers)]
   name = 'dcasgd' if settings.server.delay_compensation else 'asgd'

@@ -110,7 +110,7 @@ def train(run, settings: Settings) -> dict:
     ),
   )
   log = common.WorkerLog(
-    [f'worker {m // W}.{m % W}' for m in range(D * W)], clocks.failures(shared, D * W), executor.now
+    session_settings.lane_names[: D * W], clocks.failures(shared, D * W), executor.now
   )
   streams = [run.train_batches(m, D * W) for m in range(D * W)]
   return workers.train_session(

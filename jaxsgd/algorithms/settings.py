@@ -433,20 +433,10 @@ def check_placed_lanes(shared: 'SharedSettings', lanes: Sequence[str]) -> None:
   from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
   from jaxsgd.scheduler.placement import lane_name
 
-  names = [lane_name(lane) for lane in lanes]
-  placed = LanePlacement.parse(shared.placement.lanes).names
-  unknown = [name for name in placed if name not in names]
-  if unknown:
-    raise ValueError(
-      f'placement.lanes: no lane of this run is named {", ".join(map(repr, unknown))}; '
-      f'its lanes: {", ".join(names)}.'
-    )
-  missing = [name for name in names if name not in placed]
-  if missing and shared.executor == 'processes':
-    raise ValueError(
-      f'placement.lanes: no lane for {", ".join(missing)}; this run needs lanes named '
-      f'{", ".join(names)}.'
-    )
+  placement = LanePlacement.parse(shared.placement.lanes)
+  placement.check_run(
+    [lane_name(lane) for lane in lanes], every_lane=shared.executor == 'processes'
+  )
 
 
 def refuse_workers_field(name: str, workers: int) -> None:

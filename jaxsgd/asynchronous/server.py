@@ -85,8 +85,9 @@ class ServerSettings:
 
 
 def lane_names(num_workers: int) -> list[str]:
-  """The session's lanes, in order: the server's, then each worker's (a trace row is
-  the name and the lane's device, `worker 1 (cpu:1)`; its placement name `worker1`)."""
+  """The session's lanes, in order: the server's, then each worker's (in one process a
+  trace row is the name and the lane's device, `worker 1 (cpu:1)`; its placement name
+  `worker1`)."""
   return ['server', *(f'worker {m}' for m in range(num_workers))]
 
 

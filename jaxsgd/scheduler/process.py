@@ -120,7 +120,10 @@ class ProcessExecutor(Executor):
     self, cluster: Cluster, processes: list[Process], *, resume: dict | None = None
   ) -> Timeline:
     """As `Executor.run` (which refuses a `resume`: lane runs keep no checkpoint); the
-    lane processes are ended if it raises (else by `close`)."""
+    lane processes are ended if it raises (else by `close`). The timeline's lane names
+    (trace rows, `utilization` keys) are not the cluster's: each names the device its
+    lane process ran on, the lane and its host, `stage 0 (stage0: cuda:0 on 10.0.0.2)`
+    where the cluster has `stage 0 (cpu:0)` (`_lane_labels`)."""
     try:
       self._lane_names = self._map_lanes(cluster)
       timeline = super().run(cluster, processes, resume=resume)
@@ -150,13 +153,10 @@ class ProcessExecutor(Executor):
       names = {i: f'{name}.{i}' for i, name in names.items()}
     if self.pool is None:
       placement = self.placement or LanePlacement.spread(names.values())
-      missing = [n for n in names.values() if n not in placement.names]
-      if missing:
-        raise ValueError(
-          f'placement.lanes: no lane for {", ".join(missing)}; this run needs lanes '
-          f'named {", ".join(names.values())}.'
-        )
+      placement.check_run(list(names.values()), every_lane=True)
       self.pool = LanePool(placement, address=self.address, verbose=self.verbose)
+    else:  # a pool given may hold other runs' lanes too, but must hold all of this one's
+      self.pool.placement.check_run(list(names.values()), every_lane=True, others_allowed=True)
     return names
 
   def _lane_labels(self, cluster: Cluster) -> list[str]:

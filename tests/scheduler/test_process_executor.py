@@ -144,8 +144,8 @@ def test_the_outputs_name_each_lane_by_the_device_its_process_ran_on(pool, monke
   monkeypatch.setitem(pool.info, 'stage0', {**pool.info['stage0'], 'device': 'cuda:0'})
   timelines = []
   train(ddg.roles(2), ProcessExecutor(pool=pool), timelines)
-  host = pool.info['stage1']['host']
-  first, second = f'stage 0 (stage0: cuda:0 on {host})', f'stage 1 (stage1: cpu:0 on {host})'
+  host, device = pool.info['stage1']['host'], pool.info['stage1']['device']
+  first, second = f'stage 0 (stage0: cuda:0 on {host})', f'stage 1 (stage1: {device} on {host})'
   assert set(timelines[0].utilization()) == {
     first,
     second,
@@ -309,7 +309,31 @@ def test_a_placement_without_a_lane_of_the_run_is_refused(head):
   with pytest.raises(ValueError, match='placement.lanes: no lane for worker1; this run needs'):
     executor.run(_cluster('stage 0', 'worker 1'), [])
   assert executor.pool is None  # nothing was started
+  # A placed lane the run lacks would start a process that idles (a typo of a name).
+  executor = ProcessExecutor(LanePlacement.parse('stage0@cores=0; stag1@cores=0'))
+  with pytest.raises(ValueError) as refused:
+    executor.run(_cluster('stage 0'), [])
+  assert (
+    str(refused.value)
+    == "placement.lanes: no lane of this run is named 'stag1'; its lanes: stage0."
+  )
+  assert executor.pool is None
   assert lane_name('stage 0 (TFRT_CPU_0)') == 'stage0' and lane_name('worker 12') == 'worker12'
+
+
+def test_a_pool_without_a_lane_of_the_run_is_refused_before_it_runs(pool):
+  """A lane of the run that the given pool lacks, and that no task ran on, ended a
+  finished run in a bare KeyError (naming its row); now it is refused at the start."""
+  ran = []
+
+  def policy():
+    ran.append(True)
+    yield Compute(Task(PROBES, 'hang'), (0.05,))
+
+  executor = ProcessExecutor(pool=pool)
+  with pytest.raises(ValueError, match=r'^placement.lanes: no lane for stage7; this run needs'):
+    executor.run(_cluster('stage 0', 'stage 7'), [Process('stage 0', 0, policy())])
+  assert ran == []
 
 
 def test_config_executor_processes_is_checked_before_anything_starts():

@@ -87,6 +87,26 @@ class LanePlacement:
   def names(self) -> tuple[str, ...]:
     return tuple(lane.name for lane in self.lanes)
 
+  def check_run(
+    self, lanes: Sequence[str], *, every_lane: bool, others_allowed: bool = False
+  ) -> None:
+    """Refuses this placement for a run whose lanes (placement names) are `lanes`, in one
+    line naming `placement.lanes`: a placed name that is none of them (unless
+    `others_allowed`: a pool shared by several runs), and with `every_lane` (lane
+    processes: the placement starts each one) a lane it leaves out."""
+    unknown = [name for name in self.names if name not in lanes]
+    if unknown and not others_allowed:
+      raise ValueError(
+        f'placement.lanes: no lane of this run is named {", ".join(map(repr, unknown))}; '
+        f'its lanes: {", ".join(lanes)}.'
+      )
+    missing = [name for name in lanes if name not in self.names]
+    if missing and every_lane:
+      raise ValueError(
+        f'placement.lanes: no lane for {", ".join(missing)}; this run needs lanes named '
+        f'{", ".join(lanes)}.'
+      )
+
   def __getitem__(self, name: str) -> LaneSpec:
     for lane in self.lanes:
       if lane.name == name:
