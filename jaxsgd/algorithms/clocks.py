@@ -125,14 +125,15 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
   if cost.device is not None and not cost.link_latency and not cost.link_bandwidth:
     spec = hardware.preset(cost.device)
     latency, bandwidth = spec.link_latency, spec.link_bandwidth
+  # The profile's host figures, the file read once for both.
+  host_figures = cost.dispatch != 'none' or cost.driver_from != 'none'
+  profile = profiles.load(cost.profile) if host_figures else None
   dispatch = 0.0
   if cost.dispatch != 'none':
-    dispatch = profiles.dispatch_of(profiles.load(cost.profile), cost.dispatch, cost.profile)
+    dispatch = profiles.dispatch_of(profile, cost.dispatch, cost.profile)
   driver, driver_latency = cost.driver, cost.driver_latency
   if cost.driver_from != 'none':
-    driver, driver_latency = profiles.driver_of(
-      profiles.load(cost.profile), cost.driver_from, cost.profile
-    )
+    driver, driver_latency = profiles.driver_of(profile, cost.driver_from, cost.profile)
   return CostModel(
     compute=dict(table),
     device_speeds=tuple(lane_speeds),
