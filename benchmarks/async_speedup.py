@@ -135,7 +135,7 @@ def make_config(
     config.cost.straggler_std = STRAGGLERS['straggler_std']
     if method != 'bp':  # The last device runs at 1/4 speed (both LPP workers on it).
       slow = 2 if method == 'lppsgd' else 1
-      config.cost.worker_speeds = (1.0,) * (workers - slow) + (STRAGGLERS['slow'],) * slow
+      config.cost.speeds = (1.0,) * (workers - slow) + (STRAGGLERS['slow'],) * slow
   return config
 
 

@@ -24,7 +24,7 @@ runs), and the *clock* is that of a ResNet-18 on 3 GPUs:
   links for all (NVLink-class; the paper's DDP overheads are not modelled).
 - Delays (the paper's exact protocol was not available offline; see RESULTS.md): `none`;
   `random`, a mean-one log-normal factor of sigma 1 on every task (`cost.straggler_std`);
-  `slow`, device 2 at a quarter of its speed (`cost.worker_speeds`). SSGD runs in
+  `slow`, device 2 at a quarter of its speed (`cost.speeds`). SSGD runs in
   lock-step SPMD, whose time model has no stragglers: its time under delays is computed
   here from the same distributions, each step waiting for the slowest of its 3 workers
   (`barrier_times`).
@@ -125,7 +125,7 @@ def methods(costs: dict, delay: str) -> dict[str, tuple[str, dict]]:
         'algorithm.n_fwd': 1,
         'algorithm.n_bwd': 2,
         'placement.lane_to_device': (0, 0, 1, 2),  # shared model (no tasks), fwd, bwd, bwd
-        'cost.worker_speeds': (1.0, 1.0, SLOW) if slow else (),
+        'cost.speeds': (1.0, 1.0, SLOW) if slow else (),
         'cost.compute': stage_costs,
       },
     ),
@@ -135,7 +135,7 @@ def methods(costs: dict, delay: str) -> dict[str, tuple[str, dict]]:
         **common,
         'workers': WORKERS,
         'placement.lane_to_device': (0, 0, 1, 2),  # server, workers 0..2
-        'cost.worker_speeds': (1.0, 1.0, SLOW) if slow else (),
+        'cost.speeds': (1.0, 1.0, SLOW) if slow else (),
         'cost.compute': whole_costs,
       },
     ),
@@ -143,7 +143,7 @@ def methods(costs: dict, delay: str) -> dict[str, tuple[str, dict]]:
       'experiments/configs/lppsgd.py',
       {
         **common,
-        'cost.worker_speeds': (1.0,) * 4 + (SLOW,) * 2 if slow else (),
+        'cost.speeds': (1.0,) * 4 + (SLOW,) * 2 if slow else (),
         'cost.compute': whole_costs,
       },
     ),

@@ -23,7 +23,7 @@ where the profile measured alone gave up to 30.4 %, in one run (docs/simulator.m
 The pilot must be a run on the real clock of the profile's model and batch size, best
 on lane processes: the in-process real clock with several stages on one CPU device is
 no pilot (its trace gave 5–15 µs for tasks that take 0.08–0.5 ms alone). Speed factors
-the simulation applies (`cost.device_speeds`, `cost.worker_speeds`) scale the calibrated
+the simulation applies (`cost.speeds`, `cost.speeds`) scale the calibrated
 costs again, and LPP-SGD runs with several workers per device are refused as pilots (the
 virtual clock divides those workers' speed again). Data-parallel runs write no trace.
 """

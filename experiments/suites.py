@@ -202,7 +202,7 @@ _FREE_LINKS = (('cost.link_bandwidth', 0.0), ('cost.link_latency', 0.0))
 
 def _straggler(workers: int) -> tuple[tuple[str, object], ...]:
   """The last of `workers` lanes runs 4x slower."""
-  return (('cost.worker_speeds', (1.0,) * (workers - 1) + (0.25,)),)
+  return (('cost.speeds', (1.0,) * (workers - 1) + (0.25,)),)
 
 
 def _dc_methods(workers: int, stragglers: bool) -> tuple[Method, ...]:
@@ -272,7 +272,7 @@ def _pd_methods(stragglers: bool) -> tuple[Method, ...]:
     Method(
       f'LPP-SGD 3x2{tag}',
       'experiments/configs/lppsgd.py',
-      _CPU + (('cost.worker_speeds', (1.0,) * 4 + (0.25,) * 2),) if stragglers else _CPU,
+      _CPU + (('cost.speeds', (1.0,) * 4 + (0.25,) * 2),) if stragglers else _CPU,
     ),
     Method(f'ASGD M=3{tag}', 'experiments/configs/asgd.py', _CPU + slow + (('workers', 3),)),
   )

@@ -159,3 +159,18 @@ def profile_of(**fields):
     tables=(),
   )
   return profiles.Profile(**{**defaults, **fields})
+
+
+def host_file(directory, executor: str = 'processes', *, cores: int = 64, **figures) -> str:
+  """A host profile (`cost.host`) of `executor` in `directory`: free links and no host
+  time unless `figures` give them; `cores` more than any test's lanes fill, unless given."""
+  import os
+
+  from jaxsgd.scheduler import host
+
+  base = dict.fromkeys(host.FIGURES[executor], 0.0)
+  if 'link_bandwidth' in base:
+    base['link_bandwidth'] = float('inf')
+  path = os.path.join(str(directory), f'host-{executor}-{len(os.listdir(directory))}.json')
+  host.save(host.make(executor, {**base, **figures}, cores=cores), path)
+  return path

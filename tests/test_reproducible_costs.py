@@ -10,8 +10,12 @@ import importlib
 import json
 
 import pytest
+from scheduler_helpers import host_file
 
 from jaxsgd.training import train_and_evaluate
+
+# A host profile of the process executor for the run-ahead cases (written per test).
+_DRIVEN = {'driver': 1e-4, 'driver_latency': 3e-4, 'dispatch': 5e-5}
 
 # (config, variant overrides): one smoke run per family on the virtual clock.
 FAMILIES = {
@@ -22,22 +26,25 @@ FAMILIES = {
   'dcasgd': ('dcasgd', {}),
   'lppsgd': ('lppsgd', {}),
   'pdasgd': ('pdasgd', {}),
-  # The process executor's schedule, simulated (`cost.schedule='run_ahead'`): what a task
-  # waits for and the copies it pays are decided by the same events, in the same order.
-  'ddg (run ahead)': ('ddg', {'cost.schedule': 'run_ahead'}),
-  'asgd (run ahead)': ('asgd', {'cost.schedule': 'run_ahead'}),
-  'pdasgd (run ahead)': ('pdasgd', {'cost.schedule': 'run_ahead'}),
-  'lppsgd (run ahead)': ('lppsgd', {'cost.schedule': 'run_ahead'}),
+  # The process executor's host, simulated (`cost.host`, a host profile with a driver):
+  # what a task waits for and the copies it pays are decided by the same events, in the
+  # same order.
+  'ddg (run ahead)': ('ddg', {'cost.host': _DRIVEN}),
+  'asgd (run ahead)': ('asgd', {'cost.host': _DRIVEN}),
+  'pdasgd (run ahead)': ('pdasgd', {'cost.host': _DRIVEN}),
+  'lppsgd (run ahead)': ('lppsgd', {'cost.host': _DRIVEN}),
   'dasgd': ('dasgd', {'cost.calibrate': True, 'cost.compute.step': None}),
   'streaming_diloco': ('streaming_diloco', {'cost.calibrate': True, 'cost.compute.step': None}),
 }
 
 
-def _config(name, data_dir, overrides):
+def _config(name, data_dir, overrides, directory=None):
   config = importlib.import_module(f'experiments.configs.{name}').get_config('smoke')
   config.data_dir = data_dir
   config.clock = 'virtual'
   for field, value in overrides.items():
+    if field == 'cost.host':
+      value = host_file(directory, **value)
     parent, _, leaf = field.rpartition('.')
     node = config[parent] if parent else config
     if value is None and leaf in ('variant',):
@@ -57,8 +64,8 @@ def _records(workdir):
 def test_two_runs_give_identical_metrics_and_simulated_times(family, data_dir, tmp_path):
   name, overrides = FAMILIES[family]
   first, second = tmp_path / 'first', tmp_path / 'second'
-  train_and_evaluate(_config(name, data_dir, overrides), str(first), show_progress=False)
-  train_and_evaluate(_config(name, data_dir, overrides), str(second), show_progress=False)
+  train_and_evaluate(_config(name, data_dir, overrides, tmp_path), str(first), show_progress=False)
+  train_and_evaluate(_config(name, data_dir, overrides, tmp_path), str(second), show_progress=False)
   a, b = _records(first), _records(second)
   assert [r['sim_time'] for r in a] == [r['sim_time'] for r in b]
   assert a == b

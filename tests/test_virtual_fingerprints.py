@@ -23,6 +23,8 @@ import sys
 
 import pytest
 
+from jaxsgd.scheduler import host as host_lib
+
 FINGERPRINTS = pathlib.Path(__file__).parent / 'fingerprints' / 'virtual_runs.json'
 
 _PIPELINE_COSTS = {
@@ -33,8 +35,16 @@ _PIPELINE_COSTS = {
 }
 _STEP_COSTS = {'cost.calibrate': False, 'cost.compute.step': 0.004}
 _LINKS = {'cost.link_latency': 2e-4, 'cost.link_bandwidth': 1e9}
-_RUN_AHEAD = {'cost.schedule': 'run_ahead'}
-_DRIVER = {**_RUN_AHEAD, 'cost.driver': 3e-4, 'cost.driver_latency': 5e-4}
+# The process executor's host (`cost.host`, a host profile written for the case): free
+# links and no host time unless a case gives them; as many cores as no case's lanes fill.
+_PROCESSES = {
+  'executor': 'processes',
+  'cores': 64,
+  **dict.fromkeys(host_lib.FIGURES['processes'], 0.0),
+  'link_bandwidth': float('inf'),
+}
+_RUN_AHEAD = {'cost.host': _PROCESSES}
+_DRIVER = {'cost.host': {**_PROCESSES, 'driver': 3e-4, 'driver_latency': 5e-4}}
 
 # case -> (config module, overrides).
 CASES = {
@@ -55,16 +65,11 @@ CASES = {
   'asgd driver': ('asgd', {**_PIPELINE_COSTS, **_DRIVER}),
   'ddg copies on sender': (
     'ddg',
-    {**_PIPELINE_COSTS, **_LINKS, **_RUN_AHEAD, 'cost.copies': 'sender'},
+    {**_PIPELINE_COSTS, 'cost.host': {**_PROCESSES, 'link_latency': 2e-4, 'link_bandwidth': 1e9}},
   ),
   'ddg one core time-sliced': (
     'ddg',
-    {
-      **_PIPELINE_COSTS,
-      **_RUN_AHEAD,
-      'cost.sharing': 'time_slice',
-      'placement.lanes': 'stage0@cores=0; stage1@cores=0',
-    },
+    {**_PIPELINE_COSTS, **_RUN_AHEAD, 'placement.lanes': 'stage0@cores=0; stage1@cores=0'},
   ),
   'ddg one core fifo': (
     'ddg',
@@ -76,11 +81,13 @@ CASES = {
 }
 
 
-def _config(name, data_dir, overrides):
+def _config(name, data_dir, overrides, directory):
   config = importlib.import_module(f'experiments.configs.{name}').get_config('smoke')
   config.data_dir = data_dir
   config.clock = 'virtual'
   for field, value in overrides.items():
+    if field == 'cost.host':  # a host profile's figures: written to a file for the run
+      value = _host_file(value, directory)
     parent, _, leaf = field.rpartition('.')
     node = config[parent] if parent else config
     if value is None:
@@ -88,6 +95,14 @@ def _config(name, data_dir, overrides):
     else:
       node[leaf] = value
   return config
+
+
+def _host_file(figures, directory) -> str:
+  figures = dict(figures)
+  executor, cores = figures.pop('executor'), figures.pop('cores')
+  path = os.path.join(directory, 'host.json')
+  host_lib.save(host_lib.make(executor, figures, cores=cores), path)
+  return path
 
 
 def fingerprint(workdir) -> dict:
@@ -109,7 +124,9 @@ def run_case(case, data_dir, workdir) -> dict:
   from jaxsgd.training import train_and_evaluate
 
   name, overrides = CASES[case]
-  train_and_evaluate(_config(name, data_dir, overrides), str(workdir), show_progress=False)
+  os.makedirs(f'{workdir}-host', exist_ok=True)
+  config = _config(name, data_dir, overrides, f'{workdir}-host')
+  train_and_evaluate(config, str(workdir), show_progress=False)
   return fingerprint(workdir)
 
 

@@ -3,7 +3,7 @@ r"""ASGD / Hogwild! (parameter server, M asynchronous workers): the CNN on MNIST
     python -m experiments.train --config=experiments/configs/asgd.py --workdir=runs/asgd
     python -m experiments.train --config=experiments/configs/asgd.py:smoke --workdir=/tmp/asgd
     ... --config.workers=8 --config.algorithm.staleness_lr=inverse_sqrt
-    ... --config.cost.worker_speeds='(1,1,1,0.25)' --config.cost.straggler_std=0.3
+    ... --config.cost.speeds='(1,1,1,0.25)' --config.cost.straggler_std=0.3
     ... --config.cost.failures='((3, 2.0),)'     # worker 3 stops at simulated second 2
 
 Virtual clock by default: a worker's forward/backward and the server's update

@@ -8,7 +8,7 @@ r"""LPP-SGD (Hogwild! per device, replicas averaged): the CNN on MNIST-1D, 3 dev
 (they time-share the device: each runs at 1/W of its speed), full and
 partitioned steps alternating after `warmup_steps`, replicas averaged every
 `averaging_freq` updates (every update during the first and last `warmup_steps`
-steps); see jaxsgd/asynchronous/lppsgd.py. `cost.worker_speeds` has one factor
+steps); see jaxsgd/asynchronous/lppsgd.py. `cost.speeds` has one factor
 per worker (devices × workers_per_device). `workers` is not used.
 
 Measured here (2-core shared CPU, mnist1d 40k/10k):

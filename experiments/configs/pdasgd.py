@@ -8,7 +8,7 @@ r"""PD-ASGD (forward/backward workers, layer-wise updates): the CNN on MNIST-1D 
 
 `stages` = the layer groups with their own versioned store. 1 forward and 2
 backward workers by default (backward ≈ 2 × forward, as calibrated here: the
-ratio is in summary.json as `backward_forward_ratio`). `cost.worker_speeds` and
+ratio is in summary.json as `backward_forward_ratio`). `cost.speeds` and
 `cost.failures` index the workers forward first, then backward.
 
 Measured here (2-core shared CPU, mnist1d 40k/10k):

@@ -23,6 +23,7 @@ from jaxsgd.algorithms.settings import SharedSettings
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor
 from jaxsgd.scheduler import executor as executor_lib
 from jaxsgd.scheduler import hardware, profiles, transfer
+from jaxsgd.scheduler import host as host_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +53,7 @@ def task_costs(shared: SharedSettings, tasks: Tasks, kinds: Sequence[str], num_s
   cost = shared.cost
   optimizer = profiles.optimizer_id(shared.optimizer)
   if cost.profile is not None:
-    return _look_up(profiles.load(cost.profile), tasks, optimizer, cost.profile, cost.statistic)
+    return _look_up(profiles.load(cost.profile), tasks, optimizer, cost.profile)
   if cost.explicit_compute:
     return cost.explicit(kinds, num_stages)
   if cost.device is not None:
@@ -80,7 +81,7 @@ def calibrated(shared: SharedSettings, tasks: Tasks) -> dict:
   saved = profiles.load(path) if os.path.exists(path) else None
   if saved is not None:
     try:
-      return _look_up(saved, tasks, optimizer, path, shared.cost.statistic)
+      return _look_up(saved, tasks, optimizer, path)
     except profiles.ProfileError:
       pass  # This task set is not in it yet: measure it and add it.
   table = profiles.measure_table(
@@ -93,11 +94,12 @@ def calibrated(shared: SharedSettings, tasks: Tasks) -> dict:
   logging.info(
     'cost: measured %s (%s); kept in %s for later runs.', tasks.name, tasks.model.name, path
   )
-  return table.figures(shared.cost.statistic)
+  return table.figures(profiles.STATISTIC)
 
 
-def _look_up(profile, tasks: Tasks, optimizer: str, source: str, statistic: str) -> dict:
-  """`tasks`' table of `profile` (`statistic` of each task's repetitions); refuses a
+def _look_up(profile, tasks: Tasks, optimizer: str, source: str) -> dict:
+  """`tasks`' table of `profile` (each task's cost as the profile measured it: the
+  fastest of its repetitions, or a run's median if re-priced from a run); refuses a
   profile of another model, batch or split."""
   return profiles.costs_for(
     profile,
@@ -107,33 +109,30 @@ def _look_up(profile, tasks: Tasks, optimizer: str, source: str, statistic: str)
     tasks=tasks.name,
     optimizer=optimizer,
     source=source,
-    statistic=statistic,
   )
 
 
-def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float] = ()) -> CostModel:
-  """The virtual clock's cost model: `table`, lane speeds, links, stragglers, seed.
+def cost_model(
+  shared: SharedSettings,
+  table: dict,
+  lane_speeds: Sequence[float] = (),
+  host: host_lib.SimulatedHost = host_lib.SimulatedHost(),
+) -> CostModel:
+  """The virtual clock's cost model: `table`, lane speeds, links, stragglers, seed, and
+  the simulated host's dispatch and driver (`simulated_host`).
 
-  Links are `cost.link_*`; with a hardware preset (`cost.device`) and both left at 0
-  they are the preset's. `cost.dispatch` names the executor whose measured host
-  overhead per task (`cost.profile`'s `dispatch`) is added to every task; `cost.driver`
-  and `cost.driver_latency` are the simulated driver's time per event and each message's
-  way between it and a lane, or the profile's (`cost.driver_from`).
+  Links are `cost.link_*`; left at 0, they are the host's (a host profile of the process
+  executor measures its moves between lanes), else a hardware preset's (`cost.device`),
+  else free.
   """
   cost = shared.cost
   latency, bandwidth = cost.link_latency, cost.bandwidth
-  if cost.device is not None and not cost.link_latency and not cost.link_bandwidth:
-    spec = hardware.preset(cost.device)
-    latency, bandwidth = spec.link_latency, spec.link_bandwidth
-  # The profile's host figures, the file read once for both.
-  host_figures = cost.dispatch != 'none' or cost.driver_from != 'none'
-  profile = profiles.load(cost.profile) if host_figures else None
-  dispatch = 0.0
-  if cost.dispatch != 'none':
-    dispatch = profiles.dispatch_of(profile, cost.dispatch, cost.profile)
-  driver, driver_latency = cost.driver, cost.driver_latency
-  if cost.driver_from != 'none':
-    driver, driver_latency = profiles.driver_of(profile, cost.driver_from, cost.profile)
+  if not cost.link_latency and not cost.link_bandwidth:
+    if host.link is not None:
+      latency, bandwidth = host.link
+    elif cost.device is not None:
+      spec = hardware.preset(cost.device)
+      latency, bandwidth = spec.link_latency, spec.link_bandwidth
   return CostModel(
     compute=dict(table),
     device_speeds=tuple(lane_speeds),
@@ -141,10 +140,25 @@ def cost_model(shared: SharedSettings, table: dict, lane_speeds: Sequence[float]
     link_bandwidth=bandwidth,
     straggler_std=cost.straggler_std,
     seed=shared.cost_seed,
-    dispatch=dispatch,
-    driver=float(driver),
-    driver_latency=float(driver_latency),
+    dispatch=host.dispatch,
+    driver=host.driver,
+    driver_latency=host.driver_latency,
   )
+
+
+def simulated_host(shared: SharedSettings, compute_lanes: int) -> host_lib.SimulatedHost:
+  """What the virtual clock simulates of `cost.host` for this run: the host's figures
+  measured with every core busy where the run's compute lanes take every core of the
+  host (placed by `placement.lanes`: the cores they are pinned to, an unpinned lane one;
+  unplaced: one core per lane, as the process executor places them)."""
+  busy_cores = compute_lanes
+  if shared.placement.lanes is not None:
+    from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
+
+    placed = LanePlacement.parse(shared.placement.lanes).lanes
+    cores = {core for lane in placed if not lane.gpu for core in (lane.cores or ())}
+    busy_cores = len(cores) + sum(1 for lane in placed if not lane.gpu and lane.cores is None)
+  return host_lib.simulated(shared.cost.host_profile(), busy_cores)
 
 
 def make_executor(
@@ -167,7 +181,7 @@ def make_executor(
 
   `run_ahead`: the process executor's (`executor.RUN_AHEAD` if None); a
   parameter server's workers take 1 (`asgd.RUN_AHEAD`). The virtual clock takes the
-  same bound with `cost.schedule='run_ahead'`."""
+  same bound where it simulates that executor's host (`cost.host`)."""
   run_ahead = executor_lib.RUN_AHEAD if run_ahead is None else run_ahead
   if shared.executor == 'processes':
     from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
@@ -186,13 +200,14 @@ def make_executor(
     warm_up(tasks, devices)
     return RealExecutor(threads=threads), {}
   table = task_costs(shared, tasks, kinds, num_stages)
-  model = cost_model(shared, adjust(table), lane_speeds)
+  host = simulated_host(shared, max(len(lane_speeds), num_stages))
+  model = cost_model(shared, adjust(table), lane_speeds, host)
   executor = VirtualExecutor(
     model,
     lane_hardware=lane_hardware(shared),
-    copies_on_sender=shared.cost.copies == 'sender',
-    time_sliced=shared.cost.sharing == 'time_slice',
-    run_ahead=run_ahead if shared.cost.schedule == 'run_ahead' else 0,
+    copies_on_sender=host.copies_on_sender,
+    time_sliced=host.time_sliced,
+    run_ahead=run_ahead if host.run_ahead else 0,
   )
   return executor, table
 
@@ -260,10 +275,10 @@ def lane_devices(shared: SharedSettings, num_lanes: int) -> list[jax.Device]:
 def worker_speeds(
   shared: SharedSettings, num_workers: int, what: str = 'worker'
 ) -> tuple[float, ...]:
-  """`cost.worker_speeds` (default all 1), one per worker."""
-  speeds = shared.cost.worker_speeds or (1.0,) * num_workers
+  """`cost.speeds` (default all 1), one per worker."""
+  speeds = shared.cost.speeds or (1.0,) * num_workers
   if len(speeds) != num_workers:
-    raise ValueError(f'cost.worker_speeds: {len(speeds)} values for {num_workers} {what}s.')
+    raise ValueError(f'cost.speeds: {len(speeds)} values for {num_workers} {what}s.')
   return tuple(float(s) for s in speeds)
 
 

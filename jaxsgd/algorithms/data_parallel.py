@@ -216,21 +216,16 @@ def validate(config, model) -> Settings:
     )
   refuse_cost_fields(
     s.shared.cost,
-    ('device_speeds', 'worker_speeds', 'failures'),
+    ('speeds', 'failures'),
     'the data-parallel methods run in lock-step SPMD; per-lane speeds and failures are for '
     'the scheduler families.',
   )
-  if s.shared.cost.schedule != 'in_order':
-    raise ValueError(
-      f'cost.schedule: {s.shared.cost.schedule!r} simulates the process executor, which '
-      'runs the scheduler families; a data-parallel step is one compiled program. Use '
-      "'in_order'."
-    )
-  if s.shared.cost.dispatch != 'none':
-    raise ValueError(
-      f'cost.dispatch: {s.shared.cost.dispatch!r} models a per-task host overhead of the '
-      "scheduler families; a data-parallel step is one compiled program. Use 'none'."
-    )
+  refuse_cost_fields(
+    s.shared.cost,
+    ('host',),
+    "a host profile prices an executor's host per task of the scheduler families; a "
+    'data-parallel step is one compiled program. Leave it None.',
+  )
   multi_process = distributed.initialize_from_env()
   if s.stacked and multi_process:
     raise ValueError(

@@ -26,12 +26,8 @@ def validate_pipeline(config, model) -> SharedSettings:
   refuse_workers_field(config.algorithm.name, shared.workers)
   if shared.virtual and not shared.cost.calibrate:
     shared.cost.explicit(KINDS, shared.stages)
-  refuse_cost_fields(
-    shared.cost,
-    ('worker_speeds', 'failures'),
-    'a pipeline has no workers; set per-stage speeds with cost.device_speeds.',
-  )
-  check_lane_speeds(shared.cost, shared.stages)
+  refuse_cost_fields(shared.cost, ('failures',), 'a pipeline has no workers to fail.')
+  check_lane_speeds(shared.cost, shared.stages, 'stage')
   check_placed_lanes(shared, lane_names(shared.stages))
   return shared
 
@@ -100,7 +96,7 @@ def train_roles(
     stage_tasks(stages, roles, lambda: feed.peek(0), shared.batch_size),
     KINDS,
     num_stages,
-    lane_speeds=shared.cost.device_speeds,
+    lane_speeds=shared.cost.speeds,
   )
   last_loss, reported = [], [0]
 

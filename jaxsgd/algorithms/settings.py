@@ -31,21 +31,13 @@ from typing import Any
 import jax
 
 from jaxsgd.optimizers import OptimizerSettings
-from jaxsgd.scheduler import hardware, profiles
+from jaxsgd.scheduler import hardware
+from jaxsgd.scheduler import host as host_lib
 
 CLOCKS = ('real', 'virtual')
 # Where the real clock runs its lanes: devices of this process, or an OS process per lane.
 EXECUTORS = ('in_process', 'processes')
 KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
-# Whose host overhead per task the virtual clock may add (`cost.dispatch`; `profile.dispatch`).
-DISPATCH = ('none', 'real', 'real_threads', 'processes', 'processes_cpu')
-# Which figure of a measured task's repetitions is its cost (`cost.statistic`).
-STATISTICS = (profiles.STATISTIC, *profiles.SPREAD_STATISTICS)
-# When a process goes on (`cost.schedule`): at its task's end, or at its dispatch.
-SCHEDULES = ('in_order', 'run_ahead')
-# Where the simulated driver's figures come from (`cost.driver_from`): as given, or a
-# profile's, measured with an idle lane or with every core busy.
-DRIVER_FROM = ('none', *profiles.DRIVER_FIGURES)
 
 # The algorithms whose runs can go on without a lost worker (`tolerate_lost_workers`):
 # their worker processes declare what replaces them (`core.Process.on_lost`).
@@ -57,6 +49,13 @@ RENAMED = {
   'cost.bandwidth_gbps': 'cost.link_bandwidth, in bytes/s (10 Gbit/s = 1.25e9)',
   'cost.latency': 'cost.link_latency (seconds per message)',
   'cost.calibration_steps': 'cost.reps',
+  'cost.device_speeds': 'cost.speeds (one factor per stage device)',
+  'cost.worker_speeds': 'cost.speeds (one factor per worker)',
+  **{
+    f'cost.{field}': 'cost.host (a host profile: python -m experiments.profile --host=EXECUTOR)'
+    for field in ('dispatch', 'copies', 'statistic', 'sharing', 'schedule', 'driver')
+    + ('driver_latency', 'driver_from')
+  },
 }
 
 
@@ -178,7 +177,7 @@ def _coerce(value, f: dataclasses.Field, field: str):
 # --- the shared sub-configs ---------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class CostSettings:
-  """The virtual clock's costs (`config.cost`): one schema, one unit per quantity.
+  """The virtual clock's costs (`config.cost`): devices, links, noise and the host.
 
   Where task costs come from (the first that applies):
     `profile`  a cost profile file (`python -m experiments.profile`): measured once;
@@ -191,64 +190,25 @@ class CostSettings:
   simulated times, under any load.
 
   Attributes:
-    calibrate: measure the tasks on this machine (once; cached, see above).
-    reps: calibration repetitions (the fastest counts).
+    calibrate: measure the tasks on this machine (once; kept, see above).
+    reps: timed calls of each task in that measurement (the fastest counts).
     profile: a cost profile file.
     device: a hardware preset name (`cpu`, `v100`, `a100`, `h100`, `tpu_v4`, ...).
     compute: `(kind, seconds)` pairs; seconds is a number or one per stage. Kinds:
       forward, backward, update (scheduler families), step (data-parallel families).
-    device_speeds: one speed factor per stage device (pipelines); () = all 1.
-    worker_speeds: one speed factor per worker (asynchronous methods); () = all 1.
+    speeds: one speed factor per compute lane: a pipeline's stage devices, an
+      asynchronous method's workers (PD-ASGD: forward workers, then backward ones); () =
+      all 1.
     link_latency: seconds per transfer or all-reduce message.
     link_bandwidth: bytes/s of every link; 0 = free links.
-    straggler_std: σ of the seeded log-normal per-task noise.
+    straggler_std: sigma of the seeded log-normal per-task noise.
     seed: seeds the noise; None = `config.seed`.
     failures: `(worker, seconds)` pairs: from then on, that worker stops.
-    dispatch: the executor whose host overhead per task the simulation adds to every
-      task (`'real'`, `'real_threads'`, `'processes'`: the figure measured in
-      `cost.profile`, `profile.dispatch`; `'processes_cpu'`: the CPU all of a process
-      executor run's processes spend per task, for lanes that take every core), or
-      `'none'` (default): the devices' time
-      alone, as on hardware whose host keeps every device fed (a preset's, say).
-    copies: what a transfer between lanes occupies: `'link'` (default) the link between
-      the two devices only (a DMA engine or NIC copies while the devices compute), or
-      `'sender'` the sending lane's hardware as well, one task at a time with its
-      computations (a processor that copies with its own cycles: the process
-      executor's CPU lanes, whose copy is Ray serializing into its object store).
-    statistic: which figure of a measured task's repetitions is its cost (`cost.profile`
-      or a kept calibration): `'min'` (default) the fastest call, the work with nothing
-      in its way; `'median'` (or `'p90'`) what a call typically takes, which is what the
-      tasks of a long run pay (`docs/simulator.md`: the lanes' median durations were
-      within 5 % of a profile's medians and 15-30 % above its minima).
-    sharing: how lanes that `placement.lanes` puts on the same cores share them:
-      `'fifo'` (default) one task at a time, in the order they came, as a device queue
-      runs them; `'time_slice'` as an operating system runs processes on one core: the
-      n tasks running there at once each progress at 1/n of its speed (processor
-      sharing), so a short task is not held behind a long one. Stages placed on one
-      device (`placement.stage_to_device`) always share it first in, first out.
-    schedule: when a process goes on: `'in_order'` (default) when its task ends, as
-      the in-process clocks run a policy; `'run_ahead'` as the process executor's driver
-      does (`VirtualExecutor(run_ahead=...)`, docs/simulator.md): at the task's dispatch
-      while its lane has at most the executor's bound of unfinished tasks (4; a
-      parameter server's workers 1), a task waiting for the tasks whose results it
-      reads, and a result read on another lane copied there first (a lane process
-      imports it). The asynchronous policies then take their lane-process forms
-      (updates and merges as tasks on the lane that owns the parameters).
-    driver: seconds of the process executor's driver per event it handles — a task or
-      a copy dispatched, a task's end heard — simulated as one host thread that handles
-      its events one at a time in the order they come (needs `schedule='run_ahead'`):
-      a lane then gets a task only once the driver has dispatched it, and a process
-      that waits for a task goes on only once the driver has heard of its end. 0
-      (default): the driver takes no time.
-    driver_latency: seconds a message between the driver and a lane takes, each way (a
-      dispatched task reaching its lane; a task's end reaching the driver), on top of
-      `driver`; messages do not queue. Needs `schedule='run_ahead'`; 0 (default): none.
-    driver_from: `driver` and `driver_latency` read from `cost.profile`'s `dispatch`
-      instead of given: `'profile'` the figures measured with an idle lane (`python -m
-      experiments.profile --dispatch_processes`), right where the lanes leave the driver
-      a core of its own; `'profile_loaded'` those measured with a busy lane on every
-      core (`--loaded_driver`), right where the lanes take every core and the driver
-      runs only when it preempts one. `'none'` (default): the two fields as given.
+    host: a host profile (`python -m experiments.profile --host=EXECUTOR --out=PATH`):
+      the executor whose host the simulation adds to the devices' time — its dispatch per
+      task and, for the process executor, its driver, its copies and its schedule
+      (`jaxsgd.scheduler.host`). None (default): the devices' time alone, as on hardware
+      whose host keeps every device fed.
   """
 
   calibrate: bool = True
@@ -256,21 +216,17 @@ class CostSettings:
   profile: str | None = None
   device: str | None = None
   compute: tuple[tuple[str, Any], ...] = ()
-  device_speeds: tuple[float, ...] = ()
-  worker_speeds: tuple[float, ...] = ()
+  speeds: tuple[float, ...] = ()
   link_latency: float = 0.0
   link_bandwidth: float = 0.0
   straggler_std: float = 0.0
   seed: int | None = None
   failures: tuple[tuple[int, float], ...] = ()
-  dispatch: str = 'none'
-  copies: str = 'link'
-  statistic: str = 'min'
-  sharing: str = 'fifo'
-  schedule: str = 'in_order'
-  driver: float = 0.0
-  driver_latency: float = 0.0
-  driver_from: str = 'none'
+  host: str | None = None
+
+  def host_profile(self) -> host_lib.HostProfile | None:
+    """The host profile `host` names (checked when the config was parsed), or None."""
+    return None if self.host is None else host_lib.load(self.host)
 
   @property
   def explicit_compute(self) -> bool:
@@ -316,11 +272,8 @@ class CostSettings:
 def cost_settings(given, *, clock: str) -> CostSettings:
   """`config.cost` parsed and range-checked (the sub-config is optional)."""
   given = dict(given or {})
-  compute = {
-    k: tuple(v) if isinstance(v, list) else v
-    for k, v in dict(given.pop('compute', None) or {}).items()
-    if v is not None
-  }
+  compute = dict(given.pop('compute', None) or {})
+  compute = {k: tuple(v) if isinstance(v, list) else v for k, v in compute.items() if v is not None}
   refuse_unknown(compute, KINDS, 'cost.compute')
   cost = section(
     {**given, 'compute': tuple(sorted(compute.items()))}, CostSettings, 'cost', ignore=()
@@ -330,75 +283,26 @@ def cost_settings(given, *, clock: str) -> CostSettings:
     number(getattr(cost, field), f'cost.{field}')
   if not (isinstance(cost.link_bandwidth, (int, float)) and cost.link_bandwidth >= 0):
     raise ValueError(
-      f'cost.link_bandwidth: bytes/s >= 0 (0 or inf: free links), got {cost.link_bandwidth!r}.'
+      f'cost.link_bandwidth: bytes/s >= 0 (0 or inf: free), got {cost.link_bandwidth!r}.'
     )
   if cost.compute and not cost.explicit_compute:
-    given = ', '.join(f'cost.compute.{kind}' for kind, _ in cost.compute)
+    named = ', '.join(f'cost.compute.{kind}' for kind, _ in cost.compute)
     raise ValueError(
-      f'{given}: explicit costs are used only with cost.calibrate=False and no '
-      f'cost.profile or cost.device; set those, or remove {given}.'
+      f'{named}: explicit costs are used only with cost.calibrate=False and no cost.profile '
+      f'or cost.device; set those, or remove {named}.'
     )
   if cost.profile is not None and cost.device is not None:
-    raise ValueError(
-      'cost.profile / cost.device: give one cost source, not both (a profile '
-      'is measured costs, a device preset analytic ones).'
-    )
+    raise ValueError('cost.profile / cost.device: one source of task costs, not both.')
   if cost.device is not None:
     hardware.preset(cost.device)  # Refuses an unknown name, listing the presets.
   if cost.profile is not None and not os.path.exists(os.path.expanduser(cost.profile)):
     raise ValueError(
-      f'cost.profile: no file {cost.profile!r}; make one with '
-      f'python -m experiments.profile --config=... --out={cost.profile}.'
+      f'cost.profile: no file {cost.profile!r}; make one with python -m experiments.profile.'
     )
-  choice(cost.dispatch, 'cost.dispatch', DISPATCH)
-  choice(cost.copies, 'cost.copies', ('link', 'sender'))
-  choice(cost.statistic, 'cost.statistic', STATISTICS)
-  choice(cost.sharing, 'cost.sharing', ('fifo', 'time_slice'))
-  choice(cost.schedule, 'cost.schedule', SCHEDULES)
-  if cost.statistic != 'min' and (cost.device is not None or cost.explicit_compute):
-    raise ValueError(
-      f'cost.statistic: {cost.statistic!r} picks a figure of measured costs (cost.profile '
-      "or a calibration); a preset or cost.compute has one figure: set 'min'."
-    )
-  for field in ('driver', 'driver_latency'):
-    value = number(getattr(cost, field), f'cost.{field}')
-    if value and cost.schedule != 'run_ahead':
-      raise ValueError(
-        f"cost.{field}: {value!r} s simulates the process executor's driver, whose "
-        f"schedule is cost.schedule='run_ahead'; set cost.schedule='run_ahead', or "
-        f'cost.{field}=0.'
-      )
-  choice(cost.driver_from, 'cost.driver_from', DRIVER_FROM)
-  if cost.driver_from != 'none':
-    given = [f'cost.{f}' for f in ('driver', 'driver_latency') if getattr(cost, f)]
-    if given:
-      raise ValueError(
-        f"cost.driver_from: {cost.driver_from!r} reads the driver's figures from "
-        f'cost.profile; {" and ".join(given)} given too: set them to 0, or '
-        f"cost.driver_from='none'."
-      )
-    if cost.schedule != 'run_ahead':
-      raise ValueError(
-        f"cost.driver_from: {cost.driver_from!r} simulates the process executor's "
-        f"driver, whose schedule is cost.schedule='run_ahead'; set it, or "
-        f"cost.driver_from='none'."
-      )
-    if cost.profile is None:
-      raise ValueError(
-        f"cost.driver_from: {cost.driver_from!r} reads the driver's figures from a "
-        f'cost profile; give cost.profile (python -m experiments.profile '
-        f"{profiles.DRIVER_FLAGS[cost.driver_from]}), or set 'none'."
-      )
-    profiles.driver_of(profiles.load(cost.profile), cost.driver_from, cost.profile)
-  if cost.dispatch != 'none' and cost.profile is None:
-    raise ValueError(
-      f'cost.dispatch: {cost.dispatch!r} adds the dispatch overhead measured in a cost '
-      "profile; give cost.profile (python -m experiments.profile), or set 'none'."
-    )
-  for field, what in (('device_speeds', 'lane'), ('worker_speeds', 'worker')):
-    for i, speed in enumerate(getattr(cost, field)):
-      if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 < speed < math.inf:
-        raise ValueError(f'cost.{field}: must be > 0, got {speed!r} for {what} {i}.')
+  cost.host_profile()  # Refuses a missing or bad host profile, naming the field.
+  for i, speed in enumerate(cost.speeds):
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 < speed < math.inf:
+      raise ValueError(f'cost.speeds: must be > 0, got {speed!r} for lane {i}.')
   if cost.seed is not None:
     integer(cost.seed, 'cost.seed', minimum=0, maximum=2**32 - 1)
   for pair in cost.failures:
@@ -416,10 +320,10 @@ def refuse_cost_fields(cost: CostSettings, fields, why: str) -> None:
       raise ValueError(f'cost.{field}: {why}')
 
 
-def check_lane_speeds(cost: CostSettings, num_lanes: int) -> None:
-  """`cost.device_speeds` has one factor per lane (or none)."""
-  if cost.device_speeds and len(cost.device_speeds) != num_lanes:
-    raise ValueError(f'cost.device_speeds: {len(cost.device_speeds)} values for {num_lanes} lanes.')
+def check_lane_speeds(cost: CostSettings, num_lanes: int, what: str = 'lane') -> None:
+  """`cost.speeds` has one factor per compute lane (or none)."""
+  if cost.speeds and len(cost.speeds) != num_lanes:
+    raise ValueError(f'cost.speeds: {len(cost.speeds)} values for {num_lanes} {what}s.')
 
 
 def check_placed_lanes(shared: 'SharedSettings', lanes: Sequence[str]) -> None:
@@ -576,9 +480,15 @@ class SharedSettings:
   @property
   def lane_processes(self) -> bool:
     """Whether policies take their lane-process forms: every lane an OS process
-    (`executor='processes'`), or the virtual clock simulating that executor's schedule
-    (`cost.schedule='run_ahead'`)."""
-    return self.executor == 'processes' or (self.virtual and self.cost.schedule == 'run_ahead')
+    (`executor='processes'`), or the virtual clock simulating that executor's host
+    (`cost.host`: a host profile of the process executor)."""
+    return self.executor == 'processes' or (self.virtual and self.simulates_lane_processes)
+
+  @property
+  def simulates_lane_processes(self) -> bool:
+    """The virtual clock simulates the process executor (`cost.host`'s executor)."""
+    profile = self.cost.host_profile()
+    return profile is not None and profile.executor == 'processes'
 
   @property
   def saves_whole_run(self) -> bool:
@@ -616,15 +526,12 @@ def shared_settings(config) -> SharedSettings:
   tolerate = tolerate_lost_workers(config, executor)
   cost = cost_settings(config.get('cost'), clock=clock)
   every = integer(config.get('checkpoint_every', 0), 'checkpoint_every', minimum=0)
-  if every and cost.schedule == 'run_ahead' and clock == 'virtual':
+  host = cost.host_profile()
+  if every and clock == 'virtual' and host is not None and host.executor == 'processes':
     raise ValueError(
-      "checkpoint_every: a run with cost.schedule='run_ahead' writes no checkpoints (its "
-      "tasks in flight are not saved); use cost.schedule='in_order' or checkpoint_every=0."
-    )
-  if every and cost.sharing == 'time_slice' and placement.lanes is not None:
-    raise ValueError(
-      "checkpoint_every: a run with cost.sharing='time_slice' writes no checkpoints (its "
-      "cores' shares are not saved); use cost.sharing='fifo' or checkpoint_every=0."
+      'checkpoint_every: a virtual run of the process executor (cost.host) writes no '
+      "checkpoints (its tasks in flight and its cores' shares are not saved); set "
+      'checkpoint_every=0, or simulate another host.'
     )
   return SharedSettings(
     train_steps=integer(config.train_steps, 'train_steps'),

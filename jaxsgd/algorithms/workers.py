@@ -61,11 +61,6 @@ def validate_workers(
     refuse_workers_field(name, shared.workers)
   if shared.virtual and not shared.cost.calibrate:
     shared.cost.explicit(KINDS, shared.stages)
-  if shared.cost.device_speeds:
-    raise ValueError(
-      'cost.device_speeds: the asynchronous algorithms set speeds per worker; '
-      'use cost.worker_speeds (one factor per worker).'
-    )
   clocks.worker_speeds(shared, num_workers)
   clocks.failures(shared, num_workers)
   return shared

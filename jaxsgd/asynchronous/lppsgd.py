@@ -36,7 +36,7 @@ same (w_d = s_d). Only parameters are averaged: the optimizer state and any
 BatchNorm statistics stay per replica. Evaluation uses the mean of the replicas.
 
 The W workers of a device time-share it: each worker lane runs at 1/W of the
-device's speed (`cost.worker_speeds` / W), so a device's throughput does not
+device's speed (`cost.speeds` / W), so a device's throughput does not
 grow with W; Hogwild! buys asynchrony, not FLOPs.
 
 References:

@@ -40,7 +40,7 @@ layer-wise updates give lower staleness than block updates (the later layers'
 updates land earlier): `tests/asynchronous/test_pdasgd.py` derives one case by hand.
 
 Workers are numbered forward first (0 .. n_fwd − 1), then backward; they are
-the indices of `cost.worker_speeds` and `cost.failures`. A failed forward
+the indices of `cost.speeds` and `cost.failures`. A failed forward
 worker queues nothing after its failure time (a forward it was running is
 dropped); a failed backward worker hands the next batch it takes back to the
 queue and stops (a backward in progress is finished: its layers are already

@@ -32,7 +32,7 @@ The reply to a push *is* the worker's next pull, so its backup w_bak(m) is
 recorded by the same jitted call that applies the push, and its read version
 is the version that call wrote. At t = 0 every worker pulls version 0. With M
 equal-speed workers and free links, round one has staleness 0, 1, …, M − 1 and
-every later push exactly M − 1. Worker speeds (`cost.worker_speeds`) and seeded
+every later push exactly M − 1. Worker speeds (`cost.speeds`) and seeded
 stragglers (`cost.straggler_std`) change the order; a worker past its failure
 time (`cost.failures`) pushes nothing more and the others go on. BatchNorm
 statistics (if any) are kept beside the versioned parameters, so they bump no

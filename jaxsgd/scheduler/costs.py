@@ -67,7 +67,7 @@ class CostModel:
         )
     for lane, speed in enumerate(self.device_speeds):
       if not speed > 0:
-        raise ValueError(f'cost.device_speeds: must be > 0, got {speed!r} for lane {lane}.')
+        raise ValueError(f'cost.speeds: must be > 0, got {speed!r} for lane {lane}.')
     if not self.link_latency >= 0:
       raise ValueError(f'cost.link_latency: must be >= 0, got {self.link_latency!r}.')
     if not self.link_bandwidth > 0:

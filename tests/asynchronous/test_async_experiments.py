@@ -155,7 +155,7 @@ def test_virtual_runs_are_bit_identical_run_to_run(data_dir, tmp_path):
 
 def test_failure_injection_from_the_config(data_dir, tmp_path):
   config = explicit_costs(
-    smoke('asgd', data_dir), failures=((2, 0.02),), worker_speeds=(1.0, 1.0, 0.5, 1.0)
+    smoke('asgd', data_dir), failures=((2, 0.02),), speeds=(1.0, 1.0, 0.5, 1.0)
   )
   summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
   [failed] = summary['failed_workers']
@@ -175,10 +175,10 @@ def test_failure_injection_from_the_config(data_dir, tmp_path):
     ),
     (
       'asgd',
-      {'cost.worker_speeds': (1.0, 0.0, 1.0, 1.0)},
-      r'cost.worker_speeds: must be > 0, got 0.0 for worker 1',
+      {'cost.speeds': (1.0, 0.0, 1.0, 1.0)},
+      r'cost.speeds: must be > 0, got 0.0 for worker 1',
     ),
-    ('asgd', {'cost.worker_speeds': (1.0, 2.0)}, r'cost.worker_speeds: 2 values for 4 workers'),
+    ('asgd', {'cost.speeds': (1.0, 2.0)}, r'cost.speeds: 2 values for 4 workers'),
     (
       'asgd',
       {'cost.failures': ((7, 1.0),)},
@@ -208,8 +208,8 @@ def test_failure_injection_from_the_config(data_dir, tmp_path):
     ('pdasgd', {'stages': 9}, r"stages: 9 stages asked for, but model 'mlp' has only 4 layers"),
     (
       'pdasgd',
-      {'cost.worker_speeds': (1.0, -2.0, 1.0)},
-      r'cost.worker_speeds: must be > 0, got -2.0 for worker 1',
+      {'cost.speeds': (1.0, -2.0, 1.0)},
+      r'cost.speeds: must be > 0, got -2.0 for worker 1',
     ),
   ],
 )

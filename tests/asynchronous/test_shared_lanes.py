@@ -50,7 +50,7 @@ def _asgd(data_dir, lane_to_device):
     data_dir,
     {
       'workers': 2,
-      'cost.worker_speeds': (1.0, 0.5),
+      'cost.speeds': (1.0, 0.5),
       'placement.lane_to_device': lane_to_device,
     },
   )

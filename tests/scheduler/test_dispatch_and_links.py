@@ -1,7 +1,8 @@
 """What the virtual clock adds for an executor's host dispatch, and how lanes share hardware.
 
-- `cost.dispatch`: the executor's measured host overhead per task (`profile.dispatch`) is
-  added to every compute task, unscaled by lane speed, never to a transfer.
+- `cost.host`: the executor's measured host overhead per task (a host profile's
+  `dispatch`) is added to every compute task, unscaled by lane speed, never to a transfer;
+  a host profile of the process executor gives the driver its idle or loaded figures.
 - A link is the pair of hardware it joins: transfers from two lanes of one device to
   another device queue on one FIFO link.
 - `placement.lanes` on the virtual clock: lanes placed on the same cores share them.
@@ -23,7 +24,7 @@ from jaxsgd.algorithms.settings import cost_settings, shared_settings
 from jaxsgd.scheduler import CostModel, VirtualExecutor, profiles
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
 from jaxsgd.training.loop import build_model
-from scheduler_helpers import profile_of
+from scheduler_helpers import host_file, profile_of
 
 
 def _tasks(n, kind='forward', stage=0, lane=None):
@@ -90,19 +91,37 @@ def _profile(dispatch: dict) -> profiles.Profile:
   return profile_of(dispatch=dispatch)
 
 
-def test_bad_dispatch_settings_are_refused_naming_the_field(tmp_path):
-  with pytest.raises(ValueError, match=r"cost.dispatch: 'gpu'; allowed: none, real"):
-    cost_settings({'dispatch': 'gpu'}, clock='virtual')
-  with pytest.raises(ValueError, match='cost.dispatch: .*give cost.profile'):
+def test_bad_host_settings_are_refused_naming_the_field(tmp_path):
+  with pytest.raises(ValueError, match=r'^cost.dispatch: renamed; use cost.host \(a host profile'):
     cost_settings({'dispatch': 'processes'}, clock='virtual')
+  with pytest.raises(ValueError, match=r"^cost.host: '/no/h.json': no such file; measure one"):
+    cost_settings({'host': '/no/h.json'}, clock='virtual')
   with pytest.raises(ValueError, match='cost.dispatch: must be a finite number'):
     CostModel({'forward': 1.0}, dispatch=-1.0)
-  profile = _profile({'jax_call': 1e-6, 'real': 2e-6})
-  with pytest.raises(
-    profiles.ProfileError, match=r"no dispatch overhead for 'processes' \(it has: real\)"
-  ):
-    profiles.dispatch_of(profile, 'processes', 'p.json')
-  assert profiles.dispatch_of(profile, 'real') == 2e-6
+  bad = tmp_path / 'bad.json'
+  for text, message in [
+    ('{', r'not a readable JSON file'),
+    ('{"format": "jaxsgd-cost-profile/1"}', r'not a host profile'),
+    ('{"format": "jaxsgd-host-profile/1", "executor": "gpu", "cores": 2}', r"executor 'gpu'"),
+    (
+      '{"format": "jaxsgd-host-profile/1", "executor": "threads", "cores": 0, "dispatch": 0}',
+      r'cores must be a positive integer',
+    ),
+    (
+      '{"format": "jaxsgd-host-profile/1", "executor": "threads", "cores": 2}',
+      r'dispatch must be seconds >= 0, got None',
+    ),
+    (
+      '{"format": "jaxsgd-host-profile/1", "executor": "threads", "cores": 2, "dispatch": 0,'
+      ' "driver": 1}',
+      r"unknown field 'driver' for executor 'threads'",
+    ),
+  ]:
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=rf"^cost.host: '{bad}': {message}"):
+      cost_settings({'host': str(bad)}, clock='virtual')
+  with pytest.raises(ValueError, match=r'link_bandwidth must be bytes/s > 0'):
+    host_file(tmp_path, link_bandwidth=0.0)
 
 
 def test_merge_keeps_the_dispatch_figures_of_both():
@@ -178,74 +197,77 @@ def ddg_profile(data_dir, tmp_path_factory):
   return path
 
 
-@pytest.mark.parametrize('dispatch', ['none', 'processes', 'processes_cpu'])
+# Host profiles: none; the in-process executor's; the process executor's on a host with a
+# core to spare beside the two stages (its idle figures) and on one whose cores the stages
+# take (its loaded ones). Dispatch per task of each; the process executor's driver free.
+HOSTS = {
+  'none': (None, 0.0),
+  'in_process': (('in_process', 64, {'dispatch': DISPATCH}), DISPATCH),
+  'processes idle': (('processes', 64, {'dispatch': DISPATCH, 'dispatch_loaded': 9.0}), DISPATCH),
+  'processes loaded': (
+    ('processes', 2, {'dispatch': 9.0, 'dispatch_loaded': 3 * DISPATCH}),
+    3 * DISPATCH,
+  ),
+}
+
+
+@pytest.mark.parametrize('host', HOSTS)
 def test_ddg_on_one_device_takes_every_task_plus_its_dispatch(
-  dispatch, ddg_profile, data_dir, tmp_path
+  host, ddg_profile, data_dir, tmp_path
 ):
-  config = _ddg_config(data_dir, **{'cost.profile': ddg_profile, 'cost.dispatch': dispatch})
-  summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  given, dispatch = HOSTS[host]
+  path = None if given is None else host_file(tmp_path, given[0], cores=given[1], **given[2])
+  config = _ddg_config(data_dir, **{'cost.profile': ddg_profile, 'cost.host': path})
+  summary = training.train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
   tasks = 6 * STEPS - 2  # stage 0's last backward and update are never run (delay 1)
   total = STEPS * sum(COSTS.values()) - COSTS[(0, 'backward')] - COSTS[(0, 'update')]
-  total += tasks * {'none': 0.0, 'processes': DISPATCH, 'processes_cpu': 3 * DISPATCH}[dispatch]
-  assert summary['sim_time'] == pytest.approx(total, rel=1e-12)
+  assert summary['sim_time'] == pytest.approx(total + tasks * dispatch, rel=1e-12)
 
 
-def test_cost_model_reads_the_named_executors_dispatch(ddg_profile, data_dir):
-  config = _ddg_config(data_dir, **{'cost.profile': ddg_profile, 'cost.dispatch': 'real'})
-  shared = shared_settings(config)
-  assert clocks.cost_model(shared, COSTS).dispatch == 1e-5
+def test_cost_model_reads_the_host_profiles_dispatch(ddg_profile, data_dir, tmp_path):
+  path = host_file(tmp_path, 'threads', dispatch=1e-5)
+  shared = shared_settings(
+    _ddg_config(data_dir, **{'cost.profile': ddg_profile, 'cost.host': path})
+  )
+  host = clocks.simulated_host(shared, 2)
+  assert clocks.cost_model(shared, COSTS, host=host).dispatch == 1e-5
+  assert not host.run_ahead and not host.copies_on_sender and host.link is None
 
 
-@pytest.mark.parametrize(
-  'driver_from, figures',
-  [
-    ('profile', ('driver', 'driver_latency')),
-    ('profile_loaded', ('driver_loaded', 'driver_latency_loaded')),
-  ],
-)
-def test_driver_figures_read_from_the_profile_run_as_the_same_figures_given(
-  driver_from, figures, ddg_profile, data_dir, tmp_path
+@pytest.mark.parametrize('cores, pair', [(64, 'idle'), (2, 'loaded'), (1, 'loaded')])
+def test_the_host_gives_the_driver_its_idle_or_loaded_figures(
+  cores, pair, ddg_profile, data_dir, tmp_path
 ):
-  """`cost.driver_from` gives the run `cost.driver` and `cost.driver_latency` set to the
-  profile's pair by hand would have, simulated times included; the other pair differs."""
-  run_ahead = {'cost.profile': ddg_profile, 'cost.schedule': 'run_ahead'}
+  """The process executor's host profile gives the run the driver figures measured with an
+  idle lane where its two lanes leave the host a core, else those measured with every core
+  busy: the same run as a host whose idle figures are that pair; the other pair differs."""
 
-  def final(workdir, **fields):
-    config = _ddg_config(data_dir, **run_ahead, **fields)
+  def final(workdir, cores, **figures):
+    path = host_file(tmp_path, cores=cores, **figures)
+    config = _ddg_config(data_dir, **{'cost.profile': ddg_profile, 'cost.host': path})
     summary = training.train_and_evaluate(config, str(tmp_path / workdir), show_progress=False)
     return {k: v for k, v in summary['final'].items() if k != 'wall_time'}
 
-  read = final('read', **{'cost.driver_from': driver_from})
-  driver, latency = (DRIVER_FIGURES[key] for key in figures)
-  given = final('given', **{'cost.driver': driver, 'cost.driver_latency': latency})
-  assert read == given
-  other = 'profile' if driver_from == 'profile_loaded' else 'profile_loaded'
-  assert final('other', **{'cost.driver_from': other})['sim_time'] != read['sim_time']
+  both = {name: DRIVER_FIGURES[name] for name in DRIVER_FIGURES if name != 'driver_loaded_lanes'}
+  read = final('read', cores, **both)
+  suffix = '_loaded' if pair == 'loaded' else ''
+  driver, latency = DRIVER_FIGURES['driver' + suffix], DRIVER_FIGURES['driver_latency' + suffix]
+  assert read == final('given', 64, driver=driver, driver_latency=latency)
+  other = '' if pair == 'loaded' else '_loaded'
+  other_figures = {'driver': DRIVER_FIGURES['driver' + other]}
+  other_figures['driver_latency'] = DRIVER_FIGURES['driver_latency' + other]
+  assert final('other', 64, **other_figures)['sim_time'] != read['sim_time']
 
 
-def test_bad_driver_from_settings_are_refused_naming_the_field(ddg_profile, tmp_path):
-  ahead = {'schedule': 'run_ahead', 'profile': ddg_profile}
-  with pytest.raises(ValueError, match=r"cost.driver_from: 'idle'; allowed: none, profile, "):
-    cost_settings({**ahead, 'driver_from': 'idle'}, clock='virtual')
-  with pytest.raises(
-    ValueError, match=r"cost.driver_from: 'profile' .*give cost.profile .*--dispatch_processes\)"
-  ):
-    cost_settings({'schedule': 'run_ahead', 'driver_from': 'profile'}, clock='virtual')
-  with pytest.raises(ValueError, match=r"cost.driver_from: .*cost.schedule='run_ahead'; set"):
-    cost_settings({'profile': ddg_profile, 'driver_from': 'profile'}, clock='virtual')
-  with pytest.raises(ValueError, match=r'cost.driver_from: .*cost.driver_latency given too'):
-    cost_settings({**ahead, 'driver_from': 'profile', 'driver_latency': 1e-3}, clock='virtual')
-  idle_only = str(tmp_path / 'idle.json')
-  profile = profiles.load(ddg_profile)
-  without_loaded = {k: v for k, v in profile.dispatch.items() if 'loaded' not in k}
-  profiles.save(dataclasses.replace(profile, dispatch=without_loaded), idle_only)
-  cost_settings({**ahead, 'profile': idle_only, 'driver_from': 'profile'}, clock='virtual')
-  with pytest.raises(
-    ValueError,
-    match=r'cost.driver_from: the profile .* has no driver_loaded or driver_latency_loaded '
-    r'\(measure them with python -m experiments.profile --loaded_driver\)',
-  ):
-    cost_settings({**ahead, 'profile': idle_only, 'driver_from': 'profile_loaded'}, clock='virtual')
+def test_placed_lanes_on_one_core_leave_the_host_a_core(ddg_profile, data_dir, tmp_path):
+  """Two lanes placed on core 0 of a 2-core host leave it core 1: the idle figures."""
+  config = _ddg_config(data_dir, **{'cost.profile': ddg_profile})
+  config.placement.stage_to_device = None
+  config.placement.lanes = 'stage0@cores=0; stage1@cores=0'
+  config.cost.host = host_file(tmp_path, cores=2, dispatch=1.0, dispatch_loaded=2.0)
+  assert clocks.simulated_host(shared_settings(config), 2).dispatch == 1.0
+  config.placement.lanes = 'stage0@cores=0; stage1@cores=1'
+  assert clocks.simulated_host(shared_settings(config), 2).dispatch == 2.0
 
 
 # --- links and shared hardware ------------------------------------------------------------------
@@ -379,7 +401,7 @@ def test_a_copy_on_a_link_overlaps_the_senders_next_task():
 
 
 def test_a_copy_on_the_sender_runs_between_its_tasks():
-  """`cost.copies='sender'` (the process executor: the lane serializes the value)."""
+  """A copy made by the sender (the process executor: the lane serializes the value)."""
   assert _send_between_tasks(True) == [
     ('forward', 0, 0.0, 1.0),
     ('forward', 0, 2.0, 3.0),  # after the copy, on the same lane
@@ -388,12 +410,7 @@ def test_a_copy_on_the_sender_runs_between_its_tasks():
   ]
 
 
-def test_bad_copies_setting_is_refused():
-  with pytest.raises(ValueError, match=r"cost.copies: 'dma'; allowed: link, sender"):
-    cost_settings({'copies': 'dma'}, clock='virtual')
-
-
-# --- time-slicing (`cost.sharing='time_slice'`) ------------------------------------------------
+# --- time-slicing (lane processes placed on one core) ---------------------------------------
 def _on_one_core(programs, time_sliced=True, **lanes):
   """Lanes `a` and `b` placed on core 0 (and any in `lanes`), each running its program;
   returns `{lane name: [(start, end), ...]}`."""
@@ -457,58 +474,14 @@ def test_time_sliced_shares_give_the_same_total_work_as_one_fifo():
   }
 
 
-def test_bad_sharing_setting_is_refused():
-  with pytest.raises(ValueError, match=r"cost.sharing: 'round_robin'; allowed: fifo, time_slice"):
-    cost_settings({'sharing': 'round_robin'}, clock='virtual')
-
-
-def test_time_slicing_refuses_periodic_checkpoints(data_dir):
-  config = _ddg_config(data_dir)
-  config.placement.stage_to_device = None
-  config.placement.lanes = 'stage0@cores=0; stage1@cores=0'
-  config.cost.sharing = 'time_slice'
-  config.checkpoint_every = 5
-  with pytest.raises(ValueError, match=r"checkpoint_every: a run with cost.sharing='time_slice'"):
-    shared_settings(config)
-
-
-# --- which figure of a profile is a task's cost (`cost.statistic`) -----------------------------
-@pytest.fixture(scope='module')
-def spread_profile(ddg_profile, tmp_path_factory):
-  """`ddg_profile` with medians twice and 90th percentiles three times its minima."""
-  loaded = profiles.load(ddg_profile)
-  spread = {k: {'median': 2 * v, 'p90': 3 * v} for k, v in COSTS.items()}
-  table = dataclasses.replace(loaded.tables[0], spread=spread)
-  path = str(tmp_path_factory.mktemp('spread') / 'ddg.json')
-  profiles.save(dataclasses.replace(loaded, tables=(table,)), path)
-  return path
-
-
-@pytest.mark.parametrize('statistic, factor', [('min', 1), ('median', 2), ('p90', 3)])
-def test_the_statistic_picks_which_figure_of_the_profile_a_task_costs(
-  statistic, factor, spread_profile, data_dir, tmp_path
-):
-  config = _ddg_config(data_dir, **{'cost.profile': spread_profile, 'cost.statistic': statistic})
-  summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
-  total = STEPS * sum(COSTS.values()) - COSTS[(0, 'backward')] - COSTS[(0, 'update')]
-  assert summary['sim_time'] == pytest.approx(factor * total, rel=1e-12)
-
-
-def test_a_statistic_the_profile_lacks_is_refused_naming_it(ddg_profile, data_dir, tmp_path):
-  config = _ddg_config(data_dir, **{'cost.profile': ddg_profile, 'cost.statistic': 'median'})
-  with pytest.raises(profiles.ProfileError, match=r'no median for task 0/\w+ .*has no "spread"'):
-    training.train_and_evaluate(config, str(tmp_path), show_progress=False)
-
-
-def test_bad_statistic_settings_are_refused():
-  with pytest.raises(ValueError, match=r"cost.statistic: 'mean'; allowed: min, median, p90"):
-    cost_settings({'statistic': 'mean'}, clock='virtual')
-  with pytest.raises(ValueError, match=r"cost.statistic: 'median' picks a figure of measured"):
-    cost_settings({'statistic': 'median', 'device': 'h100', 'calibrate': False}, clock='virtual')
+def test_the_old_host_settings_are_refused_naming_their_replacement():
+  for field in ('sharing', 'copies', 'statistic', 'driver_from', 'driver', 'driver_latency'):
+    with pytest.raises(ValueError, match=rf'^cost.{field}: renamed; use cost.host \(a host'):
+      cost_settings({field: 'x'}, clock='virtual')
 
 
 def test_a_copy_on_a_time_sliced_core_shares_it_with_the_senders_next_task():
-  """`cost.copies='sender'` with `cost.sharing='time_slice'` (the process executor, whose
+  """Copies on the sender, lanes time-sliced on a core (the process executor, whose
   lanes export in a thread of their own, `lanes.runtime.EXPORT_GROUP`): lane a (core 0)
   runs a 1 s task, sends a 1 s copy to b (core 1), runs another 1 s task. From 1 s the
   copy and a's second task share core 0 at half speed each: both end at 3 s, and b's

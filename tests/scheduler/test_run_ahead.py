@@ -1,5 +1,5 @@
 """The virtual clock's run-ahead schedule (`VirtualExecutor(run_ahead=N)`,
-`cost.schedule='run_ahead'`): the process executor's driver, simulated.
+`cost.host`, a host profile of the process executor): its driver, simulated.
 
 A process goes on when its task is dispatched (while its lane has at most N unfinished
 tasks); a task starts once the tasks whose results it reads have ended, and a result read
@@ -13,6 +13,7 @@ import pytest
 from jaxsgd.scheduler import CostModel, VirtualExecutor
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
 from jaxsgd.scheduler.snapshot import NotResumableError
+from scheduler_helpers import host_file
 
 # F = 1 s on lane a, B = 2 s on lane b, a copy 0.5 s (latency; free bandwidth).
 COSTS = CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=0.5)
@@ -327,7 +328,7 @@ def test_a_negative_bound_is_refused():
     VirtualExecutor(COSTS, run_ahead=-1)
 
 
-# --- every scheduler family, end to end (`cost.schedule='run_ahead'`) -------------------------
+# --- every scheduler family, end to end (`cost.host`: the process executor's) ----------------
 # Each family in a configuration whose values do not depend on the schedule: the pipelines
 # are deterministic; one ASGD worker, PD-ASGD's 1:1 with one token and LPP-SGD's one replica
 # are sequential SGD (whose lane-process forms these runs take).
@@ -345,7 +346,8 @@ SEQUENTIAL = {
 }
 
 
-def _family_run(family, schedule, data_dir, workdir, **cost):
+def _family_run(family, host, data_dir, workdir):
+  """`family`'s run on the virtual clock with the host profile `host` (None: no host)."""
   import importlib
 
   from jaxsgd import training
@@ -355,7 +357,7 @@ def _family_run(family, schedule, data_dir, workdir, **cost):
   config.update({'data_dir': data_dir, 'clock': 'virtual', 'train_steps': 12, 'eval_every': 12})
   if family == 'bp':
     del config.algorithm['variant']  # a DDG field
-  config.cost.update({'schedule': schedule, 'link_latency': 1e-4, **cost})
+  config.cost.update({'host': host, 'link_latency': 1e-4})
   for field, value in overrides.items():
     parent, _, leaf = field.rpartition('.')
     (config[parent] if parent else config)[leaf] = value
@@ -365,20 +367,13 @@ def _family_run(family, schedule, data_dir, workdir, **cost):
 @pytest.mark.parametrize('family', SEQUENTIAL)
 def test_every_family_running_ahead_computes_the_in_order_values(family, data_dir, tmp_path):
   """The same losses, accuracy and staleness as the in-order clock, bit for bit, with
-  and without a simulated driver (`cost.driver`, `cost.driver_latency`; its run copies
-  on the sender, `cost.copies='sender'`); the simulated time may differ (copies the
-  in-order clock does not price, overlap, the driver's time)."""
-  in_order = _family_run(family, 'in_order', data_dir, tmp_path / 'in_order')
-  ahead = _family_run(family, 'run_ahead', data_dir, tmp_path / 'run_ahead')
-  driven = _family_run(
-    family,
-    'run_ahead',
-    data_dir,
-    tmp_path / 'driven',
-    driver=1e-3,
-    driver_latency=2e-3,
-    copies='sender',
-  )
+  and without a simulated driver (a host profile of the process executor, with zero or
+  some driver time); the simulated time may differ (copies the in-order clock does not
+  price, overlap, the driver's time)."""
+  in_order = _family_run(family, None, data_dir, tmp_path / 'in_order')
+  ahead = _family_run(family, host_file(tmp_path), data_dir, tmp_path / 'run_ahead')
+  driver = host_file(tmp_path, driver=1e-3, driver_latency=2e-3)
+  driven = _family_run(family, driver, data_dir, tmp_path / 'driven')
   for run in (ahead, driven):
     for key in ('train_loss', 'test_loss', 'test_accuracy'):
       assert run[key] == in_order[key], key
@@ -387,53 +382,55 @@ def test_every_family_running_ahead_computes_the_in_order_values(family, data_di
 
 
 # --- bad input -----------------------------------------------------------------------------------
-def test_bad_schedule_setting_is_refused():
+def test_the_old_schedule_setting_is_refused_naming_its_replacement():
   from jaxsgd.algorithms.settings import cost_settings
 
-  with pytest.raises(ValueError, match=r"cost.schedule: 'eager'; allowed: in_order, run_ahead"):
-    cost_settings({'schedule': 'eager'}, clock='virtual')
+  with pytest.raises(ValueError, match=r'^cost.schedule: renamed; use cost.host \(a host profile'):
+    cost_settings({'schedule': 'run_ahead'}, clock='virtual')
 
 
-def test_a_run_ahead_schedule_refuses_periodic_checkpoints():
+def test_a_simulated_process_executor_refuses_periodic_checkpoints(tmp_path):
   from experiments.configs import ddg as ddg_config
   from jaxsgd.algorithms.settings import shared_settings
 
   config = ddg_config.get_config('smoke')
   config.update({'clock': 'virtual', 'checkpoint_every': 5})
-  config.cost.schedule = 'run_ahead'
-  with pytest.raises(ValueError, match=r"checkpoint_every: a run with cost.schedule='run_ahead'"):
+  config.cost.host = host_file(tmp_path)
+  with pytest.raises(ValueError, match=r'^checkpoint_every: a virtual run of the process executor'):
     shared_settings(config)
 
 
-def test_a_data_parallel_method_refuses_a_run_ahead_schedule():
+def test_a_data_parallel_method_refuses_a_host_profile(tmp_path):
   from experiments.configs import ssgd as ssgd_config
   from jaxsgd import algorithms
 
   from scheduler_helpers import mlp
 
   config = ssgd_config.get_config('smoke')
-  config.cost.schedule = 'run_ahead'
-  with pytest.raises(ValueError, match=r"^cost.schedule: 'run_ahead' simulates the process"):
+  config.cost.host = host_file(tmp_path, 'in_process')
+  with pytest.raises(ValueError, match=r"^cost.host: a host profile prices an executor's host"):
     algorithms.get('ssgd').validate(config, mlp())
 
 
 @pytest.mark.parametrize(
-  'schedule, given, bound, lane_processes',
-  [('in_order', None, 0, False), ('run_ahead', None, 4, True), ('run_ahead', 1, 1, True)],
+  'executor, given, bound, lane_processes',
+  [(None, None, 0, False), ('in_process', None, 0, False)]
+  + [('processes', None, 4, True), ('processes', 1, 1, True)],
 )
-def test_the_schedule_reaches_the_virtual_clock_with_the_process_executors_bound(
-  schedule, given, bound, lane_processes
+def test_the_host_profile_gives_the_virtual_clock_the_process_executors_schedule(
+  executor, given, bound, lane_processes, tmp_path
 ):
-  """`cost.schedule` is what makes the family runs above run ahead at all: the virtual
-  clock gets the process executor's bound (4; ASGD's 1, passed as `run_ahead`), and the
-  asynchronous policies their lane-process forms."""
+  """A host profile of the process executor (`cost.host`) is what makes the family runs
+  above run ahead at all: the virtual clock gets that executor's bound (4; ASGD's 1,
+  passed as `run_ahead`), and the asynchronous policies their lane-process forms."""
   from experiments.configs import ddg as ddg_config
   from jaxsgd.algorithms import clocks
   from jaxsgd.algorithms.settings import KINDS, shared_settings
 
   config = ddg_config.get_config('smoke')
   config.clock = 'virtual'
-  config.cost.update({'schedule': schedule, 'calibrate': False})
+  host = None if executor is None else host_file(tmp_path, executor)
+  config.cost.update({'host': host, 'calibrate': False})
   config.cost.compute.update({kind: 1.0 for kind in KINDS})
   shared = shared_settings(config)
   executor, _ = clocks.make_executor(shared, None, KINDS, 2, run_ahead=given)

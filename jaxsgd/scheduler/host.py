@@ -1,0 +1,230 @@
+"""An executor's host, simulated from one measured host profile (`cost.host`).
+
+A device computes a task; the executor's host decides when the device gets it and hears
+when it ended. A *host profile* is what one executor's host adds to the devices' time,
+measured on the machine it describes by
+
+    python -m experiments.profile --host=processes --out=host.json    # or in_process, threads
+
+and read by `cost.host=host.json`. Without one (the default) the virtual clock prices the
+devices' time alone, as on hardware whose host keeps every device fed: a process goes on
+when its task ends, and lanes on one device take it first in, first out.
+
+File format (JSON, `FORMAT`; seconds and bytes/s):
+
+    {"format": "jaxsgd-host-profile/1", "executor": "processes", "cores": 2,
+     "platform": "cpu", "jax_version": "0.10.2", "date": "...",
+     "dispatch": 5e-4, "dispatch_loaded": 7.5e-4,
+     "driver": 3e-5, "driver_latency": 3.8e-4,
+     "driver_loaded": 4e-5, "driver_latency_loaded": 1.2e-3,
+     "link_latency": 1.5e-3, "link_bandwidth": 1.0e9}
+
+What each figure is, and how the virtual clock uses it (`SimulatedHost`):
+
+  dispatch        host seconds per task that its lane waits for, added to every task:
+                  for 'in_process' and 'threads' the real clock's bookkeeping per task,
+                  for 'processes' the wall time per task of a chain run through a lane
+                  process (`lane_timing.measure_process_dispatch`).
+  driver          'processes': the driver thread's CPU seconds per event (a task or a
+                  copy dispatched, a task's end heard), simulated as one FIFO resource;
+  driver_latency  and each message's way between the driver and a lane.
+  link_*          'processes': a move of a new value between two lane processes
+                  (`lane_timing.measure_process_links`); the run's links unless
+                  `cost.link_latency` / `cost.link_bandwidth` describe others.
+  *_loaded        the same figures measured with a busy lane on every core; they apply
+                  where the run's compute lanes take every core of the host (as many
+                  lanes as `cores`), so the driver and Ray run only when they preempt one.
+
+The process executor's schedule follows from what it is, not from settings: a process
+goes on at its task's dispatch while its lane has at most the executor's bound of
+unfinished tasks (`executor.RUN_AHEAD`; a parameter server's workers 1), a lane process
+makes its own copies (Ray serializes what it sends, between its tasks), and lanes that
+`placement.lanes` puts on the same cores share them as an operating system shares a core
+between processes (time slices). `docs/simulator.md` says how well this predicts runs.
+"""
+
+import dataclasses
+import datetime
+import functools
+import json
+import math
+import os
+
+import jax
+
+FORMAT = 'jaxsgd-host-profile/1'
+EXECUTORS = ('in_process', 'threads', 'processes')
+# The figures each executor's profile must hold (>= 0 seconds, or bytes/s > 0).
+FIGURES = {
+  'in_process': ('dispatch',),
+  'threads': ('dispatch',),
+  'processes': (
+    'dispatch',
+    'dispatch_loaded',
+    'driver',
+    'driver_latency',
+    'driver_loaded',
+    'driver_latency_loaded',
+    'link_latency',
+    'link_bandwidth',
+  ),
+}
+_ABOUT = ('format', 'executor', 'cores', 'platform', 'jax_version', 'date')
+
+
+class HostProfileError(ValueError):
+  """A host profile that cannot be used, in one line naming the file and the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostProfile:
+  """One executor's measured host figures on a machine of `cores` cores."""
+
+  executor: str
+  cores: int
+  figures: tuple[tuple[str, float], ...]
+  platform: str = 'cpu'
+  jax_version: str = ''
+  date: str = ''
+
+  def figure(self, name: str) -> float:
+    return dict(self.figures)[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatedHost:
+  """What the virtual clock simulates of a host, for a run of `compute_lanes` lanes.
+
+  Attributes:
+    run_ahead: a process goes on at its task's dispatch (the process executor), not at
+      its end.
+    dispatch: host seconds added to every task.
+    driver, driver_latency: the process executor's driver (0: none).
+    copies_on_sender: a copy occupies the sending lane's hardware.
+    time_sliced: lanes placed on the same cores share them in time slices.
+    link: `(latency, bandwidth)` of the executor's moves between lanes, or None.
+  """
+
+  run_ahead: bool = False
+  dispatch: float = 0.0
+  driver: float = 0.0
+  driver_latency: float = 0.0
+  copies_on_sender: bool = False
+  time_sliced: bool = False
+  link: tuple[float, float] | None = None
+
+
+def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
+  """What `profile` makes the virtual clock simulate for a run of `compute_lanes` lanes
+  (module docstring); no profile: the devices' time alone."""
+  if profile is None:
+    return SimulatedHost()
+  if profile.executor != 'processes':
+    return SimulatedHost(dispatch=profile.figure('dispatch'))
+  loaded = '_loaded' if compute_lanes >= profile.cores else ''
+  return SimulatedHost(
+    run_ahead=True,
+    dispatch=profile.figure('dispatch' + loaded),
+    driver=profile.figure('driver' + loaded),
+    driver_latency=profile.figure('driver_latency' + loaded),
+    copies_on_sender=True,
+    time_sliced=True,
+    link=(profile.figure('link_latency'), profile.figure('link_bandwidth')),
+  )
+
+
+def make(executor: str, figures: dict, *, cores: int | None = None) -> HostProfile:
+  """A host profile of `executor` measured on this machine now (checked as `load` does)."""
+  profile = HostProfile(
+    executor=executor,
+    cores=os.cpu_count() if cores is None else cores,
+    figures=tuple(sorted((k, float(v)) for k, v in figures.items())),
+    platform=jax.devices()[0].platform,
+    jax_version=jax.__version__,
+    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+  )
+  return from_json(to_json(profile), 'the measured figures')
+
+
+def to_json(profile: HostProfile) -> dict:
+  return {
+    'format': FORMAT,
+    'executor': profile.executor,
+    'cores': profile.cores,
+    'platform': profile.platform,
+    'jax_version': profile.jax_version,
+    'date': profile.date,
+    **dict(profile.figures),
+  }
+
+
+def save(profile: HostProfile, path: str) -> None:
+  with open(path, 'w') as f:
+    json.dump(to_json(profile), f, indent=1)
+    f.write('\n')
+
+
+def load(path: str) -> HostProfile:
+  """The host profile at `path`; a file that is missing or not one is refused in one line.
+  Read once per version of the file (a run asks for it wherever it decides the schedule)."""
+  try:
+    version = os.stat(os.path.expanduser(path)).st_mtime_ns
+  except OSError:
+    version = None
+  return _load(path, version)
+
+
+@functools.lru_cache(maxsize=16)
+def _load(path: str, version) -> HostProfile:
+  del version  # the cache's key only
+  where = f'cost.host: {path!r}'
+  try:
+    with open(os.path.expanduser(path)) as f:
+      data = json.load(f)
+  except FileNotFoundError:
+    raise HostProfileError(
+      f'{where}: no such file; measure one with python -m experiments.profile '
+      f'--host=processes (or in_process, threads) --out={path}.'
+    ) from None
+  except (OSError, ValueError) as e:
+    raise HostProfileError(f'{where}: not a readable JSON file ({e}).') from None
+  return from_json(data, where)
+
+
+def from_json(data, where: str) -> HostProfile:
+  """A `HostProfile` from its JSON form, every field checked (errors name `where`)."""
+  if not isinstance(data, dict) or data.get('format') != FORMAT:
+    raise HostProfileError(f'{where}: not a host profile (its "format" is not {FORMAT!r}).')
+  executor = data.get('executor')
+  if executor not in EXECUTORS:
+    raise HostProfileError(f'{where}: executor {executor!r}; allowed: {", ".join(EXECUTORS)}.')
+  cores = data.get('cores')
+  if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+    raise HostProfileError(f'{where}: cores must be a positive integer, got {cores!r}.')
+  unknown = sorted(set(data) - set(_ABOUT) - set(FIGURES[executor]))
+  if unknown:
+    raise HostProfileError(
+      f'{where}: unknown field {unknown[0]!r} for executor {executor!r}; its figures: '
+      f'{", ".join(FIGURES[executor])}.'
+    )
+  figures = {}
+  for name in FIGURES[executor]:
+    value = data.get(name)
+    positive = name == 'link_bandwidth'
+    if (
+      isinstance(value, bool)
+      or not isinstance(value, (int, float))
+      or not (value > 0 if positive else value >= 0)
+      or (not positive and not math.isfinite(value))
+    ):
+      need = 'bytes/s > 0 (inf: free)' if positive else 'seconds >= 0'
+      raise HostProfileError(f'{where}: {name} must be {need}, got {value!r}.')
+    figures[name] = float(value)
+  return HostProfile(
+    executor=executor,
+    cores=cores,
+    figures=tuple(sorted(figures.items())),
+    platform=str(data.get('platform', '')),
+    jax_version=str(data.get('jax_version', '')),
+    date=str(data.get('date', '')),
+  )
