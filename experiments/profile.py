@@ -1,4 +1,7 @@
-r"""Measures a cost profile for a config: every task it runs, timed once, carefully.
+r"""Measures a cost profile for a config (every task it runs, timed once, carefully), or
+an executor's host profile.
+
+    python -m experiments.profile --host=processes --out=host.json      # cost.host=host.json
 
     python -m experiments.profile --config=experiments/configs/ddg.py --out=profiles/ddg.json
     python -m experiments.profile --config=experiments/configs/ddg.py:smoke \
@@ -46,6 +49,7 @@ from jaxsgd.algorithms import ddg
 from jaxsgd.algorithms import local
 from jaxsgd.pipeline import PlacedStages, sequential_roles
 from jaxsgd.scheduler import Placement, profiles
+from jaxsgd.scheduler import host as host_lib
 from jaxsgd.training.loop import build_model
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -82,6 +86,14 @@ _LOADED_DRIVER = flags.DEFINE_bool(
   "core this process may use ('driver_loaded', 'driver_latency_loaded'; "
   "cost.driver_from='profile_loaded'): what a run whose lanes take every core pays; "
   'starts a Ray cluster; ~20 s.',
+)
+_HOST = flags.DEFINE_enum(
+  'host',
+  None,
+  list(host_lib.EXECUTORS),
+  'Instead of --config: measure this executor\'s host profile (cost.host) and write it '
+  'to --out: its dispatch per task; for processes also its driver, its moves between lane '
+  'processes and the same with a busy lane on every core (starts a Ray cluster; ~1 min).',
 )
 flags.mark_flags_as_required(['out'])
 
@@ -189,11 +201,52 @@ def suite_configs(name: str) -> list:
   return configs
 
 
+def measure_host(executor: str) -> host_lib.HostProfile:
+  """`executor`'s host profile on this machine (`jaxsgd.scheduler.host`): the in-process
+  executors' dispatch per task; the process executor's dispatch (wall time per task of a
+  chain through one lane process; the CPU of all the run's processes per task, which is
+  what a lane loses where the lanes take every core), its driver's figures with an idle
+  lane and with a busy lane on every core this process may use, and a move of a new
+  value between two lane processes (the line through 64 KiB and 16 MiB)."""
+  cores = sorted(os.sched_getaffinity(0))
+  if executor != 'processes':
+    dispatch = profiles.measure_dispatch()
+    figures = {'dispatch': dispatch['real' if executor == 'in_process' else 'real_threads']}
+    return host_lib.make(executor, figures, cores=len(cores))
+  idle = profiles.measure_process_dispatch(cores=cores[:1])
+  loaded = profiles.measure_loaded_driver(cores=cores)
+  latency, bandwidth = profiles.measure_process_links(cores=(cores[0], cores[-1]))
+  figures = {
+    'dispatch': idle['processes'],
+    'dispatch_loaded': idle['processes_cpu'],
+    'driver': idle['driver'],
+    'driver_latency': idle['driver_latency'],
+    'driver_loaded': loaded['driver_loaded'],
+    'driver_latency_loaded': loaded['driver_latency_loaded'],
+    'link_latency': latency,
+    'link_bandwidth': bandwidth,
+  }
+  return host_lib.make(executor, figures, cores=len(cores))
+
+
+def write_host(executor: str, out: str) -> None:
+  if os.path.exists(out) and not _REPLACE.value:
+    raise SystemExit(f'--out: {out!r} exists; --replace overwrites it.')
+  measured = measure_host(executor)
+  host_lib.save(measured, out)
+  figures = ', '.join(f'{name} {value:.3g}' for name, value in measured.figures)
+  print(f'wrote {out}: host profile of {executor} on {measured.cores} cores: {figures}')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if _HOST.value is not None:
+    if _CONFIG.value is not None or _SUITE.value is not None:
+      raise SystemExit('--host: measures an executor, not a config; drop --config/--suite.')
+    return write_host(_HOST.value, _OUT.value)
   if (_CONFIG.value is None) == (_SUITE.value is None):
-    raise SystemExit('--config or --suite: give exactly one.')
+    raise SystemExit('--config, --suite or --host: give exactly one.')
   configs = suite_configs(_SUITE.value) if _SUITE.value else [('', _CONFIG.value)]
   if _PIN_CORE.value >= 0:
     profiles.pin_to_core(_PIN_CORE.value)  # Before JAX's first computation.

@@ -7,7 +7,7 @@
 on this machine (`calibrate`). `dispatch` is the host time an executor spends per
 task on top of the JAX call that `base` already includes (0 by default: the devices'
 time alone; a profile's measured figure when the simulation predicts an executor,
-`cost.dispatch`); it is host time, so neither the lane's speed nor the noise scales
+`cost.host`); it is host time, so neither the lane's speed nor the noise scales
 it. `speed[l]` (default 1) makes some devices or
 workers faster or slower. `noise_l = exp(σ z − σ²/2)`, `z ~ N(0, 1)` drawn from a
 generator seeded by `(seed, l)`, is a mean-one log-normal straggler factor: the
@@ -76,7 +76,7 @@ class CostModel:
       raise ValueError(f'cost.straggler_std: must be >= 0, got {self.straggler_std!r}.')
     if not 0 <= self.dispatch < math.inf:
       raise ValueError(
-        f'cost.dispatch: must be a finite number of seconds >= 0, got {self.dispatch!r}.'
+        f'dispatch: must be a finite number of seconds >= 0, got {self.dispatch!r}.'
       )
     for field in ('driver', 'driver_latency'):
       value = getattr(self, field)

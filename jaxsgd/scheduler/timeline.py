@@ -15,7 +15,7 @@ from typing import NamedTuple
 class TaskRecord(NamedTuple):
   """One task: its lane, kind, start and end (seconds), stage and batch, and when the
   driver heard of its end (`heard`: the process executor's, and the virtual clock's with
-  a simulated driver, `cost.driver`; else None).
+  a simulated driver, `cost.host`; else None).
 
   A named tuple rather than a frozen dataclass: an executor makes one per task, and a
   tuple is built in a tenth of the time (~0.3 µs against ~3 µs here).
