@@ -20,9 +20,9 @@ from typing import Any
 import jax
 
 from jaxsgd.algorithms.settings import SharedSettings
-from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor
+from jaxsgd.scheduler import CostModel, Placement, RealExecutor
 from jaxsgd.scheduler import executor as executor_lib
-from jaxsgd.scheduler import hardware, profiles, transfer
+from jaxsgd.scheduler import hardware, profiles, transfer, virtual
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +187,7 @@ def make_executor(
     return RealExecutor(threads=threads), {}
   table = task_costs(shared, tasks, kinds, num_stages)
   model = cost_model(shared, adjust(table), lane_speeds)
-  executor = VirtualExecutor(
+  executor = virtual.make(
     model,
     lane_hardware=lane_hardware(shared),
     copies_on_sender=shared.cost.copies == 'sender',
