@@ -57,7 +57,8 @@ ran. The model is an MLP on MNIST-1D (40-1024-1024-1024-1024-10, batch 1024: tas
 30-300 ms), so that a task is well above what the process executor's host spends on it
 (the driver's and Ray's CPU, 1-2.5 ms per task on this 2-core VM, on the lanes' own
 cores). With `--hidden=512 --batch=256` the tasks take 1-5 ms, that host time is of their
-size, and the error measures mostly it (49 % here, docs/simulator.md). The predicted runs
+size, and the error measures mostly it (49 % here,
+benchmarks/results/simulator_history.md). The predicted runs
 read the profile's medians (`--statistic`, `cost.statistic`), time-slice lanes placed
 on one core (`--sharing`, `cost.sharing`) and run processes ahead of their lanes as the
 process executor's driver does (`--schedule`, `cost.schedule`). The machine's load average is printed: other

@@ -16,9 +16,10 @@ machine as the pilot found it — load, neighbours on shared cores, a slow spell
 a profile measured alone sees a quiet core. `benchmarks/simulator_accuracy.py` measures
 the same idea in its "calibrated" column (each task kind's median in a warm-up run on
 lanes, over its own steady-state window, simulated with the benchmark's settings:
-the process executor's host (`cost.host`: its dispatch, copies on the sender, time-sliced cores, the run-ahead schedule,
-measured links)): within 12.4 % of the process executor for every scheduler family,
-where the profile measured alone gave up to 30.4 %, in one run (docs/simulator.md).
+the process executor's host (`cost.host`: its dispatch, copies on the sender, time-sliced
+cores, the run-ahead schedule, measured links)): within 12.4 % of the process executor for
+every scheduler family, where the profile measured alone gave up to 30.4 %, in one run
+(benchmarks/results/simulator_history.md).
 
 The pilot must be a run on the real clock of the profile's model and batch size, best
 on lane processes: the in-process real clock with several stages on one CPU device is

@@ -20,9 +20,9 @@ from typing import Any
 import jax
 
 from jaxsgd.algorithms.settings import SharedSettings
-from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor
+from jaxsgd.scheduler import CostModel, Placement, RealExecutor
 from jaxsgd.scheduler import executor as executor_lib
-from jaxsgd.scheduler import hardware, profiles, transfer
+from jaxsgd.scheduler import hardware, profiles, transfer, virtual
 from jaxsgd.scheduler import host as host_lib
 
 
@@ -202,7 +202,7 @@ def make_executor(
   table = task_costs(shared, tasks, kinds, num_stages)
   host = simulated_host(shared, max(len(lane_speeds), num_stages))
   model = cost_model(shared, adjust(table), lane_speeds, host)
-  executor = VirtualExecutor(
+  executor = virtual.make(
     model,
     lane_hardware=lane_hardware(shared),
     copies_on_sender=host.copies_on_sender,

@@ -8,7 +8,8 @@ task's start and writes them at its end. An executor runs the processes:
 - `RealExecutor()`: real devices, asynchronous dispatch from one thread, timings
   measured off the hot path; `RealExecutor(threads=True)`: a thread per process.
 - `VirtualExecutor(cost_model)`: a deterministic discrete-event simulation in
-  which every task still runs its real computation.
+  which every task still runs its real computation; `LaneProcessModel` simulates the
+  process executor's schedule on it, and `virtual.make` picks one for a run's settings.
 
 Both are small subclasses of `Executor` (`executor.py`), which writes what the ops
 mean once; a clock overrides only when tasks run and when processes go on (its
@@ -38,3 +39,4 @@ from jaxsgd.scheduler.real import RealExecutor, ThreadedExecutor
 from jaxsgd.scheduler.store import Snapshot, UpdateRecord, VersionedStore
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 from jaxsgd.scheduler.virtual import VirtualExecutor
+from jaxsgd.scheduler.virtual_processes import LaneProcessModel

@@ -21,7 +21,7 @@ from jaxsgd import data as data_lib
 from jaxsgd import training
 from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms.settings import cost_settings, shared_settings
-from jaxsgd.scheduler import CostModel, VirtualExecutor, profiles
+from jaxsgd.scheduler import CostModel, VirtualExecutor, profiles, virtual
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
 from jaxsgd.training.loop import build_model
 from scheduler_helpers import host_file, profile_of
@@ -382,7 +382,7 @@ def _send_between_tasks(copies_on_sender, **executor_options):
     yield Get(inbox)
     yield Compute(lambda: None, kind='forward', stage=0)
 
-  executor = VirtualExecutor(
+  executor = virtual.make(
     CostModel({'forward': 1.0}, link_latency=1.0),
     copies_on_sender=copies_on_sender,
     **executor_options,
@@ -418,7 +418,7 @@ def _on_one_core(programs, time_sliced=True, **lanes):
   names = list(programs)
   lane_ids = {name: cluster.add_lane(f'{name} (cpu:0)') for name in names}
   processes = [Process(name, lane_ids[name], programs[name]) for name in names]
-  executor = VirtualExecutor(
+  executor = virtual.make(
     CostModel({'forward': 1.0, 'update': 0.25}),
     lane_hardware={'a': 'core 0', 'b': 'core 0', **lanes},
     time_sliced=time_sliced,

@@ -1,5 +1,5 @@
-"""The virtual clock's run-ahead schedule (`VirtualExecutor(run_ahead=N)`,
-`cost.host`, a host profile of the process executor): its driver, simulated.
+"""The virtual clock's run-ahead schedule (`LaneProcessModel(run_ahead=N)`; `cost.host`, a
+host profile of the process executor): that executor's driver, simulated.
 
 A process goes on when its task is dispatched (while its lane has at most N unfinished
 tasks); a task starts once the tasks whose results it reads have ended, and a result read
@@ -10,7 +10,7 @@ expected time below is computed by hand; the values are the in-order clock's, bi
 import jax.numpy as jnp
 import pytest
 
-from jaxsgd.scheduler import CostModel, VirtualExecutor
+from jaxsgd.scheduler import CostModel, LaneProcessModel, virtual
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
 from jaxsgd.scheduler.snapshot import NotResumableError
 from scheduler_helpers import host_file
@@ -52,7 +52,7 @@ def _producer_consumer(cluster, *, sent: bool, seen: list):
 def _run(run_ahead: int, *, sent: bool = False):
   cluster, seen = Cluster(), []
   a, b, producer, consumer = _producer_consumer(cluster, sent=sent, seen=seen)
-  executor = VirtualExecutor(COSTS, run_ahead=run_ahead)
+  executor = virtual.make(COSTS, run_ahead=run_ahead)
   timeline = executor.run(
     cluster, [Process('a', a, producer(executor)), Process('b', b, consumer(executor))]
   )
@@ -122,7 +122,7 @@ def test_the_sender_of_a_value_reads_it_without_waiting_for_its_copy(run_ahead):
     x = yield Get(inbox)
     yield Compute(_use, (x,), kind='backward', stage=0)
 
-  executor = VirtualExecutor(COSTS, run_ahead=run_ahead)
+  executor = virtual.make(COSTS, run_ahead=run_ahead)
   timeline = executor.run(cluster, [Process('a', a, on_a()), Process('b', b, on_b())])
   assert _spans_by_lane(cluster, timeline) == {
     'a': [(0, 1), (1, 2)],
@@ -158,7 +158,7 @@ def test_a_value_sent_to_two_lanes_waits_for_each_copy_on_its_own_link(run_ahead
     x = yield Get(to_c)
     yield Compute(_use, (x,), kind='backward', stage=0, batch=1)
 
-  executor = VirtualExecutor(costs, run_ahead=run_ahead)
+  executor = virtual.make(costs, run_ahead=run_ahead)
   processes = [Process('a', a, on_a()), Process('b', b, on_b()), Process('c', c, on_c())]
   spans = _spans_by_lane(cluster, executor.run(cluster, processes))
   assert spans['link a → b'] == [pytest.approx((2, 2.501))]
@@ -191,7 +191,7 @@ def test_a_value_sent_back_to_the_lane_that_made_it_is_read_after_it_arrives(run
     x = yield Get(to_b)
     yield Send(to_a, x, batch=3)
 
-  executor = VirtualExecutor(costs, run_ahead=run_ahead)
+  executor = virtual.make(costs, run_ahead=run_ahead)
   spans = _spans_by_lane(
     cluster, executor.run(cluster, [Process('a', a, on_a()), Process('b', b, on_b())])
   )
@@ -223,7 +223,7 @@ def test_a_lane_waiting_for_its_input_leaves_a_shared_device_to_the_other_lane()
     yield Get(go)  # dispatched just after x's task
     yield Compute(_make, kind='forward', stage=0, batch=1)
 
-  executor = VirtualExecutor(COSTS, run_ahead=4)
+  executor = LaneProcessModel(COSTS, run_ahead=4)
   processes = [Process('z', z, on_z()), Process('x', x, on_x()), Process('y', y, on_y())]
   assert _spans_by_lane(cluster, executor.run(cluster, processes)) == {
     'z': [(0, 2)],
@@ -253,7 +253,7 @@ def test_a_senders_copies_run_in_the_order_sent_even_when_a_later_value_is_ready
     got = yield Get(channel)
     yield Compute(_use, (got,), kind='backward', stage=0)
 
-  executor = VirtualExecutor(
+  executor = virtual.make(
     COSTS, run_ahead=4, copies_on_sender=True, time_sliced=True, lane_hardware={'a': 'core'}
   )
   processes = [Process('a', a, on_a()), Process('b', b, on(to_b)), Process('c', c, on(to_c))]
@@ -269,7 +269,7 @@ def test_a_senders_copies_run_in_the_order_sent_even_when_a_later_value_is_ready
 def test_a_task_marked_not_ahead_is_waited_for():
   cluster, seen = Cluster(), []
   lane = cluster.add_lane('a')
-  executor = VirtualExecutor(COSTS, run_ahead=4)
+  executor = LaneProcessModel(COSTS, run_ahead=4)
 
   def program():
     yield Compute(_make, kind='forward', stage=0)
@@ -291,7 +291,7 @@ def test_an_ended_task_keeps_no_result_alive():
   cluster = Cluster()
   lane = cluster.add_lane('a')
   made, alive = [], []
-  executor = VirtualExecutor(COSTS, run_ahead=4)
+  executor = LaneProcessModel(COSTS, run_ahead=4)
 
   def program():
     x = yield Compute(_make, kind='forward', stage=0)
@@ -309,7 +309,7 @@ def test_an_ended_task_keeps_no_result_alive():
 def test_a_run_ahead_schedule_refuses_a_checkpoint():
   cluster = Cluster()
   lane = cluster.add_lane('a')
-  executor = VirtualExecutor(COSTS, run_ahead=2)
+  executor = LaneProcessModel(COSTS, run_ahead=2)
   refused = []
 
   def program():
@@ -325,7 +325,9 @@ def test_a_run_ahead_schedule_refuses_a_checkpoint():
 
 def test_a_negative_bound_is_refused():
   with pytest.raises(ValueError, match='run_ahead'):
-    VirtualExecutor(COSTS, run_ahead=-1)
+    LaneProcessModel(COSTS, run_ahead=-1)
+  with pytest.raises(ValueError, match='run_ahead'):
+    virtual.make(COSTS, run_ahead=-1)
 
 
 # --- every scheduler family, end to end (`cost.host`: the process executor's) ----------------

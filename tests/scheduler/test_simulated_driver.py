@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from jaxsgd.algorithms.settings import cost_settings
-from jaxsgd.scheduler import CostModel, VirtualExecutor
+from jaxsgd.scheduler import CostModel, LaneProcessModel, VirtualExecutor, virtual
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
 
 DRIVER = 0.25  # seconds per event
@@ -51,7 +51,7 @@ def _run_chains(
 ):
   cluster, seen, box = Cluster(), [[] for _ in range(lanes)], []
   indices = [cluster.add_lane(f'lane{i}') for i in range(lanes)]
-  executor = VirtualExecutor(_costs(driver, driver_latency=latency), run_ahead=run_ahead)
+  executor = LaneProcessModel(_costs(driver, driver_latency=latency), run_ahead=run_ahead)
   box.append(executor)
   processes = [
     Process(f'p{i}', lane, _chain(lane, tasks, ahead=ahead, seen=seen[i], executor_box=box))
@@ -81,7 +81,7 @@ def _hand_over(costs: CostModel, *, handed, waited: bool) -> dict:
     x = yield Get(inbox)
     yield Compute(_add_one, (x,), kind='backward')
 
-  timeline = VirtualExecutor(costs, run_ahead=4).run(
+  timeline = LaneProcessModel(costs, run_ahead=4).run(
     cluster, [Process('p0', a, producer()), Process('p1', b, consumer())]
   )
   return {r.kind: (r.start, r.end, r.heard) for r in timeline.records}
@@ -197,7 +197,7 @@ def test_the_values_do_not_depend_on_the_driver():
       results.append(x)
 
     costs = _costs(driver, driver_latency=latency)
-    VirtualExecutor(costs, run_ahead=2).run(cluster, [Process('p', lane, program())])
+    LaneProcessModel(costs, run_ahead=2).run(cluster, [Process('p', lane, program())])
     return np.asarray(results[0])
 
   np.testing.assert_array_equal(final(0.0), final(DRIVER))
@@ -218,7 +218,11 @@ def test_a_driver_needs_the_run_ahead_schedule():
   with pytest.raises(
     ValueError, match=r'cost\.driver / cost\.driver_latency: 0\.25 / 0\.0 s .*run_ahead > 0'
   ):
-    VirtualExecutor(_costs(), run_ahead=0)
+    virtual.make(_costs(), run_ahead=0)
+  with pytest.raises(ValueError, match=r'run_ahead > 0'):
+    VirtualExecutor(_costs())
+  with pytest.raises(ValueError, match=r'run_ahead > 0'):
+    LaneProcessModel(_costs(), run_ahead=0)
 
 
 @pytest.mark.parametrize('bad', [-0.001, float('inf'), float('nan'), True, '0.1'])

@@ -1,0 +1,114 @@
+"""Lanes that share a CPU core as operating system processes, on the virtual clock.
+
+`cost.sharing='time_slice'`: lanes that `lane_hardware` (`placement.lanes`) places on one
+core are processes of their own, as the process executor's lanes are, and the core runs
+them as an operating system does (`TimeSlicedCore`): each lane runs its own tasks one at
+a time, and the n tasks running on the core at once each progress at 1/n of its speed.
+With `copies_on_sender`, a sender's copies are one more queue on its core, beside its
+tasks (a lane process exports in a thread of its own).
+
+`TimeSlicedVirtualExecutor` overrides two hooks of `VirtualExecutor`: `_hardware_key`
+(such a lane's queue is its own, its core shared) and `_occupy` (a task on a shared core
+ends when the core's shares say). `TimeSlicedLaneProcessModel` is the same over the
+process executor's schedule (`virtual_processes`). The cores' shares are not data: a run
+with time-sliced cores takes no checkpoint (`settings`, `checkpoint_every`).
+"""
+
+import itertools
+
+from jaxsgd.scheduler.placement import lane_name
+from jaxsgd.scheduler.virtual import VirtualExecutor
+from jaxsgd.scheduler.virtual_processes import LaneProcessModel
+
+
+class TimeSlicedVirtualExecutor(VirtualExecutor):
+  """`VirtualExecutor` whose lanes placed on one core (`lane_hardware`) time-slice it."""
+
+  def begin(self) -> None:
+    super().begin()
+    self._cores: dict = {}  # queue key -> the `TimeSlicedCore` it runs on
+    self._core_named: dict = {}  # `lane_hardware` key -> its `TimeSlicedCore`
+
+  def _hardware_key(self, lane: int):
+    """A compute lane placed on a core: a queue of its own (a lane process runs one task
+    at a time) on the shared core. A copy on a sender that is on a core: the sender's
+    copies' queue on that core."""
+    spec = self.cluster.lanes[lane]
+    if spec.link is None and spec.shares is None:
+      core_name = self.lane_hardware.get(lane_name(spec.name))
+      if core_name is not None:
+        return self._on_core(('process', lane), core_name)
+    hardware = super()._hardware_key(lane)
+    if spec.link is not None and self.copies_on_sender and hardware in self._cores:
+      copies = ('copies', spec.link[0])
+      self._cores[copies] = self._cores[hardware]
+      return copies
+    return hardware
+
+  def _on_core(self, queue_key, core_name: str):
+    core = self._core_named.get(core_name) or TimeSlicedCore(self)
+    self._cores[queue_key] = self._core_named[core_name] = core
+    return queue_key
+
+  def _occupy(self, hardware, seconds: float, running: tuple) -> None:
+    core = self._cores.get(hardware)
+    if core is None:
+      super()._occupy(hardware, seconds, running)
+    else:
+      core.add(seconds, running)
+
+
+class TimeSlicedLaneProcessModel(TimeSlicedVirtualExecutor, LaneProcessModel):
+  """`LaneProcessModel` (the process executor's schedule) on time-sliced cores."""
+
+
+class TimeSlicedCore:
+  """A core shared by the lanes placed on it, as an operating system shares it between
+  processes: processor sharing. With n tasks running, each progresses at 1/n of the
+  core's speed; a task's cost is the seconds it would take alone.
+
+      remaining_i -= (now - last) / n            at every arrival and departure
+      next end = now + min_i remaining_i · n     (one event; superseded ones are ignored)
+
+  Linux's scheduler gives each runnable process of one core an equal share over a few
+  milliseconds (CFS), which this fluid model approximates for tasks of a few ms or more;
+  a lane's own tasks still run one at a time (its queue, `_hardware_key`).
+  Everything is arithmetic in a fixed order, so a run stays deterministic.
+  """
+
+  def __init__(self, executor: VirtualExecutor):
+    self.executor = executor
+    self.running: list = []  # [remaining seconds alone, arrival number, task]
+    self.last = 0.0
+    self.generation = 0
+    self.arrivals = itertools.count()
+
+  def add(self, seconds: float, task: tuple) -> None:
+    self._advance()
+    self.running.append([seconds, next(self.arrivals), task])
+    self._schedule()
+
+  def _advance(self) -> None:
+    now = self.executor.now()
+    if self.running:
+      share = (now - self.last) / len(self.running)
+      for entry in self.running:
+        entry[0] -= share
+    self.last = now
+
+  def _schedule(self) -> None:
+    self.generation += 1
+    if self.running:
+      first = min(self.running, key=lambda e: (e[0], e[1]))
+      end = self.executor.now() + max(first[0], 0.0) * len(self.running)
+      self.executor._at(end, self._end, self.generation, first[1])  # pylint: disable=protected-access
+
+  def _end(self, generation: int, arrival: int) -> None:
+    if generation != self.generation:
+      return  # superseded by a later arrival or departure
+    self._advance()
+    done = [e for e in self.running if e[1] == arrival or e[0] <= 1e-12]
+    self.running = [e for e in self.running if not any(e is d for d in done)]
+    for _, _, task in done:
+      self.executor._finish(*task)  # pylint: disable=protected-access
+    self._schedule()

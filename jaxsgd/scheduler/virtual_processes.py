@@ -1,0 +1,297 @@
+"""The process executor's schedule on the virtual clock: lanes as processes, simulated.
+
+`LaneProcessModel(run_ahead=N)` (`cost.schedule='run_ahead'`) is `VirtualExecutor` with
+the schedule of the process executor (`process.py`), whose driver lets a process go on
+once its task is dispatched and its lanes compute behind it:
+
+      start_task(p, op)    → queue op on its lane; if the lane now has at most N
+                             unfinished tasks (op included, `op.ahead`) or it is a copy:
+                             compute op's result now and resume(p, result) at once
+      a task starts        when its lane is free and every task that put what it reads
+                           on its lane has ended (the task that made it there, or the
+                           copy that sent it there); a lane waits for its next task's
+                           inputs, as a lane process waits for its imports, and lanes
+                           sharing hardware take it in dispatch order among the lanes
+                           whose next task can start (one lane's wait does not hold the
+                           device: a lane process waiting for an import does not); a
+                           sender's copies on one queue (`copies_on_sender`) run in the
+                           order sent (one export thread); on links (`cost.copies=
+                           'link'`) copies to different lanes go on their own links
+      a task that reads    another compute lane's result (not sent to it) first pays a
+                           copy over the link, as a lane process imports a handle
+
+With a simulated driver (`cost.driver`: seconds per event, `cost.driver_latency`: each
+message's way), the process executor's driver thread is one more FIFO resource:
+
+      start_task(p, op)    → the driver handles the dispatch (FIFO, `driver` s), then
+                           as above; op reaches its lane `driver_latency` later (it and
+                           the copies it imports start no earlier)
+      a task's end         → reaches the driver `driver_latency` later, is heard once the
+                           driver has handled it (FIFO, `driver` s): only then does its
+                           lane count one unfinished task fewer and a process that waited
+                           for it go on (`TaskRecord.heard`); a copy's end is not heard
+
+Results are tracked by array identity (a weak reference per leaf): what a task made,
+where it is (and which copy put it on each lane it was sent to), and whether it exists
+yet. A task waits only for tasks dispatched before it, and each lane runs its tasks in
+dispatch order, so the earliest queued task can always start once the tasks before it
+end: running ahead cannot deadlock. A value computed by the driver from a running
+task's result (outside any task) is not tracked: such policies take their lane-process
+forms in this mode (`SharedSettings.lane_processes`), where every computation is a task.
+
+A queued task carries its `_Job` (`VirtualExecutor`'s `extra`): what it waits for, its
+result if its process went on with it, and whether it has ended. Tasks in flight are not
+data: a run of this schedule takes no checkpoint.
+"""
+
+import math
+import weakref
+
+import jax
+
+from jaxsgd.scheduler import snapshot as snapshot_lib
+from jaxsgd.scheduler.core import Compute, Process
+from jaxsgd.scheduler.costs import TRANSFER, CostModel
+from jaxsgd.scheduler.executor import RUN_AHEAD
+from jaxsgd.scheduler.timeline import TaskRecord
+from jaxsgd.scheduler.virtual import VirtualExecutor
+
+
+class LaneProcessModel(VirtualExecutor):
+  """The virtual clock with the process executor's schedule (module docstring): a process
+  goes on at its task's dispatch while its lane has at most `run_ahead` unfinished tasks."""
+
+  def __init__(self, cost_model: CostModel, *, run_ahead: int = RUN_AHEAD, **hardware):
+    """`run_ahead`: the process executor's bound (`executor.RUN_AHEAD`; 0: every process
+    waits for its task, as that executor's then). `hardware`: `VirtualExecutor`'s
+    `lane_hardware` and `copies_on_sender`."""
+    if run_ahead < 0:
+      raise ValueError(f'run_ahead: unfinished tasks per lane >= 0, got {run_ahead!r}.')
+    self.run_ahead = run_ahead
+    super().__init__(cost_model, **hardware)
+
+  def begin(self) -> None:
+    super().begin()
+    self._unfinished: dict[int, int] = {}  # compute lane -> its unfinished tasks
+    self._made: dict[int, _Made] = {}  # id of a result leaf -> where, by which task
+    self._driver_free = 0.0  # when the simulated driver has handled every event so far
+
+  def snapshot(self) -> dict:
+    raise snapshot_lib.NotResumableError(
+      'checkpoint: a run-ahead schedule (cost.schedule) keeps tasks in flight.'
+    )
+
+  # --- the driver -----------------------------------------------------------------------
+  def start_task(self, process: Process, lane: int, op: Compute) -> None:
+    if self.cost_model.simulates_driver:
+      self._on_driver(self._dispatched, process, lane, op)  # the driver dispatches it
+    else:
+      self._start_ahead(process, lane, op)
+
+  def _on_driver(self, fn, *args) -> None:
+    """Runs `fn(*args)` once the simulated driver has handled this event: one host
+    thread, `cost_model.driver` seconds per event, events in the order they arrive (a
+    FIFO single server; `cost.driver`)."""
+    self._driver_free = max(self._now, self._driver_free) + self.cost_model.driver
+    self._at(self._driver_free, fn, *args)
+
+  def _dispatched(self, process: Process, lane: int, op: Compute) -> None:
+    """The driver has dispatched `op`: its process goes on as running ahead says, and
+    the task reaches its lane `driver_latency` later."""
+    latency = self.cost_model.driver_latency
+    self._start_ahead(process, lane, op, arrives=self._now + latency if latency else None)
+
+  def _task_ended(self, process, op, lane, start, result, job: '_Job') -> None:
+    """What reads the task's result may start at once (lanes take their inputs from one
+    another); the driver hears of its end at once, or with a simulated driver once the
+    end has reached it and waited for its turn (a copy's end is not heard: the process
+    executor does not wait for it)."""
+    job.done = True
+    record = TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch)
+    if self.cost_model.simulates_driver and self.cluster.lanes[lane].link is None:
+      heard = (self._heard, process, job, lane, result, record)
+      if self.cost_model.driver_latency:
+        self._at(self._now + self.cost_model.driver_latency, self._on_driver, *heard)
+      else:
+        self._on_driver(*heard)
+    else:
+      self.record(record)
+      self._heard(process, job, lane, result)
+
+  def _heard(self, process: Process | None, job: '_Job', lane: int, result, record=None) -> None:
+    """The driver hears that `job` has ended on `lane` (at its end, or once the simulated
+    driver has handled the event, which `record` then notes): the lane has one task fewer
+    unfinished, and a process that waited for the task goes on with its result."""
+    if record is not None:
+      self.record(record._replace(heard=self._now))
+    if self.cluster.lanes[lane].link is None:
+      self._unfinished[lane] -= 1
+    if not job.ahead:
+      self._note(job, lane, result)  # its process sees it only now
+    job.result = None  # the process has it; the executor keeps no result of an ended task
+    if process is not None and not job.ahead:
+      self.task_finished(process, result)
+
+  # --- the lanes ------------------------------------------------------------------------
+  def _start_ahead(
+    self, process: Process, lane: int, op: Compute, arrives: float | None = None
+  ) -> None:
+    """Queues `op` behind the tasks whose results it reads (and the copies of those made
+    on other lanes); the process goes on now if the lane may run that far ahead.
+    `arrives`: when the task reaches its lane (`driver_latency`); neither it nor the
+    copies it needs can start before."""
+    spec = self.cluster.lanes[lane]
+    leaves = _arrays(op.args)
+    message = []
+    if arrives is not None:  # the dispatch on its way to the lane: a job that ends then
+      message = [_Job([])]
+      self._at(arrives, self._arrived, message[0])
+    imports = self._imports(leaves, lane, message) if spec.link is None else []
+    job = _Job(imports + message)
+    reads_at = lane if spec.link is None else spec.link[0]  # a copy reads at its source
+    for made in map(self._made_of, leaves):
+      if made is not None:  # what put it where this task reads it
+        waits = made.at.get(reads_at, ())
+        if reads_at == made.lanes[0] or not waits:
+          waits = (made.job, *waits)
+        job.inputs += [j for j in waits if not j.done]
+    if spec.link is None:
+      self._unfinished[lane] = self._unfinished.get(lane, 0) + 1
+    job.ahead = spec.link is not None or (op.ahead and self._unfinished[lane] <= self.run_ahead)
+    if job.ahead:
+      job.result = op.fn(*op.args)
+      self._note(job, lane, job.result)
+    self._enqueue((process, lane, op, job))
+    if job.ahead:
+      self.resume(process, job.result)
+
+  def _imports(self, leaves: list, lane: int, message: list) -> list:
+    """The copies `leaves` need to reach compute lane `lane`: one per lane they were made
+    on, queued now on its link (a lane process imports each handle a task reads), each
+    after the task's `message` has reached the lane, if one is on its way."""
+    sources: dict[int, list] = {}  # lane made on -> [(array, its _Made)]
+    for leaf in leaves:
+      made = self._made_of(leaf)
+      if made is not None and lane not in made.lanes:
+        sources.setdefault(made.lanes[0], []).append((leaf, made))
+    copies = []
+    for source, arrays in sources.items():
+      link = self.cluster.link(source, lane)
+      costed = math.isfinite(self.cost_model.link_bandwidth)
+      nbytes = sum(a.nbytes for a, _ in arrays) if costed else 0
+      copy = _Job([made.job for _, made in arrays if not made.job.done] + message)
+      copy.result = ()
+      self._enqueue((None, link, Compute(None, kind=TRANSFER, lane=link, nbytes=nbytes), copy))
+      copies.append(copy)
+    return copies
+
+  def _next_startable(self, hardware, queue) -> int | None:
+    """The earliest queued task whose inputs have ended and that is its lane's next (each
+    lane runs its tasks in order, and a sender's copies run in order: a lane process
+    exports in one thread, each export waiting for its value in turn): a lane whose next
+    task waits for a result does not hold up another lane sharing the hardware (two lane
+    processes on one core; a lane process waiting for an import does not occupy its
+    device). None if every lane's next task waits for a task still running; each such
+    task then starts `hardware` again when it ends (`_Job.blocked`)."""
+    seen, lanes = set(), self.cluster.lanes
+    for index, (_, lane, _, job) in enumerate(queue):
+      link = lanes[lane].link
+      in_order = lane if link is None else ('copies', link[0])
+      if in_order in seen:
+        continue  # not the next of its kind
+      seen.add(in_order)
+      missing = next((j for j in job.inputs if not j.done), None)
+      if missing is None:
+        return index
+      missing.blocked[hardware] = None  # started again when `missing` ends
+    return None
+
+  def _compute(self, queued: tuple):
+    """The result computed when the process ran ahead, else computed now. The job lets go
+    of its inputs, which have ended: kept, a chain of jobs would keep every result alive."""
+    job = queued[3]
+    result = job.result if job.result is not _NOT_YET else super()._compute(queued)
+    job.inputs = ()
+    return result
+
+  def _finish(self, process, op, lane, start, result, job: '_Job') -> None:
+    super()._finish(process, op, lane, start, result, job)
+    self._arrived(job)  # lanes whose next task read this one's result
+
+  def _arrived(self, job: '_Job') -> None:
+    """`job` is done (a task ended, or a dispatched task reached its lane): the lanes
+    whose next task waited for it may start."""
+    job.done = True
+    for waiting in job.blocked:
+      queue = self._queued.get(waiting)
+      if queue and waiting not in self._busy:
+        self._start_next(waiting, queue)
+
+  # --- where results are ----------------------------------------------------------------
+  def _made_of(self, leaf) -> '_Made | None':
+    made = self._made.get(id(leaf))
+    return made if made is not None and made.ref() is leaf else None
+
+  def _note(self, job: '_Job', lane: int, result) -> None:
+    """Records where `result`'s arrays are (a copy's: at its destination as well) and
+    that `job` makes them."""
+    spec = self.cluster.lanes[lane]
+    where = lane if spec.link is None else spec.link[1]
+    made_here = self._made
+    for leaf in _arrays(result):
+      key, made = id(leaf), self._made_of(leaf)
+      if made is None:
+        ref = weakref.ref(leaf, lambda dead, key=key: _forget(made_here, key, dead))
+        made_here[key] = _Made(ref, [where], job)
+      else:  # the same array, sent on (a copy to its device)
+        # Readers on `where` wait for this copy (and the other unfinished copies to
+        # `where`: one array object stands for every copy of it, so which one brought a
+        # reader its message is not known; waiting for all is never early); readers
+        # elsewhere do not (the sender's next task, a copy to a third lane).
+        copies = made.at.get(where)
+        made.at[where] = [j for j in copies if not j.done] + [job] if copies else [job]
+        if where not in made.lanes:
+          made.lanes.append(where)
+
+
+_NOT_YET = object()  # a task's result, not computed yet
+
+
+class _Job:
+  """A task of a run-ahead schedule: the tasks it waits for (`inputs`), its result once
+  computed, whether its process went on with it at dispatch (`ahead`), whether it has
+  ended, and the hardware whose next task waits for it (`blocked`, in order)."""
+
+  __slots__ = ('inputs', 'result', 'ahead', 'done', 'blocked')
+
+  def __init__(self, inputs: list):
+    self.inputs, self.result, self.ahead, self.done, self.blocked = (
+      inputs,
+      _NOT_YET,
+      False,
+      False,
+      {},
+    )
+
+
+class _Made:
+  """Where a result array is (the lane that made it first, then those it was sent to), the
+  task that made it (`job`) and, per lane it was sent to, the copies that put it there
+  (`at`, the first lane included: a copy sent back): a task reads it once what put it
+  on its lane has ended."""
+
+  __slots__ = ('ref', 'lanes', 'job', 'at')
+
+  def __init__(self, ref, lanes: list, job: _Job):
+    self.ref, self.lanes, self.job, self.at = ref, lanes, job, {}
+
+
+def _forget(made: dict, key: int, dead) -> None:
+  entry = made.get(key)
+  if entry is not None and entry.ref is dead:
+    del made[key]
+
+
+def _arrays(tree) -> list:
+  """The arrays among `tree`'s leaves (what a task reads or makes)."""
+  return [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
