@@ -76,7 +76,7 @@ class CostModel:
       raise ValueError(f'cost.straggler_std: must be >= 0, got {self.straggler_std!r}.')
     if not 0 <= self.dispatch < math.inf:
       raise ValueError(
-        f'dispatch: must be a finite number of seconds >= 0, got {self.dispatch!r}.'
+        f'cost.dispatch: must be a finite number of seconds >= 0, got {self.dispatch!r}.'
       )
     for field in ('driver', 'driver_latency'):
       value = getattr(self, field)

@@ -96,7 +96,7 @@ def test_bad_host_settings_are_refused_naming_the_field(tmp_path):
     cost_settings({'dispatch': 'processes'}, clock='virtual')
   with pytest.raises(ValueError, match=r"^cost.host: '/no/h.json': no such file; measure one"):
     cost_settings({'host': '/no/h.json'}, clock='virtual')
-  with pytest.raises(ValueError, match='dispatch: must be a finite number'):
+  with pytest.raises(ValueError, match='cost.dispatch: must be a finite number'):
     CostModel({'forward': 1.0}, dispatch=-1.0)
   bad = tmp_path / 'bad.json'
   for text, message in [

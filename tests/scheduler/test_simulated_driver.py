@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from jaxsgd.algorithms.settings import cost_settings
+from jaxsgd.scheduler import host
 from jaxsgd.scheduler import CostModel, LaneProcessModel, VirtualExecutor, virtual
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
 
@@ -233,20 +234,15 @@ def test_a_driver_time_is_a_finite_number_of_seconds(bad):
     _costs(driver_latency=bad)
 
 
-@pytest.mark.parametrize(
-  'settings, message',
-  [
-    (dict(driver=0.001), r"cost\.driver: 0\.001 s simulates .*set cost\.schedule='run_ahead', or"),
-    (dict(driver_latency=0.5), r'cost\.driver_latency: 0\.5 s simulates .*cost\.driver_latency=0'),
-    (dict(driver=-1.0, schedule='run_ahead'), r'cost\.driver: must be >= 0.0 \(a finite number\)'),
-    (
-      dict(driver_latency=float('nan'), schedule='run_ahead'),
-      r'cost\.driver_latency: must be >= 0',
-    ),
-    (dict(driver=True, schedule='run_ahead'), r'cost\.driver: expected a float, got True'),
-    (dict(driver='fast', schedule='run_ahead'), r"cost\.driver: expected a float, got 'fast'"),
-  ],
-)
-def test_settings_refuse_a_driver_in_one_line(settings, message):
-  with pytest.raises(ValueError, match=message):
-    cost_settings(settings, clock='virtual')
+@pytest.mark.parametrize('bad', [-1.0, float('nan'), float('inf'), True, 'fast'])
+@pytest.mark.parametrize('field', ['driver', 'driver_latency', 'driver_loaded'])
+def test_a_host_profile_with_a_bad_driver_figure_is_refused_in_one_line(field, bad, tmp_path):
+  """The driver's figures come from a host profile (`cost.host`), checked when the config
+  is read: one line naming the file and the figure."""
+  path = tmp_path / 'host.json'
+  figures = dict.fromkeys(host.FIGURES['processes'], 0.0)
+  figures.update({'link_bandwidth': 1e9, field: bad})
+  data = {'format': host.FORMAT, 'executor': 'processes', 'cores': 2, **figures}
+  path.write_text(json.dumps(data))
+  with pytest.raises(ValueError, match=rf"^cost.host: '{path}': {field} must be seconds >= 0"):
+    cost_settings({'host': str(path)}, clock='virtual')
