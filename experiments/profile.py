@@ -91,7 +91,7 @@ _HOST = flags.DEFINE_enum(
   'host',
   None,
   list(host_lib.EXECUTORS),
-  'Instead of --config: measure this executor\'s host profile (cost.host) and write it '
+  "Instead of --config: measure this executor's host profile (cost.host) and write it "
   'to --out: its dispatch per task; for processes also its driver, its moves between lane '
   'processes and the same with a busy lane on every core (starts a Ray cluster; ~1 min).',
 )
