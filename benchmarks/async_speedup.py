@@ -5,8 +5,8 @@ r"""Simulated time to a target test accuracy: PD-ASGD vs LPP-SGD vs ASGD vs BP.
 
 The same simulated devices for every method (virtual clock): the CNN on
 MNIST-1D (40k/10k, generated offline), batch 64, Adam 1e-3 (constant), links of
-10 µs and 10 GB/s. Every task's duration comes from ONE calibration, done at the
-start on this machine (median of 7 timings of each real jitted call: the whole
+10 µs and 10 GB/s. Every task's duration comes from ONE timing, done at the
+start on this machine (the fastest of 7 timings of each real jitted call: the whole
 model for `bp`/`asgd`/`lppsgd`, each of the 4 layers for `pdasgd`) and given to
 every run as explicit costs, so the methods differ only in their schedules and
 updates. The measured backward/forward ratio is printed.
@@ -72,7 +72,7 @@ QUICK = Sizes(target=0.75, bp_steps=600, async_steps=1400, lpp_steps={3: 2000, 8
 FULL = Sizes(target=0.85, bp_steps=1500, async_steps=3000, lpp_steps={3: 5000, 8: 10000})
 
 
-def calibrate(dataset, batch_size: int) -> dict:
+def time_tasks(dataset, batch_size: int) -> dict:
   """{1: whole-model table, LAYERS: per-layer table} of seconds per (stage, kind)."""
   model = models.get_model('cnn', dataset.input_shape, dataset.num_classes)
   batch = next(dataset.train_batches(batch_size, seed=0))
@@ -85,7 +85,7 @@ def calibrate(dataset, batch_size: int) -> dict:
       placement=Placement.create(stages, jax.devices()[:1]),
       batch_size=batch_size,
     )
-    tables[stages] = pipeline.calibrate(sequential_roles(stages), batch, reps=7)
+    tables[stages] = pipeline.time_tasks(sequential_roles(stages), batch, reps=7)
   return tables
 
 
@@ -226,10 +226,10 @@ def main():
   sizes = FULL if args.full else QUICK
   start = time.perf_counter()
   dataset = data_lib.load('mnist1d', args.data_dir)
-  tables = calibrate(dataset, 64)
+  tables = time_tasks(dataset, 64)
   whole, layers = tables[1], tables[LAYERS]
   print(
-    f'calibrated (ms): whole model forward {1e3 * whole[(0, "forward")]:.3f}, backward '
+    f'timed (ms): whole model forward {1e3 * whole[(0, "forward")]:.3f}, backward '
     f'{1e3 * whole[(0, "backward")]:.3f}, update {1e3 * whole[(0, "update")]:.3f}; '
     f'per layer forward {[round(1e3 * layers[(k, "forward")], 3) for k in range(LAYERS)]}, '
     f'backward {[round(1e3 * layers[(k, "backward")], 3) for k in range(LAYERS)]}'
@@ -265,7 +265,7 @@ def main():
   print()
   print(
     f'Time to {100 * sizes.target:.0f} % test accuracy on MNIST-1D, CNN, simulated devices '
-    f'(virtual clock, calibrated costs):'
+    f'(virtual clock, timed costs):'
   )
   print_table(
     (

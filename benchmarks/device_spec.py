@@ -24,7 +24,7 @@ os.environ['XLA_FLAGS'] = (
 import jax  # pylint: disable=wrong-import-position
 
 from benchmarks.common import print_table  # pylint: disable=wrong-import-position
-from jaxsgd.scheduler import hardware, profiles  # pylint: disable=wrong-import-position
+from jaxsgd.scheduler import hardware, task_timing  # pylint: disable=wrong-import-position
 
 
 def main():
@@ -37,7 +37,7 @@ def main():
   )
   args = parser.parse_args()
   if args.pin:
-    profiles.pin_to_core(0)
+    task_timing.pin_to_core(0)
   name = 'cpu_core' if args.pin else 'cpu'
   spec = hardware.measure_device_spec(
     name, reps=args.reps, clock=time.process_time if args.pin else time.perf_counter

@@ -21,7 +21,7 @@ driver, Ray's processes). Waiting for the driver is the lane idle with no call s
 it: the driver had not got to it yet, or the policy had nothing to start there (a
 stage waiting for the other stage's gradient).
 
-1. Idle chains (`profiles.measure_dispatch`, one lane on core 0, nothing else running):
+1. Idle chains (`lane_timing.measure_dispatch`, one lane on core 0, nothing else running):
    200 tasks of a 4-byte add in a row, each on the previous one's result. Run ahead
    (the driver sends each call as soon as it has the previous one's handles) and waited
    for (`Compute(ahead=False)`: the driver hears of each task's end before it sends the
@@ -57,7 +57,7 @@ import psutil
 from benchmarks import common as bench_common
 from benchmarks import real_speedup
 from jaxsgd.algorithms import ddg
-from jaxsgd.scheduler import profiles
+from jaxsgd.scheduler import lane_timing
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool
 from jaxsgd.scheduler.process import ProcessExecutor
 
@@ -123,8 +123,8 @@ def idle_chains(pool: LanePool) -> dict[str, float]:
   and the run-ahead chain's median hand-over between queued calls."""
   make = {'processes': lambda: ProcessExecutor(pool=pool, verbose=False)}
   with FinishedTasks(pool) as finished:
-    ahead = profiles.measure_dispatch(make, lane='stage0')['processes']
-  waited = profiles.measure_dispatch(make, lane='stage0', ahead=False)['processes']
+    ahead = lane_timing.measure_dispatch(make, lane='stage0')['processes']
+  waited = lane_timing.measure_dispatch(make, lane='stage0', ahead=False)['processes']
   queued = between_calls([t[1:] for t in finished.tasks if t[0] == 'stage0'])['queued']
   return {'run ahead': ahead, 'waited for': waited, 'hand-over': _median(queued)}
 

@@ -3,7 +3,7 @@ r"""Time per iteration of `ddg` and `local` relative to `bp`, for K = 1, 2, 4, 8
     python -m benchmarks.pipeline_speedup            # a few minutes on a 2-core CPU
 
 Virtual clock: each stage's forward, backward and update are timed once on this
-machine (`PlacedStages.calibrate`), links are free, and the schedule is simulated
+machine (`PlacedStages.time_tasks`), links are free, and the schedule is simulated
 on K devices; the tasks still run their real computations on synthetic batches.
 Time per iteration is the steady-state period of the last stage's updates (the
 pipeline fill excluded). The ideal speed-up over BP is K.
@@ -67,7 +67,7 @@ def run_once(pipeline, roles, executor, batches, steps) -> float:
 def measure(model, num_stages, batch_size, steps, clocks=('virtual', 'real')):
   """{clock: {policy: seconds per iteration}} for one model cut into `num_stages`.
 
-  `bp` and `ddg` share one pipeline (the same jitted calls, so the same calibrated
+  `bp` and `ddg` share one pipeline (the same jitted calls, so the same timed
   costs); `local` has its own, with auxiliary heads (its costs include them).
   """
   placement = Placement.create(num_stages, jax.devices()[:num_stages])
@@ -78,12 +78,12 @@ def measure(model, num_stages, batch_size, steps, clocks=('virtual', 'real')):
   plain = make(False)
   with_heads = make(True) if num_stages > 1 else plain
   result = {clock: {} for clock in clocks}
-  calibrated = {}
+  timed = {}
   for name, roles in policies(num_stages).items():
     pipeline = with_heads if name == 'local' else plain
-    if id(pipeline) not in calibrated:  # Times (and compiles) every call once.
-      calibrated[id(pipeline)] = CostModel(pipeline.calibrate(roles, next(batches), reps=5))
-    executors = {'virtual': VirtualExecutor(calibrated[id(pipeline)]), 'real': RealExecutor()}
+    if id(pipeline) not in timed:  # Times (and compiles) every call once.
+      timed[id(pipeline)] = CostModel(pipeline.time_tasks(roles, next(batches), reps=5))
+    executors = {'virtual': VirtualExecutor(timed[id(pipeline)]), 'real': RealExecutor()}
     for clock in clocks:
       result[clock][name] = run_once(pipeline, roles, executors[clock], batches, steps)
   return result
@@ -97,7 +97,7 @@ def simulate_many_stages(num_stages=64, steps=8):
   batches = synthetic_batches(model.input_shape, model.num_classes, 32)
   start = time.perf_counter()
   executor = VirtualExecutor(
-    CostModel(pipeline.calibrate(sequential_roles(num_stages), next(batches), reps=3))
+    CostModel(pipeline.time_tasks(sequential_roles(num_stages), next(batches), reps=3))
   )
   compiled = time.perf_counter()
   bp = run_once(pipeline, sequential_roles(num_stages), executor, batches, steps)
@@ -109,9 +109,7 @@ def table(rows, clock):
   lines = [
     f'{clock} clock'
     + (
-      ' (calibrated here, free links)'
-      if clock == 'virtual'
-      else ' (fake CPU devices sharing 2 cores)'
+      ' (timed here, free links)' if clock == 'virtual' else ' (fake CPU devices sharing 2 cores)'
     ),
     f'{"model":<10} {"K":>2} {"bp ms/it":>9} {"ddg ms/it":>10} {"ddg x":>6} '
     f'{"local ms/it":>12} {"local x":>8} {"ideal x":>8}',
@@ -148,7 +146,7 @@ def main():
   bp64, ddg64, compile64, simulate64 = simulate_many_stages()
   print(
     f'\nmlp, K=64 simulated stages (virtual): bp {1e3 * bp64:.2f} ms/it, ddg '
-    f'{1e3 * ddg64:.2f} ms/it, ddg x {bp64 / ddg64:.1f} (ideal 64); calibration and '
+    f'{1e3 * ddg64:.2f} ms/it, ddg x {bp64 / ddg64:.1f} (ideal 64); timing and '
     f'compiles {compile64:.0f} s, simulation of {2 * 64 + 8 + 8} iterations {simulate64:.0f} s'
   )
   resnet = {k: times for name, k, times in rows if name == 'resnet20'}

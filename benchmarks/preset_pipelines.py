@@ -22,7 +22,7 @@ from benchmarks.common import print_table
 from jaxsgd import models
 from jaxsgd.algorithms import ddg
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles
-from jaxsgd.scheduler import CostModel, Placement, VirtualExecutor, hardware, profiles
+from jaxsgd.scheduler import CostModel, Placement, VirtualExecutor, hardware, task_timing
 
 SHAPE, CLASSES, BATCH = (32, 32, 3), 10, 64
 
@@ -55,7 +55,7 @@ def main():
   )
   bp, delayed = sequential_roles(k), ddg.roles(k)
   batch = next(batches())
-  tables = {'measured here': profiles.pipeline_table(stages, bp, batch, reps=10).costs}
+  tables = {'measured here': task_timing.pipeline_table(stages, bp, batch, reps=10).costs}
   for name in hardware.PRESETS:
     tables[name] = hardware.pipeline_costs(stages, bp, batch, hardware.preset(name))
   rows, last = [], None

@@ -4,7 +4,7 @@ r"""Which way of timing tasks gives the same costs twice on a shared machine.
 
 The CNN (MNIST-1D shapes, batch 128, Adam) in 4 stages: its 12 tasks (forward,
 backward, update per stage) are timed as a cost profile times them
-(`profiles.measure_times`: 3 warm-up calls, `--reps` interleaved blocking
+(`task_timing.measure_times`: 3 warm-up calls, `--reps` interleaved blocking
 calls) by four methods — wall or process-CPU clock, on both cores or pinned to
 core 0 — each in a fresh process (as two `experiments.profile` commands at
 different times would be), the methods interleaved within each of `--rounds`
@@ -39,10 +39,10 @@ def one_round(reps: int, clock_name: str, pin: bool) -> dict:
 
   # pylint: disable=import-outside-toplevel
   from jaxsgd.pipeline import PlacedStages, sequential_roles
-  from jaxsgd.scheduler import Placement, profiles  # pylint: disable=import-outside-toplevel
+  from jaxsgd.scheduler import Placement, task_timing  # pylint: disable=import-outside-toplevel
 
   if pin:
-    profiles.pin_to_core(0)
+    task_timing.pin_to_core(0)
   model = models.get_model('cnn', (40, 1), 10)
   roles = sequential_roles(4)
   pipeline = _pipeline_cache.get('p') or PlacedStages(
@@ -54,8 +54,8 @@ def one_round(reps: int, clock_name: str, pin: bool) -> dict:
     'image': rng.standard_normal((128, 40, 1)).astype(np.float32),
     'label': rng.integers(0, 10, 128).astype(np.int32),
   }
-  calls = pipeline.calibration_calls(roles, batch)
-  return profiles.measure_times(calls, warmup=3, reps=reps, clock=profiles.CLOCKS[clock_name])
+  calls = pipeline.task_calls(roles, batch)
+  return task_timing.measure_times(calls, warmup=3, reps=reps, clock=task_timing.CLOCKS[clock_name])
 
 
 _pipeline_cache = {}

@@ -7,7 +7,7 @@ The CNN of the default config (MNIST-1D shapes, batch 128, Adam) cut into K = 4
 stages, every stage on the same CPU device, trained with DDG on `RealExecutor()`
 (asynchronous dispatch from one thread) on synthetic batches. Its cost is held
 against the work it dispatches: each stage's forward, backward and update timed
-alone (`PlacedStages.calibrate`, the fastest of 5 waited-for calls), summed over the
+alone (`PlacedStages.time_tasks`, the fastest of 5 waited-for calls), summed over the
 tasks the run really executes (stage k skips its first d_k = K − 1 − k backwards
 and updates). With every stage on one device the tasks run one after another, so
 the ideal ratio wall / Σ task costs is 1; what is above 1 is the scheduler's
@@ -16,13 +16,13 @@ host time and what it makes the device wait for.
 For scale, each round also runs the same jitted calls with no scheduler at all
 (`bare`: a plain Python loop in staged-BP order, dispatched asynchronously, one
 wait at the end): the floor this machine gives at that moment. Rounds interleave
-calibration, bare loop and run, so load from other jobs hits all alike; each timed
+the tasks' timing, bare loop and run, so load from other jobs hits all alike; each timed
 section starts after a full garbage collection. Reported per round: the wall
 ratios, and the host CPU per task — of the whole process (XLA's threads included),
 of the main thread (dispatch: the policy, the executor, the jitted calls), and of
 the real clock's timing threads (`RealExecutor.timing_cpu_seconds`) — for the run
 and the bare loop. Then the medians, and the figure: the *fastest* run against the
-*fastest* calibration of each task over all rounds, the two estimates least
+*fastest* timing of each task over all rounds, the two estimates least
 disturbed by other jobs (load only ever adds time). The last line:
 `real clock overhead DDG K=4 (one device): <fastest run wall / compute>`, where
 compute = Σ over the tasks the run executes of each task's fastest solo, waited-for
@@ -77,7 +77,7 @@ def synthetic_batches(shape, classes, batch_size, seed=0):
 
 
 def task_seconds(costs: dict, roles, steps: int) -> float:
-  """Σ over the tasks a run of `steps` iterations executes of their calibrated cost."""
+  """Σ over the tasks a run of `steps` iterations executes of their timed cost."""
   total = 0.0
   for k, role in enumerate(roles):
     total += steps * costs[(k, 'forward')]
@@ -166,8 +166,8 @@ def main():
   bare_runner.run(2)
   rows, fastest, loads = [], {}, [os.getloadavg()[0]]
   bare_roles = [dataclasses.replace(role, delay=0) for role in roles]
-  for r in range(args.rounds):  # Interleaved: calibration, bare loop, run, every round.
-    costs = pipeline.calibrate(roles, next(batches), reps=5)
+  for r in range(args.rounds):  # Interleaved: timing, bare loop, run, every round.
+    costs = pipeline.time_tasks(roles, next(batches), reps=5)
     for key, seconds in costs.items():
       fastest[key] = min(seconds, fastest.get(key, seconds))
     bare = bare_runner.run(args.steps)

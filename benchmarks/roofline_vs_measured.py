@@ -5,7 +5,7 @@ r"""How far the roofline (`hardware`, preset `cpu`) is from measured task costs 
 For the CNN (MNIST-1D shapes, batch 128) and ResNet-20 (CIFAR-10 shapes, batch
 64), each cut into `--stages` stages as the pipeline algorithms cut them: every
 stage's forward, backward and update (Adam), timed as a cost profile times them
-(`profiles.measure`: 3 warm-up calls, then `--reps` interleaved blocking calls,
+(`task_timing.measure`: 3 warm-up calls, then `--reps` interleaved blocking calls,
 the fastest counts), next to its roofline time `max(flops / peak, bytes /
 bandwidth) + launch + kernels · kernel_overhead` from XLA's compiled cost
 analysis and a preset. `--mode=shared` (default): both cores, wall time,
@@ -30,7 +30,7 @@ import optax
 from benchmarks.common import print_table
 from jaxsgd import models
 from jaxsgd.pipeline import PlacedStages, sequential_roles
-from jaxsgd.scheduler import Placement, hardware, profiles
+from jaxsgd.scheduler import Placement, hardware, task_timing
 
 MODELS = {  # name: (input shape, classes, batch size)
   'cnn': ((40, 1), 10, 128),
@@ -55,8 +55,8 @@ def rows_for(name: str, num_stages: int, reps: int, spec: hardware.DeviceSpec, c
     'image': rng.standard_normal((batch_size,) + shape).astype(np.float32),
     'label': rng.integers(0, classes, batch_size).astype(np.int32),
   }
-  calls = pipeline.calibration_calls(roles, batch)
-  measured, _ = profiles.measure(calls, warmup=3, reps=reps, clock=clock)
+  calls = pipeline.task_calls(roles, batch)
+  measured, _ = task_timing.measure(calls, warmup=3, reps=reps, clock=clock)
   rows = []
   for (stage, kind), (fn, args) in calls.items():
     counts = hardware.op_counts(fn, args)
@@ -96,7 +96,7 @@ def main():
   )
   args = parser.parse_args()
   if args.mode == 'pinned':
-    profiles.pin_to_core(0)
+    task_timing.pin_to_core(0)
   spec = hardware.preset('cpu_core' if args.mode == 'pinned' else 'cpu')
   clock = time.process_time if args.mode == 'pinned' else time.perf_counter
   print(

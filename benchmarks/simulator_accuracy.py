@@ -28,7 +28,7 @@ layers (K stages need K-1). Each family runs the same config on both clocks, thr
              (`cost.copies='sender'`: Ray serializes the value in the lane process), and
              the same `placement.lanes` (lanes placed on one core share it on the
              virtual clock, as they do on the machine);
-  calibrated the predicted run again with each task kind costing its median duration in
+  repriced   the predicted run again with each task kind costing its median duration in
              the family's warm-up run on the lanes (another run, before the measured
              one: lane costs measured the way lanes run);
   replayed   the predicted run again with each task kind costing its median duration in
@@ -37,7 +37,7 @@ The virtual runs simulate the process executor's driver (`--driver`, `cost.drive
 `cost.driver_latency`): predicted with the profile's figures (its thread's CPU per event
 and the time a message takes between it and a lane, measured on an idle lane, or where
 the K lanes take every core with one busy lane per core: `measure_loaded_driver`);
-calibrated and replayed with a latency from their lanes' run, so that the driver hears
+repriced and replayed with a latency from their lanes' run, so that the driver hears
 of an end as late as there (the median from a task's end to the driver hearing of it,
 less the CPU per event). The replay is run again without the driver, and printed, so
 that what the driver model adds is seen against the same measured run.
@@ -45,7 +45,7 @@ The profile (`--profile` reuses one) is measured as the lanes run: in a process 
 to core 0 with XLA's intra-op threads off (`--xla_cpu_multi_thread_eigen=false`, one
 OpenMP thread), every task of every family's table (`experiments.profile`), the fastest
 of `--reps` interleaved wall-clock calls; plus the process executor's dispatch overhead,
-timed (wall and CPU) through one pinned lane (`profiles.measure_process_dispatch`).
+timed (wall and CPU) through one pinned lane (`lane_timing.measure_process_dispatch`).
 
 Per family: time per iteration (an iteration is one applied update of the whole model:
 a batch whose every stage has updated, or one server update), from the end of iteration
@@ -93,10 +93,10 @@ def labels(lanes: int) -> dict:
 
 
 LABELS = labels(2)  # `--lanes` updates it
-SIDES = ('measured', 'predicted', 'calibrated', 'replayed')
+SIDES = ('measured', 'predicted', 'repriced', 'replayed')
 ASYNCHRONOUS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')
 # The profile's tables: DDG and PD-ASGD (K stages, sequential roles) compute what staged
-# BP computes (`profiles.roles_signature`), so BP's table serves all three.
+# BP computes (`profile_lookup.roles_signature`), so BP's table serves all three.
 TABLE_OF = {'ddg': 'bp', 'pdasgd': 'bp'}  # else the family's own
 MEASURED = tuple(f for f in FAMILIES if f not in TABLE_OF)  # the families with a table
 
@@ -192,12 +192,12 @@ def _shape_args(args) -> dict:
 def _write_tables(path: str, args) -> None:
   """In the profile's own process: pins it to core 0, busies cores 1..K-1 if asked
   (`--neighbours=busy`), and writes the profile of `_measured_tables` to `path`."""
-  from jaxsgd.scheduler import profiles
+  from jaxsgd.scheduler import profiles, task_timing
 
-  profiles.pin_to_core(0)  # before JAX's first computation
+  task_timing.pin_to_core(0)  # before JAX's first computation
   with contextlib.ExitStack() as neighbours:
     if args.neighbours == 'busy':  # the lanes' other cores compute, as in the runs
-      neighbours.enter_context(profiles.BusyNeighbours(range(1, args.lanes)))
+      neighbours.enter_context(task_timing.BusyNeighbours(range(1, args.lanes)))
     profiles.save(_measured_tables(args), path)
 
 
@@ -207,7 +207,7 @@ def _measured_tables(args):
   first."""
   from experiments import profile as profile_command
   from jaxsgd import data as data_lib
-  from jaxsgd.scheduler import profiles
+  from jaxsgd.scheduler import lane_timing, profile_lookup, profiles, task_timing
   from jaxsgd.training.loop import build_model
 
   merged = None
@@ -223,16 +223,16 @@ def _measured_tables(args):
     table, batch = profile_command.measure_table(
       config, model, batch_for, warmup=3, reps=args.reps, clock='cpu'
     )
-    profile = profiles.make_profile(
+    profile = task_timing.make_profile(
       model,
       batch,
-      profiles.optimizer_id(dict(config.optimizer)),
+      profile_lookup.optimizer_id(dict(config.optimizer)),
       [table],
       warmup=3,
       reps=args.reps,
       clock='cpu',
       pinned=True,
-      dispatch=profiles.measure_dispatch() if merged is None else {},
+      dispatch=lane_timing.measure_dispatch() if merged is None else {},
     )
     merged = profile if merged is None else profiles.merge(merged, profile)
   return merged
@@ -401,14 +401,14 @@ def observed_profile(profile: str, workdir: str, warmup: int) -> str:
   """
   import dataclasses
 
-  from jaxsgd.scheduler import profiles
+  from jaxsgd.scheduler import profiles, repricing
 
   medians = task_medians(workdir, warmup)
   loaded = profiles.load(profile)
 
-  # Every figure the run's median (whichever `cost.statistic` reads), as `calibrate` does.
+  # Every figure the run's median (whichever `cost.statistic` reads), as `reprice_from_trace` does.
   timed = {key: [seconds] for key, seconds in medians.items()}
-  tables = tuple(profiles.calibrated_table(t, timed) for t in loaded.tables)
+  tables = tuple(repricing.repriced_table(t, timed) for t in loaded.tables)
   path = os.path.join(workdir, 'observed_profile.json')
   profiles.save(dataclasses.replace(loaded, tables=tables), path)
   return path
@@ -501,7 +501,7 @@ def run_family(
     given, lanes_run = profile, None
     if side == 'replayed':  # the schedule alone: the measured run's own task times
       lanes_run = os.path.join(root, f'{name}-measured')
-    if side == 'calibrated':  # lane costs from another run: the warm-up (calibration) run
+    if side == 'repriced':  # lane costs from another run: the warm-up run
       lanes_run = os.path.join(root, f'{name}-measured-warm')
     try:
       if lanes_run is not None:
@@ -509,12 +509,12 @@ def run_family(
         result['driver'][side] = driver_seconds(args.driver, driver, lanes_run, args.warmup)
       elif side == 'predicted':
         result['driver'][side] = driver_seconds(args.driver, driver, None, args.warmup)
-    except ValueError:  # no steady state in the calibration run
-      if side != 'calibrated':
+    except ValueError:  # no steady state in the warm-up run
+      if side != 'repriced':
         raise
       result[side] = None
       continue
-    virtual = side in ('calibrated', 'replayed')
+    virtual = side in ('repriced', 'replayed')
     config = family_config(
       name,
       args,
@@ -604,7 +604,7 @@ def main():
     choices=('heard', 'profile', 'none'),
     help='the simulated driver (cost.driver: its CPU per event, cost.driver_latency: each '
     "message's way): 'profile', the profile's figures (an idle lane) for every virtual "
-    "run; 'heard' (default), those for the predicted run, and for the calibrated and "
+    "run; 'heard' (default), those for the predicted run, and for the repriced and "
     'replayed runs a latency from the warm-up and the measured run (the median time from '
     "a task's end to the driver hearing of it, less the CPU per event); 'none': no driver",
   )
@@ -613,7 +613,7 @@ def main():
     default='idle',
     choices=('idle', 'busy'),
     help='cores 1..K-1 while the profile is measured on core 0: idle, or busy with matrix '
-    'products (`profiles.BusyNeighbours`), as the lanes keep them in the runs',
+    'products (`task_timing.BusyNeighbours`), as the lanes keep them in the runs',
   )
   parser.add_argument('--profile', default=None, help='a profile to use (default: measure)')
   parser.add_argument('--link_latency', type=float, default=None, help='s (default: measure)')
@@ -662,7 +662,7 @@ def main():
   )
   import jax
 
-  from jaxsgd.scheduler import profiles
+  from jaxsgd.scheduler import lane_timing, profiles
   from jaxsgd.scheduler.lanes import cluster
 
   profile = args.profile
@@ -674,7 +674,7 @@ def main():
     loaded = profiles.load(profile)
     wait_for_quiet(args.max_load, args.max_wait)
     if not {'processes', 'processes_cpu', 'driver', 'driver_latency'} <= loaded.dispatch.keys():
-      dispatch = profiles.measure_process_dispatch(cores=(0,))
+      dispatch = lane_timing.measure_process_dispatch(cores=(0,))
       loaded = profiles.merge(loaded, _with_dispatch(loaded, dispatch))
       profiles.save(loaded, profile)
     # Lanes on cores 0..K-1: do they leave the driver and Ray a core of their own?
@@ -683,11 +683,11 @@ def main():
     if dispatch_kind == 'auto':
       dispatch_kind = 'processes' if free else 'processes_cpu'
     # The driver's figures the predicted runs simulate: measured with every core busy
-    # (`profiles.measure_loaded_driver`) where the K lanes leave the driver no core.
+    # (`lane_timing.measure_loaded_driver`) where the K lanes leave the driver no core.
     driver_keys = profiles.DRIVER_FIGURES['profile' if free else 'profile_loaded']
     busy_lanes = loaded.dispatch.get('driver_loaded_lanes')
     if not free and busy_lanes != args.lanes:  # the lanes keep every core busy: measured so
-      figures = profiles.measure_loaded_driver(cores=range(args.lanes))
+      figures = lane_timing.measure_loaded_driver(cores=range(args.lanes))
       loaded = profiles.merge(loaded, _with_dispatch(loaded, figures))
       profiles.save(loaded, profile)
     measured_how = 'a profile given' if args.profile else _neighbours_label(args)
@@ -711,7 +711,7 @@ def main():
       flush=True,
     )
     if args.link_latency is None:
-      links = profiles.measure_process_links(cores=(0, 1))
+      links = lane_timing.measure_process_links(cores=(0, 1))
     else:
       links = (args.link_latency, args.link_bandwidth)
     print(
@@ -782,7 +782,7 @@ def print_table(results: dict) -> None:
     'measured runs',
     'predicted ms/it',
     'error %',
-    'calibrated ms/it',
+    'repriced ms/it',
     'error %',
     'replayed ms/it',
     'error %',
@@ -805,8 +805,8 @@ def print_table(results: dict) -> None:
         ' '.join(f'{1e3 * seconds:.0f}' for seconds in result['measured_runs']),
         f'{1e3 * result["predicted"]["per_iteration"]:.2f}',
         f'{errors[name]:.1f}',
-        _ms(result['calibrated']),
-        f'{_error(result, "calibrated"):.1f}' if result['calibrated'] else '-',
+        _ms(result['repriced']),
+        f'{_error(result, "repriced"):.1f}' if result['repriced'] else '-',
         f'{1e3 * result["replayed"]["per_iteration"]:.2f}',
         f'{_error(result, "replayed"):.1f}',
         f'{result["slowdown"]:.2f}',
@@ -824,7 +824,7 @@ def print_table(results: dict) -> None:
     'the order run); error: |predicted - measured| / measured of the median'
   )
   print(
-    'calibrated: the virtual clock with each task kind costing its median duration in '
+    'repriced: the virtual clock with each task kind costing its median duration in '
     "the family's warm-up run on the lanes (another run, before the measured one)"
   )
   print(
@@ -885,11 +885,11 @@ def print_table(results: dict) -> None:
       print(
         f'replayed without the simulated driver, max error across families: {undriven_worst:.1f}%'
       )
-    calibrated = [_error(results[n], 'calibrated') for n in errors if results[n]['calibrated']]
-    if calibrated:
+    repriced = [_error(results[n], 'repriced') for n in errors if results[n]['repriced']]
+    if repriced:
       print(
-        'with lane costs from a calibration run of the same family (its warm-up run), '
-        f'max error across families: {max(calibrated):.1f}%'
+        'with lane costs from a warm-up run of the same family (repriced), '
+        f'max error across families: {max(repriced):.1f}%'
       )
     print(
       f'(largest: {LABELS[worst]}; median over families {np.median(list(errors.values())):.1f} %; '

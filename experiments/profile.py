@@ -14,9 +14,9 @@ batch size, stage split and algorithm, the host dispatch overhead of the
 executors (`--dispatch_processes`: the process executor's too; `--loaded_driver`:
 its driver's figures with a busy lane on every core), and the device, jax version
 and date. Each task: 3 untimed calls, then `--reps` interleaved wall-clock calls,
-the fastest counting, on every core (as `costs.calibrate` measures, so the costs
-are comparable with calibrated runs); `--pin_core` and `--clock=cpu` measure one
-core by its CPU time instead (see `jaxsgd.scheduler.profiles` for how repeatable
+the fastest counting, on every core (as `cost.calibrate` measures them, so the costs
+are comparable with the kept ones); `--pin_core` and `--clock=cpu` measure one
+core by its CPU time instead (see `jaxsgd.scheduler.task_timing` for how repeatable
 each is here). Measure on a quiet machine: the file is then reused as is. An
 existing file of the same model, batch size, optimizer and device gets this
 config's table added (one profile can serve a whole suite); `--replace` starts a
@@ -48,7 +48,7 @@ from jaxsgd import optimizers
 from jaxsgd.algorithms import ddg
 from jaxsgd.algorithms import local
 from jaxsgd.pipeline import PlacedStages, sequential_roles
-from jaxsgd.scheduler import Placement, profiles
+from jaxsgd.scheduler import Placement, lane_timing, profile_lookup, profiles, task_timing
 from jaxsgd.scheduler import host as host_lib
 from jaxsgd.training.loop import build_model
 
@@ -60,7 +60,10 @@ _REPS = flags.DEFINE_integer('reps', 30, 'Timed calls of each task (the fastest 
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed calls of each task first.')
 _REPLACE = flags.DEFINE_bool('replace', False, 'Overwrite --out instead of adding to it.')
 _CLOCK = flags.DEFINE_enum(
-  'clock', 'wall', list(profiles.CLOCKS), 'wall: wall time of each call; cpu: the process CPU time.'
+  'clock',
+  'wall',
+  list(task_timing.CLOCKS),
+  'wall: wall time of each call; cpu: the process CPU time.',
 )
 _PIN_CORE = flags.DEFINE_integer(
   'pin_core',
@@ -144,17 +147,17 @@ def measure_table(
     seed=shared.seed,
     aux_heads=any(r.loss == 'aux' for r in roles),
   )
-  calls = stages.calibration_calls(roles, batch_for(shared.batch_size))
-  tasks = profiles.roles_signature(roles)
+  calls = stages.task_calls(roles, batch_for(shared.batch_size))
+  tasks = profile_lookup.roles_signature(roles)
   if name in SERVER_ALGORITHMS:
     from jaxsgd.algorithms import asgd  # pylint: disable=import-outside-toplevel
 
     _, server, _, _ = asgd.build(types.SimpleNamespace(model=model), shared, settings.server)
-    calls[(0, 'update')] = server.calibration_call()
-    tasks = profiles.server_tasks(name)
-  table = profiles.measure_table(
+    calls[(0, 'update')] = server.sample_update_call()
+    tasks = profile_lookup.server_tasks(name)
+  table = task_timing.measure_table(
     calls,
-    split=profiles.split_of(stages.stages),
+    split=profile_lookup.split_of(stages.stages),
     tasks=tasks,
     warmup=warmup,
     reps=reps,
@@ -164,7 +167,7 @@ def measure_table(
 
 
 def _worker_step_table(settings, model, batch_for, warmup, reps, clock):
-  """One data-parallel worker's step, as `algorithms.data_parallel` calibrates it."""
+  """One data-parallel worker's step, as `cost.calibrate` measures it (`data_parallel`)."""
   from jaxsgd.spmd import step as step_lib  # pylint: disable=import-outside-toplevel
 
   shared = settings.shared
@@ -173,10 +176,10 @@ def _worker_step_table(settings, model, batch_for, warmup, reps, clock):
   variables = model.init(jax.random.key(shared.seed))
   opt_state = jax.jit(inner.init)(variables['params'])
   batch = batch_for(settings.batch_size)
-  table = profiles.measure_table(
+  table = task_timing.measure_table(
     {(0, 'step'): (one_step, (variables, opt_state, batch))},
     split=((0, model.num_layers),),
-    tasks=profiles.WORKER_STEP,
+    tasks=profile_lookup.WORKER_STEP,
     warmup=warmup,
     reps=reps,
     clock=clock,
@@ -210,12 +213,12 @@ def measure_host(executor: str) -> host_lib.HostProfile:
   value between two lane processes (the line through 64 KiB and 16 MiB)."""
   cores = sorted(os.sched_getaffinity(0))
   if executor != 'processes':
-    dispatch = profiles.measure_dispatch()
+    dispatch = lane_timing.measure_dispatch()
     figures = {'dispatch': dispatch['real' if executor == 'in_process' else 'real_threads']}
     return host_lib.make(executor, figures, cores=len(cores))
-  idle = profiles.measure_process_dispatch(cores=cores[:1])
-  loaded = profiles.measure_loaded_driver(cores=cores)
-  latency, bandwidth = profiles.measure_process_links(cores=(cores[0], cores[-1]))
+  idle = lane_timing.measure_process_dispatch(cores=cores[:1])
+  loaded = lane_timing.measure_loaded_driver(cores=cores)
+  latency, bandwidth = lane_timing.measure_process_links(cores=(cores[0], cores[-1]))
   figures = {
     'dispatch': idle['processes'],
     'dispatch_loaded': idle['processes_cpu'],
@@ -249,7 +252,7 @@ def main(argv):
     raise SystemExit('--config, --suite or --host: give exactly one.')
   configs = suite_configs(_SUITE.value) if _SUITE.value else [('', _CONFIG.value)]
   if _PIN_CORE.value >= 0:
-    profiles.pin_to_core(_PIN_CORE.value)  # Before JAX's first computation.
+    task_timing.pin_to_core(_PIN_CORE.value)  # Before JAX's first computation.
   workers = max(config.get('workers', 1) for _, config in configs)
   if workers > 1 and 'xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', ''):
     # The settings check wants one device per worker; one worker's tasks are what is
@@ -295,10 +298,10 @@ def _measure(config, dispatch: dict[str, float]) -> profiles.Profile:
     raise SystemExit(str(e)) from None
   if not dispatch:
     dispatch.update(measure_dispatch())
-  return profiles.make_profile(
+  return task_timing.make_profile(
     model,
     batch_size,
-    profiles.optimizer_id(dict(config.optimizer)),
+    profile_lookup.optimizer_id(dict(config.optimizer)),
     [table],
     warmup=_WARMUP.value,
     reps=_REPS.value,
@@ -311,12 +314,12 @@ def _measure(config, dispatch: dict[str, float]) -> profiles.Profile:
 def measure_dispatch() -> dict[str, float]:
   """Host overhead per task of the in-process executors (and of the process executor
   with --dispatch_processes; its driver with every core busy with --loaded_driver)."""
-  dispatch = profiles.measure_dispatch()
+  dispatch = lane_timing.measure_dispatch()
   if _DISPATCH_PROCESSES.value:
     core = max(_PIN_CORE.value, 0)
-    dispatch.update(profiles.measure_process_dispatch(cores=(core,)))
+    dispatch.update(lane_timing.measure_process_dispatch(cores=(core,)))
   if _LOADED_DRIVER.value:
-    dispatch.update(profiles.measure_loaded_driver(cores=sorted(os.sched_getaffinity(0))))
+    dispatch.update(lane_timing.measure_loaded_driver(cores=sorted(os.sched_getaffinity(0))))
   return dispatch
 
 

@@ -16,7 +16,7 @@ from jaxsgd import algorithms
 from jaxsgd import models
 from jaxsgd import optimizers
 from jaxsgd.pipeline import PlacedStages
-from jaxsgd.scheduler import Placement, profiles
+from jaxsgd.scheduler import Placement, profile_lookup, profiles, task_timing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,10 +49,10 @@ def test_the_measured_table_is_the_one_the_run_looks_up(get_config):
   model = models.get_model(config.model.name, (40, 1), 10)
   table, batch_size = profile_command.measure_table(config, model, _batch, warmup=1, reps=2)
   assert batch_size == config.batch_size
-  profile = profiles.make_profile(
+  profile = task_timing.make_profile(
     model,
     config.batch_size,
-    profiles.optimizer_id(dict(config.optimizer)),
+    profile_lookup.optimizer_id(dict(config.optimizer)),
     [table],
     warmup=1,
     reps=2,
@@ -62,8 +62,8 @@ def test_the_measured_table_is_the_one_the_run_looks_up(get_config):
   stages = _stages_as_train_builds_them(settings.shared, model, roles)
   # The run looks the table up with its parsed settings' optimizer.
   assert (
-    profiles.pipeline_costs(
-      profile, stages, roles, optimizer=profiles.optimizer_id(settings.shared.optimizer)
+    profile_lookup.pipeline_costs(
+      profile, stages, roles, optimizer=profile_lookup.optimizer_id(settings.shared.optimizer)
     )
     == table.costs
   )
@@ -76,7 +76,7 @@ def test_server_algorithms_time_the_server_update():
   config = asgd_config.get_config('smoke')
   model = models.get_model(config.model.name, (40, 1), 10)
   table, _ = profile_command.measure_table(config, model, _batch, warmup=1, reps=2)
-  assert table.tasks == profiles.server_tasks('asgd') != profiles.server_tasks('dcasgd')
+  assert table.tasks == profile_lookup.server_tasks('asgd') != profile_lookup.server_tasks('dcasgd')
   assert table.split == ((0, model.num_layers),)
   assert set(table.costs) == {(0, 'forward'), (0, 'backward'), (0, 'update')}
 
@@ -89,7 +89,7 @@ def test_data_parallel_algorithms_time_one_worker_step(name):
   model = models.get_model(config.model.name, (40, 1), 10)
   table, batch_size = profile_command.measure_table(config, model, _batch, warmup=1, reps=2)
   assert batch_size == config.batch_size  # per worker
-  assert (table.tasks, table.split) == (profiles.WORKER_STEP, ((0, model.num_layers),))
+  assert (table.tasks, table.split) == (profile_lookup.WORKER_STEP, ((0, model.num_layers),))
   assert set(table.costs) == {(0, 'step')} and table.costs[(0, 'step')] > 0
 
 

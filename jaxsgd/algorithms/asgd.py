@@ -21,7 +21,7 @@ from jaxsgd.asynchronous.server import STALENESS_LR, AsgdSession, ParameterServe
 from jaxsgd.asynchronous.server import ServerSettings, lane_names, server_gradient_transforms
 from jaxsgd.models import stage_functions
 from jaxsgd.pipeline import KINDS, PlacedStages, sequential_roles
-from jaxsgd.scheduler import profiles
+from jaxsgd.scheduler import profile_lookup
 
 # On lane processes (`executor='processes'`), a worker goes on before its task ends only
 # while its lane has nothing else to do, so that its push is sent once its gradient
@@ -128,9 +128,9 @@ def server_tasks(
   tasks = pipelined.stage_tasks(model, sequential_roles(1), batch, shared.batch_size)
 
   def calls():
-    return {**tasks.calls(), (0, 'update'): server.calibration_call()}
+    return {**tasks.calls(), (0, 'update'): server.sample_update_call()}
 
-  return dataclasses.replace(tasks, calls=calls, name=profiles.server_tasks(name))
+  return dataclasses.replace(tasks, calls=calls, name=profile_lookup.server_tasks(name))
 
 
 def train(run, settings: Settings) -> dict:

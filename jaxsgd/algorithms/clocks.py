@@ -22,7 +22,7 @@ import jax
 from jaxsgd.algorithms.settings import SharedSettings
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor
 from jaxsgd.scheduler import executor as executor_lib
-from jaxsgd.scheduler import hardware, profiles, transfer, virtual
+from jaxsgd.scheduler import hardware, profile_lookup, profiles, task_timing, transfer, virtual
 from jaxsgd.scheduler import host as host_lib
 
 
@@ -36,8 +36,8 @@ class Tasks:
     model: the `StagedModel`.
     batch_size: the batch of one task.
     split: `[start, end)` layers of each stage.
-    name: the task set (`profiles.roles_signature`, `profiles.server_tasks`, ...): what
-      a profile table is keyed by.
+    name: the task set (`profile_lookup.roles_signature`, `profile_lookup.server_tasks`,
+      ...): what a profile table is keyed by.
   """
 
   calls: Callable[[], Mapping[Any, tuple]]
@@ -51,7 +51,7 @@ def task_costs(shared: SharedSettings, tasks: Tasks, kinds: Sequence[str], num_s
   """Seconds per `(stage, kind)` from the run's cost source (`CostSettings`): a profile,
   `cost.compute`, a hardware preset's roofline, or a calibration kept as a profile."""
   cost = shared.cost
-  optimizer = profiles.optimizer_id(shared.optimizer)
+  optimizer = profile_lookup.optimizer_id(shared.optimizer)
   if cost.profile is not None:
     return _look_up(profiles.load(cost.profile), tasks, optimizer, cost.profile)
   if cost.explicit_compute:
@@ -64,11 +64,11 @@ def task_costs(shared: SharedSettings, tasks: Tasks, kinds: Sequence[str], num_s
 def calibrated(shared: SharedSettings, tasks: Tasks) -> dict:
   """The tasks measured on this machine once, then read from the profile kept in
   `shared.profile_cache`: a rerun gets the same costs, whatever the load then."""
-  optimizer = profiles.optimizer_id(shared.optimizer)
+  optimizer = profile_lookup.optimizer_id(shared.optimizer)
   device = jax.devices()[0]
   key = json.dumps(
     [
-      profiles.model_id(tasks.model),
+      profile_lookup.model_id(tasks.model),
       tasks.batch_size,
       optimizer,
       device.device_kind,
@@ -84,10 +84,10 @@ def calibrated(shared: SharedSettings, tasks: Tasks) -> dict:
       return _look_up(saved, tasks, optimizer, path)
     except profiles.ProfileError:
       pass  # This task set is not in it yet: measure it and add it.
-  table = profiles.measure_table(
+  table = task_timing.measure_table(
     tasks.calls(), split=tasks.split, tasks=tasks.name, warmup=1, reps=shared.cost.reps
   )
-  profile = profiles.make_profile(
+  profile = task_timing.make_profile(
     tasks.model, tasks.batch_size, optimizer, [table], warmup=1, reps=shared.cost.reps
   )
   profiles.save(profile if saved is None else profiles.merge(saved, profile), path)
@@ -101,7 +101,7 @@ def _look_up(profile, tasks: Tasks, optimizer: str, source: str) -> dict:
   """`tasks`' table of `profile` (each task's cost as the profile measured it: the
   fastest of its repetitions, or a run's median if re-priced from a run); refuses a
   profile of another model, batch or split."""
-  return profiles.costs_for(
+  return profile_lookup.costs_for(
     profile,
     model=tasks.model,
     batch_size=tasks.batch_size,

@@ -49,7 +49,7 @@ from jaxsgd.algorithms.settings import SharedSettings, at_least, choice, derived
 from jaxsgd.algorithms.settings import optimizer_settings, refuse_cost_fields, section
 from jaxsgd.algorithms.settings import shared_settings
 from jaxsgd.optimizers import OptimizerSettings
-from jaxsgd.scheduler import profiles
+from jaxsgd.scheduler import profile_lookup
 from jaxsgd.spmd import distributed
 from jaxsgd.spmd import mesh as mesh_lib
 from jaxsgd.spmd import step as step_lib
@@ -293,7 +293,7 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
     model=model,
     batch_size=s.batch_size,
     split=((0, model.num_layers),),
-    name=profiles.WORKER_STEP,
+    name=profile_lookup.WORKER_STEP,
   )
   compute = clocks.task_costs(s.shared, tasks, ('step',), 1)[(0, 'step')]
   # overlap=False runs the all-reduce inside a lax.cond on the merge step: it blocks

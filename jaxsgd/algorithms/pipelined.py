@@ -16,7 +16,7 @@ from jaxsgd.algorithms import resume as resume_lib
 from jaxsgd.algorithms.settings import SharedSettings, refuse_cost_fields, refuse_workers_field
 from jaxsgd.algorithms.settings import check_lane_speeds, check_placed_lanes, shared_settings
 from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole, lane_names
-from jaxsgd.scheduler import profiles
+from jaxsgd.scheduler import profile_lookup
 
 
 def validate_pipeline(config, model) -> SharedSettings:
@@ -36,11 +36,11 @@ def stage_tasks(stages: PlacedStages, roles, batch, batch_size: int) -> clocks.T
   """The cost keys of `stages` in `roles`: every stage's forward, backward and update on
   `batch()` (a host batch)."""
   return clocks.Tasks(
-    calls=lambda: stages.calibration_calls(roles, batch()),
+    calls=lambda: stages.task_calls(roles, batch()),
     model=stages.model,
     batch_size=batch_size,
-    split=profiles.split_of(stages.stages),
-    name=profiles.roles_signature(roles),
+    split=profile_lookup.split_of(stages.stages),
+    name=profile_lookup.roles_signature(roles),
   )
 
 

@@ -215,7 +215,7 @@ class ParameterServer:
     self._pulled[worker] = None
     return self.store.write(StageParams(*value), read_version=read_version, lane=lane, batch=batch)
 
-  def calibration_call(self) -> tuple:
+  def sample_update_call(self) -> tuple:
     """The update on the initial parameters, standing in for a gradient (for timing)."""
     value = self.store.read().value
     return self.apply_fn, (

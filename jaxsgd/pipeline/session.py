@@ -53,7 +53,7 @@ from jaxsgd.scheduler import snapshot as snapshot_lib
 from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Send
 from jaxsgd.pipeline import agreement as agreement_lib
 from jaxsgd.pipeline.roles import DELAYED_BACKWARDS, RoleFunctions, StageRole, role_functions
-from jaxsgd.scheduler.costs import calibrate
+from jaxsgd.scheduler.costs import time_calls
 from jaxsgd.scheduler.placement import Placement
 from jaxsgd.scheduler.store import VersionedStore
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
@@ -274,11 +274,11 @@ class PlacedStages:
       self._cosines[key] = agreement_lib.make_cosines(self.stages, roles, self.loss_fn)
     return self._cosines[key]
 
-  def calibrate(self, roles: Sequence[StageRole], batch: dict, reps: int = 3) -> dict:
+  def time_tasks(self, roles: Sequence[StageRole], batch: dict, reps: int = 3) -> dict:
     """Seconds per (stage, kind), timing the real jitted calls on `batch` once."""
-    return calibrate(self.calibration_calls(roles, batch), reps)
+    return time_calls(self.task_calls(roles, batch), reps)
 
-  def calibration_calls(self, roles, batch) -> dict:
+  def task_calls(self, roles, batch) -> dict:
     """`{(stage, kind): (jitted fn, args)}`: every task of `roles` on one host `batch`."""
     calls, x = {}, transfer.to_device(batch['image'], self.device(0))
     for k, role in enumerate(roles):

@@ -32,7 +32,7 @@ Worker speeds and stragglers come from `CostModel.device_speeds` and
 
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, DeadlockError, Get, Process
 from jaxsgd.scheduler.core import Put, Send
-from jaxsgd.scheduler.costs import CostModel, calibrate
+from jaxsgd.scheduler.costs import CostModel, time_calls
 from jaxsgd.scheduler.executor import Executor
 from jaxsgd.scheduler.placement import Placement
 from jaxsgd.scheduler.real import RealExecutor, ThreadedExecutor

@@ -4,7 +4,7 @@
     duration(transfer of n bytes) = link_latency + n / link_bandwidth
 
 `base` is given explicitly or measured by timing the real jitted functions once
-on this machine (`calibrate`). `dispatch` is the host time an executor spends per
+on this machine (`time_calls`). `dispatch` is the host time an executor spends per
 task on top of the JAX call that `base` already includes (0 by default: the devices'
 time alone; a profile's measured figure when the simulation predicts an executor,
 `cost.host`); it is host time, so neither the lane's speed nor the noise scales
@@ -131,12 +131,12 @@ class CostSampler:
     return seconds + self.model.dispatch
 
 
-def calibrate(calls: Mapping[Any, tuple[Callable, tuple]], reps: int = 3) -> dict[Any, float]:
+def time_calls(calls: Mapping[Any, tuple[Callable, tuple]], reps: int = 3) -> dict[Any, float]:
   """Fastest of `reps` wall-clock timings of each `fn(*args)`, after one warm-up call.
 
   The minimum, not the mean: on a shared machine other processes only ever add
   time, so the fastest run is the most reproducible estimate of the task's cost.
-  Blocks on every result: calibration runs once, before training.
+  Blocks on every result: it runs once, before training.
   """
   costs = {}
   for key, (fn, args) in calls.items():

@@ -245,7 +245,7 @@ def analytic_costs(
   calls: Mapping[Any, tuple[Callable, tuple]],
   spec: DeviceSpec,
 ) -> dict[Any, float]:
-  """`{key: roofline seconds}` for the same `{key: (fn, args)}` `costs.calibrate` takes.
+  """`{key: roofline seconds}` for the same `{key: (fn, args)}` `costs.time_calls` takes.
 
   Compiles every call but runs none: the result does not depend on this machine's load.
   """
@@ -264,8 +264,8 @@ def cost_model(spec: DeviceSpec, compute: Mapping[Any, float], **cost_model_fiel
 
 def pipeline_costs(pipeline, roles, batch: dict, spec: DeviceSpec) -> dict:
   """Roofline seconds per `(stage, kind)` of `pipeline`'s stages in `roles`: the
-  analytic counterpart of `PlacedStages.calibrate(roles, batch)`."""
-  calls = pipeline.calibration_calls(roles, batch)
+  analytic counterpart of `PlacedStages.time_tasks(roles, batch)`."""
+  calls = pipeline.task_calls(roles, batch)
   return analytic_costs(calls, spec)
 
 

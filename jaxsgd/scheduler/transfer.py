@@ -201,5 +201,5 @@ def _aval_bytes(aval) -> int:
 
 
 def wait(tree) -> None:
-  """Blocks until every array in `tree` is computed (timing threads, calibration)."""
+  """Blocks until every array in `tree` is computed (timing threads, timing calls)."""
   jax.block_until_ready(tree)  # One flatten, one batched wait; host leaves are skipped.

@@ -95,6 +95,6 @@ class StepTimeModel:
 
 
 def measure_seconds(fn: Callable, *args, repeats: int = 5) -> float:
-  """The fastest wall seconds of `fn(*args)` to completion (the calibration of `compute`),
-  measured as the scheduler's cost model measures its tasks (`costs.calibrate`)."""
-  return costs_lib.calibrate({'step': (fn, args)}, reps=repeats)['step']
+  """The fastest wall seconds of `fn(*args)` to completion (the measured `compute`),
+  timed as the scheduler's cost model times a set of calls (`costs.time_calls`)."""
+  return costs_lib.time_calls({'step': (fn, args)}, reps=repeats)['step']

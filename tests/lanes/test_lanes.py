@@ -423,11 +423,11 @@ def _driver(address: str, *flags: str) -> tuple[subprocess.Popen, dict]:
   not {0, 1} <= os.sched_getaffinity(0), reason='needs cores 0 and 1 for its two lanes'
 )
 def test_driver_figures_with_every_core_busy_are_measured_on_a_lane_per_core(head):
-  from jaxsgd.scheduler import profiles
+  from jaxsgd.scheduler import lane_timing
 
-  busy = profiles.dispatch_tasks()['busy']
+  busy = lane_timing.dispatch_tasks()['busy']
   assert float(busy(np.float32(3.0))) == 3.0  # a chain of it carries its value unchanged
-  figures = profiles.measure_loaded_driver(cores=(0, 1), address=head.address, tasks=6)
+  figures = lane_timing.measure_loaded_driver(cores=(0, 1), address=head.address, tasks=6)
   assert set(figures) == {'driver_loaded', 'driver_latency_loaded', 'driver_loaded_lanes'}
   assert figures['driver_loaded_lanes'] == 2.0
   # The driver's thread spends CPU on every event; the latency is the median hear delay
@@ -501,17 +501,17 @@ def test_the_profile_command_measures_the_loaded_driver_with_a_lane_on_every_cor
 
 
 def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
-  from jaxsgd.scheduler import profiles
+  from jaxsgd.scheduler import lane_timing
 
   # On a cluster started elsewhere Ray's processes are not this one's: no CPU figure.
-  assert set(profiles.measure_process_dispatch(address=head.address, tasks=20, rounds=1)) == {
+  assert set(lane_timing.measure_process_dispatch(address=head.address, tasks=20, rounds=1)) == {
     'processes',
     'driver',
     'driver_latency',
   }
   code = (
-    'import json; from jaxsgd.scheduler import profiles; '
-    'print(json.dumps(profiles.measure_process_dispatch(tasks=20, rounds=1)))'
+    'import json; from jaxsgd.scheduler import lane_timing; '
+    'print(json.dumps(lane_timing.measure_process_dispatch(tasks=20, rounds=1)))'
   )
   out = subprocess.run(
     [sys.executable, '-c', code], capture_output=True, text=True, check=True, timeout=120

@@ -22,6 +22,7 @@ from jaxsgd import training
 from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms.settings import cost_settings, shared_settings
 from jaxsgd.scheduler import CostModel, VirtualExecutor, profiles, virtual
+from jaxsgd.scheduler import profile_lookup, task_timing
 from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Send
 from jaxsgd.training.loop import build_model
 from scheduler_helpers import host_file, profile_of
@@ -177,10 +178,10 @@ def ddg_profile(data_dir, tmp_path_factory):
     config, model, lambda n: next(dataset.train_batches(n, seed=0)), warmup=1, reps=1
   )
   assert set(table.costs) == set(COSTS)
-  profile = profiles.make_profile(
+  profile = task_timing.make_profile(
     model,
     batch,
-    profiles.optimizer_id(dict(config.optimizer)),
+    profile_lookup.optimizer_id(dict(config.optimizer)),
     [dataclasses.replace(table, costs=COSTS, spread={})],
     warmup=1,
     reps=1,

@@ -15,7 +15,7 @@ import pytest
 from jaxsgd.algorithms import ddg
 from jaxsgd.algorithms import local
 from jaxsgd.pipeline import sequential_roles
-from jaxsgd.scheduler import VirtualExecutor, profiles
+from jaxsgd.scheduler import VirtualExecutor, lane_timing, profile_lookup, profiles, task_timing
 from scheduler_helpers import BATCH, make_pipeline, mlp, pipeline_for, take, train
 
 ROLES = sequential_roles(2)
@@ -24,8 +24,8 @@ ROLES = sequential_roles(2)
 @pytest.fixture(scope='module')
 def profile():
   pipeline = pipeline_for(ROLES)
-  table = profiles.pipeline_table(pipeline, ROLES, take(1)[0], warmup=1, reps=3)
-  return profiles.make_profile(
+  table = task_timing.pipeline_table(pipeline, ROLES, take(1)[0], warmup=1, reps=3)
+  return task_timing.make_profile(
     pipeline.model,
     BATCH,
     'sgd',
@@ -56,21 +56,25 @@ def test_measure_takes_the_minimum_of_interleaved_repetitions():
     return ticks[-1]
 
   calls = {'a': (lambda: np.zeros(1), ()), 'b': (lambda: np.ones(1), ())}
-  costs, spread = profiles.measure(calls, warmup=1, reps=3, clock=clock)
+  costs, spread = task_timing.measure(calls, warmup=1, reps=3, clock=clock)
   assert costs == {'a': 3.0, 'b': 1.0}
   assert spread['a']['median'] == 4.0 and spread['b']['median'] == 2.0
   assert spread['a']['p90'] == pytest.approx(4.8) and spread['b']['p90'] == pytest.approx(6.0)
 
 
+def test_the_clocks_that_measure_are_those_a_file_may_name():
+  assert tuple(task_timing.CLOCKS) == profiles.CLOCK_NAMES
+
+
 def test_a_link_is_the_line_through_two_sizes_move_times():
   """Hand-computed: 1000 B in 2 ms, 5000 B in 6 ms: 4000 B in 4 ms is 1 MB/s, and 1000 B
   of it leave 1 ms of latency."""
-  latency, bandwidth = profiles.link_line((1000, 5000), (2e-3, 6e-3))
+  latency, bandwidth = lane_timing.link_line((1000, 5000), (2e-3, 6e-3))
   assert bandwidth == pytest.approx(1e6) and latency == pytest.approx(1e-3)
   # A larger size not slower: no bandwidth term, all latency.
-  assert profiles.link_line((1000, 5000), (3e-3, 2e-3)) == (3e-3, np.inf)
+  assert lane_timing.link_line((1000, 5000), (3e-3, 2e-3)) == (3e-3, np.inf)
   # A negative time counts as 0 (and the latency is at least 0).
-  assert profiles.link_line((1000, 5000), (-1e-3, 2e-3)) == (0.0, 2e6)
+  assert lane_timing.link_line((1000, 5000), (-1e-3, 2e-3)) == (0.0, 2e6)
 
 
 def test_profile_has_every_task_of_every_stage(profile):
@@ -80,7 +84,7 @@ def test_profile_has_every_task_of_every_stage(profile):
   }
   assert all(c > 0 for c in table.costs.values())
   assert all(table.spread[k]['median'] >= c for k, c in table.costs.items())
-  assert table.tasks == profiles.roles_signature(ROLES)
+  assert table.tasks == profile_lookup.roles_signature(ROLES)
   assert profile.model['name'] == 'mlp' and profile.batch_size == BATCH
   assert profile.statistic == 'min' and profile.jax_version
   assert profile.clock == 'wall' and not profile.pinned
@@ -99,12 +103,12 @@ def test_two_loads_give_identical_cost_models_and_simulated_runs(profile, tmp_pa
   profiles.save(profile, path)
   pipeline = pipeline_for(ROLES)
   models = [
-    profiles.cost_model(
+    profile_lookup.cost_model(
       profiles.load(path),
       model=pipeline.model,
       batch_size=BATCH,
-      split=profiles.split_of(pipeline.stages),
-      tasks=profiles.roles_signature(ROLES),
+      split=profile_lookup.split_of(pipeline.stages),
+      tasks=profile_lookup.roles_signature(ROLES),
       link_latency=1e-4,
     )
     for _ in range(2)
@@ -118,14 +122,14 @@ def test_two_loads_give_identical_cost_models_and_simulated_runs(profile, tmp_pa
   ]
 
 
-def test_pipeline_costs_reads_what_calibrate_would_measure(profile):
+def test_pipeline_costs_reads_what_time_tasks_would_measure(profile):
   assert (
-    profiles.pipeline_costs(profile, pipeline_for(ROLES), ROLES, optimizer='sgd')
+    profile_lookup.pipeline_costs(profile, pipeline_for(ROLES), ROLES, optimizer='sgd')
     == profile.tables[0].costs
   )
   # DDG (paper form) computes what BP computes: the same table serves both.
   assert (
-    profiles.pipeline_costs(profile, pipeline_for(ddg.roles(2)), ddg.roles(2))
+    profile_lookup.pipeline_costs(profile, pipeline_for(ddg.roles(2)), ddg.roles(2))
     == profile.tables[0].costs
   )
 
@@ -144,17 +148,17 @@ def test_pipeline_costs_reads_what_calibrate_would_measure(profile):
 def test_mismatches_are_refused(profile, case, field):
   if case == 'optimizer':
     with pytest.raises(profiles.ProfileError, match=field):
-      profiles.pipeline_costs(profile, pipeline_for(ROLES), ROLES, optimizer='adam')
+      profile_lookup.pipeline_costs(profile, pipeline_for(ROLES), ROLES, optimizer='adam')
     return
   if case == 'batch':
     pipeline, roles = make_pipeline(mlp(), ROLES), ROLES
     with pytest.raises(profiles.ProfileError, match=field):
-      profiles.costs_for(
+      profile_lookup.costs_for(
         profile,
         model=pipeline.model,
         batch_size=32,
-        split=profiles.split_of(pipeline.stages),
-        tasks=profiles.roles_signature(roles),
+        split=profile_lookup.split_of(pipeline.stages),
+        tasks=profile_lookup.roles_signature(roles),
       )
     return
   if case == 'model':
@@ -169,7 +173,7 @@ def test_mismatches_are_refused(profile, case, field):
     roles = local.roles(2)
     pipeline = pipeline_for(roles)
   with pytest.raises(profiles.ProfileError, match=field.replace('[', r'\[')):
-    profiles.pipeline_costs(profile, pipeline, roles)
+    profile_lookup.pipeline_costs(profile, pipeline, roles)
 
 
 @pytest.mark.parametrize(
@@ -200,19 +204,19 @@ def test_bad_files_name_the_field(profile, tmp_path, edit, message):
 
 
 def test_whole_model_worker_signature_is_one_sequential_stage():
-  assert profiles.WHOLE_MODEL_WORKER == profiles.roles_signature(sequential_roles(1))
-  assert profiles.server_tasks('dcasgd') == 'head:-:none+server:dcasgd'
+  assert profile_lookup.WHOLE_MODEL_WORKER == profile_lookup.roles_signature(sequential_roles(1))
+  assert profile_lookup.server_tasks('dcasgd') == 'head:-:none+server:dcasgd'
 
 
 def test_optimizer_id_ignores_rates_but_not_the_computation():
   assert (
-    profiles.optimizer_id(
+    profile_lookup.optimizer_id(
       {'name': 'adam', 'learning_rate': 3e-3, 'weight_decay': 0.0, 'kwargs': {}}
     )
     == 'adam'
   )
   assert (
-    profiles.optimizer_id(
+    profile_lookup.optimizer_id(
       {'name': 'sgd', 'learning_rate': 0.1, 'weight_decay': 5e-4, 'kwargs': {'momentum': 0.9}}
     )
     == 'sgd(momentum)+weight_decay'
@@ -242,7 +246,7 @@ def test_merge_adds_and_replaces_tables(profile):
 
 
 def test_dispatch_overhead_is_measured_for_each_executor():
-  overhead = profiles.measure_dispatch(tasks=20, rounds=2)
+  overhead = lane_timing.measure_dispatch(tasks=20, rounds=2)
   assert set(overhead) == {'jax_call', 'real', 'real_threads'}
   assert overhead['jax_call'] > 0
   assert all(np.isfinite(v) and v >= 0 for v in overhead.values())
@@ -254,7 +258,7 @@ def _core() -> int:
 
 def test_busy_neighbours_compute_on_their_cores_and_end_with_the_context():
   core = _core()
-  with profiles.BusyNeighbours([core, core]) as busy:
+  with task_timing.BusyNeighbours([core, core]) as busy:
     processes = [psutil.Process(p.pid) for p in busy.processes]
     assert [p.cpu_affinity() for p in processes] == [[core], [core]]
     before = [p.cpu_times().user for p in processes]
@@ -267,8 +271,8 @@ def test_busy_neighbours_compute_on_their_cores_and_end_with_the_context():
 def test_busy_neighbours_end_when_the_measuring_process_is_killed(tmp_path):
   script = (
     'import sys, time\n'
-    'from jaxsgd.scheduler import profiles\n'
-    f'with profiles.BusyNeighbours([{_core()}]) as busy:\n'
+    'from jaxsgd.scheduler import task_timing\n'
+    f'with task_timing.BusyNeighbours([{_core()}]) as busy:\n'
     '  print(busy.processes[0].pid, flush=True)\n'
     '  time.sleep(600)\n'
   )

@@ -1,4 +1,4 @@
-"""Calibrating a profile from a run's trace (`profiles.calibrate`, `experiments.calibrate`)."""
+"""Re-pricing a profile from a run's trace (`repricing.reprice_from_trace`, `experiments.reprice`)."""
 
 import dataclasses
 import json
@@ -12,7 +12,7 @@ import pytest
 from experiments import profile as profile_command
 from experiments.configs import ddg as ddg_config
 from jaxsgd import models
-from jaxsgd.scheduler import profiles
+from jaxsgd.scheduler import profile_lookup, profiles, repricing, task_timing
 from jaxsgd.training import train_and_evaluate
 from scheduler_helpers import profile_of
 
@@ -70,20 +70,20 @@ def test_a_trace_gives_each_compute_task_kind_its_durations_after_each_lanes_fir
       (1, 'forward', 1, 0.5, 8.0),  # lane 1's first
     ],
   )
-  assert profiles.trace_durations(path, skip=1) == {
+  assert repricing.trace_durations(path, skip=1) == {
     (0, 'backward'): [0.5],
     (0, 'forward'): [0.125, 0.375],
     (1, 'forward'): [0.25],
   }
-  assert profiles.trace_durations(path, skip=0) == {
+  assert repricing.trace_durations(path, skip=0) == {
     (0, 'backward'): [0.5],
     (0, 'forward'): [9.0, 0.125, 0.375],
     (1, 'forward'): [8.0, 0.25],
   }
-  assert profiles.trace_durations(path, skip=3) == {(0, 'forward'): [0.375]}
+  assert repricing.trace_durations(path, skip=3) == {(0, 'forward'): [0.375]}
 
 
-def test_calibrating_takes_each_tasks_median_and_keeps_what_the_run_did_not_time():
+def test_repricing_takes_each_tasks_median_and_keeps_what_the_run_did_not_time():
   measured = _profile(
     {
       (0, 'forward'): 1.0,
@@ -98,8 +98,8 @@ def test_calibrating_takes_each_tasks_median_and_keeps_what_the_run_did_not_time
     (0, 'update'): [0.5, 0.75],  # its own key: not pooled into 'update'
     (1, 'update'): [0.125, 0.375, 0.25, 1.0],  # median 0.3125
   }
-  calibrated = profiles.calibrate(measured, durations)
-  (table,) = calibrated.tables
+  repriced = repricing.reprice_from_trace(measured, durations)
+  (table,) = repriced.tables
   # (0, 'backward') and (1, 'forward') were not timed: kept.
   assert table.costs == {
     (0, 'forward'): 0.2,
@@ -110,32 +110,32 @@ def test_calibrating_takes_each_tasks_median_and_keeps_what_the_run_did_not_time
   }
   assert table.figures('median') == table.figures('p90') == table.costs
   assert (table.split, table.tasks) == (measured.tables[0].split, measured.tables[0].tasks)
-  assert calibrated.dispatch == measured.dispatch and calibrated.model == measured.model
-  assert calibrated.statistic == profiles.CALIBRATED != measured.statistic
+  assert repriced.dispatch == measured.dispatch and repriced.model == measured.model
+  assert repriced.statistic == repricing.REPRICED != measured.statistic
   with pytest.raises(profiles.ProfileError, match='another statistic'):
-    profiles.merge(measured, calibrated)  # never mixed with measured tables
+    profiles.merge(measured, repriced)  # never mixed with measured tables
 
 
-def test_calibrating_refuses_a_profile_of_several_tables_or_a_run_of_other_tasks():
+def test_repricing_refuses_a_profile_of_several_tables_or_a_run_of_other_tasks():
   with pytest.raises(profiles.ProfileError, match='needs a profile of one table'):
-    profiles.calibrate(_profile({(0, 'forward'): 1.0}, tables=2), {(0, 'forward'): [1.0]})
+    repricing.reprice_from_trace(_profile({(0, 'forward'): 1.0}, tables=2), {(0, 'forward'): [1.0]})
   with pytest.raises(profiles.ProfileError, match='timed none of the profile'):
-    profiles.calibrate(_profile({(0, 'forward'): 1.0}), {(5, 'forward'): [1.0]})
+    repricing.reprice_from_trace(_profile({(0, 'forward'): 1.0}), {(5, 'forward'): [1.0]})
   with pytest.raises(profiles.ProfileError, match='not a trace.json'):
-    profiles.trace_durations('/nonexistent/trace.json', 0)
+    repricing.trace_durations('/nonexistent/trace.json', 0)
   with pytest.raises(profiles.ProfileError, match='skip'):
-    profiles.trace_durations('/nonexistent/trace.json', -1)
+    repricing.trace_durations('/nonexistent/trace.json', -1)
 
 
 def test_a_malformed_trace_is_refused_in_one_line(tmp_path):
   path = tmp_path / 'trace.json'
   path.write_text(json.dumps({'traceEvents': [{'ph': 'X', 'cat': 'forward', 'ts': 0, 'dur': 1}]}))
   with pytest.raises(profiles.ProfileError, match='not a trace.json of a run'):
-    profiles.trace_durations(str(path), 0)
+    repricing.trace_durations(str(path), 0)
 
 
-def test_a_profile_calibrated_from_a_virtual_run_gives_back_that_runs_costs(tmp_path):
-  # The virtual clock's trace is exact: calibrating any profile of the config from a
+def test_a_profile_repriced_from_a_virtual_run_gives_back_that_runs_costs(tmp_path):
+  # The virtual clock's trace is exact: re-pricing any profile of the config from a
   # virtual run on costs A gives back A, task for task.
   config = ddg_config.get_config('smoke')
   config.stages, config.train_steps, config.eval_every = 2, 12, 12
@@ -149,8 +149,13 @@ def test_a_profile_calibrated_from_a_virtual_run_gives_back_that_runs_costs(tmp_
     }
 
   table, batch_size = profile_command.measure_table(config, model, batch, warmup=1, reps=2)
-  measured = profiles.make_profile(
-    model, batch_size, profiles.optimizer_id(dict(config.optimizer)), [table], warmup=1, reps=2
+  measured = task_timing.make_profile(
+    model,
+    batch_size,
+    profile_lookup.optimizer_id(dict(config.optimizer)),
+    [table],
+    warmup=1,
+    reps=2,
   )
   costs_a = {key: 1e-3 * (i + 1) for i, key in enumerate(sorted(table.costs, key=str))}
   profile_a = dataclasses.replace(measured, tables=(dataclasses.replace(table, costs=costs_a),))
@@ -158,10 +163,10 @@ def test_a_profile_calibrated_from_a_virtual_run_gives_back_that_runs_costs(tmp_
   config.clock, config.cost.profile = 'virtual', str(tmp_path / 'a.json')
   train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
 
-  durations = profiles.trace_durations(str(tmp_path / 'run' / 'trace.json'), skip=0)
-  calibrated = profiles.calibrate(measured, durations)
+  durations = repricing.trace_durations(str(tmp_path / 'run' / 'trace.json'), skip=0)
+  repriced = repricing.reprice_from_trace(measured, durations)
   assert set(durations) == set(costs_a)
-  assert calibrated.tables[0].costs == pytest.approx(costs_a, rel=1e-9)
+  assert repriced.tables[0].costs == pytest.approx(costs_a, rel=1e-9)
 
 
 def _pilot(run, **config):
@@ -183,11 +188,11 @@ def _pilot(run, **config):
   )
 
 
-def _calibrate_command(tmp_path, run, out='c.json'):
+def _reprice_command(tmp_path, run, out='c.json'):
   command = [
     sys.executable,
     '-m',
-    'experiments.calibrate',
+    'experiments.reprice',
     f'--profile={tmp_path / "p.json"}',
     f'--run={run}',
     f'--out={tmp_path / out}',
@@ -196,16 +201,28 @@ def _calibrate_command(tmp_path, run, out='c.json'):
   return subprocess.run(command, cwd=REPO, capture_output=True, text=True)
 
 
-def test_the_command_writes_the_calibrated_profile_and_never_overwrites(tmp_path):
+def test_the_command_writes_the_repriced_profile_and_never_overwrites(tmp_path):
   profiles.save(_profile({(0, 'forward'): 1.0, (1, 'forward'): 3.0}), str(tmp_path / 'p.json'))
   _pilot(str(tmp_path / 'run'))
-  done = _calibrate_command(tmp_path, tmp_path / 'run')
+  done = _reprice_command(tmp_path, tmp_path / 'run')
   assert done.returncode == 0, done.stderr
   assert '(kept)' in done.stdout  # stage 1's forward: not in the run
   written = profiles.load(str(tmp_path / 'c.json')).tables[0].costs
   assert written == {(0, 'forward'): 0.5, (1, 'forward'): 3.0}
-  again = _calibrate_command(tmp_path, tmp_path / 'run')
+  again = _reprice_command(tmp_path, tmp_path / 'run')
   assert again.returncode != 0 and again.stderr.strip().splitlines()[-1].startswith('--out:')
+
+
+def test_the_old_command_name_is_refused_naming_the_new_one():
+  done = subprocess.run(
+    [sys.executable, '-m', 'experiments.calibrate', '--profile=p.json'],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert done.returncode != 0
+  (line,) = done.stderr.strip().splitlines()
+  assert line.startswith('experiments.calibrate is now experiments.reprice')
 
 
 @pytest.mark.parametrize(
@@ -218,10 +235,10 @@ def test_the_command_writes_the_calibrated_profile_and_never_overwrites(tmp_path
   ],
 )
 def test_a_run_that_is_no_pilot_for_the_profile_is_refused(tmp_path, config, message):
-  # (`experiments.calibrate` prints these as its one line.)
+  # (`experiments.reprice` prints these as its one line.)
   _pilot(str(tmp_path / 'run'), **config)
   with pytest.raises(profiles.ProfileError) as refused:
-    profiles.check_pilot(
-      profiles.pilot_config(str(tmp_path / 'run')), _profile({(0, 'forward'): 1.0})
+    repricing.check_pilot(
+      repricing.pilot_config(str(tmp_path / 'run')), _profile({(0, 'forward'): 1.0})
     )
   assert str(refused.value).startswith(message) and '\n' not in str(refused.value)

@@ -1,0 +1,341 @@
+"""Measuring the executors' host costs and the lanes: dispatch, the driver, the links.
+
+A task's measured cost (`task_timing`) is one blocking JAX call. An *executor* adds host
+time on top of it, and the process executor adds messages between its driver and the
+lane processes and moves between lanes; the virtual clock simulates those from figures
+measured here and kept in a profile's `dispatch` field (`profiles`):
+
+- `measure_dispatch`: the host overhead an executor adds per task (`cost.dispatch`);
+- `measure_process_dispatch`: the process executor's, with `driver` and
+  `driver_latency`, its driver's CPU time per event and the time a message takes
+  between it and a lane (`cost.driver`, `cost.driver_latency`);
+- `measure_loaded_driver`: the same two with a busy lane on every core
+  (`driver_loaded`, `driver_latency_loaded`; `cost.driver_from` reads either pair);
+- `measure_process_links`: the latency and bandwidth of a move between two lane
+  processes (`cost.link_latency`, `cost.link_bandwidth`; not kept in a profile).
+
+The rule: each figure is what a run pays, measured the way a run pays it — a chain of
+named tasks (`dispatch_tasks`, built by the lane processes themselves) through the very
+executor, and a new value for every move — and is the minimum (dispatch: other
+processes only add time) or the median (the driver's latency, a move: a difference of
+two times) over repetitions.
+
+Reference: docs/simulator.md (the process executor's host: dispatch, driver, links);
+tests/scheduler/test_dispatch_and_links.py, tests/lanes/test_lanes.py.
+"""
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+
+# --- the executors' dispatch and the process executor's driver --------------------------------
+def dispatch_tasks() -> dict[str, Callable]:
+  """The trivial task whose dispatch is timed (a `TaskRecipe` factory: lane processes
+  build it themselves): a 4-byte add."""
+  return {
+    'add_one': jax.jit(lambda x: x + 1),
+    'first': jax.jit(lambda x: x.reshape(-1)[0]),
+    'busy': jax.jit(_busy),
+  }
+
+
+def _busy(x):
+  """`x` (a scalar) + 0, after 16 products of two 512 x 512 float32 matrices (~25 ms on
+  one core of a 2-core machine): a task that keeps its lane's core busy."""
+  import jax.numpy as jnp
+
+  a = jnp.full((512, 512), x, jnp.float32) / 512
+  a = jax.lax.fori_loop(0, 16, lambda _, m: jnp.tanh(m @ m), a)
+  return x + 0 * a[0, 0]
+
+
+def measure_dispatch(
+  executors: Mapping[str, Callable[[], Any]] | None = None,
+  *,
+  tasks: int = 200,
+  rounds: int = 5,
+  lane: str = 'dispatch',
+  ahead: bool = True,
+) -> dict[str, float]:
+  """Seconds of host overhead per task: `jax_call` and each executor's.
+
+  `jax_call` is one blocking call of a trivial jitted function (a 4-byte add):
+  what every task pays for JAX's dispatch and the wait, and what a measured cost
+  already includes. An executor's figure is the wall time per task of one process
+  yielding `tasks` such calls in a row (each on the previous one's result) through
+  it, minus `jax_call`: what it adds to every task of a lane that it keeps busy —
+  its bookkeeping, and for the process executor the round trip to the lane process
+  as far as running ahead does not hide it. Each is the minimum over `rounds` rounds
+  of the mean per task (the minimum: other processes only ever add time).
+
+  Args:
+    executors: name -> a function returning a fresh executor (default: the real
+      executor, cooperative and threaded). The task is a named one (`tasks.Task`),
+      so a `ProcessExecutor` over a pool with a lane called `lane` can run it.
+    lane: the name of the one lane the tasks run on.
+    ahead: False marks every task `Compute(..., ahead=False)`: its process waits until
+      it has ended before yielding the next (for the process executor, until the driver
+      has heard of its end: the round trip; `benchmarks/lane_overheads.py`).
+  """
+  from jaxsgd.scheduler.real import RealExecutor
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+  if executors is None:
+    executors = {'real': RealExecutor, 'real_threads': lambda: RealExecutor(threads=True)}
+  task = Task(TaskRecipe.of(dispatch_tasks), 'add_one')
+  tiny = task.recipe.build()['add_one']
+  x = np.zeros((), np.float32)
+
+  def per_task(run_once):
+    run_once()  # warm-up
+    best = math.inf
+    for _ in range(rounds):
+      start = time.perf_counter()
+      run_once()
+      best = min(best, (time.perf_counter() - start) / tasks)
+    return best
+
+  def direct():
+    y = jax.device_put(x, jax.devices()[0])
+    for _ in range(tasks):
+      y = tiny(y)
+      y.block_until_ready()
+
+  overhead = {'jax_call': per_task(direct)}
+
+  for name, make in executors.items():
+
+    def through(make=make):
+      _run_chains(make(), lanes=(lane,), tasks=tasks, ahead=ahead, name='add_one')
+
+    overhead[name] = max(per_task(through) - overhead['jax_call'], 0.0)
+  return overhead
+
+
+def measure_process_dispatch(
+  *, cores: Sequence[int] = (0,), address: str | None = None, tasks: int = 200, rounds: int = 5
+) -> dict[str, float]:
+  """The process executor's host overhead per task, on one lane process pinned to
+  `cores` (a Ray cluster at `address`, or one started here for the measurement):
+
+  - `processes`: `measure_dispatch`'s figure, wall time per task of a chain of tasks:
+    what a task waits for the driver and Ray when they have cores of their own.
+  - `driver`: the CPU seconds of the driver's thread per event it handles (a task
+    dispatched, a task's end heard), over a chain of tasks each waited for
+    (`Compute(ahead=False)`): the simulated driver's time per event (`cost.driver`).
+  - `driver_latency`: the median time from a task's end on the lane to the driver
+    hearing of it, over the same chain, less `driver`: each way of a message between
+    the driver and a lane (`cost.driver_latency`), on an idle machine.
+  - `processes_cpu` (only with a cluster started for it): the CPU seconds per task of
+    every process of the run — the driver, the lane and Ray's own (raylet, GCS), all
+    descendants of this process then — over the same chain: what each task costs the
+    machine's cores. On a machine whose lanes take every core (two lanes on a 2-core
+    machine), the driver and Ray run on the lanes' cores, and that is what a lane
+    loses per task: measured there, ~0.7–0.8 ms per task against ~0.5 ms of wall time
+    (the driver, the lane and the raylet work at once), and in a DDG K=2 run the
+    driver and the raylet took 0.45 and 0.13 of the 2 cores.
+  """
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool, cluster  # Ray only if asked
+  from jaxsgd.scheduler.process import ProcessExecutor
+
+  placement = LanePlacement.parse(f'dispatch@cores={",".join(map(str, cores))}')
+  with LanePool(placement, address=address, verbose=False) as pool:
+    before = _cpu_seconds_by_pid()
+    measured = measure_dispatch(
+      {'processes': lambda: ProcessExecutor(pool=pool, verbose=False)},
+      tasks=tasks,
+      rounds=rounds,
+    )
+    after = _cpu_seconds_by_pid()
+    owns_cluster = cluster.started_here()
+    per_event, latency = _driver_figures(
+      ProcessExecutor(pool=pool, verbose=False), lanes=('dispatch',), tasks=tasks
+    )
+  figures = {
+    'processes': measured['processes'],
+    'driver': per_event,
+    'driver_latency': latency,
+  }
+  if owns_cluster:  # Ray's processes are this one's descendants: all counted
+    cpu = sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
+    # `measure_dispatch` runs the chain once to warm up, then `rounds` times, and
+    # before that its `jax_call` loop, whose CPU (this process's) is taken out.
+    figures['processes_cpu'] = max(
+      (cpu - (rounds + 1) * tasks * measured['jax_call']) / ((rounds + 1) * tasks), 0.0
+    )
+  return figures
+
+
+def _run_chains(executor, *, lanes: Sequence[str], tasks: int, ahead: bool, name: str):
+  """The `Timeline` of one process per lane of `lanes`, each yielding `tasks` named tasks
+  `name` of `dispatch_tasks` on its lane through `executor`, each on the previous one's
+  result (`ahead=False`: each waited for)."""
+  from jaxsgd.scheduler.core import Cluster, Compute, Process
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+  task = Task(TaskRecipe.of(dispatch_tasks), name)
+
+  def program():
+    y = np.zeros((), np.float32)
+    for _ in range(tasks):
+      y = yield Compute(task, (y,), kind='dispatch', ahead=ahead)
+
+  cluster = Cluster()
+  indices = [cluster.add_lane(lane, jax.devices()[0]) for lane in lanes]
+  return executor.run(cluster, [Process(lane, i, program()) for lane, i in zip(lanes, indices)])
+
+
+def measure_loaded_driver(
+  *, cores: Sequence[int], address: str | None = None, tasks: int = 40
+) -> dict[str, float]:
+  """The simulated driver's figures while the lanes keep every core of `cores` busy:
+  `driver_loaded` and `driver_latency_loaded`, measured as `measure_process_dispatch`'s
+  `driver` and `driver_latency`, but over one lane process pinned to each core of
+  `cores`, each running a chain of `tasks` tasks of ~25 ms of matrix products
+  (`dispatch_tasks`' `busy`), run ahead as the process executor runs a family's tasks
+  (the first fifth of each chain left out: warm-up); `driver_loaded_lanes`, how many
+  lanes (cores) were busy.
+
+  Why: where the lanes take every core (two lanes on a 2-core machine), the driver and
+  Ray's processes only run when they preempt a lane, and a task's end reaches the driver
+  later than on an idle machine: measured on a 2-core machine, 1.2-1.3 ms from a task's
+  end to the driver hearing of it with both lanes busy, 0.38 ms with an idle lane, and
+  1.5-2.4 ms (medians) in the families' runs of `benchmarks/simulator_accuracy.py`.
+  Where a core is left to the driver, the idle figures are the ones that apply.
+  """
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
+  from jaxsgd.scheduler.process import ProcessExecutor
+
+  if tasks < 5:
+    raise ValueError(f'measure_loaded_driver: tasks per lane, at least 5; got {tasks}.')
+  lanes = [f'busy{core}' for core in cores]
+  placement = LanePlacement.parse('; '.join(f'{n}@cores={c}' for n, c in zip(lanes, cores)))
+  with LanePool(placement, address=address, verbose=False) as pool:
+    _run_chains(  # compiled on every lane, and the lanes warm
+      ProcessExecutor(pool=pool, verbose=False), lanes=lanes, tasks=2, ahead=True, name='busy'
+    )
+    per_event, latency = _driver_figures(
+      ProcessExecutor(pool=pool, verbose=False),
+      lanes=lanes,
+      tasks=tasks,
+      ahead=True,
+      name='busy',
+      warmup=5,
+    )
+  return {
+    'driver_loaded': per_event,
+    'driver_latency_loaded': latency,
+    'driver_loaded_lanes': float(len(lanes)),
+  }
+
+
+def _driver_figures(
+  executor,
+  *,
+  lanes: Sequence[str],
+  tasks: int,
+  ahead: bool = False,
+  name: str = 'add_one',
+  warmup: int = 10,
+) -> tuple[float, float]:
+  """`(CPU seconds of this thread per event, driver latency)` of `executor` running one
+  chain of `tasks` named tasks `name` per lane of `lanes` (`_run_chains`; `ahead=False`:
+  each waited for): two events per task, its dispatch and its end heard; the latency is
+  the median time from a task's end to the driver hearing of it, less the CPU per event
+  (at least 0), the first `1 / warmup` of each chain's hear delays left out (warm-up)."""
+  cpu = time.thread_time()
+  records = _run_chains(executor, lanes=lanes, tasks=tasks, ahead=ahead, name=name).records
+  cpu = time.thread_time() - cpu
+  per_event = cpu / (2 * len(records))
+  heard = []
+  for lane in {r.lane for r in records}:
+    chain = sorted((r for r in records if r.lane == lane), key=lambda r: r.start)
+    heard += [r.heard - r.end for r in chain[len(chain) // warmup :]]
+  return per_event, max(float(np.median(heard)) - per_event, 0.0)
+
+
+def _cpu_seconds_by_pid() -> dict[int, float]:
+  """CPU seconds (user + system) of this process and of each of its descendants."""
+  import psutil
+
+  me = psutil.Process()
+  seconds = {}
+  for process in [me, *me.children(recursive=True)]:
+    try:
+      times = process.cpu_times()
+    except psutil.Error:  # ended meanwhile
+      continue
+    seconds[process.pid] = times.user + times.system
+  return seconds
+
+
+# --- links between lane processes -------------------------------------------------------------
+def measure_process_links(
+  *,
+  cores: Sequence[int] = (0, 1),
+  address: str | None = None,
+  sizes: Sequence[int] = (1 << 16, 1 << 24),
+  reps: int = 21,
+  warmup: int = 3,
+) -> tuple[float, float]:
+  """`(latency s, bandwidth B/s)` of a move between two lane processes (`LanePool.move`,
+  Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, `reps` pairs
+  of calls, one of a task on the second lane that needs a new value of that size moved
+  there from the first, and one of the same task on an array already there, alternated
+  (and the sizes interleaved); the median over the pairs of their difference; then the
+  line through the two sizes (`link_line`).
+
+  A new value every pair, because every message of a run is one (a gradient, an
+  activation, the parameters after an update): its export writes a new object and its
+  import makes a new array, whose memory a machine may serve at its first-touch price.
+  Moving one value again and again, as this once did, measured a path the runs never
+  take and ran in spells (60 moves of 16 MB in a row: 25 at ~18 ms, 25 at ~4.5 ms, then
+  ~55 ms), so the fitted bandwidth moved from 0.32 to 8.2 GB/s between measurements; a
+  new value each time gave 1.44-1.53 ms + 0.97-1.02 GB/s in three fresh clusters, and
+  the lanes' runs agree with it (docs/simulator.md). Paired and a median, because the
+  difference of two minima moved by half from one measurement to the next: the minimum of a difference is not the difference of
+  the minima."""
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+  first = Task(TaskRecipe.of(dispatch_tasks), 'first')
+  placement = LanePlacement.parse(f'source@cores={cores[0]}; target@cores={cores[1]}')
+  with LanePool(placement, address=address, verbose=False) as pool:
+
+    def timed(value) -> float:
+      start = time.perf_counter()
+      pool.run('target', first, (value,))
+      return time.perf_counter() - start
+
+    def new_value(size: int, tag: int):  # put on the source lane, outside the timing
+      return pool.put('source', np.full(size // 4, tag, np.float32))
+
+    there = [pool.move(new_value(size, -1), 'target') for size in sizes]
+    for size, local in zip(sizes, there):
+      for tag in range(warmup):  # warm: compiled, the first copies taken in
+        timed(new_value(size, tag)), timed(local)
+    # The sizes interleaved, pair by pair: a slow spell of the machine slows both sizes'
+    # pairs, not one size's (which tilts the line: one run gave 9.4 GB/s, others 1.6-1.7).
+    differences = [[] for _ in sizes]
+    for tag in range(reps):
+      for size, local, measured in zip(sizes, there, differences):
+        moved = new_value(size, tag)
+        seconds = timed(moved)
+        del moved
+        pool.held('target')  # its copy freed there now, not inside the next timed call
+        measured.append(seconds - timed(local))
+  return link_line(sizes, [float(np.median(d)) for d in differences])
+
+
+def link_line(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+  """`(latency s, bandwidth B/s)` of the line through two sizes' move times (a negative
+  time counts as 0): bandwidth `(n2 - n1) / (t2 - t1)` (infinite if the larger size was
+  not slower), latency `t1 - n1 / bandwidth` (at least 0)."""
+  (n1, n2), (t1, t2) = sizes, [max(t, 0.0) for t in seconds]
+  bandwidth = (n2 - n1) / (t2 - t1) if t2 > t1 else math.inf
+  return max(t1 - n1 / bandwidth, 0.0), bandwidth
