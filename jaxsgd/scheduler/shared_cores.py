@@ -1,6 +1,6 @@
 """Lanes that share a CPU core as operating system processes, on the virtual clock.
 
-`cost.sharing='time_slice'`: lanes that `lane_hardware` (`placement.lanes`) places on one
+With a process executor's host (`cost.host`): lanes that `lane_hardware` (`placement.lanes`) places on one
 core are processes of their own, as the process executor's lanes are, and the core runs
 them as an operating system does (`TimeSlicedCore`): each lane runs its own tasks one at
 a time, and the n tasks running on the core at once each progress at 1/n of its speed.

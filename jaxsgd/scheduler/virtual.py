@@ -64,9 +64,9 @@ def make(
 ) -> 'VirtualExecutor':
   """The virtual clock for a run's settings. `run_ahead`: 0, a process goes on when its
   task ends (`VirtualExecutor`); N > 0, the process executor's schedule with its bound N
-  (`LaneProcessModel`, `cost.schedule='run_ahead'`). `time_sliced`: lanes that
-  `lane_hardware` places on one core share it as processes (`cost.sharing='time_slice'`,
-  `shared_cores`). The other keywords are `VirtualExecutor`'s."""
+  (`LaneProcessModel`: what a host profile of the process executor, `cost.host`, gives a
+  run). `time_sliced`: lanes that `lane_hardware` places on one core share it as
+  processes (`shared_cores`; the same host). The other keywords are `VirtualExecutor`'s."""
   # The subclasses are built on this module's class: imported here, not above it.
   from jaxsgd.scheduler.shared_cores import TimeSlicedLaneProcessModel, TimeSlicedVirtualExecutor
   from jaxsgd.scheduler.virtual_processes import LaneProcessModel
@@ -97,13 +97,13 @@ class VirtualExecutor(Executor):
     """`lane_hardware`: placement lane name (`placement.lane_name`) -> hardware key, for
     lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`.
     `copies_on_sender`: a transfer occupies the sending lane's hardware (FIFO with its
-    tasks), not a link of its own (`cost.copies='sender'`)."""
+    tasks), not a link of its own (a lane process serializes what it sends)."""
     if cost_model.simulates_driver and not self.run_ahead:
       raise ValueError(
-        f'cost.driver / cost.driver_latency: {cost_model.driver!r} / '
+        f'driver / driver_latency: {cost_model.driver!r} / '
         f"{cost_model.driver_latency!r} s simulate the process executor's driver, whose "
-        "schedule is run_ahead > 0 (cost.schedule='run_ahead'); give run_ahead, or set both "
-        'to 0.'
+        'schedule is run_ahead > 0 (a host profile of the process executor); give run_ahead, '
+        'or set both to 0.'
       )
     self.cost_model = cost_model
     self.lane_hardware = dict(lane_hardware or {})

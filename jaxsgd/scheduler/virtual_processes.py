@@ -1,6 +1,7 @@
 """The process executor's schedule on the virtual clock: lanes as processes, simulated.
 
-`LaneProcessModel(run_ahead=N)` (`cost.schedule='run_ahead'`) is `VirtualExecutor` with
+`LaneProcessModel(run_ahead=N)` (`cost.host`: a process executor's host profile) is
+`VirtualExecutor` with
 the schedule of the process executor (`process.py`), whose driver lets a process go on
 once its task is dispatched and its lanes compute behind it:
 
@@ -15,12 +16,12 @@ once its task is dispatched and its lanes compute behind it:
                            whose next task can start (one lane's wait does not hold the
                            device: a lane process waiting for an import does not); a
                            sender's copies on one queue (`copies_on_sender`) run in the
-                           order sent (one export thread); on links (`cost.copies=
-                           'link'`) copies to different lanes go on their own links
+                           order sent (one export thread); otherwise copies to
+                           different lanes go on their own links
       a task that reads    another compute lane's result (not sent to it) first pays a
                            copy over the link, as a lane process imports a handle
 
-With a simulated driver (`cost.driver`: seconds per event, `cost.driver_latency`: each
+With a simulated driver (the host profile's `driver`: seconds per event, `driver_latency`: each
 message's way), the process executor's driver thread is one more FIFO resource:
 
       start_task(p, op)    → the driver handles the dispatch (FIFO, `driver` s), then
@@ -78,7 +79,7 @@ class LaneProcessModel(VirtualExecutor):
 
   def snapshot(self) -> dict:
     raise snapshot_lib.NotResumableError(
-      'checkpoint: a run-ahead schedule (cost.schedule) keeps tasks in flight.'
+      'checkpoint: a run-ahead schedule (cost.host) keeps tasks in flight.'
     )
 
   # --- the driver -----------------------------------------------------------------------
@@ -91,7 +92,7 @@ class LaneProcessModel(VirtualExecutor):
   def _on_driver(self, fn, *args) -> None:
     """Runs `fn(*args)` once the simulated driver has handled this event: one host
     thread, `cost_model.driver` seconds per event, events in the order they arrive (a
-    FIFO single server; `cost.driver`)."""
+    FIFO single server; the host profile's `driver`)."""
     self._driver_free = max(self._now, self._driver_free) + self.cost_model.driver
     self._at(self._driver_free, fn, *args)
 
