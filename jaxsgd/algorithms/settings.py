@@ -285,20 +285,7 @@ def cost_settings(given, *, clock: str) -> CostSettings:
     raise ValueError(
       f'cost.link_bandwidth: bytes/s >= 0 (0 or inf: free), got {cost.link_bandwidth!r}.'
     )
-  if cost.compute and not cost.explicit_compute:
-    named = ', '.join(f'cost.compute.{kind}' for kind, _ in cost.compute)
-    raise ValueError(
-      f'{named}: explicit costs are used only with cost.calibrate=False and no cost.profile '
-      f'or cost.device; set those, or remove {named}.'
-    )
-  if cost.profile is not None and cost.device is not None:
-    raise ValueError('cost.profile / cost.device: one source of task costs, not both.')
-  if cost.device is not None:
-    hardware.preset(cost.device)  # Refuses an unknown name, listing the presets.
-  if cost.profile is not None and not os.path.exists(os.path.expanduser(cost.profile)):
-    raise ValueError(
-      f'cost.profile: no file {cost.profile!r}; make one with python -m experiments.profile.'
-    )
+  _check_cost_source(cost)
   cost.host_profile()  # Refuses a missing or bad host profile, naming the field.
   for i, speed in enumerate(cost.speeds):
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 < speed < math.inf:
@@ -311,6 +298,29 @@ def cost_settings(given, *, clock: str) -> CostSettings:
     integer(pair[0], 'cost.failures (worker)', minimum=0)
     number(pair[1], 'cost.failures (seconds)')
   return cost
+
+
+def _check_cost_source(cost: CostSettings) -> None:
+  """One source of task costs (a profile, a preset, explicit seconds or a calibration),
+  and the one named exists."""
+  if cost.compute and not cost.explicit_compute:
+    named = ', '.join(f'cost.compute.{kind}' for kind, _ in cost.compute)
+    raise ValueError(
+      f'{named}: explicit costs are used only with cost.calibrate=False and no cost.profile '
+      f'or cost.device; set those, or remove {named}.'
+    )
+  if cost.profile is not None and cost.device is not None:
+    raise ValueError(
+      'cost.profile / cost.device: give one cost source, not both (a profile is measured '
+      'costs, a device preset analytic ones).'
+    )
+  if cost.device is not None:
+    hardware.preset(cost.device)  # Refuses an unknown name, listing the presets.
+  if cost.profile is not None and not os.path.exists(os.path.expanduser(cost.profile)):
+    raise ValueError(
+      f'cost.profile: no file {cost.profile!r}; make one with python -m experiments.profile '
+      f'--config=... --out={cost.profile}.'
+    )
 
 
 def refuse_cost_fields(cost: CostSettings, fields, why: str) -> None:
