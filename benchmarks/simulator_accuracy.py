@@ -1,51 +1,44 @@
 r"""The simulator's error: each scheduler family on lane processes and on the virtual clock.
 
-    python -m benchmarks.simulator_accuracy                 # ~10 min on the 2-core CPU
+    python -m benchmarks.simulator_accuracy                 # every family, tasks of 30-300 ms
     python -m benchmarks.simulator_accuracy --hidden=512 --batch=256 --steps=60 --warmup=10
-                                                            # small tasks (1-5 ms), ~5 min
+                                                            # small tasks (1-5 ms)
     python -m benchmarks.simulator_accuracy --steps=40 --families=ddg,asgd
-    python -m benchmarks.simulator_accuracy --profile=/tmp/acc.json   # reuse a profile
+    python -m benchmarks.simulator_accuracy --profile=/tmp/acc.json --host=/tmp/host.json
+                                                            # reuse both profiles
     python -m benchmarks.simulator_accuracy --lanes=8 --depth=8 --batch=512 --repeats=1
-                                                            # K=8 lanes (a 16-core machine)
+                                                            # K=8 lanes (16 cores)
 
-`--lanes=K` (2 by default) gives every family K lanes on cores 0..K-1: K stages, K
-workers beside the server, PD-ASGD 1:(K-1), K LPP-SGD replicas; `--depth` the hidden
-layers (K stages need K-1). Each family runs the same config on both clocks, through `experiments.train`'s own path
+`--lanes=K` (2 by default) gives every family K lanes on cores 0..K-1
+(`benchmarks.common.family_lanes`): K stages, K workers beside the server, PD-ASGD
+1:(K-1), K LPP-SGD replicas; `--depth` the hidden layers (K stages need K-1). Each family
+runs the same config on both clocks, through `experiments.train`'s own path
 (`training.train_and_evaluate`):
   measured   `clock='real', executor='processes'`: every lane an OS process pinned to
-             a core (`--placement`, below), the run's trace as the lanes timed it;
-             `--repeats` runs (3), the one of median time per iteration taken (each
-             run's time is printed: one run against the next moved by up to 60 % here);
-  predicted  `clock='virtual'` with `cost.profile` = one profile measured at the start
-             for this executor (`cost.dispatch`: its host overhead per task is added
-             to every task; `--dispatch=auto` takes `processes_cpu`, the CPU all the
-             run's processes spend per task, where the two lanes take every core and
-             the driver and Ray run on theirs, as here, else `processes`, the wall time
-             per task of a chain), links between lane processes measured at the
-             start (`measure_process_links`: a new value moved in every pair, as
-             every message of a run is one),
-             copies made by the sending lane between its tasks
-             (`cost.copies='sender'`: Ray serializes the value in the lane process), and
-             the same `placement.lanes` (lanes placed on one core share it on the
-             virtual clock, as they do on the machine);
-  repriced   the predicted run again with each task kind costing its median duration in
-             the family's warm-up run on the lanes (another run, before the measured
-             one: lane costs measured the way lanes run);
-  replayed   the predicted run again with each task kind costing its median duration in
-             the measured run: the schedule model alone, without the profile.
-The virtual runs simulate the process executor's driver (`--driver`, `cost.driver` and
-`cost.driver_latency`): predicted with the profile's figures (its thread's CPU per event
-and the time a message takes between it and a lane, measured on an idle lane, or where
-the K lanes take every core with one busy lane per core: `measure_loaded_driver`);
-repriced and replayed with a latency from their lanes' run, so that the driver hears
-of an end as late as there (the median from a task's end to the driver hearing of it,
-less the CPU per event). The replay is run again without the driver, and printed, so
-that what the driver model adds is seen against the same measured run.
-The profile (`--profile` reuses one) is measured as the lanes run: in a process pinned
-to core 0 with XLA's intra-op threads off (`--xla_cpu_multi_thread_eigen=false`, one
-OpenMP thread), every task of every family's table (`experiments.profile`), the fastest
-of `--reps` interleaved wall-clock calls; plus the process executor's dispatch overhead,
-timed (wall and CPU) through one pinned lane (`lane_timing.measure_process_dispatch`).
+             its core, the run's trace as the lanes timed it; `--repeats` runs (3), the
+             one of median time per iteration taken (each run's time is printed);
+  predicted  `clock='virtual'` with the same `placement.lanes`, `cost.profile` = a cost
+             profile of the families' tasks and `cost.host` = a host profile of the
+             process executor, both measured at the start: each task costs the cost
+             profile's figure, and the virtual clock simulates the executor's host as
+             `jaxsgd.scheduler.host` says (run-ahead schedule, simulated driver, copies
+             on the sender, lanes on one core time-sliced, the host's links; its
+             `_loaded` figures where the K lanes take every core of the host);
+  repriced   the predicted run with each task kind costing its median duration in the
+             family's warm-up run on the lanes (another run, before the measured one);
+  replayed   the predicted run with each task kind costing its median duration in the
+             measured run: the schedule and host model alone, without the cost profile.
+The replayed run is run once more with the host profile's driver figures at 0 (a second
+host file), so that what the simulated driver adds is seen against the same measured run.
+
+The cost profile (`--profile` reuses one) describes tasks as they run on lanes: it is
+measured in a process pinned to core 0 with XLA's intra-op threads off
+(`--xla_cpu_multi_thread_eigen=false`, one OpenMP thread), as a lane runs, every task of
+every asked family's table (`experiments.profile`) timed by its CPU time, the fastest of
+`--reps` interleaved calls: the figure the virtual clock prices a task at. The host
+profile (`--host` reuses one of the process executor) is what
+`python -m experiments.profile --host=processes` writes (`measure_host`), measured here
+on the Ray cluster the runs use, before them.
 
 Per family: time per iteration (an iteration is one applied update of the whole model:
 a batch whose every stage has updated, or one server update), from the end of iteration
@@ -53,16 +46,15 @@ a batch whose every stage has updated, or one server update), from the end of it
 utilization of each compute lane over the same window; and for the asynchronous methods
 the staleness histogram of every applied update. Error = |predicted - measured| /
 measured of the time per iteration; the last line is the largest over the families that
-ran. The model is an MLP on MNIST-1D (40-1024-1024-1024-1024-10, batch 1024: tasks of
+ran. Before it, one table per family: each lane's task kinds, their priced cost against
+their durations in the measured run's steady state (median, p10, p90, median / priced).
+The model is an MLP on MNIST-1D (40-1024-1024-1024-1024-10, batch 1024: tasks of
 30-300 ms), so that a task is well above what the process executor's host spends on it
-(the driver's and Ray's CPU, 1-2.5 ms per task on this 2-core VM, on the lanes' own
-cores). With `--hidden=512 --batch=256` the tasks take 1-5 ms, that host time is of their
-size, and the error measures mostly it (49 % here,
-benchmarks/results/simulator_history.md). The predicted runs
-read the profile's medians (`--statistic`, `cost.statistic`), time-slice lanes placed
-on one core (`--sharing`, `cost.sharing`) and run processes ahead of their lanes as the
-process executor's driver does (`--schedule`, `cost.schedule`). The machine's load average is printed: other
-jobs on this 2-core machine take cores from the lanes, which the simulator cannot know.
+(the host profile's figures, printed at the start: about 1 ms per task where the lanes
+take every core); with `--hidden=512 --batch=256` the tasks take 1-5 ms, that host time
+is of their size, and the error measures mostly it. The machine's load
+average is printed: other jobs take cores from the lanes, which the simulator cannot
+know. Results: benchmarks/results/simulator_history.md.
 """
 
 import argparse
@@ -110,18 +102,11 @@ LANE_ENV = {
 }
 
 
-def family_config(
-  name: str,
-  args,
-  side: str,
-  profile: str | None = None,
-  links=(0.0, 0.0),
-  dispatch='processes',
-  driver=(0.0, 0.0),
-):
+def family_config(name: str, args, side: str, profile: str | None = None, host: str | None = None):
   """The config of family `name` for `side`: 'measured' (lane processes), 'predicted'
-  (the virtual clock with `profile`, its simulated driver taking `driver` = (seconds per
-  event, seconds of each message's way)) or 'tables' (what the profile measures)."""
+  (the virtual clock with the cost profile `profile` and the host profile `host`; the
+  host's links unless `--link_latency` gives others) or 'tables' (what the cost profile
+  measures)."""
   import ml_collections
 
   from benchmarks import common as bench_common  # (imports JAX: not at the module's top)
@@ -154,17 +139,14 @@ def family_config(
     config.clock = 'virtual'
   if side == 'predicted':
     config.cost.profile = profile
-    config.cost.dispatch = dispatch
-    config.cost.copies = 'sender'  # a lane serializes what it sends, between its tasks
-    config.cost.statistic = args.statistic
-    config.cost.sharing = args.sharing
-    config.cost.schedule = args.schedule
-    config.cost.driver, config.cost.driver_latency = driver
-    config.cost.link_latency, config.cost.link_bandwidth = links
+    config.cost.host = host
+    if args.link_latency is not None:
+      config.cost.link_latency = args.link_latency
+      config.cost.link_bandwidth = args.link_bandwidth
   return config
 
 
-# --- the profile: measured in a process set up as a lane ---------------------------------------
+# --- the cost profile: measured in a process set up as a lane ----------------------------------
 def measure_profile(path: str, args) -> None:
   """Runs this module in a process pinned to core 0 with the lanes' flags; it writes the
   tables the asked families need to `path` (`_write_tables`): a profile reused with
@@ -203,11 +185,11 @@ def _write_tables(path: str, args) -> None:
 
 def _measured_tables(args):
   """One profile of the tables of the asked families (`TABLE_OF`: DDG and PD-ASGD read
-  BP's), each measured through `experiments.profile`, the dispatch overhead with the
-  first."""
+  BP's), each measured through `experiments.profile` (the host's figures are the host
+  profile's: none here)."""
   from experiments import profile as profile_command
   from jaxsgd import data as data_lib
-  from jaxsgd.scheduler import lane_timing, profile_lookup, profiles, task_timing
+  from jaxsgd.scheduler import profile_lookup, profiles, task_timing
   from jaxsgd.training.loop import build_model
 
   merged = None
@@ -232,7 +214,6 @@ def _measured_tables(args):
       reps=args.reps,
       clock='cpu',
       pinned=True,
-      dispatch=lane_timing.measure_dispatch() if merged is None else {},
     )
     merged = profile if merged is None else profiles.merge(merged, profile)
   return merged
@@ -360,20 +341,6 @@ def hear_delays(workdir: str, since: float) -> list[float]:
   ]
 
 
-def driver_seconds(how: str, profile: tuple, workdir: str | None, warmup: int) -> tuple:
-  """`(cost.driver, cost.driver_latency)` of a virtual run (`--driver`): 'none', zeros;
-  'profile', the profile's figures (`profile`: the driver's CPU per event, the latency
-  on an idle machine); 'heard', the same for the predicted run (`workdir` None), and for
-  a run costed by the lanes' run at `workdir`, the latency that makes the driver hear of
-  an end as late as that run's median (its median hear delay less the CPU per event)."""
-  if how == 'none':
-    return 0.0, 0.0
-  if how == 'profile' or workdir is None:
-    return profile
-  heard = float(np.median(window_stats(workdir, warmup)['hear_delays']))
-  return profile[0], max(heard - profile[0], 0.0)
-
-
 def _short(name: str) -> str:
   from jaxsgd.scheduler.placement import lane_name
 
@@ -406,7 +373,7 @@ def observed_profile(profile: str, workdir: str, warmup: int) -> str:
   medians = task_medians(workdir, warmup)
   loaded = profiles.load(profile)
 
-  # Every figure the run's median (whichever `cost.statistic` reads), as `reprice_from_trace` does.
+  # Every figure the run's median, as `reprice_from_trace` does.
   timed = {key: [seconds] for key, seconds in medians.items()}
   tables = tuple(repricing.repriced_table(t, timed) for t in loaded.tables)
   path = os.path.join(workdir, 'observed_profile.json')
@@ -414,17 +381,44 @@ def observed_profile(profile: str, workdir: str, warmup: int) -> str:
   return path
 
 
-def slowdown(root: str, name: str, warmup: int, dispatch: float) -> float:
-  """Median over task kinds of (the task's median duration in the measured run) / (its
-  cost in the profile): how much longer the lanes took for the same work (1 on an
-  idle machine whose lanes match the profile; other jobs' load raises it)."""
-  measured = task_medians(os.path.join(root, f'{name}-measured'), warmup)
-  predicted = task_medians(os.path.join(root, f'{name}-predicted'), warmup)
-  ratios = [
-    measured[k] / (predicted[k] - dispatch)
-    for k in measured
-    if k in predicted and predicted[k] > dispatch
-  ]
+def task_costs(workdir: str, warmup: int, priced_ms: dict) -> list[dict]:
+  """Each compute lane's task kinds in the run at `workdir`, over its steady state
+  (`window`: the tasks that start and end inside it): their priced cost (`priced_ms`, the
+  virtual clock's table as a run's summary writes it, `'stage K kind'` -> ms; None where
+  it has none) and the median, p10 and p90 of their durations, in seconds."""
+  names, tasks = read_trace(workdir)
+  start, stop, _ = window(names, tasks, warmup, _per_task(workdir))
+  durations = {}
+  for lane, kind, begin, end, _, stage in tasks:
+    if start <= begin and end <= stop and not names[lane].startswith('link '):
+      durations.setdefault((_short(names[lane]), stage, kind), []).append(end - begin)
+  order = {kind: i for i, kind in enumerate(('forward', 'backward', 'update'))}
+  rows = []
+  for (lane, stage, kind), seconds in sorted(
+    durations.items(),
+    key=lambda item: (item[0][0], str(item[0][1]), order.get(item[0][2], 3), item[0][2]),
+  ):
+    priced = priced_ms.get(f'stage {stage} {kind}')
+    p10, median, p90 = np.percentile(seconds, (10, 50, 90))
+    rows.append(
+      {
+        'lane': lane,
+        'task': kind if stage is None else f'{stage}/{kind}',
+        'tasks': len(seconds),
+        'priced': None if priced is None else priced / 1e3,
+        'median': float(median),
+        'p10': float(p10),
+        'p90': float(p90),
+      }
+    )
+  return rows
+
+
+def slowdown(rows: list[dict]) -> float:
+  """Median over the lanes' task kinds (`task_costs`) of their measured median duration /
+  their priced cost: how much longer the lanes took for the same work than the cost
+  profile says (1 where they run as it was measured; other jobs' load raises it)."""
+  ratios = [row['median'] / row['priced'] for row in rows if row['priced']]
   return float(np.median(ratios)) if ratios else float('nan')
 
 
@@ -460,10 +454,9 @@ def steady_stats(workdir: str, warmup: int) -> dict:
 def measured_runs(config, workdir: str, args) -> tuple[dict, dict, list, float]:
   """`--repeats` runs on the lanes, one after another: `(stats, summary)` of the one of
   median time per iteration — the family's measured run, kept at `workdir`, where the
-  replayed run and the task slowdown read its tasks — every run's seconds per iteration
-  in order, and the largest load average seen. One run against the next moved by up to
-  60 % here (ASGD 106–181 ms per iteration in four runs of 2026-11-26, minutes apart):
-  more than the errors to be measured, so the error is taken against the median run."""
+  replayed run and the task-cost table read its tasks — every run's seconds per
+  iteration in order, and the largest load average seen. One run against the next can
+  move by more than the errors to be measured: the error is taken against the median."""
   from jaxsgd import training
 
   runs, load = [], 0.0
@@ -488,41 +481,31 @@ def wait_for_quiet(max_load: float, max_wait: float) -> None:
     time.sleep(5)
 
 
-def run_family(
-  name: str, args, profile: str, links, dispatch: tuple, root: str, driver: tuple
-) -> dict:
-  """Every run of family `name`: their statistics, or why one could not run. `dispatch`:
-  `(cost.dispatch, its seconds)` of the virtual clock's runs; `driver`: the profile's
-  `(driver, driver_latency)` (`driver_seconds`)."""
+def run_family(name: str, args, profile: str, hosts: dict, root: str) -> dict:
+  """Every run of family `name`: their statistics, or why one could not run. `hosts`:
+  the host profile of the virtual runs (`'host'`) and the same without a driver
+  (`'no_driver'`, for the replay run again)."""
   from jaxsgd import training
 
-  result = {'driver': {}}
+  result, priced_by = {}, {}
   for side in SIDES:
-    given, lanes_run = profile, None
-    if side == 'replayed':  # the schedule alone: the measured run's own task times
-      lanes_run = os.path.join(root, f'{name}-measured')
-    if side == 'repriced':  # lane costs from another run: the warm-up run
-      lanes_run = os.path.join(root, f'{name}-measured-warm')
-    try:
-      if lanes_run is not None:
-        given = observed_profile(profile, lanes_run, args.warmup)
-        result['driver'][side] = driver_seconds(args.driver, driver, lanes_run, args.warmup)
-      elif side == 'predicted':
-        result['driver'][side] = driver_seconds(args.driver, driver, None, args.warmup)
-    except ValueError:  # no steady state in the warm-up run
-      if side != 'repriced':
-        raise
-      result[side] = None
-      continue
-    virtual = side in ('repriced', 'replayed')
+    given = priced_by[side] = profile
+    lanes_run = {  # the lanes' run whose task durations price the virtual run
+      'replayed': f'{name}-measured',  # the schedule alone: the measured run's own times
+      'repriced': f'{name}-measured-warm',  # lane costs from another run: the warm-up run
+    }.get(side)
+    if lanes_run is not None:
+      try:
+        given = priced_by[side] = observed_profile(
+          profile, os.path.join(root, lanes_run), args.warmup
+        )
+      except ValueError:  # no steady state in the warm-up run
+        if side != 'repriced':
+          raise
+        result[side] = None
+        continue
     config = family_config(
-      name,
-      args,
-      'predicted' if virtual else side,
-      given,
-      links,
-      dispatch[0],
-      result['driver'].get(side, (0.0, 0.0)),
+      name, args, 'measured' if side == 'measured' else 'predicted', given, hosts['host']
     )
     workdir = os.path.join(root, f'{name}-{side}')
     try:
@@ -543,13 +526,18 @@ def run_family(
       return {'skipped': f'{side} run failed ({type(error).__name__}: {line})'}
     stats['staleness'] = summary.get('staleness_histogram', {})
     result[side] = stats
-    if side == 'predicted':
-      result['slowdown'] = slowdown(root, name, args.warmup, dispatch[1])
-  if any(result['driver'].get('replayed', ())):  # what the driver adds: the replay without it
-    config.cost.driver = config.cost.driver_latency = 0.0
-    workdir = os.path.join(root, f'{name}-replayed-no-driver')
-    training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
+    if side == 'predicted':  # the priced costs against the measured run's durations
+      measured = os.path.join(root, f'{name}-measured')
+      result['task_costs'] = task_costs(measured, args.warmup, summary.get('cost_model_ms', {}))
+      result['slowdown'] = slowdown(result['task_costs'])
+  # What the simulated driver adds: the replay again, with a host whose driver costs 0.
+  config = family_config(name, args, 'predicted', priced_by['replayed'], hosts['no_driver'])
+  workdir = os.path.join(root, f'{name}-replayed-no-driver')
+  training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
+  try:
     result['replayed_no_driver'] = steady_stats(workdir, args.warmup)
+  except NoSteadyState:
+    result['replayed_no_driver'] = None
   return result
 
 
@@ -572,51 +560,22 @@ def main():
     help='measured runs per family; the error is against the median one (odd: a run)',
   )
   parser.add_argument(
-    '--dispatch',
-    default='auto',
-    choices=('auto', 'processes', 'processes_cpu'),
-    help='host overhead per task the virtual clock adds (cost.dispatch); auto: '
-    "'processes_cpu' where the K lanes take every core this process may use (K=2 on a "
-    "2-core machine), else 'processes'",
-  )
-  parser.add_argument(
-    '--statistic',
-    default='median',
-    choices=('min', 'median', 'p90'),
-    help="which figure of the profile's repetitions a task costs (cost.statistic)",
-  )
-  parser.add_argument(
-    '--sharing',
-    default='time_slice',
-    choices=('fifo', 'time_slice'),
-    help='how lanes placed on one core share it on the virtual clock (cost.sharing)',
-  )
-  parser.add_argument(
-    '--schedule',
-    default='run_ahead',
-    choices=('in_order', 'run_ahead'),
-    help='when a simulated process goes on: at its task end, or at its dispatch as the '
-    "process executor's driver runs ahead of its lanes (cost.schedule)",
-  )
-  parser.add_argument(
-    '--driver',
-    default='heard',
-    choices=('heard', 'profile', 'none'),
-    help='the simulated driver (cost.driver: its CPU per event, cost.driver_latency: each '
-    "message's way): 'profile', the profile's figures (an idle lane) for every virtual "
-    "run; 'heard' (default), those for the predicted run, and for the repriced and "
-    'replayed runs a latency from the warm-up and the measured run (the median time from '
-    "a task's end to the driver hearing of it, less the CPU per event); 'none': no driver",
-  )
-  parser.add_argument(
     '--neighbours',
     default='idle',
     choices=('idle', 'busy'),
     help='cores 1..K-1 while the profile is measured on core 0: idle, or busy with matrix '
     'products (`task_timing.BusyNeighbours`), as the lanes keep them in the runs',
   )
-  parser.add_argument('--profile', default=None, help='a profile to use (default: measure)')
-  parser.add_argument('--link_latency', type=float, default=None, help='s (default: measure)')
+  parser.add_argument('--profile', default=None, help='a cost profile to use (default: measure)')
+  parser.add_argument(
+    '--host',
+    default=None,
+    help='a host profile of the process executor to use (cost.host; default: measure one, '
+    'as python -m experiments.profile --host=processes does)',
+  )
+  parser.add_argument(
+    '--link_latency', type=float, default=None, help="s (default: the host profile's links)"
+  )
   parser.add_argument('--link_bandwidth', type=float, default=None, help='B/s, with the above')
   parser.add_argument(
     '--max_load', type=float, default=1e9, help='wait for a 1-min load average below this'
@@ -638,6 +597,8 @@ def main():
     parser.error(
       f'--depth: {args.lanes} stages need {args.lanes - 1} hidden layers; got {args.depth}'
     )
+  if (args.link_latency is None) != (args.link_bandwidth is None):
+    parser.error('--link_latency and --link_bandwidth: give both, or neither')
   LABELS.update(labels(args.lanes))
   families = [f for f in args.families.split(',') if f]
   unknown = sorted(set(families) - set(FAMILIES))
@@ -662,9 +623,21 @@ def main():
   )
   import jax
 
-  from jaxsgd.scheduler import lane_timing, profiles
+  from experiments import profile as profile_command
+  from jaxsgd.scheduler import host as host_lib
+  from jaxsgd.scheduler import profiles
   from jaxsgd.scheduler.lanes import cluster
 
+  host = None
+  if args.host is not None:  # (JAX imported after the cache's settings above)
+    try:
+      host = host_lib.load(args.host)
+    except host_lib.HostProfileError as error:
+      parser.error(str(error))
+    if host.executor != 'processes':
+      parser.error(
+        f'--host: a host profile of the process executor; {args.host} is of {host.executor!r}'
+      )
   profile = args.profile
   if profile is None:
     profile = os.path.join(root, 'profile.json')
@@ -672,63 +645,24 @@ def main():
   cluster.connect(None)  # one Ray cluster for every run (each run starts its own lanes)
   try:
     loaded = profiles.load(profile)
-    wait_for_quiet(args.max_load, args.max_wait)
-    if not {'processes', 'processes_cpu', 'driver', 'driver_latency'} <= loaded.dispatch.keys():
-      dispatch = lane_timing.measure_process_dispatch(cores=(0,))
-      loaded = profiles.merge(loaded, _with_dispatch(loaded, dispatch))
-      profiles.save(loaded, profile)
-    # Lanes on cores 0..K-1: do they leave the driver and Ray a core of their own?
-    free = len(os.sched_getaffinity(0)) > args.lanes
-    dispatch_kind = args.dispatch
-    if dispatch_kind == 'auto':
-      dispatch_kind = 'processes' if free else 'processes_cpu'
-    # The driver's figures the predicted runs simulate: measured with every core busy
-    # (`lane_timing.measure_loaded_driver`) where the K lanes leave the driver no core.
-    driver_keys = profiles.DRIVER_FIGURES['profile' if free else 'profile_loaded']
-    busy_lanes = loaded.dispatch.get('driver_loaded_lanes')
-    if not free and busy_lanes != args.lanes:  # the lanes keep every core busy: measured so
-      figures = lane_timing.measure_loaded_driver(cores=range(args.lanes))
-      loaded = profiles.merge(loaded, _with_dispatch(loaded, figures))
-      profiles.save(loaded, profile)
     measured_how = 'a profile given' if args.profile else _neighbours_label(args)
     print(
-      f'profile: {profile} ({loaded.date}, pinned to core 0, lane flags, {measured_how}'
-      f'; min, median, p90 of '
-      f'{loaded.reps}); dispatch per task (µs): '
-      + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in loaded.dispatch.items() if 'driver' not in k)
-      + f'; the driver (µs): {1e6 * loaded.dispatch["driver"]:.1f} of CPU per event, '
-      f"{1e6 * loaded.dispatch['driver_latency']:.1f} per message's way"
-      + (
-        ''
-        if free
-        else f'; with the lanes busy on cores 0-{args.lanes - 1} (used here): '
-        f'{1e6 * loaded.dispatch[driver_keys[0]]:.1f} per event, '
-        f'{1e6 * loaded.dispatch[driver_keys[1]]:.1f} per way'
-      )
-      + f'; predicted with {dispatch_kind}, cost.statistic={args.statistic!r}, '
-      f'cost.sharing={args.sharing!r}, cost.schedule={args.schedule!r}, '
-      f'--driver={args.driver!r}',
+      f'cost profile: {profile} ({loaded.date}, pinned to core 0, lane flags, '
+      f'{measured_how}; each task the fastest of {loaded.reps} {loaded.clock}-timed calls)',
       flush=True,
     )
-    if args.link_latency is None:
-      links = lane_timing.measure_process_links(cores=(0, 1))
-    else:
-      links = (args.link_latency, args.link_bandwidth)
-    print(
-      f'links between lane processes: {1e6 * links[0]:.0f} µs + bytes / {links[1] / 1e9:.2f} GB/s',
-      flush=True,
-    )
+    hosts = {'host': args.host}
+    if host is None:  # measured on this cluster, as `experiments.profile --host` does
+      wait_for_quiet(args.max_load, args.max_wait)
+      host = profile_command.measure_host('processes')
+      hosts['host'] = os.path.join(root, 'host.json')
+      host_lib.save(host, hosts['host'])
+    hosts['no_driver'] = os.path.join(root, 'host_no_driver.json')
+    host_lib.save(without_driver(host), hosts['no_driver'])
+    print(_host_line(hosts['host'], host, args), flush=True)
     results = {}
     for name in families:
-      results[name] = run_family(
-        name,
-        args,
-        profile,
-        links,
-        (dispatch_kind, loaded.dispatch[dispatch_kind]),
-        root,
-        tuple(loaded.dispatch[key] for key in driver_keys),
-      )
+      results[name] = run_family(name, args, profile, hosts, root)
       with open(os.path.join(root, 'results.json'), 'w') as f:
         json.dump(results, f)
       print(f'  {LABELS[name]}: {_one_line(results[name])}', flush=True)
@@ -741,18 +675,45 @@ def main():
   print_table(results)
 
 
+def without_driver(host):
+  """`host` with its driver's figures (idle and loaded) at 0: no simulated driver."""
+  import dataclasses
+
+  figures = tuple((k, 0.0 if k.startswith('driver') else v) for k, v in host.figures)
+  return dataclasses.replace(host, figures=figures)
+
+
+def _host_line(path: str, host, args) -> str:
+  """The host profile, and the figures the virtual runs take of it (`host.simulated`)."""
+  from jaxsgd.scheduler import host as host_lib
+
+  simulated = host_lib.simulated(host, args.lanes)
+  every_core = args.lanes >= host.cores  # as `host.simulated` decides
+  figures = ', '.join(
+    f'{k} {v / 1e9:.2f} GB/s' if k == 'link_bandwidth' else f'{k} {1e6 * v:.1f} µs'
+    for k, v in host.figures
+  )
+  if args.link_latency is None:
+    latency, bandwidth = simulated.link
+  else:
+    latency, bandwidth = args.link_latency, args.link_bandwidth
+  return (
+    f'host profile: {path} ({host.executor}, {host.cores} cores, {host.date}): {figures}; '
+    f'the virtual runs ({args.lanes} lanes: the figures '
+    f'{"with every core busy" if every_core else "with an idle lane"}) add '
+    f'{1e6 * simulated.dispatch:.1f} µs per task, a driver of '
+    f'{1e6 * simulated.driver:.1f} µs per event + {1e6 * simulated.driver_latency:.1f} µs '
+    f"per message's way, links of {1e6 * latency:.0f} µs + bytes / {bandwidth / 1e9:.2f} GB/s"
+    + ('' if args.link_latency is None else ' (--link_latency, --link_bandwidth)')
+  )
+
+
 def _neighbours_label(args) -> str:
   """How the other lanes' cores were while the profile was measured (`--neighbours`)."""
   if args.neighbours == 'idle':
     return 'neighbours idle'
   busy = '1' if args.lanes == 2 else f'1-{args.lanes - 1}'
   return f'core{"s" if args.lanes > 2 else ""} {busy} busy'
-
-
-def _with_dispatch(profile, dispatch: dict):
-  import dataclasses
-
-  return dataclasses.replace(profile, tables=(), dispatch=dispatch)
 
 
 def _one_line(result: dict) -> str:
@@ -829,9 +790,10 @@ def print_table(results: dict) -> None:
   )
   print(
     'replayed: the virtual clock again, with each task kind costing its median duration '
-    'in the measured run (the schedule model alone, without the profile); task slowdown: '
-    'median over task kinds of its measured duration / its profiled cost; load: the '
-    '1-minute load average during the measured run (the larger of its start and end)'
+    'in the measured run (the schedule and host model alone, without the cost profile); '
+    "task slowdown: median over the lanes' task kinds of their measured median duration / "
+    'their priced cost (the task-cost tables below); load: the 1-minute load average '
+    'during the measured run (the larger of its start and end)'
   )
   staleness = [n for n in results if n in ASYNCHRONOUS and 'skipped' not in results[n]]
   if staleness:
@@ -853,21 +815,16 @@ def print_table(results: dict) -> None:
   heard = [n for n in results if 'skipped' not in results[n]]
   if heard:
     print(
-      "a task's end -> the driver hears of it, ms median / mean, " + ' | '.join(SIDES) + ';'
-      " the simulated driver's ms per event + ms per message (cost.driver, "
-      'cost.driver_latency), ' + ' | '.join(SIDES[1:]) + ':'
+      "a task's end -> the driver hears of it, ms median / mean (the virtual runs: the "
+      "host profile's simulated driver), " + ' | '.join(SIDES) + ':'
     )
     for name in heard:
       cells = (_delays(results[name][s], 'hear_delays') for s in SIDES)
-      used = (
-        '{:.2f} + {:.2f}'.format(*(1e3 * x for x in results[name]['driver'].get(s, (0, 0))))
-        for s in SIDES[1:]
-      )
-      print(f'  {LABELS[name]}: ' + ' | '.join(cells) + '; ' + ' | '.join(used))
+      print(f'  {LABELS[name]}: ' + ' | '.join(cells))
   undriven = [n for n in errors if results[n].get('replayed_no_driver')]
   if undriven:
     print(
-      'replayed without the simulated driver (cost.driver=cost.driver_latency=0), ms/it '
+      "replayed without the simulated driver (the host profile's driver figures at 0), ms/it "
       'and error %: '
       + '; '.join(
         f'{LABELS[n]} {_ms(results[n]["replayed_no_driver"])} '
@@ -877,6 +834,8 @@ def print_table(results: dict) -> None:
     )
   for note in notes:
     print(note)
+  for name in errors:
+    print_task_costs(name, results[name].get('task_costs', []))
   if errors:
     worst = max(errors, key=errors.get)
     replayed = max(_error(results[n], 'replayed') for n in errors)
@@ -898,6 +857,35 @@ def print_table(results: dict) -> None:
     print(f'simulator max error across families: {errors[worst]:.1f}%')
   else:
     print('simulator max error across families: n/a (no family ran)')
+
+
+def print_task_costs(name: str, rows: list[dict]) -> None:
+  """Family `name`'s task-cost table (`task_costs`): per lane and task kind, its priced
+  cost against its durations in the measured run's steady state."""
+  ms = lambda seconds: f'{1e3 * seconds:.2f}'
+  print(
+    f'{LABELS[name]}: task costs, ms: priced (the virtual clock) against the measured '
+    "run's durations over its steady state"
+  )
+  header = ('  lane', 'task', 'tasks', 'priced', 'median', 'p10', 'p90', 'median/priced')
+  table = [
+    (
+      f'  {row["lane"]}',
+      row['task'],
+      str(row['tasks']),
+      ms(row['priced']) if row['priced'] else '-',
+      ms(row['median']),
+      ms(row['p10']),
+      ms(row['p90']),
+      f'{row["median"] / row["priced"]:.2f}' if row['priced'] else '-',
+    )
+    for row in rows
+  ]
+  widths = [max(len(r[i]) for r in (header, *table)) for i in range(len(header))]
+  for row in (header, *table):
+    print(
+      '  '.join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    )
 
 
 def _delays(stats: dict | None, which: str = 'send_delays') -> str:

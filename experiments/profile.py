@@ -10,17 +10,16 @@ an executor's host profile.
 
 Writes (or adds a table to) a JSON profile (`jaxsgd.scheduler.profiles`): the
 seconds of each stage's forward, backward and update for the config's model,
-batch size, stage split and algorithm, the host dispatch overhead of the
-executors (`--dispatch_processes`: the process executor's too; `--loaded_driver`:
-its driver's figures with a busy lane on every core), and the device, jax version
-and date. Each task: 3 untimed calls, then `--reps` interleaved wall-clock calls,
-the fastest counting, on every core (as `cost.calibrate` measures them, so the costs
-are comparable with the kept ones); `--pin_core` and `--clock=cpu` measure one
-core by its CPU time instead (see `jaxsgd.scheduler.task_timing` for how repeatable
-each is here). Measure on a quiet machine: the file is then reused as is. An
+batch size, stage split and algorithm, the in-process executors' dispatch overhead
+(for information: the virtual clock takes an executor's host from a host profile,
+`--host`), and the device, jax version and date. Each task: 3 untimed calls, then
+`--reps` interleaved wall-clock calls, the fastest counting, on every core (as
+`cost.calibrate` measures them, so the costs are comparable with the kept ones);
+`--pin_core` and `--clock=cpu` measure one core by its CPU time instead (see
+`jaxsgd.scheduler.task_timing` for how repeatable each is here). Measure on a quiet machine: the file is then reused as is. An
 existing file of the same model, batch size, optimizer and device gets this
 config's table added (one profile can serve a whole suite); `--replace` starts a
-new file instead. The executors' figures are measured once per command.
+new file instead. The dispatch overhead is measured once per command.
 
 `--suite=NAME` (instead of `--config`) measures the table of every method of a
 comparison suite (`experiments/suites.py`) that takes its costs from a profile (virtual
@@ -72,23 +71,6 @@ _PIN_CORE = flags.DEFINE_integer(
 )
 _SUITE = flags.DEFINE_string(
   'suite', None, 'Instead of --config: every profiled method of this comparison suite.'
-)
-_DISPATCH_PROCESSES = flags.DEFINE_bool(
-  'dispatch_processes',
-  False,
-  "Also measure the process executor's dispatch overhead per task, as wall time "
-  "('processes') and as the CPU of all the run's processes ('processes_cpu'), and its "
-  "driver's CPU per event ('driver', cost.driver) and each message's way between it and "
-  "a lane ('driver_latency', cost.driver_latency); starts a Ray cluster and one lane "
-  'process pinned to core 0, or to --pin_core; ~15 s.',
-)
-_LOADED_DRIVER = flags.DEFINE_bool(
-  'loaded_driver',
-  False,
-  "Also measure the process executor's driver with a busy lane process pinned to every "
-  "core this process may use ('driver_loaded', 'driver_latency_loaded'; "
-  "cost.driver_from='profile_loaded'): what a run whose lanes take every core pays; "
-  'starts a Ray cluster; ~20 s.',
 )
 _HOST = flags.DEFINE_enum(
   'host',
@@ -281,9 +263,9 @@ def main(argv):
 
 
 def _measure(config, dispatch: dict[str, float]) -> profiles.Profile:
-  """A profile of one table: the tasks of `config`, and the executors' `dispatch`
-  (measured into it here if it is empty: after the table, so a bad config is refused
-  before anything else runs)."""
+  """A profile of one table: the tasks of `config`, and the in-process executors'
+  `dispatch` (measured into it here if it is empty: after the table, so a bad config is
+  refused before anything else runs)."""
   dataset = data_lib.load(config.dataset, config.get('data_dir'))
   model = build_model(config, dataset)
 
@@ -297,7 +279,7 @@ def _measure(config, dispatch: dict[str, float]) -> profiles.Profile:
   except ValueError as e:
     raise SystemExit(str(e)) from None
   if not dispatch:
-    dispatch.update(measure_dispatch())
+    dispatch.update(lane_timing.measure_dispatch())
   return task_timing.make_profile(
     model,
     batch_size,
@@ -309,18 +291,6 @@ def _measure(config, dispatch: dict[str, float]) -> profiles.Profile:
     pinned=_PIN_CORE.value >= 0,
     dispatch=dispatch,
   )
-
-
-def measure_dispatch() -> dict[str, float]:
-  """Host overhead per task of the in-process executors (and of the process executor
-  with --dispatch_processes; its driver with every core busy with --loaded_driver)."""
-  dispatch = lane_timing.measure_dispatch()
-  if _DISPATCH_PROCESSES.value:
-    core = max(_PIN_CORE.value, 0)
-    dispatch.update(lane_timing.measure_process_dispatch(cores=(core,)))
-  if _LOADED_DRIVER.value:
-    dispatch.update(lane_timing.measure_loaded_driver(cores=sorted(os.sched_getaffinity(0))))
-  return dispatch
 
 
 def describe(table: profiles.Table, dispatch) -> str:
@@ -339,12 +309,7 @@ def describe(table: profiles.Table, dispatch) -> str:
     )
   lines.append(
     'dispatch overhead per task (µs): '
-    + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in dispatch.items() if 'driver' not in k)
-    + ''.join(
-      f'; {k} {v:.0f}' if k.endswith('_lanes') else f'; {k} (µs) {1e6 * v:.1f}'
-      for k, v in dispatch.items()
-      if 'driver' in k
-    )
+    + ', '.join(f'{k} {1e6 * v:.1f}' for k, v in dispatch.items())
   )
   return '\n'.join(lines)
 

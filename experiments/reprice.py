@@ -15,18 +15,16 @@ first `--skip` tasks left out (compiling). The virtual clock given it replays th
 machine as the pilot found it — load, neighbours on shared cores, a slow spell — where
 a profile measured alone sees a quiet core. `benchmarks/simulator_accuracy.py` measures
 the same idea in its "repriced" column (each task kind's median in a warm-up run on
-lanes, over its own steady-state window, simulated with the benchmark's settings:
-`cost.dispatch`, copies on the sender, time-sliced cores, the run-ahead schedule,
-measured links): within 12.4 % of the process executor for every scheduler family,
-where the profile measured alone gave up to 30.4 %, in one run
-(benchmarks/results/simulator_history.md).
+lanes, over its own steady-state window, simulated with the same host profile of the
+process executor as its predicted runs, `cost.host`); its results and their history:
+benchmarks/results/simulator_history.md.
 
 The pilot must be a run on the real clock of the profile's model and batch size, best
 on lane processes: the in-process real clock with several stages on one CPU device is
 no pilot (its trace gave 5–15 µs for tasks that take 0.08–0.5 ms alone). Speed factors
-the simulation applies (`cost.device_speeds`, `cost.worker_speeds`) scale the re-priced
-costs again, and LPP-SGD runs with several workers per device are refused as pilots (the
-virtual clock divides those workers' speed again). Data-parallel runs write no trace.
+the simulation applies (`cost.speeds`) scale the re-priced costs again, and LPP-SGD runs
+with several workers per device are refused as pilots (the virtual clock divides those
+workers' speed again). Data-parallel runs write no trace.
 """
 
 import os

@@ -16,7 +16,7 @@ from jaxsgd import algorithms
 from jaxsgd import models
 from jaxsgd import optimizers
 from jaxsgd.pipeline import PlacedStages
-from jaxsgd.scheduler import Placement, profile_lookup, profiles, task_timing
+from jaxsgd.scheduler import Placement, host, profile_lookup, profiles, task_timing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -138,6 +138,37 @@ def test_the_command_writes_a_profile_and_refuses_to_mix_models(data_dir, tmp_pa
     .startswith('cost.profile: cannot add to a profile of another model')
   )
   assert profiles.load(out) == profile  # Left as it was.
+
+
+def test_the_command_writes_an_in_process_host_profile(tmp_path):
+  """`--host=in_process`: a host profile (`cost.host`) of the in-process executor, its
+  dispatch per task measured here; --config with --host is refused."""
+  out = tmp_path / 'host.json'
+
+  def command(*extra):
+    return subprocess.run(
+      [sys.executable, '-m', 'experiments.profile', '--host=in_process', f'--out={out}', *extra],
+      cwd=REPO,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+    )
+
+  done = command()
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert f'wrote {out}: host profile of in_process' in done.stdout
+  profile = host.load(str(out))
+  assert profile.executor == 'in_process' and profile.cores == len(os.sched_getaffinity(0))
+  assert set(dict(profile.figures)) == {'dispatch'} and profile.figure('dispatch') > 0
+  refused = command('--config=experiments/configs/ddg.py:smoke', '--replace')
+  assert refused.returncode != 0
+  assert refused.stderr.strip().splitlines()[-1] == (
+    '--host: measures an executor, not a config; drop --config/--suite.'
+  )
+  assert command().stderr.strip().splitlines()[-1] == (
+    f'--out: {str(out)!r} exists; --replace overwrites it.'
+  )
 
 
 def test_suite_profiles_every_method_with_measured_costs():

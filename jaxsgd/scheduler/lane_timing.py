@@ -3,16 +3,19 @@
 A task's measured cost (`task_timing`) is one blocking JAX call. An *executor* adds host
 time on top of it, and the process executor adds messages between its driver and the
 lane processes and moves between lanes; the virtual clock simulates those from figures
-measured here and kept in a profile's `dispatch` field (`profiles`):
+measured here and kept in a host profile (`cost.host`, `jaxsgd.scheduler.host`; written
+by `python -m experiments.profile --host=EXECUTOR`, `experiments.profile.measure_host`):
 
-- `measure_dispatch`: the host overhead an executor adds per task (`cost.dispatch`);
-- `measure_process_dispatch`: the process executor's, with `driver` and
-  `driver_latency`, its driver's CPU time per event and the time a message takes
-  between it and a lane (`cost.driver`, `cost.driver_latency`);
+- `measure_dispatch`: the host overhead an executor adds per task (the in-process
+  executors' `dispatch`);
+- `measure_process_dispatch`: the process executor's (`dispatch`; with its processes'
+  CPU per task, `dispatch_loaded`), with its driver's CPU time per event and the time a
+  message takes between it and a lane (`driver`, `driver_latency`);
 - `measure_loaded_driver`: the same two with a busy lane on every core
-  (`driver_loaded`, `driver_latency_loaded`; `cost.driver_from` reads either pair);
+  (`driver_loaded`, `driver_latency_loaded`);
 - `measure_process_links`: the latency and bandwidth of a move between two lane
-  processes (`cost.link_latency`, `cost.link_bandwidth`; not kept in a profile).
+  processes (`link_latency`, `link_bandwidth`; `cost.link_latency` and
+  `cost.link_bandwidth` describe other links).
 
 The rule: each figure is what a run pays, measured the way a run pays it — a chain of
 named tasks (`dispatch_tasks`, built by the lane processes themselves) through the very
@@ -124,19 +127,21 @@ def measure_process_dispatch(
   `cores` (a Ray cluster at `address`, or one started here for the measurement):
 
   - `processes`: `measure_dispatch`'s figure, wall time per task of a chain of tasks:
-    what a task waits for the driver and Ray when they have cores of their own.
+    what a task waits for the driver and Ray when they have cores of their own (a host
+    profile's `dispatch`).
   - `driver`: the CPU seconds of the driver's thread per event it handles (a task
     dispatched, a task's end heard), over a chain of tasks each waited for
-    (`Compute(ahead=False)`): the simulated driver's time per event (`cost.driver`).
+    (`Compute(ahead=False)`): the simulated driver's time per event (a host profile's
+    `driver`).
   - `driver_latency`: the median time from a task's end on the lane to the driver
     hearing of it, over the same chain, less `driver`: each way of a message between
-    the driver and a lane (`cost.driver_latency`), on an idle machine.
+    the driver and a lane (a host profile's `driver_latency`), on an idle machine.
   - `processes_cpu` (only with a cluster started for it): the CPU seconds per task of
     every process of the run — the driver, the lane and Ray's own (raylet, GCS), all
     descendants of this process then — over the same chain: what each task costs the
     machine's cores. On a machine whose lanes take every core (two lanes on a 2-core
     machine), the driver and Ray run on the lanes' cores, and that is what a lane
-    loses per task: measured there, ~0.7–0.8 ms per task against ~0.5 ms of wall time
+    loses per task (a host profile's `dispatch_loaded`): measured there, ~0.7–0.8 ms per task against ~0.5 ms of wall time
     (the driver, the lane and the raylet work at once), and in a DDG K=2 run the
     driver and the raylet took 0.45 and 0.13 of the 2 cores.
   """

@@ -2,10 +2,9 @@
 
 The virtual clock needs the seconds each task takes. Measuring them at the start of
 every run makes simulated times depend on whatever else the machine was doing then. A
-*profile* is measured once (`task_timing`: the tasks; `lane_timing`: the executors'
-host figures), written to a file (`save`), and read back as is (`load`) by every run
-that names it (`cost.profile`), so two runs with the same profile simulate the same
-times, bit for bit. `profile_lookup` finds the table that prices a run; `repricing`
+*profile* is measured once (`task_timing`), written to a file (`save`), and read back
+as is (`load`) by every run that names it (`cost.profile`), so two runs with the same
+profile simulate the same times, bit for bit. `profile_lookup` finds the table that prices a run; `repricing`
 makes a profile whose costs are a pilot run's task durations.
 
 The rule: the file is checked field by field where it is read, and a bad one is
@@ -29,10 +28,11 @@ A profile holds one table per (stage split, task set): a suite whose methods cut
 model the same way and run the same computations shares one table (BP and DDG), others
 add their own (auxiliary heads change the computation). Cost keys are those of
 `CostModel.compute`: `(stage, kind)` written `"stage/kind"`, or `kind` alone (every
-stage). `dispatch` holds the executors' host figures (`lane_timing`): the seconds an
-executor adds per task (`cost.dispatch`, `dispatch_of`) and the process executor's
-driver time per event and latency each way, with an idle lane or with a busy lane on
-every core (`cost.driver_from`, `driver_of`).
+stage). `dispatch` holds the seconds the in-process executors add per task, measured
+with the tables (`lane_timing.measure_dispatch`), for information: the virtual clock
+takes an executor's host from a host profile (`cost.host`, `jaxsgd.scheduler.host`).
+Profiles written before that may hold the process executor's figures there too; they
+load as they are, and nothing reads them.
 
 Reference: docs/simulator.md (the cost sources, how repeatable a profile is);
 tests/scheduler/test_profiles.py.
@@ -50,14 +50,6 @@ FORMAT = 'jaxsgd-cost-profile/1'
 STATISTIC = 'min'
 # The other figures of each task's repetitions a profile keeps (`Table.spread`).
 SPREAD_STATISTICS = ('median', 'p90')
-# The simulated driver's two figures (per event, each way) in a profile's `dispatch`, by
-# `cost.driver_from`: measured with an idle lane, or with a busy lane on every core.
-DRIVER_FIGURES = {
-  'profile': ('driver', 'driver_latency'),
-  'profile_loaded': ('driver_loaded', 'driver_latency_loaded'),
-}
-# The `experiments.profile` flag that measures each pair.
-DRIVER_FLAGS = {'profile': '--dispatch_processes', 'profile_loaded': '--loaded_driver'}
 # A profile's `clock`: what timed its tasks (`task_timing.CLOCKS`).
 CLOCK_NAMES = ('wall', 'cpu')
 _FIELDS = (
@@ -111,14 +103,14 @@ class Table:
       return dict(self.costs)
     if statistic not in SPREAD_STATISTICS:
       raise ProfileError(
-        f'cost.statistic: {statistic!r} is not a figure of a profile; allowed: '
+        f'statistic: {statistic!r} is not a figure of a profile; allowed: '
         f'{", ".join((STATISTIC, *SPREAD_STATISTICS))}.'
       )
     missing = [key_text(k) for k in self.costs if statistic not in self.spread.get(k, {})]
     if missing:
       raise ProfileError(
         f'cost.profile: no {statistic} for task {missing[0]} (its table has no "spread"); '
-        f"measure the profile again, or use cost.statistic='{STATISTIC}'."
+        f"measure the profile again, or ask for statistic='{STATISTIC}'."
       )
     return {k: float(self.spread[k][statistic]) for k in self.costs}
 
@@ -153,35 +145,6 @@ class Profile:
       f'cost.profile: no table for split={list(map(list, split))} '
       f'tasks={tasks!r}; the profile has: {have or "none"}.'
     )
-
-
-# --- the executors' host figures --------------------------------------------------------------
-def dispatch_of(profile: Profile, executor: str, source: str = 'profile') -> float:
-  """Seconds of host overhead per task of `executor` measured in `profile`
-  (`cost.dispatch`); refuses a profile without that figure, naming what it has."""
-  if executor not in profile.dispatch or executor == 'jax_call':
-    have = ', '.join(k for k in profile.dispatch if k != 'jax_call') or 'none'
-    raise ProfileError(
-      f'cost.dispatch: the profile {source!r} has no dispatch overhead for {executor!r} '
-      f'(it has: {have}); measure one with python -m experiments.profile'
-      + (' --dispatch_processes.' if executor.startswith('processes') else '.')
-    )
-  return float(profile.dispatch[executor])
-
-
-def driver_of(profile: Profile, which: str, source: str = 'profile') -> tuple[float, float]:
-  """`(driver, driver_latency)` seconds measured in `profile` (`cost.driver_from`:
-  `which` is a key of `DRIVER_FIGURES`); refuses a profile without them, saying how to
-  measure them."""
-  keys = DRIVER_FIGURES[which]
-  missing = [key for key in keys if key not in profile.dispatch]
-  if missing:
-    raise ProfileError(
-      f'cost.driver_from: the profile {source!r} has no {" or ".join(missing)} '
-      f'(measure them with python -m experiments.profile {DRIVER_FLAGS[which]}).'
-    )
-  # (`load` refuses a dispatch figure that is not a finite number of seconds >= 0.)
-  return float(profile.dispatch[keys[0]]), float(profile.dispatch[keys[1]])
 
 
 # --- reading and writing ----------------------------------------------------------------------

@@ -12,9 +12,9 @@ The rule: a re-priced profile is of one run's config (one table), says so in its
 and keeps the measured cost of a task the run did not time. The pilot (`check_pilot`)
 must be a run on the real clock of the profile's model and batch size, best on lane
 processes (the in-process real clock with several stages on one CPU device is none).
-Speed factors the simulation applies to lanes (`cost.device_speeds`,
-`cost.worker_speeds`) scale the re-priced costs again, so LPP-SGD runs with several
-workers per device are refused as pilots.
+Speed factors the simulation applies to lanes (`cost.speeds`, LPP-SGD's workers sharing a
+device) scale the re-priced costs again, so LPP-SGD runs with several workers per device
+are refused as pilots.
 
 Reference: docs/simulator.md (re-pricing a profile from a pilot run);
 tests/test_reprice.py.
@@ -81,9 +81,9 @@ def reprice_from_trace(
 
   The virtual clock given it replays the run's task costs: the idea of
   `benchmarks/simulator_accuracy.py`'s "repriced" column (docs/simulator.md). Speed
-  factors the simulation applies to lanes (`cost.device_speeds`, `cost.worker_speeds`,
-  LPP-SGD's workers sharing a device) scale these costs again, and an in-process run's
-  folded backward-and-update of PD-ASGD and LPP-SGD is timed as one backward.
+  factors the simulation applies to lanes (`cost.speeds`, LPP-SGD's workers sharing a
+  device) scale these costs again, and an in-process run's folded backward-and-update
+  of PD-ASGD and LPP-SGD is timed as one backward.
   """
   if len(profile.tables) != 1:
     have = '; '.join(f'split={list(map(list, t.split))} tasks={t.tasks!r}' for t in profile.tables)

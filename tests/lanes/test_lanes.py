@@ -465,25 +465,13 @@ def test_ctrl_c_of_a_driver_with_its_own_cluster_leaves_no_process():
   assert gone(started['started'] + started['lanes'], within=10) == []
 
 
-def test_the_profile_command_measures_the_loaded_driver_with_a_lane_on_every_core(
-  data_dir, tmp_path
-):
-  """`experiments.profile --loaded_driver`: the figures `cost.driver_from='profile_loaded'`
-  reads, measured with one busy lane per core of the machine (a cluster of its own)."""
-  out = tmp_path / 'loaded.json'
+@pytest.mark.slow
+def test_the_profile_command_measures_the_process_executors_host_profile(tmp_path):
+  """`experiments.profile --host=processes`: the file `cost.host` reads, measured end to
+  end (a cluster of its own; the loaded driver with a busy lane on every core)."""
+  out = tmp_path / 'host.json'
   done = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'experiments.profile',
-      '--config=experiments/configs/ddg.py:smoke',
-      f'--config.data_dir={data_dir}',
-      '--config.stages=2',
-      f'--out={out}',
-      '--reps=1',
-      '--warmup=1',
-      '--loaded_driver',
-    ],
+    [sys.executable, '-m', 'experiments.profile', '--host=processes', f'--out={out}'],
     cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     capture_output=True,
     text=True,
@@ -491,13 +479,18 @@ def test_the_profile_command_measures_the_loaded_driver_with_a_lane_on_every_cor
     check=False,
   )
   assert done.returncode == 0, done.stderr[-2000:]
-  from jaxsgd.scheduler import profiles
+  assert f'wrote {out}: host profile of processes' in done.stdout
+  from jaxsgd.scheduler import host
 
-  dispatch = profiles.load(str(out)).dispatch
-  assert dispatch['driver_loaded_lanes'] == len(os.sched_getaffinity(0))
-  driver, latency = profiles.driver_of(profiles.load(str(out)), 'profile_loaded')
-  assert driver > 0 and latency >= 0
-  assert 'driver' not in dispatch  # the idle figures come with --dispatch_processes only
+  profile = host.load(str(out))
+  assert (profile.executor, profile.cores) == ('processes', len(os.sched_getaffinity(0)))
+  figures = dict(profile.figures)
+  assert set(figures) == set(host.FIGURES['processes'])
+  # A latency is a median less what is counted elsewhere (at least 0); the rest is time
+  # (or bytes/s) that every task or move pays.
+  may_be_zero = ('driver_latency', 'driver_latency_loaded', 'link_latency')
+  assert all(figures[name] >= 0 for name in may_be_zero), figures
+  assert all(v > 0 for name, v in figures.items() if name not in may_be_zero), figures
 
 
 def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
