@@ -176,7 +176,7 @@ def test_failure_injection_from_the_config(data_dir, tmp_path):
     (
       'asgd',
       {'cost.speeds': (1.0, 0.0, 1.0, 1.0)},
-      r'cost.speeds: must be > 0, got 0.0 for worker 1',
+      r'cost.speeds: must be > 0, got 0.0 for lane 1',
     ),
     ('asgd', {'cost.speeds': (1.0, 2.0)}, r'cost.speeds: 2 values for 4 workers'),
     (
@@ -209,7 +209,7 @@ def test_failure_injection_from_the_config(data_dir, tmp_path):
     (
       'pdasgd',
       {'cost.speeds': (1.0, -2.0, 1.0)},
-      r'cost.speeds: must be > 0, got -2.0 for worker 1',
+      r'cost.speeds: must be > 0, got -2.0 for lane 1',
     ),
   ],
 )
