@@ -36,7 +36,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.stages = 1
   config.workers = 1
   config.clock = 'real'
-  config.executor = 'in_process'  # 'processes': each lane an OS process (docs/engine.md)
+  # 'processes': each lane an OS process; 'emulated': those, each task waiting its priced
+  # duration instead of computing (docs/engine.md)
+  config.executor = 'in_process'
   config.cluster_address = placeholder(str)  # processes: 'host:port' of a Ray cluster
   config.tolerate_lost_workers = False  # processes, asgd/dcasgd: go on without a lost worker
   config.target_accuracy = placeholder(float)

@@ -29,7 +29,7 @@ class Settings:
   def uses_scheduler(self) -> bool:
     """Staged BP on the scheduler (several stages, simulated time, or lane processes:
     one stage is then one lane process)."""
-    return self.shared.stages > 1 or self.shared.virtual or self.shared.executor == 'processes'
+    return self.shared.stages > 1 or self.shared.virtual or self.shared.on_lane_processes
 
   @property
   def resumable(self) -> bool:

@@ -175,7 +175,9 @@ def make_executor(
 ):
   """`(executor, cost table)`: the real clock (`threads`: a thread per process; with
   `executor='processes'`, a process per lane) and `{}`, or the virtual clock with a cost
-  model of `adjust(table)`. On the in-process real clock every task is compiled first, on
+  model of `adjust(table)`. With `executor='emulated'`, the process executor whose tasks
+  wait the durations that same cost model prices (`ProcessExecutor(emulate=...)`), and
+  the table. On the in-process real clock every task is compiled first, on
   the devices each kind of task runs on (`devices`: kind -> devices; `warm_up`). Call
   the executor's `close()` when the run is over.
 
@@ -183,10 +185,14 @@ def make_executor(
   parameter server's workers take 1 (`asgd.RUN_AHEAD`). The virtual clock takes the
   same bound where it simulates that executor's host (`cost.host`)."""
   run_ahead = executor_lib.RUN_AHEAD if run_ahead is None else run_ahead
-  if shared.executor == 'processes':
+  if shared.on_lane_processes:
     from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
     from jaxsgd.scheduler.process import ProcessExecutor
 
+    table, model = {}, None
+    if shared.emulated:  # priced as the virtual clock prices them: the same model
+      table = task_costs(shared, tasks, kinds, num_stages)
+      model = cost_model(shared, adjust(table), lane_speeds)
     lanes = shared.placement.lanes
     placement = None if lanes is None else LanePlacement.parse(lanes)
     executor = ProcessExecutor(
@@ -194,8 +200,9 @@ def make_executor(
       address=shared.cluster_address,
       tolerate_lost=shared.tolerate_lost_workers,
       run_ahead=run_ahead,
+      emulate=model,
     )
-    return executor, {}
+    return executor, table
   if not shared.virtual:
     warm_up(tasks, devices)
     return RealExecutor(threads=threads), {}
@@ -251,8 +258,10 @@ def _hardware_key(lane) -> str:
 
 
 def cost_table(executor) -> dict | None:
-  """The (adjusted) seconds per task the virtual clock used; None on the real clock."""
-  return dict(executor.cost_model.compute) if executor.clock == 'virtual' else None
+  """The (adjusted) seconds per task the virtual clock or the emulated tasks used; None
+  where tasks compute on the real clock."""
+  model = getattr(executor, 'cost_model', None)
+  return None if model is None else dict(model.compute)
 
 
 def placement(shared: SharedSettings, num_stages: int) -> Placement:

@@ -203,9 +203,9 @@ def validate(config, model) -> Settings:
       f'stages: the data-parallel methods train the whole model on every '
       f'worker; use stages=1, got {s.shared.stages}.'
     )
-  if s.shared.executor == 'processes':
+  if s.shared.on_lane_processes:
     raise ValueError(
-      "executor: 'processes' runs the scheduler families on lane processes; the "
+      f'executor: {s.shared.executor!r} runs the scheduler families on lane processes; the '
       'data-parallel methods run SPMD (several processes or hosts: jaxsgd.launch); use '
       "executor='in_process'."
     )

@@ -24,7 +24,7 @@ def validate_pipeline(config, model) -> SharedSettings:
   shared = shared_settings(config)
   models_lib.check_num_stages(model, shared.stages)
   refuse_workers_field(config.algorithm.name, shared.workers)
-  if shared.virtual and not shared.cost.calibrate:
+  if shared.prices_tasks and not shared.cost.calibrate:
     shared.cost.explicit(KINDS, shared.stages)
   refuse_cost_fields(shared.cost, ('failures',), 'a pipeline has no workers to fail.')
   check_lane_speeds(shared.cost, shared.stages, 'stage')

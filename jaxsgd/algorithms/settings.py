@@ -9,8 +9,10 @@ lanes are other processes can send them and rebuild the same functions there.
 The shared fields:
 
     train_steps, batch_size, seed, clock ('real' | 'virtual'), stages, workers
-    executor ('in_process' | 'processes': the real clock's lanes in this process, or
-      each in an OS process of its own, `scheduler/process.py`), cluster_address,
+    executor ('in_process' | 'processes' | 'emulated': the real clock's lanes in this
+      process, or each in an OS process of its own, `scheduler/process.py`; 'emulated':
+      those lane processes, each task waiting its priced duration instead of computing,
+      priced from `cost` as the virtual clock prices it), cluster_address,
       tolerate_lost_workers (processes, asgd/dcasgd: a worker whose lane process dies
       or raises is dropped and the run goes on; False: it stops the run)
     checkpoint_every (0: no periodic checkpoints)
@@ -35,8 +37,10 @@ from jaxsgd.scheduler import hardware
 from jaxsgd.scheduler import host as host_lib
 
 CLOCKS = ('real', 'virtual')
-# Where the real clock runs its lanes: devices of this process, or an OS process per lane.
-EXECUTORS = ('in_process', 'processes')
+# Where the real clock runs its lanes: devices of this process, or an OS process per lane
+# (computing each task, or waiting its priced duration: `process.py`, emulated tasks).
+EXECUTORS = ('in_process', 'processes', 'emulated')
+LANE_PROCESS_EXECUTORS = ('processes', 'emulated')
 KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.compute` may cost
 
 # The algorithms whose runs can go on without a lost worker (`tolerate_lost_workers`):
@@ -341,16 +345,14 @@ def check_placed_lanes(shared: 'SharedSettings', lanes: Sequence[str]) -> None:
   them, `stage 0`, `worker 1`), before anything compiles. A placed name that is none of
   the run's lanes is refused on either clock (the virtual clock ignored it: a typo left
   a lane unplaced without a word); with executor='processes' every lane needs a place,
-  since the placement starts its process."""
+  since the placement starts its process (likewise with 'emulated')."""
   if shared.placement.lanes is None:
     return
   from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
   from jaxsgd.scheduler.placement import lane_name
 
   placement = LanePlacement.parse(shared.placement.lanes)
-  placement.check_run(
-    [lane_name(lane) for lane in lanes], every_lane=shared.executor == 'processes'
-  )
+  placement.check_run([lane_name(lane) for lane in lanes], every_lane=shared.on_lane_processes)
 
 
 def refuse_workers_field(name: str, workers: int) -> None:
@@ -478,8 +480,8 @@ class SharedSettings:
   cost: CostSettings
   placement: PlacementSettings
   profile_cache: str | None = None  # where calibrated profiles are kept (by the data)
-  executor: str = 'in_process'  # the real clock: 'in_process' or 'processes'
-  cluster_address: str | None = None  # processes: a Ray cluster (None: start one here)
+  executor: str = 'in_process'  # the real clock: 'in_process', 'processes' or 'emulated'
+  cluster_address: str | None = None  # lane processes: a Ray cluster (None: start one here)
   checkpoint_every: int = 0  # steps between checkpoints (0: none but the one SIGTERM asks for)
   tolerate_lost_workers: bool = False  # processes: a lost worker's lane is dropped, run goes on
 
@@ -488,11 +490,27 @@ class SharedSettings:
     return self.clock == 'virtual'
 
   @property
+  def on_lane_processes(self) -> bool:
+    """Whether every lane runs in an OS process of its own (`executor='processes'`, or
+    'emulated': the same executor whose tasks wait their priced durations)."""
+    return self.executor in LANE_PROCESS_EXECUTORS
+
+  @property
+  def emulated(self) -> bool:
+    """Lane processes whose tasks wait their priced durations (`executor='emulated'`)."""
+    return self.executor == 'emulated'
+
+  @property
+  def prices_tasks(self) -> bool:
+    """Whether the run prices its tasks from `cost`: the virtual clock, or emulated tasks."""
+    return self.virtual or self.emulated
+
+  @property
   def lane_processes(self) -> bool:
     """Whether policies take their lane-process forms: every lane an OS process
-    (`executor='processes'`), or the virtual clock simulating that executor's host
+    (`on_lane_processes`), or the virtual clock simulating that executor's host
     (`cost.host`: a host profile of the process executor)."""
-    return self.executor == 'processes' or (self.virtual and self.simulates_lane_processes)
+    return self.on_lane_processes or (self.virtual and self.simulates_lane_processes)
 
   @property
   def simulates_lane_processes(self) -> bool:
@@ -519,11 +537,18 @@ def shared_settings(config) -> SharedSettings:
   executor = choice(config.get('executor', 'in_process'), 'executor', EXECUTORS)
   if executor == 'processes' and clock != 'real':
     raise ValueError("executor: 'processes' runs the real clock; set clock='real'.")
-  address = config.get('cluster_address')
-  if address is not None and (executor != 'processes' or not isinstance(address, str)):
+  if executor == 'emulated' and clock != 'real':
     raise ValueError(
-      "cluster_address: a Ray cluster's 'host:port', with executor='processes'; "
-      f'got {address!r} with executor={executor!r}.'
+      "executor: 'emulated' runs lane processes on the real clock (each task waits its "
+      "priced duration); set clock='real', or executor='in_process' for the virtual clock."
+    )
+  address = config.get('cluster_address')
+  if address is not None and (
+    executor not in LANE_PROCESS_EXECUTORS or not isinstance(address, str)
+  ):
+    raise ValueError(
+      "cluster_address: a Ray cluster's 'host:port', with executor='processes' or "
+      f"'emulated'; got {address!r} with executor={executor!r}."
     )
   _check_placement_for(clock, executor, dict(config.get('placement') or {}))
   placement = placement_settings(config.get('placement'), stages)
@@ -536,6 +561,11 @@ def shared_settings(config) -> SharedSettings:
   tolerate = tolerate_lost_workers(config, executor)
   cost = cost_settings(config.get('cost'), clock=clock)
   every = integer(config.get('checkpoint_every', 0), 'checkpoint_every', minimum=0)
+  if cost.host is not None and clock == 'real':
+    raise ValueError(
+      "cost.host: a host profile prices an executor's host on the virtual clock; a real-clock "
+      f"run (executor={executor!r}) has its own host. Leave it None, or set clock='virtual'."
+    )
   host = cost.host_profile()
   if every and clock == 'virtual' and host is not None and host.executor == 'processes':
     raise ValueError(
@@ -565,17 +595,17 @@ def _check_placement_for(clock: str, executor: str, placement: dict) -> None:
   """`placement.devices`/`stage_to_device` place stages on this process's devices;
   `placement.lanes` places lane processes (and, on the virtual clock, the lanes it
   simulates: `clocks.lane_hardware`): each goes with its executor only."""
-  if executor == 'processes':
+  if executor in LANE_PROCESS_EXECUTORS:
     for field in ('devices', 'stage_to_device'):
       if placement.get(field) is not None:
         raise ValueError(
           f"placement.{field}: places stages on this process's devices; with "
-          "executor='processes' every lane is a process, placed by placement.lanes."
+          f'executor={executor!r} every lane is a process, placed by placement.lanes.'
         )
   elif placement.get('lanes') is not None and clock != 'virtual':
     raise ValueError(
       "placement.lanes: places lane processes (or the simulated lanes, clock='virtual'); "
-      f"it needs executor='processes' (got {executor!r})."
+      f"it needs executor='processes' or 'emulated' (got {executor!r})."
     )
 
 
@@ -591,10 +621,11 @@ def tolerate_lost_workers(config, executor: str) -> bool:
       f'all depend on each other); only {", ".join(TOLERATE_LOST_WORKERS)} can. '
       'Leave it False.'
     )
-  if executor != 'processes':
+  if executor not in LANE_PROCESS_EXECUTORS:
     raise ValueError(
-      "tolerate_lost_workers: needs executor='processes' (a worker is lost when its "
-      'lane process dies or raises); on the virtual clock, cost.failures stops workers.'
+      "tolerate_lost_workers: needs executor='processes' or 'emulated' (a worker is lost "
+      'when its lane process dies or raises); on the virtual clock, cost.failures stops '
+      'workers.'
     )
   return True
 

@@ -59,7 +59,7 @@ def validate_workers(
   models_lib.check_num_stages(model, shared.stages)
   if not uses_workers_field:
     refuse_workers_field(name, shared.workers)
-  if shared.virtual and not shared.cost.calibrate:
+  if shared.prices_tasks and not shared.cost.calibrate:
     shared.cost.explicit(KINDS, shared.stages)
   clocks.worker_speeds(shared, num_workers)
   clocks.failures(shared, num_workers)

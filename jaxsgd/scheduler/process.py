@@ -51,6 +51,18 @@ it later are dropped. Messages from such a lane are delivered only once their co
 landed (`LanePool.move(landed=True)`), so a loss never leaves half a message. Each loss
 is in `lost` (lane, host, when, why). Any other lane's failure still stops the run.
 
+Emulated tasks (`emulate=CostModel`, `config.executor='emulated'`): the same lanes,
+placement, driver and running ahead, but a lane does not compute a `Compute`: it waits
+exactly the task's priced duration and returns zeros of its outputs' shapes and dtypes
+(`lanes/runtime.py`), so every message between lanes still moves a payload of its real
+size. The duration is drawn here, at dispatch, by the cost model's sampler
+(`CostModel.sampler().duration(kind, stage, lane)`), the code the virtual clock prices
+its tasks with: both clocks price a task alike (with straggler noise, a lane's n-th task
+draws the n-th number of that lane's stream on both, since a lane runs its tasks in the
+order dispatched). Emulated tasks wait rather than compute, so lanes need no cores of
+their own: K lanes run on fewer cores, and the run measures the schedule and the
+executor (the driver, Ray, the copies) against the virtual clock's model of them.
+
 Signals: Ctrl-C or SIGTERM of the driver ends the run and every lane process (and the
 Ray cluster the run started) within seconds; after SIGTERM `run` raises
 `errors.Preempted` (the binary exits with 143: these runs keep no checkpoint).
@@ -66,6 +78,7 @@ import numpy as np
 
 from jaxsgd.errors import Preempted
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process, Send
+from jaxsgd.scheduler.costs import CostModel
 from jaxsgd.scheduler.executor import RUN_AHEAD, Executor
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, sigterm_received
 from jaxsgd.scheduler.placement import lane_name
@@ -94,6 +107,8 @@ class ProcessExecutor(Executor):
     tolerate_lost: a lane whose processes all have `on_lost` (asynchronous workers)
       may be lost without stopping the run (module docstring); False: any lost lane
       stops it.
+    emulate: a cost model: every task waits its priced duration instead of computing
+      (module docstring); None: tasks compute.
   """
 
   clock = 'real (processes)'
@@ -107,8 +122,13 @@ class ProcessExecutor(Executor):
     run_ahead: int = RUN_AHEAD,
     verbose: bool = True,
     tolerate_lost: bool = False,
+    emulate: CostModel | None = None,
   ):
     self.placement, self.address, self.pool = placement, address, pool
+    self.cost_model = emulate
+    if emulate is not None:
+      self.clock = 'real (emulated tasks)'
+    self._sampler = None
     self._owns_pool = pool is None
     self.run_ahead, self.verbose, self.tolerate_lost = run_ahead, verbose, tolerate_lost
     self.dispatch_seconds = 0.0  # host time spent starting tasks (for benchmarks)
@@ -192,6 +212,7 @@ class ProcessExecutor(Executor):
     self._lost_lanes: set[int] = set()
     self._copies: list[_Copy] = []  # copies on their way, recorded once done
     self._lanes_by_name = {name: i for i, name in self._lane_names.items()}
+    self._sampler = None if self.cost_model is None else self.cost_model.sampler()
     lanes = collections.defaultdict(list)
     for process in self.processes:
       lanes[process.lane].append(process)
@@ -288,7 +309,10 @@ class ProcessExecutor(Executor):
         'tasks only (tasks.Task: a recipe and a name), which each lane builds itself.'
       )
     start = time.perf_counter()
-    pending = self.pool.start(self._lane_names[lane], task, op.args)
+    emulated = {}  # the task's priced duration, drawn as the virtual clock draws it
+    if self._sampler is not None:
+      emulated['seconds'] = self._sampler.duration(op.kind, op.stage, lane)
+    pending = self.pool.start(self._lane_names[lane], task, op.args, **emulated)
     self._pending[pending] = (process, lane, op)
     early = None
     if op.ahead and self.pool.unfinished(pending.lane) <= self.run_ahead:  # this one included

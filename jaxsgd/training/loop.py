@@ -202,8 +202,8 @@ def train_and_evaluate(
 
 
 def _on_processes(settings) -> str:
-  shared = getattr(settings, 'shared', None)
-  return " and executor='processes'" if getattr(shared, 'executor', '') == 'processes' else ''
+  executor = getattr(getattr(settings, 'shared', None), 'executor', 'in_process')
+  return f' and executor={executor!r}' if executor != 'in_process' else ''
 
 
 def _checkpointer(config, settings, workdir: str) -> checkpoints.Checkpointer | None:

@@ -28,7 +28,8 @@ def write_outputs(
     timeline: what the executor ran.
     staleness: the staleness of every applied update, per stage, layer or worker.
     train_steps: the run's steps (for the time per step).
-    cost_table: the virtual clock's seconds per `(stage, kind)` (None: real clock).
+    cost_table: the seconds per `(stage, kind)` the virtual clock or the emulated tasks
+      used (None: tasks computed on the real clock).
     epochs: epochs of data consumed.
     title: the staleness plot's title.
     extra: more summary fields.
@@ -58,6 +59,7 @@ def write_outputs(
   }
   if timeline.clock == 'virtual':
     summary['sim_time'] = timeline.makespan
+  if timeline.clock == 'virtual' or cost_table is not None:  # (emulated tasks: their prices)
     summary['cost_model_ms'] = {
       f'stage {k} {kind}': 1e3 * seconds for (k, kind), seconds in (cost_table or {}).items()
     }

@@ -183,11 +183,15 @@ class LanePool:
 
   # -- the API an executor uses ------------------------------------------------------
 
-  def start(self, lane: str, task, args: Sequence = ()) -> Pending:
+  def start(self, lane: str, task, args: Sequence = (), *, seconds: float | None = None) -> Pending:
     """Starts `task(*args)` on `lane`; handles in `args` (any pytree) are moved there.
 
     `task` is a `tasks.Task` (a recipe and a name): the lane builds the function
     itself. A plain function is refused, so that no closure is ever pickled.
+
+    `seconds` (emulated tasks): the lane does not compute `task` but takes exactly that
+    long and returns zeros of the shapes and dtypes `task(*args)` would return
+    (`LaneRuntime.run`), so that what later calls move is as large as the real thing.
     """
     if not isinstance(task, Task):
       raise TypeError(
@@ -202,7 +206,7 @@ class LanePool:
     )
     key = next(self._keys)
     imports = self._take_imports(lane, here)
-    call, buffers = self._task_call(lane, task, sent, key)
+    call, buffers = self._task_call(lane, task, sent, key, seconds)
     at = time.time()
     ref = actor.run.remote(call, imports, *buffers)
     here.clear()  # kept alive until sent, so that a copy's free follows this call
@@ -499,10 +503,13 @@ class LanePool:
     except KeyError:
       raise KeyError(f'no lane {lane!r}; lanes: {list(self._actors)}.') from None
 
-  def _task_call(self, lane: str, task: Task, args: tuple, key: Hashable) -> tuple[bytes, list]:
-    """`LaneRuntime.run`'s call, pickled here: `(task, args, key, frees)`, where the task
-    is its number on `lane` once the lane has it (`(number, task)` the first time), and
-    the large arrays among `args` (a batch), which go beside it (`_dumps`).
+  def _task_call(
+    self, lane: str, task: Task, args: tuple, key: Hashable, seconds: float | None = None
+  ) -> tuple[bytes, list]:
+    """`LaneRuntime.run`'s call, pickled here: `(task, args, key, frees, seconds)`, where
+    the task is its number on `lane` once the lane has it (`(number, task)` the first
+    time), `seconds` the emulated task's duration (None: compute it), and the large
+    arrays among `args` (a batch), which go beside it (`_dumps`).
 
     Ray pickles any argument it cannot write as msgpack with cloudpickle, whose
     pickler runs in Python: measured here, a task call (the `Task` with its recipe,
@@ -513,7 +520,7 @@ class LanePool:
     number = self._task_numbers.setdefault(task, len(self._task_numbers))  # equal, same
     known = self._tasks_sent[lane]
     call, buffers = _dumps(
-      (number if number in known else (number, task), args, key, self._take_freed(lane))
+      (number if number in known else (number, task), args, key, self._take_freed(lane), seconds)
     )
     known.add(number)  # once pickled: a call that could not be is never sent
     return call, buffers

@@ -13,6 +13,16 @@ the value sat. The receiving lane rebuilds the structure with `jax.eval_shape` o
 same task — the same trace of the same code, so the same treedef — and puts the
 received leaves into it.
 
+Emulated tasks (`executor='emulated'`): a call that carries a duration (`LanePool.start`'s
+`seconds`) does not run its task. The lane takes the task's outputs' shapes and dtypes
+from `jax.eval_shape` of its function on the arguments (traced once per task and
+argument shapes; nothing compiles; a task that reads its arguments' values on the host
+runs once for real instead), keeps zeros of them as the result, and waits until
+exactly `seconds` have passed since the task's start (`wait_until`): the lane is busy
+as long as the task is priced, and what later calls move is as large as the real
+result. Its outputs are zeros, so an emulated run's losses and accuracies mean nothing;
+its schedule is the process executor's.
+
 A test hook injects a fault into a real run: `JAXSGD_TEST_LANE_FAULT=LANE:TASK:N` in
 the driver's environment (passed to every lane) makes the N-th `TASK` of lane `LANE`
 raise, and `LANE:TASK:N:kill` makes that lane's process SIGKILL itself there instead.
@@ -33,6 +43,11 @@ import ray
 
 
 FAULT_VAR = 'JAXSGD_TEST_LANE_FAULT'  # a test hook: see the module docstring
+# Seconds an emulated task's wait spins at its end, after sleeping for the rest
+# (`wait_until`). Measured on a 2-core VM: a sleep alone overran by ~130 µs (median; p90
+# ~170 µs), a sleep and a 0.2 ms spin by < 1 µs (p90); 0.3 ms leaves a margin for a
+# wake-up delayed by load. benchmarks/schedule_error.py reports the waits of its runs.
+SPIN_SECONDS = 3e-4
 # The concurrency group (a thread of its own) in which a lane exports values (`export`).
 EXPORT_GROUP = 'export'
 
@@ -76,6 +91,7 @@ class LaneRuntime:
     self.values: dict[Hashable, Any] = {}
     self.origins: dict[Hashable, tuple] = {}  # key -> (task, abstract args, path)
     self.tasks: dict[int, tuple] = {}  # number -> (task, its function) (`_task`)
+    self.emulated: dict[Hashable, Any] = {}  # (number, argument shapes) -> zeros (`_emulate`)
     # `_rebuilt`: task number -> the structures of its results' parts, seen to pickle; and
     # the tasks whose results have held a part that does not
     self.plain: dict[int, tuple] = {}
@@ -103,12 +119,13 @@ class LaneRuntime:
     }
 
   def run(self, call: bytes, imports: tuple = (), *buffers):
-    """Runs a task call (`LanePool._task_call`: `(task, args, key, frees)` pickled, its
-    large arrays in `buffers`): `task(*args)`, `Ref`s replaced by values, its result kept
-    under `key`, after taking in `imports` (`take_in`); then frees the keys `frees`
-    names. An argument that came in `buffers` is a read-only view of Ray's object store:
-    a task that writes into a numpy argument in place must copy it first (jaxsgd's tasks
-    are jitted and never do).
+    """Runs a task call (`LanePool._task_call`: `(task, args, key, frees, seconds)`
+    pickled, its large arrays in `buffers`): `task(*args)`, `Ref`s replaced by values, its
+    result kept under `key`, after taking in `imports` (`take_in`); then frees the keys
+    `frees` names. With `seconds` (not None) the task is emulated (module docstring:
+    `_emulate`). An argument that came in `buffers` is a read-only view of Ray's object
+    store: a task that writes into a numpy argument in place must copy it first (jaxsgd's
+    tasks are jitted and never do).
 
     Returns `(outline, entered, start, end)`: the result's outline — nested tuples as
     tuples, every other value as `(nbytes, description)`, its parts kept under
@@ -119,17 +136,20 @@ class LaneRuntime:
     between `entered` and `start`, for its imports (`benchmarks/lane_overheads.py`).
     """
     entered = time.time()
-    named, args, key, free = pickle.loads(call, buffers=buffers)
+    named, args, key, free, seconds = pickle.loads(call, buffers=buffers)
     try:
       number = named if isinstance(named, int) else named[0]
       task, fn = self._task(named)
       self._maybe_fail(task)
       self.take_in(imports)
       values = self._resolve(args)
-      start = time.time()
-      # Finished means computed: the driver's clock and its errors need that, not dispatch.
-      result = self.jax.block_until_ready(fn(*values))
-      end = time.time()
+      if seconds is None:
+        start = time.time()
+        # Finished means computed: the driver's clock and its errors need that, not dispatch.
+        result = self.jax.block_until_ready(fn(*values))
+        end = time.time()
+      else:
+        result, start, end = self._emulate(number, task, fn, values, seconds)
       # How the result was made, for the parts a move must rebuild (`export`); ~30 µs a
       # call, so only where the result may hold such a part.
       rebuilt = self._rebuilt(number, result)
@@ -145,6 +165,36 @@ class LaneRuntime:
       raise
     finally:
       self.free(free)
+
+  def _emulate(self, number: int, task, fn, values, seconds: float) -> tuple:
+    """`(result, start, end)` of an emulated task: zeros shaped as `fn(*values)`'s outputs,
+    and `time.time()` at its start and once exactly `seconds` have passed. The outputs'
+    shapes come from `jax.eval_shape` (a trace, no compilation), once per task and
+    argument shapes; their zeros are made once and kept (values are immutable, and an
+    emulated task donates nothing), so a task costs the lane only its lookup within
+    its `seconds` (the first of a kind also its trace: as a real first call compiles). A
+    task that cannot be traced abstractly runs once instead, for its outputs' shapes."""
+    began, start = time.perf_counter(), time.time()
+    leaves, treedef = self.jax.tree.flatten(values)
+    signature = (number, treedef, tuple(map(_abstract, leaves)))
+    try:
+      result = self.emulated.get(signature)
+    except TypeError:  # an argument that does not hash: not kept
+      signature, result = None, None
+    if result is None:
+      try:
+        outline = self.jax.eval_shape(fn, *values)
+      except _host_value_errors(self.jax):
+        # A task that reads its arguments' values on the host (LPP-SGD's partitioned
+        # update makes its masks with numpy) has no abstract trace: it runs once, for
+        # real, for its outputs' shapes (within its `seconds` if it fits there).
+        outline = self.jax.block_until_ready(fn(*values))
+      zeros = lambda s: self.jax.numpy.zeros(s.shape, s.dtype, device=self.device)  # noqa: E731
+      result = self.jax.block_until_ready(self.jax.tree.map(zeros, outline))
+      if signature is not None:
+        self.emulated[signature] = result
+    wait_until(began + seconds)
+    return result, start, start + (time.perf_counter() - began)
 
   def _task(self, named) -> tuple:
     """`(task, its function)` of a call's task: `(number, task)` the first time a task
@@ -320,6 +370,28 @@ class LaneRuntime:
       return leaf
 
     return self.jax.tree.map(value, args, is_leaf=lambda x: isinstance(x, Ref))
+
+
+def _host_value_errors(jax) -> tuple:
+  """What `jax.eval_shape` raises for a function that needs its arguments' values on the
+  host (JAX is imported in a lane only once it is pinned: `LaneRuntime`)."""
+  errors = jax.errors
+  return (
+    errors.ConcretizationTypeError,
+    errors.TracerArrayConversionError,
+    errors.TracerBoolConversionError,
+    errors.TracerIntegerConversionError,
+  )
+
+
+def wait_until(deadline: float, spin: float = SPIN_SECONDS) -> None:
+  """Returns once `time.perf_counter()` has reached `deadline`: sleeps until `spin`
+  seconds before it, then spins (a sleep alone overran by ~130 µs: `SPIN_SECONDS`)."""
+  left = deadline - time.perf_counter()
+  if left > spin:
+    time.sleep(left - spin)
+  while time.perf_counter() < deadline:
+    pass
 
 
 def _fault(lane: str) -> list | None:
