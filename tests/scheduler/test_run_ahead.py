@@ -438,3 +438,15 @@ def test_the_host_profile_gives_the_virtual_clock_the_process_executors_schedule
   executor, _ = clocks.make_executor(shared, None, KINDS, 2, run_ahead=given)
   assert executor.run_ahead == bound
   assert shared.lane_processes is lane_processes
+
+
+@pytest.mark.parametrize('executor', ['in_process', 'processes', 'emulated'])
+def test_a_real_clock_run_refuses_a_host_profile(executor, tmp_path):
+  from experiments.configs import ddg as ddg_config
+  from jaxsgd.algorithms.settings import shared_settings
+
+  config = ddg_config.get_config('smoke')
+  config.update({'clock': 'real', 'executor': executor})
+  config.cost.host = host_file(tmp_path)
+  with pytest.raises(ValueError, match=r"^cost.host: a host profile prices an executor's host"):
+    shared_settings(config)
