@@ -117,7 +117,7 @@ def test_staged_bp_on_the_virtual_clock_matches_fused_bp(data_dir, tmp_path):
       },
       r'cost.compute.forward: stage 0 cost must be .* >= 0',
     ),
-    ({'cost.speeds': (1.0, 2.0)}, r'cost.speeds: 2 values for 4 lanes'),
+    ({'cost.speeds': (1.0, 2.0)}, r'cost.speeds: 2 values for 4 stages'),
   ],
 )
 def test_bad_input_is_refused_before_anything_runs(data_dir, tmp_path, overrides, message):
