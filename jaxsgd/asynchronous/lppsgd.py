@@ -199,7 +199,10 @@ def _on_slice(masked_update, part: int, parts: int):
 
   def step(params, opt_state, grads):
     leaves = jax.tree.leaves(params)
-    device = next(iter(leaves[0].devices())) if isinstance(leaves[0], jax.Array) else None
+    # A traced step (`jax.eval_shape`: an emulated lane's outputs) has no device to put
+    # its mask on; the mask goes in as a constant.
+    concrete = isinstance(leaves[0], jax.Array) and not isinstance(leaves[0], jax.core.Tracer)
+    device = next(iter(leaves[0].devices())) if concrete else None
     key = (jax.tree.structure(params), tuple(np.shape(leaf) for leaf in leaves), device)
     if key not in masks:
       mask = partition_masks(params, parts)[part]

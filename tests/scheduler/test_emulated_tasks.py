@@ -128,7 +128,7 @@ def test_an_emulated_call_takes_its_seconds_and_returns_zeros_shaped_as_the_real
 
 
 def test_a_task_without_an_abstract_trace_runs_once_for_its_shapes():
-  """LPP-SGD's partitioned update makes its masks with numpy: `jax.eval_shape` cannot
+  """A task whose output's shape is set by its argument's value: `jax.eval_shape` cannot
   trace it, so the first emulated call of its shapes runs it, the next ones do not."""
   lane = Lane()
   recipe = TaskRecipe.of(host_valued_tasks)
@@ -138,6 +138,36 @@ def test_a_task_without_an_abstract_trace_runs_once_for_its_shapes():
   assert float(jnp.abs(lane.value(key)).max()) == 0.0  # zeros, not the ones it computed
   again, _, _, _ = lane.call('ones', (np.array([4, 4], np.int32),), 0.001, recipe)
   assert lane.value(again) is lane.value(key)  # same shapes, same zeros: not run again
+
+
+def test_lppsgd_partitioned_update_has_an_abstract_trace():
+  """It asked its parameters for their device, which a tracer has none of: an emulated
+  lane ran it, compiling it, at each slice's first step (~100 ms in a lane's steady
+  state, beyond its price)."""
+  from jaxsgd.asynchronous import lppsgd
+
+  roles = sequential_roles(1)
+  stages = PlacedStages(
+    mlp(),
+    1,
+    optimizers.make_optimizer(OPTIMIZER, STEPS),
+    placement=Placement.create(1, jax.devices()[:1]),
+    batch_size=BATCH,
+    seed=0,
+    optimizer=(OPTIMIZER, STEPS),
+  )
+  params = stages.initial_variables(0, roles[0])['params']
+  opt_state = stages.tx.init(params)
+  recipe = TaskRecipe.of(
+    lppsgd.partitioned_step_tasks, update=stages.ops(0, roles[0]).update, part=1, parts=3
+  )
+  step = recipe.build()['partitioned_update']
+  traced = jax.eval_shape(step, params, opt_state, params)
+  real = step(params, opt_state, params)
+  assert jax.tree.structure(traced) == jax.tree.structure(real)
+  assert jax.tree.map(lambda s: (s.shape, s.dtype), traced) == jax.tree.map(
+    lambda x: (x.shape, x.dtype), real
+  )
 
 
 def test_the_wait_sleeps_then_spins_to_its_deadline(monkeypatch):

@@ -185,9 +185,9 @@ class LaneRuntime:
       try:
         outline = self.jax.eval_shape(fn, *values)
       except _host_value_errors(self.jax):
-        # A task that reads its arguments' values on the host (LPP-SGD's partitioned
-        # update makes its masks with numpy) has no abstract trace: it runs once, for
-        # real, for its outputs' shapes (within its `seconds` if it fits there).
+        # A task that reads its arguments' values on the host (an output shaped by a
+        # value, a device asked of an argument) has no abstract trace: it runs once,
+        # for real, for its outputs' shapes (within its `seconds` if it fits there).
         outline = self.jax.block_until_ready(fn(*values))
       zeros = lambda s: self.jax.numpy.zeros(s.shape, s.dtype, device=self.device)  # noqa: E731
       result = self.jax.block_until_ready(self.jax.tree.map(zeros, outline))

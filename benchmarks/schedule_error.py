@@ -1,0 +1,695 @@
+r"""The simulator's schedule and executor error: emulated tasks against the virtual clock.
+
+    python -m benchmarks.schedule_error                # every family, K = 2..16: ~20 min
+    python -m benchmarks.schedule_error --families=ddg,asgd --lanes=2,4 --workers=
+                                                       # ~1 min; --no-variants: part 1 only
+
+Every scheduler family (staged BP, DDG, local, ASGD, DC-ASGD, PD-ASGD, LPP-SGD) runs
+with K = 2, 4, 8 and 16 lanes (`--lanes`; ASGD and DC-ASGD also with M = 32 workers,
+`--workers`) twice, with the same costs (`cost.compute`: every task of every stage
+costs `--forward`, `--backward`, `--update` seconds; `cost.calibrate=False`):
+
+  emulated   `clock='real', executor='emulated'`: every lane an OS process, placed on
+             no core in particular (`placement.lanes` without cores: K lanes on a
+             machine with fewer cores is fine, an emulated task only waits), each task
+             waiting exactly its price while every message moves a payload of its real
+             size between the lane processes (`scheduler/process.py`, emulated tasks);
+  virtual    `clock='virtual'` with the schedule that models the process executor:
+             `cost.schedule='run_ahead'` (its driver runs ahead of its lanes),
+             `cost.driver` and `cost.driver_latency` (its driver's CPU per event and each
+             message's way between it and a lane) and `cost.link_latency` /
+             `cost.link_bandwidth` (a move between two lane processes), all three
+             measured at the start (`lane_timing.measure_process_dispatch`, idle lanes:
+             emulated lanes sleep; `lane_timing.measure_process_links`),
+             `cost.copies='sender'` and `cost.sharing='time_slice'` (a lane process
+             serializes what it sends, on its own core), and the same `placement.lanes`
+             (every lane its own hardware): the settings `simulator_accuracy` predicts
+             the process executor with.
+
+The two differ only where the virtual clock's model of the schedule and of the process
+executor's host (driver, Ray, copies) misses what the executor does: the tasks take
+the same time on both. Per run: time per iteration, `simulator_accuracy`'s definition
+(an iteration is one applied update of the whole model; the median over blocks of 5
+iterations of the steady state, from the end of iteration `--warmup`), and for the
+asynchronous families the staleness histogram of every applied update, compared by
+total variation distance (TVD: half the L1 distance of the two normalized histograms).
+
+Part 2 (`--variants`, on by default) runs the virtual clock again with one setting
+changed at a time, to say what the error is made of: `copies='link'` (a copy on a link
+of its own, as an emulated lane's export runs in its own thread while the lane waits),
+no driver (`cost.driver = cost.driver_latency = 0`), the driver's latency heard in the
+emulated run (its median from a task's end to the driver hearing of it, less the CPU
+per event, as `simulator_accuracy --driver=heard` does), the run's copies (every copy
+costing the median copy of the emulated run: `cost.link_latency`, free bandwidth) and
+the run's host (both of the last two): the schedule model given the host figures the
+run itself showed, against the model given those measured beforehand.
+
+Part 3 says where the emulated runs' time went: the copies (median duration in each
+run's trace), the time from a copy's end to the start of the task that reads it (where
+its lane waited for it), the driver (median time from a task's end to the driver hearing
+of it; its CPU per event), the busiest compute lane's utilization, and the host's CPU
+over the steady state (the cores busy: the driver, the lane processes and Ray's own,
+sampled every 0.5 s; every process of the Ray cluster this benchmark starts descends
+from it).
+
+The emulated runs' waits are checked too: each compute task's duration in the trace
+less its price (median and largest over the steady state), i.e. the wait's accuracy
+under the run's load (a first call of a task kind in a lane traces its function, so
+the warm-up is left out). And whether an emulated lane costs its executor what a
+computing one does: at the start, the round trip of a task waited for (dispatch to the
+driver hearing of its end, less the task) on one lane, for a trivial task, a task of
+matrix products (~25-45 ms), and emulated tasks of those durations (`round_trips`).
+
+Values a task reads from another lane without a `Send` (PD-ASGD's layers and residuals,
+LPP-SGD's snapshots and means: handles passed to a task) are moved as part of that
+task's call and have no copy of their own in the emulated run's trace; the virtual
+clock prices each as a copy.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks import simulator_accuracy as accuracy
+
+FAMILIES = accuracy.FAMILIES
+ASYNCHRONOUS = accuracy.ASYNCHRONOUS
+WORKER_FAMILIES = ('asgd', 'dcasgd')  # also run with `--workers` (M) lanes
+VARIANTS = ('link copies', 'no driver', 'heard driver', "run's copies", "run's host")
+
+
+def label(name: str, lanes: int) -> str:
+  """A family with K lanes (M workers), as in the tables."""
+  return accuracy.labels(lanes)[name]
+
+
+def steps_of(name: str, lanes: int, args) -> int:
+  """Iterations of a run: enough for a steady state of `--blocks` blocks after the
+  pipeline or the workers filled (K stages fill in ~K iterations; M workers each push
+  every ~M server updates; an LPP-SGD iteration is one replica's update, and its blocks
+  hold a round of K of them)."""
+  if name == 'lppsgd':  # blocks of a round of K updates or more (`block_median`)
+    return args.warmup + 4 * lanes + max(accuracy.BLOCK, lanes) * args.blocks + 1
+  fill = 0 if name == 'bp' else 4 * lanes if name in ('asgd', 'dcasgd') else 2 * lanes
+  return args.warmup + fill + accuracy.BLOCK * args.blocks + 1
+
+
+def placed_lanes(name: str, lanes: int) -> str:
+  """`placement.lanes` of family `name` with K lanes, none pinned to a core."""
+  from benchmarks import common as bench_common
+
+  names = [lane.split('@')[0] for lane in bench_common.family_lanes(name, lanes)]
+  return '; '.join(names)
+
+
+def config_of(name: str, lanes: int, args, side: str, host=None, copies='sender'):
+  """The config of family `name` with `lanes` lanes for `side` ('emulated' or 'virtual';
+  `host`: the virtual clock's `(driver, driver_latency, link_latency, link_bandwidth)`)."""
+  shape = argparse.Namespace(
+    hidden=args.hidden, depth=args.depth, batch=args.batch, lanes=lanes, steps=1
+  )
+  config = accuracy.family_config(name, shape, 'tables')
+  config.train_steps = config.eval_every = steps_of(name, lanes, args)
+  config.placement.lanes = placed_lanes(name, lanes)
+  config.cost.calibrate = False
+  config.cost.compute = {'forward': args.forward, 'backward': args.backward, 'update': args.update}
+  if side == 'emulated':
+    config.clock, config.executor = 'real', 'emulated'
+    return config
+  config.clock, config.executor = 'virtual', 'in_process'
+  config.cost.schedule = 'run_ahead'
+  config.cost.sharing = 'time_slice'
+  config.cost.copies = copies
+  (config.cost.driver, config.cost.driver_latency, config.cost.link_latency) = host[:3]
+  config.cost.link_bandwidth = host[3]
+  return config
+
+
+def total_variation(p: dict, q: dict) -> float:
+  """Half the L1 distance of two histograms `{value: count}`, each normalized."""
+  keys = set(p) | set(q)
+  np_, nq = sum(p.values()), sum(q.values())
+  if not np_ or not nq:
+    return float('nan')
+  return 0.5 * sum(abs(p.get(k, 0) / np_ - q.get(k, 0) / nq) for k in keys)
+
+
+def wait_error(workdir: str, warmup: int, prices: dict) -> list[float]:
+  """Seconds each compute task of the steady state lasted beyond its price (`prices`:
+  the summary's `cost_model_ms`, 'stage k kind' -> ms)."""
+  names, tasks = accuracy.read_trace(workdir)
+  start, _, _ = accuracy.window(names, tasks, warmup, accuracy._per_task(workdir))
+  over = []
+  for lane, kind, begin, end, _, stage in tasks:
+    price = prices.get(f'stage {stage} {kind}')
+    if begin >= start and price is not None and not names[lane].startswith('link '):
+      over.append(end - begin - price / 1e3)
+  return over
+
+
+def run(config, workdir: str, warmup: int, block: int, sampler: 'CpuSampler | None' = None) -> dict:
+  """Trains `config` into `workdir`: its steady-state statistics and staleness histogram
+  (with `sampler`, the host's CPU over the steady state: `CpuSampler.busy`); `block`:
+  iterations per block of a family that counts every update (`block_median`)."""
+  from jaxsgd import training
+
+  if sampler is not None:
+    sampler.begin()
+  try:
+    summary = training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
+  finally:
+    if sampler is not None:
+      sampler.end()
+  stats = accuracy.steady_stats(workdir, warmup)
+  stats['staleness'] = {int(k): v for k, v in summary.get('staleness_histogram', {}).items()}
+  stats['prices'] = summary.get('cost_model_ms', {})
+  names, tasks = accuracy.read_trace(workdir)
+  per_task = accuracy._per_task(workdir)
+  start, stop, _ = accuracy.window(names, tasks, warmup, per_task)
+  if per_task:  # iterations in bursts of up to a round of lanes: blocks of a round or more
+    stats['per_iteration'] = block_median(tasks, start, stop, per_task, block)
+  steady = [t for t in tasks if t[2] >= start]
+  copies = [e - b for lane, _, b, e, _, _ in steady if names[lane].startswith('link ')]
+  stats['copy_ms'] = _median_ms(copies)
+  stats['reader_ms'] = _median_ms(reader_gaps(names, steady))
+  # the driver's events: a task dispatched and its end heard; a copy dispatched
+  stats['events'] = sum(1 if names[t[0]].startswith('link ') else 2 for t in steady)
+  stats['window'] = stop - start
+  if sampler is not None:
+    stats['cpu'] = sampler.busy(start, stop)
+  return stats
+
+
+def block_median(tasks, start: float, stop: float, per_task: bool, block: int) -> float:
+  """`simulator_accuracy.window_stats`' seconds per iteration (the median over blocks of
+  iterations of the steady state) with blocks of `block` iterations: LPP-SGD counts each
+  replica's update as an iteration, and K replicas of equal costs end theirs together on
+  the virtual clock, so blocks of 5 inside one round of 16 measured the burst (1.1 ms
+  per iteration where a round took 55 ms)."""
+  ends = [e for e in sorted(accuracy.iteration_ends(tasks, per_task)) if start <= e <= stop]
+  blocks = [(ends[i + block] - ends[i]) / block for i in range(0, len(ends) - block, block)]
+  return float(np.median(blocks)) if blocks else (stop - start) / max(len(ends) - 1, 1)
+
+
+def reader_gaps(names: dict, tasks) -> list[float]:
+  """Seconds from a copy's end to the start of the next task on its receiving lane, for
+  each copy that landed while that lane was idle (after the lane's previous task ended):
+  what reading a moved value costs beyond the copy (taking it in; and the task's call
+  reaching the lane, if the driver had not sent it yet)."""
+  lanes = {}
+  for lane, _, begin, end, _, _ in tasks:
+    if not names[lane].startswith('link '):
+      lanes.setdefault(names[lane], []).append((begin, end))
+  gaps = []
+  for lane, _, _, end, _, _ in tasks:
+    name = names[lane]
+    if not name.startswith('link ') or ' → ' not in name:
+      continue
+    runs = sorted(lanes.get(name.split(' → ', 1)[1], ()))
+    before = [e for b, e in runs if b < end]
+    after = [b for b, _ in runs if b >= end]
+    if after and (not before or max(before) <= end):
+      gaps.append(after[0] - end)
+  return gaps
+
+
+def _median_ms(seconds: list) -> float | None:
+  return 1e3 * float(np.median(seconds)) if seconds else None
+
+
+class CpuSampler:
+  """The CPU seconds of this process and of every process descending from it (the lane
+  processes and Ray's own, the cluster being started here), sampled every `period`
+  seconds while a run is on, with the time the run's process executor began (its
+  trace's 0: `ProcessExecutor.begin`, wrapped)."""
+
+  def __init__(self, period: float = 0.5):
+    import psutil
+
+    from jaxsgd.scheduler import process
+
+    self.psutil, self.period, self.kinds = psutil, period, {}
+    self.samples: list[tuple[float, dict]] = []
+    self.t0 = None
+    begin = process.ProcessExecutor.begin
+
+    def noted_begin(executor, begin=begin):
+      begin(executor)
+      self.t0 = executor._t0  # pylint: disable=protected-access
+
+    process.ProcessExecutor.begin = noted_begin
+
+  def begin(self) -> None:
+    import threading
+
+    self.samples, self.t0, self._stop = [], None, threading.Event()
+    self._thread = threading.Thread(target=self._sample, daemon=True)
+    self._thread.start()
+
+  def end(self) -> None:
+    self._stop.set()
+    self._thread.join()
+
+  def _sample(self) -> None:
+    me = self.psutil.Process()
+    while not self._stop.is_set():
+      cpu = {}
+      for process in [me, *me.children(recursive=True)]:
+        try:
+          times = process.cpu_times()
+          cpu[process.pid] = (self._kind(process), times.user + times.system)
+        except self.psutil.Error:
+          pass
+      self.samples.append((time.time(), cpu))
+      self._stop.wait(self.period)
+
+  def _kind(self, process) -> str:
+    """'driver' (this process), 'lanes' (a Ray worker process, `default_worker.py` until it
+    titles itself `ray::...`: every one is a lane here, or an idle worker about to be
+    one) or 'ray' (GCS, raylet, monitors, Ray's agents)."""
+    kind = self.kinds.get(process.pid)
+    if kind is None:
+      if process.pid == os.getpid():
+        kind = 'driver'
+      else:
+        title = ' '.join(process.cmdline())
+        worker = 'default_worker.py' in title or title.startswith('ray::')  # (its title, later)
+        kind = 'lanes' if worker and 'Agent' not in title else 'ray'
+      self.kinds[process.pid] = kind
+    return kind
+
+  def busy(self, start: float, stop: float) -> dict | None:
+    """Cores busy from `start` to `stop` (seconds of the run's trace), in all, by kind of
+    process ('driver', 'lanes', 'ray') and the busiest lane process's; None without
+    samples then."""
+    if self.t0 is None:
+      return None
+    inside = [(t - self.t0, cpu) for t, cpu in self.samples if start <= t - self.t0 <= stop]
+    if len(inside) < 2:
+      return None
+    (t1, first), (t2, last) = inside[0], inside[-1]
+    busy = {'all': 0.0, 'driver': 0.0, 'lanes': 0.0, 'ray': 0.0, 'busiest lane': 0.0}
+    for pid, (kind, seconds) in last.items():
+      used = (seconds - first.get(pid, (kind, 0.0))[1]) / (t2 - t1)
+      busy[kind] += used
+      busy['all'] += used
+      if kind == 'lanes':
+        busy['busiest lane'] = max(busy['busiest lane'], used)
+    return busy
+
+
+def round_trips(reps: int = 40) -> dict:
+  """Seconds from the driver sending a task to one lane (pinned to core 0) to its hearing
+  of the task's end, less the task's own duration, median of `reps` tasks waited for one
+  at a time: a trivial task (a 4-byte add), a task of ~25-45 ms of matrix products
+  (`lane_timing.dispatch_tasks`' 'busy'), and emulated tasks of those two durations.
+  Whether an emulated lane costs its executor what a computing lane does, and what a
+  task's round trip costs beside the trivial one the driver's figures are measured on."""
+  from jaxsgd.scheduler import lane_timing
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+  def chain(pool, name: str, seconds):
+    task = Task(TaskRecipe.of(lane_timing.dispatch_tasks), name)
+    y, durations, overheads = np.zeros((), np.float32), [], []
+    for rep in range(reps + 3):  # the first 3: compiling, warming
+      sent = time.perf_counter()
+      pending = pool.start('lane', task, (y,), **({} if seconds is None else {'seconds': seconds}))
+      pool.wait_any([pending])
+      wall, y = time.perf_counter() - sent, pending.result()
+      if rep >= 3:
+        durations.append(pending.ended - pending.started)
+        overheads.append(wall - durations[-1])
+    return float(np.median(durations)), float(np.median(overheads))
+
+  with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
+    trivial, trivial_over = chain(pool, 'add_one', None)
+    busy, busy_over = chain(pool, 'busy', None)
+    return {
+      'trivial': (trivial, trivial_over),
+      'busy': (busy, busy_over),
+      'emulated trivial': chain(pool, 'add_one', trivial),
+      'emulated busy': chain(pool, 'busy', busy),
+    }
+
+
+def one_row(name: str, lanes: int, args, host: tuple, root: str, sampler: CpuSampler) -> dict:
+  """The emulated run and the virtual runs of family `name` with `lanes` lanes."""
+  tag = f'K{lanes}'
+  row = {'family': name, 'lanes': lanes, 'steps': steps_of(name, lanes, args)}
+  block = max(accuracy.BLOCK, lanes)  # (`block_median`: LPP-SGD's rounds of K updates)
+  try:
+    started = time.time()
+    emulated = run(
+      config_of(name, lanes, args, 'emulated'),
+      os.path.join(root, f'{name}-emulated-{tag}'),
+      args.warmup,
+      block,
+      sampler,
+    )
+    row['emulated_seconds'] = time.time() - started
+    row['wait'] = wait_error(
+      os.path.join(root, f'{name}-emulated-{tag}'), args.warmup, emulated['prices']
+    )
+    virtual = run(
+      config_of(name, lanes, args, 'virtual', host),
+      os.path.join(root, f'{name}-virtual-{tag}'),
+      args.warmup,
+      block,
+    )
+  except Exception as error:  # noqa: BLE001 - reported in the table; the other rows go on
+    row['skipped'] = f'{type(error).__name__}: {" ".join(str(error).split())[:200]}'
+    return row
+  row['emulated'], row['virtual'] = _kept(emulated), _kept(virtual)
+  if not args.variants:
+    return row
+  heard = float(np.median(emulated['hear_delays'])) if emulated['hear_delays'] else 0.0
+  latency = max(heard - host[0], 0.0)
+  copy = host[2] if emulated['copy_ms'] is None else emulated['copy_ms'] / 1e3
+  settings = {
+    'link copies': (host, 'link'),
+    'no driver': ((0.0, 0.0, *host[2:]), 'sender'),
+    'heard driver': ((host[0], latency, *host[2:]), 'sender'),
+    "run's copies": ((*host[:2], copy, 0.0), 'sender'),
+    "run's host": ((host[0], latency, copy, 0.0), 'sender'),
+  }
+  row['variants'] = {}
+  for variant, (figures, copies) in settings.items():
+    workdir = os.path.join(root, f'{name}-virtual-{tag}-{variant.replace(" ", "_")}')
+    try:
+      config = config_of(name, lanes, args, 'virtual', figures, copies)
+      stats = run(config, workdir, args.warmup, block)
+      row['variants'][variant] = _kept(stats)
+    except Exception as error:  # noqa: BLE001
+      row['variants'][variant] = {'skipped': f'{type(error).__name__}: {error}'[:200]}
+  return row
+
+
+def _kept(stats: dict) -> dict:
+  """What the tables and the saved results keep of a run's statistics."""
+  return {
+    key: stats.get(key)
+    for key in (
+      'per_iteration',
+      'mean_per_iteration',
+      'iterations',
+      'staleness',
+      'utilization',
+      'copy_ms',
+      'reader_ms',
+      'cpu',
+      'events',
+      'window',
+    )
+  } | {
+    'hear_ms': 1e3 * float(np.median(stats['hear_delays'])) if stats['hear_delays'] else None,
+    'send_ms': 1e3 * float(np.median(stats['send_delays'])) if stats['send_delays'] else None,
+  }
+
+
+def error(row: dict, side: dict) -> float:
+  measured = row['emulated']['per_iteration']
+  return 100 * abs(side['per_iteration'] - measured) / measured
+
+
+def print_tables(rows: list[dict], args, host: tuple) -> None:
+  done = [row for row in rows if 'skipped' not in row]
+  print()
+  print('Part 1: emulated tasks (lane processes) against the virtual clock, same costs')
+  header = (
+    'family',
+    'K',
+    'steps',
+    'emulated s/it',
+    'virtual s/it',
+    'error %',
+    'TVD',
+    'heard ms (emu/virt)',
+    'wait over price µs (median/max)',
+    'emulated run s',
+  )
+  table = []
+  for row in done:
+    e, v = row['emulated'], row['virtual']
+    tvd = total_variation(e['staleness'], v['staleness'])
+    row['error'], row['tvd'] = error(row, v), tvd
+    wait = row['wait']
+    table.append(
+      (
+        label(row['family'], row['lanes']),
+        row['lanes'],
+        row['steps'],
+        f'{e["per_iteration"]:.4f}',
+        f'{v["per_iteration"]:.4f}',
+        f'{row["error"]:.1f}',
+        f'{tvd:.3f}' if row['family'] in ASYNCHRONOUS else '-',
+        f'{_ms(e["hear_ms"])}/{_ms(v["hear_ms"])}',
+        f'{1e6 * np.median(wait):.0f}/{1e6 * max(wait):.0f}' if wait else '-',
+        f'{row["emulated_seconds"]:.0f}',
+      )
+    )
+  _print(header, table)
+  for row in rows:
+    if 'skipped' in row:
+      print(f'  {label(row["family"], row["lanes"])}: not run: {row["skipped"]}')
+  print(
+    's/it: seconds per iteration, median over blocks of 5 iterations of the steady state; '
+    'error: |virtual - emulated| / emulated; TVD: total variation distance of the '
+    "staleness histograms (asynchronous families); heard: a task's end to the driver "
+    'hearing of it, median; wait over price: a compute task of the emulated run, its '
+    'duration less its price (steady state)'
+  )
+  staleness = [r for r in done if r['family'] in ASYNCHRONOUS]
+  if staleness:
+    print('staleness histograms {staleness: updates}, emulated | virtual:')
+    for row in staleness:
+      print(
+        f'  {label(row["family"], row["lanes"])}: {_histogram(row["emulated"]["staleness"])} | '
+        f'{_histogram(row["virtual"]["staleness"])}'
+      )
+  if args.variants and done:
+    print()
+    print('Part 2: the virtual clock with one setting changed, error % against the emulated run')
+    header = ('family', 'K', 'model', *VARIANTS)
+    table = []
+    for row in done:
+      cells = []
+      for variant in VARIANTS:
+        stats = row['variants'].get(variant, {})
+        cells.append(
+          f'{error(row, stats):.1f} ({stats["per_iteration"]:.4f})'
+          if 'per_iteration' in stats
+          else '-'
+        )
+      table.append(
+        (label(row['family'], row['lanes']), row['lanes'], f'{row["error"]:.1f}', *cells)
+      )
+    _print(header, table)
+    print(
+      "link copies: cost.copies='link'; no driver: cost.driver = cost.driver_latency = 0; "
+      "heard driver: cost.driver_latency = the emulated run's median hear delay less "
+      "cost.driver; run's copies: cost.link_latency = the emulated run's median copy, "
+      "cost.link_bandwidth free; run's host: both; in parentheses: the virtual s/it"
+    )
+  if done:
+    print()
+    print("Part 3: where the emulated runs' time went (emulated / virtual)")
+    header = (
+      'family',
+      'K',
+      'copy ms',
+      'copy end -> reader ms',
+      'heard ms',
+      'busiest lane utilization',
+      'host cores busy (driver, lanes, Ray)',
+      'busiest lane process cores',
+      'driver CPU µs/event',
+    )
+    table = []
+    for row in done:
+      e, v = row['emulated'], row['virtual']
+      cpu = e.get('cpu')
+      per_event = cpu and e['events'] and 1e6 * cpu['driver'] * e['window'] / e['events']
+      table.append(
+        (
+          label(row['family'], row['lanes']),
+          row['lanes'],
+          f'{_ms(e["copy_ms"])} / {_ms(v["copy_ms"])}',
+          f'{_ms(e["reader_ms"])} / {_ms(v["reader_ms"])}',
+          f'{_ms(e["hear_ms"])} / {_ms(v["hear_ms"])}',
+          f'{_busiest(e)} / {_busiest(v)}',
+          f'{cpu["all"]:.2f} ({cpu["driver"]:.2f}, {cpu["lanes"]:.2f}, {cpu["ray"]:.2f})'
+          if cpu
+          else '-',
+          f'{cpu["busiest lane"]:.2f}' if cpu else '-',
+          f'{per_event:.0f} / {1e6 * host[0]:.0f}' if per_event else '-',
+        )
+      )
+    _print(header, table)
+    print(
+      'copy: a copy between lanes, median (virtual: as priced); copy end -> reader: from a '
+      "copy's end to the start of the next task on its receiving lane, where that lane was "
+      "idle (median); heard: a task's end to the driver hearing of it, median; host cores "
+      'busy: CPU seconds per second of all processes of the emulated run over its steady '
+      f'state, of {os.cpu_count()} cores (a lane process near 1 is bound by its CPU, or '
+      "by Python's lock); driver CPU per event: its CPU over the steady state / (2 per "
+      'compute task + 1 per copy), against cost.driver'
+    )
+  if not done:
+    print('simulator schedule error, emulated tasks, K=2..16: n/a (no run)')
+    print('simulator max error across families: n/a (no family ran)')
+    return
+  errors = [row['error'] for row in done]
+  worst = max(done, key=lambda row: row['error'])
+  tvds = [row['tvd'] for row in done if row['family'] in ASYNCHRONOUS]
+  print(
+    f'median error {np.median(errors):.1f} % over {len(done)} runs; largest: '
+    f'{label(worst["family"], worst["lanes"])}; largest TVD '
+    + (f'{max(tvds):.3f}' if tvds else '-')
+    + '; goal: max <= 5 %, median <= 2 %, TVD <= 0.1'
+  )
+  by_family = {}
+  for row in done:
+    by_family[row['family']] = max(by_family.get(row['family'], 0.0), row['error'])
+  print(
+    'largest error per family: '
+    + ', '.join(f'{name} {value:.1f} %' for name, value in by_family.items())
+  )
+  lanes = sorted({row['lanes'] for row in done})
+  print(f'simulator schedule error, emulated tasks, K={lanes[0]}..{lanes[-1]}: {max(errors):.1f}%')
+  print(f'simulator max error across families: {max(by_family.values()):.1f}%')
+
+
+def _print(header, rows) -> None:
+  widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+  for row in (header, *rows):
+    print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _busiest(stats: dict) -> str:
+  utilization = stats.get('utilization') or {}
+  return f'{max(utilization.values()):.2f}' if utilization else '-'
+
+
+def _ms(value) -> str:
+  return '-' if value is None else f'{value:.2f}'
+
+
+def _histogram(histogram: dict) -> str:
+  return '{' + ', '.join(f'{k}: {v}' for k, v in sorted(histogram.items())) + '}'
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--families', default=','.join(FAMILIES))
+  parser.add_argument('--lanes', default='2,4,8,16', help='K: stages, workers or replicas')
+  parser.add_argument(
+    '--workers', default='32', help='more M for ASGD and DC-ASGD (empty: none beyond --lanes)'
+  )
+  parser.add_argument('--forward', type=float, default=0.015, help='s per forward task')
+  parser.add_argument('--backward', type=float, default=0.030, help='s per backward task')
+  parser.add_argument('--update', type=float, default=0.010, help='s per update task')
+  parser.add_argument('--hidden', type=int, default=128, help='width of the MLP')
+  parser.add_argument('--depth', type=int, default=16, help='hidden layers (K stages: K-1)')
+  parser.add_argument('--batch', type=int, default=128)
+  parser.add_argument('--warmup', type=int, default=8, help='iterations left out')
+  parser.add_argument('--blocks', type=int, default=8, help='blocks of 5 iterations measured')
+  parser.add_argument(
+    '--variants',
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help='part 2: the virtual clock with one setting changed at a time',
+  )
+  parser.add_argument('--out', default=None, help='also write the results as JSON here')
+  args = parser.parse_args()
+  families = [f for f in args.families.split(',') if f]
+  unknown = sorted(set(families) - set(FAMILIES))
+  if unknown:
+    parser.error(f'--families: unknown {unknown}; allowed: {", ".join(FAMILIES)}')
+  lanes = [int(k) for k in args.lanes.split(',') if k]
+  workers = [int(m) for m in args.workers.split(',') if m]
+  if any(k < 2 for k in lanes + workers) or args.depth + 1 < max(lanes):
+    parser.error(f'--lanes: K >= 2 and K stages need --depth >= K - 1; got {lanes}, {args.depth}')
+  runs = [(name, k) for k in lanes for name in families]
+  runs += [(name, m) for m in workers for name in families if name in WORKER_FAMILIES]
+  started = time.time()
+  print(
+    f'machine: {os.cpu_count()} CPU cores, no GPU; {datetime.datetime.now():%Y-%m-%d %H:%M}; '
+    f'python -m benchmarks.schedule_error {shlex.join(sys.argv[1:])}'
+  )
+  print(
+    f'MLP 40-{args.hidden}x{args.depth}-10 on MNIST-1D, batch {args.batch}, SGD; cost.compute: '
+    f'forward {1e3 * args.forward:g} ms, backward {1e3 * args.backward:g} ms, update '
+    f"{1e3 * args.update:g} ms per task (LPP-SGD's mean and merge: an update each); "
+    f'load average {"/".join(f"{x:.1f}" for x in os.getloadavg())} at start',
+    flush=True,
+  )
+  root = tempfile.mkdtemp(prefix='schedule-error-')
+  os.environ.update(  # the driver's programs (virtual runs, evaluation) compiled once
+    JAX_COMPILATION_CACHE_DIR=os.path.join(root, 'jax_cache'),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='0',
+  )
+  import jax
+
+  from jaxsgd.scheduler import lane_timing
+  from jaxsgd.scheduler.lanes import cluster
+
+  cluster.connect(None)  # one Ray cluster for every run (each run starts its own lanes)
+  sampler = CpuSampler()
+  rows = []
+  try:
+    dispatch = lane_timing.measure_process_dispatch(cores=(0,))
+    links = lane_timing.measure_process_links(cores=(0, 1))
+    host = (dispatch['driver'], dispatch['driver_latency'], *links)
+    trips = round_trips()
+    print(
+      f'virtual clock: cost.schedule=run_ahead, cost.copies=sender, cost.sharing=time_slice, '
+      f'cost.driver {1e6 * host[0]:.1f} µs per event, cost.driver_latency {1e6 * host[1]:.1f} '
+      f'µs per way (lane_timing.measure_process_dispatch, an idle lane), links '
+      f'{1e6 * host[2]:.0f} µs + bytes / {host[3] / 1e9:.2f} GB/s '
+      f"(lane_timing.measure_process_links); the process executor's wall time per task of "
+      f'a chain {1e6 * dispatch["processes"]:.0f} µs',
+      flush=True,
+    )
+    print(
+      'a task waited for, from its dispatch to the driver hearing of its end, less the '
+      'task, ms (median of 40): '
+      + '; '.join(
+        f'{what} {1e3 * seconds:.2f} ms task: {1e3 * over:.2f}'
+        for what, (seconds, over) in trips.items()
+      ),
+      flush=True,
+    )
+    for name, k in runs:
+      row = one_row(name, k, args, host, root, sampler)
+      rows.append(row)
+      if args.out:
+        with open(args.out, 'w') as f:
+          json.dump({'host': host, 'rows': rows}, f)
+      print(f'  {label(name, k)}: {_one_line(row)}; load {os.getloadavg()[0]:.1f}', flush=True)
+  finally:
+    cluster.shutdown()
+  print(
+    f'load average {"/".join(f"{x:.1f}" for x in os.getloadavg())} at end; jax '
+    f'{jax.__version__}; {time.time() - started:.0f} s; runs in {root}'
+  )
+  print_tables(rows, args, host)
+
+
+def _one_line(row: dict) -> str:
+  if 'skipped' in row:
+    return f'not run: {row["skipped"]}'
+  e, v = row['emulated']['per_iteration'], row['virtual']['per_iteration']
+  return f'emulated {1e3 * e:.2f} ms/it, virtual {1e3 * v:.2f} ms/it ({100 * abs(v - e) / e:.1f} %)'
+
+
+if __name__ == '__main__':
+  main()
