@@ -14,17 +14,13 @@ costs `--forward`, `--backward`, `--update` seconds; `cost.calibrate=False`):
              machine with fewer cores is fine, an emulated task only waits), each task
              waiting exactly its price while every message moves a payload of its real
              size between the lane processes (`scheduler/process.py`, emulated tasks);
-  virtual    `clock='virtual'` with the schedule that models the process executor:
-             `cost.schedule='run_ahead'` (its driver runs ahead of its lanes),
-             `cost.driver` and `cost.driver_latency` (its driver's CPU per event and each
-             message's way between it and a lane) and `cost.link_latency` /
-             `cost.link_bandwidth` (a move between two lane processes), all three
-             measured at the start (`lane_timing.measure_process_dispatch`, idle lanes:
-             emulated lanes sleep; `lane_timing.measure_process_links`),
-             `cost.copies='sender'` and `cost.sharing='time_slice'` (a lane process
-             serializes what it sends, on its own core), and the same `placement.lanes`
-             (every lane its own hardware): the settings `simulator_accuracy` predicts
-             the process executor with.
+  virtual    `clock='virtual'` with the process executor's host profile measured at
+             the start (`cost.host`, `experiments.profile.measure_host('processes')`):
+             its schedule (running ahead), its dispatch per task, its driver (CPU per
+             event, each message's way), its moves between lane processes and copies
+             made by the sending lane, and the same `placement.lanes` (every lane its
+             own hardware): what `simulator_accuracy` predicts the process executor
+             with.
 
 The two differ only where the virtual clock's model of the schedule and of the process
 executor's host (driver, Ray, copies) misses what the executor does: the tasks take
@@ -34,15 +30,12 @@ iterations of the steady state, from the end of iteration `--warmup`), and for t
 asynchronous families the staleness histogram of every applied update, compared by
 total variation distance (TVD: half the L1 distance of the two normalized histograms).
 
-Part 2 (`--variants`, on by default) runs the virtual clock again with one setting
-changed at a time, to say what the error is made of: `copies='link'` (a copy on a link
-of its own, as an emulated lane's export runs in its own thread while the lane waits),
-no driver (`cost.driver = cost.driver_latency = 0`), the driver's latency heard in the
-emulated run (its median from a task's end to the driver hearing of it, less the CPU
-per event, as `simulator_accuracy --driver=heard` does), the run's copies (every copy
-costing the median copy of the emulated run: `cost.link_latency`, free bandwidth) and
-the run's host (both of the last two): the schedule model given the host figures the
-run itself showed, against the model given those measured beforehand.
+Part 2 (`--variants`, on by default) runs the virtual clock again with the host profile
+changed one figure at a time, to say what the error is made of (diagnostics: read off
+the emulated run, never the prediction): no driver (its figures 0), the driver's latency
+heard in the emulated run (its median from a task's end to the driver hearing of it,
+less the CPU per event), the run's copies (every copy costing the median copy of the
+emulated run: link latency, free bandwidth) and the run's host (both of the last two).
 
 Part 3 says where the emulated runs' time went: the copies (median duration in each
 run's trace), the time from a copy's end to the start of the task that reads it (where
@@ -82,7 +75,7 @@ from benchmarks import simulator_accuracy as accuracy
 FAMILIES = accuracy.FAMILIES
 ASYNCHRONOUS = accuracy.ASYNCHRONOUS
 WORKER_FAMILIES = ('asgd', 'dcasgd')  # also run with `--workers` (M) lanes
-VARIANTS = ('link copies', 'no driver', 'heard driver', "run's copies", "run's host")
+VARIANTS = ('no driver', 'heard driver', "run's copies", "run's host")
 
 
 def label(name: str, lanes: int) -> str:
@@ -109,9 +102,24 @@ def placed_lanes(name: str, lanes: int) -> str:
   return '; '.join(names)
 
 
-def config_of(name: str, lanes: int, args, side: str, host=None, copies='sender'):
+def host_file(base, root: str, tag: str, **figures) -> str:
+  """The host profile `base` with `figures` changed (the loaded ones alike), as a file in
+  `root`: what a virtual run of this benchmark reads as `cost.host`."""
+  from jaxsgd.scheduler import host as host_lib
+
+  changed = dict(base.figures)
+  for figure, value in figures.items():
+    changed[figure] = value
+    if f'{figure}_loaded' in changed:
+      changed[f'{figure}_loaded'] = value
+  path = os.path.join(root, f'host-{tag}.json')
+  host_lib.save(host_lib.make(base.executor, changed, cores=base.cores), path)
+  return path
+
+
+def config_of(name: str, lanes: int, args, side: str, host: str | None = None):
   """The config of family `name` with `lanes` lanes for `side` ('emulated' or 'virtual';
-  `host`: the virtual clock's `(driver, driver_latency, link_latency, link_bandwidth)`)."""
+  `host`: the virtual clock's host profile file)."""
   shape = argparse.Namespace(
     hidden=args.hidden, depth=args.depth, batch=args.batch, lanes=lanes, steps=1
   )
@@ -124,11 +132,7 @@ def config_of(name: str, lanes: int, args, side: str, host=None, copies='sender'
     config.clock, config.executor = 'real', 'emulated'
     return config
   config.clock, config.executor = 'virtual', 'in_process'
-  config.cost.schedule = 'run_ahead'
-  config.cost.sharing = 'time_slice'
-  config.cost.copies = copies
-  (config.cost.driver, config.cost.driver_latency, config.cost.link_latency) = host[:3]
-  config.cost.link_bandwidth = host[3]
+  config.cost.host = host
   return config
 
 
@@ -340,8 +344,9 @@ def round_trips(reps: int = 40) -> dict:
     }
 
 
-def one_row(name: str, lanes: int, args, host: tuple, root: str, sampler: CpuSampler) -> dict:
-  """The emulated run and the virtual runs of family `name` with `lanes` lanes."""
+def one_row(name: str, lanes: int, args, host, root: str, sampler: CpuSampler) -> dict:
+  """The emulated run and the virtual runs of family `name` with `lanes` lanes (`host`:
+  the measured host profile, `HostProfile`)."""
   tag = f'K{lanes}'
   row = {'family': name, 'lanes': lanes, 'steps': steps_of(name, lanes, args)}
   block = max(accuracy.BLOCK, lanes)  # (`block_median`: LPP-SGD's rounds of K updates)
@@ -359,7 +364,7 @@ def one_row(name: str, lanes: int, args, host: tuple, root: str, sampler: CpuSam
       os.path.join(root, f'{name}-emulated-{tag}'), args.warmup, emulated['prices']
     )
     virtual = run(
-      config_of(name, lanes, args, 'virtual', host),
+      config_of(name, lanes, args, 'virtual', host_file(host, root, 'measured')),
       os.path.join(root, f'{name}-virtual-{tag}'),
       args.warmup,
       block,
@@ -371,20 +376,24 @@ def one_row(name: str, lanes: int, args, host: tuple, root: str, sampler: CpuSam
   if not args.variants:
     return row
   heard = float(np.median(emulated['hear_delays'])) if emulated['hear_delays'] else 0.0
-  latency = max(heard - host[0], 0.0)
-  copy = host[2] if emulated['copy_ms'] is None else emulated['copy_ms'] / 1e3
+  driver = _driver(host, lanes)
+  latency = max(heard - driver, 0.0)
+  copy = host.figure('link_latency') if emulated['copy_ms'] is None else emulated['copy_ms'] / 1e3
+  copies = {'link_latency': copy, 'link_bandwidth': float('inf')}
   settings = {
-    'link copies': (host, 'link'),
-    'no driver': ((0.0, 0.0, *host[2:]), 'sender'),
-    'heard driver': ((host[0], latency, *host[2:]), 'sender'),
-    "run's copies": ((*host[:2], copy, 0.0), 'sender'),
-    "run's host": ((host[0], latency, copy, 0.0), 'sender'),
+    'no driver': {'driver': 0.0, 'driver_latency': 0.0},
+    'heard driver': {'driver_latency': latency},
+    "run's copies": copies,
+    "run's host": {'driver_latency': latency, **copies},
   }
   row['variants'] = {}
-  for variant, (figures, copies) in settings.items():
-    workdir = os.path.join(root, f'{name}-virtual-{tag}-{variant.replace(" ", "_")}')
+  for variant, figures in settings.items():
+    slug = variant.replace(' ', '_').replace("'", '')
+    workdir = os.path.join(root, f'{name}-virtual-{tag}-{slug}')
     try:
-      config = config_of(name, lanes, args, 'virtual', figures, copies)
+      config = config_of(
+        name, lanes, args, 'virtual', host_file(host, root, f'{tag}-{slug}', **figures)
+      )
       stats = run(config, workdir, args.warmup, block)
       row['variants'][variant] = _kept(stats)
     except Exception as error:  # noqa: BLE001
@@ -414,12 +423,17 @@ def _kept(stats: dict) -> dict:
   }
 
 
+def _driver(host, lanes: int) -> float:
+  """The driver's CPU per event the virtual clock takes from `host` for `lanes` lanes."""
+  return host.figure('driver_loaded' if lanes >= host.cores else 'driver')
+
+
 def error(row: dict, side: dict) -> float:
   measured = row['emulated']['per_iteration']
   return 100 * abs(side['per_iteration'] - measured) / measured
 
 
-def print_tables(rows: list[dict], args, host: tuple) -> None:
+def print_tables(rows: list[dict], args, host) -> None:
   done = [row for row in rows if 'skipped' not in row]
   print()
   print('Part 1: emulated tasks (lane processes) against the virtual clock, same costs')
@@ -493,10 +507,10 @@ def print_tables(rows: list[dict], args, host: tuple) -> None:
       )
     _print(header, table)
     print(
-      "link copies: cost.copies='link'; no driver: cost.driver = cost.driver_latency = 0; "
-      "heard driver: cost.driver_latency = the emulated run's median hear delay less "
-      "cost.driver; run's copies: cost.link_latency = the emulated run's median copy, "
-      "cost.link_bandwidth free; run's host: both; in parentheses: the virtual s/it"
+      'the host profile with: no driver: driver = driver_latency = 0; heard driver: '
+      "driver_latency = the emulated run's median hear delay less driver; run's copies: "
+      "link_latency = the emulated run's median copy, link_bandwidth free; run's host: "
+      'both; in parentheses: the virtual s/it'
     )
   if done:
     print()
@@ -529,7 +543,7 @@ def print_tables(rows: list[dict], args, host: tuple) -> None:
           if cpu
           else '-',
           f'{cpu["busiest lane"]:.2f}' if cpu else '-',
-          f'{per_event:.0f} / {1e6 * host[0]:.0f}' if per_event else '-',
+          f'{per_event:.0f} / {1e6 * _driver(host, row["lanes"]):.0f}' if per_event else '-',
         )
       )
     _print(header, table)
@@ -639,24 +653,20 @@ def main():
   )
   import jax
 
-  from jaxsgd.scheduler import lane_timing
   from jaxsgd.scheduler.lanes import cluster
 
   cluster.connect(None)  # one Ray cluster for every run (each run starts its own lanes)
   sampler = CpuSampler()
   rows = []
   try:
-    dispatch = lane_timing.measure_process_dispatch(cores=(0,))
-    links = lane_timing.measure_process_links(cores=(0, 1))
-    host = (dispatch['driver'], dispatch['driver_latency'], *links)
+    from experiments import profile as profile_command
+
+    host = profile_command.measure_host('processes')
     trips = round_trips()
+    figures = ', '.join(f'{name} {value:.3g}' for name, value in host.figures)
     print(
-      f'virtual clock: cost.schedule=run_ahead, cost.copies=sender, cost.sharing=time_slice, '
-      f'cost.driver {1e6 * host[0]:.1f} µs per event, cost.driver_latency {1e6 * host[1]:.1f} '
-      f'µs per way (lane_timing.measure_process_dispatch, an idle lane), links '
-      f'{1e6 * host[2]:.0f} µs + bytes / {host[3] / 1e9:.2f} GB/s '
-      f"(lane_timing.measure_process_links); the process executor's wall time per task of "
-      f'a chain {1e6 * dispatch["processes"]:.0f} µs',
+      f"virtual clock: cost.host = the process executor's host profile measured at the start "
+      f'({host.cores} cores; the _loaded figures where a run has as many lanes): {figures}',
       flush=True,
     )
     print(
@@ -673,7 +683,7 @@ def main():
       rows.append(row)
       if args.out:
         with open(args.out, 'w') as f:
-          json.dump({'host': host, 'rows': rows}, f)
+          json.dump({'host': dict(host.figures), 'rows': rows}, f)
       print(f'  {label(name, k)}: {_one_line(row)}; load {os.getloadavg()[0]:.1f}', flush=True)
   finally:
     cluster.shutdown()
