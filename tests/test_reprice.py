@@ -232,6 +232,7 @@ def test_the_old_command_name_is_refused_naming_the_new_one():
     ({'batch_size': 16}, "--run: model 'm', batch 16; the profile is of model 'm', batch 8."),
     ({'model': {'name': 'cnn'}}, "--run: model 'cnn', batch 8"),
     ({'algorithm': {'name': 'lppsgd', 'workers_per_device': 2}}, '--run: LPP-SGD with'),
+    ({'executor': 'emulated'}, "--run: a run with executor='emulated': its tasks waited"),
   ],
 )
 def test_a_run_that_is_no_pilot_for_the_profile_is_refused(tmp_path, config, message):

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from jaxsgd.scheduler.costs import CostModel
-from jaxsgd.scheduler.profiles import MODEL_FIELDS, STATISTIC, Profile, ProfileError
+from jaxsgd.scheduler.profiles import MODEL_FIELDS, Profile, ProfileError
 
 
 # --- what identifies a table ------------------------------------------------------------------
@@ -133,13 +133,12 @@ def costs_for(
   tasks: str,
   optimizer: str | None = None,
   source: str = 'profile',
-  statistic: str = STATISTIC,
 ) -> dict:
-  """The cost table (keys as `CostModel.compute`) of a run, refusing any mismatch;
-  `statistic` picks the figure of each task's repetitions (`Table.figures`)."""
+  """The cost table (keys as `CostModel.compute`) of a run, refusing any mismatch: each
+  task's cost as the profile holds it (`Table.figures`)."""
   check_matches(profile, model=model, batch_size=batch_size, optimizer=optimizer, source=source)
   try:
-    return profile.table(split, tasks).figures(statistic)
+    return profile.table(split, tasks).figures()
   except ProfileError as e:
     raise ProfileError(str(e).replace('cost.profile:', f'cost.profile {source!r}:', 1)) from None
 

@@ -144,13 +144,19 @@ def pilot_config(run: str) -> dict:
 
 def check_pilot(config: dict, profile: Profile) -> None:
   """Refuses a run (its config, `pilot_config`) that cannot re-price `profile`, in one
-  line naming the field: not on the real clock, another model or batch size, or lanes
+  line naming the field: not on the real clock, emulated tasks, another model or batch
+  size, or lanes
   whose simulated speed the virtual clock scales again (LPP-SGD's workers sharing a
   device); warns of an in-process pilot."""
   if config.get('clock') != 'real':
     raise ProfileError(
       f'--run: a run on the {config.get("clock")!r} clock; a pilot runs on the real clock '
       '(--config.clock=real --config.executor=processes).'
+    )
+  if config.get('executor') == 'emulated':
+    raise ProfileError(
+      "--run: a run with executor='emulated': its tasks waited their prices, so its trace "
+      "holds the prices, not what the tasks took; re-price from executor='processes'."
     )
   model, batch = config.get('model', {}).get('name'), config.get('batch_size')
   if model != profile.model['name'] or batch != profile.batch_size:
