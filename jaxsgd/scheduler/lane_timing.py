@@ -48,8 +48,8 @@ def dispatch_tasks() -> dict[str, Callable]:
 
 
 def _busy(x):
-  """`x` (a scalar) + 0, after 16 products of two 512 x 512 float32 matrices (~25 ms on
-  one core of a 2-core machine): a task that keeps its lane's core busy."""
+  """`x` (a scalar) + 0, after 16 products of two 512 x 512 float32 matrices (tens of
+  milliseconds on one CPU core): a task that keeps its lane's core busy."""
   import jax.numpy as jnp
 
   a = jnp.full((512, 512), x, jnp.float32) / 512
@@ -139,11 +139,10 @@ def measure_process_dispatch(
   - `processes_cpu` (only with a cluster started for it): the CPU seconds per task of
     every process of the run — the driver, the lane and Ray's own (raylet, GCS), all
     descendants of this process then — over the same chain: what each task costs the
-    machine's cores. On a machine whose lanes take every core (two lanes on a 2-core
-    machine), the driver and Ray run on the lanes' cores, and that is what a lane
-    loses per task (a host profile's `dispatch_loaded`): measured there, ~0.7–0.8 ms per task against ~0.5 ms of wall time
-    (the driver, the lane and the raylet work at once), and in a DDG K=2 run the
-    driver and the raylet took 0.45 and 0.13 of the 2 cores.
+    machine's cores. On a machine whose lanes take every core, the driver and Ray run
+    on the lanes' cores, and that is what a lane loses per task (a host profile's
+    `dispatch_loaded`); it exceeds the wall-time figure because the driver, the lane and
+    the raylet work at once (figures: benchmarks/results/simulator_history.md).
   """
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool, cluster  # Ray only if asked
   from jaxsgd.scheduler.process import ProcessExecutor
@@ -206,12 +205,10 @@ def measure_loaded_driver(
   (the first fifth of each chain left out: warm-up); `driver_loaded_lanes`, how many
   lanes (cores) were busy.
 
-  Why: where the lanes take every core (two lanes on a 2-core machine), the driver and
-  Ray's processes only run when they preempt a lane, and a task's end reaches the driver
-  later than on an idle machine: measured on a 2-core machine, 1.2-1.3 ms from a task's
-  end to the driver hearing of it with both lanes busy, 0.38 ms with an idle lane, and
-  1.5-2.4 ms (medians) in the families' runs of `benchmarks/simulator_accuracy.py`.
-  Where a core is left to the driver, the idle figures are the ones that apply.
+  Why: where the lanes take every core, the driver and Ray's processes only run when
+  they preempt a lane, so a task's end reaches the driver several times later than on an
+  idle machine (figures: benchmarks/results/simulator_history.md). Where a core is left
+  to the driver, the idle figures are the ones that apply.
   """
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.process import ProcessExecutor

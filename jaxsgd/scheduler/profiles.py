@@ -96,9 +96,8 @@ class Table:
   def figures(self, statistic: str = STATISTIC) -> dict:
     """Seconds per task as `statistic` of the repetitions: `'min'` (`costs`, the cost of
     the work with nothing else in the way) or `'median'` / `'p90'` (`spread`: what a call
-    typically takes, which is what a long run pays: on a loaded 2-core machine the lanes'
-    median task durations were within 5 % of the profile's medians and 15-30 % above its
-    minima, docs/simulator.md). Refuses a table that lacks the figure for some task."""
+    typically takes on a loaded machine; benchmarks/results/simulator_history.md). Refuses
+    a table that lacks the figure for some task."""
     if statistic == STATISTIC:
       return dict(self.costs)
     if statistic not in SPREAD_STATISTICS:

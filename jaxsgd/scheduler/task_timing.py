@@ -19,15 +19,12 @@ per task is measured apart (`lane_timing`).
 Which clock, and pinning (`CLOCKS`, `pin_to_core`). Wall time on every core is what
 `costs.time_calls` measures and the default. The process's CPU time of a process pinned
 to one core excludes the time other jobs held the core, and gives one core's costs
-(the unit of a lane pinned to a core). On a 2-core machine shared by ~7 jobs (load
-average 5–11), `benchmarks/profile_repeatability.py` timed the CNN's 12 tasks
-repeatedly and compared each task's minimum across repetitions (median over tasks of
-largest / smallest − 1): within one process, pinned CPU time repeated to 8–16 % against
-60–80 % for wall time on both cores; across fresh processes (two profile commands),
-every method spread 24–80 %, and which one did best changed from run to run. No
-statistic makes a measurement repeatable on a machine this loaded: what makes a
-*simulation* repeatable is measuring once and reading the same file back (two loads
-give equal `CostModel`s and identical simulated timelines). Measure profiles on a quiet
+(the unit of a lane pinned to a core). On a shared, loaded machine no method repeats
+well across fresh processes (`benchmarks/profile_repeatability.py`; its figures are in
+`benchmarks/results/profile_repeatability.txt`), and no statistic makes a measurement
+repeatable there: what makes a *simulation* repeatable is measuring once and reading
+the same file back (two loads give equal `CostModel`s and identical simulated
+timelines). Measure profiles on a quiet
 machine; `BusyNeighbours` measures them with the lanes' other cores computing.
 
 Reference: docs/simulator.md (how a task is measured, and how repeatable that is);

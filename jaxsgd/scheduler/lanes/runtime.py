@@ -44,8 +44,8 @@ import ray
 
 FAULT_VAR = 'JAXSGD_TEST_LANE_FAULT'  # a test hook: see the module docstring
 # Seconds an emulated task's wait spins at its end, after sleeping for the rest
-# (`wait_until`). Measured on a 2-core VM: a sleep alone overran by ~130 µs (median; p90
-# ~170 µs), a sleep and a 0.2 ms spin by < 1 µs (p90); 0.3 ms leaves a margin for a
+# (`wait_until`): a sleep alone overruns by the scheduler's wake-up delay (about a tenth
+# of a millisecond), a short spin at the end does not; 0.3 ms leaves a margin for a
 # wake-up delayed by load. benchmarks/schedule_error.py reports the waits of its runs.
 SPIN_SECONDS = 3e-4
 # The concurrency group (a thread of its own) in which a lane exports values (`export`).
