@@ -39,8 +39,9 @@ def mlp(hidden=(16, 16)) -> models.StagedModel:
 OPTIMIZERS = {'sgd': lambda: optax.sgd(0.1), 'adam': lambda: optax.adam(1e-2)}
 
 
-def make_pipeline(model, roles, tx=None, devices=None) -> PlacedStages:
-  """A fresh pipeline (its jitted functions compile on first use)."""
+def make_pipeline(model, roles, tx=None, devices=None, optimizer=None) -> PlacedStages:
+  """A fresh pipeline (its jitted functions compile on first use). `optimizer`:
+  `(OptimizerSettings, steps)`, the recipe lane processes rebuild `tx` from."""
   num = len(roles)
   placement = Placement.create(num, devices or jax.devices()[:num])
   return PlacedStages(
@@ -51,6 +52,7 @@ def make_pipeline(model, roles, tx=None, devices=None) -> PlacedStages:
     batch_size=BATCH,
     seed=0,
     aux_heads=any(r.loss == 'aux' for r in roles),
+    optimizer=optimizer,
   )
 
 

@@ -38,7 +38,7 @@ from jaxsgd.scheduler.lanes.pool import _dumps  # noqa: E402
 from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, LaneRuntime, Ref  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor  # noqa: E402
 from jaxsgd.scheduler.tasks import Task, TaskRecipe  # noqa: E402
-from scheduler_helpers import BATCH, batches, mlp  # noqa: E402
+from scheduler_helpers import BATCH, make_pipeline, batches, mlp  # noqa: E402
 
 OPTIMIZER = optimizers.OptimizerSettings('sgd', 0.1)
 STEPS = 3
@@ -200,17 +200,8 @@ def train(roles, executor, started: dict | None = None, pool: LanePool | None = 
   """`STEPS` iterations of `roles` (MLP, SGD) on `executor`: its timeline. `started`:
   filled with `{lane: [(task name, seconds, result outline)]}` of the tasks `pool`
   started, in the order started."""
-  num = len(roles)
-  stages = PlacedStages(
-    mlp(),
-    num,
-    optimizers.make_optimizer(OPTIMIZER, STEPS),
-    placement=Placement.create(num, jax.devices()[:num]),
-    batch_size=BATCH,
-    seed=0,
-    aux_heads=any(r.loss == 'aux' for r in roles),
-    optimizer=(OPTIMIZER, STEPS),
-  )
+  tx = optimizers.make_optimizer(OPTIMIZER, STEPS)
+  stages = make_pipeline(mlp(), roles, tx, optimizer=(OPTIMIZER, STEPS))
   feed = BatchFeed(batches(0), 1 + sum(r.loss != 'none' for r in roles))
   session = stages.session(roles, feed, STEPS)
   session.fetch = executor.fetch

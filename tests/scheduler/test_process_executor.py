@@ -32,7 +32,7 @@ from jaxsgd.scheduler import VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor, lane_name  # noqa: E402
 from jaxsgd.scheduler.tasks import Task, TaskRecipe  # noqa: E402
-from scheduler_helpers import BATCH, UNIT_COSTS, batches, mlp  # noqa: E402
+from scheduler_helpers import BATCH, make_pipeline, UNIT_COSTS, batches, mlp  # noqa: E402
 
 OPTIMIZER = optimizers.OptimizerSettings('adam', 1e-2)
 STEPS = 6
@@ -55,17 +55,8 @@ def pool(head):
 def train(roles, executor, timelines: list | None = None):
   """`STEPS` iterations of `roles` (MLP, Adam): final variables, losses, staleness (and
   the run's timeline appended to `timelines`, if given)."""
-  num = len(roles)
-  stages = PlacedStages(
-    mlp(),
-    num,
-    optimizers.make_optimizer(OPTIMIZER, STEPS),
-    placement=Placement.create(num, jax.devices()[:num]),
-    batch_size=BATCH,
-    seed=0,
-    aux_heads=any(r.loss == 'aux' for r in roles),
-    optimizer=(OPTIMIZER, STEPS),
-  )
+  tx = optimizers.make_optimizer(OPTIMIZER, STEPS)
+  stages = make_pipeline(mlp(), roles, tx, optimizer=(OPTIMIZER, STEPS))
   feed = BatchFeed(batches(0), 1 + sum(r.loss != 'none' for r in roles))
   losses = []
   session = stages.session(
