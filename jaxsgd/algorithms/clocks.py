@@ -126,10 +126,10 @@ def cost_model(
   else free.
   """
   cost = shared.cost
-  latency, bandwidth = cost.link_latency, cost.bandwidth
+  latency, bandwidth, per_array = cost.link_latency, cost.bandwidth, 0.0
   if not cost.link_latency and not cost.link_bandwidth:
     if host.link is not None:
-      latency, bandwidth = host.link
+      latency, bandwidth, per_array = host.link
     elif cost.device is not None:
       spec = hardware.preset(cost.device)
       latency, bandwidth = spec.link_latency, spec.link_bandwidth
@@ -138,6 +138,7 @@ def cost_model(
     device_speeds=tuple(lane_speeds),
     link_latency=latency,
     link_bandwidth=bandwidth,
+    link_per_array=per_array,
     straggler_std=cost.straggler_std,
     seed=shared.cost_seed,
     dispatch=host.dispatch,

@@ -46,6 +46,7 @@ class Compute:
   batch: int | None = None
   lane: int | None = None  # None: the process's own lane.
   nbytes: int = 0  # transfers: bytes moved (the link cost depends on it)
+  arrays: int = 1  # transfers: arrays moved (so may the cost: `cost.link_per_array`)
   # Whether the process executor may let the process go on before the task ends (running
   # ahead with handles to its results). False: the process waits for it, so that what it
   # sends next is not queued on a lane before the result it needs exists (LPP-SGD's mean:

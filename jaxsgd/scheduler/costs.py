@@ -1,7 +1,8 @@
 """How long tasks take on a simulated cluster: the virtual clock's cost model.
 
     duration(task on lane l) = base(stage, kind) / speed[l] · noise_l + dispatch
-    duration(transfer of n bytes) = link_latency + n / link_bandwidth
+    duration(transfer of n bytes in a arrays) = link_latency + (a - 1) · link_per_array
+                                                + n / link_bandwidth
 
 `base` is given explicitly or measured by timing the real jitted functions once
 on this machine (`time_calls`). `dispatch` is the host time an executor spends per
@@ -37,6 +38,9 @@ class CostModel:
     device_speeds: speed factor of compute lane `l` (lanes beyond the list: 1).
     link_latency: seconds per transfer.
     link_bandwidth: bytes per second (`inf`: free).
+    link_per_array: seconds per array of a message beyond its first (an executor that
+      serializes and rebuilds each array of a message on its own: the process executor's
+      moves, measured in its host profile; 0: a message costs its bytes alone).
     straggler_std: σ of the log-normal straggler factor (0: none).
     seed: seeds the straggler noise.
     dispatch: seconds of host overhead added to every compute task (not to transfers).
@@ -52,6 +56,7 @@ class CostModel:
   device_speeds: Sequence[float] = ()
   link_latency: float = 0.0
   link_bandwidth: float = math.inf
+  link_per_array: float = 0.0
   straggler_std: float = 0.0
   seed: int = 0
   dispatch: float = 0.0
@@ -78,7 +83,7 @@ class CostModel:
       raise ValueError(
         f'cost.dispatch: must be a finite number of seconds >= 0, got {self.dispatch!r}.'
       )
-    for field in ('driver', 'driver_latency'):
+    for field in ('driver', 'driver_latency', 'link_per_array'):
       value = getattr(self, field)
       if (
         isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf
@@ -99,8 +104,9 @@ class CostModel:
       f'one (per stage or for every stage) or set cost.calibrate=True.'
     )
 
-  def transfer_time(self, nbytes: int) -> float:
-    return self.link_latency + nbytes / self.link_bandwidth
+  def transfer_time(self, nbytes: int, arrays: int = 1) -> float:
+    extra_arrays = max(arrays - 1, 0)
+    return self.link_latency + extra_arrays * self.link_per_array + nbytes / self.link_bandwidth
 
   def speed(self, lane: int) -> float:
     return self.device_speeds[lane] if lane < len(self.device_speeds) else 1.0
@@ -117,9 +123,11 @@ class CostSampler:
     self._rngs: dict[int, np.random.Generator] = {}
     self._seconds: dict[tuple, float] = {}  # (kind, stage, lane) -> base / speed
 
-  def duration(self, kind: str, stage: int | None, lane: int, nbytes: int = 0) -> float:
+  def duration(
+    self, kind: str, stage: int | None, lane: int, nbytes: int = 0, arrays: int = 1
+  ) -> float:
     if kind == TRANSFER:
-      return self.model.transfer_time(nbytes)
+      return self.model.transfer_time(nbytes, arrays)
     key = (kind, stage, lane)
     seconds = self._seconds.get(key)
     if seconds is None:

@@ -43,7 +43,7 @@ model is SimPy's `Environment` and its real-time subclass, which overrides only
   real clock delivers a value already on the channel's device in place.
 - `message_bytes(value)`: the bytes a transfer moves, for its record (default 0; the
   process executor counts its handles' bytes).
-- `transfer_call(value, channel)`: `(fn, args, nbytes)` of a transfer's task (default
+- `transfer_call(value, channel)`: `(fn, args, nbytes, arrays)` of a transfer's task (default
   `copy_for_send` and `message_bytes`); the virtual clock, which prices a link by its
   bytes, flattens the message once for both.
 - `begin()`: resets the clock's state at the start of a run; `now()`: seconds since
@@ -176,8 +176,8 @@ class Executor:
       self.deliver(channel, op.value)
       return
     link = self.cluster.link(process.lane, channel.lane)
-    fn, args, nbytes = self.transfer_call(op.value, channel)
-    copy = Compute(fn, args, kind=TRANSFER, batch=op.batch, lane=link, nbytes=nbytes)
+    fn, args, nbytes, arrays = self.transfer_call(op.value, channel)
+    copy = Compute(fn, args, TRANSFER, batch=op.batch, lane=link, nbytes=nbytes, arrays=arrays)
     transfer_state = LoopState(copy=copy, channel=channel)
     self.spawn(Process.resumable(f'transfer to {channel.name}', link, _transfer, transfer_state))
 
@@ -219,8 +219,9 @@ class Executor:
     return transfer.to_device(value, channel.device)
 
   def transfer_call(self, value, channel: Channel) -> tuple:
-    """`(fn, args, nbytes)` of the transfer task a `Send` of `value` to `channel` runs."""
-    return self.copy_for_send, (value, channel), self.message_bytes(value)
+    """`(fn, args, nbytes, arrays)` of the transfer task a `Send` of `value` to `channel`
+    runs (its bytes and arrays price it on the virtual clock; 0 and 1 elsewhere)."""
+    return self.copy_for_send, (value, channel), self.message_bytes(value), 1
 
   def message_bytes(self, value) -> int:
     del value

@@ -17,7 +17,7 @@ File format (JSON, `FORMAT`; seconds and bytes/s):
      "dispatch": 5e-4, "dispatch_loaded": 7.5e-4,
      "driver": 3e-5, "driver_latency": 3.8e-4,
      "driver_loaded": 4e-5, "driver_latency_loaded": 1.2e-3,
-     "link_latency": 1.5e-3, "link_bandwidth": 1.0e9}
+     "link_latency": 1.5e-3, "link_bandwidth": 1.0e9, "link_per_array": 8e-5}
 
 What each figure is, and how the virtual clock uses it (`SimulatedHost`):
 
@@ -29,8 +29,11 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
                   copy dispatched, a task's end heard), simulated as one FIFO resource;
   driver_latency  and each message's way between the driver and a lane.
   link_*          'processes': a move of a new value between two lane processes
-                  (`lane_timing.measure_process_links`); the run's links unless
-                  `cost.link_latency` / `cost.link_bandwidth` describe others.
+                  (`lane_timing.measure_process_links`): latency and bandwidth of a
+                  one-array message, and the time each further array of a message
+                  adds (a lane process exports and takes in a message array by array);
+                  the run's links unless `cost.link_latency` / `cost.link_bandwidth`
+                  describe others.
   *_loaded        the same figures measured with a busy lane on every core; they apply
                   where the run's compute lanes take every core of the host (as many
                   lanes as `cores`), so the driver and Ray run only when they preempt one.
@@ -67,6 +70,7 @@ FIGURES = {
     'driver_latency_loaded',
     'link_latency',
     'link_bandwidth',
+    'link_per_array',
   ),
 }
 _ABOUT = ('format', 'executor', 'cores', 'platform', 'jax_version', 'date')
@@ -102,7 +106,8 @@ class SimulatedHost:
     driver, driver_latency: the process executor's driver (0: none).
     copies_on_sender: a copy occupies the sending lane's hardware.
     time_sliced: lanes placed on the same cores share them in time slices.
-    link: `(latency, bandwidth)` of the executor's moves between lanes, or None.
+    link: `(latency, bandwidth, seconds per array beyond a message's first)` of the
+      executor's moves between lanes, or None.
   """
 
   run_ahead: bool = False
@@ -111,7 +116,7 @@ class SimulatedHost:
   driver_latency: float = 0.0
   copies_on_sender: bool = False
   time_sliced: bool = False
-  link: tuple[float, float] | None = None
+  link: tuple[float, float, float] | None = None
 
 
 def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
@@ -129,7 +134,7 @@ def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
     driver_latency=profile.figure('driver_latency' + loaded),
     copies_on_sender=True,
     time_sliced=True,
-    link=(profile.figure('link_latency'), profile.figure('link_bandwidth')),
+    link=tuple(profile.figure(f'link_{f}') for f in ('latency', 'bandwidth', 'per_array')),
   )
 
 
@@ -210,6 +215,11 @@ def from_json(data, where: str) -> HostProfile:
   figures = {}
   for name in FIGURES[executor]:
     value = data.get(name)
+    if value is None:
+      raise HostProfileError(
+        f'{where}: no {name} (written by an older jaxsgd?); measure the host again: '
+        f'python -m experiments.profile --host={executor} --out=FILE.'
+      )
     positive = name == 'link_bandwidth'
     if (
       isinstance(value, bool)

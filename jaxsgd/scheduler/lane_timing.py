@@ -14,8 +14,9 @@ by `python -m experiments.profile --host=EXECUTOR`, `experiments.profile.measure
 - `measure_loaded_driver`: the same two with a busy lane on every core
   (`driver_loaded`, `driver_latency_loaded`);
 - `measure_process_links`: the latency and bandwidth of a move between two lane
-  processes (`link_latency`, `link_bandwidth`; `cost.link_latency` and
-  `cost.link_bandwidth` describe other links).
+  processes and what each further array of a message adds (`link_latency`,
+  `link_bandwidth`, `link_per_array`; `cost.link_latency` and `cost.link_bandwidth`
+  describe other links).
 
 The rule: each figure is what a run pays, measured the way a run pays it — a chain of
 named tasks (`dispatch_tasks`, built by the lane processes themselves) through the very
@@ -42,7 +43,7 @@ def dispatch_tasks() -> dict[str, Callable]:
   build it themselves): a 4-byte add."""
   return {
     'add_one': jax.jit(lambda x: x + 1),
-    'first': jax.jit(lambda x: x.reshape(-1)[0]),
+    'first': jax.jit(lambda x: jax.tree.leaves(x)[0].reshape(-1)[0]),  # any pytree
     'busy': jax.jit(_busy),
   }
 
@@ -282,31 +283,36 @@ def measure_process_links(
   cores: Sequence[int] = (0, 1),
   address: str | None = None,
   sizes: Sequence[int] = (1 << 16, 1 << 24),
+  arrays: int = 64,
   reps: int = 21,
   warmup: int = 3,
-) -> tuple[float, float]:
-  """`(latency s, bandwidth B/s)` of a move between two lane processes (`LanePool.move`,
-  Ray's object store), pinned to `cores[0]` and `cores[1]`: for each size, `reps` pairs
-  of calls, one of a task on the second lane that needs a new value of that size moved
-  there from the first, and one of the same task on an array already there, alternated
-  (and the sizes interleaved); the median over the pairs of their difference; then the
-  line through the two sizes (`link_line`).
+) -> tuple[float, float, float]:
+  """`(latency s, bandwidth B/s, seconds per array)` of a move between two lane processes
+  (`LanePool.move`, Ray's object store), pinned to `cores[0]` and `cores[1]`: for each
+  message, `reps` pairs of calls, one of a task on the second lane that needs a new
+  message moved there from the first, and one of the same task on a message already
+  there, alternated (and the messages interleaved); the median over the pairs of their
+  difference. Latency and bandwidth are the line through one-array messages of the two
+  `sizes` (`link_line`); the time per array is what a message of `arrays` arrays of
+  `sizes[0]` bytes in all takes beyond one array of that size, per array after the first
+  (a lane process exports and takes in a message array by array: a pushed gradient of
+  a 16-layer MLP is 34 arrays).
 
   A new value every pair, because every message of a run is one (a gradient, an
   activation, the parameters after an update): its export writes a new object and its
   import makes a new array, whose memory a machine may serve at its first-touch price.
   Moving one value again and again, as this once did, measured a path the runs never
   take and ran in spells (60 moves of 16 MB in a row: 25 at ~18 ms, 25 at ~4.5 ms, then
-  ~55 ms), so the fitted bandwidth moved from 0.32 to 8.2 GB/s between measurements; a
-  new value each time gave 1.44-1.53 ms + 0.97-1.02 GB/s in three fresh clusters, and
-  the lanes' runs agree with it (docs/simulator.md). Paired and a median, because the
-  difference of two minima moved by half from one measurement to the next: the minimum of a difference is not the difference of
-  the minima."""
+  ~55 ms), so the fitted bandwidth moved from 0.32 to 8.2 GB/s between measurements.
+  Paired and a median, because the difference of two minima moved by half from one
+  measurement to the next: the minimum of a difference is not the difference of the
+  minima."""
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
   first = Task(TaskRecipe.of(dispatch_tasks), 'first')
   placement = LanePlacement.parse(f'source@cores={cores[0]}; target@cores={cores[1]}')
+  messages = [(size, 1) for size in sizes] + [(sizes[0], arrays)]  # (bytes, arrays)
   with LanePool(placement, address=address, verbose=False) as pool:
 
     def timed(value) -> float:
@@ -314,24 +320,28 @@ def measure_process_links(
       pool.run('target', first, (value,))
       return time.perf_counter() - start
 
-    def new_value(size: int, tag: int):  # put on the source lane, outside the timing
-      return pool.put('source', np.full(size // 4, tag, np.float32))
+    def new_value(size: int, count: int, tag: int):  # put on the source lane, untimed
+      return pool.put(
+        'source', tuple(np.full(size // 4 // count, tag, np.float32) for _ in range(count))
+      )
 
-    there = [pool.move(new_value(size, -1), 'target') for size in sizes]
-    for size, local in zip(sizes, there):
+    there = [pool.move(new_value(size, count, -1), 'target') for size, count in messages]
+    for (size, count), local in zip(messages, there):
       for tag in range(warmup):  # warm: compiled, the first copies taken in
-        timed(new_value(size, tag)), timed(local)
-    # The sizes interleaved, pair by pair: a slow spell of the machine slows both sizes'
-    # pairs, not one size's (which tilts the line: one run gave 9.4 GB/s, others 1.6-1.7).
-    differences = [[] for _ in sizes]
+        timed(new_value(size, count, tag)), timed(local)
+    # Interleaved, pair by pair: a slow spell of the machine slows every message's pairs,
+    # not one message's (which tilts the line: one run gave 9.4 GB/s, others 1.6-1.7).
+    differences = [[] for _ in messages]
     for tag in range(reps):
-      for size, local, measured in zip(sizes, there, differences):
-        moved = new_value(size, tag)
+      for (size, count), local, measured in zip(messages, there, differences):
+        moved = new_value(size, count, tag)
         seconds = timed(moved)
         del moved
         pool.held('target')  # its copy freed there now, not inside the next timed call
         measured.append(seconds - timed(local))
-  return link_line(sizes, [float(np.median(d)) for d in differences])
+  *one_array, many = [float(np.median(d)) for d in differences]
+  latency, bandwidth = link_line(sizes, one_array)
+  return latency, bandwidth, max(many - max(one_array[0], 0.0), 0.0) / (arrays - 1)
 
 
 def link_line(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:

@@ -155,8 +155,8 @@ class VirtualExecutor(Executor):
     leaves = jax.tree_util.tree_leaves(value)
     nbytes = transfer.leaves_nbytes(leaves) if math.isfinite(self.cost_model.link_bandwidth) else 0
     if channel.device is None or transfer.leaves_on_device(leaves, channel.device):
-      return _as_it_is, (value,), nbytes
-    return self.copy_for_send, (value, channel), nbytes
+      return _as_it_is, (value,), nbytes, len(leaves)
+    return self.copy_for_send, (value, channel), nbytes, len(leaves)
 
   # --- events and hardware ----------------------------------------------------------------
   def _at(self, time, fn, *args):
@@ -207,7 +207,7 @@ class VirtualExecutor(Executor):
     result = self._compute(queued)
     if self.notes_vjps:
       snapshot_lib.note_vjps(op.fn, op.args, result)
-    duration = self._sampler.duration(op.kind, op.stage, lane, op.nbytes)
+    duration = self._sampler.duration(op.kind, op.stage, lane, op.nbytes, op.arrays)
     self._occupy(hardware, duration, (process, op, lane, start, result, *queued[3:]))
 
   def _next_startable(self, hardware, queue: deque) -> int | None:

@@ -182,7 +182,8 @@ class LaneProcessModel(VirtualExecutor):
       nbytes = sum(a.nbytes for a, _ in arrays) if costed else 0
       copy = _Job([made.job for _, made in arrays if not made.job.done] + message)
       copy.result = ()
-      self._enqueue((None, link, Compute(None, kind=TRANSFER, lane=link, nbytes=nbytes), copy))
+      moved = Compute(None, kind=TRANSFER, lane=link, nbytes=nbytes, arrays=len(arrays))
+      self._enqueue((None, link, moved, copy))
       copies.append(copy)
     return copies
 

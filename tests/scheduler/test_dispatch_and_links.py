@@ -110,7 +110,8 @@ def test_bad_host_settings_are_refused_naming_the_field(tmp_path):
     ),
     (
       '{"format": "jaxsgd-host-profile/1", "executor": "threads", "cores": 2}',
-      r'dispatch must be seconds >= 0, got None',
+      r'no dispatch \(written by an older jaxsgd\?\); measure the host again: '
+      r'python -m experiments.profile --host=threads --out=FILE\.',
     ),
     (
       '{"format": "jaxsgd-host-profile/1", "executor": "threads", "cores": 2, "dispatch": 0,'
@@ -339,6 +340,52 @@ def test_a_send_is_priced_by_its_bytes_and_copied_only_when_not_on_the_device():
   copy = received[1]['x']
   assert isinstance(copy, jax.Array) and copy.committed and copy.devices() == {device}
   np.testing.assert_array_equal(np.asarray(copy), on_host)
+
+
+def test_a_message_pays_link_per_array_for_each_array_beyond_its_first():
+  """Lane a sends lane b one array, then three (the process executor exports and takes
+  in a message array by array): 0.5 s latency, 0.25 s per array beyond the first, bytes
+  at 4000 B/s. One array of 1000 float32: 0.5 + 4000 / 4000 = 1.5 s. Three arrays of
+  1000 + 500 + 500 float32: 0.5 + 2 × 0.25 + 8000 / 4000 = 3.0 s, after the first."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+
+  def sender():
+    yield Send(inbox, np.zeros(1000, np.float32))
+    yield Send(
+      inbox, (np.zeros(1000, np.float32), np.zeros(500, np.float32), np.zeros(500, np.float32))
+    )
+
+  def receiver():
+    yield Get(inbox)
+    yield Get(inbox)
+
+  cost = CostModel({}, link_latency=0.5, link_bandwidth=4000.0, link_per_array=0.25)
+  timeline = VirtualExecutor(cost).run(
+    cluster, [Process('a', a, sender()), Process('b', b, receiver())]
+  )
+  assert sorted((r.start, r.end) for r in timeline.tasks(kind='transfer')) == [
+    (0.0, 1.5),
+    (1.5, 4.5),
+  ]
+
+
+def test_the_process_hosts_link_per_array_reaches_the_cost_model(tmp_path):
+  """A host profile's `link_per_array` prices the run's links with its latency and
+  bandwidth; `cost.link_latency` given describes other links, which it does not."""
+  profile = host_file(tmp_path, link_latency=0.002, link_bandwidth=1e9, link_per_array=6e-5)
+  config = ddg_config.get_config()
+  config.clock, config.cost.host = 'virtual', profile
+  shared = shared_settings(config)
+  model = clocks.cost_model(shared, {'forward': 1.0}, host=clocks.simulated_host(shared, 2))
+  assert (model.link_latency, model.link_bandwidth, model.link_per_array) == (0.002, 1e9, 6e-5)
+  assert model.transfer_time(1000, arrays=34) == 0.002 + 33 * 6e-5 + 1000 / 1e9
+  config.cost.link_latency = 0.001
+  model = clocks.cost_model(
+    shared_settings(config), {'forward': 1.0}, host=clocks.simulated_host(shared, 2)
+  )
+  assert (model.link_latency, model.link_per_array) == (0.001, 0.0)
 
 
 def test_lanes_placed_on_one_core_run_one_task_at_a_time():

@@ -7,6 +7,8 @@ on another lane is first copied over the link, as a lane process imports a handl
 expected time below is computed by hand; the values are the in-order clock's, bit for bit.
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -231,6 +233,30 @@ def test_a_lane_waiting_for_its_input_leaves_a_shared_device_to_the_other_lane()
     'x': [(2.5, 3.5)],
     'y': [(0, 1)],
   }
+
+
+def test_an_import_of_several_arrays_pays_link_per_array_for_each_beyond_the_first():
+  """Lane b's task reads two arrays made on lane a (F: 0 → 1, each 1000 bytes): one copy
+  over the link imports both, 0.5 s latency + 0.25 s for the second array (free
+  bandwidth), 1 → 1.75; b's task (B) runs 1.75 → 3.75."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+
+  def on_a():
+    made = yield Compute(lambda: (_make(), _make()), kind='forward', stage=0)
+    yield Put(inbox, made)
+
+  def on_b():
+    made = yield Get(inbox)
+    yield Compute(lambda pair: pair[0] + pair[1], (made,), kind='backward', stage=0)
+
+  costs = dataclasses.replace(COSTS, link_per_array=0.25)
+  executor = LaneProcessModel(costs, run_ahead=4)
+  spans = _spans_by_lane(
+    cluster, executor.run(cluster, [Process('a', a, on_a()), Process('b', b, on_b())])
+  )
+  assert spans == {'a': [(0, 1)], 'link a → b': [(1, 1.75)], 'b': [(1.75, 3.75)]}
 
 
 def test_a_senders_copies_run_in_the_order_sent_even_when_a_later_value_is_ready():
