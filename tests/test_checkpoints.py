@@ -170,11 +170,7 @@ def test_another_config_is_refused_and_checkpoint_every_may_change(data_dir, tmp
   assert summary['final']['step'] == 60 and len(metrics(str(tmp_path))) == 3
 
 
-def test_checkpoint_every_is_refused_where_not_written(data_dir, tmp_path):
-  config = smoke_config(data_dir, checkpoint_every=10, stages=2, executor='processes')
-  refusal = "^checkpoint_every: bp writes no checkpoints with clock='real' and executor='processes'"
-  with pytest.raises(ValueError, match=refusal):
-    training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+def test_a_bad_checkpoint_every_is_refused(data_dir, tmp_path):
   with pytest.raises(ValueError, match='^checkpoint_every: must be an integer >= 0'):
     training.train_and_evaluate(
       smoke_config(data_dir, checkpoint_every=-1), str(tmp_path), show_progress=False

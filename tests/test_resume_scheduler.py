@@ -16,6 +16,7 @@ import os
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import psutil
 import pytest
 
 from experiments.configs import default
@@ -26,7 +27,8 @@ from jaxsgd.scheduler import snapshot
 from jaxsgd.scheduler.real import RealExecutor, ThreadedExecutor
 from jaxsgd.training import checkpoints
 
-from test_checkpoints import _sigterm_at, assert_same_final_states, metrics, whole_and_crashed
+from test_checkpoints import Crash, _sigterm_at, assert_same_final_states, crash_at, metrics
+from test_checkpoints import whole_and_crashed
 
 
 def virtual_config(data_dir, name: str, **overrides):
@@ -238,13 +240,72 @@ def test_asynchronous_workers_on_real_threads_resume_from_a_drained_point(
     assert json.load(f)['final']['step'] == config.train_steps
 
 
-def test_lane_processes_refuse_checkpoints(data_dir, tmp_path):
-  config = real_config(data_dir, 'asgd', workers=2, checkpoint_every=5, executor='processes')
-  refusal = (
-    "^checkpoint_every: asgd writes no checkpoints with clock='real' and executor='processes'"
-  )
-  with pytest.raises(ValueError, match=refusal):
-    training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+# --- lane processes (`executor='processes'`) ------------------------------------------------
+def lanes_config(data_dir, name: str, **overrides):
+  """`real_config` on lane processes: every lane an OS process of its own."""
+  return real_config(data_dir, name, executor='processes', **overrides)
+
+
+def lane_processes_left() -> list:
+  """This test process's descendants that are lane processes (`LaneRuntime` actors) or
+  the Ray cluster a run started: none once a run has ended, however it ended."""
+  left = []
+  for child in psutil.Process().children(recursive=True):
+    try:
+      command = ' '.join(child.cmdline())
+      if child.status() != psutil.STATUS_ZOMBIE and ('ray' in command or 'LaneRuntime' in command):
+        left.append(command[:80])
+    except psutil.NoSuchProcess:
+      pass
+  return left
+
+
+def test_ddg_on_lane_processes_saves_on_sigterm_and_resumes_bit_for_bit(
+  data_dir, tmp_path, monkeypatch
+):
+  """SIGTERM at step 9 of a DDG K=2 run on lane processes (saving only at its end): the run
+  drains its lanes, saves step 9 (the lanes' values exported by their lanes), exits
+  with `Preempted`, and ends every lane process; the same command resumes it and ends
+  exactly as the uninterrupted run: the last step's metrics and every array of the last
+  checkpoint but the wall-time columns. (Not the metrics of earlier evaluations: the
+  driver runs ahead of the lanes as far as the lanes' pace lets it, so how many of the
+  first stage's updates an evaluation at step 8 sees is real time's, on any two runs.)"""
+  config = lanes_config(data_dir, 'ddg', stages=2, checkpoint_every=24)  # and the last step
+  whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
+  training.train_and_evaluate(config, whole, show_progress=False)
+  with monkeypatch.context() as patch:
+    _sigterm_at(patch, 9)
+    with pytest.raises(errors.Preempted, match='checkpoint of step 9'):
+      training.train_and_evaluate(config, broken, show_progress=False)
+  assert lane_processes_left() == []
+  assert checkpoints.latest_meta(broken)['step'] == 9
+  training.train_and_evaluate(config, broken, show_progress=False)
+  assert [r['step'] for r in metrics(broken)] == [8, 16, 24]
+  assert metrics(broken)[-1] == metrics(whole)[-1]
+  assert_same_final_model(whole, broken, config.train_steps, at_least=2 * 32 * 32)
+  assert lane_processes_left() == []
+
+
+def test_asgd_on_lane_processes_resumes_from_its_checkpoint_to_the_end(
+  data_dir, tmp_path, monkeypatch
+):
+  """Two ASGD workers on lane processes, checkpoint_every=5, the driver crashed at step
+  13: saved at step 10 (the server's parameters and Adam's state, each worker's pulled
+  copy, the messages on their way, all exported by their lanes); the resumed run trains
+  from there to step 24 and reports the steps an uninterrupted run reports. The workers'
+  order is real time's, so it is another run from the checkpoint on."""
+  config = lanes_config(data_dir, 'asgd', workers=2, checkpoint_every=5)
+  broken = str(tmp_path / 'broken')
+  with monkeypatch.context() as patch:
+    crash_at(patch, 13)
+    with pytest.raises(Crash):
+      training.train_and_evaluate(config, broken, show_progress=False)
+  assert lane_processes_left() == []
+  assert checkpoints.latest_meta(broken)['step'] == 10
+  summary = training.train_and_evaluate(config, broken, show_progress=False)
+  assert summary['final']['step'] == config.train_steps
+  assert [r['step'] for r in metrics(broken)] == [8, 16, 24]
+  assert lane_processes_left() == []
 
 
 @pytest.mark.parametrize(

@@ -265,6 +265,18 @@ def cost_table(executor) -> dict | None:
   return None if model is None else dict(model.compute)
 
 
+def executor_summary(executor) -> dict:
+  """What the executor adds to `summary.json`: lane processes' lanes lost and tolerated
+  (`lost_lanes`) and how long each checkpoint held the run (`checkpoint_pauses_ms`: from
+  the drain's start to the driver going on, the save included)."""
+  summary = {}
+  if getattr(executor, 'lost', None):
+    summary['lost_lanes'] = [dataclasses.asdict(lost) for lost in executor.lost]
+  if getattr(executor, 'pauses', None):
+    summary['checkpoint_pauses_ms'] = [round(1e3 * pause, 1) for pause in executor.pauses]
+  return summary
+
+
 def placement(shared: SharedSettings, num_stages: int) -> Placement:
   """Stage k's device, from `config.placement` (checked by `shared_settings`)."""
   devices = jax.devices()

@@ -145,4 +145,5 @@ def train_roles(
     cost_table=clocks.cost_table(executor),
     epochs=batches.epoch,
     title=title,
+    extra=clocks.executor_summary(executor),
   )

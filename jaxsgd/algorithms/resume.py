@@ -2,8 +2,10 @@
 
 On the virtual clock the state is taken between any two events; on the in-process real
 clock at a drained point: once every dispatched task has finished (one thread), or
-once every worker thread has stopped between two ops (`scheduler.real`). All save it in
-the same form.
+once every worker thread has stopped between two ops (`scheduler.real`); on lane
+processes once every dispatched task has finished and every copy landed
+(`scheduler.process`, whose lanes' values are saved through their `Handle`s). All save
+it in the same form.
 
     checkpoints = SimulationCheckpoints(run, executor, session, processes, streams, progress)
     resume = checkpoints.restore()        # None, or the executor's saved state (the
@@ -50,6 +52,11 @@ class SimulationCheckpoints:
     self._checked = 0  # Steps asked about so far.
     executor.notes_vjps = True
     executor.between_events = self._between_events
+    if hasattr(executor, 'on_sigterm') and run.preemption is not None:
+      executor.on_sigterm = self._preempt  # lane processes: SIGTERM saves, then stops
+
+  def _preempt(self) -> None:
+    self.run.preemption.requested = True
 
   def restore(self) -> dict | None:
     """Loads the session's saved state and returns the executor's (None: start afresh)."""

@@ -521,9 +521,9 @@ class SharedSettings:
   @property
   def saves_whole_run(self) -> bool:
     """Whether a scheduler run can checkpoint its whole state: the virtual clock between
-    any two events, the in-process real clock at a drained point (`scheduler.real`);
-    lane processes cannot."""
-    return self.virtual or self.executor == 'in_process'
+    any two events, the real clock at a drained point, in this process
+    (`scheduler.real`) or on lane processes (`scheduler.process`)."""
+    return True
 
   @property
   def cost_seed(self) -> int:

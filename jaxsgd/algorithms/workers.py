@@ -1,7 +1,6 @@
 """What the asynchronous algorithms (`asgd`, `dcasgd`, `lppsgd`, `pdasgd`) share: the
 checks of a worker run, and running a session of `jaxsgd.asynchronous` to its summary."""
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -136,9 +135,7 @@ def train_session(
       f'steps: the workers that could go on failed or were lost '
       f'({log.summary()["failed_workers"] + log.summary()["lost_workers"]}).'
     )
-  summary = {**extra(session), **log.summary()}
-  if getattr(executor, 'lost', None):  # lanes lost and tolerated (executor='processes')
-    summary['lost_lanes'] = [dataclasses.asdict(lost) for lost in executor.lost]
+  summary = {**extra(session), **log.summary(), **clocks.executor_summary(executor)}
   if measured:
     summary['backward_forward_ratio'] = common.backward_forward_ratio(measured)
     logging.info(

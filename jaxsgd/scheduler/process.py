@@ -63,12 +63,27 @@ order dispatched). Emulated tasks wait rather than compute, so lanes need no cor
 their own: K lanes run on fewer cores, and the run measures the schedule and the
 executor (the driver, Ray, the copies) against the virtual clock's model of them.
 
+Checkpoints: `between_events` (if set, `algorithms.resume`) is called after every op
+the driver dispatches, as on the in-process real clock. There the run is saved at a
+*drained point*: `snapshot()` first waits until every dispatched task has finished and
+every copy has landed (the processes they resume are queued, not advanced), so what is
+left is data — the processes' `LoopState`s, the queue of processes ready to go on (with
+the values they go on with), channel items and waiters, the timeline, the wall time —
+and `Handle`s, which `scheduler.snapshot` saves as their values, exported by their
+lanes, and puts back on the same lanes when `run(..., resume=...)` goes on from it. The
+driver's order depends only on the programs and on which task ends first, so a
+deterministic schedule (staged BP, DDG, local) resumes bit-identical to an
+uninterrupted run, as on the other clocks.
+
 Signals: Ctrl-C or SIGTERM of the driver ends the run and every lane process (and the
-Ray cluster the run started) within seconds; after SIGTERM `run` raises
-`errors.Preempted` (the binary exits with 143: these runs keep no checkpoint).
+Ray cluster the run started) within seconds. A run that checkpoints saves first on
+SIGTERM: at its next drained point, after which `Run.maybe_save` raises
+`errors.Preempted` (exit 143) and the same command resumes it; one that does not
+raises `errors.Preempted` at once.
 """
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import time
@@ -81,6 +96,7 @@ from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process, Send
 from jaxsgd.scheduler.costs import CostModel
 from jaxsgd.scheduler.executor import RUN_AHEAD, Executor
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, sigterm_received
+from jaxsgd.scheduler.lanes.pool import saving_on_sigterm
 from jaxsgd.scheduler.placement import lane_name
 from jaxsgd.scheduler.tasks import Task
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
@@ -112,6 +128,7 @@ class ProcessExecutor(Executor):
   """
 
   clock = 'real (processes)'
+  handle_type = Handle  # the run's values in lanes: a checkpoint saves them (`snapshot`)
 
   def __init__(
     self,
@@ -134,19 +151,26 @@ class ProcessExecutor(Executor):
     self.dispatch_seconds = 0.0  # host time spent starting tasks (for benchmarks)
     self.dispatched = 0
     self.lost: list[LostLane] = []
+    self.between_events = None  # called after every op dispatched (checkpoints)
+    self.notes_vjps = False  # (the lanes keep what made each value: `LanePool.save`)
+    self.on_sigterm = None  # with checkpoints: SIGTERM asks for a save, then a stop
+    self.pauses: list[float] = []  # seconds each checkpoint's drain and save held the run
 
   # --- the lanes ---------------------------------------------------------------------------
   def run(
     self, cluster: Cluster, processes: list[Process], *, resume: dict | None = None
   ) -> Timeline:
-    """As `Executor.run` (which refuses a `resume`: lane runs keep no checkpoint); the
+    """As `Executor.run` (`resume`: a decoded `snapshot()`, module docstring); the
     lane processes are ended if it raises (else by `close`). The timeline's lane names
     (trace rows, `utilization` keys) are not the cluster's: each names the device its
     lane process ran on, the lane and its host, `stage 0 (stage0: cuda:0 on 10.0.0.2)`
     where the cluster has `stage 0 (cpu:0)` (`_lane_labels`)."""
     try:
       self._lane_names = self._map_lanes(cluster)
-      timeline = super().run(cluster, processes, resume=resume)
+      with contextlib.ExitStack() as stack:
+        if self.on_sigterm is not None:
+          stack.enter_context(saving_on_sigterm(self.on_sigterm))
+        timeline = super().run(cluster, processes, resume=resume)
       timeline.lane_names = self._lane_labels(cluster)
       return timeline
     except BaseException as error:
@@ -156,8 +180,9 @@ class ProcessExecutor(Executor):
       self.close()
       if isinstance(error, KeyboardInterrupt) and sigterm_received():
         raise Preempted(
-          'SIGTERM: stopped; every lane process was ended. Runs on lane processes '
-          'write no checkpoints, so running the command again starts over.'
+          'SIGTERM: stopped; every lane process was ended. This run writes no '
+          'checkpoints (checkpoint_every=0 and no save was asked for), so running the '
+          'command again starts over.'
         ) from None
       raise
 
@@ -171,6 +196,8 @@ class ProcessExecutor(Executor):
     names = {i: lane_name(spec.name) for i, spec in enumerate(cluster.lanes) if spec.link is None}
     if len(set(names.values())) != len(names):
       names = {i: f'{name}.{i}' for i, name in names.items()}
+    if self.pool is not None and getattr(self, '_lane_names', None) == names:
+      return names  # opened already, for a resumed run's values (`restore_handle`)
     if self.pool is None:
       placement = self.placement or LanePlacement.spread(names.values())
       placement.check_run(list(names.values()), every_lane=True)
@@ -223,7 +250,10 @@ class ProcessExecutor(Executor):
     }
 
   def execute(self) -> None:
-    self._ready.extend((p, None) for p in self.processes)
+    if self._resume is not None:
+      self._ready.extend(self._load(self._resume))
+    else:
+      self._ready.extend((p, None) for p in self.processes)
     while self.failure is None:
       self._advance_ready()
       try:
@@ -239,13 +269,17 @@ class ProcessExecutor(Executor):
         continue
       if finished is None:
         continue
-      process, lane, op = self._pending.pop(finished)
-      start, end = finished.started - self._t0, finished.ended - self._t0
-      self.record(TaskRecord(lane, op.kind, start, end, op.stage, op.batch, heard=self.now()))
-      if finished in self._resumed:
-        self._resumed.discard(finished)
-      else:
-        self.task_finished(process, _driver_view(finished.result()))
+      self._finished(finished)
+
+  def _finished(self, finished) -> None:
+    """Records a task `wait_any` returned and resumes its process (unless it ran ahead)."""
+    process, lane, op = self._pending.pop(finished)
+    start, end = finished.started - self._t0, finished.ended - self._t0
+    self.record(TaskRecord(lane, op.kind, start, end, op.stage, op.batch, heard=self.now()))
+    if finished in self._resumed:
+      self._resumed.discard(finished)
+    else:
+      self.task_finished(process, _driver_view(finished.result()))
 
   def _record_copies(self, final: bool = False) -> None:
     """Records each copy whose exports are done, from when its value existed on the
@@ -278,8 +312,13 @@ class ProcessExecutor(Executor):
     passed tokens forever while the update that would end the run waited, unheard, for
     its lane (and the forward lane filled with unused passes)."""
     deadline = time.monotonic() + _HEAR_LANES_S
-    while self._ready:
+    while self._ready and self.failure is None:
       self.advance(*self._ready.popleft())
+      if self.between_events is not None:
+        self._drained_at = None
+        self.between_events()
+        if self._drained_at is not None:  # a checkpoint was taken: drained, then saved
+          self.pauses.append(time.perf_counter() - self._drained_at)
       if self._pending and time.monotonic() > deadline:
         return
 
@@ -327,6 +366,47 @@ class ProcessExecutor(Executor):
     if op.channel.lane in self._lost_lanes:
       return  # nobody is left to read it
     super().send(process, op)
+
+  # --- checkpoints at a drained point (module docstring) -----------------------------------
+  def snapshot(self) -> dict:
+    """The run between two ops, once every dispatched task has finished and every copy
+    landed, in the in-process real clock's form (`RealExecutor.snapshot`)."""
+    began = time.perf_counter()
+    while self._pending:
+      self._finished(self.pool.wait_any(list(self._pending)))
+    self.pool.settle()
+    self._record_copies(final=True)
+    events = [(0.0, order, 'advance', p, value) for order, (p, value) in enumerate(self._ready)]
+    live = [*self.policy_processes, *(p for p, _ in self._ready)]
+    self._drained_at = began
+    return {'now': self.now(), 'events': events, **self.save_processes(live)}
+
+  def save_handles(self, handles: list) -> list:
+    """Each handle's value, exported by its lane (`LanePool.save`; `scheduler.snapshot`)."""
+    return self.pool.save(handles)
+
+  def restore_handle(self, cluster: Cluster, lane: str, payload: tuple) -> Handle:
+    """A saved value put back on lane `lane` (a resumed run's: `scheduler.snapshot`)."""
+    if self.pool is None or getattr(self, '_lane_names', None) is None:
+      self._lane_names = self._map_lanes(cluster)
+    return self.pool.restore(lane, payload)
+
+  def _load(self, saved: dict) -> list:
+    """Puts the processes and channels `snapshot()` saved back (the wall clock goes on
+    from its time); returns the `(process, value)` pairs that go on, in saved order."""
+    if saved.get('queued') or any(kind != 'advance' for _, _, kind, *_ in saved['events']):
+      raise ValueError(
+        'checkpoint: saved with tasks in flight (the virtual clock); lane processes '
+        'resume from a drained point only.'
+      )
+    self._t0 = time.time() - saved['now']
+    pending = self.load_processes(saved)
+    ready = []
+    for _, _, _, process, value in saved['events']:
+      pending.pop(process, None)  # its op was dispatched: it goes on with the value
+      ready.append((process, value))
+    self.load_channels(saved, pending)
+    return ready
 
   # --- lost workers -----------------------------------------------------------------------
   def _lose(self, error: LaneError) -> None:

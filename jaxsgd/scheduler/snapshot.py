@@ -21,6 +21,11 @@ its tree structure by `jax.eval_shape` of that task at the same argument shapes 
 same trace, so the same residual order) and puts the saved residuals in. The executor
 records which task made each vjp structure (`note_vjps`) while checkpoints are on.
 
+On lane processes (`process.ProcessExecutor`) values live in the lanes and the run
+holds `Handle`s: each is saved as its value, exported by its lane (its arrays, and its
+structure, or the task that made it where that does not pickle: a vjp), with the lane's
+name (`state['handles']`); `decode` puts each back on its lane (`LanePool.restore`).
+
 The structure is a pickle (`state['structure']`, bytes as a uint8 array): a checkpoint
 is as trusted as the code that reads it.
 """
@@ -95,6 +100,9 @@ class _Saver(pickle.Pickler):
     self._processes = {id(p): i for i, p in enumerate(processes)}
     self._initial = {id(p) for p in executor.policy_processes}
     self._process_list = processes
+    self._handle_type = getattr(executor, 'handle_type', None)  # lane processes' values
+    self.handles: list = []
+    self._handle_index: dict[int, int] = {}
 
   def _array(self, array) -> int:
     key = id(array)
@@ -105,6 +113,12 @@ class _Saver(pickle.Pickler):
     return self._array_index[key]
 
   def persistent_id(self, obj):  # pylint: disable=too-many-return-statements
+    if self._handle_type is not None and isinstance(obj, self._handle_type):
+      if id(obj) not in self._handle_index:
+        self._handle_index[id(obj)] = len(self.handles)
+        self.handles.append(obj)
+        self._keep.append(obj)
+      return ('handle', self._handle_index[id(obj)])
     if isinstance(obj, jax.Array):
       if jax.dtypes.issubdtype(obj.dtype, jax.dtypes.prng_key):
         raise NotResumableError('checkpoint: typed PRNG keys in the run state are not saved.')
@@ -155,14 +169,22 @@ def encode(data: Any, executor, processes: list[Process]) -> dict:
       f'checkpoint: the run state cannot be saved (are its tasks named, scheduler.tasks.Task?): {e}'
     ) from e
   structure = np.frombuffer(buffer.getvalue(), np.uint8).copy()
-  return {'structure': structure, 'arrays': {str(i): a for i, a in enumerate(saver.arrays)}}
+  state = {'structure': structure}
+  if saver.handles:  # their values, exported by their lanes (all at once)
+    saved = []
+    for handle, (kind, leaves) in zip(saver.handles, executor.save_handles(saver.handles)):
+      saved.append((handle.lane, kind, [saver._array(np.asarray(leaf)) for leaf in leaves]))  # pylint: disable=protected-access
+    state['handles'] = np.frombuffer(pickle.dumps(saved), np.uint8).copy()
+  state['arrays'] = {str(i): a for i, a in enumerate(saver.arrays)}
+  return state
 
 
 # --- restoring -------------------------------------------------------------------------------
 class _Loader(pickle.Unpickler):
-  def __init__(self, file, arrays: dict, executor, cluster, processes, transfer_start):
+  def __init__(self, file, arrays: dict, executor, cluster, processes, transfer_start, handles=()):
     super().__init__(file)
     self._arrays = arrays
+    self._handles = handles  # (lane, structure, array indices) of each saved handle
     self._executor = executor
     self._cluster = cluster
     self._initial = list(processes)
@@ -186,6 +208,13 @@ class _Loader(pickle.Unpickler):
       if pid[1] not in self._loaded:
         self._loaded[pid[1]] = np.asarray(self._arrays[str(pid[1])])
       return self._loaded[pid[1]]
+    if kind == 'handle':  # put back on its lane, once however often it is referenced
+      key = ('handle', pid[1])
+      if key not in self._loaded:
+        lane, structure, indices = self._handles[pid[1]]
+        leaves = [np.asarray(self._arrays[str(i)]) for i in indices]
+        self._loaded[key] = self._executor.restore_handle(self._cluster, lane, (structure, leaves))
+      return self._loaded[key]
     if kind == 'vjp':
       _, fn, shapes, index, leaves = pid
       return jax.tree.unflatten(
@@ -241,7 +270,12 @@ def decode(state: dict, executor, cluster: Cluster, processes: list[Process]) ->
   from jaxsgd.scheduler.executor import _transfer  # pylint: disable=g-import-not-at-top
 
   structure = np.asarray(state['structure'], np.uint8).tobytes()
-  loader = _Loader(io.BytesIO(structure), state['arrays'], executor, cluster, processes, _transfer)
+  handles = (
+    pickle.loads(np.asarray(state['handles'], np.uint8).tobytes()) if 'handles' in state else ()
+  )
+  loader = _Loader(
+    io.BytesIO(structure), state['arrays'], executor, cluster, processes, _transfer, handles
+  )
   return loader.load()
 
 

@@ -201,11 +201,6 @@ def train_and_evaluate(
   return run.finish(extra)
 
 
-def _on_processes(settings) -> str:
-  executor = getattr(getattr(settings, 'shared', None), 'executor', 'in_process')
-  return f' and executor={executor!r}' if executor != 'in_process' else ''
-
-
 def _checkpointer(config, settings, workdir: str) -> checkpoints.Checkpointer | None:
   """The run's checkpoints, if its algorithm writes them (`Settings.resumable`); refuses
   `checkpoint_every > 0` for one that does not."""
@@ -213,10 +208,8 @@ def _checkpointer(config, settings, workdir: str) -> checkpoints.Checkpointer | 
   if not getattr(settings, 'resumable', False):
     if every:
       raise ValueError(
-        f'checkpoint_every: {config.algorithm.name} writes no checkpoints with clock='
-        f'{config.clock!r}{_on_processes(settings)} (the fused bp and the data-parallel '
-        "methods do, every scheduler family with clock='virtual', and staged bp, ddg and "
-        "local with clock='real' in one process); use checkpoint_every=0."
+        f'checkpoint_every: {config.algorithm.name} writes no checkpoints (its '
+        'Settings.resumable is False); use checkpoint_every=0.'
       )
     return None
   return checkpoints.Checkpointer(workdir, every=every, last=settings.shared.train_steps)

@@ -313,6 +313,25 @@ class LanePool:
     ref = self._actor(handle.lane).fetch.remote(handle.key, self._take_freed(handle.lane), imports)
     return self._get(handle.lane, ref)
 
+  def save(self, handles: Sequence[Handle]) -> list[tuple]:
+    """Each handle's value as `(structure, [numpy leaves])`, the form a lane exports and
+    `restore` takes back (a checkpoint: `scheduler.snapshot`). The exports run at once,
+    one per handle, each in its lane's export thread; a copy not yet taken in by its
+    lane is taken in first."""
+    payloads = []
+    for handle in handles:
+      imports = self._take_imports(handle.lane, [handle])
+      export = self._actor(handle.lane).export.options(concurrency_group=EXPORT_GROUP)
+      payloads.append((handle.lane, export.remote(handle.key, (), imports)[1]))
+    return [self._get(lane, ref) for lane, ref in payloads]
+
+  def restore(self, lane: str, payload: tuple) -> Handle:
+    """A handle to `payload` (`save`'s form) kept on `lane` again (a resumed run)."""
+    key = (next(self._keys), ())
+    ref = self._actor(lane).adopt.remote(payload, key, self._take_freed(lane))
+    nbytes, description = self._get(lane, ref)
+    return Handle(self, lane, key, nbytes, description)
+
   def move(self, value, lane: str, *, landed: bool = False, exports: list | None = None):
     """`value` with every handle in it replaced by a handle to a copy on `lane`.
 
@@ -751,6 +770,7 @@ class _StopSignals:
   sigterm = False  # SIGTERM arrived while a pool was open
   stopped = False  # SIGTERM or Ctrl-C arrived while a pool was open
   closing = False
+  on_sigterm = None  # `saving_on_sigterm`
 
   @classmethod
   def current(cls) -> dict:
@@ -782,10 +802,25 @@ class _StopSignals:
   @classmethod
   def _stop(cls, signum, frame):
     del frame
+    if signum == signal.SIGTERM and cls.on_sigterm is not None:
+      cls.on_sigterm()  # the run saves a checkpoint at its next drained point, then stops
+      return
     cls.stopped = True
     cls.sigterm = cls.sigterm or signum == signal.SIGTERM
     if not cls.closing:
       raise KeyboardInterrupt(f'signal {signum}')
+
+  @classmethod
+  @contextlib.contextmanager
+  def saving_on_sigterm(cls, request_save):
+    """Within: SIGTERM calls `request_save()` instead of stopping the run at once (a run
+    that checkpoints saves at its next drained point and stops there). Ctrl-C still
+    stops it at once."""
+    cls.on_sigterm = request_save
+    try:
+      yield
+    finally:
+      cls.on_sigterm = None
 
   @classmethod
   def check(cls) -> None:
@@ -806,6 +841,11 @@ class _StopSignals:
       yield
     finally:
       cls.closing = False
+
+
+def saving_on_sigterm(request_save):
+  """Within: SIGTERM asks the run to save and stop (`_StopSignals.saving_on_sigterm`)."""
+  return _StopSignals.saving_on_sigterm(request_save)
 
 
 def sigterm_received() -> bool:
