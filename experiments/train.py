@@ -16,7 +16,8 @@ and an exit status:
        in training; its traceback is in WORKDIR/error.log
   143  SIGTERM (pre-emption): the run saved a checkpoint in WORKDIR/checkpoints and
        stopped; the same command resumes it (algorithms without checkpoints stop at
-       once). Ctrl-C stops at once, without saving.
+       once).
+  130  Ctrl-C: stopped at once, without saving (one line, no traceback).
 
 `--verbose` also prints the traceback on stderr. Under `python -m jaxsgd.launch` the
 same line is what the launcher reports for the process.
@@ -42,6 +43,7 @@ from jaxsgd.training import train_and_evaluate
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
 ERROR_LOG = 'error.log'
 # Refused before the run started (exit 2). Anything else is a failed run (exit 1).
 BAD_INPUT = (ValueError, files.WorkdirLockedError)
@@ -183,6 +185,13 @@ def main(argv):
     summary = train_and_evaluate(_CONFIG.value, workdir, overwrite=_OVERWRITE.value)
   except Preempted as e:
     fail(Preempted.EXIT_STATUS, str(e))
+  except KeyboardInterrupt as e:
+    fail(
+      EXIT_INTERRUPTED,
+      'Ctrl-C: stopped at once, the step it was in not saved; a checkpoint written '
+      'before stays, and the same command resumes from it.',
+      e,
+    )
   except Exception as e:  # pylint: disable=broad-except
     if is_bad_input(e):
       fail(EXIT_BAD_INPUT, str(e), e)

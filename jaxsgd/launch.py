@@ -8,7 +8,8 @@ CPU devices, joined into one JAX cluster (coordinator on a free local port, gloo
 collectives). What follows `--` is either
 
 * flags for `experiments.train` (it starts with `-`), or
-* `-m MODULE ARGS...`: any module, run after joining the cluster, or
+* `-m MODULE ARGS...` (or `python -m MODULE ARGS...`): any module, run after joining
+  the cluster, or
 * any other command, run as is (`python` meaning this interpreter): it must join
   the cluster itself, with `jaxsgd.spmd.initialize_from_env()`, before its first
   JAX operation (an uncaught exception then ends it at once; to fail with a status
@@ -48,7 +49,8 @@ Exit status: 0 when every process exited 0; the status of the first process that
 failed (128 + N if signal N killed it) — the first to record its failure, which is the
 cause even when a peer whose collective it broke exits before it; 124 after
 `--timeout_s`; 128 + N when the launcher got signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP); 127 when the command
-cannot be started; 2 for bad arguments.
+cannot be started; 2 for bad arguments (among them more `--processes` than this
+machine's memory holds, `PROCESS_MEMORY` each).
 """
 
 import argparse
@@ -69,6 +71,9 @@ import time
 from jaxsgd.spmd import distributed
 
 TRAIN_MODULE = 'experiments.train'
+# The memory one JAX process on the CPU takes before it holds any data (its peak
+# resident size after a first jitted op: ~200 MiB), with room for a small model's data.
+PROCESS_MEMORY = 256 << 20
 _DEVICE_FLAG = re.compile(r'--xla_force_host_platform_device_count=\S+')
 _PR_SET_PDEATHSIG = 1
 PROGRESS_EVERY_S = 10.0  # Progress-bar redraws forwarded at most this often.
@@ -157,6 +162,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def _check_args(parser, args) -> None:
   if args.processes < 1:
     parser.error(f'--processes: must be >= 1, got {args.processes}')
+  most = max_processes()
+  if args.processes > most:
+    parser.error(
+      f"--processes: {args.processes} JAX processes do not fit in this machine's "
+      f'memory (each needs ~{PROCESS_MEMORY >> 20} MiB: at most {most} here)'
+    )
   if args.devices_per_process is not None and args.devices_per_process < 1:
     parser.error(f'--devices_per_process: must be >= 1, got {args.devices_per_process}')
   total = args.num_processes or args.processes
@@ -171,9 +182,20 @@ def _check_args(parser, args) -> None:
     )
 
 
+def max_processes() -> int:
+  """How many JAX processes this machine's memory holds (`PROCESS_MEMORY` each)."""
+  try:
+    memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  except (ValueError, OSError):
+    return 1 << 30  # unknown: no limit
+  return max(1, memory // PROCESS_MEMORY)
+
+
 def child_command(command: list[str]) -> list[str]:
   """The command each process runs (see the module docstring)."""
   bootstrap = [sys.executable, '-u', '-m', 'jaxsgd.spmd.bootstrap']
+  if command[0] in ('python', 'python3') and command[1:2] == ['-m'] and len(command) > 2:
+    command = command[1:]  # `python -m MODULE ...`: a module, joined to the cluster first
   if command[0] == '-m' and len(command) > 1:
     return bootstrap + command[1:]
   if command[0].startswith('-'):

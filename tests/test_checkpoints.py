@@ -236,8 +236,10 @@ def test_ctrl_c_leaves_no_partial_checkpoint(data_dir, tmp_path):
   process = _start(data_dir, workdir, '--config.checkpoint_every=1')  # Saving all the time.
   _wait_for_training(process, workdir, _saved_checkpoints)
   process.send_signal(signal.SIGINT)
-  process.communicate(timeout=60)
-  assert process.returncode != 0
+  _, stderr = process.communicate(timeout=60)
+  assert process.returncode == 130, stderr
+  assert 'Traceback' not in stderr
+  assert stderr.strip().splitlines()[-1].startswith('error: Ctrl-C: stopped at once'), stderr
   names = os.listdir(checkpoints.directory(workdir))
   complete = checkpoints.latest_meta(workdir)  # Only complete ones are seen ...
   assert complete is not None and str(complete['step']) in names

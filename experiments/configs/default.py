@@ -40,7 +40,8 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # duration instead of computing (docs/engine.md)
   config.executor = 'in_process'
   config.cluster_address = placeholder(str)  # processes: 'host:port' of a Ray cluster
-  config.tolerate_lost_workers = False  # processes, asgd/dcasgd: go on without a lost worker
+  config.cluster_timeout_s = 30.0  # how long cluster_address may take to answer
+  config.tolerate_lost_workers = False  # processes, asgd/dcasgd: replace a lost worker's lane
   config.target_accuracy = placeholder(float)
   config.tensorboard = False
   config.placement = from_settings(PlacementSettings())

@@ -12,9 +12,11 @@ The shared fields:
     executor ('in_process' | 'processes' | 'emulated': the real clock's lanes in this
       process, or each in an OS process of its own, `scheduler/process.py`; 'emulated':
       those lane processes, each task waiting its priced duration instead of computing,
-      priced from `cost` as the virtual clock prices it), cluster_address,
+      priced from `cost` as the virtual clock prices it), cluster_address (refused if
+      nothing answers there within cluster_timeout_s seconds),
       tolerate_lost_workers (processes, asgd/dcasgd: a worker whose lane process dies
-      or raises is dropped and the run goes on; False: it stops the run)
+      or raises is replaced by a new lane process and rejoins, or dropped if none can
+      start; False: it stops the run)
     checkpoint_every (0: no periodic checkpoints)
     optimizer.{name, learning_rate, schedule, weight_decay, kwargs}  -> OptimizerSettings
     cost.{...}                                                       -> CostSettings
@@ -27,6 +29,8 @@ import dataclasses
 import difflib
 import os
 import math
+import socket
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -103,6 +107,27 @@ def number(
       bound += f' and <= {maximum}'
     raise ValueError(f'{field}: must be {bound} (a finite number), got {value!r}.')
   return float(value)
+
+
+def check_reachable(address: str, timeout: float) -> None:
+  """Refuses a `cluster_address` nobody answers at within `timeout` seconds (tried every
+  half second): Ray's own connect retries every 5 s for as long as it is left to."""
+  host, _, port = address.rpartition(':')
+  if not host or not port.isdigit():
+    raise ValueError(f"cluster_address: 'host:port' of a Ray cluster, got {address!r}.")
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      socket.create_connection((host, int(port)), timeout=min(timeout, 2.0)).close()
+      return
+    except OSError as error:
+      if time.monotonic() + 0.5 >= deadline:
+        raise ValueError(
+          f'cluster_address: nothing answers at {address} ({error.strerror or error}; '
+          f'waited {timeout:g} s, cluster_timeout_s); start the cluster there '
+          '(ray start --head --port=PORT) or leave cluster_address unset to start one here.'
+        ) from None
+      time.sleep(0.5)
 
 
 def choice(value, field: str, allowed) -> Any:
@@ -483,7 +508,7 @@ class SharedSettings:
   executor: str = 'in_process'  # the real clock: 'in_process', 'processes' or 'emulated'
   cluster_address: str | None = None  # lane processes: a Ray cluster (None: start one here)
   checkpoint_every: int = 0  # steps between checkpoints (0: none but the one SIGTERM asks for)
-  tolerate_lost_workers: bool = False  # processes: a lost worker's lane is dropped, run goes on
+  tolerate_lost_workers: bool = False  # processes: a lost worker's lane is replaced, it rejoins
 
   @property
   def virtual(self) -> bool:
@@ -550,6 +575,9 @@ def shared_settings(config) -> SharedSettings:
       "cluster_address: a Ray cluster's 'host:port', with executor='processes' or "
       f"'emulated'; got {address!r} with executor={executor!r}."
     )
+  timeout = number(config.get('cluster_timeout_s', 30.0), 'cluster_timeout_s', strict=True)
+  if address is not None:
+    check_reachable(address, timeout)
   _check_placement_for(clock, executor, dict(config.get('placement') or {}))
   placement = placement_settings(config.get('placement'), stages)
   name = config.algorithm.name

@@ -265,6 +265,12 @@ class WorkerFailed(NamedTuple):
   worker: int
 
 
+class Rejoin(NamedTuple):
+  """Worker `worker` is back (its lost lane was replaced): it waits for a pull."""
+
+  worker: int
+
+
 class AsgdSession:
   """One run: the server on lane 0, worker m on lane m + 1, their channels.
 
@@ -312,15 +318,21 @@ class AsgdSession:
   def processes(self) -> list[Process]:
     """The server and the workers, resumable: their loop variables are `LoopState`s. A
     worker's loss can be survived (`on_lost`, with `tolerate_lost_workers`)."""
-    server = LoopState(first=0, live=list(range(self.num_workers)), push=None, call=None, stop=0)
+    server = LoopState(
+      first=0, live=list(range(self.num_workers)), push=None, call=None, stop=0, rejoin=None
+    )
     workers = [
       Process.resumable(
-        f'worker {m}', 1 + m, functools.partial(self._worker, m), LoopState(k=0, failed=False)
+        f'worker {m}',
+        1 + m,
+        functools.partial(self._worker, m),
+        LoopState(k=0, failed=False, rejoining=False),
       )
       for m in range(self.num_workers)
     ]
     for m, worker in enumerate(workers):
       worker.on_lost = functools.partial(self._lost, m)
+      worker.on_rejoin = functools.partial(self._rejoin, m, worker)
     return [Process.resumable('server', 0, self._server, server)] + workers
 
   # --- the processes (see the module docstring) ------------------------------------------------
@@ -341,8 +353,18 @@ class AsgdSession:
               f'{self.steps.applied} of {self.steps.steps} steps.'
             )
           continue
-        s.push = message
-        s.call = self.server.update_call(message.worker, message.grads, message.version)
+        if isinstance(message, Rejoin):
+          s.rejoin = message.worker
+        else:
+          s.push = message
+          s.call = self.server.update_call(message.worker, message.grads, message.version)
+      if s.rejoin is not None:  # a replaced worker waits for the current parameters
+        if s.enter('rejoin reply'):
+          snapshot = self.server.pull(s.rejoin)
+          pulled = Pulled(snapshot.version, snapshot.value.params, self.model_state.read().value)
+          yield Send(self.replies[s.rejoin], pulled)
+          s.rejoin = None
+        continue
       yield from self._apply(s)
       if not self.steps.done:
         yield from self._reply(s, s.push.worker)
@@ -380,6 +402,9 @@ class AsgdSession:
   def _worker(self, m: int, s: LoopState):
     device = self.devices[1 + m]
     while not s.failed:
+      if s.rejoining and s.enter('rejoin'):  # a new lane process: ask for the parameters
+        yield Put(self.inbox, Rejoin(m))
+        s.rejoining = False
       if s.enter('pull'):
         pulled = yield Get(self.replies[m])
         if pulled is common.STOP:
@@ -433,6 +458,14 @@ class AsgdSession:
     self.model_state.load(saved['model_state'])
     self.steps.load(saved['steps'])
     self.log.load(saved['log'])
+
+  def _rejoin(self, m: int, worker: Process, reason: str) -> LoopState:
+    """Worker m's lane was replaced by a new lane process (`ProcessExecutor`): it starts
+    again from its next batch by asking the server for the current parameters (a
+    gradient it was computing is dropped, never applied); past the last step, it ends."""
+    del reason
+    k = worker.state.k if worker.state is not None else 0
+    return LoopState(k=k, failed=self.steps.done, rejoining=not self.steps.done)
 
   def _lost(self, m: int, reason: str):
     """Worker m's lane was lost (`ProcessExecutor(tolerate_lost=True)`): the server goes

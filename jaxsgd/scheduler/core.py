@@ -208,6 +208,9 @@ class Process:
   this process's lane dies or raises, closes the process and runs
   `on_lost(reason)` in its place: a generator that tells the others (`Put`s,
   no `Compute`: its lane is gone). None: losing the lane stops the run.
+  `on_rejoin(reason)`: the state a resumable process starts again from once its lost
+  lane was replaced by a new lane process (the executor tries that first; `on_lost` if
+  it cannot): an asynchronous worker that pulls the current parameters and goes on.
   """
 
   name: str
@@ -216,6 +219,7 @@ class Process:
   done: bool = False
   waiting_on: Channel | None = None  # set while blocked in Get
   on_lost: Callable[[str], Generator[Op, Any, None]] | None = None
+  on_rejoin: Callable[[str], 'LoopState'] | None = None
   state: LoopState | None = None
   start: Callable[[LoopState], Generator[Op, Any, None]] | None = None
 

@@ -44,12 +44,17 @@ the run stops, every process is closed and every lane process ended.
 
 Lost workers (`tolerate_lost=True`): a lane whose every process has an `on_lost`
 (`core.Process`: asynchronous workers) may be lost instead. When it dies or a task of
-it raises, its process is ended (`LanePool.remove`), what was pending on it or being
-copied from it is dropped, its processes are closed and each `on_lost(reason)` runs in
-its place (an ASGD worker's tells the server to stop waiting for it); messages sent to
-it later are dropped. Messages from such a lane are delivered only once their copy has
-landed (`LanePool.move(landed=True)`), so a loss never leaves half a message. Each loss
-is in `lost` (lane, host, when, why). Any other lane's failure still stops the run.
+it raises, what was pending on it or being copied from it is dropped, and a new lane
+process is started in its place (`LanePool.replace`, the same placement): its processes
+start again from their `on_rejoin(reason)` states (an ASGD worker asks the server for
+the current parameters), and the values sent to it that it had not taken are dropped
+from its channels. Where its processes have no `on_rejoin`, or no new process starts,
+the lane is removed (`LanePool.remove`), its processes are closed and each
+`on_lost(reason)` runs in its place (an ASGD worker's tells the server to stop waiting
+for it); messages sent to it later are dropped. Messages from such a lane are delivered
+only once their copy has landed (`LanePool.move(landed=True)`), so a loss never leaves
+half a message. Each loss is in `lost` (lane, host, when, why, when replaced). Any
+other lane's failure still stops the run.
 
 Emulated tasks (`emulate=CostModel`, `config.executor='emulated'`): the same lanes,
 placement, driver and running ahead, but a lane does not compute a `Compute`: it waits
@@ -415,13 +420,59 @@ class ProcessExecutor(Executor):
     lane = self._lanes_by_name.get(error.lane)
     if lane not in self._expendable:
       raise error
+    reason, lost_at = str(error), self.now()
+    if self._replace(lane, error, reason, lost_at):
+      return
     self._expendable.discard(lane)
     self._lost_lanes.add(lane)
     self.pool.remove(error.lane)
-    reason = str(error)
     closed = []
+    self._drop_work_of(lane, error.lane)
+    for process in self.processes:
+      if process.lane == lane and not process.done:
+        self._end(process)
+        closed.append(process.name)
+        process.program, process.done = process.on_lost(reason), False
+        self._ready.append((process, None))
+    self.lost.append(LostLane(error.lane, error.host, lost_at, reason, tuple(closed)))
+    logging.warning('%s; the run goes on without it (a lost worker is tolerated).', reason)
+
+  def _replace(self, lane: int, error: LaneError, reason: str, lost_at: float) -> bool:
+    """Starts a new lane process in place of lost `lane` and its processes again from
+    their `on_rejoin` states (module docstring); False if they have none or no new
+    process could be started (the lane is then dropped, `_lose`)."""
+    processes = [p for p in self.processes if p.lane == lane and not p.done]
+    if not processes or any(p.on_rejoin is None for p in processes):
+      return False
+    try:
+      self.pool.replace(error.lane)
+    except (LaneError, ValueError, RuntimeError) as failure:
+      logging.warning('%s; no new lane process in its place: %s', reason, failure)
+      return False
+    self._drop_work_of(lane, error.lane)
+    for channel in self.cluster.channels:  # values sent there are void with its process
+      if channel.lane == lane:
+        kept = [item for item in channel.items if not _handles(item)]  # a STOP stays
+        channel.items.clear()
+        channel.items.extend(kept)
+    for process in processes:
+      if process.waiting_on is not None:
+        process.waiting_on.waiters.remove(process)
+        process.waiting_on = None
+      self._ready = collections.deque((p, v) for p, v in self._ready if p is not process)
+      process.restart(process.on_rejoin(reason))
+      process.done = False
+      self._ready.append((process, None))
+    names = tuple(p.name for p in processes)
+    self.lost.append(LostLane(error.lane, error.host, lost_at, reason, names, self.now()))
+    logging.warning('%s; a new lane process took its place.', reason)
+    return True
+
+  def _drop_work_of(self, lane: int, name: str) -> None:
+    """Forgets the tasks pending on lost lane `lane` (`name`) and the copies from it; the
+    transfer processes of those copies end."""
     for pending, (process, _, _) in list(self._pending.items()):
-      if error.lane in (pending.lane, pending.source):  # its tasks; copies from it
+      if name in (pending.lane, pending.source):
         del self._pending[pending]
         self._resumed.discard(pending)
         if process.lane != lane:  # a transfer process on a link from it
@@ -430,14 +481,6 @@ class ProcessExecutor(Executor):
       link = self.cluster.lanes[process.lane].link
       if link is not None and lane in link:
         self._end(process)
-    for process in self.processes:
-      if process.lane == lane and not process.done:
-        self._end(process)
-        closed.append(process.name)
-        process.program, process.done = process.on_lost(reason), False
-        self._ready.append((process, None))
-    self.lost.append(LostLane(error.lane, error.host, self.now(), reason, tuple(closed)))
-    logging.warning('%s; the run goes on without it (a lost worker is tolerated).', reason)
 
   def _end(self, process: Process) -> None:
     """Closes `process` wherever it is: waiting on a channel, or ready to go on."""
@@ -483,13 +526,15 @@ class _Copy:
 @dataclasses.dataclass(frozen=True)
 class LostLane:
   """A lane lost during a run whose loss was tolerated: which, where, when (seconds
-  since the start), why, and the processes it ran."""
+  since the start), why, and the processes it ran; `replaced_at`: when a new lane
+  process was up in its place (None: the run went on without it)."""
 
   lane: str
   host: str
   at: float
   reason: str
   processes: tuple[str, ...]
+  replaced_at: float | None = None
 
 
 class LaneValue:

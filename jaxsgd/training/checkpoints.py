@@ -17,22 +17,38 @@ its step. orbax writes each step into a temporary folder and renames it when com
 a run killed mid-save leaves no partial checkpoint that a resume could read (the
 temporary folder is removed when the next manager opens the directory).
 
+Damage: once a save is complete, process 0 lists every file of the step's folder with
+its size in `COMPLETE`. A resume takes the newest checkpoint whose files are all there,
+whole, and whose `meta` reads; a damaged newer one (a truncated or missing file, an
+emptied folder, a save cut short) is passed over with one warning line naming it and
+why, and removed when the run opens its checkpoints. A save that fails (a full disk)
+raises `CheckpointWriteError` naming the folder: a failed run, not bad input.
+
 Pre-emption: `PreemptionWatch` turns SIGTERM into a flag; the run saves a checkpoint at
 the next step and stops with `errors.Preempted` (the binary exits with 143, 128 +
 SIGTERM, as a process killed by SIGTERM would). Ctrl-C (SIGINT) is left alone: it
 stops the run at once, without a checkpoint of the step it was in.
 """
 
+import json
 import logging
 import os
+import shutil
 import signal
 import threading
 from typing import Any
 
 import jax
 
+from jaxsgd.training import files
+
 KEEP = 3  # Checkpoints kept (the last ones).
 DIRECTORY = 'checkpoints'
+COMPLETE = 'jaxsgd-complete.json'  # in a step's folder: its files and their sizes
+
+
+class CheckpointWriteError(RuntimeError):
+  """A checkpoint could not be written (a full disk, a folder not writable)."""
 
 
 class _QuietOrbax(logging.Filter):
@@ -70,18 +86,88 @@ def _manager(workdir: str, *, read_only: bool = False):
 
 
 def latest_meta(workdir: str) -> dict | None:
-  """The `meta` of the latest complete checkpoint in `workdir`; None if there is none."""
-  if not os.path.isdir(directory(workdir)):
-    return None
+  """The `meta` of the newest complete, undamaged checkpoint in `workdir` (None if there
+  is none); a newer damaged one is passed over with one warning line."""
+  meta, damaged = find_latest(workdir)
+  if meta is not None and damaged:
+    step, why = damaged[0]
+    logging.warning(
+      'checkpoint of step %d in %s is damaged (%s); resuming from step %d (the damaged '
+      'one is removed).',
+      step,
+      directory(workdir),
+      why,
+      meta['step'],
+    )
+  return meta
+
+
+def find_latest(workdir: str) -> tuple[dict | None, list[tuple[int, str]]]:
+  """`(meta of the newest complete checkpoint or None, [(step, why damaged)] of the
+  newer ones passed over)`."""
+  root = directory(workdir)
+  if not os.path.isdir(root):
+    return None, []
+  steps = sorted((int(name) for name in os.listdir(root) if name.isdigit()), reverse=True)
+  damaged = []
+  for step in steps:
+    why = damage(os.path.join(root, str(step)))
+    if why is None:
+      try:
+        return read_meta(workdir, step), damaged
+      except Exception as error:  # pylint: disable=broad-except  # orbax, JSON, OS errors
+        why = f'its meta does not read: {_first_line(error)}'
+    damaged.append((step, why))
+  return None, damaged
+
+
+def read_meta(workdir: str, step: int) -> dict:
+  """Step `step`'s `meta` (raises if it does not read)."""
   ocp = _ocp()
   manager = _manager(workdir, read_only=True)
   try:
-    step = manager.latest_step()
-    if step is None:
-      return None
     return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
   finally:
     manager.close()
+
+
+def damage(folder: str) -> str | None:
+  """Why the checkpoint in `folder` cannot be resumed from, or None if its files are all
+  there, whole (`COMPLETE`; a checkpoint saved before that file existed counts as whole
+  once orbax committed it)."""
+  listed = os.path.join(folder, COMPLETE)
+  if not os.path.exists(listed):
+    if os.path.exists(os.path.join(folder, 'commit_success.txt')):
+      return None
+    return 'its save did not finish'
+  try:
+    with open(listed) as f:
+      sizes = json.load(f)
+    expected = {str(name): int(size) for name, size in sizes.items()}
+  except (OSError, ValueError, AttributeError, TypeError):
+    return f'{COMPLETE} does not read'
+  for name, size in sorted(expected.items()):
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+      return f'{name} is missing'
+    if os.path.getsize(path) != size:
+      return f'{name} has {os.path.getsize(path)} of its {size} bytes'
+  return None
+
+
+def _list_files(folder: str) -> dict[str, int]:
+  listed = {}
+  for parent, _, names in os.walk(folder):
+    for name in names:
+      path = os.path.join(parent, name)
+      listed[os.path.relpath(path, folder)] = os.path.getsize(path)
+  listed.pop(COMPLETE, None)
+  return listed
+
+
+def _first_line(error: BaseException) -> str:
+  lines = str(error).strip().splitlines()
+  return lines[0] if lines else type(error).__name__
 
 
 class Checkpointer:
@@ -102,18 +188,48 @@ class Checkpointer:
 
   def manager(self):
     if self._manager is None:
+      self._remove_damaged()  # before orbax lists the steps: it would refuse to save them
       self._manager = _manager(self._workdir)
     return self._manager
 
+  def _remove_damaged(self) -> None:
+    """Removes the step folders newer than the checkpoint a resume reads, which it passed
+    over as damaged (`find_latest`; `latest_meta` named them)."""
+    if jax.process_index() != 0:
+      return
+    for step, _ in find_latest(self._workdir)[1]:
+      shutil.rmtree(os.path.join(directory(self._workdir), str(step)), ignore_errors=True)
+
   def save(self, step: int, state: Any, meta: dict) -> None:
-    """Writes step `step`'s checkpoint (every process calls it: arrays may be sharded)."""
+    """Writes step `step`'s checkpoint (every process calls it: arrays may be sharded),
+    then process 0 lists its files (`COMPLETE`). Raises `CheckpointWriteError` if the
+    save fails; what it wrote of the step is removed."""
     ocp = _ocp()
-    self.manager().save(
-      step,
-      args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-      force=True,
-    )
-    self.manager().wait_until_finished()
+    folder = os.path.join(directory(self._workdir), str(step))
+    primary = jax.process_index() == 0
+    try:
+      self.manager().save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+        force=True,
+      )
+      self.manager().wait_until_finished()
+      if primary:
+        files.atomic_write(os.path.join(folder, COMPLETE), json.dumps(_list_files(folder)))
+    except Exception as error:
+      if primary:
+        self._remove_partial(step)
+      raise CheckpointWriteError(
+        f'checkpoint: saving step {step} in {directory(self._workdir)} failed: {_first_line(error)}'
+      ) from error
+
+  def _remove_partial(self, step: int) -> None:
+    """Removes what a failed save of `step` left (its folder, orbax's temporary one)."""
+    self.close()
+    root = directory(self._workdir)
+    for name in os.listdir(root) if os.path.isdir(root) else ():
+      if name == str(step) or name.startswith(f'{step}.orbax-checkpoint-tmp'):
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
   def restore(self, step: int, template: Any) -> Any:
     """Step `step`'s state, in the structure, dtypes and shardings of `template` (None:

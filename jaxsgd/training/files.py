@@ -208,8 +208,9 @@ class JsonLinesWriter:
   Each record is one `os.write` of one line on a descriptor opened with `O_APPEND`,
   so lines of writers sharing the file do not interleave, and a process killed at any
   moment leaves whole lines but perhaps a torn last one (see the module docstring),
-  which opening for appending cuts off. `fsync=True` also makes each line
-  durable before `write` returns (one disk flush per line).
+  which opening for appending cuts off. A write that fails (a full disk) cuts its
+  part-written line off before it raises. `fsync=True` also makes each line durable
+  before `write` returns (one disk flush per line).
 
   Args:
     path: the file.
@@ -234,10 +235,16 @@ class JsonLinesWriter:
       raise ValueError(f'{self.path}: the writer is closed.')
     data = memoryview((to_json(record) + '\n').encode())
     with _flocked(self._fd, fcntl.LOCK_SH):  # Keeps a new appender from cutting it.
-      while data:  # A regular file takes it in one write; loop on the rare short write.
-        data = data[os.write(self._fd, data) :]
-    if self._fsync:
-      os.fsync(self._fd)
+      whole = os.fstat(self._fd).st_size
+      try:
+        while data:  # A regular file takes it in one write; loop on the rare short write.
+          data = data[os.write(self._fd, data) :]
+        if self._fsync:
+          os.fsync(self._fd)
+      except OSError:  # a full disk: no torn line is left behind
+        with contextlib.suppress(OSError):
+          os.ftruncate(self._fd, whole)
+        raise
 
   def close(self) -> None:
     if self._fd is not None:

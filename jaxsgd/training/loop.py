@@ -33,6 +33,7 @@ FIELDS = (
   'clock',
   'executor',
   'cluster_address',
+  'cluster_timeout_s',
   'tolerate_lost_workers',
   'target_accuracy',
   'tensorboard',
@@ -195,8 +196,8 @@ def train_and_evaluate(
   try:
     with checkpoints.PreemptionWatch() as run.preemption:
       extra = algorithm.train(run, settings)
-  except BaseException:
-    run.abort()
+  except BaseException as error:
+    run.abort(refused=isinstance(error, ValueError))
     raise
   return run.finish(extra)
 

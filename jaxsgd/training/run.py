@@ -17,6 +17,7 @@ file through `jaxsgd.training.files` (atomic, valid JSON, whole lines).
 
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -342,10 +343,20 @@ class Run:
       self._lock.release()
     return summary
 
-  def abort(self) -> None:
+  def abort(self, *, refused: bool = False) -> None:
     """After a failure: closes the files and releases the workdir (what was written
-    stays, e.g. for a look at the metrics before the failure)."""
+    stays, e.g. for a look at the metrics before the failure). `refused`: the input was
+    refused (a `ValueError`: a placement, a profile, found bad once the run started);
+    if nothing was recorded yet, the files this run opened are removed, so that the
+    corrected command is not refused for them."""
     self.close()
+    if refused and not self.records and self._resume is None and self.is_primary:
+      for name in ('metrics.jsonl', 'tensorboard'):
+        path = os.path.join(self.workdir, name)
+        if os.path.isdir(path):
+          shutil.rmtree(path, ignore_errors=True)
+        elif os.path.exists(path):
+          os.unlink(path)
     if self._lock is not None:
       self._lock.release()
 

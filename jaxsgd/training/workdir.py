@@ -28,6 +28,7 @@ still empty.
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 
@@ -112,6 +113,8 @@ def claim(config, workdir: str, *, primary: bool = True, overwrite: bool = False
       result.resume = resumable_checkpoint(config, workdir)
       if result.resume is not None:
         return result
+      if 'summary.json' not in present and _only_cut_short(config, workdir):
+        overwrite = True  # an attempt that never saved a whole checkpoint: start over
     if present and not overwrite:
       raise WorkdirHoldsRunError(holds_run_message(config, workdir, present))
   except BaseException:
@@ -131,6 +134,53 @@ def resumable_checkpoint(config, workdir: str) -> dict | None:
   return meta
 
 
+def _only_cut_short(config, workdir: str) -> bool:
+  """Whether `workdir`'s checkpoints are all damaged (its first save was cut short: a
+  kill, a full disk) and none is of another config (by its meta, where it reads): the
+  run starts over, replacing that attempt's files, and says so."""
+  from jaxsgd.training import checkpoints  # pylint: disable=g-import-not-at-top  # orbax: slow.
+
+  meta, damaged = checkpoints.find_latest(workdir)
+  if meta is not None or not damaged:
+    return False
+  for step, _ in damaged:
+    try:
+      saved = checkpoints.read_meta(workdir, step).get('config') or {}
+    except Exception:  # pylint: disable=broad-except  # unreadable: nothing says otherwise
+      continue
+    if not same_config(saved, config, ignore=RESUME_MAY_CHANGE):
+      return False
+  step, why = damaged[0]
+  logging.warning(
+    'workdir: %s holds no whole checkpoint (step %d: %s); starting over, replacing that '
+    "attempt's files.",
+    workdir,
+    step,
+    why,
+  )
+  return True
+
+
+def differences(saved: dict, config, *, ignore=(), most: int = 3) -> str:
+  """The fields where `saved` and `config` differ, `field: saved → this run`, the first
+  `most` of them (and how many more)."""
+  found = []
+
+  def walk(a, b, prefix):
+    for key in sorted(set(a) | set(b), key=str):
+      if not prefix and key in ignore:
+        continue
+      x, y = a.get(key, '(none)'), b.get(key, '(none)')
+      if isinstance(x, dict) and isinstance(y, dict):
+        walk(x, y, f'{prefix}{key}.')
+      elif x != y:
+        found.append(f'{prefix}{key}: {x!r} → {y!r}')
+
+  walk(saved, as_json(config), '')
+  more = f' and {len(found) - most} more' if len(found) > most else ''
+  return '; '.join(found[:most]) + more
+
+
 def holds_run_message(config, workdir: str, present: list[str]) -> str:
   """One line: what the workdir holds, how its config compares, what to do."""
   if 'summary.json' in present:
@@ -143,9 +193,12 @@ def holds_run_message(config, workdir: str, present: list[str]) -> str:
         'resume from (set checkpoint_every > 0 to leave one)'
       )
     else:
-      what = f'the finished results of a run of a different config ({describe(earlier)})'
+      what = (
+        f'the finished results of a run of a different config ({describe(earlier)}; '
+        f'it differs in {differences(earlier, config)})'
+      )
   elif 'checkpoints' in present:
-    what = 'checkpoints of a run of a different config (a run resumes only its own config)'
+    what = _checkpoints_of_another(config, workdir)
   elif 'metrics.jsonl' in present:
     what = 'an unfinished run (metrics.jsonl but no summary.json)'
   else:
@@ -154,6 +207,25 @@ def holds_run_message(config, workdir: str, present: list[str]) -> str:
     f'workdir: {workdir} holds {what}; choose a new workdir, delete this one, or '
     f'pass --overwrite (train_and_evaluate(..., overwrite=True)) to replace them.'
   )
+
+
+def _checkpoints_of_another(config, workdir: str) -> str:
+  """What the workdir's checkpoints are, where none resumes this run."""
+  from jaxsgd.training import checkpoints  # pylint: disable=g-import-not-at-top  # orbax: slow.
+
+  meta, damaged = checkpoints.find_latest(workdir)
+  if meta is None:
+    step, why = damaged[0] if damaged else (None, 'none is complete')
+    for step, why in damaged:
+      try:
+        saved = checkpoints.read_meta(workdir, step).get('config') or {}
+      except Exception:  # pylint: disable=broad-except  # unreadable
+        continue
+      fields = differences(saved, config, ignore=RESUME_MAY_CHANGE)
+      return f'an unfinished checkpoint (step {step}: {why}) of a run of a different config (it differs in {fields})'
+    return f'checkpoints none of which is whole (step {step}: {why})'
+  fields = differences(meta.get('config') or {}, config, ignore=RESUME_MAY_CHANGE)
+  return f'checkpoints of a run of a different config (it differs in {fields}; a run resumes only its own)'
 
 
 def saved_config(workdir: str) -> dict | None:

@@ -8,6 +8,7 @@ checks that none of their processes is left.
 
 import collections
 import os
+import socket
 import sys
 import time
 
@@ -327,7 +328,7 @@ def test_a_pool_without_a_lane_of_the_run_is_refused_before_it_runs(pool):
   assert ran == []
 
 
-def test_config_executor_processes_is_checked_before_anything_starts():
+def test_config_executor_processes_is_checked_before_anything_starts(listening_address):
   from experiments.configs import default
 
   config = default.get_config()
@@ -340,9 +341,22 @@ def test_config_executor_processes_is_checked_before_anything_starts():
   with pytest.raises(ValueError, match=r"placement.lanes: lane 'stage0': cores like"):
     shared_settings(config)
   config.placement.lanes = 'stage0@cores=0; stage1@cores=1'
-  config.cluster_address = '10.0.0.1:6379'
+  config.cluster_address = listening_address
   settings = shared_settings(config)
-  assert (settings.executor, settings.cluster_address) == ('processes', '10.0.0.1:6379')
+  assert (settings.executor, settings.cluster_address) == ('processes', listening_address)
+  # A cluster nobody answers for: one line once cluster_timeout_s has passed, not Ray's
+  # retries every 5 s for ever.
+  closed = socket.create_server(('127.0.0.1', 0))
+  config.cluster_address = f'127.0.0.1:{closed.getsockname()[1]}'
+  closed.close()
+  config.cluster_timeout_s = 1.0
+  started = time.monotonic()
+  with pytest.raises(
+    ValueError,
+    match=r'^cluster_address: nothing answers at 127.0.0.1:\d+ .*waited 1 s, cluster_timeout_s',
+  ):
+    shared_settings(config)
+  assert time.monotonic() - started < 5
   config.executor = 'threads'
   with pytest.raises(ValueError, match='executor: .*allowed: in_process, processes'):
     shared_settings(config)

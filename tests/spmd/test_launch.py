@@ -493,6 +493,15 @@ def test_child_command_and_environment():
     '-x',
   ]
   assert launch.child_command(['python', 'a.py']) == [py, 'a.py']
+  # What users type (and earlier docs showed): a module joined to the cluster first.
+  assert launch.child_command(['python', '-m', 'experiments.train', '--config=c.py']) == [
+    py,
+    '-u',
+    '-m',
+    'jaxsgd.spmd.bootstrap',
+    'experiments.train',
+    '--config=c.py',
+  ]
   args, _ = launch.parse_args(['--processes', '2', '--devices_per_process', '3', '--', '-x'])
   env = launch.child_env(args, 1, '127.0.0.1:5')
   assert env['XLA_FLAGS'].count('--xla_force_host_platform_device_count=') == 1
@@ -505,6 +514,7 @@ def test_child_command_and_environment():
   [
     (['--processes', '2'], 'the "--" is required'),
     (['--processes', '0', '--', '-x'], '--processes: must be >= 1'),
+    (['--processes', '100000', '--', '-x'], "do not fit in this machine's memory"),
     (['--processes', '2', '--first_process_id', '1', '--', '-x'], '--first_process_id'),
     (
       ['--processes', '1', '--num_processes', '2', '--first_process_id', '1', '--', '-x'],

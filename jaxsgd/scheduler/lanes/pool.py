@@ -172,7 +172,8 @@ class LanePool:
     self._signals = _StopSignals.install(before)
     try:
       cluster.check_gpus(placement.lanes)
-      self._actors = {spec.name: cluster.lane_actor(spec, env or {}) for spec in placement.lanes}
+      self._env = env or {}
+      self._actors = {spec.name: cluster.lane_actor(spec, self._env) for spec in placement.lanes}
       self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
       self.info = self._gather_info()
     except BaseException:
@@ -388,6 +389,20 @@ class LanePool:
     self._exported = {  # dropped copies are never seen done
       ref: span for ref, span in self._exported.items() if span or ref in self._moves
     }
+
+  def replace(self, lane: str) -> None:
+    """Ends `lane`'s process (if still alive) and starts a new one in its place, on the
+    same placement (host, cores, GPU), holding nothing yet; returns once it is up. Every
+    handle to a value of the old process is void (a task given one fails)."""
+    self.remove(lane)
+    actor = cluster.lane_actor(self.placement[lane], self._env)
+    self._actors[lane], self._watch[lane] = actor, cluster.watch(actor)
+    with self._lock:
+      self._freed[lane] = []
+    self._tasks_sent[lane] = set()
+    self.info[lane] = self._get(
+      lane, actor.info.remote(), host=self.placement[lane].host or 'driver'
+    )
 
   def exported(self, refs) -> tuple[float, float] | None:
     """`(start, end)` (`time.time()`) of the copies whose export references `move`
