@@ -435,7 +435,9 @@ class ProcessExecutor(Executor):
         process.program, process.done = process.on_lost(reason), False
         self._ready.append((process, None))
     self.lost.append(LostLane(error.lane, error.host, lost_at, reason, tuple(closed)))
-    logging.warning('%s; the run goes on without it (a lost worker is tolerated).', reason)
+    logging.warning(
+      '%s; the run goes on without it (a lost worker is tolerated).', reason.rstrip('.')
+    )
 
   def _replace(self, lane: int, error: LaneError, reason: str, lost_at: float) -> bool:
     """Starts a new lane process in place of lost `lane` and its processes again from
@@ -465,7 +467,8 @@ class ProcessExecutor(Executor):
       self._ready.append((process, None))
     names = tuple(p.name for p in processes)
     self.lost.append(LostLane(error.lane, error.host, lost_at, reason, names, self.now()))
-    logging.warning('%s; a new lane process took its place.', reason)
+    new_pid = self.pool.info[error.lane]['pid']
+    logging.warning('%s; a new lane process (pid %s) took its place.', reason.rstrip('.'), new_pid)
     return True
 
   def _drop_work_of(self, lane: int, name: str) -> None:

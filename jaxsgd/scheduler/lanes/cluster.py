@@ -117,7 +117,7 @@ def _kill(processes: list[psutil.Process], timeout: float = 3.0) -> None:
 def lane_actor(spec: LaneSpec, env: dict[str, str]):
   """A Ray actor running `LaneRuntime` in a process of its own, on `spec.host`."""
   hook = {FAULT_VAR: os.environ[FAULT_VAR]} if FAULT_VAR in os.environ else {}  # tests only
-  variables = {**_code_path(), **hook, **spec.environment(), **env}
+  variables = {**_code_path(), **_compilation_cache(), **hook, **spec.environment(), **env}
   options = dict(
     num_cpus=0,
     num_gpus=1 if spec.gpu else 0,
@@ -221,6 +221,22 @@ def _node_id(spec: LaneSpec) -> str:
     f'placement: lane {spec.name!r}: host {spec.host!r} is not a node of '
     f'the Ray cluster; its nodes: {hosts}.'
   )
+
+
+def _compilation_cache() -> dict[str, str]:
+  """JAX's persistent compilation cache for lane processes, shared by the lanes of a
+  host (the driver's `JAX_COMPILATION_CACHE_DIR` if set, else one folder per user in the
+  temporary directory), every compilation kept: a lane process started in place of a
+  lost one loads the executables its predecessor compiled instead of compiling them on
+  a busy host (`benchmarks/fault_soak.py`: the rejoin)."""
+  folder = os.environ.get('JAX_COMPILATION_CACHE_DIR') or os.path.join(
+    tempfile.gettempdir(), f'jaxsgd-lane-xla-cache-{os.getuid()}'
+  )
+  return {
+    'JAX_COMPILATION_CACHE_DIR': folder,
+    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
+    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
+  }
 
 
 def _code_path() -> dict[str, str]:

@@ -42,6 +42,7 @@ remembered, so that the clean-up is not cut short.
 import contextlib
 import dataclasses
 import itertools
+import os
 import pickle
 import signal
 import threading
@@ -375,6 +376,9 @@ class LanePool:
     """
     actor = self._actor(lane)
     cluster.kill(actor)
+    # The calls this drops (copies into it, its tasks) fail once Ray sees it dead, and Ray
+    # printed each such failure nobody asked for, ~10 lines each, at every lost worker.
+    os.environ.setdefault('RAY_IGNORE_UNHANDLED_ERRORS', '1')
     del self._actors[lane], self._watch[lane]
     with self._lock:
       self._freed.pop(lane, None)
