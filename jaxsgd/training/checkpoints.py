@@ -250,15 +250,46 @@ class Checkpointer:
 
 
 class PreemptionWatch:
-  """Sets `requested` on SIGTERM while installed (main thread only; a no-op elsewhere)."""
+  """Sets `requested` on SIGTERM while installed (main thread only; a no-op elsewhere).
+
+  In a multi-process run the processes agree on the step to save at (`due`): SIGTERM
+  may reach one process only (an operator's `kill`, a machine's pre-emption notice),
+  and a process that saved alone would wait in orbax's cross-process barrier while its
+  peers wait in the step's collective, for ever. The first process to see SIGTERM
+  writes the step after next to the cluster's key-value store (`SAVE_AT_KEY`); every
+  process reads it at each step and saves there, so all save at the same step: steps
+  end in collectives, so no process is more than one step ahead of another, and each
+  sees the key before it passes that step.
+  """
+
+  SAVE_AT_KEY = 'jaxsgd/preempted/save_at'
 
   def __init__(self):
     self.requested = False
     self._previous = None
+    self._save_at: int | None = None
 
   def _handle(self, signum, frame):
     del signum, frame
     self.requested = True
+
+  def due(self, step: int) -> bool:
+    """Whether the run must save at `step` and stop (see the class docstring)."""
+    if jax.process_count() == 1:
+      return self.requested
+    client = _coordination_client()
+    if self._save_at is None and self.requested:
+      try:
+        client.key_value_set(self.SAVE_AT_KEY, str(step + 2))
+      except Exception:  # pylint: disable=broad-except  # set by a peer first: theirs holds
+        pass
+    if self._save_at is None:
+      try:
+        self._save_at = int(client.key_value_try_get(self.SAVE_AT_KEY))
+      except Exception:  # pylint: disable=broad-except  # not set: nobody was pre-empted
+        return False
+      self.requested = True
+    return step >= self._save_at
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -269,3 +300,10 @@ class PreemptionWatch:
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
+
+
+def _coordination_client():
+  """The multi-process run's coordination client (`jax.distributed.initialize`)."""
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+
+  return distributed.global_state.client

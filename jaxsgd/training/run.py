@@ -151,7 +151,7 @@ class Run:
       steps: the steps of the program that ended at `step` (a whole period): a
         checkpoint due at any of them is saved now, at `step`.
     """
-    preempted = self.preemption is not None and self.preemption.requested
+    preempted = self.preemption is not None and self.preemption.due(step)
     due = self._checkpointer is not None and any(
       self._checkpointer.due(t) for t in range(step - steps + 1, step + 1)
     )

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 from experiments.configs import dasgd as dasgd_config
+from jaxsgd import data as data_lib
 from jaxsgd import launch
+from jaxsgd.training import checkpoints
 from jaxsgd.training import train_and_evaluate
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -548,3 +550,67 @@ def test_output_is_prefixed_and_progress_redraws_are_thinned(size):
   out = io.StringIO()
   launch._forward(_Chunks(data, size), '[p1] ', threading.Lock(), out, progress_every_s=1e9)
   assert out.getvalue() == '[p1] hello\n[p1] bar 1\n[p1] bar final\n[p1] no newline\n'
+
+
+def _pid_of_process(mark: str, process_id: int) -> int | None:
+  """The pid of the launched process `process_id` (by its environment), if it runs."""
+  needles = (f'JAXSGD_TEST_MARK={mark}\0'.encode(), f'JAXSGD_PROCESS_ID={process_id}\0'.encode())
+  for pid in _leftovers(mark):
+    try:
+      with open(f'/proc/{pid}/environ', 'rb') as f:
+        environ = f.read()
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        command = f.read()
+    except OSError:
+      continue
+    if all(n in environ for n in needles) and b'jaxsgd.spmd.bootstrap' in command:
+      return pid
+  return None
+
+
+@pytest.mark.alone  # bounds how long the run takes to save and end (30 s)
+def test_sigterm_to_one_process_of_a_launch_saves_at_an_agreed_step_and_ends_the_run(
+  data_dir, tmp_path
+):
+  """SIGTERM to process 1 only (not the launcher) while 2 processes train DaSGD: the
+  processes agree on a step (the cluster's key-value store), both save it — no process
+  waits in orbax's barrier while its peer waits in a collective — and the run ends with
+  143 within seconds; the checkpoint is whole and the same command resumes from it."""
+  data_lib.load('digits', data_dir)  # prepared once here, not by both processes at once
+  workdir = tmp_path / 'run'
+  flags = (
+    '--processes',
+    '2',
+    '--devices_per_process',
+    '2',
+    '--timeout_s',
+    '200',
+    '--',
+    '--config=experiments/configs/dasgd.py:dasgd,smoke',
+    '--config.dataset=digits',
+    f'--config.data_dir={data_dir}',
+    '--config.model.name=mlp',
+    '--config.train_steps=100000',
+    f'--workdir={workdir}',
+  )
+  launcher, mark = _start_marked(tmp_path, *flags)
+  try:
+    deadline = time.monotonic() + 90
+    while not (workdir / 'metrics.jsonl').exists():  # training has started
+      assert time.monotonic() < deadline and launcher.poll() is None, launcher.communicate()
+      time.sleep(0.2)
+    time.sleep(2.0)
+    pid = _pid_of_process(mark, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    signalled = time.monotonic()
+    out, err = launcher.communicate(timeout=60)
+    assert time.monotonic() - signalled < 30, err[-2000:]
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+  assert launcher.returncode == 143, err[-3000:]
+  assert 'SIGTERM: stopped after saving the checkpoint of step' in out + err
+  meta = checkpoints.latest_meta(str(workdir))
+  assert meta is not None and meta['step'] > 0
+  assert _leftovers(mark) == []
