@@ -378,6 +378,15 @@ def check_placed_lanes(shared: 'SharedSettings', lanes: Sequence[str]) -> None:
 
   placement = LanePlacement.parse(shared.placement.lanes)
   placement.check_run([lane_name(lane) for lane in lanes], every_lane=shared.on_lane_processes)
+  if shared.on_lane_processes:  # (the virtual clock's cores may be a machine's you lack)
+    here = sorted(os.sched_getaffinity(0))
+    for spec in placement.lanes:
+      missing = sorted(set(spec.cores or ()) - set(here)) if spec.host is None else []
+      if missing:
+        raise ValueError(
+          f'placement.lanes: lane {spec.name!r}: core {missing[0]} is not one of this '
+          f"host's cores ({', '.join(map(str, here))}); a lane would run unpinned there."
+        )
 
 
 def refuse_workers_field(name: str, workers: int) -> None:

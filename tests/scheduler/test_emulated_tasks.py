@@ -405,6 +405,9 @@ def test_bad_input_is_refused_in_one_line_before_anything_compiles(listening_add
   config = _config('ddg')
   config.placement.devices = (0,)
   refused.append(('ddg', config, r"^placement.devices: .* with executor='emulated'"))
+  config = _config('ddg', executor='processes')  # a core this host lacks: not unpinned
+  config.placement.lanes = 'stage0@cores=0; stage1@cores=4096'
+  refused.append(('ddg', config, r"^placement.lanes: lane 'stage1': core 4096 is not one of"))
   for name, config, message in refused:
     with pytest.raises(ValueError, match=message) as error:
       algorithms.get(name).validate(config, model)

@@ -68,8 +68,16 @@ class Ref:
 
 
 def pin_process(cores: tuple[int, ...] | None) -> tuple[int, ...]:
-  """Pins every thread of this process (and those it starts later) to `cores`."""
+  """Pins every thread of this process (and those it starts later) to `cores`; refuses
+  cores this process may not use (on another host than the driver's, the placement
+  could not check them)."""
   if cores is not None:
+    allowed = os.sched_getaffinity(0)
+    if not set(cores) <= allowed:
+      raise ValueError(
+        f'placement: cores {sorted(set(cores) - allowed)} are not cores of this host '
+        f'({", ".join(map(str, sorted(allowed)))}).'
+      )
     for tid in os.listdir('/proc/self/task'):
       try:
         os.sched_setaffinity(int(tid), cores)
