@@ -185,3 +185,34 @@ def test_another_configs_results_are_refused_naming_the_fields_that_differ(data_
     match=r'a different config \(.*; it differs in batch_size: 32 → 16; seed: 0 → 3\)',
   ):
     training.train_and_evaluate(other, str(tmp_path), show_progress=False)
+
+
+def test_a_workdir_or_data_dir_that_cannot_be_written_is_refused_naming_it(
+  data_dir, tmp_path, monkeypatch
+):
+  """The OS refusing the workdir or the data_dir (permissions; simulated, since a test run
+  as root may write anywhere) is bad input naming the setting and the path, not a failed
+  run naming neither."""
+  from jaxsgd.data import pipeline  # pylint: disable=g-import-not-at-top
+
+  def denied(path):
+    def refuse(*args, **kwargs):
+      raise PermissionError(errno.EACCES, 'Permission denied', path)
+
+    return refuse
+
+  with monkeypatch.context() as patch:
+    patch.setattr(files.WorkdirLock, 'acquire', denied('/locked/run'))
+    with pytest.raises(
+      ValueError, match=r'^workdir: /locked/run: Permission denied; choose a workdir'
+    ):
+      training.train_and_evaluate(smoke_config(data_dir), str(tmp_path / 'a'), show_progress=False)
+  pipeline._load_cached.cache_clear()
+  with monkeypatch.context() as patch:
+    patch.setattr(pipeline.tfds, 'data_source', denied('/locked/data'))
+    with pytest.raises(
+      ValueError, match=r'^data_dir: /locked/data: Permission denied; choose a data_dir'
+    ):
+      training.train_and_evaluate(smoke_config(data_dir), str(tmp_path / 'b'), show_progress=False)
+  pipeline._load_cached.cache_clear()
+  assert not os.path.exists(tmp_path / 'b' / 'metrics.jsonl')

@@ -152,8 +152,14 @@ def load(name: str, data_dir: str | None = None) -> Dataset:
   Offline datasets are generated into `data_dir` on first use. Real tfds datasets
   must already be prepared there in the array_record format.
   """
-  data_dir = data_dir or default_data_dir()
-  return _load_cached(name, os.path.abspath(os.path.expanduser(data_dir)))
+  data_dir = os.path.abspath(os.path.expanduser(data_dir or default_data_dir()))
+  try:
+    return _load_cached(name, data_dir)
+  except PermissionError as error:  # a data_dir this user may not write or read
+    raise ValueError(
+      f'data_dir: {error.filename or data_dir}: {error.strerror}; choose a data_dir you can '
+      'write (--config.data_dir=PATH).'
+    ) from None
 
 
 @functools.lru_cache(maxsize=4)

@@ -106,7 +106,14 @@ def claim(config, workdir: str, *, primary: bool = True, overwrite: bool = False
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f'workdir: {workdir} exists and is not a directory.')
   created = not os.path.exists(workdir)
-  result = Claim(workdir, files.WorkdirLock(workdir).acquire(), created)
+  try:
+    lock = files.WorkdirLock(workdir).acquire()
+  except PermissionError as error:  # a workdir this user may not write
+    raise ValueError(
+      f'workdir: {error.filename or workdir}: {error.strerror}; choose a workdir you can '
+      'write (--workdir=PATH).'
+    ) from None
+  result = Claim(workdir, lock, created)
   try:
     present = [name for name in RUN_FILES if os.path.lexists(os.path.join(workdir, name))]
     if 'checkpoints' in present and not overwrite:
