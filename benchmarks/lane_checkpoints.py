@@ -42,7 +42,10 @@ def main():
   parser.add_argument('--every', type=int, default=10)
   args = parser.parse_args()
   root = tempfile.mkdtemp(prefix='lane-checkpoints-')
-  print(f'machine: {os.cpu_count()} CPU cores; DDG K=2 on lane processes, {args.steps} steps', flush=True)
+  print(
+    f'machine: {os.cpu_count()} CPU cores; DDG K=2 on lane processes, {args.steps} steps',
+    flush=True,
+  )
   rows, pauses = [], []
   for r in range(args.rounds):
     for every in (0, args.every):
