@@ -250,7 +250,9 @@ class Push:
 
 
 @functools.partial(
-  jax.tree_util.register_dataclass, data_fields=['params', 'state'], meta_fields=['version']
+  jax.tree_util.register_dataclass,
+  data_fields=['params', 'state'],
+  meta_fields=['version', 'rejoin'],
 )
 @dataclasses.dataclass(frozen=True)
 class Pulled:
@@ -259,6 +261,7 @@ class Pulled:
   version: int
   params: Any
   state: Any
+  rejoin: bool = False  # the answer to a `Rejoin`
 
 
 class WorkerFailed(NamedTuple):
@@ -326,7 +329,7 @@ class AsgdSession:
         f'worker {m}',
         1 + m,
         functools.partial(self._worker, m),
-        LoopState(k=0, failed=False, rejoining=False),
+        LoopState(k=0, failed=False, rejoining=False, awaiting_rejoin=False),
       )
       for m in range(self.num_workers)
     ]
@@ -358,10 +361,11 @@ class AsgdSession:
         else:
           s.push = message
           s.call = self.server.update_call(message.worker, message.grads, message.version)
-      if s.rejoin is not None:  # a replaced worker waits for the current parameters
+      if getattr(s, 'rejoin', None) is not None:  # a replaced worker waits for the parameters
         if s.enter('rejoin reply'):
           snapshot = self.server.pull(s.rejoin)
-          pulled = Pulled(snapshot.version, snapshot.value.params, self.model_state.read().value)
+          state = self.model_state.read().value
+          pulled = Pulled(snapshot.version, snapshot.value.params, state, rejoin=True)
           yield Send(self.replies[s.rejoin], pulled)
           s.rejoin = None
         continue
@@ -402,13 +406,21 @@ class AsgdSession:
   def _worker(self, m: int, s: LoopState):
     device = self.devices[1 + m]
     while not s.failed:
-      if s.rejoining and s.enter('rejoin'):  # a new lane process: ask for the parameters
+      if getattr(s, 'rejoining', False) and s.enter(
+        'rejoin'
+      ):  # (older checkpoints: no field)  # a new lane process: ask for the parameters
         yield Put(self.inbox, Rejoin(m))
         s.rejoining = False
       if s.enter('pull'):
         pulled = yield Get(self.replies[m])
         if pulled is common.STOP:
           return
+        if getattr(s, 'awaiting_rejoin', False) and not pulled.rejoin:
+          # The server's reply to a push made before the loss, sent once the new lane was
+          # up: the answer to the `Rejoin` follows and supersedes it (the server checks a
+          # push against the last pull it sent).
+          continue
+        s.awaiting_rejoin = False
         if self.log.has_failed(m):
           s.failed = True
           break
@@ -465,7 +477,8 @@ class AsgdSession:
     gradient it was computing is dropped, never applied); past the last step, it ends."""
     del reason
     k = worker.state.k if worker.state is not None else 0
-    return LoopState(k=k, failed=self.steps.done, rejoining=not self.steps.done)
+    go_on = not self.steps.done
+    return LoopState(k=k, failed=not go_on, rejoining=go_on, awaiting_rejoin=go_on)
 
   def _lost(self, m: int, reason: str):
     """Worker m's lane was lost (`ProcessExecutor(tolerate_lost=True)`): the server goes

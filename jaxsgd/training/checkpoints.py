@@ -39,6 +39,7 @@ import threading
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxsgd.training import files
 
@@ -255,19 +256,17 @@ class PreemptionWatch:
   In a multi-process run the processes agree on the step to save at (`due`): SIGTERM
   may reach one process only (an operator's `kill`, a machine's pre-emption notice),
   and a process that saved alone would wait in orbax's cross-process barrier while its
-  peers wait in the step's collective, for ever. The first process to see SIGTERM
-  writes the step after next to the cluster's key-value store (`SAVE_AT_KEY`); every
-  process reads it at each step and saves there, so all save at the same step: steps
-  end in collectives, so no process is more than one step ahead of another, and each
-  sees the key before it passes that step.
+  peers wait in the step's collective, for ever. Every process gathers every process's
+  flag at each step the run asks (`Run.maybe_save`: the same steps in every process),
+  so all see a request at the same step and save there. The gather also holds each
+  process's host there until the others arrive (the hosts may otherwise dispatch steps
+  ahead of one another); a key-value protocol without it saved at different steps when
+  one host ran ahead.
   """
-
-  SAVE_AT_KEY = 'jaxsgd/preempted/save_at'
 
   def __init__(self):
     self.requested = False
     self._previous = None
-    self._save_at: int | None = None
 
   def _handle(self, signum, frame):
     del signum, frame
@@ -275,21 +274,14 @@ class PreemptionWatch:
 
   def due(self, step: int) -> bool:
     """Whether the run must save at `step` and stop (see the class docstring)."""
+    del step  # the same in every process: the gathers pair up in order
     if jax.process_count() == 1:
       return self.requested
-    client = _coordination_client()
-    if self._save_at is None and self.requested:
-      try:
-        client.key_value_set(self.SAVE_AT_KEY, str(step + 2))
-      except Exception:  # pylint: disable=broad-except  # set by a peer first: theirs holds
-        pass
-    if self._save_at is None:
-      try:
-        self._save_at = int(client.key_value_try_get(self.SAVE_AT_KEY))
-      except Exception:  # pylint: disable=broad-except  # not set: nobody was pre-empted
-        return False
-      self.requested = True
-    return step >= self._save_at
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    flags = multihost_utils.process_allgather(np.int32(self.requested))
+    self.requested = bool(np.any(flags))
+    return self.requested
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -300,10 +292,3 @@ class PreemptionWatch:
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
-
-
-def _coordination_client():
-  """The multi-process run's coordination client (`jax.distributed.initialize`)."""
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
-
-  return distributed.global_state.client
