@@ -259,6 +259,30 @@ class Executor:
       'records': records_as_arrays(self.records),
     }
 
+  def drained_snapshot(self, ready) -> dict:
+    """A snapshot taken at a drained point (the real clocks': no task in flight), in the
+    virtual clock's form: `ready`, the `(process, value)` pairs about to go on, are its
+    events."""
+    events = [(0.0, order, 'advance', p, value) for order, (p, value) in enumerate(ready)]
+    live = [*self.policy_processes, *(p for p, _ in ready)]
+    return {'now': self.now(), 'events': events, **self.save_processes(live)}
+
+  def load_drained(self, saved: dict) -> list:
+    """Puts back the processes and channels of a `drained_snapshot` (the clock sets its
+    time first); returns the `(process, value)` pairs that go on, in saved order."""
+    if saved.get('queued') or any(kind != 'advance' for _, _, kind, *_ in saved['events']):
+      raise ValueError(
+        f'checkpoint: saved with tasks in flight (the virtual clock); the {self.clock} '
+        'clock resumes from a drained point only.'
+      )
+    pending = self.load_processes(saved)
+    ready = []
+    for _, _, _, process, value in saved['events']:
+      pending.pop(process, None)  # Its op was dispatched: it goes on with the value.
+      ready.append((process, value))
+    self.load_channels(saved, pending)
+    return ready
+
   def load_processes(self, saved: dict) -> dict:
     """Makes the saved links, restores the timeline and starts every saved process again
     from its state; returns `{process: the op it yielded again}` for those that were

@@ -381,10 +381,8 @@ class ProcessExecutor(Executor):
       self._finished(self.pool.wait_any(list(self._pending)))
     self.pool.settle()
     self._record_copies(final=True)
-    events = [(0.0, order, 'advance', p, value) for order, (p, value) in enumerate(self._ready)]
-    live = [*self.policy_processes, *(p for p, _ in self._ready)]
     self._drained_at = began
-    return {'now': self.now(), 'events': events, **self.save_processes(live)}
+    return self.drained_snapshot(self._ready)
 
   def save_handles(self, handles: list) -> list:
     """Each handle's value, exported by its lane (`LanePool.save`; `scheduler.snapshot`)."""
@@ -397,21 +395,9 @@ class ProcessExecutor(Executor):
     return self.pool.restore(lane, payload)
 
   def _load(self, saved: dict) -> list:
-    """Puts the processes and channels `snapshot()` saved back (the wall clock goes on
-    from its time); returns the `(process, value)` pairs that go on, in saved order."""
-    if saved.get('queued') or any(kind != 'advance' for _, _, kind, *_ in saved['events']):
-      raise ValueError(
-        'checkpoint: saved with tasks in flight (the virtual clock); lane processes '
-        'resume from a drained point only.'
-      )
+    """The saved run put back (`load_drained`), the wall clock going on from its time."""
     self._t0 = time.time() - saved['now']
-    pending = self.load_processes(saved)
-    ready = []
-    for _, _, _, process, value in saved['events']:
-      pending.pop(process, None)  # its op was dispatched: it goes on with the value
-      ready.append((process, value))
-    self.load_channels(saved, pending)
-    return ready
+    return self.load_drained(saved)
 
   # --- lost workers -----------------------------------------------------------------------
   def _lose(self, error: LaneError) -> None:

@@ -140,27 +140,12 @@ class RealExecutor(Executor):
       timer.drain()
     if self.failure is not None:
       raise self.failure
-    events = [(0.0, order, 'advance', p, value) for order, (p, value) in enumerate(self._ready)]
-    live = [*self.policy_processes, *(p for p, _ in self._ready)]
-    return {'now': self.now(), 'events': events, **self.save_processes(live)}
+    return self.drained_snapshot(self._ready)
 
   def _load(self, saved: dict) -> list:
-    """Puts the processes and channels `snapshot()` saved back (the wall clock goes on
-    from its time); returns the `(process, value)` pairs that go on with a value, in
-    their saved order."""
-    if saved.get('queued') or any(kind != 'advance' for _, _, kind, *_ in saved['events']):
-      raise ValueError(
-        'checkpoint: saved with tasks in flight (the virtual clock); the real clock '
-        'resumes from a drained point only.'
-      )
+    """The saved run put back (`load_drained`), the wall clock going on from its time."""
     self._t0 = time.perf_counter() - saved['now']
-    pending = self.load_processes(saved)
-    ready = []
-    for _, _, _, process, value in saved['events']:
-      pending.pop(process, None)  # Its op was dispatched: it goes on with the value.
-      ready.append((process, value))
-    self.load_channels(saved, pending)
-    return ready
+    return self.load_drained(saved)
 
 
 class _Timer:
@@ -391,11 +376,7 @@ class ThreadedExecutor(RealExecutor):
         if mailbox is not None and mailbox.ready.is_set():
           going_on[process] = mailbox.value
       order = {p: i for i, p in enumerate(self.processes)}
-      events = [
-        (0.0, i, 'advance', p, going_on[p]) for i, p in enumerate(sorted(going_on, key=order.get))
-      ]
-      live = [*self.policy_processes, *going_on]
-      return {'now': self.now(), 'events': events, **self.save_processes(live)}
+      return self.drained_snapshot([(p, going_on[p]) for p in sorted(going_on, key=order.get)])
 
   def _wait_until_drained(self, me: Process) -> None:
     while True:
