@@ -201,18 +201,22 @@ def test_a_workdir_or_data_dir_that_cannot_be_written_is_refused_naming_it(
 
     return refuse
 
-  with monkeypatch.context() as patch:
-    patch.setattr(files.WorkdirLock, 'acquire', denied('/locked/run'))
-    with pytest.raises(
-      ValueError, match=r'^workdir: /locked/run: Permission denied; choose a workdir'
-    ):
-      training.train_and_evaluate(smoke_config(data_dir), str(tmp_path / 'a'), show_progress=False)
+  cases = [
+    (files.WorkdirLock, 'acquire', '/locked/run', r'^workdir: /locked/run: .*; choose a workdir'),
+    (
+      pipeline.tfds,
+      'data_source',
+      '/locked/data',
+      r'^data_dir: /locked/data: .*; choose a data_dir',
+    ),
+  ]
+  for owner, name, path, message in cases:
+    pipeline._load_cached.cache_clear()
+    with monkeypatch.context() as patch:
+      patch.setattr(owner, name, denied(path))
+      with pytest.raises(ValueError, match=message.replace('.*', 'Permission denied')):
+        training.train_and_evaluate(
+          smoke_config(data_dir), str(tmp_path / name), show_progress=False
+        )
   pipeline._load_cached.cache_clear()
-  with monkeypatch.context() as patch:
-    patch.setattr(pipeline.tfds, 'data_source', denied('/locked/data'))
-    with pytest.raises(
-      ValueError, match=r'^data_dir: /locked/data: Permission denied; choose a data_dir'
-    ):
-      training.train_and_evaluate(smoke_config(data_dir), str(tmp_path / 'b'), show_progress=False)
-  pipeline._load_cached.cache_clear()
-  assert not os.path.exists(tmp_path / 'b' / 'metrics.jsonl')
+  assert not os.path.exists(tmp_path / 'data_source' / 'metrics.jsonl')

@@ -478,32 +478,13 @@ def test_unreachable_coordinator_is_a_clear_error(tmp_path):
 
 def test_child_command_and_environment():
   py = sys.executable
-  assert launch.child_command(['--config=c.py']) == [
-    py,
-    '-u',
-    '-m',
-    'jaxsgd.spmd.bootstrap',
-    'experiments.train',
-    '--config=c.py',
-  ]
-  assert launch.child_command(['-m', 'pkg.mod', '-x']) == [
-    py,
-    '-u',
-    '-m',
-    'jaxsgd.spmd.bootstrap',
-    'pkg.mod',
-    '-x',
-  ]
+  bootstrap = [py, '-u', '-m', 'jaxsgd.spmd.bootstrap']
+  train = bootstrap + ['experiments.train', '--config=c.py']
+  assert launch.child_command(['--config=c.py']) == train
+  assert launch.child_command(['-m', 'pkg.mod', '-x']) == bootstrap + ['pkg.mod', '-x']
   assert launch.child_command(['python', 'a.py']) == [py, 'a.py']
   # What users type (and earlier docs showed): a module joined to the cluster first.
-  assert launch.child_command(['python', '-m', 'experiments.train', '--config=c.py']) == [
-    py,
-    '-u',
-    '-m',
-    'jaxsgd.spmd.bootstrap',
-    'experiments.train',
-    '--config=c.py',
-  ]
+  assert launch.child_command(['python', '-m', 'experiments.train', '--config=c.py']) == train
   args, _ = launch.parse_args(['--processes', '2', '--devices_per_process', '3', '--', '-x'])
   env = launch.child_env(args, 1, '127.0.0.1:5')
   assert env['XLA_FLAGS'].count('--xla_force_host_platform_device_count=') == 1
