@@ -694,16 +694,17 @@ def _host_line(path: str, host, args) -> str:
     for k, v in host.figures
   )
   if args.link_latency is None:
-    latency, bandwidth = simulated.link
+    latency, bandwidth, per_array = simulated.link
   else:
-    latency, bandwidth = args.link_latency, args.link_bandwidth
+    latency, bandwidth, per_array = args.link_latency, args.link_bandwidth, 0.0
   return (
     f'host profile: {path} ({host.executor}, {host.cores} cores, {host.date}): {figures}; '
     f'the virtual runs ({args.lanes} lanes: the figures '
     f'{"with every core busy" if every_core else "with an idle lane"}) add '
     f'{1e6 * simulated.dispatch:.1f} µs per task, a driver of '
     f'{1e6 * simulated.driver:.1f} µs per event + {1e6 * simulated.driver_latency:.1f} µs '
-    f"per message's way, links of {1e6 * latency:.0f} µs + bytes / {bandwidth / 1e9:.2f} GB/s"
+    f"per message's way, links of {1e6 * latency:.0f} µs + {1e6 * per_array:.0f} µs per "
+    f'array beyond the first + bytes / {bandwidth / 1e9:.2f} GB/s'
     + ('' if args.link_latency is None else ' (--link_latency, --link_bandwidth)')
   )
 
