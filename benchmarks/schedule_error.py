@@ -70,6 +70,8 @@ import time
 
 import numpy as np
 
+from jaxsgd.errors import Preempted
+
 from benchmarks import simulator_accuracy as accuracy
 
 FAMILIES = accuracy.FAMILIES
@@ -369,6 +371,8 @@ def one_row(name: str, lanes: int, args, host, root: str, sampler: CpuSampler) -
       args.warmup,
       block,
     )
+  except Preempted:  # SIGTERM: the benchmark stops, not only this row
+    raise
   except Exception as error:  # noqa: BLE001 - reported in the table; the other rows go on
     row['skipped'] = f'{type(error).__name__}: {" ".join(str(error).split())[:200]}'
     return row
@@ -396,6 +400,8 @@ def one_row(name: str, lanes: int, args, host, root: str, sampler: CpuSampler) -
       )
       stats = run(config, workdir, args.warmup, block)
       row['variants'][variant] = _kept(stats)
+    except Preempted:  # SIGTERM: the benchmark stops, not only this row
+      raise
     except Exception as error:  # noqa: BLE001
       row['variants'][variant] = {'skipped': f'{type(error).__name__}: {error}'[:200]}
   return row

@@ -68,6 +68,8 @@ import time
 
 import numpy as np
 
+from jaxsgd.errors import Preempted
+
 FAMILIES = ('bp', 'ddg', 'local', 'asgd', 'dcasgd', 'pdasgd', 'lppsgd')
 
 
@@ -519,6 +521,8 @@ def run_family(name: str, args, profile: str, hosts: dict, root: str) -> dict:
         stats = steady_stats(workdir, args.warmup)
     except NoSteadyState as error:  # a lane that barely ran (compiling, or starved)
       return {'skipped': f'{side} run has no steady state: {error}'}
+    except Preempted:  # SIGTERM: the benchmark stops, not only this row
+      raise
     except Exception as error:  # noqa: BLE001 - reported, the other families go on
       line = ' '.join(str(error).split())[:160]
       if side == 'measured' and name in ('pdasgd', 'lppsgd'):
