@@ -34,9 +34,9 @@ class Settings:
   @property
   def resumable(self) -> bool:
     """The fused loop checkpoints (`run.maybe_save`) and resumes exactly; so does staged
-    BP on the virtual clock (the whole simulation) and on the in-process real clock (at
-    a drained point)."""
-    return not self.uses_scheduler or self.shared.saves_whole_run
+    BP on the virtual clock (the whole simulation) and on the real clock (at a drained
+    point, in one process or on lanes)."""
+    return True
 
 
 def validate(config, model) -> Settings:

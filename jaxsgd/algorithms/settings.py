@@ -553,13 +553,6 @@ class SharedSettings:
     return profile is not None and profile.executor == 'processes'
 
   @property
-  def saves_whole_run(self) -> bool:
-    """Whether a scheduler run can checkpoint its whole state: the virtual clock between
-    any two events, the real clock at a drained point, in this process
-    (`scheduler.real`) or on lane processes (`scheduler.process`)."""
-    return True
-
-  @property
   def cost_seed(self) -> int:
     return self.seed if self.cost.seed is None else self.cost.seed
 
