@@ -71,8 +71,9 @@ import time
 from jaxsgd.spmd import distributed
 
 TRAIN_MODULE = 'experiments.train'
-# The memory one JAX process on the CPU takes before it holds any data (its peak
-# resident size after a first jitted op: ~200 MiB), with room for a small model's data.
+# The memory one JAX process on the CPU takes: JAX and XLA resident after a first jitted
+# op, with room for a small model's data. More processes than memory holds would swap or
+# be killed one by one instead of being refused.
 PROCESS_MEMORY = 256 << 20
 _DEVICE_FLAG = re.compile(r'--xla_force_host_platform_device_count=\S+')
 _PR_SET_PDEATHSIG = 1
