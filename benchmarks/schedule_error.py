@@ -440,6 +440,18 @@ def error(row: dict, side: dict) -> float:
 
 
 def print_tables(rows: list[dict], args, host) -> None:
+  """The three parts' tables (module docstring), then the last lines."""
+  done = [row for row in rows if 'skipped' not in row]
+  _print_schedule_error(rows, done)
+  if args.variants and done:
+    _print_variants(done)
+  if done:
+    _print_where_time_went(done, host)
+  _print_last_lines(done)
+
+
+def _print_schedule_error(rows: list[dict], done: list[dict]) -> None:
+  """Part 1: time per iteration, emulated against virtual; sets each row's error and TVD."""
   done = [row for row in rows if 'skipped' not in row]
   print()
   print('Part 1: emulated tasks (lane processes) against the virtual clock, same costs')
@@ -494,74 +506,82 @@ def print_tables(rows: list[dict], args, host) -> None:
         f'  {label(row["family"], row["lanes"])}: {_histogram(row["emulated"]["staleness"])} | '
         f'{_histogram(row["virtual"]["staleness"])}'
       )
-  if args.variants and done:
-    print()
-    print('Part 2: the virtual clock with one setting changed, error % against the emulated run')
-    header = ('family', 'K', 'model', *VARIANTS)
-    table = []
-    for row in done:
-      cells = []
-      for variant in VARIANTS:
-        stats = row['variants'].get(variant, {})
-        cells.append(
-          f'{error(row, stats):.1f} ({stats["per_iteration"]:.4f})'
-          if 'per_iteration' in stats
-          else '-'
-        )
-      table.append(
-        (label(row['family'], row['lanes']), row['lanes'], f'{row["error"]:.1f}', *cells)
+
+
+def _print_variants(done: list[dict]) -> None:
+  """Part 2: the virtual clock with one host figure changed at a time."""
+  print()
+  print('Part 2: the virtual clock with one setting changed, error % against the emulated run')
+  header = ('family', 'K', 'model', *VARIANTS)
+  table = []
+  for row in done:
+    cells = []
+    for variant in VARIANTS:
+      stats = row['variants'].get(variant, {})
+      cells.append(
+        f'{error(row, stats):.1f} ({stats["per_iteration"]:.4f})'
+        if 'per_iteration' in stats
+        else '-'
       )
-    _print(header, table)
-    print(
-      'the host profile with: no driver: driver = driver_latency = 0; heard driver: '
-      "driver_latency = the emulated run's median hear delay less driver; run's copies: "
-      "link_latency = the emulated run's median copy, link_bandwidth free; run's host: "
-      'both; in parentheses: the virtual s/it'
-    )
-  if done:
-    print()
-    print("Part 3: where the emulated runs' time went (emulated / virtual)")
-    header = (
-      'family',
-      'K',
-      'copy ms',
-      'copy end -> reader ms',
-      'heard ms',
-      'busiest lane utilization',
-      'host cores busy (driver, lanes, Ray)',
-      'busiest lane process cores',
-      'driver CPU µs/event',
-    )
-    table = []
-    for row in done:
-      e, v = row['emulated'], row['virtual']
-      cpu = e.get('cpu')
-      per_event = cpu and e['events'] and 1e6 * cpu['driver'] * e['window'] / e['events']
-      table.append(
-        (
-          label(row['family'], row['lanes']),
-          row['lanes'],
-          f'{_ms(e["copy_ms"])} / {_ms(v["copy_ms"])}',
-          f'{_ms(e["reader_ms"])} / {_ms(v["reader_ms"])}',
-          f'{_ms(e["hear_ms"])} / {_ms(v["hear_ms"])}',
-          f'{_busiest(e)} / {_busiest(v)}',
-          f'{cpu["all"]:.2f} ({cpu["driver"]:.2f}, {cpu["lanes"]:.2f}, {cpu["ray"]:.2f})'
-          if cpu
-          else '-',
-          f'{cpu["busiest lane"]:.2f}' if cpu else '-',
-          f'{per_event:.0f} / {1e6 * _driver(host, row["lanes"]):.0f}' if per_event else '-',
-        )
+    table.append((label(row['family'], row['lanes']), row['lanes'], f'{row["error"]:.1f}', *cells))
+  _print(header, table)
+  print(
+    'the host profile with: no driver: driver = driver_latency = 0; heard driver: '
+    "driver_latency = the emulated run's median hear delay less driver; run's copies: "
+    "link_latency = the emulated run's median copy, link_bandwidth free; run's host: "
+    'both; in parentheses: the virtual s/it'
+  )
+
+
+def _print_where_time_went(done: list[dict], host) -> None:
+  """Part 3: copies, the driver and the host's CPU in the emulated runs."""
+  print()
+  print("Part 3: where the emulated runs' time went (emulated / virtual)")
+  header = (
+    'family',
+    'K',
+    'copy ms',
+    'copy end -> reader ms',
+    'heard ms',
+    'busiest lane utilization',
+    'host cores busy (driver, lanes, Ray)',
+    'busiest lane process cores',
+    'driver CPU µs/event',
+  )
+  table = []
+  for row in done:
+    e, v = row['emulated'], row['virtual']
+    cpu = e.get('cpu')
+    per_event = cpu and e['events'] and 1e6 * cpu['driver'] * e['window'] / e['events']
+    table.append(
+      (
+        label(row['family'], row['lanes']),
+        row['lanes'],
+        f'{_ms(e["copy_ms"])} / {_ms(v["copy_ms"])}',
+        f'{_ms(e["reader_ms"])} / {_ms(v["reader_ms"])}',
+        f'{_ms(e["hear_ms"])} / {_ms(v["hear_ms"])}',
+        f'{_busiest(e)} / {_busiest(v)}',
+        f'{cpu["all"]:.2f} ({cpu["driver"]:.2f}, {cpu["lanes"]:.2f}, {cpu["ray"]:.2f})'
+        if cpu
+        else '-',
+        f'{cpu["busiest lane"]:.2f}' if cpu else '-',
+        f'{per_event:.0f} / {1e6 * _driver(host, row["lanes"]):.0f}' if per_event else '-',
       )
-    _print(header, table)
-    print(
-      'copy: a copy between lanes, median (virtual: as priced); copy end -> reader: from a '
-      "copy's end to the start of the next task on its receiving lane, where that lane was "
-      "idle (median); heard: a task's end to the driver hearing of it, median; host cores "
-      'busy: CPU seconds per second of all processes of the emulated run over its steady '
-      f'state, of {os.cpu_count()} cores (a lane process near 1 is bound by its CPU, or '
-      "by Python's lock); driver CPU per event: its CPU over the steady state / (2 per "
-      'compute task + 1 per copy), against cost.driver'
     )
+  _print(header, table)
+  print(
+    'copy: a copy between lanes, median (virtual: as priced); copy end -> reader: from a '
+    "copy's end to the start of the next task on its receiving lane, where that lane was "
+    "idle (median); heard: a task's end to the driver hearing of it, median; host cores "
+    'busy: CPU seconds per second of all processes of the emulated run over its steady '
+    f'state, of {os.cpu_count()} cores (a lane process near 1 is bound by its CPU, or '
+    "by Python's lock); driver CPU per event: its CPU over the steady state / (2 per "
+    'compute task + 1 per copy), against cost.driver'
+  )
+
+
+def _print_last_lines(done: list[dict]) -> None:
+  """The summary lines, the benchmark's figure last."""
   if not done:
     print('simulator schedule error, emulated tasks, K=2..16: n/a (no run)')
     print('simulator max error across families: n/a (no family ran)')

@@ -29,8 +29,8 @@ from test_lanes import _lane_processes, gone  # noqa: E402
 
 from jaxsgd import optimizers  # noqa: E402
 from jaxsgd.algorithms import ddg  # noqa: E402
-from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
-from jaxsgd.scheduler import CostModel, Placement  # noqa: E402
+from jaxsgd.pipeline import BatchFeed, sequential_roles  # noqa: E402
+from jaxsgd.scheduler import CostModel  # noqa: E402
 from jaxsgd.scheduler import virtual as virtual_lib  # noqa: E402
 from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool  # noqa: E402
 from jaxsgd.scheduler.lanes import runtime as runtime_lib  # noqa: E402
@@ -38,7 +38,7 @@ from jaxsgd.scheduler.lanes.pool import _dumps  # noqa: E402
 from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, LaneRuntime, Ref  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor  # noqa: E402
 from jaxsgd.scheduler.tasks import Task, TaskRecipe  # noqa: E402
-from scheduler_helpers import BATCH, make_pipeline, batches, mlp  # noqa: E402
+from scheduler_helpers import make_pipeline, batches, mlp  # noqa: E402
 
 OPTIMIZER = optimizers.OptimizerSettings('sgd', 0.1)
 STEPS = 3
@@ -147,13 +147,10 @@ def test_lppsgd_partitioned_update_has_an_abstract_trace():
   from jaxsgd.asynchronous import lppsgd
 
   roles = sequential_roles(1)
-  stages = PlacedStages(
+  stages = make_pipeline(
     mlp(),
-    1,
+    roles,
     optimizers.make_optimizer(OPTIMIZER, STEPS),
-    placement=Placement.create(1, jax.devices()[:1]),
-    batch_size=BATCH,
-    seed=0,
     optimizer=(OPTIMIZER, STEPS),
   )
   params = stages.initial_variables(0, roles[0])['params']

@@ -364,13 +364,10 @@ def test_config_executor_processes_is_checked_before_anything_starts(listening_a
 
 def asgd(num_workers, executor, steps=STEPS):
   """ASGD with `num_workers` workers (MLP, Adam), every function a named task."""
-  stages = PlacedStages(
+  stages = make_pipeline(
     mlp(),
-    1,
+    sequential_roles(1),
     optimizers.make_optimizer(OPTIMIZER, steps),
-    placement=Placement.create(1, jax.devices()[:1]),
-    batch_size=BATCH,
-    seed=0,
     optimizer=(OPTIMIZER, steps),
   )
   settings = server.ServerSettings(num_workers)
