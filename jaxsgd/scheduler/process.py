@@ -157,7 +157,6 @@ class ProcessExecutor(Executor):
     self.dispatched = 0
     self.lost: list[LostLane] = []
     self.between_events = None  # called after every op dispatched (checkpoints)
-    self.notes_vjps = False  # (the lanes keep what made each value: `LanePool.save`)
     self.on_sigterm = None  # with checkpoints: SIGTERM asks for a save, then a stop
     self.pauses: list[float] = []  # seconds each checkpoint's drain and save held the run
 
@@ -185,9 +184,8 @@ class ProcessExecutor(Executor):
       self.close()
       if isinstance(error, KeyboardInterrupt) and sigterm_received():
         raise Preempted(
-          'SIGTERM: stopped; every lane process was ended. This run writes no '
-          'checkpoints (checkpoint_every=0 and no save was asked for), so running the '
-          'command again starts over.'
+          'SIGTERM: stopped; every lane process was ended. Nothing was saved (this run '
+          'was given no checkpoints), so running the command again starts over.'
         ) from None
       raise
 
@@ -444,10 +442,7 @@ class ProcessExecutor(Executor):
         channel.items.clear()
         channel.items.extend(kept)
     for process in processes:
-      if process.waiting_on is not None:
-        process.waiting_on.waiters.remove(process)
-        process.waiting_on = None
-      self._ready = collections.deque((p, v) for p, v in self._ready if p is not process)
+      self._detach(process)
       process.restart(process.on_rejoin(reason))
       process.done = False
       self._ready.append((process, None))
@@ -473,11 +468,15 @@ class ProcessExecutor(Executor):
 
   def _end(self, process: Process) -> None:
     """Closes `process` wherever it is: waiting on a channel, or ready to go on."""
+    self._detach(process)
+    process.close()
+
+  def _detach(self, process: Process) -> None:
+    """Takes `process` off the channel it waits on and out of the ready queue."""
     if process.waiting_on is not None:
       process.waiting_on.waiters.remove(process)
       process.waiting_on = None
     self._ready = collections.deque((p, v) for p, v in self._ready if p is not process)
-    process.close()
 
   def needs_transfer(self, value, channel: Channel) -> bool:
     target = self._lane_names[channel.lane]

@@ -148,15 +148,8 @@ def _only_cut_short(config, workdir: str) -> bool:
   from jaxsgd.training import checkpoints  # pylint: disable=g-import-not-at-top  # orbax: slow.
 
   meta, damaged = checkpoints.find_latest(workdir)
-  if meta is not None or not damaged:
+  if meta is not None or not damaged or _damaged_of_another(config, workdir, damaged):
     return False
-  for step, _ in damaged:
-    try:
-      saved = checkpoints.read_meta(workdir, step).get('config') or {}
-    except Exception:  # pylint: disable=broad-except  # unreadable: nothing says otherwise
-      continue
-    if not same_config(saved, config, ignore=RESUME_MAY_CHANGE):
-      return False
   step, why = damaged[0]
   logging.warning(
     'workdir: %s holds no whole checkpoint (step %d: %s); starting over, replacing that '
@@ -166,6 +159,21 @@ def _only_cut_short(config, workdir: str) -> bool:
     why,
   )
   return True
+
+
+def _damaged_of_another(config, workdir: str, damaged) -> tuple[int, str, str] | None:
+  """`(step, why damaged, the fields that differ)` of the first of `damaged` whose meta
+  reads and is of another config; None if there is none."""
+  from jaxsgd.training import checkpoints  # pylint: disable=g-import-not-at-top  # orbax: slow.
+
+  for step, why in damaged:
+    try:
+      saved = checkpoints.read_meta(workdir, step).get('config') or {}
+    except Exception:  # pylint: disable=broad-except  # unreadable: nothing says otherwise
+      continue
+    if not same_config(saved, config, ignore=RESUME_MAY_CHANGE):
+      return step, why, differences(saved, config, ignore=RESUME_MAY_CHANGE)
+  return None
 
 
 def differences(saved: dict, config, *, ignore=(), most: int = 3) -> str:
@@ -221,18 +229,15 @@ def _checkpoints_of_another(config, workdir: str) -> str:
   from jaxsgd.training import checkpoints  # pylint: disable=g-import-not-at-top  # orbax: slow.
 
   meta, damaged = checkpoints.find_latest(workdir)
-  if meta is None:
-    step, why = damaged[0] if damaged else (None, 'none is complete')
-    for step, why in damaged:
-      try:
-        saved = checkpoints.read_meta(workdir, step).get('config') or {}
-      except Exception:  # pylint: disable=broad-except  # unreadable
-        continue
-      fields = differences(saved, config, ignore=RESUME_MAY_CHANGE)
-      return f'an unfinished checkpoint (step {step}: {why}) of a run of a different config (it differs in {fields})'
-    return f'checkpoints none of which is whole (step {step}: {why})'
-  fields = differences(meta.get('config') or {}, config, ignore=RESUME_MAY_CHANGE)
-  return f'checkpoints of a run of a different config (it differs in {fields}; a run resumes only its own)'
+  if meta is not None:
+    fields = differences(meta.get('config') or {}, config, ignore=RESUME_MAY_CHANGE)
+    return f'checkpoints of a run of a different config (it differs in {fields}; a run resumes only its own)'
+  other = _damaged_of_another(config, workdir, damaged)
+  if other is not None:
+    step, why, fields = other
+    return f'an unfinished checkpoint (step {step}: {why}) of a run of a different config (it differs in {fields})'
+  step, why = damaged[0] if damaged else (None, 'none is complete')
+  return f'checkpoints none of which is whole (step {step}: {why})'
 
 
 def saved_config(workdir: str) -> dict | None:
