@@ -37,8 +37,9 @@ class Settings:
 
   @property
   def session(self) -> LppSettings:
+    elastic = self.shared is not None and self.shared.tolerate_lost_workers
     return LppSettings(
-      self.devices, self.workers_per_device, self.warmup_steps, self.averaging_freq
+      self.devices, self.workers_per_device, self.warmup_steps, self.averaging_freq, elastic
     )
 
 
@@ -49,8 +50,9 @@ def validate(config, model) -> Settings:
   integer(settings.warmup_steps, 'algorithm.warmup_steps', minimum=0)
   integer(settings.averaging_freq, 'algorithm.averaging_freq')
   shared = workers.validate_workers(config, model, settings.session.num_workers, whole_model=True)
+  settings = dataclasses.replace(settings, shared=shared)
   check_placed_lanes(shared, settings.session.lane_names)
-  return dataclasses.replace(settings, shared=shared)
+  return settings
 
 
 def task_costs(

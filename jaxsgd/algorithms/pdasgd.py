@@ -119,6 +119,7 @@ def train(run, settings: Settings) -> dict:
       log,
       costed_links=costed,
       lane_processes=shared.lane_processes,
+      elastic=shared.tolerate_lost_workers,
     ),
     name='pdasgd',
     title=f'pdasgd ({pd.updates} updates): staleness per layer',

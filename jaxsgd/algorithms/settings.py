@@ -14,9 +14,9 @@ The shared fields:
       those lane processes, each task waiting its priced duration instead of computing,
       priced from `cost` as the virtual clock prices it), cluster_address (refused if
       nothing answers there within cluster_timeout_s seconds),
-      tolerate_lost_workers (processes, asgd/dcasgd: a worker whose lane process dies
-      or raises is replaced by a new lane process and rejoins, or dropped if none can
-      start; False: it stops the run)
+      tolerate_lost_workers (processes; asgd, dcasgd, pdasgd, lppsgd: a worker whose lane
+      process dies or raises is replaced by a new lane process and rejoins; if none can
+      start, asgd and dcasgd go on without it and the others stop; False: it stops the run)
     checkpoint_every (0: no periodic checkpoints)
     optimizer.{name, learning_rate, schedule, weight_decay, kwargs}  -> OptimizerSettings
     cost.{...}                                                       -> CostSettings
@@ -49,7 +49,7 @@ KINDS = ('forward', 'backward', 'update', 'step')  # the task kinds `cost.comput
 
 # The algorithms whose runs can go on without a lost worker (`tolerate_lost_workers`):
 # their worker processes declare what replaces them (`core.Process.on_lost`).
-TOLERATE_LOST_WORKERS = ('asgd', 'dcasgd')
+TOLERATE_LOST_WORKERS = ('asgd', 'dcasgd', 'pdasgd', 'lppsgd')
 
 # Fields that were renamed: the old name is refused with the new one.
 RENAMED = {

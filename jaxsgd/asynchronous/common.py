@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Channel, Cluster, Compute, Get, Put
+from jaxsgd.scheduler.core import Channel, Cluster, Compute, Get, LoopState, Put
 from jaxsgd.scheduler.costs import TRANSFER
 from jaxsgd.pipeline.session import StageParams
 from jaxsgd.scheduler.store import VersionedStore
@@ -195,6 +195,26 @@ class SharedParams:
       self._turn = Channel(f'{self.store.name}: turn to update', owner)
       self._turn.items.append(_TURN)  # free
     return self._turn
+
+
+# --- lost workers (`ProcessExecutor(tolerate_lost=True)`) -----------------------------------
+def state_at(phase: str, state: LoopState, *fields: str) -> LoopState:
+  """A new state holding `fields` of `state`, from which a program starts at `phase`
+  (a replaced worker's `on_rejoin`)."""
+  new = LoopState(**{name: getattr(state, name) for name in fields})
+  new.phase = phase
+  return new
+
+
+def lost_for_good(algorithm: str, who: str, reason: str):
+  """`on_lost` of a worker the run cannot go on without once no new lane process took
+  its place: the run stops, saying why."""
+  raise WorkersFailedError(
+    f'{algorithm}: {who} was lost and no new lane process took its place '
+    f'({reason.rstrip(".")}); a checkpoint (checkpoint_every) lets the same command resume '
+    'the run.'
+  )
+  yield  # (a generator, as `on_lost` must be)
 
 
 # --- reporting ----------------------------------------------------------------------------------

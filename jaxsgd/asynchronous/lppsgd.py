@@ -35,6 +35,17 @@ w_d ← w̄ would discard those updates; with a zero-time collective both are th
 same (w_d = s_d). Only parameters are averaged: the optimizer state and any
 BatchNorm statistics stay per replica. Evaluation uses the mean of the replicas.
 
+Elastic workers (`LppSettings.replica_lanes`: lane processes with
+`tolerate_lost_workers`): a worker whose lane process dies or raises is replaced by a
+new lane process and goes on (`ProcessExecutor`, lost workers). Each replica then lives
+on a lane of its own (`replica d`), never lost, rather than in worker (d, 0)'s, and a
+worker's gradient (with its loss) is copied whole to the replica's lane before its
+update takes the replica's turn, so an update never reads a value of a lost lane. A
+replaced worker begins the step it was computing again on its next batch (a gradient
+that had landed is applied); one in its update finishes it. A lost replica's lane ends
+the run (with checkpoints, the same command resumes it). BatchNorm statistics live in
+the workers' lanes, so a model with any is refused.
+
 The W workers of a device time-share it: each worker lane runs at 1/W of the
 device's speed (`cost.speeds` / W), so a device's throughput does not
 grow with W; Hogwild! buys asynchrony, not FLOPs.
@@ -62,7 +73,7 @@ from jaxsgd import optimizers
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put
+from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put, Send
 from jaxsgd.pipeline.session import PlacedStages, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
@@ -75,6 +86,7 @@ class LppSettings:
   workers_per_device: int = 2
   warmup_steps: int = 0
   averaging_freq: int = 4
+  replica_lanes: bool = False  # elastic workers: each replica on a lane of its own
 
   @property
   def num_workers(self) -> int:
@@ -83,10 +95,12 @@ class LppSettings:
   @property
   def lane_names(self) -> list[str]:
     """The session's lanes, in order: worker j of replica d (`worker d.j`, placement
-    name `workerd.j`), then the averaging collective's (none with one replica)."""
+    name `workerd.j`), with `replica_lanes` replica d's (`replica d`), then the averaging
+    collective's (none with one replica)."""
     W = self.workers_per_device
     workers = [f'worker {m // W}.{m % W}' for m in range(self.num_workers)]
-    return workers + (['allreduce'] if self.devices > 1 else [])
+    replicas = [f'replica {d}' for d in range(self.devices)] if self.replica_lanes else []
+    return workers + replicas + (['allreduce'] if self.devices > 1 else [])
 
 
 def partition_masks(params, parts: int) -> list:
@@ -309,8 +323,23 @@ class LppSession:
     names = settings.lane_names
     for m in range(D * W):
       self.cluster.add_lane(f'{names[m]} ({devices[m // W]})', devices[m // W])
+    self.elastic = settings.replica_lanes
+    if self.elastic:  # (module docstring: elastic workers)
+      if any(jax.tree.leaves(state.read().value) for state in self.states):
+        raise ValueError(
+          "tolerate_lost_workers: lppsgd keeps BatchNorm statistics in its workers' lanes, "
+          'which a lost worker takes with it; use a model without BatchNorm (mlp, cnn), '
+          'or leave tolerate_lost_workers False.'
+        )
+      self.replica_lanes = [
+        self.cluster.add_lane(f'{names[D * W + d]} ({devices[d]})', devices[d]) for d in range(D)
+      ]
+      self.landing = [
+        self.cluster.channel(f'landed gradients of worker {m // W}.{m % W}', self.home(m // W))
+        for m in range(D * W)
+      ]
     # The averaging collective's lane (none with one replica: nothing to average).
-    self.allreduce_lane = self.cluster.add_lane(names[D * W]) if D > 1 else None
+    self.allreduce_lane = self.cluster.add_lane(names[-1]) if D > 1 else None
     self.rounds = [
       self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane)
       for d in range(D if D > 1 else 0)
@@ -335,6 +364,9 @@ class LppSession:
       )
       for m in range(self.settings.num_workers)
     ]
+    for m, worker in enumerate(workers if self.elastic else ()):
+      worker.on_rejoin = functools.partial(self._rejoin, m, worker)
+      worker.on_lost = functools.partial(common.lost_for_good, 'lppsgd', worker.name)
     if self.settings.devices > 1:
       averaging = LoopState(taking=list(range(self.settings.devices)), r=-1, asking=[], void=False)
       workers.append(Process.resumable('averaging', self.allreduce_lane, self._averager, averaging))
@@ -376,6 +408,12 @@ class LppSession:
           s.failed = s.stopping = True
           break
         s.partitioned = s.k % 2 == 1 and self.steps.applied >= self.settings.warmup_steps
+      if self.elastic:  # the gradient goes to the replica's lane, whole or not at all
+        if s.enter('land'):
+          yield Send(self.landing[m], (s.grads, s.loss), batch=s.k)
+          s.grads = s.loss = None
+        if s.enter('landed'):
+          s.grads, s.loss = yield Get(self.landing[m])
       if self.lane_processes:
         if s.enter('update on lane'):
           if not self.steps.claim():  # every step is taken
@@ -408,8 +446,27 @@ class LppSession:
     yield from self._leave(d, s)
 
   def home(self, d: int) -> int:
-    """The lane that owns replica d with lanes in processes: worker (d, 0)'s."""
+    """The lane that owns replica d with lanes in processes: its own (elastic), else
+    worker (d, 0)'s."""
+    if self.settings.replica_lanes:
+      return self.settings.num_workers + d
     return d * self.settings.workers_per_device
+
+  def _rejoin(self, m: int, worker: Process, reason: str) -> LoopState | None:
+    """Worker m's lane was replaced: a step it was computing (in the lost lane) is begun
+    again on its next batch, unless its gradient had landed on the replica's lane (then
+    it is applied); in its update or later it holds nothing of the lost lane and goes on."""
+    del reason
+    s = worker.state
+    landed = bool(self.landing[m].items)
+    if s.phase == 'land' and landed:
+      fields = ('k', 'stopping', 'failed', 'last', 'due', 'partitioned', 'version', 'new_state')
+      return common.state_at('landed', s, *fields)
+    if s.phase in ('read', 'forward', 'backward', 'land') or (
+      s.phase == 'landed' and worker.waiting_on is not None
+    ):  # (a copy still on its way when the lane died was dropped with it)
+      return LoopState(k=s.k + 1, stopping=False, failed=False, last=False, due=False)
+    return None
 
   def _apply(self, d, m, grads, read_version, new_state, partitioned):
     W = self.settings.workers_per_device

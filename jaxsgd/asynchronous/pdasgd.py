@@ -35,6 +35,28 @@ a backward. Forward workers cannot run unboundedly ahead; Q = 1 gives strictly
 alternating forward and backward (with 1:1, layer-wise or block updates: sequential
 SGD).
 
+**Elastic workers** (`elastic=True`: lane processes with `tolerate_lost_workers`). A
+worker whose lane process dies or raises is replaced by a new lane process and goes on
+(`ProcessExecutor`, lost workers), so nothing a worker's lane held may be needed by any
+other lane. Two things change, both on the shared model's lane (which is never lost):
+
+- a forward's result (residuals and loss) is copied whole to the shared model's lane
+  before it is queued (`Send`: delivered once it has all landed, or not at all), so a
+  backward worker never reads a value of a lost lane;
+- every layer update is a request (layer, gradient, the version its forward read)
+  copied the same way to the shared model's *updater*, which applies the requests in
+  the order they land, each (batch, layer) once, and counts the step when a batch's
+  layer 0 is applied. A backward worker goes on at once (it does not wait for its
+  update, as on the in-process clocks, where an update is dispatched, not waited for).
+
+A replaced forward worker keeps its token and computes its batch again (a result that
+had landed is queued as it is); a replaced backward worker takes the batch it held from
+its first layer again — its residuals are on the shared model's lane — and sends every
+layer's update again: the updater drops the ones it has applied, so no update is lost
+or applied twice (each layer's version count equals the steps). A worker that held
+nothing of its lane (waiting for a token or a batch) goes on where it was. BatchNorm
+statistics live in the forward workers' lanes, so a model with any is refused.
+
 Per-layer staleness is recorded in each store; with fixed costs and n_bwd ≥ 2,
 layer-wise updates give lower staleness than block updates (the later layers'
 updates land earlier): `tests/asynchronous/test_pdasgd.py` derives one case by hand.
@@ -67,8 +89,8 @@ from jaxsgd import models as models_lib
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
 from jaxsgd.scheduler import transfer
-from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put
-from jaxsgd.pipeline.session import PlacedStages, sequential_roles
+from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put, Send
+from jaxsgd.pipeline.session import PlacedStages, StageParams, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
 
 UPDATES = ('layer', 'block')
@@ -113,6 +135,26 @@ class Forwarded(NamedTuple):
   loss: Any
 
 
+class UpdateRequest(NamedTuple):
+  """Layer updates a backward worker asks the updater for (`elastic`): `grads[i]` for
+  layer `layers[i]`, computed at the version `versions[i]` its forward read; `loss` with
+  layer 0's (the batch's step)."""
+
+  worker: int
+  batch: int
+  layers: tuple
+  grads: tuple
+  versions: tuple
+  loss: Any
+
+
+# A backward worker's phases while it holds a batch: replaced there, it starts the batch
+# again (`_rejoin_backward`).
+_BACKWARD_PASS = ('copy residuals', 'backward', 'request', 'next layer', 'answer')
+# A forward worker's phases while its batch is in its own lane (`_rejoin_forward`).
+_FORWARD_PASS = ('batch', 'read', 'copy', 'forward', 'result', 'forwarded')
+
+
 class PdSession:
   """One run: the shared layers on lane 0, forward then backward workers on lanes 1...
 
@@ -132,6 +174,7 @@ class PdSession:
       the in-process clocks: the same versions read, the same staleness recorded,
       each layer's updates applied one after another. Values are not copied by the
       policy: the executor moves a lane's value to the lane of a task that uses it.
+    elastic: lost workers are replaced and rejoin (module docstring; lane processes).
   """
 
   def __init__(
@@ -145,6 +188,7 @@ class PdSession:
     *,
     costed_links: bool = False,
     lane_processes: bool = False,
+    elastic: bool = False,
   ):
     if lane_processes:  # values stay in the lane processes; the executor moves them
       devices = [None] * len(devices)
@@ -155,7 +199,7 @@ class PdSession:
       steps,
       log,
     )
-    self.costed, self.lane_processes = costed_links, lane_processes
+    self.costed, self.lane_processes, self.elastic = costed_links, lane_processes, elastic
     self.fetch = lambda value: value  # values for the driver (`Executor.fetch`)
     self.num_layers = pipeline.num_stages
     roles = sequential_roles(self.num_layers)
@@ -173,6 +217,23 @@ class PdSession:
       self.cluster.add_lane(f'{name} ({devices[i]})', devices[i])
     self.queue = self.cluster.channel('forward results', 0)
     self.tokens = self.cluster.channel('tokens', 0)
+    if elastic:
+      if any(jax.tree.leaves(state.read().value) for state in self.states):
+        raise ValueError(
+          'tolerate_lost_workers: pdasgd keeps BatchNorm statistics in its forward '
+          "workers' lanes, which a lost worker takes with it; use a model without "
+          'BatchNorm (mlp, cnn), or leave tolerate_lost_workers False.'
+        )
+      self.landing = [
+        self.cluster.channel(f'landed result of forward worker {f}', 0)
+        for f in range(settings.n_fwd)
+      ]
+      self.updates = self.cluster.channel('layer updates', 0)
+      self.answers = [  # the batches whose updates the updater has all (`_backward_pass`)
+        self.cluster.channel(f'updates of backward worker {b} received', 0)
+        for b in range(settings.n_bwd)
+      ]
+      self.applied_parts: set[tuple[int, int]] = set()  # (batch, layer) applied
     self.started = 0  # batches begun by forward workers
     self.alive = {'forward': settings.n_fwd, 'backward': settings.n_bwd}
     self._lock = threading.Lock()
@@ -180,7 +241,7 @@ class PdSession:
   def processes(self) -> list[Process]:
     """The token pool and the workers, resumable (their loop variables are `LoopState`s)."""
     n_fwd = self.settings.n_fwd
-    return [Process.resumable('tokens', 0, self._tokens, LoopState(given=0))] + [
+    workers = [
       Process.resumable(
         worker_name(self.settings, w),
         1 + w,
@@ -189,6 +250,14 @@ class PdSession:
       )
       for w in range(self.settings.num_workers)
     ]
+    shared = [Process.resumable('tokens', 0, self._tokens, LoopState(given=0))]
+    if self.elastic:
+      shared.append(Process.resumable('updater', 0, self._updater, LoopState(i=0)))
+      for w, worker in enumerate(workers):
+        rejoin = self._rejoin_forward if w < n_fwd else self._rejoin_backward
+        worker.on_rejoin = functools.partial(rejoin, w, worker)
+        worker.on_lost = functools.partial(common.lost_for_good, 'pdasgd', worker.name)
+    return shared + workers
 
   # --- the processes (see the module docstring) ----------------------------------------------
   # Their variables live in `s` and their steps are phases (`LoopState.enter`; a phase with a
@@ -216,6 +285,12 @@ class PdSession:
           s.failed = s.stopping = True
           break
         self.log.pushed(w)
+      if self.elastic:  # the result goes to the shared model's lane, whole or not at all
+        if s.enter('land'):
+          yield Send(self.landing[w], s.result, batch=s.t)
+          s.result = None
+        if s.enter('landed'):
+          s.result = yield Get(self.landing[w])
       if s.enter('queue'):
         yield Put(self.queue, s.result)
         s.result = None
@@ -258,6 +333,8 @@ class PdSession:
       if s.enter('take'):
         s.item = yield Get(self.queue)
         if s.item is common.STOP:
+          if self.elastic:  # the last one to leave stops the updater
+            yield from self._leave('backward', s)
           return
         if self.log.has_failed(w):
           s.failed = s.stopping = True
@@ -290,13 +367,37 @@ class PdSession:
         yield from self._apply(w, s, item)
       if s.enter('next layer'):
         s.k = k - 1
+    # Elastic: the batch is held until the updater has all its updates (layer 0's came
+    # last, so all have landed). A worker's tasks run ahead of it, so without this a
+    # worker replaced while its last batch's updates were still being computed or copied
+    # in its lost lane would have gone on to the next, and that batch's step was never
+    # counted (the run never ended).
+    while self.elastic and s.enter('answer'):
+      if (yield Get(self.answers[w - self.settings.n_fwd])) == item.batch:
+        break  # (an earlier answer left by a replaced worker's batch sent twice is dropped)
     if s.enter('commit'):
-      self.steps.commit(None, item.loss, worker_name(self.settings, w))
+      if not self.elastic:  # (elastic: the updater counts the step, at layer 0's update)
+        self.steps.commit(None, item.loss, worker_name(self.settings, w))
       s.vjps = s.dy = None
 
   def _apply(self, w: int, s: LoopState, item: Forwarded):
     """Copies the gradients `s.pending` to the shared model and applies them, each
-    atomically."""
+    atomically (elastic: asks the updater to)."""
+    if self.elastic:
+      if s.enter('request'):
+        layers = tuple(k for k, _ in s.pending)
+        request = UpdateRequest(
+          w,
+          item.batch,
+          layers,
+          tuple(g for _, g in s.pending),
+          tuple(item.versions[k] for k in layers),
+          item.loss if 0 in layers else None,
+        )
+        yield Send(self.updates, request, batch=item.batch)
+        self.log.pushed(w)
+        s.pending = []
+      return
     if s.enter('copy gradients'):
       s.grads = yield from common.copy(
         self.cluster,
@@ -341,6 +442,74 @@ class PdSession:
       if s.enter('stop'):
         yield Put(self.queue, common.STOP)
         s.stops += 1
+    if s.last and role == 'backward' and self.elastic and s.enter('stop updater'):
+      yield Put(self.updates, common.STOP)  # no backward worker waits for an answer now
+
+  def _updater(self, s: LoopState):
+    """The shared model's updater (`elastic`): applies each landed request's layers in
+    the order they land, each (batch, layer) once; layer 0's counts the batch's step and
+    answers the backward worker that it has all of the batch's updates (`_backward_pass`).
+    It runs until the last backward worker has left, so that a worker replaced after the
+    last step, sending its batch again, is still answered."""
+    while True:
+      if s.enter('get'):
+        s.request, s.i = (yield Get(self.updates)), 0
+        if s.request is common.STOP:
+          return
+      while s.i < len(s.request.layers):
+        r, k = s.request, s.request.layers[s.i]
+        if (r.batch, k) not in self.applied_parts and s.enter('update'):
+          current = self.layers[k].read().value
+          params, opt_state = yield Compute(
+            self.ops[k].update,
+            (current.params, current.opt_state, r.grads[s.i]),
+            kind='update',
+            stage=k,
+            batch=r.batch,
+          )
+          self.layers[k].store.write(
+            StageParams(params, opt_state),
+            read_version=r.versions[s.i],
+            lane=1 + r.worker,
+            batch=r.batch,
+          )
+          self.applied_parts.add((r.batch, k))
+          if k == 0:
+            self.steps.commit(None, r.loss, worker_name(self.settings, r.worker))
+        s.i += 1
+      if 0 in s.request.layers and s.enter('answer'):
+        yield Put(self.answers[s.request.worker - self.settings.n_fwd], s.request.batch)
+      s.request = None
+
+  # --- lost workers (`elastic`) ----------------------------------------------------------------
+  def _rejoin_forward(self, w: int, worker: Process, reason: str) -> LoopState | None:
+    """Forward worker w's lane was replaced: a batch it was computing (the residuals were
+    in the lost lane) is computed again with the token it holds, unless its result had
+    landed (then it is queued); otherwise it held nothing there and goes on."""
+    del reason
+    s = worker.state
+    landed = bool(self.landing[w].items)
+    if s.phase == 'land' and landed:
+      return common.state_at('landed', s, 'failed', 'stopping', 'last', 'k', 'token', 't')
+    if (
+      s.phase in _FORWARD_PASS
+      or s.phase == 'land'
+      or (s.phase == 'landed' and worker.waiting_on is not None)
+    ):  # (a copy still on its way when the lane died was dropped with it)
+      return common.state_at('batch', s, 'failed', 'stopping', 'last', 'k', 'token', 't')
+    return None
+
+  def _rejoin_backward(self, w: int, worker: Process, reason: str) -> LoopState | None:
+    """Backward worker w's lane was replaced: a batch it held is taken from its first
+    layer again (its residuals landed on the shared model's lane; the updater drops the
+    updates it already applied); otherwise it held nothing there and goes on."""
+    del w, reason
+    s = worker.state
+    if s.phase in _BACKWARD_PASS and getattr(s, 'claimed', False):
+      return common.state_at(
+        'copy residuals', s, 'failed', 'stopping', 'last', 'k', 'item', 'claimed'
+      )
+    return None
 
   # --- checkpoints --------------------------------------------------------------------------
   def snapshot(self) -> dict:
@@ -352,9 +521,12 @@ class PdSession:
       'alive': dict(self.alive),
       'steps': self.steps.snapshot(),
       'log': self.log.snapshot(),
+      'applied_parts': sorted(getattr(self, 'applied_parts', ())),
     }
 
   def load(self, saved: dict) -> None:
+    if self.elastic:
+      self.applied_parts = set(map(tuple, saved.get('applied_parts', ())))
     for layer, value in zip(self.layers, saved['layers']):
       layer.store.load(value)
     for state, value in zip(self.states, saved['states']):

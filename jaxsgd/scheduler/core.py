@@ -210,7 +210,9 @@ class Process:
   no `Compute`: its lane is gone). None: losing the lane stops the run.
   `on_rejoin(reason)`: the state a resumable process starts again from once its lost
   lane was replaced by a new lane process (the executor tries that first; `on_lost` if
-  it cannot): an asynchronous worker that pulls the current parameters and goes on.
+  it cannot): an asynchronous worker that pulls the current parameters and goes on. It
+  returns None where the process holds nothing of the lost lane (it waits for a token,
+  or has just handed its last result on): the process then goes on where it is.
   """
 
   name: str
@@ -219,7 +221,7 @@ class Process:
   done: bool = False
   waiting_on: Channel | None = None  # set while blocked in Get
   on_lost: Callable[[str], Generator[Op, Any, None]] | None = None
-  on_rejoin: Callable[[str], 'LoopState'] | None = None
+  on_rejoin: Callable[[str], 'LoopState | None'] | None = None
   state: LoopState | None = None
   start: Callable[[LoopState], Generator[Op, Any, None]] | None = None
 

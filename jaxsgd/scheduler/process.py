@@ -48,7 +48,8 @@ it raises, what was pending on it or being copied from it is dropped, and a new 
 process is started in its place (`LanePool.replace`, the same placement): its processes
 start again from their `on_rejoin(reason)` states (an ASGD worker asks the server for
 the current parameters), and the values sent to it that it had not taken are dropped
-from its channels. Where its processes have no `on_rejoin`, or no new process starts,
+from its channels (a process whose `on_rejoin` says it holds nothing of the lost lane
+goes on where it is). Where its processes have no `on_rejoin`, or no new process starts,
 the lane is removed (`LanePool.remove`), its processes are closed and each
 `on_lost(reason)` runs in its place (an ASGD worker's tells the server to stop waiting
 for it); messages sent to it later are dropped. Messages from such a lane are delivered
@@ -442,8 +443,11 @@ class ProcessExecutor(Executor):
         channel.items.clear()
         channel.items.extend(kept)
     for process in processes:
+      state = process.on_rejoin(reason)
+      if state is None:  # it holds nothing of the lost lane: it goes on where it is
+        continue
       self._detach(process)
-      process.restart(process.on_rejoin(reason))
+      process.restart(state)
       process.done = False
       self._ready.append((process, None))
     names = tuple(p.name for p in processes)
@@ -568,7 +572,8 @@ def _driver_view(result):
   """Handles of values without arrays (None, {}) as those values: policies test them
   (`dx is not None`, `{**state}`), and there is nothing in the lane to refer to."""
   if isinstance(result, tuple):
-    return tuple(_driver_view(part) for part in result)
+    parts = [_driver_view(part) for part in result]
+    return type(result)(*parts) if hasattr(result, '_fields') else tuple(parts)  # a NamedTuple
   if isinstance(result, Handle) and result.nbytes == 0 and ' leaves #' in result.description:
     kind, _, rest = result.description.partition('(')
     if rest.startswith('0 leaves') and kind in _EMPTY:

@@ -63,11 +63,12 @@ def no_driver_left():
 
 
 class Driver:
-  """`python -m experiments.train` (ASGD smoke, lane processes) running in the background."""
+  """`python -m experiments.train` (`config`: ASGD smoke; lane processes) running in the
+  background."""
 
   started: list['Driver'] = []
 
-  def __init__(self, workdir, data_dir, *flags, env=None):
+  def __init__(self, workdir, data_dir, *flags, env=None, config='asgd.py:smoke'):
     self.workdir = str(workdir)
     self.log_path = os.path.join(os.path.dirname(self.workdir), 'driver.log')
     self.log = open(self.log_path, 'w')
@@ -75,7 +76,7 @@ class Driver:
       sys.executable,
       '-m',
       'experiments.train',
-      '--config=experiments/configs/asgd.py:smoke',
+      f'--config=experiments/configs/{config}',
       f'--workdir={self.workdir}',
       f'--config.data_dir={data_dir}',
       '--config.clock=real',
@@ -235,6 +236,66 @@ def test_asgd_replaces_lost_workers_and_reports_them(head, data_dir, tmp_path):
   # 40th, and is replaced again).
   assert pushes['worker 1'] > 20 and pushes['worker 2'] > 40, pushes
   assert sum(pushes.values()) >= 300  # every step applied (pushes past the end dropped)
+  assert gone(set(_lane_processes(head)) - before) == []
+
+
+def test_pdasgd_replaces_lost_forward_and_backward_workers(head, data_dir, tmp_path):
+  """PD-ASGD, `tolerate_lost_workers=True`, 2 forward and 2 backward workers, 4 layers:
+  forward worker 0 SIGKILLed mid-run, and backward worker 1 killed in its 100th backward
+  task (again in each new lane's 100th). Each is replaced and rejoins; every step is
+  applied, and every layer was updated exactly once per step — none lost with a lane,
+  none applied twice by a worker that sent its batch again; no lane process is left."""
+  before = set(_lane_processes(head))
+  driver = Driver(
+    tmp_path / 'run',
+    data_dir,
+    '--config.algorithm.n_fwd=2',
+    '--config.train_steps=150',
+    '--config.tolerate_lost_workers=True',
+    f'--config.cluster_address={head.address}',
+    env={FAULT_VAR: 'backwardworker1:backward:100:kill'},
+    config='pdasgd.py:smoke',
+  )
+  driver.wait_for_step(20)
+  os.kill(driver.lane_pid('forwardworker0'), signal.SIGKILL)
+  status, last = driver.finish()
+  assert status == 0, driver.output()[-3000:]
+  with open(tmp_path / 'run' / 'summary.json') as f:
+    summary = json.load(f)
+  assert summary['final']['step'] == 150
+  lost = {x['lane'] for x in summary['lost_lanes']}
+  assert lost == {'forwardworker0', 'backwardworker1'}, summary['lost_lanes']
+  for loss in summary['lost_lanes']:
+    assert 0 < loss['at'] <= loss['replaced_at'], loss
+  assert [layer['updates'] for layer in summary['staleness'].values()] == [150] * 4
+  assert gone(set(_lane_processes(head)) - before) == []
+
+
+def test_lppsgd_replaces_lost_workers(head, data_dir, tmp_path):
+  """LPP-SGD, `tolerate_lost_workers=True`, 3 replicas of 2 workers (each replica on a lane
+  of its own): worker 0.0 SIGKILLed mid-run and worker 1.1 killed in its 12th backward
+  task are each replaced and rejoin; every step is applied exactly once (the workers'
+  updates add up to the steps); no lane process is left."""
+  before = set(_lane_processes(head))
+  driver = Driver(
+    tmp_path / 'run',
+    data_dir,
+    '--config.train_steps=150',
+    '--config.tolerate_lost_workers=True',
+    f'--config.cluster_address={head.address}',
+    env={FAULT_VAR: 'worker1.1:backward:12:kill'},
+    config='lppsgd.py:smoke',
+  )
+  driver.wait_for_step(20)
+  os.kill(driver.lane_pid('worker0.0'), signal.SIGKILL)
+  status, last = driver.finish()
+  assert status == 0, driver.output()[-3000:]
+  with open(tmp_path / 'run' / 'summary.json') as f:
+    summary = json.load(f)
+  assert summary['final']['step'] == 150
+  assert {x['lane'] for x in summary['lost_lanes']} == {'worker0.0', 'worker1.1'}
+  assert all(x['replaced_at'] is not None for x in summary['lost_lanes'])
+  assert sum(worker['updates'] for worker in summary['staleness'].values()) == 150
   assert gone(set(_lane_processes(head)) - before) == []
 
 
