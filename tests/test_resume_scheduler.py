@@ -24,6 +24,8 @@ from jaxsgd import errors
 from jaxsgd import training
 from jaxsgd.algorithms import resume as resume_lib
 from jaxsgd.scheduler import snapshot
+from jaxsgd.scheduler.lanes import LaneError
+from jaxsgd.scheduler.lanes.runtime import FAULT_VAR
 from jaxsgd.scheduler.real import RealExecutor, ThreadedExecutor
 from jaxsgd.training import checkpoints
 
@@ -283,6 +285,27 @@ def test_ddg_on_lane_processes_saves_on_sigterm_and_resumes_bit_for_bit(
   assert [r['step'] for r in metrics(broken)] == [8, 16, 24]
   assert metrics(broken)[-1] == metrics(whole)[-1]
   assert_same_final_model(whole, broken, config.train_steps, at_least=2 * 32 * 32)
+  assert lane_processes_left() == []
+
+
+def test_a_killed_pipeline_stage_ends_the_run_and_the_same_command_resumes_it(
+  data_dir, tmp_path, monkeypatch
+):
+  """DDG K=2 on lane processes, checkpoint_every=5: stage 1's lane process is killed in
+  its 15th backward task (a pipeline stage cannot be replaced: every other lane waits
+  on it). The run ends with a `LaneError` naming the lane, no lane process is left,
+  and the same config and workdir resume from the last checkpoint (step 10) to the end."""
+  config = lanes_config(data_dir, 'ddg', stages=2, checkpoint_every=5)
+  workdir = str(tmp_path / 'run')
+  with monkeypatch.context() as patch:
+    patch.setenv(FAULT_VAR, 'stage1:backward:15:kill')
+    with pytest.raises(LaneError, match=r"lane 'stage1' on host \S+: pid \d+: its process died"):
+      training.train_and_evaluate(config, workdir, show_progress=False)
+  assert lane_processes_left() == []
+  assert checkpoints.latest_meta(workdir)['step'] == 10
+  summary = training.train_and_evaluate(config, workdir, show_progress=False)
+  assert summary['final']['step'] == config.train_steps
+  assert [r['step'] for r in metrics(workdir)] == [8, 16, 24]
   assert lane_processes_left() == []
 
 

@@ -52,6 +52,7 @@ def validate(config, model) -> Settings:
   shared = workers.validate_workers(config, model, settings.session.num_workers, whole_model=True)
   settings = dataclasses.replace(settings, shared=shared)
   check_placed_lanes(shared, settings.session.lane_names)
+  workers.refuse_lost_workers_with_model_state(shared, model, 'lppsgd')
   return settings
 
 

@@ -57,6 +57,7 @@ def validate(config, model) -> Settings:
     config, model, num_workers, whole_model=False, num_lanes=1 + num_workers
   )
   check_placed_lanes(shared, lane_names(settings.session))
+  workers.refuse_lost_workers_with_model_state(shared, model, 'pdasgd')
   return dataclasses.replace(settings, shared=shared)
 
 

@@ -5,6 +5,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+
 from jaxsgd import models as models_lib
 from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms import resume as resume_lib
@@ -12,6 +14,21 @@ from jaxsgd.algorithms.settings import SharedSettings, refuse_workers_field, sha
 from jaxsgd.pipeline import KINDS, PlacedStages
 from jaxsgd.scheduler import Placement
 from jaxsgd.asynchronous import common
+
+
+def refuse_lost_workers_with_model_state(shared: SharedSettings, model, name: str) -> None:
+  """With `tolerate_lost_workers`, PD-ASGD and LPP-SGD keep no value in a worker's lane
+  that another lane needs, but BatchNorm statistics would stay in the lane of the worker
+  that computed them: a model with any is refused (its shapes traced, nothing computed)."""
+  if not shared.tolerate_lost_workers:
+    return
+  variables = jax.eval_shape(lambda: model.init(jax.random.key(0)))
+  if jax.tree.leaves(variables.get('batch_stats', {})):
+    raise ValueError(
+      f"tolerate_lost_workers: {name} keeps BatchNorm statistics in its workers' lanes, "
+      f'which a lost worker takes with it; use a model without BatchNorm (mlp, cnn) or '
+      'leave tolerate_lost_workers False.'
+    )
 
 
 def validate_workers(

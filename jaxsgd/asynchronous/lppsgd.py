@@ -325,12 +325,6 @@ class LppSession:
       self.cluster.add_lane(f'{names[m]} ({devices[m // W]})', devices[m // W])
     self.elastic = settings.replica_lanes
     if self.elastic:  # (module docstring: elastic workers)
-      if any(jax.tree.leaves(state.read().value) for state in self.states):
-        raise ValueError(
-          "tolerate_lost_workers: lppsgd keeps BatchNorm statistics in its workers' lanes, "
-          'which a lost worker takes with it; use a model without BatchNorm (mlp, cnn), '
-          'or leave tolerate_lost_workers False.'
-        )
       self.replica_lanes = [
         self.cluster.add_lane(f'{names[D * W + d]} ({devices[d]})', devices[d]) for d in range(D)
       ]

@@ -218,12 +218,6 @@ class PdSession:
     self.queue = self.cluster.channel('forward results', 0)
     self.tokens = self.cluster.channel('tokens', 0)
     if elastic:
-      if any(jax.tree.leaves(state.read().value) for state in self.states):
-        raise ValueError(
-          'tolerate_lost_workers: pdasgd keeps BatchNorm statistics in its forward '
-          "workers' lanes, which a lost worker takes with it; use a model without "
-          'BatchNorm (mlp, cnn), or leave tolerate_lost_workers False.'
-        )
       self.landing = [
         self.cluster.channel(f'landed result of forward worker {f}', 0)
         for f in range(settings.n_fwd)

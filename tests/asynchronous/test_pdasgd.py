@@ -1,9 +1,13 @@
 """PD-ASGD: sequential equivalence, hand-derived per-layer staleness, atomic updates, failures."""
 
+import types
+
 import chex
 import pytest
 
 from async_helpers import batches, executor, pipeline, run_pd, run_with_timeout, sequential_sgd
+from jaxsgd import models
+from jaxsgd.algorithms import workers
 from jaxsgd.asynchronous import common, pdasgd
 
 
@@ -87,3 +91,16 @@ def test_when_every_backward_worker_fails_the_run_stops_with_a_clear_error():
   outcome = run_with_timeout(lambda: run_pd(settings, 10, failures={1: 0.0}), 60)
   assert isinstance(outcome.get('error'), common.WorkersFailedError), outcome
   assert 'every backward worker failed (cost.failures) after 0 of 10 steps' in str(outcome['error'])
+
+
+def test_elastic_workers_refuse_a_model_with_batchnorm_statistics():
+  """With `tolerate_lost_workers`, BatchNorm statistics would stay in the lane of the
+  worker that computed them: ResNet-20 is refused in one line, before any compile; an MLP
+  (no statistics) is not, nor ResNet-20 without `tolerate_lost_workers`."""
+  elastic = types.SimpleNamespace(tolerate_lost_workers=True)
+  resnet = models.get_model('resnet20', (32, 32, 3), 10)
+  with pytest.raises(ValueError, match=r'^tolerate_lost_workers: pdasgd keeps BatchNorm statis'):
+    workers.refuse_lost_workers_with_model_state(elastic, resnet, 'pdasgd')
+  workers.refuse_lost_workers_with_model_state(elastic, models.get_model('mlp', (40,), 10), 'x')
+  fixed = types.SimpleNamespace(tolerate_lost_workers=False)
+  workers.refuse_lost_workers_with_model_state(fixed, resnet, 'pdasgd')
