@@ -131,6 +131,12 @@ CASES = [
     r'allowed: paper, stale_graph, recompute',
   ),
   ('ddg', {'algorithm.delay': 2}, 'algorithm.delay', r'unknown field'),
+  (
+    'ddg',
+    {'clock': 'real', 'executor': 'processes', 'cost.device': 'h100'},
+    'cost.device',
+    r"prices tasks on the virtual clock, or emulated tasks \(executor='emulated'\)",
+  ),
   ('ddg', {'stages': 99}, 'stages', r'has only 4 layers'),
   ('ddg', {'workers': 2}, 'workers', r'ddg does not read `workers`'),
   ('ddg', {'cost.speeds': (1.0,)}, 'cost.speeds', r'1 values for 4 stages'),

@@ -596,6 +596,13 @@ def shared_settings(config) -> SharedSettings:
       "cost.host: a host profile prices an executor's host on the virtual clock; a real-clock "
       f"run (executor={executor!r}) has its own host. Leave it None, or set clock='virtual'."
     )
+  source = 'cost.profile' if cost.profile is not None else 'cost.device' if cost.device else None
+  if source and clock == 'real' and executor != 'emulated':
+    raise ValueError(
+      f"{source}: prices tasks on the virtual clock, or emulated tasks (executor='emulated'); "
+      f'a real-clock run (executor={executor!r}) times its own. Leave it None, or set '
+      "clock='virtual'."
+    )
   host = cost.host_profile()
   if every and clock == 'virtual' and host is not None and host.executor == 'processes':
     raise ValueError(
