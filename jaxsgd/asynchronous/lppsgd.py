@@ -36,15 +36,19 @@ same (w_d = s_d). Only parameters are averaged: the optimizer state and any
 BatchNorm statistics stay per replica. Evaluation uses the mean of the replicas.
 
 Elastic workers (`LppSettings.replica_lanes`: lane processes with
-`tolerate_lost_workers`): a worker whose lane process dies or raises is replaced by a
-new lane process and goes on (`ProcessExecutor`, lost workers). Each replica then lives
-on a lane of its own (`replica d`), never lost, rather than in worker (d, 0)'s, and a
-worker's gradient (with its loss) is copied whole to the replica's lane before its
-update takes the replica's turn, so an update never reads a value of a lost lane. A
-replaced worker begins the step it was computing again on its next batch (a gradient
-that had landed is applied); one in its update finishes it. A lost replica's lane ends
-the run (with checkpoints, the same command resumes it). BatchNorm statistics live in
-the workers' lanes, so a model with any is refused.
+`tolerate_lost_workers`): a worker or a replica whose lane process dies or raises is
+replaced by a new lane process and goes on (`ProcessExecutor`, lost workers). Each
+replica then lives on a lane of its own (`replica d`) with its *updater*, the one
+process that computes there: workers send their gradients (copied whole, or not at all)
+as requests, and the updater applies them in the order they land, answers each worker
+with its step, joins averaging rounds (its snapshot copied whole to the averaging lane)
+and merges their means. A replaced worker begins the step it was computing or awaiting
+again on its next batch (a request that had landed is applied). A replaced replica is
+healed from a live peer: it takes that replica's parameters and optimizer state, the
+requests its lost lane held are answered as lost (their workers go on) and a merge of a
+snapshot taken before the healing is dropped. With one replica there is no peer: its
+loss ends the run (with checkpoints, the same command resumes it). BatchNorm statistics
+live in the workers' lanes, so a model with any is refused.
 
 The W workers of a device time-share it: each worker lane runs at 1/W of the
 device's speed (`cost.speeds` / W), so a device's throughput does not
@@ -61,8 +65,10 @@ References:
 
 import dataclasses
 import functools
+import logging
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,11 +79,37 @@ from jaxsgd import optimizers
 from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
 from jaxsgd.scheduler import transfer
+from jaxsgd.scheduler.lanes import LaneError
 from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put, Send
-from jaxsgd.pipeline.session import PlacedStages, sequential_roles
+from jaxsgd.pipeline.session import PlacedStages, StageParams, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 from jaxsgd.spmd import timing
+
+
+LOST = 'lost'  # the answer to an update request that a replica's lost lane took with it
+
+
+class _Update(NamedTuple):
+  """Worker `worker`'s gradient of its step `k`, computed at replica version `version`
+  (elastic: a request to the replica's updater)."""
+
+  worker: int
+  k: int
+  grads: Any
+  version: int
+  partitioned: bool
+  loss: Any
+
+
+class _Merge(NamedTuple):
+  """Round `round`'s mean for a replica (elastic), with the replica's snapshot `sent`
+  taken at its healing `generation`."""
+
+  round: int
+  generation: int
+  sent: Any
+  mean: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,10 +360,14 @@ class LppSession:
       self.replica_lanes = [
         self.cluster.add_lane(f'{names[D * W + d]} ({devices[d]})', devices[d]) for d in range(D)
       ]
-      self.landing = [
-        self.cluster.channel(f'landed gradients of worker {m // W}.{m % W}', self.home(m // W))
-        for m in range(D * W)
+      self.requests = [
+        self.cluster.channel(f'requests to replica {d}', self.home(d)) for d in range(D)
       ]
+      self.answers = [
+        self.cluster.channel(f'answers to worker {m // W}.{m % W}', m) for m in range(D * W)
+      ]
+      self.generation = [0] * D  # replica d healed this many times (`_heal`)
+      self.outstanding: dict[int, int] = {}  # worker -> the step (its k) it awaits an answer for
     # The averaging collective's lane (none with one replica: nothing to average).
     self.allreduce_lane = self.cluster.add_lane(names[-1]) if D > 1 else None
     self.rounds = [
@@ -361,6 +397,14 @@ class LppSession:
     for m, worker in enumerate(workers if self.elastic else ()):
       worker.on_rejoin = functools.partial(self._rejoin, m, worker)
       worker.on_lost = functools.partial(common.lost_for_good, 'lppsgd', worker.name)
+    for d in range(self.settings.devices if self.elastic else 0):
+      updater = Process.resumable(
+        f'replica {d}', self.home(d), self._updater, LoopState(d=d, lost=[])
+      )
+      if self.settings.devices > 1:  # healed from a live peer if its lane is lost
+        updater.on_rejoin = functools.partial(self._heal, d)
+        updater.on_lost = functools.partial(common.lost_for_good, 'lppsgd', updater.name)
+      workers.append(updater)
     if self.settings.devices > 1:
       averaging = LoopState(taking=list(range(self.settings.devices)), r=-1, asking=[], void=False)
       workers.append(Process.resumable('averaging', self.allreduce_lane, self._averager, averaging))
@@ -402,13 +446,17 @@ class LppSession:
           s.failed = s.stopping = True
           break
         s.partitioned = s.k % 2 == 1 and self.steps.applied >= self.settings.warmup_steps
-      if self.elastic:  # the gradient goes to the replica's lane, whole or not at all
-        if s.enter('land'):
-          yield Send(self.landing[m], (s.grads, s.loss), batch=s.k)
+      if self.elastic:  # the replica's updater applies it (`_updater`)
+        if s.enter('request'):
+          self.outstanding[m] = s.k
+          request = _Update(m, s.k, s.grads, s.version, s.partitioned, s.loss)
+          yield Send(self.requests[d], request, batch=s.k)
           s.grads = s.loss = None
-        if s.enter('landed'):
-          s.grads, s.loss = yield Get(self.landing[m])
-      if self.lane_processes:
+        while s.enter('answer'):
+          k, s.step = yield Get(self.answers[m])
+          if k == s.k:  # (an answer to a request made before its lane was replaced: dropped)
+            break
+      elif self.lane_processes:
         if s.enter('update on lane'):
           if not self.steps.claim():  # every step is taken
             s.stopping = True
@@ -431,7 +479,7 @@ class LppSession:
         if s.step is None:
           s.stopping = True
           break
-        s.due = self._snapshot_due(d, s.step)
+        s.due = not self.elastic and self._snapshot_due(d, s.step)  # (elastic: `_updater`)
         s.snapshot = replica.read().value.params if s.due else None
       if s.due and s.enter('snapshot'):
         yield Put(self.rounds[d], s.snapshot)
@@ -447,20 +495,96 @@ class LppSession:
     return d * self.settings.workers_per_device
 
   def _rejoin(self, m: int, worker: Process, reason: str) -> LoopState | None:
-    """Worker m's lane was replaced: a step it was computing (in the lost lane) is begun
-    again on its next batch, unless its gradient had landed on the replica's lane (then
-    it is applied); in its update or later it holds nothing of the lost lane and goes on."""
+    """Worker m's lane was replaced: a step it was computing (in the lost lane) or whose
+    answer it awaited is begun again on its next batch (a request that had landed is
+    applied; its answer, to an earlier step, is dropped); otherwise it holds nothing of
+    the lost lane and goes on."""
     del reason
     s = worker.state
-    landed = bool(self.landing[m].items)
-    if s.phase == 'land' and landed:
-      fields = ('k', 'stopping', 'failed', 'last', 'due', 'partitioned', 'version', 'new_state')
-      return common.state_at('landed', s, *fields)
-    if s.phase in ('read', 'forward', 'backward', 'land') or (
-      s.phase == 'landed' and worker.waiting_on is not None
-    ):  # (a copy still on its way when the lane died was dropped with it)
+    if s.phase in ('read', 'forward', 'backward', 'request', 'answer'):
       return LoopState(k=s.k + 1, stopping=False, failed=False, last=False, due=False)
     return None
+
+  def _updater(self, s: LoopState):
+    """Replica d's updater (elastic), on its lane: applies its workers' updates in the
+    order they land, each at the replica as it is then (the step claimed and counted
+    here) and answers the worker; joins an averaging round when one is due (its snapshot
+    copied whole to the averaging lane) and merges the rounds' means. Merges meant for
+    the replica before it was healed are dropped."""
+    d, W = s.d, self.settings.workers_per_device
+    replica = self.replicas[d]
+    while s.lost:  # healed (`_heal`): the requests its lost lane took with it
+      if s.enter('lost'):
+        m, k = s.lost[0]
+        yield Put(self.answers[m], (k, LOST))
+        s.lost = s.lost[1:]
+    while True:
+      if s.enter('get'):
+        s.request = yield Get(self.requests[d])
+        if s.request is common.STOP:
+          return
+      r = s.request
+      if isinstance(r, _Merge):
+        if r.generation == self.generation[d] and s.enter('merge'):
+          current = replica.read().value
+          params = yield Compute(
+            Task(AVERAGING, 'merge'),
+            (current.params, r.sent, r.mean),
+            kind='merge',
+            stage=0,
+            batch=r.round,
+          )
+          replica.store.write(current._replace(params=params))
+          self.in_flight[d] = False
+        continue
+      if s.enter('claim'):
+        s.step, s.due = None, False
+        s.claimed = self.steps.claim()  # False once every step is taken: the worker stops
+        s.label = self.steps.claimed - 1  # this update's step (0-based), its label
+      if s.claimed and s.enter('update'):
+        update = self.partitioned[r.worker % W] if r.partitioned else self.ops.update
+        current = replica.read().value
+        params, opt_state = yield Compute(
+          update,
+          (current.params, current.opt_state, r.grads),
+          kind='update',
+          stage=0,
+          batch=s.label,
+        )
+        replica.store.write(
+          StageParams(params, opt_state), read_version=r.version, lane=r.worker, batch=s.label
+        )
+        self._updated(d, r.worker, None)
+        s.step = self.steps.commit(None, r.loss, f'worker {d}.{r.worker % W}')
+        s.due = s.step is not None and self._snapshot_due(d, s.step)
+      if s.enter('answer'):
+        if self.outstanding.get(r.worker) == r.k:
+          del self.outstanding[r.worker]
+        yield Put(self.answers[r.worker], (r.k, s.step))
+      if s.due and s.enter('snapshot'):  # landed whole on the averaging lane, or never
+        snapshot = (self.generation[d], replica.read().value.params)
+        yield Send(self.rounds[d], snapshot, batch=s.step)
+        s.due = False
+
+  def _heal(self, d: int, reason: str) -> LoopState:
+    """Replica d's lane was replaced (elastic): the replica starts again from a live
+    peer's parameters and optimizer state (as a lost replica is healed from a live peer);
+    the requests its lost lane took with it are answered as lost (their workers go on to
+    their next batch); its averaging round, if one was in flight, is void."""
+    del reason
+    peers = [e for e in sorted(self.active) if e != d]
+    if not peers:
+      raise common.WorkersFailedError(
+        f'lppsgd: replica {d} was lost and no replica with live workers is left to heal it.'
+      )
+    self.replicas[d].store.write(self.replicas[peers[0]].read().value)
+    self.generation[d] += 1
+    self.in_flight[d] = False
+    W = self.settings.workers_per_device
+    lost = sorted((m, k) for m, k in self.outstanding.items() if m // W == d)
+    for m, _ in lost:
+      del self.outstanding[m]
+    return LoopState(d=d, lost=lost)
 
   def _apply(self, d, m, grads, read_version, new_state, partitioned):
     W = self.settings.workers_per_device
@@ -503,6 +627,8 @@ class LppSession:
           self.active.discard(d)
     if s.last and self.settings.devices > 1 and s.enter('stop'):
       yield Put(self.rounds[d], common.STOP)
+    if s.last and self.elastic and s.enter('stop updater'):
+      yield Put(self.requests[d], common.STOP)  # its workers all had their answers
 
   def _averager(self, s: LoopState):
     while True:
@@ -548,9 +674,12 @@ class LppSession:
     still waited for the other replica's snapshot, queued behind that lane's forward and
     backward, and the first replica's worker stood idle (0.13-0.19 s per round in a
     trace of `benchmarks/simulator_accuracy.py`, MLP 1024, batch 1024)."""
+    # Elastic: each snapshot is `(generation, params)` (`_updater`), merged only into the
+    # replica it was taken of (not into one healed since).
+    snapshots = {d: value[1] for d, value in sent.items()} if self.elastic else sent
     mean = yield Compute(
       Task(AVERAGING, 'mean'),
-      (list(sent.values()),),
+      (list(snapshots.values()),),
       kind='average',
       stage=0,
       batch=r,
@@ -559,6 +688,9 @@ class LppSession:
     if self.steps.done:
       return False
     for d in sent:
+      if self.elastic:  # the replica's updater merges it, in its order of requests
+        yield Put(self.requests[d], _Merge(r, sent[d][0], snapshots[d], mean))
+        continue
       yield from self.replicas[d].replace_on(
         self.home(d), Task(AVERAGING, 'merge'), sent[d], mean, kind='merge', batch=r
       )
@@ -585,9 +717,14 @@ class LppSession:
       'averaged_rounds': self.averaged_rounds,
       'steps': self.steps.snapshot(),
       'log': self.log.snapshot(),
+      'generation': list(getattr(self, 'generation', ())),
+      'outstanding': sorted(getattr(self, 'outstanding', {}).items()),
     }
 
   def load(self, saved: dict) -> None:
+    if self.elastic:
+      self.generation = list(saved['generation'])
+      self.outstanding = dict(map(tuple, saved['outstanding']))
     for replica, value in zip(self.replicas, saved['replicas']):
       replica.store.load(value)
     for state, value in zip(self.states, saved['states']):
@@ -603,9 +740,16 @@ class LppSession:
     """The mean of the replicas that still have workers (all, if none has)."""
     devices = sorted(self.active) or list(range(self.settings.devices))
     home, fetch = self.devices[devices[0]], self.fetch
-    params = [
-      transfer.to_device(fetch(self.replicas[d].read().value.params), home) for d in devices
-    ]
+    params = []
+    for d in devices:
+      try:
+        params.append(transfer.to_device(fetch(self.replicas[d].read().value.params), home))
+      except LaneError:
+        if not self.elastic or d == devices[-1] and not params:
+          raise
+        # Its lane was lost a moment ago: the executor heals it when it hears of the loss
+        # (`_heal`); this evaluation averages the others.
+        logging.warning('lppsgd: replica %d left out of this evaluation (its lane was lost).', d)
     mean = params[0] if len(params) == 1 else _mean(params)
     return {'params': mean, **transfer.to_device(fetch(self.states[devices[0]].read().value), home)}
 

@@ -499,8 +499,15 @@ class ProcessExecutor(Executor):
     )
 
   def deferred(self, value):
-    """A lane's scalar as an array-like fetched when first read (for `Run.report`)."""
-    return LaneValue(self, value) if isinstance(value, Handle) else value
+    """A lane's scalar as an array-like fetched when first read (for `Run.report`); one
+    in a lane that may be lost is exported to the driver at once (`LanePool.keep`), so
+    that the report reads it even if the lane is lost before."""
+    if not isinstance(value, Handle):
+      return value
+    kept = None
+    if self._lanes_by_name.get(value.lane) in self._expendable:
+      kept = self.pool.keep(value)
+    return LaneValue(self, value, kept)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -532,8 +539,10 @@ class LostLane:
 class LaneValue:
   """A value in a lane, fetched on first `np.asarray` (the report's logging point)."""
 
-  def __init__(self, executor: ProcessExecutor, handle: Handle):
+  def __init__(self, executor: ProcessExecutor, handle: Handle, kept=None):
     self._executor, self._handle, self._value = executor, handle, None
+    self._kept = kept  # `LanePool.keep`'s reference, for a lane that may be lost
+    self.lost = False  # its lane was lost before it was exported: NaN, known as lost
 
   def is_ready(self) -> bool:
     """Whether reading it now costs no wait: fetched already, or its lane is idle. A
@@ -544,13 +553,22 @@ class LaneValue:
     other worker's next task was not started (its backward began 2.4 s after its
     forward ended, and it pushed 2 of 60 updates)."""
     pool = self._executor.pool
-    return self._value is not None or pool is None or pool.idle(self._handle.lane)
+    if self._value is not None or pool is None:
+      return True
+    if self._kept is not None:
+      return pool.kept_ready(self._kept)
+    return pool.idle(self._handle.lane)
 
   def __array__(self, dtype=None, copy=None):
     del copy
     if self._value is None:
-      self._value = np.asarray(self._executor.fetch(self._handle))
-      self._handle = None
+      if self._kept is not None:
+        kept = self._executor.pool.kept(self._kept)
+        self.lost = kept is None
+        self._value = np.asarray(np.nan if self.lost else kept)
+      else:
+        self._value = np.asarray(self._executor.fetch(self._handle))
+      self._handle = self._kept = None
     return self._value if dtype is None else self._value.astype(dtype)
 
   def __float__(self):

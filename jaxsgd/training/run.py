@@ -268,7 +268,10 @@ class Run:
     values = np.asarray(
       jax.device_get([loss for _, loss, _ in unchecked[:ready]]), np.float64
     ).reshape(ready)
-    bad = np.flatnonzero(~np.isfinite(values))
+    # A loss that a lost worker's lane took with it (`ProcessExecutor.deferred`) is NaN and
+    # known as lost: left out of the checks and of the mean, not a divergence.
+    lost = np.array([getattr(loss, 'lost', False) for _, loss, _ in unchecked[:ready]], bool)
+    bad = np.flatnonzero(~np.isfinite(values) & ~lost)
     if bad.size:
       step, _, where = unchecked[bad[0]]
       place = f' at stage/worker {where}' if where is not None else ''
@@ -280,7 +283,8 @@ class Run:
 
   def _drain_losses(self) -> float:
     self.check_losses(wait=True)
-    mean = float(np.mean(self._checked))
+    kept = [value for value in self._checked if not np.isnan(value)]  # (lost ones: NaN)
+    mean = float(np.mean(kept)) if kept else math.nan
     self._pending.clear()
     self._checked.clear()
     self._next_check = CHECK_EVERY_STEPS

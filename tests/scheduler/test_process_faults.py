@@ -271,11 +271,14 @@ def test_pdasgd_replaces_lost_forward_and_backward_workers(head, data_dir, tmp_p
   assert gone(set(_lane_processes(head)) - before) == []
 
 
-def test_lppsgd_replaces_lost_workers(head, data_dir, tmp_path):
-  """LPP-SGD, `tolerate_lost_workers=True`, 3 replicas of 2 workers (each replica on a lane
-  of its own): worker 0.0 SIGKILLed mid-run and worker 1.1 killed in its 12th backward
-  task are each replaced and rejoin; every step is applied exactly once (the workers'
-  updates add up to the steps); no lane process is left."""
+def test_lppsgd_replaces_lost_workers_and_heals_lost_replicas(head, data_dir, tmp_path):
+  """LPP-SGD, `tolerate_lost_workers=True`, 3 replicas of 2 workers, each replica on a lane
+  of its own: worker 0.0 SIGKILLed mid-run, and replica 1's lane killed in its 20th
+  update (again in each new lane's 20th). The worker is replaced and rejoins; the replica
+  is healed from a live peer (a worker whose task was taking in the lost replica's
+  parameters fails and is replaced too, the summary saying why). Every step is applied
+  exactly once (the workers' updates add up to the steps), the replicas are still
+  averaged, and no lane process is left."""
   before = set(_lane_processes(head))
   driver = Driver(
     tmp_path / 'run',
@@ -283,7 +286,7 @@ def test_lppsgd_replaces_lost_workers(head, data_dir, tmp_path):
     '--config.train_steps=150',
     '--config.tolerate_lost_workers=True',
     f'--config.cluster_address={head.address}',
-    env={FAULT_VAR: 'worker1.1:backward:12:kill'},
+    env={FAULT_VAR: 'replica1:update:20:kill'},
     config='lppsgd.py:smoke',
   )
   driver.wait_for_step(20)
@@ -293,9 +296,14 @@ def test_lppsgd_replaces_lost_workers(head, data_dir, tmp_path):
   with open(tmp_path / 'run' / 'summary.json') as f:
     summary = json.load(f)
   assert summary['final']['step'] == 150
-  assert {x['lane'] for x in summary['lost_lanes']} == {'worker0.0', 'worker1.1'}
-  assert all(x['replaced_at'] is not None for x in summary['lost_lanes'])
+  lost = summary['lost_lanes']
+  assert {'worker0.0', 'replica1'} <= {x['lane'] for x in lost}, lost
+  assert all(x['replaced_at'] is not None for x in lost)
+  for loss in lost:
+    if loss['lane'] not in ('worker0.0', 'replica1'):  # took in the lost replica's values
+      assert "was in the lost process of lane 'replica1'" in loss['reason'], loss
   assert sum(worker['updates'] for worker in summary['staleness'].values()) == 150
+  assert summary['averaging_rounds'] > 0
   assert gone(set(_lane_processes(head)) - before) == []
 
 

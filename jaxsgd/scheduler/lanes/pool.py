@@ -168,6 +168,7 @@ class LanePool:
     self._task_numbers: dict[Task, int] = {}  # `_task_call`
     self._tasks_sent: dict[str, set[int]] = {name: set() for name in placement.names}
     self._closed = False
+    self._replaced: dict[str, int] = {}  # lane -> the first key of its newest process
     before = _StopSignals.current()  # `ray.init` installs a SIGTERM handler of its own
     self._owns_connection = cluster.connect(address)
     self._signals = _StopSignals.install(before)
@@ -315,6 +316,33 @@ class LanePool:
     ref = self._actor(handle.lane).fetch.remote(handle.key, self._take_freed(handle.lane), imports)
     return self._get(handle.lane, ref)
 
+  def keep(self, handle: Handle):
+    """A reference the driver owns to an export of `handle`'s value, made at once in the
+    lane's export thread: `kept` reads it, even after the lane's process is lost (a
+    small value's export is held in the driver's own store)."""
+    imports = self._take_imports(handle.lane, [handle])
+    export = self._actor(handle.lane).export.options(concurrency_group=EXPORT_GROUP)
+    return export.remote(handle.key, (), imports)[1]
+
+  @staticmethod
+  def kept_ready(reference) -> bool:
+    """Whether `kept(reference)` returns without waiting."""
+    return bool(cluster.wait([reference], 0)[0])
+
+  @staticmethod
+  def kept(reference):
+    """The value of a `keep` reference (numpy leaves in its structure); None if the lane's
+    process was lost before it exported the value."""
+    try:
+      (kind, structure), leaves = cluster.get(reference)
+    except Exception as error:  # pylint: disable=broad-except
+      if cluster.is_death(error):
+        return None
+      raise
+    if kind != 'treedef':
+      raise ValueError(f'LanePool.kept: a value rebuilt from its task ({kind}), not kept.')
+    return jax.tree.unflatten(pickle.loads(structure), leaves)
+
   def save(self, handles: Sequence[Handle]) -> list[tuple]:
     """Each handle's value as `(structure, [numpy leaves])`, the form a lane exports and
     `restore` takes back (a checkpoint: `scheduler.snapshot`). The exports run at once,
@@ -399,6 +427,7 @@ class LanePool:
     same placement (host, cores, GPU), holding nothing yet; returns once it is up. Every
     handle to a value of the old process is void (a task given one fails)."""
     self.remove(lane)
+    self._replaced[lane] = next(self._keys)  # its values made before are void
     actor = cluster.lane_actor(self.placement[lane], self._env)
     self._actors[lane], self._watch[lane] = actor, cluster.watch(actor)
     with self._lock:
@@ -677,23 +706,27 @@ class LanePool:
     """The `LaneError` to raise for `error` (a failed call on `lane`): the failure of an
     earlier task on another lane if one has failed (started before, on a lane still
     here), which a later call fails of (a value it never made: a copy of it, an update
-    using it); else this one's. (A failed task on the same lane is reported first by
-    itself: a lane runs its calls in order.)"""
+    using it), or an earlier task on the same lane (a later one fails of the value it
+    never made: a backward of its forward); else this one's."""
     failed = []  # tasks that failed by now, in the order they were started
     for other in sorted(self._unfinished.values(), key=lambda p: p.key):
-      if other.lane != lane and other.lane in self._actors and cluster.wait([other.ref], 0)[0]:
+      # (one of this lane's own started before it, whose end the driver has not read yet,
+      # may have failed first: the driver reads ends in no fixed order)
+      earlier = other.lane != lane or (key is not None and other.key < key)
+      if earlier and other.lane in self._actors and cluster.wait([other.ref], 0)[0]:
         try:
           cluster.get(other.ref)
         except Exception as cause:
           failed.append((other, cause))
-    for other, _ in failed:  # accounted for by this error: never blamed again
-      self._unfinished.pop(other.ref, None)
     if failed and (key is None or failed[0][0].key < key):  # the root cause
       other, cause = failed[0]
-      return self._describe(other.lane, cause, other.task, None)
-    return self._describe(lane, error, task, host)
+      self._unfinished.pop(other.ref, None)  # accounted for by this error: not blamed again
+      # (the others stay: each is reported when read, or as the cause of another; taken
+      # here, a worker's failed forward left its backward's failure blamed on a KeyError)
+      return self._describe(other.lane, cause, other.task, None, other.key)
+    return self._describe(lane, error, task, host, key)
 
-  def _describe(self, lane, error, task, host) -> LaneError:
+  def _describe(self, lane, error, task, host, key=None) -> LaneError:
     if isinstance(task, Task) and cluster.is_death(error):
       # A death reaches a task on a live lane too: a copy it takes in from a lane that
       # died on its way raises the source's death there (a killed ASGD worker's push,
@@ -701,6 +734,14 @@ class LanePool:
       dead = self._dead_end(lane, within=0.0) or self._dead_end(*self._watch)
       if dead is not None and dead != lane:
         return self._dead_error(dead)
+      replaced = [name for name, first in self._replaced.items() if key is not None and key < first]
+      if dead is None and replaced:  # its source's process was lost, and replaced since
+        return LaneError(
+          lane,
+          host or self._host(lane),
+          f'{task!r} failed: a value it takes in was in the lost process of lane '
+          f'{replaced[0]!r} ({cluster.describe(error)}).',
+        )
       pid = getattr(self, 'info', {}).get(lane, {}).get('pid')  # the lane died under the task
       return LaneError(
         lane,
