@@ -9,9 +9,9 @@ import numpy as np
 import optax
 import pytest
 
-from async_helpers import UNIT, batches, executor, pipeline, run_lpp, sequential_sgd
+from async_helpers import UNIT, batches, executor, log_for, pipeline, run_lpp, sequential_sgd
 from jaxsgd.algorithms import lppsgd as algorithms_lppsgd
-from jaxsgd.asynchronous import lppsgd
+from jaxsgd.asynchronous import common, lppsgd
 from jaxsgd.pipeline.session import sequential_roles
 
 
@@ -292,3 +292,37 @@ def test_a_replica_joins_one_averaging_round_at_a_time():
   for d in range(2):
     chex.assert_trees_all_equal(session.replicas[d].read().value.params, step(d, a5[d], a5[d]))
   assert session.averaged_rounds == 2
+
+
+def test_a_lost_replica_is_healed_from_a_live_peer():
+  """Elastic workers (`replica_lanes`): when replica 1's lane is replaced, `_heal` gives
+  replica 1 replica 0's parameters and optimizer state (a new version, no staleness
+  recorded); its generation grows (a merge of a snapshot taken before is dropped), its
+  round is no longer in flight, and the requests its lost lane held — those of its own
+  workers 2 and 3, not worker 0's — are answered as lost by its restarted updater."""
+  pipe = pipeline(tx='adam')
+  settings = lppsgd.LppSettings(devices=2, workers_per_device=2, replica_lanes=True)
+  variables = pipe.initial_variables(0, sequential_roles(1)[0])
+  ex = executor()
+  session = lppsgd.LppSession(
+    pipe,
+    settings,
+    variables,
+    pipe.tx.init(variables['params']),
+    [batches(seed=m) for m in range(4)],
+    [jax.devices()[0]] * 2,
+    common.StepCounter(10),
+    log_for([f'worker {m}' for m in range(4)], None, ex),
+  )
+  peer = session.replicas[0].read().value
+  moved = jax.tree.map(lambda x: x + 1.0, peer.params)
+  session.replicas[0].store.write(peer._replace(params=moved))  # the peer has moved on
+  session.outstanding = {2: 5, 0: 3, 3: 7}
+  session.in_flight[1] = True
+  before = session.replicas[1].read().version
+  state = session._heal(1, 'lost')  # pylint: disable=protected-access
+  healed = session.replicas[1].read()
+  chex.assert_trees_all_equal(healed.value, session.replicas[0].read().value)
+  assert healed.version == before + 1 and len(session.replicas[1].store.staleness()) == 0
+  assert session.generation == [0, 1] and not session.in_flight[1]
+  assert state.d == 1 and state.lost == [(2, 5), (3, 7)] and session.outstanding == {0: 3}
