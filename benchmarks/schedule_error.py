@@ -264,7 +264,10 @@ class CpuSampler:
     self._thread.join()
 
   def _sample(self) -> None:
+    import threading
+
     me = self.psutil.Process()
+    main = threading.main_thread().native_id  # the driver thread: the executor's loop
     while not self._stop.is_set():
       cpu = {}
       for process in [me, *me.children(recursive=True)]:
@@ -273,6 +276,12 @@ class CpuSampler:
           cpu[process.pid] = (self._kind(process), times.user + times.system)
         except self.psutil.Error:
           pass
+      # The driver thread alone, as the host profile's `driver` is measured
+      # (`lane_timing._driver_figures`: `time.thread_time`); the driver process's CPU
+      # also counts Ray's threads in it and this sampler.
+      thread = next((t for t in me.threads() if t.id == main), None)
+      if thread is not None:
+        cpu['driver thread'] = ('driver thread', thread.user_time + thread.system_time)
       self.samples.append((time.time(), cpu))
       self._stop.wait(self.period)
 
@@ -302,10 +311,11 @@ class CpuSampler:
       return None
     (t1, first), (t2, last) = inside[0], inside[-1]
     busy = {'all': 0.0, 'driver': 0.0, 'lanes': 0.0, 'ray': 0.0, 'busiest lane': 0.0}
+    busy['driver thread'] = 0.0  # (a part of 'driver')
     for pid, (kind, seconds) in last.items():
       used = (seconds - first.get(pid, (kind, 0.0))[1]) / (t2 - t1)
       busy[kind] += used
-      busy['all'] += used
+      busy['all'] += used if kind != 'driver thread' else 0.0
       if kind == 'lanes':
         busy['busiest lane'] = max(busy['busiest lane'], used)
     return busy
@@ -552,7 +562,9 @@ def _print_where_time_went(done: list[dict], host) -> None:
   for row in done:
     e, v = row['emulated'], row['virtual']
     cpu = e.get('cpu')
-    per_event = cpu and e['events'] and 1e6 * cpu['driver'] * e['window'] / e['events']
+    per_event = (  # the driver thread's, as `cost.driver` is measured
+      cpu and e['events'] and 1e6 * cpu['driver thread'] * e['window'] / e['events']
+    )
     table.append(
       (
         label(row['family'], row['lanes']),
@@ -575,8 +587,8 @@ def _print_where_time_went(done: list[dict], host) -> None:
     "idle (median); heard: a task's end to the driver hearing of it, median; host cores "
     'busy: CPU seconds per second of all processes of the emulated run over its steady '
     f'state, of {os.cpu_count()} cores (a lane process near 1 is bound by its CPU, or '
-    "by Python's lock); driver CPU per event: its CPU over the steady state / (2 per "
-    'compute task + 1 per copy), against cost.driver'
+    "by Python's lock); driver CPU per event: the driver thread's CPU over the steady "
+    'state / (2 per compute task + 1 per copy), against cost.driver (measured alike)'
   )
 
 

@@ -504,8 +504,8 @@ class ProcessExecutor(Executor):
     that the report reads it even if the lane is lost before."""
     if not isinstance(value, Handle):
       return value
-    kept = None
-    if self._lanes_by_name.get(value.lane) in self._expendable:
+    kept = None  # (outside a run, nothing is expendable)
+    if getattr(self, '_lanes_by_name', {}).get(value.lane) in getattr(self, '_expendable', ()):
       kept = self.pool.keep(value)
     return LaneValue(self, value, kept)
 

@@ -245,30 +245,20 @@ def test_pdasgd_replaces_lost_forward_and_backward_workers(head, data_dir, tmp_p
   task (again in each new lane's 100th). Each is replaced and rejoins; every step is
   applied, and every layer was updated exactly once per step — none lost with a lane,
   none applied twice by a worker that sent its batch again; no lane process is left."""
-  before = set(_lane_processes(head))
-  driver = Driver(
-    tmp_path / 'run',
+  summary = _survives(
+    head,
     data_dir,
+    tmp_path,
+    'pdasgd.py:smoke',
+    'backwardworker1:backward:100:kill',
+    'forwardworker0',
     '--config.algorithm.n_fwd=2',
-    '--config.train_steps=150',
-    '--config.tolerate_lost_workers=True',
-    f'--config.cluster_address={head.address}',
-    env={FAULT_VAR: 'backwardworker1:backward:100:kill'},
-    config='pdasgd.py:smoke',
   )
-  driver.wait_for_step(20)
-  os.kill(driver.lane_pid('forwardworker0'), signal.SIGKILL)
-  status, last = driver.finish()
-  assert status == 0, driver.output()[-3000:]
-  with open(tmp_path / 'run' / 'summary.json') as f:
-    summary = json.load(f)
-  assert summary['final']['step'] == 150
   lost = {x['lane'] for x in summary['lost_lanes']}
   assert lost == {'forwardworker0', 'backwardworker1'}, summary['lost_lanes']
   for loss in summary['lost_lanes']:
     assert 0 < loss['at'] <= loss['replaced_at'], loss
   assert [layer['updates'] for layer in summary['staleness'].values()] == [150] * 4
-  assert gone(set(_lane_processes(head)) - before) == []
 
 
 def test_lppsgd_replaces_lost_workers_and_heals_lost_replicas(head, data_dir, tmp_path):
@@ -279,23 +269,9 @@ def test_lppsgd_replaces_lost_workers_and_heals_lost_replicas(head, data_dir, tm
   parameters fails and is replaced too, the summary saying why). Every step is applied
   exactly once (the workers' updates add up to the steps), the replicas are still
   averaged, and no lane process is left."""
-  before = set(_lane_processes(head))
-  driver = Driver(
-    tmp_path / 'run',
-    data_dir,
-    '--config.train_steps=150',
-    '--config.tolerate_lost_workers=True',
-    f'--config.cluster_address={head.address}',
-    env={FAULT_VAR: 'replica1:update:20:kill'},
-    config='lppsgd.py:smoke',
+  summary = _survives(
+    head, data_dir, tmp_path, 'lppsgd.py:smoke', 'replica1:update:20:kill', 'worker0.0'
   )
-  driver.wait_for_step(20)
-  os.kill(driver.lane_pid('worker0.0'), signal.SIGKILL)
-  status, last = driver.finish()
-  assert status == 0, driver.output()[-3000:]
-  with open(tmp_path / 'run' / 'summary.json') as f:
-    summary = json.load(f)
-  assert summary['final']['step'] == 150
   lost = summary['lost_lanes']
   assert {'worker0.0', 'replica1'} <= {x['lane'] for x in lost}, lost
   assert all(x['replaced_at'] is not None for x in lost)
@@ -304,7 +280,32 @@ def test_lppsgd_replaces_lost_workers_and_heals_lost_replicas(head, data_dir, tm
       assert "was in the lost process of lane 'replica1'" in loss['reason'], loss
   assert sum(worker['updates'] for worker in summary['staleness'].values()) == 150
   assert summary['averaging_rounds'] > 0
+
+
+def _survives(head, data_dir, tmp_path, config, fault, killed, *flags) -> dict:
+  """`config` for 150 steps with `tolerate_lost_workers` on the shared head, the lane
+  fault `fault` injected and lane `killed` SIGKILLed at step 20: its summary, once it
+  ended well with every step done and left no lane process."""
+  before = set(_lane_processes(head))
+  driver = Driver(
+    tmp_path / 'run',
+    data_dir,
+    '--config.train_steps=150',
+    '--config.tolerate_lost_workers=True',
+    f'--config.cluster_address={head.address}',
+    *flags,
+    env={FAULT_VAR: fault},
+    config=config,
+  )
+  driver.wait_for_step(20)
+  os.kill(driver.lane_pid(killed), signal.SIGKILL)
+  status, _ = driver.finish()
+  assert status == 0, driver.output()[-3000:]
   assert gone(set(_lane_processes(head)) - before) == []
+  with open(tmp_path / 'run' / 'summary.json') as f:
+    summary = json.load(f)
+  assert summary['final']['step'] == 150
+  return summary
 
 
 def test_a_killed_lane_ends_the_run_within_5s_and_no_process_is_left(head):

@@ -706,14 +706,11 @@ class LanePool:
     """The `LaneError` to raise for `error` (a failed call on `lane`): the failure of an
     earlier task on another lane if one has failed (started before, on a lane still
     here), which a later call fails of (a value it never made: a copy of it, an update
-    using it), or an earlier task on the same lane (a later one fails of the value it
-    never made: a backward of its forward); else this one's."""
+    using it); else this one's. (A failed task on the same lane is read first by itself:
+    a lane runs its calls in order, and the driver reads ends in the order sent.)"""
     failed = []  # tasks that failed by now, in the order they were started
     for other in sorted(self._unfinished.values(), key=lambda p: p.key):
-      # (one of this lane's own started before it, whose end the driver has not read yet,
-      # may have failed first: the driver reads ends in no fixed order)
-      earlier = other.lane != lane or (key is not None and other.key < key)
-      if earlier and other.lane in self._actors and cluster.wait([other.ref], 0)[0]:
+      if other.lane != lane and other.lane in self._actors and cluster.wait([other.ref], 0)[0]:
         try:
           cluster.get(other.ref)
         except Exception as cause:
@@ -721,8 +718,8 @@ class LanePool:
     if failed and (key is None or failed[0][0].key < key):  # the root cause
       other, cause = failed[0]
       self._unfinished.pop(other.ref, None)  # accounted for by this error: not blamed again
-      # (the others stay: each is reported when read, or as the cause of another; taken
-      # here, a worker's failed forward left its backward's failure blamed on a KeyError)
+      # (the others stay, each reported when read: taken here, a worker's failed forward
+      # was never read, and its backward's failure was blamed on a KeyError)
       return self._describe(other.lane, cause, other.task, None, other.key)
     return self._describe(lane, error, task, host, key)
 
@@ -747,6 +744,11 @@ class LanePool:
         lane,
         host or self._host(lane),
         f'pid {pid}: its process died ({cluster.describe(error)}) while running {task!r}.',
+      )
+    if task is None and cluster.is_death(error):  # a fetch, an export: the lane died
+      pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
+      return LaneError(
+        lane, host or self._host(lane), f'pid {pid}: its process died ({cluster.describe(error)}).'
       )
     what = (
       'call failed' if task is None else (task if isinstance(task, str) else f'{task!r} raised')
