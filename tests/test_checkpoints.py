@@ -226,7 +226,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(data_dir, tmp_path):
   assert process.returncode == 143, stderr
   assert 'SIGTERM' in stderr and 'resume' in stderr
   meta = checkpoints.latest_meta(workdir)
-  assert meta is not None and meta['step'] > 1000  # Saved when the signal came (none before).
+  # Saved when the signal came (no periodic checkpoints): at the first save point it met,
+  # which is step 1000's own if the signal came between that step's log line and its save
+  # point (seen once on a loaded machine), else a later step.
+  assert meta is not None and meta['step'] >= 1000
   assert not os.path.exists(os.path.join(workdir, 'summary.json'))
   assert not [n for n in os.listdir(checkpoints.directory(workdir)) if not n.isdigit()]
 
