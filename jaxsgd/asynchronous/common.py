@@ -166,6 +166,25 @@ class SharedParams:
     """Generator: `apply(update, grads, ...)` as a `Compute` on lane `owner` (a named
     task there), holding the store's turn from the read to the write."""
     yield Get(self._turn_on(owner))
+    version = yield from self.update_alone(
+      owner, update, grads, read_version=read_version, lane=lane, batch=batch, stage=stage
+    )
+    yield Put(self._turn, _TURN)
+    return version
+
+  def update_alone(
+    self,
+    owner: int,
+    update: Callable,
+    grads,
+    *,
+    read_version: int,
+    lane: int,
+    batch: int,
+    stage: int = 0,
+  ):
+    """Generator: `update_on` without the turn, for the store's only writer (an elastic
+    run's updater, on lane `owner`); one yield, the `Compute`."""
     current = self.store.read().value
     params, opt_state = yield Compute(
       update,
@@ -175,20 +194,22 @@ class SharedParams:
       batch=batch,
       lane=owner,
     )
-    version = self.store.write(
+    return self.store.write(
       StageParams(params, opt_state), read_version=read_version, lane=lane, batch=batch
     )
-    yield Put(self._turn, _TURN)
-    return version
 
   def replace_on(self, owner: int, fn: Callable, *args, kind: str, batch: int | None = None):
     """Generator: `replace_params(fn, *args)` as a `Compute` on lane `owner`, holding
     the store's turn."""
     yield Get(self._turn_on(owner))
+    yield from self.replace_alone(owner, fn, *args, kind=kind, batch=batch)
+    yield Put(self._turn, _TURN)
+
+  def replace_alone(self, owner: int, fn: Callable, *args, kind: str, batch: int | None = None):
+    """Generator: `replace_on` without the turn, for the store's only writer; one yield."""
     current = self.store.read().value
     params = yield Compute(fn, (current.params, *args), kind=kind, stage=0, batch=batch, lane=owner)
     self.store.write(current._replace(params=params))
-    yield Put(self._turn, _TURN)
 
   def _turn_on(self, owner: int) -> Channel:
     if self._turn is None:

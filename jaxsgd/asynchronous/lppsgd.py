@@ -81,7 +81,7 @@ from jaxsgd.asynchronous import common
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.lanes import LaneError
 from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put, Send
-from jaxsgd.pipeline.session import PlacedStages, StageParams, sequential_roles
+from jaxsgd.pipeline.session import PlacedStages, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 from jaxsgd.spmd import timing
@@ -357,23 +357,22 @@ class LppSession:
       self.cluster.add_lane(f'{names[m]} ({devices[m // W]})', devices[m // W])
     self.elastic = settings.replica_lanes
     if self.elastic:  # (module docstring: elastic workers)
-      self.replica_lanes = [
-        self.cluster.add_lane(f'{names[D * W + d]} ({devices[d]})', devices[d]) for d in range(D)
-      ]
+      for d in range(D):  # lanes D·W .. D·W + D − 1 (`home`)
+        self.cluster.add_lane(f'{names[D * W + d]} ({devices[d]})', devices[d])
       self.requests = [
         self.cluster.channel(f'requests to replica {d}', self.home(d)) for d in range(D)
       ]
       self.answers = [
         self.cluster.channel(f'answers to worker {m // W}.{m % W}', m) for m in range(D * W)
       ]
-      self.generation = [0] * D  # replica d healed this many times (`_heal`)
-      self.outstanding: dict[int, int] = {}  # worker -> the step (its k) it awaits an answer for
     # The averaging collective's lane (none with one replica: nothing to average).
     self.allreduce_lane = self.cluster.add_lane(names[-1]) if D > 1 else None
     self.rounds = [
       self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane)
       for d in range(D if D > 1 else 0)
     ]
+    self.generation = [0] * D  # replica d healed this many times (elastic: `_heal`)
+    self.outstanding: dict[int, int] = {}  # worker -> the step (its k) it awaits an answer for
     self.device_updates = [0] * D  # updates applied to each replica
     self.last_snapshot = [0] * D  # ... when it last joined a round
     self.in_flight = [False] * D  # its round is not merged yet
@@ -526,15 +525,9 @@ class LppSession:
       r = s.request
       if isinstance(r, _Merge):
         if r.generation == self.generation[d] and s.enter('merge'):
-          current = replica.read().value
-          params = yield Compute(
-            Task(AVERAGING, 'merge'),
-            (current.params, r.sent, r.mean),
-            kind='merge',
-            stage=0,
-            batch=r.round,
+          yield from replica.replace_alone(
+            self.home(d), Task(AVERAGING, 'merge'), r.sent, r.mean, kind='merge', batch=r.round
           )
-          replica.store.write(current._replace(params=params))
           self.in_flight[d] = False
         continue
       if s.enter('claim'):
@@ -543,16 +536,8 @@ class LppSession:
         s.label = self.steps.claimed - 1  # this update's step (0-based), its label
       if s.claimed and s.enter('update'):
         update = self.partitioned[r.worker % W] if r.partitioned else self.ops.update
-        current = replica.read().value
-        params, opt_state = yield Compute(
-          update,
-          (current.params, current.opt_state, r.grads),
-          kind='update',
-          stage=0,
-          batch=s.label,
-        )
-        replica.store.write(
-          StageParams(params, opt_state), read_version=r.version, lane=r.worker, batch=s.label
+        yield from replica.update_alone(
+          self.home(d), update, r.grads, read_version=r.version, lane=r.worker, batch=s.label
         )
         self._updated(d, r.worker, None)
         s.step = self.steps.commit(None, r.loss, f'worker {d}.{r.worker % W}')
@@ -717,8 +702,8 @@ class LppSession:
       'averaged_rounds': self.averaged_rounds,
       'steps': self.steps.snapshot(),
       'log': self.log.snapshot(),
-      'generation': list(getattr(self, 'generation', ())),
-      'outstanding': sorted(getattr(self, 'outstanding', {}).items()),
+      'generation': list(self.generation),
+      'outstanding': sorted(self.outstanding.items()),
     }
 
   def load(self, saved: dict) -> None:

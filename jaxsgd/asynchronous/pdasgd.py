@@ -90,7 +90,7 @@ from jaxsgd.models import stage_functions as stages_lib
 from jaxsgd.asynchronous import common
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Cluster, Compute, Get, LoopState, Process, Put, Send
-from jaxsgd.pipeline.session import PlacedStages, StageParams, sequential_roles
+from jaxsgd.pipeline.session import PlacedStages, sequential_roles
 from jaxsgd.scheduler.store import VersionedStore
 
 UPDATES = ('layer', 'block')
@@ -227,7 +227,7 @@ class PdSession:
         self.cluster.channel(f'updates of backward worker {b} received', 0)
         for b in range(settings.n_bwd)
       ]
-      self.applied_parts: set[tuple[int, int]] = set()  # (batch, layer) applied
+    self.applied_parts: set[tuple[int, int]] = set()  # (batch, layer) applied (elastic)
     self.started = 0  # batches begun by forward workers
     self.alive = {'forward': settings.n_fwd, 'backward': settings.n_bwd}
     self._lock = threading.Lock()
@@ -453,19 +453,14 @@ class PdSession:
       while s.i < len(s.request.layers):
         r, k = s.request, s.request.layers[s.i]
         if (r.batch, k) not in self.applied_parts and s.enter('update'):
-          current = self.layers[k].read().value
-          params, opt_state = yield Compute(
+          yield from self.layers[k].update_alone(
+            0,
             self.ops[k].update,
-            (current.params, current.opt_state, r.grads[s.i]),
-            kind='update',
-            stage=k,
-            batch=r.batch,
-          )
-          self.layers[k].store.write(
-            StageParams(params, opt_state),
+            r.grads[s.i],
             read_version=r.versions[s.i],
             lane=1 + r.worker,
             batch=r.batch,
+            stage=k,
           )
           self.applied_parts.add((r.batch, k))
           if k == 0:
@@ -482,8 +477,7 @@ class PdSession:
     landed (then it is queued); otherwise it held nothing there and goes on."""
     del reason
     s = worker.state
-    landed = bool(self.landing[w].items)
-    if s.phase == 'land' and landed:
+    if s.phase == 'land' and self.landing[w].items:
       return common.state_at('landed', s, 'failed', 'stopping', 'last', 'k', 'token', 't')
     if (
       s.phase in _FORWARD_PASS
@@ -515,7 +509,7 @@ class PdSession:
       'alive': dict(self.alive),
       'steps': self.steps.snapshot(),
       'log': self.log.snapshot(),
-      'applied_parts': sorted(getattr(self, 'applied_parts', ())),
+      'applied_parts': sorted(self.applied_parts),
     }
 
   def load(self, saved: dict) -> None:
