@@ -12,6 +12,19 @@ def layer(w, x):
   return jnp.tanh(x @ w)
 
 
+class SlowToReport(ValueError):
+  """A task's error that takes `seconds` to pickle: its lane has marked the call failed
+  well before Ray has the error to give the driver."""
+
+  def __init__(self, seconds: float):
+    super().__init__(f'failed, reported after {seconds} s')
+    self.seconds = seconds
+
+  def __reduce__(self):
+    time.sleep(self.seconds)
+    return SlowToReport, (self.seconds,)
+
+
 def build_layer_tasks(scale: float):
   """A dense tanh layer: init, forward (with its VJP), backward, and a few probes."""
 
@@ -33,6 +46,11 @@ def build_layer_tasks(scale: float):
   def fail(x):
     raise ValueError(f'bad input of shape {x.shape}')
 
+  def fail_if_positive(x):  # slow to report (`SlowToReport`); shaped as its input if not
+    if np.asarray(x).sum() > 0:
+      raise SlowToReport(3.0)
+    return x
+
   def hang(seconds):
     time.sleep(seconds)
     return jnp.zeros(())
@@ -45,6 +63,7 @@ def build_layer_tasks(scale: float):
     'add': jax.jit(lambda a, b: a + b),
     'same': lambda v: v,
     'fail': fail,
+    'fail_if_positive': fail_if_positive,
     'hang': hang,
     'pid': os.getpid,
     'affinity': lambda: np.array(sorted(os.sched_getaffinity(0))),

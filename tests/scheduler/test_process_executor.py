@@ -187,6 +187,37 @@ def test_a_task_that_raises_names_lane_and_host(pool):
   assert all(p.done for p in processes)  # every process closed
 
 
+def test_a_failed_task_is_named_though_its_error_comes_after_a_lane_that_took_in_its_value(
+  pool,
+):
+  """Stage 0's second task raises an error that takes 3 s to reach the driver; running
+  ahead, its value was already sent to stage 1, whose task fails at once taking it in.
+  The run names stage 0's task, not stage 1's (it named stage 1's when the driver waited
+  only 2 s for the task that was to make a value, as an ASGD worker's injected fault was
+  once blamed on the server that took in its push)."""
+  from jaxsgd.scheduler.core import Send
+
+  cluster = _cluster('stage 0', 'stage 1')
+  inbox = cluster.channel('inbox', 1)
+
+  def producer():
+    for value in (0.0, 1.0):  # the second call's handles are known: it runs ahead
+      made = yield Compute(Task(PROBES, 'fail_if_positive'), (np.full((2,), value, np.float32),))
+      yield Send(inbox, made)
+
+  def consumer():
+    for _ in range(2):
+      got = yield Get(inbox)
+      yield Compute(Task(PROBES, 'add'), (got, got))
+
+  processes = [Process('stage 0', 0, producer()), Process('stage 1', 1, consumer())]
+  host = pool.info['stage0']['host']
+  with pytest.raises(
+    LaneError, match=rf"lane 'stage0' on host {host}: Task\('fail_if_positive'.*SlowToReport"
+  ):
+    ProcessExecutor(pool=pool, run_ahead=4).run(cluster, processes)
+
+
 def test_a_finished_task_is_heard_while_other_processes_keep_each_other_ready(pool):
   """Two processes passing a number back and forth are always ready; they stop once a
   third's task on a lane has finished, which the executor must hear meanwhile. (Once all

@@ -25,7 +25,7 @@ import ray
 from ray.util import scheduling_strategies
 
 from jaxsgd.scheduler.lanes.placement import LaneSpec
-from jaxsgd.scheduler.lanes.runtime import EXPORT_GROUP, FAULT_VAR, LaneRuntime
+from jaxsgd.scheduler.lanes.runtime import EXPORT_GROUP, FAULT_VAR, LaneRuntime, MakerFailed
 
 WATCH_GROUP = 'watch'
 _STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
@@ -170,6 +170,19 @@ def describe(error: BaseException) -> str:
     text = f'{type(error).__name__}: {error}'
   lines = text.strip().splitlines()
   return lines[0] if len(lines) == 1 else lines[0] + ' ...'
+
+
+def failed_maker(error: BaseException) -> tuple[str, int] | None:
+  """`(lane, call key)` of the call whose failure `error` comes of (a value it was to
+  make could not be exported: `runtime.MakerFailed`, however deep among the causes), or
+  None."""
+  cause, seen = error, set()
+  while cause is not None and id(cause) not in seen:
+    seen.add(id(cause))
+    if isinstance(cause, MakerFailed) and hasattr(cause, 'key'):
+      return cause.lane, cause.key
+    cause = getattr(cause, 'cause', None)
+  return None
 
 
 def is_death(error: BaseException) -> bool:

@@ -707,21 +707,48 @@ class LanePool:
     earlier task on another lane if one has failed (started before, on a lane still
     here), which a later call fails of (a value it never made: a copy of it, an update
     using it); else this one's. (A failed task on the same lane is read first by itself:
-    a lane runs its calls in order, and the driver reads ends in the order sent.)"""
-    failed = []  # tasks that failed by now, in the order they were started
+    a lane runs its calls in order, and the driver reads ends in the order sent.)
+
+    A failure that names the call it comes of (`cluster.failed_maker`: a value that
+    call was to make could not be exported) waits for that call's own reply (up to
+    `_MAKER_REPLY` s, or until its lane dies): its lane marks it failed before Ray has
+    its error, so a lane that took in the value may be heard of first."""
+    for _ in range(len(self._unfinished) + 1):  # each round finds an earlier cause, or ends
+      root = self._root_cause(lane, error, task, key)
+      maker = self._unfinished_maker(root[1])
+      if maker is None:
+        break
+      _wait([maker.ref, self._watch[maker.lane]], _MAKER_REPLY)
+    other_lane, cause, other_task, other_key, other_ref = root
+    if other_ref is not None:
+      self._unfinished.pop(other_ref, None)  # accounted for by this error: not blamed again
+      # (the others stay, each reported when read: taken here, a worker's failed forward
+      # was never read, and its backward's failure was blamed on a KeyError)
+      return self._describe(other_lane, cause, other_task, None, other_key)
+    return self._describe(lane, error, task, host, key)
+
+  def _root_cause(self, lane, error, task, key) -> tuple:
+    """`(lane, error, task, key, ref)` of the earliest task on another lane that has
+    failed by now, if started before `key`; else this failure's (`ref` None)."""
     for other in sorted(self._unfinished.values(), key=lambda p: p.key):
+      if key is not None and other.key >= key:
+        break
       if other.lane != lane and other.lane in self._actors and cluster.wait([other.ref], 0)[0]:
         try:
           cluster.get(other.ref)
         except Exception as cause:
-          failed.append((other, cause))
-    if failed and (key is None or failed[0][0].key < key):  # the root cause
-      other, cause = failed[0]
-      self._unfinished.pop(other.ref, None)  # accounted for by this error: not blamed again
-      # (the others stay, each reported when read: taken here, a worker's failed forward
-      # was never read, and its backward's failure was blamed on a KeyError)
-      return self._describe(other.lane, cause, other.task, None, other.key)
-    return self._describe(lane, error, task, host, key)
+          return other.lane, cause, other.task, other.key, other.ref
+    return lane, error, task, key, None
+
+  def _unfinished_maker(self, error) -> Pending | None:
+    """The unfinished call whose failure `error` names as its cause (`_error`), or None."""
+    made = cluster.failed_maker(error)
+    if made is None:
+      return None
+    for pending in self._unfinished.values():
+      if (pending.lane, pending.key) == made and pending.lane in self._watch:
+        return None if cluster.wait([pending.ref], 0)[0] else pending
+    return None
 
   def _describe(self, lane, error, task, host, key=None) -> LaneError:
     if isinstance(task, Task) and cluster.is_death(error):
@@ -806,6 +833,9 @@ _OUT_OF_BAND = 1 << 16  # bytes: an array this large goes beside a call's pickle
 def _host_array(leaf):
   """A driver-side jax.Array goes to a lane as numpy (its device means nothing there)."""
   return np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf
+
+
+_MAKER_REPLY = 10.0  # s: a failed call's error is on its way once its lane says it failed
 
 
 def _wait(refs: list, timeout: float | None):

@@ -52,6 +52,21 @@ SPIN_SECONDS = 3e-4
 EXPORT_GROUP = 'export'
 
 
+class MakerFailed(RuntimeError):
+  """A value cannot be exported from lane `lane`: the call `key` that was to make it
+  raised. The driver, reading this inside another lane's failure, waits for that call's
+  own failure, the cause to report (its reply may come later than this)."""
+
+  def __init__(self, lane: str, key: int, value: Hashable):
+    super().__init__(
+      f'lane {lane}: value {value} cannot be exported: the task that was to make it failed.'
+    )
+    self.lane, self.key, self.value = lane, key, value
+
+  def __reduce__(self):
+    return MakerFailed, (self.lane, self.key, self.value)
+
+
 class Ref:
   """An argument that stands for a value held by the lane (the driver's handle key)."""
 
@@ -305,10 +320,7 @@ class LaneRuntime:
     with self.stored:
       while key not in self.values:
         if key[0] in self.failed_calls:
-          raise RuntimeError(
-            f'lane {self.name}: value {key} cannot be exported: the task that was to '
-            'make it failed.'
-          )
+          raise MakerFailed(self.name, key[0], key)
         self.stored.wait(0.5)
       return self.values[key]
 
