@@ -19,6 +19,7 @@ import pytest
 
 from experiments import suites
 from jaxsgd import launch
+from jaxsgd.algorithms import settings
 from jaxsgd.training import files
 from jaxsgd.training import limits
 from jaxsgd.training import train_and_evaluate
@@ -579,3 +580,29 @@ def test_launched_bad_config_is_one_line_with_status_2(data_dir, tmp_path):
   )
   assert 'Traceback' not in result.stdout + result.stderr
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize(
+  'running, refused',
+  [
+    ([], r'none is running \(start one: ray start --head\)'),
+    (['10.0.0.1:6379', '10.0.0.2:6379'], r'2 are \(10\.0\.0\.1:6379, 10\.0\.0\.2:6379\); name one'),
+  ],
+  ids=['none', 'two'],
+)
+def test_cluster_address_auto_needs_one_cluster_running_here(
+  running, refused, data_dir, tmp_path, monkeypatch
+):
+  """`cluster_address='auto'` joins the Ray cluster running on this machine, found as Ray
+  finds it (its GCS processes); none, or several, is one line before anything starts."""
+  from ray._private import services
+
+  monkeypatch.setattr(services, 'find_gcs_addresses', lambda: running)
+  config = smoke_config('asgd', data_dir)
+  set_fields(config, {'clock': 'real', 'executor': 'processes', 'cluster_address': 'auto'})
+  with pytest.raises(ValueError, match=rf'^cluster_address: .*{refused}') as error:
+    train_and_evaluate(config, str(tmp_path / 'run'), show_progress=False)
+  assert '\n' not in str(error.value)
+  assert not (tmp_path / 'run').exists()
+  monkeypatch.setattr(services, 'find_gcs_addresses', lambda: ['10.0.0.3:6379'])
+  assert settings.local_cluster_address() == '10.0.0.3:6379'

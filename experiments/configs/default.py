@@ -39,7 +39,7 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   # 'processes': each lane an OS process; 'emulated': those, each task waiting its priced
   # duration instead of computing (docs/engine.md)
   config.executor = 'in_process'
-  config.cluster_address = placeholder(str)  # processes: 'host:port' of a Ray cluster
+  config.cluster_address = placeholder(str)  # processes: a Ray cluster's 'host:port', or 'auto'
   config.cluster_timeout_s = 30.0  # how long cluster_address may take to answer
   config.tolerate_lost_workers = False  # processes, asgd/dcasgd: replace a lost worker's lane
   config.target_accuracy = placeholder(float)

@@ -171,6 +171,7 @@ def train_and_evaluate(
     limits.check(config.algorithm.name, settings, model, dataset)
     checkpointer = _checkpointer(config, settings, workdir)
     claim.clear()  # The input is valid: an earlier run's files (overwrite) go now.
+    cluster = _start_lane_cluster(settings)
     logging.info(
       'Training %s on %s (%d train / %d test examples), model %s with %d layers.',
       config.algorithm.name,
@@ -192,6 +193,8 @@ def train_and_evaluate(
     )
   except BaseException:
     claim.release()
+    if 'cluster' in locals() and cluster is not None:
+      cluster.abandon()
     raise
   try:
     with checkpoints.PreemptionWatch() as run.preemption:
@@ -199,7 +202,23 @@ def train_and_evaluate(
   except BaseException as error:
     run.abort(refused=isinstance(error, ValueError))
     raise
+  finally:
+    if cluster is not None:
+      cluster.abandon()  # a cluster begun for lanes that never started
   return run.finish(extra)
+
+
+def _start_lane_cluster(settings):
+  """On lane processes: begins connecting to the run's Ray cluster (starting one here, or
+  joining `cluster_address`) in the background, so that its ~3 s overlap building the
+  model; returns the `lanes.cluster` module (None on other executors)."""
+  shared = getattr(settings, 'shared', None)
+  if shared is None or not shared.on_lane_processes:
+    return None
+  from jaxsgd.scheduler.lanes import cluster  # Ray is imported only when used.
+
+  cluster.connect_soon(shared.cluster_address)
+  return cluster
 
 
 def _checkpointer(config, settings, workdir: str) -> checkpoints.Checkpointer | None:

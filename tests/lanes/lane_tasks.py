@@ -68,4 +68,5 @@ def build_layer_tasks(scale: float):
     'pid': os.getpid,
     'affinity': lambda: np.array(sorted(os.sched_getaffinity(0))),
     'env': lambda name: os.environ.get(name, ''),
+    'jax_flag': lambda name: str(getattr(jax.config, name)),
   }

@@ -114,6 +114,15 @@ def test_each_lane_is_a_process_pinned_to_its_cores(pool):
     assert flags == '--xla_cpu_multi_thread_eigen=false'
     assert pool.fetch(pool.run(lane, task('env'), ('OMP_NUM_THREADS',))) == '1'
     assert pool.fetch(pool.run(lane, task('env'), ('JAX_PLATFORMS',))) == 'cpu'
+    # A lane is a ready Ray worker that imported JAX with the lane's code, before its
+    # variables were set: JAX's own flags are set in its config too.
+    assert pool.fetch(pool.run(lane, task('jax_flag'), ('jax_platforms',))) == 'cpu'
+    cache = pool.fetch(pool.run(lane, task('jax_flag'), ('jax_compilation_cache_dir',)))
+    assert cache == pool.fetch(pool.run(lane, task('env'), ('JAX_COMPILATION_CACHE_DIR',)))
+    assert (
+      pool.fetch(pool.run(lane, task('jax_flag'), ('jax_persistent_cache_min_compile_time_secs',)))
+      == '0.0'
+    )
 
 
 def test_results_stay_in_the_lane_until_the_driver_drops_them(pool):
@@ -463,6 +472,27 @@ def test_ctrl_c_of_a_driver_with_its_own_cluster_leaves_no_process():
   process.send_signal(signal.SIGINT)
   assert process.wait(timeout=20) != 0
   assert gone(started['started'] + started['lanes'], within=10) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('use', ['use', 'abandon'])
+def test_a_cluster_started_in_the_background_serves_a_pool_and_leaves_no_process(use):
+  """`cluster.connect_soon` starts the run's cluster in a thread while the driver builds
+  its model. Ray's processes die with the thread that started them (their parent-death
+  signal is that thread's): they lived only while it ran, and the pool opened after it
+  had returned found no cluster. Used or abandoned, nothing of it is left."""
+  done = subprocess.run(
+    [sys.executable, os.path.join(HERE, 'background_start.py'), use],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env={**os.environ, 'PYTHONPATH': os.getcwd()},
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  outcome = json.loads(done.stdout.strip().splitlines()[-1])
+  assert len(outcome['started']) >= 2  # Ray's GCS and raylet at least
+  assert outcome['result'] == (3.0 if use == 'use' else None)
+  assert gone(outcome['started']) == []
 
 
 @pytest.mark.slow

@@ -13,13 +13,15 @@ and worker processes and Ray's monitors all at once, lets Ray stop its GCS and r
 is still alive after that (found by its directory).
 """
 
+import logging
 import os
 import shutil
 import sys
 import tempfile
+import threading
+import warnings
 
 os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
-
 import psutil
 import ray
 from ray.util import scheduling_strategies
@@ -27,28 +29,96 @@ from ray.util import scheduling_strategies
 from jaxsgd.scheduler.lanes.placement import LaneSpec
 from jaxsgd.scheduler.lanes.runtime import EXPORT_GROUP, FAULT_VAR, LaneRuntime, MakerFailed
 
+# JAX warns at every fork of a threaded process; Ray's helpers fork and exec at once, and
+# the warning, printed at every start of a cluster, is one a user cannot act on.
+warnings.filterwarnings('ignore', message=r'os\.fork\(\) was called', category=RuntimeWarning)
+# Ray warns when a thread other than the main one connects (`connect_soon`) that it set
+# no SIGTERM handler of its own: the pool's handlers are the run's (`pool._StopSignals`).
+logging.getLogger('ray._private.worker').addFilter(
+  lambda record: 'SIGTERM handler is not set' not in record.getMessage()
+)
+
 WATCH_GROUP = 'watch'
 _STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
+_SOON = {}  # 'thread': a `connect` under way (`connect_soon`); 'outcome': its result
 # Calls run one at a time, in the order sent; `watch` waits in a thread of its own, and
 # exports run in another, one at a time (`LaneRuntime.export`).
 _LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1, EXPORT_GROUP: 1})(LaneRuntime)
 
 
 def connect(address: str | None) -> bool:
-  """Joins the cluster at `address`, or starts one here; True if this call started it."""
+  """Joins the cluster at `address`, or starts one here; True if this call started it
+  or joined it (then `shutdown` ends the connection). A connection to `address` begun
+  by `connect_soon` is waited for."""
+  soon = _SOON.pop('thread', None)
+  if soon is not None:
+    _SOON.pop('begun').wait()
+    begun, outcome = _SOON.pop('address'), _SOON.pop('outcome')
+    if isinstance(outcome, BaseException):
+      raise outcome
+    if begun == address:
+      return outcome
+    if outcome:  # begun for another address: not this run's cluster
+      shutdown()
+  return _connect_now(address)
+
+
+def _connect_now(address: str | None) -> bool:
   if ray.is_initialized():
     return False
+  # Lanes are Ray's ready worker processes (no runtime environment of their own, which
+  # would make Ray start a new process for each): they find the driver's code by the
+  # job's search path and take their variables in `LaneRuntime.__init__`.
+  code = ray.job_config.JobConfig(code_search_path=_code_path())
   if address is None:
     _STARTED_HERE['temp_dir'] = tempfile.mkdtemp(prefix='jaxsgd-ray-')
     ray.init(
       num_cpus=os.cpu_count(),
       include_dashboard=False,
       configure_logging=False,
+      job_config=code,
       _temp_dir=_STARTED_HERE['temp_dir'],
     )
     return True
-  ray.init(address=address, configure_logging=False)
+  ray.init(address=address, configure_logging=False, job_config=code)
   return True  # connected here: disconnect (the cluster itself stays up) at close
+
+
+def connect_soon(address: str | None) -> None:
+  """Begins `connect(address)` in a thread of its own, so that starting a cluster (~3 s)
+  overlaps the driver's own set-up (building the model); the pool's `connect` waits for
+  it. `abandon` ends it if no pool took it."""
+  if ray.is_initialized() or 'thread' in _SOON:
+    return
+
+  begun, ended = threading.Event(), threading.Event()
+
+  def begin():
+    try:
+      _SOON['outcome'] = outcome = _connect_now(address)
+    except BaseException as error:  # raised again by the `connect` that waits for it
+      _SOON['outcome'], outcome = error, None
+    begun.set()
+    if outcome is True and address is None:
+      # Ray's processes die with the thread that started them (it sets their parent-death
+      # signal, which Linux ties to that thread): this one lives until `shutdown`.
+      ended.wait()
+
+  _SOON['address'], _SOON['begun'], _STARTED_HERE['ended'] = address, begun, ended
+  _SOON['thread'] = threading.Thread(target=begin, name='jaxsgd-cluster-start', daemon=True)
+  _SOON['thread'].start()
+
+
+def abandon() -> None:
+  """Ends a connection `connect_soon` began that no pool took (the run stopped before
+  its lanes started), so that no cluster process is left."""
+  if 'thread' not in _SOON:
+    return
+  try:
+    connect(_SOON['address'])
+  except BaseException:  # it never connected
+    return
+  shutdown()
 
 
 def started_here() -> bool:
@@ -67,12 +137,15 @@ def shutdown() -> None:
   temp_dir = _STARTED_HERE.pop('temp_dir', None)
   if temp_dir is None:
     ray.shutdown()
-    return
-  started = cluster_processes(temp_dir)
-  _kill([p for p in started if _name(p) not in _STOPPED_BY_RAY])
-  ray.shutdown()
-  _kill(started)
-  shutil.rmtree(temp_dir, ignore_errors=True)
+  else:
+    started = cluster_processes(temp_dir)
+    _kill([p for p in started if _name(p) not in _STOPPED_BY_RAY])
+    ray.shutdown()
+    _kill(started)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+  ended = _STARTED_HERE.pop('ended', None)
+  if ended is not None:  # the thread that started the cluster (`connect_soon`) may end now
+    ended.set()
 
 
 # Ray's own shutdown stops these (the others would each cost it up to 1 s). The raylet
@@ -117,21 +190,15 @@ def _kill(processes: list[psutil.Process], timeout: float = 3.0) -> None:
 def lane_actor(spec: LaneSpec, env: dict[str, str]):
   """A Ray actor running `LaneRuntime` in a process of its own, on `spec.host`."""
   hook = {FAULT_VAR: os.environ[FAULT_VAR]} if FAULT_VAR in os.environ else {}  # tests only
-  variables = {**_code_path(), **_compilation_cache(), **hook, **spec.environment(), **env}
-  options = dict(
-    num_cpus=0,
-    num_gpus=1 if spec.gpu else 0,
-    max_restarts=0,
-    max_task_retries=0,
-    runtime_env={'env_vars': variables},
-  )
+  variables = {**_compilation_cache(), **hook, **spec.environment(), **env}
+  options = dict(num_cpus=0, num_gpus=1 if spec.gpu else 0, max_restarts=0, max_task_retries=0)
   # On its host's node, the driver's without one: left to Ray, a lane without a host went
   # to any node of a cluster joined by address (half of them elsewhere, on two nodes),
   # pinned to cores of a host nobody named.
   options['scheduling_strategy'] = scheduling_strategies.NodeAffinitySchedulingStrategy(
     _node_id(spec), soft=False
   )
-  return _LANE_ACTOR.options(**options).remote(spec.name, spec.cores)
+  return _LANE_ACTOR.options(**options).remote(spec.name, spec.cores, variables)
 
 
 def watch(actor):
@@ -252,10 +319,10 @@ def _compilation_cache() -> dict[str, str]:
   }
 
 
-def _code_path() -> dict[str, str]:
-  """PYTHONPATH for lane processes: the driver's import path, so they import the same code.
+def _code_path() -> list[str]:
+  """The lane processes' import path: the driver's, so they import the same code.
 
   (On other hosts, the same directories where they exist; install jaxsgd there.)
   """
   parts = [os.path.abspath(p or '.') for p in sys.path]
-  return {'PYTHONPATH': os.pathsep.join(dict.fromkeys(p for p in parts if os.path.isdir(p)))}
+  return list(dict.fromkeys(p for p in parts if os.path.isdir(p)))

@@ -169,6 +169,11 @@ class LanePool:
     self._tasks_sent: dict[str, set[int]] = {name: set() for name in placement.names}
     self._closed = False
     self._replaced: dict[str, int] = {}  # lane -> the first key of its newest process
+    if verbose:  # what the next seconds are spent on
+      where = (
+        'a Ray cluster on this machine' if address is None else f'the Ray cluster at {address}'
+      )
+      print(f'lanes: starting {len(placement.names)} lane processes on {where}...', flush=True)
     before = _StopSignals.current()  # `ray.init` installs a SIGTERM handler of its own
     self._owns_connection = cluster.connect(address)
     self._signals = _StopSignals.install(before)

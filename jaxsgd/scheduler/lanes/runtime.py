@@ -104,8 +104,14 @@ def pin_process(cores: tuple[int, ...] | None) -> tuple[int, ...]:
 class LaneRuntime:
   """One lane: values by key, tasks run in the order the driver sent them."""
 
-  def __init__(self, name: str, cores: tuple[int, ...] | None):
+  def __init__(self, name: str, cores: tuple[int, ...] | None, variables: dict | None = None):
+    """`variables`: the lane's environment (`LaneSpec.environment`: JAX's platform, XLA's
+    flags), set before JAX is imported here. (A library that read its variable before,
+    as numpy's BLAS does its thread count, keeps its default: XLA's threads and the
+    process's cores are what bound a lane.)"""
     self.name = name
+    if variables:
+      _take_variables(variables)
     self.cores = pin_process(cores)  # before JAX's backend (and its threads) starts
     import jax
 
@@ -412,6 +418,34 @@ def wait_until(deadline: float, spin: float = SPIN_SECONDS) -> None:
     time.sleep(left - spin)
   while time.perf_counter() < deadline:
     pass
+
+
+def _take_variables(variables: dict[str, str]) -> None:
+  """Sets `variables` in this process's environment before JAX's backend starts. JAX
+  was imported with this module's package and read its `JAX_*` flags then, so those
+  are also set in its config; XLA reads `XLA_FLAGS` when the backend starts. Refuses a
+  process whose backend has started (Ray gave the lane a worker that ran JAX before)."""
+  import jax
+  from jax._src import xla_bridge
+
+  if xla_bridge.backends_are_initialized():
+    raise RuntimeError(
+      "lane process: JAX's backend started before the lane set its variables "
+      f'({", ".join(sorted(variables))}); a lane needs a fresh Ray worker process.'
+    )
+  os.environ.update(variables)
+  for name, text in variables.items():
+    flag = name.lower()
+    if name.startswith('JAX_') and hasattr(jax.config, flag):
+      jax.config.update(flag, _as_type_of(getattr(jax.config, flag), text))
+
+
+def _as_type_of(current, text: str):
+  if isinstance(current, bool):
+    return text.strip().lower() in ('1', 'true', 'yes', 'on')
+  if isinstance(current, (int, float)):
+    return type(current)(text)
+  return text
 
 
 def _fault(lane: str) -> list | None:

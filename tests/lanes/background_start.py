@@ -1,0 +1,44 @@
+"""A driver that starts its cluster in the background (`cluster.connect_soon`), run as
+its own process by `test_lanes.py`:
+
+    python tests/lanes/background_start.py use|abandon
+
+`use`: opens a pool on it a second after the start (the thread that started the cluster
+has long returned from it), runs a task, closes the pool. `abandon`: no pool ever takes
+it (`cluster.abandon`). Prints one JSON line: the processes it started (Ray's and the
+lanes'), and the task's result.
+"""
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import lane_tasks
+import psutil
+
+from jaxsgd.scheduler.lanes import LanePlacement, LanePool, cluster
+from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+
+def main(use: bool):
+  cluster.connect_soon(None)
+  started, result = [], None
+  if use:
+    time.sleep(1.0)
+    with LanePool(LanePlacement.spread(['a']), verbose=False) as pool:
+      started = [p.pid for p in psutil.Process().children(recursive=True)]
+      recipe = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=1.0)
+      result = float(pool.fetch(pool.run('a', Task(recipe, 'add'), (1.0, 2.0))))
+  else:
+    while len(psutil.Process().children()) < 2:  # Ray's GCS and raylet are starting
+      time.sleep(0.05)
+    started = [p.pid for p in psutil.Process().children(recursive=True)]
+    cluster.abandon()
+  print(json.dumps({'started': started, 'result': result}), flush=True)
+
+
+if __name__ == '__main__':
+  main(sys.argv[1] == 'use')
