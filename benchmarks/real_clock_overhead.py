@@ -24,7 +24,10 @@ the real clock's timing threads (`RealExecutor.timing_cpu_seconds`) — for the 
 and the bare loop. Then the medians, and the figure: the *fastest* run against the
 *fastest* timing of each task over all rounds, the two estimates least
 disturbed by other jobs (load only ever adds time). The last line:
-`real clock overhead DDG K=4 (one device): <fastest run wall / compute>`, where
+`real clock overhead DDG K=4 (one device): <fastest run wall / compute>`, after
+`in-process real clock host time per task: <x> µs` (the main thread's CPU per task plus
+the timing threads', medians of rounds: `real_speedup`'s line for the process executor
+is its counterpart), where
 compute = Σ over the tasks the run executes of each task's fastest solo, waited-for
 call.
 
@@ -221,6 +224,10 @@ def main():
     f'{best_bare:.3f} s, Σ fastest task costs {best_work:.3f} s (bare order '
     f'{best_bare_work:.3f} s): bare / Σ costs {best_bare / best_bare_work:.2f}'
   )
+  # The executor's own host time per task, beside `real_speedup`'s line for the process
+  # executor: the main thread (policy, executor, jitted dispatch) and the timing threads.
+  host = median('run ') + median('timing threads')
+  print(f'in-process real clock host time per task: {host:.0f} µs')
   print(
     f'real clock overhead DDG K={NUM_STAGES} (one device): {best_run / best_work:.2f} '
     f'(fastest run wall / compute; compute = Σ over the tasks the run executes of each '

@@ -335,8 +335,15 @@ def compiles():
   jax.monitoring.unregister_event_duration_listener(listener)
 
 
+# A compilation, or one the persistent cache served (`jaxsgd.compilation_cache`).
+COMPILED = (
+  '/jax/core/compile/backend_compile_duration',
+  '/jax/compilation_cache/cache_retrieval_time_sec',
+)
+
+
 def _compiled(events):
-  return [e for e in events if e == '/jax/core/compile/backend_compile_duration']
+  return [e for e in events if e in COMPILED]
 
 
 @pytest.fixture(autouse=True)

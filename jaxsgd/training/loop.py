@@ -7,6 +7,7 @@ from typing import Any
 import jax
 
 from jaxsgd import algorithms
+from jaxsgd import compilation_cache
 from jaxsgd import data as data_lib
 from jaxsgd import models as models_lib
 from jaxsgd.algorithms.settings import number, refuse_unknown
@@ -159,6 +160,7 @@ def train_and_evaluate(
   Returns:
     The summary (also written to `workdir/summary.json`).
   """
+  compilation_cache.enable()  # before anything compiles: the model's init, op by op
   check_config(config)
   claim = workdir_lib.claim(config, workdir, primary=is_primary_process(), overwrite=overwrite)
   try:

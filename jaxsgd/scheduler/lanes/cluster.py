@@ -26,6 +26,7 @@ import psutil
 import ray
 from ray.util import scheduling_strategies
 
+from jaxsgd import compilation_cache
 from jaxsgd.scheduler.lanes.placement import LaneSpec
 from jaxsgd.scheduler.lanes.runtime import EXPORT_GROUP, FAULT_VAR, LaneRuntime, MakerFailed
 
@@ -190,7 +191,7 @@ def _kill(processes: list[psutil.Process], timeout: float = 3.0) -> None:
 def lane_actor(spec: LaneSpec, env: dict[str, str]):
   """A Ray actor running `LaneRuntime` in a process of its own, on `spec.host`."""
   hook = {FAULT_VAR: os.environ[FAULT_VAR]} if FAULT_VAR in os.environ else {}  # tests only
-  variables = {**_compilation_cache(), **hook, **spec.environment(), **env}
+  variables = {**compilation_cache.variables(), **hook, **spec.environment(), **env}
   options = dict(num_cpus=0, num_gpus=1 if spec.gpu else 0, max_restarts=0, max_task_retries=0)
   # On its host's node, the driver's without one: left to Ray, a lane without a host went
   # to any node of a cluster joined by address (half of them elsewhere, on two nodes),
@@ -301,22 +302,6 @@ def _node_id(spec: LaneSpec) -> str:
     f'placement: lane {spec.name!r}: host {spec.host!r} is not a node of '
     f'the Ray cluster; its nodes: {hosts}.'
   )
-
-
-def _compilation_cache() -> dict[str, str]:
-  """JAX's persistent compilation cache for lane processes, shared by the lanes of a
-  host (the driver's `JAX_COMPILATION_CACHE_DIR` if set, else one folder per user in the
-  temporary directory), every compilation kept: a lane process started in place of a
-  lost one loads the executables its predecessor compiled instead of compiling them on
-  a busy host (`benchmarks/fault_soak.py`: the rejoin)."""
-  folder = os.environ.get('JAX_COMPILATION_CACHE_DIR') or os.path.join(
-    tempfile.gettempdir(), f'jaxsgd-lane-xla-cache-{os.getuid()}'
-  )
-  return {
-    'JAX_COMPILATION_CACHE_DIR': folder,
-    'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
-    'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
-  }
 
 
 def _code_path() -> list[str]:

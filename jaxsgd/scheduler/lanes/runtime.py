@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 import ray
 
+from jaxsgd import compilation_cache
+
 
 FAULT_VAR = 'JAXSGD_TEST_LANE_FAULT'  # a test hook: see the module docstring
 # Seconds an emulated task's wait spins at its end, after sleeping for the rest
@@ -425,7 +427,6 @@ def _take_variables(variables: dict[str, str]) -> None:
   was imported with this module's package and read its `JAX_*` flags then, so those
   are also set in its config; XLA reads `XLA_FLAGS` when the backend starts. Refuses a
   process whose backend has started (Ray gave the lane a worker that ran JAX before)."""
-  import jax
   from jax._src import xla_bridge
 
   if xla_bridge.backends_are_initialized():
@@ -434,18 +435,7 @@ def _take_variables(variables: dict[str, str]) -> None:
       f'({", ".join(sorted(variables))}); a lane needs a fresh Ray worker process.'
     )
   os.environ.update(variables)
-  for name, text in variables.items():
-    flag = name.lower()
-    if name.startswith('JAX_') and hasattr(jax.config, flag):
-      jax.config.update(flag, _as_type_of(getattr(jax.config, flag), text))
-
-
-def _as_type_of(current, text: str):
-  if isinstance(current, bool):
-    return text.strip().lower() in ('1', 'true', 'yes', 'on')
-  if isinstance(current, (int, float)):
-    return type(current)(text)
-  return text
+  compilation_cache.set_jax_flags(variables)
 
 
 def _fault(lane: str) -> list | None:
