@@ -6,17 +6,15 @@ start-up on 2 cores; 5.2 s against 0.8 s with the cache warm, in a probe under l
 and every lane process compiles its stage's functions. Kept on disk, what any run of
 this user compiled on this machine is loaded instead. The folder is
 `JAX_COMPILATION_CACHE_DIR` if set, else one per user in the temporary directory; every
-compilation is kept (none is too small or too quick to be worth it here), up to
-`MAX_BYTES`, the least recently used evicted past it (which also makes JAX take a file
-lock around each entry: processes of a run compile the same function at once). JAX's
-own switch turns it off (`JAX_ENABLE_COMPILATION_CACHE=false`); a folder set in JAX's
-config before a run is kept.
+compilation is kept (none is too small or too quick to be worth it here). No size bound:
+with one, JAX takes a file lock around every read and write and lists the whole folder
+before every write. (Two processes writing one entry at once: JAX warns at a torn read
+and compiles.) JAX's own switch turns it off (`JAX_ENABLE_COMPILATION_CACHE=false`);
+a folder set in JAX's config before a run is kept.
 """
 
 import os
 import tempfile
-
-MAX_BYTES = 4 << 30
 
 
 def variables() -> dict[str, str]:
@@ -28,7 +26,6 @@ def variables() -> dict[str, str]:
     'JAX_COMPILATION_CACHE_DIR': folder,
     'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS': '0',
     'JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES': '0',
-    'JAX_COMPILATION_CACHE_MAX_SIZE': str(MAX_BYTES),
   }
 
 
