@@ -163,6 +163,7 @@ def train_and_evaluate(
   compilation_cache.enable()  # before anything compiles: the model's init, op by op
   check_config(config)
   claim = workdir_lib.claim(config, workdir, primary=is_primary_process(), overwrite=overwrite)
+  cluster = None  # lanes' Ray cluster, begun early (`_start_lane_cluster`)
   try:
     algorithm = algorithms.get(config.algorithm.name)
     dataset = data_lib.load(config.dataset, config.get('data_dir'))
@@ -195,7 +196,7 @@ def train_and_evaluate(
     )
   except BaseException:
     claim.release()
-    if 'cluster' in locals() and cluster is not None:
+    if cluster is not None:
       cluster.abandon()
     raise
   try:
