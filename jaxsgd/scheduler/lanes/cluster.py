@@ -22,6 +22,7 @@ import threading
 import warnings
 
 os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
+
 import psutil
 import ray
 from ray.util import scheduling_strategies
