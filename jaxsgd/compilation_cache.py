@@ -1,9 +1,8 @@
 """JAX's persistent compilation cache, shared by the processes of jaxsgd's runs.
 
 Every run compiles the same small functions again: a model's initialization, op by op,
-and its layers' cost analysis take a driver seconds before anything trains (~2 s of its
-start-up on 2 cores; 5.2 s against 0.8 s with the cache warm, in a probe under load),
-and every lane process compiles its stage's functions. Kept on disk, what any run of
+and its layers' cost analysis take a driver seconds before anything trains, and every
+lane process compiles its stage's functions (`benchmarks/results/startup.txt`). Kept on disk, what any run of
 this user compiled on this machine is loaded instead. The folder is
 `JAX_COMPILATION_CACHE_DIR` if set, else one per user in the temporary directory; every
 compilation is kept (none is too small or too quick to be worth it here). No size bound:

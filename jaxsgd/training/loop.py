@@ -213,7 +213,7 @@ def train_and_evaluate(
 
 def _start_lane_cluster(settings):
   """On lane processes: begins connecting to the run's Ray cluster (starting one here, or
-  joining `cluster_address`) in the background, so that its ~3 s overlap building the
+  joining `cluster_address`) in the background, so that its seconds overlap building the
   model; returns the `lanes.cluster` module (None on other executors)."""
   shared = getattr(settings, 'shared', None)
   if shared is None or not shared.on_lane_processes:

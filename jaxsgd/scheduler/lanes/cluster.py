@@ -87,7 +87,7 @@ def _connect_now(address: str | None) -> bool:
 
 
 def connect_soon(address: str | None) -> None:
-  """Begins `connect(address)` in a thread of its own, so that starting a cluster (~3 s)
+  """Begins `connect(address)` in a thread of its own, so that starting a cluster (seconds)
   overlaps the driver's own set-up (building the model); the pool's `connect` waits for
   it. `abandon` ends it if no pool took it."""
   if ray.is_initialized() or 'thread' in _SOON:
