@@ -36,7 +36,7 @@ _FIRST_STEP = re.compile(r'\|\s*[1-9]\d*/\d+ \[')
 
 
 def timed_run(
-  config: str, workdir: str, data_dir: str | None, address: str | None, repo: str = REPO
+  config: str, workdir: str, data_dir: str | None, address: str | None, repo: str, env: dict
 ) -> dict:
   """Seconds from the command's start to each of `MILESTONES` (None if not seen)."""
   command = [
@@ -56,7 +56,13 @@ def timed_run(
   seen = dict.fromkeys(MILESTONES)
   start = time.monotonic()
   process = subprocess.Popen(
-    command, cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    command,
+    cwd=repo,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    bufsize=1,
   )
   for line in process.stdout:
     now = time.monotonic() - start
@@ -79,9 +85,9 @@ def _median(values) -> float | str:
   return round(statistics.median(seen), 2) if seen else '-'
 
 
-def start_head() -> tuple[dict, str]:
+def start_head() -> dict:
   """A Ray cluster on this machine (`ray start --head`, token authentication off, as the
-  runs that join it must have too): the environment for the runs, and the port."""
+  runs that join it must have too): the environment for the runs that join it."""
   env = {**os.environ, 'RAY_AUTH_MODE': 'disabled', 'RAY_USAGE_STATS_ENABLED': '0'}
   ray = os.path.join(os.path.dirname(sys.executable), 'ray')
   with socket.socket() as probe:  # a port nothing listens on now
@@ -93,7 +99,7 @@ def start_head() -> tuple[dict, str]:
     check=True,
     capture_output=True,
   )
-  return env, port
+  return env
 
 
 def stop_head(env: dict) -> None:
@@ -117,24 +123,21 @@ def main():
   print(f'{args.config} on lane processes, {args.rounds} rounds (own, running: interleaved)')
   ways = ('own', 'running') + (('before',) if args.before else ())
   results = {way: [] for way in ways}
-  env, port = start_head()
-  saved = dict(os.environ)
+  head_env = start_head()
   try:
     with tempfile.TemporaryDirectory(prefix='startup-') as folder:
       for round_ in range(args.rounds):
         for way in ways:
-          os.environ.clear()
-          os.environ.update(env if way == 'running' else saved)
+          env = head_env if way == 'running' else dict(os.environ)
           address = 'auto' if way == 'running' else None
           repo = args.before if way == 'before' else REPO
-          seen = timed_run(args.config, os.path.join(folder, way), args.data_dir, address, repo)
+          workdir = os.path.join(folder, way)
+          seen = timed_run(args.config, workdir, args.data_dir, address, repo, env)
           results[way].append(seen)
           shown = '  '.join(f'{m} {seen[m]:.2f}' for m in MILESTONES if seen[m] is not None)
           print(f'  round {round_ + 1} {way:8s} {shown}', flush=True)
   finally:
-    os.environ.clear()
-    os.environ.update(saved)
-    stop_head(env)
+    stop_head(head_env)
   print(f'load average {os.getloadavg()[0]:.1f} at end; seconds from the command, median:')
   bench_common.print_table(
     ('cluster', *MILESTONES),

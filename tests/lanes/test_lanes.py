@@ -24,7 +24,7 @@ import lane_tasks
 from ray_head import serve_head
 
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec
-from jaxsgd.scheduler.lanes.runtime import Ref
+from jaxsgd.scheduler.lanes.runtime import MakerFailed, Ref
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -378,15 +378,14 @@ def test_a_death_that_reaches_a_task_on_a_live_lane_names_the_dead_lane(head):
 
 def test_a_failed_copy_is_blamed_on_the_call_that_was_to_make_its_value(head):
   """An export of a value whose task failed fails at once on its lane, and the driver may
-  hear of that before the task's own failure: the copy's error waits for the call that
-  was to make the value (`_await_maker`) and names that call's failure, not the lane the
-  copy was going to."""
+  hear of that before the task's own failure: the copy's error (`MakerFailed`, naming
+  that call) waits for the call that was to make the value and names that call's failure,
+  not the lane the copy was going to."""
   with LanePool(LanePlacement.spread(['x', 'y']), address=head.address, verbose=False) as lanes:
     lanes.start('x', task('hang'), (1.0,))  # the failing call below ends a second later
     failing = lanes.start('x', task('fail'), (np.zeros(3, np.float32),))
     value = Handle(lanes, 'x', (failing.key, ()), 12, 'float32[3]')
-    export = RuntimeError('value cannot be exported: the task that was to make it failed.')
-    lanes._await_maker(value, within=10)
+    export = MakerFailed('x', failing.key, value.key)
     error = lanes._error('y', export, f'moving {value!r} to it', key=failing.key + 1)
     assert error.lane == 'x' and 'bad input of shape (3,)' in str(error), error
 

@@ -607,7 +607,8 @@ class LanePool:
 
   def _check_move(self, ref) -> None:
     """Raises `LaneError` if the copy `ref` failed, naming what made it fail: a dead
-    lane at either end, or a task that raised first (`_error`); else the receiving lane."""
+    lane at either end, or a task that raised first (`_error`, which waits for the call
+    that was to make the value when the export names it); else the receiving lane."""
     lane, source, order = self._moves.pop(ref)
     try:
       ready = cluster.get(ref)
@@ -615,22 +616,9 @@ class LanePool:
       dead = self._dead_end(lane, source.lane) if cluster.is_death(error) else None
       if dead is not None:  # the copy failed because one end's process is gone
         self._raise_dead(dead)
-      self._await_maker(source)
       raise self._error(lane, error, f'moving {source!r} to it', key=order) from error
     if ref in self._exported:  # an export whose span `exported` reports
       self._exported[ref] = (ready, time.time())
-
-  def _await_maker(self, handle: Handle, within: float = 2.0) -> None:
-    """Waits up to `within` seconds for the unfinished call that was to make `handle`'s
-    value, so that `_error` finds it failed: an export of a value whose task failed
-    fails at once on its lane, and the driver may hear of that before the task's own
-    failure (a killed ASGD worker's push failing the server's update, then the reply's
-    export of it), which is the cause to report."""
-    makers = [
-      p.ref for p in self._unfinished.values() if p.lane == handle.lane and p.key == handle.key[0]
-    ]
-    if makers:
-      _wait(makers, within)
 
   def _check_moves_into(self, lane: str, within: float = 1.0) -> None:
     """Checks the copies to `lane` not checked yet (`_check_move`), waiting up to `within`
