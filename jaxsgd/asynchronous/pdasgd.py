@@ -46,8 +46,10 @@ other lane. Two things change, both on the shared model's lane (which is never l
 - every layer update is a request (layer, gradient, the version its forward read)
   copied the same way to the shared model's *updater*, which applies the requests in
   the order they land, each (batch, layer) once, and counts the step when a batch's
-  layer 0 is applied. A backward worker goes on at once (it does not wait for its
-  update, as on the in-process clocks, where an update is dispatched, not waited for).
+  layer 0 is applied. A backward worker goes on to the next layer at once (it does not
+  wait for its update, as on the in-process clocks, where an update is dispatched, not
+  waited for), and to the next batch once the updater has applied all of this one's
+  layers: requests land in any order, and one still on its way dies with its lane.
 
 A replaced forward worker keeps its token and computes its batch again (a result that
 had landed is queued as it is); a replaced backward worker takes the batch it held from
@@ -361,11 +363,11 @@ class PdSession:
         yield from self._apply(w, s, item)
       if s.enter('next layer'):
         s.k = k - 1
-    # Elastic: the batch is held until the updater has all its updates (layer 0's came
-    # last, so all have landed). A worker's tasks run ahead of it, so without this a
-    # worker replaced while its last batch's updates were still being computed or copied
-    # in its lost lane would have gone on to the next, and that batch's step was never
-    # counted (the run never ended).
+    # Elastic: the batch is held until the updater has applied all its updates. A
+    # worker's tasks run ahead of it, so without this a worker replaced while its last
+    # batch's updates were still being computed or copied in its lost lane would have
+    # gone on to the next, and those updates were lost (the run never ended when one was
+    # layer 0's: the step was never counted).
     while self.elastic and s.enter('answer'):
       if (yield Get(self.answers[w - self.settings.n_fwd])) == item.batch:
         break  # (an earlier answer left by a replaced worker's batch sent twice is dropped)
@@ -441,13 +443,14 @@ class PdSession:
 
   def _updater(self, s: LoopState):
     """The shared model's updater (`elastic`): applies each landed request's layers in
-    the order they land, each (batch, layer) once; layer 0's counts the batch's step and
-    answers the backward worker that it has all of the batch's updates (`_backward_pass`).
+    the order they land, each (batch, layer) once; layer 0's counts the batch's step; once
+    all of a batch's are applied it answers the backward worker (`_answers`,
+    `_backward_pass`).
     It runs until the last backward worker has left, so that a worker replaced after the
     last step, sending its batch again, is still answered."""
     while True:
       if s.enter('get'):
-        s.request, s.i = (yield Get(self.updates)), 0
+        s.request, s.i, s.applied_any = (yield Get(self.updates)), 0, False
         if s.request is common.STOP:
           return
       while s.i < len(s.request.layers):
@@ -463,12 +466,22 @@ class PdSession:
             stage=k,
           )
           self.applied_parts.add((r.batch, k))
+          s.applied_any = True
           if k == 0:
             self.steps.commit(None, r.loss, worker_name(self.settings, r.worker))
         s.i += 1
-      if 0 in s.request.layers and s.enter('answer'):
+      if self._answers(s.request, s.applied_any) and s.enter('answer'):
         yield Put(self.answers[s.request.worker - self.settings.n_fwd], s.request.batch)
       s.request = None
+
+  def _answers(self, request: UpdateRequest, applied_any: bool) -> bool:
+    """Whether the updater answers `request`'s worker that its batch is done: once every
+    layer of the batch is applied, by the request that completed it or one with layer 0
+    (a worker sends layer 0 last; a replaced one sends its batch again). Requests from one
+    lane may land out of order: answered at layer 0 while layer 1's was still on its way,
+    a worker went on, and when its lane died that update was lost with it."""
+    done = all((request.batch, k) in self.applied_parts for k in range(self.num_layers))
+    return done and (applied_any or 0 in request.layers)
 
   # --- lost workers (`elastic`) ----------------------------------------------------------------
   def _rejoin_forward(self, w: int, worker: Process, reason: str) -> LoopState | None:

@@ -3,12 +3,15 @@
 import types
 
 import chex
+import jax
+import jax.numpy as jnp
 import pytest
 
 from async_helpers import batches, executor, pipeline, run_pd, run_with_timeout, sequential_sgd
 from jaxsgd import models
 from jaxsgd.algorithms import workers
 from jaxsgd.asynchronous import common, pdasgd
+from jaxsgd.scheduler.core import Compute, Get, LoopState, Put
 
 
 @pytest.mark.parametrize('updates', ['block', 'layer'])
@@ -104,3 +107,59 @@ def test_elastic_workers_refuse_a_model_with_batchnorm_statistics():
   workers.refuse_lost_workers_with_model_state(elastic, models.get_model('mlp', (40,), 10), 'x')
   fixed = types.SimpleNamespace(tolerate_lost_workers=False)
   workers.refuse_lost_workers_with_model_state(fixed, resnet, 'pdasgd')
+
+
+def _updater_answers(session, requests) -> list[list]:
+  """Drives the elastic session's updater by hand: each request in turn, each update it
+  yields computed here. For each request, the batches it answered."""
+  program = session._updater(LoopState(i=0))
+  op, answered = next(program), []
+  for request in requests:
+    assert isinstance(op, Get) and op.channel is session.updates
+    op, answers = program.send(request), []
+    while not isinstance(op, Get):
+      if isinstance(op, Compute):
+        op = program.send(op.fn(*op.args))
+      else:
+        assert isinstance(op, Put) and op.channel is session.answers[0]
+        answers.append(op.value)
+        op = program.send(None)
+    answered.append(answers)
+  return answered
+
+
+def _request(session, batch, *layers):
+  zeros = lambda k: jax.tree.map(jnp.zeros_like, session.layers[k].read().value.params)
+  grads = tuple(zeros(k) for k in layers)
+  loss = 1.0 if 0 in layers else None
+  return pdasgd.UpdateRequest(1, batch, layers, grads, (0,) * len(layers), loss)
+
+
+def test_the_updater_answers_a_batch_once_all_its_layers_are_applied_in_any_order():
+  """Elastic PD-ASGD, 3 layers, 1 forward : 1 backward worker. A worker's requests may
+  land out of order (layer 0's before layer 1's); the worker is answered only when the
+  batch's last layer is applied — answered at layer 0, it went on, and a layer update
+  still on its way died with its lane. A batch sent again by a replaced worker is
+  answered at its layer 0, its updates dropped (each (batch, layer) applied once)."""
+  settings = pdasgd.PdSettings(n_fwd=1, n_bwd=1)
+  steps = common.StepCounter(4)
+  session = pdasgd.PdSession(
+    pipeline(3),
+    settings,
+    [batches(seed=0)],
+    [jax.devices()[0]] * 3,
+    steps,
+    common.WorkerLog(['forward worker 0', 'backward worker 0'], {}, lambda: 0.0),
+    elastic=True,
+  )
+  requests = [
+    _request(session, 0, 2),
+    _request(session, 0, 0),  # landed before layer 1's
+    _request(session, 0, 1),
+    _request(session, 0, 2),  # the whole batch again, from a replaced worker
+    _request(session, 0, 1),
+    _request(session, 0, 0),
+  ]
+  assert _updater_answers(session, requests) == [[], [], [0], [], [], [0]]
+  assert [len(layer.store.updates) for layer in session.layers] == [1, 1, 1]
+  assert steps.applied == 1
