@@ -17,7 +17,7 @@ File format (JSON, `FORMAT`):
      "model": {"name": "cnn", "input_shape": [40, 1], "num_classes": 10,
                "num_layers": 6, "num_params": 12345},
      "batch_size": 128, "optimizer": "adam", "device_kind": "cpu", "platform": "cpu",
-     "jax_version": "0.10.2", "date": "2026-11-23T11:00:00+00:00",
+     "jax_version": "0.10.2", "date": "<ISO 8601, UTC>",
      "statistic": "min", "clock": "wall", "pinned": false, "warmup": 3, "reps": 30,
      "dispatch": {"jax_call": 8e-06, "real": 3e-05, "real_threads": 6e-05},
      "tables": [{"split": [[0, 3], [3, 6]], "tasks": "<roles signature>",

@@ -53,9 +53,8 @@ class HostInputs:
 
   A batch handed to the task that reads it this way costs one dispatch where placing it
   first (`to_device`) and then calling the task cost two, the second of them on arrays
-  not yet ready: measured on a 2-core AMD EPYC VM, a simulated ASGD session with 64
-  workers spent 3.7 µs less host time per task over its jitted calls' own (medians of
-  six interleaved pairs), 12 µs less in all (`benchmarks/simulator_host_cost.py`). jit
+  not yet ready, so the host spends less time per task (`benchmarks/simulator_host_cost.py`;
+  the measured saving is in benchmarks/results/simulator_host_cost.md). jit
   puts the host arrays on the device of the call's other arguments and canonicalizes
   their dtypes as `to_device` does, so the task computes on the same values and returns
   the same bits. Every host array among the arguments is let through, so wrap only a
@@ -161,10 +160,10 @@ def to_host(tree):
 
 def constant(value, device: jax.Device, dtype=np.float32):
   """A scalar constant committed to `device` (e.g. the loss cotangent 1.0, a push's
-  staleness): the array `jax.device_put` makes, placed by `_host_placer` (measured on a
-  2-core Intel Xeon VM: 15 µs of host time against `device_put`'s 56; a parameter
-  server makes one per staleness it meets). Like `to_device`'s host path, it is not seen
-  by the `*_explicit` transfer guards, which only `jax.device_put` reports."""
+  staleness): the array `jax.device_put` makes, placed by `_host_placer`, which costs
+  less host time than `device_put` (figures in benchmarks/results/simulator_host_cost.md;
+  a parameter server makes one per staleness it meets). Like `to_device`'s host path, it
+  is not seen by the `*_explicit` transfer guards, which only `jax.device_put` reports."""
   return _host_placer(device)(np.asarray(value, dtype))
 
 

@@ -12,7 +12,7 @@ estimate exceeds the memory available now (`MemAvailable` of /proc/meminfo, else
 
 The constants are measured, and kept below the measurement so that what is refused
 surely cannot fit: `asgd` on the virtual clock, mnist1d/5k, 4,000 steps, peak RSS
-growth between two worker counts (this 2-core machine): an MLP 64-64-64 (46 KB of
+growth between two worker counts: an MLP 64-64-64 (46 KB of
 weights) costs 636 KB per worker, an MLP 256-256-256 (579 KB) 2.45 MB per worker,
 i.e. ~475 KB + 3.5 x the weights; the estimate charges the data stream (64 KB here)
 + `WEIGHT_COPIES` (3) x the weights + `PER_WORKER_OVERHEAD` (256 KiB): 458 KB and
