@@ -14,7 +14,7 @@ before the period's compute), so it can overlap the `delay` steps before the mer
 the virtual clock hides up to `delay` steps of compute of it. Variants: `local_sgd`
 (delay 0, Lin et al. 2018) and `diloco` (outer Nesterov SGD 0.7/0.9 on the
 averaged pseudo-gradient, Douillard et al. 2023), `smoke`; combine with commas
-(`dasgd.py:diloco,smoke`). Runtime and accuracy on the 2-core CPU: see README.
+(`dasgd.py:diloco,smoke`). Accuracy: benchmarks/results/ad_hoc_measurements.md.
 
 Reference: Zhou et al., DaSGD (2020), arXiv:2006.00441.
 

@@ -11,7 +11,7 @@ weights: the global batch is batch_size × workers = 128, as in the default BP
 run. Needs `workers` devices (the CPU fakes them: XLA_FLAGS=
 --xla_force_host_platform_device_count=4) or `algorithm.stacked=True`.
 Virtual clock: `sim_time` = steps × (compute + ring all-reduce of the gradients
-at cost.bandwidth_gbps). Runtime and accuracy on the 2-core CPU: see README.
+at cost.link_bandwidth, bytes/s). Accuracy: benchmarks/results/ad_hoc_measurements.md.
 Smoke variant: `ssgd.py:smoke`.
 
 Reference: Goyal et al., Accurate, Large Minibatch SGD (2017), arXiv:1706.02677.
