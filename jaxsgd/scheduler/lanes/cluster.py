@@ -29,7 +29,8 @@ from ray.util import scheduling_strategies
 
 from jaxsgd import compilation_cache
 from jaxsgd.scheduler.lanes.placement import LaneSpec
-from jaxsgd.scheduler.lanes.runtime import EXPORT_GROUP, FAULT_VAR, LaneRuntime, MakerFailed
+from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, LaneRuntime, MakerFailed
+from jaxsgd.scheduler.lanes.wire import LaneFailure
 
 # JAX warns at every fork of a threaded process; Ray's helpers fork and exec at once, and
 # the warning, printed at every start of a cluster, is one a user cannot act on.
@@ -43,9 +44,9 @@ logging.getLogger('ray._private.worker').addFilter(
 WATCH_GROUP = 'watch'
 _STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
 _SOON = {}  # 'thread': a `connect` under way (`connect_soon`); 'outcome': its result
-# Calls run one at a time, in the order sent; `watch` waits in a thread of its own, and
-# exports run in another, one at a time (`LaneRuntime.export`).
-_LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1, EXPORT_GROUP: 1})(LaneRuntime)
+# Ray's calls (`info`) run one at a time; `watch` waits in a thread of its own. A run's
+# calls go over the lane's own socket (wire.py).
+_LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1})(LaneRuntime)
 
 
 def connect(address: str | None) -> bool:
@@ -189,8 +190,9 @@ def _kill(processes: list[psutil.Process], timeout: float = 3.0) -> None:
   psutil.wait_procs(processes, timeout=timeout)
 
 
-def lane_actor(spec: LaneSpec, env: dict[str, str]):
-  """A Ray actor running `LaneRuntime` in a process of its own, on `spec.host`."""
+def lane_actor(spec: LaneSpec, env: dict[str, str], authkey: bytes | None = None):
+  """A Ray actor running `LaneRuntime` in a process of its own, on `spec.host`, serving
+  its socket with `authkey` (`LaneRuntime.serve`)."""
   hook = {FAULT_VAR: os.environ[FAULT_VAR]} if FAULT_VAR in os.environ else {}  # tests only
   variables = {**compilation_cache.variables(), **hook, **spec.environment(), **env}
   options = dict(num_cpus=0, num_gpus=1 if spec.gpu else 0, max_restarts=0, max_task_retries=0)
@@ -200,7 +202,7 @@ def lane_actor(spec: LaneSpec, env: dict[str, str]):
   options['scheduling_strategy'] = scheduling_strategies.NodeAffinitySchedulingStrategy(
     _node_id(spec), soft=False
   )
-  return _LANE_ACTOR.options(**options).remote(spec.name, spec.cores, variables)
+  return _LANE_ACTOR.options(**options).remote(spec.name, spec.cores, variables, authkey)
 
 
 def watch(actor):
@@ -230,7 +232,9 @@ def kill(actor) -> None:
 
 def describe(error: BaseException) -> str:
   """A short account of a lane's failure: the lane's own exception, or how it died."""
-  if isinstance(error, ray.exceptions.RayTaskError):
+  if isinstance(error, LaneFailure):
+    text = str(error)
+  elif isinstance(error, ray.exceptions.RayTaskError):
     cause = error.cause if error.cause is not None else error
     text = f'{type(cause).__name__}: {cause}'
   elif isinstance(error, ray.exceptions.ActorDiedError):
@@ -257,6 +261,8 @@ def failed_maker(error: BaseException) -> tuple[str, int] | None:
 def is_death(error: BaseException) -> bool:
   """Whether a failed call failed because a process died (an actor, or the owner of an
   object it needed), rather than because a task raised."""
+  if getattr(error, 'death', False) or getattr(getattr(error, 'cause', None), 'death', False):
+    return True  # (a lane's: a value it needed was in a lane that died, wire.SourceLost)
   cause = error
   while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
     if cause.cause is cause:

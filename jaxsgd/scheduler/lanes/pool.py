@@ -9,19 +9,19 @@
       pool.wait_any([out]); print(pool.fetch(out.result()))
 
 Each lane is a Ray actor (its own process, its own JAX runtime, pinned to its cores:
-see `placement.py`), created on the host its `LaneSpec` names. Tasks arrive by name
-(`tasks.Task`: a recipe and a name, built inside the lane), never as pickled closures.
-A task's result stays in the lane; the driver gets a `Handle` (a tuple of handles when
-the task returns a tuple), freed in the lane once the driver drops it. A handle passed
-to a task on another lane is first moved there, lane to lane through Ray's object
-store (`move`): the source lane exports it at once, and the first call on the target
-lane that needs it takes it in. Ray keeps the calls from this driver to one lane in the
-order sent, so a task started after a move (or after a task that made its argument)
-sees it.
+see `placement.py`), created on the host its `LaneSpec` names; Ray starts, places and
+watches it, and the run's calls go over the lane's own socket (wire.py). Tasks arrive
+by name (`tasks.Task`: a recipe and a name, built inside the lane), never as pickled
+closures. A task's result stays in the lane; the driver gets a `Handle` (a tuple of
+handles when the task returns a tuple), freed in the lane once the driver drops it. A
+handle passed to a task on another lane is first moved there, lane to lane (`move`):
+the source lane sends it at once, and the first call on the target lane that needs it
+takes it in. A lane runs the driver's calls in the order sent, so a task started after
+a move (or after a task that made its argument) sees it.
 
 Faults: `wait_any` raises `LaneError` naming the lane and its host when a task raises
-in a lane or a lane's process dies (it watches every lane, not only those it waits
-on). `remove(lane)` drops a lost lane so that the others carry on. `close()` ends every
+in a lane, a copy fails, or a lane's process dies (it hears of every lane, not only
+those it waits on). `remove(lane)` drops a lost lane so that the others carry on. `close()` ends every
 lane process; it runs on leaving the `with` block, on Ctrl-C and on SIGTERM; a pool that
 started its own Ray cluster shuts it down too (every process of it, at once).
 
@@ -44,6 +44,7 @@ import dataclasses
 import itertools
 import os
 import pickle
+import queue
 import signal
 import threading
 import time
@@ -55,9 +56,9 @@ import jax
 import numpy as np
 from ray import cloudpickle
 
-from jaxsgd.scheduler.lanes import cluster
+from jaxsgd.scheduler.lanes import cluster, wire
 from jaxsgd.scheduler.lanes.placement import LanePlacement
-from jaxsgd.scheduler.lanes.runtime import EXPORT_GROUP, Ref
+from jaxsgd.scheduler.lanes.runtime import DISCARD, Ref
 from jaxsgd.scheduler.tasks import Task
 
 _STOP_CHECK = 0.25  # seconds: how often a wait looks for a signal whose exception was lost
@@ -111,7 +112,7 @@ class Pending:
 
   lane: str
   task: Any
-  ref: Any  # Ray's reference to the task's outline
+  ref: Any  # the number its reply comes with (wire.py)
   key: int
   args: tuple  # keeps the argument handles alive until the task finished
   signature: Hashable = None  # the task and its arguments' shapes: keys `early` results
@@ -157,18 +158,29 @@ class LanePool:
     self._keys = itertools.count()
     self._freed: dict[str, list] = {name: [] for name in placement.names}
     self._lock = threading.Lock()
-    # unfinished copies: ref -> (lane, source handle, its key's order among the calls)
-    self._moves: dict[Any, tuple[str, Handle, int]] = {}
-    # exports whose span was asked for (`move(exports=...)`) -> it, once seen done
-    self._exported: dict[Any, tuple[float, float] | None] = {}
+    # copies on their way: move number -> (lane, source handle, its key's order)
+    self._moves: dict[int, tuple[str, Handle, int]] = {}
+    self._failed_moves: dict[int, Exception] = {}  # copies that failed, not yet raised
+    # exports whose span was asked for (`move(exports=...)`) -> it, once arrived
+    self._exported: dict[int, tuple[float, float] | None] = {}
     self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
-    self._unfinished: dict[Any, Pending] = {}  # tasks started, not yet returned by wait_any
-    # copies not yet taken in: (lane, key) -> the export's reference (`_move`)
-    self._imports: dict[tuple[str, Hashable], Any] = {}
+    self._unfinished: dict[int, Pending] = {}  # tasks started, not yet returned by wait_any
+    # copies not yet taken in: (lane, key) -> the address of the lane sending it (`_move`)
+    self._imports: dict[tuple[str, Hashable], tuple] = {}
     self._task_numbers: dict[Task, int] = {}  # `_task_call`
     self._tasks_sent: dict[str, set[int]] = {name: set() for name in placement.names}
     self._closed = False
     self._replaced: dict[str, int] = {}  # lane -> the first key of its newest process
+    # The wire (wire.py): a connection per lane, whose reader threads put what they read
+    # in `_events`; the replies read so far (call number -> (order read, kind, value)),
+    # and the lanes whose process has ended (name -> how it was learnt).
+    self._authkey = os.urandom(16)
+    self._links: dict[str, wire.Endpoint] = {}
+    self._events: queue.SimpleQueue = queue.SimpleQueue()
+    self._replies: dict[int, tuple[int, str, Any]] = {}
+    self._read = itertools.count()
+    self._dead: dict[str, str] = {}
+    self._keeps: dict[int, tuple] = {}  # `keep` references -> (lane, its link then)
     if verbose:  # what the next seconds are spent on
       where = (
         'a Ray cluster on this machine' if address is None else f'the Ray cluster at {address}'
@@ -180,9 +192,13 @@ class LanePool:
     try:
       cluster.check_gpus(placement.lanes)
       self._env = env or {}
-      self._actors = {spec.name: cluster.lane_actor(spec, self._env) for spec in placement.lanes}
+      self._actors = {
+        spec.name: cluster.lane_actor(spec, self._env, self._authkey) for spec in placement.lanes
+      }
       self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
       self.info = self._gather_info()
+      for name in placement.names:
+        self._link(name)
     except BaseException:
       self.close()
       raise
@@ -206,7 +222,7 @@ class LanePool:
         f'LanePool.start: a tasks.Task (recipe and name) expected, got '
         f'{task!r}; lanes build their functions from recipes.'
       )
-    actor = self._actor(lane)
+    link = self._link_of(lane)
     args = tuple(args)
     here = []  # the arguments' handles on this lane (moved here for this call, or not)
     sent = jax.tree.map(
@@ -216,10 +232,10 @@ class LanePool:
     imports = self._take_imports(lane, here)
     call, buffers = self._task_call(lane, task, sent, key, seconds)
     at = time.time()
-    ref = actor.run.remote(call, imports, *buffers)
+    link.send(('run', key, (imports, call, *buffers)))
     here.clear()  # kept alive until sent, so that a copy's free follows this call
-    pending = Pending(lane, task, ref, key, args, _signature(task, args), sent=at)
-    self._unfinished[ref] = pending
+    pending = Pending(lane, task, key, key, args, _signature(task, args), sent=at)
+    self._unfinished[key] = pending
     return pending
 
   def early(self, pending: Pending):
@@ -243,39 +259,33 @@ class LanePool:
   def wait_any(self, pending: Sequence[Pending], timeout: float | None = None) -> Pending | None:
     """The first of `pending` to finish (None after `timeout` seconds).
 
-    Raises `LaneError` if that task raised, or if any lane's process has died.
+    Raises `LaneError` if that task raised, if a copy failed, or if any lane's process
+    has died.
     """
     if not pending:
       raise ValueError('wait_any: nothing pending.')
-    by_ref = {p.ref: p for p in pending}
-    watched = {ref: name for name, ref in self._watch.items()}
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-      left = None if deadline is None else max(0.0, deadline - time.monotonic())
-      refs = dict.fromkeys([*watched, *self._moves, *by_ref])  # a landed move is in two
-      done, _ = _wait(list(refs), left)
-      if not done:
-        return None
-      ref = done[0]
-      if ref in watched:
-        self._raise_dead(watched[ref])
-      if ref in by_ref:
+      self._check_lanes()
+      done = [(self._finished_at(p), p.key, p) for p in pending]
+      done = [entry for entry in done if entry[0] is not None]
+      if done:
+        finished = min(done, key=lambda entry: entry[:2])[2]
         break
-      self._check_move(ref)
-    finished = by_ref[ref]
+      if not self._hear(deadline):
+        return None
     if finished.source is not None:  # a move: landed, or failed (naming what failed)
-      for copy in finished.copies:  # all done: the last one is (one lane's calls in order)
-        if copy in self._moves:
-          self._check_move(copy)
+      for copy in finished.copies:
+        self._check_move(copy)
       finished.started = finished.ended = time.time()
       finished.finish()
       return finished
-    self._unfinished.pop(ref, None)
-    try:
-      outline, finished.entered, finished.started, finished.ended = cluster.get(ref)
-    except Exception as error:
+    self._unfinished.pop(finished.key, None)
+    _, kind, value = self._replies.pop(finished.key)
+    if kind == 'err':
       self._check_moves_into(finished.lane)  # a copy it took in failed: that is the cause
-      raise self._error(finished.lane, error, finished.task, key=finished.key) from error
+      raise self._error(finished.lane, value, finished.task, key=finished.key) from value
+    outline, finished.entered, finished.started, finished.ended = value
     known = self._outlines.setdefault(finished.signature, outline)
     if known != outline:  # `early` handed out handles of another shape: never expected
       raise LaneError(
@@ -289,17 +299,24 @@ class LanePool:
     finished.finish()
     return finished
 
+  def _finished_at(self, pending: Pending) -> int | None:
+    """When (in the order replies were read) `pending` finished, or None if it has not:
+    a move once every copy of it has landed."""
+    if pending.source is None:
+      reply = self._replies.get(pending.key)
+      return None if reply is None else reply[0]
+    replies = [self._replies.get(copy) for copy in pending.copies]
+    return None if None in replies else max(reply[0] for reply in replies)
+
   def settle(self) -> None:
     """Waits for the copies still on their way (`move`) and checks each, as `wait_any`
-    does (raising `LaneError` if one failed). Until checked, a copy keeps its source
-    value alive in the source lane: a run that ends with a message nobody waited for
-    (its copy made, never returned by a `wait_any`) would leave that value held there."""
-    watched = {ref: name for name, ref in self._watch.items()}
-    while self._moves:
-      done, _ = _wait([*watched, *self._moves], None)
-      if done[0] in watched:
-        self._raise_dead(watched[done[0]])
-      self._check_move(done[0])
+    does (raising `LaneError` if one failed), so that a run ends with every message it
+    sent either taken in or known lost."""
+    while True:
+      self._check_lanes()
+      if not self._moves:
+        return
+      self._hear(None)
 
   def run(self, lane: str, task, args: Sequence = ()):
     """`start` and wait for it: the task's handle(s)."""
@@ -311,38 +328,41 @@ class LanePool:
     """Sends `value` (a pytree of arrays) from the driver to `lane`; returns its handle."""
     key = (next(self._keys), ())
     value = jax.tree.map(_host_array, value)
-    ref = self._actor(lane).put.remote(value, key, self._take_freed(lane))
-    nbytes, description = self._get(lane, ref)
+    nbytes, description = self._call(lane, 'put', (value, key, self._take_freed(lane)))
     return Handle(self, lane, key, nbytes, description)
 
   def fetch(self, handle: Handle):
     """The handle's value, as numpy arrays, in the driver (a logging point)."""
-    imports = self._take_imports(handle.lane, [handle])
-    ref = self._actor(handle.lane).fetch.remote(handle.key, self._take_freed(handle.lane), imports)
-    return self._get(handle.lane, ref)
+    lane = handle.lane
+    imports = self._take_imports(lane, [handle])
+    return self._call(lane, 'fetch', (handle.key, self._take_freed(lane), imports))
 
-  def keep(self, handle: Handle):
-    """A reference the driver owns to an export of `handle`'s value, made at once in the
-    lane's export thread: `kept` reads it, even after the lane's process is lost (a
-    small value's export is held in the driver's own store)."""
+  def keep(self, handle: Handle) -> int:
+    """A reference to an export of `handle`'s value to the driver, made at once in the
+    lane's export thread: `kept` reads it, even after the lane's process is lost (the
+    driver holds it once it came)."""
+    number = next(self._keys)
     imports = self._take_imports(handle.lane, [handle])
-    export = self._actor(handle.lane).export.options(concurrency_group=EXPORT_GROUP)
-    return export.remote(handle.key, (), imports)[1]
+    link = self._link_of(handle.lane)
+    link.send(('keep', number, (handle.key, imports)))
+    self._keeps[number] = (handle.lane, link)
+    return number
 
-  @staticmethod
-  def kept_ready(reference) -> bool:
+  def kept_ready(self, reference: int) -> bool:
     """Whether `kept(reference)` returns without waiting."""
-    return bool(cluster.wait([reference], 0)[0])
+    self._hear_all()
+    lane, link = self._keeps[reference]
+    return reference in self._replies or self._links.get(lane) is not link or lane in self._dead
 
-  @staticmethod
-  def kept(reference):
+  def kept(self, reference: int):
     """The value of a `keep` reference (numpy leaves in its structure); None if the lane's
     process was lost before it exported the value."""
+    lane, link = self._keeps.pop(reference)
     try:
-      (kind, structure), leaves = cluster.get(reference)
-    except Exception as error:  # pylint: disable=broad-except
-      if cluster.is_death(error):
-        return None
+      (kind, structure), leaves = self._reply_of(lane, reference, link)
+    except LaneError:
+      if lane in self._dead or self._links.get(lane) is not link:
+        return None  # (its process was lost, or replaced)
       raise
     if kind != 'treedef':
       raise ValueError(f'LanePool.kept: a value rebuilt from its task ({kind}), not kept.')
@@ -353,31 +373,31 @@ class LanePool:
     `restore` takes back (a checkpoint: `scheduler.snapshot`). The exports run at once,
     one per handle, each in its lane's export thread; a copy not yet taken in by its
     lane is taken in first."""
-    payloads = []
+    asked = []
     for handle in handles:
+      number = next(self._keys)
       imports = self._take_imports(handle.lane, [handle])
-      export = self._actor(handle.lane).export.options(concurrency_group=EXPORT_GROUP)
-      payloads.append((handle.lane, export.remote(handle.key, (), imports)[1]))
-    return [self._get(lane, ref) for lane, ref in payloads]
+      link = self._link_of(handle.lane)
+      link.send(('keep', number, (handle.key, imports)))
+      asked.append((handle.lane, number, link))
+    return [self._reply_of(*question) for question in asked]
 
   def restore(self, lane: str, payload: tuple) -> Handle:
     """A handle to `payload` (`save`'s form) kept on `lane` again (a resumed run)."""
     key = (next(self._keys), ())
-    ref = self._actor(lane).adopt.remote(payload, key, self._take_freed(lane))
-    nbytes, description = self._get(lane, ref)
+    nbytes, description = self._call(lane, 'adopt', (payload, key, self._take_freed(lane)))
     return Handle(self, lane, key, nbytes, description)
 
   def move(self, value, lane: str, *, landed: bool = False, exports: list | None = None):
     """`value` with every handle in it replaced by a handle to a copy on `lane`.
 
-    The copy goes lane to lane (through Ray's object store), not through the driver.
-    Returns at once: the source exports the value in its order of calls, and the first
-    call on `lane` that needs the copy takes it in, so a task started there afterwards
-    sees it; a failed copy raises `LaneError` from `wait_any`.
+    The copy goes lane to lane (wire.py), not through the driver. Returns at once: the
+    source sends the value once it exists, and the first call on `lane` that needs the
+    copy takes it in, so a task started there afterwards sees it; a failed copy raises
+    `LaneError` from `wait_any`.
 
-    `exports` (a list): the reference of each copy's export is appended to it, and once
-    `wait_any` or `settle` has seen them all done, `exported(refs)` says when the copy
-    ran (`exported`).
+    `exports` (a list): the number of each copy is appended to it, and once the driver
+    has heard that they all arrived, `exported(numbers)` says when the copy ran.
 
     `landed=True` (a value from a lane that may be lost) returns `(copy, Pending)`
     instead; `wait_any` returns the `Pending` once every copy is on `lane` (its
@@ -395,8 +415,8 @@ class LanePool:
     if not refs:
       raise ValueError(f'LanePool.move(landed=True): nothing to move to {lane!r} in {value!r}.')
     sources = {self._moves[ref][1].lane for ref in refs}
-    # Copies to one lane run in the order sent: when the last is done, all are (each
-    # may have failed: `wait_any` checks them all).
+    # Done once every copy has landed (`_finished_at`; each may have failed: `wait_any`
+    # checks them all).
     pending = Pending(lane, f'move from {", ".join(sorted(sources))}', refs[-1], -1, ())
     pending.source, pending.copies, pending._result = min(sources), tuple(refs), moved
     return moved, pending
@@ -405,26 +425,31 @@ class LanePool:
     """Ends `lane`'s process (if still alive) and stops watching it.
 
     After a `LaneError` for a dead lane, an executor that tolerates the loss (an
-    asynchronous worker) removes the lane and carries on with the others.
+    asynchronous worker) removes the lane and carries on with the others: they are told
+    that nothing more comes from it (a call waiting for a copy from it fails).
     """
     actor = self._actor(lane)
     cluster.kill(actor)
-    # The calls this drops (copies into it, its tasks) fail once Ray sees it dead, and Ray
-    # printed each such failure nobody asked for, ~10 lines each, at every lost worker.
-    os.environ.setdefault('RAY_IGNORE_UNHANDLED_ERRORS', '1')
+    address = tuple(self.info[lane]['address'])
+    self._links.pop(lane).close()
     del self._actors[lane], self._watch[lane]
+    self._dead.pop(lane, None)
+    self._tell_dead(address)
     with self._lock:
       self._freed.pop(lane, None)
     self._tasks_sent.pop(lane, None)
-    self._unfinished = {r: p for r, p in self._unfinished.items() if p.lane != lane}
-    self._imports = {at: ref for at, ref in self._imports.items() if at[0] != lane}
+    self._unfinished = {k: p for k, p in self._unfinished.items() if p.lane != lane}
+    self._imports = {at: source for at, source in self._imports.items() if at[0] != lane}
     self._moves = {
-      ref: (to, source, order)
-      for ref, (to, source, order) in self._moves.items()
-      if lane not in (to, source.lane)
+      number: move for number, move in self._moves.items() if lane not in (move[0], move[1].lane)
+    }
+    self._failed_moves = {
+      number: failed
+      for number, failed in self._failed_moves.items()
+      if lane not in (failed[0], failed[1].lane)
     }
     self._exported = {  # dropped copies are never seen done
-      ref: span for ref, span in self._exported.items() if span or ref in self._moves
+      number: span for number, span in self._exported.items() if span or number in self._moves
     }
 
   def replace(self, lane: str) -> None:
@@ -433,7 +458,7 @@ class LanePool:
     handle to a value of the old process is void (a task given one fails)."""
     self.remove(lane)
     self._replaced[lane] = next(self._keys)  # its values made before are void
-    actor = cluster.lane_actor(self.placement[lane], self._env)
+    actor = cluster.lane_actor(self.placement[lane], self._env, self._authkey)
     self._actors[lane], self._watch[lane] = actor, cluster.watch(actor)
     with self._lock:
       self._freed[lane] = []
@@ -441,14 +466,15 @@ class LanePool:
     self.info[lane] = self._get(
       lane, actor.info.remote(), host=self.placement[lane].host or 'driver'
     )
+    self._link(lane)
 
   def exported(self, refs) -> tuple[float, float] | None:
-    """`(start, end)` (`time.time()`) of the copies whose export references `move`
-    appended to its `exports` list, once every one has been seen done (None until then):
+    """`(start, end)` (`time.time()`) of the copies whose numbers `move` appended to its
+    `exports` list, once the driver has heard that every one arrived (None until then):
     from when the first value existed on its source lane, where its export began, to
-    when the driver saw the last export in Ray's object store. The copy's taking-in
-    on the receiving lane is not in it: the first call there that needs the copy takes
-    it in (`_move`), as part of that call."""
+    when the last arrived on the receiving lane (the clocks of one host). The copy's
+    taking-in there is not in it: the first call that needs the copy takes it in
+    (`_move`), as part of that call."""
     if not all(self._exported.get(ref) for ref in refs):
       return None
     spans = [self._exported.pop(ref) for ref in refs]
@@ -463,44 +489,40 @@ class LanePool:
   def _move(
     self, handle: Handle, lane: str, landed: list | None = None, exports: list | None = None
   ) -> Handle:
-    """A copy of `handle` on `lane`. The source lane exports the value at once (in its
-    order of calls); the copy is taken in by the first call on `lane` that needs it (a
-    task using it, a fetch, a move on), which carries the export's reference. Taken in
-    by a call of its own as soon as it was sent, a copy made `lane` wait, in its order
-    of calls, for the source to export it, with the tasks queued behind it: DDG's first
-    stage idled waiting for the gradient of a batch while the activation the next
-    stage waited for stood behind that wait. `landed` (a list): take it in at once, by
-    a call of its own, whose reference is appended (`move(landed=True)`)."""
+    """A copy of `handle` on `lane`. The source lane's export thread sends the value to
+    `lane` at once (`LaneRuntime.serve`); `lane` keeps it until the first call there
+    that needs it takes it in (a task using it, a fetch, a move on). Taken in by a call
+    of its own as soon as it was sent, a copy made `lane` wait, in its order of calls,
+    for the source to export it, with the tasks queued behind it: DDG's first stage
+    idled waiting for the gradient of a batch while the activation the next stage
+    waited for stood behind that wait. `landed` (a list): taken in at once on arrival
+    (the driver hears of it: `move(landed=True)`), its number appended."""
     if handle.lane == lane:
       return handle
-    source = self._actor(handle.lane)
+    source = self._link_of(handle.lane)
     imports = self._take_imports(handle.lane, [handle])  # a copy moved on
-    # In the source's export thread: it waits for the value, not for the calls queued
-    # after the one that makes it. No frees ride with it (those calls may need them).
-    export = source.export.options(concurrency_group=EXPORT_GROUP)
-    exported, payload = export.remote(handle.key, (), imports)
     key = (next(self._keys), ())
+    number = key[0]
+    target = self.info[lane]['address']
+    source.send(('export', number, (handle.key, imports, target, key, landed is not None)))
+    self._moves[number] = (lane, handle, number, landed is not None)
     if landed is None:
-      self._imports[lane, key] = payload
-      self._moves[exported] = (lane, handle, key[0])
+      self._imports[lane, key] = tuple(self.info[handle.lane]['address'])
       if exports is not None:
-        exports.append(exported)
-        self._exported[exported] = None  # timed once seen done (`_check_move`)
+        exports.append(number)
+        self._exported[number] = None  # timed once it arrives (`_heard`)
     else:
-      adopted = self._actor(lane).adopt.remote(payload, key, self._take_freed(lane))
-      self._moves[adopted] = (lane, handle, key[0])
-      landed.append(adopted)
+      landed.append(number)
     return Handle(self, lane, key, handle.nbytes, handle.description)
 
   def _take_imports(self, lane: str, handles: list) -> tuple:
-    """`(key, [reference to the export's payload])` of those of `handles` (on `lane`) not
-    taken in yet; nested in a list, the reference reaches the lane unresolved (the lane
-    waits for it there)."""
+    """`(key, address of the lane sending it)` of those of `handles` (on `lane`) not
+    taken in yet: the call carrying them takes them in first, waiting for them there."""
     imports = []
     for handle in handles:
-      exported = self._imports.pop((lane, handle.key), None)
-      if exported is not None:
-        imports.append((handle.key, [exported]))
+      source = self._imports.pop((lane, handle.key), None)
+      if source is not None:
+        imports.append((handle.key, source))
     return tuple(imports)
 
   def close(self) -> None:
@@ -509,6 +531,8 @@ class LanePool:
       return
     self._closed = True
     with _StopSignals.deferred():
+      for link in getattr(self, '_links', {}).values():
+        link.close()  # (a lane whose driver connection ends exits)
       for actor in getattr(self, '_actors', {}).values():
         cluster.kill(actor)
       if self._owns_connection:
@@ -544,12 +568,13 @@ class LanePool:
     return {name: info['pid'] for name, info in self.info.items()}
 
   def idle(self, lane: str) -> bool:
-    """Whether every task and copy sent to `lane` has finished (asked of Ray, without
+    """Whether every task and copy sent to `lane` has finished (as heard so far, without
     waiting): a call sent to it now (a `fetch`) then runs at once, not after the tasks
     queued there."""
-    refs = [ref for ref, p in self._unfinished.items() if p.lane == lane]
-    refs += [ref for ref, (target, _, _) in self._moves.items() if target == lane]
-    return not refs or len(cluster.finished(refs)) == len(refs)
+    self._hear_all()
+    if any(p.lane == lane and k not in self._replies for k, p in self._unfinished.items()):
+      return False
+    return not any(move[0] == lane for move in self._moves.values())
 
   def unfinished(self, lane: str) -> int:
     """How many tasks started on `lane` `wait_any` has not returned yet."""
@@ -557,7 +582,7 @@ class LanePool:
 
   def held(self, lane: str) -> int:
     """How many values `lane` holds (after applying the frees the driver has queued)."""
-    return self._get(lane, self._actor(lane).count.remote(self._take_freed(lane)))
+    return self._call(lane, 'count', (self._take_freed(lane),))
 
   def __enter__(self):
     return self
@@ -583,12 +608,11 @@ class LanePool:
     time), `seconds` the emulated task's duration (None: compute it), and the large
     arrays among `args` (a batch), which go beside it (`_dumps`).
 
-    Ray pickles any argument it cannot write as msgpack with cloudpickle, whose
-    pickler runs in Python: measured here, a task call (the `Task` with its recipe,
-    `Ref`s in the arguments) cost the driver ~290 µs of CPU to send, against ~50 µs
-    for the same call as bytes from `pickle` (C) with the task as a number. The driver
-    sends every call of every lane, so that was most of its CPU, which on a machine
-    with a core per lane it takes from the lanes."""
+    cloudpickle's pickler runs in Python: a task call (the `Task` with its recipe, `Ref`s
+    in the arguments) cost the driver ~290 µs of CPU to send as Ray sent it (cloudpickle),
+    against ~50 µs for the same call as bytes from `pickle` (C) with the task as a
+    number. The driver sends every call of every lane, so that was most of its CPU,
+    which on a machine with a core per lane it takes from the lanes."""
     number = self._task_numbers.setdefault(task, len(self._task_numbers))  # equal, same
     known = self._tasks_sent[lane]
     call, buffers = _dumps(
@@ -605,40 +629,177 @@ class LanePool:
     here.append(leaf)
     return Ref(leaf.key)
 
-  def _check_move(self, ref) -> None:
-    """Raises `LaneError` if the copy `ref` failed, naming what made it fail: a dead
-    lane at either end, or a task that raised first (`_error`, which waits for the call
-    that was to make the value when the export names it); else the receiving lane."""
-    lane, source, order = self._moves.pop(ref)
-    try:
-      ready = cluster.get(ref)
-    except Exception as error:
-      dead = self._dead_end(lane, source.lane) if cluster.is_death(error) else None
-      if dead is not None:  # the copy failed because one end's process is gone
-        self._raise_dead(dead)
-      raise self._error(lane, error, f'moving {source!r} to it', key=order) from error
-    if ref in self._exported:  # an export whose span `exported` reports
-      self._exported[ref] = (ready, time.time())
+  def _check_move(self, number: int) -> None:
+    """Raises `LaneError` if the landed copy `number` failed, naming what made it fail: a
+    dead lane at either end, or a task that raised first (`_error`, which waits for the
+    call that was to make the value when the export names it); else the receiving lane."""
+    lane, source, order, _ = self._moves.pop(number)
+    _, kind, value = self._replies.pop(number)
+    if kind == 'err':
+      raise self._move_error(lane, source, order, value) from value
+
+  def _move_error(self, lane: str, source: Handle, order: int, error) -> LaneError:
+    dead = self._dead_end(lane, source.lane) if cluster.is_death(error) else None
+    if dead is not None:  # the copy failed because one end's process is gone
+      return self._dead_error(dead)
+    return self._error(lane, error, f'moving {source!r} to it', key=order)
 
   def _check_moves_into(self, lane: str, within: float = 1.0) -> None:
-    """Checks the copies to `lane` not checked yet (`_check_move`), waiting up to `within`
-    seconds for them, so that a task that failed because a copy it took in had failed is
-    reported as that copy's failure: the driver may get the task's reply before the
-    failed export's, though the export failed first."""
-    refs = [ref for ref, (target, _, _) in self._moves.items() if target == lane]
+    """Raises if a copy to `lane` failed, waiting up to `within` seconds for those still
+    on their way, so that a task that failed because a copy it took in had failed is
+    reported as that copy's failure: the driver may hear of the task's failure before
+    that of the export, though the export failed first."""
     deadline = time.monotonic() + within
-    while refs:
-      done, refs = _wait(refs, max(0.0, deadline - time.monotonic()))
-      if not done:
+    while True:
+      self._hear_all()
+      for number, (target, source, order, error) in list(self._failed_moves.items()):
+        if target == lane:
+          del self._failed_moves[number]
+          raise self._move_error(target, source, order, error) from error
+      if not any(move[0] == lane and not move[3] for move in self._moves.values()):
         return
-      self._check_move(done[0])  # raises if that copy failed
+      if not self._hear(deadline):
+        return
 
   def _dead_end(self, *lanes: str, within: float = 2.0) -> str | None:
     """The first of `lanes` whose process is found dead within `within` seconds (a
-    death notice may lag the failed call it caused), or None."""
-    watched = {self._watch[lane]: lane for lane in lanes if lane in self._watch}
-    done, _ = _wait(list(watched), within) if watched else ([], [])
-    return watched[done[0]] if done else None
+    death may be heard of after the failed call it caused), or None."""
+    deadline = time.monotonic() + within
+    while True:
+      self._hear_all()
+      self._look_at_watches()
+      dead = [lane for lane in lanes if lane in self._dead]
+      if dead:
+        return dead[0]
+      if not self._hear(deadline):
+        return None
+
+  # -- the wire: events the lanes' connections bring (wire.py) ---------------------------
+
+  def _link(self, lane: str) -> None:
+    """Connects to `lane`'s socket; a reader thread puts what comes in `_events`."""
+    link = wire.connect(self.info[lane]['address'], self._authkey, ('driver',))
+    self._links[lane] = link
+
+    def read():
+      while True:
+        try:
+          message = link.receive()
+        except (EOFError, OSError):
+          self._events.put((lane, link, 'closed', None, None))
+          return
+        self._events.put((lane, link, *message))
+
+    threading.Thread(target=read, daemon=True, name=f'jaxsgd-lane-{lane}').start()
+
+  def _link_of(self, lane: str) -> wire.Endpoint:
+    if self._closed:
+      raise RuntimeError('LanePool: closed.')
+    try:
+      return self._links[lane]
+    except KeyError:
+      raise KeyError(f'no lane {lane!r}; lanes: {list(self._links)}.') from None
+
+  def _hear(self, deadline: float | None) -> bool:
+    """Takes in what the lanes sent (waiting for something until `deadline`, in slices
+    that look for a stop signal and at Ray's watch of each lane); False if nothing came."""
+    while True:
+      _StopSignals.check()
+      left = _STOP_CHECK if deadline is None else min(_STOP_CHECK, deadline - time.monotonic())
+      try:
+        event = self._events.get(timeout=max(0.0, left))
+      except queue.Empty:
+        self._look_at_watches()
+        if deadline is not None and time.monotonic() >= deadline:
+          return False
+        if self._dead:
+          return True
+        continue
+      self._heard(event)
+      self._hear_all()
+      return True
+
+  def _hear_all(self) -> None:
+    """Takes in what the lanes have sent so far, without waiting."""
+    while True:
+      try:
+        event = self._events.get_nowait()
+      except queue.Empty:
+        return
+      self._heard(event)
+
+  def _heard(self, event) -> None:
+    lane, link, kind, number, value = event
+    if self._links.get(lane) is not link:
+      return  # from a lane's process that was removed
+    if kind == 'closed':
+      self._lane_died(lane)
+    elif kind == 'arrived':  # a copy to be taken in by a call (`_move`)
+      self._moves.pop(number, None)
+      if number in self._exported:
+        self._exported[number] = value
+    elif kind == 'err' and number in self._moves and not self._moves[number][3]:
+      target, source, order, _ = self._moves.pop(number)  # such a copy failed
+      self._failed_moves[number] = (target, source, order, value)
+      self._exported.pop(number, None)
+    else:  # a call's reply, or a landed copy's
+      self._replies[number] = (next(self._read), kind, value)
+
+  def _lane_died(self, lane: str) -> None:
+    """Notes that `lane`'s process ended, and tells the others: a call of theirs waiting
+    for a copy from it fails as a death."""
+    if lane in self._dead:
+      return
+    self._dead[lane] = 'died'
+    self._tell_dead(tuple(self.info[lane]['address']))
+
+  def _tell_dead(self, address: tuple) -> None:
+    for other in self._links.values():
+      try:
+        other.send(('dead', None, address))
+      except OSError:
+        pass
+
+  def _look_at_watches(self) -> None:
+    """Ray's watch of each lane (`cluster.watch`): it also sees a host that vanished
+    without closing its connections."""
+    watched = {ref: lane for lane, ref in self._watch.items() if lane not in self._dead}
+    for ref in cluster.finished(list(watched)) if watched else ():
+      self._lane_died(watched[ref])
+
+  def _check_lanes(self) -> None:
+    """Raises `LaneError` if a lane's process has died or a copy has failed (heard so
+    far, without waiting)."""
+    self._hear_all()
+    for lane in self._dead:
+      if lane in self._links:
+        self._raise_dead(lane)
+    if self._failed_moves:
+      number = next(iter(self._failed_moves))
+      target, source, order, error = self._failed_moves.pop(number)
+      raise self._move_error(target, source, order, error) from error
+
+  def _call(self, lane: str, op: str, args: tuple):
+    """Runs `op(*args)` in `lane`'s ordered thread and returns its result."""
+    number = next(self._keys)
+    link = self._link_of(lane)
+    link.send((op, number, args))
+    return self._reply_of(lane, number, link)
+
+  def _reply_of(self, lane: str, number: int, link: wire.Endpoint):
+    """The reply to call `number`, sent to `lane` on `link`, waiting for it (raises
+    `LaneError` if the call failed, or if the lane's process died or was replaced first)."""
+    while True:
+      self._hear_all()
+      reply = self._replies.pop(number, None)
+      if reply is not None:
+        _, kind, value = reply
+        if kind == 'err':
+          raise self._error(lane, value, None) from value
+        return value
+      if lane in self._dead or self._links.get(lane) is not link:
+        raise self._dead_error(lane)
+      self._hear(None)
 
   def _handles(self, lane: str, key, outline):
     if isinstance(outline, tuple) and outline and isinstance(outline[0], tuple):
@@ -651,10 +812,10 @@ class LanePool:
     return Handle(self, lane, key, nbytes, description)
 
   def _drop(self, lane: str, key) -> None:
-    self._imports.pop((lane, key), None)  # a copy never taken in: nothing to free there
+    never_taken_in = self._imports.pop((lane, key), None) is not None
     with self._lock:
       if lane in self._freed:
-        self._freed[lane].append(key)
+        self._freed[lane].append((DISCARD, key) if never_taken_in else key)
 
   def _take_freed(self, lane: str) -> tuple:
     with self._lock:
@@ -670,7 +831,7 @@ class LanePool:
 
   def _get(self, lane: str, ref, host: str | None = None):
     watched = self._watch[lane]
-    done, _ = _wait([ref, watched], None)
+    done, _ = _ray_wait([ref, watched], None)
     if done[0] == watched:
       self._raise_dead(lane)
     try:
@@ -686,14 +847,9 @@ class LanePool:
     raise self._dead_error(lane)
 
   def _dead_error(self, lane: str) -> LaneError:
-    """The `LaneError` of `lane`'s process having ended (its watch call has returned)."""
-    try:
-      cluster.get(self._watch[lane])
-      message = 'its process stopped.'
-    except Exception as error:
-      message = f'its process died ({cluster.describe(error)}).'
+    """The `LaneError` of `lane`'s process having ended."""
     pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
-    return LaneError(lane, self._host(lane), f'pid {pid}: {message}')
+    return LaneError(lane, self._host(lane), f'pid {pid}: its process died (killed, or crashed).')
 
   def _error(self, lane, error, task, host=None, key=None) -> LaneError:
     """The `LaneError` to raise for `error` (a failed call on `lane`): the failure of an
@@ -711,7 +867,10 @@ class LanePool:
       maker = self._unfinished_maker(root[1])
       if maker is None:
         break
-      _wait([maker.ref, self._watch[maker.lane]], _MAKER_REPLY)
+      deadline = time.monotonic() + _MAKER_REPLY
+      while maker.key not in self._replies and maker.lane not in self._dead:
+        if not self._hear(deadline):
+          break
     other_lane, cause, other_task, other_key, other_ref = root
     if other_ref is not None:
       self._unfinished.pop(other_ref, None)  # accounted for by this error: not blamed again
@@ -723,14 +882,13 @@ class LanePool:
   def _root_cause(self, lane, error, task, key) -> tuple:
     """`(lane, error, task, key, ref)` of the earliest task on another lane that has
     failed by now, if started before `key`; else this failure's (`ref` None)."""
+    self._hear_all()
     for other in sorted(self._unfinished.values(), key=lambda p: p.key):
       if key is not None and other.key >= key:
         break
-      if other.lane != lane and other.lane in self._actors and cluster.wait([other.ref], 0)[0]:
-        try:
-          cluster.get(other.ref)
-        except Exception as cause:
-          return other.lane, cause, other.task, other.key, other.ref
+      reply = self._replies.get(other.key)
+      if other.lane != lane and other.lane in self._links and reply and reply[1] == 'err':
+        return other.lane, reply[2], other.task, other.key, other.key
     return lane, error, task, key, None
 
   def _unfinished_maker(self, error) -> Pending | None:
@@ -739,8 +897,8 @@ class LanePool:
     if made is None:
       return None
     for pending in self._unfinished.values():
-      if (pending.lane, pending.key) == made and pending.lane in self._watch:
-        return None if cluster.wait([pending.ref], 0)[0] else pending
+      if (pending.lane, pending.key) == made and pending.lane in self._links:
+        return None if pending.key in self._replies else pending
     return None
 
   def _describe(self, lane, error, task, host, key=None) -> LaneError:
@@ -798,10 +956,9 @@ def _dumps(value) -> tuple[bytes, list]:
   """`value` pickled by `pickle` (C), or by cloudpickle if it holds something only
   cloudpickle can write (a class defined in `__main__`); `pickle.loads` reads both.
   Arrays of `_OUT_OF_BAND` bytes or more are left out of the pickle: returned beside
-  it (as uint8 arrays, each a view of its array's memory), to go as arguments of their
-  own, which Ray writes once into its object store and the lane reads where they lie;
-  pickled in, a batch was copied into the pickle here, and in the lane out of the
-  call Ray handed over and again out of the pickle.
+  it (as uint8 arrays, each a view of its array's memory), to go as frames of their own
+  (wire.py), written from where they lie; pickled in, a batch was copied into the
+  pickle here, and in the lane out of the call and again out of the pickle.
   """
   buffers = []
 
@@ -831,7 +988,7 @@ def _host_array(leaf):
 _MAKER_REPLY = 10.0  # s: a failed call's error is on its way once its lane says it failed
 
 
-def _wait(refs: list, timeout: float | None):
+def _ray_wait(refs: list, timeout: float | None):
   """`cluster.wait` in slices of `_STOP_CHECK` s, raising `KeyboardInterrupt` between them
   while a stop signal is on record (module docstring: a handler's exception can be lost)."""
   deadline = None if timeout is None else time.monotonic() + timeout

@@ -28,9 +28,11 @@ the driver's environment (passed to every lane) makes the N-th `TASK` of lane `L
 raise, and `LANE:TASK:N:kill` makes that lane's process SIGKILL itself there instead.
 """
 
+import functools
 import hashlib
 import os
 import pickle
+import queue
 import signal
 import socket
 import threading
@@ -42,6 +44,7 @@ import numpy as np
 import ray
 
 from jaxsgd import compilation_cache
+from jaxsgd.scheduler.lanes import wire
 
 
 FAULT_VAR = 'JAXSGD_TEST_LANE_FAULT'  # a test hook: see the module docstring
@@ -50,8 +53,8 @@ FAULT_VAR = 'JAXSGD_TEST_LANE_FAULT'  # a test hook: see the module docstring
 # of a millisecond), a short spin at the end does not; 0.3 ms leaves a margin for a
 # wake-up delayed by load. benchmarks/schedule_error.py reports the waits of its runs.
 SPIN_SECONDS = 3e-4
-# The concurrency group (a thread of its own) in which a lane exports values (`export`).
-EXPORT_GROUP = 'export'
+# A free of a copy that no call took in (`free`).
+DISCARD = 'discard'
 
 
 class MakerFailed(RuntimeError):
@@ -106,11 +109,18 @@ def pin_process(cores: tuple[int, ...] | None) -> tuple[int, ...]:
 class LaneRuntime:
   """One lane: values by key, tasks run in the order the driver sent them."""
 
-  def __init__(self, name: str, cores: tuple[int, ...] | None, variables: dict | None = None):
+  def __init__(
+    self,
+    name: str,
+    cores: tuple[int, ...] | None,
+    variables: dict | None = None,
+    authkey: bytes | None = None,
+  ):
     """`variables`: the lane's environment (`LaneSpec.environment`: JAX's platform, XLA's
     flags), set before JAX is imported here. (A library that read its variable before,
     as numpy's BLAS does its thread count, keeps its default: XLA's threads and the
-    process's cores are what bound a lane.)"""
+    process's cores are what bound a lane.) `authkey`: the pool's key for the lane's
+    socket (`serve`); None serves none."""
     self.name = name
     if variables:
       _take_variables(variables)
@@ -129,10 +139,17 @@ class LaneRuntime:
     self.rebuilding: set[int] = set()
     self.stopped = threading.Event()
     self.fault = _fault(name)  # (task name, n, kill) of the test hook, or None
-    # `export` runs in a thread of its own (`EXPORT_GROUP`) and waits here for the value
+    # `export` runs in a thread of its own (`serve`) and waits here for the value
     # it exports, which a call still queued on the lane's ordered thread may make.
     self.stored = threading.Condition()
     self.failed_calls: set = set()  # keys of calls that raised (their values never come)
+    # Copies sent here by other lanes, not taken in yet (`take_in`), by key; the copies
+    # that failed (key -> failure); the sources found dead; keys freed before they came.
+    self.arrived: dict[Hashable, Any] = {}
+    self.import_failures: dict[Hashable, Exception] = {}
+    self.dead_sources: set = set()
+    self.discard: set = set()
+    self.address = self.serve(authkey) if authkey is not None else None
 
   def info(self) -> dict[str, Any]:
     """Where this lane runs, for the placement printed at start and error messages."""
@@ -147,6 +164,7 @@ class LaneRuntime:
       'gpus': list(ray.get_gpu_ids()),
       'device': str(self.device),
       'xla_flags': os.environ.get('XLA_FLAGS', ''),
+      'address': self.address,
     }
 
   def run(self, call: bytes, imports: tuple = (), *buffers):
@@ -283,27 +301,19 @@ class LaneRuntime:
     finally:
       self.free(free)
 
-  @ray.method(num_returns=2)
-  def export(self, key: Hashable, free: tuple = (), imports: tuple = ()):
-    """The value, to be taken in by another lane: `(ready, payload)`, two results, so
-    that the driver learns that the export is done from the first — `ready`, when the
-    value existed here (`time.time()`), where the copy starts — and never reads the
-    second, which goes to the receiving lane. Returned rather than `ray.put`
-    here and handed over by reference: an object put by this lane and passed on
-    through the driver made Ray track two borrowers of it, and a move of 64 KB cost
-    the run's processes ~3.9 ms of CPU in all.
+  def export(self, key: Hashable, imports: tuple = ()):
+    """The value under `key`, to be taken in by another lane (or kept by the driver):
+    `(ready, payload)`, `ready` when the value existed here (`time.time()`), where its
+    copy starts.
 
-    Called in `EXPORT_GROUP` (`LanePool.move`), a thread of its own: it waits for the
-    value to exist (`_stored`), not for every call queued before it. In the lane's
-    ordered thread an export waited behind the tasks queued after the one that made
-    its value: PD-ASGD's residuals waited ~120 ms behind the next forward on the
-    forward worker's lane, and its backward could not overlap that forward. `free`
-    must be empty there: a call queued earlier may still need what it names."""
-    try:
-      self.take_in(imports)
-      value = self._stored(key)
-    finally:
-      self.free(free)
+    Runs in the lane's export thread (`serve`): it waits for the value to exist
+    (`_stored`), not for every call queued before it. In the lane's ordered thread an
+    export waited behind the tasks queued after the one that made its value: PD-ASGD's
+    residuals waited ~120 ms behind the next forward on the forward worker's lane, and
+    its backward could not overlap that forward. No frees ride with it: a call queued
+    earlier may still need what they name."""
+    self.take_in(imports)
+    value = self._stored(key)
     ready = time.time()
     leaves, treedef = self.jax.tree.flatten(value)
     try:
@@ -333,10 +343,22 @@ class LaneRuntime:
       return self.values[key]
 
   def take_in(self, imports: tuple) -> None:
-    """Adopts each `(key, [reference to an export's payload])` of `imports`, waiting
-    for the export if it has not run yet (the driver's `LanePool._move`)."""
-    for key, (exported,) in imports:
-      self.adopt(ray.get(exported), key)
+    """Adopts each `(key, source address)` of `imports`, a copy another lane sends here
+    (`LanePool._move`), waiting for it if it has not come yet; raises if its copy
+    failed, or `wire.SourceLost` if its source's process died first."""
+    for key, source in imports:
+      self.adopt(self._arrival(key, source), key)
+
+  def _arrival(self, key: Hashable, source):
+    with self.stored:
+      while True:
+        if key in self.arrived:
+          return self.arrived.pop(key)
+        if key in self.import_failures:
+          raise self.import_failures.pop(key)
+        if source in self.dead_sources:
+          raise wire.SourceLost(f'{source[0]}:{source[1]}')
+        self.stored.wait(0.5)
 
   def adopt(self, payload: tuple, key: Hashable, free: tuple = ()):
     """Takes a value exported by another lane (`export`'s payload) and keeps it under
@@ -361,7 +383,14 @@ class LaneRuntime:
     return _outline(jax, value)
 
   def free(self, keys: tuple = ()):
+    """Drops the values under `keys`; `(DISCARD, key)`: a copy sent here that no call
+    took in, dropped when it comes if it has not yet."""
     for key in keys:
+      if key[0] == DISCARD:
+        with self.stored:
+          if self.arrived.pop(key[1], None) is None:
+            self.discard.add(key[1])
+        continue
       self.values.pop(key, None)
       self.origins.pop(key, None)
 
@@ -375,6 +404,137 @@ class LaneRuntime:
     Runs in its own concurrency group (thread), beside the lane's ordered calls.
     """
     self.stopped.wait()
+
+  # -- the wire (wire.py): calls from the driver, values to and from other lanes ---------
+
+  def serve(self, authkey: bytes) -> tuple:
+    """Opens this lane's socket (on its node's address) and its threads: one accepts
+    connections and reads each (the driver's calls, other lanes' values), one runs the
+    driver's calls in the order sent (`_ORDERED`), one exports values (`_EXPORTS`).
+    Returns the address."""
+    self.listener = wire.listen(ray.util.get_node_ip_address(), authkey)
+    self.authkey = authkey
+    self.calls, self.exports = queue.SimpleQueue(), queue.SimpleQueue()
+    self.driver: wire.Endpoint | None = None
+    self.peers: dict[tuple, wire.Endpoint] = {}  # address -> connection, to lanes we send to
+    for target in (self._accept, self._run_calls, self._run_exports):
+      threading.Thread(target=target, daemon=True, name=f'lane-{target.__name__}').start()
+    return self.listener.address
+
+  def _accept(self) -> None:
+    while True:
+      endpoint = wire.Endpoint(self.listener.accept())
+      who = endpoint.receive()
+      if who[0] == 'driver':
+        self.driver = endpoint
+        reader = functools.partial(self._read_driver, endpoint)
+      else:  # ('lane', its address)
+        reader = functools.partial(self._read_lane, endpoint, tuple(who[1]))
+      threading.Thread(target=reader, daemon=True, name='lane-reader').start()
+
+  def _read_driver(self, endpoint: wire.Endpoint) -> None:
+    """Hands each call to the thread that runs it; exits the process once the driver's
+    connection ends (its run is over, or its driver died)."""
+    while True:
+      try:
+        message = endpoint.receive()
+      except (EOFError, OSError):
+        wire.exit_now(wire.DRIVER_GONE_GRACE)
+      op = message[0]
+      if op == 'dead':  # a lane that was to send values here died
+        with self.stored:
+          self.dead_sources.add(tuple(message[2]))
+          self.stored.notify_all()
+      elif op in _EXPORTS:
+        self.exports.put(message)
+      else:
+        self.calls.put(message)
+
+  def _read_lane(self, endpoint: wire.Endpoint, source: tuple) -> None:
+    """Takes the values another lane sends: kept for the call that takes them in, or —
+    a message that must land whole — taken in at once; the driver hears of each."""
+    while True:
+      try:
+        kind, key, move, landed, *rest = endpoint.receive()
+      except (EOFError, OSError):
+        with self.stored:
+          self.dead_sources.add(source)
+          self.stored.notify_all()
+        return
+      if kind == 'failed':
+        error = rest[0]
+        if not landed:
+          with self.stored:
+            self.import_failures[key] = error
+            self.stored.notify_all()
+        self._reply('err', move, error)
+        continue
+      ready, payload = rest
+      if landed:
+        try:
+          outline = self.adopt(payload, key)
+        except Exception as error:  # pylint: disable=broad-except
+          self._reply('err', move, wire.failure(error))
+          continue
+        self._reply('ok', move, (outline, ready, time.time()))
+        continue
+      with self.stored:
+        if key in self.discard:
+          self.discard.discard(key)
+        else:
+          self.arrived[key] = payload
+          self.stored.notify_all()
+      self._reply('arrived', move, (ready, time.time()))
+
+  def _run_calls(self) -> None:
+    while True:
+      op, number, args = self.calls.get()
+      try:
+        result = _ORDERED[op](self, *args)
+      except BaseException as error:  # pylint: disable=broad-except
+        self._reply('err', number, wire.failure(error))
+      else:
+        self._reply('ok', number, result)
+
+  def _run_exports(self) -> None:
+    while True:
+      op, number, args = self.exports.get()
+      if op == 'keep':  # to the driver
+        try:
+          result = self.export(*args)[1]
+        except BaseException as error:  # pylint: disable=broad-except
+          self._reply('err', number, wire.failure(error))
+        else:
+          self._reply('ok', number, result)
+        continue
+      key, imports, target, target_key, landed = args
+      try:
+        ready, payload = self.export(key, imports)
+        message = ('value', target_key, number, landed, ready, payload)
+      except BaseException as error:  # pylint: disable=broad-except
+        message = ('failed', target_key, number, landed, wire.failure(error))
+      self._send_to_lane(tuple(target), message)
+
+  def _send_to_lane(self, address: tuple, message) -> None:
+    """Sends `message` to the lane at `address` (connecting the first time). A lane that
+    is gone is not an error here: the driver hears of its death."""
+    try:
+      peer = self.peers.get(address)
+      if peer is None:
+        peer = wire.connect(address, self.authkey, ('lane', self.address))
+        self.peers[address] = peer
+      peer.send(message)
+    except (OSError, EOFError):
+      self.peers.pop(address, None)
+
+  def _reply(self, kind: str, number, value) -> None:
+    try:
+      self.driver.send((kind, number, value))
+    except (OSError, EOFError):
+      wire.exit_now()
+
+  def _run_task(self, imports, call, *buffers):
+    return self.run(call, imports, *buffers)
 
   def _maybe_fail(self, task) -> None:
     """The test hook (`FAULT_VAR`): the N-th run of the named task raises, or kills us."""
@@ -398,6 +558,18 @@ class LaneRuntime:
       return leaf
 
     return self.jax.tree.map(value, args, is_leaf=lambda x: isinstance(x, Ref))
+
+
+# The driver's calls a lane runs in its ordered thread, one at a time in the order sent,
+# and those its export thread runs (`LaneRuntime.serve`).
+_ORDERED = {
+  'run': LaneRuntime._run_task,
+  'put': LaneRuntime.put,
+  'fetch': LaneRuntime.fetch,
+  'count': LaneRuntime.count,
+  'adopt': LaneRuntime.adopt,
+}
+_EXPORTS = ('export', 'keep')
 
 
 def _host_value_errors(jax) -> tuple:

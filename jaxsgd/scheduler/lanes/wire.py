@@ -1,0 +1,156 @@
+"""The lanes' wire: calls, replies and values over direct sockets between processes.
+
+Ray starts, places and watches the lane processes; everything a run sends while it
+trains goes over sockets of their own (`multiprocessing.connection`, authenticated by
+a key the pool draws at start):
+
+    driver ──calls──▶ lane A ──values──▶ lane B          (one connection each way used)
+       ◀──replies───     ◀──────replies──────
+
+- **Driver to lane**: one connection per lane. A reader thread in the lane hands each
+  call to the lane's *ordered* thread (tasks, puts, fetches: run one at a time, in the
+  order sent) or to its *export* thread (a value for another lane, or one the driver
+  keeps), so that an export never waits behind the calls queued after the one that
+  makes its value. Every call is answered on the same connection, in the order done.
+- **Lane to lane**: the source's export thread sends the value (its leaves as raw
+  frames) straight to the receiving lane, which keeps it until the first call that needs
+  it takes it in, or — a message that must land whole (`landed`) — takes it in at once
+  and tells the driver. The driver hears of every copy's arrival (for its timing, and
+  so that a failed copy is reported).
+- **Deaths**: a lane's process that ends closes its sockets: the driver's reader sees
+  the end at once (and Ray's watch still reports a host that vanished); a lane whose
+  import's source died is told by the driver (`dead`) or sees the source's connection
+  end, and the call waiting for that import fails as a death. A lane whose driver
+  connection ends exits, so that no lane outlives its run.
+
+Why not Ray's actor calls: measured by `benchmarks/dispatch_candidates.py`, a classic
+actor call cost the driver ~190 µs of CPU per task and ~0.7 ms per round trip, a
+direct socket ~8 µs and ~33 µs (docs/engine.md, "Dispatch").
+
+Frames: a message is one pickle (protocol 5) whose large buffers (numpy arrays of
+`OUT_OF_BAND` bytes or more) go as frames of their own after it, written from and read
+into their own memory, never copied into the pickle.
+"""
+
+import os
+import pickle
+import socket
+import threading
+import time
+from multiprocessing import connection
+
+OUT_OF_BAND = 1 << 16  # bytes: a buffer this large goes as a frame of its own
+
+
+def send(link: connection.Connection, lock: threading.Lock, message) -> None:
+  """Writes `message` (a picklable tuple) on `link`, whole, under `lock`."""
+  buffers = []
+
+  def keep_large(buffer: pickle.PickleBuffer):
+    if buffer.raw().nbytes < OUT_OF_BAND:
+      return True  # in the pickle
+    buffers.append(buffer)
+    return False
+
+  body = pickle.dumps(message, protocol=5, buffer_callback=keep_large)
+  with lock:
+    link.send_bytes(len(buffers).to_bytes(4, 'little') + body)
+    for buffer in buffers:
+      link.send_bytes(buffer.raw())
+
+
+def receive(link: connection.Connection):
+  """The next message on `link` (raises `EOFError` once the other end has closed)."""
+  raw = link.recv_bytes()
+  count = int.from_bytes(raw[:4], 'little')
+  frames = [link.recv_bytes() for _ in range(count)]
+  return pickle.loads(memoryview(raw)[4:], buffers=frames)
+
+
+class LaneFailure(Exception):
+  """A call that failed in a lane, as the driver reads it: the exception's type name
+  and message, the exception itself where it unpickles (`cause`), and whether it came
+  of a process's death (a value it needed was in a lane that died)."""
+
+  def __init__(self, type_name: str, message: str, cause=None, death: bool = False):
+    super().__init__(f'{type_name}: {message}')
+    self.type_name, self.message, self.cause, self.death = type_name, message, cause, death
+
+  def __reduce__(self):
+    return LaneFailure, (self.type_name, self.message, self.cause, self.death)
+
+
+class SourceLost(Exception):
+  """A value a call needed was to come from a lane whose process died (a death)."""
+
+  death = True
+
+  def __init__(self, source: str):
+    super().__init__(f'the lane process at {source} that was to send a value died')
+    self.source = source
+
+  def __reduce__(self):
+    return SourceLost, (self.source,)
+
+
+def failure(error: BaseException) -> LaneFailure:
+  """`error` (raised in a lane) as sent to the driver."""
+  if isinstance(error, LaneFailure):
+    return error
+  try:
+    cause = pickle.loads(pickle.dumps(error))
+  except Exception:  # an exception that does not pickle: its text is enough
+    cause = None
+  death = bool(getattr(error, 'death', False))
+  return LaneFailure(type(error).__name__, str(error), cause, death)
+
+
+class Endpoint:
+  """One connection of a process, with the lock its writers share."""
+
+  def __init__(self, link: connection.Connection):
+    self.link, self.lock = link, threading.Lock()
+    _no_delay(link)
+
+  def send(self, message) -> None:
+    send(self.link, self.lock, message)
+
+  def receive(self):
+    return receive(self.link)
+
+  def close(self) -> None:
+    try:
+      self.link.close()
+    except OSError:
+      pass
+
+
+def _no_delay(link: connection.Connection) -> None:
+  """Sends each write at once: a message of several frames is several writes, and with
+  Nagle's algorithm the second waited for the first's acknowledgement, which the other
+  end delays (~40 ms per message between two lanes)."""
+  with socket.fromfd(link.fileno(), socket.AF_INET, socket.SOCK_STREAM) as view:  # (a dup)
+    view.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def listen(host: str, authkey: bytes) -> connection.Listener:
+  return connection.Listener((host, 0), authkey=authkey)
+
+
+def connect(address: tuple, authkey: bytes, hello) -> Endpoint:
+  """A connection to the lane listening at `address`, introduced by `hello`."""
+  endpoint = Endpoint(connection.Client(tuple(address), authkey=authkey))
+  endpoint.send(hello)
+  return endpoint
+
+
+def exit_now(grace: float = 0.0) -> None:
+  """Ends this lane process, after `grace` seconds (its run's driver is gone)."""
+  time.sleep(grace)
+  os._exit(0)
+
+
+# Seconds a lane whose driver connection ended waits before it exits: a pool that closes
+# kills its lanes through Ray as well, and a lane that exited first made Ray print a
+# worker's "unexpected" death at every run's end. A driver that died leaves none behind.
+DRIVER_GONE_GRACE = 3.0
