@@ -540,8 +540,8 @@ def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
   )
   measured = json.loads(out.stdout.strip().splitlines()[-1])
   assert set(measured) == {'processes', 'processes_cpu', 'driver', 'driver_latency'}
-  # Each task costs CPU in the driver and in the lane at least, Ray's calls included; the
-  # driver's thread spends CPU on each event, and an end reaches it through Ray later
-  # than that alone (the latency is the median hear delay less the CPU per event).
+  # Each task costs CPU in the driver and in the lane at least; the driver's thread spends
+  # CPU on each event. The latency is the median hear delay less the CPU per event (at
+  # least 0): over a lane's socket an end is heard within about that CPU, so it may be 0.
   assert measured['processes_cpu'] > 0 and measured['processes'] > 0 and measured['driver'] > 0
-  assert measured['driver_latency'] > 0
+  assert measured['driver_latency'] >= 0

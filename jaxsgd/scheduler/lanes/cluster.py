@@ -205,6 +205,11 @@ def lane_actor(spec: LaneSpec, env: dict[str, str], authkey: bytes | None = None
   return _LANE_ACTOR.options(**options).remote(spec.name, spec.cores, variables, authkey)
 
 
+def node_address() -> str:
+  """This process's host, as the cluster names it (a lane's `info()['host']`)."""
+  return ray.util.get_node_ip_address()
+
+
 def watch(actor):
   """A reference that fails as soon as the actor's process dies (it never succeeds)."""
   return actor.watch.options(concurrency_group=WATCH_GROUP).remote()

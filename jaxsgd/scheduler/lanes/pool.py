@@ -265,12 +265,13 @@ class LanePool:
     if not pending:
       raise ValueError('wait_any: nothing pending.')
     deadline = None if timeout is None else time.monotonic() + timeout
+    by_number = {}  # what a reply's number finishes: a task, or a move (its last copy)
+    for p in pending:
+      by_number[p.key if p.source is None else p.copies[-1]] = p
     while True:
       self._check_lanes()
-      done = [(self._finished_at(p), p.key, p) for p in pending]
-      done = [entry for entry in done if entry[0] is not None]
-      if done:
-        finished = min(done, key=lambda entry: entry[:2])[2]
+      finished = self._first_finished(by_number)
+      if finished is not None:
         break
       if not self._hear(deadline):
         return None
@@ -299,14 +300,27 @@ class LanePool:
     finished.finish()
     return finished
 
-  def _finished_at(self, pending: Pending) -> int | None:
-    """When (in the order replies were read) `pending` finished, or None if it has not:
-    a move once every copy of it has landed."""
-    if pending.source is None:
-      reply = self._replies.get(pending.key)
-      return None if reply is None else reply[0]
-    replies = [self._replies.get(copy) for copy in pending.copies]
-    return None if None in replies else max(reply[0] for reply in replies)
+  def _first_finished(self, by_number: dict) -> Pending | None:
+    """Of `by_number`'s, the one whose reply was read first (None if none has one): a
+    move once every copy of it has landed. Looks through the replies not taken yet or
+    through `by_number`, whichever is shorter."""
+    first, finished = None, None
+    if len(self._replies) <= len(by_number):
+      read = ((number, reply[0]) for number, reply in self._replies.items())
+    else:
+      read = ((n, self._replies[n][0]) for n in by_number if n in self._replies)
+    for number, order in read:
+      pending = by_number.get(number)
+      if pending is None or (first is not None and order >= first):
+        continue
+      if pending.source is not None:
+        orders = [self._replies.get(copy, (None,))[0] for copy in pending.copies]
+        if None in orders:
+          continue
+        order = max(orders)
+      if first is None or order < first:
+        first, finished = order, pending
+    return finished
 
   def settle(self) -> None:
     """Waits for the copies still on their way (`move`) and checks each, as `wait_any`
@@ -430,7 +444,7 @@ class LanePool:
     """
     actor = self._actor(lane)
     cluster.kill(actor)
-    address = tuple(self.info[lane]['address'])
+    address = tuple(self.info[lane]['address']['remote'])
     self._links.pop(lane).close()
     del self._actors[lane], self._watch[lane]
     self._dead.pop(lane, None)
@@ -507,7 +521,7 @@ class LanePool:
     source.send(('export', number, (handle.key, imports, target, key, landed is not None)))
     self._moves[number] = (lane, handle, number, landed is not None)
     if landed is None:
-      self._imports[lane, key] = tuple(self.info[handle.lane]['address'])
+      self._imports[lane, key] = tuple(self.info[handle.lane]['address']['remote'])
       if exports is not None:
         exports.append(number)
         self._exported[number] = None  # timed once it arrives (`_heard`)
@@ -678,7 +692,8 @@ class LanePool:
 
   def _link(self, lane: str) -> None:
     """Connects to `lane`'s socket; a reader thread puts what comes in `_events`."""
-    link = wire.connect(self.info[lane]['address'], self._authkey, ('driver',))
+    where = wire.address(self.info[lane]['address'], cluster.node_address())
+    link = wire.connect(where, self._authkey, ('driver',), background=True)
     self._links[lane] = link
 
     def read():
@@ -751,7 +766,7 @@ class LanePool:
     if lane in self._dead:
       return
     self._dead[lane] = 'died'
-    self._tell_dead(tuple(self.info[lane]['address']))
+    self._tell_dead(tuple(self.info[lane]['address']['remote']))
 
   def _tell_dead(self, address: tuple) -> None:
     for other in self._links.values():

@@ -412,23 +412,28 @@ class LaneRuntime:
     connections and reads each (the driver's calls, other lanes' values), one runs the
     driver's calls in the order sent (`_ORDERED`), one exports values (`_EXPORTS`).
     Returns the address."""
-    self.listener = wire.listen(ray.util.get_node_ip_address(), authkey)
+    self.host = ray.util.get_node_ip_address()
+    remote, local = wire.listen(self.host, authkey)
     self.authkey = authkey
     self.calls, self.exports = queue.SimpleQueue(), queue.SimpleQueue()
     self.driver: wire.Endpoint | None = None
     self.peers: dict[tuple, wire.Endpoint] = {}  # address -> connection, to lanes we send to
-    for target in (self._accept, self._run_calls, self._run_exports):
+    for target in (self._run_calls, self._run_exports):
       threading.Thread(target=target, daemon=True, name=f'lane-{target.__name__}').start()
-    return self.listener.address
+    for listener in (remote, local):
+      accept = functools.partial(self._accept, listener)
+      threading.Thread(target=accept, daemon=True, name='lane-accept').start()
+    # Its TCP address names the lane (to other lanes, in `dead` notices).
+    return {'remote': remote.address, 'local': local.address, 'host': self.host}
 
-  def _accept(self) -> None:
+  def _accept(self, listener) -> None:
     while True:
-      endpoint = wire.Endpoint(self.listener.accept())
+      endpoint = wire.Endpoint(listener.accept())
       who = endpoint.receive()
       if who[0] == 'driver':
         self.driver = endpoint
         reader = functools.partial(self._read_driver, endpoint)
-      else:  # ('lane', its address)
+      else:  # ('lane', its TCP address)
         reader = functools.partial(self._read_lane, endpoint, tuple(who[1]))
       threading.Thread(target=reader, daemon=True, name='lane-reader').start()
 
@@ -513,19 +518,21 @@ class LaneRuntime:
         message = ('value', target_key, number, landed, ready, payload)
       except BaseException as error:  # pylint: disable=broad-except
         message = ('failed', target_key, number, landed, wire.failure(error))
-      self._send_to_lane(tuple(target), message)
+      self._send_to_lane(target, message)
 
-  def _send_to_lane(self, address: tuple, message) -> None:
-    """Sends `message` to the lane at `address` (connecting the first time). A lane that
-    is gone is not an error here: the driver hears of its death."""
+  def _send_to_lane(self, addresses: dict, message) -> None:
+    """Sends `message` to the lane at `addresses` (connecting the first time). A lane
+    that is gone is not an error here: the driver hears of its death."""
+    name = tuple(addresses['remote'])
     try:
-      peer = self.peers.get(address)
+      peer = self.peers.get(name)
       if peer is None:
-        peer = wire.connect(address, self.authkey, ('lane', self.address))
-        self.peers[address] = peer
+        where = wire.address(addresses, self.host)
+        peer = wire.connect(where, self.authkey, ('lane', self.address['remote']))
+        self.peers[name] = peer
       peer.send(message)
     except (OSError, EOFError):
-      self.peers.pop(address, None)
+      self.peers.pop(name, None)
 
   def _reply(self, kind: str, number, value) -> None:
     try:
