@@ -288,7 +288,7 @@ def measure_process_links(
   warmup: int = 3,
 ) -> tuple[float, float, float]:
   """`(latency s, bandwidth B/s, seconds per array)` of a move between two lane processes
-  (`LanePool.move`, Ray's object store), pinned to `cores[0]` and `cores[1]`: for each
+  (`LanePool.move`, lane to lane), pinned to `cores[0]` and `cores[1]`: for each
   message, `reps` pairs of calls, one of a task on the second lane that needs a new
   message moved there from the first, and one of the same task on a message already
   there, alternated (and the messages interleaved); the median over the pairs of their

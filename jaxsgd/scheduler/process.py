@@ -20,9 +20,9 @@ A task's result stays in its lane; the process gets `Handle`s (values with no ar
 — None, an empty dict — come back as themselves, since policies test them). A `Send`
 between lanes is a transfer task on the link lane whose copy goes lane to lane
 (`LanePool.move`), never through the driver; its record spans the copy as the lanes
-made it, from when the value existed on the sending lane to when its export was in
-Ray's object store (the receiving lane takes it in as part of its next call that reads
-it: that shows in the gap before that call). `fetch` brings values to the driver at
+made it, from when the value existed on the sending lane to when it arrived on the
+receiving lane (which takes it in as part of its next call that reads it: that shows in
+the gap before that call). `fetch` brings values to the driver at
 logging points; `deferred` wraps a lane's scalar for `Run.report` (fetched when read).
 
 Running ahead: once a task has finished on arguments of the same shapes, its handles
@@ -155,6 +155,7 @@ class ProcessExecutor(Executor):
     self._owns_pool = pool is None
     self.run_ahead, self.verbose, self.tolerate_lost = run_ahead, verbose, tolerate_lost
     self.dispatch_seconds = 0.0  # host time spent starting tasks (for benchmarks)
+    self.dispatch_cpu_seconds = 0.0  # of it, the driver thread's CPU
     self.dispatched = 0
     self.lost: list[LostLane] = []
     self.between_events = None  # called after every op dispatched (checkpoints)
@@ -287,7 +288,7 @@ class ProcessExecutor(Executor):
 
   def _record_copies(self, final: bool = False) -> None:
     """Records each copy whose exports are done, from when its value existed on the
-    source lane to when its export was in Ray's object store (`LanePool.exported`); its
+    source lane to when it arrived on the receiving lane (`LanePool.exported`); its
     taking-in is part of the receiving lane's next call that reads it. `final`: a copy
     that never got that far (its source lane was lost) is recorded as sent, from the
     driver's clock."""
@@ -351,7 +352,7 @@ class ProcessExecutor(Executor):
         f'{process.name} yielded Compute({op.fn!r}); the process executor runs named '
         'tasks only (tasks.Task: a recipe and a name), which each lane builds itself.'
       )
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.thread_time()
     emulated = {}  # the task's priced duration, drawn as the virtual clock draws it
     if self._sampler is not None:
       emulated['seconds'] = self._sampler.duration(op.kind, op.stage, lane)
@@ -361,6 +362,7 @@ class ProcessExecutor(Executor):
     if op.ahead and self.pool.unfinished(pending.lane) <= self.run_ahead:  # this one included
       early = self.pool.early(pending)
     self.dispatch_seconds += time.perf_counter() - start
+    self.dispatch_cpu_seconds += time.thread_time() - start_cpu
     self.dispatched += 1
     if early is not None:  # the process goes on; the lane computes meanwhile
       self._resumed.add(pending)

@@ -530,7 +530,7 @@ def test_the_old_host_settings_are_refused_naming_their_replacement():
 
 def test_a_copy_on_a_time_sliced_core_shares_it_with_the_senders_next_task():
   """Copies on the sender, lanes time-sliced on a core (the process executor, whose
-  lanes export in a thread of their own, `lanes.runtime.EXPORT_GROUP`): lane a (core 0)
+  lanes export in a thread of their own, `LaneRuntime.serve`): lane a (core 0)
   runs a 1 s task, sends a 1 s copy to b (core 1), runs another 1 s task. From 1 s the
   copy and a's second task share core 0 at half speed each: both end at 3 s, and b's
   task runs 3-4 s. (One FIFO on the sender: copy 1-2 s, a's task 2-3 s, b's 2-3 s.)"""

@@ -23,9 +23,9 @@ a key the pool draws at start):
   end, and the call waiting for that import fails as a death. A lane whose driver
   connection ends exits, so that no lane outlives its run.
 
-Why not Ray's actor calls: measured by `benchmarks/dispatch_candidates.py`, a classic
-actor call cost the driver ~190 µs of CPU per task and ~0.7 ms per round trip, a
-direct socket ~8 µs and ~33 µs (docs/engine.md, "Dispatch").
+Why not Ray's actor calls: a classic actor call cost the driver many times the CPU of a
+socket write, and its round trip many times longer (`benchmarks/dispatch_candidates.py`;
+figures in benchmarks/results/dispatch_candidates.md and docs/engine.md, "Dispatch").
 
 Frames: a message is one pickle (protocol 5) whose large buffers (numpy arrays of
 `OUT_OF_BAND` bytes or more) go as frames of their own after it, written from and read
@@ -181,9 +181,9 @@ SOCKET_BUFFER = 8 << 20  # bytes asked for each socket's send and receive buffer
 def listen(host: str, authkey: bytes) -> tuple[connection.Listener, connection.Listener]:
   """A lane's two listeners: TCP on `host` (any port), for processes on other hosts, and
   a Unix socket (Linux's abstract namespace: no file, gone with the process) for those
-  on this one. Measured from the driver, a call's write on a TCP socket over the
-  loopback cost ~37 µs of CPU (the receiving side's network stack runs in the sender's
-  system call), most of what sending a task cost it."""
+  on this one: a write on a TCP socket over the loopback runs the receiving side's
+  network stack in the sender's system call, most of what sending a task cost the
+  driver."""
   remote = connection.Listener((host, 0), authkey=authkey)
   name = f'\0jaxsgd-lane-{os.getpid()}-{secrets.token_hex(8)}'
   local = connection.Listener(name, family='AF_UNIX', authkey=authkey)
