@@ -1,0 +1,91 @@
+"""The lanes' wire (lanes/wire.py) without Ray: frames over both kinds of socket, the
+address a process picks, and failures as the driver reads them."""
+
+import pickle
+import threading
+
+import numpy as np
+
+from jaxsgd.scheduler.lanes import cluster, wire
+from jaxsgd.scheduler.lanes.runtime import MakerFailed
+
+KEY = b'k' * 16
+
+
+def _echo_through(listener, where, background: bool):
+  """Sends two messages to `listener` at `where` and returns what the other end read."""
+  got = []
+
+  def serve():
+    end = wire.Endpoint(listener.accept())
+    got.extend([end.receive(), end.receive(), end.receive()])
+    end.send(('bye',))
+
+  server = threading.Thread(target=serve)
+  server.start()
+  batch = np.arange(300_000, dtype=np.float32).reshape(600, 500)  # 1.2 MB: a frame of its own
+  small = np.arange(10, dtype=np.int8)
+  client = wire.connect(where, KEY, ('driver',), background=background)
+  client.send(('run', 7, (batch, small, 'x')))
+  client.send(('count', 8, ()))
+  assert client.receive() == ('bye',)  # (also: the background writer sent both, in order)
+  server.join()
+  client.close()
+  return got, batch, small
+
+
+def _check(got, batch, small):
+  hello, run, count = got
+  assert hello == ('driver',) and count == ('count', 8, ())
+  op, number, (got_batch, got_small, text) = run
+  assert (op, number, text) == ('run', 7, 'x')
+  np.testing.assert_array_equal(got_batch, batch)
+  np.testing.assert_array_equal(got_small, small)
+
+
+def test_a_message_with_a_large_array_crosses_a_tcp_socket_whole_and_in_order():
+  remote, local = wire.listen('127.0.0.1', KEY)
+  try:
+    _check(*_echo_through(remote, remote.address, background=False))
+  finally:
+    remote.close()
+    local.close()
+
+
+def test_the_same_through_the_unix_socket_written_by_a_background_thread():
+  remote, local = wire.listen('127.0.0.1', KEY)
+  try:
+    _check(*_echo_through(local, local.address, background=True))
+  finally:
+    remote.close()
+    local.close()
+
+
+def test_a_large_array_is_a_frame_of_its_own_a_small_one_is_in_the_pickle():
+  big, small = np.zeros(wire.OUT_OF_BAND, np.uint8), np.zeros(wire.OUT_OF_BAND - 1, np.uint8)
+  frames = wire.frames(('m', big, small))
+  assert len(frames) == 2 and int.from_bytes(frames[0][:4], 'little') == 1
+  assert frames[1].nbytes == wire.OUT_OF_BAND and len(frames[0]) > wire.OUT_OF_BAND - 1
+
+
+def test_a_process_reaches_a_lane_of_its_host_by_its_unix_socket_else_by_tcp():
+  addresses = {'remote': ['10.0.0.2', 5000], 'local': '\0jaxsgd-lane-x', 'host': '10.0.0.2'}
+  assert wire.address(addresses, '10.0.0.2') == '\0jaxsgd-lane-x'
+  assert wire.address(addresses, '10.0.0.3') == ('10.0.0.2', 5000)
+
+
+def test_a_lanes_failure_keeps_its_cause_and_says_whether_a_process_died():
+  made = wire.failure(MakerFailed('stage0', 12, (12, ())))
+  read = pickle.loads(pickle.dumps(made))  # as it crosses the wire
+  assert cluster.failed_maker(read) == ('stage0', 12)
+  assert cluster.describe(read).startswith('MakerFailed: lane stage0: value (12, ())')
+  assert not cluster.is_death(read)
+  lost = pickle.loads(pickle.dumps(wire.failure(wire.SourceLost('10.0.0.2:5000'))))
+  assert cluster.is_death(lost) and lost.type_name == 'SourceLost'
+
+  class Unpicklable(Exception):
+    def __reduce__(self):
+      raise TypeError('no')
+
+  opaque = wire.failure(Unpicklable('inner text'))
+  assert opaque.cause is None and str(opaque) == 'Unpicklable: inner text'
