@@ -5,6 +5,7 @@ import pickle
 import threading
 
 import numpy as np
+import pytest
 
 from jaxsgd.scheduler.lanes import cluster, wire
 from jaxsgd.scheduler.lanes.runtime import MakerFailed
@@ -43,19 +44,12 @@ def _check(got, batch, small):
   np.testing.assert_array_equal(got_small, small)
 
 
-def test_a_message_with_a_large_array_crosses_a_tcp_socket_whole_and_in_order():
+@pytest.mark.parametrize('kind', ['tcp', 'unix, written by a background thread'])
+def test_a_message_with_a_large_array_crosses_a_socket_whole_and_in_order(kind):
   remote, local = wire.listen('127.0.0.1', KEY)
+  listener = remote if kind == 'tcp' else local
   try:
-    _check(*_echo_through(remote, remote.address, background=False))
-  finally:
-    remote.close()
-    local.close()
-
-
-def test_the_same_through_the_unix_socket_written_by_a_background_thread():
-  remote, local = wire.listen('127.0.0.1', KEY)
-  try:
-    _check(*_echo_through(local, local.address, background=True))
+    _check(*_echo_through(listener, listener.address, background=kind != 'tcp'))
   finally:
     remote.close()
     local.close()

@@ -607,12 +607,16 @@ class LanePool:
   # -- internals ----------------------------------------------------------------------
 
   def _actor(self, lane: str):
+    return self._open(self._actors, lane)
+
+  def _open(self, by_lane: dict, lane: str):
+    """`by_lane[lane]` of an open pool (one line naming the lanes if there is none)."""
     if self._closed:
       raise RuntimeError('LanePool: closed.')
     try:
-      return self._actors[lane]
+      return by_lane[lane]
     except KeyError:
-      raise KeyError(f'no lane {lane!r}; lanes: {list(self._actors)}.') from None
+      raise KeyError(f'no lane {lane!r}; lanes: {list(by_lane)}.') from None
 
   def _task_call(
     self, lane: str, task: Task, args: tuple, key: Hashable, seconds: float | None = None
@@ -708,12 +712,7 @@ class LanePool:
     threading.Thread(target=read, daemon=True, name=f'jaxsgd-lane-{lane}').start()
 
   def _link_of(self, lane: str) -> wire.Endpoint:
-    if self._closed:
-      raise RuntimeError('LanePool: closed.')
-    try:
-      return self._links[lane]
-    except KeyError:
-      raise KeyError(f'no lane {lane!r}; lanes: {list(self._links)}.') from None
+    return self._open(self._links, lane)
 
   def _hear(self, deadline: float | None) -> bool:
     """Takes in what the lanes sent (waiting for something until `deadline`, in slices
