@@ -83,3 +83,25 @@ def test_a_lanes_failure_keeps_its_cause_and_says_whether_a_process_died():
 
   opaque = wire.failure(Unpicklable('inner text'))
   assert opaque.cause is None and str(opaque) == 'Unpicklable: inner text'
+
+
+def test_a_lane_listener_holds_many_connections_waiting_to_be_accepted():
+  """A new lane (a replaced one) is connected to by the driver and every other lane at
+  once; a Unix socket whose backlog is full refuses a connection at once (the value sent
+  on it was lost, and a run hung). Ten raw connections, none accepted yet, all get in."""
+  import socket
+
+  remote, local = wire.listen('127.0.0.1', KEY)
+  ends = []
+  try:
+    for _ in range(10):
+      end = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+      end.setblocking(False)
+      end.connect(local.address)  # raises (EAGAIN) once the backlog is full
+      ends.append(end)
+    assert len(ends) == 10
+  finally:
+    for end in ends:
+      end.close()
+    remote.close()
+    local.close()

@@ -704,7 +704,8 @@ class LanePool:
       while True:
         try:
           message = link.receive()
-        except (EOFError, OSError):
+        except Exception:  # pylint: disable=broad-except
+          # The lane ended it (EOFError, OSError), or the pool closed it under this read.
           self._events.put((lane, link, 'closed', None, None))
           return
         self._events.put((lane, link, *message))

@@ -518,21 +518,29 @@ class LaneRuntime:
         message = ('value', target_key, number, landed, ready, payload)
       except BaseException as error:  # pylint: disable=broad-except
         message = ('failed', target_key, number, landed, wire.failure(error))
-      self._send_to_lane(target, message)
+      try:
+        self._send_to_lane(target, message)
+      except (OSError, EOFError) as error:  # the driver learns that this copy failed
+        self._reply('err', number, wire.failure(error))
 
   def _send_to_lane(self, addresses: dict, message) -> None:
-    """Sends `message` to the lane at `addresses` (connecting the first time). A lane
-    that is gone is not an error here: the driver hears of its death."""
+    """Sends `message` to the lane at `addresses`, connecting the first time (tried a few
+    times: a lane just started may be accepting others); raises if it cannot."""
     name = tuple(addresses['remote'])
-    try:
-      peer = self.peers.get(name)
-      if peer is None:
-        where = wire.address(addresses, self.host)
-        peer = wire.connect(where, self.authkey, ('lane', self.address['remote']))
-        self.peers[name] = peer
-      peer.send(message)
-    except (OSError, EOFError):
-      self.peers.pop(name, None)
+    for attempt in range(_CONNECT_TRIES):
+      try:
+        peer = self.peers.get(name)
+        if peer is None:
+          where = wire.address(addresses, self.host)
+          peer = wire.connect(where, self.authkey, ('lane', self.address['remote']))
+          self.peers[name] = peer
+        peer.send(message)
+        return
+      except (OSError, EOFError):
+        self.peers.pop(name, None)
+        if attempt == _CONNECT_TRIES - 1:
+          raise
+        time.sleep(0.05 * 2**attempt)
 
   def _reply(self, kind: str, number, value) -> None:
     try:
@@ -577,6 +585,7 @@ _ORDERED = {
   'adopt': LaneRuntime.adopt,
 }
 _EXPORTS = ('export', 'keep')
+_CONNECT_TRIES = 5  # a send to another lane: 50 ms to 0.8 s apart, 1.5 s in all
 
 
 def _host_value_errors(jax) -> tuple:

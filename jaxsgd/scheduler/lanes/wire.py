@@ -184,10 +184,16 @@ def listen(host: str, authkey: bytes) -> tuple[connection.Listener, connection.L
   on this one: a write on a TCP socket over the loopback runs the receiving side's
   network stack in the sender's system call, most of what sending a task cost the
   driver."""
-  remote = connection.Listener((host, 0), authkey=authkey)
+  remote = connection.Listener((host, 0), backlog=BACKLOG, authkey=authkey)
   name = f'\0jaxsgd-lane-{os.getpid()}-{secrets.token_hex(8)}'
-  local = connection.Listener(name, family='AF_UNIX', authkey=authkey)
+  local = connection.Listener(name, family='AF_UNIX', backlog=BACKLOG, authkey=authkey)
   return remote, local
+
+
+# Connections a lane's listener holds while it accepts one: the driver and every other lane
+# may connect to a new lane at once (a replaced one). With the default of 1, a Unix socket
+# refused the others at once, and a value sent that way was lost (a run hung on it).
+BACKLOG = 128
 
 
 def address(addresses: dict, here: str) -> tuple | str:
