@@ -175,7 +175,8 @@ def test_a_call_pickles_what_only_cloudpickle_can_write():
 
 
 def test_a_large_array_goes_beside_the_call_and_arrives_equal(pool):
-  from jaxsgd.scheduler.lanes.pool import _OUT_OF_BAND, _dumps
+  from jaxsgd.scheduler.lanes.pool import _dumps
+  from jaxsgd.scheduler.lanes.wire import OUT_OF_BAND as _OUT_OF_BAND
 
   big = np.arange(_OUT_OF_BAND // 4, dtype=np.float32).reshape(-1, 64)  # _OUT_OF_BAND bytes
   small = np.arange(_OUT_OF_BAND // 8, dtype=np.float32)

@@ -232,7 +232,7 @@ class LanePool:
     imports = self._take_imports(lane, here)
     call, buffers = self._task_call(lane, task, sent, key, seconds)
     at = time.time()
-    link.send(('run', key, (imports, call, *buffers)))
+    link.send(('run', key, (call, imports, *buffers)))
     here.clear()  # kept alive until sent, so that a copy's free follows this call
     pending = Pending(lane, task, key, key, args, _signature(task, args), sent=at)
     self._unfinished[key] = pending
@@ -355,11 +355,8 @@ class LanePool:
     """A reference to an export of `handle`'s value to the driver, made at once in the
     lane's export thread: `kept` reads it, even after the lane's process is lost (the
     driver holds it once it came)."""
-    number = next(self._keys)
-    imports = self._take_imports(handle.lane, [handle])
-    link = self._link_of(handle.lane)
-    link.send(('keep', number, (handle.key, imports)))
-    self._keeps[number] = (handle.lane, link)
+    lane, number, link = self._ask_export(handle)
+    self._keeps[number] = (lane, link)
     return number
 
   def kept_ready(self, reference: int) -> bool:
@@ -387,14 +384,17 @@ class LanePool:
     `restore` takes back (a checkpoint: `scheduler.snapshot`). The exports run at once,
     one per handle, each in its lane's export thread; a copy not yet taken in by its
     lane is taken in first."""
-    asked = []
-    for handle in handles:
-      number = next(self._keys)
-      imports = self._take_imports(handle.lane, [handle])
-      link = self._link_of(handle.lane)
-      link.send(('keep', number, (handle.key, imports)))
-      asked.append((handle.lane, number, link))
+    asked = [self._ask_export(handle) for handle in handles]
     return [self._reply_of(*question) for question in asked]
+
+  def _ask_export(self, handle: Handle) -> tuple:
+    """Asks `handle`'s lane to export its value to the driver (in its export thread);
+    `(lane, the call's number, the link asked on)` for `_reply_of`."""
+    number = next(self._keys)
+    imports = self._take_imports(handle.lane, [handle])
+    link = self._link_of(handle.lane)
+    link.send(('keep', number, (handle.key, imports)))
+    return handle.lane, number, link
 
   def restore(self, lane: str, payload: tuple) -> Handle:
     """A handle to `payload` (`save`'s form) kept on `lane` again (a resumed run)."""
@@ -970,7 +970,7 @@ def _signature(task, args) -> Hashable:
 def _dumps(value) -> tuple[bytes, list]:
   """`value` pickled by `pickle` (C), or by cloudpickle if it holds something only
   cloudpickle can write (a class defined in `__main__`); `pickle.loads` reads both.
-  Arrays of `_OUT_OF_BAND` bytes or more are left out of the pickle: returned beside
+  Arrays of `wire.OUT_OF_BAND` bytes or more are left out of the pickle: returned beside
   it (as uint8 arrays, each a view of its array's memory), to go as frames of their own
   (wire.py), written from where they lie; pickled in, a batch was copied into the
   pickle here, and in the lane out of the call and again out of the pickle.
@@ -979,7 +979,7 @@ def _dumps(value) -> tuple[bytes, list]:
 
   def keep_large(buffer: pickle.PickleBuffer):
     raw = buffer.raw()
-    if raw.nbytes < _OUT_OF_BAND:
+    if raw.nbytes < wire.OUT_OF_BAND:
       return True  # in the pickle
     buffers.append(np.frombuffer(raw, np.uint8))
     return False
@@ -990,9 +990,6 @@ def _dumps(value) -> tuple[bytes, list]:
     buffers.clear()
     call = cloudpickle.dumps(value, protocol=5, buffer_callback=keep_large)
   return call, buffers
-
-
-_OUT_OF_BAND = 1 << 16  # bytes: an array this large goes beside a call's pickle (`_dumps`)
 
 
 def _host_array(leaf):

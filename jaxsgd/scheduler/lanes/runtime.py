@@ -548,9 +548,6 @@ class LaneRuntime:
     except (OSError, EOFError):
       wire.exit_now()
 
-  def _run_task(self, imports, call, *buffers):
-    return self.run(call, imports, *buffers)
-
   def _maybe_fail(self, task) -> None:
     """The test hook (`FAULT_VAR`): the N-th run of the named task raises, or kills us."""
     if self.fault is None or getattr(task, 'name', None) != self.fault[0]:
@@ -578,7 +575,7 @@ class LaneRuntime:
 # The driver's calls a lane runs in its ordered thread, one at a time in the order sent,
 # and those its export thread runs (`LaneRuntime.serve`).
 _ORDERED = {
-  'run': LaneRuntime._run_task,
+  'run': LaneRuntime.run,
   'put': LaneRuntime.put,
   'fetch': LaneRuntime.fetch,
   'count': LaneRuntime.count,

@@ -59,14 +59,6 @@ def frames(message) -> list:
   return [len(buffers).to_bytes(4, 'little') + body, *buffers]
 
 
-def send(link: connection.Connection, lock: threading.Lock, message) -> None:
-  """Writes `message` on `link`, whole, under `lock`."""
-  written = frames(message)
-  with lock:
-    for frame in written:
-      link.send_bytes(frame)
-
-
 def receive(link: connection.Connection):
   """The next message on `link` (raises `EOFError` once the other end has closed)."""
   raw = link.recv_bytes()
@@ -131,10 +123,13 @@ class Endpoint:
       threading.Thread(target=self._write, daemon=True, name='jaxsgd-wire-writer').start()
 
   def send(self, message) -> None:
-    if self._outbox is None:
-      send(self.link, self.lock, message)
-    else:
+    if self._outbox is not None:
       self._outbox.put(frames(message))
+      return
+    written = frames(message)
+    with self.lock:  # whole: the lane's threads share its connection to the driver
+      for frame in written:
+        self.link.send_bytes(frame)
 
   def _write(self) -> None:
     while True:
