@@ -263,6 +263,12 @@ class StepCounter:
       self.claimed += 1
       return True
 
+  def release(self) -> None:
+    """Gives back a claimed step that will never be committed (the lane applying it was
+    lost with the update), so that another update takes it."""
+    with self._lock:
+      self.claimed -= 1
+
   @property
   def done(self) -> bool:
     return self.applied >= self.steps

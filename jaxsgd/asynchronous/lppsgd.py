@@ -401,7 +401,7 @@ class LppSession:
         f'replica {d}', self.home(d), self._updater, LoopState(d=d, lost=[])
       )
       if self.settings.devices > 1:  # healed from a live peer if its lane is lost
-        updater.on_rejoin = functools.partial(self._heal, d)
+        updater.on_rejoin = functools.partial(self._heal, d, updater)
         updater.on_lost = functools.partial(common.lost_for_good, 'lppsgd', updater.name)
       workers.append(updater)
     if self.settings.devices > 1:
@@ -551,12 +551,16 @@ class LppSession:
         yield Send(self.rounds[d], snapshot, batch=s.step)
         s.due = False
 
-  def _heal(self, d: int, reason: str) -> LoopState:
+  def _heal(self, d: int, updater: Process, reason: str) -> LoopState:
     """Replica d's lane was replaced (elastic): the replica starts again from a live
     peer's parameters and optimizer state (as a lost replica is healed from a live peer);
     the requests its lost lane took with it are answered as lost (their workers go on to
-    their next batch); its averaging round, if one was in flight, is void."""
+    their next batch), and a step claimed for an update lost with it is given back; its
+    averaging round, if one was in flight, is void."""
     del reason
+    lost_update = updater.state
+    if lost_update.phase == 'update' and lost_update.claimed and lost_update.step is None:
+      self.steps.release()
     peers = [e for e in sorted(self.active) if e != d]
     if not peers:
       raise common.WorkersFailedError(

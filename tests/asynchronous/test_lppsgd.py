@@ -1,6 +1,7 @@
 """LPP-SGD: sequential equivalence, Hogwild! replay with partitioned steps, averaging."""
 
 import math
+import types
 
 import chex
 import jax
@@ -13,6 +14,7 @@ from async_helpers import UNIT, batches, executor, log_for, pipeline, run_lpp, s
 from jaxsgd.algorithms import lppsgd as algorithms_lppsgd
 from jaxsgd.asynchronous import common, lppsgd
 from jaxsgd.pipeline.session import sequential_roles
+from jaxsgd.scheduler.core import LoopState
 
 
 def test_one_device_one_worker_equals_sequential_sgd_bit_for_bit():
@@ -294,6 +296,54 @@ def test_a_replica_joins_one_averaging_round_at_a_time():
   assert session.averaged_rounds == 2
 
 
+def _elastic_session(pipe, steps: common.StepCounter) -> lppsgd.LppSession:
+  """Two replicas of two workers each, on lanes of their own (`replica_lanes`)."""
+  settings = lppsgd.LppSettings(devices=2, workers_per_device=2, replica_lanes=True)
+  variables = pipe.initial_variables(0, sequential_roles(1)[0])
+  return lppsgd.LppSession(
+    pipe,
+    settings,
+    variables,
+    pipe.tx.init(variables['params']),
+    [batches(seed=m) for m in range(4)],
+    [jax.devices()[0]] * 2,
+    steps,
+    log_for([f'worker {m}' for m in range(4)], None, executor()),
+  )
+
+
+def _updater_at(phase: str, **fields):
+  """A replica's updater process as `_heal` sees it: its state at `phase`."""
+  state = LoopState(d=1, lost=[], **fields)
+  state.phase = phase
+  return types.SimpleNamespace(state=state)
+
+
+@pytest.mark.parametrize(
+  'phase, fields, claimed_after',
+  [
+    ('update', dict(claimed=True, step=None), 2),  # lost with its update: given back
+    ('update', dict(claimed=True, step=3), 3),  # committed before the lane died: kept
+    ('answer', dict(claimed=True, step=3), 3),
+    ('update', dict(claimed=False, step=None), 3),  # no step was left to claim
+    ('get', dict(), 3),
+  ],
+)
+def test_a_healed_replica_gives_back_the_step_claimed_for_an_update_its_lane_lost(
+  phase, fields, claimed_after
+):
+  """A step the replica's updater claimed for an update still running in its lane when
+  the lane was lost is never committed: `_heal` gives it back, so that the run still
+  applies all its steps (one kept took the run to `train_steps - 1` and it stopped as
+  failed). A step already committed, or none claimed, is left alone."""
+  steps = common.StepCounter(10)
+  session = _elastic_session(pipeline(), steps)
+  for _ in range(3):
+    steps.claim()
+  session._heal(1, _updater_at(phase, **fields), 'lost')  # pylint: disable=protected-access
+  assert steps.claimed == claimed_after
+
+
 def test_a_lost_replica_is_healed_from_a_live_peer():
   """Elastic workers (`replica_lanes`): when replica 1's lane is replaced, `_heal` gives
   replica 1 replica 0's parameters and optimizer state (a new version, no staleness
@@ -301,26 +351,14 @@ def test_a_lost_replica_is_healed_from_a_live_peer():
   round is no longer in flight, and the requests its lost lane held — those of its own
   workers 2 and 3, not worker 0's — are answered as lost by its restarted updater."""
   pipe = pipeline(tx='adam')
-  settings = lppsgd.LppSettings(devices=2, workers_per_device=2, replica_lanes=True)
-  variables = pipe.initial_variables(0, sequential_roles(1)[0])
-  ex = executor()
-  session = lppsgd.LppSession(
-    pipe,
-    settings,
-    variables,
-    pipe.tx.init(variables['params']),
-    [batches(seed=m) for m in range(4)],
-    [jax.devices()[0]] * 2,
-    common.StepCounter(10),
-    log_for([f'worker {m}' for m in range(4)], None, ex),
-  )
+  session = _elastic_session(pipe, common.StepCounter(10))
   peer = session.replicas[0].read().value
   moved = jax.tree.map(lambda x: x + 1.0, peer.params)
   session.replicas[0].store.write(peer._replace(params=moved))  # the peer has moved on
   session.outstanding = {2: 5, 0: 3, 3: 7}
   session.in_flight[1] = True
   before = session.replicas[1].read().version
-  state = session._heal(1, 'lost')  # pylint: disable=protected-access
+  state = session._heal(1, _updater_at('get'), 'lost')  # pylint: disable=protected-access
   healed = session.replicas[1].read()
   chex.assert_trees_all_equal(healed.value, session.replicas[0].read().value)
   assert healed.version == before + 1 and len(session.replicas[1].store.staleness()) == 0

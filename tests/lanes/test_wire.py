@@ -17,20 +17,21 @@ def _echo_through(listener, where, background: bool):
   """Sends two messages to `listener` at `where` and returns what the other end read."""
   got = []
 
-  def serve():
-    end = wire.Endpoint(listener.accept())
-    got.extend([end.receive(), end.receive(), end.receive()])
-    end.send(('bye',))
+  served = threading.Event()
 
-  server = threading.Thread(target=serve)
-  server.start()
+  def serve(end, hello):
+    got.extend([hello, end.receive(), end.receive()])
+    end.send(('bye',))
+    served.set()
+
+  threading.Thread(target=wire.accept_forever, args=(listener, KEY, serve), daemon=True).start()
   batch = np.arange(300_000, dtype=np.float32).reshape(600, 500)  # 1.2 MB: a frame of its own
   small = np.arange(10, dtype=np.int8)
   client = wire.connect(where, KEY, ('driver',), background=background)
   client.send(('run', 7, (batch, small, 'x')))
   client.send(('count', 8, ()))
   assert client.receive() == ('bye',)  # (also: the background writer sent both, in order)
-  server.join()
+  assert served.wait(5)
   client.close()
   return got, batch, small
 
@@ -46,7 +47,7 @@ def _check(got, batch, small):
 
 @pytest.mark.parametrize('kind', ['tcp', 'unix, written by a background thread'])
 def test_a_message_with_a_large_array_crosses_a_socket_whole_and_in_order(kind):
-  remote, local = wire.listen('127.0.0.1', KEY)
+  remote, local = wire.listen('127.0.0.1')
   listener = remote if kind == 'tcp' else local
   try:
     _check(*_echo_through(listener, listener.address, background=kind != 'tcp'))
@@ -91,7 +92,7 @@ def test_a_lane_listener_holds_many_connections_waiting_to_be_accepted():
   on it was lost, and a run hung). Ten raw connections, none accepted yet, all get in."""
   import socket
 
-  remote, local = wire.listen('127.0.0.1', KEY)
+  remote, local = wire.listen('127.0.0.1')
   ends = []
   try:
     for _ in range(10):
@@ -103,5 +104,50 @@ def test_a_lane_listener_holds_many_connections_waiting_to_be_accepted():
   finally:
     for end in ends:
       end.close()
+    remote.close()
+    local.close()
+
+
+@pytest.mark.parametrize('kind', ['tcp', 'unix'])
+def test_a_peer_that_dies_in_the_handshake_does_not_stop_the_lane_accepting(kind):
+  """A lane killed while it connected to another closed its socket in the middle of the
+  handshake; when the accepting thread did the handshake, that ended the thread and
+  every later connection waited forever (a run hung). Here two peers die at once (one
+  before it says a word, one after a wrong answer), a third brings the wrong key; then a
+  real peer connects, within 5 s, and its hello is read."""
+  import socket
+
+  remote, local = wire.listen('127.0.0.1')
+  listener = remote if kind == 'tcp' else local
+  family = socket.AF_INET if kind == 'tcp' else socket.AF_UNIX
+  heard = []
+  handled = threading.Event()
+
+  def handle(end, hello):
+    heard.append(hello)
+    handled.set()
+
+  threading.Thread(target=wire.accept_forever, args=(listener, KEY, handle), daemon=True).start()
+  try:
+    silent = socket.socket(family, socket.SOCK_STREAM)
+    silent.connect(listener.address)
+    silent.close()
+    rude = socket.socket(family, socket.SOCK_STREAM)
+    rude.connect(listener.address)
+    rude.sendall(b'\x00\x00\x00\x05hello')
+    rude.close()
+    with pytest.raises(Exception):
+      wire.connect(listener.address, b'x' * 16, ('lane', 'wrong key'))
+    connected = []
+    peer = threading.Thread(
+      target=lambda: connected.append(wire.connect(listener.address, KEY, ('lane', 'real'))),
+      daemon=True,
+    )
+    peer.start()
+    peer.join(5)
+    assert connected, 'the handshake of a real peer never came'
+    assert handled.wait(5) and heard == [('lane', 'real')]
+    connected[0].close()
+  finally:
     remote.close()
     local.close()

@@ -265,14 +265,15 @@ def test_pdasgd_replaces_lost_forward_and_backward_workers(head, data_dir, tmp_p
 
 def test_lppsgd_replaces_lost_workers_and_heals_lost_replicas(head, data_dir, tmp_path):
   """LPP-SGD, `tolerate_lost_workers=True`, 3 replicas of 2 workers, each replica on a lane
-  of its own: worker 0.0 SIGKILLed mid-run, and replica 1's lane killed in its 20th
-  update (again in each new lane's 20th). The worker is replaced and rejoins; the replica
-  is healed from a live peer (a worker whose task was taking in the lost replica's
-  parameters fails and is replaced too). Every step is applied
+  of its own: worker 0.0 SIGKILLed mid-run, and replica 1's lane killed in its 8th update
+  (again in each new lane's 8th: the first loss comes before the first averaging round
+  has ended, often while a worker is still connecting to the replica). The worker is
+  replaced and rejoins; the replica is healed from a live peer (a worker whose task was
+  taking in the lost replica's parameters fails and is replaced too). Every step is applied
   exactly once (the workers' updates add up to the steps), the replicas are still
   averaged, and no lane process is left."""
   summary = _survives(
-    head, data_dir, tmp_path, 'lppsgd.py:smoke', 'replica1:update:20:kill', 'worker0.0'
+    head, data_dir, tmp_path, 'lppsgd.py:smoke', 'replica1:update:8:kill', 'worker0.0'
   )
   lost = summary['lost_lanes']
   assert {'worker0.0', 'replica1'} <= {x['lane'] for x in lost}, lost

@@ -413,7 +413,7 @@ class LaneRuntime:
     driver's calls in the order sent (`_ORDERED`), one exports values (`_EXPORTS`).
     Returns the address."""
     self.host = ray.util.get_node_ip_address()
-    remote, local = wire.listen(self.host, authkey)
+    remote, local = wire.listen(self.host)
     self.authkey = authkey
     self.calls, self.exports = queue.SimpleQueue(), queue.SimpleQueue()
     self.driver: wire.Endpoint | None = None
@@ -421,21 +421,19 @@ class LaneRuntime:
     for target in (self._run_calls, self._run_exports):
       threading.Thread(target=target, daemon=True, name=f'lane-{target.__name__}').start()
     for listener in (remote, local):
-      accept = functools.partial(self._accept, listener)
+      accept = functools.partial(wire.accept_forever, listener, authkey, self._connected)
       threading.Thread(target=accept, daemon=True, name='lane-accept').start()
     # Its TCP address names the lane (to other lanes, in `dead` notices).
     return {'remote': remote.address, 'local': local.address, 'host': self.host}
 
-  def _accept(self, listener) -> None:
-    while True:
-      endpoint = wire.Endpoint(listener.accept())
-      who = endpoint.receive()
-      if who[0] == 'driver':
-        self.driver = endpoint
-        reader = functools.partial(self._read_driver, endpoint)
-      else:  # ('lane', its TCP address)
-        reader = functools.partial(self._read_lane, endpoint, tuple(who[1]))
-      threading.Thread(target=reader, daemon=True, name='lane-reader').start()
+  def _connected(self, endpoint: wire.Endpoint, hello) -> None:
+    """Reads a new connection (`wire.accept_forever`): the driver's calls, or the values
+    of the lane whose address its hello names."""
+    if hello[0] == 'driver':
+      self.driver = endpoint
+      self._read_driver(endpoint)
+    else:  # ('lane', its TCP address)
+      self._read_lane(endpoint, tuple(hello[1]))
 
   def _read_driver(self, endpoint: wire.Endpoint) -> None:
     """Hands each call to the thread that runs it; exits the process once the driver's

@@ -32,6 +32,8 @@ Frames: a message is one pickle (protocol 5) whose large buffers (numpy arrays o
 into their own memory, never copied into the pickle.
 """
 
+import errno
+import functools
 import os
 import pickle
 import queue
@@ -173,16 +175,48 @@ def _tune(link: connection.Connection) -> None:
 SOCKET_BUFFER = 8 << 20  # bytes asked for each socket's send and receive buffers
 
 
-def listen(host: str, authkey: bytes) -> tuple[connection.Listener, connection.Listener]:
+def listen(host: str) -> tuple[connection.Listener, connection.Listener]:
   """A lane's two listeners: TCP on `host` (any port), for processes on other hosts, and
   a Unix socket (Linux's abstract namespace: no file, gone with the process) for those
   on this one: a write on a TCP socket over the loopback runs the receiving side's
   network stack in the sender's system call, most of what sending a task cost the
-  driver."""
-  remote = connection.Listener((host, 0), backlog=BACKLOG, authkey=authkey)
+  driver. Their connections are authenticated by `accept_forever`, not by the listener."""
+  remote = connection.Listener((host, 0), backlog=BACKLOG)
   name = f'\0jaxsgd-lane-{os.getpid()}-{secrets.token_hex(8)}'
-  local = connection.Listener(name, family='AF_UNIX', backlog=BACKLOG, authkey=authkey)
+  local = connection.Listener(name, family='AF_UNIX', backlog=BACKLOG)
   return remote, local
+
+
+def accept_forever(listener: connection.Listener, authkey: bytes, handle) -> None:
+  """Accepts `listener`'s connections until it closes: each one is authenticated, and its
+  first message read, in a thread of its own, which then runs `handle(endpoint, hello)`.
+
+  Not in the accepting thread: a peer that dies in the middle of the handshake (a lane
+  killed while it connected) raised there and ended it, and every later connection to
+  that lane then waited for a handshake that never came (a run hung). A connection that
+  fails the handshake is closed and forgotten."""
+  while True:
+    try:
+      link = listener.accept()
+    except OSError as error:
+      if error.errno in (None, errno.EBADF, errno.EINVAL):  # the listener was closed
+        return
+      time.sleep(0.05)  # (out of file descriptors, say: the next try may get one)
+      continue
+    greet = functools.partial(_greet, link, authkey, handle)
+    threading.Thread(target=greet, daemon=True, name='jaxsgd-wire-greeter').start()
+
+
+def _greet(link: connection.Connection, authkey: bytes, handle) -> None:
+  try:
+    connection.deliver_challenge(link, authkey)
+    connection.answer_challenge(link, authkey)
+    endpoint = Endpoint(link)
+    hello = endpoint.receive()
+  except (OSError, EOFError, connection.AuthenticationError):
+    link.close()
+    return
+  handle(endpoint, hello)
 
 
 # Connections a lane's listener holds while it accepts one: the driver and every other lane
