@@ -1,11 +1,14 @@
 """Data: shapes, determinism, worker streams, the tfds paths, and refused inputs."""
 
+import hashlib
+
 from etils import epath
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from jaxsgd import data
+from jaxsgd.data import builders
 
 
 @pytest.fixture(scope='module')
@@ -142,3 +145,25 @@ def test_a_prepared_tfds_dataset_is_read_from_the_data_dir(tmp_path):
   means = ds.train['image'].reshape(12, -1).mean(axis=1)
   order = np.argsort(means)
   assert np.all(np.diff(means[order]) > 0)
+
+
+def test_pydoc_bytes_is_next_byte_windows_of_the_recorded_text(data_dir):
+  ds = data.load('pydoc_bytes/32', data_dir)
+  text = builders.pydoc_text()
+  assert ds.metadata['sha256'] == hashlib.sha256(text).hexdigest()
+  assert ds.metadata['num_bytes'] == len(text)
+  assert (ds.input_shape, ds.num_classes) == ((32,), 256)
+  assert ds.train['image'].dtype == np.float32 and ds.train['label'].dtype == np.int32
+  # The label of a position is the next position's input: next-byte prediction.
+  np.testing.assert_array_equal(ds.train['image'][:, 1:], ds.train['label'][:, :-1])
+  # The split by hand: 8,192-byte blocks, every 10th is test; 33-byte windows at stride 32.
+  blocks = [text[i : i + 8192] for i in range(0, len(text), 8192)]
+  for split, chosen in (
+    (ds.train, [b for i, b in enumerate(blocks) if i % 10 != 9]),
+    (ds.test, blocks[9::10]),
+  ):
+    windows = [b[32 * j : 32 * j + 33] for b in chosen for j in range((len(b) - 1) // 32)]
+    tokens = np.concatenate([split['image'][:, :1], split['label']], axis=1).astype(np.uint8)
+    assert sorted(map(bytes, tokens)) == sorted(windows)
+  batch = next(ds.train_batches(8, seed=0))
+  assert batch['image'].shape == (8, 32) and batch['label'].shape == (8, 32)

@@ -26,6 +26,7 @@ Full size (`ddg.py:full`, GPUs, tfds cifar10 prepared): ResNet-56, CIFAR-10, SGD
 --config.stages=2|3|4. Paper (Huo et al. 2018), best test error %, K = 2, BP / DDG:
 CIFAR-10 ResNet-56 6.97 / 6.89, ResNet-110 6.41 / 6.59. Not run here (no GPU).
 CPU-size comparison: `python -m experiments.compare --suite=ddg` (experiments/results/ddg).
+Language model: `ddg.py:lm` / `:lm_smoke` (default.py's `lm`), K via --config.stages=2|3|4.
 """
 
 import ml_collections
@@ -38,7 +39,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   config.algorithm = default.algorithm('ddg')
   config.stages = 4
   config.clock = 'virtual'
-  return default.apply_variants(config, variant, {'smoke': default.smoke, 'full': full})
+  return default.apply_variants(
+    config, variant, {'smoke': default.smoke, 'full': full, **default.LM_VARIANTS}
+  )
 
 
 def full(config: ml_collections.ConfigDict) -> None:

@@ -20,6 +20,7 @@ Full size (`local.py:full`, GPUs, tfds cifar10 prepared): CIFAR-10 ResNet-56, SG
 step schedule, 160 epochs, K = 4, real clock. Paper (Laskin et al. 2020): local methods
 trade some accuracy at low compute for parallelism; overlapping beats greedy. Not run here.
 CPU-size comparison: `python -m experiments.compare --suite=local` (experiments/results/local).
+Language model: `local.py:lm` / `:lm_smoke` (per-position auxiliary heads: LayerNorm + linear).
 """
 
 import ml_collections
@@ -35,5 +36,9 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
   return default.apply_variants(
     config,
     variant,
-    {'smoke': default.smoke, 'full': lambda c: default.full_size(c, model='resnet56')},
+    {
+      'smoke': default.smoke,
+      'full': lambda c: default.full_size(c, model='resnet56'),
+      **default.LM_VARIANTS,
+    },
   )  # One block group per device.

@@ -1,11 +1,14 @@
 """Offline datasets registered as tfds builders of jaxsgd's own.
 
-Both are prepared on first use into the tfds data_dir, with no network:
+All are prepared on first use into the tfds data_dir, with no network:
 
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1,797 images).
 * ``mnist1d``: the MNIST-1D benchmark (Greydanus 2020), generated locally by the
   ``mnist1d`` package's generator. Configs ``mnist1d/50k`` (default: 40,000 train,
   10,000 test) and ``mnist1d/5k`` (the original size: 4,000 train, 1,000 test).
+* ``pydoc_bytes``: CPython's English documentation text (``pydoc_data.topics``) as
+  UTF-8 bytes in windows for language models. Configs ``pydoc_bytes/128`` (default),
+  ``/64`` and ``/32``: the window length.
 
 Images are stored as float32 ``Tensor`` features (PNG ``Image`` features need
 TensorFlow to encode) with the array_record file format, so reading them needs
@@ -118,3 +121,108 @@ def _generate_mnist1d(num_samples: int) -> dict[str, np.ndarray]:
     return mnist1d_data.make_dataset(args)
   finally:
     np.random.set_state(saved_state)
+
+
+# --- pydoc_bytes: a language-modelling corpus that ships with CPython ------------------------
+_TEXT_BLOCK_BYTES = 8192  # The split's unit: every 10th block of the text is test.
+_TEXT_TEST_EVERY = 10
+BYTE_VOCAB = 256
+
+
+class PydocBytesConfig(tfds.core.BuilderConfig):
+  """A window length of `pydoc_bytes`: examples of `sequence_length + 1` bytes."""
+
+  def __init__(self, *, sequence_length: int, **kwargs):
+    super().__init__(**kwargs)
+    self.sequence_length = sequence_length
+
+
+class PydocBytes(tfds.core.GeneratorBasedBuilder):
+  """CPython's own English documentation (`pydoc_data.topics`), as bytes, for language models.
+
+  Source: the `topics` dict of the `pydoc_data` package of the standard library (the text
+  `help('with')` prints; ~466 kB of English and Python grammar, 79 topics in CPython
+  3.11). It ships with every CPython, so preparing it downloads nothing; its content
+  varies with the Python release, so the dataset info records the interpreter's version,
+  the text's byte count and its SHA-256 (`dataset_info.metadata`).
+
+  Tokens are UTF-8 bytes (vocabulary 256): byte-level, not character-level, so that the
+  vocabulary, and with it the model's shape, is the same on every Python release and
+  needs no table built from the text (~107 distinct bytes occur; the rest are never
+  targets). Text: the topics in sorted-name order, joined by newlines.
+
+  Split: the text is cut into blocks of 8,192 bytes; every 10th block (blocks 9, 19, ...)
+  is test, the rest train (~9 % of the bytes test), so both splits sample the whole
+  document and no window crosses between them. Examples: windows of
+  `sequence_length + 1` bytes at stride `sequence_length` inside each block (so every
+  byte but a block's first is a target once); the pipeline serves `tokens[:-1]` as the
+  input and `tokens[1:]` as the per-position labels.
+  """
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Initial release.'}
+  BUILDER_CONFIGS = [
+    PydocBytesConfig(name=str(n), sequence_length=n, description=f'Windows of {n} + 1 bytes.')
+    for n in (128, 64, 32)
+  ]
+
+  def _info(self):
+    length = self.builder_config.sequence_length + 1
+    return self.dataset_info_from_configs(
+      description='The English documentation text shipped in CPython (pydoc_data.topics), '
+      'UTF-8 bytes in fixed windows.',
+      features=tfds.features.FeaturesDict(
+        {
+          'tokens': tfds.features.Sequence(
+            tfds.features.ClassLabel(num_classes=BYTE_VOCAB), length=length
+          )
+        }
+      ),
+      homepage='https://github.com/python/cpython/tree/main/Lib/pydoc_data',
+      metadata=tfds.core.MetadataDict(),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # Nothing to download: the text ships with CPython.
+    text = pydoc_text()
+    self.info.metadata.update(text_provenance(text))
+    blocks = [text[i : i + _TEXT_BLOCK_BYTES] for i in range(0, len(text), _TEXT_BLOCK_BYTES)]
+    test = [b for i, b in enumerate(blocks) if i % _TEXT_TEST_EVERY == _TEXT_TEST_EVERY - 1]
+    train = [b for i, b in enumerate(blocks) if i % _TEXT_TEST_EVERY != _TEXT_TEST_EVERY - 1]
+    return {'train': self._generate_examples(train), 'test': self._generate_examples(test)}
+
+  def _generate_examples(self, blocks):
+    n = self.builder_config.sequence_length
+    key = 0
+    for block in blocks:
+      for window in byte_windows(block, n):
+        yield key, {'tokens': window}
+        key += 1
+
+
+def pydoc_text() -> bytes:
+  """The `pydoc_bytes` corpus: `pydoc_data.topics` in sorted-name order, UTF-8."""
+  from pydoc_data import topics  # pylint: disable=g-import-not-at-top
+
+  return '\n'.join(topics.topics[name] for name in sorted(topics.topics)).encode('utf-8')
+
+
+def text_provenance(text: bytes) -> dict:
+  """What the dataset info records of `text`: its source, size and SHA-256."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import platform  # pylint: disable=g-import-not-at-top
+
+  return {
+    'source': f'pydoc_data.topics of CPython {platform.python_version()}',
+    'num_bytes': len(text),
+    'sha256': hashlib.sha256(text).hexdigest(),
+    'split': f'blocks of {_TEXT_BLOCK_BYTES} bytes; every {_TEXT_TEST_EVERY}th is test',
+  }
+
+
+def byte_windows(block: bytes, sequence_length: int) -> np.ndarray:
+  """`[N, sequence_length + 1]` int64 windows of `block` at stride `sequence_length`."""
+  tokens = np.frombuffer(block, np.uint8).astype(np.int64)
+  count = (len(tokens) - 1) // sequence_length
+  starts = np.arange(count) * sequence_length
+  return tokens[starts[:, None] + np.arange(sequence_length + 1)]

@@ -4,6 +4,12 @@ Every dataset, offline or from the user's tfds data_dir, is read with
 `tfds.data_source` (array_record; no TensorFlow needed) into memory once, then
 standardized with the training set's per-channel mean and standard deviation.
 Batches are numpy dicts `{'image': float32[B, ...], 'label': int32[B]}`.
+
+A text dataset (a `tokens` feature of `T + 1` token ids, e.g. `pydoc_bytes`) is served
+in the same two keys for next-token prediction: `image` = `tokens[:, :-1]` as float32
+(exact integers: every model and executor takes float32 inputs; the embedding casts
+them back), `label` = `tokens[:, 1:]` as int32 `[B, T]`, one label per position; it is
+not standardized, and `num_classes` is the vocabulary size.
 """
 
 import dataclasses
@@ -17,7 +23,16 @@ import tensorflow_datasets as tfds
 from jaxsgd.data import builders
 
 # Generated or bundled locally, prepared on first use.
-OFFLINE_DATASETS = ('digits', 'mnist1d', 'mnist1d/50k', 'mnist1d/5k')
+OFFLINE_DATASETS = (
+  'digits',
+  'mnist1d',
+  'mnist1d/50k',
+  'mnist1d/5k',
+  'pydoc_bytes',
+  'pydoc_bytes/128',
+  'pydoc_bytes/64',
+  'pydoc_bytes/32',
+)
 # Real datasets read from the user's tfds data_dir (prepared beforehand).
 TFDS_DATASETS = ('mnist', 'fashion_mnist', 'cifar10', 'cifar100')
 KNOWN_DATASETS = OFFLINE_DATASETS + TFDS_DATASETS
@@ -37,6 +52,8 @@ class Dataset:
   train: dict[str, np.ndarray]
   test: dict[str, np.ndarray]
   num_classes: int
+  # What the builder recorded of its source (`pydoc_bytes`: source, num_bytes, sha256).
+  metadata: dict = dataclasses.field(default_factory=dict, compare=False)
 
   @property
   def input_shape(self) -> tuple[int, ...]:
@@ -185,18 +202,28 @@ def _load_cached(name: str, data_dir: str) -> Dataset:
       raise
     raise FileNotFoundError(_not_prepared_message(name, data_dir)) from e
   train, test = (_read_all(source) for source in sources)
-  num_classes = sources[0].dataset_info.features['label'].num_classes
+  info = sources[0].dataset_info
+  metadata = dict(info.metadata or {})
+  if 'tokens' in info.features:
+    return Dataset(name, train, test, info.features['tokens'].feature.num_classes, metadata)
   train, test = _standardize(train, test)
-  return Dataset(name=name, train=train, test=test, num_classes=num_classes)
+  return Dataset(name, train, test, info.features['label'].num_classes, metadata)
 
 
 def _read_all(source) -> dict[str, np.ndarray]:
   examples = _read_examples(source)
+  if examples and 'tokens' in examples[0]:
+    return _next_token_pairs(np.asarray([ex['tokens'] for ex in examples], np.int32))
   images = np.stack([np.asarray(ex['image']) for ex in examples])
   labels = np.asarray([ex['label'] for ex in examples], np.int32)
   if images.dtype == np.uint8:
     images = images.astype(np.float32) / 255.0
   return {'image': images.astype(np.float32), 'label': labels}
+
+
+def _next_token_pairs(tokens_NxT1: np.ndarray) -> dict[str, np.ndarray]:
+  """Next-token prediction: input `tokens[:, :-1]` (float32), labels `tokens[:, 1:]`."""
+  return {'image': tokens_NxT1[:, :-1].astype(np.float32), 'label': tokens_NxT1[:, 1:]}
 
 
 def _read_examples(source) -> list:

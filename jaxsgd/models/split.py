@@ -14,7 +14,9 @@ are exactly a subset of the unsplit model's variables:
     # y == model.full().apply(full, x)        (bit for bit)
 
 A stage may carry an auxiliary head (for local losses): global average pooling +
-linear for conv features, linear for flat features, stored as `aux_{k}`.
+linear for conv features, linear for flat features, stored as `aux_{k}`. A model that
+predicts at every position (a language model, `per_token`) gets per-position heads
+instead: LayerNorm + linear on each position's features, logits `[B, T, classes]`.
 """
 
 import dataclasses
@@ -29,12 +31,19 @@ import numpy as np
 
 
 class AuxHead(nn.Module):
-  """Local classifier: global-average-pool over spatial axes, then linear."""
+  """Local classifier: global-average-pool over spatial axes, then linear.
+
+  `per_token`: no pooling; LayerNorm, then linear at every position (a language model's
+  residual stream is not normalized, and its labels are per position).
+  """
 
   num_classes: int
+  per_token: bool = False
 
   @nn.compact
   def __call__(self, h_BxF):
+    if self.per_token:
+      return nn.Dense(self.num_classes)(nn.LayerNorm()(h_BxF))
     if h_BxF.ndim > 2:
       h_BxF = h_BxF.mean(axis=tuple(range(1, h_BxF.ndim - 1)))
     return nn.Dense(self.num_classes)(h_BxF)
@@ -47,15 +56,28 @@ class Stage(nn.Module):
   first_layer: int = 0
   index: int = 0
   aux_classes: int = 0  # > 0 adds an auxiliary head `aux_{index}`.
+  aux_per_token: bool = False  # The head predicts at every position (`AuxHead`).
 
   def setup(self):
     # Global names make stage variables a subset of the full model's variables.
-    self.blocks = [
-      layer.clone(parent=self, name=f'layer_{self.first_layer + i}')
-      for i, layer in enumerate(self.layers)
-    ]
+    blocks = []
+    for i, layer in enumerate(self.layers):
+      shared = {'embedding': self._tied_embedding(blocks)} if _is_tied(layer) else {}
+      blocks.append(layer.clone(parent=self, name=f'layer_{self.first_layer + i}', **shared))
+    self.blocks = blocks
     if self.aux_classes:
-      self.aux_head = AuxHead(self.aux_classes, name=f'aux_{self.index}')
+      self.aux_head = AuxHead(
+        self.aux_classes, per_token=self.aux_per_token, name=f'aux_{self.index}'
+      )
+
+  def _tied_embedding(self, blocks):
+    """Layer 0, whose embedding matrix a tied head multiplies by (it must be here)."""
+    if self.first_layer != 0:
+      raise ValueError(
+        'stages: a tied output layer needs the embedding (layer 0) in its stage; '
+        'use stages=1 or model.tied_embeddings=False.'
+      )
+    return blocks[0]
 
   def __call__(self, x, train: bool = False):
     for block in self.blocks:
@@ -86,6 +108,8 @@ class StagedModel:
   num_classes: int
   # How to build it again (`zoo.ModelSpec`), e.g. inside a lane process; set by `get_model`.
   spec: Any = dataclasses.field(default=None, compare=False, repr=False)
+  # Outputs `[B, T, num_classes]`, one prediction per position (a language model).
+  per_token: bool = False
 
   @property
   def num_layers(self) -> int:
@@ -111,6 +135,12 @@ def check_num_stages(model: StagedModel, num_stages: int) -> None:
     raise ValueError(
       f'stages: {num_stages} stages asked for, but model {model.name!r} has only '
       f'{model.num_layers} layers to split; use 1 <= stages <= {model.num_layers}.'
+    )
+  if num_stages > 1 and any(_is_tied(layer) for layer in model.layers):
+    raise ValueError(
+      f'stages: model {model.name!r} ties its output layer to its embedding '
+      f'(model.tied_embeddings=True), so both must sit in one stage; use stages=1 or '
+      f'model.tied_embeddings=False (for {num_stages} stages).'
     )
 
 
@@ -141,6 +171,7 @@ def split(
       first_layer=start,
       index=k,
       aux_classes=model.num_classes if aux_heads and k < num_stages - 1 else 0,
+      aux_per_token=model.per_token,
     )
     for k, (start, end) in enumerate(bounds)
   )
@@ -216,12 +247,24 @@ def _layer_costs(model: StagedModel) -> tuple[float, ...]:
   variables = model.init(jax.random.key(0), batch_size=1)
   h = jnp.zeros((1,) + model.input_shape, jnp.float32)
   costs = []
-  for i in range(model.num_layers):
-    stage = Stage(model.layers[i : i + 1], first_layer=i)
+  for i, layer in enumerate(model.layers):
+    stage = Stage((layer,), first_layer=i)
     stage_vars = stage_variables(variables, stage)
+    if _is_tied(layer):  # Alone it has no embedding to read: priced untied, the same matmul.
+      stage = Stage((layer.clone(tied=False),), first_layer=i)
+      stage_vars = stage.init(jax.random.key(0), h, train=False)
     apply = jax.jit(functools.partial(stage.apply, train=False))
     analysis = apply.lower(stage_vars, h).cost_analysis() or {}
     costs.append(max(float(analysis.get('flops', 0.0)), 1.0))
     h = jax.eval_shape(apply, stage_vars, h)
     h = jnp.zeros(h.shape, h.dtype)
   return tuple(costs)
+
+
+def _is_tied(layer) -> bool:
+  """Whether `layer` reads another layer's parameters (a tied output layer).
+
+  Read from the dataclass fields: `getattr` of a missing attribute would run the
+  layer's `setup` under the stage and create its parameters there.
+  """
+  return any(f.name == 'tied' for f in dataclasses.fields(layer)) and bool(layer.tied)

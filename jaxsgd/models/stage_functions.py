@@ -26,7 +26,8 @@ from jaxsgd.models import Stage
 
 
 def cross_entropy(logits, labels):
-  """Mean softmax cross-entropy with integer labels."""
+  """Mean softmax cross-entropy with integer labels: per example, or per position of
+  `[B, T, V]` logits with `[B, T]` labels (nats per token)."""
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
@@ -148,13 +149,19 @@ def make_update(tx: optax.GradientTransformation) -> Callable:
 
 
 def make_eval_step(model_apply: Callable) -> Callable:
-  """Jitted `(variables, batch, mask) -> (loss_sum, correct_sum, count)` in eval mode."""
+  """Jitted `(variables, batch, mask) -> (loss_sum, correct_sum, count)` in eval mode.
+
+  With per-position labels (`[B, T]`, a language model) every position counts once:
+  `count` is tokens, so `loss_sum / count` is nats per token, `exp` of it perplexity.
+  """
 
   @jax.jit
   def eval_step(variables, batch, mask):
     logits = model_apply(variables, batch['image'], train=False)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
     correct = (jnp.argmax(logits, -1) == batch['label']).astype(jnp.float32)
+    # The mask is per example; broadcast it over the positions of each.
+    mask = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (losses.ndim - 1)), losses.shape)
     return (losses * mask).sum(), (correct * mask).sum(), mask.sum()
 
   return eval_step

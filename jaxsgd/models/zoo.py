@@ -1,4 +1,4 @@
-"""The model zoo: MLP, small CNN, CIFAR ResNet-20/56/110, ResNet-18."""
+"""The model zoo: MLP, small CNN, CIFAR ResNet-20/56/110, ResNet-18, a decoder-only transformer."""
 
 import dataclasses
 import difflib
@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxsgd.models import layers as L
+from jaxsgd.models import transformer as T
 from jaxsgd.models.split import StagedModel
 
 
@@ -65,6 +66,33 @@ def resnet18(input_shape, num_classes) -> StagedModel:
   return StagedModel('resnet18', tuple(units), tuple(input_shape), num_classes)
 
 
+def transformer(
+  input_shape,
+  num_classes,
+  width: int = 128,
+  blocks: int = 4,
+  heads: int = 4,
+  mlp_ratio: int = 4,
+  positions: str = 'learned',
+  tied_embeddings: bool = False,
+) -> StagedModel:
+  """A decoder-only, pre-norm transformer language model (GPT-2 shape; `transformer.py`).
+
+  Inputs are `[B, T]` token ids (`input_shape == (T,)`), outputs `[B, T, num_classes]`
+  next-token logits, `num_classes` the vocabulary. Layers: embedding, `blocks` decoder
+  blocks of `width` and `heads` heads, head; so `blocks + 2` layers to cut stages from.
+  `positions`: 'learned' (a table of T vectors) or 'rotary' (RoPE in every block).
+  `tied_embeddings`: the head reuses the embedding matrix (then only `stages=1`).
+  """
+  (length,) = input_shape
+  units = (T.TokenEmbedding(num_classes, width, length, learned_positions=positions == 'learned'),)
+  units += tuple(
+    T.DecoderBlock(heads, mlp_ratio, rotary=positions == 'rotary') for _ in range(blocks)
+  )
+  units += (T.LanguageModelHead(num_classes, tied=tied_embeddings),)
+  return StagedModel('transformer', units, tuple(input_shape), num_classes, per_token=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
   """What `get_model` was called with: hashable and picklable, so another process (a lane)
@@ -91,7 +119,7 @@ def _frozen(value):
   return value
 
 
-MODELS = ('mlp', 'cnn', 'resnet8', 'resnet20', 'resnet56', 'resnet110', 'resnet18')
+MODELS = ('mlp', 'cnn', 'resnet8', 'resnet20', 'resnet56', 'resnet110', 'resnet18', 'transformer')
 
 
 def get_model(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
@@ -119,6 +147,9 @@ def _build(name: str, input_shape, num_classes, **kwargs) -> StagedModel:
   if name == 'resnet18':
     _check_image(name, input_shape)
     return resnet18(input_shape, num_classes, **kwargs)
+  if name == 'transformer':
+    _check_tokens(name, input_shape)
+    return transformer(input_shape, num_classes, **kwargs)
   raise ValueError(f'model.name: unknown model {name!r}; allowed: {", ".join(MODELS)}.')
 
 
@@ -130,6 +161,7 @@ _BUILDERS = {
   'resnet56': cifar_resnet,
   'resnet110': cifar_resnet,
   'resnet18': resnet18,
+  'transformer': transformer,
 }
 _NOT_FIELDS = ('input_shape', 'num_classes', 'depth')  # Given by the dataset or the name.
 
@@ -144,7 +176,9 @@ def check_model_fields(name: str, kwargs: dict) -> None:
   """Refuses `config.model` fields model `name` does not take, or values it cannot build.
 
   Checked before the model is built: unknown fields (with the closest known one),
-  widths and channel counts (positive integers), `kernel` and `width` (>= 1).
+  widths and channel counts (positive integers), `kernel`, `width`, `blocks`, `heads`
+  and `mlp_ratio` (>= 1), the transformer's `positions` and `tied_embeddings`, and
+  that its heads divide its width (into an even size, for rotary positions).
   """
   allowed = model_fields(name)
   for key, value in kwargs.items():
@@ -165,9 +199,34 @@ def check_model_fields(name: str, kwargs: dict) -> None:
           f'model.{key}: a non-empty tuple of positive integers (one width '
           f'per layer) expected, got {value!r}.'
         )
-    elif key in ('kernel', 'width'):
+    elif key in ('kernel', 'width', 'blocks', 'heads', 'mlp_ratio'):
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f'model.{key}: must be a positive integer, got {value!r}.')
+    elif key == 'positions' and value not in T.POSITIONS:
+      raise ValueError(f'model.positions: {value!r}; allowed: {", ".join(T.POSITIONS)}.')
+    elif key == 'tied_embeddings' and not isinstance(value, bool):
+      raise ValueError(f'model.tied_embeddings: True or False, got {value!r}.')
+  if name == 'transformer':
+    _check_heads({**allowed, **kwargs})
+
+
+def _check_heads(fields: dict) -> None:
+  width, heads = fields['width'], fields['heads']
+  if width % heads:
+    raise ValueError(f'model.heads: {heads} heads do not divide model.width={width}.')
+  if fields['positions'] == 'rotary' and (width // heads) % 2:
+    raise ValueError(
+      f'model.heads: rotary positions rotate pairs of dimensions, so the head size '
+      f'(width / heads = {width // heads}) must be even.'
+    )
+
+
+def _check_tokens(name, input_shape):
+  if len(input_shape) != 1:
+    raise ValueError(
+      f'model.name: {name} needs token sequences of shape (T,); the dataset gives '
+      f'{tuple(input_shape)}. Use a text dataset (pydoc_bytes).'
+    )
 
 
 def _check_image(name, input_shape):
