@@ -121,6 +121,11 @@ def test_command_line_binary_with_overrides(data_dir, tmp_path):
   )
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'final test accuracy' in result.stdout
+  assert re.search(r'at step 30 \(\d+\.\d s wall\); results in ', result.stdout)
+  # Libraries' INFO lines (tfds describing the dataset, JAX looking for a TPU) stay off.
+  for chatter in ('dataset_info.py', 'dataset_builder.py', 'xla_bridge.py'):
+    assert chatter not in result.stderr, result.stderr[-2000:]
+  assert 'Training bp on digits' in result.stderr  # the run's own lines stay
   record = json.loads(open(tmp_path / 'metrics.jsonl').read().splitlines()[-1])
   assert record['step'] == 30
   assert json.load(open(tmp_path / 'summary.json'))['config']['dataset'] == 'digits'

@@ -93,6 +93,11 @@ def validate(config, model) -> Settings:
     num_lanes=1 + config.workers,
   )
   check_placed_lanes(shared, lane_names(shared.workers))
+  if dc and lambda0 == 0:
+    logging.warning(
+      'algorithm.lambda0=0: DC-ASGD without delay compensation (λ = 0) trains as asgd '
+      "does; leave lambda0 unset for the paper's (0.04, or 2 with adaptive=True)."
+    )
   server = ServerSettings(shared.workers, settings.staleness_lr, dc, lambda0, settings.adaptive)
   return dataclasses.replace(settings, lambda0=lambda0, server=server, shared=shared)
 

@@ -39,6 +39,7 @@ Clock: `real` measures wall time; `virtual` reports `sim_time` from
 """
 
 import dataclasses
+import logging
 
 import jax
 
@@ -151,6 +152,22 @@ def settings(config) -> Settings:
   )
 
 
+def _note_undelayed(period: int, delay: int) -> None:
+  """One warning where DaSGD's settings leave nothing delayed (allowed, but not DaSGD):
+  merging with keep_local, w ← w̄ + (w − s), an average taken at once (s = w) is w̄."""
+  if period == 1:
+    logging.warning(
+      'algorithm.period=1: DaSGD averaging after every step has no delay (delay < period '
+      'leaves 0) and trains as local_sgd with period 1; set period >= 2 and delay >= 1 for '
+      'a delayed average.'
+    )
+  elif delay == 0:
+    logging.warning(
+      'algorithm.delay=0: DaSGD without delay trains as local_sgd does; set delay >= 1 '
+      '(< period) for a delayed average.'
+    )
+
+
 def _fragments(name: str, s: Settings, period: int, delay: int) -> int:
   """`algorithm.fragments` of streaming_diloco (checked against period and delay), else 1."""
   if name != 'streaming_diloco':
@@ -239,6 +256,8 @@ def validate(config, model) -> Settings:
       f'(XLA_FLAGS=--xla_force_host_platform_device_count=N on CPU, or '
       f'more processes), or set algorithm.stacked=True.'
     )
+  if s.name == 'dasgd' and s.merge == 'keep_local':
+    _note_undelayed(s.period, s.delay)
   return s
 
 

@@ -61,6 +61,7 @@ References:
 """
 
 import dataclasses
+import logging
 
 from jaxsgd.algorithms import pipelined
 from jaxsgd.algorithms.settings import SharedSettings, derived, section
@@ -100,7 +101,13 @@ def validate(config, model) -> Settings:
       f'algorithm.variant: {settings.variant!r} is not a DDG variant; '
       f'allowed: {", ".join(VARIANTS)}.'
     )
-  return dataclasses.replace(settings, shared=pipelined.validate_pipeline(config, model))
+  shared = pipelined.validate_pipeline(config, model)
+  if shared.stages == 1:
+    logging.warning(
+      'stages=1: DDG with one stage has no stages to decouple and trains as backprop (bp) '
+      'does; set stages >= 2 (e.g. --config.stages=4) for DDG.'
+    )
+  return dataclasses.replace(settings, shared=shared)
 
 
 def train(run, settings: Settings) -> dict:

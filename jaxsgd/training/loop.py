@@ -11,6 +11,7 @@ from jaxsgd import compilation_cache
 from jaxsgd import data as data_lib
 from jaxsgd import models as models_lib
 from jaxsgd.algorithms.settings import number, refuse_unknown
+from jaxsgd.scheduler import hardware
 from jaxsgd.training import checkpoints
 from jaxsgd.training import limits
 from jaxsgd.training import workdir as workdir_lib
@@ -184,6 +185,7 @@ def train_and_evaluate(
       model.name,
       model.num_layers,
     )
+    _say_what_prices(settings.shared)
     run = Run(
       config,
       workdir,
@@ -194,6 +196,12 @@ def train_and_evaluate(
       checkpointer=checkpointer,
       resume=claim.resume if checkpointer is not None else None,
     )
+    if checkpointer is not None and claim.resume is not None and run.is_primary:
+      logging.info(
+        'resuming from step %d (the checkpoint in %s).',
+        claim.resume['step'],
+        checkpoints.directory(workdir),
+      )
   except BaseException:
     claim.release()
     if cluster is not None:
@@ -209,6 +217,28 @@ def train_and_evaluate(
     if cluster is not None:
       cluster.abandon()  # a cluster begun for lanes that never started
   return run.finish(extra)
+
+
+def _say_what_prices(shared) -> None:
+  """One line naming the hardware preset that prices the run's tasks (`cost.device`)."""
+  device = shared.cost.device
+  if device is None:
+    return
+  spec = hardware.preset(device)
+  lanes = (
+    f'every lane is a simulated {device}'
+    if shared.clock == 'virtual'
+    else f"every lane waits each task's {device} price (emulated)"
+  )
+  logging.info(
+    "cost: tasks priced by the %s preset (roofline of XLA's operation counts: %g TFLOP/s, "
+    '%g GB/s, %s); %s.',
+    device,
+    spec.peak_flops / 1e12,
+    spec.memory_bandwidth / 1e9,
+    spec.precision,
+    lanes,
+  )
 
 
 def _start_lane_cluster(settings):

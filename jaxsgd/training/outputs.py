@@ -1,8 +1,10 @@
 """What every scheduler run leaves behind: its trace, staleness plot and summary fields."""
 
+import dataclasses
 import logging
 import math
 import os
+import re
 
 import numpy as np
 
@@ -20,6 +22,7 @@ def write_outputs(
   epochs,
   title: str,
   extra: dict | None = None,
+  device: str | None = None,
 ) -> dict:
   """Writes `trace.json` and `staleness.png`; returns the run's summary fields.
 
@@ -33,7 +36,13 @@ def write_outputs(
     epochs: epochs of data consumed.
     title: the staleness plot's title.
     extra: more summary fields.
+    device: the hardware preset that priced the tasks (`cost.device`), if any: the lanes
+      are named by it (`stage 0 (h100)`), not by the device that ran them here.
   """
+  if device is not None:
+    timeline = dataclasses.replace(
+      timeline, lane_names=[priced_lane_name(n, device) for n in timeline.lane_names]
+    )
   files.write_json(os.path.join(workdir, 'trace.json'), timeline.chrome_trace(), indent=None)
   with files.atomic_path(os.path.join(workdir, 'staleness.png')) as path:
     plots.plot_staleness(staleness, path, title=title)
@@ -71,3 +80,13 @@ def write_outputs(
     summary['mean_staleness'],
   )
   return summary
+
+
+# A JAX device as a lane name shows it (`str(jax.Device)`): `cpu:0`, `cuda:1`.
+_DEVICE = re.compile(r'\b(?:cpu|cuda|gpu|rocm|tpu):\d+\b')
+
+
+def priced_lane_name(name: str, device: str) -> str:
+  """`name` with each device this machine ran it on as the preset `device` it was priced
+  as: `link stage 0 (cpu:0) → stage 1 (cpu:0)` → `link stage 0 (h100) → stage 1 (h100)`."""
+  return _DEVICE.sub(device, name)

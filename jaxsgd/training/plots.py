@@ -10,23 +10,46 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 
-def plot_curves(records: list[dict], path: str, title: str = '') -> None:
-  """Loss (train and test) and test accuracy against steps, side by side."""
+def plot_curves(
+  records: list[dict], path: str, title: str = '', target: float | None = None
+) -> None:
+  """`curves_figure(records, title, target)` saved as `path`."""
+  fig = curves_figure(records, title, target)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def curves_figure(records: list[dict], title: str = '', target: float | None = None):
+  """Loss (train and test) and test accuracy against steps, side by side; on the virtual
+  clock (every record has a `sim_time`), test accuracy against simulated time beside them.
+  `target` (a fraction, `config.target_accuracy`) is drawn on every accuracy panel."""
   steps = [r['step'] for r in records]
-  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.6))
+  accuracy = [100 * r['test_accuracy'] for r in records]
+  simulated = bool(records) and all('sim_time' in r for r in records)
+  fig, axes = plt.subplots(1, 3 if simulated else 2, figsize=(15 if simulated else 10, 3.6))
+  ax_loss, ax_acc = axes[:2]
   ax_loss.plot(steps, [r['train_loss'] for r in records], label='train')
   ax_loss.plot(steps, [r['test_loss'] for r in records], label='test')
   ax_loss.set(xlabel='step', ylabel='loss', yscale='log')
   ax_loss.legend()
-  ax_acc.plot(steps, [100 * r['test_accuracy'] for r in records], color='C2')
+  ax_acc.plot(steps, accuracy, color='C2')
   ax_acc.set(xlabel='step', ylabel='test accuracy (%)')
-  for ax in (ax_loss, ax_acc):
+  accuracy_axes = [ax_acc]
+  if simulated:
+    ax_sim = axes[2]
+    ax_sim.plot([r['sim_time'] for r in records], accuracy, color='C2')
+    ax_sim.set(xlabel='simulated time (s)', ylabel='test accuracy (%)')
+    accuracy_axes.append(ax_sim)
+  if target is not None:
+    for ax in accuracy_axes:
+      ax.axhline(100 * target, color='0.4', ls='--', lw=1, label=f'target {100 * target:g} %')
+      ax.legend(loc='lower right')
+  for ax in axes:
     ax.grid(alpha=0.3)
   if title:
     fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  return fig
 
 
 def plot_staleness(staleness_by_lane: dict[str, np.ndarray], path: str, title: str = '') -> None:

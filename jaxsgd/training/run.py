@@ -342,6 +342,7 @@ class Run:
             path,
             title=f'{self.config.algorithm.name} · {self.config.model.name}'
             f' · {self.config.dataset}',
+            target=self._target,
           )
     finally:
       self._lock.release()
@@ -375,7 +376,8 @@ class Run:
     title: str,
     extra: dict | None = None,
   ) -> dict:
-    """`trace.json` and `staleness.png` of a scheduler run; returns its summary fields."""
+    """`trace.json` and `staleness.png` of a scheduler run; returns its summary fields. A
+    run priced by a hardware preset (`cost.device`) names its lanes by the preset's device."""
     return outputs.write_outputs(
       self.workdir,
       timeline,
@@ -385,6 +387,7 @@ class Run:
       epochs=epochs,
       title=title,
       extra=extra,
+      device=(self.config.get('cost') or {}).get('device'),
     )
 
   def write_arrays(self, name: str, arrays: dict) -> None:
