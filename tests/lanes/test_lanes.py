@@ -391,6 +391,26 @@ def test_a_failed_copy_is_blamed_on_the_call_that_was_to_make_its_value(head):
     assert error.lane == 'x' and 'bad input of shape (3,)' in str(error), error
 
 
+def test_a_failure_blamed_on_another_lane_is_still_read_once_that_lane_is_dealt_with(head):
+  """A task that fails after an earlier task on another lane failed is blamed on that one
+  (`_error`: its failure is the likely cause). Its own failure must still be read: the
+  caller deals with the lane blamed (replaces it, say) and waits again. Taken with the
+  first error, it never was, and an elastic run that replaced the blamed lane waited for
+  this task for ever (every step done, the run never ended)."""
+  with LanePool(LanePlacement.spread(['x', 'y']), address=head.address, verbose=False) as lanes:
+    earlier = lanes.start('x', task('fail'), (np.zeros(3, np.float32),))
+    later = lanes.start('y', task('fail'), (np.zeros(2, np.float32),))
+    while not {earlier.key, later.key} <= set(lanes._replies):
+      lanes._hear(time.monotonic() + 10)
+    with pytest.raises(LaneError) as blamed:
+      lanes.wait_any([later])
+    assert blamed.value.lane == 'x' and 'shape (3,)' in str(blamed.value), blamed.value
+    lanes.replace('x')
+    with pytest.raises(LaneError) as own:
+      lanes.wait_any([later], timeout=10)  # (None after 10 s if its failure was lost)
+    assert own.value.lane == 'y' and 'shape (2,)' in str(own.value), own.value
+
+
 def _lane_processes(head) -> list[int]:
   return [p.pid for p in head.processes() if 'LaneRuntime' in ' '.join(p.cmdline())]
 

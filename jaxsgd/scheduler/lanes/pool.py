@@ -281,11 +281,20 @@ class LanePool:
       finished.started = finished.ended = time.time()
       finished.finish()
       return finished
-    self._unfinished.pop(finished.key, None)
-    _, kind, value = self._replies.pop(finished.key)
+    _, kind, value = self._replies[finished.key]
     if kind == 'err':
       self._check_moves_into(finished.lane)  # a copy it took in failed: that is the cause
-      raise self._error(finished.lane, value, finished.task, key=finished.key) from value
+      error = self._error(finished.lane, value, finished.task, key=finished.key)
+      if error.lane == finished.lane:
+        self._unfinished.pop(finished.key, None)
+        del self._replies[finished.key]
+      # Else the cause is another lane's (its death, or its earlier failure): this task's
+      # failure stays to be read once the caller has dealt with that lane. Taken with the
+      # first error, it was never read, and a run that tolerated the other lane's loss
+      # waited for this task for ever.
+      raise error from value
+    self._unfinished.pop(finished.key, None)
+    del self._replies[finished.key]
     outline, finished.entered, finished.started, finished.ended = value
     known = self._outlines.setdefault(finished.signature, outline)
     if known != outline:  # `early` handed out handles of another shape: never expected
