@@ -294,7 +294,7 @@ def test_bad_command_lines_are_one_line_with_status_2(data_dir, tmp_path, flags_
       'experiments/configs/default.py:smok',
       'error: --config=experiments/configs/default.py:'
       'smok: config variant \'smok\': allowed are "", '
-      '"smoke" (comma-separated).',
+      '"smoke", "lm", "lm_smoke" (comma-separated).',
     ),
   ],
 )
