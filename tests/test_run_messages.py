@@ -62,6 +62,16 @@ def test_a_preset_run_names_its_preset_and_labels_lanes_by_it(data_dir, tmp_path
   assert 's simulated); results in' in train_command.final_line(summary, str(tmp_path))
 
 
+def test_lane_names_of_every_form_take_the_presets_device():
+  from jaxsgd.training.outputs import priced_lane_name  # pylint: disable=g-import-not-at-top
+
+  assert priced_lane_name('worker 10 (cuda:1)', 'a100') == 'worker 10 (a100)'
+  assert priced_lane_name('stage 0 (stage0: cpu:0 on 192.0.2.2)', 'h100') == (
+    'stage 0 (stage0: h100 on 192.0.2.2)'  # an emulated lane on lane processes
+  )
+  assert priced_lane_name('server', 'h100') == 'server'
+
+
 # --- settings that make a method degenerate ------------------------------------------------------
 def _validate(config, data_dir):
   dataset = data_lib.load(config.dataset, data_dir)
