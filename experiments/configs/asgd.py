@@ -33,13 +33,23 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
 
 
 def variants(*, full_model: str) -> dict:
-  """`smoke` (a small MLP: seconds on either clock, for tests) and `full` (CIFAR-10 with
-  `full_model` on GPUs: the papers' setting with our schedule), for the asynchronous
-  configs."""
-  return {'smoke': smoke, 'full': lambda c: default.full_size(c, model=full_model)}
+  """`smoke` (a small MLP: seconds on either clock, for tests), `full` (CIFAR-10 with
+  `full_model` on GPUs: the papers' setting with our schedule), and the language model's
+  `lm` and `lm_smoke` (default.py's), for the asynchronous configs."""
+  return {
+    'smoke': smoke,
+    'full': lambda c: default.full_size(c, model=full_model),
+    'lm': default.lm,
+    'lm_smoke': lm_smoke,
+  }
 
 
 def smoke(config: ml_collections.ConfigDict) -> None:
   default.smoke(config)
   config.model = ml_collections.ConfigDict({'name': 'mlp', 'hidden': (64, 64, 64)})
+  config.cost.reps = 2
+
+
+def lm_smoke(config: ml_collections.ConfigDict) -> None:
+  default.lm_smoke(config)
   config.cost.reps = 2

@@ -36,9 +36,14 @@ def get_config(variant: str = '') -> ml_collections.ConfigDict:
 
 
 def variants(names: tuple[str, ...] = ()) -> dict:
-  """`smoke`, `full` and one variant per algorithm name in `names` (the data-parallel
-  methods share this config)."""
-  result = {'smoke': smoke, 'full': lambda c: default.full_size(c, model='resnet20')}
+  """`smoke`, `full`, `lm`, `lm_smoke` and one variant per algorithm name in `names` (the
+  data-parallel methods share this config)."""
+  result = {
+    'smoke': smoke,
+    'full': lambda c: default.full_size(c, model='resnet20'),
+    'lm': default.lm,
+    'lm_smoke': lm_smoke,
+  }
   for name in names:
     result[name] = lambda c, name=name: c.algorithm.update({'name': name})
   return result
@@ -49,4 +54,11 @@ def smoke(config: ml_collections.ConfigDict) -> None:
   config.batch_size = 16
   config.train_steps = 40
   config.cost.calibrate = False  # No calibration in smoke runs.
+  config.cost.compute.step = 0.002
+
+
+def lm_smoke(config: ml_collections.ConfigDict) -> None:
+  """default.py's `lm_smoke`, 16 windows per worker, given costs as in `smoke`."""
+  default.lm_smoke(config)
+  config.cost.calibrate = False
   config.cost.compute.step = 0.002

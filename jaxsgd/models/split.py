@@ -248,17 +248,26 @@ def _layer_costs(model: StagedModel) -> tuple[float, ...]:
   h = jnp.zeros((1,) + model.input_shape, jnp.float32)
   costs = []
   for i, layer in enumerate(model.layers):
-    stage = Stage((layer,), first_layer=i)
-    stage_vars = stage_variables(variables, stage)
-    if _is_tied(layer):  # Alone it has no embedding to read: priced untied, the same matmul.
-      stage = Stage((layer.clone(tied=False),), first_layer=i)
-      stage_vars = stage.init(jax.random.key(0), h, train=False)
+    stage, stage_vars = _alone(layer, i, variables, h)
     apply = jax.jit(functools.partial(stage.apply, train=False))
     analysis = apply.lower(stage_vars, h).cost_analysis() or {}
     costs.append(max(float(analysis.get('flops', 0.0)), 1.0))
     h = jax.eval_shape(apply, stage_vars, h)
     h = jnp.zeros(h.shape, h.dtype)
   return tuple(costs)
+
+
+def _alone(layer, index: int, variables, h):
+  """Layer `index` as a stage of its own, and its variables.
+
+  A tied head alone has no embedding to read: it is priced untied (the same matmul),
+  with variables of its own.
+  """
+  if _is_tied(layer):
+    stage = Stage((layer.clone(tied=False),), first_layer=index)
+    return stage, stage.init(jax.random.key(0), h, train=False)
+  stage = Stage((layer,), first_layer=index)
+  return stage, stage_variables(variables, stage)
 
 
 def _is_tied(layer) -> bool:
