@@ -195,6 +195,8 @@ def train_and_evaluate(
       lock=claim.lock,
       checkpointer=checkpointer,
       resume=claim.resume if checkpointer is not None else None,
+      # A data-parallel period runs as one program: its weights are known at its end.
+      program_period=getattr(settings, 'period', 1),
     )
     if checkpointer is not None and claim.resume is not None and run.is_primary:
       logging.info(

@@ -9,7 +9,12 @@ naming its step; it waits for pending losses only when more than
 reported as step 2 within a few dozen steps, whatever `eval_every` is. At
 evaluation points (every `eval_every` steps and at the end) it pulls the rest of the
 losses to the host, evaluates on the test split and appends one line to
-`metrics.jsonl`. `finish()` writes `summary.json` and `curves.png`. Process 0 holds
+`metrics.jsonl`. While the run has not reached `config.target_accuracy`, it also checks
+the test accuracy every `target_check_every(train_steps)` steps (1 % of the run), so that
+the step and time the target is first reached are known to 1 % of the run rather than to
+`eval_every`; a check writes no record and reads the model only (the same
+`variables()` an evaluation reads), so the training is the same with and without it.
+`finish()` writes `summary.json` and `curves.png`. Process 0 holds
 the workdir (`files.WorkdirLock`, taken by `training.workdir.claim` before the run
 starts) to the end of `finish()`, or of `abort()` after a failure, and writes every
 file through `jaxsgd.training.files` (atomic, valid JSON, whole lines).
@@ -39,6 +44,15 @@ from jaxsgd.training import workdir as workdir_lib
 CHECK_EVERY_STEPS = 16  # Look at the computed losses this often (no wait) ...
 CHECK_EVERY_S = 1.0  # ... or after this many seconds,
 WAIT_AFTER_STEPS = 128  # and wait for them when this many are still unchecked.
+TARGET_RESOLUTION = 0.01  # Time to target is found to this fraction of the run's steps.
+
+
+def target_check_every(train_steps: int, period: int = 1) -> int:
+  """Steps between two checks of the target: ceil(1 % of `train_steps`), made a multiple
+  of `period` (the steps a data-parallel program runs at once: only at its end are the
+  weights those of the step reported) where that stays within 1 %, else `period`."""
+  every = max(1, math.ceil(TARGET_RESOLUTION * train_steps))
+  return max(period, every // period * period)
 
 
 class Run:
@@ -56,9 +70,11 @@ class Run:
     checkpointer: checkpoints_lib.Checkpointer | None = None,
     resume: dict | None = None,
     preemption: checkpoints_lib.PreemptionWatch | None = None,
+    program_period: int = 1,
   ):
     """See the class docstring; `resume` is the `meta` of the checkpoint to continue from
-    (`checkpoints.latest_meta`): its metrics are written again and continued."""
+    (`checkpoints.latest_meta`): its metrics are written again and continued;
+    `program_period`: the steps the algorithm runs as one program (`target_check_every`)."""
     self.config = config
     self.workdir = workdir
     self.dataset = dataset
@@ -90,6 +106,8 @@ class Run:
     self._tensorboard = _tensorboard_writer(config, workdir) if self.is_primary else None
     self._target = config.get('target_accuracy')
     self.time_to_target: dict[str, float] | None = None
+    self.target_check_every = target_check_every(config.train_steps, program_period)
+    self.target_checks = 0  # Checks of the target between evaluations (not recorded).
     self._progress = tqdm.tqdm(
       total=config.train_steps,
       unit='step',
@@ -198,6 +216,16 @@ class Run:
   def should_evaluate(self, step: int) -> bool:
     return step % self.config.eval_every == 0 or step >= self.config.train_steps
 
+  def should_check_target(self, step: int) -> bool:
+    """Whether step `step` checks the target's accuracy (no record): not yet reached,
+    not an evaluation point (which checks it anyway), every `target_check_every` steps."""
+    return (
+      bool(self._target)
+      and self.time_to_target is None
+      and step % self.target_check_every == 0
+      and not self.should_evaluate(step)
+    )
+
   def report(
     self,
     step: int,
@@ -228,6 +256,8 @@ class Run:
         f'SIGTERM: stopped at step {step}; {self.config.algorithm.name} writes no '
         f'checkpoints yet, so a new run starts over.'
       )
+    if self.should_check_target(step):
+      self._check_target(step, variables, samples, sim_time)
     if not self.should_evaluate(step):
       if (
         len(self._pending) >= self._next_check
@@ -249,6 +279,31 @@ class Run:
       record['sim_time'] = float(sim_time)
     record.update((extra() if callable(extra) else extra) or {})
     self._log(record)
+
+  def _check_target(self, step, variables, samples, sim_time) -> None:
+    """Evaluates step `step`'s model; records the time to target if it is reached. The
+    evaluation runs on the host between two reports: the simulated time is the step's,
+    and on a real clock the wall time includes the checks, as it includes evaluations."""
+    self.target_checks += 1
+    variables = variables() if callable(variables) else variables
+    accuracy = self.evaluate(variables)['test_accuracy']
+    record = {
+      'step': step,
+      'samples': int(samples),
+      'wall_time': time.perf_counter() - self._start,
+      'test_accuracy': float(accuracy),
+    }
+    if sim_time is not None:
+      record['sim_time'] = float(sim_time)
+    self._note_target(record)
+
+  def _note_target(self, record) -> None:
+    if self._target and self.time_to_target is None and record['test_accuracy'] >= self._target:
+      self.time_to_target = {
+        k: record[k]
+        for k in ('step', 'samples', 'wall_time', 'sim_time', 'test_accuracy')
+        if k in record
+      }
 
   def check_losses(self, *, wait: bool = False) -> None:
     """Checks the pending losses already computed (all of them if `wait`, or if more than
@@ -313,10 +368,7 @@ class Run:
     self._progress.set_postfix(
       loss=f'{record["train_loss"]:.3f}', acc=f'{100 * record["test_accuracy"]:.1f}%'
     )
-    if self._target and self.time_to_target is None and record['test_accuracy'] >= self._target:
-      self.time_to_target = {
-        k: record[k] for k in ('step', 'samples', 'wall_time', 'sim_time') if k in record
-      }
+    self._note_target(record)
 
   # --- the end ------------------------------------------------------------------
   def finish(self, extra_summary: dict | None = None) -> dict[str, Any]:
@@ -328,6 +380,9 @@ class Run:
       'best_test_accuracy': max((r['test_accuracy'] for r in self.records), default=math.nan),
       'time_to_target': self.time_to_target,
       'target_accuracy': self._target,
+      # The time to target is exact to this many steps: checks and evaluations together.
+      'target_resolution_steps': min(self.target_check_every, self.config.eval_every),
+      'target_checks': self.target_checks,
       'config': self.config.to_dict(),
       **(extra_summary or {}),
     }
