@@ -9,7 +9,9 @@ Smoke variant (seconds, for tests): `--config=experiments/configs/default.py:smo
 
 Language model (`:lm`, `:lm_smoke`, also on ddg.py and local.py): a byte-level
 transformer on CPython's documentation text (`pydoc_bytes`, docs/language_models.md);
-`test_loss` is in nats per byte, perplexity its exp, `test_accuracy` per byte.
+`test_loss` is in nats per byte, perplexity its exp, `test_accuracy` per byte. With
+seed 0, `default.py:lm` ends at test loss 1.333 nats/byte (perplexity 3.79), 62.1 % of
+bytes right (a uniform guess: ln 256 = 5.55).
 """
 
 import dataclasses
