@@ -96,22 +96,37 @@ HEADER = [
 ]
 
 
+def seed_band(runs_of_method) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(times, mean, min, max) of the seeds' test accuracies (%) on the union of their
+  evaluation times, each seed interpolated linearly between its own evaluations, over
+  the span every seed covers."""
+  curves = [_time_axis(run['records'])[1] for run in runs_of_method]
+  accuracies = [[100 * r['test_accuracy'] for r in run['records']] for run in runs_of_method]
+  lo, hi = max(c[0] for c in curves), min(c[-1] for c in curves)
+  times = np.unique(np.concatenate([np.asarray(c, float) for c in curves]))
+  times = times[(times >= lo) & (times <= hi)]
+  values = np.array([np.interp(times, c, a) for c, a in zip(curves, accuracies, strict=True)])
+  return times, values.mean(0), values.min(0), values.max(0)
+
+
 def plot_accuracy(runs, path, target):
+  """Test accuracy against simulated time (wall time on a real clock): one line per
+  method (the seeds' mean), its seeds' min–max as a band, and where each seed reached
+  the target (×)."""
   fig, ax = plt.subplots(figsize=(7, 4.2))
   xlabel = 'time (s)'
   for i, (label, method_runs) in enumerate(runs.items()):
-    for j, run in enumerate(method_runs):
-      xlabel, times = _time_axis(run['records'])
-      acc = [100 * r['test_accuracy'] for r in run['records']]
-      ax.plot(
-        times,
-        acc,
-        color=f'C{i % 10}',
-        alpha=0.85 if j == 0 else 0.35,
-        label=label if j == 0 else None,
-      )
-  ax.axhline(100 * target, color='gray', ls=':', lw=1, label='target')
-  ax.set(xlabel=xlabel, ylabel='test accuracy (%)')
+    xlabel = _time_axis(method_runs[0]['records'])[0]
+    times, mean, low, high = seed_band(method_runs)
+    color = f'C{i % 10}'
+    ax.plot(times, mean, color=color, label=label)
+    ax.fill_between(times, low, high, color=color, alpha=0.2, lw=0)
+    key = 'sim_time' if xlabel.startswith('simulated') else 'wall_time'
+    hits = [r['summary'].get('time_to_target') or {} for r in method_runs]
+    hits = [h for h in hits if key in h]
+    ax.plot([h[key] for h in hits], [100 * target] * len(hits), 'x', color=color, ms=6)
+  ax.axhline(100 * target, color='gray', ls=':', lw=1, label=f'target {100 * target:g} %')
+  ax.set(xlabel=xlabel, ylabel='test accuracy (%)', title='mean of the seeds, band: min–max')
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
@@ -149,6 +164,86 @@ def _merge(hists):
   return merged
 
 
+def _stats(values) -> dict | None:
+  """Mean, sample standard deviation (0 for one value) and the values; None if none."""
+  values = [float(v) for v in values if v is not None]
+  if not values:
+    return None
+  sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+  return {'mean': float(np.mean(values)), 'sd': sd, 'n': len(values), 'values': values}
+
+
+def resolution(run: dict) -> dict:
+  """How exactly the run's time to target is known: `steps` between two looks at the
+  accuracy (checks and evaluations), of `train_steps`; `checked` False for a run made
+  before the checks, whose time to target is its first evaluation at the target."""
+  summary, config = run['summary'], run['summary']['config']
+  steps = summary.get('target_resolution_steps')
+  checked = steps is not None
+  return {
+    'steps': int(steps if checked else config['eval_every']),
+    'train_steps': int(config['train_steps']),
+    'checked': checked,
+  }
+
+
+def method_data(method_runs: list[dict]) -> dict:
+  """What report.json keeps of one method: accuracies (fractions), times (s), steps."""
+  hits = [r['summary'].get('time_to_target') or {} for r in method_runs]
+  res = [resolution(r) for r in method_runs]
+  return {
+    'seeds': [r['summary']['config']['seed'] for r in method_runs],
+    'final_accuracy': _stats([r['summary']['final']['test_accuracy'] for r in method_runs]),
+    'reached_target': sum('step' in h for h in hits),
+    'time_to_target_sim': _stats([h.get('sim_time') for h in hits]),
+    'time_to_target_wall': _stats([h.get('wall_time') for h in hits]),
+    'steps_to_target': _stats([h.get('step') for h in hits]),
+    'total_sim_time': _stats([r['records'][-1].get('sim_time') for r in method_runs]),
+    'mean_staleness': _stats([mean_staleness(r) for r in method_runs]),
+    'resolution_steps': max(r['steps'] for r in res),
+    'train_steps': max(r['train_steps'] for r in res),
+    'resolution_checked': all(r['checked'] for r in res),
+  }
+
+
+def report_data(suite, runs, *, profile=None, diverged=()) -> dict:
+  """report.json: the suite, its target and every method's figures (`method_data`)."""
+  return {
+    'suite': suite.name,
+    'title': suite.title,
+    'claim': suite.claim,
+    'target_accuracy': suite.target_accuracy,
+    'profile': profile,
+    'methods': {label: method_data(method_runs) for label, method_runs in runs.items()},
+    'diverged': [{'method': m, 'seed': seed, 'error': e} for m, seed, e in diverged],
+  }
+
+
+def _steps(n: int) -> str:
+  return 'step' if n == 1 else f'{n} steps'
+
+
+def resolution_sentence(methods: dict) -> str:
+  """The report's line on how exactly its times to target are known."""
+  if not methods:
+    return ''
+  if not all(m['resolution_checked'] for m in methods.values()):
+    every = sorted({m['resolution_steps'] for m in methods.values()})
+    return (
+      'Time to target is *sampled*: the first evaluation at or above the target, '
+      f'evaluations every {" / ".join(map(str, every))} steps (runs made before the checks).'
+    )
+  worst = max(m['resolution_steps'] / m['train_steps'] for m in methods.values())
+  pairs = sorted({(m['resolution_steps'], m['train_steps']) for m in methods.values()})
+  every = ', '.join(f'{_steps(s)} of a {n:,}-step run' for s, n in pairs)
+  return (
+    'Time to target is *measured*: until a run reaches the target its test accuracy is '
+    f'checked every {every}, so the step and time it first reaches it are known '
+    f'to {100 * worst:.2g} % of the run or better (checks write no record; the curves show '
+    'the evaluations).'
+  )
+
+
 def write_report(
   suite,
   runs: dict[str, list[dict]],
@@ -157,11 +252,14 @@ def write_report(
   profile: str | None = None,
   diverged: Sequence[tuple[str, int, str]] = (),
 ) -> str:
-  """Writes `report.md`, `accuracy.png` and (if any) `staleness.png` into `workdir`;
+  """Writes `report.md`, `report.json` (`report_data`), `accuracy.png` and (if any)
+  `staleness.png` into `workdir`;
   `profile`: the cost profile every simulated method took its costs from; `diverged`:
   (method, seed, error) of the runs whose loss became NaN (listed, not in the table)."""
   runs = {label: method_runs for label, method_runs in runs.items() if method_runs}
   os.makedirs(workdir, exist_ok=True)
+  data = report_data(suite, runs, profile=profile, diverged=diverged)
+  files.write_json(os.path.join(workdir, 'report.json'), data)
   plot_accuracy(runs, os.path.join(workdir, 'accuracy.png'), suite.target_accuracy)
   has_staleness = plot_staleness(runs, os.path.join(workdir, 'staleness.png'))
   seeds = sorted({r['summary']['config']['seed'] for method in runs.values() for r in method})
@@ -183,6 +281,8 @@ def write_report(
       else ''
     ),
     '',
+    resolution_sentence(data['methods']),
+    '',
     '| ' + ' | '.join(HEADER) + ' |',
     '|' + '---|' * len(HEADER),
   ]
@@ -190,9 +290,21 @@ def write_report(
   if diverged:
     lines += ['', '**Diverged** (not in the table; their seeds are missing from its counts):', '']
     lines += [f'- {label}, seed {seed}: {error}' for label, seed, error in diverged]
-  lines += ['', '![accuracy against time](accuracy.png)']
+  lines += [
+    '',
+    "Time to accuracy: the seeds' mean, their min–max as a band, × where a seed reached "
+    'the target.',
+    '',
+    '![accuracy against time](accuracy.png)',
+  ]
   if has_staleness:
     lines += ['', '![staleness histograms](staleness.png)']
+  else:
+    lines += [
+      '',
+      'No staleness plot: no method of this suite records a staleness histogram (its '
+      'updates are synchronous, or their delay is fixed by the config).',
+    ]
   if runs:
     first = next(iter(runs.values()))[0]['summary']['config']
     lines += [
@@ -205,3 +317,34 @@ def write_report(
   path = os.path.join(workdir, 'report.md')
   files.atomic_write(path, '\n'.join(lines))
   return path
+
+
+def main(argv=None) -> None:
+  """`python -m experiments.report --results`: RESULTS.md's table from the suites'
+  report.json (`experiments.results_table`)."""
+  import argparse  # pylint: disable=g-import-not-at-top
+
+  from experiments import results_table  # pylint: disable=g-import-not-at-top
+  from experiments import suites  # pylint: disable=g-import-not-at-top
+
+  default = results_table.SCHEDULE_ERROR
+  parser = argparse.ArgumentParser(description=main.__doc__.split('\n')[0])
+  parser.add_argument('--results', action='store_true', help="write RESULTS.md's table")
+  parser.add_argument('--results_md', default='RESULTS.md')
+  parser.add_argument('--results_dir', default='experiments/results')
+  parser.add_argument('--error_median', type=float, default=default.median)
+  parser.add_argument('--error_max', type=float, default=default.largest)
+  parser.add_argument('--error_source', default=default.source, help='where the error is from')
+  args = parser.parse_args(argv)
+  if not args.results:
+    parser.error('nothing to do: pass --results (a suite report is written by experiments.compare)')
+  error = results_table.SimulatorError(args.error_median, args.error_max, args.error_source)
+  print(
+    results_table.write_results(
+      args.results_md, args.results_dir, list(suites.SUITES.values()), error
+    )
+  )
+
+
+if __name__ == '__main__':
+  main()

@@ -3,6 +3,8 @@
 import json
 import os
 
+import numpy as np
+
 from experiments import report
 from experiments import suites
 
@@ -40,6 +42,14 @@ def test_suite_runs_every_method_and_seed_and_writes_a_report(tmp_path, data_dir
       assert saved['config']['train_steps'] == 40  # The override beats the smoke value.
   assert (tmp_path / 'accuracy.png').stat().st_size > 10_000
   assert not (tmp_path / 'staleness.png').exists()  # BP records no staleness.
+  assert 'No staleness plot' in text
+  # 40 steps: checked every step (ceil of 1 %), 2.5 % of the run.
+  assert 'checked every step of a 40-step run' in text and 'to 2.5 % of the run' in text
+  data = json.load(open(tmp_path / 'report.json'))
+  assert data['suite'] == 'test_two_bp' and data['target_accuracy'] == 0.3
+  fast = data['methods']['BP lr=3e-3']
+  assert fast['seeds'] == [0, 1] and fast['final_accuracy']['n'] == 2
+  assert fast['resolution_steps'] == 1 and fast['resolution_checked']
 
 
 def test_a_diverged_run_is_reported_and_the_suite_goes_on(tmp_path, data_dir):
@@ -88,11 +98,28 @@ def test_table_rows_hand_computed():
   assert rows[0][4] == '2 ± 1.4' and rows[0][7] == '5 ± 1.4'
 
 
+def test_seed_band_is_mean_and_min_max_on_the_union_of_times():
+  def run(times, accuracies):
+    return {'records': [{'sim_time': t, 'test_accuracy': a} for t, a in zip(times, accuracies)]}
+
+  # Seed b, interpolated at 1.5 and 2.0: 0.3, 0.4; seed a at 2.5: 0.55. Span: 1.5 to 3.0.
+  times, mean, low, high = report.seed_band(
+    [run([1.0, 2.0, 3.0], [0.2, 0.5, 0.6]), run([1.5, 2.5, 3.5], [0.3, 0.5, 0.7])]
+  )
+  np.testing.assert_allclose(times, [1.5, 2.0, 2.5, 3.0])
+  np.testing.assert_allclose(low, [30, 40, 50, 60])
+  np.testing.assert_allclose(high, [35, 50, 55, 60])
+  np.testing.assert_allclose(mean, [32.5, 45, 52.5, 60])
+
+
 def test_every_registered_suite_has_valid_configs(data_dir):
   from jaxsgd import training  # pylint: disable=g-import-not-at-top
 
   assert {'ddg', 'local', 'dasgd'} <= set(suites.SUITES)
   for suite in suites.SUITES.values():
+    labels = {method.label for method in suite.methods}
+    assert all({c.method, c.baseline} <= labels for c in suite.claims), suite.name
+    assert all(c.kind in ('faster', 'matches', 'better') for c in suite.claims)
     for method in suite.methods:
       config = suites.method_config(method, seed=0, target=suite.target_accuracy, smoke=True)
       config.data_dir = data_dir

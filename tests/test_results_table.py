@@ -1,0 +1,102 @@
+"""RESULTS.md's table: generated from report.json files, between its markers, by hand-checked
+rules (speed-up interval, verdicts)."""
+
+import json
+
+import pytest
+
+from experiments import report
+from experiments import results_table
+from experiments import suites
+
+ERROR = results_table.SimulatorError(median=0.05, largest=0.25, source='a test figure')
+
+
+def _stats(values):
+  return report._stats(values)  # pylint: disable=protected-access
+
+
+def _method(accuracies, times, total=2.0):
+  """A report.json method: seeds' final accuracies, their times to target (None: never)."""
+  return {
+    'seeds': list(range(len(accuracies))),
+    'final_accuracy': _stats(accuracies),
+    'reached_target': sum(t is not None for t in times),
+    'time_to_target_sim': _stats(times),
+    'total_sim_time': _stats([total] * len(accuracies)),
+    'resolution_steps': 20,
+    'train_steps': 2000,
+    'resolution_checked': True,
+  }
+
+
+def _ddg_report():
+  return {
+    'suite': 'ddg',
+    'methods': {
+      'BP (staged, K=4)': _method([0.980, 0.982], [1.5, 1.7]),  # mean time 1.6
+      'DDG K=2': _method([0.979, 0.981], [0.8, 0.8]),  # 2x sooner
+      'DDG K=4': _method([0.970, 0.972], [1.5, 1.5]),  # 1.07x sooner
+    },
+  }
+
+
+def test_interval_is_the_speedup_with_both_times_off_by_the_error():
+  low, high = results_table.interval(2.0, 0.25)
+  assert low == pytest.approx(2.0 * 0.75 / 1.25) and high == pytest.approx(2.0 * 1.25 / 0.75)
+
+
+def test_verdicts_hand_computed():
+  methods = _ddg_report()['methods']
+  bp, k2, k4 = methods['BP (staged, K=4)'], methods['DDG K=2'], methods['DDG K=4']
+  # 1.6 / 0.8 = 2.0, interval [1.2, 3.33]: above 1.
+  assert results_table.faster_verdict(k2, bp, 0.25).startswith('reproduced')
+  # 1.6 / 1.5 = 1.07, interval [0.64, 1.78]: straddles 1.
+  assert results_table.faster_verdict(k4, bp, 0.25).startswith('not shown at this size')
+  assert results_table.faster_verdict(bp, k2, 0.0).startswith('not reproduced')  # 0.5x
+  never = _method([0.9, 0.9], [None, None])
+  assert results_table.faster_verdict(never, bp, 0.25).startswith('not reproduced (never')
+  # Gap -0.1 point, 2 sd = 2 x 0.141 = 0.28: matches; K=4's -1.0 point does not.
+  assert results_table.accuracy_verdict('matches', k2, bp) == (
+    'reproduced (-0.10 points, 2 sd = 0.28)'
+  )
+  assert results_table.accuracy_verdict('matches', k4, bp).startswith('not reproduced')
+  assert results_table.accuracy_verdict('better', bp, k4).startswith('reproduced')
+  assert results_table.accuracy_verdict('better', k2, bp).startswith('not shown at this size')
+
+
+def test_the_table_goes_between_the_markers_from_report_json(tmp_path):
+  (tmp_path / 'results' / 'ddg').mkdir(parents=True)
+  (tmp_path / 'results' / 'ddg' / 'report.json').write_text(json.dumps(_ddg_report()))
+  results_md = tmp_path / 'RESULTS.md'
+  results_md.write_text('# Results\n\nThe rest, kept.\n')
+  ddg = suites.SUITES['ddg']
+  block = results_table.write_results(
+    str(results_md), str(tmp_path / 'results'), [ddg, suites.SUITES['local']], ERROR
+  )
+  text = results_md.read_text()
+  assert text.startswith('# Results\n\n' + results_table.BEGIN) and text.endswith(
+    results_table.END + '\n\nThe rest, kept.\n'
+  )
+  rows = [line for line in block.splitlines() if line.startswith('| DDG')]
+  assert len(rows) == len(ddg.claims) == 3
+  cells = [c.strip() for c in rows[1].split('|')[1:-1]]  # DDG K=2 vs BP: faster
+  assert cells[0] == 'DDG K=2 vs BP (staged, K=4): faster ([ddg](results/ddg/report.md))'
+  assert cells[2] == '98.00 ± 0.14 vs 98.10 ± 0.14'
+  assert cells[3] == '0.8 (2/2) vs 1.6 (2/2)'
+  assert cells[4] == '2.00× [1.20–3.33]'
+  assert 'Not in the table yet (no report.json): local.' in block
+  assert 'off by up to 25.0 % (median 5.0 %; a test figure)' in block
+  results_table.write_results(
+    str(results_md), str(tmp_path / 'results'), [ddg, suites.SUITES['local']], ERROR
+  )
+  assert results_md.read_text() == text  # Run again: the same file.
+
+
+def test_without_any_report_json_the_table_says_so(tmp_path):
+  results_md = tmp_path / 'RESULTS.md'
+  results_md.write_text('# Results\n')
+  block = results_table.write_results(
+    str(results_md), str(tmp_path / 'none'), list(suites.SUITES.values()), ERROR
+  )
+  assert 'No suite has a report.json yet' in block and '| ' not in block
