@@ -12,6 +12,8 @@ machine: 2 CPU cores, load average 1.0 at start; jax 0.10.2; MLP 512-1024-10, ba
 case                         ms / iteration  speed-up over bp  host ms / task
 bp (1 lane, core 0)          150.0           1.00              1.5
 pdasgd 1:1 K=2 (cores 0, 1)  202.1           0.99              2.30
+case                    ms / iteration  speed-up over bp
+ddg K=8 (cores 0-7)     42.1            6.79
 """
 
 
@@ -20,6 +22,11 @@ def test_every_table_is_read_with_its_lanes_and_setting(tmp_path):
   assert runs == [
     ('MLP 1536-1024-10, batch 512', {'bp': (1, 1.0), 'ddg K=2': (2, 1.74)}),
     ('MLP 512-1024-10, batch 512', {'bp': (1, 1.0), 'pdasgd 1:1': (2, 0.99)}),
+    ('MLP 512-1024-10, batch 512', {'ddg K=8': (8, 6.79)}),
   ]
-  speedup_chart.plot(runs, str(tmp_path / 'chart.png'))
+  assert speedup_chart.short('MLP 1024-1024-1024-10, batch 256') == 'MLP 1024x3-10, batch 256'
+  setting, latest, earlier = speedup_chart.latest_and_earlier(runs[1:] + runs[:1])
+  assert setting == 'MLP 512-1024-10, batch 512' and latest['ddg K=8'] == (8, 6.79)
+  assert earlier == {}  # bp appears once in that setting's tables
+  speedup_chart.plot(runs[1:], str(tmp_path / 'chart.png'))
   assert (tmp_path / 'chart.png').stat().st_size > 5_000
