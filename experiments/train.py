@@ -29,7 +29,6 @@ virtual clock its simulated time beside them.
 
 import difflib
 import importlib.util
-import logging as std_logging
 import os
 import re
 import sys
@@ -41,6 +40,7 @@ from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
+from experiments.terminal import final_line, quiet_libraries, times
 from jaxsgd.errors import Preempted
 from jaxsgd.spmd import distributed
 from jaxsgd.training import files
@@ -212,61 +212,9 @@ def main(argv):
     final['step'],
     final['test_accuracy'],
     final['test_loss'],
-    _times(summary),
+    times(summary),
   )
   print(final_line(summary, workdir))
-
-
-def final_line(summary: dict, workdir: str) -> str:
-  """The run's last line: test accuracy, step, wall time (and simulated time), workdir."""
-  final = summary['final']
-  return (
-    f'final test accuracy {final["test_accuracy"]:.4f} at step {final["step"]} '
-    f'({_times(summary)}); results in {workdir}'
-  )
-
-
-def _times(summary: dict) -> str:
-  """`'5.5 s wall'`, with `', 0.00812 s simulated'` on the virtual clock: the makespan of a
-  scheduler run, the simulated time of the last step of a data-parallel one."""
-  final = summary['final']
-  text = f'{final["wall_time"]:.1f} s wall'
-  simulated = summary.get('sim_time', final.get('sim_time'))
-  if simulated is not None:
-    text += (
-      f', {simulated:,.1f} s simulated' if simulated >= 1 else f', {simulated:.3g} s simulated'
-    )
-  return text
-
-
-# Libraries' INFO lines a run would print (tfds: "Load dataset info from ...", "No config
-# specified, defaulting to ..."; JAX: "Unable to initialize backend 'tpu'") say nothing a
-# user can act on; their warnings and errors still show.
-_OWN_CODE = tuple(
-  os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package) + os.sep
-  for package in ('jaxsgd', 'experiments')
-)
-# Ray's notice, when it starts the run's cluster, that the cluster has token authentication
-# on (the safe default; the cluster is this run's own and ends with it).
-_RAY_AUTH_LOGGER = 'ray._private.authentication.authentication_token_setup'
-
-
-def _is_ours_or_a_warning(record: std_logging.LogRecord) -> bool:
-  return record.levelno >= std_logging.WARNING or record.pathname.startswith(_OWN_CODE)
-
-
-def _not_ray_auth_notice(record: std_logging.LogRecord) -> bool:
-  return 'Token authentication is enabled' not in record.getMessage()
-
-
-def quiet_libraries() -> None:
-  """Keeps the libraries' INFO lines and Ray's token notice off the terminal."""
-  for handler in std_logging.getLogger().handlers:  # absl's, which app.run installs
-    if _is_ours_or_a_warning not in handler.filters:
-      handler.addFilter(_is_ours_or_a_warning)
-  ray_auth = std_logging.getLogger(_RAY_AUTH_LOGGER)
-  if _not_ray_auth_notice not in ray_auth.filters:
-    ray_auth.addFilter(_not_ray_auth_notice)
 
 
 def is_bad_input(error: BaseException) -> bool:

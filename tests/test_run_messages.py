@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from experiments import train as train_command
+from experiments import terminal
 from experiments.configs import asgd, dasgd, dcasgd, ddg, default
 from jaxsgd import algorithms
 from jaxsgd import data as data_lib
@@ -36,11 +36,11 @@ def test_the_last_line_gives_simulated_time_beside_wall_time():
   scheduler = {'final': final, 'sim_time': 0.007583}
   spmd = {'final': {**final, 'sim_time': 12.345}}  # data-parallel: in the records only
   real = {'final': final}
-  assert train_command.final_line(scheduler, '/w') == (
+  assert terminal.final_line(scheduler, '/w') == (
     'final test accuracy 0.3060 at step 60 (5.5 s wall, 0.00758 s simulated); results in /w'
   )
-  assert '(5.5 s wall, 12.3 s simulated)' in train_command.final_line(spmd, '/w')
-  assert '(5.5 s wall);' in train_command.final_line(real, '/w')
+  assert '(5.5 s wall, 12.3 s simulated)' in terminal.final_line(spmd, '/w')
+  assert '(5.5 s wall);' in terminal.final_line(real, '/w')
 
 
 # --- a run priced by a preset --------------------------------------------------------------------
@@ -59,7 +59,7 @@ def test_a_preset_run_names_its_preset_and_labels_lanes_by_it(data_dir, tmp_path
   assert not [name for name in lanes if 'cpu:' in name]
   assert set(summary['utilization']) <= set(lanes)
   assert summary['sim_time'] > 0
-  assert 's simulated); results in' in train_command.final_line(summary, str(tmp_path))
+  assert 's simulated); results in' in terminal.final_line(summary, str(tmp_path))
 
 
 def test_lane_names_of_every_form_take_the_presets_device():
@@ -120,7 +120,7 @@ def _record(path: str, level: int) -> logging.LogRecord:
 def test_libraries_info_lines_are_left_out_their_warnings_kept():
   tfds = '/site-packages/tensorflow_datasets/core/dataset_info.py'
   ours = os.path.join(REPO, 'jaxsgd', 'training', 'loop.py')
-  keep = train_command._is_ours_or_a_warning  # pylint: disable=protected-access
+  keep = terminal._is_ours_or_a_warning  # pylint: disable=protected-access
   assert not keep(_record(tfds, logging.INFO))
   assert keep(_record(tfds, logging.WARNING))
   assert keep(_record(ours, logging.INFO))
