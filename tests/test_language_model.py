@@ -174,4 +174,7 @@ def test_ddg_trains_the_language_model_on_the_virtual_clock(data_dir, tmp_path):
   assert [r['step'] for r in records] == [10, 20]
   # Nats per byte, below a uniform guess over the 256 bytes, and falling.
   assert records[1]['test_loss'] < records[0]['test_loss'] < math.log(256)
+  for record in records:  # perplexity: exp(nats per token)
+    assert record['test_perplexity'] == pytest.approx(math.exp(record['test_loss']), rel=1e-12)
+    assert record['train_perplexity'] == pytest.approx(math.exp(record['train_loss']), rel=1e-12)
   assert records[1]['sim_time'] > 0 and records[1]['staleness_max/stage0'] == 1

@@ -275,6 +275,8 @@ class Run:
       'train_loss': train_loss,
       **self.evaluate(variables),
     }
+    if 'test_perplexity' in record:
+      record['train_perplexity'] = math.exp(train_loss)
     if sim_time is not None:
       record['sim_time'] = float(sim_time)
     record.update((extra() if callable(extra) else extra) or {})
@@ -346,12 +348,16 @@ class Run:
     return mean
 
   def evaluate(self, variables) -> dict[str, float]:
-    """Test loss and accuracy of the full model over the whole test split."""
+    """Test loss and accuracy of the full model over the whole test split; for a language
+    model (`per_token`) also its perplexity, exp(loss per token)."""
     batch_size = self.config.get('eval_batch_size', 1000)
     totals = np.zeros(3)
     for batch, mask in self.dataset.test_batches(min(batch_size, self.dataset.num_test)):
       totals += np.asarray(jax.device_get(self._eval_step(variables, batch, mask)))
-    return {'test_loss': totals[0] / totals[2], 'test_accuracy': totals[1] / totals[2]}
+    metrics = {'test_loss': totals[0] / totals[2], 'test_accuracy': totals[1] / totals[2]}
+    if getattr(self.model, 'per_token', False):  # a language model: its loss is nats per token
+      metrics['test_perplexity'] = math.exp(metrics['test_loss'])
+    return metrics
 
   def _log(self, record):
     record = {
