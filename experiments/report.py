@@ -3,13 +3,10 @@
 import os
 from collections.abc import Sequence
 
-import matplotlib
+from matplotlib.figure import Figure  # (no pyplot: no backend chosen, see training/plots.py)
+import numpy as np
 
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-import numpy as np  # pylint: disable=g-import-not-at-top
-
-from jaxsgd.training import files  # pylint: disable=g-import-not-at-top
+from jaxsgd.training import files
 
 
 def load_run(run_dir: str) -> dict:
@@ -113,7 +110,8 @@ def plot_accuracy(runs, path, target):
   """Test accuracy against simulated time (wall time on a real clock): one line per
   method (the seeds' mean), its seeds' min–max as a band, and where each seed reached
   the target (×)."""
-  fig, ax = plt.subplots(figsize=(7, 4.2))
+  fig = Figure(figsize=(7, 4.2))
+  ax = fig.subplots()
   xlabel = 'time (s)'
   for i, (label, method_runs) in enumerate(runs.items()):
     xlabel = _time_axis(method_runs[0]['records'])[0]
@@ -131,7 +129,6 @@ def plot_accuracy(runs, path, target):
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 def plot_staleness(runs, path) -> bool:
@@ -142,7 +139,8 @@ def plot_staleness(runs, path) -> bool:
   hists = {k: v for k, v in hists.items() if v}
   if not hists:
     return False
-  fig, ax = plt.subplots(figsize=(7, 4.2))
+  fig = Figure(figsize=(7, 4.2))
+  ax = fig.subplots()
   width = 0.8 / len(hists)
   for i, (label, hist) in enumerate(hists.items()):
     keys = np.array(sorted(hist))
@@ -152,7 +150,6 @@ def plot_staleness(runs, path) -> bool:
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return True
 
 

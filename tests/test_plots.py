@@ -1,6 +1,9 @@
 """Plots: the trace Gantt chart draws one bar per task, on its lane's row, at its times; the
 learning curves have a simulated-time panel on the virtual clock and the target line."""
 
+import subprocess
+import sys
+
 import matplotlib
 import numpy as np
 
@@ -59,3 +62,15 @@ def test_curves_of_a_real_clock_run_without_a_target_are_two_panels():
   fig = curves_figure(_records(simulated=False))
   assert [ax.get_xlabel() for ax in fig.axes] == ['step', 'step']
   assert [len(ax.get_lines()) for ax in fig.axes] == [2, 1]
+
+
+def test_importing_the_plotting_modules_leaves_the_backend_a_notebook_chose():
+  """`jaxsgd.training.plots` and `experiments.report` draw files with `Figure`s, not
+  pyplot: importing them switched every notebook that did to the Agg backend, and its
+  figures no longer showed inline."""
+  code = (
+    'import matplotlib; matplotlib.use("svg"); '
+    'import jaxsgd.training.plots, experiments.report; print(matplotlib.get_backend())'
+  )
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == 'svg', out.stderr[-2000:]

@@ -3,10 +3,9 @@
 
 import json
 
-import matplotlib
-
-matplotlib.use('Agg')  # Headless: runs in CI and over ssh.
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+# Figures drawn for files are `Figure`s, not pyplot's: no backend is chosen for them, so
+# importing this module leaves a notebook's inline figures on (and a script stays headless).
+from matplotlib.figure import Figure
 import numpy as np
 
 
@@ -16,7 +15,6 @@ def plot_curves(
   """`curves_figure(records, title, target)` saved as `path`."""
   fig = curves_figure(records, title, target)
   fig.savefig(path, dpi=120)
-  plt.close(fig)
 
 
 def curves_figure(records: list[dict], title: str = '', target: float | None = None):
@@ -26,7 +24,8 @@ def curves_figure(records: list[dict], title: str = '', target: float | None = N
   steps = [r['step'] for r in records]
   accuracy = [100 * r['test_accuracy'] for r in records]
   simulated = bool(records) and all('sim_time' in r for r in records)
-  fig, axes = plt.subplots(1, 3 if simulated else 2, figsize=(15 if simulated else 10, 3.6))
+  fig = Figure(figsize=(15 if simulated else 10, 3.6))
+  axes = fig.subplots(1, 3 if simulated else 2)
   ax_loss, ax_acc = axes[:2]
   ax_loss.plot(steps, [r['train_loss'] for r in records], label='train')
   ax_loss.plot(steps, [r['test_loss'] for r in records], label='test')
@@ -60,7 +59,8 @@ def plot_staleness(staleness_by_lane: dict[str, np.ndarray], path: str, title: s
   for row, name in enumerate(names):
     values = staleness_by_lane[name]
     counts[row, :] = np.bincount(values, minlength=largest + 1) if values.size else 0
-  fig, ax = plt.subplots(figsize=(7, 3.6))
+  fig = Figure(figsize=(7, 3.6))
+  ax = fig.subplots()
   if len(names) <= 8:
     width = 0.8 / max(len(names), 1)
     for row, name in enumerate(names):
@@ -75,7 +75,6 @@ def plot_staleness(staleness_by_lane: dict[str, np.ndarray], path: str, title: s
   ax.set_title(title or 'staleness of applied gradients')
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
 
 
 KIND_COLORS = {'forward': 'C0', 'backward': 'C1', 'update': 'C2', 'transfer': 'C7'}
@@ -97,6 +96,8 @@ def plot_trace(trace: dict | str, ax=None, *, until: float | None = None):
   names = {e['tid']: e['args']['name'] for e in events if e.get('name') == 'thread_name'}
   rows = {tid: row for row, tid in enumerate(sorted(names))}
   if ax is None:
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (to be shown: a notebook's)
+
     _, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
   seen = set()
   for e in events:
@@ -119,7 +120,8 @@ def plot_trace(trace: dict | str, ax=None, *, until: float | None = None):
 
 def plot_agreement(steps, cosines, path: str, title: str = '') -> None:
   """Cosine of each block's local gradient with the backprop gradient, per measurement."""
-  fig, ax = plt.subplots(figsize=(7, 3.6))
+  fig = Figure(figsize=(7, 3.6))
+  ax = fig.subplots()
   for k in range(cosines.shape[1]):
     ax.plot(steps, cosines[:, k], label=f'block {k}')
   ax.axhline(0, color='0.6', lw=0.8)
@@ -132,4 +134,3 @@ def plot_agreement(steps, cosines, path: str, title: str = '') -> None:
   ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
