@@ -1,7 +1,8 @@
 """Update rules of the seed papers as Optax gradient transformations.
 
 Delay compensation (DC-ASGD), delayed averaging (DaSGD), local SGD, DiLoCo and
-streaming DiLoCo outer steps, and staleness-aware learning rates. Each is a plain Optax
+streaming DiLoCo outer steps, asynchronous local SGD's delayed Nesterov outer step,
+and staleness-aware learning rates. Each is a plain Optax
 `GradientTransformationExtraArgs`: pure, jittable, state in NamedTuples, per-step
 facts (stale params, worker id, staleness) passed as keyword extra arguments.
 """
@@ -25,6 +26,8 @@ from jaxsgd.transforms.averaging import DiLoCoOuterState
 from jaxsgd.transforms.averaging import local_sgd
 from jaxsgd.transforms.averaging import MERGES
 from jaxsgd.transforms.averaging import snapshot_average
+from jaxsgd.transforms.delayed_nesterov import delayed_nesterov
+from jaxsgd.transforms.delayed_nesterov import DelayedNesterovState
 from jaxsgd.transforms.staleness import inverse_sqrt_staleness
 from jaxsgd.transforms.staleness import inverse_staleness
 from jaxsgd.transforms.staleness import power_staleness
@@ -45,6 +48,8 @@ __all__ = (
   'DelayCompensationServer',
   'DelayCompensationServerState',
   'delayed_averaging',
+  'delayed_nesterov',
+  'DelayedNesterovState',
   'DelayedAveragingState',
   'diloco',
   'diloco_outer_step',

@@ -23,6 +23,7 @@ import pytest
 import jaxsgd.transforms as T
 from jaxsgd.transforms import averaging
 from jaxsgd.transforms import compensation
+from jaxsgd.transforms import delayed_nesterov
 from jaxsgd.transforms import staleness
 from jaxsgd.transforms import streaming
 
@@ -66,6 +67,12 @@ CASES = [
     dict(learning_rate=LR, num_workers=M, lambda0=0.1, adaptive=True, per_worker_mean_square=True),
     static_args=('num_workers',),
     read='server',
+  ),
+  Case(
+    'delayed_nesterov',
+    T.delayed_nesterov,
+    dict(learning_rate=LR, momentum=0.9, every=M),
+    static_args=('every',),
   ),
   Case(
     'scale_by_staleness',
@@ -292,7 +299,9 @@ def test_converges_on_logistic_regression(case):
 
 
 @pytest.mark.parametrize(
-  'module', [compensation, averaging, staleness, streaming], ids=lambda m: m.__name__
+  'module',
+  [compensation, averaging, delayed_nesterov, staleness, streaming],
+  ids=lambda m: m.__name__,
 )
 def test_docstring_examples_run(module):
   result = doctest.testmod(module, extraglobs=vars(module), optionflags=doctest.ELLIPSIS)
