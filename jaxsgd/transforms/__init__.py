@@ -26,8 +26,8 @@ from jaxsgd.transforms.averaging import DiLoCoOuterState
 from jaxsgd.transforms.averaging import local_sgd
 from jaxsgd.transforms.averaging import MERGES
 from jaxsgd.transforms.averaging import snapshot_average
-from jaxsgd.transforms.delayed_nesterov import delayed_nesterov
-from jaxsgd.transforms.delayed_nesterov import DelayedNesterovState
+from jaxsgd.transforms.async_outer import delayed_nesterov
+from jaxsgd.transforms.async_outer import DelayedNesterovState
 from jaxsgd.transforms.staleness import inverse_sqrt_staleness
 from jaxsgd.transforms.staleness import inverse_staleness
 from jaxsgd.transforms.staleness import power_staleness

@@ -23,7 +23,7 @@ import pytest
 import jaxsgd.transforms as T
 from jaxsgd.transforms import averaging
 from jaxsgd.transforms import compensation
-from jaxsgd.transforms import delayed_nesterov
+from jaxsgd.transforms import async_outer
 from jaxsgd.transforms import staleness
 from jaxsgd.transforms import streaming
 
@@ -300,7 +300,7 @@ def test_converges_on_logistic_regression(case):
 
 @pytest.mark.parametrize(
   'module',
-  [compensation, averaging, delayed_nesterov, staleness, streaming],
+  [compensation, averaging, async_outer, staleness, streaming],
   ids=lambda m: m.__name__,
 )
 def test_docstring_examples_run(module):
