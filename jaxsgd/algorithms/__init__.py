@@ -33,6 +33,7 @@ _MODULES = {
   'dcasgd': 'jaxsgd.algorithms.asgd',
   'lppsgd': 'jaxsgd.algorithms.lppsgd',
   'pdasgd': 'jaxsgd.algorithms.pdasgd',
+  'async_local_sgd': 'jaxsgd.algorithms.async_local_sgd',
 }
 
 
