@@ -127,6 +127,29 @@ def test_an_emulated_call_takes_its_seconds_and_returns_zeros_shaped_as_the_real
   assert clock.slept[-1] == pytest.approx(0.125 - runtime_lib.SPIN_SECONDS, abs=1e-5)
 
 
+def test_a_moved_vjp_is_rebuilt_from_one_trace_per_task_and_argument_shapes(monkeypatch):
+  """A lane takes in a VJP (a structure that does not pickle) by tracing the task that
+  made it: once per task, argument shapes and part, not at every move (the trace, ~4 ms,
+  was paid at each of PD-ASGD's residual moves, in front of the backward reading them).
+  Every VJP taken in still gives its own forward's gradients, bit for bit."""
+  source, target = Lane(), Lane()
+  traces, trace = [], jax.eval_shape
+  monkeypatch.setattr(jax, 'eval_shape', lambda *a, **k: traces.append(a[0]) or trace(*a, **k))
+  w, g = np.full((8, 4), 0.5, np.float32), np.ones((3, 4), np.float32)
+  for i, x in enumerate((np.ones((3, 8)), np.full((3, 8), 2.0), np.ones((5, 8)))):
+    x = x.astype(np.float32)
+    g = np.ones((len(x), 4), np.float32)
+    key, *_ = source.call('forward', (w, x), None)
+    _, payload = source.runtime.export((key, (1,)))
+    assert payload[0][0] == 'origin'  # rebuilt from its task, not unpickled
+    target.runtime.adopt(payload, (f'moved {i}', ()))
+    there, *_ = target.call('backward', (Ref((f'moved {i}', ())), g), None)
+    here, *_ = source.call('backward', (Ref((key, (1,))), g), None)
+    for part in (0, 1):
+      np.testing.assert_array_equal(target.value(there, part), source.value(here, part))
+    assert len(traces) == (1 if i < 2 else 2)  # the third forward's batch has 5 rows
+
+
 def test_a_task_without_an_abstract_trace_runs_once_for_its_shapes():
   """A task whose output's shape is set by its argument's value: `jax.eval_shape` cannot
   trace it, so the first emulated call of its shapes runs it, the next ones do not."""

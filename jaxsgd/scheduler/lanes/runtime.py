@@ -10,8 +10,8 @@ Moving a value whose structure cannot be pickled (a VJP: its leaves are arrays, 
 treedef holds the linearized function) sends only its leaves plus how it was made:
 the producing `Task`, the shapes and dtypes of its arguments and where in the output
 the value sat. The receiving lane rebuilds the structure with `jax.eval_shape` of the
-same task — the same trace of the same code, so the same treedef — and puts the
-received leaves into it.
+same task — the same trace of the same code, so the same treedef, traced once per task
+and argument shapes — and puts the received leaves into it.
 
 Emulated tasks (`executor='emulated'`): a call that carries a duration (`LanePool.start`'s
 `seconds`) does not run its task. The lane takes the task's outputs' shapes and dtypes
@@ -133,6 +133,7 @@ class LaneRuntime:
     self.origins: dict[Hashable, tuple] = {}  # key -> (task, abstract args, path)
     self.tasks: dict[int, tuple] = {}  # number -> (task, its function) (`_task`)
     self.emulated: dict[Hashable, Any] = {}  # (number, argument shapes) -> zeros (`_emulate`)
+    self.structures: dict[Hashable, Any] = {}  # a moved part's origin -> its treedef (`adopt`)
     # `_rebuilt`: task number -> the structures of its results' parts, seen to pickle; and
     # the tasks whose results have held a part that does not
     self.plain: dict[int, tuple] = {}
@@ -143,6 +144,7 @@ class LaneRuntime:
     # it exports, which a call still queued on the lane's ordered thread may make.
     self.stored = threading.Condition()
     self.failed_calls: set = set()  # keys of calls that raised (their values never come)
+    self.unreplied: set = set()  # keys of calls whose values wait for their reply (`_stored`)
     # Copies sent here by other lanes, not taken in yet (`take_in`), by key; the copies
     # that failed (key -> failure); the sources found dead; keys freed before they came.
     self.arrived: dict[Hashable, Any] = {}
@@ -205,7 +207,10 @@ class LaneRuntime:
       origin = (task, self.jax.tree.map(_abstract, values)) if rebuilt else None
       with self.stored:
         outline = self._keep(result, key, (), origin)
-        self.stored.notify_all()
+        if self.address is None:
+          self.stored.notify_all()
+        else:  # exported once the driver has the reply (`_run_calls`)
+          self.unreplied.add(key)
       return outline, entered, start, end
     except BaseException:
       with self.stored:
@@ -334,9 +339,12 @@ class LaneRuntime:
     return ready, (structure, [np.asarray(leaf) for leaf in self.jax.device_get(leaves)])
 
   def _stored(self, key: Hashable):
-    """The value under `key` once a call has made it (or raises if that call failed)."""
+    """The value under `key` once a call has made it and replied (or raises if that call
+    failed). After the reply: an export that woke as the task ended took Python's lock
+    from the reply, and the driver heard of the end 1-2 ms late (a parameter server's
+    update, whose new parameters the waiting workers import at once)."""
     with self.stored:
-      while key not in self.values:
+      while key not in self.values or key[0] in self.unreplied:
         if key[0] in self.failed_calls:
           raise MakerFailed(self.name, key[0], key)
         self.stored.wait(0.5)
@@ -369,11 +377,7 @@ class LaneRuntime:
     if kind == 'treedef':
       treedef = pickle.loads(structure)
     else:
-      task, abstract, path = structure
-      outline = jax.eval_shape(task, *abstract)
-      for i in path:
-        outline = outline[i]
-      treedef = jax.tree.structure(outline)
+      treedef = self._structure_made_by(*structure)
       self.origins[key] = structure
     leaves = [jax.device_put(leaf, self.device) for leaf in leaves]
     value = jax.tree.unflatten(treedef, leaves)
@@ -381,6 +385,28 @@ class LaneRuntime:
       self.values[key] = value
       self.stored.notify_all()
     return _outline(jax, value)
+
+  def _structure_made_by(self, task, abstract, path: tuple):
+    """The treedef of the part at `path` of `task`'s result on arguments shaped as
+    `abstract`: `jax.eval_shape` of the task, traced once per task, argument shapes and
+    path and kept — the same trace of the same code gives the same structure, and a
+    trace costs milliseconds (~4 ms for a VJP of eight dense layers), paid at every move
+    of a VJP by the lane that takes it in, in front of the task that reads it."""
+    jax = self.jax
+    shapes, arguments = jax.tree.flatten(abstract)
+    try:
+      signature = (task, arguments, tuple(shapes), path)
+      treedef = self.structures.get(signature)
+    except TypeError:  # an argument that does not hash: traced every time
+      signature, treedef = None, None
+    if treedef is None:
+      outline = jax.eval_shape(task, *abstract)
+      for i in path:
+        outline = outline[i]
+      treedef = jax.tree.structure(outline)
+      if signature is not None:
+        self.structures[signature] = treedef
+    return treedef
 
   def free(self, keys: tuple = ()):
     """Drops the values under `keys`; `(DISCARD, key)`: a copy sent here that no call
@@ -498,6 +524,10 @@ class LaneRuntime:
         self._reply('err', number, wire.failure(error))
       else:
         self._reply('ok', number, result)
+      if self.unreplied:
+        with self.stored:
+          self.unreplied.clear()
+          self.stored.notify_all()
 
   def _run_exports(self) -> None:
     while True:
