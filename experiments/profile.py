@@ -192,8 +192,9 @@ def measure_host(executor: str) -> host_lib.HostProfile:
   chain through one lane process; the CPU of all the run's processes per task, which is
   what a lane loses where the lanes take every core), its driver's figures with an idle
   lane and with a busy lane on every core this process may use, and a move of a new
-  value between two lane processes (the line through 64 KiB and 16 MiB, and what each
-  further array of a 64-array message adds)."""
+  value between two lane processes, its link and the receiving lane's taking it in (each
+  the line through 64 KiB and 16 MiB, and what each further array of a 64-array message
+  adds)."""
   cores = sorted(os.sched_getaffinity(0))
   if executor != 'processes':
     dispatch = lane_timing.measure_dispatch()
@@ -201,7 +202,7 @@ def measure_host(executor: str) -> host_lib.HostProfile:
     return host_lib.make(executor, figures, cores=len(cores))
   idle = lane_timing.measure_process_dispatch(cores=cores[:1])
   loaded = lane_timing.measure_loaded_driver(cores=cores)
-  latency, bandwidth, per_array = lane_timing.measure_process_links(cores=(cores[0], cores[-1]))
+  moves = lane_timing.measure_process_links(cores=(cores[0], cores[-1]))
   figures = {
     'dispatch': idle['processes'],
     'dispatch_loaded': idle['processes_cpu'],
@@ -209,9 +210,8 @@ def measure_host(executor: str) -> host_lib.HostProfile:
     'driver_latency': idle['driver_latency'],
     'driver_loaded': loaded['driver_loaded'],
     'driver_latency_loaded': loaded['driver_latency_loaded'],
-    'link_latency': latency,
-    'link_bandwidth': bandwidth,
-    'link_per_array': per_array,
+    **{f'link_{name}': value for name, value in zip(host_lib.MOVE_FIGURES, moves.link)},
+    **{f'take_in_{name}': value for name, value in zip(host_lib.MOVE_FIGURES, moves.take_in)},
   }
   return host_lib.make(executor, figures, cores=len(cores))
 

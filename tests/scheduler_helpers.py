@@ -164,15 +164,15 @@ def profile_of(**fields):
 
 
 def host_file(directory, executor: str = 'processes', *, cores: int = 64, **figures) -> str:
-  """A host profile (`cost.host`) of `executor` in `directory`: free links and no host
-  time unless `figures` give them; `cores` more than any test's lanes fill, unless given."""
+  """A host profile (`cost.host`) of `executor` in `directory`: free links and take-ins and
+  no host time unless `figures` give them; `cores` more than any test's lanes fill, unless given."""
   import os
 
   from jaxsgd.scheduler import host
 
-  base = dict.fromkeys(host.FIGURES[executor], 0.0)
-  if 'link_bandwidth' in base:
-    base['link_bandwidth'] = float('inf')
+  base = {
+    name: float('inf') if name.endswith('_bandwidth') else 0.0 for name in host.FIGURES[executor]
+  }
   path = os.path.join(str(directory), f'host-{executor}-{len(os.listdir(directory))}.json')
   host.save(host.make(executor, {**base, **figures}, cores=cores), path)
   return path

@@ -36,12 +36,13 @@ _PIPELINE_COSTS = {
 _STEP_COSTS = {'cost.calibrate': False, 'cost.compute.step': 0.004}
 _LINKS = {'cost.link_latency': 2e-4, 'cost.link_bandwidth': 1e9}
 # The process executor's host (`cost.host`, a host profile written for the case): free
-# links and no host time unless a case gives them; as many cores as no case's lanes fill.
+# links and take-ins and no host time unless a case gives them; as many cores as no case's lanes fill.
 _PROCESSES = {
   'executor': 'processes',
   'cores': 64,
   **dict.fromkeys(host_lib.FIGURES['processes'], 0.0),
   'link_bandwidth': float('inf'),
+  'take_in_bandwidth': float('inf'),
 }
 _RUN_AHEAD = {'cost.host': _PROCESSES}
 _DRIVER = {'cost.host': {**_PROCESSES, 'driver': 3e-4, 'driver_latency': 5e-4}}

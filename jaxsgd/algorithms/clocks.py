@@ -123,7 +123,7 @@ def cost_model(
 
   Links are `cost.link_*`; left at 0, they are the host's (a host profile of the process
   executor measures its moves between lanes), else a hardware preset's (`cost.device`),
-  else free.
+  else free. A lane's taking in what was moved to it is the host's, on any link.
   """
   cost = shared.cost
   latency, bandwidth, per_array = cost.link_latency, cost.bandwidth, 0.0
@@ -144,6 +144,7 @@ def cost_model(
     dispatch=host.dispatch,
     driver=host.driver,
     driver_latency=host.driver_latency,
+    take_in=host.take_in,
   )
 
 

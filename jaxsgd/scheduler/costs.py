@@ -3,6 +3,8 @@
     duration(task on lane l) = base(stage, kind) / speed[l] · noise_l + dispatch
     duration(transfer of n bytes in a arrays) = link_latency + (a - 1) · link_per_array
                                                 + n / link_bandwidth
+    take_in(that message, on its receiving lane) = take_in latency + (a - 1) · per array
+                                                    + n / take_in bandwidth
 
 `base` is given explicitly or measured by timing the real jitted functions once
 on this machine (`time_calls`). `dispatch` is the host time an executor spends per
@@ -50,6 +52,9 @@ class CostModel:
     driver_latency: seconds a message between the driver and a lane takes, each way (a
       dispatched task reaching its lane, a task's end reaching the driver); messages do
       not queue behind one another.
+    take_in: `(latency s, bandwidth B/s, seconds per array beyond the first)` of a lane
+      taking in a message moved to it, before the first task there that reads it
+      (`take_in_time`; the process executor's host profile; None: nothing).
   """
 
   compute: Mapping[Any, float]
@@ -62,6 +67,7 @@ class CostModel:
   dispatch: float = 0.0
   driver: float = 0.0
   driver_latency: float = 0.0
+  take_in: tuple[float, float, float] | None = None
 
   def __post_init__(self):
     for key, value in self.compute.items():
@@ -89,6 +95,18 @@ class CostModel:
         isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf
       ):
         raise ValueError(f'cost.{field}: must be a finite number of seconds >= 0, got {value!r}.')
+    if self.take_in is not None:
+      latency, bandwidth, per_array = self.take_in
+      if not (0 <= latency < math.inf and bandwidth > 0 and 0 <= per_array < math.inf):
+        raise ValueError(
+          'take_in: (latency s >= 0, bandwidth B/s > 0, seconds per array >= 0), '
+          f'got {self.take_in!r}.'
+        )
+
+  @property
+  def prices_bytes(self) -> bool:
+    """Whether a message's cost depends on its bytes (its link's or its take-in's)."""
+    return math.isfinite(self.link_bandwidth) or self.take_in is not None
 
   @property
   def simulates_driver(self) -> bool:
@@ -107,6 +125,13 @@ class CostModel:
   def transfer_time(self, nbytes: int, arrays: int = 1) -> float:
     extra_arrays = max(arrays - 1, 0)
     return self.link_latency + extra_arrays * self.link_per_array + nbytes / self.link_bandwidth
+
+  def take_in_time(self, nbytes: int, arrays: int = 1) -> float:
+    """Seconds a lane takes to take in a message of `nbytes` bytes in `arrays` arrays."""
+    if self.take_in is None:
+      return 0.0
+    latency, bandwidth, per_array = self.take_in
+    return latency + max(arrays - 1, 0) * per_array + nbytes / bandwidth
 
   def speed(self, lane: int) -> float:
     return self.device_speeds[lane] if lane < len(self.device_speeds) else 1.0

@@ -17,7 +17,8 @@ File format (JSON, `FORMAT`; seconds and bytes/s):
      "dispatch": 5e-4, "dispatch_loaded": 7.5e-4,
      "driver": 3e-5, "driver_latency": 3.8e-4,
      "driver_loaded": 4e-5, "driver_latency_loaded": 1.2e-3,
-     "link_latency": 1.5e-3, "link_bandwidth": 1.0e9, "link_per_array": 8e-5}
+     "link_latency": 1.5e-3, "link_bandwidth": 1.0e9, "link_per_array": 3e-5,
+     "take_in_latency": 5e-4, "take_in_bandwidth": 1.1e10, "take_in_per_array": 7e-5}
 
 What each figure is, and how the virtual clock uses it (`SimulatedHost`):
 
@@ -29,11 +30,16 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
                   copy dispatched, a task's end heard), simulated as one FIFO resource;
   driver_latency  and each message's way between the driver and a lane.
   link_*          'processes': a move of a new value between two lane processes
-                  (`lane_timing.measure_process_links`): latency and bandwidth of a
+                  (`lane_timing.measure_process_links`), from the value existing on
+                  the sending lane to its copy arriving: latency and bandwidth of a
                   one-array message, and the time each further array of a message
-                  adds (a lane process exports and takes in a message array by array);
-                  the run's links unless `cost.link_latency` / `cost.link_bandwidth`
-                  describe others.
+                  adds (a lane process exports a message array by array); the run's
+                  links unless `cost.link_latency` / `cost.link_bandwidth` describe
+                  others.
+  take_in_*       'processes': the same three figures of the receiving lane taking the
+                  copy in (array by array), which it does at the first call that reads
+                  it, before that call's task and after the calls before it, however
+                  early the copy arrived: time on the receiving lane, on any link.
   *_loaded        the same figures measured with a busy lane on every core; they apply
                   where the run's compute lanes take every core of the host (as many
                   lanes as `cores`), so the driver and Ray run only when they preempt one.
@@ -71,8 +77,13 @@ FIGURES = {
     'link_latency',
     'link_bandwidth',
     'link_per_array',
+    'take_in_latency',
+    'take_in_bandwidth',
+    'take_in_per_array',
   ),
 }
+# A move's figures, each of its two parts: `link_*` and `take_in_*` (`lane_timing.Moves`).
+MOVE_FIGURES = ('latency', 'bandwidth', 'per_array')
 _ABOUT = ('format', 'executor', 'cores', 'platform', 'jax_version', 'date')
 
 
@@ -108,6 +119,8 @@ class SimulatedHost:
     time_sliced: lanes placed on the same cores share them in time slices.
     link: `(latency, bandwidth, seconds per array beyond a message's first)` of the
       executor's moves between lanes, or None.
+    take_in: the same three figures of a lane taking in a message sent to it, at the
+      call that reads it, or None.
   """
 
   run_ahead: bool = False
@@ -117,6 +130,7 @@ class SimulatedHost:
   copies_on_sender: bool = False
   time_sliced: bool = False
   link: tuple[float, float, float] | None = None
+  take_in: tuple[float, float, float] | None = None
 
 
 def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
@@ -134,7 +148,8 @@ def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
     driver_latency=profile.figure('driver_latency' + loaded),
     copies_on_sender=True,
     time_sliced=True,
-    link=tuple(profile.figure(f'link_{f}') for f in ('latency', 'bandwidth', 'per_array')),
+    link=tuple(profile.figure(f'link_{f}') for f in MOVE_FIGURES),
+    take_in=tuple(profile.figure(f'take_in_{f}') for f in MOVE_FIGURES),
   )
 
 
@@ -220,7 +235,7 @@ def from_json(data, where: str) -> HostProfile:
         f'{where}: no {name} (written by an older jaxsgd?); measure the host again: '
         f'python -m experiments.profile --host={executor} --out=FILE.'
       )
-    positive = name == 'link_bandwidth'
+    positive = name.endswith('_bandwidth')
     if (
       isinstance(value, bool)
       or not isinstance(value, (int, float))

@@ -13,10 +13,12 @@ by `python -m experiments.profile --host=EXECUTOR`, `experiments.profile.measure
   message takes between it and a lane (`driver`, `driver_latency`);
 - `measure_loaded_driver`: the same two with a busy lane on every core
   (`driver_loaded`, `driver_latency_loaded`);
-- `measure_process_links`: the latency and bandwidth of a move between two lane
-  processes and what each further array of a message adds (`link_latency`,
-  `link_bandwidth`, `link_per_array`; `cost.link_latency` and `cost.link_bandwidth`
-  describe other links).
+- `measure_process_links`: a move between two lane processes in two parts, each a
+  latency, a bandwidth and what each further array of a message adds: the link
+  (`link_latency`, `link_bandwidth`, `link_per_array`; `cost.link_latency` and
+  `cost.link_bandwidth` describe other links) and the receiving lane's taking it in
+  (`take_in_latency`, `take_in_bandwidth`, `take_in_per_array`), paid at the call that
+  reads it.
 
 The rule: each figure is what a run pays, measured the way a run pays it — a chain of
 named tasks (`dispatch_tasks`, built by the lane processes themselves) through the very
@@ -31,7 +33,7 @@ tests/scheduler/test_dispatch_and_links.py, tests/lanes/test_lanes.py.
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -278,6 +280,18 @@ def _cpu_seconds_by_pid() -> dict[int, float]:
 
 
 # --- links between lane processes -------------------------------------------------------------
+class Moves(NamedTuple):
+  """A move between two lane processes, in two parts, each `(latency s, bandwidth B/s,
+  seconds per array beyond a message's first)`: `link`, from the value existing on the
+  sending lane to its copy arriving on the receiving one (the export, the socket), and
+  `take_in`, what the receiving lane then spends making the copy its own — paid in front
+  of the first call there that reads it, one call after another, however early the copy
+  arrived (`LaneRuntime.take_in`)."""
+
+  link: tuple[float, float, float]
+  take_in: tuple[float, float, float]
+
+
 def measure_process_links(
   *,
   cores: Sequence[int] = (0, 1),
@@ -286,19 +300,21 @@ def measure_process_links(
   arrays: int = 64,
   reps: int = 21,
   warmup: int = 3,
-) -> tuple[float, float, float]:
-  """`(latency s, bandwidth B/s, seconds per array)` of a move between two lane processes
-  (`LanePool.move`, lane to lane), pinned to `cores[0]` and `cores[1]`: for each
-  message, `reps` pairs of calls, one of a task on the second lane that needs a new
-  message moved there from the first, and one of the same task on a message already
-  there, alternated (and the messages interleaved); the median over the pairs of their
-  difference. Latency and bandwidth are the line through one-array messages of the two
-  `sizes` (`link_line`); the time per array is what a message of `arrays` arrays of
-  `sizes[0]` bytes in all takes beyond one array of that size, per array after the first
-  (a lane process exports and takes in a message array by array: a pushed gradient of
-  a 16-layer MLP is 34 arrays).
+) -> Moves:
+  """A move between two lane processes (`LanePool.move`, lane to lane), pinned to
+  `cores[0]` and `cores[1]`, as its `link` and its `take_in` (`Moves`). For each message,
+  `reps` triples of calls of a task on the second lane: one that needs a new message
+  moved there from the first (the whole move), one on a new message whose copy has
+  already arrived (`LanePool.settle`: the take-in alone), and one on a message already
+  taken in; alternated, the messages interleaved, and each of the first two less the
+  third, its median over the triples. Each part's latency and bandwidth are the line
+  through one-array messages of the two `sizes` (`link_line`); its time per array is what
+  a message of `arrays` arrays of `sizes[0]` bytes in all takes beyond one array of that
+  size, per array after the first (a lane process exports and takes in a message array
+  by array: a pushed gradient of a 16-layer MLP is 34 arrays). The link is the whole move
+  less the take-in, figure by figure.
 
-  A new value every pair, because every message of a run is one (a gradient, an
+  A new value every time, because every message of a run is one (a gradient, an
   activation, the parameters after an update): its export writes a new object and its
   import makes a new array, whose memory a machine may serve at its first-touch price.
   Moving one value again and again, as this once did, measured a path the runs never
@@ -325,21 +341,41 @@ def measure_process_links(
         'source', tuple(np.full(size // 4 // count, tag, np.float32) for _ in range(count))
       )
 
+    def arrived(size: int, count: int, tag: int):  # moved to the target lane, untimed
+      moved = pool.move(new_value(size, count, tag), 'target')
+      pool.settle()
+      return moved
+
     there = [pool.move(new_value(size, count, -1), 'target') for size, count in messages]
     for (size, count), local in zip(messages, there):
       for tag in range(warmup):  # warm: compiled, the first copies taken in
-        timed(new_value(size, count, tag)), timed(local)
-    # Interleaved, pair by pair: a slow spell of the machine slows every message's pairs,
-    # not one message's (which tilts the line: one run gave 9.4 GB/s, others 1.6-1.7).
-    differences = [[] for _ in messages]
+        timed(new_value(size, count, tag)), timed(arrived(size, count, tag)), timed(local)
+    # Interleaved, triple by triple: a slow spell of the machine slows every message's
+    # triples, not one message's (which tilts the line: one run gave 9.4 GB/s, others
+    # 1.6-1.7).
+    whole, taken = [[] for _ in messages], [[] for _ in messages]
     for tag in range(reps):
-      for (size, count), local, measured in zip(messages, there, differences):
-        moved = new_value(size, count, tag)
-        seconds = timed(moved)
-        del moved
-        pool.held('target')  # its copy freed there now, not inside the next timed call
-        measured.append(seconds - timed(local))
-  *one_array, many = [float(np.median(d)) for d in differences]
+      for i, ((size, count), local) in enumerate(zip(messages, there)):
+        seconds = [timed(new_value(size, count, tag)), timed(arrived(size, count, tag))]
+        pool.held('target')  # the copies freed there now, not inside the next timed call
+        base = timed(local)
+        whole[i].append(seconds[0] - base)
+        taken[i].append(seconds[1] - base)
+  moves = [_fit(sizes, arrays, [float(np.median(d)) for d in part]) for part in (whole, taken)]
+  (latency, bandwidth, per_array), take_in = moves
+  per_byte = 1 / bandwidth - 1 / take_in[1]  # seconds per byte of the link alone
+  link = (
+    max(latency - take_in[0], 0.0),
+    1 / per_byte if per_byte > 0 else math.inf,
+    max(per_array - take_in[2], 0.0),
+  )
+  return Moves(link, take_in)
+
+
+def _fit(sizes: Sequence[int], arrays: int, seconds: Sequence[float]) -> tuple[float, float, float]:
+  """`(latency, bandwidth, seconds per array)` of a move's median times: the two one-array
+  messages of `sizes` (`link_line`), then `arrays` arrays of `sizes[0]` bytes in all."""
+  *one_array, many = seconds
   latency, bandwidth = link_line(sizes, one_array)
   return latency, bandwidth, max(many - max(one_array[0], 0.0), 0.0) / (arrays - 1)
 

@@ -1,12 +1,11 @@
 """The virtual clock: a deterministic discrete-event simulation of a cluster.
 
-Every task still runs its real JAX computation, but *when* it runs is decided by
-simulated time. A task starts when its lane is free (FIFO among waiters); at its
-start the executor calls `fn(*args)` (JAX dispatches it asynchronously and the
-simulation moves on without waiting) and draws its duration from the
-`CostModel`; at its end the process resumes with the result and publishes it.
-Events at equal times run in the order they were scheduled, so a run depends on
-nothing but the programs, the costs and the seed: same seed, same bits.
+Every task still runs its real JAX computation, but *when* it runs is decided by simulated
+time. A task starts when its lane is free (FIFO among waiters); at its start the executor
+calls `fn(*args)` (JAX dispatches it asynchronously and the simulation moves on without
+waiting) and draws its duration from the `CostModel`; at its end the process resumes with
+the result and publishes it. Events at equal times run in the order they were scheduled,
+so a run depends on nothing but the programs, the costs and the seed: same seed, same bits.
 
     now = 0; schedule(advance every process at 0)
     while events: pop the earliest (time, seq) event; now = time; run it
@@ -22,11 +21,10 @@ occupies its lane's hardware (`_hardware`): the lane, what it shares (`LaneSpec.
 `copies_on_sender`, the sender's); each piece runs its tasks one at a time.
 
 This schedule is the in-process clocks'. Subclasses change it through the loop's hooks,
-never by branches in it, and `make(...)` picks the class a run's settings ask for:
+never by branches in it; `make(...)` picks the class a run's settings ask for:
 `virtual_processes.LaneProcessModel`, the process executor's schedule (running ahead, a
-simulated driver, lanes importing results: `start_task`, `_next_startable`, `_compute`,
-`_task_ended`, `_finish`), and `shared_cores.TimeSlicedVirtualExecutor`, lanes that
-time-slice a core as processes do (`_hardware_key`, `_occupy`).
+simulated driver, lanes importing and taking in results: `start_task`, `_next_startable`,
+`_compute`, `_duration`, `_task_ended`, `_finish`), and `shared_cores`' time-sliced cores.
 
 Checkpoints: `between_events` (if set) is called after every event, where the whole
 state is data: `snapshot()` returns it (the event queue as 'advance process P with V'
@@ -38,7 +36,6 @@ its saved `LoopState` and re-yields its pending op, which goes back where it was
 
 import heapq
 import itertools
-import math
 from collections import deque
 from collections.abc import Mapping
 
@@ -148,12 +145,12 @@ class VirtualExecutor(Executor):
 
   def transfer_call(self, value, channel) -> tuple:
     """The base's transfer task, the message flattened once for its bytes (counted only
-    where the link's cost depends on them) and for whether it is on the channel's
+    where a message's cost depends on them) and for whether it is on the channel's
     device already (then the task hands it on as it is, which is what `copy_for_send`
     returns for it): two flattens of a pushed gradient cost ~11 µs each of a simulated
     ASGD session's host time here."""
     leaves = jax.tree_util.tree_leaves(value)
-    nbytes = transfer.leaves_nbytes(leaves) if math.isfinite(self.cost_model.link_bandwidth) else 0
+    nbytes = transfer.leaves_nbytes(leaves) if self.cost_model.prices_bytes else 0
     if channel.device is None or transfer.leaves_on_device(leaves, channel.device):
       return _as_it_is, (value,), nbytes, len(leaves)
     return self.copy_for_send, (value, channel), nbytes, len(leaves)
@@ -203,12 +200,11 @@ class VirtualExecutor(Executor):
     del queue[index]
     process, lane, op = queued[:3]
     self._busy.add(hardware)
-    start = self._now
     result = self._compute(queued)
     if self.notes_vjps:
       snapshot_lib.note_vjps(op.fn, op.args, result)
-    duration = self._sampler.duration(op.kind, op.stage, lane, op.nbytes, op.arrays)
-    self._occupy(hardware, duration, (process, op, lane, start, result, *queued[3:]))
+    running = (process, op, lane, self._now, result, *queued[3:])
+    self._occupy(hardware, self._duration(queued), running)
 
   def _next_startable(self, hardware, queue: deque) -> int | None:
     """Hook: the index in `queue` of the task to start now (None: none can); FIFO: 0."""
@@ -219,6 +215,11 @@ class VirtualExecutor(Executor):
     """Hook: the task's result, computed as it starts (it reads its inputs then)."""
     op = queued[2]
     return op.fn(*op.args)
+
+  def _duration(self, queued: tuple) -> float:
+    """Hook: how long the task occupies its hardware from its start: its drawn cost."""
+    op = queued[2]
+    return self._sampler.duration(op.kind, op.stage, queued[1], op.nbytes, op.arrays)
 
   def _occupy(self, hardware, seconds: float, running: tuple) -> None:
     """Hook: `hardware` runs `running` alone for `seconds` from now; it ends then."""

@@ -20,6 +20,11 @@ once its task is dispatched and its lanes compute behind it:
                            different lanes go on their own links
       a task that reads    another compute lane's result (not sent to it) first pays a
                            copy over the link, as a lane process imports a handle
+      a task that starts   first takes in (`cost.take_in`, on its lane, before its cost)
+                           each message copied to its lane that it is the first there to
+                           read — its imports, and what was sent there — however early
+                           the copy arrived, as a lane process takes in a copy at the
+                           first call that reads it
 
 With a simulated driver (the host profile's `driver`: seconds per event, `driver_latency`: each
 message's way), the process executor's driver thread is one more FIFO resource:
@@ -150,14 +155,20 @@ class LaneProcessModel(VirtualExecutor):
     imports = self._imports(leaves, lane, message) if spec.link is None else []
     job = _Job(imports + message)
     reads_at = lane if spec.link is None else spec.link[0]  # a copy reads at its source
+    owed = {id(copy): copy for copy in imports}  # copies this task takes in, if first
     for made in map(self._made_of, leaves):
       if made is not None:  # what put it where this task reads it
         waits = made.at.get(reads_at, ())
         if reads_at == made.lanes[0] or not waits:
           waits = (made.job, *waits)
         job.inputs += [j for j in waits if not j.done]
+        if spec.link is None and reads_at != made.lanes[0]:
+          owed.update((id(copy), copy) for copy in made.at.get(reads_at, ()) if copy.take_in)
     if spec.link is None:
       self._unfinished[lane] = self._unfinished.get(lane, 0) + 1
+      job.owed = list(owed.values())
+    elif self.cost_model.take_in is not None:  # a Send: its receiver's first reader takes it in
+      job.take_in = self.cost_model.take_in_time(op.nbytes, op.arrays)
     job.ahead = spec.link is not None or (op.ahead and self._unfinished[lane] <= self.run_ahead)
     if job.ahead:
       job.result = op.fn(*op.args)
@@ -178,10 +189,12 @@ class LaneProcessModel(VirtualExecutor):
     copies = []
     for source, arrays in sources.items():
       link = self.cluster.link(source, lane)
-      costed = math.isfinite(self.cost_model.link_bandwidth)
-      nbytes = sum(a.nbytes for a, _ in arrays) if costed else 0
+      nbytes = sum(a.nbytes for a, _ in arrays) if self.cost_model.prices_bytes else 0
       copy = _Job([made.job for _, made in arrays if not made.job.done] + message)
       copy.result = ()
+      copy.take_in = self.cost_model.take_in_time(nbytes, len(arrays))
+      if not math.isfinite(self.cost_model.link_bandwidth):
+        nbytes = 0  # (a free link: its bytes cost nothing)
       moved = Compute(None, kind=TRANSFER, lane=link, nbytes=nbytes, arrays=len(arrays))
       self._enqueue((None, link, moved, copy))
       copies.append(copy)
@@ -209,12 +222,24 @@ class LaneProcessModel(VirtualExecutor):
     return None
 
   def _compute(self, queued: tuple):
-    """The result computed when the process ran ahead, else computed now. The job lets go
-    of its inputs, which have ended: kept, a chain of jobs would keep every result alive."""
+    """The result computed when the process ran ahead, else computed now; the copies it
+    is the first on its lane to read are taken in now (`_duration`). The job lets go of
+    its inputs, which have ended: kept, a chain of jobs would keep every result alive."""
     job = queued[3]
     result = job.result if job.result is not _NOT_YET else super()._compute(queued)
     job.inputs = ()
+    for copy in job.owed:  # each taken in once, by the first task that reads it
+      job.take_in += copy.take_in
+      copy.take_in = 0.0
+    job.owed = ()
     return result
+
+  def _duration(self, queued: tuple) -> float:
+    """The task's cost, after the copies it takes in (a copy's own: its link's)."""
+    job = queued[3]
+    if self.cluster.lanes[queued[1]].link is not None:
+      return super()._duration(queued)
+    return job.take_in + super()._duration(queued)
 
   def _finish(self, process, op, lane, start, result, job: '_Job') -> None:
     super()._finish(process, op, lane, start, result, job)
@@ -262,9 +287,12 @@ _NOT_YET = object()  # a task's result, not computed yet
 class _Job:
   """A task of a run-ahead schedule: the tasks it waits for (`inputs`), its result once
   computed, whether its process went on with it at dispatch (`ahead`), whether it has
-  ended, and the hardware whose next task waits for it (`blocked`, in order)."""
+  ended, and the hardware whose next task waits for it (`blocked`, in order). Taking in:
+  a copy's `take_in` is the seconds its receiving lane owes for it until a task there
+  reads it; a compute task's `owed` are the copies it may be the first to read, and its
+  `take_in` the seconds it paid for them at its start."""
 
-  __slots__ = ('inputs', 'result', 'ahead', 'done', 'blocked')
+  __slots__ = ('inputs', 'result', 'ahead', 'done', 'blocked', 'take_in', 'owed')
 
   def __init__(self, inputs: list):
     self.inputs, self.result, self.ahead, self.done, self.blocked = (
@@ -274,6 +302,7 @@ class _Job:
       False,
       {},
     )
+    self.take_in, self.owed = 0.0, ()
 
 
 class _Made:

@@ -10,6 +10,7 @@ Every expected time below is computed by hand.
 """
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -386,6 +387,28 @@ def test_the_process_hosts_link_per_array_reaches_the_cost_model(tmp_path):
     shared_settings(config), {'forward': 1.0}, host=clocks.simulated_host(shared, 2)
   )
   assert (model.link_latency, model.link_per_array) == (0.001, 0.0)
+
+
+def test_the_process_hosts_take_in_reaches_the_cost_model_on_any_link(tmp_path):
+  """A host profile's `take_in_*` figures price a lane taking in a message, with the
+  host's links and with `cost.link_latency` describing others alike (the take-in is the
+  receiving lane process's, not the link's); a profile without them (an older jaxsgd's)
+  is refused in one line saying how to measure it again."""
+  figures = dict(take_in_latency=5e-4, take_in_bandwidth=1e10, take_in_per_array=7e-5)
+  config = ddg_config.get_config()
+  config.clock, config.cost.host = 'virtual', host_file(tmp_path, **figures)
+  for link_latency in (0.0, 0.001):
+    config.cost.link_latency = link_latency
+    shared = shared_settings(config)
+    model = clocks.cost_model(shared, {'forward': 1.0}, host=clocks.simulated_host(shared, 2))
+    assert model.take_in == (5e-4, 1e10, 7e-5)
+    assert model.take_in_time(2000, arrays=34) == 5e-4 + 33 * 7e-5 + 2000 / 1e10
+  old = json.loads(open(config.cost.host).read())
+  del old['take_in_per_array']
+  with open(config.cost.host, 'w') as f:
+    json.dump(old, f)
+  with pytest.raises(ValueError, match=r'no take_in_per_array \(written by an older jaxsgd\?\)'):
+    shared_settings(config)
 
 
 def test_lanes_placed_on_one_core_run_one_task_at_a_time():

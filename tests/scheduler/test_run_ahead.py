@@ -259,6 +259,64 @@ def test_an_import_of_several_arrays_pays_link_per_array_for_each_beyond_the_fir
   assert spans == {'a': [(0, 1)], 'link a → b': [(1, 1.75)], 'b': [(1.75, 3.75)]}
 
 
+def test_an_import_is_taken_in_on_its_lane_after_its_copy():
+  """As above, with the receiving lane's take-in (`cost.take_in`: 0.125 s, 8000 B/s,
+  0.0625 s per array beyond the first): the copy over the link (1 → 1.75) is followed by
+  lane b taking in its two arrays of 1000 bytes, 0.125 + 0.0625 + 2000 / 8000 = 0.4375 s,
+  in front of B (2 s): b is busy 1.75 → 4.1875."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+
+  def on_a():
+    made = yield Compute(lambda: (_make(), _make()), kind='forward', stage=0)
+    yield Put(inbox, made)
+
+  def on_b():
+    made = yield Get(inbox)
+    yield Compute(lambda pair: pair[0] + pair[1], (made,), kind='backward', stage=0)
+
+  costs = dataclasses.replace(COSTS, link_per_array=0.25, take_in=(0.125, 8000.0, 0.0625))
+  executor = LaneProcessModel(costs, run_ahead=4)
+  spans = _spans_by_lane(
+    cluster, executor.run(cluster, [Process('a', a, on_a()), Process('b', b, on_b())])
+  )
+  assert spans == {'a': [(0, 1)], 'link a → b': [(1, 1.75)], 'b': [(1.75, 4.1875)]}
+
+
+def test_a_message_that_arrived_early_is_taken_in_once_by_the_first_task_reading_it():
+  """Lane a makes x (1000 bytes, 0 → 1) and sends it to b (the copy 1 → 1.5). Lane b
+  runs two forwards (0 → 2) before the first task that reads x: x arrived at 1.5, yet
+  that task first takes it in (0.125 + 1000 / 8000 = 0.25 s), as a lane process does at
+  the first call reading a copy: 2 → 4.25 with its 2 s. The second task reading x takes
+  nothing in: 4.25 → 6.25."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+
+  def on_a():
+    x = yield Compute(_make, kind='forward', stage=0)
+    yield Send(inbox, x)
+
+  def on_b():
+    for _ in range(2):
+      yield Compute(_make, kind='forward', stage=0)
+    x = yield Get(inbox)
+    for _ in range(2):
+      yield Compute(_use, (x,), kind='backward', stage=0)
+
+  costs = dataclasses.replace(COSTS, take_in=(0.125, 8000.0, 0.0625))
+  executor = LaneProcessModel(costs, run_ahead=4)
+  spans = _spans_by_lane(
+    cluster, executor.run(cluster, [Process('a', a, on_a()), Process('b', b, on_b())])
+  )
+  assert spans == {
+    'a': [(0, 1)],
+    'link a → b': [(1, 1.5)],
+    'b': [(0, 1), (1, 2), (2, 4.25), (4.25, 6.25)],
+  }
+
+
 def test_a_senders_copies_run_in_the_order_sent_even_when_a_later_value_is_ready():
   """Lane a makes x (0 → 1) and y (1 → 2), sends y to b, then x to c. Its copies share
   a's core with its tasks (`copies_on_sender`, time-sliced) and run one at a time in the
