@@ -144,7 +144,6 @@ class LaneRuntime:
     # it exports, which a call still queued on the lane's ordered thread may make.
     self.stored = threading.Condition()
     self.failed_calls: set = set()  # keys of calls that raised (their values never come)
-    self.unreplied: set = set()  # keys of calls whose values wait for their reply (`_stored`)
     # Copies sent here by other lanes, not taken in yet (`take_in`), by key; the copies
     # that failed (key -> failure); the sources found dead; keys freed before they came.
     self.arrived: dict[Hashable, Any] = {}
@@ -207,10 +206,7 @@ class LaneRuntime:
       origin = (task, self.jax.tree.map(_abstract, values)) if rebuilt else None
       with self.stored:
         outline = self._keep(result, key, (), origin)
-        if self.address is None:
-          self.stored.notify_all()
-        else:  # exported once the driver has the reply (`_run_calls`)
-          self.unreplied.add(key)
+        self.stored.notify_all()
       return outline, entered, start, end
     except BaseException:
       with self.stored:
@@ -339,12 +335,9 @@ class LaneRuntime:
     return ready, (structure, [np.asarray(leaf) for leaf in self.jax.device_get(leaves)])
 
   def _stored(self, key: Hashable):
-    """The value under `key` once a call has made it and replied (or raises if that call
-    failed). After the reply: an export that woke as the task ended took Python's lock
-    from the reply, and the driver heard of the end 1-2 ms late (a parameter server's
-    update, whose new parameters the waiting workers import at once)."""
+    """The value under `key` once a call has made it (or raises if that call failed)."""
     with self.stored:
-      while key not in self.values or key[0] in self.unreplied:
+      while key not in self.values:
         if key[0] in self.failed_calls:
           raise MakerFailed(self.name, key[0], key)
         self.stored.wait(0.5)
@@ -524,10 +517,6 @@ class LaneRuntime:
         self._reply('err', number, wire.failure(error))
       else:
         self._reply('ok', number, result)
-      if self.unreplied:
-        with self.stored:
-          self.unreplied.clear()
-          self.stored.notify_all()
 
   def _run_exports(self) -> None:
     while True:
