@@ -304,10 +304,13 @@ def measure_process_links(
   """A move between two lane processes (`LanePool.move`, lane to lane), pinned to
   `cores[0]` and `cores[1]`, as its `link` and its `take_in` (`Moves`). For each message,
   `reps` triples of calls of a task on the second lane: one that needs a new message
-  moved there from the first (the whole move), one on a new message whose copy has
-  already arrived (`LanePool.settle`: the take-in alone), and one on a message already
-  taken in; alternated, the messages interleaved, and each of the first two less the
-  third, its median over the triples. Each part's latency and bandwidth are the line
+  moved there from the first (the whole move: its wall time), one on a new message whose
+  copy has already arrived (`LanePool.settle`: the take-in alone, as the lane stamps it,
+  from the call's start there to its task's start), and one on a message already taken
+  in, alike; alternated, the messages interleaved, and each of the first two less the
+  third, its median over the triples. (The take-in as a difference of wall times read
+  ~10x a run's for large arrays: a 16 MiB message 9 ms, where a PD-ASGD lane took in
+  31.5 MB of residuals in 1.9 ms; the calls' tasks read a value just taken in.) Each part's latency and bandwidth are the line
   through one-array messages of the two `sizes` (`link_line`); its time per array is what
   a message of `arrays` arrays of `sizes[0]` bytes in all takes beyond one array of that
   size, per array after the first (a lane process exports and takes in a message array
@@ -331,10 +334,11 @@ def measure_process_links(
   messages = [(size, 1) for size in sizes] + [(sizes[0], arrays)]  # (bytes, arrays)
   with LanePool(placement, address=address, verbose=False) as pool:
 
-    def timed(value) -> float:
+    def timed(value) -> tuple[float, float]:  # the call's wall time; its wait in the lane
       start = time.perf_counter()
-      pool.run('target', first, (value,))
-      return time.perf_counter() - start
+      pending = pool.start('target', first, (value,))
+      pool.wait_any([pending])
+      return time.perf_counter() - start, pending.started - pending.entered
 
     def new_value(size: int, count: int, tag: int):  # put on the source lane, untimed
       return pool.put(
@@ -356,20 +360,25 @@ def measure_process_links(
     whole, taken = [[] for _ in messages], [[] for _ in messages]
     for tag in range(reps):
       for i, ((size, count), local) in enumerate(zip(messages, there)):
-        seconds = [timed(new_value(size, count, tag)), timed(arrived(size, count, tag))]
+        moved, landed = timed(new_value(size, count, tag)), timed(arrived(size, count, tag))
         pool.held('target')  # the copies freed there now, not inside the next timed call
         base = timed(local)
-        whole[i].append(seconds[0] - base)
-        taken[i].append(seconds[1] - base)
-  moves = [_fit(sizes, arrays, [float(np.median(d)) for d in part]) for part in (whole, taken)]
-  (latency, bandwidth, per_array), take_in = moves
-  per_byte = 1 / bandwidth - 1 / take_in[1]  # seconds per byte of the link alone
-  link = (
-    max(latency - take_in[0], 0.0),
+        whole[i].append(moved[0] - base[0])
+        taken[i].append(landed[1] - base[1])
+  whole, take_in = [_fit(sizes, arrays, [float(np.median(d)) for d in x]) for x in (whole, taken)]
+  return Moves(less(whole, take_in), take_in)
+
+
+def less(whole: Sequence[float], part: Sequence[float]) -> tuple[float, float, float]:
+  """`(latency, bandwidth, seconds per array)` of a move `whole` less its `part`, figure
+  by figure: latencies and times per array subtract (at least 0), seconds per byte too
+  (a bandwidth infinite where nothing is left)."""
+  per_byte = 1 / whole[1] - 1 / part[1]
+  return (
+    max(whole[0] - part[0], 0.0),
     1 / per_byte if per_byte > 0 else math.inf,
-    max(per_array - take_in[2], 0.0),
+    max(whole[2] - part[2], 0.0),
   )
-  return Moves(link, take_in)
 
 
 def _fit(sizes: Sequence[int], arrays: int, seconds: Sequence[float]) -> tuple[float, float, float]:
