@@ -332,10 +332,24 @@ def main(argv=None) -> None:
   parser.add_argument('--error_median', type=float, default=default.median)
   parser.add_argument('--error_max', type=float, default=default.largest)
   parser.add_argument('--error_source', default=default.source, help='where the error is from')
+  parser.add_argument(
+    '--error_by_family',
+    default=','.join(f'{name}={value}' for name, value in default.by_family),
+    help='the largest error per family, NAME=X,...; a family not named takes --error_max',
+  )
   args = parser.parse_args(argv)
   if not args.results:
     parser.error('nothing to do: pass --results (a suite report is written by experiments.compare)')
-  error = results_table.SimulatorError(args.error_median, args.error_max, args.error_source)
+  try:
+    by_family = tuple(
+      (name, float(value))
+      for name, value in (item.split('=') for item in args.error_by_family.split(',') if item)
+    )
+  except ValueError:
+    parser.error(f'--error_by_family: NAME=X,... with X a fraction; got {args.error_by_family!r}')
+  error = results_table.SimulatorError(
+    args.error_median, args.error_max, args.error_source, by_family
+  )
   print(
     results_table.write_results(
       args.results_md, args.results_dir, list(suites.SUITES.values()), error

@@ -30,20 +30,35 @@ HEADER = (
 
 @dataclasses.dataclass(frozen=True)
 class SimulatorError:
-  """The relative error of a simulated time: its median and largest measured values."""
+  """The relative error of a simulated time: its median and largest measured values, and
+  the largest per scheduler family measured (`by_family`: `(algorithm name, error)`)."""
 
   median: float
   largest: float
   source: str
+  by_family: tuple[tuple[str, float], ...] = ()
+
+  def of(self, family: str | None) -> float:
+    """The largest error measured for `family`; for a family not measured (the
+    data-parallel methods), the largest of all."""
+    return dict(self.by_family).get(family, self.largest)
 
 
-# benchmarks/results/schedule_error.md, "After the lanes' wire": the simulator against
-# the process executor with emulated tasks, every family, K = 2..16.
+# benchmarks/results/simulator_error.txt, part 1: the simulator against the process
+# executor with emulated tasks, every family, K = 2..16 (ASGD, DC-ASGD also M = 32).
 SCHEDULE_ERROR = SimulatorError(
-  median=0.048,
-  largest=0.217,
-  source="benchmarks/results/schedule_error.md (after the lanes' wire: median of 30 runs, "
-  'largest over them)',
+  median=0.033,
+  largest=0.361,
+  source='benchmarks/results/simulator_error.txt (part 1: median of 30 runs, largest over them)',
+  by_family=(
+    ('bp', 0.041),
+    ('ddg', 0.168),
+    ('local', 0.021),
+    ('asgd', 0.154),
+    ('dcasgd', 0.063),
+    ('pdasgd', 0.361),
+    ('lppsgd', 0.174),
+  ),
 )
 
 
@@ -58,9 +73,12 @@ def load_reports(results_dir: str, names) -> dict[str, dict]:
   return reports
 
 
-def interval(speedup: float, error: float) -> tuple[float, float]:
-  """The speed-up's range when each of its two times may be off by `error` (relative)."""
-  return speedup * (1 - error) / (1 + error), speedup * (1 + error) / (1 - error)
+def interval(speedup: float, error: float, baseline_error: float | None = None):
+  """The range of a speed-up S = T_baseline / T_method when the method's time may be off by
+  `error` and the baseline's by `baseline_error` (relative; the same if not given):
+  S (1 - e_b) / (1 + e_m) … S (1 + e_b) / (1 - e_m)."""
+  e_b = error if baseline_error is None else baseline_error
+  return speedup * (1 - e_b) / (1 + error), speedup * (1 + e_b) / (1 - error)
 
 
 def _mean(stats) -> float | None:
@@ -80,14 +98,17 @@ def speedup(method: dict, baseline: dict) -> tuple[float | None, bool]:
   return (None, False) if total is None else (total / mine, True)
 
 
-def faster_verdict(method: dict, baseline: dict, error: float) -> str:
-  """Whether the method reaching the target sooner is shown beyond the simulator's error."""
+def faster_verdict(
+  method: dict, baseline: dict, error: float, baseline_error: float | None = None
+) -> str:
+  """Whether the method reaching the target sooner is shown beyond the simulator's error
+  (`interval`'s errors)."""
   s, bound = speedup(method, baseline)
   if s is None:
     if method['reached_target'] == 0 and baseline['reached_target'] > 0:
       return 'not reproduced (never reaches the target; the baseline does)'
     return 'not shown at this size (neither reaches the target)'
-  low, high = interval(s, error)
+  low, high = interval(s, error, baseline_error)
   if low > 1:
     return 'reproduced (faster beyond the simulator error)'
   if high < 1 and not bound:
@@ -125,24 +146,29 @@ def _time(method: dict) -> str:
   return f'never ({seeds})' if mean is None else f'{mean:.3g} ({seeds})'
 
 
-def _speedup_cell(method: dict, baseline: dict, error: float) -> str:
+def _speedup_cell(method: dict, baseline: dict, error: float, baseline_error: float) -> str:
   s, bound = speedup(method, baseline)
   if s is None:
     return '—'
-  low, high = interval(s, error)
+  low, high = interval(s, error, baseline_error)
   if bound:
     return f'> {s:.2f}× [> {low:.2f}]'
   return f'{s:.2f}× [{low:.2f}–{high:.2f}]'
 
 
-def claim_row(claim, report: dict, link: str, error: SimulatorError) -> list[str]:
-  """The table's row of one `suites.Claim` measured in `report` (a suite's report.json)."""
+def claim_row(
+  claim, report: dict, link: str, error: SimulatorError, families: dict | None = None
+) -> list[str]:
+  """The table's row of one `suites.Claim` measured in `report` (a suite's report.json);
+  `families`: each method label's algorithm name, whose measured error prices its time."""
   method, baseline = report['methods'].get(claim.method), report['methods'].get(claim.baseline)
   title = f'{claim.method} vs {claim.baseline}: {claim.kind} ([{report["suite"]}]({link}))'
   if method is None or baseline is None:
     return [title, claim.paper, '—', '—', '—', 'not shown at this size (not run)']
+  families = families or {}
+  errors = error.of(families.get(claim.method)), error.of(families.get(claim.baseline))
   if claim.kind == 'faster':
-    verdict = faster_verdict(method, baseline, error.largest)
+    verdict = faster_verdict(method, baseline, *errors)
   else:
     verdict = accuracy_verdict(claim.kind, method, baseline)
   return [
@@ -150,9 +176,31 @@ def claim_row(claim, report: dict, link: str, error: SimulatorError) -> list[str
     claim.paper,
     f'{_accuracy(method["final_accuracy"])} vs {_accuracy(baseline["final_accuracy"])}',
     f'{_time(method)} vs {_time(baseline)}',
-    _speedup_cell(method, baseline, error.largest),
+    _speedup_cell(method, baseline, *errors),
     verdict,
   ]
+
+
+def method_families(suite) -> dict[str, str]:
+  """`{label: algorithm name}` of a suite's methods (an override of `algorithm.name`, else
+  the config file's)."""
+  from experiments import suites as suites_lib  # pylint: disable=g-import-not-at-top
+
+  families = {}
+  for method in suite.methods:
+    name = dict(method.overrides).get('algorithm.name')
+    families[method.label] = name or suites_lib.load_config(method.config).algorithm.name
+  return families
+
+
+def _errors_note(error: SimulatorError) -> str:
+  per_family = ', '.join(f'{name} {100 * value:.1f} %' for name, value in error.by_family)
+  if not per_family:
+    return f'off by up to {100 * error.largest:.1f} %'
+  return (
+    f"off by up to the largest error measured for its method's family ({per_family}; the "
+    f'data-parallel methods, not measured, {100 * error.largest:.1f} %, the largest of all)'
+  )
 
 
 def resolution_note(report: dict) -> str:
@@ -183,15 +231,15 @@ def table(
   lines += ['| ' + ' | '.join(HEADER) + ' |', '|' + '---|' * len(HEADER)]
   for suite in suites:
     for claim in suite.claims if suite.name in reports else ():
-      row = claim_row(claim, reports[suite.name], links[suite.name], error)
+      families = method_families(suite)
+      row = claim_row(claim, reports[suite.name], links[suite.name], error, families)
       lines.append('| ' + ' | '.join(row) + ' |')
   lines += [
     '',
     f'Accuracy: mean ± sd over the seeds. Time to target: mean over the seeds that reached '
     f"it (reached/run). Speed-up: the baseline's time over the method's; the interval "
-    f'takes each simulated time as off by up to {100 * error.largest:.1f} % (median '
-    f'{100 * error.median:.1f} %; {error.source}); "faster" is reproduced only if the whole '
-    f'interval is above 1. "matches" / "better": within / above twice the larger seed sd. '
+    f'takes each simulated time as {_errors_note(error)} (median {100 * error.median:.1f} %; '
+    f'{error.source}); "faster" is reproduced only if the whole interval is above 1. "matches" / "better": within / above twice the larger seed sd. '
     f'Resolution of the times to target: '
     + '; '.join(resolution_note(reports[s.name]) for s in suites if s.name in reports)
     + '.',

@@ -46,6 +46,32 @@ def test_interval_is_the_speedup_with_both_times_off_by_the_error():
   assert low == pytest.approx(2.0 * 0.75 / 1.25) and high == pytest.approx(2.0 * 1.25 / 0.75)
 
 
+def test_each_time_takes_its_familys_error():
+  """S = 2 with the method's time off by up to 10 % and the baseline's by 20 %:
+  2 x 0.8 / 1.1 = 1.4545 … 2 x 1.2 / 0.9 = 2.6667. A family not measured takes the
+  largest error of all."""
+  low, high = results_table.interval(2.0, 0.1, 0.2)
+  assert low == pytest.approx(1.6 / 1.1) and high == pytest.approx(2.4 / 0.9)
+  error = results_table.SimulatorError(0.05, 0.3, 'a test figure', (('bp', 0.2), ('ddg', 0.1)))
+  assert (error.of('ddg'), error.of('bp'), error.of('ssgd'), error.of(None)) == (0.1, 0.2, 0.3, 0.3)
+
+
+def test_a_claim_row_prices_each_method_by_its_family():
+  """DDG K=4 against BP: 1.6 / 1.5 = 1.0667. With one error of 25 % for both it is not
+  shown (0.64 … 1.78); with DDG's 2 % and BP's 3 %: 1.0667 x 0.97 / 1.02 = 1.0144 > 1, shown."""
+  claim = suites.Claim('DDG K=4', 'BP (staged, K=4)', 'faster', 'a paper figure')
+  families = results_table.method_families(suites.SUITES['ddg'])
+  assert (families['DDG K=4'], families['BP (staged, K=4)']) == ('ddg', 'bp')
+  report_json = _ddg_report()
+  one = results_table.claim_row(claim, report_json, 'link', ERROR, families)
+  assert one[-1].startswith('not shown at this size') and '[0.64–1.78]' in one[-2]
+  measured = results_table.SimulatorError(
+    0.01, 0.25, 'a test figure', (('ddg', 0.02), ('bp', 0.03))
+  )
+  row = results_table.claim_row(claim, report_json, 'link', measured, families)
+  assert row[-1] == 'reproduced (faster beyond the simulator error)' and '[1.01–1.12]' in row[-2]
+
+
 def test_verdicts_hand_computed():
   methods = _ddg_report()['methods']
   bp, k2, k4 = methods['BP (staged, K=4)'], methods['DDG K=2'], methods['DDG K=4']
