@@ -235,10 +235,16 @@ def test_a_lane_waiting_for_its_input_leaves_a_shared_device_to_the_other_lane()
   }
 
 
-def test_an_import_of_several_arrays_pays_link_per_array_for_each_beyond_the_first():
+@pytest.mark.parametrize(
+  'take_in, b_ends', [(None, 3.75), ((0.125, 8000.0, 0.0625), 4.1875)], ids=['link', 'take-in']
+)
+def test_an_import_of_several_arrays_pays_per_array_on_its_link_and_its_take_in(take_in, b_ends):
   """Lane b's task reads two arrays made on lane a (F: 0 → 1, each 1000 bytes): one copy
   over the link imports both, 0.5 s latency + 0.25 s for the second array (free
-  bandwidth), 1 → 1.75; b's task (B) runs 1.75 → 3.75."""
+  bandwidth), 1 → 1.75; b's task (B, 2 s) runs 1.75 → 3.75. With the receiving lane's
+  take-in (`cost.take_in`: 0.125 s, 8000 B/s, 0.0625 s per array beyond the first), lane
+  b first takes the two arrays in, 0.125 + 0.0625 + 2000 / 8000 = 0.4375 s, in front of B:
+  1.75 → 4.1875."""
   cluster = Cluster()
   a, b = cluster.add_lane('a'), cluster.add_lane('b')
   inbox = cluster.channel('inbox', b)
@@ -251,37 +257,12 @@ def test_an_import_of_several_arrays_pays_link_per_array_for_each_beyond_the_fir
     made = yield Get(inbox)
     yield Compute(lambda pair: pair[0] + pair[1], (made,), kind='backward', stage=0)
 
-  costs = dataclasses.replace(COSTS, link_per_array=0.25)
+  costs = dataclasses.replace(COSTS, link_per_array=0.25, take_in=take_in)
   executor = LaneProcessModel(costs, run_ahead=4)
   spans = _spans_by_lane(
     cluster, executor.run(cluster, [Process('a', a, on_a()), Process('b', b, on_b())])
   )
-  assert spans == {'a': [(0, 1)], 'link a → b': [(1, 1.75)], 'b': [(1.75, 3.75)]}
-
-
-def test_an_import_is_taken_in_on_its_lane_after_its_copy():
-  """As above, with the receiving lane's take-in (`cost.take_in`: 0.125 s, 8000 B/s,
-  0.0625 s per array beyond the first): the copy over the link (1 → 1.75) is followed by
-  lane b taking in its two arrays of 1000 bytes, 0.125 + 0.0625 + 2000 / 8000 = 0.4375 s,
-  in front of B (2 s): b is busy 1.75 → 4.1875."""
-  cluster = Cluster()
-  a, b = cluster.add_lane('a'), cluster.add_lane('b')
-  inbox = cluster.channel('inbox', b)
-
-  def on_a():
-    made = yield Compute(lambda: (_make(), _make()), kind='forward', stage=0)
-    yield Put(inbox, made)
-
-  def on_b():
-    made = yield Get(inbox)
-    yield Compute(lambda pair: pair[0] + pair[1], (made,), kind='backward', stage=0)
-
-  costs = dataclasses.replace(COSTS, link_per_array=0.25, take_in=(0.125, 8000.0, 0.0625))
-  executor = LaneProcessModel(costs, run_ahead=4)
-  spans = _spans_by_lane(
-    cluster, executor.run(cluster, [Process('a', a, on_a()), Process('b', b, on_b())])
-  )
-  assert spans == {'a': [(0, 1)], 'link a → b': [(1, 1.75)], 'b': [(1.75, 4.1875)]}
+  assert spans == {'a': [(0, 1)], 'link a → b': [(1, 1.75)], 'b': [(1.75, b_ends)]}
 
 
 def test_a_message_that_arrived_early_is_taken_in_once_by_the_first_task_reading_it():
