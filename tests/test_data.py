@@ -167,3 +167,19 @@ def test_pydoc_bytes_is_next_byte_windows_of_the_recorded_text(data_dir):
     assert sorted(map(bytes, tokens)) == sorted(windows)
   batch = next(ds.train_batches(8, seed=0))
   assert batch['image'].shape == (8, 32) and batch['label'].shape == (8, 32)
+
+
+def test_an_offline_dataset_generated_on_first_use_says_so_in_one_line(tmp_path, capfd):
+  """Nothing is downloaded, so none of tfds' words for a download reach the terminal
+  ("Downloading and preparing dataset ...", its progress bars, its warning about a folder
+  without dataset_info.json): one line says the dataset was generated; loading it again
+  from the same data_dir says nothing."""
+  capfd.readouterr()
+  data.load('digits', str(tmp_path))
+  out, err = capfd.readouterr()
+  assert out == '' and 'Download' not in err and 'dataset_info' not in err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f'dataset: generated digits into {tmp_path}')
+  data.pipeline._load_cached.cache_clear()  # pylint: disable=protected-access
+  data.load('digits', str(tmp_path))
+  assert capfd.readouterr() == ('', '')

@@ -12,13 +12,19 @@ them back), `label` = `tokens[:, 1:]` as int32 `[B, T]`, one label per position;
 not standardized, and `num_classes` is the vocabulary size.
 """
 
+import contextlib
 import dataclasses
 import functools
+import glob
+import io
 import os
+import sys
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging as absl_logging
 
 from jaxsgd.data import builders
 
@@ -185,13 +191,14 @@ def _load_cached(name: str, data_dir: str) -> Dataset:
   builder_kwargs = {'file_format': 'array_record'}
   is_offline = name in OFFLINE_DATASETS
   try:
-    sources = tfds.data_source(
-      name,
-      split=['train', 'test'],
-      data_dir=data_dir,
-      download=is_offline,
-      builder_kwargs=builder_kwargs,
-    )
+    with _generated_quietly(name, data_dir) if is_offline else contextlib.nullcontext():
+      sources = tfds.data_source(
+        name,
+        split=['train', 'test'],
+        data_dir=data_dir,
+        download=is_offline,
+        builder_kwargs=builder_kwargs,
+      )
   except (
     AssertionError,
     KeyError,
@@ -277,6 +284,32 @@ def check_dataset_name(name) -> None:
 
 
 _check_name = check_dataset_name
+
+
+@contextlib.contextmanager
+def _generated_quietly(name: str, data_dir: str):
+  """Loads an offline dataset without tfds' words for a download ("Downloading and
+  preparing dataset ...", progress bars, a warning that a folder has no
+  dataset_info.json): nothing is downloaded. Where it was generated (first use), one line
+  of its own on stderr says so."""
+  folder = os.path.join(data_dir, name.split('/')[0])
+  prepared = lambda: set(glob.glob(os.path.join(folder, '**', 'dataset_info.json'), recursive=True))  # noqa: E731
+  before, started = prepared(), time.perf_counter()
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.ERROR)
+  tfds.display_progress_bar(False)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      yield
+  finally:
+    tfds.display_progress_bar(True)  # (tfds' default; jaxsgd turns it off nowhere else)
+    absl_logging.set_verbosity(verbosity)
+  if prepared() - before:
+    print(
+      f'dataset: generated {name} into {folder} on first use, offline '
+      f'({time.perf_counter() - started:.1f} s)',
+      file=sys.stderr,
+    )
 
 
 def _not_prepared_message(name, data_dir):
