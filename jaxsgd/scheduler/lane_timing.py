@@ -309,13 +309,14 @@ def measure_process_links(
   from the call's start there to its task's start), and one on a message already taken
   in, alike; alternated, the messages interleaved, and each of the first two less the
   third, its median over the triples. (The take-in as a difference of wall times read
-  ~10x a run's for large arrays: a 16 MiB message 9 ms, where a PD-ASGD lane took in
-  31.5 MB of residuals in 1.9 ms; the calls' tasks read a value just taken in.) Each part's latency and bandwidth are the line
-  through one-array messages of the two `sizes` (`link_line`); its time per array is what
-  a message of `arrays` arrays of `sizes[0]` bytes in all takes beyond one array of that
-  size, per array after the first (a lane process exports and takes in a message array
-  by array: a pushed gradient of a 16-layer MLP is 34 arrays). The link is the whole move
-  less the take-in, figure by figure.
+  ~10x a run's for large arrays — a 16 MiB message 9 ms, where a PD-ASGD lane took in
+  31.5 MB of residuals in 1.9 ms — since it also timed the task reading a value just
+  taken in.) Each part's latency and bandwidth are the line through one-array messages
+  of the two `sizes` (`link_line`); its time per array is what a message of `arrays`
+  arrays of `sizes[0]` bytes in all takes beyond one array of that size, per array after
+  the first (a lane process exports and takes in a message array by array: a pushed
+  gradient of a 16-layer MLP is 34 arrays). The link is the whole move less the take-in,
+  figure by figure (`less`).
 
   A new value every time, because every message of a run is one (a gradient, an
   activation, the parameters after an update): its export writes a new object and its

@@ -409,6 +409,9 @@ def test_the_process_hosts_take_in_reaches_the_cost_model_on_any_link(tmp_path):
     json.dump(old, f)
   with pytest.raises(ValueError, match=r'no take_in_per_array \(written by an older jaxsgd\?\)'):
     shared_settings(config)
+  for bad in ((-1e-3, 1e9, 0.0), (0.0, 0.0, 0.0), (0.0, 1e9, float('inf'))):
+    with pytest.raises(ValueError, match=r'^take_in: \(latency s >= 0, bandwidth B/s > 0'):
+      CostModel({}, take_in=bad)
 
 
 def test_lanes_placed_on_one_core_run_one_task_at_a_time():
