@@ -342,11 +342,15 @@ def main(argv=None) -> None:
     parser.error('nothing to do: pass --results (a suite report is written by experiments.compare)')
   try:
     by_family = tuple(
-      (name, float(value))
+      (name.strip(), float(value))
       for name, value in (item.split('=') for item in args.error_by_family.split(',') if item)
     )
   except ValueError:
-    parser.error(f'--error_by_family: NAME=X,... with X a fraction; got {args.error_by_family!r}')
+    by_family = None
+  if by_family is None or not all(name and 0 <= x < 1 for name, x in by_family):
+    parser.error(
+      f'--error_by_family: NAME=X,... with X a fraction in [0, 1); got {args.error_by_family!r}'
+    )
   error = results_table.SimulatorError(
     args.error_median, args.error_max, args.error_source, by_family
   )

@@ -39,8 +39,8 @@ class SimulatorError:
   by_family: tuple[tuple[str, float], ...] = ()
 
   def of(self, family: str | None) -> float:
-    """The largest error measured for `family`; for a family not measured (the
-    data-parallel methods), the largest of all."""
+    """The largest error measured for `family`; for a family the benchmark does not run
+    (ssgd, dasgd, local_sgd, diloco, ...), the largest of all."""
     return dict(self.by_family).get(family, self.largest)
 
 
@@ -198,8 +198,9 @@ def _errors_note(error: SimulatorError) -> str:
   if not per_family:
     return f'off by up to {100 * error.largest:.1f} %'
   return (
-    f"off by up to the largest error measured for its method's family ({per_family}; the "
-    f'data-parallel methods, not measured, {100 * error.largest:.1f} %, the largest of all)'
+    f"off by up to the largest error measured for its method's family ({per_family}; a "
+    f'family not measured, such as ssgd or dasgd, {100 * error.largest:.1f} %, the largest '
+    'of all)'
   )
 
 

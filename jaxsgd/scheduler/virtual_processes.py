@@ -162,13 +162,16 @@ class LaneProcessModel(VirtualExecutor):
         if reads_at == made.lanes[0] or not waits:
           waits = (made.job, *waits)
         job.inputs += [j for j in waits if not j.done]
-        if spec.link is None and reads_at != made.lanes[0]:
-          owed.update((id(copy), copy) for copy in made.at.get(reads_at, ()) if copy.take_in)
+        if spec.link is None:  # the copies that brought it here, not yet taken in
+          copies = [*made.at.get(reads_at, ())]
+          if made.lanes[0] == reads_at:  # (made here by a copy: a Send's new arrays)
+            copies.append(made.job)
+          owed.update((id(copy), copy) for copy in copies if copy.owes)
     if spec.link is None:
       self._unfinished[lane] = self._unfinished.get(lane, 0) + 1
       job.owed = list(owed.values())
     elif self.cost_model.take_in is not None:  # a Send: its receiver's first reader takes it in
-      job.take_in = self.cost_model.take_in_time(op.nbytes, op.arrays)
+      job.owes = self.cost_model.take_in_time(op.nbytes, op.arrays)
     job.ahead = spec.link is not None or (op.ahead and self._unfinished[lane] <= self.run_ahead)
     if job.ahead:
       job.result = op.fn(*op.args)
@@ -192,7 +195,7 @@ class LaneProcessModel(VirtualExecutor):
       nbytes = sum(a.nbytes for a, _ in arrays) if self.cost_model.prices_bytes else 0
       copy = _Job([made.job for _, made in arrays if not made.job.done] + message)
       copy.result = ()
-      copy.take_in = self.cost_model.take_in_time(nbytes, len(arrays))
+      copy.owes = self.cost_model.take_in_time(nbytes, len(arrays))
       if not math.isfinite(self.cost_model.link_bandwidth):
         nbytes = 0  # (a free link: its bytes cost nothing)
       moved = Compute(None, kind=TRANSFER, lane=link, nbytes=nbytes, arrays=len(arrays))
@@ -229,8 +232,8 @@ class LaneProcessModel(VirtualExecutor):
     result = job.result if job.result is not _NOT_YET else super()._compute(queued)
     job.inputs = ()
     for copy in job.owed:  # each taken in once, by the first task that reads it
-      job.take_in += copy.take_in
-      copy.take_in = 0.0
+      job.take_in += copy.owes
+      copy.owes = 0.0
     job.owed = ()
     return result
 
@@ -275,8 +278,8 @@ class LaneProcessModel(VirtualExecutor):
         # `where`: one array object stands for every copy of it, so which one brought a
         # reader its message is not known; waiting for all is never early); readers
         # elsewhere do not (the sender's next task, a copy to a third lane).
-        copies = made.at.get(where)
-        made.at[where] = [j for j in copies if not j.done] + [job] if copies else [job]
+        copies = made.at.get(where)  # (a copy still owing its take-in stays)
+        made.at[where] = [j for j in copies if not j.done or j.owes] + [job] if copies else [job]
         if where not in made.lanes:
           made.lanes.append(where)
 
@@ -288,11 +291,11 @@ class _Job:
   """A task of a run-ahead schedule: the tasks it waits for (`inputs`), its result once
   computed, whether its process went on with it at dispatch (`ahead`), whether it has
   ended, and the hardware whose next task waits for it (`blocked`, in order). Taking in:
-  a copy's `take_in` is the seconds its receiving lane owes for it until a task there
+  a copy `owes` the seconds its receiving lane spends taking it in, until a task there
   reads it; a compute task's `owed` are the copies it may be the first to read, and its
   `take_in` the seconds it paid for them at its start."""
 
-  __slots__ = ('inputs', 'result', 'ahead', 'done', 'blocked', 'take_in', 'owed')
+  __slots__ = ('inputs', 'result', 'ahead', 'done', 'blocked', 'take_in', 'owed', 'owes')
 
   def __init__(self, inputs: list):
     self.inputs, self.result, self.ahead, self.done, self.blocked = (
@@ -302,7 +305,7 @@ class _Job:
       False,
       {},
     )
-    self.take_in, self.owed = 0.0, ()
+    self.take_in, self.owed, self.owes = 0.0, (), 0.0
 
 
 class _Made:

@@ -9,6 +9,7 @@ expected time below is computed by hand; the values are the in-order clock's, bi
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -265,14 +266,20 @@ def test_an_import_of_several_arrays_pays_per_array_on_its_link_and_its_take_in(
   assert spans == {'a': [(0, 1)], 'link a → b': [(1, 1.75)], 'b': [(1.75, b_ends)]}
 
 
-def test_a_message_that_arrived_early_is_taken_in_once_by_the_first_task_reading_it():
+@pytest.mark.parametrize('devices', [False, True], ids=['no devices', 'two devices'])
+def test_a_message_that_arrived_early_is_taken_in_once_by_the_first_task_reading_it(devices):
   """Lane a makes x (1000 bytes, 0 → 1) and sends it to b (the copy 1 → 1.5). Lane b
   runs two forwards (0 → 2) before the first task that reads x: x arrived at 1.5, yet
   that task first takes it in (0.125 + 1000 / 8000 = 0.25 s), as a lane process does at
   the first call reading a copy: 2 → 4.25 with its 2 s. The second task reading x takes
-  nothing in: 4.25 → 6.25."""
+  nothing in: 4.25 → 6.25. Alike where the lanes have devices of their own, and the copy
+  is a new array on b's device."""
   cluster = Cluster()
-  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  if devices:
+    first, second = jax.devices()[:2]
+    a, b = cluster.add_lane('a', first), cluster.add_lane('b', second)
+  else:
+    a, b = cluster.add_lane('a'), cluster.add_lane('b')
   inbox = cluster.channel('inbox', b)
 
   def on_a():

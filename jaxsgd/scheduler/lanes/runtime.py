@@ -387,8 +387,8 @@ class LaneRuntime:
     of a VJP by the lane that takes it in, in front of the task that reads it."""
     jax = self.jax
     shapes, arguments = jax.tree.flatten(abstract)
-    try:
-      signature = (task, arguments, tuple(shapes), path)
+    try:  # (a Python scalar by its type too: 1, 1.0 and True are equal, and trace apart)
+      signature = (task, arguments, tuple((type(x), x) for x in shapes), path)
       treedef = self.structures.get(signature)
     except TypeError:  # an argument that does not hash: traced every time
       signature, treedef = None, None
