@@ -41,12 +41,12 @@ from jaxsgd.algorithms import clocks, pipelined, workers
 from jaxsgd.algorithms.settings import SharedSettings, check_placed_lanes, derived, integer
 from jaxsgd.algorithms.settings import number, section
 from jaxsgd.asynchronous import common
-from jaxsgd.asynchronous.server import AsgdSession, ParameterServer, Push, Rejoin, WorkerFailed
+from jaxsgd.asynchronous.server import STALE, AsgdSession, ParameterServer, Push, WorkerFailed
 from jaxsgd.asynchronous.server import lane_names, make_apply
 from jaxsgd.models import stage_functions
 from jaxsgd.pipeline import KINDS, sequential_roles
 from jaxsgd.scheduler import profile_lookup, transfer
-from jaxsgd.scheduler.core import Compute, Get, Put, Send
+from jaxsgd.scheduler.core import Compute, Put, Send
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 RUN_AHEAD = 1  # as asgd's workers: a push is sent once its pseudo-gradient exists
@@ -138,16 +138,12 @@ class AsyncLocalSession(AsgdSession):
     if getattr(s, 'opt_state', None) is None:  # a new (or rejoined) worker: fresh inner state
       s.opt_state = self.inner_states[m]
     while not s.failed:
-      if getattr(s, 'rejoining', False) and s.enter('rejoin'):
-        yield Put(self.inbox, Rejoin(m))
-        s.rejoining = False
-      if s.enter('pull'):
-        pulled = yield Get(self.replies[m])
-        if pulled is common.STOP:
-          return
-        if getattr(s, 'awaiting_rejoin', False) and not pulled.rejoin:
-          continue  # a reply sent before the loss; the answer to `Rejoin` follows
-        s.awaiting_rejoin = False
+      pulled = yield from self._pull(m, s)
+      if pulled is common.STOP:
+        return
+      if pulled is STALE:
+        continue
+      if pulled is not None:
         s.pulled, s.local, s.state, s.h = pulled, pulled.params, pulled.state, 0
       while s.h < self.inner_steps:
         yield from self._inner_step(m, s, device)

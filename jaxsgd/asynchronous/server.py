@@ -268,6 +268,9 @@ class WorkerFailed(NamedTuple):
   worker: int
 
 
+STALE = object()  # `AsgdSession._pull`: a reply sent before a worker's loss, dropped
+
+
 class Rejoin(NamedTuple):
   """Worker `worker` is back (its lost lane was replaced): it waits for a pull."""
 
@@ -403,24 +406,34 @@ class AsgdSession:
 
       self.steps.commit(commit, push.loss, f'worker {push.worker}')
 
+  def _pull(self, m: int, s: LoopState):
+    """Worker `m`'s 'rejoin' and 'pull' phases: a new lane process first asks for the
+    parameters; then the server's reply. Returns it (`common.STOP`: the run is over),
+    `STALE` for a reply to be dropped, or None where the pull phase is already past (a
+    resumed worker)."""
+    if getattr(s, 'rejoining', False) and s.enter('rejoin'):  # (older checkpoints: no field)
+      yield Put(self.inbox, Rejoin(m))
+      s.rejoining = False
+    if not s.enter('pull'):
+      return None
+    pulled = yield Get(self.replies[m])
+    if pulled is not common.STOP and getattr(s, 'awaiting_rejoin', False) and not pulled.rejoin:
+      # The server's reply to a push made before the loss, sent once the new lane was up:
+      # the answer to the `Rejoin` follows and supersedes it (the server checks a push
+      # against the last pull it sent).
+      return STALE
+    s.awaiting_rejoin = False
+    return pulled
+
   def _worker(self, m: int, s: LoopState):
     device = self.devices[1 + m]
     while not s.failed:
-      if getattr(s, 'rejoining', False) and s.enter(
-        'rejoin'
-      ):  # (older checkpoints: no field)  # a new lane process: ask for the parameters
-        yield Put(self.inbox, Rejoin(m))
-        s.rejoining = False
-      if s.enter('pull'):
-        pulled = yield Get(self.replies[m])
-        if pulled is common.STOP:
-          return
-        if getattr(s, 'awaiting_rejoin', False) and not pulled.rejoin:
-          # The server's reply to a push made before the loss, sent once the new lane was
-          # up: the answer to the `Rejoin` follows and supersedes it (the server checks a
-          # push against the last pull it sent).
-          continue
-        s.awaiting_rejoin = False
+      pulled = yield from self._pull(m, s)
+      if pulled is common.STOP:
+        return
+      if pulled is STALE:
+        continue
+      if pulled is not None:
         if self.log.has_failed(m):
           s.failed = True
           break
