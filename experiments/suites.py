@@ -14,11 +14,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-  """One line of a comparison: a config file (relative to the repo) plus overrides."""
+  """One line of a comparison: a config file (relative to the repo), its variant (as after
+  the `:` of `--config=FILE:VARIANT`) and overrides."""
 
   label: str
   config: str
   overrides: tuple[tuple[str, object], ...] = ()
+  variant: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +69,7 @@ def load_config(path: str, variant: str = ''):
 def method_config(method: Method, seed: int, target: float, smoke: bool, profile=None):
   """The run's config; with `profile`, every simulated method whose costs are not given
   explicitly takes its task costs from that one profile file."""
-  config = load_config(method.config, 'smoke' if smoke else '')
+  config = load_config(method.config, smoke_variant(method.variant) if smoke else method.variant)
   config.update_from_flattened_dict(dict(method.overrides))
   if profile and config.clock == 'virtual' and config.cost.calibrate:
     config.cost.profile = profile
@@ -77,6 +79,15 @@ def method_config(method: Method, seed: int, target: float, smoke: bool, profile
   config.seed = seed
   config.target_accuracy = target
   return config
+
+
+def smoke_variant(variant: str) -> str:
+  """The seconds-long form of `variant`: `lm` becomes `lm_smoke`, anything else gains
+  `smoke` (`'diloco,lm'` -> `'diloco,lm_smoke'`, `''` -> `'smoke'`)."""
+  parts = [p for p in variant.split(',') if p]
+  if 'lm' in parts:
+    return ','.join('lm_smoke' if p == 'lm' else p for p in parts)
+  return ','.join(parts + ['smoke'])
 
 
 def can_reuse(run_dir: str, config) -> bool:
@@ -361,6 +372,88 @@ register(
         'SSGD M=3',
         'faster',
         'up to 5.95x over synchronous data parallelism under injected delays (none here)',
+      ),
+    ),
+  )
+)
+
+
+# --- The language model -----------------------------------------------------------------
+# Every family on the byte-level transformer (`:lm`, docs/language_models.md): 1,000 steps,
+# each on 32 windows of 64 bytes — per step for the one-model methods, per update for
+# the asynchronous ones, summed over the 4 workers for the data-parallel ones (8 windows
+# each) — so every method sees the same 32,000 windows. The data-parallel methods sync
+# over links of 1 Gbit/s, every step (SSGD) or every H = 8 steps.
+_LM_STEPS = 1000
+_LM = (('train_steps', _LM_STEPS), ('eval_every', 100))
+_LM_SYNC = _LM + (
+  ('workers', 4),
+  ('batch_size', 8),
+  ('algorithm.stacked', True),
+  ('cost.link_bandwidth', 1.25e8),
+)
+_LM_PERIOD = (('algorithm.period', 8),)
+
+
+def _lm(label, config, *overrides, variant='lm') -> Method:
+  return Method(label, f'experiments/configs/{config}.py', tuple(overrides), variant)
+
+
+register(
+  Suite(
+    name='lm',
+    title='Every family on a byte-level transformer (pydoc_bytes, 32,000 windows of 64 bytes)',
+    claim='Douillard et al. 2023 (DiLoCo): 8 workers with H = 500 inner steps match fully '
+    'synchronous training on C4 with 500x less communication. Douillard et al. 2025 '
+    '(Streaming DiLoCo): fragments synced in turn reach the same loss with far less peak '
+    'bandwidth. Liu et al. 2024: asynchronous local SGD with delayed Nesterov outer steps '
+    'matches synchronous local SGD in perplexity per update. The image-model papers '
+    '(DDG, local losses, DC-ASGD, PD-ASGD, DaSGD) as in their own suites.',
+    methods=(
+      _lm('BP (staged, K=4)', 'default', *_LM, ('stages', 4), ('clock', 'virtual')),
+      _lm('DDG K=2', 'ddg', *_LM, ('stages', 2)),
+      _lm('DDG K=4', 'ddg', *_LM, ('stages', 4)),
+      _lm('greedy (K=4)', 'local', *_LM, ('algorithm.variant', 'greedy')),
+      _lm('ASGD M=4', 'asgd', *_LM),
+      _lm('DC-ASGD-a M=4', 'dcasgd', *_LM),
+      _lm('PD-ASGD 1:2', 'pdasgd', *_LM),
+      _lm('LPP-SGD 3x2', 'lppsgd', *_LM),
+      _lm(
+        'async local SGD M=4',
+        'async_local_sgd',
+        ('train_steps', _LM_STEPS // 8),
+        ('eval_every', 100 // 8),
+        ('algorithm.inner_steps', 8),
+      ),
+      _lm('SSGD M=4', 'ssgd', *_LM_SYNC),
+      _lm('local SGD M=4', 'dasgd', *_LM_SYNC, *_LM_PERIOD, variant='local_sgd,lm'),
+      _lm('DaSGD M=4', 'dasgd', *_LM_SYNC, *_LM_PERIOD),
+      _lm('DiLoCo M=4', 'dasgd', *_LM_SYNC, *_LM_PERIOD, variant='diloco,lm'),
+      _lm('streaming DiLoCo M=4, P=2', 'streaming_diloco', *_LM_SYNC, *_LM_PERIOD),
+    ),
+    seeds=(0, 1, 2),
+    target_accuracy=0.5,
+    claims=(
+      Claim('DDG K=2', 'BP (staged, K=4)', 'matches', 'CIFAR-10 ResNet-56, K = 2: 6.89 % vs 6.97 %'),
+      Claim('DDG K=2', 'BP (staged, K=4)', 'faster', 'faster than BP on K = 2-4 GPUs'),
+      Claim('DDG K=4', 'BP (staged, K=4)', 'faster', 'faster than BP on K = 2-4 GPUs'),
+      Claim('greedy (K=4)', 'BP (staged, K=4)', 'faster', 'much higher parallelism than BP'),
+      Claim('DC-ASGD-a M=4', 'ASGD M=4', 'better', 'CIFAR-10 ResNet-20: 8.19 % vs 9.27 %'),
+      Claim('PD-ASGD 1:2', 'LPP-SGD 3x2', 'faster', 'up to 2.97x faster (3 GPUs)'),
+      Claim('DaSGD M=4', 'SSGD M=4', 'matches', 'converges like SGD, O(1/sqrt(K))'),
+      Claim('DiLoCo M=4', 'SSGD M=4', 'matches', 'C4, 8 workers, H = 500: matches synchronous'),
+      Claim('DiLoCo M=4', 'SSGD M=4', 'faster', '500x less communication'),
+      Claim(
+        'streaming DiLoCo M=4, P=2',
+        'DiLoCo M=4',
+        'matches',
+        'same loss, peak bandwidth / P',
+      ),
+      Claim(
+        'async local SGD M=4',
+        'local SGD M=4',
+        'matches',
+        'matches synchronous local SGD per update (C4)',
       ),
     ),
   )
