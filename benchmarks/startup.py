@@ -69,7 +69,7 @@ def timed_run(
     for part in line.replace('\r', '\n').splitlines():
       if seen['lanes starting'] is None and 'lanes: starting' in part:
         seen['lanes starting'] = now
-      if seen['first task'] is None and 'lanes (one process each)' in part:
+      if seen['first task'] is None and 'lanes (one process each' in part:
         seen['first task'] = now
       if seen['first step'] is None and _FIRST_STEP.search(part):
         seen['first step'] = now

@@ -93,6 +93,40 @@ HEADER = [
 ]
 
 
+def language_model_rows(runs: dict[str, list[dict]]) -> list[list[str]]:
+  """Per method of a language-model suite: final test perplexity (mean ± sd over the
+  seeds), training tokens per second (simulated, and wall), and for the data-parallel
+  methods the synchronizations of a run and the bytes of each (per worker: the peak a
+  link carries). Empty if the runs are not of a language model."""
+  if not all('test_perplexity' in r['summary']['final'] for rs in runs.values() for r in rs):
+    return []
+  rows = []
+  for label, method_runs in runs.items():
+    rates = [r['summary'].get('tokens_per_second') or {} for r in method_runs]
+    sent = [r['summary'].get('communication') for r in method_runs]
+    rows.append(
+      [
+        label,
+        _mean_and_spread([r['summary']['final']['test_perplexity'] for r in method_runs]),
+        _mean_or_dash([x.get('simulated') for x in rates], '{:,.0f}'),
+        _mean_or_dash([x.get('wall') for x in rates], '{:,.0f}'),
+        _mean_or_dash([x and x['synchronizations'] for x in sent], '{:,.0f}'),
+        _mean_or_dash([x and x['bytes_per_synchronization'] / 1e6 for x in sent], '{:.3g}'),
+      ]
+    )
+  return rows
+
+
+LANGUAGE_MODEL_HEADER = [
+  'method',
+  'final test perplexity (per byte)',
+  'tokens/s, simulated',
+  'tokens/s, wall',
+  'synchronizations',
+  'MB per synchronization',
+]
+
+
 def seed_band(runs_of_method) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """(times, mean, min, max) of the seeds' test accuracies (%) on the union of their
   evaluation times, each seed interpolated linearly between its own evaluations, over
@@ -191,6 +225,7 @@ def method_data(method_runs: list[dict]) -> dict:
   return {
     'seeds': [r['summary']['config']['seed'] for r in method_runs],
     'final_accuracy': _stats([r['summary']['final']['test_accuracy'] for r in method_runs]),
+    'final_perplexity': _stats([r['summary']['final'].get('test_perplexity') for r in method_runs]),
     'reached_target': sum('step' in h for h in hits),
     'time_to_target_sim': _stats([h.get('sim_time') for h in hits]),
     'time_to_target_wall': _stats([h.get('wall_time') for h in hits]),
@@ -284,6 +319,18 @@ def write_report(
     '|' + '---|' * len(HEADER),
   ]
   lines += ['| ' + ' | '.join(row) + ' |' for row in table_rows(runs)]
+  lm_rows = language_model_rows(runs)
+  if lm_rows:
+    lines += [
+      '',
+      'Language model: perplexity is exp(test loss in nats per byte); tokens per second '
+      'over the whole run (evaluations included in the wall figure); synchronizations '
+      'are the all-reduces of a data-parallel run, each of the MB given per worker.',
+      '',
+      '| ' + ' | '.join(LANGUAGE_MODEL_HEADER) + ' |',
+      '|' + '---|' * len(LANGUAGE_MODEL_HEADER),
+    ]
+    lines += ['| ' + ' | '.join(row) + ' |' for row in lm_rows]
   if diverged:
     lines += ['', '**Diverged** (not in the table; their seeds are missing from its counts):', '']
     lines += [f'- {label}, seed {seed}: {error}' for label, seed, error in diverged]

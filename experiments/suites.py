@@ -379,12 +379,12 @@ register(
 
 
 # --- The language model -----------------------------------------------------------------
-# Every family on the byte-level transformer (`:lm`, docs/language_models.md): 1,000 steps,
+# Every family on the byte-level transformer (`:lm`, docs/language_models.md): 600 steps,
 # each on 32 windows of 64 bytes — per step for the one-model methods, per update for
 # the asynchronous ones, summed over the 4 workers for the data-parallel ones (8 windows
-# each) — so every method sees the same 32,000 windows. The data-parallel methods sync
+# each) — so every method sees the same 19,200 windows (~1.2M predicted bytes). The data-parallel methods sync
 # over links of 1 Gbit/s, every step (SSGD) or every H = 8 steps.
-_LM_STEPS = 1000
+_LM_STEPS = 600
 _LM = (('train_steps', _LM_STEPS), ('eval_every', 100))
 _LM_SYNC = _LM + (
   ('workers', 4),
@@ -402,7 +402,7 @@ def _lm(label, config, *overrides, variant='lm') -> Method:
 register(
   Suite(
     name='lm',
-    title='Every family on a byte-level transformer (pydoc_bytes, 32,000 windows of 64 bytes)',
+    title='Every family on a byte-level transformer (pydoc_bytes, 19,200 windows of 64 bytes)',
     claim='Douillard et al. 2023 (DiLoCo): 8 workers with H = 500 inner steps match fully '
     'synchronous training on C4 with 500x less communication. Douillard et al. 2025 '
     '(Streaming DiLoCo): fragments synced in turn reach the same loss with far less peak '
@@ -432,9 +432,11 @@ register(
       _lm('streaming DiLoCo M=4, P=2', 'streaming_diloco', *_LM_SYNC, *_LM_PERIOD),
     ),
     seeds=(0, 1, 2),
-    target_accuracy=0.5,
+    target_accuracy=0.45,
     claims=(
-      Claim('DDG K=2', 'BP (staged, K=4)', 'matches', 'CIFAR-10 ResNet-56, K = 2: 6.89 % vs 6.97 %'),
+      Claim(
+        'DDG K=2', 'BP (staged, K=4)', 'matches', 'CIFAR-10 ResNet-56, K = 2: 6.89 % vs 6.97 %'
+      ),
       Claim('DDG K=2', 'BP (staged, K=4)', 'faster', 'faster than BP on K = 2-4 GPUs'),
       Claim('DDG K=4', 'BP (staged, K=4)', 'faster', 'faster than BP on K = 2-4 GPUs'),
       Claim('greedy (K=4)', 'BP (staged, K=4)', 'faster', 'much higher parallelism than BP'),

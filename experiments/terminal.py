@@ -7,12 +7,24 @@ import os
 
 
 def final_line(summary: dict, workdir: str) -> str:
-  """The run's last line: test accuracy, step, wall time (and simulated time), workdir."""
+  """The run's last line: test accuracy (a language model's perplexity), step, wall time
+  (and simulated time; a language model's tokens per second), workdir."""
   final = summary['final']
+  perplexity = final.get('test_perplexity')
   return (
-    f'final test accuracy {final["test_accuracy"]:.4f} at step {final["step"]} '
-    f'({times(summary)}); results in {workdir}'
+    f'final test accuracy {final["test_accuracy"]:.4f}'
+    + (f' (perplexity {perplexity:.3f})' if perplexity is not None else '')
+    + f' at step {final["step"]} ({times(summary)}{tokens_per_second(summary)}); '
+    f'results in {workdir}'
   )
+
+
+def tokens_per_second(summary: dict) -> str:
+  """`'; 20,500 tokens/s simulated'` for a language model (wall time without the virtual
+  clock), else `''`."""
+  rates = summary.get('tokens_per_second') or {}
+  clock = 'simulated' if 'simulated' in rates else 'wall'
+  return f'; {rates[clock]:,.0f} tokens/s {clock}' if rates else ''
 
 
 def times(summary: dict) -> str:

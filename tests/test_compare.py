@@ -127,6 +127,28 @@ def test_every_registered_suite_has_valid_configs(data_dir):
       assert config.train_steps <= suites.SMOKE_STEPS
 
 
+def test_a_smoke_run_takes_the_seconds_long_form_of_its_methods_variant():
+  assert suites.smoke_variant('') == 'smoke'
+  assert suites.smoke_variant('lm') == 'lm_smoke'
+  assert suites.smoke_variant('diloco,lm') == 'diloco,lm_smoke'
+  assert suites.smoke_variant('diloco') == 'diloco,smoke'
+
+
+def test_every_method_of_the_language_model_suite_sees_the_same_19200_windows():
+  """Per step for the one-model methods, per update for the asynchronous ones (H inner
+  batches each for asynchronous local SGD), summed over the workers for data-parallel."""
+  data_parallel = ('ssgd', 'local_sgd', 'dasgd', 'diloco', 'streaming_diloco')
+  for method in suites.SUITES['lm'].methods:
+    config = suites.method_config(method, seed=0, target=0.45, smoke=False)
+    assert config.model.name == 'transformer' and config.dataset == 'pydoc_bytes/64'
+    windows = config.train_steps * config.batch_size
+    if config.algorithm.name in data_parallel:
+      windows *= config.workers
+    if config.algorithm.name == 'async_local_sgd':
+      windows *= config.algorithm.inner_steps
+    assert windows == 19_200, method.label
+
+
 def test_every_paper_config_has_a_valid_full_size_variant():
   from jaxsgd import training  # pylint: disable=g-import-not-at-top
 

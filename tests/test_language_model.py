@@ -169,9 +169,14 @@ def test_ddg_trains_the_language_model_on_the_virtual_clock(data_dir, tmp_path):
   # Given costs, not measured ones: the schedule is the same, the test seconds faster.
   config.cost.calibrate = False
   config.cost.compute.update({'forward': 1e-3, 'backward': 2e-3, 'update': 1e-4})
-  training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
   records = [json.loads(line) for line in open(tmp_path / 'metrics.jsonl')]
   assert [r['step'] for r in records] == [10, 20]
+  # 20 steps of 16 windows of 32 bytes; per second of the makespan and of the wall.
+  assert summary['tokens'] == 20 * 16 * 32
+  rates = summary['tokens_per_second']
+  assert rates['simulated'] == pytest.approx(20 * 16 * 32 / summary['sim_time'], rel=1e-12)
+  assert rates['wall'] == pytest.approx(20 * 16 * 32 / records[-1]['wall_time'], rel=1e-12)
   # Nats per byte, below a uniform guess over the 256 bytes, and falling.
   assert records[1]['test_loss'] < records[0]['test_loss'] < math.log(256)
   for record in records:  # perplexity: exp(nats per token)

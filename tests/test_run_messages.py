@@ -43,6 +43,21 @@ def test_the_last_line_gives_simulated_time_beside_wall_time():
   assert '(5.5 s wall);' in terminal.final_line(real, '/w')
 
 
+def test_a_language_models_last_line_gives_its_perplexity_and_tokens_per_second():
+  final = {'step': 30, 'test_accuracy': 0.1573, 'test_loss': 3.86, 'test_perplexity': 47.699}
+  virtual = {
+    'final': {**final, 'wall_time': 2.9},
+    'sim_time': 0.0856,
+    'tokens_per_second': {'wall': 5256.6, 'simulated': 179424.1},
+  }
+  assert terminal.final_line(virtual, '/w') == (
+    'final test accuracy 0.1573 (perplexity 47.699) at step 30 (2.9 s wall, 0.0856 s '
+    'simulated; 179,424 tokens/s simulated); results in /w'
+  )
+  real = {'final': {**final, 'wall_time': 2.0}, 'tokens_per_second': {'wall': 7748.4}}
+  assert '(2.0 s wall; 7,748 tokens/s wall)' in terminal.final_line(real, '/w')
+
+
 # --- a run priced by a preset --------------------------------------------------------------------
 def test_a_preset_run_names_its_preset_and_labels_lanes_by_it(data_dir, tmp_path, caplog):
   config = _config(ddg, data_dir, **{'cost.device': 'h100', 'train_steps': 8, 'eval_every': 8})

@@ -301,11 +301,8 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
     sample_batch: one worker's numpy batch, to time a step on.
   """
   cost = s.shared.cost
-  # SSGD all-reduces gradients and BatchNorm statistics; the others the weights.
-  nbytes = timing.tree_bytes(variables if s.name == 'ssgd' else variables['params'])
-  # Streaming DiLoCo: a 1/P fragment every H/P steps (fragments near-equal in size).
   comm = timing.ring_allreduce_time(
-    nbytes / s.fragments, s.workers, bandwidth=cost.bandwidth, latency=cost.link_latency
+    sync_bytes(s, variables), s.workers, bandwidth=cost.bandwidth, latency=cost.link_latency
   )
   tasks = clocks.Tasks(
     calls=lambda: {(0, 'step'): _step_call(s.shared, model, variables, sample_batch)},
@@ -322,6 +319,29 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
   return timing.StepTimeModel(
     compute=compute, comm=comm, period=s.period // s.fragments, delay=hidden_steps
   )
+
+
+def sync_bytes(s: Settings, variables) -> float:
+  """Bytes each worker all-reduces at one synchronization: SSGD the gradients and
+  BatchNorm statistics, the others the weights; streaming DiLoCo one of its P fragments
+  (near-equal in size, so 1/P of the weights)."""
+  nbytes = timing.tree_bytes(variables if s.name == 'ssgd' else variables['params'])
+  return nbytes / s.fragments
+
+
+def communication(s: Settings, variables, steps: int) -> dict:
+  """What a run of `steps` steps sent: its synchronizations (all-reduces merged by the
+  end: SSGD every step; the others one per `period / fragments` steps, `delay` steps
+  after each snapshot) and the bytes of each, per worker — the peak a link must carry."""
+  every = s.period // s.fragments
+  synchronizations = max(0, (steps - s.delay) // every)
+  per_sync = sync_bytes(s, variables)
+  return {
+    'synchronizations': synchronizations,
+    'steps_between_synchronizations': every,
+    'bytes_per_synchronization': per_sync,
+    'bytes': synchronizations * per_sync,
+  }
 
 
 def _step_call(shared: SharedSettings, model, variables, batch) -> tuple:
@@ -384,7 +404,7 @@ def train(run, s: Settings) -> dict:
     # A checkpoint due inside a period program is taken at its end (`state` is the
     # state of `step`): cutting the program there would change XLA's arithmetic.
     run.maybe_save(step, _arrays(state), streams, steps=n)
-  return _summary_extras(run, s, trainer, state, clock, streams)
+  return _summary_extras(run, s, model, trainer, state, clock, streams)
 
 
 def _arrays(state: TrainState) -> dict:
@@ -401,13 +421,17 @@ def _period_program(s: Settings) -> dict:
   return {'period': s.period, 'delay': s.delay}
 
 
-def _summary_extras(run, s, trainer, state, clock, streams) -> dict:
+def _summary_extras(run, s, model, trainer, state, clock, streams) -> dict:
   extras = {
     'workers': s.workers,
     'global_batch_size': s.global_batch,
     'processes': jax.process_count(),
     'stacked': s.stacked,
     'epochs': streams[0].epoch if streams else 0,
+    # One worker's variables, as shapes: nothing computed, no collective.
+    'communication': communication(
+      s, jax.eval_shape(model.init, jax.random.key(0)), s.shared.train_steps
+    ),
   }
   if clock is not None:
     extras['time_model'] = {

@@ -46,6 +46,18 @@ def ring_allreduce_time(nbytes: float, workers: int, *, bandwidth: float, latenc
   return 2 * (m - 1) / m * nbytes / bandwidth + 2 * (m - 1) * latency
 
 
+def ring_allreduce_bandwidth(
+  seconds: float, nbytes: float, workers: int, *, latency: float
+) -> float:
+  """The link bandwidth (bytes/s) at which `ring_allreduce_time` is `seconds`: the
+  inverse in β; `inf` where the latency alone takes `seconds` or more."""
+  if workers <= 1:
+    return 0.0
+  m = workers
+  left = seconds - 2 * (m - 1) * latency
+  return 2 * (m - 1) / m * nbytes / left if left > 0 else float('inf')
+
+
 def tree_bytes(tree) -> int:
   """Bytes of all the arrays in `tree` (per worker: leading worker axes excluded)."""
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
@@ -71,6 +83,11 @@ class StepTimeModel:
   def exposed_comm(self) -> float:
     """Seconds a merge step waits for the all-reduce (after the hidden part)."""
     return max(0.0, self.comm - self.delay * self.compute)
+
+  def comm_budget(self, throughput: float) -> float:
+    """The longest all-reduce (s) that keeps `relative_throughput()` at `throughput` or
+    more: `delay` steps of it hidden, `period · compute · (1/throughput − 1)` exposed."""
+    return self.delay * self.compute + self.period * self.compute * (1 / throughput - 1)
 
   def is_merge_step(self, step: int) -> bool:
     return step >= self.period and step % self.period == self.delay

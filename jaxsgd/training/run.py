@@ -392,6 +392,7 @@ class Run:
       'config': self.config.to_dict(),
       **(extra_summary or {}),
     }
+    summary.update(self._throughput(final, summary.get('sim_time', final.get('sim_time'))))
     if not self.is_primary:
       return summary
     try:
@@ -408,6 +409,18 @@ class Run:
     finally:
       self._lock.release()
     return summary
+
+  def _throughput(self, final: dict, sim_time: float | None) -> dict:
+    """A language model's training tokens per second over the whole run, in wall time
+    (evaluations included) and, on the virtual clock, in simulated time (`sim_time`, the
+    run's makespan): every example is `input_shape` tokens, each predicted once."""
+    if not getattr(self.model, 'per_token', False) or not final:
+      return {}
+    tokens = final['samples'] * math.prod(self.dataset.input_shape)
+    rates = {'wall': tokens / final['wall_time']}
+    if sim_time:
+      rates['simulated'] = tokens / sim_time
+    return {'tokens': tokens, 'tokens_per_second': rates}
 
   def abort(self, *, refused: bool = False) -> None:
     """After a failure: closes the files and releases the workdir (what was written

@@ -58,3 +58,51 @@ def test_dasgd_hides_the_all_reduce_only_when_it_can_overlap(overlap, exposed):
   clock = dataclasses.replace(clock, comm=0.004)
   assert clock.delay == (1 if overlap else 0)
   assert clock.exposed_comm == pytest.approx(exposed)
+
+
+def test_ring_allreduce_bandwidth_inverts_the_time_by_hand():
+  # 4 workers, 8 MB, 1 ms latency: 0.1 s leaves 0.1 - 6 ms = 0.094 s for
+  # 2 * 3/4 * 8e6 = 1.2e7 bytes, so 1.2e7 / 0.094 bytes/s.
+  beta = timing.ring_allreduce_bandwidth(0.1, 8e6, 4, latency=1e-3)
+  assert beta == pytest.approx(1.2e7 / 0.094, rel=1e-12)
+  assert timing.ring_allreduce_time(8e6, 4, bandwidth=beta, latency=1e-3) == pytest.approx(0.1)
+  # The latency alone takes 6 ms: no bandwidth makes the all-reduce 5 ms long.
+  assert timing.ring_allreduce_bandwidth(0.005, 8e6, 4, latency=1e-3) == float('inf')
+  assert timing.ring_allreduce_bandwidth(0.1, 8e6, 1, latency=1e-3) == 0.0
+
+
+def test_comm_budget_is_the_longest_all_reduce_for_a_throughput():
+  # Period 4 steps of 0.5 s, 1 hidden: 90 % throughput allows 4 * 0.5 * (1/0.9 - 1)
+  # = 0.2222 s exposed, so 0.5 + 0.2222 s of all-reduce.
+  model = timing.StepTimeModel(compute=0.5, comm=0.0, period=4, delay=1)
+  budget = model.comm_budget(0.9)
+  assert budget == pytest.approx(0.5 + 2 / 9, rel=1e-12)
+  at_budget = dataclasses.replace(model, comm=budget)
+  assert at_budget.relative_throughput() == pytest.approx(0.9, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+  'name, period, delay, fragments, synchronizations',
+  [
+    ('ssgd', 1, 0, 1, 30),  # every step
+    ('diloco', 4, 0, 1, 7),  # steps 4, 8, ..., 28
+    ('dasgd', 4, 1, 1, 7),  # merged at 5, 9, ..., 29
+    ('streaming_diloco', 8, 1, 2, 7),  # a fragment every 4 steps, merged at 5, ..., 29
+  ],
+)
+def test_a_runs_communication_by_hand(name, period, delay, fragments, synchronizations):
+  import types  # pylint: disable=g-import-not-at-top
+
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from jaxsgd.algorithms import data_parallel  # pylint: disable=g-import-not-at-top
+
+  s = types.SimpleNamespace(name=name, period=period, delay=delay, fragments=fragments)
+  variables = {'params': {'w': np.zeros((10, 10), np.float32)}}  # 400 bytes
+  sent = data_parallel.communication(s, variables, 30)
+  assert sent == {
+    'synchronizations': synchronizations,
+    'steps_between_synchronizations': period // fragments,
+    'bytes_per_synchronization': 400 / fragments,
+    'bytes': synchronizations * 400 / fragments,
+  }

@@ -574,9 +574,12 @@ class LanePool:
       rows.append(
         f'  {name}: host={info["host"]} ({info["hostname"]}) pid={info["pid"]} '
         f'cores={cores}{"" if spec.cores else " (not pinned)"} gpu={gpus} '
-        f'device={info["device"]}'
+        f'jax={info["device"]}'
       )
-    return 'lanes (one process each):\n' + '\n'.join(rows)
+    # Each lane's process numbers its own devices from 0 (`jax=cpu:0` in every row is
+    # each process's first device, not one device shared); `cores`/`gpu` say which.
+    header = 'lanes (one process each; jax: the device as that process numbers it):'
+    return header + '\n' + '\n'.join(rows)
 
   @staticmethod
   def nbytes(value) -> int:
