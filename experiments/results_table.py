@@ -189,7 +189,8 @@ def method_families(suite) -> dict[str, str]:
   families = {}
   for method in suite.methods:
     name = dict(method.overrides).get('algorithm.name')
-    families[method.label] = name or suites_lib.load_config(method.config).algorithm.name
+    config = suites_lib.load_config(method.config, method.variant)
+    families[method.label] = name or config.algorithm.name
   return families
 
 

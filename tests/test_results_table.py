@@ -62,6 +62,13 @@ def test_a_claim_row_prices_each_method_by_its_family():
   claim = suites.Claim('DDG K=4', 'BP (staged, K=4)', 'faster', 'a paper figure')
   families = results_table.method_families(suites.SUITES['ddg'])
   assert (families['DDG K=4'], families['BP (staged, K=4)']) == ('ddg', 'bp')
+  # A method's variant names its algorithm too (`dasgd.py:diloco,lm`).
+  lm = results_table.method_families(suites.SUITES['lm'])
+  assert (lm['DiLoCo M=4'], lm['local SGD M=4'], lm['DaSGD M=4']) == (
+    'diloco',
+    'local_sgd',
+    'dasgd',
+  )
   report_json = _ddg_report()
   one = results_table.claim_row(claim, report_json, 'link', ERROR, families)
   assert one[-1].startswith('not shown at this size') and '[0.64–1.78]' in one[-2]

@@ -259,17 +259,20 @@ def test_batchnorm_ddg_on_lane_processes_is_bit_identical_to_in_process(pool):
     chex.assert_trees_all_equal((variables, losses), pipeline(ddg.roles(2), executor, pipe))
 
 
-@pytest.mark.parametrize('config_name', ['lppsgd', 'pdasgd'])
+@pytest.mark.parametrize(
+  'config_name, variant', [('lppsgd', 'smoke'), ('pdasgd', 'smoke'), ('pdasgd', 'lm_smoke')]
+)
 def test_a_config_run_on_lane_processes_matches_the_in_process_run(
-  config_name, head, data_dir, tmp_path, capsys
+  config_name, variant, head, data_dir, tmp_path, capsys
 ):
   """`--config.executor=processes` end to end in the sequential configuration (one
   replica and worker; one forward and one backward worker, one token), joined to the
-  cluster by address; the lanes are ended when the run is over."""
+  cluster by address; the lanes are ended when the run is over. `lm_smoke`: the
+  transformer's stages and their residual streams move between lane processes."""
   from jaxsgd import training
 
   def summary(executor, **fields):
-    config = _config(config_name, executor=executor, data_dir=data_dir, train_steps=20)
+    config = _config(config_name, variant, executor=executor, data_dir=data_dir, train_steps=20)
     config.update({'eval_every': 10, **fields})
     if config_name == 'lppsgd':
       config.algorithm.update({'devices': 1, 'workers_per_device': 1})
@@ -286,7 +289,17 @@ def test_a_config_run_on_lane_processes_matches_the_in_process_run(
   assert all(f'  {name}: host=' in printed for name in names)  # the placement, at start
   assert gone(set(_lane_processes(head)) - before) == []
   in_process = summary('in_process')
-  for key in ('train_loss', 'test_loss', 'test_accuracy', 'staleness_mean'):
+  assert on_lanes['staleness_mean'] == in_process['staleness_mean']  # the same schedule
+  if variant == 'lm_smoke':
+    # XLA's CPU arithmetic for the transformer depends on the threads it may use, and a
+    # lane pinned to one core runs single-threaded (`LanePlacement`'s XLA_FLAGS): the
+    # same program on the same inputs in two thread settings differs in the last bits
+    # (five Adam steps: 22,914 of its 43k weights). So the runs agree to rounding here,
+    # where one more batch in flight (`max_inflight=2`) moves the test loss by 2.3 %.
+    for key in ('train_loss', 'test_loss'):
+      assert on_lanes[key] == pytest.approx(in_process[key], rel=1e-6), key
+    return
+  for key in ('train_loss', 'test_loss', 'test_accuracy'):
     assert on_lanes[key] == in_process[key], key
 
 
@@ -334,11 +347,11 @@ def test_batchnorm_asgd_on_lane_processes_is_bit_identical_to_in_process(pool):
 
 
 # --- what cannot run on lane processes is refused, naming the field ------------------------
-def _config(name: str, **fields):
+def _config(name: str, variant: str = 'smoke', **fields):
   import importlib
 
   module = 'default' if name == 'bp' else name
-  config = importlib.import_module(f'experiments.configs.{module}').get_config('smoke')
+  config = importlib.import_module(f'experiments.configs.{module}').get_config(variant)
   config.update({'clock': 'real', 'executor': 'processes', **fields})
   return config
 
