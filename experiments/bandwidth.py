@@ -33,8 +33,7 @@ import dataclasses
 import json
 import os
 
-from absl import app
-from absl import flags
+import argparse
 import jax
 import jax.numpy as jnp
 from matplotlib.figure import Figure
@@ -48,19 +47,6 @@ from jaxsgd.spmd import timing
 GBIT = 1e9 / 8  # bytes/s in one Gbit/s
 BANDWIDTHS_GBIT = (1, 2, 5, 10, 20, 50, 100, 200, 400)
 UTILIZATIONS = (0.5, 0.75, 0.9, 0.95, 0.99)
-
-_OUT = flags.DEFINE_string('out', 'runs/bandwidth', 'Folder for bandwidth.{md,json,png}.')
-_DEVICE = flags.DEFINE_enum('device', 'h100', list(hardware.PRESETS), 'The device preset.')
-_WORKERS = flags.DEFINE_integer('workers', 8, 'M, the workers (one device each).')
-_WIDTH = flags.DEFINE_integer('width', 2048, "The transformer's width.")
-_BLOCKS = flags.DEFINE_integer('blocks', 20, 'Decoder blocks (20 of width 2048: 1.01B).')
-_HEADS = flags.DEFINE_integer('heads', 16, 'Attention heads.')
-_LENGTH = flags.DEFINE_integer('length', 2048, 'Sequence length (bytes).')
-_BATCH = flags.DEFINE_integer('batch', 8, 'Sequences per worker per step.')
-_PERIOD = flags.DEFINE_integer('period', 100, 'H, inner steps between two syncs.')
-_FRAGMENTS = flags.DEFINE_integer('fragments', 4, "P, streaming DiLoCo's fragments.")
-_DELAY = flags.DEFINE_integer('delay', 5, "τ, streaming DiLoCo's overlapped steps (< H/P).")
-_LATENCY = flags.DEFINE_float('latency', 1e-3, 'Seconds per message of a link.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,38 +157,58 @@ def plot(result, path, title, bandwidths_gbit=BANDWIDTHS_GBIT) -> None:
   fig.savefig(path, dpi=110)
 
 
-def main(argv) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  if not 0 <= _DELAY.value < _PERIOD.value // _FRAGMENTS.value or _PERIOD.value % _FRAGMENTS.value:
-    raise app.UsageError('--delay must be < --period / --fragments, a whole number of steps.')
-  spec = hardware.preset(_DEVICE.value)
+def parse_args(argv=None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  arg = parser.add_argument
+  arg('--out', default='runs/bandwidth', help='folder for bandwidth.{md,json,png}')
+  arg('--device', default='h100', choices=list(hardware.PRESETS), help='the device preset')
+  arg('--workers', type=int, default=8, help='M, the workers (one device each)')
+  arg('--width', type=int, default=2048, help="the transformer's width")
+  arg('--blocks', type=int, default=20, help='decoder blocks (20 of width 2048: 1.01B)')
+  arg('--heads', type=int, default=16, help='attention heads')
+  arg('--length', type=int, default=2048, help='sequence length (bytes)')
+  arg('--batch', type=int, default=8, help='sequences per worker per step')
+  arg('--period', type=int, default=100, help='H, inner steps between two syncs')
+  arg('--fragments', type=int, default=4, help="P, streaming DiLoCo's fragments")
+  arg('--delay', type=int, default=5, help="τ, streaming DiLoCo's overlapped steps (< H/P)")
+  arg('--latency', type=float, default=1e-3, help='seconds per message of a link')
+  args = parser.parse_args(argv)
+  if args.period % args.fragments or not 0 <= args.delay < args.period // args.fragments:
+    parser.error('--period: a multiple of --fragments, and --delay < --period / --fragments')
+  if min(args.workers, args.width, args.blocks, args.heads, args.length, args.batch) < 1:
+    parser.error('--workers, --width, --blocks, --heads, --length, --batch: at least 1')
+  return args
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  spec = hardware.preset(args.device)
   compute, parameters = abstract_step_seconds(
     spec,
-    width=_WIDTH.value,
-    blocks=_BLOCKS.value,
-    heads=_HEADS.value,
-    length=_LENGTH.value,
-    batch=_BATCH.value,
+    width=args.width,
+    blocks=args.blocks,
+    heads=args.heads,
+    length=args.length,
+    batch=args.batch,
   )
   nbytes = 4 * parameters  # float32 weights (or gradients) per worker
-  all_methods = methods(_PERIOD.value, _FRAGMENTS.value, _DELAY.value)
-  result = study(compute, nbytes, _WORKERS.value, _LATENCY.value, all_methods)
+  all_methods = methods(args.period, args.fragments, args.delay)
+  result = study(compute, nbytes, args.workers, args.latency, all_methods)
   setting = (
-    f'{parameters / 1e9:.2f}B-parameter transformer (width {_WIDTH.value}, {_BLOCKS.value} '
-    f'blocks, {_LENGTH.value} tokens × {_BATCH.value} a step), {_WORKERS.value} workers, '
+    f'{parameters / 1e9:.2f}B-parameter transformer (width {args.width}, {args.blocks} '
+    f'blocks, {args.length} tokens × {args.batch} a step), {args.workers} workers, '
     f'one {spec.name} each ({spec.precision}): a step {compute:.3f} s (roofline), '
-    f'{nbytes / 1e9:.2f} GB a synchronization, links {_LATENCY.value * 1e3:g} ms latency'
+    f'{nbytes / 1e9:.2f} GB a synchronization, links {args.latency * 1e3:g} ms latency'
   )
-  os.makedirs(_OUT.value, exist_ok=True)
-  title = f'{parameters / 1e9:.2f}B transformer, {_WORKERS.value} workers, one {spec.name} each'
-  plot(result, os.path.join(_OUT.value, 'bandwidth.png'), title)
+  os.makedirs(args.out, exist_ok=True)
+  title = f'{parameters / 1e9:.2f}B transformer, {args.workers} workers, one {spec.name} each'
+  plot(result, os.path.join(args.out, 'bandwidth.png'), title)
   lines = table(result)
-  with open(os.path.join(_OUT.value, 'bandwidth.md'), 'w') as f:
+  with open(os.path.join(args.out, 'bandwidth.md'), 'w') as f:
     f.write(f'# Compute utilization against bandwidth\n\n{setting}.\n\n')
     f.write('Command: `python -m experiments.bandwidth` (`--help` for the setting).\n\n')
     f.write('\n'.join(lines) + '\n\n![utilization against bandwidth](bandwidth.png)\n')
-  with open(os.path.join(_OUT.value, 'bandwidth.json'), 'w') as f:
+  with open(os.path.join(args.out, 'bandwidth.json'), 'w') as f:
     json.dump(
       {
         'setting': setting,
@@ -221,4 +227,4 @@ def main(argv) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  main()

@@ -54,3 +54,19 @@ def test_abstract_pricing_equals_pricing_the_step_on_real_arrays():
   counts = hardware.op_counts(step, (variables, tx.init(variables['params']), batch))
   assert seconds == hardware.roofline_seconds(counts, spec)
   assert parameters == sum(np.size(x) for x in jax.tree.leaves(variables['params']))
+
+
+@pytest.mark.parametrize(
+  'argv, field',
+  [
+    (['--delay=25'], '--delay'),
+    (['--period=10', '--fragments=4'], '--period'),
+    (['--workers=0'], '--workers'),
+  ],
+)
+def test_bad_settings_are_refused_in_one_line_naming_the_flag(argv, field, capsys):
+  with pytest.raises(SystemExit) as stop:
+    bandwidth.parse_args(argv)
+  assert stop.value.code == 2
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert 'error: ' in error and field in error
