@@ -29,11 +29,11 @@ bytes), and data-parallel's gradient all-reduce is not overlapped with the backw
 pass (the paper's simulation overlaps it).
 """
 
+import argparse
 import dataclasses
 import json
 import os
 
-import argparse
 import jax
 import jax.numpy as jnp
 from matplotlib.figure import Figure
@@ -65,6 +65,8 @@ class Method:
     return timing.StepTimeModel(compute=compute, comm=comm, period=every, delay=self.delay)
 
   def utilization(self, compute, nbytes, workers, bandwidth, latency) -> float:
+    """Its `relative_throughput` with an all-reduce of `nbytes / fragments` over
+    `workers` on links of `bandwidth` bytes/s and `latency` s."""
     comm = timing.ring_allreduce_time(
       nbytes / self.fragments, workers, bandwidth=bandwidth, latency=latency
     )
@@ -79,6 +81,8 @@ class Method:
 
 
 def methods(period: int, fragments: int, delay: int) -> tuple[Method, ...]:
+  """Data-parallel (a sync every step), DiLoCo (every H), streaming DiLoCo (1/P every
+  H/P) without and with τ overlapped steps."""
   return (
     Method('data-parallel', 1),
     Method(f'DiLoCo H={period}', period),
@@ -122,10 +126,13 @@ def study(compute, nbytes, workers, latency, all_methods, bandwidths_gbit=BANDWI
 
 
 def _gbit(value: float) -> str:
+  """Gbit/s in 3 significant digits; ∞ where no bandwidth is enough."""
   return '∞' if value == float('inf') else f'{value:,.3g}'
 
 
 def table(result, bandwidths_gbit=BANDWIDTHS_GBIT) -> list[str]:
+  """Markdown: utilization per method and bandwidth; then the bandwidth each method
+  needs per utilization, and its bytes per synchronization."""
   head = ['method'] + [f'{g} Gbit/s' for g in bandwidths_gbit]
   lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for label, values in result['utilization'].items():
@@ -141,10 +148,11 @@ def table(result, bandwidths_gbit=BANDWIDTHS_GBIT) -> list[str]:
 
 
 def plot(result, path, title, bandwidths_gbit=BANDWIDTHS_GBIT) -> None:
+  """Utilization (%) against bandwidth (log scale), one line per method."""
   fig = Figure(figsize=(7, 4.2))
   ax = fig.subplots()
   styles = ('o-', 's-', 'x--', 'o-')  # (streaming without overlap sits on DiLoCo: dashed)
-  for (label, values), style in zip(result['utilization'].items(), styles * 2, strict=False):
+  for (label, values), style in zip(result['utilization'].items(), styles, strict=True):
     ax.plot(bandwidths_gbit, [100 * v for v in values], style, label=label)
   ax.set(
     xscale='log', xlabel='bandwidth between workers (Gbit/s)', ylabel='compute utilization (%)'
@@ -173,10 +181,13 @@ def parse_args(argv=None) -> argparse.Namespace:
   arg('--delay', type=int, default=5, help="τ, streaming DiLoCo's overlapped steps (< H/P)")
   arg('--latency', type=float, default=1e-3, help='seconds per message of a link')
   args = parser.parse_args(argv)
-  if args.period % args.fragments or not 0 <= args.delay < args.period // args.fragments:
-    parser.error('--period: a multiple of --fragments, and --delay < --period / --fragments')
-  if min(args.workers, args.width, args.blocks, args.heads, args.length, args.batch) < 1:
-    parser.error('--workers, --width, --blocks, --heads, --length, --batch: at least 1')
+  for name in ('workers', 'width', 'blocks', 'heads', 'length', 'batch', 'period', 'fragments'):
+    if getattr(args, name) < 1:
+      parser.error(f'--{name}: at least 1, got {getattr(args, name)}')
+  if args.period % args.fragments:
+    parser.error(f'--period: a multiple of --fragments ({args.fragments}), got {args.period}')
+  if not 0 <= args.delay < args.period // args.fragments:
+    parser.error(f'--delay: 0 <= delay < period / fragments, got {args.delay}')
   return args
 
 

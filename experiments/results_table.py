@@ -117,12 +117,21 @@ def faster_verdict(
 
 
 def accuracy_verdict(kind: str, method: dict, baseline: dict) -> str:
-  """'matches': within twice the larger seed deviation; 'better': above it."""
-  mine, theirs = method['final_accuracy'], baseline['final_accuracy']
-  if mine['n'] < 2 or theirs['n'] < 2:
-    return 'not shown at this size (fewer than 2 seeds)'
-  gap, noise = 100 * (mine['mean'] - theirs['mean']), 200 * max(mine['sd'], theirs['sd'])
-  words = f'{gap:+.2f} points, 2 sd = {noise:.2f}'
+  """'matches': within twice the larger seed deviation; 'better': above it. Of the final
+  test perplexity where both have one (a language model: the papers' own measure; lower
+  is better), else of the final test accuracy."""
+  if method.get('final_perplexity') and baseline.get('final_perplexity'):
+    mine, theirs = method['final_perplexity'], baseline['final_perplexity']
+    if mine['n'] < 2 or theirs['n'] < 2:
+      return 'not shown at this size (fewer than 2 seeds)'
+    gap, noise = theirs['mean'] - mine['mean'], 2 * max(mine['sd'], theirs['sd'])
+    words = f'perplexity {-gap:+.3f}, 2 sd = {noise:.3f}'
+  else:
+    mine, theirs = method['final_accuracy'], baseline['final_accuracy']
+    if mine['n'] < 2 or theirs['n'] < 2:
+      return 'not shown at this size (fewer than 2 seeds)'
+    gap, noise = 100 * (mine['mean'] - theirs['mean']), 200 * max(mine['sd'], theirs['sd'])
+    words = f'{gap:+.2f} points, 2 sd = {noise:.2f}'
   if kind == 'matches':
     return f'reproduced ({words})' if abs(gap) <= noise else f'not reproduced ({words})'
   if gap > noise:
@@ -130,6 +139,15 @@ def accuracy_verdict(kind: str, method: dict, baseline: dict) -> str:
   if gap < -noise:
     return f'not reproduced ({words})'
   return f'not shown at this size ({words})'
+
+
+def _final(method: dict) -> str:
+  """The final test accuracy cell; a language model's perplexity beside it."""
+  stats = method.get('final_perplexity')
+  if not stats:
+    return _accuracy(method['final_accuracy'])
+  spread = f' ± {stats["sd"]:.2f}' if stats['n'] > 1 else ''
+  return f'{_accuracy(method["final_accuracy"])} (ppl {stats["mean"]:.2f}{spread})'
 
 
 def _accuracy(stats) -> str:
@@ -174,7 +192,7 @@ def claim_row(
   return [
     title,
     claim.paper,
-    f'{_accuracy(method["final_accuracy"])} vs {_accuracy(baseline["final_accuracy"])}',
+    f'{_final(method)} vs {_final(baseline)}',
     f'{_time(method)} vs {_time(baseline)}',
     _speedup_cell(method, baseline, *errors),
     verdict,

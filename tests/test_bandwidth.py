@@ -69,4 +69,6 @@ def test_bad_settings_are_refused_in_one_line_naming_the_flag(argv, field, capsy
     bandwidth.parse_args(argv)
   assert stop.value.code == 2
   error = capsys.readouterr().err.strip().splitlines()[-1]
-  assert 'error: ' in error and field in error
+  assert f'error: {field}:' in error
+  others = {'--delay', '--period', '--workers'} - {field}
+  assert not any(other in error for other in others), error

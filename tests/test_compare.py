@@ -98,6 +98,27 @@ def test_table_rows_hand_computed():
   assert rows[0][4] == '2 ± 1.4' and rows[0][7] == '5 ± 1.4'
 
 
+def test_language_model_rows_hand_computed():
+  def run(perplexity, rates, sent=None):
+    summary = {'final': {'test_perplexity': perplexity}, 'tokens_per_second': rates}
+    return {'summary': {**summary, **({'communication': sent} if sent else {})}}
+
+  sync = {'synchronizations': 75, 'bytes_per_synchronization': 986_112.0}
+  rows = report.language_model_rows(
+    {
+      'BP': [run(5.0, {'wall': 900.0, 'simulated': 40_000.0}), run(6.0, {'wall': 1100.0})],
+      'DiLoCo': [run(4.5, {'wall': 500.0, 'simulated': 60_000.0}, sync)],
+    }
+  )
+  # BP: mean 5.5, sample sd of (5, 6) = 0.71; simulated rate of the one run that has it.
+  assert rows == [
+    ['BP', '5.5 ± 0.71', '40,000', '1,000', '—', '—'],
+    ['DiLoCo', '4.5', '60,000', '500', '75', '0.986'],
+  ]
+  image_model = {'summary': {'final': {'test_accuracy': 0.9}}}
+  assert report.language_model_rows({'BP': [image_model]}) == []
+
+
 def test_seed_band_is_mean_and_min_max_on_the_union_of_times():
   def run(times, accuracies):
     return {'records': [{'sim_time': t, 'test_accuracy': a} for t, a in zip(times, accuracies)]}

@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from experiments.configs import ddg
+from experiments.configs import streaming_diloco
 from jaxsgd import models
 from jaxsgd import training
 from jaxsgd.models import stage_functions
@@ -183,3 +184,33 @@ def test_ddg_trains_the_language_model_on_the_virtual_clock(data_dir, tmp_path):
     assert record['test_perplexity'] == pytest.approx(math.exp(record['test_loss']), rel=1e-12)
     assert record['train_perplexity'] == pytest.approx(math.exp(record['train_loss']), rel=1e-12)
   assert records[1]['sim_time'] > 0 and records[1]['staleness_max/stage0'] == 1
+
+
+def test_a_data_parallel_language_model_reports_its_tokens_and_synchronizations(data_dir, tmp_path):
+  """Streaming DiLoCo (H = 8, P = 2, τ = 1) on `:lm_smoke`, 4 workers of 16 windows of 32
+  bytes, 12 steps: a fragment every 4 steps merged 1 later (steps 5 and 9: 2 syncs),
+  each of half the weights; tokens per second of the last step's simulated time."""
+  config = streaming_diloco.get_config('lm_smoke')
+  config.update({'data_dir': data_dir, 'train_steps': 12})
+  # One per-step program (no cycle programs to compile): the syncs fall on the same steps.
+  config.algorithm.update({'stacked': True, 'overlap': False})
+  summary = training.train_and_evaluate(config, str(tmp_path), show_progress=False)
+  weights = 4 * sum(np.size(x) for x in jax.tree.leaves(_params_of(config)))
+  assert summary['communication'] == {
+    'synchronizations': 2,
+    'steps_between_synchronizations': 4,
+    'bytes_per_synchronization': weights / 2,
+    'bytes': 2 * weights / 2,
+  }
+  tokens = 12 * 4 * 16 * 32
+  assert summary['tokens'] == tokens
+  rates = summary['tokens_per_second']
+  assert rates['simulated'] == pytest.approx(tokens / summary['final']['sim_time'], rel=1e-12)
+
+
+def _params_of(config):
+  """The parameters of `config`'s model, as shapes."""
+  model = models.get_model(
+    config.model.name, (32,), 256, **{k: v for k, v in config.model.items() if k != 'name'}
+  )
+  return jax.eval_shape(model.init, jax.random.key(0))['params']

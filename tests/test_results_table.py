@@ -3,6 +3,8 @@ rules (speed-up interval, verdicts)."""
 
 import json
 
+import numpy as np
+
 import pytest
 
 from experiments import report
@@ -96,6 +98,23 @@ def test_verdicts_hand_computed():
   assert results_table.accuracy_verdict('matches', k4, bp).startswith('not reproduced')
   assert results_table.accuracy_verdict('better', bp, k4).startswith('reproduced')
   assert results_table.accuracy_verdict('better', k2, bp).startswith('not shown at this size')
+
+
+def test_a_language_models_claims_are_judged_on_perplexity():
+  """DiLoCo 5.0 ± 0.1 against SSGD 5.2 ± 0.1 (perplexity): 0.2 lower, 2 sd = 0.2 — matches
+  (and not 'better': not above the noise); accuracies that differ by 10 points do not
+  decide it. Perplexities 0.5 apart with the same spread: better, and not a match."""
+  diloco = {**_method([0.5, 0.5], [None, None]), 'final_perplexity': _stats([4.9, 5.1])}
+  ssgd = {**_method([0.4, 0.4], [None, None]), 'final_perplexity': _stats([5.1, 5.3])}
+  sd = float(np.std([4.9, 5.1], ddof=1))
+  assert results_table.accuracy_verdict('matches', diloco, ssgd) == (
+    f'reproduced (perplexity -0.200, 2 sd = {2 * sd:.3f})'
+  )
+  assert results_table.accuracy_verdict('better', diloco, ssgd).startswith('not shown')
+  far = {**ssgd, 'final_perplexity': _stats([5.4, 5.6])}
+  assert results_table.accuracy_verdict('better', diloco, far).startswith('reproduced')
+  assert results_table.accuracy_verdict('matches', diloco, far).startswith('not reproduced')
+  assert results_table._final(diloco) == '50.00 ± 0.00 (ppl 5.00 ± 0.14)'
 
 
 def test_the_table_goes_between_the_markers_from_report_json(tmp_path):

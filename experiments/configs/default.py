@@ -7,7 +7,7 @@ Measured on the project's 2-core CPU: 98.12 % test accuracy; 38 s including gene
 the 50k dataset on first use (training alone 14.4 s, ~280 steps/s).
 Smoke variant (seconds, for tests): `--config=experiments/configs/default.py:smoke`.
 
-Language model (`:lm`, `:lm_smoke`, also on ddg.py and local.py): a byte-level
+Language model (`:lm`, `:lm_smoke`, on every config of this folder): a byte-level
 transformer on CPython's documentation text (`pydoc_bytes`, docs/language_models.md);
 `test_loss` is in nats per byte, perplexity its exp, `test_accuracy` per byte. With
 seed 0, `default.py:lm` ends at test loss 1.333 nats/byte (perplexity 3.79), 62.1 % of

@@ -15,7 +15,7 @@ merged `algorithm.delay` = τ = 1 step later: w_p ← α w_p + (1 − α) θ_p, 
 `algorithm.mix` = 0.5 (α = 0 takes the global value, torchft's default). One
 fragment, τ = 0, α = 0 is `diloco` (`dasgd.py:diloco` with period H).
 Virtual clock: one all-reduce of 1/P of the weights every H/P steps, τ steps of
-compute hidden (`jaxsgd.spmd.timing`). Variants: `smoke`, `full`.
+compute hidden (`jaxsgd.spmd.timing`). Variants: `smoke`, `full`, `lm`, `lm_smoke`.
 
 Reference: Douillard et al., Streaming DiLoCo with overlapping communication (2025),
 arXiv:2501.18512.

@@ -330,9 +330,10 @@ def sync_bytes(s: Settings, variables) -> float:
 
 
 def communication(s: Settings, variables, steps: int) -> dict:
-  """What a run of `steps` steps sent: its synchronizations (all-reduces merged by the
-  end: SSGD every step; the others one per `period / fragments` steps, `delay` steps
-  after each snapshot) and the bytes of each, per worker — the peak a link must carry."""
+  """What a run of `steps` steps synchronized: its synchronizations (all-reduces merged
+  by the end: SSGD every step; the others one per `period / fragments` steps, `delay`
+  steps after each snapshot) and each one's payload per worker (`sync_bytes`; a ring
+  all-reduce sends 2 (M − 1)/M of it over each worker's link)."""
   every = s.period // s.fragments
   synchronizations = max(0, (steps - s.delay) // every)
   per_sync = sync_bytes(s, variables)

@@ -412,8 +412,9 @@ class Run:
 
   def _throughput(self, final: dict, sim_time: float | None) -> dict:
     """A language model's training tokens per second over the whole run, in wall time
-    (evaluations included) and, on the virtual clock, in simulated time (`sim_time`, the
-    run's makespan): every example is `input_shape` tokens, each predicted once."""
+    (to its last step: the evaluations before it included) and, on the virtual clock, in
+    simulated time (`sim_time`: a scheduler run's makespan, else the last step's): every
+    example is `input_shape` tokens, each predicted once."""
     if not getattr(self.model, 'per_token', False) or not final:
       return {}
     tokens = final['samples'] * math.prod(self.dataset.input_shape)

@@ -84,10 +84,10 @@ def test_comm_budget_is_the_longest_all_reduce_for_a_throughput():
 @pytest.mark.parametrize(
   'name, period, delay, fragments, synchronizations',
   [
-    ('ssgd', 1, 0, 1, 30),  # every step
+    ('ssgd', 1, 0, 1, 28),  # every step
     ('diloco', 4, 0, 1, 7),  # steps 4, 8, ..., 28
-    ('dasgd', 4, 1, 1, 7),  # merged at 5, 9, ..., 29
-    ('streaming_diloco', 8, 1, 2, 7),  # a fragment every 4 steps, merged at 5, ..., 29
+    ('dasgd', 4, 1, 1, 6),  # merged at 5, 9, ..., 25 (29 is past the end)
+    ('streaming_diloco', 8, 1, 2, 6),  # a fragment every 4 steps, merged at 5, ..., 25
   ],
 )
 def test_a_runs_communication_by_hand(name, period, delay, fragments, synchronizations):
@@ -99,7 +99,7 @@ def test_a_runs_communication_by_hand(name, period, delay, fragments, synchroniz
 
   s = types.SimpleNamespace(name=name, period=period, delay=delay, fragments=fragments)
   variables = {'params': {'w': np.zeros((10, 10), np.float32)}}  # 400 bytes
-  sent = data_parallel.communication(s, variables, 30)
+  sent = data_parallel.communication(s, variables, 28)
   assert sent == {
     'synchronizations': synchronizations,
     'steps_between_synchronizations': period // fragments,
