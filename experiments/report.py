@@ -127,12 +127,14 @@ LANGUAGE_MODEL_HEADER = [
 ]
 
 
-def seed_band(runs_of_method) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-  """(times, mean, min, max) of the seeds' test accuracies (%) on the union of their
-  evaluation times, each seed interpolated linearly between its own evaluations, over
-  the span every seed covers."""
+def seed_band(
+  runs_of_method, value=lambda record: 100 * record['test_accuracy']
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(times, mean, min, max) of the seeds' `value` (test accuracy in %) on the union of
+  their evaluation times, each seed interpolated linearly between its own evaluations,
+  over the span every seed covers."""
   curves = [_time_axis(run['records'])[1] for run in runs_of_method]
-  accuracies = [[100 * r['test_accuracy'] for r in run['records']] for run in runs_of_method]
+  accuracies = [[value(r) for r in run['records']] for run in runs_of_method]
   lo, hi = max(c[0] for c in curves), min(c[-1] for c in curves)
   times = np.unique(np.concatenate([np.asarray(c, float) for c in curves]))
   times = times[(times >= lo) & (times <= hi)]
@@ -161,6 +163,24 @@ def plot_accuracy(runs, path, target):
   ax.set(xlabel=xlabel, ylabel='test accuracy (%)', title='mean of the seeds, band: min–max')
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def plot_perplexity(runs, path) -> None:
+  """A language model's test perplexity against simulated time (wall time on a real
+  clock), log scale: one line per method (the seeds' mean), the seeds' min–max as a band."""
+  fig = Figure(figsize=(7, 4.2))
+  ax = fig.subplots()
+  for i, (label, method_runs) in enumerate(runs.items()):
+    times, mean, low, high = seed_band(method_runs, lambda r: r['test_perplexity'])
+    ax.plot(times, mean, color=f'C{i % 10}', ls='-' if i < 10 else '--', label=label)
+    ax.fill_between(times, low, high, color=f'C{i % 10}', alpha=0.2, lw=0)
+  xlabel = _time_axis(next(iter(runs.values()))[0]['records'])[0]
+  ax.set(xlabel=xlabel, ylabel='test perplexity (per byte)', yscale='log')
+  ax.set_title('mean of the seeds, band: min–max', fontsize=9)
+  ax.grid(alpha=0.3, which='both')
+  ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 
@@ -331,6 +351,8 @@ def write_report(
       '|' + '---|' * len(LANGUAGE_MODEL_HEADER),
     ]
     lines += ['| ' + ' | '.join(row) + ' |' for row in lm_rows]
+    plot_perplexity(runs, os.path.join(workdir, 'perplexity.png'))
+    lines += ['', '![test perplexity against time](perplexity.png)']
   if diverged:
     lines += ['', '**Diverged** (not in the table; their seeds are missing from its counts):', '']
     lines += [f'- {label}, seed {seed}: {error}' for label, seed, error in diverged]

@@ -133,6 +133,20 @@ def test_seed_band_is_mean_and_min_max_on_the_union_of_times():
   np.testing.assert_allclose(mean, [32.5, 45, 52.5, 60])
 
 
+def test_the_perplexity_plot_bands_each_methods_seeds(tmp_path):
+  def run(times, perplexities):
+    records = [{'sim_time': t, 'test_perplexity': p} for t, p in zip(times, perplexities)]
+    return {'records': records}
+
+  seeds = [run([1.0, 2.0], [8.0, 6.0]), run([1.0, 2.0], [10.0, 5.0])]
+  times, mean, low, high = report.seed_band(seeds, lambda r: r['test_perplexity'])
+  np.testing.assert_allclose(mean, [9.0, 5.5])
+  np.testing.assert_allclose(low, [8.0, 5.0])
+  np.testing.assert_allclose(high, [10.0, 6.0])
+  report.plot_perplexity({'A': seeds, 'B': seeds[:1]}, str(tmp_path / 'perplexity.png'))
+  assert (tmp_path / 'perplexity.png').stat().st_size > 0
+
+
 def test_every_registered_suite_has_valid_configs(data_dir):
   from jaxsgd import training  # pylint: disable=g-import-not-at-top
 
