@@ -12,6 +12,7 @@ top of RESULTS.md; the rest of the file is left as it is.
 
 import dataclasses
 import json
+import math
 import os
 
 from jaxsgd.training import files
@@ -37,6 +38,11 @@ class SimulatorError:
   largest: float
   source: str
   by_family: tuple[tuple[str, float], ...] = ()
+
+  def __post_init__(self):
+    for name, value in (('median', self.median), ('largest', self.largest), *self.by_family):
+      if not 0 <= value < 1:
+        raise ValueError(f'simulator error {name}: a fraction in [0, 1), got {value!r}')
 
   def of(self, family: str | None) -> float:
     """The largest error measured for `family`; for a family the benchmark does not run
@@ -74,45 +80,69 @@ def load_reports(results_dir: str, names) -> dict[str, dict]:
 
 
 def interval(speedup: float, error: float, baseline_error: float | None = None):
-  """The range of a speed-up S = T_baseline / T_method when the method's time may be off by
-  `error` and the baseline's by `baseline_error` (relative; the same if not given):
-  S (1 - e_b) / (1 + e_m) … S (1 + e_b) / (1 - e_m)."""
+  """The range of a speed-up S = T_baseline / T_method when each simulated time T may be
+  off from the real time R by its family's measured error e = |T − R| / R (the method's
+  `error`, the baseline's `baseline_error`; the same if not given), so R is within
+  T / (1 ± e): S (1 − e_m) / (1 + e_b) … S (1 + e_m) / (1 − e_b)."""
   e_b = error if baseline_error is None else baseline_error
-  return speedup * (1 - e_b) / (1 + error), speedup * (1 + e_b) / (1 - error)
+  return speedup * (1 - error) / (1 + e_b), speedup * (1 + error) / (1 - e_b)
 
 
 def _mean(stats) -> float | None:
   return None if not stats else stats['mean']
 
 
-def speedup(method: dict, baseline: dict) -> tuple[float | None, bool]:
-  """(S, bound): the baseline's mean time to target over the method's; when the baseline
-  never reached it, its whole run bounds its time and S is a lower bound (bound True)."""
-  mine = _mean(method['time_to_target_sim'])
-  if mine is None:
-    return None, False
-  theirs = _mean(baseline['time_to_target_sim'])
-  if theirs is not None:
-    return theirs / mine, False
-  total = _mean(baseline['total_sim_time'])
-  return (None, False) if total is None else (total / mine, True)
+def mean_time_bounds(method: dict) -> tuple[float, float] | None:
+  """(low, high) of the method's mean simulated time to target over all its seeds: a seed
+  that never reached the target would have taken longer than its whole run, so it counts
+  as that in `low`, and `high` is unbounded (inf) unless every seed reached it. None if
+  the method has no simulated times."""
+  seeds = method.get('seed_times_sim')
+  if seeds is None:  # A report.json written before per-seed times: from its summaries.
+    reached, total = method['time_to_target_sim'], method['total_sim_time']
+    if total is None:
+      return None
+    n = len(method['seeds'])
+    hits = reached['values'] if reached else []
+    seeds = [{'reached': True, 'time': t} for t in hits]
+    seeds += [{'reached': False, 'time': min(total['values'])}] * (n - len(hits))
+  if not seeds or any(seed['time'] is None for seed in seeds):
+    return None
+  low = sum(seed['time'] for seed in seeds) / len(seeds)
+  return low, low if all(seed['reached'] for seed in seeds) else math.inf
+
+
+def speedup(method: dict, baseline: dict) -> tuple[float, float] | None:
+  """(low, high) of S = the baseline's mean time to target over the method's, from
+  `mean_time_bounds`: low = baseline's low / method's high, high = baseline's high /
+  method's low (0 or inf where seeds that never reached the target leave it open); None
+  if neither reached the target in any seed."""
+  mine, theirs = mean_time_bounds(method), mean_time_bounds(baseline)
+  if mine is None or theirs is None or (method['reached_target'] + baseline['reached_target']) == 0:
+    return None
+  return theirs[0] / mine[1], theirs[1] / mine[0]
 
 
 def faster_verdict(
   method: dict, baseline: dict, error: float, baseline_error: float | None = None
 ) -> str:
-  """Whether the method reaching the target sooner is shown beyond the simulator's error
-  (`interval`'s errors)."""
-  s, bound = speedup(method, baseline)
+  """Whether the method reaching the target sooner is shown: the whole range of the
+  speed-up (`speedup`'s bounds widened by `interval`'s errors) above 1; slower if all of
+  it is below 1."""
+  s = speedup(method, baseline)
   if s is None:
-    if method['reached_target'] == 0 and baseline['reached_target'] > 0:
-      return 'not reproduced (never reaches the target; the baseline does)'
     return 'not shown at this size (neither reaches the target)'
-  low, high = interval(s, error, baseline_error)
+  low, high = interval(s[0], error, baseline_error)[0], interval(s[1], error, baseline_error)[1]
   if low > 1:
     return 'reproduced (faster beyond the simulator error)'
-  if high < 1 and not bound:
+  if high < 1:
+    if method['reached_target'] == 0:
+      return (
+        'not reproduced (never reaches the target; the baseline does, sooner than its whole run)'
+      )
     return 'not reproduced (slower beyond the simulator error)'
+  if math.isinf(high) or low == 0:
+    return 'not shown at this size (seeds that never reach the target leave it open)'
   return 'not shown at this size (within the simulator error)'
 
 
@@ -125,7 +155,7 @@ def accuracy_verdict(kind: str, method: dict, baseline: dict) -> str:
     if mine['n'] < 2 or theirs['n'] < 2:
       return 'not shown at this size (fewer than 2 seeds)'
     gap, noise = theirs['mean'] - mine['mean'], 2 * max(mine['sd'], theirs['sd'])
-    words = f'perplexity {-gap:+.3f}, 2 sd = {noise:.3f}'
+    words = f'perplexity {-gap:+.3f}, lower is better, 2 sd = {noise:.3f}'
   else:
     mine, theirs = method['final_accuracy'], baseline['final_accuracy']
     if mine['n'] < 2 or theirs['n'] < 2:
@@ -165,13 +195,19 @@ def _time(method: dict) -> str:
 
 
 def _speedup_cell(method: dict, baseline: dict, error: float, baseline_error: float) -> str:
-  s, bound = speedup(method, baseline)
+  """`S× [low–high]`; `> S× [> low]` or `< S× [< high]` where seeds that never reached the
+  target bound it on one side only; `—` where neither side is bounded."""
+  s = speedup(method, baseline)
   if s is None:
     return '—'
-  low, high = interval(s, error, baseline_error)
-  if bound:
-    return f'> {s:.2f}× [> {low:.2f}]'
-  return f'{s:.2f}× [{low:.2f}–{high:.2f}]'
+  low, high = interval(s[0], error, baseline_error)[0], interval(s[1], error, baseline_error)[1]
+  if s[0] == s[1]:
+    return f'{s[0]:.2f}× [{low:.2f}–{high:.2f}]'
+  if math.isinf(s[1]) and s[0] > 0:
+    return f'> {s[0]:.2f}× [> {low:.2f}]'
+  if s[0] == 0 and not math.isinf(s[1]):
+    return f'< {s[1]:.2f}× [< {high:.2f}]'
+  return '—'
 
 
 def claim_row(
@@ -256,11 +292,19 @@ def table(
       lines.append('| ' + ' | '.join(row) + ' |')
   lines += [
     '',
-    f'Accuracy: mean ± sd over the seeds. Time to target: mean over the seeds that reached '
-    f"it (reached/run). Speed-up: the baseline's time over the method's; the interval "
+    'Accuracy: mean ± sd over the seeds (a language model: its perplexity, ppl). Time to '
+    'target: mean over the seeds that reached it (reached/run).',
+    '',
+    "Speed-up: the baseline's mean time to target over the method's, over all seeds; a "
+    'seed that never reached the target counts as taking longer than its whole run, so '
+    'the speed-up is bounded on one side only (> or <) or not at all (—). The interval '
     f'takes each simulated time as {_errors_note(error)} (median {100 * error.median:.1f} %; '
-    f'{error.source}); "faster" is reproduced only if the whole interval is above 1. "matches" / "better": within / above twice the larger seed sd. '
-    f'Resolution of the times to target: '
+    f'{error.source}). "faster" is reproduced if the whole interval is above 1, not '
+    'reproduced if it is below 1, else not shown.',
+    '',
+    '"matches": the final accuracy (a language model: perplexity) within twice the '
+    'larger seed sd of the baseline\'s, either way; "better": above it (below it: not '
+    'reproduced); with fewer than 2 seeds, not shown. Resolution of the times to target: '
     + '; '.join(resolution_note(reports[s.name]) for s in suites if s.name in reports)
     + '.',
   ]

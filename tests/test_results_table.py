@@ -2,6 +2,7 @@
 rules (speed-up interval, verdicts)."""
 
 import json
+import math
 
 import numpy as np
 
@@ -49,18 +50,18 @@ def test_interval_is_the_speedup_with_both_times_off_by_the_error():
 
 
 def test_each_time_takes_its_familys_error():
-  """S = 2 with the method's time off by up to 10 % and the baseline's by 20 %:
-  2 x 0.8 / 1.1 = 1.4545 … 2 x 1.2 / 0.9 = 2.6667. A family not measured takes the
-  largest error of all."""
+  """S = 2 with the method's time off by up to 10 % of the real time and the baseline's by
+  20 % (each real time within T / (1 ± e)): 2 x 0.9 / 1.2 = 1.5 … 2 x 1.1 / 0.8 = 2.75. A
+  family not measured takes the largest error of all."""
   low, high = results_table.interval(2.0, 0.1, 0.2)
-  assert low == pytest.approx(1.6 / 1.1) and high == pytest.approx(2.4 / 0.9)
+  assert low == pytest.approx(1.5) and high == pytest.approx(2.75)
   error = results_table.SimulatorError(0.05, 0.3, 'a test figure', (('bp', 0.2), ('ddg', 0.1)))
   assert (error.of('ddg'), error.of('bp'), error.of('ssgd'), error.of(None)) == (0.1, 0.2, 0.3, 0.3)
 
 
 def test_a_claim_row_prices_each_method_by_its_family():
   """DDG K=4 against BP: 1.6 / 1.5 = 1.0667. With one error of 25 % for both it is not
-  shown (0.64 … 1.78); with DDG's 2 % and BP's 3 %: 1.0667 x 0.97 / 1.02 = 1.0144 > 1, shown."""
+  shown (0.64 … 1.78); with DDG's 2 % and BP's 3 %: 1.0667 x 0.98 / 1.03 = 1.0149 > 1, shown."""
   claim = suites.Claim('DDG K=4', 'BP (staged, K=4)', 'faster', 'a paper figure')
   families = results_table.method_families(suites.SUITES['ddg'])
   assert (families['DDG K=4'], families['BP (staged, K=4)']) == ('ddg', 'bp')
@@ -89,8 +90,17 @@ def test_verdicts_hand_computed():
   # 1.6 / 1.5 = 1.07, interval [0.64, 1.78]: straddles 1.
   assert results_table.faster_verdict(k4, bp, 0.25).startswith('not shown at this size')
   assert results_table.faster_verdict(bp, k2, 0.0).startswith('not reproduced')  # 0.5x
-  never = _method([0.9, 0.9], [None, None])
+  # Never reaching it in runs of 4 s, against BP's 1.6: at most 0.4x, 0.67 with the error.
+  never = _method([0.9, 0.9], [None, None], total=4.0)
   assert results_table.faster_verdict(never, bp, 0.25).startswith('not reproduced (never')
+  # In runs of 2 s it is at most 0.8x, 1.33 with the error: open.
+  short = _method([0.9, 0.9], [None, None], total=2.0)
+  assert results_table.faster_verdict(short, bp, 0.25) == (
+    'not shown at this size (seeds that never reach the target leave it open)'
+  )
+  assert results_table.faster_verdict(never, never, 0.25) == (
+    'not shown at this size (neither reaches the target)'
+  )
   # Gap -0.1 point, 2 sd = 2 x 0.141 = 0.28: matches; K=4's -1.0 point does not.
   assert results_table.accuracy_verdict('matches', k2, bp) == (
     'reproduced (-0.10 points, 2 sd = 0.28)'
@@ -100,15 +110,46 @@ def test_verdicts_hand_computed():
   assert results_table.accuracy_verdict('better', k2, bp).startswith('not shown at this size')
 
 
+def test_seeds_that_never_reach_the_target_bound_the_speedup_on_one_side():
+  """Chunked against BP as measured: 1.395 and 1.318 s in 2 seeds, the third never within
+  its 1.938 s run; BP 1.54 s in all 3. Over the 2 seeds alone 1.14x; over all 3 the
+  method's mean is at least (1.395 + 1.318 + 1.938) / 3 = 1.5503, so at most 0.9934x
+  (1.0597 with 2 % / 4 % errors): not shown."""
+  chunked = _method([0.95] * 3, [1.395, 1.318, None], total=1.938)
+  chunked['seed_times_sim'] = [
+    {'reached': True, 'time': 1.395},
+    {'reached': True, 'time': 1.318},
+    {'reached': False, 'time': 1.938},
+  ]
+  bp = _method([0.98] * 3, [1.54] * 3)
+  low, high = results_table.speedup(chunked, bp)
+  assert low == 0 and high == pytest.approx(1.54 / 1.5503333333, rel=1e-9)
+  assert results_table.faster_verdict(chunked, bp, 0.021, 0.041).startswith('not shown')
+  assert results_table._speedup_cell(chunked, bp, 0.021, 0.041) == '< 0.99× [< 1.06]'
+  # The other way round the bound is a lower one: BP at least 1.5503 / 1.54 = 1.0067x
+  # faster, 1.0067 x 0.959 / 1.021 = 0.9456 with BP's 4.1 % and chunked's 2.1 %.
+  assert results_table._speedup_cell(bp, chunked, 0.041, 0.021) == '> 1.01× [> 0.95]'
+  # A baseline that never reaches it bounds from below: PD-ASGD 0.73 s against LPP-SGD's
+  # whole runs of 2 s: more than 2.74x, 2.74 x 0.64 / 1.17 = 1.50 with 36 % / 17 %.
+  pd, lpp = _method([0.98] * 3, [0.73] * 3), _method([0.93] * 3, [None] * 3, total=2.0)
+  assert results_table.speedup(pd, lpp) == (pytest.approx(2 / 0.73), math.inf)
+  assert results_table.faster_verdict(pd, lpp, 0.361, 0.174).startswith('reproduced')
+
+
+def test_a_simulator_error_outside_0_to_1_is_refused():
+  with pytest.raises(ValueError, match=r'^simulator error ddg: a fraction in \[0, 1\), got 1.0$'):
+    results_table.SimulatorError(0.01, 0.2, 'a test', (('ddg', 1.0),))
+
+
 def test_a_language_models_claims_are_judged_on_perplexity():
-  """DiLoCo 5.0 ± 0.1 against SSGD 5.2 ± 0.1 (perplexity): 0.2 lower, 2 sd = 0.2 — matches
+  """DiLoCo 5.0 ± 0.14 against SSGD 5.2 ± 0.14 (perplexity): 0.2 lower, 2 sd = 0.28 — matches
   (and not 'better': not above the noise); accuracies that differ by 10 points do not
   decide it. Perplexities 0.5 apart with the same spread: better, and not a match."""
   diloco = {**_method([0.5, 0.5], [None, None]), 'final_perplexity': _stats([4.9, 5.1])}
   ssgd = {**_method([0.4, 0.4], [None, None]), 'final_perplexity': _stats([5.1, 5.3])}
   sd = float(np.std([4.9, 5.1], ddof=1))
   assert results_table.accuracy_verdict('matches', diloco, ssgd) == (
-    f'reproduced (perplexity -0.200, 2 sd = {2 * sd:.3f})'
+    f'reproduced (perplexity -0.200, lower is better, 2 sd = {2 * sd:.3f})'
   )
   assert results_table.accuracy_verdict('better', diloco, ssgd).startswith('not shown')
   far = {**ssgd, 'final_perplexity': _stats([5.4, 5.6])}
