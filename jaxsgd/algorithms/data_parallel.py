@@ -315,9 +315,12 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
   # overlap=False runs the all-reduce inside a lax.cond on the merge step: it blocks
   # there, so none of it is hidden. overlap=True runs each period as one program whose
   # one all-reduce (of the stored snapshot) may overlap the `delay` steps before the merge.
-  hidden_steps = s.delay if s.overlap else 0
   return timing.StepTimeModel(
-    compute=compute, comm=comm, period=s.period // s.fragments, delay=hidden_steps
+    compute=compute,
+    comm=comm,
+    period=s.period // s.fragments,
+    delay=s.delay,
+    hidden=s.delay if s.overlap else 0,
   )
 
 
@@ -335,7 +338,7 @@ def communication(s: Settings, variables, steps: int) -> dict:
   steps after each snapshot) and each one's payload per worker (`sync_bytes`; a ring
   all-reduce sends 2 (M − 1)/M of it over each worker's link)."""
   every = s.period // s.fragments
-  synchronizations = max(0, (steps - s.delay) // every)
+  synchronizations = timing.StepTimeModel(0.0, 0.0, every, s.delay).merges(steps)
   per_sync = sync_bytes(s, variables)
   return {
     'synchronizations': synchronizations,

@@ -71,23 +71,35 @@ class StepTimeModel:
     compute: seconds of one step's forward, backward and update on one worker.
     comm: seconds of one all-reduce (`ring_allreduce_time`), 0 without communication.
     period: steps between all-reduces (1: every step).
-    delay: steps of compute the all-reduce overlaps before its result is needed.
+    delay: steps from a snapshot to the merge of its average (merge steps t ≥ period,
+      t ≡ delay mod period).
+    hidden: steps of compute the all-reduce overlaps before the merge; None: `delay` (an
+      all-reduce that runs inside the merge step, `overlap=False`, hides none).
   """
 
   compute: float
   comm: float
   period: int = 1
   delay: int = 0
+  hidden: int | None = None
+
+  @property
+  def hidden_steps(self) -> int:
+    return self.delay if self.hidden is None else self.hidden
 
   @property
   def exposed_comm(self) -> float:
     """Seconds a merge step waits for the all-reduce (after the hidden part)."""
-    return max(0.0, self.comm - self.delay * self.compute)
+    return max(0.0, self.comm - self.hidden_steps * self.compute)
 
   def comm_budget(self, throughput: float) -> float:
     """The longest all-reduce (s) that keeps `relative_throughput()` at `throughput` or
-    more: `delay` steps of it hidden, `period · compute · (1/throughput − 1)` exposed."""
-    return self.delay * self.compute + self.period * self.compute * (1 / throughput - 1)
+    more: `hidden` steps of it hidden, `period · compute · (1/throughput − 1)` exposed."""
+    return self.hidden_steps * self.compute + self.period * self.compute * (1 / throughput - 1)
+
+  def merges(self, steps: int) -> int:
+    """Merge steps among the first `steps`: t = n·period + delay, n ≥ 1."""
+    return max(0, (steps - self.delay) // self.period)
 
   def is_merge_step(self, step: int) -> bool:
     return step >= self.period and step % self.period == self.delay
@@ -98,9 +110,7 @@ class StepTimeModel:
 
   def elapsed(self, steps: int) -> float:
     """Seconds from the start to the end of step `steps` (closed form)."""
-    # Merge steps are t = n·period + delay, n >= 1 (delay < period, so t >= period).
-    merges = max(0, (steps - self.delay) // self.period)
-    return steps * self.compute + merges * self.exposed_comm
+    return steps * self.compute + self.merges(steps) * self.exposed_comm
 
   def relative_throughput(self) -> float:
     """Steady-state throughput relative to the same run without communication."""

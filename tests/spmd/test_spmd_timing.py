@@ -56,8 +56,10 @@ def test_dasgd_hides_the_all_reduce_only_when_it_can_overlap(overlap, exposed):
   variables = model.init(jax.random.key(0))
   clock = data_parallel.make_time_model(s, model, variables, None)
   clock = dataclasses.replace(clock, comm=0.004)
-  assert clock.delay == (1 if overlap else 0)
+  # The merge stays `delay` steps after the snapshot either way; only its wait changes.
+  assert clock.delay == 1 and clock.hidden_steps == (1 if overlap else 0)
   assert clock.exposed_comm == pytest.approx(exposed)
+  assert [t for t in range(1, 13) if clock.is_merge_step(t)] == [5, 9]  # period 4
 
 
 def test_ring_allreduce_bandwidth_inverts_the_time_by_hand():

@@ -31,7 +31,7 @@ def test_smoke_run_learns(data_dir, tmp_path, variant):
   assert {'metrics.jsonl', 'summary.json', 'curves.png'} <= {p.name for p in tmp_path.iterdir()}
   # The virtual clock: sim_time is the time model's, which the summary records.
   clock = timing.StepTimeModel(
-    **{k: summary['time_model'][k] for k in ('compute', 'comm', 'period', 'delay')}
+    **{k: summary['time_model'][k] for k in ('compute', 'comm', 'period', 'delay', 'hidden')}
   )
   assert clock.compute == config.cost.compute.step and clock.comm > clock.compute
   assert 0 < clock.hidden_fraction() < 1 if variant == 'dasgd' else clock.hidden_fraction() == 0
