@@ -106,6 +106,8 @@ def test_verdicts_hand_computed():
     'reproduced (-0.10 points, 2 sd = 0.28)'
   )
   assert results_table.accuracy_verdict('matches', k4, bp).startswith('not reproduced')
+  # A method 1.0 point better than its baseline loses nothing: it matches ("no loss").
+  assert results_table.accuracy_verdict('matches', bp, k4).startswith('reproduced (+1.00')
   assert results_table.accuracy_verdict('better', bp, k4).startswith('reproduced')
   assert results_table.accuracy_verdict('better', k2, bp).startswith('not shown at this size')
 
@@ -144,7 +146,8 @@ def test_a_simulator_error_outside_0_to_1_is_refused():
 def test_a_language_models_claims_are_judged_on_perplexity():
   """DiLoCo 5.0 ± 0.14 against SSGD 5.2 ± 0.14 (perplexity): 0.2 lower, 2 sd = 0.28 — matches
   (and not 'better': not above the noise); accuracies that differ by 10 points do not
-  decide it. Perplexities 0.5 apart with the same spread: better, and not a match."""
+  decide it. Perplexities 0.5 apart with the same spread: better (and no loss, so a
+  match); the other way round, worse: neither."""
   diloco = {**_method([0.5, 0.5], [None, None]), 'final_perplexity': _stats([4.9, 5.1])}
   ssgd = {**_method([0.4, 0.4], [None, None]), 'final_perplexity': _stats([5.1, 5.3])}
   sd = float(np.std([4.9, 5.1], ddof=1))
@@ -154,7 +157,9 @@ def test_a_language_models_claims_are_judged_on_perplexity():
   assert results_table.accuracy_verdict('better', diloco, ssgd).startswith('not shown')
   far = {**ssgd, 'final_perplexity': _stats([5.4, 5.6])}
   assert results_table.accuracy_verdict('better', diloco, far).startswith('reproduced')
-  assert results_table.accuracy_verdict('matches', diloco, far).startswith('not reproduced')
+  assert results_table.accuracy_verdict('matches', diloco, far).startswith('reproduced')
+  assert results_table.accuracy_verdict('matches', far, diloco).startswith('not reproduced')
+  assert results_table.accuracy_verdict('better', far, diloco).startswith('not reproduced')
   assert results_table._final(diloco) == '50.00 ± 0.00 (ppl 5.00 ± 0.14)'
 
 
