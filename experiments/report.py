@@ -250,10 +250,7 @@ def method_data(method_runs: list[dict]) -> dict:
     'time_to_target_sim': _stats([h.get('sim_time') for h in hits]),
     # Per seed: its simulated time to target, or (never reached) its whole run's, which
     # its time to target would exceed: what a speed-up's bounds need (results_table).
-    'seed_times_sim': [
-      {'reached': 'sim_time' in h, 'time': h.get('sim_time', r['records'][-1].get('sim_time'))}
-      for h, r in zip(hits, method_runs, strict=True)
-    ],
+    'seed_times_sim': [_seed_time(h, r) for h, r in zip(hits, method_runs, strict=True)],
     'time_to_target_wall': _stats([h.get('wall_time') for h in hits]),
     'steps_to_target': _stats([h.get('step') for h in hits]),
     'total_sim_time': _stats([r['records'][-1].get('sim_time') for r in method_runs]),
@@ -262,6 +259,14 @@ def method_data(method_runs: list[dict]) -> dict:
     'train_steps': max(r['train_steps'] for r in res),
     'resolution_checked': all(r['checked'] for r in res),
   }
+
+
+def _seed_time(hit: dict, run: dict) -> dict:
+  """One seed's simulated time to target if it reached it, else its whole run's (None
+  without a virtual clock)."""
+  if 'step' in hit:
+    return {'reached': True, 'time': hit.get('sim_time')}
+  return {'reached': False, 'time': run['records'][-1].get('sim_time')}
 
 
 def report_data(suite, runs, *, profile=None, diverged=()) -> dict:

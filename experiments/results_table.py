@@ -4,9 +4,10 @@
 
 Each suite's `Claim`s (`experiments/suites.py`) are read against the `report.json` that
 `experiments.compare` wrote beside the suite's report.md. A speed-up is the baseline's mean
-simulated time to the target over the method's; its interval takes every simulated time
-as off by up to the simulator's measured error x (an input, with its source named):
-S·(1 − x)/(1 + x) to S·(1 + x)/(1 − x). The table goes between the marker comments at the
+simulated time to the target over the method's, bounded on one side where seeds never
+reached it (`speedup`); its interval takes each simulated time as off by up to its family's
+measured error (an input, with its source named; `interval`). Verdicts: `faster_verdict`,
+`accuracy_verdict`. The table goes between the marker comments at the
 top of RESULTS.md; the rest of the file is left as it is.
 """
 
@@ -100,10 +101,11 @@ def mean_time_bounds(method: dict) -> tuple[float, float] | None:
   seeds = method.get('seed_times_sim')
   if seeds is None:  # A report.json written before per-seed times: from its summaries.
     reached, total = method['time_to_target_sim'], method['total_sim_time']
-    if total is None:
-      return None
     n = len(method['seeds'])
     hits = reached['values'] if reached else []
+    # The shortest whole run bounds an unreached seed's time only if every seed has one.
+    if total is None or total['n'] != n or len(hits) != method['reached_target']:
+      return None
     seeds = [{'reached': True, 'time': t} for t in hits]
     seeds += [{'reached': False, 'time': min(total['values'])}] * (n - len(hits))
   if not seeds or any(seed['time'] is None for seed in seeds):
@@ -120,6 +122,8 @@ def speedup(method: dict, baseline: dict) -> tuple[float, float] | None:
   mine, theirs = mean_time_bounds(method), mean_time_bounds(baseline)
   if mine is None or theirs is None or (method['reached_target'] + baseline['reached_target']) == 0:
     return None
+  if mine[0] <= 0:
+    return None
   return theirs[0] / mine[1], theirs[1] / mine[0]
 
 
@@ -131,7 +135,9 @@ def faster_verdict(
   it is below 1."""
   s = speedup(method, baseline)
   if s is None:
-    return 'not shown at this size (neither reaches the target)'
+    if method['reached_target'] + baseline['reached_target'] == 0:
+      return 'not shown at this size (neither reaches the target)'
+    return 'not shown at this size (no simulated times)'
   low, high = interval(s[0], error, baseline_error)[0], interval(s[1], error, baseline_error)[1]
   if low > 1:
     return 'reproduced (faster beyond the simulator error)'
@@ -303,10 +309,10 @@ def table(
     f'{error.source}). "faster" is reproduced if the whole interval is above 1, not '
     'reproduced if it is below 1, else not shown.',
     '',
-    '"matches": the final accuracy (a language model: perplexity) no worse than twice the '
-    'larger seed sd below the baseline\'s (the papers\' "no loss"); "better": more than that '
-    'above it (as far below: not reproduced); with fewer than 2 seeds, not shown. '
-    'Resolution of the times to target: '
+    '"matches": the final accuracy (perplexity where both methods have one: a language '
+    "model) no worse than the baseline's by more than twice the larger seed sd (the papers' "
+    '"no loss"); "better": better by more than that (worse by more: not reproduced; within '
+    'it: not shown); with fewer than 2 seeds, not shown. Resolution of the times to target: '
     + '; '.join(resolution_note(reports[s.name]) for s in suites if s.name in reports)
     + '.',
   ]

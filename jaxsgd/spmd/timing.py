@@ -73,8 +73,8 @@ class StepTimeModel:
     period: steps between all-reduces (1: every step).
     delay: steps from a snapshot to the merge of its average (merge steps t ≥ period,
       t ≡ delay mod period).
-    hidden: steps of compute the all-reduce overlaps before the merge; None: `delay` (an
-      all-reduce that runs inside the merge step, `overlap=False`, hides none).
+    hidden: steps of compute the all-reduce overlaps before the merge; None: all `delay`
+      of them (0 for an all-reduce run inside the merge step, `overlap=False`).
   """
 
   compute: float

@@ -108,3 +108,16 @@ def test_a_runs_communication_by_hand(name, period, delay, fragments, synchroniz
     'bytes_per_synchronization': 400 / fragments,
     'bytes': synchronizations * 400 / fragments,
   }
+
+
+@pytest.mark.parametrize('period, delay', [(1, 0), (4, 0), (4, 1), (4, 3), (8, 5)])
+def test_merges_counts_the_merge_steps_and_elapsed_adds_their_waits(period, delay):
+  model = timing.StepTimeModel(compute=0.5, comm=0.75, period=period, delay=delay, hidden=0)
+  for steps in range(0, 30):
+    merge_steps = [t for t in range(1, steps + 1) if model.is_merge_step(t)]
+    assert model.merges(steps) == len(merge_steps)
+    # Nothing hidden: every merge step waits the whole all-reduce.
+    assert model.elapsed(steps) == pytest.approx(0.5 * steps + 0.75 * len(merge_steps))
+  assert [t for t in range(1, 2 * period + 1) if model.is_merge_step(t)] == (
+    [period + delay] if delay else [period, 2 * period]
+  )
