@@ -61,8 +61,9 @@ class Method:
 
   def time_model(self, compute: float, comm: float = 0.0) -> timing.StepTimeModel:
     """Its steps of `compute` seconds, one all-reduce of `comm` seconds per sync."""
-    every = self.period // self.fragments
-    return timing.StepTimeModel(compute=compute, comm=comm, period=every, delay=self.delay)
+    return timing.sync_time_model(
+      compute, comm, period=self.period, fragments=self.fragments, delay=self.delay
+    )
 
   def utilization(self, compute, nbytes, workers, bandwidth, latency) -> float:
     """Its `relative_throughput` with an all-reduce of `nbytes / fragments` over

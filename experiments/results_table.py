@@ -97,17 +97,9 @@ def mean_time_bounds(method: dict) -> tuple[float, float] | None:
   """(low, high) of the method's mean simulated time to target over all its seeds: a seed
   that never reached the target would have taken longer than its whole run, so it counts
   as that in `low`, and `high` is unbounded (inf) unless every seed reached it. None if
-  the method has no simulated times."""
+  the method has no simulated times (or its report.json predates per-seed times: rerun
+  `experiments.compare --reuse` to rewrite it from its runs)."""
   seeds = method.get('seed_times_sim')
-  if seeds is None:  # A report.json written before per-seed times: from its summaries.
-    reached, total = method['time_to_target_sim'], method['total_sim_time']
-    n = len(method['seeds'])
-    hits = reached['values'] if reached else []
-    # The shortest whole run bounds an unreached seed's time only if every seed has one.
-    if total is None or total['n'] != n or len(hits) != method['reached_target']:
-      return None
-    seeds = [{'reached': True, 'time': t} for t in hits]
-    seeds += [{'reached': False, 'time': min(total['values'])}] * (n - len(hits))
   if not seeds or any(seed['time'] is None for seed in seeds):
     return None
   low = sum(seed['time'] for seed in seeds) / len(seeds)

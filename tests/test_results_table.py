@@ -20,8 +20,11 @@ def _stats(values):
 
 
 def _method(accuracies, times, total=2.0):
-  """A report.json method: seeds' final accuracies, their times to target (None: never)."""
+  """A report.json method: seeds' final accuracies, their times to target (None: never,
+  in a run of `total` simulated seconds)."""
+  seed_times = [{'reached': t is not None, 'time': total if t is None else t} for t in times]
   return {
+    'seed_times_sim': seed_times,
     'seeds': list(range(len(accuracies))),
     'final_accuracy': _stats(accuracies),
     'reached_target': sum(t is not None for t in times),
@@ -118,11 +121,6 @@ def test_seeds_that_never_reach_the_target_bound_the_speedup_on_one_side():
   method's mean is at least (1.395 + 1.318 + 1.938) / 3 = 1.5503, so at most 0.9934x
   (1.0576 with 2.1 % / 4.1 % errors): not shown."""
   chunked = _method([0.95] * 3, [1.395, 1.318, None], total=1.938)
-  chunked['seed_times_sim'] = [
-    {'reached': True, 'time': 1.395},
-    {'reached': True, 'time': 1.318},
-    {'reached': False, 'time': 1.938},
-  ]
   bp = _method([0.98] * 3, [1.54] * 3)
   low, high = results_table.speedup(chunked, bp)
   assert low == 0 and high == pytest.approx(1.54 / 1.5503333333, rel=1e-9)
@@ -163,14 +161,7 @@ def test_each_seeds_time_is_its_time_to_target_or_its_whole_run():
     {'reached': False, 'time': 3.5},
     {'reached': True, 'time': None},  # reached on a real clock: no simulated time
   ]
-  method = {
-    **_method([0.9] * 3, [1.0, None, 2.0]),
-    'seed_times_sim': [
-      {'reached': True, 'time': 1.0},
-      {'reached': False, 'time': 3.5},
-      {'reached': True, 'time': 2.0},
-    ],
-  }
+  method = _method([0.9] * 3, [1.0, None, 2.0], total=3.5)
   assert results_table.mean_time_bounds(method) == (pytest.approx(6.5 / 3), math.inf)
   method['seed_times_sim'][1]['time'] = None
   assert results_table.mean_time_bounds(method) is None

@@ -315,10 +315,11 @@ def make_time_model(s: Settings, model, variables, sample_batch) -> timing.StepT
   # overlap=False runs the all-reduce inside a lax.cond on the merge step: it blocks
   # there, so none of it is hidden. overlap=True runs each period as one program whose
   # one all-reduce (of the stored snapshot) may overlap the `delay` steps before the merge.
-  return timing.StepTimeModel(
-    compute=compute,
-    comm=comm,
-    period=s.period // s.fragments,
+  return timing.sync_time_model(
+    compute,
+    comm,
+    period=s.period,
+    fragments=s.fragments,
     delay=s.delay,
     hidden=s.delay if s.overlap else 0,
   )
@@ -337,12 +338,12 @@ def communication(s: Settings, variables, steps: int) -> dict:
   by the end: SSGD every step; the others one per `period / fragments` steps, `delay`
   steps after each snapshot) and each one's payload per worker (`sync_bytes`; a ring
   all-reduce sends 2 (M − 1)/M of it over each worker's link)."""
-  every = s.period // s.fragments
-  synchronizations = timing.StepTimeModel(0.0, 0.0, every, s.delay).merges(steps)
+  schedule = timing.sync_time_model(0.0, 0.0, period=s.period, fragments=s.fragments, delay=s.delay)
+  synchronizations = schedule.merges(steps)
   per_sync = sync_bytes(s, variables)
   return {
     'synchronizations': synchronizations,
-    'steps_between_synchronizations': every,
+    'steps_between_synchronizations': schedule.period,
     'bytes_per_synchronization': per_sync,
     'bytes': synchronizations * per_sync,
   }

@@ -121,6 +121,15 @@ class StepTimeModel:
     return 1.0 if self.comm == 0 else 1.0 - self.exposed_comm / self.comm
 
 
+def sync_time_model(
+  compute: float, comm: float, *, period: int, fragments: int = 1, delay: int = 0, hidden=None
+) -> StepTimeModel:
+  """The time model of a method that syncs 1/`fragments` of the weights every
+  `period / fragments` steps (streaming DiLoCo's staggered fragments; 1: all of them every
+  `period`), each all-reduce of `comm` seconds merged `delay` steps after its snapshot."""
+  return StepTimeModel(compute, comm, period // fragments, delay, hidden)
+
+
 def measure_seconds(fn: Callable, *args, repeats: int = 5) -> float:
   """The fastest wall seconds of `fn(*args)` to completion (the measured `compute`),
   timed as the scheduler's cost model times a set of calls (`costs.time_calls`)."""
