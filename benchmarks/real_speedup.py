@@ -157,7 +157,7 @@ def run(pool: LanePool, case, steps: int, warmup: int) -> tuple[float, float, fl
     )
   stages = placed(case, steps)
   feed = BatchFeed(batches(), 1 + sum(r.loss != 'none' for r in case))
-  session = stages.session(case, feed, steps)
+  session = stages.session(case, feed, steps, host_batches=True)  # lanes take numpy
   executor = ProcessExecutor(pool=pool)
   timeline = executor.run(session.cluster, session.processes())
   return measured(executor, timeline, steps, warmup)

@@ -119,7 +119,14 @@ def train_roles(
     else:
       last_loss.append(loss)  # Reported once every lane is done.
 
-  session = stages.session(roles, feed, steps, on_step=on_step, agreement_every=agreement_every)
+  session = stages.session(
+    roles,
+    feed,
+    steps,
+    on_step=on_step,
+    agreement_every=agreement_every,
+    host_batches=shared.on_lane_processes,
+  )
   session.fetch = executor.fetch
   processes = session.processes()
   checkpoints = resume = None

@@ -256,6 +256,7 @@ class PlacedStages:
     on_step: Callable[[int, Any], None] | None = None,
     idle_fill: str | None = None,
     agreement_every: int = 0,
+    host_batches: bool = False,
   ) -> 'PipelineSession':
     return PipelineSession(
       self,
@@ -265,6 +266,7 @@ class PlacedStages:
       on_step=on_step,
       idle_fill=idle_fill,
       agreement_every=agreement_every,
+      host_batches=host_batches,
     )
 
   def cosines(self, roles: Sequence[StageRole]) -> Callable:
@@ -308,7 +310,14 @@ class PlacedStages:
 
 
 class PipelineSession:
-  """One training run of a pipeline: stores, channels and the stage processes."""
+  """One training run of a pipeline: stores, channels and the stage processes.
+
+  `host_batches`: each batch goes to its stage's task as the feed's host arrays, not
+  placed on the stage's device first: a lane process takes numpy (the process executor
+  sends it as it is), and placing it on the driver's device cost the driver that copy
+  and one back out of it before sending (~220 µs per 3 MB batch, most of the driver's
+  CPU per task in `benchmarks/real_speedup.py`'s DDG).
+  """
 
   def __init__(
     self,
@@ -320,6 +329,7 @@ class PipelineSession:
     on_step=None,
     idle_fill=None,
     agreement_every: int = 0,
+    host_batches: bool = False,
   ):
     check_roles(roles)
     if len(roles) != pipeline.num_stages:
@@ -329,6 +339,7 @@ class PipelineSession:
     if idle_fill not in (None, 'nan'):
       raise ValueError(f'idle_fill: None or "nan", got {idle_fill!r}.')
     self.idle_fill = idle_fill
+    self.host_batches = host_batches
     # Values for the driver (logging, evaluation): an executor whose values live in other
     # processes sets its own (`Executor.fetch`).
     self.fetch = lambda value: value
@@ -387,10 +398,13 @@ class PipelineSession:
       if s.enter('read'):  # The forward's inputs and weights, at its start.
         probed = self.agreement is not None and self.agreement.wants(t)
         batch = self.feed.peek(t) if probed and k == 0 else None  # Before it is taken.
+        batch_device = None if self.host_batches else device
         if k == 0:
-          s.x = transfer.to_device(self.feed.take(t, 'image'), device)
+          s.x = transfer.to_device(self.feed.take(t, 'image'), batch_device)
         s.labels = (
-          transfer.to_device(self.feed.take(t, 'label'), device) if role.loss != 'none' else None
+          transfer.to_device(self.feed.take(t, 'label'), batch_device)
+          if role.loss != 'none'
+          else None
         )
         snapshot = self.stores[k].read()
         s.version = snapshot.version

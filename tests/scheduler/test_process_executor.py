@@ -31,6 +31,7 @@ from jaxsgd.scheduler import Cluster, Compute, Placement, Process, RealExecutor 
 from jaxsgd.scheduler.core import Get, Put  # noqa: E402
 from jaxsgd.scheduler import VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool  # noqa: E402
+from jaxsgd.scheduler.lanes import pool as pool_module  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor, lane_name  # noqa: E402
 from jaxsgd.scheduler.tasks import Task, TaskRecipe  # noqa: E402
 from scheduler_helpers import BATCH, make_pipeline, UNIT_COSTS, batches, mlp  # noqa: E402
@@ -61,7 +62,11 @@ def train(roles, executor, timelines: list | None = None):
   feed = BatchFeed(batches(0), 1 + sum(r.loss != 'none' for r in roles))
   losses = []
   session = stages.session(
-    roles, feed, STEPS, on_step=lambda t, loss: losses.append(executor.deferred(loss))
+    roles,
+    feed,
+    STEPS,
+    on_step=lambda t, loss: losses.append(executor.deferred(loss)),
+    host_batches=isinstance(executor, ProcessExecutor),  # as the training path does
   )
   session.fetch = executor.fetch
   try:
@@ -88,11 +93,29 @@ def train(roles, executor, timelines: list | None = None):
   ],
   ids=['bp', 'ddg', 'ddg-recompute', 'local', 'local-lockstep', 'local-overlapping'],
 )
-def test_pipelines_on_lane_processes_are_bit_identical_to_both_in_process_clocks(pool, roles):
+def test_pipelines_on_lane_processes_are_bit_identical_to_both_in_process_clocks(
+  pool, roles, monkeypatch
+):
   virtual = train(roles, VirtualExecutor(UNIT_COSTS))
   real = train(roles, RealExecutor())
+  sent = []  # the driver's arrays sent to the lanes as call arguments: (type, shape, dtype)
+  host_array = pool_module._host_array
+  monkeypatch.setattr(
+    pool_module,
+    '_host_array',
+    lambda leaf: (
+      sent.append((type(leaf), np.shape(leaf), np.result_type(leaf))) or host_array(leaf)
+    ),
+  )
   processes = train(roles, ProcessExecutor(pool=pool))
   waiting = train(roles, ProcessExecutor(pool=pool, run_ahead=False))
+  # Batches go as the feed's numpy: none was placed on the driver's device and copied
+  # back out of it to be sent (the driver's arrays sent are the initial weights).
+  batch = next(batches(0))
+  shapes = {(np.shape(x), x.dtype) for x in batch.values()}
+  sent_batches = [kind for kind, *shape in sent if tuple(shape) in shapes]
+  assert len(sent_batches) >= 2 * 2 * STEPS  # images and labels, of both runs
+  assert set(sent_batches) == {np.ndarray}
   for other in (real, processes, waiting):
     chex.assert_trees_all_equal(other[0], virtual[0])
     chex.assert_trees_all_equal(other[1], virtual[1])
