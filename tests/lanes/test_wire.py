@@ -152,3 +152,28 @@ def test_a_peer_that_dies_in_the_handshake_does_not_stop_the_lane_accepting(kind
   finally:
     remote.close()
     local.close()
+
+
+def test_a_driver_array_sent_again_is_converted_to_numpy_once_and_forgotten_with_it():
+  """`LanePool` sends a driver-side jax.Array as numpy; the same array (a parameter
+  server's constants, with every update) is converted once."""
+  import gc
+
+  import jax.numpy as jnp
+
+  from jaxsgd.scheduler.lanes import pool as pool_module
+
+  copies = pool_module._HostCopies()
+  one, two = jnp.int32(1), jnp.int32(1)  # equal values, two arrays
+  first = copies(one)
+  assert isinstance(first, np.ndarray) and first == 1
+  assert copies(one) is first  # not converted again
+  assert copies(two) is not first and copies(two) == 1
+  host = np.ones(3)
+  assert copies(host) is host and copies(7) == 7  # not jax arrays: as they are
+  large = jnp.zeros(copies.SMALL // 4 + 1, jnp.float32)
+  assert copies(large) is not copies(large)  # converted each time, not kept
+  del one
+  gc.collect()
+  assert len(copies._copies) == 1  # `one`'s copy went with it (`first` no longer holds it)
+  assert first == 1

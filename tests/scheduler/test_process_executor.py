@@ -31,7 +31,6 @@ from jaxsgd.scheduler import Cluster, Compute, Placement, Process, RealExecutor 
 from jaxsgd.scheduler.core import Get, Put  # noqa: E402
 from jaxsgd.scheduler import VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool  # noqa: E402
-from jaxsgd.scheduler.lanes import pool as pool_module  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor, lane_name  # noqa: E402
 from jaxsgd.scheduler.tasks import Task, TaskRecipe  # noqa: E402
 from scheduler_helpers import BATCH, make_pipeline, UNIT_COSTS, batches, mlp  # noqa: E402
@@ -99,9 +98,9 @@ def test_pipelines_on_lane_processes_are_bit_identical_to_both_in_process_clocks
   virtual = train(roles, VirtualExecutor(UNIT_COSTS))
   real = train(roles, RealExecutor())
   sent = []  # the driver's arrays sent to the lanes as call arguments: (type, shape, dtype)
-  host_array = pool_module._host_array
+  host_array = pool._host_array
   monkeypatch.setattr(
-    pool_module,
+    pool,
     '_host_array',
     lambda leaf: (
       sent.append((type(leaf), np.shape(leaf), np.result_type(leaf))) or host_array(leaf)

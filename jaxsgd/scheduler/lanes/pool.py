@@ -168,6 +168,7 @@ class LanePool:
     # copies not yet taken in: (lane, key) -> the address of the lane sending it (`_move`)
     self._imports: dict[tuple[str, Hashable], tuple] = {}
     self._task_numbers: dict[Task, int] = {}  # `_task_call`
+    self._host_array = _HostCopies()  # driver arrays sent as arguments, as numpy
     self._tasks_sent: dict[str, set[int]] = {name: set() for name in placement.names}
     self._closed = False
     self._replaced: dict[str, int] = {}  # lane -> the first key of its newest process
@@ -350,7 +351,7 @@ class LanePool:
   def put(self, lane: str, value) -> Handle:
     """Sends `value` (a pytree of arrays) from the driver to `lane`; returns its handle."""
     key = (next(self._keys), ())
-    value = jax.tree.map(_host_array, value)
+    value = jax.tree.map(self._host_array, value)
     nbytes, description = self._call(lane, 'put', (value, key, self._take_freed(lane)))
     return Handle(self, lane, key, nbytes, description)
 
@@ -653,7 +654,7 @@ class LanePool:
 
   def _argument(self, leaf, lane: str, here: list):
     if not isinstance(leaf, Handle):
-      return _host_array(leaf)
+      return self._host_array(leaf)
     if leaf.lane != lane:
       leaf = self._move(leaf, lane)
     here.append(leaf)
@@ -1004,9 +1005,39 @@ def _dumps(value) -> tuple[bytes, list]:
   return call, buffers
 
 
-def _host_array(leaf):
-  """A driver-side jax.Array goes to a lane as numpy (its device means nothing there)."""
-  return np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf
+class _HostCopies:
+  """A driver-side jax.Array goes to a lane as numpy (its device means nothing there).
+  A small one is converted once: a policy sends the same few again and again (a
+  parameter server's worker ids and staleness constants, with every update), and each
+  `np.asarray` of a jax scalar cost the driver ~20-50 µs. A jax.Array is immutable, so
+  its copy stays right while it lives, and is dropped with it: an owned copy, since
+  `np.asarray` of a CPU array is a view that would keep the array alive for ever."""
+
+  SMALL = 4096  # bytes: kept up to this size (constants); larger ones are converted each time
+
+  def __init__(self):
+    self._copies: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+
+  def __call__(self, leaf):
+    if not isinstance(leaf, jax.Array):
+      return leaf
+    if leaf.nbytes > self.SMALL:
+      return np.asarray(leaf)
+    key = id(leaf)
+    kept = self._copies.get(key)
+    if kept is not None and kept[0]() is leaf:
+      return kept[1]
+    copies = self._copies
+    ref = weakref.ref(leaf, lambda dead, key=key: _drop_copy(copies, key, dead))
+    copy = np.array(leaf, copy=True)
+    self._copies[key] = (ref, copy)
+    return copy
+
+
+def _drop_copy(copies: dict, key: int, dead) -> None:
+  kept = copies.get(key)
+  if kept is not None and kept[0] is dead:
+    del copies[key]
 
 
 _MAKER_REPLY = 10.0  # s: a failed call's error is on its way once its lane says it failed
