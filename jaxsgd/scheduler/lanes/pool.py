@@ -974,7 +974,7 @@ def _signature(task, args) -> Hashable:
     if isinstance(leaf, Handle):
       return ('handle', leaf.nbytes, leaf.description)
     if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
-      return ('array', tuple(leaf.shape), str(leaf.dtype))
+      return ('array', tuple(leaf.shape), leaf.dtype)  # (a dtype hashes; its str took ~4 µs)
     return ('value', type(leaf).__name__, leaf if isinstance(leaf, Hashable) else id(leaf))
 
   return (task, treedef, tuple(leaf_signature(leaf) for leaf in leaves))
