@@ -1,13 +1,14 @@
 r"""The simulator's schedule and executor error: emulated tasks against the virtual clock.
 
-    python -m benchmarks.schedule_error                # every family, K = 2..16: ~20 min
+    python -m benchmarks.schedule_error                # every family, K = 2..16: ~45 min
     python -m benchmarks.schedule_error --families=ddg,asgd --lanes=2,4 --workers=
                                                        # ~1 min; --no-variants: part 1 only
 
 Every scheduler family (staged BP, DDG, local, ASGD, DC-ASGD, PD-ASGD, LPP-SGD) runs
 with K = 2, 4, 8 and 16 lanes (`--lanes`; ASGD and DC-ASGD also with M = 32 workers,
-`--workers`) twice, with the same costs (`cost.compute`: every task of every stage
-costs `--forward`, `--backward`, `--update` seconds; `cost.calibrate=False`):
+`--workers`) two ways, with the same costs (`cost.compute`: every task of every stage
+costs `--forward`, `--backward`, `--update` seconds; `cost.calibrate=False`), emulated
+`--repeats` times (3; interleaved, every row once per round) and virtual once:
 
   emulated   `clock='real', executor='emulated'`: every lane an OS process, placed on
              no core in particular (`placement.lanes` without cores: K lanes on a
@@ -24,7 +25,11 @@ costs `--forward`, `--backward`, `--update` seconds; `cost.calibrate=False`):
 
 The two differ only where the virtual clock's model of the schedule and of the process
 executor's host (driver, Ray, copies) misses what the executor does: the tasks take
-the same time on both. Per run: time per iteration, `simulator_accuracy`'s definition
+the same time on both. The emulated runs of one row differ too, by several percent for
+the asynchronous families on a small machine (the order in which the driver hears of
+ends moves with the host's noise, and the schedule with it): a row's error is taken
+against its median run, and the table gives every run and their spread — the floor
+below which an error cannot be told from the measurement's noise. Per run: time per iteration, `simulator_accuracy`'s definition
 (an iteration is one applied update of the whole model; the median over blocks of 5
 iterations of the steady state, from the end of iteration `--warmup`), and for the
 asynchronous families the staleness histogram of every applied update, compared by
@@ -356,30 +361,52 @@ def round_trips(reps: int = 40) -> dict:
     }
 
 
-def one_row(name: str, lanes: int, args, host, root: str, sampler: CpuSampler) -> dict:
-  """The emulated run and the virtual runs of family `name` with `lanes` lanes (`host`:
-  the measured host profile, `HostProfile`)."""
-  tag = f'K{lanes}'
-  row = {'family': name, 'lanes': lanes, 'steps': steps_of(name, lanes, args)}
-  block = max(accuracy.BLOCK, lanes)  # (`block_median`: LPP-SGD's rounds of K updates)
+def new_row(name: str, lanes: int, args) -> dict:
+  """A row of the tables: family `name` with `lanes` lanes, its emulated runs to come."""
+  return {'family': name, 'lanes': lanes, 'steps': steps_of(name, lanes, args), 'runs': []}
+
+
+def emulate(row: dict, repeat: int, args, root: str, sampler: 'CpuSampler') -> None:
+  """The row's emulated run number `repeat` (its statistics appended to `row['runs']`);
+  a run that fails marks the row skipped (the other rows go on)."""
+  name, lanes = row['family'], row['lanes']
+  workdir = os.path.join(root, f'{name}-emulated-K{lanes}-r{repeat}')
   try:
     started = time.time()
-    emulated = run(
-      config_of(name, lanes, args, 'emulated'),
-      os.path.join(root, f'{name}-emulated-{tag}'),
-      args.warmup,
-      block,
-      sampler,
+    stats = run(
+      config_of(name, lanes, args, 'emulated'), workdir, args.warmup, _block(lanes), sampler
     )
-    row['emulated_seconds'] = time.time() - started
-    row['wait'] = wait_error(
-      os.path.join(root, f'{name}-emulated-{tag}'), args.warmup, emulated['prices']
-    )
+    stats['seconds'], stats['workdir'] = time.time() - started, workdir
+  except Preempted:  # SIGTERM: the benchmark stops, not only this row
+    raise
+  except Exception as error:  # noqa: BLE001 - reported in the table; the other rows go on
+    row['skipped'] = f'{type(error).__name__}: {" ".join(str(error).split())[:200]}'
+    return
+  row['runs'].append(stats)
+
+
+def _block(lanes: int) -> int:
+  return max(accuracy.BLOCK, lanes)  # (`block_median`: LPP-SGD's rounds of K updates)
+
+
+def model_row(row: dict, args, host, root: str) -> dict:
+  """The row's virtual runs (`host`: the measured host profile, `HostProfile`), against the
+  median of its emulated runs: the run of median time per iteration (an emulated run of
+  an asynchronous family on a small machine moves by several percent from one run to the
+  next, its schedule with it: the virtual clock, deterministic, is compared with the
+  middle run, and the table says how far apart the runs were)."""
+  name, lanes, tag = row['family'], row['lanes'], f'K{row["lanes"]}'
+  runs = sorted(row.pop('runs'), key=lambda stats: stats['per_iteration'])
+  emulated = runs[(len(runs) - 1) // 2]
+  row['emulated_runs'] = [stats['per_iteration'] for stats in runs]
+  row['emulated_seconds'] = emulated['seconds']
+  row['wait'] = wait_error(emulated['workdir'], args.warmup, emulated['prices'])
+  try:
     virtual = run(
       config_of(name, lanes, args, 'virtual', host_file(host, root, 'measured')),
       os.path.join(root, f'{name}-virtual-{tag}'),
       args.warmup,
-      block,
+      _block(lanes),
     )
   except Preempted:  # SIGTERM: the benchmark stops, not only this row
     raise
@@ -408,7 +435,7 @@ def one_row(name: str, lanes: int, args, host, root: str, sampler: CpuSampler) -
       config = config_of(
         name, lanes, args, 'virtual', host_file(host, root, f'{tag}-{slug}', **figures)
       )
-      stats = run(config, workdir, args.warmup, block)
+      stats = run(config, workdir, args.warmup, _block(lanes))
       row['variants'][variant] = _kept(stats)
     except Preempted:  # SIGTERM: the benchmark stops, not only this row
       raise
@@ -473,6 +500,7 @@ def _print_schedule_error(rows: list[dict], done: list[dict]) -> None:
     'virtual s/it',
     'error %',
     'TVD',
+    'emulated runs s/it (spread %)',
     'heard ms (emu/virt)',
     'wait over price µs (median/max)',
     'emulated run s',
@@ -492,6 +520,7 @@ def _print_schedule_error(rows: list[dict], done: list[dict]) -> None:
         f'{v["per_iteration"]:.4f}',
         f'{row["error"]:.1f}',
         f'{tvd:.3f}' if row['family'] in ASYNCHRONOUS else '-',
+        f'{_runs(row["emulated_runs"])} ({spread(row["emulated_runs"]):.1f})',
         f'{_ms(e["hear_ms"])}/{_ms(v["hear_ms"])}',
         f'{1e6 * np.median(wait):.0f}/{1e6 * max(wait):.0f}' if wait else '-',
         f'{row["emulated_seconds"]:.0f}',
@@ -504,10 +533,17 @@ def _print_schedule_error(rows: list[dict], done: list[dict]) -> None:
   print(
     's/it: seconds per iteration, median over blocks of 5 iterations of the steady state; '
     'error: |virtual - emulated| / emulated; TVD: total variation distance of the '
-    "staleness histograms (asynchronous families); heard: a task's end to the driver "
-    'hearing of it, median; wait over price: a compute task of the emulated run, its '
-    'duration less its price (steady state)'
+    "staleness histograms (asynchronous families); emulated runs: each emulated run's s/it "
+    '(the row takes the median run), spread: (slowest - fastest) / median; heard: a '
+    "task's end to the driver hearing of it, median; wait over price: a compute task of "
+    'the emulated run, its duration less its price (steady state)'
   )
+  spreads = [spread(row['emulated_runs']) for row in done if len(row['emulated_runs']) > 1]
+  if spreads:
+    print(
+      f'emulated runs of one row, spread: median {np.median(spreads):.1f} %, largest '
+      f'{max(spreads):.1f} % (the noise of the measurement the error is taken against)'
+    )
   staleness = [r for r in done if r['family'] in ASYNCHRONOUS]
   if staleness:
     print('staleness histograms {staleness: updates}, emulated | virtual:')
@@ -516,6 +552,15 @@ def _print_schedule_error(rows: list[dict], done: list[dict]) -> None:
         f'  {label(row["family"], row["lanes"])}: {_histogram(row["emulated"]["staleness"])} | '
         f'{_histogram(row["virtual"]["staleness"])}'
       )
+
+
+def spread(runs: list[float]) -> float:
+  """How far apart a row's emulated runs were: (slowest - fastest) / median, in %."""
+  return 100 * (max(runs) - min(runs)) / float(np.median(runs))
+
+
+def _runs(runs: list[float]) -> str:
+  return ' '.join(f'{x:.4f}' for x in runs)
 
 
 def _print_variants(done: list[dict]) -> None:
@@ -654,6 +699,9 @@ def main():
   parser.add_argument('--warmup', type=int, default=8, help='iterations left out')
   parser.add_argument('--blocks', type=int, default=8, help='blocks of 5 iterations measured')
   parser.add_argument(
+    '--repeats', type=int, default=3, help='emulated runs of each row (interleaved); the median'
+  )
+  parser.add_argument(
     '--variants',
     action=argparse.BooleanOptionalAction,
     default=True,
@@ -665,6 +713,8 @@ def main():
   unknown = sorted(set(families) - set(FAMILIES))
   if unknown:
     parser.error(f'--families: unknown {unknown}; allowed: {", ".join(FAMILIES)}')
+  if args.repeats < 1:
+    parser.error(f'--repeats: emulated runs per row, at least 1; got {args.repeats}')
   lanes = [int(k) for k in args.lanes.split(',') if k]
   workers = [int(m) for m in args.workers.split(',') if m]
   if any(k < 2 for k in lanes + workers) or args.depth + 1 < max(lanes):
@@ -716,13 +766,22 @@ def main():
       ),
       flush=True,
     )
-    for name, k in runs:
-      row = one_row(name, k, args, host, root, sampler)
-      rows.append(row)
+    rows = [new_row(name, k, args) for name, k in runs]
+    for repeat in range(args.repeats):  # interleaved: every row once per round
+      for row in rows:
+        if 'skipped' not in row:
+          emulate(row, repeat, args, root, sampler)
+      print(
+        f'  round {repeat + 1} of {args.repeats} emulated; load {os.getloadavg()[0]:.1f}',
+        flush=True,
+      )
+    for row in rows:
+      if 'skipped' not in row:
+        model_row(row, args, host, root)
       if args.out:
         with open(args.out, 'w') as f:
           json.dump({'host': dict(host.figures), 'rows': rows}, f)
-      print(f'  {label(name, k)}: {_one_line(row)}; load {os.getloadavg()[0]:.1f}', flush=True)
+      print(f'  {label(row["family"], row["lanes"])}: {_one_line(row)}', flush=True)
   finally:
     cluster.shutdown()
   print(
