@@ -2,7 +2,7 @@ r"""The simulator's schedule and executor error: emulated tasks against the virt
 
     python -m benchmarks.schedule_error                # every family, K = 2..16: ~45 min
     python -m benchmarks.schedule_error --families=ddg,asgd --lanes=2,4 --workers=
-                                                       # ~1 min; --no-variants: part 1 only
+                                                       # ~3 min; --no-variants: part 1 only
 
 Every scheduler family (staged BP, DDG, local, ASGD, DC-ASGD, PD-ASGD, LPP-SGD) runs
 with K = 2, 4, 8 and 16 lanes (`--lanes`; ASGD and DC-ASGD also with M = 32 workers,
@@ -381,6 +381,7 @@ def emulate(row: dict, repeat: int, args, root: str, sampler: 'CpuSampler') -> N
     raise
   except Exception as error:  # noqa: BLE001 - reported in the table; the other rows go on
     row['skipped'] = f'{type(error).__name__}: {" ".join(str(error).split())[:200]}'
+    del row['runs']  # (a skipped row keeps no statistics: not in the tables, nor the JSON)
     return
   row['runs'].append(stats)
 
@@ -394,14 +395,16 @@ def model_row(row: dict, args, host, root: str) -> dict:
   median of its emulated runs: the run of median time per iteration (an emulated run of
   an asynchronous family on a small machine moves by several percent from one run to the
   next, its schedule with it: the virtual clock, deterministic, is compared with the
-  middle run, and the table says how far apart the runs were)."""
+  middle run — of an even number, the slower of the two in the middle, as
+  `simulator_accuracy.measured_runs` takes it — and the table says how far apart the
+  runs were, in the order they ran)."""
   name, lanes, tag = row['family'], row['lanes'], f'K{row["lanes"]}'
-  runs = sorted(row.pop('runs'), key=lambda stats: stats['per_iteration'])
-  emulated = runs[(len(runs) - 1) // 2]
+  runs = row.pop('runs')
+  emulated = sorted(runs, key=lambda stats: stats['per_iteration'])[len(runs) // 2]
   row['emulated_runs'] = [stats['per_iteration'] for stats in runs]
   row['emulated_seconds'] = emulated['seconds']
-  row['wait'] = wait_error(emulated['workdir'], args.warmup, emulated['prices'])
   try:
+    row['wait'] = wait_error(emulated['workdir'], args.warmup, emulated['prices'])
     virtual = run(
       config_of(name, lanes, args, 'virtual', host_file(host, root, 'measured')),
       os.path.join(root, f'{name}-virtual-{tag}'),
@@ -533,8 +536,8 @@ def _print_schedule_error(rows: list[dict], done: list[dict]) -> None:
   print(
     's/it: seconds per iteration, median over blocks of 5 iterations of the steady state; '
     'error: |virtual - emulated| / emulated; TVD: total variation distance of the '
-    "staleness histograms (asynchronous families); emulated runs: each emulated run's s/it "
-    '(the row takes the median run), spread: (slowest - fastest) / median; heard: a '
+    "staleness histograms (asynchronous families); emulated runs: each emulated run's s/it, "
+    'in the order run (the row takes the median run), spread: (slowest - fastest) / median; heard: a '
     "task's end to the driver hearing of it, median; wait over price: a compute task of "
     'the emulated run, its duration less its price (steady state)'
   )
@@ -647,7 +650,7 @@ def _print_last_lines(done: list[dict]) -> None:
   worst = max(done, key=lambda row: row['error'])
   tvds = [row['tvd'] for row in done if row['family'] in ASYNCHRONOUS]
   print(
-    f'median error {np.median(errors):.1f} % over {len(done)} runs; largest: '
+    f'median error {np.median(errors):.1f} % over {len(done)} rows; largest: '
     f'{label(worst["family"], worst["lanes"])}; largest TVD '
     + (f'{max(tvds):.3f}' if tvds else '-')
     + '; goal: max <= 5 %, median <= 2 %, TVD <= 0.1'

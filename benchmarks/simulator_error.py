@@ -1,6 +1,6 @@
 r"""The simulator's error in its parts, in one command.
 
-    python -m benchmarks.simulator_error                      # ~25 min on 2 cores
+    python -m benchmarks.simulator_error                      # ~55 min on 2 cores
     python -m benchmarks.simulator_error --schedule="--families=ddg,asgd --lanes=2,4 --workers=" \
         --accuracy="--families=ddg,asgd --repeats=1"          # a few minutes
 

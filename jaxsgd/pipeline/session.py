@@ -312,11 +312,13 @@ class PlacedStages:
 class PipelineSession:
   """One training run of a pipeline: stores, channels and the stage processes.
 
-  `host_batches`: each batch goes to its stage's task as the feed's host arrays, not
-  placed on the stage's device first: a lane process takes numpy (the process executor
-  sends it as it is), and placing it on the driver's device cost the driver that copy
-  and one back out of it before sending (~220 µs per 3 MB batch, most of the driver's
-  CPU per task in `benchmarks/real_speedup.py`'s DDG).
+  `host_batches` (for the process executor only): each batch goes to its stage's task as
+  the feed's host arrays, not placed on the stage's device first: a lane process takes
+  numpy (the process executor sends it as it is), and placing it on the driver's device
+  cost the driver that copy and one back out of it before sending (~220 µs per 3 MB
+  batch, most of the driver's CPU per task in `benchmarks/real_speedup.py`'s DDG). An
+  in-process executor's tasks take device arrays: there a host batch would be an
+  implicit transfer.
   """
 
   def __init__(

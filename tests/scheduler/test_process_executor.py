@@ -31,6 +31,7 @@ from jaxsgd.scheduler import Cluster, Compute, Placement, Process, RealExecutor 
 from jaxsgd.scheduler.core import Get, Put  # noqa: E402
 from jaxsgd.scheduler import VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool  # noqa: E402
+from jaxsgd.scheduler.lanes import pool as pool_module  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor, lane_name  # noqa: E402
 from jaxsgd.scheduler.tasks import Task, TaskRecipe  # noqa: E402
 from scheduler_helpers import BATCH, make_pipeline, UNIT_COSTS, batches, mlp  # noqa: E402
@@ -481,7 +482,7 @@ def test_asgd_two_workers_on_lane_processes_apply_every_step(pool):
 
 @pytest.mark.parametrize('config_name', ['ddg', 'asgd'])
 def test_a_config_run_on_lane_processes_matches_the_in_process_run(
-  config_name, head, data_dir, tmp_path, capsys
+  config_name, head, data_dir, tmp_path, capsys, monkeypatch
 ):
   """`--config.executor=processes` end to end (`cluster_address`: the multi-host path);
   the lanes are ended when the run is over.
@@ -514,7 +515,19 @@ def test_a_config_run_on_lane_processes_matches_the_in_process_run(
   names = ('stage0', 'stage1') if config_name == 'ddg' else ('server', 'worker0')
   lanes = '; '.join(f'{name}@cores={cores}' for name in names)
   before = set(_lane_processes(head))
+  sent = []  # the driver's arrays sent to the lanes as call arguments: (type, shape)
+  host_copies = pool_module._HostCopies.__call__
+  monkeypatch.setattr(
+    pool_module._HostCopies,
+    '__call__',
+    lambda self, leaf: sent.append((type(leaf), np.shape(leaf))) or host_copies(self, leaf),
+  )
   on_lanes = summary('processes', cluster_address=head.address, **{'placement.lanes': lanes})
+  # The training path sends each batch's images as the feed's numpy, not placed on the
+  # driver's device first.
+  batch = importlib.import_module(f'experiments.configs.{config_name}').get_config('smoke')
+  images = [kind for kind, shape in sent if shape == (batch.batch_size, 40, 1)]  # MNIST-1D
+  assert len(images) >= 20 and set(images) == {np.ndarray}
   printed = capsys.readouterr().out
   assert all(f'  {name}: host=' in printed for name in names)  # the placement, at start
   assert gone(set(_lane_processes(head)) - before) == []
