@@ -97,6 +97,14 @@ def _mean(stats) -> float | None:
   return None if not stats else stats['mean']
 
 
+def widened(bounds: tuple[float, float], error: float, baseline_error: float | None = None):
+  """`speedup`'s (low, high) widened by the simulator's errors (`interval`): the lowest
+  of the low bound's interval, the highest of the high bound's."""
+  return interval(bounds[0], error, baseline_error)[0], interval(bounds[1], error, baseline_error)[
+    1
+  ]
+
+
 def mean_time_bounds(method: dict) -> tuple[float, float] | None:
   """(low, high) of the method's mean simulated time to target over all its seeds: a seed
   that never reached the target would have taken longer than its whole run, so it counts
@@ -134,7 +142,7 @@ def faster_verdict(
     if method['reached_target'] + baseline['reached_target'] == 0:
       return 'not shown at this size (neither reaches the target)'
     return 'not shown at this size (no simulated times)'
-  low, high = interval(s[0], error, baseline_error)[0], interval(s[1], error, baseline_error)[1]
+  low, high = widened(s, error, baseline_error)
   if low > 1:
     return 'reproduced (faster beyond the simulator error)'
   if high < 1:
@@ -153,16 +161,15 @@ def accuracy_verdict(kind: str, method: dict, baseline: dict) -> str:
   papers' "no loss"); 'better': more than that above it. Of the final
   test perplexity where both have one (a language model: the papers' own measure; lower
   is better), else of the final test accuracy."""
-  if method.get('final_perplexity') and baseline.get('final_perplexity'):
-    mine, theirs = method['final_perplexity'], baseline['final_perplexity']
-    if mine['n'] < 2 or theirs['n'] < 2:
-      return 'not shown at this size (fewer than 2 seeds)'
+  perplexity = bool(method.get('final_perplexity') and baseline.get('final_perplexity'))
+  field = 'final_perplexity' if perplexity else 'final_accuracy'
+  mine, theirs = method[field], baseline[field]
+  if mine['n'] < 2 or theirs['n'] < 2:
+    return 'not shown at this size (fewer than 2 seeds)'
+  if perplexity:  # (lower is better: the gap is the baseline's less the method's)
     gap, noise = theirs['mean'] - mine['mean'], 2 * max(mine['sd'], theirs['sd'])
     words = f'perplexity {-gap:+.3f}, lower is better, 2 sd = {noise:.3f}'
   else:
-    mine, theirs = method['final_accuracy'], baseline['final_accuracy']
-    if mine['n'] < 2 or theirs['n'] < 2:
-      return 'not shown at this size (fewer than 2 seeds)'
     gap, noise = 100 * (mine['mean'] - theirs['mean']), 200 * max(mine['sd'], theirs['sd'])
     words = f'{gap:+.2f} points, 2 sd = {noise:.2f}'
   if kind == 'matches':  # The papers' "matches": no loss; a better method matches too.
@@ -203,7 +210,7 @@ def _speedup_cell(method: dict, baseline: dict, error: float, baseline_error: fl
   s = speedup(method, baseline)
   if s is None:
     return '—'
-  low, high = interval(s[0], error, baseline_error)[0], interval(s[1], error, baseline_error)[1]
+  low, high = widened(s, error, baseline_error)
   if s[0] == s[1]:
     return f'{s[0]:.2f}× [{low:.2f}–{high:.2f}]'
   if math.isinf(s[1]) and s[0] > 0:
