@@ -297,6 +297,27 @@ def test_a_copy_is_waited_for_only_by_the_call_that_needs_it(pool):
   np.testing.assert_array_equal(pool.fetch(other.result()), 3)
 
 
+def test_an_export_waiting_for_its_value_holds_up_no_export_behind_it(pool):
+  """A lane exports a value that exists at once, though an export asked for earlier
+  still waits for its value to be made. (Served strictly in order, PD-ASGD's backward
+  worker idled for the residuals of an earlier batch, long made on the forward lane,
+  behind the export of the next batch's, which waited for that batch's forward.)"""
+  w = pool.run('a', task('init'), (6,))
+  twice = pool.run('a', task('add'), (w, w))  # its outline is known from now on
+  busy = pool.start('a', task('hang'), (1.5,))
+  late = pool.start('a', task('add'), (twice, w))  # made once `hang` is done
+  late_on_b = pool.move(pool.early(late), 'b')  # asked first: waits for `late`
+  w_on_b = pool.move(w, 'b')  # asked second: `w` exists
+  early = pool.start('b', task('add'), (w_on_b, w_on_b))
+  assert pool.wait_any([early, busy]) is early  # lane a's export of `w` did not wait
+  used = pool.start('b', task('add'), (late_on_b, w_on_b))
+  for pending in (busy, late, used):
+    pool.wait_any([pending])
+  assert early.ended < busy.ended <= used.started
+  np.testing.assert_allclose(pool.fetch(early.result()), 2 * pool.fetch(w), rtol=1e-6)
+  np.testing.assert_allclose(pool.fetch(used.result()), 4 * pool.fetch(w), rtol=1e-6)
+
+
 def test_a_message_of_handles_moves_as_one_pytree(pool):
   w = pool.run('a', task('init'), (3,))
   y, _ = pool.run('a', task('forward'), (w, X))
