@@ -557,11 +557,21 @@ def test_the_profile_command_measures_the_process_executors_host_profile(tmp_pat
   assert (profile.executor, profile.cores) == ('processes', len(os.sched_getaffinity(0)))
   figures = dict(profile.figures)
   assert set(figures) == set(host.FIGURES['processes'])
-  # A latency is a median less what is counted elsewhere (at least 0); the rest is time
-  # (or bytes/s) that every task or move pays.
-  may_be_zero = ('driver_latency', 'driver_latency_loaded', 'link_latency')
-  assert all(figures[name] >= 0 for name in may_be_zero), figures
-  assert all(v > 0 for name, v in figures.items() if name not in may_be_zero), figures
+  # A latency, and a move's time per array beyond its first, is a median less what is
+  # counted elsewhere, at least 0 (`lane_timing.less`, `_fit`, `link_line`: on a loaded
+  # machine the difference can be nothing); the rest is time (or bytes/s) that every
+  # task or move pays.
+  may_be_zero = {name for name in figures if 'latency' in name or name.endswith('per_array')}
+  assert may_be_zero == {
+    'driver_latency',
+    'driver_latency_loaded',
+    'link_latency',
+    'link_per_array',
+    'take_in_latency',
+    'take_in_per_array',
+  }
+  assert not [name for name in may_be_zero if not 0 <= figures[name] < float('inf')], figures
+  assert not [name for name in figures.keys() - may_be_zero if not figures[name] > 0], figures
 
 
 def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):

@@ -100,12 +100,11 @@ def test_pipelines_on_lane_processes_are_bit_identical_to_both_in_process_clocks
   real = train(roles, RealExecutor())
   sent = []  # the driver's arrays sent to the lanes as call arguments: (type, shape, dtype)
   host_array = pool._host_array
+  dtype = lambda leaf: leaf.dtype if hasattr(leaf, 'dtype') else np.result_type(leaf)  # noqa: E731
   monkeypatch.setattr(
     pool,
     '_host_array',
-    lambda leaf: (
-      sent.append((type(leaf), np.shape(leaf), np.result_type(leaf))) or host_array(leaf)
-    ),
+    lambda leaf: sent.append((type(leaf), np.shape(leaf), dtype(leaf))) or host_array(leaf),
   )
   processes = train(roles, ProcessExecutor(pool=pool))
   waiting = train(roles, ProcessExecutor(pool=pool, run_ahead=False))
