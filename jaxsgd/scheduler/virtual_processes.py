@@ -15,8 +15,9 @@ once its task is dispatched and its lanes compute behind it:
                            sharing hardware take it in dispatch order among the lanes
                            whose next task can start (one lane's wait does not hold the
                            device: a lane process waiting for an import does not); a
-                           sender's copies on one queue (`copies_on_sender`) run in the
-                           order sent (one export thread); otherwise copies to
+                           sender's copies on one queue (`copies_on_sender`) run one at a
+                           time (one export thread), the earliest whose value exists
+                           first; otherwise copies to
                            different lanes go on their own links
       a task that reads    another compute lane's result (not sent to it) first pays a
                            copy over the link, as a lane process imports a handle
@@ -205,19 +206,19 @@ class LaneProcessModel(VirtualExecutor):
 
   def _next_startable(self, hardware, queue) -> int | None:
     """The earliest queued task whose inputs have ended and that is its lane's next (each
-    lane runs its tasks in order, and a sender's copies run in order: a lane process
-    exports in one thread, each export waiting for its value in turn): a lane whose next
-    task waits for a result does not hold up another lane sharing the hardware (two lane
-    processes on one core; a lane process waiting for an import does not occupy its
-    device). None if every lane's next task waits for a task still running; each such
-    task then starts `hardware` again when it ends (`_Job.blocked`)."""
+    lane runs its tasks in order), or the earliest such copy (a lane process exports in
+    one thread, in the order asked, but parks an export whose value is not made yet: it
+    holds up no copy behind it): a lane whose next task waits for a result does not hold
+    up another lane sharing the hardware (two lane processes on one core; a lane process
+    waiting for an import does not occupy its device). None if every lane's next task and
+    every copy waits for a task still running; each such task then starts `hardware`
+    again when it ends (`_Job.blocked`)."""
     seen, lanes = set(), self.cluster.lanes
     for index, (_, lane, _, job) in enumerate(queue):
-      link = lanes[lane].link
-      in_order = lane if link is None else ('copies', link[0])
-      if in_order in seen:
-        continue  # not the next of its kind
-      seen.add(in_order)
+      if lane in seen:
+        continue  # not the next of its lane
+      if lanes[lane].link is None:
+        seen.add(lane)
       missing = next((j for j in job.inputs if not j.done), None)
       if missing is None:
         return index

@@ -170,12 +170,22 @@ def test_a_value_sent_to_two_lanes_waits_for_each_copy_on_its_own_link(run_ahead
   assert spans['c'] == [pytest.approx((6.001, 8.001))]
 
 
-@pytest.mark.parametrize('run_ahead', [0, 4])
-def test_a_value_sent_back_to_the_lane_that_made_it_is_read_after_it_arrives(run_ahead):
-  """x (made 0 → 1 on a) goes to b (1 → 1.501) and comes back to a behind b's y (4 MB at
-  1 MB/s, on the link b → a 2 → 6.5): the copy back runs 6.5 → 7.001, and a's task on
-  what came back starts then, not at 1 (it did, once copies to the array's first lane
-  were not noted)."""
+# (run_ahead, link b → a, a's task on what came back): without running ahead b sends y
+# (made 0 → 2) before it takes x in; running ahead it asked for y's copy first, but x's
+# value exists on b at 1.501 and y's does not, so x goes back first (a lane process's
+# export waiting for its value holds up none behind it) and y's copy follows.
+SENT_BACK = [
+  (0, [(2, 6.5), (6.5, 7.001)], (7.001, 8.001)),
+  (4, [(1.501, 2.002), (2.002, 6.502)], (2.002, 3.002)),
+]
+
+
+@pytest.mark.parametrize('run_ahead, link, task', SENT_BACK)
+def test_a_value_sent_back_to_the_lane_that_made_it_is_read_after_it_arrives(run_ahead, link, task):
+  """x (made 0 → 1 on a) goes to b (1 → 1.501) and comes back to a on the link b → a,
+  which also carries b's y (4 MB at 1 MB/s: 4.5 s, made 0 → 2; `SENT_BACK`); a's task on
+  what came back starts once it has arrived, not at 1 (it did, once copies to the
+  array's first lane were not noted)."""
   costs = CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=0.5, link_bandwidth=1e6)
   cluster = Cluster()
   a, b = cluster.add_lane('a'), cluster.add_lane('b')
@@ -198,8 +208,8 @@ def test_a_value_sent_back_to_the_lane_that_made_it_is_read_after_it_arrives(run
   spans = _spans_by_lane(
     cluster, executor.run(cluster, [Process('a', a, on_a()), Process('b', b, on_b())])
   )
-  assert spans['link b → a'] == [pytest.approx((2, 6.5)), pytest.approx((6.5, 7.001))]
-  assert spans['a'] == [pytest.approx((0, 1)), pytest.approx((7.001, 8.001))]
+  assert spans['link b → a'] == [pytest.approx(span) for span in link]
+  assert spans['a'] == [pytest.approx((0, 1)), pytest.approx(task)]
 
 
 def test_a_lane_waiting_for_its_input_leaves_a_shared_device_to_the_other_lane():
@@ -305,12 +315,14 @@ def test_a_message_that_arrived_early_is_taken_in_once_by_the_first_task_reading
   }
 
 
-def test_a_senders_copies_run_in_the_order_sent_even_when_a_later_value_is_ready():
-  """Lane a makes x (0 → 1) and y (1 → 2), sends y to b, then x to c. Its copies share
-  a's core with its tasks (`copies_on_sender`, time-sliced) and run one at a time in the
-  order sent, as a lane process's exports do (one thread, each waiting for its value):
-  y's copy waits for y (2 → 2.5), x's copy for y's (2.5 → 3). Taken out of turn at 1,
-  x's copy would have shared the core with the making of y (which would end at 2.5)."""
+def test_a_senders_copy_waiting_for_its_value_holds_up_no_copy_behind_it():
+  """Lane a makes x (0 → 1) and y (from 1), sends y to b, then x to c. Its copies share
+  a's core with its tasks (`copies_on_sender`, time-sliced) and run one at a time, as a
+  lane process's exports do (one thread), but y's copy, asked first, waits for y while
+  x's goes at 1, as a lane process parks an export whose value is not made yet: x's copy
+  (0.5 s) and the making of y (1 s) share the core at half speed each from 1, so x's
+  copy ends at 2 and y at 2.5; y's copy runs 2.5 → 3. (Served in the order asked, x's
+  copy waited behind y's, 2.5 → 3, and c's task with it.)"""
   cluster = Cluster()
   a, b, c = cluster.add_lane('a'), cluster.add_lane('b'), cluster.add_lane('c')
   to_b, to_c = cluster.channel('to b', b), cluster.channel('to c', c)
@@ -330,11 +342,11 @@ def test_a_senders_copies_run_in_the_order_sent_even_when_a_later_value_is_ready
   )
   processes = [Process('a', a, on_a()), Process('b', b, on(to_b)), Process('c', c, on(to_c))]
   assert _spans_by_lane(cluster, executor.run(cluster, processes)) == {
-    'a': [(0, 1), (1, 2)],
-    'link a → b': [(2, 2.5)],
-    'link a → c': [(2.5, 3)],
-    'b': [(2.5, 4.5)],
-    'c': [(3, 5)],
+    'a': [(0, 1), (1, 2.5)],
+    'link a → c': [(1, 2)],
+    'link a → b': [(2.5, 3)],
+    'b': [(3, 5)],
+    'c': [(2, 4)],
   }
 
 
