@@ -29,7 +29,8 @@ the same time on both. The emulated runs of one row differ too, by several perce
 the asynchronous families on a small machine (the order in which the driver hears of
 ends moves with the host's noise, and the schedule with it): a row's error is taken
 against its median run, and the table gives every run and their spread — the floor
-below which an error cannot be told from the measurement's noise. Per run: time per iteration, `simulator_accuracy`'s definition
+below which an error cannot be told from the measurement's noise. Per run: time per
+iteration, `simulator_accuracy`'s definition
 (an iteration is one applied update of the whole model; the median over blocks of 5
 iterations of the steady state, from the end of iteration `--warmup`), and for the
 asynchronous families the staleness histogram of every applied update, compared by

@@ -100,9 +100,9 @@ def _mean(stats) -> float | None:
 def widened(bounds: tuple[float, float], error: float, baseline_error: float | None = None):
   """`speedup`'s (low, high) widened by the simulator's errors (`interval`): the lowest
   of the low bound's interval, the highest of the high bound's."""
-  return interval(bounds[0], error, baseline_error)[0], interval(bounds[1], error, baseline_error)[
-    1
-  ]
+  low = interval(bounds[0], error, baseline_error)[0]
+  high = interval(bounds[1], error, baseline_error)[1]
+  return low, high
 
 
 def mean_time_bounds(method: dict) -> tuple[float, float] | None:

@@ -530,22 +530,25 @@ class LaneRuntime:
     worker, its layers' updates late with it, in an emulated 1:7 run)."""
     while True:
       message = self.exports.get()
+      ready, waiting = [], []
       with self.stored:
         if message is not _WAKE:
           self.parked.append(message)
-        ready = [m for m in self.parked if self._exportable(*m[2][:2])]
-        self.parked = [m for m in self.parked if not any(m is r for r in ready)]
-      for ready_message in ready:
-        self._export_one(*ready_message)
+        for parked in self.parked:  # ((op, number, (key, imports, ...)), in the order asked)
+          (ready if self._exportable(*parked[2][:2]) else waiting).append(parked)
+        self.parked = waiting
+      for parked in ready:
+        self._export_one(*parked)
 
   def _exportable(self, key: Hashable, imports: tuple) -> bool:
     """Whether `export(key, imports)` would not wait (its value, or its failure, is here:
     called holding `stored`)."""
-    for at, source in imports:
-      if at not in self.arrived and at not in self.import_failures:
-        if source not in self.dead_sources:
-          return False
-    return key in self.values or key[0] in self.failed_calls or any(k == key for k, _ in imports)
+    coming = any(
+      at not in self.arrived and at not in self.import_failures and source not in self.dead_sources
+      for at, source in imports
+    )
+    made = key in self.values or key[0] in self.failed_calls or any(k == key for k, _ in imports)
+    return made and not coming
 
   def _changed(self) -> None:
     """Wakes whoever waits on `stored` (held): a value was kept, a copy came or failed, a
