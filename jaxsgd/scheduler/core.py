@@ -21,6 +21,11 @@ Python generator bound to a lane; it yields ops and the executor answers them:
   The sender does not wait.
 - `Put(channel, value)`: deliver at once, no copy (same device, or a control message).
 - `Get(channel)`: wait for the next item of a FIFO channel.
+- `Ready(value)`: go on with `value` once every task that made a value in it has
+  ended. At once under the in-process clocks (a `Compute` resumes at its end); where a
+  process runs ahead of its lanes (the process executor and its model) it waits for
+  those tasks, so that what it does next — a PD-ASGD layer update, which names the
+  layer's next version — is not handed on before its input exists.
 
 An executor (`VirtualExecutor`, `RealExecutor`, both built on `executor.Executor`)
 runs the processes of a `Cluster` and returns a `Timeline` of the tasks it ran.
@@ -72,7 +77,14 @@ class Get:
   channel: 'Channel'
 
 
-Op = Compute | Send | Put | Get
+@dataclasses.dataclass(frozen=True)
+class Ready:
+  """Go on with `value` once the tasks that made it have ended (module docstring)."""
+
+  value: Any
+
+
+Op = Compute | Send | Put | Get | Ready
 
 
 class DeadlockError(RuntimeError):

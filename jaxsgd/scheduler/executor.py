@@ -70,7 +70,7 @@ import numpy as np
 
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, DeadlockError, Get, LoopState
-from jaxsgd.scheduler.core import Process, Put, Send, blocked_report
+from jaxsgd.scheduler.core import Process, Put, Ready, Send, blocked_report
 from jaxsgd.scheduler.costs import TRANSFER
 from jaxsgd.scheduler.snapshot import NotResumableError
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
@@ -149,8 +149,10 @@ class Executor:
     elif isinstance(op, Put):
       self.deliver(op.channel, op.value)
       self.resume(process, None)
+    elif isinstance(op, Ready):
+      self.when_ready(process, op.value)
     else:
-      raise TypeError(f'{process.name} yielded {op!r}; expected Compute, Send, Put or Get.')
+      raise TypeError(f'{process.name} yielded {op!r}; expected Compute, Send, Put, Get or Ready.')
 
   def take(self, process: Process, channel: Channel) -> None:
     """`Get`: resume with the channel's next item, or wait for one."""
@@ -207,6 +209,11 @@ class Executor:
 
   def task_finished(self, process: Process, result) -> None:
     self.resume(process, result)
+
+  def when_ready(self, process: Process, value) -> None:
+    """`Ready`: here a `Compute` resumes its process at the task's end, so every value a
+    process holds exists already."""
+    self.resume(process, value)
 
   def spawn(self, process: Process) -> None:
     self.resume(process, None)

@@ -93,6 +93,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -240,6 +241,7 @@ class ProcessExecutor(Executor):
     self._ready = collections.deque()
     self._pending = {}
     self._resumed = set()
+    self._ready_waits: dict = {}  # a pending task -> the `Ready`s that wait for it
     self.lost = []
     self._lost_lanes: set[int] = set()
     self._copies: list[_Copy] = []  # copies on their way, recorded once done
@@ -285,6 +287,27 @@ class ProcessExecutor(Executor):
       self._resumed.discard(finished)
     else:
       self.task_finished(process, _driver_view(finished.result()))
+    for waiting in self._ready_waits.pop(finished, ()):
+      waiting.tasks.discard(finished)
+      if not waiting.tasks:
+        self.resume(waiting.process, waiting.value)
+
+  def when_ready(self, process: Process, value) -> None:
+    """`Ready`: `process` goes on with `value` once every task still pending that made a
+    handle in it has finished (a value moved to its lane exists once its copy is sent:
+    the lane that reads it waits for it)."""
+    making = {(p.lane, p.key): p for p in self._pending if p.source is None}
+    tasks = {
+      making[h.lane, h.key[0]]
+      for h in _handles(value)
+      if isinstance(h.key, tuple) and (h.lane, h.key[0]) in making
+    }
+    if not tasks:
+      self.resume(process, value)
+      return
+    waiting = _ReadyWait(process, value, tasks)
+    for task in tasks:
+      self._ready_waits.setdefault(task, []).append(waiting)
 
   def _record_copies(self, final: bool = False) -> None:
     """Records each copy whose exports are done, from when its value existed on the
@@ -465,6 +488,11 @@ class ProcessExecutor(Executor):
       if name in (pending.lane, pending.source):
         del self._pending[pending]
         self._resumed.discard(pending)
+        for waiting in self._ready_waits.pop(pending, ()):
+          if waiting.process.lane != lane:  # (one of the lost lane's is restarted or closed)
+            raise RuntimeError(
+              f'{waiting.process.name}: waits (Ready) for a task of lost lane {name}.'
+            )
         if process.lane != lane:  # a transfer process on a link from it
           self._end(process)
     for process, _ in list(self._ready):  # copies from or to it, not started yet
@@ -478,10 +506,15 @@ class ProcessExecutor(Executor):
     process.close()
 
   def _detach(self, process: Process) -> None:
-    """Takes `process` off the channel it waits on and out of the ready queue."""
+    """Takes `process` off the channel or the tasks it waits on and out of the ready
+    queue."""
     if process.waiting_on is not None:
       process.waiting_on.waiters.remove(process)
       process.waiting_on = None
+    for task, waits in list(self._ready_waits.items()):
+      waits[:] = [w for w in waits if w.process is not process]
+      if not waits:
+        del self._ready_waits[task]
     self._ready = collections.deque((p, v) for p, v in self._ready if p is not process)
 
   def needs_transfer(self, value, channel: Channel) -> bool:
@@ -510,6 +543,15 @@ class ProcessExecutor(Executor):
     if getattr(self, '_lanes_by_name', {}).get(value.lane) in getattr(self, '_expendable', ()):
       kept = self.pool.keep(value)
     return LaneValue(self, value, kept)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ReadyWait:
+  """A process in `Ready`: the value it goes on with, once `tasks` have finished."""
+
+  process: Process
+  value: Any
+  tasks: set
 
 
 @dataclasses.dataclass(frozen=True)

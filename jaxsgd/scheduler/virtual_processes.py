@@ -138,6 +138,25 @@ class LaneProcessModel(VirtualExecutor):
     job.result = None  # the process has it; the executor keeps no result of an ended task
     if process is not None and not job.ahead:
       self.task_finished(process, result)
+    readies, job.readies = job.readies, None
+    for waiting in readies or ():
+      waiting.jobs.discard(id(job))
+      if not waiting.jobs:
+        self.resume(waiting.process, waiting.value)
+
+  def when_ready(self, process: Process, value) -> None:
+    """`Ready`: `process` goes on with `value` once the driver has heard the end of every
+    compute task that made an array in it (as the process executor's `when_ready`)."""
+    jobs = {}
+    for made in map(self._made_of, _arrays(value)):
+      if made is not None and made.job.readies is not None:
+        jobs[id(made.job)] = made.job
+    if not jobs:
+      self.resume(process, value)
+      return
+    waiting = _ReadyWait(process, value, set(jobs))
+    for job in jobs.values():
+      job.readies.append(waiting)
 
   # --- the lanes ------------------------------------------------------------------------
   def _start_ahead(
@@ -171,6 +190,7 @@ class LaneProcessModel(VirtualExecutor):
     if spec.link is None:
       self._unfinished[lane] = self._unfinished.get(lane, 0) + 1
       job.owed = list(owed.values())
+      job.readies = []  # (heard when it ends: `_heard`)
     elif self.cost_model.take_in is not None:  # a Send: its receiver's first reader takes it in
       job.owes = self.cost_model.take_in_time(op.nbytes, op.arrays)
     job.ahead = spec.link is not None or (op.ahead and self._unfinished[lane] <= self.run_ahead)
@@ -294,9 +314,20 @@ class _Job:
   ended, and the hardware whose next task waits for it (`blocked`, in order). Taking in:
   a copy `owes` the seconds its receiving lane spends taking it in, until a task there
   reads it; a compute task's `owed` are the copies it may be the first to read, and its
-  `take_in` the seconds it paid for them at its start."""
+  `take_in` the seconds it paid for them at its start. `readies`: while a compute task's
+  end is not heard yet, the `Ready`s waiting for it (None once heard, and for a copy)."""
 
-  __slots__ = ('inputs', 'result', 'ahead', 'done', 'blocked', 'take_in', 'owed', 'owes')
+  __slots__ = (
+    'inputs',
+    'result',
+    'ahead',
+    'done',
+    'blocked',
+    'take_in',
+    'owed',
+    'owes',
+    'readies',
+  )
 
   def __init__(self, inputs: list):
     self.inputs, self.result, self.ahead, self.done, self.blocked = (
@@ -306,7 +337,17 @@ class _Job:
       False,
       {},
     )
-    self.take_in, self.owed, self.owes = 0.0, (), 0.0
+    self.take_in, self.owed, self.owes, self.readies = 0.0, (), 0.0, None
+
+
+class _ReadyWait:
+  """A process in `Ready`: the value it goes on with once the jobs `jobs` (ids) are
+  heard."""
+
+  __slots__ = ('process', 'value', 'jobs')
+
+  def __init__(self, process: Process, value, jobs: set):
+    self.process, self.value, self.jobs = process, value, jobs
 
 
 class _Made:

@@ -28,7 +28,7 @@ from jaxsgd.algorithms.settings import shared_settings  # noqa: E402
 from jaxsgd.asynchronous import common, server  # noqa: E402
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
 from jaxsgd.scheduler import Cluster, Compute, Placement, Process, RealExecutor  # noqa: E402
-from jaxsgd.scheduler.core import Get, Put  # noqa: E402
+from jaxsgd.scheduler.core import Get, Put, Ready  # noqa: E402
 from jaxsgd.scheduler import VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool  # noqa: E402
 from jaxsgd.scheduler.lanes import pool as pool_module  # noqa: E402
@@ -295,6 +295,37 @@ def test_a_task_marked_not_ahead_is_waited_for_before_its_process_goes_on(pool):
   first, second = runs[False].records
   assert first.end <= first.heard <= second.start <= second.end <= second.heard
   assert all(r.end <= r.heard for r in runs[True].records)
+
+
+def test_ready_goes_on_once_the_task_that_made_its_value_has_finished(pool):
+  """Running ahead, a process holds its task's handles while the lane computes; `Ready`
+  makes it go on only once that task has finished (PD-ASGD's layer updates are
+  dispatched so, once their gradients exist), while another process goes on meanwhile.
+  A value already made is ready at once."""
+  cluster = _cluster('stage 0', 'stage 1')
+  executor = ProcessExecutor(pool=pool, run_ahead=4)
+  resumed, other = [], []
+
+  def worker():
+    for _ in range(2):  # the second call's handles are known: it runs ahead
+      made = yield Compute(Task(PROBES, 'hang'), (0.2,))
+      yield Ready((made, None))
+      resumed.append(executor.now())
+    yield Ready(made)
+    resumed.append(executor.now())
+
+  def meanwhile():
+    for _ in range(3):
+      yield Compute(Task(PROBES, 'hang'), (0.01,), ahead=False)
+      other.append(executor.now())
+
+  timeline = executor.run(
+    cluster, [Process('stage 0', 0, worker()), Process('stage 1', 1, meanwhile())]
+  )
+  first, second = [r for r in timeline.records if r.lane == 0]
+  assert first.heard <= resumed[0] and second.end <= second.heard <= resumed[1]
+  assert resumed[2] - resumed[1] < 0.1  # made already: at once
+  assert other[-1] < second.end  # the other process was not held up
 
 
 def test_a_copy_is_recorded_as_the_lanes_made_it_not_as_the_driver_sent_it(pool):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxsgd.scheduler import CostModel, LaneProcessModel, virtual
-from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
+from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Ready, Send
 from jaxsgd.scheduler.snapshot import NotResumableError
 from scheduler_helpers import host_file
 
@@ -363,6 +363,38 @@ def test_a_task_marked_not_ahead_is_waited_for():
 
   executor.run(cluster, [Process('p', lane, program())])
   assert seen == [0, 2]
+
+
+@pytest.mark.parametrize('ready', [False, True])
+def test_ready_holds_a_task_back_until_its_input_exists_and_keeps_it_from_blocking_a_lane(
+  ready,
+):
+  """p makes x on lane a (B: 0 → 2) and computes y from x on lane s (F, after the copy
+  a → s, 2 → 2.5); q computes z on s (F) once its own task on lane q has ended (F, 0 → 1,
+  waited for). Dispatched at 0, y holds s from the start, so z (dispatched at 1) waits
+  behind it: y 2.5 → 3.5, z 3.5 → 4.5. With `Ready(x)` p goes on at 2, when x's end is
+  heard: z runs 1 → 2 and y 2.5 → 3.5."""
+  cluster, seen = Cluster(), []
+  a, s, q = cluster.add_lane('a'), cluster.add_lane('s'), cluster.add_lane('q')
+  executor = LaneProcessModel(COSTS, run_ahead=4)
+
+  def on_p():
+    x = yield Compute(_make, kind='backward', stage=0)
+    if ready:
+      yield Ready(x)
+    seen.append(executor.now())
+    yield Compute(_use, (x,), kind='forward', stage=0, lane=s)
+
+  def on_q():
+    yield Compute(_make, kind='forward', stage=0, ahead=False)
+    yield Compute(_make, kind='forward', stage=0, lane=s, batch=1)
+
+  timeline = executor.run(cluster, [Process('p', a, on_p()), Process('q', q, on_q())])
+  spans = {(cluster.lanes[t.lane].name, t.batch): (t.start, t.end) for t in timeline.tasks()}
+  y, z = spans['s', None], spans['s', 1]
+  assert seen == [2 if ready else 0]
+  assert (y, z) == (((2.5, 3.5), (1, 2)) if ready else ((2.5, 3.5), (3.5, 4.5)))
+  assert spans['link a → s', None] == (2, 2.5)
 
 
 def test_an_ended_task_keeps_no_result_alive():
