@@ -97,7 +97,7 @@ def steps_of(name: str, lanes: int, args) -> int:
   every ~M server updates; an LPP-SGD iteration is one replica's update, and its blocks
   hold a round of K of them)."""
   if name == 'lppsgd':  # blocks of a round of K updates or more (`block_median`)
-    return args.warmup + 4 * lanes + max(accuracy.BLOCK, lanes) * args.blocks + 1
+    return args.warmup + 4 * lanes + _block(lanes) * args.blocks + 1
   fill = 0 if name == 'bp' else 4 * lanes if name in ('asgd', 'dcasgd') else 2 * lanes
   return args.warmup + fill + accuracy.BLOCK * args.blocks + 1
 
@@ -203,11 +203,12 @@ def block_median(tasks, start: float, stop: float, per_task: bool, block: int) -
   """`simulator_accuracy.window_stats`' seconds per iteration (the median over blocks of
   iterations of the steady state) with blocks of `block` iterations: LPP-SGD counts each
   replica's update as an iteration, and K replicas of equal costs end theirs together on
-  the virtual clock, so blocks of 5 inside one round of 16 measured the burst (1.1 ms
-  per iteration where a round took 55 ms)."""
+  the virtual clock, so its blocks are whole rounds (`accuracy.block_for`; blocks of 5
+  inside one round of 16 measured the burst: 1.1 ms per iteration where a round took
+  55 ms)."""
   ends = [e for e in sorted(accuracy.iteration_ends(tasks, per_task)) if start <= e <= stop]
-  blocks = [(ends[i + block] - ends[i]) / block for i in range(0, len(ends) - block, block)]
-  return float(np.median(blocks)) if blocks else (stop - start) / max(len(ends) - 1, 1)
+  median = accuracy.blocks_median(ends, block)
+  return (stop - start) / max(len(ends) - 1, 1) if median is None else median
 
 
 def reader_gaps(names: dict, tasks) -> list[float]:
@@ -388,7 +389,7 @@ def emulate(row: dict, repeat: int, args, root: str, sampler: 'CpuSampler') -> N
 
 
 def _block(lanes: int) -> int:
-  return max(accuracy.BLOCK, lanes)  # (`block_median`: LPP-SGD's rounds of K updates)
+  return accuracy.block_for(lanes)  # (`block_median`: LPP-SGD's rounds of K updates)
 
 
 def model_row(row: dict, args, host, root: str) -> dict:

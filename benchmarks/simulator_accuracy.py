@@ -60,6 +60,7 @@ know. Results: benchmarks/results/simulator_history.md.
 import argparse
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -295,6 +296,24 @@ def window(names, tasks, warmup: int, per_task: bool = False) -> tuple[float, fl
 BLOCK = 5
 
 
+def block_for(workers: int) -> int:
+  """Iterations per block where every update is an iteration (`ONE_UPDATE_PER_TASK`): the
+  fewest whole rounds (one update of each of `workers` workers) of at least `BLOCK`.
+  Workers of equal costs end their updates together on the virtual clock, so a block that
+  is not whole rounds measures where the blocks begin in the round: LPP-SGD 2×1's blocks
+  of 5 updates spanned two rounds or three less a burst, alternately (0.0259 s per
+  iteration where its rounds took 0.0278 per update; 8×1 and 16×1, whose blocks were a
+  round, were not off)."""
+  return workers * math.ceil(BLOCK / workers)
+
+
+def blocks_median(ends: list[float], block: int) -> float | None:
+  """The median over consecutive blocks of `block` iterations (`ends`: when each ended,
+  sorted) of the seconds per iteration; None if there is not one block."""
+  blocks = [(ends[i + block] - ends[i]) / block for i in range(0, len(ends) - block, block)]
+  return float(np.median(blocks)) if blocks else None
+
+
 def window_stats(workdir: str, warmup: int) -> dict:
   """Seconds per iteration in the steady state (`window`): the median over blocks of
   `BLOCK` iterations (a burst of other jobs' load slows some blocks; the median is the
@@ -311,15 +330,15 @@ def window_stats(workdir: str, warmup: int) -> dict:
     key = _short(name)
     busy[key] = busy.get(key, 0.0) + overlap
   utilization = {lane: seconds / (stop - start) for lane, seconds in sorted(busy.items())}
-  ends = [e for e in sorted(iteration_ends(tasks, _per_task(workdir))) if start <= e <= stop]
-  blocks = [(ends[i + BLOCK] - ends[i]) / BLOCK for i in range(0, len(ends) - BLOCK, BLOCK)] or [
-    (stop - start) / iterations
-  ]
+  per_task = _per_task(workdir)
+  ends = [e for e in sorted(iteration_ends(tasks, per_task)) if start <= e <= stop]
+  workers = len({lane for lane, kind, *_ in tasks if kind == 'backward'})
+  median = blocks_median(ends, block_for(workers) if per_task else BLOCK)
   from benchmarks import common as bench_common
 
   steady = [(lane, kind, b, e, batch) for lane, kind, b, e, batch, _ in tasks if b >= start]
   return {
-    'per_iteration': float(np.median(blocks)),
+    'per_iteration': (stop - start) / iterations if median is None else median,
     'mean_per_iteration': (stop - start) / iterations,
     'utilization': utilization,
     'iterations': iterations,
