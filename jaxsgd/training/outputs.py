@@ -24,7 +24,8 @@ def write_outputs(
   extra: dict | None = None,
   device: str | None = None,
 ) -> dict:
-  """Writes `trace.json` and `staleness.png`; returns the run's summary fields.
+  """Writes `trace.json`, `staleness.png` and its data, `staleness.npz` (every update's
+  staleness, per group, in the order applied); returns the run's summary fields.
 
   Args:
     workdir: where the files go.
@@ -46,6 +47,8 @@ def write_outputs(
   files.write_json(os.path.join(workdir, 'trace.json'), timeline.chrome_trace(), indent=None)
   with files.atomic_path(os.path.join(workdir, 'staleness.png')) as path:
     plots.plot_staleness(staleness, path, title=title)
+  with files.atomic_open(os.path.join(workdir, 'staleness.npz'), 'wb') as f:
+    np.savez(f, **staleness)  # every update's staleness, per group, in the order applied
   every = np.concatenate([v for v in staleness.values()] or [np.zeros(0, np.int64)])
   values, counts = np.unique(every, return_counts=True)
   summary = {

@@ -60,6 +60,9 @@ def test_smoke_config_learns_and_writes_its_files(name, clock, data_dir, tmp_pat
   assert summary['failed_workers'] == []
   for file in ('trace.json', 'staleness.png', 'summary.json', 'curves.png'):
     assert (tmp_path / file).exists(), file
+  with np.load(tmp_path / 'staleness.npz') as every:  # the histogram's data, update by update
+    counts = np.bincount(np.concatenate([every[name] for name in every.files]))
+  assert {v: int(n) for v, n in enumerate(counts) if n} == summary['staleness_histogram']
   if clock == 'virtual':
     assert summary['backward_forward_ratio'] > 0 and got[-1]['sim_time'] > got[0]['sim_time']
 

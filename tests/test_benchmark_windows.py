@@ -1,6 +1,10 @@
-"""The simulator benchmarks' time per iteration where every update is an iteration
-(LPP-SGD): blocks of whole rounds, computed by hand."""
+"""The simulator benchmarks' steady state, computed by hand: the time per iteration where
+every update is an iteration (LPP-SGD: blocks of whole rounds), and the staleness of the
+steady state's updates."""
 
+import numpy as np
+
+from benchmarks import schedule_error
 from benchmarks import simulator_accuracy as accuracy
 
 
@@ -28,3 +32,17 @@ def test_blocks_of_whole_rounds_measure_the_round_wherever_they_begin():
 
 def test_too_few_iterations_for_a_block_give_none():
   assert accuracy.blocks_median([0.0, 1.0, 2.0], 5) is None
+
+
+def test_the_steady_staleness_leaves_out_each_groups_share_of_the_iterations_before_the_window(
+  tmp_path,
+):
+  """Four iterations (one update task per batch), the window from the end of the second:
+  one of four ended before it (the first), so each group keeps its updates after the
+  first quarter: layer 0's [7, 1, 0, 1] keeps [1, 0, 1]; layer 1's eight keep the last six."""
+  with open(tmp_path / 'staleness.npz', 'wb') as f:
+    np.savez(f, **{'layer 0': [7, 1, 0, 1], 'layer 1': [6, 5, 1, 1, 0, 2, 1, 0]})
+  tasks = [(0, 'update', b, b + 1.0, b, 0) for b in range(4)]  # iteration b ends at b + 1
+  steady = schedule_error.steady_staleness(str(tmp_path), tasks, start=2.0, per_task=False)
+  assert steady == {0: 3, 1: 5, 2: 1}
+  assert schedule_error.steady_staleness(str(tmp_path / 'none'), tasks, 2.0, False) == {}
