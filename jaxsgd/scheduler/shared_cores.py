@@ -5,7 +5,8 @@ core are processes of their own, as the process executor's lanes are, and the co
 them as an operating system does (`TimeSlicedCore`): each lane runs its own tasks one at
 a time, and the n tasks running on the core at once each progress at 1/n of its speed.
 With `copies_on_sender`, a sender's copies are one more queue on its core, beside its
-tasks (a lane process exports in a thread of its own).
+tasks (a lane process exports in a thread of its own, on the cores it is placed on; an
+unplaced lane's copies share no core).
 
 `TimeSlicedVirtualExecutor` overrides two hooks of `VirtualExecutor`: `_hardware_key`
 (such a lane's queue is its own, its core shared) and `_occupy` (a task on a shared core
@@ -39,10 +40,10 @@ class TimeSlicedVirtualExecutor(VirtualExecutor):
       if core_name is not None:
         return self._on_core(('process', lane), core_name)
     hardware = super()._hardware_key(lane)
-    if spec.link is not None and self.copies_on_sender and hardware in self._cores:
-      copies = ('copies', spec.link[0])
-      self._cores[copies] = self._cores[hardware]
-      return copies
+    if spec.link is not None and self.copies_on_sender:  # ('copies', sender)
+      sender = self._hardware(spec.link[0])
+      if sender in self._cores:
+        self._cores[hardware] = self._cores[sender]
     return hardware
 
   def _on_core(self, queue_key, core_name: str):

@@ -18,7 +18,7 @@ so a run depends on nothing but the programs, the costs and the seed: same seed,
 What the ops mean (channels, transfers over link lanes) is the `Executor` base's. A task
 occupies its lane's hardware (`_hardware`): the lane, what it shares (`LaneSpec.shares`,
 `lane_hardware`), or for a transfer the link between two pieces of hardware (with
-`copies_on_sender`, the sender's); each piece runs its tasks one at a time.
+`copies_on_sender`, the sender's copies' queue); each piece runs its tasks one at a time.
 
 This schedule is the in-process clocks'. Subclasses change it through the loop's hooks,
 never by branches in it; `make(...)` picks the class a run's settings ask for:
@@ -93,8 +93,10 @@ class VirtualExecutor(Executor):
   ):
     """`lane_hardware`: placement lane name (`placement.lane_name`) -> hardware key, for
     lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`.
-    `copies_on_sender`: a transfer occupies the sending lane's hardware (FIFO with its
-    tasks), not a link of its own (a lane process serializes what it sends)."""
+    `copies_on_sender`: a transfer is made by the sending lane's process in a thread of
+    its own (a lane process exports what it sends): a sender's copies run one at a time,
+    beside its tasks, not on a link of their own; on a core shared in time slices
+    (`shared_cores`), they share that core."""
     if cost_model.simulates_driver and not self.run_ahead:
       raise ValueError(
         f'driver / driver_latency: {cost_model.driver!r} / '
@@ -180,10 +182,10 @@ class VirtualExecutor(Executor):
     """Hook: the lane, or the hardware it `shares` with others (several stages placed on
     one device run their tasks one at a time). A link is the pair of hardware it joins:
     transfers between two devices share one FIFO link, whichever lanes of those devices
-    send them; with `copies_on_sender`, the sender's hardware."""
+    send them; with `copies_on_sender`, the sender's copies' queue (its export thread)."""
     spec = self.cluster.lanes[lane]
     if spec.link is not None and self.copies_on_sender:
-      return self._hardware(spec.link[0])
+      return ('copies', spec.link[0])
     if spec.link is not None:
       return ('link', *map(self._hardware, spec.link))
     if spec.shares is not None:
