@@ -47,7 +47,7 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
 The process executor's schedule follows from what it is, not from settings: a process
 goes on at its task's dispatch while its lane has at most the executor's bound of
 unfinished tasks (`executor.RUN_AHEAD`; a parameter server's workers 1), a lane process
-makes its own copies (Ray serializes what it sends, between its tasks), and lanes that
+makes its own copies (in an export thread, one at a time, on the cores it is placed on), and lanes that
 `placement.lanes` puts on the same cores share them as an operating system shares a core
 between processes (time slices). `docs/simulator.md` says how well this predicts runs.
 """
@@ -115,7 +115,8 @@ class SimulatedHost:
       its end.
     dispatch: host seconds added to every task.
     driver, driver_latency: the process executor's driver (0: none).
-    copies_on_sender: a copy occupies the sending lane's hardware.
+    copies_on_sender: the sending lane's process makes its copies, one at a time, on
+      the cores it is placed on.
     time_sliced: lanes placed on the same cores share them in time slices.
     link: `(latency, bandwidth, seconds per array beyond a message's first)` of the
       executor's moves between lanes, or None.
