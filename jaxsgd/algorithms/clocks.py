@@ -239,23 +239,25 @@ def warm_up(tasks: Tasks, devices: Mapping[str, Sequence[jax.Device]] | None = N
 
 
 def lane_hardware(shared: SharedSettings) -> dict[str, str]:
-  """`placement.lanes` on the virtual clock: lanes placed on the same cores (or GPU) of
-  one host share that hardware, so their tasks run one at a time, as the process
-  executor would run them with this placement. Lanes by placement name (`stage0`,
-  `worker1`, `server`: `process.lane_name`) -> a hardware key; unplaced lanes: none."""
+  """`placement.lanes` on the virtual clock: lanes pinned to the same cores (or a GPU) of
+  one host share that hardware, so their tasks run one at a time (time-sliced, with a
+  host profile), as the process executor would run them with this placement. Lanes by
+  placement name (`stage0`, `worker1`, `server`: `process.lane_name`) -> a hardware key;
+  a lane pinned to nothing has none: its hardware is its own, shared with no other lane
+  nor with its copies (its process exports them in a thread the system runs anywhere)."""
   if shared.placement.lanes is None:
     return {}
   from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
 
   placement = LanePlacement.parse(shared.placement.lanes)
-  return {lane.name: _hardware_key(lane) for lane in placement.lanes}
+  return {
+    lane.name: _hardware_key(lane) for lane in placement.lanes if lane.gpu or lane.cores is not None
+  }
 
 
 def _hardware_key(lane) -> str:
   if lane.gpu:
     return f'{lane.host or "local"} gpu of {lane.name}'  # one GPU per lane process
-  if lane.cores is None:
-    return f'{lane.host or "local"} {lane.name}'  # unpinned: its own
   return f'{lane.host or "local"} cores {",".join(map(str, sorted(lane.cores)))}'
 
 

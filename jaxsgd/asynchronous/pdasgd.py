@@ -397,7 +397,8 @@ class PdSession:
 
   def _apply(self, w: int, s: LoopState, item: Forwarded):
     """Copies the gradients `s.pending` to the shared model and applies them, each
-    atomically (elastic: asks the updater to)."""
+    atomically (elastic: asks the updater to; on lane processes: hands them to the
+    worker's updater, `_updates`)."""
     if self.elastic:
       if s.enter('request'):
         layers = tuple(k for k, _ in s.pending)
@@ -428,22 +429,11 @@ class PdSession:
         costed=self.costed,
         batch=item.batch,
       )
-    if s.enter('apply'):
+    if s.enter('apply'):  # here, at the instant the backward ended
       for (k, _), g in zip(s.pending, s.grads):
-        if self.lane_processes:  # on lane 0, in the layer's turn
-          yield from self.layers[k].update_on(
-            0,
-            self.ops[k].update,
-            g,
-            read_version=item.versions[k],
-            lane=1 + w,
-            batch=item.batch,
-            stage=k,
-          )
-        else:  # here, at the instant the backward ended
-          self.layers[k].apply(
-            self.ops[k].update, g, read_version=item.versions[k], lane=1 + w, batch=item.batch
-          )
+        self.layers[k].apply(
+          self.ops[k].update, g, read_version=item.versions[k], lane=1 + w, batch=item.batch
+        )
       self.log.pushed(w)
       s.pending, s.grads = [], None
 

@@ -437,7 +437,8 @@ def test_placement_lanes_map_lanes_on_the_same_cores_to_one_key(data_dir):
   config.placement.lanes = 'server@cores=0; worker0@cores=0; worker1@cores=1; g@gpu=1; free'
   hardware = clocks.lane_hardware(shared_settings(config))
   assert hardware['server'] == hardware['worker0'] != hardware['worker1']
-  assert len({hardware['g'], hardware['free'], hardware['worker1'], hardware['server']}) == 4
+  assert len({hardware['g'], hardware['worker1'], hardware['server']}) == 3
+  assert 'free' not in hardware  # pinned to nothing: its own hardware, shared with nothing
 
 
 def _send_between_tasks(copies_on_sender, **executor_options):
