@@ -97,7 +97,7 @@ def steps_of(name: str, lanes: int, args) -> int:
   every ~M server updates; an LPP-SGD iteration is one replica's update, and its blocks
   hold a round of K of them)."""
   if name == 'lppsgd':  # blocks of a round of K updates or more (`block_median`)
-    return args.warmup + 4 * lanes + _block(lanes) * args.blocks + 1
+    return args.warmup + 4 * lanes + accuracy.block_for(lanes) * args.blocks + 1
   fill = 0 if name == 'bp' else 4 * lanes if name in ('asgd', 'dcasgd') else 2 * lanes
   return args.warmup + fill + accuracy.BLOCK * args.blocks + 1
 
@@ -396,7 +396,11 @@ def emulate(row: dict, repeat: int, args, root: str, sampler: 'CpuSampler') -> N
   try:
     started = time.time()
     stats = run(
-      config_of(name, lanes, args, 'emulated'), workdir, args.warmup, _block(lanes), sampler
+      config_of(name, lanes, args, 'emulated'),
+      workdir,
+      args.warmup,
+      accuracy.block_for(lanes),
+      sampler,
     )
     stats['seconds'], stats['workdir'] = time.time() - started, workdir
   except Preempted:  # SIGTERM: the benchmark stops, not only this row
@@ -406,10 +410,6 @@ def emulate(row: dict, repeat: int, args, root: str, sampler: 'CpuSampler') -> N
     del row['runs']  # (a skipped row keeps no statistics: not in the tables, nor the JSON)
     return
   row['runs'].append(stats)
-
-
-def _block(lanes: int) -> int:
-  return accuracy.block_for(lanes)  # (`block_median`: LPP-SGD's rounds of K updates)
 
 
 def model_row(row: dict, args, host, root: str) -> dict:
@@ -431,7 +431,7 @@ def model_row(row: dict, args, host, root: str) -> dict:
       config_of(name, lanes, args, 'virtual', host_file(host, root, 'measured')),
       os.path.join(root, f'{name}-virtual-{tag}'),
       args.warmup,
-      _block(lanes),
+      accuracy.block_for(lanes),
     )
   except Preempted:  # SIGTERM: the benchmark stops, not only this row
     raise
@@ -460,7 +460,7 @@ def model_row(row: dict, args, host, root: str) -> dict:
       config = config_of(
         name, lanes, args, 'virtual', host_file(host, root, f'{tag}-{slug}', **figures)
       )
-      stats = run(config, workdir, args.warmup, _block(lanes))
+      stats = run(config, workdir, args.warmup, accuracy.block_for(lanes))
       row['variants'][variant] = _kept(stats)
     except Preempted:  # SIGTERM: the benchmark stops, not only this row
       raise

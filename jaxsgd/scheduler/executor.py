@@ -320,6 +320,21 @@ class Executor:
     self.processes += [p for p, _, _ in saved['processes'] if id(p) not in known]  # spawned
 
 
+class ReadyWait:
+  """A process in `Ready`: it goes on with `value` once every one of `pending` (the tasks
+  that made the value, as its executor tracks them) has ended."""
+
+  __slots__ = ('process', 'value', 'pending')
+
+  def __init__(self, process: Process, value, pending: set):
+    self.process, self.value, self.pending = process, value, pending
+
+  def ended(self, task) -> bool:
+    """Notes that `task` ended; whether the process may go on now."""
+    self.pending.discard(task)
+    return not self.pending
+
+
 def expect_op(op, kind, process):
   """`op` if it is a `kind` (what a resumed process re-yielded where it was saved)."""
   if not isinstance(op, kind):

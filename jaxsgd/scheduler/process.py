@@ -93,7 +93,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-from typing import Any
 
 import jax
 import numpy as np
@@ -101,7 +100,7 @@ import numpy as np
 from jaxsgd.errors import Preempted
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process, Send
 from jaxsgd.scheduler.costs import CostModel
-from jaxsgd.scheduler.executor import RUN_AHEAD, Executor
+from jaxsgd.scheduler.executor import RUN_AHEAD, Executor, ReadyWait
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, sigterm_received
 from jaxsgd.scheduler.lanes.pool import saving_on_sigterm
 from jaxsgd.scheduler.placement import lane_name
@@ -288,8 +287,7 @@ class ProcessExecutor(Executor):
     else:
       self.task_finished(process, _driver_view(finished.result()))
     for waiting in self._ready_waits.pop(finished, ()):
-      waiting.tasks.discard(finished)
-      if not waiting.tasks:
+      if waiting.ended(finished):
         self.resume(waiting.process, waiting.value)
 
   def when_ready(self, process: Process, value) -> None:
@@ -305,7 +303,7 @@ class ProcessExecutor(Executor):
     if not tasks:
       self.resume(process, value)
       return
-    waiting = _ReadyWait(process, value, tasks)
+    waiting = ReadyWait(process, value, tasks)
     for task in tasks:
       self._ready_waits.setdefault(task, []).append(waiting)
 
@@ -543,15 +541,6 @@ class ProcessExecutor(Executor):
     if getattr(self, '_lanes_by_name', {}).get(value.lane) in getattr(self, '_expendable', ()):
       kept = self.pool.keep(value)
     return LaneValue(self, value, kept)
-
-
-@dataclasses.dataclass(frozen=True)
-class _ReadyWait:
-  """A process in `Ready`: the value it goes on with, once `tasks` have finished."""
-
-  process: Process
-  value: Any
-  tasks: set
 
 
 @dataclasses.dataclass(frozen=True)

@@ -59,7 +59,7 @@ import jax
 from jaxsgd.scheduler import snapshot as snapshot_lib
 from jaxsgd.scheduler.core import Compute, Process
 from jaxsgd.scheduler.costs import TRANSFER, CostModel
-from jaxsgd.scheduler.executor import RUN_AHEAD
+from jaxsgd.scheduler.executor import RUN_AHEAD, ReadyWait
 from jaxsgd.scheduler.timeline import TaskRecord
 from jaxsgd.scheduler.virtual import VirtualExecutor
 
@@ -140,8 +140,7 @@ class LaneProcessModel(VirtualExecutor):
       self.task_finished(process, result)
     readies, job.readies = job.readies, None
     for waiting in readies or ():
-      waiting.jobs.discard(id(job))
-      if not waiting.jobs:
+      if waiting.ended(id(job)):
         self.resume(waiting.process, waiting.value)
 
   def when_ready(self, process: Process, value) -> None:
@@ -154,7 +153,7 @@ class LaneProcessModel(VirtualExecutor):
     if not jobs:
       self.resume(process, value)
       return
-    waiting = _ReadyWait(process, value, set(jobs))
+    waiting = ReadyWait(process, value, set(jobs))
     for job in jobs.values():
       job.readies.append(waiting)
 
@@ -338,16 +337,6 @@ class _Job:
       {},
     )
     self.take_in, self.owed, self.owes, self.readies = 0.0, (), 0.0, None
-
-
-class _ReadyWait:
-  """A process in `Ready`: the value it goes on with once the jobs `jobs` (ids) are
-  heard."""
-
-  __slots__ = ('process', 'value', 'jobs')
-
-  def __init__(self, process: Process, value, jobs: set):
-    self.process, self.value, self.jobs = process, value, jobs
 
 
 class _Made:
