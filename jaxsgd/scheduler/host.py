@@ -39,7 +39,8 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
   take_in_*       'processes': the same three figures of the receiving lane taking the
                   copy in (array by array), which it does at the first call that reads
                   it, before that call's task and after the calls before it, however
-                  early the copy arrived: time on the receiving lane, on any link.
+                  early the copy arrived: time on the receiving lane, on any link, and
+                  in its interpreter, which its exports share (one at a time).
   *_loaded        the same figures measured with a busy lane on every core; they apply
                   where the run's compute lanes take every core of the host (as many
                   lanes as `cores`), so the driver and Ray run only when they preempt one.
@@ -47,7 +48,8 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
 The process executor's schedule follows from what it is, not from settings: a process
 goes on at its task's dispatch while its lane has at most the executor's bound of
 unfinished tasks (`executor.RUN_AHEAD`; a parameter server's workers 1), a lane process
-makes its own copies (in an export thread, one at a time, on the cores it is placed on), and lanes that
+makes its own copies (in an export thread, one at a time, on the cores it is placed on,
+taking turns with its take-ins in one interpreter), and lanes that
 `placement.lanes` puts on the same cores share them as an operating system shares a core
 between processes (time slices). `docs/simulator.md` says how well this predicts runs.
 """

@@ -133,12 +133,16 @@ def measure_process_dispatch(
     what a task waits for the driver and Ray when they have cores of their own (a host
     profile's `dispatch`).
   - `driver`: the CPU seconds of the driver's thread per event it handles (a task
-    dispatched, a task's end heard), over a chain of tasks each waited for
+    dispatched, a task's end heard), over the chain below, each task waited for
     (`Compute(ahead=False)`): the simulated driver's time per event (a host profile's
     `driver`).
   - `driver_latency`: the median time from a task's end on the lane to the driver
-    hearing of it, over the same chain, less `driver`: each way of a message between
-    the driver and a lane (a host profile's `driver_latency`), on an idle machine.
+    hearing of it, less `driver`: each way of a message between the driver and a lane
+    (a host profile's `driver_latency`), on an idle machine; over a chain of `busy`
+    tasks (tens of milliseconds each, as a run's), each waited for. Over a chain of
+    trivial tasks it read 0.04 ms where runs' lanes took 0.3-0.7 ms (a driver that has
+    waited milliseconds for an end wakes later than one that dispatched microseconds
+    before: `benchmarks/results/schedule_error.md`).
   - `processes_cpu` (only with a cluster started for it): the CPU seconds per task of
     every process of the run — the driver, the lane and Ray's own (raylet, GCS), all
     descendants of this process then — over the same chain: what each task costs the
@@ -161,7 +165,11 @@ def measure_process_dispatch(
     after = _cpu_seconds_by_pid()
     owns_cluster = cluster.started_here()
     per_event, latency = _driver_figures(
-      ProcessExecutor(pool=pool, verbose=False), lanes=('dispatch',), tasks=tasks
+      ProcessExecutor(pool=pool, verbose=False),
+      lanes=('dispatch',),
+      tasks=RUN_LENGTH_TASKS,
+      name='busy',
+      warmup=5,
     )
   figures = {
     'processes': measured['processes'],
@@ -176,6 +184,9 @@ def measure_process_dispatch(
       (cpu - (rounds + 1) * tasks * measured['jax_call']) / ((rounds + 1) * tasks), 0.0
     )
   return figures
+
+
+RUN_LENGTH_TASKS = 40  # `busy` tasks of the driver's idle figures: ~1 s
 
 
 def _run_chains(executor, *, lanes: Sequence[str], tasks: int, ahead: bool, name: str):
@@ -298,96 +309,86 @@ def measure_process_links(
   address: str | None = None,
   sizes: Sequence[int] = (1 << 16, 1 << 24),
   arrays: int = 64,
+  many_bytes: int = 1 << 20,
   reps: int = 21,
   warmup: int = 3,
 ) -> Moves:
   """A move between two lane processes (`LanePool.move`, lane to lane), pinned to
-  `cores[0]` and `cores[1]`, as its `link` and its `take_in` (`Moves`). For each message,
-  `reps` triples of calls of a task on the second lane: one that needs a new message
-  moved there from the first (the whole move: its wall time), one on a new message whose
-  copy has already arrived (`LanePool.settle`: the take-in alone, as the lane stamps it,
-  from the call's start there to its task's start), and one on a message already taken
-  in, alike; alternated, the messages interleaved, and each of the first two less the
-  third, its median over the triples. (The take-in as a difference of wall times read
-  ~10x a run's for large arrays — a 16 MiB message 9 ms, where a PD-ASGD lane took in
-  31.5 MB of residuals in 1.9 ms — since it also timed the task reading a value just
-  taken in.) Each part's latency and bandwidth are the line through one-array messages
-  of the two `sizes` (`link_line`); its time per array is what a message of `arrays`
-  arrays of `sizes[0]` bytes in all takes beyond one array of that size, per array after
-  the first (a lane process exports and takes in a message array by array: a pushed
-  gradient of a 16-layer MLP is 34 arrays). The link is the whole move less the take-in,
-  figure by figure (`less`).
+  `cores[0]` and `cores[1]`, as its `link` and its `take_in` (`Moves`), each measured as
+  a run's trace times it. For each message, `reps` times: a new value moved to the second
+  lane, its link the copy's span as the lanes stamp it (`LanePool.exported`: from the
+  value existing on the sending lane, where its export begins, to its arrival on the
+  receiving one — a run's copy in its trace), and its take-in the call there that reads
+  it, from the call's start to its task's start (`LaneRuntime.run`), less the same for a
+  call on a value already taken in; the messages interleaved, the median of each.
+
+  Each part's latency and bandwidth are the line through one-array messages of the two
+  `sizes` (`link_line`); its time per array is what a message of `arrays` arrays of
+  `many_bytes` bytes in all takes beyond one array of those bytes, per array after the
+  first (a lane process exports and takes in a message array by array: a pushed
+  gradient of a 16-layer MLP is 34 arrays, of 0.5-64 KiB). Measured against one array of
+  the same bytes, not against the line: subtracting the line's time for them carried its
+  bandwidth's error into the figure (4-37 µs per array in three measurements).
+
+  The link once was the wall time of a call that needed the copy less the take-in: it
+  also held the driver's request to export (which a run's copy starts after: the
+  driver's figures price it) and read ~80 µs per array where a copy's span reads 10-30
+  (a 34-array gradient of 1 MB: 3.9 ms priced, 1.4 ms in the runs' traces).
 
   A new value every time, because every message of a run is one (a gradient, an
   activation, the parameters after an update): its export writes a new object and its
   import makes a new array, whose memory a machine may serve at its first-touch price.
   Moving one value again and again, as this once did, measured a path the runs never
-  take and ran in spells (60 moves of 16 MB in a row: 25 at ~18 ms, 25 at ~4.5 ms, then
-  ~55 ms), so the fitted bandwidth moved from 0.32 to 8.2 GB/s between measurements.
-  Paired and a median, because the difference of two minima moved by half from one
-  measurement to the next: the minimum of a difference is not the difference of the
-  minima."""
+  take and ran in spells. Medians, because the minimum of a difference is not the
+  difference of the minima."""
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
   first = Task(TaskRecipe.of(dispatch_tasks), 'first')
   placement = LanePlacement.parse(f'source@cores={cores[0]}; target@cores={cores[1]}')
-  messages = [(size, 1) for size in sizes] + [(sizes[0], arrays)]  # (bytes, arrays)
+  # (bytes, arrays): the line's two sizes, then the many arrays and one of their bytes
+  messages = [(size, 1) for size in sizes] + [(many_bytes, arrays), (many_bytes, 1)]
   with LanePool(placement, address=address, verbose=False) as pool:
 
-    def timed(value) -> tuple[float, float]:  # the call's wall time; its wait in the lane
-      start = time.perf_counter()
+    def waited_in_lane(value) -> float:  # a call reading `value`: its start to its task's
       pending = pool.start('target', first, (value,))
       pool.wait_any([pending])
-      return time.perf_counter() - start, pending.started - pending.entered
+      pool.held('target')  # the copies freed there now, not inside the next call
+      return pending.started - pending.entered
 
-    def new_value(size: int, count: int, tag: int):  # put on the source lane, untimed
-      return pool.put(
+    def copied(size: int, count: int, tag: int) -> tuple[Any, float]:  # (copy, its span)
+      value = pool.put(
         'source', tuple(np.full(size // 4 // count, tag, np.float32) for _ in range(count))
       )
-
-    def arrived(size: int, count: int, tag: int):  # moved to the target lane, untimed
-      moved = pool.move(new_value(size, count, tag), 'target')
+      exports = []
+      moved = pool.move(value, 'target', exports=exports)
       pool.settle()
-      return moved
+      start, end = pool.exported(exports)
+      return moved, end - start
 
-    there = [pool.move(new_value(size, count, -1), 'target') for size, count in messages]
-    for (size, count), local in zip(messages, there):
-      for tag in range(warmup):  # warm: compiled, the first copies taken in
-        timed(new_value(size, count, tag)), timed(arrived(size, count, tag)), timed(local)
-    # Interleaved, triple by triple: a slow spell of the machine slows every message's
-    # triples, not one message's (which tilts the line: one run gave 9.4 GB/s, others
-    # 1.6-1.7).
-    whole, taken = [[] for _ in messages], [[] for _ in messages]
+    there = [copied(size, count, -1)[0] for size, count in messages]
+    for tag in range(warmup):  # warm: compiled, the first copies taken in
+      for (size, count), local in zip(messages, there):
+        waited_in_lane(copied(size, count, tag)[0]), waited_in_lane(local)
+    # Interleaved: a slow spell of the machine slows every message, not one message's
+    # (which tilts the line).
+    spans, taken = [[] for _ in messages], [[] for _ in messages]
     for tag in range(reps):
       for i, ((size, count), local) in enumerate(zip(messages, there)):
-        moved, landed = timed(new_value(size, count, tag)), timed(arrived(size, count, tag))
-        pool.held('target')  # the copies freed there now, not inside the next timed call
-        base = timed(local)
-        whole[i].append(moved[0] - base[0])
-        taken[i].append(landed[1] - base[1])
-  whole, take_in = [_fit(sizes, arrays, [float(np.median(d)) for d in x]) for x in (whole, taken)]
-  return Moves(less(whole, take_in), take_in)
-
-
-def less(whole: Sequence[float], part: Sequence[float]) -> tuple[float, float, float]:
-  """`(latency, bandwidth, seconds per array)` of a move `whole` less its `part`, figure
-  by figure: latencies and times per array subtract (at least 0), seconds per byte too
-  (a bandwidth infinite where nothing is left)."""
-  per_byte = 1 / whole[1] - 1 / part[1]
-  return (
-    max(whole[0] - part[0], 0.0),
-    1 / per_byte if per_byte > 0 else math.inf,
-    max(whole[2] - part[2], 0.0),
-  )
+        moved, span = copied(size, count, tag)
+        spans[i].append(span)
+        taken[i].append(waited_in_lane(moved) - waited_in_lane(local))
+  link, take_in = [_fit(sizes, arrays, [float(np.median(d)) for d in x]) for x in (spans, taken)]
+  return Moves(link, take_in)
 
 
 def _fit(sizes: Sequence[int], arrays: int, seconds: Sequence[float]) -> tuple[float, float, float]:
   """`(latency, bandwidth, seconds per array)` of a move's median times: the two one-array
-  messages of `sizes` (`link_line`), then `arrays` arrays of `sizes[0]` bytes in all."""
-  *one_array, many = seconds
+  messages of `sizes` (`link_line`), then `arrays` arrays of some bytes in all, beyond one
+  array of those bytes (at least 0)."""
+  *one_array, many, one_of_many = seconds
   latency, bandwidth = link_line(sizes, one_array)
-  return latency, bandwidth, max(many - max(one_array[0], 0.0), 0.0) / (arrays - 1)
+  return latency, bandwidth, max(many - max(one_of_many, 0.0), 0.0) / (arrays - 1)
 
 
 def link_line(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:

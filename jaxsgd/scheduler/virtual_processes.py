@@ -25,7 +25,10 @@ once its task is dispatched and its lanes compute behind it:
                            each message copied to its lane that it is the first there to
                            read — its imports, and what was sent there — however early
                            the copy arrived, as a lane process takes in a copy at the
-                           first call that reads it
+                           first call that reads it; with `copies_on_sender` the
+                           take-in holds the lane's interpreter, the queue of its
+                           copies: it waits for the copy in progress, and the lane's
+                           next copy waits for it (`_interpreter`)
 
 With a simulated driver (the host profile's `driver`: seconds per event, `driver_latency`: each
 message's way), the process executor's driver thread is one more FIFO resource:
@@ -82,6 +85,7 @@ class LaneProcessModel(VirtualExecutor):
     self._unfinished: dict[int, int] = {}  # compute lane -> its unfinished tasks
     self._made: dict[int, _Made] = {}  # id of a result leaf -> where, by which task
     self._driver_free = 0.0  # when the simulated driver has handled every event so far
+    self._take_in_waiting: dict = {}  # a lane's interpreter -> hardware whose task waits
 
   def snapshot(self) -> dict:
     raise snapshot_lib.NotResumableError(
@@ -231,7 +235,11 @@ class LaneProcessModel(VirtualExecutor):
     up another lane sharing the hardware (two lane processes on one core; a lane process
     waiting for an import does not occupy its device). None if every lane's next task and
     every copy waits for a task still running; each such task then starts `hardware`
-    again when it ends (`_Job.blocked`)."""
+    again when it ends (`_Job.blocked`). A task that takes in waits for its lane's
+    interpreter, and a sender's copies for a take-in waiting for theirs
+    (`_interpreter`)."""
+    if hardware in self._take_in_waiting:
+      return None  # a take-in waits for this interpreter: it goes first
     seen, lanes = set(), self.cluster.lanes
     for index, (_, lane, _, job) in enumerate(queue):
       if lane in seen:
@@ -239,9 +247,14 @@ class LaneProcessModel(VirtualExecutor):
       if lanes[lane].link is None:
         seen.add(lane)
       missing = next((j for j in job.inputs if not j.done), None)
-      if missing is None:
-        return index
-      missing.blocked[hardware] = None  # started again when `missing` ends
+      if missing is not None:
+        missing.blocked[hardware] = None  # started again when `missing` ends
+        continue
+      interpreter = self._interpreter(lane)
+      if interpreter in self._busy and any(copy.owes for copy in job.owed):
+        self._take_in_waiting[interpreter] = hardware  # started again when it is free
+        continue
+      return index
     return None
 
   def _compute(self, queued: tuple):
@@ -255,6 +268,11 @@ class LaneProcessModel(VirtualExecutor):
       job.take_in += copy.owes
       copy.owes = 0.0
     job.owed = ()
+    interpreter = self._interpreter(queued[1])
+    if job.take_in and interpreter is not None:  # the take-in holds it, the task not
+      self._take_in_waiting.pop(interpreter, None)
+      self._busy.add(interpreter)
+      self._at(self._now + job.take_in, self._interpreter_free, interpreter)
     return result
 
   def _duration(self, queued: tuple) -> float:
@@ -265,8 +283,39 @@ class LaneProcessModel(VirtualExecutor):
     return job.take_in + super()._duration(queued)
 
   def _finish(self, process, op, lane, start, result, job: '_Job') -> None:
+    interpreter = self._interpreter(lane)
+    if interpreter is not None:  # its copies first: the lane wakes its export thread
+      job.done = True  # as it keeps the result, before it takes the next call
+      self._interpreter_free(interpreter, freed=False)
     super()._finish(process, op, lane, start, result, job)
     self._arrived(job)  # lanes whose next task read this one's result
+    if self.cluster.lanes[lane].link is not None:
+      self._interpreter_free(self._hardware(lane), freed=False)
+
+  # --- a lane process's interpreter -----------------------------------------------------
+  def _interpreter(self, lane: int) -> tuple | None:
+    """What compute lane `lane`'s take-ins share with its copies (`copies_on_sender`): the
+    queue of its copies. A lane process exports (its export thread) and takes in (its
+    call thread, before a task) in one Python interpreter, whose lock lets one of them run
+    at a time; its device computes beside both. None: the sender's copies are not
+    modelled (a copy on a link of its own)."""
+    if not self.copies_on_sender or self.cluster.lanes[lane].link is not None:
+      return None
+    return ('copies', lane)
+
+  def _interpreter_free(self, interpreter: tuple, freed: bool = True) -> None:
+    """`interpreter` is free (a take-in ended, or, `freed=False`, a copy did): a task whose
+    take-in waits for it starts first, then the next copy."""
+    if freed:
+      self._busy.discard(interpreter)
+    if interpreter in self._busy:
+      return
+    waiting = self._take_in_waiting.pop(interpreter, None)
+    if waiting is not None and waiting not in self._busy and self._queued.get(waiting):
+      self._start_next(waiting, self._queued[waiting])
+    copies = self._queued.get(interpreter)
+    if copies and interpreter not in self._busy:
+      self._start_next(interpreter, copies)
 
   def _arrived(self, job: '_Job') -> None:
     """`job` is done (a task ended, or a dispatched task reached its lane): the lanes

@@ -77,15 +77,13 @@ def test_a_link_is_the_line_through_two_sizes_move_times():
   assert lane_timing.link_line((1000, 5000), (-1e-3, 2e-3)) == (0.0, 2e6)
 
 
-def test_a_move_less_its_take_in_is_its_link():
-  """A move of 2 ms + bytes at 1 GB/s + 0.3 ms per array, less a take-in of 0.5 ms +
-  bytes at 4 GB/s + 0.1 ms per array: a link of 1.5 ms, 1 / (1/1e9 - 1/4e9) = 4/3 GB/s,
-  0.2 ms per array; a take-in as slow as the whole leaves a free link (infinite
-  bandwidth), and none of a figure goes below 0."""
-  link = lane_timing.less((2e-3, 1e9, 3e-4), (5e-4, 4e9, 1e-4))
-  assert link == pytest.approx((1.5e-3, 4e9 / 3, 2e-4))
-  assert lane_timing.less((2e-3, 1e9, 3e-4), (3e-3, 1e9, 4e-4)) == (0.0, np.inf, 0.0)
-  assert lane_timing.less((2e-3, np.inf, 0.0), (0.0, np.inf, 0.0)) == (2e-3, np.inf, 0.0)
+def test_a_moves_time_per_array_is_what_many_arrays_add_beyond_one_of_their_bytes():
+  """Hand-computed: one array of 1000 B in 2 ms and of 5000 B in 6 ms (1 ms + bytes at
+  1 MB/s); 11 arrays in 5 ms where one array of their bytes took 4 ms: 0.1 ms for each
+  array after the first. Many arrays no slower than one: 0 per array."""
+  fit = lane_timing._fit((1000, 5000), 11, (2e-3, 6e-3, 5e-3, 4e-3))
+  assert fit == pytest.approx((1e-3, 1e6, 1e-4))
+  assert lane_timing._fit((1000, 5000), 11, (2e-3, 6e-3, 3e-3, 4e-3))[2] == 0.0
 
 
 def test_profile_has_every_task_of_every_stage(profile):

@@ -276,6 +276,94 @@ def test_an_import_of_several_arrays_pays_per_array_on_its_link_and_its_take_in(
   assert spans == {'a': [(0, 1)], 'link a → b': [(1, 1.75)], 'b': [(1.75, b_ends)]}
 
 
+@pytest.mark.parametrize('interpreter', [False, True], ids=['copies apart', 'one interpreter'])
+def test_a_lanes_take_in_and_its_copies_run_one_at_a_time(interpreter):
+  """Lane a makes p (1 array), lane b makes q (3 arrays), 0 → 1 each; b reads p (task r),
+  a and c read q (tasks s, t): three imports, each 0.5 s + 0.25 s per array beyond the
+  first on the sender's copies' queue — p's 1 → 1.5; q's to a 1 → 2, then to c 2 → 3 —
+  and 0.25 s of taking in on the receiving lane before its 1 s task. A lane process
+  exports and takes in in one interpreter: r's take-in waits for b's copy of q to a,
+  2 → 2.25, r ends at 3.25; q's copy to c waits for that take-in, 2.25 → 3.25, and t
+  runs 3.25 → 4.5. With the copies on a queue of their own (`copies_on_sender=False`:
+  links), r runs 1.5 → 2.75, both copies of q 1 → 2 and t 2 → 3.25. s (a's take-in,
+  a's copy over at 1.5) runs 2 → 3.25 either way."""
+  cluster = Cluster()
+  a, b, c = (cluster.add_lane(name) for name in 'abc')
+  to_a, to_b, to_c = (cluster.channel(f'to {n}', lane) for n, lane in zip('abc', (a, b, c)))
+  three = lambda: (_make(), _make(), _make())  # noqa: E731
+
+  def on_a():
+    p = yield Compute(_make, kind='forward', stage=0)
+    yield Put(to_b, p)
+    q = yield Get(to_a)
+    yield Compute(lambda q: q[0] + 1, (q,), kind='forward', stage=0)
+
+  def on_b():
+    q = yield Compute(three, kind='forward', stage=0)
+    yield Put(to_a, q)
+    yield Put(to_c, q)
+    p = yield Get(to_b)
+    yield Compute(_use, (p,), kind='forward', stage=0)
+
+  def on_c():
+    q = yield Get(to_c)
+    yield Compute(lambda q: q[0] + 1, (q,), kind='forward', stage=0)
+
+  costs = CostModel(
+    {'forward': 1.0}, link_latency=0.5, link_per_array=0.25, take_in=(0.25, float('inf'), 0.0)
+  )
+  executor = LaneProcessModel(costs, run_ahead=4, copies_on_sender=interpreter)
+  processes = [Process('a', a, on_a()), Process('b', b, on_b()), Process('c', c, on_c())]
+  spans = _spans_by_lane(cluster, executor.run(cluster, processes))
+  copies = {k: sorted(v) for k, v in spans.items() if k.startswith('link')}
+  if interpreter:
+    assert copies == {
+      'link a → b': [(1, 1.5)],
+      'link b → a': [(1, 2)],
+      'link b → c': [(2.25, 3.25)],
+    }
+    assert spans['b'] == [(0, 1), (2, 3.25)] and spans['c'] == [(3.25, 4.5)]
+  else:
+    assert copies == {'link a → b': [(1, 1.5)], 'link b → a': [(1, 2)], 'link b → c': [(1, 2)]}
+    assert spans['b'] == [(0, 1), (1.5, 2.75)] and spans['c'] == [(2, 3.25)]
+  assert spans['a'] == [(0, 1), (2, 3.25)]
+
+
+@pytest.mark.parametrize('interpreter', [False, True], ids=['copies apart', 'one interpreter'])
+def test_a_tasks_copies_go_before_its_lanes_next_take_in(interpreter):
+  """Lane b makes x (B, 0 → 2), sends it to c, then reads p, which a made (0 → 1) and sent
+  to b (the copy 1 → 1.5). At 2 both x's copy and b's next task, which takes p in first
+  (0.25 s), can start: a lane process keeps x and wakes its export thread before it takes
+  its next call, so x's copy runs 2 → 2.5 and the take-in after it, b's task 2.5 → 3.75.
+  With the copies apart: b's task 2 → 3.25 beside x's copy. c takes x in and computes,
+  2.5 → 3.75, either way."""
+  cluster = Cluster()
+  a, b, c = (cluster.add_lane(name) for name in 'abc')
+  to_b, to_c = cluster.channel('to b', b), cluster.channel('to c', c)
+
+  def on_a():
+    p = yield Compute(_make, kind='forward', stage=0)
+    yield Send(to_b, p)
+
+  def on_b():
+    x = yield Compute(_make, kind='backward', stage=0)
+    yield Send(to_c, x)
+    p = yield Get(to_b)
+    yield Compute(_use, (p,), kind='forward', stage=0)
+
+  def on_c():
+    x = yield Get(to_c)
+    yield Compute(_use, (x,), kind='forward', stage=0)
+
+  costs = dataclasses.replace(COSTS, take_in=(0.25, float('inf'), 0.0))
+  executor = LaneProcessModel(costs, run_ahead=4, copies_on_sender=interpreter)
+  processes = [Process('a', a, on_a()), Process('b', b, on_b()), Process('c', c, on_c())]
+  spans = _spans_by_lane(cluster, executor.run(cluster, processes))
+  assert spans['link a → b'] == [(1, 1.5)] and spans['link b → c'] == [(2, 2.5)]
+  assert spans['b'] == [(0, 2), (2.5, 3.75) if interpreter else (2, 3.25)]
+  assert spans['c'] == [(2.5, 3.75)]
+
+
 @pytest.mark.parametrize('devices', [False, True], ids=['no devices', 'two devices'])
 def test_a_message_that_arrived_early_is_taken_in_once_by_the_first_task_reading_it(devices):
   """Lane a makes x (1000 bytes, 0 → 1) and sends it to b (the copy 1 → 1.5). Lane b
