@@ -21,7 +21,9 @@ costs `--forward`, `--backward`, `--update` seconds; `cost.calibrate=False`), em
              event, each message's way), its moves between lane processes and copies
              made by the sending lane, and the same `placement.lanes` (every lane its
              own hardware): what `simulator_accuracy` predicts the process executor
-             with.
+             with — its idle figures for every row (`unloaded`: an emulated task
+             waits, loading no core; the `_loaded` ones are for lanes computing on
+             every core).
 
 The two differ only where the virtual clock's model of the schedule and of the process
 executor's host (driver, Ray, copies) misses what the executor does: the tasks take
@@ -123,6 +125,21 @@ def host_file(base, root: str, tag: str, **figures) -> str:
   path = os.path.join(root, f'host-{tag}.json')
   host_lib.save(host_lib.make(base.executor, changed, cores=base.cores), path)
   return path
+
+
+def unloaded(host):
+  """`host` with each `_loaded` figure replaced by its idle one, for every row: an emulated
+  task waits and takes no core, so K emulated lanes on fewer cores do not load the host
+  (the loaded figures describe lanes computing on every core, which the virtual clock
+  applies wherever a run has as many lanes as the profile has cores)."""
+  from jaxsgd.scheduler import host as host_lib
+
+  figures = dict(host.figures)
+  idle = {
+    name: figures[name.removesuffix('_loaded')] if name.endswith('_loaded') else value
+    for name, value in figures.items()
+  }
+  return host_lib.make(host.executor, idle, cores=host.cores)
 
 
 def config_of(name: str, lanes: int, args, side: str, host: str | None = None):
@@ -442,7 +459,7 @@ def model_row(row: dict, args, host, root: str) -> dict:
   if not args.variants:
     return row
   heard = float(np.median(emulated['hear_delays'])) if emulated['hear_delays'] else 0.0
-  driver = _driver(host, lanes)
+  driver = host.figure('driver')
   latency = max(heard - driver, 0.0)
   copy = host.figure('link_latency') if emulated['copy_ms'] is None else emulated['copy_ms'] / 1e3
   copies = {'link_latency': copy, 'link_bandwidth': float('inf')}
@@ -490,11 +507,6 @@ def _kept(stats: dict) -> dict:
     'hear_ms': 1e3 * float(np.median(stats['hear_delays'])) if stats['hear_delays'] else None,
     'send_ms': 1e3 * float(np.median(stats['send_delays'])) if stats['send_delays'] else None,
   }
-
-
-def _driver(host, lanes: int) -> float:
-  """The driver's CPU per event the virtual clock takes from `host` for `lanes` lanes."""
-  return host.figure('driver_loaded' if lanes >= host.cores else 'driver')
 
 
 def error(row: dict, side: dict) -> float:
@@ -653,7 +665,7 @@ def _print_where_time_went(done: list[dict], host) -> None:
         if cpu
         else '-',
         f'{cpu["busiest lane"]:.2f}' if cpu else '-',
-        f'{per_event:.0f} / {1e6 * _driver(host, row["lanes"]):.0f}' if per_event else '-',
+        f'{per_event:.0f} / {1e6 * host.figure("driver"):.0f}' if per_event else '-',
       )
     )
   _print(header, table)
@@ -781,12 +793,14 @@ def main():
   try:
     from experiments import profile as profile_command
 
-    host = profile_command.measure_host('processes')
+    measured = profile_command.measure_host('processes')
+    host = unloaded(measured)
     trips = round_trips()
-    figures = ', '.join(f'{name} {value:.3g}' for name, value in host.figures)
+    figures = ', '.join(f'{name} {value:.3g}' for name, value in measured.figures)
     print(
       f"virtual clock: cost.host = the process executor's host profile measured at the start "
-      f'({host.cores} cores; the _loaded figures where a run has as many lanes): {figures}',
+      f'({host.cores} cores; its idle figures for every row, since an emulated task loads no '
+      f'core): {figures}',
       flush=True,
     )
     print(

@@ -46,3 +46,19 @@ def test_the_steady_staleness_leaves_out_each_groups_share_of_the_iterations_bef
   steady = schedule_error.steady_staleness(str(tmp_path), tasks, start=2.0, per_task=False)
   assert steady == {0: 3, 1: 5, 2: 1}
   assert schedule_error.steady_staleness(str(tmp_path / 'none'), tasks, 2.0, False) == {}
+
+
+def test_emulated_rows_are_simulated_with_the_hosts_idle_figures():
+  """An emulated task waits and loads no core: every `_loaded` figure of the measured
+  profile is replaced by its idle one, the others kept (hand-written profile)."""
+  from jaxsgd.scheduler import host as host_lib
+
+  idle = {'dispatch': 1e-4, 'driver': 2e-5, 'driver_latency': 3e-5}
+  links = {
+    f'{part}_{figure}': 1e-5 for part in ('link', 'take_in') for figure in ('latency', 'per_array')
+  }
+  links.update(link_bandwidth=1e9, take_in_bandwidth=2e9)
+  loaded = {f'{name}_loaded': 10 * value for name, value in idle.items()}
+  measured = host_lib.make('processes', {**idle, **loaded, **links}, cores=2)
+  figures = dict(schedule_error.unloaded(measured).figures)
+  assert figures == {**idle, **{f'{name}_loaded': value for name, value in idle.items()}, **links}
