@@ -328,7 +328,7 @@ def measure_process_links(
   first (a lane process exports and takes in a message array by array: a pushed
   gradient of a 16-layer MLP is 34 arrays, of 0.5-64 KiB). Measured against one array of
   the same bytes, not against the line: subtracting the line's time for them carried its
-  bandwidth's error into the figure (4-37 µs per array in three measurements).
+  bandwidth's error into the figure (4-44 µs per array in five measurements).
 
   The link once was the wall time of a call that needed the copy less the take-in: it
   also held the driver's request to export (which a run's copy starts after: the

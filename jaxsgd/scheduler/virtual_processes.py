@@ -297,8 +297,8 @@ class LaneProcessModel(VirtualExecutor):
     """What compute lane `lane`'s take-ins share with its copies (`copies_on_sender`): the
     queue of its copies. A lane process exports (its export thread) and takes in (its
     call thread, before a task) in one Python interpreter, whose lock lets one of them run
-    at a time; its device computes beside both. None: the sender's copies are not
-    modelled (a copy on a link of its own)."""
+    at a time; its device computes beside both. None without `copies_on_sender` (each
+    copy on a link of its own), or for a link."""
     if not self.copies_on_sender or self.cluster.lanes[lane].link is not None:
       return None
     return ('copies', lane)
