@@ -687,11 +687,12 @@ def _fault(lane: str) -> list | None:
 
 
 def _abstract(leaf):
-  aval = getattr(leaf, 'aval', None)  # a jax.Array's: read in ~0.1 µs, `.shape` in ~1–3 µs
+  """`leaf`'s abstract value: a jax.Array's own (read in ~0.1 µs; it pickles, hashes and
+  traces as a `jax.ShapeDtypeStruct`, which costs ~2 µs a leaf to make: 70 µs of the time
+  between a VJP's call and the next for the 35 arguments of an MLP's forward)."""
+  aval = getattr(leaf, 'aval', None)
   if aval is not None:
-    import jax
-
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return aval
   if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
     import jax
 
