@@ -50,34 +50,6 @@ def dispatch_tasks() -> dict[str, Callable]:
   }
 
 
-def vjp_chain_tasks(layers: int = 17, width: int = 128) -> dict[str, Callable]:
-  """A `layers`-deep, `width`-wide tanh MLP as a lane runs a worker's tasks (a
-  `TaskRecipe` factory): `init` (its 2·`layers` parameter arrays), `forward` (the loss
-  and its VJP), `backward` (the parameters' gradient) — the lane's time between calls
-  by what they read and make (`benchmarks/lane_call_gap.py`)."""
-  import jax.numpy as jnp
-
-  def init(seed):
-    keys = jax.random.split(jax.random.key(seed), layers)
-    return {
-      f'layer{i}': {'w': jax.random.normal(k, (width, width)) / width, 'b': jnp.zeros(width)}
-      for i, k in enumerate(keys)
-    }
-
-  def loss(params, x):
-    for i in range(layers):
-      x = jnp.tanh(x @ params[f'layer{i}']['w'] + params[f'layer{i}']['b'])
-    return jnp.mean(x**2)
-
-  def forward(params, x):
-    return jax.vjp(loss, params, x)
-
-  def backward(vjp, g):
-    return vjp(g)[0]
-
-  return {'init': jax.jit(init), 'forward': jax.jit(forward), 'backward': jax.jit(backward)}
-
-
 def _busy(x):
   """`x` (a scalar) + 0, after 16 products of two 512 x 512 float32 matrices (tens of
   milliseconds on one CPU core): a task that keeps its lane's core busy."""

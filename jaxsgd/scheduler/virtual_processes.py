@@ -272,7 +272,7 @@ class LaneProcessModel(VirtualExecutor):
     if job.take_in and interpreter is not None:  # the take-in holds it, the task not
       self._take_in_waiting.pop(interpreter, None)
       self._busy.add(interpreter)
-      self._at(self._now + job.take_in, self._interpreter_free, interpreter)
+      self._at(self._now + job.take_in, self._take_in_ended, interpreter)
     return result
 
   def _duration(self, queued: tuple) -> float:
@@ -286,11 +286,11 @@ class LaneProcessModel(VirtualExecutor):
     interpreter = self._interpreter(lane)
     if interpreter is not None:  # its copies first: the lane wakes its export thread
       job.done = True  # as it keeps the result, before it takes the next call
-      self._interpreter_free(interpreter, freed=False)
+      self._hand_interpreter(interpreter)
     super()._finish(process, op, lane, start, result, job)
     self._arrived(job)  # lanes whose next task read this one's result
-    if self.cluster.lanes[lane].link is not None:
-      self._interpreter_free(self._hardware(lane), freed=False)
+    if self.cluster.lanes[lane].link is not None:  # a copy: its sender's interpreter
+      self._hand_interpreter(self._hardware(lane))
 
   # --- a lane process's interpreter -----------------------------------------------------
   def _interpreter(self, lane: int) -> tuple | None:
@@ -303,11 +303,13 @@ class LaneProcessModel(VirtualExecutor):
       return None
     return ('copies', lane)
 
-  def _interpreter_free(self, interpreter: tuple, freed: bool = True) -> None:
-    """`interpreter` is free (a take-in ended, or, `freed=False`, a copy did): a task whose
-    take-in waits for it starts first, then the next copy."""
-    if freed:
-      self._busy.discard(interpreter)
+  def _take_in_ended(self, interpreter: tuple) -> None:
+    self._busy.discard(interpreter)
+    self._hand_interpreter(interpreter)
+
+  def _hand_interpreter(self, interpreter: tuple) -> None:
+    """If `interpreter` is free: a task whose take-in waits for it starts first, then the
+    next copy."""
     if interpreter in self._busy:
       return
     waiting = self._take_in_waiting.pop(interpreter, None)
