@@ -30,8 +30,9 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
                   copy dispatched, a task's end heard), simulated as one FIFO resource;
   driver_latency  and each message's way between the driver and a lane.
   link_*          'processes': a move of a new value between two lane processes
-                  (`lane_timing.measure_process_links`), from the value existing on
-                  the sending lane to its copy arriving: latency and bandwidth of a
+                  (`lane_timing.measure_process_links`), from the end of the task
+                  that made the value on the sending lane to its copy arriving (as a
+                  run pays it: the copy asked for before): latency and bandwidth of a
                   one-array message, and the time each further array of a message
                   adds (a lane process exports a message array by array); the run's
                   links unless `cost.link_latency` / `cost.link_bandwidth` describe

@@ -42,9 +42,10 @@ import numpy as np
 # --- the executors' dispatch and the process executor's driver --------------------------------
 def dispatch_tasks() -> dict[str, Callable]:
   """The trivial task whose dispatch is timed (a `TaskRecipe` factory: lane processes
-  build it themselves): a 4-byte add."""
+  build it themselves): a 4-byte add (of every array of a pytree: `add_one` makes a
+  move's new message)."""
   return {
-    'add_one': jax.jit(lambda x: x + 1),
+    'add_one': jax.jit(lambda x: jax.tree.map(lambda a: a + 1, x)),
     'first': jax.jit(lambda x: jax.tree.leaves(x)[0].reshape(-1)[0]),  # any pytree
     'busy': jax.jit(_busy),
   }
@@ -293,14 +294,17 @@ def _cpu_seconds_by_pid() -> dict[int, float]:
 # --- links between lane processes -------------------------------------------------------------
 class Moves(NamedTuple):
   """A move between two lane processes, in two parts, each `(latency s, bandwidth B/s,
-  seconds per array beyond a message's first)`: `link`, from the value existing on the
-  sending lane to its copy arriving on the receiving one (the export, the socket), and
-  `take_in`, what the receiving lane then spends making the copy its own — paid in front
-  of the first call there that reads it, one call after another, however early the copy
-  arrived (`LaneRuntime.take_in`)."""
+  seconds per array beyond a message's first)`: `link`, from the end of the task that
+  made the value on the sending lane to its copy arriving on the receiving one (the
+  export, the socket), and `take_in`, what the receiving lane then spends making the
+  copy its own — paid in front of the first call there that reads it, one call after
+  another, however early the copy arrived (`LaneRuntime.take_in`)."""
 
   link: tuple[float, float, float]
   take_in: tuple[float, float, float]
+
+
+RUN_LENGTH_PAUSE = 0.02  # s the sending lane waits before the task that makes a move's value
 
 
 def measure_process_links(
@@ -310,17 +314,19 @@ def measure_process_links(
   sizes: Sequence[int] = (1 << 16, 1 << 24),
   arrays: int = 64,
   many_bytes: int = 1 << 20,
-  reps: int = 21,
+  reps: int = 31,
   warmup: int = 3,
 ) -> Moves:
   """A move between two lane processes (`LanePool.move`, lane to lane), pinned to
   `cores[0]` and `cores[1]`, as its `link` and its `take_in` (`Moves`), each measured as
-  a run's trace times it. For each message, `reps` times: a new value moved to the second
-  lane, its link the copy's span as the lanes stamp it (`LanePool.exported`: from the
-  value existing on the sending lane, where its export begins, to its arrival on the
-  receiving one — a run's copy in its trace), and its take-in the call there that reads
-  it, from the call's start to its task's start (`LaneRuntime.run`), less the same for a
-  call on a value already taken in; the messages interleaved, the median of each.
+  a run pays it. For each message, `reps` times: the sending lane waits a run's task
+  length (`RUN_LENGTH_PAUSE`, an emulated task), then a task makes the message anew;
+  the copy and the receiving lane's call that reads it are asked for before either
+  runs, as a process running ahead asks for them. Its link is the time from that task's
+  end to the copy's arrival (`LanePool.exported`), its take-in the time from the
+  arrival to the reading task's start, less a call's own time from its start to its
+  task's on a value already there (the profile's `dispatch` holds that); the messages
+  interleaved, the median of each.
 
   Each part's latency and bandwidth are the line through one-array messages of the two
   `sizes` (`link_line`); its time per array is what a message of `arrays` arrays of
@@ -330,55 +336,65 @@ def measure_process_links(
   the same bytes, not against the line: subtracting the line's time for them carried its
   bandwidth's error into the figure (4-44 µs per array in five measurements).
 
-  The link once was the wall time of a call that needed the copy less the take-in: it
-  also held the driver's request to export (which a run's copy starts after: the
-  driver's figures price it) and read ~80 µs per array where a copy's span reads 10-30
-  (a 34-array gradient of 1 MB: 3.9 ms priced, 1.4 ms in the runs' traces).
-
-  A new value every time, because every message of a run is one (a gradient, an
-  activation, the parameters after an update): its export writes a new object and its
-  import makes a new array, whose memory a machine may serve at its first-touch price.
-  Moving one value again and again, as this once did, measured a path the runs never
-  take and ran in spells. Medians, because the minimum of a difference is not the
-  difference of the minima."""
+  Why a run's way: a lane that has just ended a task keeps its result, outlines it and
+  replies to the driver in its call thread while its export thread copies the result,
+  both in one interpreter, and a lane whose call waits for a copy wakes when it comes.
+  A copy of a value long made, taken in by a call sent after it arrived, took 0.24-0.28
+  ms and its take-in 0.24-0.26 ms on a quiet pair of lanes; made by a task and read by a
+  call waiting for it, 0.54-0.68 ms from the task's end and 0.43-0.54 ms
+  (`benchmarks/results/schedule_error.md`). Once the link was a call's wall time less
+  its take-in, which held the driver's request to export too (~80 µs per array where a
+  copy's span reads 10-30). A new value every time, because every message of a run is
+  one: its export writes a new object and its import makes a new array (in memory
+  freed before: `wire.reuse_freed_memory`). Medians, because the minimum of a
+  difference is not the difference of the minima."""
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
+  make = Task(TaskRecipe.of(dispatch_tasks), 'add_one')
   first = Task(TaskRecipe.of(dispatch_tasks), 'first')
   placement = LanePlacement.parse(f'source@cores={cores[0]}; target@cores={cores[1]}')
   # (bytes, arrays): the line's two sizes, then the many arrays and one of their bytes
   messages = [(size, 1) for size in sizes] + [(many_bytes, arrays), (many_bytes, 1)]
   with LanePool(placement, address=address, verbose=False) as pool:
+    pause = pool.put('source', np.zeros((), np.float32))
+    here = pool.put('target', np.zeros((), np.float32))
+    # A list: one value of `count` arrays, as a task's gradient or parameters (a tuple's
+    # items would each be a value of their own, with a handle each: `LanePool`).
+    sources = [
+      pool.put('source', [np.zeros(size // 4 // count, np.float32) for _ in range(count)])
+      for size, count in messages
+    ]
 
-    def waited_in_lane(value) -> float:  # a call reading `value`: its start to its task's
-      pending = pool.start('target', first, (value,))
-      pool.wait_any([pending])
-      pool.held('target')  # the copies freed there now, not inside the next call
-      return pending.started - pending.entered
-
-    def copied(size: int, count: int, tag: int) -> tuple[Any, float]:  # (copy, its span)
-      value = pool.put(
-        'source', tuple(np.full(size // 4 // count, tag, np.float32) for _ in range(count))
-      )
+    def moved(source) -> tuple[float, float]:  # (link, take-in) of a new message
+      calls = [pool.start('source', make, (pause,), seconds=RUN_LENGTH_PAUSE)]
+      calls.append(pool.start('source', make, (source,)))
+      value = pool.early(calls[-1])
+      if value is None:  # (its outline not known yet: the first time, a warm-up)
+        pool.wait_any(calls[-1:])
+        value = calls[-1].result()
       exports = []
-      moved = pool.move(value, 'target', exports=exports)
+      calls.append(pool.start('target', first, (pool.move(value, 'target', exports=exports),)))
+      while not all(call.done for call in calls):
+        pool.wait_any([call for call in calls if not call.done])
       pool.settle()
-      start, end = pool.exported(exports)
-      return moved, end - start
+      arrival = pool.exported(exports)[1]
+      alone = pool.start('target', first, (here,))
+      pool.wait_any([alone])
+      pool.held('target')  # the copies freed there now, not inside the next call
+      own = alone.started - alone.entered
+      return arrival - calls[1].ended, calls[2].started - arrival - own
 
-    there = [copied(size, count, -1)[0] for size, count in messages]
-    for tag in range(warmup):  # warm: compiled, the first copies taken in
-      for (size, count), local in zip(messages, there):
-        waited_in_lane(copied(size, count, tag)[0]), waited_in_lane(local)
+    for _ in range(warmup):  # warm: compiled, the outlines known, the first copies taken in
+      for source in sources:
+        moved(source)
     # Interleaved: a slow spell of the machine slows every message, not one message's
     # (which tilts the line).
-    spans, taken = [[] for _ in messages], [[] for _ in messages]
-    for tag in range(reps):
-      for i, ((size, count), local) in enumerate(zip(messages, there)):
-        moved, span = copied(size, count, tag)
-        spans[i].append(span)
-        taken[i].append(waited_in_lane(moved) - waited_in_lane(local))
-  link, take_in = [_fit(sizes, arrays, [float(np.median(d)) for d in x]) for x in (spans, taken)]
+    times = [[moved(source) for source in sources] for _ in range(reps)]
+  link, take_in = [
+    _fit(sizes, arrays, [float(np.median([rep[i][part] for rep in times])) for i in range(4)])
+    for part in (0, 1)
+  ]
   return Moves(link, take_in)
 
 

@@ -122,6 +122,7 @@ class LaneRuntime:
     process's cores are what bound a lane.) `authkey`: the pool's key for the lane's
     socket (`serve`); None serves none."""
     self.name = name
+    wire.reuse_freed_memory()  # before any message's buffers
     if variables:
       _take_variables(variables)
     self.cores = pin_process(cores)  # before JAX's backend (and its threads) starts
@@ -206,9 +207,8 @@ class LaneRuntime:
       # call, so only where the result may hold such a part.
       rebuilt = self._rebuilt(number, result)
       origin = (task, self.jax.tree.map(_abstract, values)) if rebuilt else None
-      with self.stored:
+      with self.stored:  # (its exports are woken once the driver is told: `_run_calls`)
         outline = self._keep(result, key, (), origin)
-        self._changed()
       return outline, entered, start, end
     except BaseException:
       with self.stored:
@@ -374,7 +374,7 @@ class LaneRuntime:
     else:
       treedef = self._structure_made_by(*structure)
       self.origins[key] = structure
-    leaves = [jax.device_put(leaf, self.device) for leaf in leaves]
+    leaves = jax.device_put(leaves, self.device)  # (one call: 34 arrays 645 -> 438 µs)
     value = jax.tree.unflatten(treedef, leaves)
     with self.stored:
       self.values[key] = value
@@ -519,6 +519,17 @@ class LaneRuntime:
         self._reply('err', number, wire.failure(error))
       else:
         self._reply('ok', number, result)
+        if op == 'run':
+          self._made()
+
+  def _made(self) -> None:
+    """Wakes the exports of a task's result, after its end's reply has gone: woken as
+    the result was kept, the export thread took the interpreter from the call thread
+    between the task's end and its reply, and the driver heard of an end whose result
+    was copied 0.3 ms later than of one whose was not (0.74 against 0.41 ms, quiet
+    lanes); the reply first delays the copy by the reply's write alone."""
+    with self.stored:
+      self._changed()
 
   def _run_exports(self) -> None:
     """Serves the driver's exports in the order asked, except that one whose value is not
