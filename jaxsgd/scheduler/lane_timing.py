@@ -339,9 +339,9 @@ def measure_process_links(
   Why a run's way: a lane that has just ended a task keeps its result, outlines it and
   replies to the driver in its call thread while its export thread copies the result,
   both in one interpreter, and a lane whose call waits for a copy wakes when it comes.
-  A copy of a value long made, taken in by a call sent after it arrived, took 0.24-0.28
-  ms and its take-in 0.24-0.26 ms on a quiet pair of lanes; made by a task and read by a
-  call waiting for it, 0.54-0.68 ms from the task's end and 0.43-0.54 ms
+  A 64 KiB copy of a value long made, taken in by a call sent after it arrived, took
+  0.24-0.28 ms and its take-in 0.24-0.26 ms on a quiet pair of lanes; made by a task and
+  read by a call waiting for it, 0.42-0.48 ms from the task's end and 0.40-0.44 ms
   (`benchmarks/results/schedule_error.md`). Once the link was a call's wall time less
   its take-in, which held the driver's request to export too (~80 µs per array where a
   copy's span reads 10-30). A new value every time, because every message of a run is
