@@ -526,8 +526,8 @@ class LaneRuntime:
     """Wakes the exports of a task's result, after its end's reply has gone: woken as
     the result was kept, the export thread took the interpreter from the call thread
     between the task's end and its reply, and the driver heard of an end whose result
-    was copied 0.3 ms later than of one whose was not (0.74 against 0.41 ms, quiet
-    lanes); the reply first delays the copy by the reply's write alone."""
+    was copied 0.5-1.0 ms after it, of one whose was not 0.2 ms (quiet lanes, a 34-array
+    result); the reply first delays the copy by the reply's write alone (~0.06 ms)."""
     with self.stored:
       self._changed()
 
