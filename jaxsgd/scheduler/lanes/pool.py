@@ -930,13 +930,15 @@ class LanePool:
     return None
 
   def _describe(self, lane, error, task, host, key=None) -> LaneError:
-    if isinstance(task, Task) and cluster.is_death(error):
-      # A death reaches a task on a live lane too: a copy it takes in from a lane that
+    if (task is None or isinstance(task, Task)) and cluster.is_death(error):
+      # A death reaches a call on a live lane too: a copy it takes in from a lane that
       # died on its way raises the source's death there (a killed ASGD worker's push,
-      # inside the server's update). The lane whose process is gone is the cause.
+      # inside the server's update, or in an export of the server's parameters that
+      # takes it in first). The lane whose process is gone is the cause.
       dead = self._dead_end(lane, within=0.0) or self._dead_end(*self._watch)
       if dead is not None and dead != lane:
         return self._dead_error(dead)
+    if isinstance(task, Task) and cluster.is_death(error):
       replaced = [name for name, first in self._replaced.items() if key is not None and key < first]
       if dead is None and replaced:  # its source's process was lost, and replaced since
         return LaneError(
