@@ -69,8 +69,7 @@ def gaps(pool: LanePool, reps: int, warmup: int = 5) -> dict[str, list[float]]:
     backward = pool.start('lane', Task(mlp, 'backward'), (handles[1], np.float32(1.0)))
     scalars = [pool.start('lane', SCALAR, (np.float32(i),)) for i in range(2)]
     calls = [forward, backward, *scalars]
-    while not all(call.done for call in calls):
-      pool.wait_any([call for call in calls if not call.done])
+    pool.wait_all(calls)
     if rep >= warmup:
       for gap, (a, b) in zip(found.values(), zip(calls, calls[1:])):
         gap.append(b.entered - a.ended)

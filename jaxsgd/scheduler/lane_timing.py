@@ -375,8 +375,7 @@ def measure_process_links(
         value = calls[-1].result()
       exports = []
       calls.append(pool.start('target', first, (pool.move(value, 'target', exports=exports),)))
-      while not all(call.done for call in calls):
-        pool.wait_any([call for call in calls if not call.done])
+      pool.wait_all(calls)
       pool.settle()
       arrival = pool.exported(exports)[1]
       alone = pool.start('target', first, (here,))

@@ -332,6 +332,11 @@ class LanePool:
         first, finished = order, pending
     return finished
 
+  def wait_all(self, pending: Sequence[Pending]) -> None:
+    """Waits until every one of `pending` has finished (raising as `wait_any` does)."""
+    while not all(p.done for p in pending):
+      self.wait_any([p for p in pending if not p.done])
+
   def settle(self) -> None:
     """Waits for the copies still on their way (`move`) and checks each, as `wait_any`
     does (raising `LaneError` if one failed), so that a run ends with every message it
@@ -931,37 +936,39 @@ class LanePool:
 
   def _describe(self, lane, error, task, host, key=None) -> LaneError:
     if (task is None or isinstance(task, Task)) and cluster.is_death(error):
-      # A death reaches a call on a live lane too: a copy it takes in from a lane that
-      # died on its way raises the source's death there (a killed ASGD worker's push,
-      # inside the server's update, or in an export of the server's parameters that
-      # takes it in first). The lane whose process is gone is the cause.
-      dead = self._dead_end(lane, within=0.0) or self._dead_end(*self._watch)
-      if dead is not None and dead != lane:
-        return self._dead_error(dead)
-    if isinstance(task, Task) and cluster.is_death(error):
-      replaced = [name for name, first in self._replaced.items() if key is not None and key < first]
-      if dead is None and replaced:  # its source's process was lost, and replaced since
-        return LaneError(
-          lane,
-          host or self._host(lane),
-          f'{task!r} failed: a value it takes in was in the lost process of lane '
-          f'{replaced[0]!r} ({cluster.describe(error)}).',
-        )
-      pid = getattr(self, 'info', {}).get(lane, {}).get('pid')  # the lane died under the task
-      return LaneError(
-        lane,
-        host or self._host(lane),
-        f'pid {pid}: its process died ({cluster.describe(error)}) while running {task!r}.',
-      )
-    if task is None and cluster.is_death(error):  # a fetch, an export: the lane died
-      pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
-      return LaneError(
-        lane, host or self._host(lane), f'pid {pid}: its process died ({cluster.describe(error)}).'
-      )
+      return self._death(lane, error, task, host, key)
     what = (
       'call failed' if task is None else (task if isinstance(task, str) else f'{task!r} raised')
     )
     return LaneError(lane, host or self._host(lane), f'{what}: {cluster.describe(error)}')
+
+  def _death(self, lane, error, task, host, key) -> LaneError:
+    """The `LaneError` of a call on `lane` (a task, or a fetch or export: `task` None)
+    that failed of a death. A death reaches a call on a live lane too: a copy it takes in
+    from a lane that died on its way raises the source's death there (a killed ASGD
+    worker's push, inside the server's update, or in an export of the server's
+    parameters that takes it in first). The lane whose process is gone is the cause."""
+    dead = self._dead_end(lane, within=0.0) or self._dead_end(*self._watch)
+    if dead is not None and dead != lane:
+      return self._dead_error(dead)
+    pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
+    if task is None:  # a fetch, an export: the lane died
+      return LaneError(
+        lane, host or self._host(lane), f'pid {pid}: its process died ({cluster.describe(error)}).'
+      )
+    replaced = [name for name, first in self._replaced.items() if key is not None and key < first]
+    if dead is None and replaced:  # its source's process was lost, and replaced since
+      return LaneError(
+        lane,
+        host or self._host(lane),
+        f'{task!r} failed: a value it takes in was in the lost process of lane '
+        f'{replaced[0]!r} ({cluster.describe(error)}).',
+      )
+    return LaneError(  # the lane died under the task
+      lane,
+      host or self._host(lane),
+      f'pid {pid}: its process died ({cluster.describe(error)}) while running {task!r}.',
+    )
 
 
 def _signature(task, args) -> Hashable:
