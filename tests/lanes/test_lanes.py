@@ -225,6 +225,44 @@ def test_early_handles_let_the_driver_run_ahead_of_the_lanes(pool):
     np.testing.assert_array_equal(pool.fetch(got), pool.fetch(want))
 
 
+def test_a_lane_describes_a_result_only_until_it_has_kept_one_of_the_same_shapes(pool, monkeypatch):
+  # A result's outline reads every leaf of it, on the lane between two calls: a lane
+  # sends one per task and argument shapes, then the driver reuses it.
+  described = []  # (lane, whether the reply carried an outline), per task reply
+  heard = pool._heard
+
+  def spy(event):
+    lane, _, kind, number, value = event
+    if kind == 'ok' and number in pool._unfinished:
+      described.append((lane, value[0] is not None))
+    heard(event)
+
+  monkeypatch.setattr(pool, '_heard', spy)
+
+  def forward(lane, w, x):
+    pending = pool.start(lane, task('forward'), (w, x))
+    pool.wait_any([pending])
+    return pending.result()
+
+  w = pool.run('a', task('init'), (4,))
+  x = np.linspace(-1, 1, 56, dtype=np.float32).reshape(7, 8)  # shapes no other test uses
+  described.clear()
+  y1, _ = forward('a', w, x)
+  y2, vjp2 = forward('a', w, 2 * x)  # the same shapes: not described
+  forward('a', w, x[:5])  # other shapes: described
+  y_b, _ = forward('b', w, 2 * x)  # the same shapes on another lane: described there
+  forward('b', w, x)
+  assert described == [('a', True), ('a', False), ('a', True), ('b', True), ('b', False)]
+  assert (y2.nbytes, y2.description) == (y1.nbytes, y1.description)
+  np.testing.assert_array_equal(pool.fetch(y2), pool.fetch(y_b))  # same task, same inputs
+  # An undescribed result's parts are kept as a described one's: its VJP moves a -> b.
+  g = np.linspace(1, 2, 28, dtype=np.float32).reshape(7, 4)
+  moved = pool.run('b', task('backward'), (vjp2, g))
+  here = pool.run('a', task('backward'), (vjp2, g))
+  for got, want in zip(moved, here):
+    np.testing.assert_array_equal(pool.fetch(got), pool.fetch(want))
+
+
 def test_a_vjp_moves_when_its_task_made_only_arrays_before(pool):
   # A lane notes how a result was made only where it may not pickle: a task whose first
   # result was arrays alone still has its later VJP rebuilt on another lane.

@@ -87,7 +87,7 @@ class Lane:
     named = (
       number if number is not None else (self.numbers.setdefault(task, len(self.numbers)), task)
     )
-    call, buffers = _dumps((named, args, key, (), seconds))
+    call, buffers = _dumps((named, args, key, (), seconds, True))
     outline, _, start, end = self.runtime.run(call, (), *buffers)
     return key, outline, start, end
 
@@ -141,7 +141,7 @@ def test_a_lane_replies_to_the_driver_before_it_wakes_the_exports_of_the_result(
   runtime._reply = lambda kind, number, value: replies.append((kind, runtime.exports.empty()))
   threading.Thread(target=runtime._run_calls, daemon=True).start()
   w, x = np.full((8, 4), 0.5, np.float32), np.ones((3, 8), np.float32)
-  call, buffers = _dumps(((0, Task(LAYER, 'forward')), (w, x), 0, (), None))
+  call, buffers = _dumps(((0, Task(LAYER, 'forward')), (w, x), 0, (), None, True))
   runtime.calls.put(('run', 0, (call, (), *buffers)))
   assert runtime.exports.get(timeout=30) is runtime_lib._WAKE  # woken once it was made
   assert replies == [('ok', True)]  # and only after the reply: none woken before it

@@ -164,6 +164,9 @@ class LanePool:
     # exports whose span was asked for (`move(exports=...)`) -> it, once arrived
     self._exported: dict[int, tuple[float, float] | None] = {}
     self._outlines: dict[Hashable, Any] = {}  # Pending.signature -> the result's outline
+    # (lane, signature) of results a lane described (`_task_call`'s `describe`): it has
+    # kept one of that signature, so it need not describe (or check) another.
+    self._described: set[tuple[str, Hashable]] = set()
     self._unfinished: dict[int, Pending] = {}  # tasks started, not yet returned by wait_any
     # copies not yet taken in: (lane, key) -> the address of the lane sending it (`_move`)
     self._imports: dict[tuple[str, Hashable], tuple] = {}
@@ -231,11 +234,13 @@ class LanePool:
     )
     key = next(self._keys)
     imports = self._take_imports(lane, here)
-    call, buffers = self._task_call(lane, task, sent, key, seconds)
+    signature = _signature(task, args)
+    describe = (lane, signature) not in self._described
+    call, buffers = self._task_call(lane, task, sent, key, seconds, describe)
     at = time.time()
     link.send(('run', key, (call, imports, *buffers)))
     here.clear()  # kept alive until sent, so that a copy's free follows this call
-    pending = Pending(lane, task, key, key, args, _signature(task, args), sent=at)
+    pending = Pending(lane, task, key, key, args, signature, sent=at)
     self._unfinished[key] = pending
     return pending
 
@@ -297,6 +302,10 @@ class LanePool:
     self._unfinished.pop(finished.key, None)
     del self._replies[finished.key]
     outline, finished.entered, finished.started, finished.ended = value
+    if outline is None:  # not asked for (`_task_call`): this lane described one before
+      outline = self._outlines[finished.signature]
+    else:
+      self._described.add((finished.lane, finished.signature))
     known = self._outlines.setdefault(finished.signature, outline)
     if known != outline:  # `early` handed out handles of another shape: never expected
       raise LaneError(
@@ -637,12 +646,21 @@ class LanePool:
       raise KeyError(f'no lane {lane!r}; lanes: {list(by_lane)}.') from None
 
   def _task_call(
-    self, lane: str, task: Task, args: tuple, key: Hashable, seconds: float | None = None
+    self,
+    lane: str,
+    task: Task,
+    args: tuple,
+    key: Hashable,
+    seconds: float | None = None,
+    describe: bool = True,
   ) -> tuple[bytes, list]:
-    """`LaneRuntime.run`'s call, pickled here: `(task, args, key, frees, seconds)`, where
-    the task is its number on `lane` once the lane has it (`(number, task)` the first
-    time), `seconds` the emulated task's duration (None: compute it), and the large
-    arrays among `args` (a batch), which go beside it (`_dumps`).
+    """`LaneRuntime.run`'s call, pickled here: `(task, args, key, frees, seconds,
+    describe)`, where the task is its number on `lane` once the lane has it (`(number,
+    task)` the first time), `seconds` the emulated task's duration (None: compute it),
+    `describe` whether the reply should carry the result's outline (not once the lane
+    has described a result of the same signature: the driver knows it, and the lane
+    has checked its structure), and the large arrays among `args`
+    (a batch), which go beside it (`_dumps`).
 
     cloudpickle's pickler runs in Python: a task call (the `Task` with its recipe, `Ref`s
     in the arguments) cost the driver ~290 µs of CPU to send as Ray sent it (cloudpickle),
@@ -652,7 +670,14 @@ class LanePool:
     number = self._task_numbers.setdefault(task, len(self._task_numbers))  # equal, same
     known = self._tasks_sent[lane]
     call, buffers = _dumps(
-      (number if number in known else (number, task), args, key, self._take_freed(lane), seconds)
+      (
+        number if number in known else (number, task),
+        args,
+        key,
+        self._take_freed(lane),
+        seconds,
+        describe,
+      )
     )
     known.add(number)  # once pickled: a call that could not be is never sent
     return call, buffers

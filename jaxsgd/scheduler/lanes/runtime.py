@@ -172,24 +172,27 @@ class LaneRuntime:
     }
 
   def run(self, call: bytes, imports: tuple = (), *buffers):
-    """Runs a task call (`LanePool._task_call`: `(task, args, key, frees, seconds)`
-    pickled, its large arrays in `buffers`): `task(*args)`, `Ref`s replaced by values, its
-    result kept under `key`, after taking in `imports` (`take_in`); then frees the keys
-    `frees` names. With `seconds` (not None) the task is emulated (module docstring:
-    `_emulate`). An argument that came in `buffers` is a read-only view of Ray's object
+    """Runs a task call (`LanePool._task_call`: `(task, args, key, frees, seconds,
+    describe)` pickled, its large arrays in `buffers`): `task(*args)`, `Ref`s replaced by
+    values, its result kept under `key`, after taking in `imports` (`take_in`); then frees
+    the keys `frees` names. With `seconds` (not None) the task is emulated (module
+    docstring: `_emulate`). An argument that came in `buffers` is a read-only view of Ray's object
     store: a task that writes into a numpy argument in place must copy it first (jaxsgd's
     tasks are jitted and never do).
 
     Returns `(outline, entered, start, end)`: the result's outline — nested tuples as
     tuples, every other value as `(nbytes, description)`, its parts kept under
-    `(key, path)` — when the call began here, and the task's start and end
+    `(key, path)`; None unless `describe`, which the driver asks for only while it has
+    not seen a result of the same task on arguments of the same shapes, which have the
+    same outline (`LanePool.early`): describing a result reads every leaf of it, time
+    on the lane between two calls that grew with the model — when the call began here, and the task's start and end
     (`time.time()` in this lane; start after its imports were taken in, end with the
     result computed). Between a call's end and the next call's `entered` the lane waits
     for the driver to send that call, if it has not yet, and for Ray to hand it over;
     between `entered` and `start`, for its imports (`benchmarks/lane_overheads.py`).
     """
     entered = time.time()
-    named, args, key, free, seconds = pickle.loads(call, buffers=buffers)
+    named, args, key, free, seconds, describe = pickle.loads(call, buffers=buffers)
     try:
       number = named if isinstance(named, int) else named[0]
       task, fn = self._task(named)
@@ -205,10 +208,10 @@ class LaneRuntime:
         result, start, end = self._emulate(number, task, fn, values, seconds)
       # How the result was made, for the parts a move must rebuild (`export`); ~30 µs a
       # call, so only where the result may hold such a part.
-      rebuilt = self._rebuilt(number, result)
+      rebuilt = self._rebuilt(number, result, checked=not describe)
       origin = (task, self.jax.tree.map(_abstract, values)) if rebuilt else None
       with self.stored:  # (its exports are woken once the driver is told: `_run_calls`)
-        outline = self._keep(result, key, (), origin)
+        outline = self._keep(result, key, (), origin, describe)
       return outline, entered, start, end
     except BaseException:
       with self.stored:
@@ -266,27 +269,34 @@ class LaneRuntime:
       self._changed()
     return _outline(self.jax, value)
 
-  def _keep(self, value, key, path, origin):
+  def _keep(self, value, key, path, origin, describe: bool = True):
     """Keeps `value`'s parts (a tuple's items, nested) under `(key, path)`; `origin`:
-    `(task, abstract args)` that made it, noted for each part."""
+    `(task, abstract args)` that made it, noted for each part. Returns its outline
+    (`run`) if `describe`, else None."""
     if type(value) is tuple:
-      return tuple(self._keep(v, key, path + (i,), origin) for i, v in enumerate(value))
+      kept = tuple(self._keep(v, key, path + (i,), origin, describe) for i, v in enumerate(value))
+      return kept if describe else None
     part = (key, path)
     self.values[part] = value
     if origin is not None:
       self.origins[part] = (*origin, path)
-    return _outline(self.jax, value)
+    return _outline(self.jax, value) if describe else None
 
-  def _rebuilt(self, number: int, result) -> bool:
+  def _rebuilt(self, number: int, result, checked: bool = False) -> bool:
     """Whether a part of this result of task `number` may have a structure that does not
     pickle (a VJP's), so that moving it rebuilds it from the task (`export`). False only
     for structures seen to pickle: a task's last such structures are kept (a few µs to
     compare, where noting the arguments' shapes costs ~30), and a task whose results
     once held a part that does not is always noted (its results may change structure
     with its arguments' shapes; a VJP's structure is new at every call of an unjitted
-    `jax.vjp`, so it is never kept)."""
+    `jax.vjp`, so it is never kept). `checked`: this lane kept a result of this task on
+    arguments of the same shapes before (the driver asked for no outline), whose
+    structure was checked then — the same trace, the same structure: not read again
+    (~30 µs for a 34-array gradient)."""
     if number in self.rebuilding:
       return True
+    if checked and number in self.plain:
+      return False
     structures = tuple(self.jax.tree.structure(part) for part in _parts(result))
     if self.plain.get(number) == structures:
       return False
