@@ -96,11 +96,11 @@ def label(name: str, lanes: int) -> str:
 def steps_of(name: str, lanes: int, args) -> int:
   """Iterations of a run: enough for a steady state of `--blocks` blocks after the
   pipeline or the workers filled (K stages fill in ~K iterations; M workers each push
-  every ~M server updates; an LPP-SGD iteration is one replica's update, and its blocks
-  hold a round of K of them)."""
-  if name == 'lppsgd':  # blocks of a round of K updates or more (`block_median`)
+  every ~M server updates; an ASGD, DC-ASGD or LPP-SGD iteration is one worker's update,
+  and their blocks hold a round of K of them)."""
+  if name in accuracy.IN_ROUNDS:  # blocks of a round of K updates or more (`block_median`)
     return args.warmup + 4 * lanes + accuracy.block_for(lanes) * args.blocks + 1
-  fill = 0 if name == 'bp' else 4 * lanes if name in ('asgd', 'dcasgd') else 2 * lanes
+  fill = 0 if name == 'bp' else 2 * lanes
   return args.warmup + fill + accuracy.BLOCK * args.blocks + 1
 
 
@@ -203,7 +203,7 @@ def run(config, workdir: str, warmup: int, block: int, sampler: 'CpuSampler | No
   per_task = accuracy._per_task(workdir)
   start, stop, _ = accuracy.window(names, tasks, warmup, per_task)
   stats['staleness_steady'] = steady_staleness(workdir, tasks, start, per_task)
-  if per_task:  # iterations in bursts of up to a round of lanes: blocks of a round or more
+  if accuracy.in_rounds(workdir):  # updates in bursts of up to a round: blocks of rounds
     stats['per_iteration'] = block_median(tasks, start, stop, per_task, block)
   steady = [t for t in tasks if t[2] >= start]
   copies = [e - b for lane, _, b, e, _, _ in steady if names[lane].startswith('link ')]
@@ -219,11 +219,11 @@ def run(config, workdir: str, warmup: int, block: int, sampler: 'CpuSampler | No
 
 def block_median(tasks, start: float, stop: float, per_task: bool, block: int) -> float:
   """`simulator_accuracy.window_stats`' seconds per iteration (the median over blocks of
-  iterations of the steady state) with blocks of `block` iterations: LPP-SGD counts each
-  replica's update as an iteration, and K replicas of equal costs end theirs together on
-  the virtual clock, so its blocks are whole rounds (`accuracy.block_for`; blocks of 5
-  inside one round of 16 measured the burst: 1.1 ms per iteration where a round took
-  55 ms)."""
+  iterations of the steady state) with blocks of `block` iterations: ASGD, DC-ASGD and
+  LPP-SGD count each worker's update as an iteration, and K workers of equal costs end
+  theirs in bursts on the virtual clock, so their blocks are whole rounds
+  (`accuracy.block_for`, `accuracy.IN_ROUNDS`; blocks of 5 inside one round of 16
+  measured the burst: 1.1 ms per iteration where a round took 55 ms)."""
   ends = [e for e in sorted(accuracy.iteration_ends(tasks, per_task)) if start <= e <= stop]
   median = accuracy.blocks_median(ends, block)
   return (stop - start) / max(len(ends) - 1, 1) if median is None else median
@@ -574,7 +574,7 @@ def _print_schedule_error(rows: list[dict], done: list[dict]) -> None:
       print(f'  {label(row["family"], row["lanes"])}: not run: {row["skipped"]}')
   print(
     's/it: seconds per iteration, median over blocks of 5 iterations of the steady state '
-    '(LPP-SGD: of whole rounds of K updates); error: |virtual - emulated| / emulated; TVD: '
+    '(ASGD, DC-ASGD, LPP-SGD: of whole rounds of K updates); error: |virtual - emulated| / emulated; TVD: '
     'total variation distance of the staleness histograms of every update (asynchronous '
     "families), steady TVD: of the steady state's updates; emulated runs: each emulated run's s/it, "
     'in the order run (the row takes the median run), spread: (slowest - fastest) / median; heard: a '

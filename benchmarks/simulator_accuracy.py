@@ -271,6 +271,20 @@ def _per_task(workdir: str) -> bool:
   return os.path.basename(workdir).split('-')[0] in ONE_UPDATE_PER_TASK
 
 
+# Families whose every update is an iteration, one of each worker a round: their time
+# per iteration is the median over blocks of whole rounds (`block_for`). A parameter
+# server's M workers of equal costs push in bursts on the virtual clock as LPP-SGD's
+# replicas update: ASGD M=2's updates came 12.5 and 46.9 ms apart by turns, so blocks of
+# 5 spanned 131 or 166 ms alternately and their median read 26.2 ms per iteration where
+# the run took 29.7.
+IN_ROUNDS = ('asgd', 'dcasgd', 'lppsgd')
+
+
+def in_rounds(workdir: str) -> bool:
+  """Whether the run at `workdir` (`<family>-<side>`) is measured over whole rounds."""
+  return os.path.basename(workdir).split('-')[0] in IN_ROUNDS
+
+
 def window(names, tasks, warmup: int, per_task: bool = False) -> tuple[float, float, int]:
   """`(start, stop, iterations)` of the steady state: from the end of the first
   iteration after both `warmup` iterations and the first `warmup` tasks of every
@@ -297,7 +311,7 @@ BLOCK = 5
 
 
 def block_for(workers: int) -> int:
-  """Iterations per block where every update is an iteration (`ONE_UPDATE_PER_TASK`): the
+  """Iterations per block where every update is an iteration (`IN_ROUNDS`): the
   fewest whole rounds (one update of each of `workers` workers) of at least `BLOCK`.
   Workers of equal costs end their updates together on the virtual clock, so a block that
   is not whole rounds measures where the blocks begin in the round: LPP-SGD 2×1's blocks
@@ -333,7 +347,7 @@ def window_stats(workdir: str, warmup: int) -> dict:
   per_task = _per_task(workdir)
   ends = [e for e in sorted(iteration_ends(tasks, per_task)) if start <= e <= stop]
   workers = len({lane for lane, kind, *_ in tasks if kind == 'backward'})
-  median = blocks_median(ends, block_for(workers) if per_task else BLOCK)
+  median = blocks_median(ends, block_for(workers) if in_rounds(workdir) else BLOCK)
   from benchmarks import common as bench_common
 
   steady = [(lane, kind, b, e, batch) for lane, kind, b, e, batch, _ in tasks if b >= start]
@@ -804,8 +818,8 @@ def print_table(results: dict) -> None:
   for row in (header, *rows):
     print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
   print(
-    f'ms/it: median over blocks of {BLOCK} iterations of the steady state (mean: over all '
-    'of it); measured: the run of median ms/it among the measured runs (each listed, in '
+    f'ms/it: median over blocks of {BLOCK} iterations of the steady state (ASGD, DC-ASGD, '
+    'LPP-SGD: of whole rounds of M updates, at least 5; mean: over all of it); measured: the run of median ms/it among the measured runs (each listed, in '
     'the order run); error: |predicted - measured| / measured of the median'
   )
   print(

@@ -1,5 +1,5 @@
 """The simulator benchmarks' steady state, computed by hand: the time per iteration where
-every update is an iteration (LPP-SGD: blocks of whole rounds), and the staleness of the
+every update is an iteration (ASGD, DC-ASGD, LPP-SGD: blocks of whole rounds), and the staleness of the
 steady state's updates."""
 
 import numpy as np
@@ -28,6 +28,29 @@ def test_blocks_of_whole_rounds_measure_the_round_wherever_they_begin():
   assert accuracy.blocks_median(ends[1:], accuracy.block_for(2)) == 27.5
   assert accuracy.blocks_median(ends, 5) == 112 / 5
   assert accuracy.blocks_median(ends[1:], 5) == 27.5
+
+
+def test_a_parameter_servers_updates_are_measured_over_whole_rounds(tmp_path, monkeypatch):
+  """ASGD M=2 on the virtual clock: each update an iteration, the two workers' 2 s apart
+  in a round of 55 s (27.5 s per update). Its time per iteration is the median over
+  blocks of 6 updates, 27.5 s; five blocks of 5 from a round's first update read 22.4,
+  32.6, 22.4, 32.6 and 22.4 s: 22.4.
+  A pipeline's (DDG) are blocks of 5 batches still."""
+  ends = _lockstep_ends(2, 14)
+  server = [(0, 'update', e - 1.0, e, i, 0) for i, e in enumerate(ends)]
+  workers = [(1 + i % 2, 'backward', e - 3.0, e - 2.0, i, 0) for i, e in enumerate(ends)]
+  names = {0: 'server (cpu:0)', 1: 'worker 0 (cpu:0)', 2: 'worker 1 (cpu:0)'}
+  monkeypatch.setattr(accuracy, 'read_trace', lambda workdir: (names, server + workers))
+  monkeypatch.setattr(accuracy, 'hear_delays', lambda workdir, since: [])
+  # (warm-up 2: the window starts at the end of the third update, a round's first)
+  asgd = accuracy.window_stats(str(tmp_path / 'asgd-virtual-K2'), warmup=2)
+  assert asgd['per_iteration'] == 27.5
+  ddg = accuracy.window_stats(str(tmp_path / 'ddg-virtual-K2'), warmup=2)
+  assert ddg['per_iteration'] == 112 / 5
+  assert [accuracy.in_rounds(f'{f}-emulated-K4-r0') for f in ('asgd', 'dcasgd', 'lppsgd')] == [
+    True
+  ] * 3
+  assert not any(accuracy.in_rounds(f'{f}-virtual-K4') for f in ('pdasgd', 'ddg', 'local', 'bp'))
 
 
 def test_too_few_iterations_for_a_block_give_none():
