@@ -85,3 +85,16 @@ def test_emulated_rows_are_simulated_with_the_hosts_idle_figures():
   measured = host_lib.make('processes', {**idle, **loaded, **links}, cores=2)
   figures = dict(schedule_error.unloaded(measured).figures)
   assert figures == {**idle, **{f'{name}_loaded': value for name, value in idle.items()}, **links}
+
+
+def test_a_row_leaves_out_its_warm_up_and_the_filling_then_runs_its_blocks():
+  """`--warmup 8 --blocks 8`: BP leaves out 8 iterations, a pipeline or PD-ASGD also 2 per
+  lane (K = 4: 16), ASGD and LPP-SGD 4 per worker (24); then 8 blocks of 5 iterations, of
+  whole rounds for ASGD and LPP-SGD (K = 2: 6; M = 32: 32), and one more iteration."""
+  import argparse
+
+  args = argparse.Namespace(warmup=8, blocks=8)
+  families = ('bp', 'ddg', 'pdasgd', 'asgd', 'lppsgd')
+  assert [schedule_error.warm_up(f, 4, args) for f in families] == [8, 16, 16, 24, 24]
+  assert [schedule_error.steps_of(f, 2, args) for f in families] == [49, 53, 53, 65, 65]
+  assert schedule_error.steps_of('dcasgd', 32, args) == 8 + 128 + 32 * 8 + 1
