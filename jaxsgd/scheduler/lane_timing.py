@@ -6,19 +6,14 @@ lane processes and moves between lanes; the virtual clock simulates those from f
 measured here and kept in a host profile (`cost.host`, `jaxsgd.scheduler.host`; written
 by `python -m experiments.profile --host=EXECUTOR`, `experiments.profile.measure_host`):
 
-- `measure_dispatch`: the host overhead an executor adds per task (the in-process
-  executors' `dispatch`);
-- `measure_process_dispatch`: the process executor's (`dispatch`; with its processes'
-  CPU per task, `dispatch_loaded`), with its driver's CPU time per event and the time a
-  message takes between it and a lane (`driver`, `driver_latency`);
-- `measure_loaded_driver`: the same two with a busy lane on every core
-  (`driver_loaded`, `driver_latency_loaded`);
-- `measure_process_links`: a move between two lane processes in two parts, each a
-  latency, a bandwidth and what each further array of a message adds: the link
-  (`link_latency`, `link_bandwidth`, `link_per_array`; `cost.link_latency` and
-  `cost.link_bandwidth` describe other links) and the receiving lane's taking it in
-  (`take_in_latency`, `take_in_bandwidth`, `take_in_per_array`), paid at the call that
-  reads it.
+- `measure_dispatch`: the host overhead an executor adds per task (`dispatch`);
+- `measure_process_dispatch`: the process executor's (`dispatch`, and its processes' CPU
+  per task, `dispatch_loaded`), its driver's CPU per event and a message's way between
+  it and a lane (`driver`, `driver_latency`); `measure_loaded_driver`: those two with a
+  busy lane on every core (`driver_loaded`, `driver_latency_loaded`);
+- `measure_process_links`: a move between two lane processes, its link (`link_latency`,
+  `link_bandwidth`, `link_per_array`) and the receiving lane's taking it in at the call
+  that reads it (`take_in_latency`, `take_in_bandwidth`, `take_in_per_array`).
 
 The rule: each figure is what a run pays, measured the way a run pays it — a chain of
 named tasks (`dispatch_tasks`, built by the lane processes themselves) through the very
@@ -140,10 +135,8 @@ def measure_process_dispatch(
   - `driver_latency`: the median time from a task's end on the lane to the driver
     hearing of it, less `driver`: each way of a message between the driver and a lane
     (a host profile's `driver_latency`), on an idle machine; over a chain of `busy`
-    tasks (tens of milliseconds each, as a run's), each waited for. Over a chain of
-    trivial tasks it read 0.04 ms where runs' lanes took 0.3-0.7 ms (a driver that has
-    waited milliseconds for an end wakes later than one that dispatched microseconds
-    before: `benchmarks/results/schedule_error.md`).
+    tasks (tens of milliseconds each, as a run's), each waited for: a driver that has
+    waited milliseconds wakes later than one that dispatched microseconds before.
   - `processes_cpu` (only with a cluster started for it): the CPU seconds per task of
     every process of the run — the driver, the lane and Ray's own (raylet, GCS), all
     descendants of this process then — over the same chain: what each task costs the
@@ -222,8 +215,7 @@ def measure_loaded_driver(
 
   Why: where the lanes take every core, the driver and Ray's processes only run when
   they preempt a lane, so a task's end reaches the driver several times later than on an
-  idle machine (figures: benchmarks/results/simulator_history.md). Where a core is left
-  to the driver, the idle figures are the ones that apply.
+  idle machine (benchmarks/results/simulator_history.md); else the idle figures apply.
   """
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.process import ProcessExecutor
@@ -332,22 +324,15 @@ def measure_process_links(
   `sizes` (`link_line`); its time per array is what a message of `arrays` arrays of
   `many_bytes` bytes in all takes beyond one array of those bytes, per array after the
   first (a lane process exports and takes in a message array by array: a pushed
-  gradient of a 16-layer MLP is 34 arrays, of 0.5-64 KiB). Measured against one array of
-  the same bytes, not against the line: subtracting the line's time for them carried its
-  bandwidth's error into the figure (4-44 µs per array in five measurements).
+  gradient of a 16-layer MLP is 34 arrays). Against one array of the same bytes, not the
+  line, whose bandwidth's error the difference would carry.
 
-  Why a run's way: a lane that has just ended a task keeps its result, outlines it and
-  replies to the driver in its call thread while its export thread copies the result,
-  both in one interpreter, and a lane whose call waits for a copy wakes when it comes.
-  A 64 KiB copy of a value long made, taken in by a call sent after it arrived, took
-  0.24-0.28 ms and its take-in 0.24-0.26 ms on a quiet pair of lanes; made by a task and
-  read by a call waiting for it, 0.42-0.48 ms from the task's end and 0.40-0.44 ms
-  (`benchmarks/results/schedule_error.md`). Once the link was a call's wall time less
-  its take-in, which held the driver's request to export too (~80 µs per array where a
-  copy's span reads 10-30). A new value every time, because every message of a run is
-  one: its export writes a new object and its import makes a new array (in memory
-  freed before: `wire.reuse_freed_memory`). Medians, because the minimum of a
-  difference is not the difference of the minima."""
+  Why a run's way: a lane that has just ended a task replies to the driver, then its
+  export thread copies the result in the same interpreter, and a call waiting for a copy
+  wakes when it comes: both took about twice a copy of a value long made, read by a call
+  sent after it came (`benchmarks/results/schedule_error.md`). A new value every time, as
+  every message of a run is one. Medians: the minimum of a difference is not the
+  difference of the minima."""
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 

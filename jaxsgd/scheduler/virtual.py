@@ -61,10 +61,9 @@ def make(
 ) -> 'VirtualExecutor':
   """The virtual clock for a run's settings. `run_ahead`: 0, a process goes on when its
   task ends (`VirtualExecutor`); N > 0, the process executor's schedule with its bound N
-  (`LaneProcessModel`: what a host profile of the process executor, `cost.host`, gives a
-  run). `time_sliced`: lanes that `lane_hardware` places on one core share it as
-  processes (`shared_cores`; the same host). The other keywords are `VirtualExecutor`'s."""
-  # The subclasses are built on this module's class: imported here, not above it.
+  (`LaneProcessModel`, as a process executor's host profile, `cost.host`, asks). With
+  `time_sliced`, lanes that `lane_hardware` places on one core share it as processes
+  (`shared_cores`). The rest is `VirtualExecutor`'s. (The subclasses import this module.)"""
   from jaxsgd.scheduler.shared_cores import TimeSlicedLaneProcessModel, TimeSlicedVirtualExecutor
   from jaxsgd.scheduler.virtual_processes import LaneProcessModel
 
@@ -93,10 +92,9 @@ class VirtualExecutor(Executor):
   ):
     """`lane_hardware`: placement lane name (`placement.lane_name`) -> hardware key, for
     lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`.
-    `copies_on_sender`: a transfer is made by the sending lane's process in a thread of
-    its own (a lane process exports what it sends): a sender's copies run one at a time,
-    beside its tasks, not on a link of their own; on a core shared in time slices
-    (`shared_cores`), they share that core."""
+    `copies_on_sender`: the sending lane's process makes a transfer in a thread of its
+    own (a lane process exports what it sends): its copies run one at a time beside its
+    tasks, not on a link of their own, sharing a core shared in time slices with them."""
     if cost_model.simulates_driver and not self.run_ahead:
       raise ValueError(
         f'driver / driver_latency: {cost_model.driver!r} / '
