@@ -349,11 +349,15 @@ class LaneRuntime:
   def _stored(self, key: Hashable):
     """The value under `key` once a call has made it (or raises if that call failed)."""
     with self.stored:
-      while key not in self.values:
-        if key[0] in self.failed_calls:
-          raise MakerFailed(self.name, key[0], key)
+      while not self._is_made(key):
         self.stored.wait(0.5)
+      if key not in self.values:
+        raise MakerFailed(self.name, key[0], key)
       return self.values[key]
+
+  def _is_made(self, key: Hashable) -> bool:
+    """Whether the call that makes `key` has made it or failed (holding `stored`)."""
+    return key in self.values or key[0] in self.failed_calls
 
   def take_in(self, imports: tuple) -> None:
     """Adopts each `(key, source address)` of `imports`, a copy another lane sends here
@@ -364,14 +368,18 @@ class LaneRuntime:
 
   def _arrival(self, key: Hashable, source):
     with self.stored:
-      while True:
-        if key in self.arrived:
-          return self.arrived.pop(key)
-        if key in self.import_failures:
-          raise self.import_failures.pop(key)
-        if source in self.dead_sources:
-          raise wire.SourceLost(f'{source[0]}:{source[1]}')
+      while not self._come(key, source):
         self.stored.wait(0.5)
+      if key in self.arrived:
+        return self.arrived.pop(key)
+      if key in self.import_failures:
+        raise self.import_failures.pop(key)
+      raise wire.SourceLost(f'{source[0]}:{source[1]}')
+
+  def _come(self, key: Hashable, source) -> bool:
+    """Whether the copy `key` from `source` has come, failed, or lost its source's
+    process (holding `stored`)."""
+    return key in self.arrived or key in self.import_failures or source in self.dead_sources
 
   def adopt(self, payload: tuple, key: Hashable, free: tuple = ()):
     """Takes a value exported by another lane (`export`'s payload) and keeps it under
@@ -562,14 +570,11 @@ class LaneRuntime:
         self._export_one(*parked)
 
   def _exportable(self, key: Hashable, imports: tuple) -> bool:
-    """Whether `export(key, imports)` would not wait (its value, or its failure, is here:
-    called holding `stored`)."""
-    coming = any(
-      at not in self.arrived and at not in self.import_failures and source not in self.dead_sources
-      for at, source in imports
-    )
-    made = key in self.values or key[0] in self.failed_calls or any(k == key for k, _ in imports)
-    return made and not coming
+    """Whether `export(key, imports)` would not wait: its imports have come (or failed)
+    and its value is made (or failed), or is one of them (`_arrival`, `_stored`; holding
+    `stored`)."""
+    come = all(self._come(at, source) for at, source in imports)
+    return come and (self._is_made(key) or any(k == key for k, _ in imports))
 
   def _changed(self) -> None:
     """Wakes whoever waits on `stored` (held): a value was kept, a copy came or failed, a
