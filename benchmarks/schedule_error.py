@@ -126,13 +126,10 @@ def host_file(base, root: str, tag: str, **figures) -> str:
   `root`: what a virtual run of this benchmark reads as `cost.host`."""
   from jaxsgd.scheduler import host as host_lib
 
-  changed = dict(base.figures)
-  for figure, value in figures.items():
-    changed[figure] = value
-    if f'{figure}_loaded' in changed:
-      changed[f'{figure}_loaded'] = value
+  loaded = {f'{name}_loaded': value for name, value in figures.items()}
+  changed = {**figures, **{name: v for name, v in loaded.items() if name in base.figures}}
   path = os.path.join(root, f'host-{tag}.json')
-  host_lib.save(host_lib.make(base.executor, changed, cores=base.cores), path)
+  host_lib.save(with_figures(base, changed), path)
   return path
 
 
@@ -141,14 +138,17 @@ def unloaded(host):
   task waits and takes no core, so K emulated lanes on fewer cores do not load the host
   (the loaded figures describe lanes computing on every core, which the virtual clock
   applies wherever a run has as many lanes as the profile has cores)."""
+  figures = host.figures
+  return with_figures(
+    host, {n: figures[n.removesuffix('_loaded')] for n in figures if n.endswith('_loaded')}
+  )
+
+
+def with_figures(host, changed: dict):
+  """The host profile `host` (`HostProfile`) with the figures in `changed` replaced."""
   from jaxsgd.scheduler import host as host_lib
 
-  figures = dict(host.figures)
-  idle = {
-    name: figures[name.removesuffix('_loaded')] if name.endswith('_loaded') else value
-    for name, value in figures.items()
-  }
-  return host_lib.make(host.executor, idle, cores=host.cores)
+  return host_lib.make(host.executor, {**host.figures, **changed}, cores=host.cores)
 
 
 def config_of(name: str, lanes: int, args, side: str, host: str | None = None):
