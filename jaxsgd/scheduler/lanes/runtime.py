@@ -176,16 +176,15 @@ class LaneRuntime:
     describe)` pickled, its large arrays in `buffers`): `task(*args)`, `Ref`s replaced by
     values, its result kept under `key`, after taking in `imports` (`take_in`); then frees
     the keys `frees` names. With `seconds` (not None) the task is emulated (module
-    docstring: `_emulate`). An argument that came in `buffers` is a read-only view of Ray's object
-    store: a task that writes into a numpy argument in place must copy it first (jaxsgd's
-    tasks are jitted and never do).
+    docstring: `_emulate`). An argument that came in `buffers` is a view of the message's
+    memory (`wire.receive`): jaxsgd's tasks are jitted and never write into one.
 
     Returns `(outline, entered, start, end)`: the result's outline — nested tuples as
-    tuples, every other value as `(nbytes, description)`, its parts kept under
-    `(key, path)`; None unless `describe`, which the driver asks for only while it has
-    not seen a result of the same task on arguments of the same shapes, which have the
-    same outline (`LanePool.early`): describing a result reads every leaf of it, time
-    on the lane between two calls that grew with the model — when the call began here, and the task's start and end
+    tuples, every other value as `(nbytes, description)`, its parts kept under `(key,
+    path)`; None unless `describe`, which the driver asks for only until this lane has
+    kept a result of the same task on arguments of the same shapes, whose outline is the
+    same (`LanePool.early`): an outline reads every leaf, time between two calls that grew
+    with the model — then when the call began here, and the task's start and end
     (`time.time()` in this lane; start after its imports were taken in, end with the
     result computed). Between a call's end and the next call's `entered` the lane waits
     for the driver to send that call, if it has not yet, and for Ray to hand it over;
