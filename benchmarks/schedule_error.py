@@ -95,12 +95,13 @@ def label(name: str, lanes: int) -> str:
 
 
 def warm_up(name: str, lanes: int, args) -> int:
-  """Iterations left out of a run's steady state: `--warmup`, then the pipeline or the
-  workers filling (K stages fill in ~K iterations; M workers each push every ~M server
-  updates). Both sides leave them out: the lanes compile each task on first use, which the
-  virtual clock does not price, and what queued meanwhile drains in these iterations
-  (PD-ASGD 1:15's emulated updates were staler than 3 until its 27th iteration of 81, none
-  on the virtual clock; from the 41st on, the two histograms were one update apart)."""
+  """Iterations left out of a run's steady state (beside each lane's first `--warmup`
+  tasks, `accuracy.window`): `--warmup`, then the pipeline or the workers filling (K
+  stages fill in ~K iterations; M workers each push every ~M server updates). Both sides
+  leave them out: the lanes compile each task on first use, which the virtual clock does
+  not price, and what queued meanwhile drains in these iterations (PD-ASGD 1:15's
+  emulated updates were staler than 3 until its 27th iteration of 81, none on the
+  virtual clock; from the 41st on, the two histograms were one update apart)."""
   if name == 'bp':
     return args.warmup
   return args.warmup + (4 if name in accuracy.IN_ROUNDS else 2) * lanes
@@ -126,8 +127,9 @@ def host_file(base, root: str, tag: str, **figures) -> str:
   `root`: what a virtual run of this benchmark reads as `cost.host`."""
   from jaxsgd.scheduler import host as host_lib
 
+  have = dict(base.figures)
   loaded = {f'{name}_loaded': value for name, value in figures.items()}
-  changed = {**figures, **{name: v for name, v in loaded.items() if name in base.figures}}
+  changed = {**figures, **{name: v for name, v in loaded.items() if name in have}}
   path = os.path.join(root, f'host-{tag}.json')
   host_lib.save(with_figures(base, changed), path)
   return path
@@ -138,7 +140,7 @@ def unloaded(host):
   task waits and takes no core, so K emulated lanes on fewer cores do not load the host
   (the loaded figures describe lanes computing on every core, which the virtual clock
   applies wherever a run has as many lanes as the profile has cores)."""
-  figures = host.figures
+  figures = dict(host.figures)
   return with_figures(
     host, {n: figures[n.removesuffix('_loaded')] for n in figures if n.endswith('_loaded')}
   )
@@ -148,7 +150,7 @@ def with_figures(host, changed: dict):
   """The host profile `host` (`HostProfile`) with the figures in `changed` replaced."""
   from jaxsgd.scheduler import host as host_lib
 
-  return host_lib.make(host.executor, {**host.figures, **changed}, cores=host.cores)
+  return host_lib.make(host.executor, {**dict(host.figures), **changed}, cores=host.cores)
 
 
 def config_of(name: str, lanes: int, args, side: str, host: str | None = None):
@@ -179,11 +181,11 @@ def total_variation(p: dict, q: dict) -> float:
   return 0.5 * sum(abs(p.get(k, 0) / np_ - q.get(k, 0) / nq) for k in keys)
 
 
-def wait_error(workdir: str, warmup: int, prices: dict) -> list[float]:
-  """Seconds each compute task of the steady state lasted beyond its price (`prices`:
-  the summary's `cost_model_ms`, 'stage k kind' -> ms)."""
+def wait_error(workdir: str, warmup: int, prices: dict, iterations: int) -> list[float]:
+  """Seconds each compute task of the steady state (after `iterations`, `warm_up`) lasted
+  beyond its price (`prices`: the summary's `cost_model_ms`, 'stage k kind' -> ms)."""
   names, tasks = accuracy.read_trace(workdir)
-  start, _, _ = accuracy.window(names, tasks, warmup, accuracy._per_task(workdir))
+  start, _, _ = accuracy.window(names, tasks, warmup, accuracy._per_task(workdir), iterations)
   over = []
   for lane, kind, begin, end, _, stage in tasks:
     price = prices.get(f'stage {stage} {kind}')
@@ -192,9 +194,18 @@ def wait_error(workdir: str, warmup: int, prices: dict) -> list[float]:
   return over
 
 
-def run(config, workdir: str, warmup: int, block: int, sampler: 'CpuSampler | None' = None) -> dict:
-  """Trains `config` into `workdir`: its steady-state statistics and staleness histogram
-  (with `sampler`, the host's CPU over the steady state: `CpuSampler.busy`); `block`:
+def run(
+  config,
+  workdir: str,
+  warmup: int,
+  block: int,
+  sampler: 'CpuSampler | None' = None,
+  *,
+  iterations: int,
+) -> dict:
+  """Trains `config` into `workdir`: its steady-state statistics (after `iterations`,
+  `warm_up`, and each lane's first `warmup` tasks) and staleness histogram (with
+  `sampler`, the host's CPU over the steady state: `CpuSampler.busy`); `block`:
   iterations per block of a family that counts every update (`block_median`)."""
   from jaxsgd import training
 
@@ -205,12 +216,12 @@ def run(config, workdir: str, warmup: int, block: int, sampler: 'CpuSampler | No
   finally:
     if sampler is not None:
       sampler.end()
-  stats = accuracy.steady_stats(workdir, warmup)
+  stats = accuracy.steady_stats(workdir, warmup, iterations)
   stats['staleness'] = {int(k): v for k, v in summary.get('staleness_histogram', {}).items()}
   stats['prices'] = summary.get('cost_model_ms', {})
   names, tasks = accuracy.read_trace(workdir)
   per_task = accuracy._per_task(workdir)
-  start, stop, _ = accuracy.window(names, tasks, warmup, per_task)
+  start, stop, _ = accuracy.window(names, tasks, warmup, per_task, iterations)
   stats['staleness_steady'] = steady_staleness(workdir, tasks, start, per_task)
   if accuracy.in_rounds(workdir):  # updates in bursts of up to a round: blocks of rounds
     stats['per_iteration'] = block_median(tasks, start, stop, per_task, block)
@@ -424,9 +435,10 @@ def emulate(row: dict, repeat: int, args, root: str, sampler: 'CpuSampler') -> N
     stats = run(
       config_of(name, lanes, args, 'emulated'),
       workdir,
-      warm_up(name, lanes, args),
+      args.warmup,
       accuracy.block_for(lanes),
       sampler,
+      iterations=warm_up(name, lanes, args),
     )
     stats['seconds'], stats['workdir'] = time.time() - started, workdir
   except Preempted:  # SIGTERM: the benchmark stops, not only this row
@@ -453,12 +465,13 @@ def model_row(row: dict, args, host, root: str) -> dict:
   row['emulated_seconds'] = emulated['seconds']
   try:
     left_out = warm_up(name, lanes, args)
-    row['wait'] = wait_error(emulated['workdir'], left_out, emulated['prices'])
+    row['wait'] = wait_error(emulated['workdir'], args.warmup, emulated['prices'], left_out)
     virtual = run(
       config_of(name, lanes, args, 'virtual', host_file(host, root, 'measured')),
       os.path.join(root, f'{name}-virtual-{tag}'),
-      left_out,
+      args.warmup,
       accuracy.block_for(lanes),
+      iterations=left_out,
     )
   except Preempted:  # SIGTERM: the benchmark stops, not only this row
     raise
@@ -487,7 +500,13 @@ def model_row(row: dict, args, host, root: str) -> dict:
       config = config_of(
         name, lanes, args, 'virtual', host_file(host, root, f'{tag}-{slug}', **figures)
       )
-      stats = run(config, workdir, warm_up(name, lanes, args), accuracy.block_for(lanes))
+      stats = run(
+        config,
+        workdir,
+        args.warmup,
+        accuracy.block_for(lanes),
+        iterations=warm_up(name, lanes, args),
+      )
       row['variants'][variant] = _kept(stats)
     except Preempted:  # SIGTERM: the benchmark stops, not only this row
       raise
@@ -584,10 +603,11 @@ def _print_schedule_error(rows: list[dict], done: list[dict]) -> None:
       print(f'  {label(row["family"], row["lanes"])}: not run: {row["skipped"]}')
   print(
     's/it: seconds per iteration, median over blocks of 5 iterations of the steady state '
-    '(ASGD, DC-ASGD, LPP-SGD: of whole rounds of K updates); error: |virtual - emulated| / emulated; TVD: '
-    'total variation distance of the staleness histograms of every update (asynchronous '
-    "families), steady TVD: of the steady state's updates; emulated runs: each emulated run's s/it, "
-    'in the order run (the row takes the median run), spread: (slowest - fastest) / median; heard: a '
+    '(ASGD, DC-ASGD, LPP-SGD: of whole rounds of K updates, at least 5); error: '
+    '|virtual - emulated| / emulated; TVD: total variation distance of the staleness '
+    "histograms of every update (asynchronous families), steady TVD: of the steady state's "
+    "updates; emulated runs: each emulated run's s/it, in the order run (the row takes the "
+    'median run), spread: (slowest - fastest) / median; heard: a '
     "task's end to the driver hearing of it, median; wait over price: a compute task of "
     'the emulated run, its duration less its price (steady state)'
   )

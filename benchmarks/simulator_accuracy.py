@@ -285,12 +285,14 @@ def in_rounds(workdir: str) -> bool:
   return os.path.basename(workdir).split('-')[0] in IN_ROUNDS
 
 
-def window(names, tasks, warmup: int, per_task: bool = False) -> tuple[float, float, int]:
+def window(
+  names, tasks, warmup: int, per_task: bool = False, iterations: int | None = None
+) -> tuple[float, float, int]:
   """`(start, stop, iterations)` of the steady state: from the end of the first
-  iteration after both `warmup` iterations and the first `warmup` tasks of every
-  compute lane that runs more (a lane compiles its tasks on first use: a worker still
-  compiling while the others run would make the start look unlike the rest), to the
-  end of the last."""
+  iteration after both `iterations` iterations (default `warmup`) and the first `warmup`
+  tasks of every compute lane that runs more (a lane compiles its tasks on first use: a
+  worker still compiling while the others run would make the start look unlike the
+  rest), to the end of the last."""
   ends = sorted(iteration_ends(tasks, per_task))
   per_lane = {}
   for lane, _, _, end, _, _ in tasks:
@@ -299,7 +301,8 @@ def window(names, tasks, warmup: int, per_task: bool = False) -> tuple[float, fl
   # A lane with no more than `warmup` tasks (LPP-SGD's all-reduce, which averages once,
   # at the end) does no per-iteration work to warm up.
   warm = max((sorted(e)[warmup - 1] for e in per_lane.values() if len(e) > warmup), default=0.0)
-  warm = max(warm, ends[min(warmup, len(ends) - 2)])
+  left_out = warmup if iterations is None else iterations
+  warm = max(warm, ends[min(left_out, len(ends) - 2)])
   after = [e for e in ends if e >= warm]
   if len(after) < 2:
     raise ValueError(f'fewer than 2 iterations after the warm-up; run more than {len(ends)}')
@@ -328,13 +331,13 @@ def blocks_median(ends: list[float], block: int) -> float | None:
   return float(np.median(blocks)) if blocks else None
 
 
-def window_stats(workdir: str, warmup: int) -> dict:
+def window_stats(workdir: str, warmup: int, iterations: int | None = None) -> dict:
   """Seconds per iteration in the steady state (`window`): the median over blocks of
   `BLOCK` iterations (a burst of other jobs' load slows some blocks; the median is the
   time the run takes when they leave it alone), and the mean; each compute lane's
   utilization over the window."""
   names, tasks = read_trace(workdir)
-  start, stop, iterations = window(names, tasks, warmup, _per_task(workdir))
+  start, stop, iterations = window(names, tasks, warmup, _per_task(workdir), iterations)
   busy = {}
   for lane, _, begin, end, _, _ in tasks:
     name = names[lane]
@@ -478,10 +481,10 @@ class NoSteadyState(ValueError):
   """A run whose lanes did not all get past `--warmup` (`window_stats`)."""
 
 
-def steady_stats(workdir: str, warmup: int) -> dict:
+def steady_stats(workdir: str, warmup: int, iterations: int | None = None) -> dict:
   """`window_stats`, raising `NoSteadyState` where it finds no steady state."""
   try:
-    return window_stats(workdir, warmup)
+    return window_stats(workdir, warmup, iterations)
   except ValueError as error:
     raise NoSteadyState(str(error)) from error
 
@@ -819,8 +822,9 @@ def print_table(results: dict) -> None:
     print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
   print(
     f'ms/it: median over blocks of {BLOCK} iterations of the steady state (ASGD, DC-ASGD, '
-    'LPP-SGD: of whole rounds of M updates, at least 5; mean: over all of it); measured: the run of median ms/it among the measured runs (each listed, in '
-    'the order run); error: |predicted - measured| / measured of the median'
+    'LPP-SGD: of whole rounds of M updates, at least 5; mean: over all of it); measured: '
+    'the run of median ms/it among the measured runs (each listed, in the order run); '
+    'error: |predicted - measured| / measured of the median'
   )
   print(
     'repriced: the virtual clock with each task kind costing its median duration in '

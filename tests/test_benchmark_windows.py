@@ -1,6 +1,6 @@
 """The simulator benchmarks' steady state, computed by hand: the time per iteration where
-every update is an iteration (ASGD, DC-ASGD, LPP-SGD: blocks of whole rounds), and the staleness of the
-steady state's updates."""
+every update is an iteration (ASGD, DC-ASGD, LPP-SGD: blocks of whole rounds), the
+iterations left out, and the staleness of the steady state's updates."""
 
 import numpy as np
 
@@ -98,3 +98,16 @@ def test_a_row_leaves_out_its_warm_up_and_the_filling_then_runs_its_blocks():
   assert [schedule_error.warm_up(f, 4, args) for f in families] == [8, 16, 16, 24, 24]
   assert [schedule_error.steps_of(f, 2, args) for f in families] == [49, 53, 53, 65, 65]
   assert schedule_error.steps_of('dcasgd', 32, args) == 8 + 128 + 32 * 8 + 1
+
+
+def test_the_iterations_left_out_are_counted_apart_from_each_lanes_first_tasks():
+  """A server's update per iteration (ending at 1, 2, ..., 40) and two workers taking turns,
+  a task an iteration (20 each). Leaving out 12 iterations and each lane's first 4 tasks
+  starts the window at the 13th update's end; counted as 12 tasks of every lane too, it
+  began after each worker's 12th (the second's ends at 23.4), at update 24."""
+  names = {0: 'server', 1: 'worker 0', 2: 'worker 1'}
+  server = [(0, 'update', i + 0.5, i + 1.0, i, 0) for i in range(40)]
+  workers = [(1 + i % 2, 'backward', i + 0.1, i + 0.4, None, 0) for i in range(40)]
+  tasks = server + workers
+  assert accuracy.window(names, tasks, 4, iterations=12)[0] == 13.0
+  assert accuracy.window(names, tasks, 12)[0] == 24.0

@@ -476,6 +476,8 @@ class LanePool:
     with self._lock:
       self._freed.pop(lane, None)
     self._tasks_sent.pop(lane, None)
+    # A process in its place has checked no result's structure (`LaneRuntime._rebuilt`).
+    self._described = {done for done in self._described if done[0] != lane}
     self._unfinished = {k: p for k, p in self._unfinished.items() if p.lane != lane}
     self._imports = {at: source for at, source in self._imports.items() if at[0] != lane}
     self._moves = {
