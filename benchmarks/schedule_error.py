@@ -101,7 +101,7 @@ def warm_up(name: str, lanes: int, args) -> int:
   leave them out: the lanes compile each task on first use, which the virtual clock does
   not price, and what queued meanwhile drains in these iterations (PD-ASGD 1:15's
   emulated updates were staler than 3 until its 27th iteration of 81, none on the
-  virtual clock; from the 41st on, the two histograms were one update apart)."""
+  virtual clock; from the 41st on, each layer's were at most one update apart)."""
   if name == 'bp':
     return args.warmup
   return args.warmup + (4 if name in accuracy.IN_ROUNDS else 2) * lanes

@@ -730,7 +730,7 @@ def _host_line(path: str, host, args) -> str:
   simulated = host_lib.simulated(host, args.lanes)
   every_core = args.lanes >= host.cores  # as `host.simulated` decides
   figures = ', '.join(
-    f'{k} {v / 1e9:.2f} GB/s' if k == 'link_bandwidth' else f'{k} {1e6 * v:.1f} µs'
+    f'{k} {v / 1e9:.2f} GB/s' if k.endswith('_bandwidth') else f'{k} {1e6 * v:.1f} µs'
     for k, v in host.figures
   )
   if args.link_latency is None:

@@ -55,23 +55,22 @@ class SimulatorError:
 # executor with emulated tasks, every family, K = 2..16 (ASGD, DC-ASGD also M = 32), each
 # row against the median of its three emulated runs.
 SCHEDULE_ERROR = SimulatorError(
-  median=0.032,
-  largest=0.234,
+  median=0.028,
+  largest=0.088,
   source=(
     'benchmarks/results/schedule_error.txt (median of 30 rows, each against the median of '
     'its 3 emulated runs; largest over them)'
   ),
   by_family=(
-    ('bp', 0.033),
-    ('ddg', 0.028),
-    ('local', 0.032),
-    ('asgd', 0.107),
-    ('dcasgd', 0.099),
-    ('pdasgd', 0.039),
-    ('lppsgd', 0.234),
+    ('bp', 0.028),
+    ('ddg', 0.014),
+    ('local', 0.015),
+    ('asgd', 0.074),
+    ('dcasgd', 0.088),
+    ('pdasgd', 0.037),
+    ('lppsgd', 0.076),
   ),
 )
-
 
 def load_reports(results_dir: str, names) -> dict[str, dict]:
   """`{suite: report.json}` of the suites in `names` that have one under `results_dir`."""
