@@ -64,6 +64,25 @@ def test_a_large_array_is_a_frame_of_its_own_a_small_one_is_in_the_pickle():
   assert frames[1].nbytes == wire.OUT_OF_BAND and len(frames[0]) > wire.OUT_OF_BAND - 1
 
 
+def test_a_large_array_is_read_into_memory_of_its_own_and_a_cut_frame_is_an_end():
+  """A frame's buffer is read straight from the socket into a buffer of its own, which the
+  array is a view of (equal, writable); a connection that ends inside a message is an
+  `EOFError`, as one that ends between messages."""
+  here, there = connection.Pipe()
+  batch = np.arange(1 << 20, dtype=np.float32)  # 4 MiB: more than a socket buffer holds
+  sent = threading.Thread(target=lambda: [here.send_bytes(f) for f in wire.frames(('x', batch))])
+  sent.start()
+  tag, got = wire.receive(there)
+  sent.join()
+  assert tag == 'x' and got.flags.writeable and isinstance(got.base, (np.ndarray, memoryview))
+  np.testing.assert_array_equal(got, batch)
+  header, _ = wire.frames(('cut', batch))
+  here.send_bytes(header)  # the header says a buffer follows; none does
+  here.close()
+  with pytest.raises(EOFError):
+    wire.receive(there)
+
+
 def test_a_process_reaches_a_lane_of_its_host_by_its_unix_socket_else_by_tcp():
   addresses = {'remote': ['10.0.0.2', 5000], 'local': '\0jaxsgd-lane-x', 'host': '10.0.0.2'}
   assert wire.address(addresses, '10.0.0.2') == '\0jaxsgd-lane-x'
