@@ -331,13 +331,14 @@ def blocks_median(ends: list[float], block: int) -> float | None:
   return float(np.median(blocks)) if blocks else None
 
 
-def window_stats(workdir: str, warmup: int, iterations: int | None = None) -> dict:
-  """Seconds per iteration in the steady state (`window`): the median over blocks of
-  `BLOCK` iterations (a burst of other jobs' load slows some blocks; the median is the
+def window_stats(workdir: str, warmup: int, left_out: int | None = None) -> dict:
+  """Seconds per iteration in the steady state (`window`, leaving out `left_out`
+  iterations, default `warmup`): the median over blocks of `BLOCK` iterations (of whole
+  rounds for `IN_ROUNDS`; a burst of other jobs' load slows some blocks; the median is the
   time the run takes when they leave it alone), and the mean; each compute lane's
   utilization over the window."""
   names, tasks = read_trace(workdir)
-  start, stop, iterations = window(names, tasks, warmup, _per_task(workdir), iterations)
+  start, stop, iterations = window(names, tasks, warmup, _per_task(workdir), left_out)
   busy = {}
   for lane, _, begin, end, _, _ in tasks:
     name = names[lane]
@@ -481,10 +482,11 @@ class NoSteadyState(ValueError):
   """A run whose lanes did not all get past `--warmup` (`window_stats`)."""
 
 
-def steady_stats(workdir: str, warmup: int, iterations: int | None = None) -> dict:
-  """`window_stats`, raising `NoSteadyState` where it finds no steady state."""
+def steady_stats(workdir: str, warmup: int, left_out: int | None = None) -> dict:
+  """`window_stats` (`left_out`: `window`'s `iterations`), raising `NoSteadyState` where it
+  finds no steady state."""
   try:
-    return window_stats(workdir, warmup, iterations)
+    return window_stats(workdir, warmup, left_out)
   except ValueError as error:
     raise NoSteadyState(str(error)) from error
 
