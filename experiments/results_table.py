@@ -72,6 +72,7 @@ SCHEDULE_ERROR = SimulatorError(
   ),
 )
 
+
 def load_reports(results_dir: str, names) -> dict[str, dict]:
   """`{suite: report.json}` of the suites in `names` that have one under `results_dir`."""
   reports = {}
