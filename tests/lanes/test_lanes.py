@@ -630,7 +630,10 @@ def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
   )
   # (Ray's log monitor may print after it, on the same stdout: a lane process ending with
   # its driver's connection is reported as a worker that died.)
-  line = next(x for x in out.stdout.splitlines() if x.startswith('measured: '))
+  line = next((x for x in out.stdout.splitlines() if x.startswith('measured: ')), None)
+  # (Once, under load, the line was missing though the process exited with 0: say what it
+  # printed instead.)
+  assert line is not None, f'stdout: {out.stdout[-1500:]!r}; stderr: {out.stderr[-1500:]!r}'
   measured = json.loads(line.removeprefix('measured: '))
   assert set(measured) == {'processes', 'processes_cpu', 'driver', 'driver_latency'}
   # Each task costs CPU in the driver and in the lane at least; the driver's thread spends
