@@ -190,9 +190,29 @@ def _start(data_dir, workdir, *flags):
     '--config.eval_every=1000',
     *flags,
   ]
+  # faulthandler: a run that does not end is made to print its threads' stacks (`_ended`).
+  env = {**os.environ, 'PYTHONFAULTHANDLER': '1'}
   return subprocess.Popen(
-    command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
   )
+
+
+def _ended(process, timeout: float = 60.0) -> str:
+  """`process`'s stderr once it has exited. One that has not within `timeout` s fails the
+  test with its threads' stacks (SIGABRT, which faulthandler answers), and is killed: once,
+  on a loaded machine, a run did not end within 60 s of Ctrl-C."""
+  try:
+    return process.communicate(timeout=timeout)[1]
+  except subprocess.TimeoutExpired:
+    process.send_signal(signal.SIGABRT)
+    try:
+      stderr = process.communicate(timeout=20)[1]
+    except subprocess.TimeoutExpired:
+      process.kill()
+      stderr = process.communicate()[1]
+    raise AssertionError(
+      f'the run had not ended {timeout} s after the signal:\n{stderr[-8000:]}'
+    ) from None
 
 
 def _past_first_evaluation(workdir) -> bool:
@@ -222,7 +242,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(data_dir, tmp_path):
   process = _start(data_dir, workdir)
   _wait_for_training(process, workdir)
   process.send_signal(signal.SIGTERM)
-  _, stderr = process.communicate(timeout=60)
+  stderr = _ended(process)
   assert process.returncode == 143, stderr
   assert 'SIGTERM' in stderr and 'resume' in stderr
   meta = checkpoints.latest_meta(workdir)
@@ -239,7 +259,7 @@ def test_ctrl_c_leaves_no_partial_checkpoint(data_dir, tmp_path):
   process = _start(data_dir, workdir, '--config.checkpoint_every=1')  # Saving all the time.
   _wait_for_training(process, workdir, _saved_checkpoints)
   process.send_signal(signal.SIGINT)
-  _, stderr = process.communicate(timeout=60)
+  stderr = _ended(process)
   assert process.returncode == 130, stderr
   assert 'Traceback' not in stderr
   assert stderr.strip().splitlines()[-1].startswith('error: Ctrl-C: stopped at once'), stderr
