@@ -196,18 +196,12 @@ def wait_error(workdir: str, warmup: int, prices: dict, iterations: int) -> list
 
 
 def run(
-  config,
-  workdir: str,
-  warmup: int,
-  block: int,
-  sampler: 'CpuSampler | None' = None,
-  *,
-  iterations: int,
+  config, workdir: str, warmup: int, sampler: 'CpuSampler | None' = None, *, iterations: int
 ) -> dict:
-  """Trains `config` into `workdir`: its steady-state statistics (after `iterations`,
-  `warm_up`, and each lane's first `warmup` tasks) and staleness histogram (with
-  `sampler`, the host's CPU over the steady state: `CpuSampler.busy`); `block`:
-  iterations per block of a family that counts every update (`block_median`)."""
+  """Trains `config` into `workdir`: its steady-state statistics (`accuracy.window_stats`,
+  after `iterations`, `warm_up`, and each lane's first `warmup` tasks; blocks of whole
+  rounds where every update is an iteration, `accuracy.IN_ROUNDS`) and staleness
+  histogram (with `sampler`, the host's CPU over the steady state: `CpuSampler.busy`)."""
   from jaxsgd import training
 
   if sampler is not None:
@@ -221,11 +215,8 @@ def run(
   stats['staleness'] = {int(k): v for k, v in summary.get('staleness_histogram', {}).items()}
   stats['prices'] = summary.get('cost_model_ms', {})
   names, tasks = accuracy.read_trace(workdir)
-  per_task = accuracy._per_task(workdir)
-  start, stop, _ = accuracy.window(names, tasks, warmup, per_task, iterations)
-  stats['staleness_steady'] = steady_staleness(workdir, tasks, start, per_task)
-  if accuracy.in_rounds(workdir):  # updates in bursts of up to a round: blocks of rounds
-    stats['per_iteration'] = block_median(tasks, start, stop, per_task, block)
+  start, stop = stats['steady']
+  stats['staleness_steady'] = steady_staleness(workdir, tasks, start, accuracy._per_task(workdir))
   steady = [t for t in tasks if t[2] >= start]
   copies = [e - b for lane, _, b, e, _, _ in steady if names[lane].startswith('link ')]
   stats['copy_ms'] = _median_ms(copies)
@@ -236,18 +227,6 @@ def run(
   if sampler is not None:
     stats['cpu'] = sampler.busy(start, stop)
   return stats
-
-
-def block_median(tasks, start: float, stop: float, per_task: bool, block: int) -> float:
-  """`simulator_accuracy.window_stats`' seconds per iteration (the median over blocks of
-  iterations of the steady state) with blocks of `block` iterations: ASGD, DC-ASGD and
-  LPP-SGD count each worker's update as an iteration, and K workers of equal costs end
-  theirs in bursts on the virtual clock, so their blocks are whole rounds
-  (`accuracy.block_for`, `accuracy.IN_ROUNDS`; blocks of 5 inside one round of 16
-  measured the burst: 1.1 ms per iteration where a round took 55 ms)."""
-  ends = [e for e in sorted(accuracy.iteration_ends(tasks, per_task)) if start <= e <= stop]
-  median = accuracy.blocks_median(ends, block)
-  return (stop - start) / max(len(ends) - 1, 1) if median is None else median
 
 
 def steady_staleness(workdir: str, tasks, start: float, per_task: bool) -> dict[int, int]:
@@ -437,7 +416,6 @@ def emulate(row: dict, repeat: int, args, root: str, sampler: 'CpuSampler') -> N
       config_of(name, lanes, args, 'emulated'),
       workdir,
       args.warmup,
-      accuracy.block_for(lanes),
       sampler,
       iterations=warm_up(name, lanes, args),
     )
@@ -471,7 +449,6 @@ def model_row(row: dict, args, host, root: str) -> dict:
       config_of(name, lanes, args, 'virtual', host_file(host, root, 'measured')),
       os.path.join(root, f'{name}-virtual-{tag}'),
       args.warmup,
-      accuracy.block_for(lanes),
       iterations=left_out,
     )
   except Preempted:  # SIGTERM: the benchmark stops, not only this row
@@ -501,13 +478,7 @@ def model_row(row: dict, args, host, root: str) -> dict:
       config = config_of(
         name, lanes, args, 'virtual', host_file(host, root, f'{tag}-{slug}', **figures)
       )
-      stats = run(
-        config,
-        workdir,
-        args.warmup,
-        accuracy.block_for(lanes),
-        iterations=warm_up(name, lanes, args),
-      )
+      stats = run(config, workdir, args.warmup, iterations=warm_up(name, lanes, args))
       row['variants'][variant] = _kept(stats)
     except Preempted:  # SIGTERM: the benchmark stops, not only this row
       raise

@@ -360,6 +360,7 @@ def window_stats(workdir: str, warmup: int, left_out: int | None = None) -> dict
     'mean_per_iteration': (stop - start) / iterations,
     'utilization': utilization,
     'iterations': iterations,
+    'steady': (start, stop),  # the window's bounds, s
     # A backward's end -> its lane's copy of that batch (an ASGD worker's push), s.
     'send_delays': bench_common.send_delays(names, steady),
     # A compute task's end -> the driver hearing of it, s (`TaskRecord.heard`).

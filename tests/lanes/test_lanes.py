@@ -263,6 +263,34 @@ def test_a_lane_describes_a_result_only_until_it_has_kept_one_of_the_same_shapes
     np.testing.assert_array_equal(pool.fetch(got), pool.fetch(want))
 
 
+def test_a_replaced_lanes_process_describes_its_results_again(head):
+  # The new process has checked no result's structure: it is asked to, as a new lane is.
+  described = []
+
+  with LanePool(LanePlacement.spread(['r']), address=head.address, verbose=False) as lanes:
+    heard = lanes._heard
+
+    def spy(event):
+      _, _, kind, number, value = event
+      if kind == 'ok' and number in lanes._unfinished:
+        described.append(value[0] is not None)
+      heard(event)
+
+    lanes._heard = spy
+
+    def grads():  # init, forward, backward on the lane: three new values
+      w = lanes.run('r', task('init'), (6,))
+      _, vjp = lanes.run('r', task('forward'), (w, X))
+      return lanes.fetch(lanes.run('r', task('backward'), (vjp, G))[0])
+
+    before = grads()
+    lanes.run('r', task('forward'), (lanes.run('r', task('init'), (6,)), X))
+    lanes.replace('r')
+    np.testing.assert_array_equal(grads(), before)
+  # Before: init, forward, backward described, then init and forward known; after: all anew.
+  assert described == [True, True, True, False, False, True, True, True]
+
+
 def test_a_vjp_moves_when_its_task_made_only_arrays_before(pool):
   # A lane notes how a result was made only where it may not pickle: a task whose first
   # result was arrays alone still has its later VJP rebuilt on another lane.

@@ -660,9 +660,9 @@ class LanePool:
     describe)`, where the task is its number on `lane` once the lane has it (`(number,
     task)` the first time), `seconds` the emulated task's duration (None: compute it),
     `describe` whether the reply should carry the result's outline (not once the lane
-    has described a result of the same signature: the driver knows it, and the lane
-    has checked its structure), and the large arrays among `args`
-    (a batch), which go beside it (`_dumps`).
+    has described a result of the same signature: the driver knows it, and the lane has
+    checked its structure), and the large arrays among `args` (a batch), which go beside
+    it (`_dumps`).
 
     cloudpickle's pickler runs in Python: a task call (the `Task` with its recipe, `Ref`s
     in the arguments) cost the driver ~290 µs of CPU to send as Ray sent it (cloudpickle),
