@@ -3,6 +3,7 @@ address a process picks, and failures as the driver reads them."""
 
 import pickle
 import threading
+import time
 from multiprocessing import connection
 
 import numpy as np
@@ -240,3 +241,42 @@ def test_a_lane_writes_new_message_buffers_into_memory_freed_before():
     pytest.skip('not glibc: the allocator is left as it is')
   buffers = 20 * 3
   assert [int(faults) < buffers for faults in out[1:]] == [True, True], out
+
+
+def test_a_value_from_another_lane_read_before_the_drivers_hello_is_told_once_it_connects(
+  monkeypatch,
+):
+  """A lane reads each connection in a thread of its own, so another lane's value can be
+  read before the driver's hello (a replaced lane is sent copies as soon as it is up): its
+  arrival reaches the driver once it connects. The reading thread had failed on the
+  missing connection, the arrival was never told, and the run waited for it for ever."""
+  from jaxsgd.scheduler.lanes.runtime import LaneRuntime
+
+  ended = threading.Event()
+
+  def end_the_thread(grace: float = 0.0):  # not the process (pytest's): its thread waits
+    ended.set()
+    threading.Event().wait()
+
+  monkeypatch.setattr(wire, 'exit_now', end_the_thread)
+  runtime = LaneRuntime('lane', None)
+  address = runtime.serve(KEY)
+  peer = wire.connect(address['local'], KEY, ('lane', ('127.0.0.1', 1)))
+  driver = None
+  try:
+    peer.send(('value', ('copy', ()), 7, False, 123.0, np.arange(3)))
+    deadline = time.monotonic() + 10
+    while ('copy', ()) not in runtime.arrived and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert ('copy', ()) in runtime.arrived  # read, and its arrival to be told
+    driver = wire.connect(address['local'], KEY, ('driver',))
+    told = []
+    reader = threading.Thread(target=lambda: told.append(driver.receive()), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert told and told[0][:2] == ('arrived', 7) and told[0][2][0] == 123.0, told
+  finally:
+    peer.close()
+    if driver is not None:
+      driver.close()
+      assert ended.wait(10)  # the lane's reader of the driver ended (its run is over)

@@ -89,7 +89,8 @@ class Driver:
       cwd=REPO,
       stdout=self.log,
       stderr=subprocess.STDOUT,
-      env={**os.environ, **(env or {})},
+      # faulthandler: a run that does not end is made to print its threads' stacks.
+      env={**os.environ, 'PYTHONFAULTHANDLER': '1', **(env or {})},
     )
     Driver.started.append(self)
 
@@ -118,8 +119,21 @@ class Driver:
     raise AssertionError(f'no lane {lane} in the placement:\n{self.output()[-3000:]}')
 
   def finish(self, timeout: float = 300) -> tuple[int, str]:
-    """The exit status and the last line of the output (after the progress bar)."""
-    status = self.process.wait(timeout=timeout)
+    """The exit status and the last line of the output (after the progress bar). A run
+    that has not ended within `timeout` s fails the test with its output and its threads'
+    stacks (SIGABRT, which faulthandler answers), and is killed."""
+    try:
+      status = self.process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      self.process.send_signal(signal.SIGABRT)
+      try:
+        self.process.wait(timeout=20)
+      except subprocess.TimeoutExpired:
+        self.process.kill()
+        self.process.wait()
+      raise AssertionError(
+        f'the run had not ended within {timeout} s:\n{self.output()[-12000:]}'
+      ) from None
     self.log.close()
     lines = [line for line in self.output().replace('\r', '\n').splitlines() if line.strip()]
     return status, lines[-1]

@@ -455,6 +455,7 @@ class LaneRuntime:
     self.authkey = authkey
     self.calls, self.exports = queue.SimpleQueue(), queue.SimpleQueue()
     self.driver: wire.Endpoint | None = None
+    self.driver_connected = threading.Event()
     self.peers: dict[tuple, wire.Endpoint] = {}  # address -> connection, to lanes we send to
     for target in (self._run_calls, self._run_exports):
       threading.Thread(target=target, daemon=True, name=f'lane-{target.__name__}').start()
@@ -469,6 +470,7 @@ class LaneRuntime:
     of the lane whose address its hello names."""
     if hello[0] == 'driver':
       self.driver = endpoint
+      self.driver_connected.set()
       self._read_driver(endpoint)
     else:  # ('lane', its TCP address)
       self._read_lane(endpoint, tuple(hello[1]))
@@ -622,6 +624,12 @@ class LaneRuntime:
         time.sleep(0.05 * 2**attempt)
 
   def _reply(self, kind: str, number, value) -> None:
+    """Sends `(kind, number, value)` to the driver, once it has connected: connections
+    are read each in a thread of its own, so a lane's value can come in before the
+    driver's hello is read (a replaced lane, sent a copy as soon as it was up; its reply
+    was lost with the thread, and the run waited for that copy for ever)."""
+    if self.driver is None and not self.driver_connected.wait(_DRIVER_CONNECT_S):
+      wire.exit_now()  # its driver never came: nobody is left to serve
     try:
       self.driver.send((kind, number, value))
     except (OSError, EOFError):
@@ -662,6 +670,7 @@ _ORDERED = {
 }
 _EXPORTS = ('export', 'keep')
 _WAKE = ('wake',)  # `_changed`: a parked export may be served now
+_DRIVER_CONNECT_S = 60.0  # the driver connects as soon as the lane is up (`LanePool._link`)
 _CONNECT_TRIES = 5  # a send to another lane: 50 ms to 0.8 s apart, 1.5 s in all
 
 
