@@ -243,24 +243,32 @@ def test_a_lane_writes_new_message_buffers_into_memory_freed_before():
   assert [int(faults) < buffers for faults in out[1:]] == [True, True], out
 
 
-def test_a_value_from_another_lane_read_before_the_drivers_hello_is_told_once_it_connects(
-  monkeypatch,
-):
-  """A lane reads each connection in a thread of its own, so another lane's value can be
-  read before the driver's hello (a replaced lane is sent copies as soon as it is up): its
-  arrival reaches the driver once it connects. The reading thread had failed on the
-  missing connection, the arrival was never told, and the run waited for it for ever."""
+@pytest.fixture
+def served_lane(monkeypatch):
+  """A `LaneRuntime` in this process, serving its sockets with `KEY`, and the event its
+  threads set where the lane's process would exit (`wire.exit_now`: not pytest's; the
+  thread that calls it waits for ever instead)."""
   from jaxsgd.scheduler.lanes.runtime import LaneRuntime
 
   ended = threading.Event()
 
-  def end_the_thread(grace: float = 0.0):  # not the process (pytest's): its thread waits
+  def end_the_thread(grace: float = 0.0):
     ended.set()
     threading.Event().wait()
 
   monkeypatch.setattr(wire, 'exit_now', end_the_thread)
   runtime = LaneRuntime('lane', None)
-  address = runtime.serve(KEY)
+  return runtime, runtime.serve(KEY), ended
+
+
+def test_a_value_from_another_lane_read_before_the_drivers_hello_is_told_once_it_connects(
+  served_lane,
+):
+  """A lane reads each connection in a thread of its own, so another lane's value can be
+  read before the driver's hello (a replaced lane is sent copies as soon as it is up): its
+  arrival reaches the driver once it connects. The reading thread had failed on the
+  missing connection, the arrival was never told, and the run waited for it for ever."""
+  runtime, address, ended = served_lane
   peer = wire.connect(address['local'], KEY, ('lane', ('127.0.0.1', 1)))
   driver = None
   try:
@@ -275,8 +283,21 @@ def test_a_value_from_another_lane_read_before_the_drivers_hello_is_told_once_it
     reader.start()
     reader.join(10)
     assert told and told[0][:2] == ('arrived', 7) and told[0][2][0] == 123.0, told
+    assert not ended.is_set()
   finally:
     peer.close()
     if driver is not None:
       driver.close()
       assert ended.wait(10)  # the lane's reader of the driver ended (its run is over)
+
+
+def test_a_lane_thread_that_fails_ends_the_lanes_process(served_lane):
+  """A message another lane sent that its reader cannot take (too short): the failure
+  ends the lane's process, which the driver hears as a death, not the thread alone."""
+  _, address, ended = served_lane
+  peer = wire.connect(address['local'], KEY, ('lane', ('127.0.0.1', 1)))
+  try:
+    peer.send(('value', ('copy', ())))
+    assert ended.wait(10)
+  finally:
+    peer.close()

@@ -35,8 +35,10 @@ import pickle
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Hashable
 from typing import Any
 
@@ -85,6 +87,23 @@ class Ref:
 
   def __repr__(self):
     return f'Ref({self.key!r})'
+
+
+def _exit_on_failure(body):
+  """`body`, a lane thread's whole work, made to end the lane's process (its traceback
+  printed) if it raises: the driver then hears of a death at once. A thread that died
+  alone left the driver waiting for ever for what it was to send."""
+
+  @functools.wraps(body)
+  def guarded(*args, **kwargs):
+    try:
+      return body(*args, **kwargs)
+    except BaseException:  # pylint: disable=broad-except
+      traceback.print_exc()
+      sys.stderr.flush()
+      wire.exit_now()
+
+  return guarded
 
 
 def pin_process(cores: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -458,9 +477,11 @@ class LaneRuntime:
     self.driver_connected = threading.Event()
     self.peers: dict[tuple, wire.Endpoint] = {}  # address -> connection, to lanes we send to
     for target in (self._run_calls, self._run_exports):
-      threading.Thread(target=target, daemon=True, name=f'lane-{target.__name__}').start()
+      name = f'lane-{target.__name__}'
+      threading.Thread(target=_exit_on_failure(target), daemon=True, name=name).start()
+    connected = _exit_on_failure(self._connected)
     for listener in (remote, local):
-      accept = functools.partial(wire.accept_forever, listener, authkey, self._connected)
+      accept = functools.partial(wire.accept_forever, listener, authkey, connected)
       threading.Thread(target=accept, daemon=True, name='lane-accept').start()
     # Its TCP address names the lane (to other lanes, in `dead` notices).
     return {'remote': remote.address, 'local': local.address, 'host': self.host}
