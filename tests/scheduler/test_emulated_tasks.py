@@ -151,7 +151,8 @@ def test_a_moved_vjp_is_rebuilt_from_one_trace_per_task_and_argument_shapes(monk
   """A lane takes in a VJP (a structure that does not pickle) by tracing the task that
   made it: once per task, argument shapes and part, not at every move (the trace, ~4 ms,
   was paid at each of PD-ASGD's residual moves, in front of the backward reading them).
-  Every VJP taken in still gives its own forward's gradients, bit for bit."""
+  Every VJP taken in still gives its own forward's gradients, bit for bit, from the host
+  arrays it came in."""
   source, target = Lane(), Lane()
   traces, trace = [], jax.eval_shape
   monkeypatch.setattr(jax, 'eval_shape', lambda *a, **k: traces.append(a[0]) or trace(*a, **k))
@@ -162,7 +163,9 @@ def test_a_moved_vjp_is_rebuilt_from_one_trace_per_task_and_argument_shapes(monk
     key, *_ = source.call('forward', (w, x), None)
     _, payload = source.runtime.export((key, (1,)))
     assert payload[0][0] == 'origin'  # rebuilt from its task, not unpickled
-    target.runtime.adopt(payload, (f'moved {i}', ()))
+    assert target.runtime.adopt(payload, (f'moved {i}', ()), describe=False) is None
+    # A CPU lane keeps the arrays as they came (a jitted call takes them in itself).
+    assert all(type(leaf) is np.ndarray for leaf in jax.tree.leaves(target.value(f'moved {i}')))
     there, *_ = target.call('backward', (Ref((f'moved {i}', ())), g), None)
     here, *_ = source.call('backward', (Ref((key, (1,))), g), None)
     for part in (0, 1):
