@@ -246,7 +246,7 @@ def _on_slice(masked_update, part: int, parts: int):
   def step(params, opt_state, grads):
     leaves = jax.tree.leaves(params)
     # A traced step (`jax.eval_shape`: an emulated lane's outputs) has no device to put
-    # its mask on; the mask goes in as a constant.
+    # its mask on, nor one on host arrays (a CPU lane's copies): the mask goes in as it is.
     concrete = isinstance(leaves[0], jax.Array) and not isinstance(leaves[0], jax.core.Tracer)
     device = next(iter(leaves[0].devices())) if concrete else None
     key = (jax.tree.structure(params), tuple(np.shape(leaf) for leaf in leaves), device)

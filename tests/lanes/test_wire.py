@@ -4,6 +4,7 @@ address a process picks, and failures as the driver reads them."""
 import pickle
 import threading
 import time
+import types
 from multiprocessing import connection
 
 import numpy as np
@@ -247,18 +248,23 @@ def test_a_lane_writes_new_message_buffers_into_memory_freed_before():
 def served_lane(monkeypatch):
   """A `LaneRuntime` in this process, serving its sockets with `KEY`, and the event its
   threads set where the lane's process would exit (`wire.exit_now`: not pytest's; the
-  thread that calls it waits for ever instead)."""
+  thread that calls it waits for ever instead). Afterwards a thread still waiting for a
+  driver (`_reply`) is given one that reads nothing, before `wire.exit_now` is itself
+  again: else it would end pytest, with status 0, once its wait ran out."""
   from jaxsgd.scheduler.lanes.runtime import LaneRuntime
 
   ended = threading.Event()
 
-  def end_the_thread(grace: float = 0.0):
+  def end_the_thread(grace: float = 0.0, status: int = 0):
     ended.set()
     threading.Event().wait()
 
   monkeypatch.setattr(wire, 'exit_now', end_the_thread)
   runtime = LaneRuntime('lane', None)
-  return runtime, runtime.serve(KEY), ended
+  yield runtime, runtime.serve(KEY), ended
+  if runtime.driver is None:
+    runtime.driver = types.SimpleNamespace(send=lambda message: None)
+    runtime.driver_connected.set()
 
 
 def test_a_value_from_another_lane_read_before_the_drivers_hello_is_told_once_it_connects(
@@ -301,3 +307,21 @@ def test_a_lane_thread_that_fails_ends_the_lanes_process(served_lane):
     assert ended.wait(10)
   finally:
     peer.close()
+
+
+def test_a_reply_that_does_not_pickle_fails_its_call_not_the_lane(served_lane):
+  """A call whose result cannot be sent (it does not pickle): the driver reads the call's
+  failure, naming why, and the lane goes on serving."""
+  runtime, address, ended = served_lane
+  driver = wire.connect(address['local'], KEY, ('driver',))
+  try:
+    assert runtime.driver_connected.wait(10)
+    runtime._reply('ok', 5, threading.Lock())
+    runtime._reply('ok', 6, 'next')
+    kind, number, failure = driver.receive()
+    assert (kind, number) == ('err', 5) and 'pickle' in str(failure), failure
+    assert driver.receive() == ('ok', 6, 'next')
+    assert not ended.is_set()
+  finally:
+    driver.close()
+    assert ended.wait(10)

@@ -125,12 +125,19 @@ class Driver:
     try:
       status = self.process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+      family = _family(self.process.pid)  # (once it is gone, its children cannot be found)
       self.process.send_signal(signal.SIGABRT)
       try:
         self.process.wait(timeout=20)
       except subprocess.TimeoutExpired:
         self.process.kill()
         self.process.wait()
+      for process in family:
+        try:
+          process.kill()
+        except psutil.NoSuchProcess:
+          pass
+      psutil.wait_procs(family, timeout=10)
       raise AssertionError(
         f'the run had not ended within {timeout} s:\n{self.output()[-12000:]}'
       ) from None

@@ -101,7 +101,7 @@ def _exit_on_failure(body):
     except BaseException:  # pylint: disable=broad-except
       traceback.print_exc()
       sys.stderr.flush()
-      wire.exit_now()
+      wire.exit_now(status=1)
 
   return guarded
 
@@ -657,11 +657,19 @@ class LaneRuntime:
     driver's hello is read (a replaced lane, sent a copy as soon as it was up; its reply
     was lost with the thread, and the run waited for that copy for ever)."""
     if self.driver is None and not self.driver_connected.wait(_DRIVER_CONNECT_S):
-      wire.exit_now()  # its driver never came: nobody is left to serve
+      print(
+        f'lane {self.name}: no driver connected within {_DRIVER_CONNECT_S:.0f} s; exiting.',
+        file=sys.stderr,
+        flush=True,
+      )
+      wire.exit_now(status=1)
     try:
       self.driver.send((kind, number, value))
     except (OSError, EOFError):
       wire.exit_now()
+    except Exception as error:  # pylint: disable=broad-except
+      # The reply does not pickle (nothing was written): the call fails, not the lane.
+      self.driver.send(('err', number, wire.failure(error)))
 
   def _maybe_fail(self, task) -> None:
     """The test hook (`FAULT_VAR`): the N-th run of the named task raises, or kills us."""
@@ -752,6 +760,14 @@ def _abstract(leaf):
   """`leaf`'s abstract value: a jax.Array's own (read in ~0.1 µs; it pickles, hashes and
   traces as a `jax.ShapeDtypeStruct`, which costs ~2 µs a leaf to make: 70 µs of the time
   between a VJP's call and the next for the 35 arguments of an MLP's forward)."""
+  if type(leaf) is np.ndarray:  # a CPU lane's copy, kept as it came (`adopt`): made once
+    shape_dtype = (leaf.shape, leaf.dtype)
+    known = _HOST_ABSTRACT.get(shape_dtype)
+    if known is None:
+      import jax
+
+      known = _HOST_ABSTRACT.setdefault(shape_dtype, jax.ShapeDtypeStruct(*shape_dtype))
+    return known
   aval = getattr(leaf, 'aval', None)
   if aval is not None:
     return aval
@@ -760,6 +776,9 @@ def _abstract(leaf):
 
     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=getattr(leaf, 'weak_type', False))
   return leaf
+
+
+_HOST_ABSTRACT: dict[tuple, Any] = {}  # (shape, dtype) -> its ShapeDtypeStruct (`_abstract`)
 
 
 def _parts(value) -> list:

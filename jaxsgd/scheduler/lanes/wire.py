@@ -291,10 +291,11 @@ def connect(where, authkey: bytes, hello, background: bool = False) -> Endpoint:
   return endpoint
 
 
-def exit_now(grace: float = 0.0) -> None:
-  """Ends this lane process, after `grace` seconds (its run's driver is gone)."""
+def exit_now(grace: float = 0.0, status: int = 0) -> None:
+  """Ends this lane process, after `grace` seconds, with exit `status` (0: its run's
+  driver is gone; else it failed)."""
   time.sleep(grace)
-  os._exit(0)
+  os._exit(status)
 
 
 # Seconds a lane whose driver connection ended waits before it exits: a pool that closes
