@@ -52,13 +52,7 @@ def no_driver_left():
   yield
   for driver in Driver.started:
     if driver.process.poll() is None:
-      family = [psutil.Process(driver.process.pid), *_family(driver.process.pid)]
-      for process in family:
-        try:
-          process.kill()
-        except psutil.NoSuchProcess:
-          pass
-      psutil.wait_procs(family, timeout=10)
+      _kill([psutil.Process(driver.process.pid), *_family(driver.process.pid)])
   Driver.started.clear()
 
 
@@ -132,18 +126,22 @@ class Driver:
       except subprocess.TimeoutExpired:
         self.process.kill()
         self.process.wait()
-      for process in family:
-        try:
-          process.kill()
-        except psutil.NoSuchProcess:
-          pass
-      psutil.wait_procs(family, timeout=10)
+      _kill(family)
       raise AssertionError(
         f'the run had not ended within {timeout} s:\n{self.output()[-12000:]}'
       ) from None
     self.log.close()
     lines = [line for line in self.output().replace('\r', '\n').splitlines() if line.strip()]
     return status, lines[-1]
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+  for process in processes:
+    try:
+      process.kill()
+    except psutil.NoSuchProcess:
+      pass
+  psutil.wait_procs(processes, timeout=10)
 
 
 def _family(pid: int) -> list[psutil.Process]:
