@@ -266,9 +266,14 @@ def iteration_ends(tasks, per_task: bool = False) -> list[float]:
 ONE_UPDATE_PER_TASK = ('lppsgd',)
 
 
+def _family_of(workdir: str) -> str:
+  """The family of the run at `workdir` (`<family>-<side>...`)."""
+  return os.path.basename(workdir).split('-')[0]
+
+
 def _per_task(workdir: str) -> bool:
-  """Whether the run at `workdir` (`<family>-<side>`) counts an iteration per task."""
-  return os.path.basename(workdir).split('-')[0] in ONE_UPDATE_PER_TASK
+  """Whether the run at `workdir` counts an iteration per task."""
+  return _family_of(workdir) in ONE_UPDATE_PER_TASK
 
 
 # Families whose every update is an iteration, one of each worker a round: their time
@@ -281,8 +286,8 @@ IN_ROUNDS = ('asgd', 'dcasgd', 'lppsgd')
 
 
 def in_rounds(workdir: str) -> bool:
-  """Whether the run at `workdir` (`<family>-<side>`) is measured over whole rounds."""
-  return os.path.basename(workdir).split('-')[0] in IN_ROUNDS
+  """Whether the run at `workdir` is measured over whole rounds."""
+  return _family_of(workdir) in IN_ROUNDS
 
 
 def window(
@@ -338,7 +343,8 @@ def window_stats(workdir: str, warmup: int, left_out: int | None = None) -> dict
   time the run takes when they leave it alone), and the mean; each compute lane's
   utilization over the window."""
   names, tasks = read_trace(workdir)
-  start, stop, iterations = window(names, tasks, warmup, _per_task(workdir), left_out)
+  per_task = _per_task(workdir)
+  start, stop, iterations = window(names, tasks, warmup, per_task, left_out)
   busy = {}
   for lane, _, begin, end, _, _ in tasks:
     name = names[lane]
@@ -348,7 +354,6 @@ def window_stats(workdir: str, warmup: int, left_out: int | None = None) -> dict
     key = _short(name)
     busy[key] = busy.get(key, 0.0) + overlap
   utilization = {lane: seconds / (stop - start) for lane, seconds in sorted(busy.items())}
-  per_task = _per_task(workdir)
   ends = [e for e in sorted(iteration_ends(tasks, per_task)) if start <= e <= stop]
   workers = len({lane for lane, kind, *_ in tasks if kind == 'backward'})
   median = blocks_median(ends, block_for(workers) if in_rounds(workdir) else BLOCK)

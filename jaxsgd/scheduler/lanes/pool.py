@@ -306,14 +306,14 @@ class LanePool:
       outline = self._outlines[finished.signature]
     else:
       self._described.add((finished.lane, finished.signature))
-    known = self._outlines.setdefault(finished.signature, outline)
-    if known != outline:  # `early` handed out handles of another shape: never expected
-      raise LaneError(
-        finished.lane,
-        self._host(finished.lane),
-        f'{finished.task!r} returned {outline}, not {known} as before on '
-        'arguments of the same shapes.',
-      )
+      known = self._outlines.setdefault(finished.signature, outline)
+      if known != outline:  # `early` handed out handles of another shape: never expected
+        raise LaneError(
+          finished.lane,
+          self._host(finished.lane),
+          f'{finished.task!r} returned {outline}, not {known} as before on '
+          'arguments of the same shapes.',
+        )
     if finished._result is None:  # else `early` made them: one handle per value, ever
       finished._result = self._handles(finished.lane, (finished.key, ()), outline)
     finished.finish()
