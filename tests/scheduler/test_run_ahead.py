@@ -330,13 +330,14 @@ def test_a_lanes_take_in_and_its_copies_run_one_at_a_time(interpreter):
 
 
 @pytest.mark.parametrize('interpreter', [False, True], ids=['copies apart', 'one interpreter'])
-def test_a_tasks_copies_go_before_its_lanes_next_take_in(interpreter):
+def test_a_lanes_next_take_in_goes_before_the_copies_of_its_tasks_result(interpreter):
   """Lane b makes x (B, 0 → 2), sends it to c, then reads p, which a made (0 → 1) and sent
   to b (the copy 1 → 1.5). At 2 both x's copy and b's next task, which takes p in first
-  (0.25 s), can start: a lane process keeps x and wakes its export thread before it takes
-  its next call, so x's copy runs 2 → 2.5 and the take-in after it, b's task 2.5 → 3.75.
-  With the copies apart: b's task 2 → 3.25 beside x's copy. c takes x in and computes,
-  2.5 → 3.75, either way."""
+  (0.25 s), can start: a lane process replies, wakes its export thread and takes its
+  queued next call before that thread gets the interpreter, so b's task runs 2 → 3.25
+  (its take-in 2 → 2.25) and x's copy after the take-in, 2.25 → 2.75; c takes x in and
+  computes, 2.75 → 4. With the copies apart: x's copy 2 → 2.5 beside b's task, c
+  2.5 → 3.75."""
   cluster = Cluster()
   a, b, c = (cluster.add_lane(name) for name in 'abc')
   to_b, to_c = cluster.channel('to b', b), cluster.channel('to c', c)
@@ -359,9 +360,10 @@ def test_a_tasks_copies_go_before_its_lanes_next_take_in(interpreter):
   executor = LaneProcessModel(costs, run_ahead=4, copies_on_sender=interpreter)
   processes = [Process('a', a, on_a()), Process('b', b, on_b()), Process('c', c, on_c())]
   spans = _spans_by_lane(cluster, executor.run(cluster, processes))
-  assert spans['link a → b'] == [(1, 1.5)] and spans['link b → c'] == [(2, 2.5)]
-  assert spans['b'] == [(0, 2), (2.5, 3.75) if interpreter else (2, 3.25)]
-  assert spans['c'] == [(2.5, 3.75)]
+  assert spans['link a → b'] == [(1, 1.5)]
+  assert spans['link b → c'] == [(2.25, 2.75) if interpreter else (2, 2.5)]
+  assert spans['b'] == [(0, 2), (2, 3.25)]
+  assert spans['c'] == [(2.75, 4) if interpreter else (2.5, 3.75)]
 
 
 @pytest.mark.parametrize('devices', [False, True], ids=['no devices', 'two devices'])
