@@ -294,18 +294,23 @@ def window(
   names, tasks, warmup: int, per_task: bool = False, iterations: int | None = None
 ) -> tuple[float, float, int]:
   """`(start, stop, iterations)` of the steady state: from the end of the first
-  iteration after both `iterations` iterations (default `warmup`) and the first `warmup`
-  tasks of every compute lane that runs more (a lane compiles its tasks on first use: a
+  iteration after `iterations` iterations (default `warmup`), the first `warmup` tasks
+  of every compute lane that runs more, and the first task of each kind on each such
+  lane (a lane compiles a task on first use, which the virtual clock does not price: a
   worker still compiling while the others run would make the start look unlike the
-  rest), to the end of the last."""
+  rest, and LPP-SGD's first merges, each compiled on its worker's lane, came one
+  averaging round late), to the end of the last."""
   ends = sorted(iteration_ends(tasks, per_task))
-  per_lane = {}
-  for lane, _, _, end, _, _ in tasks:
+  per_lane, first_of_kind = {}, {}
+  for lane, kind, _, end, _, _ in tasks:
     if not names[lane].startswith('link '):
       per_lane.setdefault(lane, []).append(end)
-  # A lane with no more than `warmup` tasks (LPP-SGD's all-reduce, which averages once,
-  # at the end) does no per-iteration work to warm up.
-  warm = max((sorted(e)[warmup - 1] for e in per_lane.values() if len(e) > warmup), default=0.0)
+      first_of_kind[lane, kind] = min(end, first_of_kind.get((lane, kind), end))
+  # A lane with no more than `warmup` tasks (LPP-SGD's all-reduce, which averages a few
+  # times) does no per-iteration work to warm up.
+  warming = {lane for lane, e in per_lane.items() if len(e) > warmup}
+  warm = max((sorted(per_lane[lane])[warmup - 1] for lane in warming), default=0.0)
+  warm = max([warm] + [end for (lane, _), end in first_of_kind.items() if lane in warming])
   left_out = warmup if iterations is None else iterations
   warm = max(warm, ends[min(left_out, len(ends) - 2)])
   after = [e for e in ends if e >= warm]

@@ -89,14 +89,15 @@ def test_emulated_rows_are_simulated_with_the_hosts_idle_figures():
 
 def test_a_row_leaves_out_its_warm_up_and_the_filling_then_runs_its_blocks():
   """`--warmup 8 --blocks 8`: BP leaves out 8 iterations, a pipeline or PD-ASGD also 2 per
-  lane (K = 4: 16), ASGD and LPP-SGD 4 per worker (24); then 8 blocks of 5 iterations, of
-  whole rounds for ASGD and LPP-SGD (K = 2: 6; M = 32: 32), and one more iteration."""
+  lane (K = 4: 16), ASGD 4 per worker (24), LPP-SGD 24 per worker (104: its averaging
+  rounds reach every worker late); then 8 blocks of 5 iterations, of whole rounds for
+  ASGD and LPP-SGD (K = 2: 6; M = 32: 32), and one more iteration."""
   import argparse
 
   args = argparse.Namespace(warmup=8, blocks=8)
   families = ('bp', 'ddg', 'pdasgd', 'asgd', 'lppsgd')
-  assert [schedule_error.warm_up(f, 4, args) for f in families] == [8, 16, 16, 24, 24]
-  assert [schedule_error.steps_of(f, 2, args) for f in families] == [49, 53, 53, 65, 65]
+  assert [schedule_error.warm_up(f, 4, args) for f in families] == [8, 16, 16, 24, 104]
+  assert [schedule_error.steps_of(f, 2, args) for f in families] == [49, 53, 53, 65, 105]
   assert schedule_error.steps_of('dcasgd', 32, args) == 8 + 128 + 32 * 8 + 1
 
 
@@ -111,3 +112,18 @@ def test_the_iterations_left_out_are_counted_apart_from_each_lanes_first_tasks()
   tasks = server + workers
   assert accuracy.window(names, tasks, 4, iterations=12)[0] == 13.0
   assert accuracy.window(names, tasks, 12)[0] == 24.0
+
+
+def test_the_window_begins_after_each_lanes_first_task_of_each_kind():
+  """As above, and worker 1 merges once, 30.1 → 30.4 (its first task of a kind: compiled
+  on first use, which the virtual clock does not price): the window begins at the first
+  update's end after it, 31.0, however few iterations are left out. A lane with no more
+  than `warmup` tasks (an averaging lane's few rounds) does not hold it back."""
+  names = {0: 'server', 1: 'worker 0', 2: 'worker 1', 3: 'allreduce'}
+  server = [(0, 'update', i + 0.5, i + 1.0, i, 0) for i in range(40)]
+  workers = [(1 + i % 2, 'backward', i + 0.1, i + 0.4, None, 0) for i in range(40)]
+  merge = [(2, 'merge', 30.1, 30.4, None, 0)]
+  average = [(3, 'average', 36.0, 36.5, 0, 0)]
+  tasks = server + workers + merge + average
+  assert accuracy.window(names, tasks, 4, iterations=12)[0] == 31.0
+  assert accuracy.window(names, server + workers + average, 4, iterations=12)[0] == 13.0
