@@ -35,9 +35,10 @@ below which an error cannot be told from the measurement's noise. Per run: time 
 iteration, `simulator_accuracy`'s definition
 (an iteration is one applied update of the whole model; the median over blocks of 5
 iterations of the steady state, after `--warmup` iterations and the workers or the
-pipeline filling: `warm_up`), and for the
-asynchronous families the staleness histogram of every applied update, compared by
-total variation distance (TVD: half the L1 distance of the two normalized histograms).
+pipeline filling: `warm_up`; LPP-SGD's averaging reaching every worker), and for the
+asynchronous families the staleness histograms of the steady state's applied updates
+and of every one, compared by total variation distance (TVD: half the L1 distance of
+the two normalized histograms).
 
 Part 2 (`--variants`, on by default) runs the virtual clock again with the host profile
 changed one figure at a time, to say what the error is made of (diagnostics: read off
@@ -697,14 +698,18 @@ def _print_last_lines(done: list[dict]) -> None:
     return
   errors = [row['error'] for row in done]
   worst = max(done, key=lambda row: row['error'])
+  # (NaN where a run has no histogram: left out, as `max` would keep or drop it by order)
   tvds = [row['tvd'] for row in done if row['family'] in ASYNCHRONOUS]
-  steady = [row['steady_tvd'] for row in done if row['family'] in ASYNCHRONOUS]
+  tvds, steady = [
+    [v for v in values if np.isfinite(v)]
+    for values in (tvds, [row['steady_tvd'] for row in done if row['family'] in ASYNCHRONOUS])
+  ]
   print(
     f'median error {np.median(errors):.1f} % over {len(done)} rows; largest: '
     f'{label(worst["family"], worst["lanes"])}; largest TVD over the steady state '
     + (
       f"{max(steady):.3f} (over every update, the lanes' first compiles included: {max(tvds):.3f})"
-      if tvds
+      if tvds and steady
       else '-'
     )
     + '; goal: max <= 5 %, median <= 2 %, TVD <= 0.1'

@@ -295,28 +295,39 @@ def window(
 ) -> tuple[float, float, int]:
   """`(start, stop, iterations)` of the steady state: from the end of the first
   iteration after `iterations` iterations (default `warmup`), the first `warmup` tasks
-  of every compute lane that runs more, and the first task of each kind on each such
-  lane (a lane compiles a task on first use, which the virtual clock does not price: a
-  worker still compiling while the others run would make the start look unlike the
-  rest, and LPP-SGD's first merges, each compiled on its worker's lane, came one
-  averaging round late), to the end of the last."""
+  of every lane that runs more and does per-iteration work (`ITERATION_KINDS`), and the
+  first task of each kind and stage on each such lane (a lane compiles a task on first
+  use, which the virtual clock does not price: a worker still compiling while the
+  others run would make the start look unlike the rest, and LPP-SGD's first merges,
+  each compiled on its worker's lane, came one averaging round late), to the end of the
+  last. LPP-SGD's all-reduce lane, which averages now and then, is not waited for."""
   ends = sorted(iteration_ends(tasks, per_task))
-  per_lane, first_of_kind = {}, {}
-  for lane, kind, _, end, _, _ in tasks:
+  per_lane, kinds, first_use = {}, {}, {}
+  for lane, kind, _, end, _, stage in tasks:
     if not names[lane].startswith('link '):
       per_lane.setdefault(lane, []).append(end)
-      first_of_kind[lane, kind] = min(end, first_of_kind.get((lane, kind), end))
-  # A lane with no more than `warmup` tasks (LPP-SGD's all-reduce, which averages a few
-  # times) does no per-iteration work to warm up.
-  warming = {lane for lane, e in per_lane.items() if len(e) > warmup}
-  warm = max((sorted(per_lane[lane])[warmup - 1] for lane in warming), default=0.0)
-  warm = max([warm] + [end for (lane, _), end in first_of_kind.items() if lane in warming])
+      kinds.setdefault(lane, set()).add(kind)
+      first_use[lane, kind, stage] = min(end, first_use.get((lane, kind, stage), end))
+  warming = {
+    lane for lane, e in per_lane.items() if len(e) > warmup and kinds[lane] & ITERATION_KINDS
+  }
+  why = {sorted(per_lane[lane])[warmup - 1]: f'{names[lane]}: task {warmup}' for lane in warming}
+  for (lane, kind, stage), end in first_use.items():
+    if lane in warming:
+      why[end] = f'{names[lane]}: its first {kind} (stage {stage})'
   left_out = warmup if iterations is None else iterations
-  warm = max(warm, ends[min(left_out, len(ends) - 2)])
+  why[ends[min(left_out, len(ends) - 2)]] = f'iteration {left_out}'
+  warm = max(why)
   after = [e for e in ends if e >= warm]
   if len(after) < 2:
-    raise ValueError(f'fewer than 2 iterations after the warm-up; run more than {len(ends)}')
+    raise ValueError(
+      f'fewer than 2 iterations after the warm-up (ended by {why[warm]}); run more than {len(ends)}'
+    )
   return after[0], after[-1], len(after) - 1
+
+
+# Kinds of task that a lane runs every iteration (not an averaging lane's rounds).
+ITERATION_KINDS = frozenset({'forward', 'backward', 'update', 'step'})
 
 
 # Iterations per block: the time per iteration is the median over blocks of this many.
@@ -490,7 +501,8 @@ def warm_up(name: str, args, workdir: str, attempts: int = 3) -> None:
 
 
 class NoSteadyState(ValueError):
-  """A run whose lanes did not all get past `--warmup` (`window_stats`)."""
+  """A run whose lanes did not all get past `--warmup`, or their first task of each kind,
+  with two iterations left (`window_stats`)."""
 
 
 def steady_stats(workdir: str, warmup: int, left_out: int | None = None) -> dict:

@@ -3,6 +3,7 @@ every update is an iteration (ASGD, DC-ASGD, LPP-SGD: blocks of whole rounds), t
 iterations left out, and the staleness of the steady state's updates."""
 
 import numpy as np
+import pytest
 
 from benchmarks import schedule_error
 from benchmarks import simulator_accuracy as accuracy
@@ -117,13 +118,20 @@ def test_the_iterations_left_out_are_counted_apart_from_each_lanes_first_tasks()
 def test_the_window_begins_after_each_lanes_first_task_of_each_kind():
   """As above, and worker 1 merges once, 30.1 → 30.4 (its first task of a kind: compiled
   on first use, which the virtual clock does not price): the window begins at the first
-  update's end after it, 31.0, however few iterations are left out. A lane with no more
-  than `warmup` tasks (an averaging lane's few rounds) does not hold it back."""
+  update's end after it, 31.0, however few iterations are left out. A first task of a
+  kind at a stage not run before counts too (worker 0's stage-1 backward, 20.1 → 20.4:
+  from 21.0). An averaging lane (no forward, backward or update) is not waited for,
+  however many rounds it runs (6, the last ending at 36.5). A window that such a first
+  task leaves too short is refused, naming it."""
   names = {0: 'server', 1: 'worker 0', 2: 'worker 1', 3: 'allreduce'}
   server = [(0, 'update', i + 0.5, i + 1.0, i, 0) for i in range(40)]
   workers = [(1 + i % 2, 'backward', i + 0.1, i + 0.4, None, 0) for i in range(40)]
   merge = [(2, 'merge', 30.1, 30.4, None, 0)]
-  average = [(3, 'average', 36.0, 36.5, 0, 0)]
-  tasks = server + workers + merge + average
-  assert accuracy.window(names, tasks, 4, iterations=12)[0] == 31.0
+  other_stage = [(1, 'backward', 20.1, 20.4, None, 1)]
+  average = [(3, 'average', 31.0 + i, 31.5 + i, i, 0) for i in range(6)]
+  assert accuracy.window(names, server + workers + merge + average, 4, iterations=12)[0] == 31.0
   assert accuracy.window(names, server + workers + average, 4, iterations=12)[0] == 13.0
+  assert accuracy.window(names, server + workers + other_stage, 4, iterations=12)[0] == 21.0
+  late = [(2, 'merge', 39.1, 39.4, None, 0)]
+  with pytest.raises(ValueError, match=r'ended by worker 1: its first merge \(stage 0\)'):
+    accuracy.window(names, server + workers + late, 4, iterations=12)

@@ -17,8 +17,8 @@ so a run depends on nothing but the programs, the costs and the seed: same seed,
 
 What the ops mean (channels, transfers over link lanes) is the `Executor` base's. A task
 occupies its lane's hardware (`_hardware`): the lane, what it shares (`LaneSpec.shares`,
-`lane_hardware`), or for a transfer the link between two pieces of hardware (with
-`copies_on_sender`, the sender's copies' queue); each piece runs its tasks one at a time.
+`lane_hardware`), or for a transfer the link between two pieces of hardware (the sender's
+copies' queue with `copies_on_sender`), each running its tasks one at a time.
 
 This schedule is the in-process clocks'. Subclasses change it through the loop's hooks,
 never by branches in it; `make(...)` picks the class a run's settings ask for:
@@ -93,8 +93,8 @@ class VirtualExecutor(Executor):
     """`lane_hardware`: placement lane name (`placement.lane_name`) -> hardware key, for
     lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`.
     `copies_on_sender`: the sending lane's process makes a transfer in a thread of its
-    own (a lane process exports what it sends): its copies run one at a time beside its
-    tasks, not on a link of their own, sharing a core shared in time slices with them."""
+    own (a lane process exports what it sends): one at a time beside its tasks, not on a
+    link of their own."""
     if cost_model.simulates_driver and not self.run_ahead:
       raise ValueError(
         f'driver / driver_latency: {cost_model.driver!r} / '
@@ -110,8 +110,7 @@ class VirtualExecutor(Executor):
     self.notes_vjps = False  # records the task of every vjp (`snapshot.note_vjps`)
 
   def now(self) -> float:
-    """Simulated seconds since the start of the run."""
-    return self._now
+    return self._now  # simulated seconds since the start of the run
 
   def begin(self) -> None:
     self._now = 0.0
@@ -146,9 +145,8 @@ class VirtualExecutor(Executor):
   def transfer_call(self, value, channel) -> tuple:
     """The base's transfer task, the message flattened once for its bytes (counted only
     where a message's cost depends on them) and for whether it is on the channel's
-    device already (then the task hands it on as it is, which is what `copy_for_send`
-    returns for it): two flattens of a pushed gradient cost ~11 µs each of a simulated
-    ASGD session's host time here."""
+    device already (then handed on as it is, as `copy_for_send` would): a flatten of a
+    pushed gradient costs ~11 µs of a simulated ASGD session's host time."""
     leaves = jax.tree_util.tree_leaves(value)
     nbytes = transfer.leaves_nbytes(leaves) if self.cost_model.prices_bytes else 0
     if channel.device is None or transfer.leaves_on_device(leaves, channel.device):
@@ -166,7 +164,11 @@ class VirtualExecutor(Executor):
     if queue is None:
       queue = self._queued[hardware] = deque()
     queue.append(queued)
-    if hardware not in self._busy:
+    self._start_if_free(hardware)
+
+  def _start_if_free(self, hardware) -> None:  # (a task, if one waits and `hardware` is free)
+    queue = self._queued.get(hardware)  # (None for a task in flight at a resume)
+    if queue and hardware not in self._busy:
       self._start_next(hardware, queue)
 
   def _hardware(self, lane: int):
@@ -231,9 +233,7 @@ class VirtualExecutor(Executor):
     hardware = self._hardware(lane)
     self._busy.discard(hardware)
     self._task_ended(process, op, lane, start, result, *extra)
-    queue = self._queued.get(hardware)  # (None for a task in flight at a resume)
-    if queue and hardware not in self._busy:
-      self._start_next(hardware, queue)
+    self._start_if_free(hardware)
 
   def _task_ended(self, process, op, lane, start, result) -> None:
     """Hook: the task is recorded and its process goes on at once with its result."""

@@ -289,27 +289,23 @@ class LaneProcessModel(VirtualExecutor):
     task's end it replies to the driver, wakes the export thread for its result, and
     its call thread, still holding the interpreter, takes its next call if one is
     queued and takes in what that reads (`LaneRuntime._run_calls`, `_made`); the copies
-    run after that take-in, then whatever the end sets going. Started after the copies
-    (as the lane ran before it replied first), a parameter server's update waited for
-    its copy of the parameters to a worker, and the server idled 1.5 ms between updates
-    where its lane process idled 0.5."""
+    run after that take-in, then whatever the end sets going (what a process dispatches
+    on hearing of it reaches the lane later). Started after the copies (as the lane ran
+    before it replied first), a parameter server's update waited for its copy of the
+    parameters to a worker, and the server idled 1.5 ms between updates where its lane
+    process idled 0.5. (Not `super()._finish`: it frees the hardware after the next
+    task may have taken it.)"""
     hardware, interpreter = self._hardware(lane), self._interpreter(lane)
     self._busy.discard(hardware)
     if interpreter is not None:
       job.done = True
       self._start_if_free(hardware)
+      self._hand_interpreter(interpreter)  # the copies the end woke
     self._task_ended(process, op, lane, start, result, job)
     self._start_if_free(hardware)
     self._arrived(job)  # lanes whose next task read this one's result
-    if interpreter is not None:  # the copies its end woke
-      self._hand_interpreter(interpreter)
     if self.cluster.lanes[lane].link is not None:  # a copy: its sender's interpreter
       self._hand_interpreter(hardware)
-
-  def _start_if_free(self, hardware) -> None:
-    queue = self._queued.get(hardware)  # (None for a task in flight at a resume)
-    if queue and hardware not in self._busy:
-      self._start_next(hardware, queue)
 
   # --- a lane process's interpreter -----------------------------------------------------
   def _interpreter(self, lane: int) -> tuple | None:
@@ -332,20 +328,16 @@ class LaneProcessModel(VirtualExecutor):
     if interpreter in self._busy:
       return
     waiting = self._take_in_waiting.pop(interpreter, None)
-    if waiting is not None and waiting not in self._busy and self._queued.get(waiting):
-      self._start_next(waiting, self._queued[waiting])
-    copies = self._queued.get(interpreter)
-    if copies and interpreter not in self._busy:
-      self._start_next(interpreter, copies)
+    if waiting is not None:
+      self._start_if_free(waiting)
+    self._start_if_free(interpreter)
 
   def _arrived(self, job: '_Job') -> None:
     """`job` is done (a task ended, or a dispatched task reached its lane): the lanes
     whose next task waited for it may start."""
     job.done = True
     for waiting in job.blocked:
-      queue = self._queued.get(waiting)
-      if queue and waiting not in self._busy:
-        self._start_next(waiting, queue)
+      self._start_if_free(waiting)
 
   # --- where results are ----------------------------------------------------------------
   def _made_of(self, leaf) -> '_Made | None':
