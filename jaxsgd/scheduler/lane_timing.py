@@ -128,22 +128,16 @@ def measure_process_dispatch(
   - `processes`: `measure_dispatch`'s figure, wall time per task of a chain of tasks:
     what a task waits for the driver and Ray when they have cores of their own (a host
     profile's `dispatch`).
-  - `driver`: the CPU seconds of the driver's thread per event it handles (a task
-    dispatched, a task's end heard), over the chain below, each task waited for
-    (`Compute(ahead=False)`): the simulated driver's time per event (a host profile's
-    `driver`).
-  - `driver_latency`: the median time from a task's end on the lane to the driver
-    hearing of it, less `driver`: each way of a message between the driver and a lane
-    (a host profile's `driver_latency`), on an idle machine; over a chain of `busy`
-    tasks (tens of milliseconds each, as a run's), each waited for: a driver that has
+  - `driver`, `driver_latency` (`_driver_figures`): the driver thread's CPU seconds per
+    event (a task dispatched, a task's end heard) and each way of a message between it
+    and a lane (a task's end to the driver hearing of it, less `driver`), over chains of
+    `busy` tasks (tens of milliseconds, as a run's), each waited for: a driver that has
     waited milliseconds wakes later than one that dispatched microseconds before.
   - `processes_cpu` (only with a cluster started for it): the CPU seconds per task of
-    every process of the run — the driver, the lane and Ray's own (raylet, GCS), all
-    descendants of this process then — over the same chain: what each task costs the
-    machine's cores. On a machine whose lanes take every core, the driver and Ray run
-    on the lanes' cores, and that is what a lane loses per task (a host profile's
-    `dispatch_loaded`); it exceeds the wall-time figure because the driver, the lane and
-    the raylet work at once (figures: benchmarks/results/simulator_history.md).
+    every process of the run (the driver, the lane, Ray's raylet and GCS: all this
+    process's descendants then): what a lane loses per task where lanes take every
+    core (a host profile's `dispatch_loaded`; above the wall-time figure, as the
+    driver, the lane and the raylet work at once).
   """
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool, cluster  # Ray only if asked
   from jaxsgd.scheduler.process import ProcessExecutor
@@ -207,15 +201,12 @@ def measure_loaded_driver(
 ) -> dict[str, float]:
   """The simulated driver's figures while the lanes keep every core of `cores` busy:
   `driver_loaded` and `driver_latency_loaded`, measured as `measure_process_dispatch`'s
-  `driver` and `driver_latency`, but over one lane process pinned to each core of
-  `cores`, each running a chain of `tasks` tasks of ~25 ms of matrix products
-  (`dispatch_tasks`' `busy`), run ahead as the process executor runs a family's tasks
-  (the first fifth of each chain left out: warm-up); `driver_loaded_lanes`, how many
-  lanes (cores) were busy.
-
-  Why: where the lanes take every core, the driver and Ray's processes only run when
-  they preempt a lane, so a task's end reaches the driver several times later than on an
-  idle machine (benchmarks/results/simulator_history.md); else the idle figures apply.
+  `driver` and `driver_latency`, over one lane process pinned to each core of `cores`,
+  each running chains of `tasks` ~25 ms tasks (`dispatch_tasks`' `busy`) run ahead, as
+  the process executor runs a family's (the first fifth of each chain left out);
+  `driver_loaded_lanes`, how many lanes were busy. Where the lanes take every core, the
+  driver and Ray run only when they preempt a lane: a task's end reaches the driver
+  several times later than on an idle machine (benchmarks/results/simulator_history.md).
   """
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
   from jaxsgd.scheduler.process import ProcessExecutor
@@ -228,19 +219,21 @@ def measure_loaded_driver(
     _run_chains(  # compiled on every lane, and the lanes warm
       ProcessExecutor(pool=pool, verbose=False), lanes=lanes, tasks=2, ahead=True, name='busy'
     )
+    executor = ProcessExecutor(pool=pool, verbose=False)
     per_event, latency = _driver_figures(
-      ProcessExecutor(pool=pool, verbose=False),
-      lanes=lanes,
-      tasks=tasks,
-      ahead=True,
-      name='busy',
-      warmup=5,
+      executor, lanes=lanes, tasks=tasks, ahead=True, name='busy', warmup=5
     )
   return {
     'driver_loaded': per_event,
     'driver_latency_loaded': latency,
     'driver_loaded_lanes': float(len(lanes)),
   }
+
+
+# Chains `_driver_figures` takes the median over: one chain's median hear delay moved by a
+# factor of two between chains run one after the other (98-185 µs, idle 2-core machine),
+# as a state of the machine lasts about as long as a chain (~1 s).
+DRIVER_REPEATS = 5
 
 
 def _driver_figures(
@@ -251,21 +244,27 @@ def _driver_figures(
   ahead: bool = False,
   name: str = 'add_one',
   warmup: int = 10,
+  repeats: int = DRIVER_REPEATS,
 ) -> tuple[float, float]:
-  """`(CPU seconds of this thread per event, driver latency)` of `executor` running one
+  """`(CPU seconds of this thread per event, driver latency)` of `executor` running a
   chain of `tasks` named tasks `name` per lane of `lanes` (`_run_chains`; `ahead=False`:
-  each waited for): two events per task, its dispatch and its end heard; the latency is
-  the median time from a task's end to the driver hearing of it, less the CPU per event
-  (at least 0), the first `1 / warmup` of each chain's hear delays left out (warm-up)."""
-  cpu = time.thread_time()
-  records = _run_chains(executor, lanes=lanes, tasks=tasks, ahead=ahead, name=name).records
-  cpu = time.thread_time() - cpu
-  per_event = cpu / (2 * len(records))
-  heard = []
-  for lane in {r.lane for r in records}:
-    chain = sorted((r for r in records if r.lane == lane), key=lambda r: r.start)
-    heard += [r.heard - r.end for r in chain[len(chain) // warmup :]]
-  return per_event, max(float(np.median(heard)) - per_event, 0.0)
+  each waited for), `repeats` times, the median of each figure over the repeats. Per
+  chain: two events per task, its dispatch and its end heard; the latency is the median
+  time from a task's end to the driver hearing of it, less the CPU per event (at least
+  0), the first `1 / warmup` of each chain's hear delays left out (warm-up)."""
+  figures = []
+  for _ in range(repeats):
+    cpu = time.thread_time()
+    records = _run_chains(executor, lanes=lanes, tasks=tasks, ahead=ahead, name=name).records
+    cpu = time.thread_time() - cpu
+    per_event = cpu / (2 * len(records))
+    heard = []
+    for lane in {r.lane for r in records}:
+      chain = sorted((r for r in records if r.lane == lane), key=lambda r: r.start)
+      heard += [r.heard - r.end for r in chain[len(chain) // warmup :]]
+    figures.append((per_event, max(float(np.median(heard)) - per_event, 0.0)))
+  per_event, latency = np.median(figures, axis=0)
+  return float(per_event), float(latency)
 
 
 def _cpu_seconds_by_pid() -> dict[int, float]:

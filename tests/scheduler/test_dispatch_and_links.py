@@ -603,3 +603,25 @@ def test_a_copy_on_a_time_sliced_core_shares_it_with_the_senders_next_task():
     ('forward', 1, 3.0, 4.0),
     ('transfer', 2, 1.0, 3.0),
   ]
+
+
+def test_the_driver_figures_are_the_median_over_repeated_chains(monkeypatch):
+  """Three chains of 10 tasks (one lane), whose tasks are heard 0.2, 0.9 and 0.3 ms after
+  their ends (the first of each left out: warm-up 10), and whose driver thread spent 2, 8
+  and 4 µs of CPU (0.1, 0.4, 0.2 µs per event, two a task): per chain 0.1999, 0.8996 and
+  0.2998 ms of latency; the figures are the medians, 0.2 µs per event and 0.2998 ms."""
+  from jaxsgd.scheduler import lane_timing
+  from jaxsgd.scheduler.timeline import TaskRecord
+
+  delays, cpu = iter([2e-4, 9e-4, 3e-4]), iter([0.0, 2e-6, 10e-6, 18e-6, 20e-6, 24e-6])
+
+  def chains(executor, **kwargs):
+    heard = next(delays)
+    records = [TaskRecord(0, 'dispatch', i, i + 0.5, heard=i + 0.5 + heard) for i in range(10)]
+    return type('Timeline', (), {'records': records})()
+
+  monkeypatch.setattr(lane_timing, '_run_chains', chains)
+  monkeypatch.setattr(lane_timing.time, 'thread_time', lambda: next(cpu))
+  per_event, latency = lane_timing._driver_figures(None, lanes=('a',), tasks=10, repeats=3)
+  assert per_event == pytest.approx(2e-7, rel=1e-9)
+  assert latency == pytest.approx(3e-4 - 2e-7, rel=1e-9)
