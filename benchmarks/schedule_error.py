@@ -103,15 +103,16 @@ def warm_up(name: str, lanes: int, args) -> int:
   not price, and what queued meanwhile drains in these iterations (PD-ASGD 1:15's
   emulated updates were staler than 3 until its 27th iteration of 81, none on the
   virtual clock; from the 41st on, each layer's were at most one update apart). LPP-SGD
-  leaves out 24 K: its steady state begins once every worker has merged an averaging
-  round (`accuracy.window`: each lane's first task of each kind), and a round takes
-  every replica's snapshot, so the lanes' staggered first compiles delay it (the last
-  emulated worker's first merge came at iteration 146 of K = 8, 356 of K = 16, with 16
-  lane processes on 2 cores; on the virtual clock at 40 and 96)."""
+  leaves out 64 K: its steady state begins once every worker has merged an averaging
+  round (`accuracy.window`: each lane's first task of each kind), a round takes every
+  replica's snapshot, and the lanes' staggered first compiles delay it (16 emulated
+  workers on 2 cores began 1.8-4.8 s into a run, the first mean came at 5.5 s and the
+  merges, each in its replica's turn, until 6.8 s: the last at iteration 356, 501 and
+  past 521 of three runs; on the virtual clock at 96)."""
   if name == 'bp':
     return args.warmup
   if name == 'lppsgd':
-    return args.warmup + 24 * lanes
+    return args.warmup + 64 * lanes
   return args.warmup + (4 if name in accuracy.IN_ROUNDS else 2) * lanes
 
 
