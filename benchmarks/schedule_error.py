@@ -97,7 +97,7 @@ def label(name: str, lanes: int) -> str:
 
 def warm_up(name: str, lanes: int, args) -> int:
   """Iterations left out of a run's steady state (beside each lane's first `--warmup`
-  tasks, `accuracy.window`): `--warmup`, then the pipeline or the workers filling (K
+  tasks and its first of each kind, `accuracy.window`): `--warmup`, then the pipeline or the workers filling (K
   stages fill in ~K iterations; M workers each push every ~M server updates). Both sides
   leave them out: the lanes compile each task on first use, which the virtual clock does
   not price, and what queued meanwhile drains in these iterations (PD-ASGD 1:15's
@@ -208,7 +208,8 @@ def run(
   config, workdir: str, warmup: int, sampler: 'CpuSampler | None' = None, *, iterations: int
 ) -> dict:
   """Trains `config` into `workdir`: its steady-state statistics (`accuracy.window_stats`,
-  after `iterations`, `warm_up`, and each lane's first `warmup` tasks; blocks of whole
+  after `iterations`, `warm_up`, each lane's first `warmup` tasks and its first of each
+  kind; blocks of whole
   rounds where every update is an iteration, `accuracy.IN_ROUNDS`) and staleness
   histogram (with `sampler`, the host's CPU over the steady state: `CpuSampler.busy`)."""
   from jaxsgd import training

@@ -42,7 +42,8 @@ on the Ray cluster the runs use, before them.
 
 Per family: time per iteration (an iteration is one applied update of the whole model:
 a batch whose every stage has updated, or one server update), from the end of iteration
-`--warmup` to the end of the last one (the lanes compile during the first ones);
+`--warmup`, or of each lane's first task of each kind if later (a lane compiles a task on
+first use: `window`), to the end of the last one;
 utilization of each compute lane over the same window; and for the asynchronous methods
 the staleness histogram of every applied update. Error = |predicted - measured| /
 measured of the time per iteration; the last line is the largest over the families that
