@@ -97,12 +97,13 @@ def label(name: str, lanes: int) -> str:
 
 def warm_up(name: str, lanes: int, args) -> int:
   """Iterations left out of a run's steady state (beside each lane's first `--warmup`
-  tasks and its first of each kind, `accuracy.window`): `--warmup`, then the pipeline or the workers filling (K
-  stages fill in ~K iterations; M workers each push every ~M server updates). Both sides
-  leave them out: the lanes compile each task on first use, which the virtual clock does
-  not price, and what queued meanwhile drains in these iterations (PD-ASGD 1:15's
-  emulated updates were staler than 3 until its 27th iteration of 81, none on the
-  virtual clock; from the 41st on, each layer's were at most one update apart). LPP-SGD
+  tasks and its first of each kind, `accuracy.window`): `--warmup`, then the pipeline
+  or the workers filling (K stages fill in ~K iterations; M workers each push every ~M
+  server updates). Both sides leave them out: the lanes compile each task on first use,
+  which the virtual clock does not price, and what queued meanwhile drains in these
+  iterations (PD-ASGD 1:15's emulated updates were staler than 3 until its 27th
+  iteration of 81, none on the virtual clock; from the 41st on, each layer's were at
+  most one update apart). LPP-SGD
   leaves out 64 K: its steady state begins once every worker has merged an averaging
   round (`accuracy.window`: each lane's first task of each kind), a round takes every
   replica's snapshot, and the lanes' staggered first compiles delay it (16 emulated
@@ -700,12 +701,12 @@ def _print_last_lines(done: list[dict]) -> None:
     return
   errors = [row['error'] for row in done]
   worst = max(done, key=lambda row: row['error'])
-  # (NaN where a run has no histogram: left out, as `max` would keep or drop it by order)
-  tvds = [row['tvd'] for row in done if row['family'] in ASYNCHRONOUS]
-  tvds, steady = [
-    [v for v in values if np.isfinite(v)]
-    for values in (tvds, [row['steady_tvd'] for row in done if row['family'] in ASYNCHRONOUS])
-  ]
+
+  def finite(key):  # (NaN where a run has no histogram: `max` would keep or drop it by order)
+    values = [row[key] for row in done if row['family'] in ASYNCHRONOUS]
+    return [value for value in values if np.isfinite(value)]
+
+  tvds, steady = finite('tvd'), finite('steady_tvd')
   print(
     f'median error {np.median(errors):.1f} % over {len(done)} rows; largest: '
     f'{label(worst["family"], worst["lanes"])}; largest TVD over the steady state '

@@ -291,6 +291,10 @@ def in_rounds(workdir: str) -> bool:
   return _family_of(workdir) in IN_ROUNDS
 
 
+# Kinds of task that a lane runs every iteration (not an averaging lane's rounds).
+ITERATION_KINDS = frozenset({'forward', 'backward', 'update', 'step'})
+
+
 def window(
   names, tasks, warmup: int, per_task: bool = False, iterations: int | None = None
 ) -> tuple[float, float, int]:
@@ -325,10 +329,6 @@ def window(
       f'fewer than 2 iterations after the warm-up (ended by {why[warm]}); run more than {len(ends)}'
     )
   return after[0], after[-1], len(after) - 1
-
-
-# Kinds of task that a lane runs every iteration (not an averaging lane's rounds).
-ITERATION_KINDS = frozenset({'forward', 'backward', 'update', 'step'})
 
 
 # Iterations per block: the time per iteration is the median over blocks of this many.

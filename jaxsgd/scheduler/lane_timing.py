@@ -230,9 +230,9 @@ def measure_loaded_driver(
   }
 
 
-# Chains `_driver_figures` takes the median over: one chain's median hear delay moved by a
-# factor of two between chains run one after the other (98-185 µs, idle 2-core machine),
-# as a state of the machine lasts about as long as a chain (~1 s).
+# Chains `_driver_figures` takes the median over: a machine's state (how soon a waiting
+# thread wakes) can last as long as one chain, so one chain's median hear delay can be
+# off by a factor of two (figures: benchmarks/results/schedule_error.md).
 DRIVER_REPEATS = 5
 
 
