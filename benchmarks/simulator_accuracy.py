@@ -22,12 +22,15 @@ runs the same config on both clocks, through `experiments.train`'s own path
              process executor, both measured at the start: each task costs the cost
              profile's figure, and the virtual clock simulates the executor's host as
              `jaxsgd.scheduler.host` says (run-ahead schedule, simulated driver, copies
-             on the sender, lanes on one core time-sliced, the host's links; its
-             `_loaded` figures where the K lanes take every core of the host);
+             on the sender, a copy's time on both ends' cores, lanes on one core
+             time-sliced, the host's links; its `_loaded` figures where the K lanes
+             take every core of the host);
   repriced   the predicted run with each task kind costing its median duration in the
              family's warm-up run on the lanes (another run, before the measured one);
   replayed   the predicted run with each task kind costing its median duration in the
              measured run: the schedule and host model alone, without the cost profile.
+             Both on lanes placed on no core: a lane's own durations already hold what
+             sharing its core cost it (a neighbour's tasks, the copies it read and sent).
 The replayed run is run once more with the host profile's driver figures at 0 (a second
 host file), so that what the simulated driver adds is seen against the same measured run.
 
@@ -106,11 +109,20 @@ LANE_ENV = {
 }
 
 
-def family_config(name: str, args, side: str, profile: str | None = None, host: str | None = None):
+def family_config(
+  name: str,
+  args,
+  side: str,
+  profile: str | None = None,
+  host: str | None = None,
+  on_cores: bool = True,
+):
   """The config of family `name` for `side`: 'measured' (lane processes), 'predicted'
   (the virtual clock with the cost profile `profile` and the host profile `host`; the
   host's links unless `--link_latency` gives others) or 'tables' (what the cost profile
-  measures)."""
+  measures). `on_cores`: each lane placed on its core (`benchmarks.common.family_lanes`),
+  else the same lanes on none (a virtual run priced by the lanes' own durations, which
+  hold what sharing a core cost them: the placed model would charge that again)."""
   import ml_collections
 
   from benchmarks import common as bench_common  # (imports JAX: not at the module's top)
@@ -136,7 +148,10 @@ def family_config(name: str, args, side: str, profile: str | None = None, host: 
     config.algorithm.update({'n_fwd': 1, 'n_bwd': args.lanes - 1})
   if name == 'lppsgd':
     config.algorithm.update({'devices': args.lanes, 'workers_per_device': 1})
-  config.placement.lanes = '; '.join(bench_common.family_lanes(name, args.lanes))
+  lanes = bench_common.family_lanes(name, args.lanes)
+  if not on_cores:
+    lanes = [lane.split('@')[0] for lane in lanes]
+  config.placement.lanes = '; '.join(lanes)
   if side == 'measured':
     config.clock, config.executor = 'real', 'processes'
   else:
@@ -569,7 +584,12 @@ def run_family(name: str, args, profile: str, hosts: dict, root: str) -> dict:
         result[side] = None
         continue
     config = family_config(
-      name, args, 'measured' if side == 'measured' else 'predicted', given, hosts['host']
+      name,
+      args,
+      'measured' if side == 'measured' else 'predicted',
+      given,
+      hosts['host'],
+      on_cores=lanes_run is None,  # priced by the lanes' durations: on no core
     )
     workdir = os.path.join(root, f'{name}-{side}')
     try:
@@ -597,7 +617,9 @@ def run_family(name: str, args, profile: str, hosts: dict, root: str) -> dict:
       result['task_costs'] = task_costs(measured, args.warmup, summary.get('cost_model_ms', {}))
       result['slowdown'] = slowdown(result['task_costs'])
   # What the simulated driver adds: the replay again, with a host whose driver costs 0.
-  config = family_config(name, args, 'predicted', priced_by['replayed'], hosts['no_driver'])
+  config = family_config(
+    name, args, 'predicted', priced_by['replayed'], hosts['no_driver'], on_cores=False
+  )
   workdir = os.path.join(root, f'{name}-replayed-no-driver')
   training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
   try:
@@ -854,7 +876,8 @@ def print_table(results: dict) -> None:
   )
   print(
     'repriced: the virtual clock with each task kind costing its median duration in '
-    "the family's warm-up run on the lanes (another run, before the measured one)"
+    "the family's warm-up run on the lanes (another run, before the measured one), on lanes "
+    'placed on no core (their durations hold what sharing a core cost them), as replayed'
   )
   print(
     'replayed: the virtual clock again, with each task kind costing its median duration '

@@ -50,7 +50,8 @@ The process executor's schedule follows from what it is, not from settings: a pr
 goes on at its task's dispatch while its lane has at most the executor's bound of
 unfinished tasks (`executor.RUN_AHEAD`; a parameter server's workers 1), a lane process
 makes its own copies (in an export thread, one at a time, on the cores it is placed on,
-taking turns with its take-ins in one interpreter), and lanes that
+taking turns with its take-ins in one interpreter) and the receiving lane reads each on
+its own cores (a reader thread, for the same time: `shared_cores`), and lanes that
 `placement.lanes` puts on the same cores share them as an operating system shares a core
 between processes (time slices). `docs/simulator.md` says how well this predicts runs.
 """

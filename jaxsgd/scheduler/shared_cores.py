@@ -1,18 +1,27 @@
 """Lanes that share a CPU core as operating system processes, on the virtual clock.
 
-With a process executor's host (`cost.host`): lanes that `lane_hardware` (`placement.lanes`) places on one
-core are processes of their own, as the process executor's lanes are, and the core runs
-them as an operating system does (`TimeSlicedCore`): each lane runs its own tasks one at
-a time, and the n tasks running on the core at once each progress at 1/n of its speed.
+With a process executor's host (`cost.host`): lanes that `lane_hardware`
+(`placement.lanes`) places on one core are processes of their own, as the process
+executor's lanes are, and the core runs them as an operating system does
+(`TimeSlicedCore`): each lane runs its own tasks one at a time, and the n tasks running on
+the core at once each progress at 1/n of its speed.
+
 With `copies_on_sender`, a sender's copies are one more queue on its core, beside its
 tasks (a lane process exports in a thread of its own, on the cores it is placed on; an
-unplaced lane's copies share no core).
+unplaced lane's copies share no core), and a copy takes the receiver's core as well, for
+the same seconds: a lane process's reader thread reads each message from its socket as
+it arrives, whatever the lane computes meanwhile (`LaneRuntime._read_lane`), so a copy
+is a memory copy at both ends. The copy ends once both ends have done their part (the
+sender's socket fills until the reader drains it). Measured: a copy of 4-64 MB arriving
+at a lane pinned to a core makes the task computing there longer by about the copy's
+link time (`benchmarks/copy_receiver.py`).
 
 `TimeSlicedVirtualExecutor` overrides two hooks of `VirtualExecutor`: `_hardware_key`
 (such a lane's queue is its own, its core shared) and `_occupy` (a task on a shared core
-ends when the core's shares say). `TimeSlicedLaneProcessModel` is the same over the
-process executor's schedule (`virtual_processes`). The cores' shares are not data: a run
-with time-sliced cores takes no checkpoint (`settings`, `checkpoint_every`).
+ends when the core's shares say; a copy when both ends' shares say).
+`TimeSlicedLaneProcessModel` is the same over the process executor's schedule
+(`virtual_processes`). The cores' shares are not data: a run with time-sliced cores takes
+no checkpoint (`settings`, `checkpoint_every`).
 """
 
 import itertools
@@ -53,10 +62,25 @@ class TimeSlicedVirtualExecutor(VirtualExecutor):
 
   def _occupy(self, hardware, seconds: float, running: tuple) -> None:
     core = self._cores.get(hardware)
-    if core is None:
+    reader = self._receivers_core(running[2]) if seconds > 0 else None  # (no work: no share)
+    if core is None and reader is None:
       super()._occupy(hardware, seconds, running)
+      return
+    parts = _Parts(2 if reader is not None else 1, self._finish, running)
+    if core is None:  # an unplaced sender: its part takes no core
+      self._at(self._now + seconds, parts.part_ended)
     else:
-      core.add(seconds, running)
+      core.add(seconds, parts.part_ended)
+    if reader is not None:
+      reader.add(seconds, parts.part_ended)
+
+  def _receivers_core(self, lane: int):
+    """The core of the lane a copy on `lane` goes to, where its reader thread takes it
+    (`copies_on_sender`: lane processes); None for a task, or a receiver on no core."""
+    link = self.cluster.lanes[lane].link
+    if link is None or not self.copies_on_sender:
+      return None
+    return self._cores.get(self._hardware(link[1]))
 
 
 class TimeSlicedLaneProcessModel(TimeSlicedVirtualExecutor, LaneProcessModel):
@@ -84,9 +108,10 @@ class TimeSlicedCore:
     self.generation = 0
     self.arrivals = itertools.count()
 
-  def add(self, seconds: float, task: tuple) -> None:
+  def add(self, seconds: float, on_end) -> None:
+    """`on_end()` once `seconds` of work, at the core's shares from now, are done."""
     self._advance()
-    self.running.append([seconds, next(self.arrivals), task])
+    self.running.append([seconds, next(self.arrivals), on_end])
     self._schedule()
 
   def _advance(self) -> None:
@@ -110,6 +135,19 @@ class TimeSlicedCore:
     self._advance()
     done = [e for e in self.running if e[1] == arrival or e[0] <= 1e-12]
     self.running = [e for e in self.running if not any(e is d for d in done)]
-    for _, _, task in done:
-      self.executor._finish(*task)  # pylint: disable=protected-access
+    for _, _, on_end in done:
+      on_end()
     self._schedule()
+
+
+class _Parts:
+  """A task done in parts (a copy: the sender's and the receiver's): `fn(*args)` once
+  every part has ended."""
+
+  def __init__(self, parts: int, fn, args: tuple):
+    self.left, self.fn, self.args = parts, fn, args
+
+  def part_ended(self) -> None:
+    self.left -= 1
+    if self.left == 0:
+      self.fn(*self.args)

@@ -605,6 +605,51 @@ def test_a_copy_on_a_time_sliced_core_shares_it_with_the_senders_next_task():
   ]
 
 
+def test_a_copy_takes_the_receivers_core_for_its_seconds_too():
+  """Lane processes (copies on the sender, lanes time-sliced): a (core 0) runs a 1 s task
+  and sends b (core 1) a 1 s copy; b runs a 2 s task from 0, then waits for the message
+  and runs a 1 s task. From 1 s the copy's reading (b's reader thread) and b's task share
+  core 1 at half speed: b's task, 1 s of work left, and the read, 1 s, both end at 3 s.
+  The copy's sending part ran alone on core 0, 1-2 s; the copy ends at 3 s, when both
+  ends are done, and b's second task runs 3-4 s. (Charging the sender alone: b's first
+  task 0-2 s, the copy 1-2 s, b's second 2-3 s.)"""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a (cpu:0)'), cluster.add_lane('b (cpu:0)')
+  inbox = cluster.channel('inbox', b)
+
+  def sender():
+    yield Compute(lambda: None, kind='forward', stage=0)
+    yield Send(inbox, 'x')
+
+  def receiver():
+    yield Compute(lambda: None, kind='backward', stage=0)
+    yield Get(inbox)
+    yield Compute(lambda: None, kind='forward', stage=0)
+
+  spans = {}
+  for on_sender in (True, False):
+    executor = virtual.make(
+      CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=1.0),
+      copies_on_sender=on_sender,
+      lane_hardware={'a': 'core 0', 'b': 'core 1'},
+      time_sliced=True,
+    )
+    timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
+    spans[on_sender] = sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records)
+  assert spans[True] == [
+    ('backward', 1, 0.0, 3.0),
+    ('forward', 0, 0.0, 1.0),
+    ('forward', 1, 3.0, 4.0),
+    ('transfer', 2, 1.0, 3.0),
+  ]
+  assert spans[False] == [  # a link of its own: no core at either end
+    ('backward', 1, 0.0, 2.0),
+    ('forward', 0, 0.0, 1.0),
+    ('forward', 1, 2.0, 3.0),
+    ('transfer', 2, 1.0, 2.0),
+  ]
+
+
 def test_the_driver_figures_are_the_median_over_repeated_chains(monkeypatch):
   """Three chains of 10 tasks (one lane), whose tasks are heard 0.2, 0.9 and 0.3 ms after
   their ends (the first of each left out: warm-up 10), and whose driver thread spent 2, 8

@@ -1,0 +1,120 @@
+r"""What a copy costs the lane it goes to: a task computing there while a copy arrives.
+
+    python -m benchmarks.copy_receiver          # ~1 min on a 2-core CPU
+
+A lane process reads every message another lane sends it from its socket as it arrives,
+in a reader thread of its own (`LaneRuntime._read_lane`), on the cores the lane is pinned
+to. So a copy is a memory copy at both ends, and on a core where the receiving lane
+computes, the reading takes its share of the core. The virtual clock, simulating the
+process executor (`cost.host`) with lanes placed on cores, charges a copy's link time on
+both ends' cores (`scheduler/shared_cores.py`): a task running alone on the receiver's
+core while a copy arrives there is predicted to take that link time longer.
+
+Two lanes, `source` on core 0 and `target` on core 1. The link time of each size is the
+host profile's line (`lane_timing.measure_process_links`, measured first, on its own
+lanes: latency + bytes / bandwidth). Then, interleaved, `--repeats` times for each size:
+the target runs a task of ~45 ms (`heavy`, matrix products on a 512 x 512 matrix) alone,
+and again while the source sends it a new value of that size (asked for a few ms after
+the task's start, taken in by the target's next call). The extra time of the task in
+the target's own timing, median over the repeats, against the link time: the model says
+1. Not a test: speed is measured, not asserted. Results: benchmarks/results/copy_receiver.txt.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsgd.scheduler import lane_timing
+from jaxsgd.scheduler.lanes import LanePlacement, LanePool
+from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+SIZES_MB = (4, 16, 64)
+START_AFTER = 0.003  # s into the target's task when the copy is asked for
+
+
+def build_tasks():
+  """`heavy(x)`: 40 products of a 512 x 512 matrix taken from `x` (CPU-bound, ~45 ms on
+  one core); `make(x, seed)`: a new array of x's size; `first(v)`: v's first element."""
+
+  def heavy(x):
+    w = x[: 512 * 512].reshape(512, 512) * 1e-3
+    return jax.lax.fori_loop(0, 40, lambda _, h: jnp.tanh(h @ w), w)[0, 0]
+
+  return {
+    'heavy': jax.jit(heavy),
+    'make': jax.jit(lambda x, seed: jnp.full_like(x, seed)),
+    'first': jax.jit(lambda v: v[0]),
+  }
+
+
+def _task_time(pool: LanePool, tasks: dict, x, copy=None) -> float:
+  """Seconds of `heavy` on the target, in the target's timing; with `copy` (a
+  value on the source), a value of its size made anew and sent to the target meanwhile."""
+  if copy is None:
+    pending = pool.start('target', tasks['heavy'], (x,))
+    pool.wait_all([pending])
+    return pending.ended - pending.started
+  fresh = pool.start('source', tasks['make'], (copy, time.time() % 1))
+  pool.wait_all([fresh])
+  pending = pool.start('target', tasks['heavy'], (x,))
+  time.sleep(START_AFTER)
+  reader = pool.start('target', tasks['first'], (fresh.result(),))
+  pool.wait_all([pending, reader])
+  pool.settle()
+  return pending.ended - pending.started
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--repeats', type=int, default=11)
+  args = parser.parse_args()
+  if args.repeats < 1:
+    parser.error(f'--repeats: at least 1; got {args.repeats}')
+  from benchmarks import copy_receiver as this
+
+  latency, bandwidth, _ = lane_timing.measure_process_links().link
+  recipe = TaskRecipe.of(this.build_tasks)
+  tasks = {name: Task(recipe, name) for name in ('heavy', 'make', 'first')}
+  placement = LanePlacement.parse('source@cores=0; target@cores=1')
+  with LanePool(placement, verbose=False) as pool:
+    x = pool.put('target', np.ones(1 << 20, np.float32))
+    values = {mb: pool.put('source', np.zeros(mb << 18, np.float32)) for mb in SIZES_MB}
+    for mb in SIZES_MB:  # compiled everywhere, each copy's path warm
+      _task_time(pool, tasks, x, values[mb])
+    alone = {mb: [] for mb in SIZES_MB}
+    receiving = {mb: [] for mb in SIZES_MB}
+    for _ in range(args.repeats):
+      for mb in SIZES_MB:
+        alone[mb].append(_task_time(pool, tasks, x))
+        receiving[mb].append(_task_time(pool, tasks, x, values[mb]))
+  print(
+    f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}; jax '
+    f'{jax.__version__}; the link: {1e6 * latency:.0f} µs + bytes / {bandwidth / 1e9:.2f} GB/s; '
+    f'median of {args.repeats} interleaved repeats'
+  )
+  print(
+    f'{"copy":>6}  {"link ms":>8}  {"task alone ms":>13}  {"receiving ms":>12}  '
+    f'{"extra ms":>8}  {"extra / link":>12}'
+  )
+  ratios = []
+  for mb in SIZES_MB:
+    link = latency + (mb << 20) / bandwidth
+    task, slowed = statistics.median(alone[mb]), statistics.median(receiving[mb])
+    ratios.append((slowed - task) / link)
+    print(
+      f'{mb:>4}MB  {1e3 * link:8.2f}  {1e3 * task:13.2f}  {1e3 * slowed:12.2f}  '
+      f'{1e3 * (slowed - task):8.2f}  {ratios[-1]:12.2f}'
+    )
+  print(
+    f"a copy's time on its receiver's core, over its link time: "
+    f'{statistics.median(ratios):.2f} (the model: 1)'
+  )
+
+
+if __name__ == '__main__':
+  main()
