@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -600,6 +601,42 @@ def test_a_cluster_started_in_the_background_serves_a_pool_and_leaves_no_process
   assert len(outcome['started']) >= 2  # Ray's GCS and raylet at least
   assert outcome['result'] == (3.0 if use == 'use' else None)
   assert gone(outcome['started']) == []
+
+
+def test_a_background_start_that_hangs_is_given_up_in_one_line_and_leaves_no_state(
+  monkeypatch, tmp_path
+):
+  """A start `connect_soon` began that does not end within `START_TIMEOUT` (Ray's own
+  start has hung: its GCS up, no raylet) makes `connect` raise, naming the wait and the
+  logs, instead of waiting forever. The hung start, ending later, writes nowhere a later
+  start reads: the next one returns its own outcome."""
+  from jaxsgd.scheduler.lanes import cluster
+
+  release = threading.Event()
+  outcomes = iter(['stale', 'fresh'])
+
+  def start(address):
+    cluster._STARTED_HERE['temp_dir'] = str(tmp_path)  # as `_connect_now` does
+    outcome = next(outcomes)
+    if outcome == 'stale':
+      release.wait(10)
+    return outcome
+
+  monkeypatch.setattr(cluster, '_connect_now', start)
+  monkeypatch.setattr(cluster, 'START_TIMEOUT', 0.2)
+  monkeypatch.setattr(cluster.ray, 'is_initialized', lambda: False)
+  cluster.connect_soon(None)
+  began = time.monotonic()
+  with pytest.raises(
+    RuntimeError,
+    match=rf'^lanes: the Ray cluster did not start within 0.2 s \(its logs: {tmp_path}\)',
+  ):
+    cluster.connect(None)
+  assert time.monotonic() - began < 5
+  cluster.connect_soon('10.0.0.2:6379')  # the next start, while the first still hangs
+  release.set()
+  assert cluster.connect('10.0.0.2:6379') == 'fresh'
+  cluster._STARTED_HERE.clear()
 
 
 @pytest.mark.slow

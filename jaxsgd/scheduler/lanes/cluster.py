@@ -43,7 +43,10 @@ logging.getLogger('ray._private.worker').addFilter(
 
 WATCH_GROUP = 'watch'
 _STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
-_SOON = {}  # 'thread': a `connect` under way (`connect_soon`); 'outcome': its result
+_SOON = {}  # 'thread': a `connect` under way (`connect_soon`); 'start': its event, result
+# s that `connect` waits for a start `connect_soon` began: a cluster starts in seconds, but
+# Ray's own start has hung (its GCS up, no raylet ever started, `ray.init` waiting).
+START_TIMEOUT = 120.0
 # Ray's calls (`info`) run one at a time; `watch` waits in a thread of its own. A run's
 # calls go over the lane's own socket (wire.py).
 _LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1})(LaneRuntime)
@@ -55,8 +58,10 @@ def connect(address: str | None) -> bool:
   by `connect_soon` is waited for."""
   soon = _SOON.pop('thread', None)
   if soon is not None:
-    _SOON.pop('begun').wait()
-    begun, outcome = _SOON.pop('address'), _SOON.pop('outcome')
+    begun, start = _SOON.pop('address'), _SOON.pop('start')
+    if not start['begun'].wait(START_TIMEOUT):
+      _give_up_start(begun)
+    outcome = start['outcome']
     if isinstance(outcome, BaseException):
       raise outcome
     if begun == address:
@@ -64,6 +69,23 @@ def connect(address: str | None) -> bool:
     if outcome:  # begun for another address: not this run's cluster
       shutdown()
   return _connect_now(address)
+
+
+def _give_up_start(address: str | None) -> None:
+  """Raises, saying so, for a start `connect_soon` began that did not end in
+  `START_TIMEOUT`; a cluster it was starting here is killed first, every process of it
+  (its logs stay, for the cause). The start's thread is left to end as Ray lets it."""
+  temp_dir = _STARTED_HERE.pop('temp_dir', None)
+  if temp_dir is not None:
+    _kill(cluster_processes(temp_dir))
+  ended = _STARTED_HERE.pop('ended', None)
+  if ended is not None:
+    ended.set()
+  where = f'joining {address}' if address else f'its logs: {temp_dir}'
+  raise RuntimeError(
+    f'lanes: the Ray cluster did not start within {START_TIMEOUT:g} s ({where}); '
+    'nothing of it is left running.'
+  )
 
 
 def _connect_now(address: str | None) -> bool:
@@ -95,19 +117,20 @@ def connect_soon(address: str | None) -> None:
     return
 
   begun, ended = threading.Event(), threading.Event()
+  start = {'begun': begun}  # this start's own: one given up on writes nowhere else
 
   def begin():
     try:
-      _SOON['outcome'] = outcome = _connect_now(address)
+      start['outcome'] = outcome = _connect_now(address)
     except BaseException as error:  # raised again by the `connect` that waits for it
-      _SOON['outcome'], outcome = error, None
+      start['outcome'], outcome = error, None
     begun.set()
     if outcome is True and address is None:
       # Ray's processes die with the thread that started them (it sets their parent-death
       # signal, which Linux ties to that thread): this one lives until `shutdown`.
       ended.wait()
 
-  _SOON['address'], _SOON['begun'], _STARTED_HERE['ended'] = address, begun, ended
+  _SOON['address'], _SOON['start'], _STARTED_HERE['ended'] = address, start, ended
   _SOON['thread'] = threading.Thread(target=begin, name='jaxsgd-cluster-start', daemon=True)
   _SOON['thread'].start()
 
