@@ -30,7 +30,9 @@ runs the same config on both clocks, through `experiments.train`'s own path
   replayed   the predicted run with each task kind costing its median duration in the
              measured run: the schedule and host model alone, without the cost profile.
              Both on lanes placed on no core: a lane's own durations already hold what
-             sharing its core cost it (a neighbour's tasks, the copies it read and sent).
+             sharing its core cost it (a neighbour's tasks, the copies it read and sent);
+             its copies then take no core either, so a copy slowed by a busy core is
+             not (the replay is that much fast).
 The replayed run is run once more with the host profile's driver figures at 0 (a second
 host file), so that what the simulated driver adds is seen against the same measured run.
 
