@@ -12,9 +12,12 @@ unplaced lane's copies share no core), and a copy takes the receiver's core as w
 the same seconds: a lane process's reader thread reads each message from its socket as
 it arrives, whatever the lane computes meanwhile (`LaneRuntime._read_lane`), so a copy
 is a memory copy at both ends. The copy ends once both ends have done their part (the
-sender's socket fills until the reader drains it). Measured: a copy of 4-64 MB arriving
-at a lane pinned to a core makes the task computing there longer by about the copy's
-link time (`benchmarks/copy_receiver.py`).
+sender's socket fills until the reader drains it), and until then it holds the sender's
+copies' queue (with the process executor's schedule, its interpreter: a simplification,
+since a lane blocked in a socket write lets its other threads run). Between two lanes on
+one core both parts take that core: 2x the link time of its work. Measured: a copy of
+4-64 MB arriving at a lane pinned to a core makes the task computing there longer by
+about the copy's link time (`benchmarks/copy_receiver.py`).
 
 `TimeSlicedVirtualExecutor` overrides two hooks of `VirtualExecutor`: `_hardware_key`
 (such a lane's queue is its own, its core shared) and `_occupy` (a task on a shared core
@@ -62,17 +65,17 @@ class TimeSlicedVirtualExecutor(VirtualExecutor):
 
   def _occupy(self, hardware, seconds: float, running: tuple) -> None:
     core = self._cores.get(hardware)
-    reader = self._receivers_core(running[2]) if seconds > 0 else None  # (no work: no share)
-    if core is None and reader is None:
+    receivers_core = self._receivers_core(running[2]) if seconds > 0 else None  # no work
+    if core is None and receivers_core is None:
       super()._occupy(hardware, seconds, running)
       return
-    parts = _Parts(2 if reader is not None else 1, self._finish, running)
+    parts = _Parts(2 if receivers_core is not None else 1, self._finish, running)
     if core is None:  # an unplaced sender: its part takes no core
       self._at(self._now + seconds, parts.part_ended)
     else:
       core.add(seconds, parts.part_ended)
-    if reader is not None:
-      reader.add(seconds, parts.part_ended)
+    if receivers_core is not None:
+      receivers_core.add(seconds, parts.part_ended)
 
   def _receivers_core(self, lane: int):
     """The core of the lane a copy on `lane` goes to, where its reader thread takes it
@@ -103,7 +106,7 @@ class TimeSlicedCore:
 
   def __init__(self, executor: VirtualExecutor):
     self.executor = executor
-    self.running: list = []  # [remaining seconds alone, arrival number, task]
+    self.running: list = []  # [remaining seconds alone, arrival number, on_end]
     self.last = 0.0
     self.generation = 0
     self.arrivals = itertools.count()

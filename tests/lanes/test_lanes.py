@@ -608,35 +608,40 @@ def test_a_background_start_that_hangs_is_given_up_in_one_line_and_leaves_no_sta
 ):
   """A start `connect_soon` began that does not end within `START_TIMEOUT` (Ray's own
   start has hung: its GCS up, no raylet) makes `connect` raise, naming the wait and the
-  logs, instead of waiting forever. The hung start, ending later, writes nowhere a later
-  start reads: the next one returns its own outcome."""
+  logs, instead of waiting forever, and leaves no start behind. The hung start, ending
+  later, writes nowhere a later start reads: the next one returns its own outcome."""
   from jaxsgd.scheduler.lanes import cluster
 
-  release = threading.Event()
+  monkeypatch.setattr(cluster, '_SOON', {})
+  monkeypatch.setattr(cluster, '_STARTED_HERE', {})
+  monkeypatch.setattr(cluster, 'START_TIMEOUT', 0.5)
+  monkeypatch.setattr(cluster.ray, 'is_initialized', lambda: False)
+  release, reached = threading.Event(), threading.Event()
   outcomes = iter(['stale', 'fresh'])
 
   def start(address):
-    cluster._STARTED_HERE['temp_dir'] = str(tmp_path)  # as `_connect_now` does
     outcome = next(outcomes)
     if outcome == 'stale':
+      cluster._STARTED_HERE['temp_dir'] = str(tmp_path)  # as `_connect_now` does
+      reached.set()
       release.wait(10)
     return outcome
 
   monkeypatch.setattr(cluster, '_connect_now', start)
-  monkeypatch.setattr(cluster, 'START_TIMEOUT', 0.2)
-  monkeypatch.setattr(cluster.ray, 'is_initialized', lambda: False)
   cluster.connect_soon(None)
+  stale = cluster._SOON['thread']
+  assert reached.wait(5)
   began = time.monotonic()
-  with pytest.raises(
-    RuntimeError,
-    match=rf'^lanes: the Ray cluster did not start within 0.2 s \(its logs: {tmp_path}\)',
-  ):
+  expected = rf'^lanes: the Ray cluster did not start within 0.5 s \(its logs: {tmp_path}; every'
+  with pytest.raises(RuntimeError, match=expected):
     cluster.connect(None)
   assert time.monotonic() - began < 5
+  assert cluster._SOON == {} and cluster._STARTED_HERE == {}
   cluster.connect_soon('10.0.0.2:6379')  # the next start, while the first still hangs
   release.set()
+  stale.join(5)  # its outcome written (to its own start) before the next is read
+  assert not stale.is_alive()
   assert cluster.connect('10.0.0.2:6379') == 'fresh'
-  cluster._STARTED_HERE.clear()
 
 
 @pytest.mark.slow

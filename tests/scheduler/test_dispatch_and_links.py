@@ -605,14 +605,9 @@ def test_a_copy_on_a_time_sliced_core_shares_it_with_the_senders_next_task():
   ]
 
 
-def test_a_copy_takes_the_receivers_core_for_its_seconds_too():
-  """Lane processes (copies on the sender, lanes time-sliced): a (core 0) runs a 1 s task
-  and sends b (core 1) a 1 s copy; b runs a 2 s task from 0, then waits for the message
-  and runs a 1 s task. From 1 s the copy's reading (b's reader thread) and b's task share
-  core 1 at half speed: b's task, 1 s of work left, and the read, 1 s, both end at 3 s.
-  The copy's sending part ran alone on core 0, 1-2 s; the copy ends at 3 s, when both
-  ends are done, and b's second task runs 3-4 s. (Charging the sender alone: b's first
-  task 0-2 s, the copy 1-2 s, b's second 2-3 s.)"""
+def _copy_to_a_busy_lane(lane_hardware, **executor_options):
+  """a runs a 1 s task and sends b a 1 s copy; b runs a 2 s task from 0, then waits for
+  the message and runs a 1 s task. Returns the (kind, lane, start, end) of every task."""
   cluster = Cluster()
   a, b = cluster.add_lane('a (cpu:0)'), cluster.add_lane('b (cpu:0)')
   inbox = cluster.channel('inbox', b)
@@ -626,27 +621,68 @@ def test_a_copy_takes_the_receivers_core_for_its_seconds_too():
     yield Get(inbox)
     yield Compute(lambda: None, kind='forward', stage=0)
 
-  spans = {}
-  for on_sender in (True, False):
-    executor = virtual.make(
-      CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=1.0),
-      copies_on_sender=on_sender,
-      lane_hardware={'a': 'core 0', 'b': 'core 1'},
-      time_sliced=True,
-    )
-    timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
-    spans[on_sender] = sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records)
-  assert spans[True] == [
+  executor = virtual.make(
+    CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=1.0),
+    lane_hardware=lane_hardware,
+    time_sliced=True,
+    **executor_options,
+  )
+  timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
+  return sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records)
+
+
+@pytest.mark.parametrize('sender_placed', [True, False])
+def test_a_copy_takes_the_receivers_core_for_its_seconds_too(sender_placed):
+  """Lane processes (copies on the sender, lanes time-sliced): a (core 0, or on none)
+  runs a 1 s task and sends b (core 1) a 1 s copy; b runs a 2 s task from 0, then waits
+  for the message and runs a 1 s task. From 1 s the copy's reading (b's reader thread)
+  and b's task share core 1 at half speed: b's task, 1 s of work left, and the read, 1 s,
+  both end at 3 s. The sending part runs 1-2 s, alone on core 0 or on no core; the copy
+  ends at 3 s, when both ends are done, and b's second task runs 3-4 s. (A link of its
+  own, charging neither core: b's first task 0-2 s, the copy 1-2 s, b's second 2-3 s.)"""
+  placed = {'a': 'core 0', 'b': 'core 1'} if sender_placed else {'b': 'core 1'}
+  assert _copy_to_a_busy_lane(placed, copies_on_sender=True) == [
     ('backward', 1, 0.0, 3.0),
     ('forward', 0, 0.0, 1.0),
     ('forward', 1, 3.0, 4.0),
     ('transfer', 2, 1.0, 3.0),
   ]
-  assert spans[False] == [  # a link of its own: no core at either end
+  assert _copy_to_a_busy_lane(placed, copies_on_sender=False) == [
     ('backward', 1, 0.0, 2.0),
     ('forward', 0, 0.0, 1.0),
     ('forward', 1, 2.0, 3.0),
     ('transfer', 2, 1.0, 2.0),
+  ]
+
+
+@pytest.mark.parametrize('sender_placed', [True, False])
+def test_a_copy_takes_the_receivers_core_on_the_run_ahead_schedule_too(sender_placed):
+  """The same on the process executor's schedule (`run_ahead=4`): a goes on at its
+  task's dispatch, and the message (no task's result) exists at once, so the copy starts
+  at 0. Its reading shares core 1 with b's task from 0: the read's 1 s ends at 2 s, b's
+  task has 1 s left then and ends at 3 s. Its sending part shares core 0 with a's task
+  (both end at 2 s), or runs 0-1 s on no core (a's task 0-1 s); either way the copy ends
+  at 2 s, and b's second task runs 3-4 s, after its first."""
+  placed = {'a': 'core 0', 'b': 'core 1'} if sender_placed else {'b': 'core 1'}
+  a_task_ends = 2.0 if sender_placed else 1.0
+  assert _copy_to_a_busy_lane(placed, copies_on_sender=True, run_ahead=4) == [
+    ('backward', 1, 0.0, 3.0),
+    ('forward', 0, 0.0, a_task_ends),
+    ('forward', 1, 3.0, 4.0),
+    ('transfer', 2, 0.0, 2.0),
+  ]
+
+
+def test_a_copy_between_two_lanes_of_one_core_takes_it_for_both_ends():
+  """a and b on core 0, copies on the sender: b's 2 s task, a's 1 s task from 0 (half
+  speed each: a's ends at 2 s, b's has 1 s left), then a's 1 s copy to b: its sending
+  part, its reading part and b's task share the core at 1/3 each from 2 s, all three
+  ending at 5 s; b's second task runs 5-6 s."""
+  assert _copy_to_a_busy_lane({'a': 'core 0', 'b': 'core 0'}, copies_on_sender=True) == [
+    ('backward', 1, 0.0, 5.0),
+    ('forward', 0, 0.0, 2.0),
+    ('forward', 1, 5.0, 6.0),
+    ('transfer', 2, 2.0, 5.0),
   ]
 
 

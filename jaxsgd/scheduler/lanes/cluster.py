@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from typing import NoReturn
 
 os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
 
@@ -44,8 +45,8 @@ logging.getLogger('ray._private.worker').addFilter(
 WATCH_GROUP = 'watch'
 _STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
 _SOON = {}  # 'thread': a `connect` under way (`connect_soon`); 'start': its event, result
-# s that `connect` waits for a start `connect_soon` began: a cluster starts in seconds, but
-# Ray's own start has hung (its GCS up, no raylet ever started, `ray.init` waiting).
+# Seconds that `connect` waits for a start `connect_soon` began: a cluster starts in
+# seconds, but Ray's own start has hung (its GCS up, no raylet ever started).
 START_TIMEOUT = 120.0
 # Ray's calls (`info`) run one at a time; `watch` waits in a thread of its own. A run's
 # calls go over the lane's own socket (wire.py).
@@ -55,7 +56,7 @@ _LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1})(LaneRuntime)
 def connect(address: str | None) -> bool:
   """Joins the cluster at `address`, or starts one here; True if this call started it
   or joined it (then `shutdown` ends the connection). A connection to `address` begun
-  by `connect_soon` is waited for."""
+  by `connect_soon` is waited for, `START_TIMEOUT` at most (then it raises)."""
   soon = _SOON.pop('thread', None)
   if soon is not None:
     begun, start = _SOON.pop('address'), _SOON.pop('start')
@@ -71,7 +72,7 @@ def connect(address: str | None) -> bool:
   return _connect_now(address)
 
 
-def _give_up_start(address: str | None) -> None:
+def _give_up_start(address: str | None) -> NoReturn:
   """Raises, saying so, for a start `connect_soon` began that did not end in
   `START_TIMEOUT`; a cluster it was starting here is killed first, every process of it
   (its logs stay, for the cause). The start's thread is left to end as Ray lets it."""
@@ -81,11 +82,13 @@ def _give_up_start(address: str | None) -> None:
   ended = _STARTED_HERE.pop('ended', None)
   if ended is not None:
     ended.set()
-  where = f'joining {address}' if address else f'its logs: {temp_dir}'
-  raise RuntimeError(
-    f'lanes: the Ray cluster did not start within {START_TIMEOUT:g} s ({where}); '
-    'nothing of it is left running.'
-  )
+  if address:
+    where = f'joining {address}'
+  else:
+    where = (
+      f'its logs: {temp_dir}; every process of it killed' if temp_dir else 'no process started'
+    )
+  raise RuntimeError(f'lanes: the Ray cluster did not start within {START_TIMEOUT:g} s ({where}).')
 
 
 def _connect_now(address: str | None) -> bool:

@@ -48,8 +48,9 @@ from multiprocessing import connection
 import numpy as np
 
 OUT_OF_BAND = 1 << 16  # bytes: a buffer this large goes as a frame of its own
-# bytes: XLA's CPU client computes on a host array in place only if it starts at such a
-# boundary, and otherwise copies it at every call that reads it (numpy allocates at 16).
+# bytes: XLA's CPU client computes on a host array in place only if it is aligned as its
+# kernels need (at most this), and otherwise copies it at every call that reads it; numpy's
+# own 16 bytes were not enough.
 ALIGNMENT = 64
 
 
@@ -108,9 +109,8 @@ def _receive_buffer(fd: int) -> np.ndarray:
   its own: the message's arrays are views of it. `recv_bytes` read a frame in chunks,
   each into a bytes object of its own, and joined them: every moved array copied two or
   three times on its way in, on the receiving lane's core. The memory starts at an
-  `ALIGNMENT` boundary: from numpy's own (16-byte) alignment, every task that read a moved
-  array on a CPU lane copied it first (a task reading a moved 40 MB array took 1.2-2.7 ms,
-  now ~0.14)."""
+  `ALIGNMENT` boundary, so that a task on a CPU lane reads a moved array where it lies: at
+  numpy's own alignment every such task copied its moved arrays first."""
   size = int.from_bytes(_read_exactly(fd, np.empty(4, np.uint8)), 'big', signed=True)
   if size == -1:
     size = int.from_bytes(_read_exactly(fd, np.empty(8, np.uint8)), 'big')
