@@ -10,14 +10,16 @@ process executor (`cost.host`) with lanes placed on cores, charges a copy's link
 both ends' cores (`scheduler/shared_cores.py`): a task running alone on the receiver's
 core while a copy arrives there is predicted to take that link time longer.
 
-Two lanes, `source` on core 0 and `target` on core 1. The link time of each size is the
-host profile's line (`lane_timing.measure_process_links`, measured first, on its own
-lanes: latency + bytes / bandwidth). Then, interleaved, `--repeats` times for each size:
-the target runs a task of ~45 ms (`heavy`, matrix products on a 512 x 512 matrix) alone,
-and again while the source sends it a new value of that size (asked for a few ms after
-the task's start, taken in by the target's next call). The extra time of the task in
-the target's own timing, median over the repeats, against the link time: the model says
-1. Not a test: speed is measured, not asserted. Results: benchmarks/results/copy_receiver.txt.
+Three lanes: `target` on core 1, and a source on core 0 (`other`) and one on core 1
+(`same`, sharing the target's core). The link time of each size is the host profile's
+line (`lane_timing.measure_process_links`, measured first, on lanes of their own: latency
++ bytes / bandwidth). Then, interleaved, `--repeats` times for each size and source: the
+target runs a task of ~45 ms (`heavy`, matrix products on a 512 x 512 matrix) alone, and
+again while the source sends it a new value of that size (asked for a few ms after the
+task's start, taken in by the target's next call). The extra time of the task in the
+target's own timing, median over the repeats, against the link time: the model says 1
+from the other core (the reading), 2 from the same core (the sending and the reading).
+Not a test: speed is measured, not asserted. Results: benchmarks/results/copy_receiver.txt.
 """
 
 import argparse
@@ -34,6 +36,8 @@ from jaxsgd.scheduler.lanes import LanePlacement, LanePool
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 SIZES_MB = (4, 16, 64)
+SOURCES = {'other': 'another core', 'same': 'the same core'}  # the sending lane's place
+MODEL = {'other': 1, 'same': 2}  # the model's extra time of the target's task, in link times
 START_AFTER = 0.003  # s into the target's task when the copy is asked for
 
 
@@ -52,14 +56,14 @@ def build_tasks():
   }
 
 
-def _task_time(pool: LanePool, tasks: dict, x, copy=None) -> float:
+def _task_time(pool: LanePool, tasks: dict, x, copy=None, source: str = 'other') -> float:
   """Seconds of `heavy` on the target, in the target's timing; with `copy` (a
-  value on the source), a value of its size made anew and sent to the target meanwhile."""
+  value on `source`), a value of its size made anew there and sent to the target meanwhile."""
   if copy is None:
     pending = pool.start('target', tasks['heavy'], (x,))
     pool.wait_all([pending])
     return pending.ended - pending.started
-  fresh = pool.start('source', tasks['make'], (copy, time.time() % 1))
+  fresh = pool.start(source, tasks['make'], (copy, time.time() % 1))
   pool.wait_all([fresh])
   pending = pool.start('target', tasks['heavy'], (x,))
   time.sleep(START_AFTER)
@@ -80,39 +84,47 @@ def main():
   latency, bandwidth, _ = lane_timing.measure_process_links().link
   recipe = TaskRecipe.of(this.build_tasks)
   tasks = {name: Task(recipe, name) for name in ('heavy', 'make', 'first')}
-  placement = LanePlacement.parse('source@cores=0; target@cores=1')
+  placement = LanePlacement.parse('other@cores=0; same@cores=1; target@cores=1')
+  cases = [(mb, source) for source in SOURCES for mb in SIZES_MB]
   with LanePool(placement, verbose=False) as pool:
     x = pool.put('target', np.ones(1 << 20, np.float32))
-    values = {mb: pool.put('source', np.zeros(mb << 18, np.float32)) for mb in SIZES_MB}
-    for mb in SIZES_MB:  # compiled everywhere, each copy's path warm
-      _task_time(pool, tasks, x, values[mb])
-    alone = {mb: [] for mb in SIZES_MB}
-    receiving = {mb: [] for mb in SIZES_MB}
+    values = {
+      (mb, source): pool.put(source, np.zeros(mb << 18, np.float32)) for mb, source in cases
+    }
+    for mb, source in cases:  # compiled everywhere, each copy's path warm
+      _task_time(pool, tasks, x, values[mb, source], source)
+    alone = {case: [] for case in cases}
+    receiving = {case: [] for case in cases}
     for _ in range(args.repeats):
-      for mb in SIZES_MB:
-        alone[mb].append(_task_time(pool, tasks, x))
-        receiving[mb].append(_task_time(pool, tasks, x, values[mb]))
+      for mb, source in cases:
+        alone[mb, source].append(_task_time(pool, tasks, x))
+        receiving[mb, source].append(_task_time(pool, tasks, x, values[mb, source], source))
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}; jax '
     f'{jax.__version__}; the link: {1e6 * latency:.0f} µs + bytes / {bandwidth / 1e9:.2f} GB/s; '
     f'median of {args.repeats} interleaved repeats'
   )
   print(
-    f'{"copy":>6}  {"link ms":>8}  {"task alone ms":>13}  {"receiving ms":>12}  '
-    f'{"extra ms":>8}  {"extra / link":>12}'
+    f'{"copy":>6}  {"from":>14}  {"link ms":>8}  {"task alone ms":>13}  {"receiving ms":>12}  '
+    f'{"extra ms":>8}  {"extra / link":>12}  {"model":>5}'
   )
-  ratios = []
-  for mb in SIZES_MB:
+  ratios = {source: [] for source in SOURCES}
+  for mb, source in cases:
     link = latency + (mb << 20) / bandwidth
-    task, slowed = statistics.median(alone[mb]), statistics.median(receiving[mb])
-    ratios.append((slowed - task) / link)
+    task, slowed = statistics.median(alone[mb, source]), statistics.median(receiving[mb, source])
+    ratios[source].append((slowed - task) / link)
     print(
-      f'{mb:>4}MB  {1e3 * link:8.2f}  {1e3 * task:13.2f}  {1e3 * slowed:12.2f}  '
-      f'{1e3 * (slowed - task):8.2f}  {ratios[-1]:12.2f}'
+      f'{mb:>4}MB  {SOURCES[source]:>14}  {1e3 * link:8.2f}  {1e3 * task:13.2f}  '
+      f'{1e3 * slowed:12.2f}  {1e3 * (slowed - task):8.2f}  {ratios[source][-1]:12.2f}  '
+      f'{MODEL[source]:5d}'
     )
   print(
+    "a copy from a lane of the receiver's own core, its time there over its link time: "
+    f'{statistics.median(ratios["same"]):.2f} (the model: 2)'
+  )
+  print(
     f"a copy's time on its receiver's core, over its link time: "
-    f'{statistics.median(ratios):.2f} (the model: 1)'
+    f'{statistics.median(ratios["other"]):.2f} (the model: 1)'
   )
 
 

@@ -15,9 +15,11 @@ is a memory copy at both ends. The copy ends once both ends have done their part
 sender's socket fills until the reader drains it), and until then it holds the sender's
 copies' queue (with the process executor's schedule, its interpreter: a simplification,
 since a lane blocked in a socket write lets its other threads run). Between two lanes on
-one core both parts take that core: 2x the link time of its work. Measured: a copy of
-4-64 MB arriving at a lane pinned to a core makes the task computing there longer by
-about the copy's link time (`benchmarks/copy_receiver.py`).
+one core both parts take that core: 2x the link time of its work. Measured
+(`benchmarks/copy_receiver.py`): a copy of 4-64 MB arriving at a lane pinned to a core
+makes the task computing there longer by 0.9-2.1x the copy's link time (medians 1.14
+and 1.20 over the sizes), and by 1.6-2.5x (median 1.75) when it comes from a lane of
+the same core.
 
 `TimeSlicedVirtualExecutor` overrides two hooks of `VirtualExecutor`: `_hardware_key`
 (such a lane's queue is its own, its core shared) and `_occupy` (a task on a shared core
