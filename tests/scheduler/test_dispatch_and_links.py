@@ -441,9 +441,11 @@ def test_placement_lanes_map_lanes_on_the_same_cores_to_one_key(data_dir):
   assert 'free' not in hardware  # pinned to nothing: its own hardware, shared with nothing
 
 
-def _send_between_tasks(copies_on_sender, **executor_options):
-  """Lane a: a 1 s task, a Send to lane b (1 s transfer), another 1 s task; b waits for
-  the message, then runs a 1 s task. Returns the (lane, start, end) of every task."""
+def _send(sender_goes_on: bool, receiver_first: str | None, **executor_options):
+  """Lane a: a 1 s forward, a Send to lane b (a 1 s copy), and another 1 s forward if
+  `sender_goes_on`; b runs a `receiver_first` task first (a 2 s backward) if given, then
+  waits for the message and runs a 1 s forward. Returns the (kind, lane, start, end) of
+  every task."""
   cluster = Cluster()
   a, b = cluster.add_lane('a (cpu:0)'), cluster.add_lane('b (cpu:0)')
   inbox = cluster.channel('inbox', b)
@@ -451,19 +453,25 @@ def _send_between_tasks(copies_on_sender, **executor_options):
   def sender():
     yield Compute(lambda: None, kind='forward', stage=0)
     yield Send(inbox, 'x')
-    yield Compute(lambda: None, kind='forward', stage=0)
+    if sender_goes_on:
+      yield Compute(lambda: None, kind='forward', stage=0)
 
   def receiver():
+    if receiver_first is not None:
+      yield Compute(lambda: None, kind=receiver_first, stage=0)
     yield Get(inbox)
     yield Compute(lambda: None, kind='forward', stage=0)
 
-  executor = virtual.make(
-    CostModel({'forward': 1.0}, link_latency=1.0),
-    copies_on_sender=copies_on_sender,
-    **executor_options,
-  )
+  costs = CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=1.0)
+  executor = virtual.make(costs, **executor_options)
   timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
   return sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records)
+
+
+def _send_between_tasks(copies_on_sender, **executor_options):
+  """Lane a: a 1 s task, a Send to lane b (1 s transfer), another 1 s task; b waits for
+  the message, then runs a 1 s task (`_send`)."""
+  return _send(True, None, copies_on_sender=copies_on_sender, **executor_options)
 
 
 def test_a_copy_on_a_link_overlaps_the_senders_next_task():
@@ -607,28 +615,8 @@ def test_a_copy_on_a_time_sliced_core_shares_it_with_the_senders_next_task():
 
 def _copy_to_a_busy_lane(lane_hardware, **executor_options):
   """a runs a 1 s task and sends b a 1 s copy; b runs a 2 s task from 0, then waits for
-  the message and runs a 1 s task. Returns the (kind, lane, start, end) of every task."""
-  cluster = Cluster()
-  a, b = cluster.add_lane('a (cpu:0)'), cluster.add_lane('b (cpu:0)')
-  inbox = cluster.channel('inbox', b)
-
-  def sender():
-    yield Compute(lambda: None, kind='forward', stage=0)
-    yield Send(inbox, 'x')
-
-  def receiver():
-    yield Compute(lambda: None, kind='backward', stage=0)
-    yield Get(inbox)
-    yield Compute(lambda: None, kind='forward', stage=0)
-
-  executor = virtual.make(
-    CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=1.0),
-    lane_hardware=lane_hardware,
-    time_sliced=True,
-    **executor_options,
-  )
-  timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
-  return sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records)
+  the message and runs a 1 s task (`_send`), lanes time-sliced on `lane_hardware`."""
+  return _send(False, 'backward', lane_hardware=lane_hardware, time_sliced=True, **executor_options)
 
 
 @pytest.mark.parametrize('sender_placed', [True, False])
