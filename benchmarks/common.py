@@ -71,6 +71,12 @@ def family_lanes(family: str, lanes: int, core=lambda k: k) -> list[str]:
   raise ValueError(f'family_lanes: unknown family {family!r}')
 
 
+def unplaced_lanes(family: str, lanes: int) -> list[str]:
+  """`family_lanes` of `family` with `lanes` lanes, none pinned to a core (each lane its
+  name alone: a virtual run whose lanes share no core, or emulated lanes)."""
+  return [lane.split('@')[0] for lane in family_lanes(family, lanes)]
+
+
 def send_delays(lane_names: Mapping[int, str], tasks, kind: str = 'backward') -> list[float]:
   """Seconds from the end of each `kind` task to the start of the first copy its lane
   sent of the same batch after it. `tasks`: `(lane, kind, start, end, batch)` tuples of

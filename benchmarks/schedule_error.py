@@ -103,13 +103,12 @@ def warm_up(name: str, lanes: int, args) -> int:
   which the virtual clock does not price, and what queued meanwhile drains in these
   iterations (PD-ASGD 1:15's emulated updates were staler than 3 until its 27th
   iteration of 81, none on the virtual clock; from the 41st on, each layer's were at
-  most one update apart). LPP-SGD
-  leaves out 64 K: its steady state begins once every worker has merged an averaging
-  round (`accuracy.window`: each lane's first task of each kind), a round takes every
-  replica's snapshot, and the lanes' staggered first compiles delay it (16 emulated
-  workers on 2 cores began 1.8-4.8 s into a run, the first mean came at 5.5 s and the
-  merges, each in its replica's turn, until 6.8 s: the last at iteration 356, 501 and
-  past 521 of three runs; on the virtual clock at 96)."""
+  most one update apart). LPP-SGD leaves out 64 K: its steady state begins once every
+  worker has merged an averaging round (`accuracy.window`: each lane's first task of
+  each kind), a round takes every replica's snapshot, and the lanes' staggered first
+  compiles delay it (16 emulated workers on 2 cores began 1.8-4.8 s into a run, the
+  first mean came at 5.5 s and the merges, each in its replica's turn, until 6.8 s: the
+  last at iteration 356, 501 and past 521 of three runs; on the virtual clock at 96)."""
   if name == 'bp':
     return args.warmup
   if name == 'lppsgd':
@@ -129,8 +128,7 @@ def placed_lanes(name: str, lanes: int) -> str:
   """`placement.lanes` of family `name` with K lanes, none pinned to a core."""
   from benchmarks import common as bench_common
 
-  names = [lane.split('@')[0] for lane in bench_common.family_lanes(name, lanes)]
-  return '; '.join(names)
+  return '; '.join(bench_common.unplaced_lanes(name, lanes))
 
 
 def host_file(base, root: str, tag: str, **figures) -> str:
@@ -210,9 +208,9 @@ def run(
 ) -> dict:
   """Trains `config` into `workdir`: its steady-state statistics (`accuracy.window_stats`,
   after `iterations`, `warm_up`, each lane's first `warmup` tasks and its first of each
-  kind; blocks of whole
-  rounds where every update is an iteration, `accuracy.IN_ROUNDS`) and staleness
-  histogram (with `sampler`, the host's CPU over the steady state: `CpuSampler.busy`)."""
+  kind; blocks of whole rounds where every update is an iteration, `accuracy.IN_ROUNDS`)
+  and staleness histogram (with `sampler`, the host's CPU over the steady state:
+  `CpuSampler.busy`)."""
   from jaxsgd import training
 
   if sampler is not None:

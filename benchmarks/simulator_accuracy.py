@@ -150,10 +150,8 @@ def family_config(
     config.algorithm.update({'n_fwd': 1, 'n_bwd': args.lanes - 1})
   if name == 'lppsgd':
     config.algorithm.update({'devices': args.lanes, 'workers_per_device': 1})
-  lanes = bench_common.family_lanes(name, args.lanes)
-  if not on_cores:
-    lanes = [lane.split('@')[0] for lane in lanes]
-  config.placement.lanes = '; '.join(lanes)
+  place = bench_common.family_lanes if on_cores else bench_common.unplaced_lanes
+  config.placement.lanes = '; '.join(place(name, args.lanes))
   if side == 'measured':
     config.clock, config.executor = 'real', 'processes'
   else:
