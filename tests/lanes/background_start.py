@@ -1,12 +1,13 @@
 """A driver that starts its cluster in the background (`cluster.connect_soon`), run as
 its own process by `test_lanes.py`:
 
-    python tests/lanes/background_start.py use|abandon
+    python tests/lanes/background_start.py use|abandon OUT
 
 `use`: opens a pool on it a second after the start (the thread that started the cluster
 has long returned from it), runs a task, closes the pool. `abandon`: no pool ever takes
-it (`cluster.abandon`). Prints one JSON line: the processes it started (Ray's and the
-lanes'), and the task's result.
+it (`cluster.abandon`). Writes one JSON object to the file OUT: the processes it started
+(Ray's and the lanes'), and the task's result. A file, not stdout: Ray's log thread prints
+the lanes' output to the driver's stdout and may split a line printed there.
 """
 
 import json
@@ -23,7 +24,7 @@ from jaxsgd.scheduler.lanes import LanePlacement, LanePool, cluster
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 
-def main(use: bool):
+def main(use: bool, out: str):
   cluster.connect_soon(None)
   started, result = [], None
   if use:
@@ -37,8 +38,9 @@ def main(use: bool):
       time.sleep(0.05)
     started = [p.pid for p in psutil.Process().children(recursive=True)]
     cluster.abandon()
-  print(json.dumps({'started': started, 'result': result}), flush=True)
+  with open(out, 'w') as f:
+    json.dump({'started': started, 'result': result}, f)
 
 
 if __name__ == '__main__':
-  main(sys.argv[1] == 'use')
+  main(sys.argv[1] == 'use', sys.argv[2])

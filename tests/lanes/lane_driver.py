@@ -1,9 +1,10 @@
 """A driver run as its own process by the signal tests: lanes up, then one long task.
 
-    python tests/lanes/lane_driver.py ADDRESS|local [lost-sigterm]
+    python tests/lanes/lane_driver.py ADDRESS|local OUT [lost-sigterm]
 
-Prints one JSON line (its pid, its lanes' pids, every process it started) once the
-lanes are up, then waits on a task that sleeps for a minute. With `lost-sigterm` it
+Writes one JSON object to the file OUT (its pid, its lanes' pids, every process it
+started) once the lanes are up (a file, not stdout: Ray's log thread prints the lanes'
+output to the driver's stdout and may split a line printed there), then waits on a task that sleeps for a minute. With `lost-sigterm` it
 first sends itself SIGTERM from inside a garbage-collector callback, where the
 handler's exception is printed and dropped (as happens under JAX's own callback).
 """
@@ -36,13 +37,18 @@ def sigterm_lost_in_a_gc_callback() -> None:
   gc.collect()
 
 
-def main(address: str | None, lose_sigterm: bool = False):
+def write_whole(path: str, record: dict) -> None:
+  """Writes `record` so that a reader polling `path` sees all of it or nothing."""
+  with open(path + '.part', 'w') as f:
+    json.dump(record, f)
+  os.replace(path + '.part', path)
+
+
+def main(address: str | None, out: str, lose_sigterm: bool = False):
   with LanePool(LanePlacement.spread(['a', 'b']), address=address, verbose=False) as pool:
     started = [p.pid for p in psutil.Process().children(recursive=True)]
-    print(
-      json.dumps({'driver': os.getpid(), 'lanes': list(pool.pids().values()), 'started': started}),
-      flush=True,
-    )
+    lanes = list(pool.pids().values())
+    write_whole(out, {'driver': os.getpid(), 'lanes': lanes, 'started': started})
     if lose_sigterm:
       sigterm_lost_in_a_gc_callback()
     recipe = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=1.0)
@@ -50,4 +56,6 @@ def main(address: str | None, lose_sigterm: bool = False):
 
 
 if __name__ == '__main__':
-  main(None if sys.argv[1] == 'local' else sys.argv[1], sys.argv[2:] == ['lost-sigterm'])
+  main(
+    None if sys.argv[1] == 'local' else sys.argv[1], sys.argv[2], sys.argv[3:] == ['lost-sigterm']
+  )

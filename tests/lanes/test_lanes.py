@@ -10,9 +10,11 @@ import json
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -524,16 +526,23 @@ def test_lanes_go_to_the_host_they_name_and_a_wrong_host_is_refused(head, pool):
 
 
 def _driver(address: str, *flags: str) -> tuple[subprocess.Popen, dict]:
+  """Starts `lane_driver.py` and waits (at most two minutes) for the record it writes
+  once its lanes are up."""
+  out = os.path.join(tempfile.mkdtemp(prefix='lane-driver-'), 'started.json')
   process = subprocess.Popen(
-    [sys.executable, os.path.join(HERE, 'lane_driver.py'), address, *flags],
-    stdout=subprocess.PIPE,
-    text=True,
+    [sys.executable, os.path.join(HERE, 'lane_driver.py'), address, out, *flags],
     cwd=os.getcwd(),
     env={**os.environ, 'PYTHONPATH': os.getcwd()},
   )
-  line = process.stdout.readline()
-  assert line, 'the driver ended before its lanes were up'
-  return process, json.loads(line)
+  deadline = time.monotonic() + 120
+  while not os.path.exists(out):
+    assert process.poll() is None, 'the driver ended before its lanes were up'
+    assert time.monotonic() < deadline, "the driver's lanes were not up within 120 s"
+    time.sleep(0.05)
+  with open(out) as f:
+    started = json.load(f)
+  shutil.rmtree(os.path.dirname(out))
+  return process, started
 
 
 @pytest.mark.skipif(
@@ -584,20 +593,21 @@ def test_ctrl_c_of_a_driver_with_its_own_cluster_leaves_no_process():
 
 @pytest.mark.slow
 @pytest.mark.parametrize('use', ['use', 'abandon'])
-def test_a_cluster_started_in_the_background_serves_a_pool_and_leaves_no_process(use):
+def test_a_cluster_started_in_the_background_serves_a_pool_and_leaves_no_process(use, tmp_path):
   """`cluster.connect_soon` starts the run's cluster in a thread while the driver builds
   its model. Ray's processes die with the thread that started them (their parent-death
   signal is that thread's): they lived only while it ran, and the pool opened after it
   had returned found no cluster. Used or abandoned, nothing of it is left."""
+  out = tmp_path / 'outcome.json'
   done = subprocess.run(
-    [sys.executable, os.path.join(HERE, 'background_start.py'), use],
+    [sys.executable, os.path.join(HERE, 'background_start.py'), use, str(out)],
     capture_output=True,
     text=True,
     timeout=120,
     env={**os.environ, 'PYTHONPATH': os.getcwd()},
   )
   assert done.returncode == 0, done.stderr[-3000:]
-  outcome = json.loads(done.stdout.strip().splitlines()[-1])
+  outcome = json.loads(out.read_text())
   assert len(outcome['started']) >= 2  # Ray's GCS and raylet at least
   assert outcome['result'] == (3.0 if use == 'use' else None)
   assert gone(outcome['started']) == []
