@@ -177,6 +177,18 @@ def test_one_partition_steps_equal_full_steps_bit_for_bit():
   chex.assert_trees_all_equal(tuple(session.replicas[0].read().value), (params[0], opt[0]))
 
 
+def test_with_one_slice_the_partitioned_step_is_the_full_step_itself():
+  """W = 1: no masks (they would select every coordinate, in two more passes over the
+  parameters and the optimizer state); with several slices, a masked step per slice."""
+  tx = optax.sgd(0.5, momentum=0.9)
+  update = _update(tx)
+  assert lppsgd.partitioned_steps(update, tx, 1) == [update]
+  params = {'w': jnp.arange(6.0)}
+  steps = lppsgd.partitioned_steps(update, tx, 2)
+  new, _ = steps[1](params, tx.init(params), {'w': jnp.ones(6)})
+  np.testing.assert_array_equal(new['w'], [0.0, 1.0, 2.0, 2.5, 3.5, 4.5])  # slice 1: the last 3
+
+
 def test_hogwild_workers_replay_with_alternating_partitioned_steps():
   """Two workers share one replica. Replaying the recorded (worker, read version)
   sequence — the gradient at the version read, applied to the replica as it is at
