@@ -191,10 +191,13 @@ def _shape_args(args) -> dict:
 
 
 def _write_tables(path: str, args) -> None:
-  """In the profile's own process: pins it to core 0, busies cores 1..K-1 if asked
-  (`--neighbours=busy`), and writes the profile of `_measured_tables` to `path`."""
+  """In the profile's own process: sets its allocator as a lane's, pins it to core 0,
+  busies cores 1..K-1 if asked (`--neighbours=busy`), and writes the profile of
+  `_measured_tables` to `path`."""
+  from jaxsgd import allocator
   from jaxsgd.scheduler import profiles, task_timing
 
+  allocator.keep_freed_memory()  # as a lane's: a task's outputs in memory used before
   task_timing.pin_to_core(0)  # before JAX's first computation
   with contextlib.ExitStack() as neighbours:
     if args.neighbours == 'busy':  # the lanes' other cores compute, as in the runs
@@ -204,14 +207,14 @@ def _write_tables(path: str, args) -> None:
 
 def _measured_tables(args):
   """One profile of the tables of the asked families (`TABLE_OF`: DDG and PD-ASGD read
-  BP's), each measured through `experiments.profile` (the host's figures are the host
-  profile's: none here)."""
+  BP's), their tasks measured together, interleaved, through `experiments.profile` (the
+  host's figures are the host profile's: none here)."""
   from experiments import profile as profile_command
   from jaxsgd import data as data_lib
   from jaxsgd.scheduler import profile_lookup, profiles, task_timing
   from jaxsgd.training.loop import build_model
 
-  merged = None
+  prepared = []
   families = set(args.families.split(','))
   for name in [m for m in MEASURED if m in {TABLE_OF.get(f, f) for f in families}]:
     config = family_config(name, args, 'tables')
@@ -221,12 +224,15 @@ def _measured_tables(args):
     def batch_for(size, dataset=dataset, config=config):
       return next(dataset.train_batches(size, seed=config.seed))
 
-    table, batch = profile_command.measure_table(
-      config, model, batch_for, warmup=3, reps=args.reps, clock='cpu'
-    )
+    prepared.append((config, model, profile_command.table_calls(config, model, batch_for)))
+  tables = profile_command.measure_tables(
+    [entry for _, _, entry in prepared], warmup=3, reps=args.reps, clock='cpu'
+  )
+  merged = None
+  for (config, model, entry), table in zip(prepared, tables):
     profile = task_timing.make_profile(
       model,
-      batch,
+      entry.batch_size,
       profile_lookup.optimizer_id(dict(config.optimizer)),
       [table],
       warmup=3,

@@ -16,14 +16,18 @@ batch size, stage split and algorithm, the in-process executors' dispatch overhe
 `--reps` interleaved wall-clock calls, the fastest counting, on every core (as
 `cost.calibrate` measures them, so the costs are comparable with the kept ones);
 `--pin_core` and `--clock=cpu` measure one core by its CPU time instead (see
-`jaxsgd.scheduler.task_timing` for how repeatable each is here). Measure on a quiet machine: the file is then reused as is. An
+`jaxsgd.scheduler.task_timing` for how repeatable each is here). The process's
+allocator is set as a lane process sets its own (`jaxsgd.allocator`), so that a task's
+outputs land in memory used before rather than in fresh pages that fault at every call.
+Measure on a quiet machine: the file is then reused as is. An
 existing file of the same model, batch size, optimizer and device gets this
 config's table added (one profile can serve a whole suite); `--replace` starts a
 new file instead. The dispatch overhead is measured once per command.
 
 `--suite=NAME` (instead of `--config`) measures the table of every method of a
 comparison suite (`experiments/suites.py`) that takes its costs from a profile (virtual
-clock, `cost.calibrate`), into one file: `experiments.compare --profile=` then runs the
+clock, `cost.calibrate`), together (each round times every task of every table once, so
+that the machine's speed at the time prices every method alike), into one file: `experiments.compare --profile=` then runs the
 whole suite on it. Its methods must share the model, batch size and optimizer.
 
 Covers every family: the scheduler algorithms (bp, ddg, local, asgd, dcasgd,
@@ -34,6 +38,7 @@ and the data-parallel ones (ssgd, local_sgd, dasgd, diloco: one worker's step,
 
 import os
 import types
+from typing import NamedTuple
 
 import jax
 
@@ -41,7 +46,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from jaxsgd import algorithms
+from jaxsgd import algorithms, allocator
 from jaxsgd import data as data_lib
 from jaxsgd import optimizers
 from jaxsgd.algorithms import ddg
@@ -99,10 +104,18 @@ def roles_of(name: str, settings):
   return sequential_roles(1)  # Whole-model workers: lppsgd, asgd, dcasgd.
 
 
-def measure_table(
-  config, model, batch_for, *, warmup: int = 3, reps: int = 30, clock: str = 'wall'
-) -> tuple[profiles.Table, int]:
-  """(the config's task table measured on the first device, the batch size it is for).
+class TableCalls(NamedTuple):
+  """What one table of a config times: its task calls, the stage split, the task set
+  (`profile_lookup`) and the batch size it is for."""
+
+  calls: dict
+  split: tuple
+  tasks: str
+  batch_size: int
+
+
+def table_calls(config, model, batch_for) -> TableCalls:
+  """The config's tasks on the first device, for its table.
 
   `batch_for(n)` returns a host batch of `n` examples. Pipeline and server
   algorithms: every task of their stages at `batch_size`; data-parallel ones: one
@@ -117,7 +130,7 @@ def measure_table(
     )
   settings = algorithms.get(name).validate(config, model)
   if name in DATA_PARALLEL_ALGORITHMS:
-    return _worker_step_table(settings, model, batch_for, warmup, reps, clock)
+    return _worker_step_calls(settings, model, batch_for)
   shared, roles = settings.shared, roles_of(name, settings)
   tx = optimizers.make_optimizer(shared.optimizer, shared.train_steps)
   stages = PlacedStages(
@@ -137,18 +150,10 @@ def measure_table(
     _, server, _, _ = asgd.build(types.SimpleNamespace(model=model), shared, settings.server)
     calls[(0, 'update')] = server.sample_update_call()
     tasks = profile_lookup.server_tasks(name)
-  table = task_timing.measure_table(
-    calls,
-    split=profile_lookup.split_of(stages.stages),
-    tasks=tasks,
-    warmup=warmup,
-    reps=reps,
-    clock=clock,
-  )
-  return table, shared.batch_size
+  return TableCalls(calls, profile_lookup.split_of(stages.stages), tasks, shared.batch_size)
 
 
-def _worker_step_table(settings, model, batch_for, warmup, reps, clock):
+def _worker_step_calls(settings, model, batch_for) -> TableCalls:
   """One data-parallel worker's step, as `cost.calibrate` measures it (`data_parallel`)."""
   from jaxsgd.spmd import step as step_lib  # pylint: disable=import-outside-toplevel
 
@@ -158,15 +163,29 @@ def _worker_step_table(settings, model, batch_for, warmup, reps, clock):
   variables = model.init(jax.random.key(shared.seed))
   opt_state = jax.jit(inner.init)(variables['params'])
   batch = batch_for(settings.batch_size)
-  table = task_timing.measure_table(
-    {(0, 'step'): (one_step, (variables, opt_state, batch))},
-    split=((0, model.num_layers),),
-    tasks=profile_lookup.WORKER_STEP,
-    warmup=warmup,
-    reps=reps,
-    clock=clock,
+  calls = {(0, 'step'): (one_step, (variables, opt_state, batch))}
+  return TableCalls(
+    calls, ((0, model.num_layers),), profile_lookup.WORKER_STEP, settings.batch_size
   )
-  return table, settings.batch_size
+
+
+def measure_tables(
+  entries, *, warmup: int = 3, reps: int = 30, clock: str = 'wall'
+) -> list[profiles.Table]:
+  """The table of each `TableCalls` of `entries`, measured together, interleaved
+  (`task_timing.measure_tables`): a suite's tables are priced at one speed of the machine."""
+  task_sets = [(entry.calls, entry.split, entry.tasks) for entry in entries]
+  return task_timing.measure_tables(task_sets, warmup=warmup, reps=reps, clock=clock)
+
+
+def measure_table(
+  config, model, batch_for, *, warmup: int = 3, reps: int = 30, clock: str = 'wall'
+) -> tuple[profiles.Table, int]:
+  """(the config's task table measured on the first device, the batch size it is for):
+  `table_calls`, timed."""
+  entry = table_calls(config, model, batch_for)
+  [table] = measure_tables([entry], warmup=warmup, reps=reps, clock=clock)
+  return table, entry.batch_size
 
 
 def suite_configs(name: str) -> list:
@@ -235,6 +254,7 @@ def main(argv):
   if (_CONFIG.value is None) == (_SUITE.value is None):
     raise SystemExit('--config, --suite or --host: give exactly one.')
   configs = suite_configs(_SUITE.value) if _SUITE.value else [('', _CONFIG.value)]
+  allocator.keep_freed_memory()  # as a lane's: a task's outputs in memory used before
   if _PIN_CORE.value >= 0:
     task_timing.pin_to_core(_PIN_CORE.value)  # Before JAX's first computation.
   workers = max(config.get('workers', 1) for _, config in configs)
@@ -243,9 +263,7 @@ def main(argv):
     # timed (on the first device), so fake CPU devices do (ignored on accelerators).
     jax.config.update('jax_num_cpu_devices', workers)
   profile = None
-  dispatch = {}  # measured once, after the first table: they do not depend on the config
-  for label, config in configs:
-    measured = _measure(config, dispatch)
+  for (label, _), measured in zip(configs, _measure([config for _, config in configs])):
     try:
       profile = measured if profile is None else profiles.merge(profile, measured)
     except profiles.ProfileError as e:
@@ -264,35 +282,40 @@ def main(argv):
   )
 
 
-def _measure(config, dispatch: dict[str, float]) -> profiles.Profile:
-  """A profile of one table: the tasks of `config`, and the in-process executors'
-  `dispatch` (measured into it here if it is empty: after the table, so a bad config is
-  refused before anything else runs)."""
-  dataset = data_lib.load(config.dataset, config.get('data_dir'))
-  model = build_model(config, dataset)
+def _measure(configs) -> list[profiles.Profile]:
+  """A profile of one table for each of `configs`: its tasks, all the configs' measured
+  together (`measure_tables`), and the in-process executors' `dispatch` (measured once,
+  after the tables, so a bad config is refused before anything else runs)."""
+  prepared = []
+  for config in configs:
+    dataset = data_lib.load(config.dataset, config.get('data_dir'))
+    model = build_model(config, dataset)
 
-  def batch_for(batch_size):
-    return next(dataset.train_batches(batch_size, seed=config.seed))
+    def batch_for(batch_size, dataset=dataset, config=config):
+      return next(dataset.train_batches(batch_size, seed=config.seed))
 
-  try:
-    table, batch_size = measure_table(
-      config, model, batch_for, warmup=_WARMUP.value, reps=_REPS.value, clock=_CLOCK.value
-    )
-  except ValueError as e:
-    raise SystemExit(str(e)) from None
-  if not dispatch:
-    dispatch.update(lane_timing.measure_dispatch())
-  return task_timing.make_profile(
-    model,
-    batch_size,
-    profile_lookup.optimizer_id(dict(config.optimizer)),
-    [table],
-    warmup=_WARMUP.value,
-    reps=_REPS.value,
-    clock=_CLOCK.value,
-    pinned=_PIN_CORE.value >= 0,
-    dispatch=dispatch,
+    try:
+      prepared.append((config, model, table_calls(config, model, batch_for)))
+    except ValueError as e:
+      raise SystemExit(str(e)) from None
+  tables = measure_tables(
+    [entry for _, _, entry in prepared], warmup=_WARMUP.value, reps=_REPS.value, clock=_CLOCK.value
   )
+  dispatch = lane_timing.measure_dispatch()
+  return [
+    task_timing.make_profile(
+      model,
+      entry.batch_size,
+      profile_lookup.optimizer_id(dict(config.optimizer)),
+      [table],
+      warmup=_WARMUP.value,
+      reps=_REPS.value,
+      clock=_CLOCK.value,
+      pinned=_PIN_CORE.value >= 0,
+      dispatch=dispatch,
+    )
+    for (config, model, entry), table in zip(prepared, tables)
+  ]
 
 
 def describe(table: profiles.Table, dispatch) -> str:

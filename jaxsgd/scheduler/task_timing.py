@@ -202,10 +202,38 @@ def measure_table(
   clock: str = 'wall',
 ) -> Table:
   """`measure` as a `Table`; `clock` names one of `CLOCKS`."""
+  [table] = measure_tables([(calls, split, tasks)], warmup=warmup, reps=reps, clock=clock)
+  return table
+
+
+def measure_tables(
+  task_sets: Sequence[tuple[Mapping[Any, tuple[Callable, tuple]], Any, str]],
+  *,
+  warmup: int = 3,
+  reps: int = 30,
+  clock: str = 'wall',
+) -> list[Table]:
+  """The `Table` of each `(calls, split, tasks)` of `task_sets`, measured together: each
+  round times every task of every set once, so that the machine's speed at the time
+  prices every table alike. Measured one after another, the tables of one profile could
+  disagree on the same computation by more than the lanes' own spread (a whole-model
+  forward, one program in three tables measured a minute apart: 29, 39 and 38 ms of a
+  core's CPU time, in the lanes 31-34 ms)."""
   if clock not in CLOCKS:
     raise ValueError(f'clock: {clock!r}; allowed: {", ".join(CLOCKS)}.')
-  costs, spread = measure(calls, warmup=warmup, reps=reps, clock=CLOCKS[clock])
-  return Table(as_split(split), tasks, costs, spread)
+  every = {
+    (n, key): call for n, (calls, _, _) in enumerate(task_sets) for key, call in calls.items()
+  }
+  costs, spread = measure(every, warmup=warmup, reps=reps, clock=CLOCKS[clock])
+  return [
+    Table(
+      as_split(split),
+      tasks,
+      {key: costs[(n, key)] for key in calls},
+      {key: spread[(n, key)] for key in calls},
+    )
+    for n, (calls, split, tasks) in enumerate(task_sets)
+  ]
 
 
 def make_profile(

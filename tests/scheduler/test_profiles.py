@@ -62,6 +62,24 @@ def test_measure_takes_the_minimum_of_interleaved_repetitions():
   assert spread['a']['p90'] == pytest.approx(4.8) and spread['b']['p90'] == pytest.approx(6.0)
 
 
+def test_several_tables_are_measured_in_the_same_rounds():
+  """`measure_tables`: each round times every task of every table once, so a slow spell
+  prices them alike; each table keeps its own keys, split and task set."""
+  order = []
+
+  def task(name):
+    return lambda: order.append(name) or np.zeros(1)
+
+  first = ({(0, 'forward'): (task('a0'), ()), (0, 'update'): (task('a1'), ())}, ((0, 2),), 'x')
+  second = ({(0, 'forward'): (task('b0'), ())}, ((0, 1), (1, 2)), 'y')
+  tables = task_timing.measure_tables([first, second], warmup=1, reps=2)
+  assert order == ['a0', 'a1', 'b0'] + ['a0', 'a1', 'b0'] * 2  # warm-up, then two rounds
+  assert [t.tasks for t in tables] == ['x', 'y']
+  assert [t.split for t in tables] == [((0, 2),), ((0, 1), (1, 2))]
+  assert [set(t.costs) for t in tables] == [{(0, 'forward'), (0, 'update')}, {(0, 'forward')}]
+  assert set(tables[1].spread) == {(0, 'forward')}
+
+
 def test_the_clocks_that_measure_are_those_a_file_may_name():
   assert tuple(task_timing.CLOCKS) == profiles.CLOCK_NAMES
 

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from jaxsgd import compilation_cache
+from jaxsgd import allocator, compilation_cache
 from jaxsgd.scheduler.lanes import wire
 
 
@@ -141,7 +141,7 @@ class LaneRuntime:
     process's cores are what bound a lane.) `authkey`: the pool's key for the lane's
     socket (`serve`); None serves none."""
     self.name = name
-    wire.reuse_freed_memory()  # before any message's buffers
+    allocator.keep_freed_memory()  # before any message's buffers
     if variables:
       _take_variables(variables)
     self.cores = pin_process(cores)  # before JAX's backend (and its threads) starts

@@ -33,7 +33,6 @@ into their own memory, never copied into the pickle. That memory starts at an
 `ALIGNMENT` boundary, so that a CPU lane's tasks read a moved array where it lies.
 """
 
-import ctypes
 import errno
 import functools
 import os
@@ -52,32 +51,6 @@ OUT_OF_BAND = 1 << 16  # bytes: a buffer this large goes as a frame of its own
 # kernels need (at most this), and otherwise copies it at every call that reads it; numpy's
 # own 16 bytes were not enough.
 ALIGNMENT = 64
-
-
-# glibc's `mallopt` parameters (malloc.h) and what a lane process sets them to.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-MMAP_THRESHOLD = 64 << 20  # bytes: a buffer below this comes from memory freed before
-TRIM_THRESHOLD = 128 << 20  # bytes: free memory a lane keeps for the next messages
-
-
-def reuse_freed_memory() -> bool:
-  """Makes this process's allocator serve a message's buffers (below `MMAP_THRESHOLD`)
-  from memory freed before, keeping up to `TRIM_THRESHOLD` of it (glibc's `mallopt`);
-  False where the C library has no `mallopt` (not glibc: left as it is).
-
-  Why: every move writes and reads new buffers. glibc maps a large one afresh, above a
-  threshold that rises and falls with what was freed, and every page of a fresh mapping
-  faults at its first touch: a copy of 1 MiB between two lane processes took 0.6 or
-  2.6 ms and one of 34 arrays 1.2 or 3.9 ms, by spells; with these settings 0.55 and
-  1.1 ms, every time (`benchmarks/results/schedule_error.md`)."""
-  try:
-    mallopt = ctypes.CDLL(None).mallopt
-  except (OSError, AttributeError):
-    return False
-  mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-  return bool(
-    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-  )
 
 
 def frames(message) -> list:
