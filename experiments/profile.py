@@ -27,8 +27,9 @@ new file instead. The dispatch overhead is measured once per command.
 `--suite=NAME` (instead of `--config`) measures the table of every method of a
 comparison suite (`experiments/suites.py`) that takes its costs from a profile (virtual
 clock, `cost.calibrate`), together (each round times every task of every table once, so
-that the machine's speed at the time prices every method alike), into one file: `experiments.compare --profile=` then runs the
-whole suite on it. Its methods must share the model, batch size and optimizer.
+that the machine's speed at the time prices every method alike), into one file:
+`experiments.compare --profile=` then runs the whole suite on it. Its methods must share
+the model, batch size and optimizer (checked before anything is timed).
 
 Covers every family: the scheduler algorithms (bp, ddg, local, asgd, dcasgd,
 lppsgd, pdasgd: each stage's forward, backward and update; the server's update)
@@ -263,7 +264,7 @@ def main(argv):
     # timed (on the first device), so fake CPU devices do (ignored on accelerators).
     jax.config.update('jax_num_cpu_devices', workers)
   profile = None
-  for (label, _), measured in zip(configs, _measure([config for _, config in configs])):
+  for (label, _), measured in zip(configs, _measure(configs)):
     try:
       profile = measured if profile is None else profiles.merge(profile, measured)
     except profiles.ProfileError as e:
@@ -283,11 +284,12 @@ def main(argv):
 
 
 def _measure(configs) -> list[profiles.Profile]:
-  """A profile of one table for each of `configs`: its tasks, all the configs' measured
-  together (`measure_tables`), and the in-process executors' `dispatch` (measured once,
-  after the tables, so a bad config is refused before anything else runs)."""
+  """A profile of one table for each `(label, config)` of `configs`: its tasks, all the
+  configs' measured together (`measure_tables`), and the in-process executors' `dispatch`
+  (measured once, after the tables). A bad config, or configs that one profile cannot
+  hold (another model, batch size or optimizer), are refused before anything is timed."""
   prepared = []
-  for config in configs:
+  for label, config in configs:
     dataset = data_lib.load(config.dataset, config.get('data_dir'))
     model = build_model(config, dataset)
 
@@ -295,26 +297,40 @@ def _measure(configs) -> list[profiles.Profile]:
       return next(dataset.train_batches(batch_size, seed=config.seed))
 
     try:
-      prepared.append((config, model, table_calls(config, model, batch_for)))
+      prepared.append((label, config, model, table_calls(config, model, batch_for)))
     except ValueError as e:
       raise SystemExit(str(e)) from None
-  tables = measure_tables(
-    [entry for _, _, entry in prepared], warmup=_WARMUP.value, reps=_REPS.value, clock=_CLOCK.value
-  )
-  dispatch = lane_timing.measure_dispatch()
-  return [
-    task_timing.make_profile(
+
+  def profile_of(config, model, entry, tables, dispatch):
+    return task_timing.make_profile(
       model,
       entry.batch_size,
       profile_lookup.optimizer_id(dict(config.optimizer)),
-      [table],
+      tables,
       warmup=_WARMUP.value,
       reps=_REPS.value,
       clock=_CLOCK.value,
       pinned=_PIN_CORE.value >= 0,
       dispatch=dispatch,
     )
-    for (config, model, entry), table in zip(prepared, tables)
+
+  first = None
+  for label, config, model, entry in prepared:  # one profile must hold them all
+    shell = profile_of(config, model, entry, [], {})
+    try:
+      first = shell if first is None else profiles.merge(first, shell)
+    except profiles.ProfileError as e:
+      raise SystemExit(f'{label}: {e}') from None
+  try:
+    tables = measure_tables(
+      [entry for *_, entry in prepared], warmup=_WARMUP.value, reps=_REPS.value, clock=_CLOCK.value
+    )
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
+  dispatch = lane_timing.measure_dispatch()
+  return [
+    profile_of(config, model, entry, [table], dispatch)
+    for (_, config, model, entry), table in zip(prepared, tables)
   ]
 
 

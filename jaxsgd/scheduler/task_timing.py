@@ -217,8 +217,8 @@ def measure_tables(
   round times every task of every set once, so that the machine's speed at the time
   prices every table alike. Measured one after another, the tables of one profile could
   disagree on the same computation by more than the lanes' own spread (a whole-model
-  forward, one program in three tables measured a minute apart: 29, 39 and 38 ms of a
-  core's CPU time, in the lanes 31-34 ms)."""
+  forward, one program in three tables measured a minute apart: 29, 41 and 38 ms of a
+  core's CPU time; in the lanes 31-40 ms)."""
   if clock not in CLOCKS:
     raise ValueError(f'clock: {clock!r}; allowed: {", ".join(CLOCKS)}.')
   every = {

@@ -4,9 +4,10 @@
 
 Writes one JSON object to the file OUT (its pid, its lanes' pids, every process it
 started) once the lanes are up (a file, not stdout: Ray's log thread prints the lanes'
-output to the driver's stdout and may split a line printed there), then waits on a task that sleeps for a minute. With `lost-sigterm` it
-first sends itself SIGTERM from inside a garbage-collector callback, where the
-handler's exception is printed and dropped (as happens under JAX's own callback).
+output to the driver's stdout and may split a line printed there), then waits on a task
+that sleeps for a minute. With `lost-sigterm` it first sends itself SIGTERM from inside a
+garbage-collector callback, where the handler's exception is printed and dropped (as
+happens under JAX's own callback).
 """
 
 import gc

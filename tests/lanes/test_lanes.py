@@ -527,22 +527,29 @@ def test_lanes_go_to_the_host_they_name_and_a_wrong_host_is_refused(head, pool):
 
 def _driver(address: str, *flags: str) -> tuple[subprocess.Popen, dict]:
   """Starts `lane_driver.py` and waits (at most two minutes) for the record it writes
-  once its lanes are up."""
-  out = os.path.join(tempfile.mkdtemp(prefix='lane-driver-'), 'started.json')
+  once its lanes are up; if none comes, the driver is killed (its lanes end with it)."""
+  folder = tempfile.mkdtemp(prefix='lane-driver-')
+  out = os.path.join(folder, 'started.json')
   process = subprocess.Popen(
     [sys.executable, os.path.join(HERE, 'lane_driver.py'), address, out, *flags],
     cwd=os.getcwd(),
     env={**os.environ, 'PYTHONPATH': os.getcwd()},
   )
-  deadline = time.monotonic() + 120
-  while not os.path.exists(out):
-    assert process.poll() is None, 'the driver ended before its lanes were up'
-    assert time.monotonic() < deadline, "the driver's lanes were not up within 120 s"
-    time.sleep(0.05)
-  with open(out) as f:
-    started = json.load(f)
-  shutil.rmtree(os.path.dirname(out))
-  return process, started
+  try:
+    deadline = time.monotonic() + 120
+    while not os.path.exists(out):
+      ended = process.poll() is not None
+      assert not ended or os.path.exists(out), 'the driver ended before its lanes were up'
+      assert time.monotonic() < deadline, "the driver's lanes were not up within 120 s"
+      time.sleep(0.05)
+    with open(out) as f:
+      return process, json.load(f)
+  except BaseException:
+    process.kill()
+    process.wait()
+    raise
+  finally:
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.skipif(

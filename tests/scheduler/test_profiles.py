@@ -62,22 +62,31 @@ def test_measure_takes_the_minimum_of_interleaved_repetitions():
   assert spread['a']['p90'] == pytest.approx(4.8) and spread['b']['p90'] == pytest.approx(6.0)
 
 
-def test_several_tables_are_measured_in_the_same_rounds():
+def test_several_tables_are_measured_in_the_same_rounds(monkeypatch):
   """`measure_tables`: each round times every task of every table once, so a slow spell
-  prices them alike; each table keeps its own keys, split and task set."""
+  prices them alike; each table keeps its own keys, split and task set, and each key the
+  minimum of its own task's calls (a fake clock: the i-th timed call takes durations[i])."""
   order = []
+  durations = iter([4.0, 1.0, 9.0, 3.0, 2.0, 8.0])  # round 1: a0 a1 b0, round 2: a0 a1 b0
+  ticks = []
+
+  def clock():  # start, end, start, end, ...: end = start + the call's duration
+    ticks.append(ticks[-1] + next(durations) if len(ticks) % 2 else 100.0 * len(ticks))
+    return ticks[-1]
 
   def task(name):
     return lambda: order.append(name) or np.zeros(1)
 
+  monkeypatch.setitem(task_timing.CLOCKS, 'fake', clock)
   first = ({(0, 'forward'): (task('a0'), ()), (0, 'update'): (task('a1'), ())}, ((0, 2),), 'x')
   second = ({(0, 'forward'): (task('b0'), ())}, ((0, 1), (1, 2)), 'y')
-  tables = task_timing.measure_tables([first, second], warmup=1, reps=2)
+  tables = task_timing.measure_tables([first, second], warmup=1, reps=2, clock='fake')
   assert order == ['a0', 'a1', 'b0'] + ['a0', 'a1', 'b0'] * 2  # warm-up, then two rounds
   assert [t.tasks for t in tables] == ['x', 'y']
   assert [t.split for t in tables] == [((0, 2),), ((0, 1), (1, 2))]
-  assert [set(t.costs) for t in tables] == [{(0, 'forward'), (0, 'update')}, {(0, 'forward')}]
-  assert set(tables[1].spread) == {(0, 'forward')}
+  assert tables[0].costs == {(0, 'forward'): 3.0, (0, 'update'): 1.0}
+  assert tables[1].costs == {(0, 'forward'): 8.0}
+  assert tables[1].spread[(0, 'forward')]['median'] == 8.5
 
 
 def test_the_clocks_that_measure_are_those_a_file_may_name():
