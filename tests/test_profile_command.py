@@ -181,3 +181,30 @@ def test_suite_profiles_every_method_with_measured_costs():
     profile_command.suite_configs('dasgd')  # Every dasgd method gives its step's seconds.
   with pytest.raises(SystemExit, match="--suite: 'nope' is not a suite"):
     profile_command.suite_configs('nope')
+
+
+def test_configs_one_profile_cannot_hold_are_refused_before_anything_is_timed(
+  data_dir, monkeypatch
+):
+  """Two configs of another model each (DDG's CNN, ASGD's MLP) in one command: refused in
+  one line naming the second, before a task is timed."""
+  from absl import flags
+
+  parsed = flags.FLAGS.is_parsed()
+  if not parsed:  # the command's flags (--warmup, --reps, ...) at their defaults
+    flags.FLAGS(['profile', '--out=unused.json'])
+  timed = []
+  monkeypatch.setattr(profile_command, 'measure_tables', lambda *a, **k: timed.append(a))
+  configs = []
+  for label, get_config in (('ddg', ddg_config.get_config), ('asgd', asgd_config.get_config)):
+    config = get_config('smoke')
+    config.data_dir = data_dir
+    configs.append((label, config))
+  refused = '^asgd: cost.profile: cannot add to a profile of another model'
+  try:
+    with pytest.raises(SystemExit, match=refused):
+      profile_command._measure(configs)  # pylint: disable=protected-access
+  finally:
+    if not parsed:
+      flags.FLAGS.unparse_flags()
+  assert timed == []
