@@ -37,6 +37,7 @@ and the data-parallel ones (ssgd, local_sgd, dasgd, diloco: one worker's step,
 `(0, 'step')`, at the per-worker batch size; one table serves all four).
 """
 
+import functools
 import os
 import types
 from typing import NamedTuple
@@ -263,13 +264,10 @@ def main(argv):
     # The settings check wants one device per worker; one worker's tasks are what is
     # timed (on the first device), so fake CPU devices do (ignored on accelerators).
     jax.config.update('jax_num_cpu_devices', workers)
-  profile = None
-  for (label, _), measured in zip(configs, _measure(configs)):
-    try:
-      profile = measured if profile is None else profiles.merge(profile, measured)
-    except profiles.ProfileError as e:
-      raise SystemExit(f'{label}: {e}') from None
-    print((f'{label}:\n' if label else '') + describe(measured.tables[0], measured.dispatch))
+  measured = _measure(configs)  # one profile holds them all: checked before timing
+  profile = functools.reduce(profiles.merge, measured)
+  for (label, _), one in zip(configs, measured):
+    print((f'{label}:\n' if label else '') + describe(one.tables[0], one.dispatch))
   out = _OUT.value
   if os.path.exists(out) and not _REPLACE.value:
     try:
@@ -314,11 +312,11 @@ def _measure(configs) -> list[profiles.Profile]:
       dispatch=dispatch,
     )
 
-  first = None
+  held = None
   for label, config, model, entry in prepared:  # one profile must hold them all
     shell = profile_of(config, model, entry, [], {})
     try:
-      first = shell if first is None else profiles.merge(first, shell)
+      held = shell if held is None else profiles.merge(held, shell)
     except profiles.ProfileError as e:
       raise SystemExit(f'{label}: {e}') from None
   try:
