@@ -12,7 +12,7 @@ core while a copy arrives there is predicted to take that link time longer.
 
 Three lanes: `target` on core 1, and a source on core 0 (`other`) and one on core 1
 (`same`, sharing the target's core). The link time of each size is the host profile's
-line (`lane_timing.measure_process_links`, measured first, on lanes of their own: latency
+line (`link_timing.measure_process_links`, measured first, on lanes of their own: latency
 + bytes / bandwidth). Then, interleaved, `--repeats` times for each size and source: the
 target runs a task of ~45 ms (`heavy`, matrix products on a 512 x 512 matrix) alone, and
 again while the source sends it a new value of that size (asked for a few ms after the
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsgd.scheduler import lane_timing
+from jaxsgd.scheduler import link_timing
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
@@ -81,7 +81,7 @@ def main():
     parser.error(f'--repeats: at least 1; got {args.repeats}')
   from benchmarks import copy_receiver as this
 
-  latency, bandwidth, _ = lane_timing.measure_process_links().link
+  latency, bandwidth, _ = link_timing.measure_process_links().link
   recipe = TaskRecipe.of(this.build_tasks)
   tasks = {name: Task(recipe, name) for name in ('heavy', 'make', 'first')}
   placement = LanePlacement.parse('other@cores=0; same@cores=1; target@cores=1')

@@ -409,6 +409,30 @@ def round_trips(reps: int = 40) -> dict:
     }
 
 
+def call_gaps(seconds: float) -> dict:
+  """A lane's time between two queued calls (`lane_timing.measure_call_gap`, one lane
+  pinned to core 0): `{'computed': s, 'emulated': s}`, after tasks that compute (tens of
+  milliseconds, as the host profile's `dispatch` is measured) and after emulated tasks
+  of `seconds`. A lane that slept through its task takes longer between calls than one
+  that computed, so the emulated rows' virtual runs are priced with the emulated lane's
+  own figure (`emulated_host`): the executor they are compared with."""
+  from jaxsgd.scheduler import lane_timing
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool
+
+  with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
+    return {
+      'computed': lane_timing.measure_call_gap(pool, 'lane'),
+      'emulated': lane_timing.measure_call_gap(pool, 'lane', seconds=seconds),
+    }
+
+
+def emulated_host(host, dispatch: float):
+  """The host profile of the emulated rows' virtual runs: `host`'s idle figures
+  (`unloaded`) with `dispatch` — an emulated lane's time between two queued calls
+  (`call_gaps`) — as the dispatch, idle and loaded."""
+  return with_figures(unloaded(host), {'dispatch': dispatch, 'dispatch_loaded': dispatch})
+
+
 def new_row(name: str, lanes: int, args) -> dict:
   """A row of the tables: family `name` with `lanes` lanes, its emulated runs to come."""
   return {'family': name, 'lanes': lanes, 'steps': steps_of(name, lanes, args), 'runs': []}
@@ -813,13 +837,21 @@ def main():
     from experiments import profile as profile_command
 
     measured = profile_command.measure_host('processes')
-    host = unloaded(measured)
+    gaps = call_gaps(args.forward)
+    host = emulated_host(measured, gaps['emulated'])
     trips = round_trips()
     figures = ', '.join(f'{name} {value:.3g}' for name, value in measured.figures)
     print(
       f"virtual clock: cost.host = the process executor's host profile measured at the start "
       f'({host.cores} cores; its idle figures for every row, since an emulated task loads no '
-      f'core): {figures}',
+      f"core; its dispatch an emulated lane's, below): {figures}",
+      flush=True,
+    )
+    print(
+      "a lane's time between two queued calls, from a task's end to the next one's start, "
+      f'µs (median of 40): after a computed task (~25-45 ms) {1e6 * gaps["computed"]:.0f} '
+      f"(the host profile's dispatch), after an emulated task of {1e3 * args.forward:.0f} ms "
+      f"{1e6 * gaps['emulated']:.0f} (the emulated rows' dispatch)",
       flush=True,
     )
     print(

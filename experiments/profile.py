@@ -54,7 +54,14 @@ from jaxsgd import optimizers
 from jaxsgd.algorithms import ddg
 from jaxsgd.algorithms import local
 from jaxsgd.pipeline import PlacedStages, sequential_roles
-from jaxsgd.scheduler import Placement, lane_timing, profile_lookup, profiles, task_timing
+from jaxsgd.scheduler import (
+  Placement,
+  lane_timing,
+  link_timing,
+  profile_lookup,
+  profiles,
+  task_timing,
+)
 from jaxsgd.scheduler import host as host_lib
 from jaxsgd.training.loop import build_model
 
@@ -223,7 +230,7 @@ def measure_host(executor: str) -> host_lib.HostProfile:
     return host_lib.make(executor, figures, cores=len(cores))
   idle = lane_timing.measure_process_dispatch(cores=cores[:1])
   loaded = lane_timing.measure_loaded_driver(cores=cores)
-  moves = lane_timing.measure_process_links(cores=(cores[0], cores[-1]))
+  moves = link_timing.measure_process_links(cores=(cores[0], cores[-1]))
   figures = {
     'dispatch': idle['processes'],
     'dispatch_loaded': idle['processes_cpu'],

@@ -88,6 +88,23 @@ def test_emulated_rows_are_simulated_with_the_hosts_idle_figures():
   assert figures == {**idle, **{f'{name}_loaded': value for name, value in idle.items()}, **links}
 
 
+def test_emulated_rows_take_the_emulated_lanes_dispatch_idle_and_loaded():
+  """`emulated_host`: the idle figures (`unloaded`) with the dispatch, idle and loaded,
+  replaced by an emulated lane's time between calls (hand-written profile)."""
+  from jaxsgd.scheduler import host as host_lib
+
+  figures = {name: 1e-4 for name in host_lib.FIGURES['processes']}
+  figures.update(dispatch=6e-5, dispatch_loaded=2e-4, driver_loaded=5e-5)
+  measured = host_lib.make('processes', figures, cores=2)
+  emulated = dict(schedule_error.emulated_host(measured, 2.5e-4).figures)
+  assert emulated == {
+    **figures,
+    'dispatch': 2.5e-4,
+    'dispatch_loaded': 2.5e-4,
+    'driver_loaded': 1e-4,
+  }
+
+
 def test_a_row_leaves_out_its_warm_up_and_the_filling_then_runs_its_blocks():
   """`--warmup 8 --blocks 8`: BP leaves out 8 iterations, a pipeline or PD-ASGD also 2 per
   lane (K = 4: 16), ASGD 4 per worker (24), LPP-SGD 64 per worker (264: its averaging

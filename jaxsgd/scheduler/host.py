@@ -24,13 +24,13 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
 
   dispatch        host seconds per task that its lane waits for, added to every task:
                   for 'in_process' and 'threads' the real clock's bookkeeping per task,
-                  for 'processes' the wall time per task of a chain run through a lane
-                  process (`lane_timing.measure_process_dispatch`).
+                  for 'processes' a lane process's time between two queued calls after
+                  tasks of a run's length (`lane_timing.measure_call_gap`).
   driver          'processes': the driver thread's CPU seconds per event (a task or a
                   copy dispatched, a task's end heard), simulated as one FIFO resource;
   driver_latency  and each message's way between the driver and a lane.
   link_*          'processes': a move of a new value between two lane processes
-                  (`lane_timing.measure_process_links`), from the end of the task
+                  (`link_timing.measure_process_links`), from the end of the task
                   that made the value on the sending lane to its copy arriving (as a
                   run pays it: the copy asked for before): latency and bandwidth of a
                   one-array message, and the time each further array of a message
@@ -86,7 +86,7 @@ FIGURES = {
     'take_in_per_array',
   ),
 }
-# A move's figures, each of its two parts: `link_*` and `take_in_*` (`lane_timing.Moves`).
+# A move's figures, each of its two parts: `link_*` and `take_in_*` (`link_timing.Moves`).
 MOVE_FIGURES = ('latency', 'bandwidth', 'per_array')
 _ABOUT = ('format', 'executor', 'cores', 'platform', 'jax_version', 'date')
 

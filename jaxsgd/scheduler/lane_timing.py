@@ -7,28 +7,26 @@ measured here and kept in a host profile (`cost.host`, `jaxsgd.scheduler.host`; 
 by `python -m experiments.profile --host=EXECUTOR`, `experiments.profile.measure_host`):
 
 - `measure_dispatch`: the host overhead an executor adds per task (`dispatch`);
-- `measure_process_dispatch`: the process executor's (`dispatch`, and its processes' CPU
-  per task, `dispatch_loaded`), its driver's CPU per event and a message's way between
-  it and a lane (`driver`, `driver_latency`); `measure_loaded_driver`: those two with a
-  busy lane on every core (`driver_loaded`, `driver_latency_loaded`);
-- `measure_process_links`: a move between two lane processes, its link (`link_latency`,
-  `link_bandwidth`, `link_per_array`) and the receiving lane's taking it in at the call
-  that reads it (`take_in_latency`, `take_in_bandwidth`, `take_in_per_array`).
+- `measure_process_dispatch`: the process executor's (`dispatch`: a lane's time between
+  two queued calls, `measure_call_gap`; its processes' CPU per task, `dispatch_loaded`),
+  its driver's CPU per event and a message's way between it and a lane (`driver`,
+  `driver_latency`); `measure_loaded_driver`: those two with a busy lane on every core;
+- `link_timing.measure_process_links`: a move between two lane processes.
 
-The rule: each figure is what a run pays, measured the way a run pays it — a chain of
-named tasks (`dispatch_tasks`, built by the lane processes themselves) through the very
-executor, and a new value for every move — and is the minimum (dispatch: other
-processes only add time) or the median (the driver's latency, a move: a difference of
-two times) over repetitions.
+The rule: each figure is what a run pays, measured the way a run pays it — chains of
+named tasks (`dispatch_tasks`, built by the lane processes themselves) of a run's length
+through the very executor — and is the median over repetitions (a lane's time between
+calls, the driver's latency: differences of two times), or the minimum (the in-process
+executors' dispatch: other processes only add time).
 
-Reference: docs/simulator.md (the process executor's host: dispatch, driver, links);
+Reference: docs/simulator.md (the process executor's host: dispatch, driver);
 tests/scheduler/test_dispatch_and_links.py, tests/lanes/test_lanes.py.
 """
 
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -125,9 +123,12 @@ def measure_process_dispatch(
   """The process executor's host overhead per task, on one lane process pinned to
   `cores` (a Ray cluster at `address`, or one started here for the measurement):
 
-  - `processes`: `measure_dispatch`'s figure, wall time per task of a chain of tasks:
-    what a task waits for the driver and Ray when they have cores of their own (a host
-    profile's `dispatch`).
+  - `processes` (a host profile's `dispatch`): the lane's time between two queued calls
+    after tasks of a run's length (`measure_call_gap`): what a task waits for beyond its
+    own when the driver and Ray have cores of their own. A chain of trivial tasks run
+    through the executor (`measure_dispatch`'s wall time per task) gives less: the same
+    work between calls takes longer after a task of tens of milliseconds (figures:
+    benchmarks/results/schedule_error.md).
   - `driver`, `driver_latency` (`_driver_figures`): the driver thread's CPU seconds per
     event (a task dispatched, a task's end heard) and each way of a message between it
     and a lane (a task's end to the driver hearing of it, less `driver`), over chains of
@@ -152,6 +153,7 @@ def measure_process_dispatch(
     )
     after = _cpu_seconds_by_pid()
     owns_cluster = cluster.started_here()
+    between_calls = measure_call_gap(pool, 'dispatch')
     per_event, latency = _driver_figures(
       ProcessExecutor(pool=pool, verbose=False),
       lanes=('dispatch',),
@@ -160,7 +162,7 @@ def measure_process_dispatch(
       warmup=5,
     )
   figures = {
-    'processes': measured['processes'],
+    'processes': between_calls,
     'driver': per_event,
     'driver_latency': latency,
   }
@@ -175,6 +177,34 @@ def measure_process_dispatch(
 
 
 RUN_LENGTH_TASKS = 40  # `busy` tasks of the driver's idle figures: ~1 s
+
+
+def measure_call_gap(pool, lane: str, *, seconds: float | None = None, tasks: int = 40) -> float:
+  """A lane's time between two calls queued one behind the other (`queued_gap`) over a
+  chain of `tasks` tasks of a run's length on `lane` of `pool`, `executor.RUN_AHEAD` in
+  flight, the first 3 left out: tasks that compute (`dispatch_tasks`' 'busy', tens of
+  milliseconds) or, with `seconds`, emulated tasks of that length. It is longer than
+  between trivial tasks, and longer still after an emulated task, through which the
+  lane's core idled (figures: benchmarks/results/schedule_error.md)."""
+  from jaxsgd.scheduler.executor import RUN_AHEAD
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+  task, calls = Task(TaskRecipe.of(dispatch_tasks), 'busy'), []
+  emulated = {} if seconds is None else {'seconds': seconds}
+  for i in range(tasks + 3):
+    calls.append(pool.start(lane, task, (np.float32(i),), **emulated))
+    pool.wait_all(calls[:-RUN_AHEAD])
+  pool.wait_all(calls)
+  return queued_gap(calls[3:])
+
+
+def queued_gap(calls) -> float:
+  """The median of `b.started - a.ended` over consecutive calls a, b of one lane (done
+  `lanes.Pending`s, in the order sent) where b was sent before a ended."""
+  gaps = [b.started - a.ended for a, b in zip(calls, calls[1:]) if b.sent < a.ended]
+  if not gaps:
+    raise RuntimeError('queued_gap: no call was sent before the one ahead of it ended.')
+  return float(np.median(gaps))
 
 
 def _run_chains(executor, *, lanes: Sequence[str], tasks: int, ahead: bool, name: str):
@@ -280,120 +310,3 @@ def _cpu_seconds_by_pid() -> dict[int, float]:
       continue
     seconds[process.pid] = times.user + times.system
   return seconds
-
-
-# --- links between lane processes -------------------------------------------------------------
-class Moves(NamedTuple):
-  """A move between two lane processes, in two parts, each `(latency s, bandwidth B/s,
-  seconds per array beyond a message's first)`: `link`, from the end of the task that
-  made the value on the sending lane to its copy arriving on the receiving one (the
-  export, the socket), and `take_in`, what the receiving lane then spends making the
-  copy its own — paid in front of the first call there that reads it, one call after
-  another, however early the copy arrived (`LaneRuntime.take_in`)."""
-
-  link: tuple[float, float, float]
-  take_in: tuple[float, float, float]
-
-
-RUN_LENGTH_PAUSE = 0.02  # s the sending lane waits before the task that makes a move's value
-
-
-def measure_process_links(
-  *,
-  cores: Sequence[int] = (0, 1),
-  address: str | None = None,
-  sizes: Sequence[int] = (1 << 16, 1 << 24),
-  arrays: int = 64,
-  many_bytes: int = 1 << 20,
-  reps: int = 31,
-  warmup: int = 3,
-) -> Moves:
-  """A move between two lane processes (`LanePool.move`, lane to lane), pinned to
-  `cores[0]` and `cores[1]`, as its `link` and its `take_in` (`Moves`), each measured as
-  a run pays it. For each message, `reps` times: the sending lane waits a run's task
-  length (`RUN_LENGTH_PAUSE`, an emulated task), then a task makes the message anew;
-  the copy and the receiving lane's call that reads it are asked for before either
-  runs, as a process running ahead asks for them. Its link is the time from that task's
-  end to the copy's arrival (`LanePool.exported`), its take-in the time from the
-  arrival to the reading task's start, less a call's own time from its start to its
-  task's on a value already there (the profile's `dispatch` holds that); the messages
-  interleaved, the median of each.
-
-  Each part's latency and bandwidth are the line through one-array messages of the two
-  `sizes` (`link_line`); its time per array is what a message of `arrays` arrays of
-  `many_bytes` bytes in all takes beyond one array of those bytes, per array after the
-  first (a lane process exports and takes in a message array by array: a pushed
-  gradient of a 16-layer MLP is 34 arrays). Against one array of the same bytes, not the
-  line, whose bandwidth's error the difference would carry.
-
-  Why a run's way: a lane that has just ended a task replies to the driver, then its
-  export thread copies the result in the same interpreter, and a call waiting for a copy
-  wakes when it comes: both took about twice a copy of a value long made, read by a call
-  sent after it came (`benchmarks/results/schedule_error.md`). A new value every time, as
-  every message of a run is one. Medians: the minimum of a difference is not the
-  difference of the minima."""
-  from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
-  from jaxsgd.scheduler.tasks import Task, TaskRecipe
-
-  make = Task(TaskRecipe.of(dispatch_tasks), 'add_one')
-  first = Task(TaskRecipe.of(dispatch_tasks), 'first')
-  placement = LanePlacement.parse(f'source@cores={cores[0]}; target@cores={cores[1]}')
-  # (bytes, arrays): the line's two sizes, then the many arrays and one of their bytes
-  messages = [(size, 1) for size in sizes] + [(many_bytes, arrays), (many_bytes, 1)]
-  with LanePool(placement, address=address, verbose=False) as pool:
-    pause = pool.put('source', np.zeros((), np.float32))
-    here = pool.put('target', np.zeros((), np.float32))
-    # A list: one value of `count` arrays, as a task's gradient or parameters (a tuple's
-    # items would each be a value of their own, with a handle each: `LanePool`).
-    sources = [
-      pool.put('source', [np.zeros(size // 4 // count, np.float32) for _ in range(count)])
-      for size, count in messages
-    ]
-
-    def moved(source) -> tuple[float, float]:  # (link, take-in) of a new message
-      calls = [pool.start('source', make, (pause,), seconds=RUN_LENGTH_PAUSE)]
-      calls.append(pool.start('source', make, (source,)))
-      value = pool.early(calls[-1])
-      if value is None:  # (its outline not known yet: the first time, a warm-up)
-        pool.wait_any(calls[-1:])
-        value = calls[-1].result()
-      exports = []
-      calls.append(pool.start('target', first, (pool.move(value, 'target', exports=exports),)))
-      pool.wait_all(calls)
-      pool.settle()
-      arrival = pool.exported(exports)[1]
-      alone = pool.start('target', first, (here,))
-      pool.wait_any([alone])
-      pool.held('target')  # the copies freed there now, not inside the next call
-      own = alone.started - alone.entered
-      return arrival - calls[1].ended, calls[2].started - arrival - own
-
-    for _ in range(warmup):  # warm: compiled, the outlines known, the first copies taken in
-      for source in sources:
-        moved(source)
-    # Interleaved: a slow spell of the machine slows every message, not one message's
-    # (which tilts the line).
-    times = [[moved(source) for source in sources] for _ in range(reps)]
-  link, take_in = [
-    _fit(sizes, arrays, [float(np.median([rep[i][part] for rep in times])) for i in range(4)])
-    for part in (0, 1)
-  ]
-  return Moves(link, take_in)
-
-
-def _fit(sizes: Sequence[int], arrays: int, seconds: Sequence[float]) -> tuple[float, float, float]:
-  """`(latency, bandwidth, seconds per array)` of a move's median times: the two one-array
-  messages of `sizes` (`link_line`), then `arrays` arrays of some bytes in all, beyond one
-  array of those bytes (at least 0)."""
-  *one_array, many, one_of_many = seconds
-  latency, bandwidth = link_line(sizes, one_array)
-  return latency, bandwidth, max(many - max(one_of_many, 0.0), 0.0) / (arrays - 1)
-
-
-def link_line(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
-  """`(latency s, bandwidth B/s)` of the line through two sizes' move times (a negative
-  time counts as 0): bandwidth `(n2 - n1) / (t2 - t1)` (infinite if the larger size was
-  not slower), latency `t1 - n1 / bandwidth` (at least 0)."""
-  (n1, n2), (t1, t2) = sizes, [max(t, 0.0) for t in seconds]
-  bandwidth = (n2 - n1) / (t2 - t1) if t2 > t1 else math.inf
-  return max(t1 - n1 / bandwidth, 0.0), bandwidth

@@ -683,7 +683,7 @@ def test_the_profile_command_measures_the_process_executors_host_profile(tmp_pat
   figures = dict(profile.figures)
   assert set(figures) == set(host.FIGURES['processes'])
   # A latency, and a move's time per array beyond its first, is a median less what is
-  # counted elsewhere, at least 0 (`lane_timing._fit`, `link_line`: on a loaded
+  # counted elsewhere, at least 0 (`link_timing._fit`, `link_line`: on a loaded
   # machine the difference can be nothing); the rest is time (or bytes/s) that every
   # task or move pays.
   may_be_zero = {name for name in figures if 'latency' in name or name.endswith('per_array')}

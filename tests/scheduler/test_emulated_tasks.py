@@ -315,6 +315,17 @@ def test_each_task_waits_the_hand_computed_price_and_returns_the_real_shapes(poo
   assert pool.held('stage0') == pool.held('stage1') == 0  # nothing left in the lanes
 
 
+def test_a_lanes_time_between_queued_calls_is_measured_between_its_tasks(pool):
+  """`measure_call_gap` over a chain of 20 ms emulated tasks on one lane: the chain's calls
+  are queued (`queued_gap` finds pairs) and the figure is the time between a task's end
+  and the next one's start — more than nothing, less than a task (a task's own length,
+  or the time from one end to the next, would be 20 ms or more)."""
+  from jaxsgd.scheduler import lane_timing
+
+  gap = lane_timing.measure_call_gap(pool, 'stage0', seconds=0.02, tasks=8)
+  assert 0 < gap < 0.02
+
+
 def test_the_lanes_wait_what_the_virtual_clock_draws_straggler_noise_included(pool):
   """With straggler noise each lane's n-th task draws the n-th number of that lane's
   stream on both clocks: DDG's tasks, lane by lane, wait exactly the virtual clock's

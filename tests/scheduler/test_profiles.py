@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import psutil
@@ -15,7 +16,14 @@ import pytest
 from jaxsgd.algorithms import ddg
 from jaxsgd.algorithms import local
 from jaxsgd.pipeline import sequential_roles
-from jaxsgd.scheduler import VirtualExecutor, lane_timing, profile_lookup, profiles, task_timing
+from jaxsgd.scheduler import (
+  VirtualExecutor,
+  lane_timing,
+  link_timing,
+  profile_lookup,
+  profiles,
+  task_timing,
+)
 from scheduler_helpers import BATCH, make_pipeline, mlp, pipeline_for, take, train
 
 ROLES = sequential_roles(2)
@@ -96,21 +104,21 @@ def test_the_clocks_that_measure_are_those_a_file_may_name():
 def test_a_link_is_the_line_through_two_sizes_move_times():
   """Hand-computed: 1000 B in 2 ms, 5000 B in 6 ms: 4000 B in 4 ms is 1 MB/s, and 1000 B
   of it leave 1 ms of latency."""
-  latency, bandwidth = lane_timing.link_line((1000, 5000), (2e-3, 6e-3))
+  latency, bandwidth = link_timing.link_line((1000, 5000), (2e-3, 6e-3))
   assert bandwidth == pytest.approx(1e6) and latency == pytest.approx(1e-3)
   # A larger size not slower: no bandwidth term, all latency.
-  assert lane_timing.link_line((1000, 5000), (3e-3, 2e-3)) == (3e-3, np.inf)
+  assert link_timing.link_line((1000, 5000), (3e-3, 2e-3)) == (3e-3, np.inf)
   # A negative time counts as 0 (and the latency is at least 0).
-  assert lane_timing.link_line((1000, 5000), (-1e-3, 2e-3)) == (0.0, 2e6)
+  assert link_timing.link_line((1000, 5000), (-1e-3, 2e-3)) == (0.0, 2e6)
 
 
 def test_a_moves_time_per_array_is_what_many_arrays_add_beyond_one_of_their_bytes():
   """Hand-computed: one array of 1000 B in 2 ms and of 5000 B in 6 ms (1 ms + bytes at
   1 MB/s); 11 arrays in 5 ms where one array of their bytes took 4 ms: 0.1 ms for each
   array after the first. Many arrays no slower than one: 0 per array."""
-  fit = lane_timing._fit((1000, 5000), 11, (2e-3, 6e-3, 5e-3, 4e-3))
+  fit = link_timing._fit((1000, 5000), 11, (2e-3, 6e-3, 5e-3, 4e-3))
   assert fit == pytest.approx((1e-3, 1e6, 1e-4))
-  assert lane_timing._fit((1000, 5000), 11, (2e-3, 6e-3, 3e-3, 4e-3))[2] == 0.0
+  assert link_timing._fit((1000, 5000), 11, (2e-3, 6e-3, 3e-3, 4e-3))[2] == 0.0
 
 
 def test_profile_has_every_task_of_every_stage(profile):
@@ -286,6 +294,18 @@ def test_dispatch_overhead_is_measured_for_each_executor():
   assert set(overhead) == {'jax_call', 'real', 'real_threads'}
   assert overhead['jax_call'] > 0
   assert all(np.isfinite(v) and v >= 0 for v in overhead.values())
+
+
+def test_the_gap_between_calls_is_the_median_over_calls_queued_behind_another():
+  """Hand-made stamps of one lane's calls (sent, started, ended; s): the 2nd and 4th were
+  sent before the call ahead ended (gaps 0.2 and 0.4), the 3rd after (its 5.0 wait for
+  the driver is not the lane's), the 5th before (0.9): the median of 0.2, 0.4, 0.9."""
+  stamps = [(0.0, 0.1, 10.0), (5.0, 10.2, 20.0), (25.0, 25.0, 30.0), (29.0, 30.4, 40.0)]
+  stamps.append((39.0, 40.9, 50.0))
+  calls = [types.SimpleNamespace(sent=a, started=b, ended=c) for a, b, c in stamps]
+  assert lane_timing.queued_gap(calls) == pytest.approx(0.4)
+  with pytest.raises(RuntimeError, match='no call was sent before'):
+    lane_timing.queued_gap([calls[1], calls[2]])
 
 
 def _core() -> int:
