@@ -849,7 +849,7 @@ def main():
     )
     print(
       "a lane's time between two queued calls, from a task's end to the next one's start, "
-      f'µs (median of 40): after a computed task (~25-45 ms) {1e6 * gaps["computed"]:.0f} '
+      f'µs (median of 5 chains of 40): after a computed task (~25-45 ms) {1e6 * gaps["computed"]:.0f} '
       f"(the host profile's dispatch), after an emulated task of {1e3 * args.forward:.0f} ms "
       f"{1e6 * gaps['emulated']:.0f} (the emulated rows' dispatch)",
       flush=True,

@@ -179,23 +179,31 @@ def measure_process_dispatch(
 RUN_LENGTH_TASKS = 40  # `busy` tasks of the driver's idle figures: ~1 s
 
 
-def measure_call_gap(pool, lane: str, *, seconds: float | None = None, tasks: int = 40) -> float:
-  """A lane's time between two calls queued one behind the other (`queued_gap`) over a
-  chain of `tasks` tasks of a run's length on `lane` of `pool`, `executor.RUN_AHEAD` in
-  flight, the first 3 left out: tasks that compute (`dispatch_tasks`' 'busy', tens of
-  milliseconds) or, with `seconds`, emulated tasks of that length. It is longer than
-  between trivial tasks, and longer still after an emulated task, through which the
-  lane's core idled (figures: benchmarks/results/schedule_error.md)."""
+def measure_call_gap(
+  pool, lane: str, *, seconds: float | None = None, tasks: int = 40, repeats: int = 5
+) -> float:
+  """A lane's time between two calls queued one behind the other (`queued_gap`) over
+  chains of `tasks` tasks of a run's length on `lane` of `pool`, `executor.RUN_AHEAD` in
+  flight, the first 3 of each left out; the median over `repeats` chains (as the
+  driver's figures: a machine's state can last a chain). Tasks that compute
+  (`dispatch_tasks`' 'busy', tens of milliseconds) or, with `seconds`, emulated tasks of
+  that length. It is longer than between trivial tasks, and longer still after an
+  emulated task, through which the lane's core idled (figures:
+  benchmarks/results/schedule_error.md)."""
   from jaxsgd.scheduler.executor import RUN_AHEAD
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
-  task, calls = Task(TaskRecipe.of(dispatch_tasks), 'busy'), []
+  task = Task(TaskRecipe.of(dispatch_tasks), 'busy')
   emulated = {} if seconds is None else {'seconds': seconds}
-  for i in range(tasks + 3):
-    calls.append(pool.start(lane, task, (np.float32(i),), **emulated))
-    pool.wait_all(calls[:-RUN_AHEAD])
-  pool.wait_all(calls)
-  return queued_gap(calls[3:])
+  medians = []
+  for _ in range(repeats):
+    calls = []
+    for i in range(tasks + 3):
+      calls.append(pool.start(lane, task, (np.float32(i),), **emulated))
+      pool.wait_all(calls[:-RUN_AHEAD])
+    pool.wait_all(calls)
+    medians.append(queued_gap(calls[3:]))
+  return float(np.median(medians))
 
 
 def queued_gap(calls) -> float:
