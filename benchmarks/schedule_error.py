@@ -17,7 +17,8 @@ costs `--forward`, `--backward`, `--update` seconds; `cost.calibrate=False`), em
              size between the lane processes (`scheduler/process.py`, emulated tasks);
   virtual    `clock='virtual'` with the process executor's host profile measured at
              the start (`cost.host`, `experiments.profile.measure_host('processes')`):
-             its schedule (running ahead), its dispatch per task, its driver (CPU per
+             its schedule (running ahead), its dispatch per task (an emulated lane's
+             time between queued calls, `emulated_gap`), its driver (CPU per
              event, each message's way), its moves between lane processes and copies
              made by the sending lane, and the same `placement.lanes` (every lane its
              own hardware): what `simulator_accuracy` predicts the process executor
@@ -409,27 +410,23 @@ def round_trips(reps: int = 40) -> dict:
     }
 
 
-def call_gaps(seconds: float) -> dict:
-  """A lane's time between two queued calls (`lane_timing.measure_call_gap`, one lane
-  pinned to core 0): `{'computed': s, 'emulated': s}`, after tasks that compute (tens of
-  milliseconds, as the host profile's `dispatch` is measured) and after emulated tasks
-  of `seconds`. A lane that slept through its task takes longer between calls than one
-  that computed, so the emulated rows' virtual runs are priced with the emulated lane's
-  own figure (`emulated_host`): the executor they are compared with."""
+def emulated_gap(seconds: float) -> float:
+  """An emulated lane's time between two queued calls, after emulated tasks of `seconds`
+  (`lane_timing.measure_call_gap`, one lane pinned to core 0). A lane that slept through
+  its task can take longer between calls than one that computed (the host profile's
+  `dispatch`), so the emulated rows' virtual runs are priced with this figure
+  (`emulated_host`): the executor they are compared with."""
   from jaxsgd.scheduler import lane_timing
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool
 
   with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
-    return {
-      'computed': lane_timing.measure_call_gap(pool, 'lane'),
-      'emulated': lane_timing.measure_call_gap(pool, 'lane', seconds=seconds),
-    }
+    return lane_timing.measure_call_gap(pool, 'lane', seconds=seconds)
 
 
 def emulated_host(host, dispatch: float):
   """The host profile of the emulated rows' virtual runs: `host`'s idle figures
   (`unloaded`) with `dispatch` — an emulated lane's time between two queued calls
-  (`call_gaps`) — as the dispatch, idle and loaded."""
+  (`emulated_gap`) — as the dispatch, idle and loaded."""
   return with_figures(unloaded(host), {'dispatch': dispatch, 'dispatch_loaded': dispatch})
 
 
@@ -837,8 +834,8 @@ def main():
     from experiments import profile as profile_command
 
     measured = profile_command.measure_host('processes')
-    gaps = call_gaps(args.forward)
-    host = emulated_host(measured, gaps['emulated'])
+    emulated = emulated_gap(args.forward)
+    host = emulated_host(measured, emulated)
     trips = round_trips()
     figures = ', '.join(f'{name} {value:.3g}' for name, value in measured.figures)
     print(
@@ -849,9 +846,9 @@ def main():
     )
     print(
       "a lane's time between two queued calls, from a task's end to the next one's start, "
-      f'µs (median of 5 chains of 40): after a computed task (~25-45 ms) {1e6 * gaps["computed"]:.0f} '
-      f"(the host profile's dispatch), after an emulated task of {1e3 * args.forward:.0f} ms "
-      f"{1e6 * gaps['emulated']:.0f} (the emulated rows' dispatch)",
+      f'µs (median of 5 chains of 40): after computed tasks {1e6 * measured.figure("dispatch"):.0f} '
+      f"(the host profile's dispatch), after emulated tasks of {1e3 * args.forward:.0f} ms "
+      f"{1e6 * emulated:.0f} (the emulated rows' dispatch)",
       flush=True,
     )
     print(

@@ -216,8 +216,8 @@ def suite_configs(name: str) -> list:
 
 def measure_host(executor: str) -> host_lib.HostProfile:
   """`executor`'s host profile on this machine (`jaxsgd.scheduler.host`): the in-process
-  executors' dispatch per task; the process executor's dispatch (wall time per task of a
-  chain through one lane process; the CPU of all the run's processes per task, which is
+  executors' dispatch per task; the process executor's dispatch (a lane's time between two
+  queued calls after tasks of a run's length; the CPU of all the run's processes per task,
   what a lane loses where the lanes take every core), its driver's figures with an idle
   lane and with a busy lane on every core this process may use, and a move of a new
   value between two lane processes, its link and the receiving lane's taking it in (each

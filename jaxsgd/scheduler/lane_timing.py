@@ -20,7 +20,8 @@ calls, the driver's latency: differences of two times), or the minimum (the in-p
 executors' dispatch: other processes only add time).
 
 Reference: docs/simulator.md (the process executor's host: dispatch, driver);
-tests/scheduler/test_dispatch_and_links.py, tests/lanes/test_lanes.py.
+tests/scheduler/test_dispatch_and_links.py, tests/scheduler/test_profiles.py,
+tests/scheduler/test_emulated_tasks.py, tests/lanes/test_lanes.py.
 """
 
 import math
@@ -137,8 +138,8 @@ def measure_process_dispatch(
   - `processes_cpu` (only with a cluster started for it): the CPU seconds per task of
     every process of the run (the driver, the lane, Ray's raylet and GCS: all this
     process's descendants then): what a lane loses per task where lanes take every
-    core (a host profile's `dispatch_loaded`; above the wall-time figure, as the
-    driver, the lane and the raylet work at once).
+    core (a host profile's `dispatch_loaded`), over the chain of trivial tasks
+    (`measure_dispatch`'s) run through the executor.
   """
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool, cluster  # Ray only if asked
   from jaxsgd.scheduler.process import ProcessExecutor
@@ -153,7 +154,7 @@ def measure_process_dispatch(
     )
     after = _cpu_seconds_by_pid()
     owns_cluster = cluster.started_here()
-    between_calls = measure_call_gap(pool, 'dispatch')
+    between_calls = measure_call_gap(pool, 'dispatch', tasks=RUN_LENGTH_TASKS, repeats=rounds)
     per_event, latency = _driver_figures(
       ProcessExecutor(pool=pool, verbose=False),
       lanes=('dispatch',),
@@ -187,8 +188,8 @@ def measure_call_gap(
   flight, the first 3 of each left out; the median over `repeats` chains (as the
   driver's figures: a machine's state can last a chain). Tasks that compute
   (`dispatch_tasks`' 'busy', tens of milliseconds) or, with `seconds`, emulated tasks of
-  that length. It is longer than between trivial tasks, and longer still after an
-  emulated task, through which the lane's core idled (figures:
+  that length. It is longer than between trivial tasks, and can be longer still after
+  an emulated task that slept (spinning through the task instead shortened it; figures:
   benchmarks/results/schedule_error.md)."""
   from jaxsgd.scheduler.executor import RUN_AHEAD
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
