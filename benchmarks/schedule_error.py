@@ -18,7 +18,7 @@ costs `--forward`, `--backward`, `--update` seconds; `cost.calibrate=False`), em
   virtual    `clock='virtual'` with the process executor's host profile measured at
              the start (`cost.host`, `experiments.profile.measure_host('processes')`):
              its schedule (running ahead), its dispatch per task (an emulated lane's
-             time between queued calls, `emulated_gap`), its driver (CPU per
+             time between queued calls, `emulated_host`), its driver (CPU per
              event, each message's way), its moves between lane processes and copies
              made by the sending lane, and the same `placement.lanes` (every lane its
              own hardware): what `simulator_accuracy` predicts the process executor
@@ -375,18 +375,17 @@ class CpuSampler:
     return busy
 
 
-def round_trips(reps: int = 40) -> dict:
-  """Seconds from the driver sending a task to one lane (pinned to core 0) to its hearing
+def round_trips(pool, reps: int = 40) -> dict:
+  """Seconds from the driver sending a task to lane `lane` of `pool` to its hearing
   of the task's end, less the task's own duration, median of `reps` tasks waited for one
   at a time: a trivial task (a 4-byte add), a task of ~25-45 ms of matrix products
   (`lane_timing.dispatch_tasks`' 'busy'), and emulated tasks of those two durations.
   Whether an emulated lane costs its executor what a computing lane does, and what a
   task's round trip costs beside the trivial one the driver's figures are measured on."""
   from jaxsgd.scheduler import lane_timing
-  from jaxsgd.scheduler.lanes import LanePlacement, LanePool
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
-  def chain(pool, name: str, seconds):
+  def chain(name: str, seconds):
     task = Task(TaskRecipe.of(lane_timing.dispatch_tasks), name)
     y, durations, overheads = np.zeros((), np.float32), [], []
     for rep in range(reps + 3):  # the first 3: compiling, warming
@@ -399,34 +398,23 @@ def round_trips(reps: int = 40) -> dict:
         overheads.append(wall - durations[-1])
     return float(np.median(durations)), float(np.median(overheads))
 
-  with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
-    trivial, trivial_over = chain(pool, 'add_one', None)
-    busy, busy_over = chain(pool, 'busy', None)
-    return {
-      'trivial': (trivial, trivial_over),
-      'busy': (busy, busy_over),
-      'emulated trivial': chain(pool, 'add_one', trivial),
-      'emulated busy': chain(pool, 'busy', busy),
-    }
-
-
-def emulated_gap(seconds: float) -> float:
-  """An emulated lane's time between two queued calls, after emulated tasks of `seconds`
-  (`lane_timing.measure_call_gap`, one lane pinned to core 0). A lane that slept through
-  its task can take longer between calls than one that computed (the host profile's
-  `dispatch`), so the emulated rows' virtual runs are priced with this figure
-  (`emulated_host`): the executor they are compared with."""
-  from jaxsgd.scheduler import lane_timing
-  from jaxsgd.scheduler.lanes import LanePlacement, LanePool
-
-  with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
-    return lane_timing.measure_call_gap(pool, 'lane', seconds=seconds)
+  trivial, trivial_over = chain('add_one', None)
+  busy, busy_over = chain('busy', None)
+  return {
+    'trivial': (trivial, trivial_over),
+    'busy': (busy, busy_over),
+    'emulated trivial': chain('add_one', trivial),
+    'emulated busy': chain('busy', busy),
+  }
 
 
 def emulated_host(host, dispatch: float):
   """The host profile of the emulated rows' virtual runs: `host`'s idle figures
   (`unloaded`) with `dispatch` — an emulated lane's time between two queued calls
-  (`emulated_gap`) — as the dispatch, idle and loaded."""
+  (`lane_timing.measure_call_gap` with emulated tasks) — as the dispatch, idle and loaded.
+  A lane that slept through its task can take longer between calls than one that
+  computed (the host profile's `dispatch`): the emulated rows are compared with the
+  executor that runs them."""
   return with_figures(unloaded(host), {'dispatch': dispatch, 'dispatch_loaded': dispatch})
 
 
@@ -825,7 +813,8 @@ def main():
   )
   import jax
 
-  from jaxsgd.scheduler.lanes import cluster
+  from jaxsgd.scheduler import lane_timing
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool, cluster
 
   cluster.connect(None)  # one Ray cluster for every run (each run starts its own lanes)
   sampler = CpuSampler()
@@ -834,9 +823,10 @@ def main():
     from experiments import profile as profile_command
 
     measured = profile_command.measure_host('processes')
-    emulated = emulated_gap(args.forward)
+    with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
+      emulated = lane_timing.measure_call_gap(pool, 'lane', seconds=args.forward)
+      trips = round_trips(pool)
     host = emulated_host(measured, emulated)
-    trips = round_trips()
     figures = ', '.join(f'{name} {value:.3g}' for name, value in measured.figures)
     print(
       f"virtual clock: cost.host = the process executor's host profile measured at the start "
