@@ -578,7 +578,8 @@ class LaneValue:
     self.lost = False  # its lane was lost before it was exported: NaN, known as lost
 
   def is_ready(self) -> bool:
-    """Whether reading it now costs no wait: fetched already, or its lane is idle. A
+    """Whether reading it now costs no wait: fetched already, one number that came with
+    its task's reply (`LanePool.scalar`: a loss), or its lane is idle. A
     fetch runs after every call sent to the lane before it; the loss checks between
     logging points (`Run.check_losses`) read only ready values, so that they never wait
     for a lane that has tasks queued. They did: with run-ahead, one ASGD worker's lane
@@ -590,15 +591,18 @@ class LaneValue:
       return True
     if self._kept is not None:
       return pool.kept_ready(self._kept)
-    return pool.idle(self._handle.lane)
+    return pool.scalar(self._handle) is not None or pool.idle(self._handle.lane)
 
   def __array__(self, dtype=None, copy=None):
     del copy
     if self._value is None:
+      pool = self._executor.pool
       if self._kept is not None:
-        kept = self._executor.pool.kept(self._kept)
+        kept = pool.kept(self._kept)
         self.lost = kept is None
         self._value = np.asarray(np.nan if self.lost else kept)
+      elif pool is not None and pool.scalar(self._handle) is not None:
+        self._value = pool.scalar(self._handle)
       else:
         self._value = np.asarray(self._executor.fetch(self._handle))
       self._handle = self._kept = None

@@ -43,6 +43,10 @@ def build_layer_tasks(scale: float):
       return jax.vjp(layer, w, x)
     return layer(w, x), jnp.zeros(())
 
+  def loss(w, x):  # an array and one number
+    y = layer(w, x)
+    return y, jnp.sum(y * y)
+
   def fail(x):
     raise ValueError(f'bad input of shape {x.shape}')
 
@@ -61,6 +65,7 @@ def build_layer_tasks(scale: float):
     'backward': jax.jit(backward),
     'by_shape': jax.jit(by_shape),
     'add': jax.jit(lambda a, b: a + b),
+    'loss': jax.jit(loss),
     'same': lambda v: v,
     'fail': fail,
     'fail_if_positive': fail_if_positive,

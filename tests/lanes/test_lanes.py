@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 import jax
 import numpy as np
@@ -28,6 +29,7 @@ from ray_head import serve_head
 
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec
 from jaxsgd.scheduler.lanes.runtime import MakerFailed, Ref
+from jaxsgd.scheduler.process import LaneValue
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -143,6 +145,31 @@ def test_results_stay_in_the_lane_until_the_driver_drops_them(pool):
   assert pool.held('a') == before + 1
   del w
   assert pool.held('a') == before
+
+
+def test_a_number_a_task_returns_comes_with_its_reply_and_is_read_without_a_call(pool, monkeypatch):
+  """A loss is read by the driver's checks while its lane has calls queued: it came with
+  its task's reply, so no `fetch` waits behind those calls (`LanePool.scalar`)."""
+  w = pool.run('a', task('init'), (3,))
+  y, loss = pool.run('a', task('loss'), (w, X))
+  _, expected = lane_tasks.build_layer_tasks(0.5)['loss'](pool.fetch(w), X)
+  assert pool.scalar(y) is None  # not one number: it stays in the lane
+  np.testing.assert_array_equal(pool.scalar(loss), expected)
+  busy = pool.start('a', task('hang'), (1.0,))  # a call would wait for this one
+  executor = types.SimpleNamespace(pool=pool)
+  value = LaneValue(executor, loss)
+
+  def no_call(*args):
+    raise AssertionError(f'a call to a lane: {args[:2]}')
+
+  monkeypatch.setattr(pool, '_call', no_call)
+  assert not pool.idle('a') and value.is_ready()
+  np.testing.assert_array_equal(np.asarray(value), expected)
+  monkeypatch.undo()
+  pool.wait_any([busy])
+  key = loss.key
+  del loss, value
+  assert pool.scalar(types.SimpleNamespace(key=key)) is None  # dropped with its handle
 
 
 def test_only_named_tasks_reach_a_lane(pool):

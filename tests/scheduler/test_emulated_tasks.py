@@ -88,7 +88,7 @@ class Lane:
       number if number is not None else (self.numbers.setdefault(task, len(self.numbers)), task)
     )
     call, buffers = _dumps((named, args, key, (), seconds, True))
-    outline, _, start, end = self.runtime.run(call, (), *buffers)
+    outline, _, start, end, _ = self.runtime.run(call, (), *buffers)
     return key, outline, start, end
 
   def value(self, key, *path):

@@ -185,6 +185,9 @@ class LanePool:
     self._read = itertools.count()
     self._dead: dict[str, str] = {}
     self._keeps: dict[int, tuple] = {}  # `keep` references -> (lane, its link then)
+    # Handle keys of results that are one number -> the value, sent with the task's reply
+    # (`scalar`); dropped with the handle.
+    self._scalars: dict[Hashable, np.ndarray] = {}
     if verbose:  # what the next seconds are spent on
       where = (
         'a Ray cluster on this machine' if address is None else f'the Ray cluster at {address}'
@@ -301,7 +304,9 @@ class LanePool:
       raise error from value
     self._unfinished.pop(finished.key, None)
     del self._replies[finished.key]
-    outline, finished.entered, finished.started, finished.ended = value
+    outline, finished.entered, finished.started, finished.ended, scalars = value
+    for path, number in scalars:
+      self._scalars[(finished.key, path)] = number
     if outline is None:  # not asked for (`_task_call`): this lane described one before
       outline = self._outlines[finished.signature]
     else:
@@ -374,6 +379,12 @@ class LanePool:
     lane = handle.lane
     imports = self._take_imports(lane, [handle])
     return self._call(lane, 'fetch', (handle.key, self._take_freed(lane), imports))
+
+  def scalar(self, handle: Handle) -> np.ndarray | None:
+    """The handle's value if it is one number whose task `wait_any` has returned (its
+    lane sent it with the reply: `LaneRuntime.run`), else None: read without a call,
+    which would wait behind every call queued on the lane."""
+    return self._scalars.get(handle.key)
 
   def keep(self, handle: Handle) -> int:
     """A reference to an export of `handle`'s value to the driver, made at once in the
@@ -872,6 +883,7 @@ class LanePool:
     return Handle(self, lane, key, nbytes, description)
 
   def _drop(self, lane: str, key) -> None:
+    self._scalars.pop(key, None)
     never_taken_in = self._imports.pop((lane, key), None) is not None
     with self._lock:
       if lane in self._freed:

@@ -204,16 +204,20 @@ class LaneRuntime:
     docstring: `_emulate`). An argument that came in `buffers` is a view of the message's
     memory (`wire.receive`): jaxsgd's tasks are jitted and never write into one.
 
-    Returns `(outline, entered, start, end)`: the result's outline — nested tuples as
-    tuples, every other value as `(nbytes, description)`, its parts kept under `(key,
-    path)`; None unless `describe`, which the driver asks for only until this lane has
-    kept a result of the same task on arguments of the same shapes, whose outline is the
-    same (`LanePool.early`): an outline reads every leaf, time between two calls that grew
-    with the model — then when the call began here, and the task's start and end
+    Returns `(outline, entered, start, end, scalars)`: the result's outline — nested
+    tuples as tuples, every other value as `(nbytes, description)`, its parts kept under
+    `(key, path)`; None unless `describe`, which the driver asks for only until this lane
+    has kept a result of the same task on arguments of the same shapes, whose outline is
+    the same (`LanePool.early`): an outline reads every leaf, time between two calls that
+    grew with the model — then when the call began here, and the task's start and end
     (`time.time()` in this lane; start after its imports were taken in, end with the
     result computed). Between a call's end and the next call's `entered` the lane waits
     for the driver to send that call, if it has not yet, and for Ray to hand it over;
     between `entered` and `start`, for its imports (`benchmarks/lane_overheads.py`).
+    `scalars`: `(path, value)` of each part that is one number (a loss), its value on the
+    host, so that the driver reads it without a call (`LanePool.scalar`): a `fetch` runs
+    behind every call queued on the lane, and the driver's loss checks waited ~0.1 s for
+    one every 128 steps, hearing no task's end meanwhile (LPP-SGD, 16 emulated lanes).
     """
     entered = time.time()
     named, args, key, free, seconds, describe = pickle.loads(call, buffers=buffers)
@@ -234,9 +238,10 @@ class LaneRuntime:
       # call, so only where the result may hold such a part.
       rebuilt = self._rebuilt(number, result, checked=not describe)
       origin = (task, self.jax.tree.map(_abstract, values)) if rebuilt else None
+      scalars = []
       with self.stored:  # (its exports are woken once the driver is told: `_run_calls`)
-        outline = self._keep(result, key, (), origin, describe)
-      return outline, entered, start, end
+        outline = self._keep(result, key, (), origin, describe, scalars)
+      return outline, entered, start, end, tuple(scalars)
     except BaseException:
       with self.stored:
         self.failed_calls.add(key)
@@ -293,15 +298,20 @@ class LaneRuntime:
       self._changed()
     return _outline(self.jax, value)
 
-  def _keep(self, value, key, path, origin, describe: bool = True):
+  def _keep(self, value, key, path, origin, describe: bool = True, scalars: list | None = None):
     """Keeps `value`'s parts (a tuple's items, nested) under `(key, path)`; `origin`:
     `(task, abstract args)` that made it, noted for each part. Returns its outline
-    (`run`) if `describe`, else None."""
+    (`run`) if `describe`, else None. Appends `(path, value on the host)` of each part
+    that is one number to `scalars`."""
     if type(value) is tuple:
-      kept = tuple(self._keep(v, key, path + (i,), origin, describe) for i, v in enumerate(value))
+      kept = tuple(
+        self._keep(v, key, path + (i,), origin, describe, scalars) for i, v in enumerate(value)
+      )
       return kept if describe else None
     part = (key, path)
     self.values[part] = value
+    if scalars is not None and getattr(value, 'shape', None) == ():
+      scalars.append((path, np.asarray(value)))
     if origin is not None:
       self.origins[part] = (*origin, path)
     return _outline(self.jax, value) if describe else None
