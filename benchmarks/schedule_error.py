@@ -8,7 +8,12 @@ Every scheduler family (staged BP, DDG, local, ASGD, DC-ASGD, PD-ASGD, LPP-SGD) 
 with K = 2, 4, 8 and 16 lanes (`--lanes`; ASGD and DC-ASGD also with M = 32 workers,
 `--workers`) two ways, with the same costs (`cost.compute`: every task of every stage
 costs `--forward`, `--backward`, `--update` seconds; `cost.calibrate=False`), emulated
-`--repeats` times (3; interleaved, every row once per round) and virtual once:
+`--repeats` times (3; interleaved, every row once per round) and virtual once. Every
+task's price carries this machine's spread (`cost.straggler_std` = `--spread`, by default
+measured at the start: `lane_timing.measure_task_spread`, a computing task's σ on one
+lane), each lane drawing the same prices on both sides: with none, identical lanes run
+in step on the virtual clock for the whole run, which lanes in processes never do
+(docs/simulator.md, stragglers):
 
   emulated   `clock='real', executor='emulated'`: every lane an OS process, placed on
              no core in particular (`placement.lanes` without cores: K lanes on a
@@ -174,6 +179,7 @@ def config_of(name: str, lanes: int, args, side: str, host: str | None = None):
   config.placement.lanes = placed_lanes(name, lanes)
   config.cost.calibrate = False
   config.cost.compute = {'forward': args.forward, 'backward': args.backward, 'update': args.update}
+  config.cost.straggler_std = args.spread  # each lane's draws the same on both sides
   if side == 'emulated':
     config.clock, config.executor = 'real', 'emulated'
     return config
@@ -765,6 +771,12 @@ def main():
   parser.add_argument('--forward', type=float, default=0.015, help='s per forward task')
   parser.add_argument('--backward', type=float, default=0.030, help='s per backward task')
   parser.add_argument('--update', type=float, default=0.010, help='s per update task')
+  parser.add_argument(
+    '--spread',
+    type=float,
+    default=None,
+    help="cost.straggler_std of every row (default: a computing lane's, measured at the start)",
+  )
   parser.add_argument('--hidden', type=int, default=128, help='width of the MLP')
   parser.add_argument('--depth', type=int, default=16, help='hidden layers (K stages: K-1)')
   parser.add_argument('--batch', type=int, default=128)
@@ -785,6 +797,8 @@ def main():
   unknown = sorted(set(families) - set(FAMILIES))
   if unknown:
     parser.error(f'--families: unknown {unknown}; allowed: {", ".join(FAMILIES)}')
+  if args.spread is not None and not 0 <= args.spread < 1:
+    parser.error(f'--spread: σ of the per-task log-normal noise, in [0, 1); got {args.spread}')
   if args.repeats < 1:
     parser.error(f'--repeats: emulated runs per row, at least 1; got {args.repeats}')
   lanes = [int(k) for k in args.lanes.split(',') if k]
@@ -826,6 +840,9 @@ def main():
     with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
       emulated = lane_timing.measure_call_gap(pool, 'lane', seconds=args.forward)
       trips = round_trips(pool)
+      spread = 'given'
+      if args.spread is None:
+        args.spread, spread = lane_timing.measure_task_spread(pool, 'lane'), 'measured'
     host = emulated_host(measured, emulated)
     figures = ', '.join(f'{name} {value:.3g}' for name, value in measured.figures)
     print(
@@ -839,6 +856,12 @@ def main():
       f'µs (median of 5 chains of 40): after computed tasks {1e6 * measured.figure("dispatch"):.0f} '
       f"(the host profile's dispatch), after emulated tasks of {1e3 * args.forward:.0f} ms "
       f"{1e6 * emulated:.0f} (the emulated rows' dispatch)",
+      flush=True,
+    )
+    print(
+      f'task spread: cost.straggler_std = {args.spread:.4f} on both sides ({spread}: the σ of '
+      "a computing task's log-duration on one lane, median of 3 chains of 40), each lane's "
+      'draws the same',
       flush=True,
     )
     print(

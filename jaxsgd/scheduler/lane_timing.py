@@ -207,6 +207,37 @@ def measure_call_gap(
   return float(np.median(medians))
 
 
+def measure_task_spread(pool, lane: str, *, tasks: int = 40, repeats: int = 3) -> float:
+  """σ of a computing task's duration on `lane` of `pool` (`log_spread` of chains of
+  `tasks` 'busy' tasks of `dispatch_tasks`, `executor.RUN_AHEAD` in flight, the first 3
+  of each left out; the median over `repeats` chains): the `cost.straggler_std` of this
+  machine's tasks. No two runs of a task take the same time, and a virtual clock whose
+  identical lanes' tasks do keeps them in step for the whole run, as no lanes in
+  processes stay (docs/simulator.md, stragglers)."""
+  from jaxsgd.scheduler.executor import RUN_AHEAD
+  from jaxsgd.scheduler.tasks import Task, TaskRecipe
+
+  task = Task(TaskRecipe.of(dispatch_tasks), 'busy')
+  spreads = []
+  for _ in range(repeats):
+    calls = []
+    for i in range(tasks + 3):
+      calls.append(pool.start(lane, task, (np.float32(i),)))
+      pool.wait_all(calls[:-RUN_AHEAD])
+    pool.wait_all(calls)
+    spreads.append(log_spread([c.ended - c.started for c in calls[3:]]))
+  return float(np.median(spreads))
+
+
+def log_spread(durations) -> float:
+  """The standard deviation of the logarithms of `durations` (seconds, > 0): the σ of a
+  log-normal that draws them, as `cost.straggler_std` prices every task."""
+  logs = np.log(np.asarray(durations, np.float64))
+  if logs.size < 2 or not np.all(np.isfinite(logs)):
+    raise ValueError(f'log_spread: two or more positive durations, got {list(durations)}.')
+  return float(logs.std())
+
+
 def queued_gap(calls) -> float:
   """The median of `b.started - a.ended` over consecutive calls a, b of one lane (done
   `lanes.Pending`s, in the order sent) where b was sent before a ended."""
