@@ -232,10 +232,10 @@ def measure_task_spread(pool, lane: str, *, tasks: int = 40, repeats: int = 3) -
 def log_spread(durations) -> float:
   """The standard deviation of the logarithms of `durations` (seconds, > 0): the σ of a
   log-normal that draws them, as `cost.straggler_std` prices every task."""
-  logs = np.log(np.asarray(durations, np.float64))
-  if logs.size < 2 or not np.all(np.isfinite(logs)):
+  seconds = np.asarray(durations, np.float64)
+  if seconds.size < 2 or not np.all(seconds > 0):
     raise ValueError(f'log_spread: two or more positive durations, got {list(durations)}.')
-  return float(logs.std())
+  return float(np.log(seconds).std())
 
 
 def queued_gap(calls) -> float:

@@ -602,7 +602,7 @@ class LaneValue:
         self.lost = kept is None
         self._value = np.asarray(np.nan if self.lost else kept)
       elif pool is not None and pool.scalar(self._handle) is not None:
-        self._value = pool.scalar(self._handle)
+        self._value = np.asarray(pool.scalar(self._handle))
       else:
         self._value = np.asarray(self._executor.fetch(self._handle))
       self._handle = self._kept = None

@@ -43,9 +43,9 @@ def build_layer_tasks(scale: float):
       return jax.vjp(layer, w, x)
     return layer(w, x), jnp.zeros(())
 
-  def loss(w, x):  # an array and one number
+  def loss(w, x):  # an array, one number, and a key (one value, not a number)
     y = layer(w, x)
-    return y, jnp.sum(y * y)
+    return y, jnp.sum(y * y), jax.random.key(0)
 
   def fail(x):
     raise ValueError(f'bad input of shape {x.shape}')

@@ -151,9 +151,9 @@ def test_a_number_a_task_returns_comes_with_its_reply_and_is_read_without_a_call
   """A loss is read by the driver's checks while its lane has calls queued: it came with
   its task's reply, so no `fetch` waits behind those calls (`LanePool.scalar`)."""
   w = pool.run('a', task('init'), (3,))
-  y, loss = pool.run('a', task('loss'), (w, X))
-  _, expected = lane_tasks.build_layer_tasks(0.5)['loss'](pool.fetch(w), X)
-  assert pool.scalar(y) is None  # not one number: it stays in the lane
+  y, loss, key = pool.run('a', task('loss'), (w, X))
+  _, expected, _ = lane_tasks.build_layer_tasks(0.5)['loss'](pool.fetch(w), X)
+  assert pool.scalar(y) is None and pool.scalar(key) is None  # not one number: kept there
   np.testing.assert_array_equal(pool.scalar(loss), expected)
   busy = pool.start('a', task('hang'), (1.0,))  # a call would wait for this one
   executor = types.SimpleNamespace(pool=pool)

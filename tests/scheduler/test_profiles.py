@@ -308,6 +308,18 @@ def test_the_gap_between_calls_is_the_median_over_calls_queued_behind_another():
     lane_timing.queued_gap([calls[1], calls[2]])
 
 
+def test_a_tasks_spread_is_the_sigma_of_its_log_durations():
+  """Durations T·e^(−0.02), T, T·e^(+0.02): logs ln T − 0.02, ln T, ln T + 0.02, whose
+  standard deviation is 0.02·√(2/3) whatever T; one duration has none."""
+  durations = [0.04 * np.exp(-0.02), 0.04, 0.04 * np.exp(0.02)]
+  assert lane_timing.log_spread(durations) == pytest.approx(0.02 * np.sqrt(2 / 3), rel=1e-9)
+  assert lane_timing.log_spread([0.5] * 4) == 0.0
+  with pytest.raises(ValueError, match='two or more positive durations'):
+    lane_timing.log_spread([0.04])
+  with pytest.raises(ValueError, match='two or more positive durations'):
+    lane_timing.log_spread([0.04, 0.0])
+
+
 def _core() -> int:
   return sorted(os.sched_getaffinity(0))[-1]
 

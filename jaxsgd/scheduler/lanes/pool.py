@@ -187,7 +187,7 @@ class LanePool:
     self._keeps: dict[int, tuple] = {}  # `keep` references -> (lane, its link then)
     # Handle keys of results that are one number -> the value, sent with the task's reply
     # (`scalar`); dropped with the handle.
-    self._scalars: dict[Hashable, np.ndarray] = {}
+    self._scalars: dict[Hashable, float | int | bool] = {}
     if verbose:  # what the next seconds are spent on
       where = (
         'a Ray cluster on this machine' if address is None else f'the Ray cluster at {address}'
@@ -380,7 +380,7 @@ class LanePool:
     imports = self._take_imports(lane, [handle])
     return self._call(lane, 'fetch', (handle.key, self._take_freed(lane), imports))
 
-  def scalar(self, handle: Handle) -> np.ndarray | None:
+  def scalar(self, handle: Handle) -> float | int | bool | None:
     """The handle's value if it is one number whose task `wait_any` has returned (its
     lane sent it with the reply: `LaneRuntime.run`), else None: read without a call,
     which would wait behind every call queued on the lane."""
