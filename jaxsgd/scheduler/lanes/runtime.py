@@ -706,13 +706,13 @@ class LaneRuntime:
     return self.jax.tree.map(value, args, is_leaf=lambda x: isinstance(x, Ref))
 
 
-# The driver's calls a lane runs in its ordered thread, one at a time in the order sent,
-# and those its export thread runs (`LaneRuntime.serve`).
 def _is_number(value) -> bool:
   """Whether `value`'s dtype is a boolean, integer or floating type (not a PRNG key's)."""
   return getattr(getattr(value, 'dtype', None), 'kind', None) in ('b', 'i', 'u', 'f')
 
 
+# The driver's calls a lane runs in its ordered thread, one at a time in the order sent,
+# and those its export thread runs (`LaneRuntime.serve`).
 _ORDERED = {
   'run': LaneRuntime.run,
   'put': LaneRuntime.put,
