@@ -842,7 +842,11 @@ def main():
       trips = round_trips(pool)
       spread = 'given'
       if args.spread is None:
-        args.spread, spread = lane_timing.measure_task_spread(pool, 'lane'), 'measured'
+        args.spread = lane_timing.measure_task_spread(pool, 'lane')
+        spread = (
+          "measured: the σ of a computing task's log-duration on one lane, median of 3 chains of 40"
+        )
+
     host = emulated_host(measured, emulated)
     figures = ', '.join(f'{name} {value:.3g}' for name, value in measured.figures)
     print(
@@ -859,9 +863,8 @@ def main():
       flush=True,
     )
     print(
-      f'task spread: cost.straggler_std = {args.spread:.4f} on both sides ({spread}: the σ of '
-      "a computing task's log-duration on one lane, median of 3 chains of 40), each lane's "
-      'draws the same',
+      f'task spread: cost.straggler_std = {args.spread:.4f} on both sides ({spread}), each '
+      "lane's draws the same",
       flush=True,
     )
     print(

@@ -381,8 +381,9 @@ class LanePool:
     return self._call(lane, 'fetch', (handle.key, self._take_freed(lane), imports))
 
   def scalar(self, handle: Handle) -> float | int | bool | None:
-    """The handle's value if it is one number whose task `wait_any` has returned (its
-    lane sent it with the reply: `LaneRuntime.run`), else None: read without a call,
+    """The handle's value, as a Python number (float64 where the lane's was float32), if
+    it is one number whose task `wait_any` has returned (its lane sent it with the reply:
+    `LaneRuntime.run`), else None: read without a call,
     which would wait behind every call queued on the lane."""
     return self._scalars.get(handle.key)
 
