@@ -191,20 +191,8 @@ def measure_call_gap(
   that length. It is longer than between trivial tasks, and can be longer still after
   an emulated task that slept (spinning through the task instead shortened it; figures:
   benchmarks/results/schedule_error.md)."""
-  from jaxsgd.scheduler.executor import RUN_AHEAD
-  from jaxsgd.scheduler.tasks import Task, TaskRecipe
-
-  task = Task(TaskRecipe.of(dispatch_tasks), 'busy')
-  emulated = {} if seconds is None else {'seconds': seconds}
-  medians = []
-  for _ in range(repeats):
-    calls = []
-    for i in range(tasks + 3):
-      calls.append(pool.start(lane, task, (np.float32(i),), **emulated))
-      pool.wait_all(calls[:-RUN_AHEAD])
-    pool.wait_all(calls)
-    medians.append(queued_gap(calls[3:]))
-  return float(np.median(medians))
+  chains = (_busy_chain(pool, lane, tasks, seconds) for _ in range(repeats))
+  return float(np.median([queued_gap(calls) for calls in chains]))
 
 
 def measure_task_spread(pool, lane: str, *, tasks: int = 40, repeats: int = 3) -> float:
@@ -214,19 +202,25 @@ def measure_task_spread(pool, lane: str, *, tasks: int = 40, repeats: int = 3) -
   machine's tasks. No two runs of a task take the same time, and a virtual clock whose
   identical lanes' tasks do keeps them in step for the whole run, as no lanes in
   processes stay (docs/simulator.md, stragglers)."""
+  chains = (_busy_chain(pool, lane, tasks) for _ in range(repeats))
+  return float(np.median([log_spread([c.ended - c.started for c in calls]) for calls in chains]))
+
+
+def _busy_chain(pool, lane: str, tasks: int, seconds: float | None = None) -> list:
+  """`tasks` done calls of `dispatch_tasks`' 'busy' on `lane` of `pool` (emulated, of
+  `seconds`, if given), each sent while `executor.RUN_AHEAD` are in flight, after 3 left
+  out (the lane's first calls)."""
   from jaxsgd.scheduler.executor import RUN_AHEAD
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
   task = Task(TaskRecipe.of(dispatch_tasks), 'busy')
-  spreads = []
-  for _ in range(repeats):
-    calls = []
-    for i in range(tasks + 3):
-      calls.append(pool.start(lane, task, (np.float32(i),)))
-      pool.wait_all(calls[:-RUN_AHEAD])
-    pool.wait_all(calls)
-    spreads.append(log_spread([c.ended - c.started for c in calls[3:]]))
-  return float(np.median(spreads))
+  emulated = {} if seconds is None else {'seconds': seconds}
+  calls = []
+  for i in range(tasks + 3):
+    calls.append(pool.start(lane, task, (np.float32(i),), **emulated))
+    pool.wait_all(calls[:-RUN_AHEAD])
+  pool.wait_all(calls)
+  return calls[3:]
 
 
 def log_spread(durations) -> float:

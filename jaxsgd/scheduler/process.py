@@ -601,10 +601,10 @@ class LaneValue:
         kept = pool.kept(self._kept)
         self.lost = kept is None
         self._value = np.asarray(np.nan if self.lost else kept)
-      elif pool is not None and pool.scalar(self._handle) is not None:
-        self._value = np.asarray(pool.scalar(self._handle))
       else:
-        self._value = np.asarray(self._executor.fetch(self._handle))
+        scalar = None if pool is None else pool.scalar(self._handle)
+        value = self._executor.fetch(self._handle) if scalar is None else scalar
+        self._value = np.asarray(value)
       self._handle = self._kept = None
     return self._value if dtype is None else self._value.astype(dtype)
 
