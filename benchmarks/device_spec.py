@@ -10,7 +10,9 @@ outputs against 1); each the fastest of `--reps` calls, since other
 jobs on the machine only ever add time. Runs with two host devices. `--pin`
 measures one core (the process pinned to core 0, peak and bandwidth timed by
 the process's CPU time: the `cpu_core` preset). Last
-line: `<cpu|cpu_core> spec: peak <x> GFLOP/s, bandwidth <y> GB/s`.
+line: `<cpu|cpu_core|gpu> spec: peak <x> GFLOP/s, bandwidth <y> GB/s`. Where JAX's
+first device is a GPU, that is what it measures (one GPU: the link is its memory;
+`--matmul=8192` for a peak that a 2048² matmul is too small to reach there).
 """
 
 import argparse
@@ -35,12 +37,18 @@ def main():
     action='store_true',
     help='measure one core: pin this process to core 0 first (cpu_core)',
   )
+  parser.add_argument(
+    '--matmul', type=int, default=2048, help='n of the n x n matmul timed for the peak'
+  )
   args = parser.parse_args()
   if args.pin:
     task_timing.pin_to_core(0)
-  name = 'cpu_core' if args.pin else 'cpu'
+  name = 'cpu_core' if args.pin else 'cpu' if jax.default_backend() == 'cpu' else 'gpu'
   spec = hardware.measure_device_spec(
-    name, reps=args.reps, clock=time.process_time if args.pin else time.perf_counter
+    name,
+    matmul_size=args.matmul,
+    reps=args.reps,
+    clock=time.process_time if args.pin else time.perf_counter,
   )
   print(f'device: {jax.devices()[0].device_kind}, {os.cpu_count()} cores, jax {jax.__version__}')
   print_table(

@@ -23,10 +23,13 @@ intra-op threads off:
 K workers, PD-ASGD 1:(K-1) with its backward workers on cores 1..K-1, LPP-SGD with K
 replicas); past the cores this process may use, lanes wrap round and share cores (a smoke
 run of K=4 on 2 cores; `simulator_accuracy` refuses that instead). A split
-into K stages needs at least K layers: `--depth` sets the hidden layers. `--gpu` adds BP
-on one lane given the host's GPU (`stage0@gpu=1`), in a pool of its own after the CPU
-rounds (not interleaved with them: its time is for reference, so no ratio is printed);
-it is refused before any round where the driver's host has no GPU in the Ray cluster.
+into K stages needs at least K layers: `--depth` sets the hidden layers; `--families`
+runs only some of the cases (bp always). `--gpu` adds, after the CPU rounds, DDG K=2 with
+a GPU, in two pools of their own, each case interleaved with BP on the pool's GPU lane
+(its ratio is over that, not over BP on a core): both stages on the one GPU
+(`stage0@gpu=0.5; stage1@gpu=0.5`, two processes sharing it), and stage 0 on the GPU with
+stage 1 on core 1 (`stage0@gpu=1; stage1@cores=1`). It is refused before any round where
+the driver's host has no GPU in the Ray cluster.
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
 the batches are synthetic, a cycle of a few made once (`batches`). Its inputs (`--features`, 1536 by default) make the two stages
 that `split` cuts by forward FLOPs (printed) cost about the same forward and backward: a
@@ -65,7 +68,12 @@ from jaxsgd.scheduler.process import ProcessExecutor
 
 FEATURES, CLASSES, HIDDEN, BATCH = 1536, 10, (1024, 1024, 1024, 1024), 512
 OPTIMIZER = optimizers.OptimizerSettings('sgd', 0.01)
-GPU_PLACEMENT = LanePlacement.parse('stage0@gpu=1')  # `--gpu`: BP on the driver's host's GPU
+# `--gpu`: (case name, placement) of DDG K=2 with a GPU, each with BP on its `stage0`
+GPU_CASES = (
+  ('ddg K=2 (both stages on the GPU)', LanePlacement.parse('stage0@gpu=0.5; stage1@gpu=0.5')),
+  ('ddg K=2 (stage 0 GPU, stage 1 core 1)', LanePlacement.parse('stage0@gpu=1; stage1@cores=1')),
+)
+FAMILIES = ('ddg', 'local', 'asgd', 'pdasgd', 'lppsgd')
 
 
 def batches(seed: int = 0):
@@ -238,17 +246,19 @@ def run_lppsgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[flo
   return measured(executor, timeline, steps, warmup)
 
 
-def cases(lanes: int) -> dict:
-  """Each case's name and what `run` takes: stage roles, or `(family, K)`."""
+def cases(lanes: int, families=FAMILIES) -> dict:
+  """Each case's name and what `run` takes: stage roles, or `(family, K)`; bp and those
+  of `families`."""
   cores = ', '.join(map(str, range(lanes))) if lanes <= 4 else f'0-{lanes - 1}'
-  return {
-    'bp (1 lane, core 0)': sequential_roles(1),
-    f'ddg K={lanes} (cores {cores})': ddg.roles(lanes),
-    f'local K={lanes} (cores {cores})': local.roles(lanes),
-    f'asgd M={lanes} (cores {cores})': ('asgd', lanes),
-    f'pdasgd 1:{lanes - 1} (cores {cores})': ('pdasgd', lanes),
-    f'lppsgd D={lanes} (cores {cores})': ('lppsgd', lanes),
+  every = {
+    'bp': ('bp (1 lane, core 0)', sequential_roles(1)),
+    'ddg': (f'ddg K={lanes} (cores {cores})', ddg.roles(lanes)),
+    'local': (f'local K={lanes} (cores {cores})', local.roles(lanes)),
+    'asgd': (f'asgd M={lanes} (cores {cores})', ('asgd', lanes)),
+    'pdasgd': (f'pdasgd 1:{lanes - 1} (cores {cores})', ('pdasgd', lanes)),
+    'lppsgd': (f'lppsgd D={lanes} (cores {cores})', ('lppsgd', lanes)),
   }
+  return dict(every[family] for family in ('bp', *families))
 
 
 def lane_placement(lanes: int) -> LanePlacement:
@@ -276,8 +286,18 @@ def main():
     '--lanes', type=int, default=2, help='K: lanes of each case, on the first K cores allowed'
   )
   parser.add_argument('--depth', type=int, default=len(HIDDEN), help='hidden layers (1024 wide)')
-  parser.add_argument('--gpu', action='store_true', help='also BP on one GPU lane (reference)')
+  parser.add_argument(
+    '--families', default=','.join(FAMILIES), help=f'cases besides bp, of {",".join(FAMILIES)}'
+  )
+  parser.add_argument('--gpu', action='store_true', help='also DDG K=2 with a GPU (see above)')
   args = parser.parse_args()
+  families = tuple(f.strip() for f in args.families.split(',') if f.strip())
+  unknown = sorted(set(families) - set(FAMILIES))
+  if unknown or 'ddg' not in families:
+    parser.error(
+      f'--families: a comma-separated list of {", ".join(FAMILIES)} with ddg (the last '
+      f'line is its speed-up); got {args.families!r}'
+    )
   if args.lanes < 2:
     parser.error(f'--lanes: lanes per case, at least 2; got {args.lanes}')
   if args.depth + 1 < args.lanes:
@@ -285,7 +305,7 @@ def main():
       f'--depth: hidden layers; {args.lanes} stages need at least {args.lanes - 1}, got {args.depth}'
     )
   FEATURES, BATCH, HIDDEN = args.features, args.batch, (HIDDEN[0],) * args.depth
-  cases_ = cases(args.lanes)
+  cases_ = cases(args.lanes, families)
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
     f'jax {jax.__version__}; MLP {FEATURES}-{"-".join(map(str, HIDDEN))}-{CLASSES}, '
@@ -302,21 +322,25 @@ def main():
     busiest.setdefault(name, []).append(busy)
     host_cpu.setdefault(name, []).append(dispatch_cpu)
 
+  reference = {name: 'bp (1 lane, core 0)' for name in cases_}  # whose rounds a case pairs with
   with LanePool(placement, address=args.address) as pool:
     if args.gpu:  # refused now, not after the CPU rounds
       try:
-        cluster.check_gpus(GPU_PLACEMENT.lanes)
+        for _, gpu_placement in GPU_CASES:
+          cluster.check_gpus(gpu_placement.lanes)
       except ValueError as error:
         parser.error(f'--gpu: {error}')
     for _ in range(args.rounds):  # interleaved: every case once per round
       for name, case in cases_.items():
         record(name, case, pool)
-  if args.gpu:  # a pool of its own: lane `stage0` is on core 0 in the other
-    with LanePool(GPU_PLACEMENT, address=args.address) as pool:
+  for name, gpu_placement in GPU_CASES if args.gpu else ():  # pools of their own
+    bp_name = f'bp (1 lane, GPU) beside {name[len("ddg K=2 ") :]}'
+    reference.update({bp_name: bp_name, name: bp_name})
+    with LanePool(gpu_placement, address=args.address) as pool:
       for _ in range(args.rounds):
-        record('bp (1 lane, GPU; not interleaved)', sequential_roles(1), pool)
+        record(bp_name, sequential_roles(1), pool)
+        record(name, ddg.roles(2), pool)
   print(f'load average {os.getloadavg()[0]:.1f} at end')
-  bp = times['bp (1 lane, core 0)']
   header = (
     'case',
     'ms / iteration',
@@ -330,18 +354,17 @@ def main():
   rows, speedups = [], {}
   for name in times:
     median = statistics.median(times[name])
-    interleaved = name in cases_  # with bp's rounds: a ratio (the GPU case is not)
+    bp = times[reference[name]]
     # Paired: bp and this case ran in the same round, so they saw about the same load.
-    if interleaved:
-      speedups[name] = statistics.median(b / t for b, t in zip(bp, times[name]))
+    speedups[name] = statistics.median(b / t for b, t in zip(bp, times[name]))
     ceiling = statistics.median(b / t for b, t in zip(bp, busiest[name]))
     rows.append(
       (
         name,
         f'{1e3 * median:.1f}',
-        f'{speedups[name]:.2f}' if interleaved else '-',
+        f'{speedups[name]:.2f}',
         f'{1e3 * statistics.median(busiest[name]):.1f}',
-        f'{ceiling:.2f}' if interleaved else '-',
+        f'{ceiling:.2f}',
         f'{1e3 * statistics.median(host[name]):.2f}',
         f'{1e3 * statistics.median(host_cpu[name]):.2f}',
         ' '.join(f'{1e3 * t:.0f}' for t in times[name]),

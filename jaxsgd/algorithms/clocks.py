@@ -256,8 +256,10 @@ def lane_hardware(shared: SharedSettings) -> dict[str, str]:
 
 
 def _hardware_key(lane) -> str:
-  if lane.gpu:
+  if lane.gpu == 1:
     return f'{lane.host or "local"} gpu of {lane.name}'  # one GPU per lane process
+  if lane.gpu:  # shares of one GPU: the lanes with a share on a host share it
+    return f'{lane.host or "local"} shared gpu'
   return f'{lane.host or "local"} cores {",".join(map(str, sorted(lane.cores)))}'
 
 

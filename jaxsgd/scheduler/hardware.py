@@ -51,6 +51,9 @@ arrays, which is what jaxsgd's models use):
   h100    NVIDIA H100 datasheet (SXM5, 2022): TF32 Tensor Core 989 TFLOP/s with 2:4
           sparsity -> 494.7 dense (why TF32: as for the A100), HBM3 3.35 TB/s, NVLink
           900 GB/s -> 450 GB/s one way.
+  h200    NVIDIA H200 datasheet (SXM, 2024): the H100's Hopper compute (TF32 Tensor Core
+          989 TFLOP/s with sparsity -> 494.7 dense), HBM3e 4.8 TB/s, NVLink 900 GB/s ->
+          450 GB/s one way.
   tpu_v4  Google Cloud TPU v4 documentation (cloud.google.com/tpu/docs/v4): 275 TFLOP/s
           bf16 per chip (the default precision of a float32 matmul on TPU is one bf16
           pass), HBM2 1,200 GB/s; ICI 400 Gb/s = 50 GB/s per link and direction (Jouppi
@@ -166,6 +169,16 @@ PRESETS = {
     'h100',
     peak_flops=494.7e12,
     memory_bandwidth=3.35e12,
+    launch_overhead=20e-6,
+    link_bandwidth=450e9,
+    link_latency=10e-6,
+    kernel_overhead=2e-6,
+    precision='tf32 tensor core, dense',
+  ),
+  'h200': DeviceSpec(
+    'h200',
+    peak_flops=494.7e12,
+    memory_bandwidth=4.8e12,
     launch_overhead=20e-6,
     link_bandwidth=450e9,
     link_latency=10e-6,

@@ -95,6 +95,32 @@ def test_placement_text_form_and_bad_input():
     LanePlacement.parse('a@speed=2')
 
 
+def test_lanes_sharing_a_gpu_take_their_share_of_it_and_of_its_memory(monkeypatch):
+  from jaxsgd.scheduler.lanes import cluster
+
+  placement = LanePlacement.parse('s0@gpu=0.5; s1@gpu=0.5@cores=1; cpu')
+  assert [lane.gpu for lane in placement.lanes] == [0.5, 0.5, 0.0]
+  assert 's0: host=driver cores=any gpu=0.5 of one' in placement.describe()
+  # JAX alone takes 0.75 of the GPU's memory; each of two sharing processes half of that.
+  assert placement['s0'].environment() == {
+    'JAX_PLATFORMS': '',
+    'XLA_PYTHON_CLIENT_MEM_FRACTION': '0.375',
+  }
+  assert 'XLA_PYTHON_CLIENT_MEM_FRACTION' not in LaneSpec('g', gpu=1).environment()
+  for bad in ('1.5', '-0.5', 'x', 'nan'):
+    with pytest.raises(ValueError, match=rf"lane 'g': gpu must be 0, 1 or a share .* got '{bad}'"):
+      LanePlacement.parse(f'g@gpu={bad}')
+  # Shares are added up per node: two halves fit one GPU, three do not.
+  monkeypatch.setattr(cluster, '_node_id', lambda spec: 'node')
+  monkeypatch.setattr(
+    cluster.ray, 'nodes', lambda: [{'NodeID': 'node', 'Alive': True, 'Resources': {'GPU': 1}}]
+  )
+  cluster.check_gpus(placement.lanes)
+  three = LanePlacement.parse('a@gpu=0.5; b@gpu=0.5; c@gpu=0.5').lanes
+  with pytest.raises(ValueError, match=r"ask for 1\.5 GPU\(s\) .* but the driver's host has 1 "):
+    cluster.check_gpus(three)
+
+
 @pytest.mark.timeout(120, func_only=True)  # a placement Ray could wait on for ever
 def test_gpu_lanes_their_host_cannot_take_are_refused_before_any_lane_starts(head, pool):
   node = pool.info['a']['host']  # this machine, as the cluster names it
@@ -102,7 +128,9 @@ def test_gpu_lanes_their_host_cannot_take_are_refused_before_any_lane_starts(hea
   # 64 GPU lanes on one node (more than any has), half named by host, half not: counted
   # together, per node.
   gpus = [f'g{i}@gpu=1' for i in range(32)] + [f'h{i}@host={node}@gpu=1' for i in range(32)]
-  refused = r"lane\(s\) 'g0', .*'h31' ask for a GPU each \(gpu=1\), but the driver's host has \d+"
+  refused = (
+    r"lane\(s\) 'g0', .*'h31' ask for 64 GPU\(s\) \(gpu=1 each.*\), but the driver's host has \d+"
+  )
   with pytest.raises(ValueError, match=refused):
     LanePool(LanePlacement.parse('; '.join(['a', *gpus])), address=head.address, verbose=False)
   assert set(_lane_processes(head)) - set(before) == set()  # none started

@@ -81,7 +81,7 @@ def test_roofline_of_a_memory_bound_add():
 
 
 def test_presets_are_complete_and_positive():
-  assert {'cpu', 'v100', 'a100', 'h100', 'tpu_v4'} <= set(hardware.PRESETS)
+  assert {'cpu', 'v100', 'a100', 'h100', 'h200', 'tpu_v4'} <= set(hardware.PRESETS)
   for name, spec in hardware.PRESETS.items():
     assert spec.name == name and spec.precision
     for field in dataclasses.fields(spec):
@@ -96,8 +96,8 @@ def test_presets_are_complete_and_positive():
 
 
 def test_unknown_device_and_bad_specs_are_refused():
-  with pytest.raises(ValueError, match="cost.device: unknown device 'h200'; allowed: cpu"):
-    hardware.preset('h200')
+  with pytest.raises(ValueError, match="cost.device: unknown device 'b200'; allowed: cpu"):
+    hardware.preset('b200')
   with pytest.raises(ValueError, match='peak_flops must be a finite number > 0'):
     dataclasses.replace(SPEC, peak_flops=0.0)
   with pytest.raises(ValueError, match='link_latency must be a finite number of seconds'):

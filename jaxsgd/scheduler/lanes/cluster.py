@@ -221,7 +221,7 @@ def lane_actor(spec: LaneSpec, env: dict[str, str], authkey: bytes | None = None
   its socket with `authkey` (`LaneRuntime.serve`)."""
   hook = {FAULT_VAR: os.environ[FAULT_VAR]} if FAULT_VAR in os.environ else {}  # tests only
   variables = {**compilation_cache.variables(), **hook, **spec.environment(), **env}
-  options = dict(num_cpus=0, num_gpus=1 if spec.gpu else 0, max_restarts=0, max_task_retries=0)
+  options = dict(num_cpus=0, num_gpus=spec.gpu, max_restarts=0, max_task_retries=0)
   # On its host's node, the driver's without one: left to Ray, a lane without a host went
   # to any node of a cluster joined by address (half of them elsewhere, on two nodes),
   # pinned to cores of a host nobody named.
@@ -305,10 +305,10 @@ def is_death(error: BaseException) -> bool:
 
 
 def check_gpus(lanes) -> None:
-  """Refuses, in one line, GPU lanes (`gpu=1`) that their node cannot take: Ray would
-  wait for a free GPU forever. Lanes are counted per node (a lane without a host is on
-  the driver's, `lane_actor`) against the node's total GPUs (ones another job holds
-  still make a lane wait)."""
+  """Refuses, in one line, GPU lanes (`gpu=1`, or shares of one) that their node cannot
+  take: Ray would wait for a free GPU forever. Lanes' GPUs are added up per node (a lane
+  without a host is on the driver's, `lane_actor`) against the node's total GPUs (ones
+  another job holds still make a lane wait)."""
   wanted: dict[str, list[LaneSpec]] = {}
   for spec in lanes:
     if spec.gpu:
@@ -318,13 +318,14 @@ def check_gpus(lanes) -> None:
   nodes = {n['NodeID']: n for n in ray.nodes() if n.get('Alive')}
   for node_id, specs in wanted.items():
     gpus = int(nodes.get(node_id, {}).get('Resources', {}).get('GPU', 0))
-    if gpus < len(specs):
+    asked = sum(spec.gpu for spec in specs)
+    if gpus < asked - 1e-9:
       names = ', '.join(repr(spec.name) for spec in specs)
       host = specs[0].host
       where = f'host {host}' if host else "the driver's host"
       raise ValueError(
-        f'placement: lane(s) {names} ask for a GPU each (gpu=1), but {where} has {gpus} '
-        'in the Ray cluster; give fewer lanes gpu=1.'
+        f'placement: lane(s) {names} ask for {asked:g} GPU(s) (gpu=1 each, or its share), '
+        f'but {where} has {gpus} in the Ray cluster; give fewer lanes a GPU.'
       )
 
 

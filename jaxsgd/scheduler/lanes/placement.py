@@ -7,14 +7,17 @@
 A lane is a name (a pipeline stage's device, an asynchronous worker, the parameter
 server...). `host` is the IP address of a Ray node (None: the driver's node). `cores`
 pins the lane process and XLA's intra-op threads to those cores of its host (None: not
-pinned). `gpu=True` gives the lane one GPU of its host to itself: Ray assigns it and
+pinned). `gpu=1` gives the lane one GPU of its host to itself: Ray assigns it and
 sets `CUDA_VISIBLE_DEVICES`, so there is one process per GPU, and JAX picks its backend
 (`JAX_PLATFORMS` empty: a driver run with `JAX_PLATFORMS=cpu`, as it should be on a host
 whose GPUs its lanes use, does not pass that on); the other lanes run JAX's CPU backend
-(`JAX_PLATFORMS=cpu`).
+(`JAX_PLATFORMS=cpu`). A fraction, `gpu=0.5`, is a share of one GPU (Ray's fractional
+GPUs): lanes whose shares add up to 1 run on the same GPU, each process taking that share
+of JAX's memory pool (`XLA_PYTHON_CLIENT_MEM_FRACTION`) instead of JAX's default 75 % of
+the GPU's memory, which the second process could not get.
 
 The text form, one lane per `;`: `name[@key=value[,value...][@...]]` with keys
-`host`, `cores` (`0,1` or `0-3`) and `gpu` (`1`/`0`), e.g.
+`host`, `cores` (`0,1` or `0-3`) and `gpu` (`1`, `0` or a share such as `0.5`), e.g.
 `server@host=10.0.0.1@cores=0; worker0@host=10.0.0.2@gpu=1`.
 """
 
@@ -30,7 +33,7 @@ class LaneSpec:
   name: str
   host: str | None = None
   cores: tuple[int, ...] | None = None
-  gpu: bool = False
+  gpu: float = 0.0  # 1: a GPU to itself; 0 < share < 1: that share of one; 0: none
 
   def __post_init__(self):
     if not self.name or any(c in self.name for c in ';@= '):
@@ -46,6 +49,12 @@ class LaneSpec:
           f'of core numbers >= 0, got {self.cores!r}.'
         )
       object.__setattr__(self, 'cores', cores)
+    if isinstance(self.gpu, str) or not 0 <= self.gpu <= 1:
+      raise ValueError(
+        f'placement: lane {self.name!r}: gpu must be 0, 1 or a share of one GPU between '
+        f'them, got {self.gpu!r}.'
+      )
+    object.__setattr__(self, 'gpu', float(self.gpu))
 
   def environment(self) -> dict[str, str]:
     """Variables the lane process needs before JAX starts.
@@ -54,9 +63,12 @@ class LaneSpec:
     host's GPUs: each GPU belongs to one lane process). A GPU lane lets JAX choose (empty
     is JAX's default: every platform it finds, the GPU first), whatever the driver's
     `JAX_PLATFORMS`: lane processes inherit the driver's environment otherwise. A pinned
-    lane's intra-op threads are limited to its cores.
+    lane's intra-op threads are limited to its cores. A lane with a share of a GPU takes
+    that share of the three quarters of its memory JAX would take alone.
     """
     variables = {'JAX_PLATFORMS': '' if self.gpu else 'cpu'}
+    if 0 < self.gpu < 1:
+      variables['XLA_PYTHON_CLIENT_MEM_FRACTION'] = f'{0.75 * self.gpu:.3f}'
     if self.cores is None:
       return variables
     threads = str(len(self.cores))
@@ -149,8 +161,7 @@ class LanePlacement:
     for lane in self.lanes:
       cores = 'any' if lane.cores is None else ','.join(map(str, lane.cores))
       rows.append(
-        f'  {lane.name}: host={lane.host or "driver"} cores={cores} '
-        f'gpu={"yes" if lane.gpu else "no"}'
+        f'  {lane.name}: host={lane.host or "driver"} cores={cores} gpu={_describe_gpu(lane.gpu)}'
       )
     return 'placement:\n' + '\n'.join(rows)
 
@@ -167,9 +178,20 @@ def _parse_lane(text: str) -> LaneSpec:
   if cores is not None:
     cores = _parse_cores(name, cores)
   gpu = settings.get('gpu', '0')
-  if gpu not in ('0', '1'):
-    raise ValueError(f'placement: lane {name!r}: gpu must be 0 or 1, got {gpu!r}.')
-  return LaneSpec(name.strip(), host=settings.get('host') or None, cores=cores, gpu=gpu == '1')
+  try:
+    share = float(gpu)
+  except ValueError:
+    share = -1.0  # refused below, with the text given
+  if not 0 <= share <= 1:
+    raise ValueError(
+      f'placement: lane {name!r}: gpu must be 0, 1 or a share of one GPU between them '
+      f'(0.5), got {gpu!r}.'
+    )
+  return LaneSpec(name.strip(), host=settings.get('host') or None, cores=cores, gpu=share)
+
+
+def _describe_gpu(share: float) -> str:
+  return 'yes' if share == 1 else 'no' if share == 0 else f'{share:g} of one'
 
 
 def _parse_cores(name: str, text: str) -> tuple[int, ...]:
