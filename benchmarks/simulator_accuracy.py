@@ -397,7 +397,11 @@ def window_stats(workdir: str, warmup: int, left_out: int | None = None) -> dict
   median = blocks_median(ends, block_for(workers) if in_rounds(workdir) else BLOCK)
   from benchmarks import common as bench_common
 
-  steady = [(lane, kind, b, e, batch) for lane, kind, b, e, batch, _ in tasks if b >= start]
+  # The tasks of the window, not those of the end of the run: there the driver stops
+  # listening, and the tasks still queued end unheard until the pool closes.
+  steady = [
+    (lane, kind, b, e, batch) for lane, kind, b, e, batch, _ in tasks if b >= start and e <= stop
+  ]
   return {
     'per_iteration': (stop - start) / iterations if median is None else median,
     'mean_per_iteration': (stop - start) / iterations,
@@ -407,20 +411,23 @@ def window_stats(workdir: str, warmup: int, left_out: int | None = None) -> dict
     # A backward's end -> its lane's copy of that batch (an ASGD worker's push), s.
     'send_delays': bench_common.send_delays(names, steady),
     # A compute task's end -> the driver hearing of it, s (`TaskRecord.heard`).
-    'hear_delays': hear_delays(workdir, start),
+    'hear_delays': hear_delays(workdir, start, stop),
   }
 
 
-def hear_delays(workdir: str, since: float) -> list[float]:
-  """Seconds from the end of each compute task that started at `since` or later to its
-  run's driver hearing of it (the trace's 'heard': the process executor's, or the virtual
-  clock's simulated driver; none without one)."""
+def hear_delays(workdir: str, since: float, until: float = math.inf) -> list[float]:
+  """Seconds from the end of each compute task that started at `since` or later and
+  ended by `until` to its run's driver hearing of it (the trace's 'heard': the process
+  executor's, or the virtual clock's simulated driver; none without one)."""
   with open(os.path.join(workdir, 'trace.json')) as f:
     events = json.load(f)['traceEvents']
   return [
     (e['args']['heard'] - e['ts'] - e['dur']) / 1e6
     for e in events
-    if e.get('ph') == 'X' and 'heard' in e['args'] and e['ts'] / 1e6 >= since
+    if e.get('ph') == 'X'
+    and 'heard' in e['args']
+    and e['ts'] / 1e6 >= since
+    and (e['ts'] + e['dur']) / 1e6 <= until
   ]
 
 

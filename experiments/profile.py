@@ -153,6 +153,11 @@ def table_calls(config, model, batch_for) -> TableCalls:
   )
   calls = stages.task_calls(roles, batch_for(shared.batch_size))
   tasks = profile_lookup.roles_signature(roles)
+  if name == 'lppsgd':  # its averaging tasks too, for its lane-process form
+    from jaxsgd.asynchronous import lppsgd  # pylint: disable=import-outside-toplevel
+
+    params = stages.initial_variables(shared.seed, roles[0])['params']
+    calls.update(lppsgd.averaging_calls(params, settings.devices))
   if name in SERVER_ALGORITHMS:
     from jaxsgd.algorithms import asgd  # pylint: disable=import-outside-toplevel
 

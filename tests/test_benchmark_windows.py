@@ -42,7 +42,7 @@ def test_a_parameter_servers_updates_are_measured_over_whole_rounds(tmp_path, mo
   workers = [(1 + i % 2, 'backward', e - 3.0, e - 2.0, i, 0) for i, e in enumerate(ends)]
   names = {0: 'server (cpu:0)', 1: 'worker 0 (cpu:0)', 2: 'worker 1 (cpu:0)'}
   monkeypatch.setattr(accuracy, 'read_trace', lambda workdir: (names, server + workers))
-  monkeypatch.setattr(accuracy, 'hear_delays', lambda workdir, since: [])
+  monkeypatch.setattr(accuracy, 'hear_delays', lambda workdir, since, until: [])
   # (warm-up 2: the window starts at the end of the third update, a round's first)
   asgd = accuracy.window_stats(str(tmp_path / 'asgd-virtual-K2'), warmup=2)
   assert asgd['per_iteration'] == 27.5
@@ -52,6 +52,22 @@ def test_a_parameter_servers_updates_are_measured_over_whole_rounds(tmp_path, mo
     True
   ] * 3
   assert not any(accuracy.in_rounds(f'{f}-virtual-K4') for f in ('pdasgd', 'ddg', 'local', 'bp'))
+
+
+def test_hearing_delays_are_those_of_the_window_not_of_the_runs_end(tmp_path):
+  """Three tasks (µs): before the window, in it (heard 2 ms after its end), and one that
+  ended after it, heard 400 ms late as the pool closed. Only the middle one counts."""
+  import json
+
+  events = [
+    {'ph': 'X', 'ts': 0.5e6, 'dur': 0.1e6, 'args': {'heard': 0.7e6}},
+    {'ph': 'X', 'ts': 1.0e6, 'dur': 0.1e6, 'args': {'heard': 1.102e6}},
+    {'ph': 'X', 'ts': 1.9e6, 'dur': 0.2e6, 'args': {'heard': 2.5e6}},
+    {'ph': 'M', 'name': 'thread_name', 'tid': 0, 'args': {'name': 'stage 0'}},
+  ]
+  (tmp_path / 'trace.json').write_text(json.dumps({'traceEvents': events}))
+  assert accuracy.hear_delays(str(tmp_path), 1.0, 2.0) == [pytest.approx(0.002)]
+  assert len(accuracy.hear_delays(str(tmp_path), 1.0)) == 2  # no end: the run's end too
 
 
 def test_too_few_iterations_for_a_block_give_none():

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import chex
 import numpy as np
 import pytest
 
@@ -11,6 +12,7 @@ from experiments import profile as profile_command
 from experiments.configs import asgd as asgd_config
 from experiments.configs import ddg as ddg_config
 from experiments.configs import local as local_config
+from experiments.configs import lppsgd as lppsgd_config
 from experiments.configs import ssgd as ssgd_config
 from jaxsgd import algorithms
 from jaxsgd import models
@@ -79,6 +81,31 @@ def test_server_algorithms_time_the_server_update():
   assert table.tasks == profile_lookup.server_tasks('asgd') != profile_lookup.server_tasks('dcasgd')
   assert table.split == ((0, model.num_layers),)
   assert set(table.costs) == {(0, 'forward'), (0, 'backward'), (0, 'update')}
+
+
+def test_lppsgd_times_its_averaging_tasks_on_the_models_parameters():
+  """The mean of `devices` snapshots and a keep-local merge, on the initial parameters
+  the run starts from: mean(w, w) = w and merge(w, w, w) = w + (w - w) = w, exactly."""
+  config = lppsgd_config.get_config('smoke')
+  config.algorithm.devices = 2
+  model = models.get_model(config.model.name, (40, 1), 10)
+  entry = profile_command.table_calls(config, model, _batch)
+  settings = algorithms.get('lppsgd').validate(config, model)
+  stages = _stages_as_train_builds_them(
+    settings.shared, model, profile_command.roles_of('lppsgd', settings)
+  )
+  params = stages.initial_variables(config.seed, profile_command.roles_of('lppsgd', settings)[0])[
+    'params'
+  ]
+  mean, (snapshots,) = entry.calls[(0, 'average')]
+  assert len(snapshots) == 2
+  chex.assert_trees_all_equal(mean(snapshots), params)
+  merge, args = entry.calls[(0, 'merge')]
+  chex.assert_trees_all_equal(merge(*args), params)
+  table, _ = profile_command.measure_table(config, model, _batch, warmup=1, reps=2)
+  assert set(table.costs) == {
+    (0, kind) for kind in ('forward', 'backward', 'update', 'average', 'merge')
+  }
 
 
 @pytest.mark.parametrize('name', ['ssgd', 'diloco'])

@@ -69,11 +69,19 @@ def task_costs(
 
   In the lane-process form (`SharedSettings.lane_processes`) the update, the mean of a
   round's snapshots and each keep-local merge are tasks of their own, and the virtual
-  clock prices the copies of the snapshots and the mean between lanes: the mean and a
-  merge are each costed as one update (an elementwise pass over the parameters, which
-  is what all three are; an approximation for optimizers with more state)."""
+  clock prices the copies of the snapshots and the mean between lanes. The mean and a
+  merge cost what the table measured of them (`experiments.profile` times both for
+  lppsgd: `lppsgd.averaging_calls`); a table without them (a profile measured before,
+  a calibration) prices each as one update, an elementwise pass over the parameters
+  like them, which on a CPU cost a quarter of a measured mean (that writes a fresh
+  output; the update reuses its buffers)."""
   if lane_processes:
-    return {**table, (0, 'average'): table[(0, 'update')], (0, 'merge'): table[(0, 'update')]}
+    update = table[(0, 'update')]
+    return {
+      **table,
+      (0, 'average'): table.get((0, 'average'), update),
+      (0, 'merge'): table.get((0, 'merge'), update),
+    }
   return {
     **common.fold_update(table, 1),
     (0, 'average'): allreduce_time(nbytes, devices, bandwidth=bandwidth, latency=latency),

@@ -285,6 +285,17 @@ def keep_local_merge(params, sent, mean):
   return jax.tree.map(lambda w, s, a: a + (w - s), params, sent, mean)
 
 
+def averaging_calls(params, num_replicas: int) -> dict:
+  """The lane-process form's averaging tasks on `params`, as a cost profile times them:
+  `(0, 'average')` the mean of `num_replicas` snapshots, `(0, 'merge')` one keep-local
+  merge. Timed, not priced as an update: each writes a fresh output the size of the
+  model where an update donates its buffers, and the mean reads every snapshot."""
+  return {
+    (0, 'average'): (_mean, ([params] * num_replicas,)),
+    (0, 'merge'): (keep_local_merge, (params, params, params)),
+  }
+
+
 def allreduce_time(nbytes: int, num_devices: int, *, bandwidth: float, latency: float) -> float:
   """Seconds of a ring all-reduce of `nbytes` per device over links of `bandwidth`
   bytes/s (`inf`: free) and `latency` seconds (the SPMD time model's formula)."""

@@ -252,6 +252,18 @@ def test_averaging_cost_is_a_ring_allreduce_of_the_parameter_bytes():
   assert table[(0, 'backward')] == 2.5 and table[(0, 'average')] == pytest.approx(0.012)
 
 
+def test_lane_processes_price_the_mean_and_merge_as_measured_else_as_an_update():
+  """The lane-process form's averaging tasks: the profile's own figures where it has them
+  (the mean writes a fresh model-sized output, which an update does not), else the update's."""
+  cost = {'latency': 1e-3, 'bandwidth': 1e6, 'lane_processes': True}
+  base = {(0, 'forward'): 1.0, (0, 'backward'): 2.0, (0, 'update'): 0.5}
+  measured = {**base, (0, 'average'): 2.25, (0, 'merge'): 1.5}
+  table = algorithms_lppsgd.task_costs(measured, 4000, 4, **cost)
+  assert table == measured  # the backward unfolded: the update is a task of its own
+  table = algorithms_lppsgd.task_costs(base, 4000, 4, **cost)
+  assert table == {**base, (0, 'average'): 0.5, (0, 'merge'): 0.5}
+
+
 @pytest.mark.parametrize('clock', ['virtual', 'real'])
 def test_concurrent_hogwild_updates_are_never_lost(clock):
   """Adam counts its updates: the count equals the writes recorded (no lost update)."""
