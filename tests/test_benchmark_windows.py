@@ -153,17 +153,18 @@ def test_the_window_begins_after_each_lanes_first_task_of_each_kind():
   on first use, which the virtual clock does not price): the window begins at the first
   update's end after it, 31.0, however few iterations are left out. A first task of a
   kind at a stage not run before counts too (worker 0's stage-1 backward, 20.1 → 20.4:
-  from 21.0). An averaging lane (no forward, backward or update) is not waited for,
-  however many rounds it runs (6, the last ending at 36.5). A window that such a first
-  task leaves too short is refused, naming it."""
+  from 21.0). An averaging lane's first average (31.0 → 31.5; it has no forward,
+  backward or update) counts as well: from 32.0. A window that such a first task leaves
+  too short is refused, naming it."""
   names = {0: 'server', 1: 'worker 0', 2: 'worker 1', 3: 'allreduce'}
   server = [(0, 'update', i + 0.5, i + 1.0, i, 0) for i in range(40)]
   workers = [(1 + i % 2, 'backward', i + 0.1, i + 0.4, None, 0) for i in range(40)]
   merge = [(2, 'merge', 30.1, 30.4, None, 0)]
   other_stage = [(1, 'backward', 20.1, 20.4, None, 1)]
   average = [(3, 'average', 31.0 + i, 31.5 + i, i, 0) for i in range(6)]
-  assert accuracy.window(names, server + workers + merge + average, 4, iterations=12)[0] == 31.0
-  assert accuracy.window(names, server + workers + average, 4, iterations=12)[0] == 13.0
+  assert accuracy.window(names, server + workers + merge, 4, iterations=12)[0] == 31.0
+  assert accuracy.window(names, server + workers + merge + average, 4, iterations=12)[0] == 32.0
+  assert accuracy.window(names, server + workers + average, 4, iterations=12)[0] == 32.0
   assert accuracy.window(names, server + workers + other_stage, 4, iterations=12)[0] == 21.0
   late = [(2, 'merge', 39.1, 39.4, None, 0)]
   with pytest.raises(ValueError, match=r'ended by worker 1: its first merge \(stage 0\)'):
