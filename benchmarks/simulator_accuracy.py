@@ -720,7 +720,7 @@ def main():
     f'{"/".join(f"{x:.1f}" for x in os.getloadavg())} at start; MLP 40-'
     f'{"-".join([str(args.hidden)] * args.depth)}-10 on MNIST-1D, batch {args.batch}, SGD; '
     f'{args.lanes} lanes per family; '
-    f'{args.steps} iterations per run, the first {args.warmup} left out',
+    f'{args.steps} iterations per run (LPP-SGD {args.steps * STEPS_FACTOR["lppsgd"]}), the first {args.warmup} left out',
     flush=True,
   )
   root = tempfile.mkdtemp(prefix='simacc-')

@@ -258,7 +258,7 @@ def lane_hardware(shared: SharedSettings) -> dict[str, str]:
 def _hardware_key(lane) -> str:
   if lane.gpu == 1:
     return f'{lane.host or "local"} gpu of {lane.name}'  # one GPU per lane process
-  if lane.gpu:  # shares of one GPU: the lanes with a share on a host share it
+  if lane.gpu:  # shares: simulated as one GPU per host (Ray may spread them over several)
     return f'{lane.host or "local"} shared gpu'
   return f'{lane.host or "local"} cores {",".join(map(str, sorted(lane.cores)))}'
 

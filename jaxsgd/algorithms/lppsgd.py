@@ -73,8 +73,7 @@ def task_costs(
   merge cost what the table measured of them (`experiments.profile` times both for
   lppsgd: `lppsgd.averaging_calls`); a table without them (a profile measured before,
   a calibration) prices each as one update, an elementwise pass over the parameters
-  like them, which on a CPU cost a quarter of a measured mean (that writes a fresh
-  output; the update reuses its buffers)."""
+  like them."""
   if lane_processes:
     update = table[(0, 'update')]
     return {

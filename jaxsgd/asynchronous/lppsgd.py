@@ -288,11 +288,12 @@ def keep_local_merge(params, sent, mean):
 def averaging_calls(params, num_replicas: int) -> dict:
   """The lane-process form's averaging tasks on `params`, as a cost profile times them:
   `(0, 'average')` the mean of `num_replicas` snapshots, `(0, 'merge')` one keep-local
-  merge. Timed, not priced as an update: each writes a fresh output the size of the
-  model where an update donates its buffers, and the mean reads every snapshot."""
+  merge, each argument a copy of its own (one buffer passed D times would be read from
+  cache, not memory). Timed, not priced as an update: their reads and writes differ."""
+  copy = lambda: jax.tree.map(jnp.copy, params)
   return {
-    (0, 'average'): (_mean, ([params] * num_replicas,)),
-    (0, 'merge'): (keep_local_merge, (params, params, params)),
+    (0, 'average'): (_mean, ([copy() for _ in range(num_replicas)],)),
+    (0, 'merge'): (keep_local_merge, (copy(), copy(), copy())),
   }
 
 

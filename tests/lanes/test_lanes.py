@@ -119,6 +119,9 @@ def test_lanes_sharing_a_gpu_take_their_share_of_it_and_of_its_memory(monkeypatc
   three = LanePlacement.parse('a@gpu=0.5; b@gpu=0.5; c@gpu=0.5').lanes
   with pytest.raises(ValueError, match=r"ask for 1\.5 GPU\(s\) .* but the driver's host has 1 "):
     cluster.check_gpus(three)
+  # A share is never split over GPUs: three of 0.6 need three GPUs, not 1.8.
+  assert cluster._gpus_needed([0.6, 0.6, 0.6]) == 3  # pylint: disable=protected-access
+  assert cluster._gpus_needed([1.0, 0.5, 0.25, 0.25]) == 2  # pylint: disable=protected-access
 
 
 @pytest.mark.timeout(120, func_only=True)  # a placement Ray could wait on for ever

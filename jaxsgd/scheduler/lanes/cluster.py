@@ -304,6 +304,21 @@ def is_death(error: BaseException) -> bool:
   )
 
 
+def _gpus_needed(shares) -> int:
+  """GPUs that lanes asking for `shares` (1, or a part of one) need: a lane's share is
+  never split over GPUs, so the parts are packed first-fit, largest first (three 0.6
+  shares need 3 GPUs, not 1.8)."""
+  free: list[float] = []
+  for share in sorted(shares, reverse=True):
+    for i, room in enumerate(free):
+      if share <= room + 1e-9:
+        free[i] -= share
+        break
+    else:
+      free.append(1.0 - share)
+  return len(free)
+
+
 def check_gpus(lanes) -> None:
   """Refuses, in one line, GPU lanes (`gpu=1`, or shares of one) that their node cannot
   take: Ray would wait for a free GPU forever. Lanes' GPUs are added up per node (a lane
@@ -319,7 +334,7 @@ def check_gpus(lanes) -> None:
   for node_id, specs in wanted.items():
     gpus = int(nodes.get(node_id, {}).get('Resources', {}).get('GPU', 0))
     asked = sum(spec.gpu for spec in specs)
-    if gpus < asked - 1e-9:
+    if gpus < _gpus_needed([spec.gpu for spec in specs]):
       names = ', '.join(repr(spec.name) for spec in specs)
       host = specs[0].host
       where = f'host {host}' if host else "the driver's host"
