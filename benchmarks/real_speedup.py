@@ -27,8 +27,9 @@ into K stages needs at least K layers: `--depth` sets the hidden layers; `--fami
 runs only some of the cases (bp always). `--gpu` adds, after the CPU rounds, DDG K=2 with
 a GPU, in two pools of their own, each case interleaved with BP on the pool's GPU lane
 (its ratio is over that, not over BP on a core): both stages on the one GPU
-(`stage0@gpu=0.5; stage1@gpu=0.5`, two processes sharing it), and stage 0 on the GPU with
-stage 1 on core 1 (`stage0@gpu=1; stage1@cores=1`). It is refused before any round where
+(`stage0@gpu=0.5; stage1@gpu=0.5`, two processes sharing it, their values moved on the
+device path), the same with `moves=host` (through host memory), and stage 0 on the GPU
+with stage 1 on core 1 (`stage0@gpu=1; stage1@cores=1`). It is refused before any round where
 the driver's host has no GPU in the Ray cluster.
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
 the batches are synthetic, a cycle of a few made once (`batches`). Its inputs (`--features`, 1536 by default) make the two stages
@@ -71,6 +72,10 @@ OPTIMIZER = optimizers.OptimizerSettings('sgd', 0.01)
 # `--gpu`: (case name, placement) of DDG K=2 with a GPU, each with BP on its `stage0`
 GPU_CASES = (
   ('ddg K=2 (both stages on the GPU)', LanePlacement.parse('stage0@gpu=0.5; stage1@gpu=0.5')),
+  (  # the same with its values moved through host memory, as before the device path
+    'ddg K=2 (both stages on the GPU, moves=host)',
+    LanePlacement.parse('stage0@gpu=0.5@moves=host; stage1@gpu=0.5@moves=host'),
+  ),
   ('ddg K=2 (stage 0 GPU, stage 1 core 1)', LanePlacement.parse('stage0@gpu=1; stage1@cores=1')),
 )
 FAMILIES = ('ddg', 'local', 'asgd', 'pdasgd', 'lppsgd')
@@ -261,13 +266,15 @@ def cases(lanes: int, families=FAMILIES) -> dict:
   return dict(every[family] for family in ('bp', *families))
 
 
-def lane_placement(lanes: int) -> LanePlacement:
-  """Every case's lanes (`common.family_lanes`), lane k on the k-th core this process may
-  use, round-robin: past the machine's cores, lanes share cores (a smoke run of K=4 on 2)."""
+def lane_placement(lanes: int, families=FAMILIES) -> LanePlacement:
+  """The lanes of bp and of `families`' cases (`common.family_lanes`), lane k on the k-th
+  core this process may use, round-robin: past the machine's cores, lanes share cores (a
+  smoke run of K=4 on 2). No lane of a family not run: idle, a process still takes memory
+  and start-up time, and its Ray threads wake on the cores the cases time."""
   cores = sorted(os.sched_getaffinity(0))
   core = lambda k: cores[k % len(cores)]
   # (ddg and local run on bp's stage lanes; `parse` refuses a name given twice)
-  families = ('bp', 'asgd', 'pdasgd', 'lppsgd')
+  families = ('bp', *(f for f in ('asgd', 'pdasgd', 'lppsgd') if f in families))
   return LanePlacement.parse(
     '; '.join(entry for f in families for entry in bench_common.family_lanes(f, lanes, core))
   )
@@ -312,7 +319,7 @@ def main():
     f'batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), {args.rounds} rounds'
   )
   print(split_balance(args.lanes))
-  placement = lane_placement(args.lanes)
+  placement = lane_placement(args.lanes, families)
   times, host, busiest, host_cpu = {}, {}, {}, {}
 
   def record(name, case, pool):
@@ -367,7 +374,7 @@ def main():
         f'{ceiling:.2f}',
         f'{1e3 * statistics.median(host[name]):.2f}',
         f'{1e3 * statistics.median(host_cpu[name]):.2f}',
-        ' '.join(f'{1e3 * t:.0f}' for t in times[name]),
+        ' '.join(f'{1e3 * t:.1f}' if t < 0.1 else f'{1e3 * t:.0f}' for t in times[name]),
       )
     )
   widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]

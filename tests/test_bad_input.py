@@ -124,6 +124,12 @@ CASES = [
     r'2 entries for 1 stages',
   ),
   ('bp', {'placement.foo': 1}, 'placement.foo', r'unknown field'),
+  (
+    'ddg',
+    {'clock': 'real', 'executor': 'processes', 'placement.lanes': 'stage0@moves=gpu'},
+    'placement.lanes',
+    r"lane 'stage0': moves must be one of auto, device, host, got 'gpu'",
+  ),
   # --- ddg ---
   (
     'ddg',

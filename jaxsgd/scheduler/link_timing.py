@@ -44,10 +44,13 @@ def measure_process_links(
   many_bytes: int = 1 << 20,
   reps: int = 31,
   warmup: int = 3,
+  moves: str = 'host',
+  gpu: float = 0.0,
 ) -> Moves:
   """A move between two lane processes (`LanePool.move`, lane to lane), pinned to
-  `cores[0]` and `cores[1]`, as its `link` and its `take_in` (`Moves`), each measured as
-  a run pays it. For each message, `reps` times: the sending lane waits a run's task
+  `cores[0]` and `cores[1]` (with `gpu`: each with that share of a GPU instead), its
+  values on the path `moves` names (`LaneSpec.moves`), as its `link` and its `take_in`
+  (`Moves`), each measured as a run pays it. For each message, `reps` times: the sending lane waits a run's task
   length (`RUN_LENGTH_PAUSE`, an emulated task), then a task makes the message anew;
   the copy and the receiving lane's call that reads it are asked for before either
   runs, as a process running ahead asks for them. Its link is the time from that task's
@@ -74,7 +77,8 @@ def measure_process_links(
 
   make = Task(TaskRecipe.of(dispatch_tasks), 'add_one')
   first = Task(TaskRecipe.of(dispatch_tasks), 'first')
-  placement = LanePlacement.parse(f'source@cores={cores[0]}; target@cores={cores[1]}')
+  where = [f'@gpu={gpu}' if gpu else f'@cores={core}' for core in cores]
+  placement = LanePlacement.parse(f'source{where[0]}@moves={moves}; target{where[1]}@moves={moves}')
   # (bytes, arrays): the line's two sizes, then the many arrays and one of their bytes
   messages = [(size, 1) for size in sizes] + [(many_bytes, arrays), (many_bytes, 1)]
   with LanePool(placement, address=address, verbose=False) as pool:

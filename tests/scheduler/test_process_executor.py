@@ -122,6 +122,35 @@ def test_pipelines_on_lane_processes_are_bit_identical_to_both_in_process_clocks
   assert pool.held('stage0') == pool.held('stage1') == 0  # nothing left in the lanes
 
 
+@pytest.mark.parametrize(
+  'roles, gradients_back',
+  [(ddg.roles(2), True), (ddg.roles(2, 'recompute'), True), (local.roles(2), False)],
+  ids=['ddg', 'ddg-recompute', 'local'],
+)
+def test_pipelines_moving_values_on_the_device_path_are_bit_identical_to_the_virtual_clock(
+  head, roles, gradients_back
+):
+  """The device path (lanes/device_path.py; CPU lanes with `moves=device` here): the
+  activations, gradients and VJPs cross as device buffers, and the run's bits are the
+  virtual clock's."""
+  import ray
+
+  virtual = train(roles, VirtualExecutor(UNIT_COSTS))
+  placement = LanePlacement.parse('stage0@moves=device; stage1@moves=device')
+  with LanePool(placement, address=head.address, verbose=False) as device_pool:
+    on_device_path = train(roles, ProcessExecutor(pool=device_pool))
+    pulled = {
+      lane: ray.get(actor.info.remote())['pulled'] for lane, actor in device_pool._actors.items()
+    }
+  assert gone(device_pool.pids().values()) == []
+  chex.assert_trees_all_equal(on_device_path[0], virtual[0])
+  chex.assert_trees_all_equal(on_device_path[1], virtual[1])
+  assert on_device_path[2] == virtual[2]
+  assert pulled['stage1'] >= STEPS  # the activations
+  # the gradients: every batch's but the last one's (local parallelism sends none back)
+  assert pulled['stage0'] >= STEPS - 1 if gradients_back else pulled['stage0'] == 0
+
+
 @pytest.mark.parametrize('run_ahead', [0, 1, 3])
 def test_running_ahead_leaves_at_most_run_ahead_tasks_waiting_on_a_lane(
   pool, monkeypatch, run_ahead

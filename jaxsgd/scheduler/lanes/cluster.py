@@ -228,7 +228,9 @@ def lane_actor(spec: LaneSpec, env: dict[str, str], authkey: bytes | None = None
   options['scheduling_strategy'] = scheduling_strategies.NodeAffinitySchedulingStrategy(
     _node_id(spec), soft=False
   )
-  return _LANE_ACTOR.options(**options).remote(spec.name, spec.cores, variables, authkey)
+  return _LANE_ACTOR.options(**options).remote(
+    spec.name, spec.cores, variables, authkey, spec.moves
+  )
 
 
 def node_address() -> str:

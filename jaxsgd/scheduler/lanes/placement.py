@@ -16,14 +16,22 @@ GPUs): lanes whose shares add up to 1 run on the same GPU, each process taking t
 of JAX's memory pool (`XLA_PYTHON_CLIENT_MEM_FRACTION`) instead of JAX's default 75 % of
 the GPU's memory, which the second process could not get.
 
+`moves` is the path a lane's values take to and from other lanes (device_path.py):
+`device` — as device buffers through JAX's transfer servers, between two lanes that both
+have it on; `host` — as numpy arrays over the lanes' sockets; `auto` (the default) — the
+device path on a GPU lane, the host path on a CPU lane.
+
 The text form, one lane per `;`: `name[@key=value[,value...][@...]]` with keys
-`host`, `cores` (`0,1` or `0-3`) and `gpu` (`1`, `0` or a share such as `0.5`), e.g.
+`host`, `cores` (`0,1` or `0-3`), `gpu` (`1`, `0` or a share such as `0.5`) and `moves`
+(`auto`, `device` or `host`), e.g.
 `server@host=10.0.0.1@cores=0; worker0@host=10.0.0.2@gpu=1`.
 """
 
 import dataclasses
 import os
 from collections.abc import Iterable, Sequence
+
+from jaxsgd.scheduler.lanes.device_path import MOVES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +42,7 @@ class LaneSpec:
   host: str | None = None
   cores: tuple[int, ...] | None = None
   gpu: float = 0.0  # 1: a GPU to itself; 0 < share < 1: that share of one; 0: none
+  moves: str = 'auto'  # the path of its values to other lanes: auto, device or host
 
   def __post_init__(self):
     if not self.name or any(c in self.name for c in ';@= '):
@@ -55,6 +64,11 @@ class LaneSpec:
         f'them, got {self.gpu!r}.'
       )
     object.__setattr__(self, 'gpu', float(self.gpu))
+    if self.moves not in MOVES:
+      raise ValueError(
+        f'placement: lane {self.name!r}: moves must be one of {", ".join(MOVES)}, '
+        f'got {self.moves!r}.'
+      )
 
   def environment(self) -> dict[str, str]:
     """Variables the lane process needs before JAX starts.
@@ -160,8 +174,10 @@ class LanePlacement:
     rows = []
     for lane in self.lanes:
       cores = 'any' if lane.cores is None else ','.join(map(str, lane.cores))
+      moves = '' if lane.moves == 'auto' else f' moves={lane.moves}'
       rows.append(
-        f'  {lane.name}: host={lane.host or "driver"} cores={cores} gpu={_describe_gpu(lane.gpu)}'
+        f'  {lane.name}: host={lane.host or "driver"} cores={cores} '
+        f'gpu={_describe_gpu(lane.gpu)}{moves}'
       )
     return 'placement:\n' + '\n'.join(rows)
 
@@ -171,8 +187,10 @@ def _parse_lane(text: str) -> LaneSpec:
   settings = {}
   for field in fields:
     key, sep, value = field.partition('=')
-    if not sep or key not in ('host', 'cores', 'gpu'):
-      raise ValueError(f'placement: lane {name!r}: {field!r} is not host=..., cores=... or gpu=...')
+    if not sep or key not in ('host', 'cores', 'gpu', 'moves'):
+      raise ValueError(
+        f'placement: lane {name!r}: {field!r} is not host=..., cores=..., gpu=... or moves=...'
+      )
     settings[key] = value.strip()
   cores = settings.get('cores')
   if cores is not None:
@@ -187,7 +205,8 @@ def _parse_lane(text: str) -> LaneSpec:
       f'placement: lane {name!r}: gpu must be 0, 1 or a share of one GPU between them '
       f'(0.5), got {gpu!r}.'
     )
-  return LaneSpec(name.strip(), host=settings.get('host') or None, cores=cores, gpu=share)
+  moves = settings.get('moves', 'auto')
+  return LaneSpec(name.strip(), settings.get('host') or None, cores, share, moves)
 
 
 def _describe_gpu(share: float) -> str:

@@ -603,7 +603,7 @@ class LanePool:
       rows.append(
         f'  {name}: host={info["host"]} ({info["hostname"]}) pid={info["pid"]} '
         f'cores={cores}{"" if spec.cores else " (not pinned)"} gpu={gpus} '
-        f'jax={info["device"]}'
+        f'jax={info["device"]}{" moves=device" if info["address"].get("transfer") else ""}'
       )
     # Each lane's process numbers its own devices from 0 (`jax=cpu:0` in every row is
     # each process's first device, not one device shared); `cores`/`gpu` say which.

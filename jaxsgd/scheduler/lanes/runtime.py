@@ -47,6 +47,7 @@ import ray
 
 from jaxsgd import allocator, compilation_cache
 from jaxsgd.scheduler.lanes import wire
+from jaxsgd.scheduler.lanes.device_path import DevicePath, Offer, uses_device_path
 
 
 FAULT_VAR = 'JAXSGD_TEST_LANE_FAULT'  # a test hook: see the module docstring
@@ -134,12 +135,14 @@ class LaneRuntime:
     cores: tuple[int, ...] | None,
     variables: dict | None = None,
     authkey: bytes | None = None,
+    moves: str = 'auto',
   ):
     """`variables`: the lane's environment (`LaneSpec.environment`: JAX's platform, XLA's
     flags), set before JAX is imported here. (A library that read its variable before,
     as numpy's BLAS does its thread count, keeps its default: XLA's threads and the
     process's cores are what bound a lane.) `authkey`: the pool's key for the lane's
-    socket (`serve`); None serves none."""
+    socket (`serve`); None serves none. `moves`: `LaneSpec.moves`, the path its values
+    take to and from lanes that have the device path on too (device_path.py)."""
     self.name = name
     allocator.keep_freed_memory()  # before any message's buffers
     if variables:
@@ -178,7 +181,8 @@ class LaneRuntime:
     self.discard: set = set()
     # Exports of values not made or come yet, in the order asked (`_run_exports`).
     self.parked: list[tuple] = []
-    self.address = self.serve(authkey) if authkey is not None else None
+    self.device_path: DevicePath | None = None
+    self.address = self.serve(authkey, moves) if authkey is not None else None
 
   def info(self) -> dict[str, Any]:
     """Where this lane runs, for the placement printed at start and error messages."""
@@ -194,6 +198,7 @@ class LaneRuntime:
       'device': str(self.device),
       'xla_flags': os.environ.get('XLA_FLAGS', ''),
       'address': self.address,
+      'pulled': self.device_path.pulled if self.device_path else 0,  # on the device path
     }
 
   def run(self, call: bytes, imports: tuple = (), *buffers):
@@ -348,10 +353,11 @@ class LaneRuntime:
     finally:
       self.free(free)
 
-  def export(self, key: Hashable, imports: tuple = ()):
+  def export(self, key: Hashable, imports: tuple = (), target: dict | None = None):
     """The value under `key`, to be taken in by another lane (or kept by the driver):
     `(ready, payload)`, `ready` when the value existed here (`time.time()`), where its
-    copy starts.
+    copy starts. Its leaves are numpy arrays, or an `Offer` on the device path, taken if
+    the lane at `target` (its addresses) has that path on too.
 
     Runs in the lane's export thread (`serve`): it waits for the value to exist
     (`_stored`), not for every call queued before it. In the lane's ordered thread an
@@ -378,6 +384,8 @@ class LaneRuntime:
           'do (the receiving lane rebuilds it from that task).'
         ) from None
       structure = ('origin', origin)
+    if self.device_path is not None and target is not None and target.get('transfer'):
+      return ready, (structure, self.device_path.offer(leaves))
     return ready, (structure, [np.asarray(leaf) for leaf in self.jax.device_get(leaves)])
 
   def _stored(self, key: Hashable):
@@ -482,13 +490,16 @@ class LaneRuntime:
 
   # -- the wire (wire.py): calls from the driver, values to and from other lanes ---------
 
-  def serve(self, authkey: bytes) -> tuple:
+  def serve(self, authkey: bytes, moves: str = 'auto') -> tuple:
     """Opens this lane's socket (on its node's address) and its threads: one accepts
     connections and reads each (the driver's calls, other lanes' values), one runs the
-    driver's calls in the order sent (`_ORDERED`), one exports values (`_EXPORTS`).
-    Returns the address."""
+    driver's calls in the order sent (`_ORDERED`), one exports values (`_EXPORTS`); and,
+    if `moves` puts the lane on the device path, its transfer server. Returns the
+    addresses."""
     self.host = ray.util.get_node_ip_address()
     remote, local = wire.listen(self.host)
+    if uses_device_path(moves, self.device.platform):
+      self.device_path = DevicePath(self.jax, self.device, self.host)
     self.authkey = authkey
     self.calls, self.exports = queue.SimpleQueue(), queue.SimpleQueue()
     self.driver: wire.Endpoint | None = None
@@ -502,7 +513,13 @@ class LaneRuntime:
       accept = functools.partial(wire.accept_forever, listener, authkey, connected)
       threading.Thread(target=accept, daemon=True, name='lane-accept').start()
     # Its TCP address names the lane (to other lanes, in `dead` notices).
-    return {'remote': remote.address, 'local': local.address, 'host': self.host}
+    transfer = self.device_path.address if self.device_path else None
+    return {
+      'remote': remote.address,
+      'local': local.address,
+      'host': self.host,
+      'transfer': transfer,
+    }
 
   def _connected(self, endpoint: wire.Endpoint, hello) -> None:
     """Reads a new connection (`wire.accept_forever`): the driver's calls, or the values
@@ -544,14 +561,15 @@ class LaneRuntime:
           self._changed()
         return
       if kind == 'failed':
-        error = rest[0]
-        if not landed:
-          with self.stored:
-            self.import_failures[key] = error
-            self._changed()
-        self._reply('err', move, error)
+        self._copy_failed(key, move, landed, rest[0])
         continue
       ready, payload = rest
+      if isinstance(payload[1], Offer):  # the device path: its leaves come now
+        try:
+          payload = (payload[0], self.device_path.pull(payload[1]))
+        except Exception as error:  # pylint: disable=broad-except (its source died)
+          self._copy_failed(key, move, landed, wire.failure(error))
+          continue
       if landed:
         try:
           outline = self.adopt(payload, key)
@@ -567,6 +585,15 @@ class LaneRuntime:
           self.arrived[key] = payload
           self._changed()
       self._reply('arrived', move, (ready, time.time()))
+
+  def _copy_failed(self, key: Hashable, move, landed: bool, error) -> None:
+    """A copy that failed at its source or on its way: the call that takes it in raises
+    (`_arrival`), and the driver hears of it."""
+    if not landed:
+      with self.stored:
+        self.import_failures[key] = error
+        self._changed()
+    self._reply('err', move, error)
 
   def _run_calls(self) -> None:
     while True:
@@ -634,7 +661,7 @@ class LaneRuntime:
       return
     key, imports, target, target_key, landed = args
     try:
-      ready, payload = self.export(key, imports)
+      ready, payload = self.export(key, imports, target)
       message = ('value', target_key, number, landed, ready, payload)
     except BaseException as error:  # pylint: disable=broad-except
       message = ('failed', target_key, number, landed, wire.failure(error))

@@ -1,0 +1,104 @@
+"""The device path (`lanes/device_path.py`): values move lane to lane as device buffers
+through JAX's transfer servers, and arrive as the host path delivers them.
+
+A machine without GPUs tests the code path with CPU lanes that have it on
+(`moves=device`); on a GPU lane it is on by default.
+"""
+
+import jax
+import numpy as np
+import pytest
+import ray
+
+import lane_tasks
+from ray_head import serve_head
+from test_lanes import G, RECIPE, X, gone
+
+from jaxsgd.scheduler.lanes import LanePlacement, LanePool, LaneSpec
+from jaxsgd.scheduler.lanes.device_path import DevicePath, Offer, uses_device_path
+from jaxsgd.scheduler.tasks import Task
+
+
+def task(name):
+  return Task(RECIPE, name)
+
+
+@pytest.fixture(scope='module')
+def head(tmp_path_factory):
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+
+
+@pytest.fixture(scope='module')
+def pool(head):
+  placement = LanePlacement.parse('a@cores=0@moves=device; b@cores=0@moves=device; c@cores=0')
+  with LanePool(placement, address=head.address, verbose=False) as lanes:
+    yield lanes
+  assert gone(lanes.pids().values()) == []
+
+
+def pulled(pool: LanePool, lane: str) -> int:
+  """The copies `lane` has taken in on the device path so far."""
+  return ray.get(pool._actors[lane].info.remote())['pulled']
+
+
+def test_moves_in_the_placement_text_form_and_bad_input():
+  placement = LanePlacement.parse('a@moves=device; b@gpu=1; c@moves=host')
+  assert [lane.moves for lane in placement.lanes] == ['device', 'auto', 'host']
+  assert placement['a'] == LaneSpec('a', moves='device')
+  assert 'a: host=driver cores=any gpu=no moves=device' in placement.describe()
+  assert 'b: host=driver cores=any gpu=yes\n' in placement.describe()  # auto: not printed
+  with pytest.raises(
+    ValueError, match=r"^placement: lane 'a': moves must be one of auto, device, host, got 'gpu'.$"
+  ):
+    LanePlacement.parse('a@moves=gpu')
+  # auto: the device path on any device but a CPU
+  assert [uses_device_path(m, 'cpu') for m in ('auto', 'device', 'host')] == [False, True, False]
+  assert [uses_device_path(m, 'gpu') for m in ('auto', 'device', 'host')] == [True, True, False]
+
+
+def test_an_offer_is_pulled_whole_onto_the_pulling_device_and_odd_leaves_go_inline():
+  device = jax.local_devices()[0]
+  source, target = DevicePath(jax, device, '127.0.0.1'), DevicePath(jax, device, '127.0.0.1')
+  leaves = [
+    jax.device_put(X, device),
+    np.arange(3, dtype=np.int32),  # a host array (a CPU lane's copy as it came): inline
+    jax.device_put(np.zeros((0, 4), np.float32), device),  # empty: inline
+    jax.device_put(G, device),
+  ]
+  offer = source.offer(leaves)
+  assert isinstance(offer, Offer) and sorted(offer.specs) == [0, 3]
+  assert offer.specs[0] == (X.shape, np.dtype(np.float32))
+  assert offer.inline[0] is None and offer.inline[3] is None
+  got = target.pull(offer)
+  assert [isinstance(leaf, jax.Array) for leaf in got] == [True, False, False, True]
+  assert isinstance(got[0], jax.Array) and got[0].sharding.device_set == {device}
+  np.testing.assert_array_equal(got[0], X)
+  np.testing.assert_array_equal(got[1], np.arange(3))
+  assert got[2].shape == (0, 4)
+  np.testing.assert_array_equal(got[3], G)
+  assert (source.pulled, target.pulled) == (0, 1)
+
+
+def test_a_value_and_a_vjp_move_on_the_device_path_between_lanes_that_have_it(pool):
+  before = pulled(pool, 'b')
+  w = pool.run('a', task('init'), (2,))
+  y, vjp = pool.run('a', task('forward'), (w, X))
+  message = pool.move({'y': y, 'w': w}, 'b')  # a copy per handle
+  there = pool.run('b', task('backward'), (vjp, G))  # the VJP moves a -> b, rebuilt there
+  np.testing.assert_array_equal(pool.fetch(message['y']), pool.fetch(y))
+  np.testing.assert_array_equal(pool.fetch(message['w']), pool.fetch(w))
+  reference = jax.jit(lambda w, x, g: jax.vjp(lane_tasks.layer, w, x)[1](g))
+  for got, want in zip(there, reference(np.asarray(pool.fetch(w)), X, G)):
+    np.testing.assert_array_equal(pool.fetch(got), want)
+  assert pulled(pool, 'b') - before == 3  # y, w and the VJP
+
+
+def test_a_lane_without_the_device_path_gets_and_sends_its_copies_on_the_host_path(pool):
+  before = {lane: pulled(pool, lane) for lane in 'abc'}
+  w = pool.run('a', task('init'), (4,))
+  on_c = pool.move(w, 'c')
+  back_on_b = pool.move(pool.run('c', task('add'), (on_c, on_c)), 'b')
+  np.testing.assert_array_equal(pool.fetch(back_on_b), 2 * pool.fetch(w))
+  assert {lane: pulled(pool, lane) for lane in 'abc'} == before
+  assert 'moves=device' in pool.describe().split('\n  b:')[1].split('\n')[0]
+  assert 'moves=device' not in pool.describe().split('\n  c:')[1]
