@@ -40,7 +40,10 @@ The cost profile (`--profile` reuses one) describes tasks as they run on lanes: 
 measured in a process pinned to core 0 with XLA's intra-op threads off
 (`--xla_cpu_multi_thread_eigen=false`, one OpenMP thread), as a lane runs, every task of
 every asked family's table (`experiments.profile`) timed by its CPU time, the fastest of
-`--reps` interleaved calls: the figure the virtual clock prices a task at. The host
+`--reps` interleaved calls: the figure the virtual clock prices a task at; by default
+with cores 1..K-1 computing meanwhile (`--neighbours=busy`, `experiments.profile
+--busy_cores=K-1`), as the other lanes keep them in the runs: a core computes slower
+beside busy neighbours (shared cache and memory bus, a lower all-core clock). The host
 profile (`--host` reuses one of the process executor) is what
 `python -m experiments.profile --host=processes` writes (`measure_host`), measured here
 on the Ray cluster the runs use, before them.
@@ -248,6 +251,7 @@ def _measured_tables(args):
       reps=args.reps,
       clock='cpu',
       pinned=True,
+      busy_cores=args.lanes - 1 if args.neighbours == 'busy' else 0,
     )
     merged = profile if merged is None else profiles.merge(merged, profile)
   return merged
@@ -671,7 +675,7 @@ def main():
   )
   parser.add_argument(
     '--neighbours',
-    default='idle',
+    default='busy',
     choices=('idle', 'busy'),
     help='cores 1..K-1 while the profile is measured on core 0: idle, or busy with matrix '
     'products (`task_timing.BusyNeighbours`), as the lanes keep them in the runs',

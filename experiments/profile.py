@@ -37,6 +37,7 @@ and the data-parallel ones (ssgd, local_sgd, dasgd, diloco: one worker's step,
 `(0, 'step')`, at the per-worker batch size; one table serves all four).
 """
 
+import contextlib
 import functools
 import os
 import types
@@ -82,6 +83,14 @@ _PIN_CORE = flags.DEFINE_integer(
   'pin_core',
   -1,
   'Run on this CPU core only (-1: do not pin; the costs are then those of one core).',
+)
+_BUSY_CORES = flags.DEFINE_integer(
+  'busy_cores',
+  0,
+  'Other cores of this host kept computing (matrix products, a process each) while the '
+  'tasks are timed on --pin_core: a core runs slower beside busy neighbours (shared cache '
+  'and memory bus, a lower all-core clock), so a profile for lanes that fill K cores is '
+  'measured with K-1. Recorded in the profile.',
 )
 _SUITE = flags.DEFINE_string(
   'suite', None, 'Instead of --config: every profiled method of this comparison suite.'
@@ -268,6 +277,7 @@ def main(argv):
   if (_CONFIG.value is None) == (_SUITE.value is None):
     raise SystemExit('--config, --suite or --host: give exactly one.')
   configs = suite_configs(_SUITE.value) if _SUITE.value else [('', _CONFIG.value)]
+  neighbours = busy_neighbour_cores(_BUSY_CORES.value, _PIN_CORE.value)
   allocator.keep_freed_memory()  # as a lane's: a task's outputs in memory used before
   if _PIN_CORE.value >= 0:
     task_timing.pin_to_core(_PIN_CORE.value)  # Before JAX's first computation.
@@ -276,7 +286,10 @@ def main(argv):
     # The settings check wants one device per worker; one worker's tasks are what is
     # timed (on the first device), so fake CPU devices do (ignored on accelerators).
     jax.config.update('jax_num_cpu_devices', workers)
-  measured = _measure(configs)  # one profile holds them all: checked before timing
+  with contextlib.ExitStack() as busy:
+    if neighbours:
+      busy.enter_context(task_timing.BusyNeighbours(neighbours))
+    measured = _measure(configs)  # one profile holds them all: checked before timing
   profile = functools.reduce(profiles.merge, measured)
   for (label, _), one in zip(configs, measured):
     print((f'{label}:\n' if label else '') + describe(one.tables[0], one.dispatch))
@@ -291,6 +304,25 @@ def main(argv):
     f'wrote {out}: {len(profile.tables)} table(s), model {profile.model["name"]}, batch '
     f'{profile.batch_size}, {profile.device_kind}'
   )
+
+
+def busy_neighbour_cores(count: int, pin_core: int) -> list[int]:
+  """The `count` cores this process may use, other than `pin_core`, kept busy while the
+  tasks are timed (`--busy_cores`); refused in one line where that cannot be."""
+  if count == 0:
+    return []
+  if count < 0 or pin_core < 0:
+    raise SystemExit(
+      f'--busy_cores: an integer >= 0 of cores beside the one --pin_core names (which it '
+      f'needs), got --busy_cores={count} --pin_core={pin_core}.'
+    )
+  others = [core for core in sorted(os.sched_getaffinity(0)) if core != pin_core]
+  if count > len(others):
+    raise SystemExit(
+      f'--busy_cores: {count} cores asked for beside core {pin_core}; this process may '
+      f'use {len(others)} others ({", ".join(map(str, others)) or "none"}).'
+    )
+  return others[:count]
 
 
 def _measure(configs) -> list[profiles.Profile]:
@@ -322,6 +354,7 @@ def _measure(configs) -> list[profiles.Profile]:
       clock=_CLOCK.value,
       pinned=_PIN_CORE.value >= 0,
       dispatch=dispatch,
+      busy_cores=_BUSY_CORES.value,
     )
 
   held = None

@@ -167,6 +167,50 @@ def test_the_command_writes_a_profile_and_refuses_to_mix_models(data_dir, tmp_pa
   assert profiles.load(out) == profile  # Left as it was.
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason='needs a core beside the pinned one')
+def test_the_command_measures_with_busy_cores_and_says_so_in_the_profile(data_dir, tmp_path):
+  out = str(tmp_path / 'busy.json')
+  done = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'experiments.profile',
+      '--config=experiments/configs/ddg.py:smoke',
+      f'--config.data_dir={data_dir}',
+      '--config.stages=2',
+      f'--out={out}',
+      '--reps=2',
+      '--warmup=1',
+      f'--pin_core={min(os.sched_getaffinity(0))}',
+      '--busy_cores=1',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  profile = profiles.load(out)
+  assert profile.pinned and profile.busy_cores == 1
+
+
+def test_busy_cores_are_those_beside_the_pinned_one_and_bad_counts_are_refused(monkeypatch):
+  monkeypatch.setattr(profile_command.os, 'sched_getaffinity', lambda _: {0, 1, 2, 5})
+  assert profile_command.busy_neighbour_cores(0, -1) == []
+  assert profile_command.busy_neighbour_cores(2, 1) == [0, 2]
+  assert profile_command.busy_neighbour_cores(3, 0) == [1, 2, 5]
+  with pytest.raises(
+    SystemExit,
+    match=r'^--busy_cores: 4 cores asked for beside core 0; this process may use 3 others \(1, 2, 5\)\.$',
+  ):
+    profile_command.busy_neighbour_cores(4, 0)
+  with pytest.raises(
+    SystemExit, match=r'^--busy_cores: .* \(which it needs\), got --busy_cores=1 --pin_core=-1\.$'
+  ):
+    profile_command.busy_neighbour_cores(1, -1)
+
+
 def test_the_command_writes_an_in_process_host_profile(tmp_path):
   """`--host=in_process`: a host profile (`cost.host`) of the in-process executor, its
   dispatch per task measured here; --config with --host is refused."""

@@ -18,7 +18,8 @@ File format (JSON, `FORMAT`):
                "num_layers": 6, "num_params": 12345},
      "batch_size": 128, "optimizer": "adam", "device_kind": "cpu", "platform": "cpu",
      "jax_version": "0.10.2", "date": "<ISO 8601, UTC>",
-     "statistic": "min", "clock": "wall", "pinned": false, "warmup": 3, "reps": 30,
+     "statistic": "min", "clock": "wall", "pinned": false, "busy_cores": 0,
+     "warmup": 3, "reps": 30,
      "dispatch": {"jax_call": 8e-06, "real": 3e-05, "real_threads": 6e-05},
      "tables": [{"split": [[0, 3], [3, 6]], "tasks": "<roles signature>",
                  "costs": {"0/forward": 0.001, "0/backward": 0.002, ...},
@@ -33,6 +34,12 @@ with the tables (`lane_timing.measure_dispatch`), for information: the virtual c
 takes an executor's host from a host profile (`cost.host`, `jaxsgd.scheduler.host`).
 Profiles written before that may hold the process executor's figures there too; they
 load as they are, and nothing reads them.
+
+`busy_cores`: how many other cores of the host computed while the tasks were timed
+(`experiments.profile --busy_cores`): a CPU core's speed depends on what its neighbours do
+(a shared last-level cache and memory bus, an all-core clock below the one-core turbo),
+so a profile for lanes that fill K cores is measured with K - 1 of them busy. A file
+without the field (written before it) was measured with none.
 
 Reference: docs/simulator.md (the cost sources, how repeatable a profile is);
 tests/scheduler/test_profiles.py.
@@ -68,7 +75,9 @@ _FIELDS = (
   'reps',
   'dispatch',
   'tables',
+  'busy_cores',
 )
+_OPTIONAL = {'busy_cores': 0}  # fields a file may lack (written before them): their value then
 # A profile's `model`: what identifies the model's computation (`profile_lookup.model_id`).
 MODEL_FIELDS = ('name', 'input_shape', 'num_classes', 'num_layers', 'num_params')
 
@@ -132,6 +141,7 @@ class Profile:
   reps: int
   dispatch: Mapping[str, float]
   tables: tuple[Table, ...]
+  busy_cores: int = 0  # other cores of the host computing while the tasks were timed
 
   def table(self, split: Sequence[Sequence[int]], tasks: str) -> Table:
     """The table of `split` and `tasks`; refuses (naming what it has) when absent."""
@@ -160,6 +170,7 @@ def to_json(profile: Profile) -> dict:
     'statistic': profile.statistic,
     'clock': profile.clock,
     'pinned': profile.pinned,
+    'busy_cores': profile.busy_cores,
     'warmup': profile.warmup,
     'reps': profile.reps,
     'dispatch': dict(profile.dispatch),
@@ -205,6 +216,7 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
     raise ProfileError(f'{where}: expected a JSON object, got {type(data).__name__}.')
   if data.get('format') != FORMAT:
     raise ProfileError(f'{where}: field "format" must be {FORMAT!r}, got {data.get("format")!r}.')
+  data = {**_OPTIONAL, **data}
   missing = [f for f in _FIELDS if f not in data]
   if missing:
     raise ProfileError(f'{where}: missing field(s) {", ".join(missing)}.')
@@ -220,6 +232,7 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
     )
   for field in ('batch_size', 'warmup', 'reps'):
     _check_int(data[field], field, where)
+  _check_int(data['busy_cores'], 'busy_cores', where, least=0)
   for field in ('optimizer', 'device_kind', 'platform', 'jax_version', 'date', 'statistic'):
     if not isinstance(data[field], str):
       raise ProfileError(f'{where}: field "{field}" must be a string, got {data[field]!r}.')
@@ -252,6 +265,7 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
     reps=data['reps'],
     dispatch={k: float(v) for k, v in dispatch.items()},
     tables=tables,
+    busy_cores=data['busy_cores'],
   )
 
 
@@ -259,7 +273,7 @@ def merge(old: Profile, new: Profile) -> Profile:
   """`new`'s tables added to `old`'s (replacing a table of the same split and tasks).
 
   Both must describe the same model, batch size, optimizer and device kind and be
-  measured the same way (statistic, clock, pinning); the result has `new`'s date,
+  measured the same way (statistic, clock, pinning, busy cores); the result has `new`'s date,
   jax version, and its dispatch figures added to (or replacing) `old`'s.
   """
   for field in (
@@ -271,6 +285,7 @@ def merge(old: Profile, new: Profile) -> Profile:
     'statistic',
     'clock',
     'pinned',
+    'busy_cores',
   ):
     if getattr(old, field) != getattr(new, field):
       raise ProfileError(
@@ -341,9 +356,10 @@ def _table(data, index: int, where: str) -> Table:
   return Table(as_split(split), data['tasks'], costs, spread)
 
 
-def _check_int(value, field: str, where: str) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ProfileError(f'{where}: field "{field}" must be a positive integer, got {value!r}.')
+def _check_int(value, field: str, where: str, least: int = 1) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    what = 'a positive integer' if least == 1 else f'an integer >= {least}'
+    raise ProfileError(f'{where}: field "{field}" must be {what}, got {value!r}.')
 
 
 def _check_seconds(value, field: str, where: str) -> None:

@@ -248,8 +248,10 @@ def make_profile(
   pinned: bool = False,
   dispatch: Mapping[str, float] | None = None,
   device: jax.Device | None = None,
+  busy_cores: int = 0,
 ) -> Profile:
-  """A profile of `tables` measured now on `device` (default: the first device)."""
+  """A profile of `tables` measured now on `device` (default: the first device), with
+  `busy_cores` other cores of the host computing meanwhile (`BusyNeighbours`)."""
   device = device or jax.devices()[0]
   return Profile(
     model=model_id(model),
@@ -266,6 +268,7 @@ def make_profile(
     reps=int(reps),
     dispatch=dict(dispatch or {}),
     tables=tuple(tables),
+    busy_cores=int(busy_cores),
   )
 
 

@@ -238,6 +238,7 @@ def test_mismatches_are_refused(profile, case, field):
     (lambda d: d.update(tables=[]), '"tables" must be a non-empty list'),
     (lambda d: d.update(clock='sundial'), '"clock" must be one of wall, cpu'),
     (lambda d: d.update(pinned='yes'), '"pinned" must be true or false'),
+    (lambda d: d.update(busy_cores=-1), '"busy_cores" must be an integer >= 0, got -1'),
   ],
 )
 def test_bad_files_name_the_field(profile, tmp_path, edit, message):
@@ -287,6 +288,16 @@ def test_merge_adds_and_replaces_tables(profile):
     profiles.merge(profile, dataclasses.replace(profile, batch_size=BATCH + 1))
   with pytest.raises(profiles.ProfileError, match='another clock'):
     profiles.merge(profile, dataclasses.replace(profile, clock='cpu'))
+  with pytest.raises(profiles.ProfileError, match=r'another busy_cores \(0 there, 1 here\)'):
+    profiles.merge(profile, dataclasses.replace(profile, busy_cores=1))
+
+
+def test_busy_cores_are_kept_and_a_file_written_before_them_had_none(profile, tmp_path):
+  busy = dataclasses.replace(profile, busy_cores=3)
+  assert profiles.load(_write(tmp_path, profiles.to_json(busy))).busy_cores == 3
+  older = profiles.to_json(profile)
+  del older['busy_cores']  # a file written before the field
+  assert profiles.load(_write(tmp_path, older)) == profile and profile.busy_cores == 0
 
 
 def test_dispatch_overhead_is_measured_for_each_executor():
