@@ -1,6 +1,6 @@
 r"""The device path against the host path: a move between two lanes, and DDG K=2.
 
-    python -m benchmarks.device_path            # ~3 min on a 2-core CPU
+    python -m benchmarks.device_path
     python -m benchmarks.device_path --gpu      # the lanes sharing this host's GPU
 
 A value moves lane to lane on one of two paths (`LaneSpec.moves`, lanes/device_path.py):
@@ -18,7 +18,8 @@ own, the two alternated so that a slow spell of the machine slows both:
    path's in each round (median).
 
 CPU lanes are pinned to cores 0 and 1; with `--gpu` each lane takes a quarter of one GPU
-(two pools of two lanes fit on it). The last line is the median ratio of part 2.
+(two pools of two lanes fit on it). The line before the elapsed time is the median over
+rounds of part 2's ratio.
 Not a test: speed is measured, not asserted.
 """
 

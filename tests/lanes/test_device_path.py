@@ -5,6 +5,8 @@ A machine without GPUs tests the code path with CPU lanes that have it on
 (`moves=device`); on a GPU lane it is on by default.
 """
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -77,6 +79,49 @@ def test_an_offer_is_pulled_whole_onto_the_pulling_device_and_odd_leaves_go_inli
   assert got[2].shape == (0, 4)
   np.testing.assert_array_equal(got[3], G)
   assert (source.pulled, target.pulled) == (0, 1)
+
+
+_SOURCE_THAT_DIES = """
+import json, os, sys
+import jax, numpy as np
+from jaxsgd.scheduler.lanes.device_path import DevicePath
+source = DevicePath(jax, jax.local_devices()[0], '127.0.0.1')
+value = [jax.device_put(np.ones((256, 256), np.float32))]
+first, second = source.offer(value), source.offer(value)
+print(json.dumps([first.address, first.uuid, second.uuid]), flush=True)
+sys.stdin.readline()
+os._exit(0)
+"""
+
+
+def test_a_pull_from_a_source_that_died_fails_at_once(tmp_path):
+  import json
+  import subprocess
+  import sys
+  import time
+
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  source = subprocess.Popen(
+    [sys.executable, '-c', _SOURCE_THAT_DIES],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    text=True,
+    env=env,
+  )
+  address, first, second = json.loads(source.stdout.readline())
+  device = jax.local_devices()[0]
+  target = DevicePath(jax, device, '127.0.0.1')
+  specs = {0: ((256, 256), np.dtype(np.float32))}
+  np.testing.assert_array_equal(target.pull(Offer(address, first, specs, [None]))[0], 1.0)
+  source.stdin.write('die\n')  # after a pull: the lanes' connection exists, as in a run
+  source.stdin.flush()
+  assert source.wait(timeout=30) == 0
+  offer = Offer(address, second, specs, [None])
+  start = time.monotonic()
+  with pytest.raises(jax.errors.JaxRuntimeError):  # (the connection closed)
+    target.pull(offer)
+  assert time.monotonic() - start < 5
+  assert target.pulled == 1 and target._connections == {}  # not kept for another pull
 
 
 def test_a_value_and_a_vjp_move_on_the_device_path_between_lanes_that_have_it(pool):

@@ -59,6 +59,18 @@ def test_a_message_with_a_large_array_crosses_a_socket_whole_and_in_order(kind):
     local.close()
 
 
+def test_a_connection_has_ended_only_once_its_other_end_closed_and_nothing_is_read():
+  import multiprocessing
+
+  here, there = multiprocessing.Pipe()  # a socket pair
+  assert not wire.ended(here, within=0.05)  # open, nothing sent: not ended
+  there.send_bytes(b'next message')
+  assert not wire.ended(here, within=0.05)  # a message waits: not ended, and not read
+  assert here.recv_bytes() == b'next message'
+  there.close()
+  assert wire.ended(here, within=1.0)
+
+
 def test_a_large_array_is_a_frame_of_its_own_a_small_one_is_in_the_pickle():
   big, small = np.zeros(wire.OUT_OF_BAND, np.uint8), np.zeros(wire.OUT_OF_BAND - 1, np.uint8)
   frames = wire.frames(('m', big, small))

@@ -17,8 +17,14 @@ leaf that is not a `jax.Array` on the source's device (a CPU lane's copy kept as
 host array it came in, an empty array) goes inline in the `Offer`, a numpy array as on
 the host path (a PRNG key of JAX's typed key dtypes moves on neither path).
 
-A source that dies before its offer is pulled fails the pull at once (the transfer
-connection closes); the copy then fails as it would on the host path. A target that dies
+A source that dies before its offer is pulled fails the pull at once (its transfer
+connection closes; `test_a_pull_from_a_source_that_died_fails_at_once`), and its wire
+connection ends too: the receiving lane then takes the copy as lost with its source, as
+on the host path (`LaneRuntime._read_lane`). (A pull is bounded only once its two lanes
+are connected, by their first pull: a first pull from a source already dead waited in
+JAX's connect. The run still ends or goes on: the driver hears of the death and tells the
+lane, whose call taking the copy in then fails as a death; that reader thread waits until
+the lane ends.) A target that dies
 before it pulls leaves that offer's buffers held by the source's server (one message per
 lost lane). A target pulls every offer that reaches it, a copy freed before it came too
 (then dropped), so that the source's server lets go of it.
@@ -62,7 +68,7 @@ class DevicePath:
     self._uuids = itertools.count(1)
     self._connections: dict[str, Any] = {}
     self._lock = threading.Lock()
-    self.pulled = 0  # copies taken in on this path (`LaneRuntime.info`)
+    self.pulled = 0  # copies whose leaves came through the transfer server (`info`)
 
   def offer(self, leaves: list) -> Offer:
     """Hands `leaves` to the transfer server, which keeps them until they are pulled."""
@@ -83,11 +89,16 @@ class DevicePath:
       sharding = self.jax.sharding.SingleDeviceSharding(self.device)
       order = sorted(offer.specs)
       specs = [self.jax.ShapeDtypeStruct(*offer.specs[i], sharding=sharding) for i in order]
-      arrays = self._connection(offer.address).pull(offer.uuid, specs)
-      for i, array in zip(order, self.jax.block_until_ready(arrays)):
+      try:
+        arrays = self.jax.block_until_ready(self._connection(offer.address).pull(offer.uuid, specs))
+      except Exception:
+        with self._lock:  # a closed connection is not reused (a lane replaced there)
+          self._connections.pop(offer.address, None)
+        raise
+      for i, array in zip(order, arrays):
         leaves[i] = array
-    with self._lock:  # (each source's copies are pulled in a reader thread of its own)
-      self.pulled += 1
+      with self._lock:  # (each source's copies are pulled in a reader thread of its own)
+        self.pulled += 1
     return leaves
 
   def _on_device(self, leaf) -> bool:

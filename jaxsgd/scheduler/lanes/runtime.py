@@ -499,7 +499,16 @@ class LaneRuntime:
     self.host = ray.util.get_node_ip_address()
     remote, local = wire.listen(self.host)
     if uses_device_path(moves, self.device.platform):
-      self.device_path = DevicePath(self.jax, self.device, self.host)
+      try:
+        self.device_path = DevicePath(self.jax, self.device, self.host)
+      except Exception as error:  # pylint: disable=broad-except
+        if moves == 'device':  # asked for: the lane cannot run as placed
+          raise
+        print(  # auto: the host path works wherever the lane does
+          f'lane {self.name}: no transfer server ({error}); its moves take the host path.',
+          file=sys.stderr,
+          flush=True,
+        )
     self.authkey = authkey
     self.calls, self.exports = queue.SimpleQueue(), queue.SimpleQueue()
     self.driver: wire.Endpoint | None = None
@@ -567,7 +576,12 @@ class LaneRuntime:
       if isinstance(payload[1], Offer):  # the device path: its leaves come now
         try:
           payload = (payload[0], self.device_path.pull(payload[1]))
-        except Exception as error:  # pylint: disable=broad-except (its source died)
+        except Exception as error:  # pylint: disable=broad-except
+          if wire.ended(endpoint.link, within=_SOURCE_END_S):  # its source died
+            with self.stored:  # a loss, as when a host-path copy's connection ends
+              self.dead_sources.add(source)
+              self._changed()
+            return
           self._copy_failed(key, move, landed, wire.failure(error))
           continue
       if landed:
@@ -751,6 +765,9 @@ _EXPORTS = ('export', 'keep')
 _WAKE = ('wake',)  # `_changed`: a parked export may be served now
 _DRIVER_CONNECT_S = 60.0  # the driver connects as soon as the lane is up (`LanePool._link`)
 _CONNECT_TRIES = 5  # a send to another lane: 50 ms to 0.8 s apart, 1.5 s in all
+# s a lane waits, after a failed pull, for the source's connection to end: a source that
+# died ends both at once; a live one's pull failed on its own (its error is the copy's)
+_SOURCE_END_S = 2.0
 
 
 def _host_value_errors(jax) -> tuple:

@@ -278,6 +278,20 @@ def connect(where, authkey: bytes, hello, background: bool = False) -> Endpoint:
   return endpoint
 
 
+def ended(link: connection.Connection, within: float) -> bool:
+  """Whether the other end of `link` closes within `within` seconds (or has): a peek at
+  the next byte, which an ended connection does not have; nothing is read."""
+  if not link.poll(within):
+    return False
+  peek = socket.socket(fileno=os.dup(link.fileno()))
+  try:
+    return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b''
+  except OSError:  # reset: ended too
+    return True
+  finally:
+    peek.close()
+
+
 def exit_now(grace: float = 0.0, status: int = 0) -> None:
   """Ends this lane process, after `grace` seconds, with exit `status` (0: its run's
   driver is gone; else it failed)."""
