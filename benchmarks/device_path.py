@@ -34,7 +34,7 @@ from benchmarks import common as bench_common
 from benchmarks import real_speedup
 from jaxsgd.algorithms import ddg
 from jaxsgd.scheduler import link_timing
-from jaxsgd.scheduler.lanes import LanePlacement, LanePool
+from jaxsgd.scheduler.lanes import LanePool
 
 PATHS = ('host', 'device')
 GPU_SHARE = 0.25  # four lanes on one GPU: two pools of two
@@ -52,10 +52,8 @@ def measure_moves(repeats: int, gpu: float) -> dict[str, list]:
 def ddg_rounds(rounds: int, steps: int, warmup: int, gpu: float) -> dict[str, list]:
   """Seconds per iteration of DDG K=2 on each path's pool, in interleaved rounds."""
   times = {path: [] for path in PATHS}
-  where = [f'@gpu={gpu}' if gpu else f'@cores={core}' for core in (0, 1)]
   placements = {
-    path: LanePlacement.parse(f'stage0{where[0]}@moves={path}; stage1{where[1]}@moves={path}')
-    for path in PATHS
+    path: link_timing.lane_pair(('stage0', 'stage1'), (0, 1), path, gpu) for path in PATHS
   }
   with LanePool(placements['host']) as host_pool, LanePool(placements['device']) as device_pool:
     pools = {'host': host_pool, 'device': device_pool}

@@ -72,13 +72,12 @@ def measure_process_links(
   sent after it came (`benchmarks/results/schedule_error.md`). A new value every time, as
   every message of a run is one. Medians: the minimum of a difference is not the
   difference of the minima."""
-  from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # Ray only when asked for
+  from jaxsgd.scheduler.lanes import LanePool  # Ray only when asked for
   from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
   make = Task(TaskRecipe.of(dispatch_tasks), 'add_one')
   first = Task(TaskRecipe.of(dispatch_tasks), 'first')
-  where = [f'@gpu={gpu}' if gpu else f'@cores={core}' for core in cores]
-  placement = LanePlacement.parse(f'source{where[0]}@moves={moves}; target{where[1]}@moves={moves}')
+  placement = lane_pair(('source', 'target'), cores, moves, gpu)
   # (bytes, arrays): the line's two sizes, then the many arrays and one of their bytes
   messages = [(size, 1) for size in sizes] + [(many_bytes, arrays), (many_bytes, 1)]
   with LanePool(placement, address=address, verbose=False) as pool:
@@ -120,6 +119,15 @@ def measure_process_links(
     for part in (0, 1)
   ]
   return Moves(link, take_in)
+
+
+def lane_pair(names, cores, moves: str = 'host', gpu: float = 0.0):
+  """Two lanes named `names`, pinned to `cores[0]` and `cores[1]` (with `gpu`: each with
+  that share of a GPU instead), their moves on the path `moves` (`LaneSpec.moves`)."""
+  from jaxsgd.scheduler.lanes import LanePlacement  # Ray only when asked for
+
+  where = [f'@gpu={gpu}' if gpu else f'@cores={core}' for core in cores]
+  return LanePlacement.parse('; '.join(f'{n}{w}@moves={moves}' for n, w in zip(names, where)))
 
 
 def _fit(sizes: Sequence[int], arrays: int, seconds: Sequence[float]) -> tuple[float, float, float]:

@@ -565,9 +565,7 @@ class LaneRuntime:
       try:
         kind, key, move, landed, *rest = endpoint.receive()
       except (EOFError, OSError):
-        with self.stored:
-          self.dead_sources.add(source)
-          self._changed()
+        self._source_lost(source)
         return
       if kind == 'failed':
         self._copy_failed(key, move, landed, rest[0])
@@ -578,9 +576,7 @@ class LaneRuntime:
           payload = (payload[0], self.device_path.pull(payload[1]))
         except Exception as error:  # pylint: disable=broad-except
           if wire.ended(endpoint.link, within=_SOURCE_END_S):  # its source died
-            with self.stored:  # a loss, as when a host-path copy's connection ends
-              self.dead_sources.add(source)
-              self._changed()
+            self._source_lost(source)  # as when a host-path copy's connection ends
             return
           self._copy_failed(key, move, landed, wire.failure(error))
           continue
@@ -599,6 +595,12 @@ class LaneRuntime:
           self.arrived[key] = payload
           self._changed()
       self._reply('arrived', move, (ready, time.time()))
+
+  def _source_lost(self, source: tuple) -> None:
+    """The lane at `source` died: a call waiting for a copy from it fails as a death."""
+    with self.stored:
+      self.dead_sources.add(source)
+      self._changed()
 
   def _copy_failed(self, key: Hashable, move, landed: bool, error) -> None:
     """A copy that failed at its source or on its way: the call that takes it in raises
