@@ -766,20 +766,21 @@ def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
     'driver',
     'driver_latency',
   }
-  code = (
-    'import json; from jaxsgd.scheduler import lane_timing; '
-    "print('measured:', json.dumps(lane_timing.measure_process_dispatch(tasks=20, rounds=1)))"
-  )
-  out = subprocess.run(
-    [sys.executable, '-c', code], capture_output=True, text=True, check=True, timeout=120
-  )
-  # (Ray's log monitor may print after it, on the same stdout: a lane process ending with
-  # its driver's connection is reported as a worker that died.)
-  line = next((x for x in out.stdout.splitlines() if x.startswith('measured: ')), None)
-  # (Once, under load, the line was missing though the process exited with 0: say what it
-  # printed instead.)
-  assert line is not None, f'stdout: {out.stdout[-1500:]!r}; stderr: {out.stderr[-1500:]!r}'
-  measured = json.loads(line.removeprefix('measured: '))
+  # The figures go to a file: Ray's log monitor shares the child's stdout and once wrote
+  # into the middle of a printed line (a lane process ending with its driver's connection
+  # is reported as a worker that died).
+  with tempfile.TemporaryDirectory() as scratch:
+    figures = os.path.join(scratch, 'measured.json')
+    code = (
+      'import json, sys; from jaxsgd.scheduler import lane_timing; '
+      'measured = lane_timing.measure_process_dispatch(tasks=20, rounds=1); '
+      "open(sys.argv[1], 'w').write(json.dumps(measured))"
+    )
+    subprocess.run(
+      [sys.executable, '-c', code, figures], capture_output=True, text=True, check=True, timeout=120
+    )
+    with open(figures) as f:
+      measured = json.load(f)
   assert set(measured) == {'processes', 'processes_cpu', 'driver', 'driver_latency'}
   # Each task costs CPU in the driver and in the lane at least; the driver's thread spends
   # CPU on each event. The latency is the median hear delay less the CPU per event (at
