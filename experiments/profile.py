@@ -254,6 +254,7 @@ def measure_host(executor: str) -> host_lib.HostProfile:
     'driver_latency_loaded': loaded['driver_latency_loaded'],
     **{f'link_{name}': value for name, value in zip(host_lib.MOVE_FIGURES, moves.link)},
     **{f'take_in_{name}': value for name, value in zip(host_lib.MOVE_FIGURES, moves.take_in)},
+    **{f'export_{name}': value for name, value in zip(host_lib.MOVE_FIGURES, moves.export)},
   }
   return host_lib.make(executor, figures, cores=len(cores))
 

@@ -95,9 +95,11 @@ def test_emulated_rows_are_simulated_with_the_hosts_idle_figures():
 
   idle = {'dispatch': 1e-4, 'driver': 2e-5, 'driver_latency': 3e-5}
   links = {
-    f'{part}_{figure}': 1e-5 for part in ('link', 'take_in') for figure in ('latency', 'per_array')
+    f'{part}_{figure}': 1e-5
+    for part in ('link', 'take_in', 'export')
+    for figure in ('latency', 'per_array')
   }
-  links.update(link_bandwidth=1e9, take_in_bandwidth=2e9)
+  links.update(link_bandwidth=1e9, take_in_bandwidth=2e9, export_bandwidth=3e9)
   loaded = {f'{name}_loaded': 10 * value for name, value in idle.items()}
   measured = host_lib.make('processes', {**idle, **loaded, **links}, cores=2)
   figures = dict(schedule_error.unloaded(measured).figures)

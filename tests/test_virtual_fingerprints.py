@@ -43,6 +43,7 @@ _PROCESSES = {
   **dict.fromkeys(host_lib.FIGURES['processes'], 0.0),
   'link_bandwidth': float('inf'),
   'take_in_bandwidth': float('inf'),
+  'export_bandwidth': float('inf'),
 }
 _RUN_AHEAD = {'cost.host': _PROCESSES}
 _DRIVER = {'cost.host': {**_PROCESSES, 'driver': 3e-4, 'driver_latency': 5e-4}}

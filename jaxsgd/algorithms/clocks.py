@@ -145,6 +145,7 @@ def cost_model(
     driver=host.driver,
     driver_latency=host.driver_latency,
     take_in=host.take_in,
+    export=host.export,
   )
 
 

@@ -5,6 +5,7 @@
                                                 + n / link_bandwidth
     take_in(that message, on its receiving lane) = take_in latency + (a - 1) · per array
                                                     + n / take_in bandwidth
+    export(that message, on its sending lane)    = the same with export's figures
 
 `base` is given explicitly or measured by timing the real jitted functions once
 on this machine (`time_calls`). `dispatch` is the host time an executor spends per
@@ -55,6 +56,9 @@ class CostModel:
     take_in: `(latency s, bandwidth B/s, seconds per array beyond the first)` of a lane
       taking in a message moved to it, before the first task there that reads it
       (`take_in_time`; the process executor's host profile; None: nothing).
+    export: the same three figures of the part of a transfer its sending lane's export
+      thread spends (`export_time`; the process executor's host profile; None: the
+      whole transfer).
   """
 
   compute: Mapping[Any, float]
@@ -68,6 +72,7 @@ class CostModel:
   driver: float = 0.0
   driver_latency: float = 0.0
   take_in: tuple[float, float, float] | None = None
+  export: tuple[float, float, float] | None = None
 
   def __post_init__(self):
     for key, value in self.compute.items():
@@ -95,12 +100,14 @@ class CostModel:
         isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf
       ):
         raise ValueError(f'cost.{field}: must be a finite number of seconds >= 0, got {value!r}.')
-    if self.take_in is not None:
-      latency, bandwidth, per_array = self.take_in
+    for field in ('take_in', 'export'):
+      figures = getattr(self, field)
+      if figures is None:
+        continue
+      latency, bandwidth, per_array = figures
       if not (0 <= latency < math.inf and bandwidth > 0 and 0 <= per_array < math.inf):
         raise ValueError(
-          'take_in: (latency s >= 0, bandwidth B/s > 0, seconds per array >= 0), '
-          f'got {self.take_in!r}.'
+          f'{field}: (latency s >= 0, bandwidth B/s > 0, seconds per array >= 0), got {figures!r}.'
         )
 
   @property
@@ -128,10 +135,12 @@ class CostModel:
 
   def take_in_time(self, nbytes: int, arrays: int = 1) -> float:
     """Seconds a lane takes to take in a message of `nbytes` bytes in `arrays` arrays."""
-    if self.take_in is None:
-      return 0.0
-    latency, bandwidth, per_array = self.take_in
-    return latency + max(arrays - 1, 0) * per_array + nbytes / bandwidth
+    return _move_part(self.take_in, nbytes, arrays, 0.0)
+
+  def export_time(self, nbytes: int, arrays: int = 1) -> float:
+    """Seconds the sending lane's export thread spends on a message of `nbytes` bytes in
+    `arrays` arrays (without `export`: the whole transfer, `transfer_time`)."""
+    return _move_part(self.export, nbytes, arrays, self.transfer_time(nbytes, arrays))
 
   def speed(self, lane: int) -> float:
     return self.device_speeds[lane] if lane < len(self.device_speeds) else 1.0
@@ -181,3 +190,12 @@ def time_calls(calls: Mapping[Any, tuple[Callable, tuple]], reps: int = 3) -> di
       times.append(time.perf_counter() - start)
     costs[key] = min(times)
   return costs
+
+
+def _move_part(figures, nbytes: int, arrays: int, without: float) -> float:
+  """`latency + (arrays - 1) · per_array + nbytes / bandwidth` of `figures` (a move
+  part's `(latency, bandwidth, per_array)`), or `without` where there are none."""
+  if figures is None:
+    return without
+  latency, bandwidth, per_array = figures
+  return latency + max(arrays - 1, 0) * per_array + nbytes / bandwidth

@@ -18,7 +18,8 @@ File format (JSON, `FORMAT`; seconds and bytes/s):
      "driver": 3e-5, "driver_latency": 3.8e-4,
      "driver_loaded": 4e-5, "driver_latency_loaded": 1.2e-3,
      "link_latency": 1.5e-3, "link_bandwidth": 1.0e9, "link_per_array": 3e-5,
-     "take_in_latency": 5e-4, "take_in_bandwidth": 1.1e10, "take_in_per_array": 7e-5}
+     "take_in_latency": 5e-4, "take_in_bandwidth": 1.1e10, "take_in_per_array": 7e-5,
+     "export_latency": 4e-4, "export_bandwidth": 3e9, "export_per_array": 1e-5}
 
 What each figure is, and how the virtual clock uses it (`SimulatedHost`):
 
@@ -37,6 +38,11 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
                   adds (a lane process exports a message array by array); the run's
                   links unless `cost.link_latency` / `cost.link_bandwidth` describe
                   others.
+  export_*        'processes': the same three figures of the part of a link the sending
+                  lane's export thread spends, from the value existing to the copy's
+                  last frame written (`LaneRuntime.export_times`): the time a copy
+                  holds its sender's copies and take-ins (one interpreter); the rest of
+                  the link (the socket, the receiver's reading) holds neither.
   take_in_*       'processes': the same three figures of the receiving lane taking the
                   copy in (array by array), which it does at the first call that reads
                   it, before that call's task and after the calls before it, however
@@ -84,9 +90,12 @@ FIGURES = {
     'take_in_latency',
     'take_in_bandwidth',
     'take_in_per_array',
+    'export_latency',
+    'export_bandwidth',
+    'export_per_array',
   ),
 }
-# A move's figures, each of its two parts: `link_*` and `take_in_*` (`link_timing.Moves`).
+# A move's figures, each of its parts: `link_*`, `take_in_*`, `export_*` (`link_timing.Moves`).
 MOVE_FIGURES = ('latency', 'bandwidth', 'per_array')
 _ABOUT = ('format', 'executor', 'cores', 'platform', 'jax_version', 'date')
 
@@ -126,6 +135,8 @@ class SimulatedHost:
       executor's moves between lanes, or None.
     take_in: the same three figures of a lane taking in a message sent to it, at the
       call that reads it, or None.
+    export: the same three figures of the part of a move its sending lane's export
+      thread spends (the time a copy holds the sender's copies and take-ins), or None.
   """
 
   run_ahead: bool = False
@@ -136,6 +147,7 @@ class SimulatedHost:
   time_sliced: bool = False
   link: tuple[float, float, float] | None = None
   take_in: tuple[float, float, float] | None = None
+  export: tuple[float, float, float] | None = None
 
 
 def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
@@ -155,6 +167,7 @@ def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
     time_sliced=True,
     link=tuple(profile.figure(f'link_{f}') for f in MOVE_FIGURES),
     take_in=tuple(profile.figure(f'take_in_{f}') for f in MOVE_FIGURES),
+    export=tuple(profile.figure(f'export_{f}') for f in MOVE_FIGURES),
   )
 
 

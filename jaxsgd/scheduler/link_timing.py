@@ -2,9 +2,10 @@
 
 A move of a new value from one lane process to another, as a run pays it
 (`measure_process_links`): its link (`link_latency`, `link_bandwidth`, `link_per_array`
-of a host profile, `jaxsgd.scheduler.host`) and the receiving lane's taking it in at the
-call that reads it (`take_in_latency`, `take_in_bandwidth`, `take_in_per_array`);
-written by `python -m experiments.profile --host=processes` beside `lane_timing`'s
+of a host profile, `jaxsgd.scheduler.host`), the part of it the sending lane's export
+thread spends (`export_latency`, `export_bandwidth`, `export_per_array`) and the
+receiving lane's taking it in at the call that reads it (`take_in_latency`,
+`take_in_bandwidth`, `take_in_per_array`); written by `python -m experiments.profile --host=processes` beside `lane_timing`'s
 dispatch and driver figures.
 
 Reference: docs/simulator.md (the process executor's host: copies on the sender, taking
@@ -21,15 +22,18 @@ from jaxsgd.scheduler.lane_timing import dispatch_tasks
 
 
 class Moves(NamedTuple):
-  """A move between two lane processes, in two parts, each `(latency s, bandwidth B/s,
-  seconds per array beyond a message's first)`: `link`, from the end of the task that
-  made the value on the sending lane to its copy arriving on the receiving one (the
-  export, the socket), and `take_in`, what the receiving lane then spends making the
-  copy its own — paid in front of the first call there that reads it, one call after
-  another, however early the copy arrived (`LaneRuntime.take_in`)."""
+  """A move between two lane processes, each part `(latency s, bandwidth B/s, seconds
+  per array beyond a message's first)`: `link`, from the end of the task that made the
+  value on the sending lane to its copy arriving on the receiving one (the export, the
+  socket); `export`, the part of the link the sending lane's export thread spends, from
+  the value existing to the copy's last frame written (`LaneRuntime.export_times`: the
+  rest is the socket's and the receiver's); and `take_in`, what the receiving lane then
+  spends making the copy its own — paid in front of the first call there that reads
+  it, one call after another, however early the copy arrived (`LaneRuntime.take_in`)."""
 
   link: tuple[float, float, float]
   take_in: tuple[float, float, float]
+  export: tuple[float, float, float]
 
 
 RUN_LENGTH_PAUSE = 0.02  # s the sending lane waits before the task that makes a move's value
@@ -90,7 +94,7 @@ def measure_process_links(
       for size, count in messages
     ]
 
-    def moved(source) -> tuple[float, float]:  # (link, take-in) of a new message
+    def moved(source) -> tuple[float, float, float]:  # (link, take-in, export) of one
       calls = [pool.start('source', make, (pause,), seconds=RUN_LENGTH_PAUSE)]
       calls.append(pool.start('source', make, (source,)))
       value = pool.early(calls[-1])
@@ -102,11 +106,12 @@ def measure_process_links(
       pool.wait_all(calls)
       pool.settle()
       arrival = pool.exported(exports)[1]
+      export = pool.export_times('source')[exports[0]]
       alone = pool.start('target', first, (here,))
       pool.wait_any([alone])
       pool.held('target')  # the copies freed there now, not inside the next call
       own = alone.started - alone.entered
-      return arrival - calls[1].ended, calls[2].started - arrival - own
+      return arrival - calls[1].ended, calls[2].started - arrival - own, export
 
     for _ in range(warmup):  # warm: compiled, the outlines known, the first copies taken in
       for source in sources:
@@ -114,11 +119,11 @@ def measure_process_links(
     # Interleaved: a slow spell of the machine slows every message, not one message's
     # (which tilts the line).
     times = [[moved(source) for source in sources] for _ in range(reps)]
-  link, take_in = [
+  link, take_in, export = [
     _fit(sizes, arrays, [float(np.median([rep[i][part] for rep in times])) for i in range(4)])
-    for part in (0, 1)
+    for part in (0, 1, 2)
   ]
-  return Moves(link, take_in)
+  return Moves(link, take_in, export)
 
 
 def lane_pair(names, cores, moves: str = 'host', gpu: float = 0.0):

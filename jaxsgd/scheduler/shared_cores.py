@@ -12,9 +12,10 @@ unplaced lane's copies share no core), and a copy takes the receiver's core as w
 the same seconds: a lane process's reader thread reads each message from its socket as
 it arrives, whatever the lane computes meanwhile (`LaneRuntime._read_lane`), so a copy
 is a memory copy at both ends. The copy ends once both ends have done their part (the
-sender's socket fills until the reader drains it), and until then it holds the sender's
-copies' queue (with the process executor's schedule, its interpreter: a simplification,
-since a lane blocked in a socket write lets its other threads run). Between two lanes on
+sender's socket fills until the reader drains it); it holds the sender's copies' queue
+(with the process executor's schedule, its interpreter) for its export alone
+(`cost.export`, `LaneProcessModel._exported`: a lane blocked in a socket write lets its
+other threads run), or to its end without that figure. Between two lanes on
 one core both parts take that core: 2x the link time of its work. Measured
 (`benchmarks/copy_receiver.py`): a copy of 4-64 MB arriving at a lane pinned to a core
 makes the task computing there longer by 0.9-2.1x the copy's link time (medians 1.14

@@ -445,6 +445,24 @@ def test_an_export_waiting_for_its_value_holds_up_no_export_behind_it(pool):
   np.testing.assert_allclose(pool.fetch(used.result()), 4 * pool.fetch(w), rtol=1e-6)
 
 
+def test_a_lane_reports_the_time_its_export_thread_gave_each_copy(pool):
+  """`export_times`: each copy a lane sent since last asked, under the number `move`
+  gave it, with the seconds from its value existing there to its last frame written —
+  a part of the copy's span from there to its arrival (`exported`), and asked once."""
+  w = pool.run('a', task('init'), (7,))
+  pool.export_times('a')  # (what earlier tests' copies left)
+  exports = []
+  moved = pool.move(w, 'b', exports=exports)
+  used = pool.start('b', task('add'), (moved, moved))
+  pool.wait_any([used])
+  pool.settle()
+  start, arrival = pool.exported(exports)
+  spans = pool.export_times('a')
+  assert list(spans) == exports
+  assert 0 < spans[exports[0]] <= arrival - start
+  assert pool.export_times('a') == {}
+
+
 def test_a_message_of_handles_moves_as_one_pytree(pool):
   w = pool.run('a', task('init'), (3,))
   y, _ = pool.run('a', task('forward'), (w, X))
@@ -752,6 +770,8 @@ def test_the_profile_command_measures_the_process_executors_host_profile(tmp_pat
     'link_per_array',
     'take_in_latency',
     'take_in_per_array',
+    'export_latency',
+    'export_per_array',
   }
   assert not [name for name in may_be_zero if not 0 <= figures[name] < float('inf')], figures
   assert not [name for name in figures.keys() - may_be_zero if not figures[name] > 0], figures

@@ -395,6 +395,7 @@ def test_the_process_hosts_take_in_reaches_the_cost_model_on_any_link(tmp_path):
   receiving lane process's, not the link's); a profile without them (an older jaxsgd's)
   is refused in one line saying how to measure it again."""
   figures = dict(take_in_latency=5e-4, take_in_bandwidth=1e10, take_in_per_array=7e-5)
+  figures.update(export_latency=3e-4, export_bandwidth=4e9, export_per_array=2e-5)
   config = ddg_config.get_config()
   config.clock, config.cost.host = 'virtual', host_file(tmp_path, **figures)
   for link_latency in (0.0, 0.001):
@@ -403,6 +404,12 @@ def test_the_process_hosts_take_in_reaches_the_cost_model_on_any_link(tmp_path):
     model = clocks.cost_model(shared, {'forward': 1.0}, host=clocks.simulated_host(shared, 2))
     assert model.take_in == (5e-4, 1e10, 7e-5)
     assert model.take_in_time(2000, arrays=34) == 5e-4 + 33 * 7e-5 + 2000 / 1e10
+    # The sender's export thread's part of a copy (the time it holds its interpreter).
+    assert model.export == (3e-4, 4e9, 2e-5)
+    assert model.export_time(2000, arrays=34) == 3e-4 + 33 * 2e-5 + 2000 / 4e9
+  # Without the figures (no host profile): a copy holds its sender for the whole of it.
+  plain = CostModel({}, link_latency=0.5, link_bandwidth=1000.0, link_per_array=0.25)
+  assert plain.export_time(2000, arrays=3) == plain.transfer_time(2000, arrays=3) == 3.0
   old = json.loads(open(config.cost.host).read())
   del old['take_in_per_array']
   with open(config.cost.host, 'w') as f:
@@ -412,6 +419,8 @@ def test_the_process_hosts_take_in_reaches_the_cost_model_on_any_link(tmp_path):
   for bad in ((-1e-3, 1e9, 0.0), (0.0, 0.0, 0.0), (0.0, 1e9, float('inf'))):
     with pytest.raises(ValueError, match=r'^take_in: \(latency s >= 0, bandwidth B/s > 0'):
       CostModel({}, take_in=bad)
+    with pytest.raises(ValueError, match=r'^export: \(latency s >= 0, bandwidth B/s > 0'):
+      CostModel({}, export=bad)
 
 
 def test_lanes_placed_on_one_core_run_one_task_at_a_time():

@@ -276,8 +276,12 @@ def test_an_import_of_several_arrays_pays_per_array_on_its_link_and_its_take_in(
   assert spans == {'a': [(0, 1)], 'link a → b': [(1, 1.75)], 'b': [(1.75, b_ends)]}
 
 
-@pytest.mark.parametrize('interpreter', [False, True], ids=['copies apart', 'one interpreter'])
-def test_a_lanes_take_in_and_its_copies_run_one_at_a_time(interpreter):
+@pytest.mark.parametrize(
+  'interpreter, export',
+  [(False, None), (True, None), (True, (0.25, float('inf'), 0.0)), (True, (5.0, 1.0, 0.0))],
+  ids=['copies apart', 'one interpreter', 'held for the export', 'export longer than the copy'],
+)
+def test_a_lanes_take_in_and_its_copies_run_one_at_a_time(interpreter, export):
   """Lane a makes p (1 array), lane b makes q (3 arrays), 0 → 1 each; b reads p (task r),
   a and c read q (tasks s, t): three imports, each 0.5 s + 0.25 s per array beyond the
   first on the sender's copies' queue — p's 1 → 1.5; q's to a 1 → 2, then to c 2 → 3 —
@@ -286,7 +290,13 @@ def test_a_lanes_take_in_and_its_copies_run_one_at_a_time(interpreter):
   2 → 2.25, r ends at 3.25; q's copy to c waits for that take-in, 2.25 → 3.25, and t
   runs 3.25 → 4.5. With the copies on a queue of their own (`copies_on_sender=False`:
   links), r runs 1.5 → 2.75, both copies of q 1 → 2 and t 2 → 3.25. s (a's take-in,
-  a's copy over at 1.5) runs 2 → 3.25 either way."""
+  a's copy over at 1.5) runs 2 → 3.25 either way.
+
+  A copy that holds its sender's interpreter for its export alone (`cost.export`: 0.25 s
+  here) lets it go at 1.25: q's copy to c runs 1.25 → 2.25 (holding b's interpreter to
+  1.5), r takes p in once that is free, 1.5 → 1.75, and ends at 2.75; t takes q in at
+  2.25 and ends at 3.5. A copy whose export would outlast it holds the interpreter to
+  its end, as without `cost.export`."""
   cluster = Cluster()
   a, b, c = (cluster.add_lane(name) for name in 'abc')
   to_a, to_b, to_c = (cluster.channel(f'to {n}', lane) for n, lane in zip('abc', (a, b, c)))
@@ -310,13 +320,24 @@ def test_a_lanes_take_in_and_its_copies_run_one_at_a_time(interpreter):
     yield Compute(lambda q: q[0] + 1, (q,), kind='forward', stage=0)
 
   costs = CostModel(
-    {'forward': 1.0}, link_latency=0.5, link_per_array=0.25, take_in=(0.25, float('inf'), 0.0)
+    {'forward': 1.0},
+    link_latency=0.5,
+    link_per_array=0.25,
+    take_in=(0.25, float('inf'), 0.0),
+    export=export,
   )
   executor = LaneProcessModel(costs, run_ahead=4, copies_on_sender=interpreter)
   processes = [Process('a', a, on_a()), Process('b', b, on_b()), Process('c', c, on_c())]
   spans = _spans_by_lane(cluster, executor.run(cluster, processes))
   copies = {k: sorted(v) for k, v in spans.items() if k.startswith('link')}
-  if interpreter:
+  if export is not None and export[0] < 0.5:
+    assert copies == {
+      'link a → b': [(1, 1.5)],
+      'link b → a': [(1, 2)],
+      'link b → c': [(1.25, 2.25)],
+    }
+    assert spans['b'] == [(0, 1), (1.5, 2.75)] and spans['c'] == [(2.25, 3.5)]
+  elif interpreter:
     assert copies == {
       'link a → b': [(1, 1.5)],
       'link b → a': [(1, 2)],

@@ -639,6 +639,12 @@ class LanePool:
     """How many values `lane` holds (after applying the frees the driver has queued)."""
     return self._call(lane, 'count', (self._take_freed(lane),))
 
+  def export_times(self, lane: str) -> dict:
+    """`{copy number: seconds}` of the copies `lane` has sent since last asked (numbers
+    as `move(exports=...)` appends them): each from its value existing on `lane` to its
+    last frame written, the time `lane`'s export thread gave it."""
+    return self._call(lane, 'export_times', ())
+
   def __enter__(self):
     return self
 

@@ -28,6 +28,7 @@ the driver's environment (passed to every lane) makes the N-th `TASK` of lane `L
 raise, and `LANE:TASK:N:kill` makes that lane's process SIGKILL itself there instead.
 """
 
+import collections
 import functools
 import hashlib
 import os
@@ -181,6 +182,9 @@ class LaneRuntime:
     self.discard: set = set()
     # Exports of values not made or come yet, in the order asked (`_run_exports`).
     self.parked: list[tuple] = []
+    # (copy number, seconds from its value existing to its last frame written): the
+    # export thread's time per copy (`export_times`), the last `_EXPORT_TIMES_KEPT`.
+    self.export_spans: collections.deque = collections.deque(maxlen=_EXPORT_TIMES_KEPT)
     self.device_path: DevicePath | None = None
     self.address = self.serve(authkey, moves) if authkey is not None else None
 
@@ -481,6 +485,16 @@ class LaneRuntime:
     self.free(free)
     return len(self.values)
 
+  def export_times(self) -> dict:
+    """`{copy number: seconds}` of the copies this lane sent since the last call: from
+    the value existing here to the copy's last frame written to its socket, the export
+    thread's time for it (`link_timing.measure_process_links`' `export`)."""
+    spans = {}
+    while self.export_spans:
+      number, seconds = self.export_spans.popleft()
+      spans[number] = seconds
+    return spans
+
   def watch(self):
     """Never returns while the lane lives: the driver learns of its death through it.
 
@@ -685,6 +699,9 @@ class LaneRuntime:
       self._send_to_lane(target, message)
     except (OSError, EOFError) as error:  # the driver learns that this copy failed
       self._reply('err', number, wire.failure(error))
+      return
+    if message[0] == 'value':
+      self.export_spans.append((number, time.time() - ready))
 
   def _send_to_lane(self, addresses: dict, message) -> None:
     """Sends `message` to the lane at `addresses`, connecting the first time (tried a few
@@ -761,11 +778,13 @@ _ORDERED = {
   'put': LaneRuntime.put,
   'fetch': LaneRuntime.fetch,
   'count': LaneRuntime.count,
+  'export_times': LaneRuntime.export_times,
   'adopt': LaneRuntime.adopt,
 }
 _EXPORTS = ('export', 'keep')
 _WAKE = ('wake',)  # `_changed`: a parked export may be served now
 _DRIVER_CONNECT_S = 60.0  # the driver connects as soon as the lane is up (`LanePool._link`)
+_EXPORT_TIMES_KEPT = 1024  # copies whose export time a lane keeps until asked
 _CONNECT_TRIES = 5  # a send to another lane: 50 ms to 0.8 s apart, 1.5 s in all
 # s a lane waits, after a failed pull, for the source's connection to end: a source that
 # died ends both at once; a live one's pull failed on its own (its error is the copy's)
