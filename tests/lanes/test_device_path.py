@@ -17,7 +17,7 @@ from ray_head import serve_head
 from test_lanes import G, RECIPE, X, gone
 
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool, LaneSpec
-from jaxsgd.scheduler.lanes.device_path import DevicePath, Offer, uses_device_path
+from jaxsgd.scheduler.lanes.device_path import DevicePath, Offer, SourceGone, uses_device_path
 from jaxsgd.scheduler.tasks import Task
 
 
@@ -122,6 +122,51 @@ def test_a_pull_from_a_source_that_died_fails_at_once(tmp_path):
     target.pull(offer)
   assert time.monotonic() - start < 5
   assert target.pulled == 1 and target._connections == {}  # not kept for another pull
+
+
+def test_a_first_pull_from_a_source_already_dead_ends_once_its_lane_is_seen_gone():
+  """Never connected to the source's transfer server, a pull first connects, and JAX's
+  connect to a server that is gone waits without bound: the pull gives up once `gone()`
+  says the source's lane ended (the lane's reader: its wire connection ended), and a
+  pull from another source is not held up meanwhile."""
+  import json
+  import subprocess
+  import sys
+  import threading
+  import time
+
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  source = subprocess.Popen(
+    [sys.executable, '-c', _SOURCE_THAT_DIES],
+    stdin=subprocess.PIPE,
+    stdout=subprocess.PIPE,
+    text=True,
+    env=env,
+  )
+  address, first, _ = json.loads(source.stdout.readline())
+  source.stdin.write('die\n')  # before any pull: no connection yet
+  source.stdin.flush()
+  assert source.wait(timeout=30) == 0
+  device = jax.local_devices()[0]
+  target, live = DevicePath(jax, device, '127.0.0.1'), DevicePath(jax, device, '127.0.0.1')
+  specs = {0: ((256, 256), np.dtype(np.float32))}
+  seen_gone = threading.Event()
+  threading.Timer(1.0, seen_gone.set).start()  # the lane's reader sees its source gone
+  start = time.monotonic()
+  failed = []
+  pulling = threading.Thread(
+    target=lambda: failed.append(
+      pytest.raises(SourceGone, target.pull, Offer(address, first, specs, [None]), seen_gone.is_set)
+    )
+  )
+  pulling.start()
+  # Meanwhile another source's copy comes through the same lane's server.
+  offer = live.offer([jax.device_put(np.full((4,), 2.0, np.float32), device)])
+  np.testing.assert_array_equal(target.pull(offer)[0], 2.0)
+  pulling.join(timeout=10)
+  assert not pulling.is_alive() and failed, 'the pull from the dead source still waits'
+  assert time.monotonic() - start < 10
+  assert address not in target._connections and target.pulled == 1
 
 
 def test_a_value_and_a_vjp_move_on_the_device_path_between_lanes_that_have_it(pool):

@@ -20,11 +20,10 @@ the host path (a PRNG key of JAX's typed key dtypes moves on neither path).
 A source that dies before its offer is pulled fails the pull at once (its transfer
 connection closes; `test_a_pull_from_a_source_that_died_fails_at_once`), and its wire
 connection ends too: the receiving lane then takes the copy as lost with its source, as
-on the host path (`LaneRuntime._read_lane`). (A pull is bounded only once its two lanes
-are connected, by their first pull: a first pull from a source already dead waited in
-JAX's connect. The run still ends or goes on: the driver hears of the death and tells the
-lane, whose call taking the copy in then fails as a death; that reader thread waits until
-the lane ends.) A target that dies
+on the host path (`LaneRuntime._read_lane`). The first pull from a source's
+server is different: JAX waits for a server that is gone without bound, so that pull
+waits in slices and gives up once `gone()` says the source's lane ended (`SourceGone`;
+the reader asks whether its wire connection ended). A target that dies
 before it pulls leaves that offer's buffers held by the source's server (one message per
 lost lane). A target pulls every offer that reaches it, a copy freed before it came too
 (then dropped), so that the source's server lets go of it.
@@ -32,11 +31,18 @@ lost lane). A target pulls every offer that reaches it, a copy freed before it c
 
 import itertools
 import threading
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
 
 MOVES = ('auto', 'device', 'host')  # `LaneSpec.moves`
+_GONE_CHECK_S = 0.1  # s between two looks at whether a source first pulled from is gone
+_FIRST_PULL_POLL_S = 1e-4  # s between two looks at whether a first pull has come
+
+
+class SourceGone(ConnectionError):
+  """The source's lane ended before its transfer server was connected to."""
 
 
 class Offer(NamedTuple):
@@ -67,6 +73,7 @@ class DevicePath:
     self.address = self.server.address()
     self._uuids = itertools.count(1)
     self._connections: dict[str, Any] = {}
+    self._pulled_from: set[str] = set()  # servers a pull has come from (`_first_arrival`)
     self._lock = threading.Lock()
     self.pulled = 0  # copies whose leaves came through the transfer server (`info`)
 
@@ -82,18 +89,25 @@ class DevicePath:
     ]
     return Offer(self.address, uuid, specs, inline)
 
-  def pull(self, offer: Offer) -> list:
-    """The leaves of `offer`, those offered now on this lane's device (waits for them)."""
+  def pull(self, offer: Offer, gone=lambda: False) -> list:
+    """The leaves of `offer`, those offered now on this lane's device (waits for them;
+    raises `SourceGone` where `gone()` says the source's lane ended before the first pull
+    from it came)."""
     leaves = list(offer.inline)
     if offer.specs:
       sharding = self.jax.sharding.SingleDeviceSharding(self.device)
       order = sorted(offer.specs)
       specs = [self.jax.ShapeDtypeStruct(*offer.specs[i], sharding=sharding) for i in order]
       try:
-        arrays = self.jax.block_until_ready(self._connection(offer.address).pull(offer.uuid, specs))
+        arrays = self._connection(offer.address).pull(offer.uuid, specs)
+        if offer.address in self._pulled_from:
+          self.jax.block_until_ready(arrays)
+        else:
+          self._first_arrival(arrays, offer.address, gone)
       except Exception:
         with self._lock:  # a closed connection is not reused (a lane replaced there)
           self._connections.pop(offer.address, None)
+          self._pulled_from.discard(offer.address)
         raise
       for i, array in zip(order, arrays):
         leaves[i] = array
@@ -116,3 +130,18 @@ class DevicePath:
       if connection is None:
         connection = self._connections[address] = self.server.connect(address)
       return connection
+
+  def _first_arrival(self, arrays: list, address: str, gone) -> None:
+    """Waits for the first pull from the server at `address` in slices, looking at
+    `gone()` between them (module docstring: JAX waits for a server that is gone without
+    bound the first time; once a pull has come, a later one from a server gone fails)."""
+    looked = time.monotonic()
+    while not all(array.is_ready() for array in arrays):
+      if time.monotonic() - looked >= _GONE_CHECK_S:
+        if gone():
+          raise SourceGone(f'the lane of the transfer server at {address} ended before a pull')
+        looked = time.monotonic()
+      time.sleep(_FIRST_PULL_POLL_S)
+    self.jax.block_until_ready(arrays)  # (raises if the pull failed)
+    with self._lock:
+      self._pulled_from.add(address)

@@ -587,7 +587,8 @@ class LaneRuntime:
       ready, payload = rest
       if isinstance(payload[1], Offer):  # the device path: its leaves come now
         try:
-          payload = (payload[0], self.device_path.pull(payload[1]))
+          gone = lambda: wire.ended(endpoint.link, within=0)  # noqa: E731
+          payload = (payload[0], self.device_path.pull(payload[1], gone))
         except Exception as error:  # pylint: disable=broad-except
           if wire.ended(endpoint.link, within=_SOURCE_END_S):  # its source died
             self._source_lost(source)  # as when a host-path copy's connection ends
