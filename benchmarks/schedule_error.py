@@ -125,8 +125,9 @@ def warm_up(name: str, lanes: int, args) -> int:
 def steps_of(name: str, lanes: int, args) -> int:
   """Iterations of a run: `warm_up`'s, then `--blocks` blocks (an ASGD, DC-ASGD or LPP-SGD
   iteration is one worker's update, and their blocks are the fewest whole rounds of K
-  updates that make at least 5: `accuracy.block_for`)."""
-  block = accuracy.block_for(lanes) if name in accuracy.IN_ROUNDS else accuracy.BLOCK
+  updates that make at least 5, for LPP-SGD at least an averaging period:
+  `accuracy.block_for`)."""
+  block = accuracy.block_for(lanes, name) if name in accuracy.IN_ROUNDS else accuracy.BLOCK
   return warm_up(name, lanes, args) + block * args.blocks + 1
 
 

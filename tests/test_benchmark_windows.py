@@ -17,6 +17,9 @@ def _lockstep_ends(workers: int, rounds: int, round_s: float = 55.0, apart: floa
 
 def test_blocks_are_the_fewest_whole_rounds_of_at_least_five_updates():
   assert [accuracy.block_for(m) for m in (1, 2, 3, 4, 8, 16, 32)] == [5, 6, 6, 8, 8, 16, 32]
+  # LPP-SGD's: at least an averaging period (4 rounds, the configs' `averaging_freq`).
+  assert accuracy.lpp_averaging_freq() == 4
+  assert [accuracy.block_for(d, 'lppsgd') for d in (1, 2, 4, 8, 16)] == [5, 8, 16, 32, 64]
 
 
 def test_blocks_of_whole_rounds_measure_the_round_wherever_they_begin():
