@@ -42,7 +42,7 @@ _FIRST_PULL_POLL_S = 1e-4  # s between two looks at whether a first pull has com
 
 
 class SourceGone(ConnectionError):
-  """The source's lane ended before its transfer server was connected to."""
+  """The source's lane ended before the first pull from its transfer server came."""
 
 
 class Offer(NamedTuple):
