@@ -404,7 +404,7 @@ def main(argv=None) -> None:
   from experiments import results_table  # pylint: disable=g-import-not-at-top
   from experiments import suites  # pylint: disable=g-import-not-at-top
 
-  default = results_table.SCHEDULE_ERROR
+  default = results_table.schedule_error_on_record()
   parser = argparse.ArgumentParser(description=main.__doc__.split('\n')[0])
   parser.add_argument('--results', action='store_true', help="write RESULTS.md's table")
   parser.add_argument('--results_md', default='RESULTS.md')

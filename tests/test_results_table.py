@@ -231,3 +231,34 @@ def test_without_any_report_json_the_table_says_so(tmp_path):
     str(results_md), str(tmp_path / 'none'), list(suites.SUITES.values()), ERROR
   )
   assert 'No suite has a report.json yet' in block and '| ' not in block
+
+
+def test_the_schedule_error_on_record_is_the_largest_per_family_of_the_latest_whole_runs(
+  tmp_path,
+):
+  """Four runs in the benchmark's output, the third of two families only: the latest two
+  whole runs are the second and the fourth; per family the larger of theirs, and the
+  larger median."""
+  path = tmp_path / 'schedule_error.txt'
+
+  def run(date, median, errors):
+    listed = ', '.join(f'{name} {x} %' for name, x in errors.items())
+    return (
+      f'machine: 2 CPU cores, no GPU; {date}; python -m benchmarks.schedule_error\n'
+      f'(the tables)\nmedian error {median} % over 30 rows; largest: ...\n'
+      f'largest error per family: {listed}\nsimulator max error across families: 9%\n'
+    )
+
+  path.write_text(
+    run('2026-01-01 00:00', 0.5, {'bp': 9.0, 'asgd': 9.0})
+    + run('2026-01-02 00:00', 1.4, {'bp': 1.0, 'asgd': 6.8})
+    + run('2026-01-03 00:00', 3.0, {'bp': 5.0})
+    + run('2026-01-04 00:00', 1.2, {'bp': 2.2, 'asgd': 3.5})
+  )
+  error = results_table.schedule_error_on_record(str(path), runs=2, families=('bp', 'asgd'))
+  assert error.by_family == (('bp', 0.022), ('asgd', 0.068))
+  assert (error.largest, error.median) == (0.068, 0.014)
+  assert '2026-01-02 00:00, 2026-01-04 00:00 UTC' in error.source
+  assert error.of('dasgd') == 0.068  # a family the benchmark does not run: the largest
+  with pytest.raises(ValueError, match='no run of the schedule error that measured bp, ddg'):
+    results_table.schedule_error_on_record(str(path), families=('bp', 'ddg'))
