@@ -94,21 +94,27 @@ os._exit(0)
 """
 
 
-def test_a_pull_from_a_source_that_died_fails_at_once(tmp_path):
+def _source_that_dies():
+  """A process with a transfer server offering two values, which exits when told to on
+  its stdin: `(the process, (its server's address, the two offers' numbers))`."""
   import json
   import subprocess
   import sys
-  import time
 
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
   source = subprocess.Popen(
     [sys.executable, '-c', _SOURCE_THAT_DIES],
     stdin=subprocess.PIPE,
     stdout=subprocess.PIPE,
     text=True,
-    env=env,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
   )
-  address, first, second = json.loads(source.stdout.readline())
+  return source, json.loads(source.stdout.readline())
+
+
+def test_a_pull_from_a_source_that_died_fails_at_once(tmp_path):
+  import time
+
+  source, (address, first, second) = _source_that_dies()
   device = jax.local_devices()[0]
   target = DevicePath(jax, device, '127.0.0.1')
   specs = {0: ((256, 256), np.dtype(np.float32))}
@@ -125,25 +131,14 @@ def test_a_pull_from_a_source_that_died_fails_at_once(tmp_path):
 
 
 def test_a_first_pull_from_a_source_already_dead_ends_once_its_lane_is_seen_gone():
-  """Never connected to the source's transfer server, a pull first connects, and JAX's
-  connect to a server that is gone waits without bound: the pull gives up once `gone()`
-  says the source's lane ended (the lane's reader: its wire connection ended), and a
-  pull from another source is not held up meanwhile."""
-  import json
-  import subprocess
-  import sys
+  """A first pull from a source's transfer server waits in JAX without bound for a
+  server that is gone: it gives up once `gone()` says the source's lane ended (the
+  lane's reader: its wire connection ended), and a pull from another source is not held
+  up meanwhile."""
   import threading
   import time
 
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
-  source = subprocess.Popen(
-    [sys.executable, '-c', _SOURCE_THAT_DIES],
-    stdin=subprocess.PIPE,
-    stdout=subprocess.PIPE,
-    text=True,
-    env=env,
-  )
-  address, first, _ = json.loads(source.stdout.readline())
+  source, (address, first, _) = _source_that_dies()
   source.stdin.write('die\n')  # before any pull: no connection yet
   source.stdin.flush()
   assert source.wait(timeout=30) == 0
