@@ -600,7 +600,7 @@ def _print_schedule_error(rows: list[dict], done: list[dict]) -> None:
       print(f'  {label(row["family"], row["lanes"])}: not run: {row["skipped"]}')
   print(
     's/it: seconds per iteration, median over blocks of 5 iterations of the steady state '
-    '(ASGD, DC-ASGD, LPP-SGD: of whole rounds of K updates, at least 5); error: '
+    '(ASGD, DC-ASGD, LPP-SGD: of whole rounds of K updates, at least 5, for LPP-SGD at least an averaging period); error: '
     '|virtual - emulated| / emulated; TVD: total variation distance of the staleness '
     "histograms of every update (asynchronous families), steady TVD: of the steady state's "
     "updates; emulated runs: each emulated run's s/it, in the order run (the row takes the "

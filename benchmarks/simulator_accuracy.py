@@ -914,7 +914,7 @@ def print_table(results: dict) -> None:
     print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
   print(
     f'ms/it: median over blocks of {BLOCK} iterations of the steady state (ASGD, DC-ASGD, '
-    'LPP-SGD: of whole rounds of M updates, at least 5; mean: over all of it); measured: '
+    'LPP-SGD: of whole rounds of M updates, at least 5, for LPP-SGD at least an averaging period; mean: over all of it); measured: '
     'the run of median ms/it among the measured runs (each listed, in the order run); '
     'error: |predicted - measured| / measured of the median'
   )

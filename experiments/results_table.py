@@ -70,7 +70,7 @@ def schedule_error_on_record(
   """The simulator against the process executor with emulated tasks, as
   `benchmarks.schedule_error` measured it (each row against the median of its emulated
   runs), read from its output `path`: of the `runs` latest runs that measured every
-  family (`families`, by default `benchmarks.simulator_accuracy.FAMILIES`), the largest
+  family (`families`, by default the seven the benchmark runs), the largest
   error per family, the largest of them, and the largest of their medians. Several
   runs, not the newest alone: a run's largest error moves by a few percent from one run
   to the next (the emulated runs' own spread), and the interval should hold in any."""

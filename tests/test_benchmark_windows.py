@@ -130,13 +130,14 @@ def test_a_row_leaves_out_its_warm_up_and_the_filling_then_runs_its_blocks():
   """`--warmup 8 --blocks 8`: BP leaves out 8 iterations, a pipeline or PD-ASGD also 2 per
   lane (K = 4: 16), ASGD 4 per worker (24), LPP-SGD 64 per worker (264: its averaging
   rounds reach every worker late); then 8 blocks of 5 iterations, of whole rounds for
-  ASGD and LPP-SGD (K = 2: 6; M = 32: 32), and one more iteration."""
+  ASGD (M = 2: 6; M = 32: 32) and of at least an averaging period for LPP-SGD (4 rounds,
+  K = 2: 8; K = 2 leaves out 8 + 128), and one more iteration."""
   import argparse
 
   args = argparse.Namespace(warmup=8, blocks=8)
   families = ('bp', 'ddg', 'pdasgd', 'asgd', 'lppsgd')
   assert [schedule_error.warm_up(f, 4, args) for f in families] == [8, 16, 16, 24, 264]
-  assert [schedule_error.steps_of(f, 2, args) for f in families] == [49, 53, 53, 65, 185]
+  assert [schedule_error.steps_of(f, 2, args) for f in families] == [49, 53, 53, 65, 201]
   assert schedule_error.steps_of('dcasgd', 32, args) == 8 + 128 + 32 * 8 + 1
 
 

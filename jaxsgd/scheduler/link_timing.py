@@ -106,7 +106,7 @@ def measure_process_links(
       pool.wait_all(calls)
       pool.settle()
       arrival = pool.exported(exports)[1]
-      export = pool.export_times('source')[exports[0]]
+      export = pool.export_times('source', exports)[exports[0]]
       alone = pool.start('target', first, (here,))
       pool.wait_any([alone])
       pool.held('target')  # the copies freed there now, not inside the next call

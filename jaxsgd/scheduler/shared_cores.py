@@ -12,10 +12,10 @@ unplaced lane's copies share no core), and a copy takes the receiver's core as w
 the same seconds: a lane process's reader thread reads each message from its socket as
 it arrives, whatever the lane computes meanwhile (`LaneRuntime._read_lane`), so a copy
 is a memory copy at both ends. The copy ends once both ends have done their part (the
-sender's socket fills until the reader drains it); it holds the sender's copies' queue
-(with the process executor's schedule, its interpreter) for its export alone
-(`cost.export`, `LaneProcessModel._exported`: a lane blocked in a socket write lets its
-other threads run), or to its end without that figure. Between two lanes on
+sender's socket fills until the reader drains it). With the host profile's export
+figures (`cost.export`) the sender's part is its export alone, which holds the sender's
+copies' queue and interpreter (`LaneProcessModel._exported`: a lane blocked in a socket
+write lets its other threads run); without them, the whole copy's. Between two lanes on
 one core both parts take that core: 2x the link time of its work. Measured
 (`benchmarks/copy_receiver.py`): a copy of 4-64 MB arriving at a lane pinned to a core
 makes the task computing there longer by 0.9-2.1x the copy's link time (medians 1.14
@@ -90,7 +90,32 @@ class TimeSlicedVirtualExecutor(VirtualExecutor):
 
 
 class TimeSlicedLaneProcessModel(TimeSlicedVirtualExecutor, LaneProcessModel):
-  """`LaneProcessModel` (the process executor's schedule) on time-sliced cores."""
+  """`LaneProcessModel` (the process executor's schedule) on time-sliced cores. A copy
+  that lets go of its sender after its export (`cost.export`) puts only that export's
+  seconds on the sender's core, and lets go when that work is done there; the receiver's
+  part is the whole copy's, as without the figure."""
+
+  def _occupy(self, hardware, seconds: float, running: tuple) -> None:
+    export = self._export_seconds(running)
+    core = self._cores.get(hardware)
+    receivers_core = self._receivers_core(running[2]) if seconds > 0 else None
+    if export is None or (core is None and receivers_core is None):
+      super()._occupy(hardware, seconds, running)
+      return
+    parts = _Parts(2, self._finish, running)
+
+    def exported():
+      self._exported(hardware, running[-1])
+      parts.part_ended()
+
+    if core is None:  # an unplaced sender: its part takes no core
+      self._at(self._now + min(export, seconds), exported)
+    else:
+      core.add(min(export, seconds), exported)
+    if receivers_core is None:
+      self._at(self._now + seconds, parts.part_ended)
+    else:
+      receivers_core.add(seconds, parts.part_ended)
 
 
 class TimeSlicedCore:

@@ -269,10 +269,6 @@ class LaneProcessModel(VirtualExecutor):
     job = queued[3]
     result = job.result if job.result is not _NOT_YET else super()._compute(queued)
     job.inputs = ()
-    lane, op = queued[1], queued[2]
-    if self._copies_let_go and self.cluster.lanes[lane].link is not None:
-      seconds = self.cost_model.export_time(op.nbytes, op.arrays)
-      self._at(self._now + seconds, self._exported, self._hardware(lane), job)
     for copy in job.owed:  # each taken in once, by the first task that reads it
       job.take_in += copy.owes
       copy.owes = 0.0
@@ -316,14 +312,31 @@ class LaneProcessModel(VirtualExecutor):
       job.holding = False
       self._hand_interpreter(hardware)
 
+  def _occupy(self, hardware, seconds: float, running: tuple) -> None:
+    """`VirtualExecutor._occupy`; a copy lets go of its sender's interpreter once its
+    export is done (`_exported`)."""
+    export = self._export_seconds(running)
+    if export is not None:
+      self._at(self._now + export, self._exported, hardware, running[-1])
+    super()._occupy(hardware, seconds, running)
+
+  def _export_seconds(self, running: tuple) -> float | None:
+    """The seconds of a running copy's export (`cost.export`), after which it lets go of
+    its sender; None for a task, or without that figure (a copy holds it to its end)."""
+    op, lane = running[1], running[2]
+    if not self._copies_let_go or self.cluster.lanes[lane].link is None:
+      return None
+    return self.cost_model.export_time(op.nbytes, op.arrays)
+
   def _exported(self, hardware, job: '_Job') -> None:
     """A copy's sender has written it (`cost.export`: its export thread's time): the
     sender's interpreter and copies' queue (`hardware`) are free for its take-ins and
     next copy while the copy goes on over the socket to its receiver, as a lane process's
     export thread, blocked in a socket write, lets its other threads run. Held for the
-    whole copy, a parameter server's next update waited for its take-in behind the copy
-    of the parameters to a worker, 2.3 ms between updates where its lane process took
-    0.4-0.7 ms (ASGD M=8, emulated tasks: `benchmarks/results/schedule_error.md`)."""
+    whole copy, a parameter server's update took in its gradient only once the copy of
+    the parameters to a worker had ended: every second update (ASGD M=8) started 2.8 ms
+    after the one before, where its lane process took 2.0-2.5 ms
+    (`benchmarks/results/schedule_error.md`)."""
     if job.holding:
       job.holding = False
       self._busy.discard(hardware)

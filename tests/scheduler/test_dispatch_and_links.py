@@ -450,11 +450,11 @@ def test_placement_lanes_map_lanes_on_the_same_cores_to_one_key(data_dir):
   assert 'free' not in hardware  # pinned to nothing: its own hardware, shared with nothing
 
 
-def _send(sender_goes_on: bool, receiver_first: str | None, **executor_options):
+def _send(sender_goes_on: bool, receiver_first: str | None, export=None, **executor_options):
   """Lane a: a 1 s forward, a Send to lane b (a 1 s copy), and another 1 s forward if
   `sender_goes_on`; b runs a `receiver_first` task first (a 2 s backward) if given, then
-  waits for the message and runs a 1 s forward. Returns the (kind, lane, start, end) of
-  every task."""
+  waits for the message and runs a 1 s forward (`export`: `CostModel.export`). Returns
+  the (kind, lane, start, end) of every task."""
   cluster = Cluster()
   a, b = cluster.add_lane('a (cpu:0)'), cluster.add_lane('b (cpu:0)')
   inbox = cluster.channel('inbox', b)
@@ -471,7 +471,7 @@ def _send(sender_goes_on: bool, receiver_first: str | None, **executor_options):
     yield Get(inbox)
     yield Compute(lambda: None, kind='forward', stage=0)
 
-  costs = CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=1.0)
+  costs = CostModel({'forward': 1.0, 'backward': 2.0}, link_latency=1.0, export=export)
   executor = virtual.make(costs, **executor_options)
   timeline = executor.run(cluster, [Process('a', a, sender()), Process('b', b, receiver())])
   return sorted((r.kind, r.lane, r.start, r.end) for r in timeline.records)
@@ -665,6 +665,24 @@ def test_a_copy_takes_the_receivers_core_on_the_run_ahead_schedule_too(sender_pl
   assert _copy_to_a_busy_lane(placed, copies_on_sender=True, run_ahead=4) == [
     ('backward', 1, 0.0, 3.0),
     ('forward', 0, 0.0, a_task_ends),
+    ('forward', 1, 3.0, 4.0),
+    ('transfer', 2, 0.0, 2.0),
+  ]
+
+
+@pytest.mark.parametrize('sender_placed', [True, False])
+def test_a_copy_that_lets_go_after_its_export_puts_only_that_on_the_senders_core(sender_placed):
+  """As above, with the host profile's export figures (`cost.export`: 0.25 s): the
+  sending part is the export alone. Placed, it shares core 0 with a's task from 0 at half
+  speed: its 0.25 s end at 0.5 s, a's task has 0.75 s left then and ends at 1.25 s (2 s
+  above, where the sending part was the whole copy); on no core a's task runs 0-1 s. The
+  reading part is the whole copy's as before: the copy ends at 2 s, b's tasks at 3 and
+  4 s."""
+  placed = {'a': 'core 0', 'b': 'core 1'} if sender_placed else {'b': 'core 1'}
+  export = (0.25, float('inf'), 0.0)
+  assert _copy_to_a_busy_lane(placed, copies_on_sender=True, run_ahead=4, export=export) == [
+    ('backward', 1, 0.0, 3.0),
+    ('forward', 0, 0.0, 1.25 if sender_placed else 1.0),
     ('forward', 1, 3.0, 4.0),
     ('transfer', 2, 0.0, 2.0),
   ]

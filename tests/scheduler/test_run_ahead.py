@@ -350,6 +350,51 @@ def test_a_lanes_take_in_and_its_copies_run_one_at_a_time(interpreter, export):
   assert spans['a'] == [(0, 1), (2, 3.25)]
 
 
+@pytest.mark.parametrize(
+  'export, copies',
+  [
+    ((0.3, float('inf'), 0.0), [(1, 2.0), (1.3, 1.8), (1.6, 2.1), (1.9, 2.4)]),
+    ((0.4, float('inf'), 0.6), [(1, 2.0), (2.0, 2.5), (2.4, 2.9), (2.8, 3.3)]),
+  ],
+  ids=['a copy ends after the next one took the queue', 'an export outlasts its copy'],
+)
+def test_a_senders_queue_goes_to_its_next_copy_only_when_the_holder_lets_go(export, copies):
+  """Lane b makes p (3 arrays) and q (1 array), 0 → 1; lanes c, d, e, f read p, q, q, q:
+  four copies on b's queue, in that order, of 1 s (p: 0.5 s + 0.25 s per array beyond
+  the first) and 0.5 s (q). With exports of 0.3 s each, p's copy lets go at 1.3, q's to d
+  takes the queue 1.3 → 1.6 (ends 1.8), q's to e 1.6 → 1.9 (ends 2.1): d's copy ending at
+  1.8 frees nothing, and q's to f starts at 1.9. With 0.4 s + 0.6 s per array beyond the
+  first, p's export (1.6 s) outlasts its copy, which holds the queue to its end at 2;
+  q's copies then take it 2 → 2.4 and 2.4 → 2.8, and the export p's copy no longer has,
+  ending at 2.6, frees nothing: q's to f starts at 2.8."""
+  cluster = Cluster()
+  b, c, d, e, f = (cluster.add_lane(name) for name in 'bcdef')
+  to = {name: cluster.channel(f'to {name}', lane) for name, lane in zip('cdef', (c, d, e, f))}
+
+  def on_b():
+    made = yield Compute(lambda: ((_make(), _make(), _make()), _make()), kind='forward', stage=0)
+    p, q = made
+    for name, value in zip('cdef', (p, q, q, q)):
+      yield Put(to[name], value)
+
+  def reads(name):
+    value = yield Get(to[name])
+    yield Compute(lambda v: jax.tree.leaves(v)[0] + 1, (value,), kind='forward', stage=0)
+
+  costs = CostModel({'forward': 1.0}, link_latency=0.5, link_per_array=0.25, export=export)
+  executor = LaneProcessModel(costs, run_ahead=4, copies_on_sender=True)
+  processes = [Process('b', b, on_b())] + [
+    Process(n, l, reads(n)) for n, l in zip('cdef', (c, d, e, f))
+  ]
+  spans = _spans_by_lane(cluster, executor.run(cluster, processes))
+  flat = lambda lanes: [t for lane in lanes for span in spans[lane] for t in span]  # noqa: E731
+  # (approx: 1.3 + 0.3 is not 1.6 in floating point)
+  assert flat(f'link b → {name}' for name in 'cdef') == pytest.approx(
+    [t for c in copies for t in c]
+  )
+  assert flat('cdef') == pytest.approx([t for _, end in copies for t in (end, end + 1.0)])
+
+
 @pytest.mark.parametrize('interpreter', [False, True], ids=['copies apart', 'one interpreter'])
 def test_a_lanes_next_take_in_goes_before_the_copies_of_its_tasks_result(interpreter):
   """Lane b makes x (B, 0 → 2), sends it to c, then reads p, which a made (0 → 1) and sent

@@ -38,7 +38,8 @@ import numpy as np
 
 MOVES = ('auto', 'device', 'host')  # `LaneSpec.moves`
 _GONE_CHECK_S = 0.1  # s between two looks at whether a source first pulled from is gone
-_FIRST_PULL_POLL_S = 1e-4  # s between two looks at whether a first pull has come
+_FIRST_PULL_POLL_S = 1e-4  # s between the first two looks at whether a first pull came
+_FIRST_PULL_POLL_MAX_S = 2e-3  # ... and at most between two
 
 
 class SourceGone(ConnectionError):
@@ -135,13 +136,14 @@ class DevicePath:
     """Waits for the first pull from the server at `address` in slices, looking at
     `gone()` between them (module docstring: JAX waits for a server that is gone without
     bound the first time; once a pull has come, a later one from a server gone fails)."""
-    looked = time.monotonic()
+    looked, pause = time.monotonic(), _FIRST_PULL_POLL_S
     while not all(array.is_ready() for array in arrays):
       if time.monotonic() - looked >= _GONE_CHECK_S:
         if gone():
           raise SourceGone(f'the lane of the transfer server at {address} ended before a pull')
         looked = time.monotonic()
-      time.sleep(_FIRST_PULL_POLL_S)
+      time.sleep(pause)
+      pause = min(2 * pause, _FIRST_PULL_POLL_MAX_S)  # (a long wait wakes less often)
     self.jax.block_until_ready(arrays)  # (raises if the pull failed)
     with self._lock:
       self._pulled_from.add(address)

@@ -639,11 +639,21 @@ class LanePool:
     """How many values `lane` holds (after applying the frees the driver has queued)."""
     return self._call(lane, 'count', (self._take_freed(lane),))
 
-  def export_times(self, lane: str) -> dict:
+  def export_times(self, lane: str, numbers: Sequence[int] = (), timeout: float = 5.0) -> dict:
     """`{copy number: seconds}` of the copies `lane` has sent since last asked (numbers
     as `move(exports=...)` appends them): each from its value existing on `lane` to its
-    last frame written, the time `lane`'s export thread gave it."""
-    return self._call(lane, 'export_times', ())
+    last frame written, the time `lane`'s export thread gave it. Asks again until every
+    one of `numbers` is there (a lane notes a copy's time once its write has returned,
+    which the copy's arrival elsewhere can precede); `TimeoutError` after `timeout` s."""
+    times = self._call(lane, 'export_times', ())
+    deadline = time.monotonic() + timeout
+    while any(number not in times for number in numbers):
+      if time.monotonic() > deadline:
+        missing = [number for number in numbers if number not in times]
+        raise TimeoutError(f'lane {lane!r}: no export time for copies {missing} in {timeout} s')
+      time.sleep(0.001)
+      times.update(self._call(lane, 'export_times', ()))
+    return times
 
   def __enter__(self):
     return self

@@ -587,10 +587,10 @@ class LaneRuntime:
       ready, payload = rest
       if isinstance(payload[1], Offer):  # the device path: its leaves come now
         try:
-          gone = lambda: wire.ended(endpoint.link, within=0)  # noqa: E731
+          gone = functools.partial(self._gone, source, endpoint)
           payload = (payload[0], self.device_path.pull(payload[1], gone))
         except Exception as error:  # pylint: disable=broad-except
-          if wire.ended(endpoint.link, within=_SOURCE_END_S):  # its source died
+          if self._gone(source, endpoint, within=_SOURCE_END_S):  # its source died
             self._source_lost(source)  # as when a host-path copy's connection ends
             return
           self._copy_failed(key, move, landed, wire.failure(error))
@@ -610,6 +610,15 @@ class LaneRuntime:
           self.arrived[key] = payload
           self._changed()
       self._reply('arrived', move, (ready, time.time()))
+
+  def _gone(self, source: tuple, endpoint: wire.Endpoint, within: float = 0.0) -> bool:
+    """Whether the lane at `source` has died: the driver said so, or its connection here
+    (`endpoint`) ends within `within` s — which `wire.ended` sees only once the messages
+    before the end are read, hence the driver's word too."""
+    with self.stored:
+      if source in self.dead_sources:
+        return True
+    return wire.ended(endpoint.link, within=within)
 
   def _source_lost(self, source: tuple) -> None:
     """The lane at `source` died: a call waiting for a copy from it fails as a death."""
