@@ -30,6 +30,7 @@ ends when the core's shares say; a copy when both ends' shares say).
 no checkpoint (`settings`, `checkpoint_every`).
 """
 
+import functools
 import itertools
 
 from jaxsgd.scheduler.placement import lane_name
@@ -72,13 +73,29 @@ class TimeSlicedVirtualExecutor(VirtualExecutor):
     if core is None and receivers_core is None:
       super()._occupy(hardware, seconds, running)
       return
-    parts = _Parts(2 if receivers_core is not None else 1, self._finish, running)
+    sending, sent = self._sending(hardware, seconds, running)
+    rest = receivers_core is not None or sending < seconds  # a part beyond the sender's
+    parts = _Parts(2 if rest else 1, self._finish, running)
+
+    def sender_done():
+      if sent is not None:
+        sent()
+      parts.part_ended()
+
     if core is None:  # an unplaced sender: its part takes no core
-      self._at(self._now + seconds, parts.part_ended)
+      self._at(self._now + sending, sender_done)
     else:
-      core.add(seconds, parts.part_ended)
+      core.add(sending, sender_done)
     if receivers_core is not None:
       receivers_core.add(seconds, parts.part_ended)
+    elif rest:
+      self._at(self._now + seconds, parts.part_ended)
+
+  def _sending(self, hardware, seconds: float, running: tuple):
+    """Hook: `(seconds of work, what to do when done)` of the sending end of what
+    `running` puts on `hardware`: all of it, nothing more."""
+    del hardware, running
+    return seconds, None
 
   def _receivers_core(self, lane: int):
     """The core of the lane a copy on `lane` goes to, where its reader thread takes it
@@ -95,27 +112,11 @@ class TimeSlicedLaneProcessModel(TimeSlicedVirtualExecutor, LaneProcessModel):
   seconds on the sender's core, and lets go when that work is done there; the receiver's
   part is the whole copy's, as without the figure."""
 
-  def _occupy(self, hardware, seconds: float, running: tuple) -> None:
+  def _sending(self, hardware, seconds: float, running: tuple):
     export = self._export_seconds(running)
-    core = self._cores.get(hardware)
-    receivers_core = self._receivers_core(running[2]) if seconds > 0 else None
-    if export is None or (core is None and receivers_core is None):
-      super()._occupy(hardware, seconds, running)
-      return
-    parts = _Parts(2, self._finish, running)
-
-    def exported():
-      self._exported(hardware, running[-1])
-      parts.part_ended()
-
-    if core is None:  # an unplaced sender: its part takes no core
-      self._at(self._now + min(export, seconds), exported)
-    else:
-      core.add(min(export, seconds), exported)
-    if receivers_core is None:
-      self._at(self._now + seconds, parts.part_ended)
-    else:
-      receivers_core.add(seconds, parts.part_ended)
+    if export is None:
+      return seconds, None
+    return min(export, seconds), functools.partial(self._exported, hardware, running[-1])
 
 
 class TimeSlicedCore:
