@@ -804,7 +804,9 @@ def main():
     parser.error(f'--repeats: emulated runs per row, at least 1; got {args.repeats}')
   lanes = [int(k) for k in args.lanes.split(',') if k]
   workers = [int(m) for m in args.workers.split(',') if m]
-  if any(k < 2 for k in lanes + workers) or args.depth + 1 < max(lanes):
+  if not lanes + workers:
+    parser.error('--lanes, --workers: at least one K or M, each >= 2; got neither')
+  if any(k < 2 for k in lanes + workers) or args.depth + 1 < max(lanes, default=0):
     parser.error(f'--lanes: K >= 2 and K stages need --depth >= K - 1; got {lanes}, {args.depth}')
   runs = [(name, k) for k in lanes for name in families]
   runs += [(name, m) for m in workers for name in families if name in WORKER_FAMILIES]

@@ -175,3 +175,22 @@ def test_the_window_begins_after_each_lanes_first_task_of_each_kind():
   late = [(2, 'merge', 39.1, 39.4, None, 0)]
   with pytest.raises(ValueError, match=r'ended by worker 1: its first merge \(stage 0\)'):
     accuracy.window(names, server + workers + late, 4, iterations=12)
+
+
+@pytest.mark.parametrize(
+  'flags, named',
+  [
+    (['--lanes=', '--workers='], '--lanes, --workers: at least one K or M'),
+    (['--lanes=1', '--workers='], '--lanes: K >= 2'),
+  ],
+)
+def test_the_schedule_error_benchmark_refuses_lanes_it_cannot_run_in_one_line(
+  flags, named, monkeypatch, capsys
+):
+  """No lanes and no workers was a traceback (`max()` of nothing); it is one line now,
+  before anything runs."""
+  monkeypatch.setattr('sys.argv', ['schedule_error', *flags])
+  with pytest.raises(SystemExit) as stopped:
+    schedule_error.main()
+  assert stopped.value.code == 2
+  assert named in capsys.readouterr().err.strip().splitlines()[-1]
