@@ -93,6 +93,7 @@ from benchmarks import simulator_accuracy as accuracy
 FAMILIES = accuracy.FAMILIES
 ASYNCHRONOUS = accuracy.ASYNCHRONOUS
 WORKER_FAMILIES = ('asgd', 'dcasgd')  # also run with `--workers` (M) lanes
+EMULATED_LANE = 'lane'  # `placement.lanes` of the emulated dispatch's lane: no core, as the rows'
 VARIANTS = ('no driver', 'heard driver', "run's copies", "run's host")
 
 
@@ -238,6 +239,7 @@ def run(
   copies = [e - b for lane, _, b, e, _, _ in steady if names[lane].startswith('link ')]
   stats['copy_ms'] = _median_ms(copies)
   stats['reader_ms'] = _median_ms(reader_gaps(names, steady))
+  stats['queued_gap_ms'] = _median_ms(queued_gaps(workdir, start))
   # the driver's events: a task dispatched and its end heard; a copy dispatched
   stats['events'] = sum(1 if names[t[0]].startswith('link ') else 2 for t in steady)
   stats['window'] = stop - start
@@ -284,6 +286,27 @@ def reader_gaps(names: dict, tasks) -> list[float]:
     after = [b for b, _ in runs if b >= end]
     if after and (not before or max(before) <= end):
       gaps.append(after[0] - end)
+  return gaps
+
+
+def queued_gaps(workdir: str, since: float) -> list[float]:
+  """Seconds from a compute task's end to its lane's next start, where the driver had
+  dispatched that next task before the end (`TaskRecord.dispatched`, in the trace): the
+  lane's own time between two queued calls, in the run — what the host profile's
+  `dispatch` prices. Tasks starting before `since` left out."""
+  with open(os.path.join(workdir, 'trace.json')) as f:
+    events = [e for e in json.load(f)['traceEvents'] if e.get('ph') == 'X']
+  lanes: dict = {}
+  for e in events:
+    if 'dispatched' in e['args'] and e['ts'] / 1e6 >= since:
+      lanes.setdefault(e['tid'], []).append(e)
+  gaps = []
+  for tasks in lanes.values():
+    tasks.sort(key=lambda e: e['ts'])
+    for a, b in zip(tasks, tasks[1:]):
+      end = a['ts'] + a['dur']
+      if b['args']['dispatched'] < end:
+        gaps.append((b['ts'] - end) / 1e6)
   return gaps
 
 
@@ -525,6 +548,7 @@ def _kept(stats: dict) -> dict:
       'utilization',
       'copy_ms',
       'reader_ms',
+      'queued_gap_ms',
       'cpu',
       'events',
       'window',
@@ -667,6 +691,7 @@ def _print_where_time_went(done: list[dict], host) -> None:
     'K',
     'copy ms',
     'copy end -> reader ms',
+    'queued gap µs',
     'heard ms',
     'busiest lane utilization',
     'host cores busy (driver, lanes, Ray)',
@@ -686,6 +711,7 @@ def _print_where_time_went(done: list[dict], host) -> None:
         row['lanes'],
         f'{_ms(e["copy_ms"])} / {_ms(v["copy_ms"])}',
         f'{_ms(e["reader_ms"])} / {_ms(v["reader_ms"])}',
+        f'{_us(e.get("queued_gap_ms"))} / {1e6 * host.figure("dispatch"):.0f}',
         f'{_ms(e["hear_ms"])} / {_ms(v["hear_ms"])}',
         f'{_busiest(e)} / {_busiest(v)}',
         f'{cpu["all"]:.2f} ({cpu["driver"]:.2f}, {cpu["lanes"]:.2f}, {cpu["ray"]:.2f})'
@@ -699,7 +725,9 @@ def _print_where_time_went(done: list[dict], host) -> None:
   print(
     'copy: a copy between lanes, median (virtual: as priced); copy end -> reader: from a '
     "copy's end to the start of the next task on its receiving lane, where that lane was "
-    "idle (median); heard: a task's end to the driver hearing of it, median; host cores "
+    "idle (median); queued gap: a lane's time from a task's end to its next start, where "
+    'the driver had dispatched that task before the end (median), against the dispatch it '
+    "is priced at; heard: a task's end to the driver hearing of it, median; host cores "
     'busy: CPU seconds per second of all processes of the emulated run over its steady '
     f'state, of {os.cpu_count()} cores (a lane process near 1 is bound by its CPU, or '
     "by Python's lock); driver CPU per event: the driver thread's CPU over the steady "
@@ -756,6 +784,10 @@ def _busiest(stats: dict) -> str:
 
 def _ms(value) -> str:
   return '-' if value is None else f'{value:.2f}'
+
+
+def _us(milliseconds) -> str:
+  return '-' if milliseconds is None else f'{1e3 * milliseconds:.0f}'
 
 
 def _histogram(histogram: dict) -> str:
@@ -840,8 +872,12 @@ def main():
     from experiments import profile as profile_command
 
     measured = profile_command.measure_host('processes')
+    # The emulated rows' dispatch, on a lane placed as theirs are (on no core in
+    # particular): a lane pinned to a core took 160-220 µs between queued calls after a
+    # 15 ms emulated task, one the system places 180-400 µs, and its chains spread more.
+    with LanePool(LanePlacement.parse(EMULATED_LANE), verbose=False) as pool:
+      emulated = lane_timing.measure_call_gap(pool, 'lane', seconds=args.forward, repeats=9)
     with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
-      emulated = lane_timing.measure_call_gap(pool, 'lane', seconds=args.forward)
       trips = round_trips(pool)
       spread = 'given'
       if args.spread is None:
@@ -860,9 +896,10 @@ def main():
     )
     print(
       "a lane's time between two queued calls, from a task's end to the next one's start, "
-      f'µs (median of 5 chains of 40): after computed tasks {1e6 * measured.figure("dispatch"):.0f} '
-      f"(the host profile's dispatch), after emulated tasks of {1e3 * args.forward:.0f} ms "
-      f"{1e6 * emulated:.0f} (the emulated rows' dispatch)",
+      f'µs: after computed tasks {1e6 * measured.figure("dispatch"):.0f} (the host profile'
+      "'s dispatch: a lane pinned to a core, median of 5 chains of 40), after emulated tasks "
+      f"of {1e3 * args.forward:.0f} ms {1e6 * emulated:.0f} (the emulated rows' dispatch: a "
+      'lane on no core in particular, as theirs, median of 9 chains of 40)',
       flush=True,
     )
     print(

@@ -2,6 +2,8 @@
 every update is an iteration (ASGD, DC-ASGD, LPP-SGD: blocks of whole rounds), the
 iterations left out, and the staleness of the steady state's updates."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -194,3 +196,31 @@ def test_the_schedule_error_benchmark_refuses_lanes_it_cannot_run_in_one_line(
     schedule_error.main()
   assert stopped.value.code == 2
   assert named in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_lanes_queued_gap_is_read_where_the_next_task_was_dispatched_before_the_end(
+  tmp_path,
+):
+  """Lane 0: a 1 → 2 s, b dispatched at 1.5 starts at 2.25 (queued: 0.25 s); c dispatched
+  at 3, after b's end (2.75), starts at 3.5 (not queued: its wait was the driver's). Lane
+  1: d 0.5 → 1 starts before `since` (0.9) and is left out, so e (dispatched at 0.75,
+  started 1.25) makes no gap; f dispatched at 2 < e's end (2.5) starts at 2.6 (0.1 s).
+  A copy has no dispatch."""
+  us = lambda seconds: seconds * 1e6  # noqa: E731
+
+  def task(lane, start, end, dispatched):
+    args = {'stage': 0, 'batch': 0, 'heard': us(end + 0.1), 'dispatched': us(dispatched)}
+    return {'ph': 'X', 'tid': lane, 'ts': us(start), 'dur': us(end - start), 'args': args}
+
+  events = [
+    task(0, 1.0, 2.0, 0.5),
+    task(0, 2.25, 2.75, 1.5),
+    task(0, 3.5, 4.0, 3.0),
+    task(1, 0.5, 1.0, 0.25),
+    task(1, 1.25, 2.5, 0.75),
+    task(1, 2.6, 3.0, 2.0),
+    {'ph': 'X', 'tid': 2, 'ts': us(2.0), 'dur': us(0.5), 'args': {'stage': None}},
+  ]
+  (tmp_path / 'trace.json').write_text(json.dumps({'traceEvents': events}))
+  gaps = sorted(schedule_error.queued_gaps(str(tmp_path), since=0.9))
+  assert gaps == pytest.approx([0.1, 0.25])

@@ -125,6 +125,7 @@ class LaneProcessModel(VirtualExecutor):
     job.done = True
     record = TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch)
     if self.cost_model.simulates_driver and self.cluster.lanes[lane].link is None:
+      record = record._replace(dispatched=job.dispatched)
       heard = (self._heard, process, job, lane, result, record)
       if self.cost_model.driver_latency:
         self._at(self._now + self.cost_model.driver_latency, self._on_driver, *heard)
@@ -182,6 +183,7 @@ class LaneProcessModel(VirtualExecutor):
       self._at(arrives, self._arrived, message[0])
     imports = self._imports(leaves, lane, message) if spec.link is None else []
     job = _Job(imports + message)
+    job.dispatched = self._now  # (the trace's `dispatched`: its driver has sent it)
     reads_at = lane if spec.link is None else spec.link[0]  # a copy reads at its source
     owed = {id(copy): copy for copy in imports}  # copies this task takes in, if first
     for made in map(self._made_of, leaves):
@@ -424,6 +426,7 @@ class _Job:
     'owes',
     'readies',
     'holding',
+    'dispatched',
   )
 
   def __init__(self, inputs: list):
@@ -436,6 +439,7 @@ class _Job:
     )
     self.take_in, self.owed, self.owes, self.readies = 0.0, (), 0.0, None
     self.holding = True  # its hardware (a copy: its sender's interpreter, until exported)
+    self.dispatched = None  # when its driver sent it (seconds)
 
 
 class _Made:

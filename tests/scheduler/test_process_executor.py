@@ -324,6 +324,10 @@ def test_a_task_marked_not_ahead_is_waited_for_before_its_process_goes_on(pool):
   first, second = runs[False].records
   assert first.end <= first.heard <= second.start <= second.end <= second.heard
   assert all(r.end <= r.heard for r in runs[True].records)
+  # And when the driver dispatched it (`TaskRecord.dispatched`): before it started; a task
+  # waited for, only once the one before had been heard of.
+  assert first.dispatched <= first.start and first.heard <= second.dispatched <= second.start
+  assert all(r.dispatched <= r.start for r in runs[True].records)
 
 
 def test_ready_goes_on_once_the_task_that_made_its_value_has_finished(pool):

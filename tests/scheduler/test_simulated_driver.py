@@ -205,10 +205,16 @@ def test_the_values_do_not_depend_on_the_driver():
   np.testing.assert_array_equal(final(0.0), final(0.3, 0.7))
 
 
-def test_the_trace_carries_when_the_driver_heard_of_each_task():
+def test_the_trace_carries_when_the_driver_dispatched_and_heard_of_each_task():
+  """Dispatched once the driver has handled it (0 → 0.25), heard once it has handled the
+  end (1.25 → 1.5). With each message's way 0.5 s: dispatched at 0.25 still, on the lane
+  at 0.75, its task 0.75 → 1.75, its end at the driver at 2.25, heard at 2.5."""
   timeline, _ = _run_chains(1, 1, ahead=False, run_ahead=4)
   (task,) = [e for e in timeline.chrome_trace()['traceEvents'] if e.get('ph') == 'X']
-  assert task['args'] == {'stage': None, 'batch': None, 'heard': 1.5e6}
+  assert task['args'] == {'stage': None, 'batch': None, 'heard': 1.5e6, 'dispatched': 0.25e6}
+  timeline, _ = _run_chains(1, 1, ahead=False, run_ahead=4, latency=0.5)
+  (record,) = timeline.records
+  assert (record.dispatched, record.start, record.end, record.heard) == (0.25, 0.75, 1.75, 2.5)
   timeline, _ = _run_chains(1, 1, ahead=False, run_ahead=4, driver=0.0)
   (task,) = [e for e in timeline.chrome_trace()['traceEvents'] if e.get('ph') == 'X']
   assert task['args'] == {'stage': None, 'batch': None}
