@@ -396,6 +396,20 @@ def write_report(
   return path
 
 
+def _fill_from_record(args, results_table) -> None:
+  """The error flags not given: the schedule error on record, read only when needed (a
+  `--help` or a bad flag reads no file)."""
+  names = ('error_median', 'error_max', 'error_source', 'error_by_family')
+  if all(getattr(args, name) is not None for name in names):
+    return
+  record = results_table.schedule_error_on_record()
+  by_family = ','.join(f'{name}={value}' for name, value in record.by_family)
+  defaults = (record.median, record.largest, record.source, by_family)
+  for name, default in zip(names, defaults):
+    if getattr(args, name) is None:
+      setattr(args, name, default)
+
+
 def main(argv=None) -> None:
   """`python -m experiments.report --results`: RESULTS.md's table from the suites'
   report.json (`experiments.results_table`)."""
@@ -404,22 +418,23 @@ def main(argv=None) -> None:
   from experiments import results_table  # pylint: disable=g-import-not-at-top
   from experiments import suites  # pylint: disable=g-import-not-at-top
 
-  default = results_table.schedule_error_on_record()
+  on_record = 'by default: the schedule error on record (benchmarks/results/schedule_error.txt)'
   parser = argparse.ArgumentParser(description=main.__doc__.split('\n')[0])
   parser.add_argument('--results', action='store_true', help="write RESULTS.md's table")
   parser.add_argument('--results_md', default='RESULTS.md')
   parser.add_argument('--results_dir', default='experiments/results')
-  parser.add_argument('--error_median', type=float, default=default.median)
-  parser.add_argument('--error_max', type=float, default=default.largest)
-  parser.add_argument('--error_source', default=default.source, help='where the error is from')
+  parser.add_argument('--error_median', type=float, help=on_record)
+  parser.add_argument('--error_max', type=float, help=on_record)
+  parser.add_argument('--error_source', help=f'where the error is from; {on_record}')
   parser.add_argument(
     '--error_by_family',
-    default=','.join(f'{name}={value}' for name, value in default.by_family),
-    help='the largest error per family, NAME=X,...; a family not named takes --error_max',
+    help=f'the largest error per family, NAME=X,...; a family not named takes --error_max; '
+    f'{on_record}',
   )
   args = parser.parse_args(argv)
   if not args.results:
     parser.error('nothing to do: pass --results (a suite report is written by experiments.compare)')
+  _fill_from_record(args, results_table)
   try:
     by_family = tuple(
       (name.strip(), float(value))

@@ -262,3 +262,20 @@ def test_the_schedule_error_on_record_is_the_largest_per_family_of_the_latest_wh
   assert error.of('dasgd') == 0.068  # a family the benchmark does not run: the largest
   with pytest.raises(ValueError, match='no run of the schedule error that measured bp, ddg'):
     results_table.schedule_error_on_record(str(path), families=('bp', 'ddg'))
+
+
+def test_the_report_command_reads_the_error_on_record_only_when_it_writes(monkeypatch, capsys):
+  """`--help` and a bad call read no file (the schedule error on record was read first,
+  so a clone without benchmarks/results could not even show its help)."""
+
+  def unreadable(*args, **kwargs):
+    raise AssertionError('read the schedule error on record')
+
+  monkeypatch.setattr(results_table, 'schedule_error_on_record', unreadable)
+  with pytest.raises(SystemExit) as stopped:
+    report.main(['--help'])
+  assert stopped.value.code == 0 and '--error_max' in capsys.readouterr().out
+  with pytest.raises(SystemExit) as stopped:
+    report.main([])
+  assert stopped.value.code == 2
+  assert 'nothing to do: pass --results' in capsys.readouterr().err
