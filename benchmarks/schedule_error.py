@@ -55,11 +55,13 @@ emulated run: link latency, free bandwidth) and the run's host (both of the last
 
 Part 3 says where the emulated runs' time went: the copies (median duration in each
 run's trace), the time from a copy's end to the start of the task that reads it (where
-its lane waited for it), the driver (median time from a task's end to the driver hearing
-of it; its CPU per event), the busiest compute lane's utilization, and the host's CPU
-over the steady state (the cores busy: the driver, the lane processes and Ray's own,
-sampled every 0.5 s; every process of the Ray cluster this benchmark starts descends
-from it).
+its lane waited for it), a lane's time between two queued calls (from a task's end to
+the start of its next, which the driver had sent before that end: the traces'
+`dispatched`), against the dispatch the virtual runs price, the driver (median time from
+a task's end to the driver hearing of it; its CPU per event), the busiest compute lane's
+utilization, and the host's CPU over the steady state (the cores busy: the driver, the
+lane processes and Ray's own, sampled every 0.5 s; every process of the Ray cluster this
+benchmark starts descends from it).
 
 The emulated runs' waits are checked too: each compute task's duration in the trace
 less its price (median and largest over the steady state), i.e. the wait's accuracy
@@ -93,7 +95,8 @@ from benchmarks import simulator_accuracy as accuracy
 FAMILIES = accuracy.FAMILIES
 ASYNCHRONOUS = accuracy.ASYNCHRONOUS
 WORKER_FAMILIES = ('asgd', 'dcasgd')  # also run with `--workers` (M) lanes
-EMULATED_LANE = 'lane'  # `placement.lanes` of the emulated dispatch's lane: no core, as the rows'
+# The emulated dispatch's lane (`placement.lanes`): on no core, as the rows' lanes are.
+EMULATED_LANE_SPEC = 'lane'
 VARIANTS = ('no driver', 'heard driver', "run's copies", "run's host")
 
 
@@ -291,21 +294,30 @@ def reader_gaps(names: dict, tasks) -> list[float]:
 
 def queued_gaps(workdir: str, since: float) -> list[float]:
   """Seconds from a compute task's end to its lane's next start, where the driver had
-  dispatched that next task before the end (`TaskRecord.dispatched`, in the trace): the
+  dispatched that next task before the end (`TaskRecord.dispatched`, in the trace) and no
+  copy to the lane landed in between (the task waited for no value sent to it): the
   lane's own time between two queued calls, in the run — what the host profile's
   `dispatch` prices. Tasks starting before `since` left out."""
   with open(os.path.join(workdir, 'trace.json')) as f:
-    events = [e for e in json.load(f)['traceEvents'] if e.get('ph') == 'X']
-  lanes: dict = {}
+    events = json.load(f)['traceEvents']
+  names = {e['tid']: e['args']['name'] for e in events if e.get('name') == 'thread_name'}
+  lanes, landed = {}, {}  # lane name -> its tasks; -> when copies to it ended (µs)
   for e in events:
-    if 'dispatched' in e['args'] and e['ts'] / 1e6 >= since:
-      lanes.setdefault(e['tid'], []).append(e)
+    if e.get('ph') != 'X':
+      continue
+    name = names.get(e['tid'], '')
+    if name.startswith('link ') and ' → ' in name:
+      landed.setdefault(name.split(' → ', 1)[1], []).append(e['ts'] + e['dur'])
+    elif 'dispatched' in e['args'] and e['ts'] / 1e6 >= since:
+      lanes.setdefault(name, []).append(e)
   gaps = []
-  for tasks in lanes.values():
+  for name, tasks in lanes.items():
     tasks.sort(key=lambda e: e['ts'])
+    arrivals = landed.get(name, ())
     for a, b in zip(tasks, tasks[1:]):
       end = a['ts'] + a['dur']
-      if b['args']['dispatched'] < end:
+      waited = any(end < t <= b['ts'] for t in arrivals)
+      if b['args']['dispatched'] < end and not waited:
         gaps.append((b['ts'] - end) / 1e6)
   return gaps
 
@@ -691,7 +703,7 @@ def _print_where_time_went(done: list[dict], host) -> None:
     'K',
     'copy ms',
     'copy end -> reader ms',
-    'queued gap µs',
+    'queued gap µs (emulated / priced)',
     'heard ms',
     'busiest lane utilization',
     'host cores busy (driver, lanes, Ray)',
@@ -836,12 +848,17 @@ def main():
     parser.error(f'--repeats: emulated runs per row, at least 1; got {args.repeats}')
   lanes = [int(k) for k in args.lanes.split(',') if k]
   workers = [int(m) for m in args.workers.split(',') if m]
-  if not lanes + workers:
-    parser.error('--lanes, --workers: at least one K or M, each >= 2; got neither')
-  if any(k < 2 for k in lanes + workers) or args.depth + 1 < max(lanes, default=0):
+  if any(k < 2 for k in lanes) or args.depth + 1 < max(lanes, default=0):
     parser.error(f'--lanes: K >= 2 and K stages need --depth >= K - 1; got {lanes}, {args.depth}')
+  if any(m < 2 for m in workers):
+    parser.error(f'--workers: M >= 2 workers; got {workers}')
   runs = [(name, k) for k in lanes for name in families]
   runs += [(name, m) for m in workers for name in families if name in WORKER_FAMILIES]
+  if not runs:
+    parser.error(
+      f'--lanes, --workers: no row to run (--workers is for {", ".join(WORKER_FAMILIES)} '
+      f'only); got --lanes={args.lanes!r}, --workers={args.workers!r}, --families={args.families}'
+    )
   started = time.time()
   print(
     f'machine: {os.cpu_count()} CPU cores, no GPU; {datetime.datetime.now():%Y-%m-%d %H:%M}; '
@@ -873,10 +890,13 @@ def main():
 
     measured = profile_command.measure_host('processes')
     # The emulated rows' dispatch, on a lane placed as theirs are (on no core in
-    # particular): a lane pinned to a core took 160-220 µs between queued calls after a
-    # 15 ms emulated task, one the system places 180-400 µs, and its chains spread more.
-    with LanePool(LanePlacement.parse(EMULATED_LANE), verbose=False) as pool:
-      emulated = lane_timing.measure_call_gap(pool, 'lane', seconds=args.forward, repeats=9)
+    # particular): pinned, a lane's queued calls come closer and spread less than the
+    # rows' do (benchmarks/results/schedule_error.md).
+    placement = LanePlacement.parse(EMULATED_LANE_SPEC)
+    with LanePool(placement, verbose=False) as pool:
+      emulated = lane_timing.measure_call_gap(
+        pool, placement.names[0], seconds=args.forward, repeats=9
+      )
     with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
       trips = round_trips(pool)
       spread = 'given'

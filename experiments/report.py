@@ -396,13 +396,19 @@ def write_report(
   return path
 
 
-def _fill_from_record(args, results_table) -> None:
+def _fill_from_record(args, parser) -> None:
   """The error flags not given: the schedule error on record, read only when needed (a
-  `--help` or a bad flag reads no file)."""
+  `--help` or a bad flag reads no file); one line if it cannot be read."""
+  from experiments import results_table  # pylint: disable=g-import-not-at-top
+
   names = ('error_median', 'error_max', 'error_source', 'error_by_family')
   if all(getattr(args, name) is not None for name in names):
     return
-  record = results_table.schedule_error_on_record()
+  try:
+    record = results_table.schedule_error_on_record()
+  except (OSError, ValueError) as error:
+    flags = ', '.join(f'--{name}' for name in names if getattr(args, name) is None)
+    parser.error(f'the schedule error on record: {error}; or pass {flags}')
   by_family = ','.join(f'{name}={value}' for name, value in record.by_family)
   defaults = (record.median, record.largest, record.source, by_family)
   for name, default in zip(names, defaults):
@@ -434,7 +440,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   if not args.results:
     parser.error('nothing to do: pass --results (a suite report is written by experiments.compare)')
-  _fill_from_record(args, results_table)
+  _fill_from_record(args, parser)
   try:
     by_family = tuple(
       (name.strip(), float(value))

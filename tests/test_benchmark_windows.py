@@ -182,14 +182,17 @@ def test_the_window_begins_after_each_lanes_first_task_of_each_kind():
 @pytest.mark.parametrize(
   'flags, named',
   [
-    (['--lanes=', '--workers='], '--lanes, --workers: at least one K or M'),
+    (['--lanes=', '--workers='], '--lanes, --workers: no row to run'),
     (['--lanes=1', '--workers='], '--lanes: K >= 2'),
+    (['--lanes=2', '--workers=1'], '--workers: M >= 2 workers; got [1]'),
+    (['--lanes=', '--families=bp'], '--lanes, --workers: no row to run'),
   ],
 )
 def test_the_schedule_error_benchmark_refuses_lanes_it_cannot_run_in_one_line(
   flags, named, monkeypatch, capsys
 ):
-  """No lanes and no workers was a traceback (`max()` of nothing); it is one line now,
+  """No lanes and no workers was a traceback (`max()` of nothing), and lanes but only
+  families without workers ran the minutes of measurements for no row: one line now,
   before anything runs."""
   monkeypatch.setattr('sys.argv', ['schedule_error', *flags])
   with pytest.raises(SystemExit) as stopped:
@@ -201,25 +204,36 @@ def test_the_schedule_error_benchmark_refuses_lanes_it_cannot_run_in_one_line(
 def test_a_lanes_queued_gap_is_read_where_the_next_task_was_dispatched_before_the_end(
   tmp_path,
 ):
-  """Lane 0: a 1 → 2 s, b dispatched at 1.5 starts at 2.25 (queued: 0.25 s); c dispatched
-  at 3, after b's end (2.75), starts at 3.5 (not queued: its wait was the driver's). Lane
-  1: d 0.5 → 1 starts before `since` (0.9) and is left out, so e (dispatched at 0.75,
-  started 1.25) makes no gap; f dispatched at 2 < e's end (2.5) starts at 2.6 (0.1 s).
-  A copy has no dispatch."""
+  """Lane a: t1 1 → 2 s; t2 dispatched at 1.5 starts at 2.25 (queued: 0.25 s); t3
+  dispatched at 3, after t2's end (2.75), starts at 3.5 (not queued: its wait was the
+  driver's); t4 dispatched at 3.75 starts at 4.6, after a copy to a landed at 4.5 (it
+  waited for its input: left out; a copy that landed at 1.5, before t1's end, holds up
+  nothing). Lane b: t5 0.5 → 1 starts before `since` (0.9) and is left out, so t6
+  (dispatched at 0.75, started 1.25) makes no gap; t7 dispatched at 2 < t6's end (2.5)
+  starts at 2.6 (0.1 s; the copy from a landed at 2, before t6's end)."""
   us = lambda seconds: seconds * 1e6  # noqa: E731
 
-  def task(lane, start, end, dispatched):
-    args = {'stage': 0, 'batch': 0, 'heard': us(end + 0.1), 'dispatched': us(dispatched)}
+  def task(lane, start, end, dispatched=None):
+    args = {'stage': 0, 'batch': 0}
+    if dispatched is not None:  # (a copy has none)
+      args.update(heard=us(end + 0.1), dispatched=us(dispatched))
     return {'ph': 'X', 'tid': lane, 'ts': us(start), 'dur': us(end - start), 'args': args}
 
+  names = {0: 'a', 1: 'b', 2: 'link b → a', 3: 'link a → b'}
   events = [
+    {'name': 'thread_name', 'ph': 'M', 'tid': t, 'args': {'name': n}} for t, n in names.items()
+  ]
+  events += [
     task(0, 1.0, 2.0, 0.5),
     task(0, 2.25, 2.75, 1.5),
     task(0, 3.5, 4.0, 3.0),
+    task(0, 4.6, 5.0, 3.75),
     task(1, 0.5, 1.0, 0.25),
     task(1, 1.25, 2.5, 0.75),
     task(1, 2.6, 3.0, 2.0),
-    {'ph': 'X', 'tid': 2, 'ts': us(2.0), 'dur': us(0.5), 'args': {'stage': None}},
+    task(2, 1.0, 1.5),
+    task(2, 4.0, 4.5),
+    task(3, 1.5, 2.0),
   ]
   (tmp_path / 'trace.json').write_text(json.dumps({'traceEvents': events}))
   gaps = sorted(schedule_error.queued_gaps(str(tmp_path), since=0.9))

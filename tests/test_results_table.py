@@ -279,3 +279,43 @@ def test_the_report_command_reads_the_error_on_record_only_when_it_writes(monkey
     report.main([])
   assert stopped.value.code == 2
   assert 'nothing to do: pass --results' in capsys.readouterr().err
+
+
+def _report_error(monkeypatch, argv, record) -> results_table.SimulatorError:
+  """The `SimulatorError` `report.main(argv)` writes RESULTS.md's table with, the schedule
+  error on record being `record()`."""
+  written = []
+  monkeypatch.setattr(results_table, 'schedule_error_on_record', record)
+  monkeypatch.setattr(
+    results_table, 'write_results', lambda md, results, suites, error: written.append(error)
+  )
+  report.main(['--results', *argv])
+  (error,) = written
+  return error
+
+
+def test_the_report_command_takes_each_error_flag_given_and_the_record_for_the_rest(
+  monkeypatch,
+):
+  on_record = results_table.SimulatorError(0.015, 0.066, 'on record', (('asgd', 0.066),))
+
+  def unreadable():
+    raise AssertionError('read the schedule error on record')
+
+  given = ['--error_median=0.01', '--error_max=0.2', '--error_source=mine', '--error_by_family=']
+  assert _report_error(monkeypatch, given, unreadable) == results_table.SimulatorError(
+    0.01, 0.2, 'mine', ()
+  )
+  error = _report_error(monkeypatch, ['--error_max=0.2'], lambda: on_record)
+  assert error == results_table.SimulatorError(0.015, 0.2, 'on record', (('asgd', 0.066),))
+
+
+def test_the_report_command_without_a_readable_record_says_which_flags_to_pass(monkeypatch, capsys):
+  def missing():
+    raise FileNotFoundError('benchmarks/results/schedule_error.txt: no such file')
+
+  with pytest.raises(SystemExit) as stopped:
+    _report_error(monkeypatch, ['--error_max=0.2', '--error_source=mine'], missing)
+  assert stopped.value.code == 2
+  (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+  assert 'no such file; or pass --error_median, --error_by_family' in line

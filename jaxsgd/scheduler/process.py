@@ -157,7 +157,6 @@ class ProcessExecutor(Executor):
     self.dispatch_seconds = 0.0  # host time spent starting tasks (for benchmarks)
     self.dispatch_cpu_seconds = 0.0  # of it, the driver thread's CPU
     self.dispatched = 0
-    self._dispatched_at: dict = {}  # a pending task -> when the driver dispatched it
     self.lost: list[LostLane] = []
     self.between_events = None  # called after every op dispatched (checkpoints)
     self.on_sigterm = None  # with checkpoints: SIGTERM asks for a save, then a stop
@@ -282,7 +281,8 @@ class ProcessExecutor(Executor):
     """Records a task `wait_any` returned and resumes its process (unless it ran ahead)."""
     process, lane, op = self._pending.pop(finished)
     start, end = finished.started - self._t0, finished.ended - self._t0
-    dispatched = self._dispatched_at.pop(finished, None)
+    # dispatched: when the driver sent the call (`Pending.sent`; a landed move has none)
+    dispatched = None if finished.sent is None else finished.sent - self._t0
     self.record(TaskRecord(lane, op.kind, start, end, op.stage, op.batch, self.now(), dispatched))
     if finished in self._resumed:
       self._resumed.discard(finished)
@@ -379,10 +379,8 @@ class ProcessExecutor(Executor):
     emulated = {}  # the task's priced duration, drawn as the virtual clock draws it
     if self._sampler is not None:
       emulated['seconds'] = self._sampler.duration(op.kind, op.stage, lane)
-    dispatched = self.now()  # (the trace's: before the lane can start it)
     pending = self.pool.start(self._lane_names[lane], task, op.args, **emulated)
     self._pending[pending] = (process, lane, op)
-    self._dispatched_at[pending] = dispatched
     early = None
     if op.ahead and self.pool.unfinished(pending.lane) <= self.run_ahead:  # this one included
       early = self.pool.early(pending)
@@ -489,7 +487,6 @@ class ProcessExecutor(Executor):
     for pending, (process, _, _) in list(self._pending.items()):
       if name in (pending.lane, pending.source):
         del self._pending[pending]
-        self._dispatched_at.pop(pending, None)
         self._resumed.discard(pending)
         for waiting in self._ready_waits.pop(pending, ()):
           if waiting.process.lane != lane:  # (one of the lost lane's is restarted or closed)

@@ -36,9 +36,10 @@ once its task is dispatched and its lanes compute behind it:
 With a simulated driver (the host profile's `driver`: seconds per event, `driver_latency`: each
 message's way), the process executor's driver thread is one more FIFO resource:
 
-      start_task(p, op)    → the driver handles the dispatch (FIFO, `driver` s), then
-                           as above; op reaches its lane `driver_latency` later (it and
-                           the copies it imports start no earlier)
+      start_task(p, op)    → the driver handles the dispatch (FIFO, `driver` s; then
+                           `TaskRecord.dispatched`), then as above; op reaches its lane
+                           `driver_latency` later (it and the copies it imports start no
+                           earlier)
       a task's end         → reaches the driver `driver_latency` later, is heard once the
                            driver has handled it (FIFO, `driver` s): only then does its
                            lane count one unfinished task fewer and a process that waited
@@ -123,24 +124,24 @@ class LaneProcessModel(VirtualExecutor):
     end has reached it and waited for its turn (a copy's end is not heard: the process
     executor does not wait for it)."""
     job.done = True
-    record = TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch)
     if self.cost_model.simulates_driver and self.cluster.lanes[lane].link is None:
-      record = record._replace(dispatched=job.dispatched)
+      record = (lane, op.kind, start, self._now, op.stage, op.batch)  # heard: `_heard`
       heard = (self._heard, process, job, lane, result, record)
       if self.cost_model.driver_latency:
         self._at(self._now + self.cost_model.driver_latency, self._on_driver, *heard)
       else:
         self._on_driver(*heard)
     else:
-      self.record(record)
+      self.record(TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch))
       self._heard(process, job, lane, result)
 
   def _heard(self, process: Process | None, job: '_Job', lane: int, result, record=None) -> None:
     """The driver hears that `job` has ended on `lane` (at its end, or once the simulated
-    driver has handled the event, which `record` then notes): the lane has one task fewer
+    driver has handled the event: `record`, the task's first `TaskRecord` fields, is then
+    recorded with when it was heard and dispatched): the lane has one task fewer
     unfinished, and a process that waited for the task goes on with its result."""
     if record is not None:
-      self.record(record._replace(heard=self._now))
+      self.record(TaskRecord(*record, self._now, job.dispatched))
     if self.cluster.lanes[lane].link is None:
       self._unfinished[lane] -= 1
     if not job.ahead:
@@ -183,7 +184,7 @@ class LaneProcessModel(VirtualExecutor):
       self._at(arrives, self._arrived, message[0])
     imports = self._imports(leaves, lane, message) if spec.link is None else []
     job = _Job(imports + message)
-    job.dispatched = self._now  # (the trace's `dispatched`: its driver has sent it)
+    job.dispatched = self._now  # (recorded with a simulated driver: its driver sent it now)
     reads_at = lane if spec.link is None else spec.link[0]  # a copy reads at its source
     owed = {id(copy): copy for copy in imports}  # copies this task takes in, if first
     for made in map(self._made_of, leaves):
@@ -413,7 +414,9 @@ class _Job:
   a copy `owes` the seconds its receiving lane spends taking it in, until a task there
   reads it; a compute task's `owed` are the copies it may be the first to read, and its
   `take_in` the seconds it paid for them at its start. `readies`: while a compute task's
-  end is not heard yet, the `Ready`s waiting for it (None once heard, and for a copy)."""
+  end is not heard yet, the `Ready`s waiting for it (None once heard, and for a copy).
+  `holding`: whether it holds its hardware (a copy: its sender's, until exported);
+  `dispatched`: when its driver sent it (`TaskRecord.dispatched`)."""
 
   __slots__ = (
     'inputs',

@@ -69,7 +69,7 @@ def _spans(timeline, lane=None):
 def _hand_over(costs: CostModel, *, handed, waited: bool) -> dict:
   """p0 makes x on lane a (`waited`: its process waits for it) and hands it to p1 on lane
   b (`handed`: `Send`, a copy, or `Put`, x as it is), which computes on it:
-  `{kind: (start, end, heard)}` of the run."""
+  `{kind: (start, end, heard, dispatched)}` of the run (a copy: neither of the last)."""
   cluster = Cluster()
   a, b = cluster.add_lane('a'), cluster.add_lane('b')
   inbox = cluster.channel('inbox', b)
@@ -85,7 +85,7 @@ def _hand_over(costs: CostModel, *, handed, waited: bool) -> dict:
   timeline = LaneProcessModel(costs, run_ahead=4).run(
     cluster, [Process('p0', a, producer()), Process('p1', b, consumer())]
   )
-  return {r.kind: (r.start, r.end, r.heard) for r in timeline.records}
+  return {r.kind: (r.start, r.end, r.heard, r.dispatched) for r in timeline.records}
 
 
 def test_a_waited_task_costs_a_dispatch_before_it_and_a_hearing_after_it():
@@ -132,9 +132,9 @@ def test_a_lane_reads_another_lanes_result_without_waiting_for_the_driver():
   (1.5) nor the copy's (copies are not heard)."""
   spans = _hand_over(_costs(link_latency=0.5), handed=Send, waited=False)
   assert spans == {
-    'forward': (0.25, 1.25, 1.5),
-    'transfer': (1.25, 1.75, None),
-    'backward': (1.75, 3.75, 4.0),
+    'forward': (0.25, 1.25, 1.5, 0.25),
+    'transfer': (1.25, 1.75, None, None),
+    'backward': (1.75, 3.75, 4.0, 0.75),
   }
 
 
@@ -179,9 +179,9 @@ def test_a_copy_starts_only_once_the_dispatch_that_needs_it_has_reached_its_lane
   Either way p1's task runs 3.75 → 5.75 and is heard 6.25 → 6.5."""
   spans = _hand_over(_costs(driver_latency=0.5, link_latency=0.5), handed=handed, waited=True)
   assert spans == {
-    'forward': (0.75, 1.75, 2.5),
-    'transfer': (3.25, 3.75, None),
-    'backward': (3.75, 5.75, 6.5),
+    'forward': (0.75, 1.75, 2.5, 0.25),
+    'transfer': (3.25, 3.75, None, None),
+    'backward': (3.75, 5.75, 6.5, 2.75 if handed is Put else 3.0),
   }
 
 
