@@ -281,10 +281,10 @@ def reader_gaps(names: dict, tasks) -> list[float]:
       lanes.setdefault(names[lane], []).append((begin, end))
   gaps = []
   for lane, _, _, end, _, _ in tasks:
-    name = names[lane]
-    if not name.startswith('link ') or ' → ' not in name:
+    receiver = _receiver_of(names[lane])
+    if receiver is None:
       continue
-    runs = sorted(lanes.get(name.split(' → ', 1)[1], ()))
+    runs = sorted(lanes.get(receiver, ()))
     before = [e for b, e in runs if b < end]
     after = [b for b, _ in runs if b >= end]
     if after and (not before or max(before) <= end):
@@ -306,8 +306,9 @@ def queued_gaps(workdir: str, since: float) -> list[float]:
     if e.get('ph') != 'X':
       continue
     name = names.get(e['tid'], '')
-    if name.startswith('link ') and ' → ' in name:
-      landed.setdefault(name.split(' → ', 1)[1], []).append(e['ts'] + e['dur'])
+    receiver = _receiver_of(name)
+    if receiver is not None:
+      landed.setdefault(receiver, []).append(e['ts'] + e['dur'])
     elif 'dispatched' in e['args'] and e['ts'] / 1e6 >= since:
       lanes.setdefault(name, []).append(e)
   gaps = []
@@ -320,6 +321,14 @@ def queued_gaps(workdir: str, since: float) -> list[float]:
       if b['args']['dispatched'] < end and not waited:
         gaps.append((b['ts'] - end) / 1e6)
   return gaps
+
+
+def _receiver_of(lane_name: str) -> str | None:
+  """The lane a link lane (`Cluster.link`: 'link <sender> → <receiver>') copies to; None
+  for any other lane."""
+  if not lane_name.startswith('link ') or ' → ' not in lane_name:
+    return None
+  return lane_name.split(' → ', 1)[1]
 
 
 def _median_ms(seconds: list) -> float | None:
