@@ -39,7 +39,7 @@ host file), so that what the simulated driver adds is seen against the same meas
 The cost profile (`--profile` reuses one) describes tasks as they run on lanes: it is
 measured in a process pinned to core 0 with XLA's intra-op threads off
 (`--xla_cpu_multi_thread_eigen=false`, one OpenMP thread), as a lane runs, every task of
-every asked family's table (`experiments.profile`) timed by its CPU time, the fastest of
+every asked family's table (`experiments.profile`) timed by its CPU time, the median of
 `--reps` interleaved calls: the figure the virtual clock prices a task at; by default
 with cores 1..K-1 computing meanwhile (`--neighbours=busy`, `experiments.profile
 --busy_cores=K-1`), as the other lanes keep them in the runs: a core computes slower

@@ -13,7 +13,7 @@ seconds of each stage's forward, backward and update for the config's model,
 batch size, stage split and algorithm, the in-process executors' dispatch overhead
 (for information: the virtual clock takes an executor's host from a host profile,
 `--host`), and the device, jax version and date. Each task: 3 untimed calls, then
-`--reps` interleaved wall-clock calls, the fastest counting, on every core (as
+`--reps` interleaved wall-clock calls, their median counting, on every core (as
 `cost.calibrate` measures them, so the costs are comparable with the kept ones);
 `--pin_core` and `--clock=cpu` measure one core by its CPU time instead (see
 `jaxsgd.scheduler.task_timing` for how repeatable each is here). The process's
@@ -70,7 +70,7 @@ _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'An ml_collections config file.', lock_config=True
 )
 _OUT = flags.DEFINE_string('out', None, 'The profile file (JSON) to write or add to.')
-_REPS = flags.DEFINE_integer('reps', 30, 'Timed calls of each task (the fastest counts).')
+_REPS = flags.DEFINE_integer('reps', 30, 'Timed calls of each task (their median counts).')
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed calls of each task first.')
 _REPLACE = flags.DEFINE_bool('replace', False, 'Overwrite --out instead of adding to it.')
 _CLOCK = flags.DEFINE_enum(
@@ -379,7 +379,7 @@ def _measure(configs) -> list[profiles.Profile]:
 
 
 def describe(table: profiles.Table, dispatch) -> str:
-  """The measured table: stage, kind, minimum, median and p90 in ms."""
+  """The measured table: stage, kind, minimum, median (the cost) and p90 in ms."""
   lines = [
     f'tasks {table.tasks}, split {list(map(list, table.split))}',
     f'{"stage":>5} {"kind":<9} {"min ms":>9} {"median ms":>10} {"p90 ms":>9}',
@@ -388,8 +388,8 @@ def describe(table: profiles.Table, dispatch) -> str:
     stage, kind = key if isinstance(key, tuple) else ('*', key)
     spread = table.spread.get(key, {})
     lines.append(
-      f'{stage:>5} {kind:<9} {1e3 * seconds:9.4f} '
-      f'{1e3 * spread.get("median", float("nan")):10.4f} '
+      f'{stage:>5} {kind:<9} {1e3 * spread.get("min", float("nan")):9.4f} '
+      f'{1e3 * seconds:10.4f} '
       f'{1e3 * spread.get("p90", float("nan")):9.4f}'
     )
   lines.append(

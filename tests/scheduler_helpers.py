@@ -152,7 +152,7 @@ def profile_of(**fields):
     platform='cpu',
     jax_version='0',
     date='',
-    statistic='min',
+    statistic='median',
     clock='wall',
     pinned=False,
     warmup=1,

@@ -99,7 +99,7 @@ def calibrated(shared: SharedSettings, tasks: Tasks) -> dict:
 
 def _look_up(profile, tasks: Tasks, optimizer: str, source: str) -> dict:
   """`tasks`' table of `profile` (each task's cost as the profile measured it: the
-  fastest of its repetitions, or a run's median if re-priced from a run); refuses a
+  median of its repetitions, or a run's median if re-priced from a run); refuses a
   profile of another model, batch or split."""
   return profile_lookup.costs_for(
     profile,

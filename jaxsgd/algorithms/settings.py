@@ -240,7 +240,7 @@ class CostSettings:
 
   Attributes:
     calibrate: measure the tasks on this machine (once; kept, see above).
-    reps: timed calls of each task in that measurement (the fastest counts).
+    reps: timed calls of each task in that measurement (their median counts).
     profile: a cost profile file.
     device: a hardware preset name (`cpu`, `v100`, `a100`, `h100`, `tpu_v4`, ...).
     compute: `(kind, seconds)` pairs; seconds is a number or one per stage. Kinds:

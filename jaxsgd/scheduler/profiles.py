@@ -18,12 +18,16 @@ File format (JSON, `FORMAT`):
                "num_layers": 6, "num_params": 12345},
      "batch_size": 128, "optimizer": "adam", "device_kind": "cpu", "platform": "cpu",
      "jax_version": "0.10.2", "date": "<ISO 8601, UTC>",
-     "statistic": "min", "clock": "wall", "pinned": false, "busy_cores": 0,
+     "statistic": "median", "clock": "wall", "pinned": false, "busy_cores": 0,
      "warmup": 3, "reps": 30,
      "dispatch": {"jax_call": 8e-06, "real": 3e-05, "real_threads": 6e-05},
      "tables": [{"split": [[0, 3], [3, 6]], "tasks": "<roles signature>",
                  "costs": {"0/forward": 0.001, "0/backward": 0.002, ...},
-                 "spread": {"0/forward": {"median": ..., "p90": ...}, ...}}]}
+                 "spread": {"0/forward": {"min": ..., "p90": ...}, ...}}]}
+
+`statistic`: what each cost is of a task's timed calls — their median (`STATISTIC`,
+`task_timing.measure` says why). A file written when costs were the fastest call
+(`"min"`) loads priced the same way, at the median its `spread` kept (`from_json`).
 
 A profile holds one table per (stage split, task set): a suite whose methods cut the
 model the same way and run the same computations shares one table (BP and DDG), others
@@ -53,10 +57,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 FORMAT = 'jaxsgd-cost-profile/1'
-# A profile's `statistic` when each cost is a task's fastest call (`task_timing.measure`).
-STATISTIC = 'min'
+# A profile's `statistic`: each cost is the median of a task's timed calls (`task_timing.measure`).
+STATISTIC = 'median'
 # The other figures of each task's repetitions a profile keeps (`Table.spread`).
-SPREAD_STATISTICS = ('median', 'p90')
+SPREAD_STATISTICS = ('min', 'p90')
+# The `statistic` of files whose costs were each task's fastest call, their median in `spread`.
+FASTEST_CALL = 'min'
 # A profile's `clock`: what timed its tasks (`task_timing.CLOCKS`).
 CLOCK_NAMES = ('wall', 'cpu')
 _FIELDS = (
@@ -94,7 +100,7 @@ class Table:
     split: `[start, end)` layer range of every stage.
     tasks: names the computations measured (`profile_lookup.roles_signature`, ...).
     costs: seconds keyed like `CostModel.compute`: `(stage, kind)` or `kind`.
-    spread: per key, `{'median': s, 'p90': s}` of the same repetitions (diagnostic).
+    spread: per key, `{'min': s, 'p90': s}` of the same repetitions (diagnostic).
   """
 
   split: tuple[tuple[int, int], ...]
@@ -103,10 +109,9 @@ class Table:
   spread: Mapping[Any, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
   def figures(self, statistic: str = STATISTIC) -> dict:
-    """Seconds per task as `statistic` of the repetitions: `'min'` (`costs`, the cost of
-    the work with nothing else in the way) or `'median'` / `'p90'` (`spread`: what a call
-    typically takes on a loaded machine; benchmarks/results/simulator_history.md). Refuses
-    a table that lacks the figure for some task."""
+    """Seconds per task as `statistic` of the repetitions: `'median'` (`costs`, what the
+    virtual clock prices a task at) or `'min'` / `'p90'` (`spread`: the fastest call, and
+    how slow one in ten was). Refuses a table that lacks the figure for some task."""
     if statistic == STATISTIC:
       return dict(self.costs)
     if statistic not in SPREAD_STATISTICS:
@@ -250,6 +255,10 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
   if not isinstance(data['tables'], list) or not data['tables']:
     raise ProfileError(f'{where}: field "tables" must be a non-empty list.')
   tables = tuple(_table(t, i, where) for i, t in enumerate(data['tables']))
+  statistic = data['statistic']
+  if statistic == FASTEST_CALL:
+    tables = tuple(_priced_at_median(t, i, where) for i, t in enumerate(tables))
+    statistic = STATISTIC
   return Profile(
     model=dict(model),
     batch_size=data['batch_size'],
@@ -258,7 +267,7 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
     platform=data['platform'],
     jax_version=data['jax_version'],
     date=data['date'],
-    statistic=data['statistic'],
+    statistic=statistic,
     clock=data['clock'],
     pinned=data['pinned'],
     warmup=data['warmup'],
@@ -354,6 +363,26 @@ def _table(data, index: int, where: str) -> Table:
     for text, value in (data.get('spread') or {}).items()
   }
   return Table(as_split(split), data['tasks'], costs, spread)
+
+
+def _priced_at_median(table: Table, index: int, where: str) -> Table:
+  """A table of a file whose costs are each task's fastest call (`FASTEST_CALL`), as one
+  measured now: each cost the median its `spread` kept, the fastest call in `spread`."""
+  for key in table.costs:
+    if 'median' not in table.spread.get(key, {}):
+      raise ProfileError(
+        f'{where}: field "tables[{index}].spread" has no median for {key_text(key)}, and '
+        f'a task costs the median of its calls (this file holds the fastest, "statistic": '
+        f'"{FASTEST_CALL}"); measure the profile again (python -m experiments.profile).'
+      )
+  return dataclasses.replace(
+    table,
+    costs={k: table.spread[k]['median'] for k in table.costs},
+    spread={
+      k: {'min': fastest, **{s: v for s, v in table.spread[k].items() if s != 'median'}}
+      for k, fastest in table.costs.items()
+    },
+  )
 
 
 def _check_int(value, field: str, where: str, least: int = 1) -> None:

@@ -73,7 +73,7 @@ def reprice_from_trace(
   profile: Profile, durations: Mapping[tuple[Any, str], Sequence[float]]
 ) -> Profile:
   """`profile` (one table) with each task's cost the median of its durations in a real
-  run (`trace_durations`): every figure (`costs`, `median`, `p90`) that median, what
+  run (`trace_durations`): every figure (`costs`, `min`, `p90`) that median, what
   the run's tasks took as they ran there, load and neighbours included. A task the run
   did not time keeps its measured cost; a `kind` key (the stages without a key of
   their own) takes the median over those stages' tasks of that kind. Its `statistic`
@@ -124,7 +124,7 @@ def timed_durations(table: Table, key, durations: Mapping[tuple[Any, str], Seque
 
 def repriced_table(table: Table, durations: Mapping[tuple[Any, str], Sequence[float]]) -> Table:
   """`table` with every task the durations time costing their median (every figure:
-  `costs`, `median`, `p90`); the others keep their cost (`reprice_from_trace`)."""
+  `costs`, `min`, `p90`); the others keep their cost (`reprice_from_trace`)."""
   costs = {}
   for key, seconds in table.costs.items():
     found = timed_durations(table, key, durations)

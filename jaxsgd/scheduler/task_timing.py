@@ -6,15 +6,22 @@ A profile (`profiles`) is only as good as its measurement. How a task is measure
     for each task: `warmup` calls (compile, caches), not timed
     for r in 1..reps:                      # interleaved: rep r of every task, then r + 1
       for each task: t = clock time of fn(*args) until every output is ready
-    cost(task) = min over the reps of t
+    cost(task) = median over the reps of t
 
-The rule, and why the minimum: other processes only ever *add* time to a call, never
-remove any, so the fastest of many calls is the one closest to the task's own cost.
-Interleaving spreads a burst of load over all tasks instead of inflating one. The
-median and the 90th percentile are kept next to each cost (`Table.spread`) so a reader
-can see how loaded the machine was. A cost is the time of one blocking call: device
-time plus one host dispatch, as `costs.time_calls` measures it; what an executor adds
-per task is measured apart (`lane_timing`).
+The rule, and why the median: the virtual clock prices every call of a run at its
+task's cost (times a mean-one noise factor, `cost.straggler_std`), so the cost is what a
+typical call takes, not the fastest one. The fastest call is the work with nothing in
+its way — a warm cache, no interrupt, the turbo clock — and a run's calls seldom all get
+that: in one measured profile, each forward's and backward's median call was
+1.01-1.04× its fastest, each ~1 ms update's 1.1-1.3×, about half of what the run's tasks
+took over the fastest (benchmarks/results/simulator_accuracy.md); pricing at the fastest
+made nearly every prediction fast. Like the minimum, the median ignores a burst of other
+jobs' load that slows fewer than half the calls, and interleaving spreads such a burst
+over all tasks instead of inflating one.
+The fastest call and the 90th percentile are kept next to each cost (`Table.spread`) so
+a reader can see how loaded the machine was. A cost is the time of one blocking call:
+device time plus one host dispatch, as `costs.time_calls` measures it; what an executor
+adds per task is measured apart (`lane_timing`).
 
 Which clock, and pinning (`CLOCKS`, `pin_to_core`). Wall time on every core is what
 `costs.time_calls` measures and the default. The process's CPU time of a process pinned
@@ -180,14 +187,13 @@ def measure(
   """(cost, spread) of every `fn(*args)` in `calls` (see the module docstring).
 
   Returns:
-    `{key: seconds}` (the minimum over `reps` interleaved blocking calls) and
-    `{key: {'median': s, 'p90': s}}`.
+    `{key: seconds}` (the median over `reps` interleaved blocking calls) and
+    `{key: {'min': s, 'p90': s}}`.
   """
   times = measure_times(calls, warmup=warmup, reps=reps, clock=clock)
-  costs = {key: float(min(ts)) for key, ts in times.items()}
+  costs = {key: float(np.median(ts)) for key, ts in times.items()}
   spread = {
-    key: {'median': float(np.median(ts)), 'p90': float(np.quantile(ts, 0.9))}
-    for key, ts in times.items()
+    key: {'min': float(min(ts)), 'p90': float(np.quantile(ts, 0.9))} for key, ts in times.items()
   }
   return costs, spread
 

@@ -50,8 +50,9 @@ def _write(tmp_path, data, name='p.json'):
   return str(path)
 
 
-def test_measure_takes_the_minimum_of_interleaved_repetitions():
-  """A fake clock: call i of the run takes `durations[i]`; calls alternate a, b."""
+def test_measure_prices_each_task_at_the_median_of_interleaved_repetitions():
+  """A fake clock: call i of the run takes `durations[i]`; calls alternate a, b. a's
+  calls take 5, 3, 4 (median 4, fastest 3); b's 1, 7, 2 (median 2, fastest 1)."""
   durations = iter([5.0, 1.0, 3.0, 7.0, 4.0, 2.0])  # a1 b1 a2 b2 a3 b3
   now = itertools.count()
   ticks = []
@@ -65,15 +66,15 @@ def test_measure_takes_the_minimum_of_interleaved_repetitions():
 
   calls = {'a': (lambda: np.zeros(1), ()), 'b': (lambda: np.ones(1), ())}
   costs, spread = task_timing.measure(calls, warmup=1, reps=3, clock=clock)
-  assert costs == {'a': 3.0, 'b': 1.0}
-  assert spread['a']['median'] == 4.0 and spread['b']['median'] == 2.0
+  assert costs == {'a': 4.0, 'b': 2.0}
+  assert spread['a']['min'] == 3.0 and spread['b']['min'] == 1.0
   assert spread['a']['p90'] == pytest.approx(4.8) and spread['b']['p90'] == pytest.approx(6.0)
 
 
 def test_several_tables_are_measured_in_the_same_rounds(monkeypatch):
   """`measure_tables`: each round times every task of every table once, so a slow spell
   prices them alike; each table keeps its own keys, split and task set, and each key the
-  minimum of its own task's calls (a fake clock: the i-th timed call takes durations[i])."""
+  median of its own task's calls (a fake clock: the i-th timed call takes durations[i])."""
   order = []
   durations = iter([4.0, 1.0, 9.0, 3.0, 2.0, 8.0])  # round 1: a0 a1 b0, round 2: a0 a1 b0
   ticks = []
@@ -92,9 +93,9 @@ def test_several_tables_are_measured_in_the_same_rounds(monkeypatch):
   assert order == ['a0', 'a1', 'b0'] + ['a0', 'a1', 'b0'] * 2  # warm-up, then two rounds
   assert [t.tasks for t in tables] == ['x', 'y']
   assert [t.split for t in tables] == [((0, 2),), ((0, 1), (1, 2))]
-  assert tables[0].costs == {(0, 'forward'): 3.0, (0, 'update'): 1.0}
-  assert tables[1].costs == {(0, 'forward'): 8.0}
-  assert tables[1].spread[(0, 'forward')]['median'] == 8.5
+  assert tables[0].costs == {(0, 'forward'): 3.5, (0, 'update'): 1.5}
+  assert tables[1].costs == {(0, 'forward'): 8.5}
+  assert tables[1].spread[(0, 'forward')]['min'] == 8.0
 
 
 def test_the_clocks_that_measure_are_those_a_file_may_name():
@@ -127,10 +128,10 @@ def test_profile_has_every_task_of_every_stage(profile):
     (k, kind) for k in range(2) for kind in ('forward', 'backward', 'update')
   }
   assert all(c > 0 for c in table.costs.values())
-  assert all(table.spread[k]['median'] >= c for k, c in table.costs.items())
+  assert all(table.spread[k]['min'] <= c <= table.spread[k]['p90'] for k, c in table.costs.items())
   assert table.tasks == profile_lookup.roles_signature(ROLES)
   assert profile.model['name'] == 'mlp' and profile.batch_size == BATCH
-  assert profile.statistic == 'min' and profile.jax_version
+  assert profile.statistic == 'median' and profile.jax_version
   assert profile.clock == 'wall' and not profile.pinned
 
 
@@ -298,6 +299,34 @@ def test_busy_cores_are_kept_and_a_file_written_before_them_had_none(profile, tm
   older = profiles.to_json(profile)
   del older['busy_cores']  # a file written before the field
   assert profiles.load(_write(tmp_path, older)) == profile and profile.busy_cores == 0
+
+
+def test_a_file_of_fastest_calls_is_priced_at_the_median_it_kept(profile, tmp_path):
+  """A file written when a cost was a task's fastest call (`"statistic": "min"`) loads as
+  one measured now: each cost its kept median, the fastest call in `spread`; one that
+  kept no median for a task is refused, naming the table and the task."""
+  data = profiles.to_json(profile)
+  data['statistic'] = 'min'
+  data['tables'][0]['costs'] = {'0/forward': 1.0, '0/update': 0.2}
+  data['tables'][0]['spread'] = {
+    '0/forward': {'median': 1.1, 'p90': 1.5},
+    '0/update': {'median': 0.25, 'p90': 0.4},
+  }
+  loaded = profiles.load(_write(tmp_path, data))
+  assert loaded.statistic == profiles.STATISTIC == 'median'
+  (table,) = loaded.tables
+  assert table.costs == {(0, 'forward'): 1.1, (0, 'update'): 0.25}
+  assert table.spread == {
+    (0, 'forward'): {'min': 1.0, 'p90': 1.5},
+    (0, 'update'): {'min': 0.2, 'p90': 0.4},
+  }
+  assert profiles.load(_write(tmp_path, profiles.to_json(loaded), 'again.json')) == loaded
+  assert profiles.merge(loaded, profile).tables == profile.tables  # measured alike now
+  del data['tables'][0]['spread']['0/update']['median']
+  with pytest.raises(
+    profiles.ProfileError, match=r'"tables\[0\].spread" has no median for 0/update'
+  ):
+    profiles.load(_write(tmp_path, data))
 
 
 def test_dispatch_overhead_is_measured_for_each_executor():
