@@ -25,11 +25,8 @@ File format (JSON, `FORMAT`):
                  "costs": {"0/forward": 0.001, "0/backward": 0.002, ...},
                  "spread": {"0/forward": {"min": ..., "p90": ...}, ...}}]}
 
-`statistic`: what each cost is of a task's timed calls — their median (`STATISTIC`,
-`task_timing.measure` says why). A file written when costs were the fastest call
-(`"min"`) loads priced the same way, at the median its `spread` kept (`from_json`).
-
-A profile holds one table per (stage split, task set): a suite whose methods cut the
+A cost is the median of a task's timed calls (`statistic`; `task_timing` says why); a
+file of fastest calls (`"min"`, older) loads at the medians its `spread` kept. A profile holds one table per (stage split, task set): a suite whose methods cut the
 model the same way and run the same computations shares one table (BP and DDG), others
 add their own (auxiliary heads change the computation). Cost keys are those of
 `CostModel.compute`: `(stage, kind)` written `"stage/kind"`, or `kind` alone (every
