@@ -6,7 +6,7 @@ ResNet-20 (CIFAR-10 shapes, batch 64, Adam) cut into `--stages` stages, one
 device each, free links: staged BP and DDG run `--steps` real iterations on the
 virtual clock, with task costs from each device preset (roofline of XLA's
 operation counts, `jaxsgd.scheduler.hardware`) and from a profile measured here
-at the start (wall clock, both cores, fastest of 10). Prints the simulated time
+at the start (wall clock, both cores, median of 10). Prints the simulated time
 per iteration and DDG's speed-up over BP for each; every preset run is done
 twice and must give bit-identical simulated times (a preset does not depend on
 the machine or its load). Last line: `h100: DDG speed-up over BP <x>, simulated

@@ -10,7 +10,7 @@ transformer (width 512, 8 blocks, 8 heads, 256 tokens of a 1024-token vocabulary
 batch 16), each cut into `--stages` stages as the pipeline algorithms cut them: every
 stage's forward, backward and update (Adam), timed as a cost profile times them
 (`task_timing.measure`: 3 warm-up calls, then `--reps` interleaved blocking calls,
-the fastest counts), next to its roofline time `max(flops / peak, bytes /
+their median counts), next to its roofline time `max(flops / peak, bytes /
 bandwidth) + launch + kernels · kernel_overhead` from XLA's compiled cost
 analysis and a preset. `--mode=shared` (default): both cores, wall time,
 against the `cpu` preset — how `experiments.profile` measures by default;
@@ -129,7 +129,7 @@ def main():
     f'{spec.name} preset: peak {spec.peak_flops / 1e9:.0f} GFLOP/s, bandwidth '
     f'{spec.memory_bandwidth / 1e9:.0f} GB/s, launch {spec.launch_overhead * 1e6:.1f} µs, '
     f'kernel {spec.kernel_overhead * 1e6:.1f} µs; '
-    f'{args.stages} stages, measured = fastest of {args.reps} interleaved calls; '
+    f'{args.stages} stages, measured = median of {args.reps} interleaved calls; '
     f'load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; '
     f'{jax.devices()[0].device_kind}, jax {jax.__version__}'
   )

@@ -780,7 +780,8 @@ def main():
     measured_how = 'a profile given' if args.profile else _neighbours_label(args)
     print(
       f'cost profile: {profile} ({loaded.date}, pinned to core 0, lane flags, '
-      f'{measured_how}; each task the median of {loaded.reps} {loaded.clock}-timed calls)',
+      f'{measured_how}; each task the {loaded.statistic} of {loaded.reps} '
+      f'{loaded.clock}-timed calls)',
       flush=True,
     )
     hosts = {'host': args.host}

@@ -93,6 +93,10 @@ def test_repricing_takes_each_tasks_median_and_keeps_what_the_run_did_not_time()
       'update': 4.0,
     }
   )
+  kept = {(0, 'backward'): {'min': 1.5, 'p90': 2.5}}  # an untimed task's measured spread
+  measured = dataclasses.replace(
+    measured, tables=(dataclasses.replace(measured.tables[0], spread=kept),)
+  )
   durations = {
     (0, 'forward'): [0.1, 0.2, 0.9],  # median 0.2 (mean 0.4)
     (0, 'update'): [0.5, 0.75],  # its own key: not pooled into 'update'
@@ -108,7 +112,12 @@ def test_repricing_takes_each_tasks_median_and_keeps_what_the_run_did_not_time()
     (0, 'update'): 0.625,
     'update': 0.3125,
   }
-  assert table.figures('min') == table.figures('p90') == table.costs
+  assert table.spread == {  # a timed task's every figure its median; an untimed one's kept
+    (0, 'forward'): {'min': 0.2, 'p90': 0.2},
+    (0, 'update'): {'min': 0.625, 'p90': 0.625},
+    'update': {'min': 0.3125, 'p90': 0.3125},
+    (0, 'backward'): {'min': 1.5, 'p90': 2.5},
+  }
   assert (table.split, table.tasks) == (measured.tables[0].split, measured.tables[0].tasks)
   assert repriced.dispatch == measured.dispatch and repriced.model == measured.model
   assert repriced.statistic == repricing.REPRICED != measured.statistic

@@ -7,15 +7,15 @@
                                                     + n / take_in bandwidth
     export(that message, on its sending lane)    = the same with export's figures
 
-`base` is given explicitly or measured by timing the real jitted functions once
-on this machine (`time_calls`). `dispatch` is the host time an executor spends per
-task on top of the JAX call that `base` already includes (0 by default: the devices'
-time alone; a profile's measured figure when the simulation predicts an executor,
-`cost.host`); it is host time, so neither the lane's speed nor the noise scales
-it. `speed[l]` (default 1) makes some devices or
-workers faster or slower. `noise_l = exp(σ z − σ²/2)`, `z ~ N(0, 1)` drawn from a
-generator seeded by `(seed, l)`, is a mean-one log-normal straggler factor: the
-same seed gives the same durations, so the same simulated run, bit for bit.
+`base` is given explicitly or measured by timing the real jitted functions once on this
+machine (`task_timing.measure`: the median of their calls). `dispatch` is the host time
+an executor spends per task on top of the JAX call that `base` already includes (0 by
+default: the devices' time alone; a profile's measured figure when the simulation
+predicts an executor, `cost.host`); it is host time, so neither the lane's speed nor the
+noise scales it. `speed[l]` (default 1) makes some devices or workers faster or slower.
+`noise_l = exp(σ z − σ²/2)`, `z ~ N(0, 1)` drawn from a generator seeded by `(seed, l)`,
+is a mean-one log-normal straggler factor: the same seed gives the same durations, so
+the same simulated run, bit for bit.
 """
 
 import dataclasses

@@ -176,7 +176,8 @@ def pipeline_costs(
   """`{(stage, kind): seconds}` for `pipeline` in `roles`, from `profile`.
 
   Refuses a profile of another model, batch size, stage split or task set: what
-  `PlacedStages.time_tasks` would have measured, read from the file instead.
+  `PlacedStages.time_tasks` would have timed (there the fastest call, here the median),
+  read from the file instead.
   """
   return costs_for(
     profile,

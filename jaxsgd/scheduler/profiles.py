@@ -1,11 +1,11 @@
 """Cost profiles: the file that holds measured task costs, written once, read by every run.
 
-The virtual clock needs the seconds each task takes. Measuring them at the start of
-every run makes simulated times depend on whatever else the machine was doing then. A
-*profile* is measured once (`task_timing`), written to a file (`save`), and read back
-as is (`load`) by every run that names it (`cost.profile`), so two runs with the same
-profile simulate the same times, bit for bit. `profile_lookup` finds the table that prices a run; `repricing`
-makes a profile whose costs are a pilot run's task durations.
+The virtual clock needs the seconds each task takes. Measuring them at the start of every
+run makes simulated times depend on whatever else the machine was doing then. A *profile*
+is measured once (`task_timing`), written to a file (`save`), and read back as is (`load`)
+by every run that names it (`cost.profile`), so two runs with the same profile simulate
+the same times, bit for bit. `profile_lookup` finds the table that prices a run;
+`repricing` makes a profile whose costs are a pilot run's task durations.
 
 The rule: the file is checked field by field where it is read, and a bad one is
 refused in one line naming the field (`ProfileError`); tables measured differently
@@ -26,15 +26,16 @@ File format (JSON, `FORMAT`):
                  "spread": {"0/forward": {"min": ..., "p90": ...}, ...}}]}
 
 A cost is the median of a task's timed calls (`statistic`; `task_timing` says why); a
-file of fastest calls (`"min"`, older) loads at the medians its `spread` kept. A profile holds one table per (stage split, task set): a suite whose methods cut the
-model the same way and run the same computations shares one table (BP and DDG), others
-add their own (auxiliary heads change the computation). Cost keys are those of
-`CostModel.compute`: `(stage, kind)` written `"stage/kind"`, or `kind` alone (every
-stage). `dispatch` holds the seconds the in-process executors add per task, measured
-with the tables (`lane_timing.measure_dispatch`), for information: the virtual clock
-takes an executor's host from a host profile (`cost.host`, `jaxsgd.scheduler.host`).
-Profiles written before that may hold the process executor's figures there too; they
-load as they are, and nothing reads them.
+file of fastest calls (`"min"`, older) loads at the medians its `spread` kept. A profile
+holds one table per (stage split, task set): a suite whose methods cut the model the same
+way and run the same computations shares one table (BP and DDG), others add their own
+(auxiliary heads change the computation). Cost keys are those of `CostModel.compute`:
+`(stage, kind)` written `"stage/kind"`, or `kind` alone (every stage). `dispatch` holds
+the seconds the in-process executors add per task, measured with the tables
+(`lane_timing.measure_dispatch`), for information: the virtual clock takes an executor's
+host from a host profile (`cost.host`, `jaxsgd.scheduler.host`). Profiles written before
+that may hold the process executor's figures there too; they load as they are, and nothing
+reads them.
 
 `busy_cores`: how many other cores of the host computed while the tasks were timed
 (`experiments.profile --busy_cores`): a CPU core's speed depends on what its neighbours do
@@ -119,7 +120,7 @@ class Table:
     missing = [key_text(k) for k in self.costs if statistic not in self.spread.get(k, {})]
     if missing:
       raise ProfileError(
-        f'cost.profile: no {statistic} for task {missing[0]} (its table has no "spread"); '
+        f'cost.profile: no {statistic} for task {missing[0]} (its table\'s "spread" lacks it); '
         f"measure the profile again, or ask for statistic='{STATISTIC}'."
       )
     return {k: float(self.spread[k][statistic]) for k in self.costs}
@@ -355,10 +356,13 @@ def _table(data, index: int, where: str) -> Table:
   for text, seconds in data['costs'].items():
     _check_seconds(seconds, f'{field}.costs.{text}', where)
     costs[_key(text, where)] = float(seconds)
-  spread = {
-    _key(text, where): {k: float(v) for k, v in value.items()}
-    for text, value in (data.get('spread') or {}).items()
-  }
+  spread = {}
+  for text, figures in (data.get('spread') or {}).items():
+    if not isinstance(figures, dict):
+      raise ProfileError(f'{where}: field "{field}.spread.{text}" must be an object of seconds.')
+    for name, seconds in figures.items():
+      _check_seconds(seconds, f'{field}.spread.{text}.{name}', where)
+    spread[_key(text, where)] = {k: float(v) for k, v in figures.items()}
   return Table(as_split(split), data['tasks'], costs, spread)
 
 
@@ -389,12 +393,7 @@ def _check_int(value, field: str, where: str, least: int = 1) -> None:
 
 
 def _check_seconds(value, field: str, where: str) -> None:
-  if (
-    isinstance(value, bool)
-    or not isinstance(value, (int, float))
-    or not value >= 0
-    or math.isinf(value)
-  ):
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
     raise ProfileError(
       f'{where}: field "{field}" must be a finite number of seconds >= 0, got {value!r}.'
     )

@@ -124,12 +124,13 @@ def timed_durations(table: Table, key, durations: Mapping[tuple[Any, str], Seque
 
 def repriced_table(table: Table, durations: Mapping[tuple[Any, str], Sequence[float]]) -> Table:
   """`table` with every task the durations time costing their median (every figure:
-  `costs`, `min`, `p90`); the others keep their cost (`reprice_from_trace`)."""
-  costs = {}
-  for key, seconds in table.costs.items():
+  `costs`, `min`, `p90`); the others keep their cost and spread (`reprice_from_trace`)."""
+  costs, spread = dict(table.costs), dict(table.spread)
+  for key in table.costs:
     found = timed_durations(table, key, durations)
-    costs[key] = float(np.median(found)) if found else seconds
-  spread = {k: dict.fromkeys(SPREAD_STATISTICS, v) for k, v in costs.items()}
+    if found:
+      costs[key] = float(np.median(found))
+      spread[key] = dict.fromkeys(SPREAD_STATISTICS, costs[key])
   return dataclasses.replace(table, costs=costs, spread=spread)
 
 

@@ -285,7 +285,7 @@ def pipeline_table(
   """The measured table of `pipeline`'s stages in `roles`, on one host `batch`.
 
   Times the very calls `PlacedStages.time_tasks` times (forward, backward, update
-  per stage), robustly (`measure`).
+  per stage), each the median of its interleaved calls (`measure`).
   """
   calls = pipeline.task_calls(roles, batch)
   return measure_table(

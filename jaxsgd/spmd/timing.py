@@ -132,5 +132,5 @@ def sync_time_model(
 
 def measure_seconds(fn: Callable, *args, repeats: int = 5) -> float:
   """The fastest wall seconds of `fn(*args)` to completion (the measured `compute`),
-  timed as the scheduler's cost model times a set of calls (`costs.time_calls`)."""
+  after one warm-up call (`costs.time_calls`)."""
   return costs_lib.time_calls({'step': (fn, args)}, reps=repeats)['step']

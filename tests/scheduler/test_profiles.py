@@ -234,6 +234,14 @@ def test_mismatches_are_refused(profile, case, field):
       r'"tables\[0\].costs.0/forward" must be a finite number of seconds >= 0',
     ),
     (lambda d: d['tables'][0]['costs'].update({'x/forward': 1.0}), 'cost key'),
+    (
+      lambda d: d['tables'][0]['spread']['0/forward'].update(min=float('nan')),
+      r'"tables\[0\].spread.0/forward.min" must be a finite number of seconds >= 0, got nan',
+    ),
+    (
+      lambda d: d['tables'][0]['spread'].update({'0/forward': 0.1}),
+      r'"tables\[0\].spread.0/forward" must be an object of seconds',
+    ),
     (lambda d: d['tables'][0].update(split=[[2, 1]]), r'"tables\[0\].split"'),
     (lambda d: d['dispatch'].update(real='fast'), '"dispatch.real"'),
     (lambda d: d.update(tables=[]), '"tables" must be a non-empty list'),
@@ -321,7 +329,12 @@ def test_a_file_of_fastest_calls_is_priced_at_the_median_it_kept(profile, tmp_pa
     (0, 'update'): {'min': 0.2, 'p90': 0.4},
   }
   assert profiles.load(_write(tmp_path, profiles.to_json(loaded), 'again.json')) == loaded
-  assert profiles.merge(loaded, profile).tables == profile.tables  # measured alike now
+  other = profiles.Table(((0, 2), (2, 3)), 'other', {'forward': 1.0})
+  merged = profiles.merge(loaded, dataclasses.replace(profile, tables=(other,)))
+  assert merged.tables == (table, other)  # measured alike now: kept beside a new table
+  data['tables'][0]['spread']['0/update']['median'] = 'x'
+  with pytest.raises(profiles.ProfileError, match=r'spread.0/update.median" must be a finite'):
+    profiles.load(_write(tmp_path, data))
   del data['tables'][0]['spread']['0/update']['median']
   with pytest.raises(
     profiles.ProfileError, match=r'"tables\[0\].spread" has no median for 0/update'
