@@ -356,10 +356,11 @@ def _table(data, index: int, where: str) -> Table:
   for text, seconds in data['costs'].items():
     _check_seconds(seconds, f'{field}.costs.{text}', where)
     costs[_key(text, where)] = float(seconds)
+  kept = data.get('spread') or {}
+  if not isinstance(kept, dict) or not all(isinstance(f, dict) for f in kept.values()):
+    raise ProfileError(f'{where}: field "{field}.spread" must give each task an object of seconds.')
   spread = {}
-  for text, figures in (data.get('spread') or {}).items():
-    if not isinstance(figures, dict):
-      raise ProfileError(f'{where}: field "{field}.spread.{text}" must be an object of seconds.')
+  for text, figures in kept.items():
     for name, seconds in figures.items():
       _check_seconds(seconds, f'{field}.spread.{text}.{name}', where)
     spread[_key(text, where)] = {k: float(v) for k, v in figures.items()}

@@ -240,7 +240,11 @@ def test_mismatches_are_refused(profile, case, field):
     ),
     (
       lambda d: d['tables'][0]['spread'].update({'0/forward': 0.1}),
-      r'"tables\[0\].spread.0/forward" must be an object of seconds',
+      r'"tables\[0\].spread" must give each task an object of seconds',
+    ),
+    (
+      lambda d: d['tables'][0].update(spread=[0.1]),
+      r'"tables\[0\].spread" must give each task an object of seconds',
     ),
     (lambda d: d['tables'][0].update(split=[[2, 1]]), r'"tables\[0\].split"'),
     (lambda d: d['dispatch'].update(real='fast'), '"dispatch.real"'),
