@@ -822,10 +822,7 @@ def _host_line(path: str, host, args) -> str:
 
   simulated = host_lib.simulated(host, args.lanes)
   every_core = args.lanes >= host.cores  # as `host.simulated` decides
-  figures = ', '.join(
-    f'{k} {v / 1e9:.2f} GB/s' if k.endswith('_bandwidth') else f'{k} {1e6 * v:.1f} µs'
-    for k, v in host.figures
-  )
+  figures = ', '.join(_figure(k, v) for k, v in host.figures)
   if args.link_latency is None:
     latency, bandwidth, per_array = simulated.link
   else:
@@ -839,7 +836,17 @@ def _host_line(path: str, host, args) -> str:
     f"per message's way, links of {1e6 * latency:.0f} µs + {1e6 * per_array:.0f} µs per "
     f'array beyond the first + bytes / {bandwidth / 1e9:.2f} GB/s'
     + ('' if args.link_latency is None else ' (--link_latency, --link_bandwidth)')
+    + f', and the lanes {simulated.core_share:.4f} of each core placed lanes share'
   )
+
+
+def _figure(name: str, value: float) -> str:
+  """A host profile's figure with its unit: bytes/s as GB/s, cores, or seconds as µs."""
+  if name.endswith('_bandwidth'):
+    return f'{name} {value / 1e9:.2f} GB/s'
+  if name == 'background':
+    return f'{name} {value:.4f} cores'
+  return f'{name} {1e6 * value:.1f} µs'
 
 
 def _neighbours_label(args) -> str:

@@ -217,6 +217,7 @@ def make_executor(
     lane_hardware=lane_hardware(shared),
     copies_on_sender=host.copies_on_sender,
     time_sliced=host.time_sliced,
+    core_share=host.core_share,
     run_ahead=run_ahead if host.run_ahead else 0,
   )
   return executor, table

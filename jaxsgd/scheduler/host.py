@@ -16,7 +16,7 @@ File format (JSON, `FORMAT`; seconds and bytes/s):
      "platform": "cpu", "jax_version": "0.10.2", "date": "...",
      "dispatch": 5e-4, "dispatch_loaded": 7.5e-4,
      "driver": 3e-5, "driver_latency": 3.8e-4,
-     "driver_loaded": 4e-5, "driver_latency_loaded": 1.2e-3,
+     "driver_loaded": 4e-5, "driver_latency_loaded": 1.2e-3, "background": 0.03,
      "link_latency": 1.5e-3, "link_bandwidth": 1.0e9, "link_per_array": 3e-5,
      "take_in_latency": 5e-4, "take_in_bandwidth": 1.1e10, "take_in_per_array": 7e-5,
      "export_latency": 4e-4, "export_bandwidth": 3e9, "export_per_array": 1e-5}
@@ -51,6 +51,11 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
   *_loaded        the same figures measured with a busy lane on every core; they apply
                   where the run's compute lanes take every core of the host (as many
                   lanes as `cores`), so the driver and Ray run only when they preempt one.
+  background      'processes': cores of CPU that the executor's own processes take while
+                  no task runs (Ray's daemons, the idle lanes' and the driver's threads;
+                  a lane on every core, `lane_timing.measure_background`). Where the
+                  lanes take every core it comes out of theirs: each core placed lanes
+                  time-slice gives them 1 - background / cores of itself (`shared_cores`).
 
 The process executor's schedule follows from what it is, not from settings: a process
 goes on at its task's dispatch while its lane has at most the executor's bound of
@@ -84,6 +89,7 @@ FIGURES = {
     'driver_latency',
     'driver_loaded',
     'driver_latency_loaded',
+    'background',
     'link_latency',
     'link_bandwidth',
     'link_per_array',
@@ -131,6 +137,7 @@ class SimulatedHost:
     copies_on_sender: the sending lane's process makes its copies, one at a time, on
       the cores it is placed on.
     time_sliced: lanes placed on the same cores share them in time slices.
+    core_share: the share of each such core its lanes get (the rest is `background`'s).
     link: `(latency, bandwidth, seconds per array beyond a message's first)` of the
       executor's moves between lanes, or None.
     take_in: the same three figures of a lane taking in a message sent to it, at the
@@ -145,6 +152,7 @@ class SimulatedHost:
   driver_latency: float = 0.0
   copies_on_sender: bool = False
   time_sliced: bool = False
+  core_share: float = 1.0
   link: tuple[float, float, float] | None = None
   take_in: tuple[float, float, float] | None = None
   export: tuple[float, float, float] | None = None
@@ -157,7 +165,8 @@ def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
     return SimulatedHost()
   if profile.executor != 'processes':
     return SimulatedHost(dispatch=profile.figure('dispatch'))
-  loaded = '_loaded' if compute_lanes >= profile.cores else ''
+  every_core = compute_lanes >= profile.cores
+  loaded = '_loaded' if every_core else ''
   return SimulatedHost(
     run_ahead=True,
     dispatch=profile.figure('dispatch' + loaded),
@@ -165,6 +174,7 @@ def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
     driver_latency=profile.figure('driver_latency' + loaded),
     copies_on_sender=True,
     time_sliced=True,
+    core_share=1 - profile.figure('background') / profile.cores if every_core else 1.0,
     link=tuple(profile.figure(f'link_{f}') for f in MOVE_FIGURES),
     take_in=tuple(profile.figure(f'take_in_{f}') for f in MOVE_FIGURES),
     export=tuple(profile.figure(f'export_{f}') for f in MOVE_FIGURES),
@@ -253,16 +263,7 @@ def from_json(data, where: str) -> HostProfile:
         f'{where}: no {name} (written by an older jaxsgd?); measure the host again: '
         f'python -m experiments.profile --host={executor} --out=FILE.'
       )
-    positive = name.endswith('_bandwidth')
-    if (
-      isinstance(value, bool)
-      or not isinstance(value, (int, float))
-      or not (value > 0 if positive else value >= 0)
-      or (not positive and not math.isfinite(value))
-    ):
-      need = 'bytes/s > 0 (inf: free)' if positive else 'seconds >= 0'
-      raise HostProfileError(f'{where}: {name} must be {need}, got {value!r}.')
-    figures[name] = float(value)
+    figures[name] = _checked(name, value, cores, where)
   return HostProfile(
     executor=executor,
     cores=cores,
@@ -271,3 +272,18 @@ def from_json(data, where: str) -> HostProfile:
     jax_version=str(data.get('jax_version', '')),
     date=str(data.get('date', '')),
   )
+
+
+def _checked(name: str, value, cores: int, where: str) -> float:
+  """Figure `name` of a host profile of `cores` cores as a float, or refused in one line:
+  seconds >= 0, bytes/s > 0 (`*_bandwidth`), or cores in [0, cores) (`background`)."""
+  number = not isinstance(value, bool) and isinstance(value, (int, float))
+  if name == 'background':
+    need, good = f'cores >= 0 and < {cores}', number and 0 <= value < cores
+  elif name.endswith('_bandwidth'):
+    need, good = 'bytes/s > 0 (inf: free)', number and value > 0
+  else:
+    need, good = 'seconds >= 0', number and 0 <= value < math.inf
+  if not good:
+    raise HostProfileError(f'{where}: {name} must be {need}, got {value!r}.')
+  return float(value)

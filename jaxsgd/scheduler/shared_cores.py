@@ -41,6 +41,14 @@ from jaxsgd.scheduler.virtual_processes import LaneProcessModel
 class TimeSlicedVirtualExecutor(VirtualExecutor):
   """`VirtualExecutor` whose lanes placed on one core (`lane_hardware`) time-slice it."""
 
+  def __init__(self, cost_model, *, core_share: float = 1.0, **options):
+    """`core_share`: the share of each core that the lanes placed on it get; the rest
+    is the host's own processes' (a host profile's `background`: `host.simulated`)."""
+    if not 0 < core_share <= 1:
+      raise ValueError(f'core_share: a share of a core in (0, 1], got {core_share!r}.')
+    super().__init__(cost_model, **options)
+    self.core_share = core_share
+
   def begin(self) -> None:
     super().begin()
     self._cores: dict = {}  # queue key -> the `TimeSlicedCore` it runs on
@@ -63,7 +71,7 @@ class TimeSlicedVirtualExecutor(VirtualExecutor):
     return hardware
 
   def _on_core(self, queue_key, core_name: str):
-    core = self._core_named.get(core_name) or TimeSlicedCore(self)
+    core = self._core_named.get(core_name) or TimeSlicedCore(self, self.core_share)
     self._cores[queue_key] = self._core_named[core_name] = core
     return queue_key
 
@@ -121,11 +129,15 @@ class TimeSlicedLaneProcessModel(TimeSlicedVirtualExecutor, LaneProcessModel):
 
 class TimeSlicedCore:
   """A core shared by the lanes placed on it, as an operating system shares it between
-  processes: processor sharing. With n tasks running, each progresses at 1/n of the
-  core's speed; a task's cost is the seconds it would take alone.
+  processes: processor sharing. With n tasks running, each progresses at `share` / n of
+  the core's speed; a task's cost is the seconds it would take alone.
 
-      remaining_i -= (now - last) / n            at every arrival and departure
-      next end = now + min_i remaining_i · n     (one event; superseded ones are ignored)
+      remaining_i -= (now - last) · share / n          at every arrival and departure
+      next end = now + min_i remaining_i · n / share   (one event; superseded ones ignored)
+
+  `share` (1: the whole core) is what the host's own processes leave to the lanes where
+  every core has a lane: they then run only by taking a slice of some lane's core (a
+  host profile's `background`, spread over the host's cores: `host.simulated`).
 
   Linux's scheduler gives each runnable process of one core an equal share over a few
   milliseconds (CFS), which this fluid model approximates for tasks of a few ms or more;
@@ -133,8 +145,9 @@ class TimeSlicedCore:
   Everything is arithmetic in a fixed order, so a run stays deterministic.
   """
 
-  def __init__(self, executor: VirtualExecutor):
+  def __init__(self, executor: VirtualExecutor, share: float = 1.0):
     self.executor = executor
+    self.share = share
     self.running: list = []  # [remaining seconds alone, arrival number, on_end]
     self.last = 0.0
     self.generation = 0
@@ -149,16 +162,16 @@ class TimeSlicedCore:
   def _advance(self) -> None:
     now = self.executor.now()
     if self.running:
-      share = (now - self.last) / len(self.running)
+      work = (now - self.last) * self.share / len(self.running)
       for entry in self.running:
-        entry[0] -= share
+        entry[0] -= work
     self.last = now
 
   def _schedule(self) -> None:
     self.generation += 1
     if self.running:
       first = min(self.running, key=lambda e: (e[0], e[1]))
-      end = self.executor.now() + max(first[0], 0.0) * len(self.running)
+      end = self.executor.now() + max(first[0], 0.0) * len(self.running) / self.share
       self.executor._at(end, self._end, self.generation, first[1])  # pylint: disable=protected-access
 
   def _end(self, generation: int, arrival: int) -> None:

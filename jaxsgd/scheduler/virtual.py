@@ -57,17 +57,18 @@ def make(
   lane_hardware: Mapping[str, str] | None = None,
   copies_on_sender: bool = False,
   time_sliced: bool = False,
+  core_share: float = 1.0,
   run_ahead: int = 0,
 ) -> 'VirtualExecutor':
-  """The virtual clock for a run's settings. `run_ahead`: 0, a process goes on when its
-  task ends (`VirtualExecutor`); N > 0, the process executor's schedule with its bound N
-  (`LaneProcessModel`, as a process executor's host profile, `cost.host`, asks). With
-  `time_sliced`, lanes that `lane_hardware` places on one core share it as processes
-  (`shared_cores`). The rest is `VirtualExecutor`'s. (The subclasses import this module.)"""
+  """The virtual clock for a run's settings: `run_ahead` 0, a process goes on when its task
+  ends (`VirtualExecutor`); N > 0, the process executor's schedule, bound N (as its host
+  profile, `cost.host`, asks: `LaneProcessModel`); `time_sliced`, lanes that `lane_hardware`
+  places on one core share `core_share` of it (`shared_cores`, which imports this module)."""
   from jaxsgd.scheduler.shared_cores import TimeSlicedLaneProcessModel, TimeSlicedVirtualExecutor
   from jaxsgd.scheduler.virtual_processes import LaneProcessModel
 
-  options = dict(lane_hardware=lane_hardware, copies_on_sender=copies_on_sender)
+  sliced = {'core_share': core_share} if time_sliced else {}
+  options = dict(lane_hardware=lane_hardware, copies_on_sender=copies_on_sender, **sliced)
   if not run_ahead:
     return (TimeSlicedVirtualExecutor if time_sliced else VirtualExecutor)(cost_model, **options)
   ahead = TimeSlicedLaneProcessModel if time_sliced else LaneProcessModel
@@ -97,10 +98,9 @@ class VirtualExecutor(Executor):
     link of their own."""
     if cost_model.simulates_driver and not self.run_ahead:
       raise ValueError(
-        f'driver / driver_latency: {cost_model.driver!r} / '
-        f"{cost_model.driver_latency!r} s simulate the process executor's driver, whose "
-        'schedule is run_ahead > 0 (a host profile of the process executor); give run_ahead, '
-        'or set both to 0.'
+        f'driver / driver_latency: {cost_model.driver!r} / {cost_model.driver_latency!r} s '
+        "simulate the process executor's driver, whose schedule is run_ahead > 0 (a host "
+        'profile of the process executor); give run_ahead, or set both to 0.'
       )
     self.cost_model = cost_model
     self.lane_hardware = dict(lane_hardware or {})

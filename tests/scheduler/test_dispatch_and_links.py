@@ -125,6 +125,10 @@ def test_bad_host_settings_are_refused_naming_the_field(tmp_path):
       cost_settings({'host': str(bad)}, clock='virtual')
   with pytest.raises(ValueError, match=r'link_bandwidth must be bytes/s > 0'):
     host_file(tmp_path, link_bandwidth=0.0)
+  # `background` is cores of CPU: at least 0 and fewer than the host has.
+  for value in (-0.1, 2.0, float('nan')):
+    with pytest.raises(ValueError, match=r'background must be cores >= 0 and < 2, got'):
+      host_file(tmp_path, cores=2, background=value)
 
 
 def test_merge_keeps_the_dispatch_figures_of_both():
@@ -538,9 +542,10 @@ def test_a_senders_copies_run_one_at_a_time():
 
 
 # --- time-slicing (lane processes placed on one core) ---------------------------------------
-def _on_one_core(programs, time_sliced=True, **lanes):
-  """Lanes `a` and `b` placed on core 0 (and any in `lanes`), each running its program;
-  returns `{lane name: [(start, end), ...]}`."""
+def _on_one_core(programs, time_sliced=True, core_share=1.0, **lanes):
+  """Lanes `a` and `b` placed on core 0 (and any in `lanes`), each running its program,
+  each time-sliced core giving its lanes `core_share` of itself; returns
+  `{lane name: [(start, end), ...]}`."""
   cluster = Cluster()
   names = list(programs)
   lane_ids = {name: cluster.add_lane(f'{name} (cpu:0)') for name in names}
@@ -549,6 +554,7 @@ def _on_one_core(programs, time_sliced=True, **lanes):
     CostModel({'forward': 1.0, 'update': 0.25}),
     lane_hardware={'a': 'core 0', 'b': 'core 0', **lanes},
     time_sliced=time_sliced,
+    core_share=core_share,
   )
   timeline = executor.run(cluster, processes)
   by_lane = {lane_ids[n]: n for n in names}
@@ -599,6 +605,43 @@ def test_time_sliced_shares_give_the_same_total_work_as_one_fifo():
     'b': [(0.0, 3.0), (3.0, 5.0)],
     'd': [(0.0, 3.0), (3.0, 5.0), (5.0, 6.0)],
   }
+
+
+def test_a_core_whose_host_takes_half_of_it_runs_its_lanes_at_half_their_shares():
+  """The host's own processes take half of each core (`core_share=0.5`). a: two 1 s
+  forwards and b: one 0.25 s update on core 0, from 0: each progresses at 0.5 / 2 =
+  0.25 s of work per second, so b ends at 1 s; a's first has 0.75 s left, alone at 0.5
+  per second: ends at 2.5 s; its second takes 2 s: 4.5 s. c, alone on core 1: 2 s."""
+  programs = {'a': _tasks(2), 'b': _tasks(1, kind='update'), 'c': _tasks(1)}
+  spans = _on_one_core(programs, core_share=0.5, c='core 1')
+  assert spans == {'a': [(0.0, 2.5), (2.5, 4.5)], 'b': [(0.0, 1.0)], 'c': [(0.0, 2.0)]}
+  with pytest.raises(ValueError, match=r'^core_share: a share of a core in \(0, 1\], got 0'):
+    _on_one_core({'a': _tasks(1)}, core_share=0)
+
+
+def test_lanes_on_every_core_lose_the_hosts_background_to_it(ddg_profile, data_dir, tmp_path):
+  """A 2-core host whose processes take 0.5 cores with no task (`background`): DDG's two
+  stages placed on its two cores get 1 - 0.5 / 2 = 0.75 of each, so the run is the same
+  run with every task 1 / 0.75 as long on a host that takes nothing; placed on one core,
+  they leave the host core 1 and get all of core 0."""
+  costs = {'forward': 3e-3, 'backward': 5e-3, 'update': 1e-3}
+
+  def run(workdir, lanes, background, scale=1.0):
+    config = _ddg_config(data_dir, **{'cost.calibrate': False})
+    config.placement.stage_to_device = None
+    config.placement.lanes = lanes
+    config.cost.compute = {kind: seconds * scale for kind, seconds in costs.items()}
+    config.cost.host = host_file(tmp_path, cores=2, background=background)
+    assert clocks.simulated_host(shared_settings(config), 2).core_share == (
+      1 - background / 2 if lanes.endswith('cores=1') else 1.0
+    )
+    return training.train_and_evaluate(config, str(tmp_path / workdir), show_progress=False)
+
+  two_cores = 'stage0@cores=0; stage1@cores=1'
+  taken = run('taken', two_cores, 0.5)['sim_time']
+  assert taken == pytest.approx(run('slower', two_cores, 0.0, 1 / 0.75)['sim_time'], rel=1e-12)
+  one_core = 'stage0@cores=0; stage1@cores=0'
+  assert run('one', one_core, 0.5)['sim_time'] == run('one free', one_core, 0.0)['sim_time']
 
 
 def test_the_old_host_settings_are_refused_naming_their_replacement():
