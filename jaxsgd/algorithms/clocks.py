@@ -217,7 +217,7 @@ def make_executor(
     lane_hardware=lane_hardware(shared),
     copies_on_sender=host.copies_on_sender,
     time_sliced=host.time_sliced,
-    core_share=host.core_share,
+    core_shares=core_shares(shared, host.core_share),
     run_ahead=run_ahead if host.run_ahead else 0,
   )
   return executor, table
@@ -255,6 +255,18 @@ def lane_hardware(shared: SharedSettings) -> dict[str, str]:
   return {
     lane.name: _hardware_key(lane) for lane in placement.lanes if lane.gpu or lane.cores is not None
   }
+
+
+def core_shares(shared: SharedSettings, share: float) -> dict[str, float]:
+  """The CPU cores `placement.lanes` pins lanes to (`lane_hardware` values) -> `share`, what
+  the host's own processes leave of each to its lanes while all of them compute
+  (`SimulatedHost.core_share`); none where the host takes nothing from them."""
+  if share == 1 or shared.placement.lanes is None:
+    return {}
+  from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
+
+  placed = LanePlacement.parse(shared.placement.lanes).lanes
+  return {_hardware_key(lane): share for lane in placed if not lane.gpu and lane.cores is not None}
 
 
 def _hardware_key(lane) -> str:

@@ -54,8 +54,9 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
   background      'processes': cores of CPU that the executor's own processes take while
                   no task runs (Ray's daemons, the idle lanes' and the driver's threads;
                   a lane on every core, `lane_timing.measure_background`). Where the
-                  lanes take every core it comes out of theirs: each core placed lanes
-                  time-slice gives them 1 - background / cores of itself (`shared_cores`).
+                  lanes take every core it comes out of theirs: while each core that
+                  placed lanes time-slice runs a task, each gives them 1 - background /
+                  cores of itself; while one has none, it runs there (`shared_cores`).
 
 The process executor's schedule follows from what it is, not from settings: a process
 goes on at its task's dispatch while its lane has at most the executor's bound of
@@ -137,7 +138,8 @@ class SimulatedHost:
     copies_on_sender: the sending lane's process makes its copies, one at a time, on
       the cores it is placed on.
     time_sliced: lanes placed on the same cores share them in time slices.
-    core_share: the share of each such core its lanes get (the rest is `background`'s).
+    core_share: the share of each such core its lanes get while all of them run a task
+      (the rest is `background`'s).
     link: `(latency, bandwidth, seconds per array beyond a message's first)` of the
       executor's moves between lanes, or None.
     take_in: the same three figures of a lane taking in a message sent to it, at the

@@ -32,6 +32,7 @@ no checkpoint (`settings`, `checkpoint_every`).
 
 import functools
 import itertools
+from collections.abc import Mapping
 
 from jaxsgd.scheduler.placement import lane_name
 from jaxsgd.scheduler.virtual import VirtualExecutor
@@ -41,18 +42,36 @@ from jaxsgd.scheduler.virtual_processes import LaneProcessModel
 class TimeSlicedVirtualExecutor(VirtualExecutor):
   """`VirtualExecutor` whose lanes placed on one core (`lane_hardware`) time-slice it."""
 
-  def __init__(self, cost_model, *, core_share: float = 1.0, **options):
-    """`core_share`: the share of each core that the lanes placed on it get; the rest
-    is the host's own processes' (a host profile's `background`: `host.simulated`)."""
-    if not 0 < core_share <= 1:
-      raise ValueError(f'core_share: a share of a core in (0, 1], got {core_share!r}.')
+  def __init__(self, cost_model, *, core_shares: Mapping[str, float] | None = None, **options):
+    """`core_shares`: CPU cores (`lane_hardware` values) -> the share of each that its
+    lanes get while every one of these cores runs a task; the rest is the host's own
+    processes' (a host profile's `background`: `host.simulated`), which otherwise run on a
+    core with no task (they are not pinned; the lanes are)."""
+    for core, share in (core_shares or {}).items():
+      if not 0 < share <= 1:
+        raise ValueError(f'core_shares: a share of a core in (0, 1], got {share!r} for {core!r}.')
     super().__init__(cost_model, **options)
-    self.core_share = core_share
+    shares = dict(core_shares or {})
+    self.core_shares = shares if any(share != 1 for share in shares.values()) else {}
 
   def begin(self) -> None:
     super().begin()
     self._cores: dict = {}  # queue key -> the `TimeSlicedCore` it runs on
     self._core_named: dict = {}  # `lane_hardware` key -> its `TimeSlicedCore`
+    self._every_core_busy = False  # every core of `core_shares` runs a task
+
+  def _core_busy_changed(self) -> None:
+    """A core began or stopped running tasks: while every core of `core_shares` runs one,
+    each gives its lanes its share, else each the whole of itself."""
+    if not self.core_shares:
+      return
+    cores = [self._core_named.get(name) for name in self.core_shares]
+    every_core_busy = all(core is not None and core.running for core in cores)
+    if every_core_busy != self._every_core_busy:
+      self._every_core_busy = every_core_busy
+      for core, share in zip(cores, self.core_shares.values()):  # a fixed order
+        if core is not None:
+          core.set_share(share if every_core_busy else 1.0)
 
   def _hardware_key(self, lane: int):
     """A compute lane placed on a core: a queue of its own (a lane process runs one task
@@ -71,7 +90,7 @@ class TimeSlicedVirtualExecutor(VirtualExecutor):
     return hardware
 
   def _on_core(self, queue_key, core_name: str):
-    core = self._core_named.get(core_name) or TimeSlicedCore(self, self.core_share)
+    core = self._core_named.get(core_name) or TimeSlicedCore(self)
     self._cores[queue_key] = self._core_named[core_name] = core
     return queue_key
 
@@ -135,9 +154,10 @@ class TimeSlicedCore:
       remaining_i -= (now - last) · share / n          at every arrival and departure
       next end = now + min_i remaining_i · n / share   (one event; superseded ones ignored)
 
-  `share` (1: the whole core) is what the host's own processes leave to the lanes where
-  every core has a lane: they then run only by taking a slice of some lane's core (a
-  host profile's `background`, spread over the host's cores: `host.simulated`).
+  `share` (1: the whole core) is what the host's own processes leave to the lanes while
+  every core has a task: then they run only by taking a slice of some lane's core (a
+  host profile's `background`, spread over the cores: `host.simulated`); while a core
+  has none they run there (`TimeSlicedVirtualExecutor._core_busy_changed`).
 
   Linux's scheduler gives each runnable process of one core an equal share over a few
   milliseconds (CFS), which this fluid model approximates for tasks of a few ms or more;
@@ -145,9 +165,9 @@ class TimeSlicedCore:
   Everything is arithmetic in a fixed order, so a run stays deterministic.
   """
 
-  def __init__(self, executor: VirtualExecutor, share: float = 1.0):
+  def __init__(self, executor: 'TimeSlicedVirtualExecutor'):
     self.executor = executor
-    self.share = share
+    self.share = 1.0
     self.running: list = []  # [remaining seconds alone, arrival number, on_end]
     self.last = 0.0
     self.generation = 0
@@ -157,6 +177,14 @@ class TimeSlicedCore:
     """`on_end()` once `seconds` of work, at the core's shares from now, are done."""
     self._advance()
     self.running.append([seconds, next(self.arrivals), on_end])
+    if len(self.running) == 1:
+      self.executor._core_busy_changed()  # pylint: disable=protected-access
+    self._schedule()
+
+  def set_share(self, share: float) -> None:
+    """From now on the core's lanes get `share` of it (the work done so far at the old)."""
+    self._advance()
+    self.share = share
     self._schedule()
 
   def _advance(self) -> None:
@@ -182,6 +210,8 @@ class TimeSlicedCore:
     self.running = [e for e in self.running if not any(e is d for d in done)]
     for _, _, on_end in done:
       on_end()
+    if not self.running:
+      self.executor._core_busy_changed()  # pylint: disable=protected-access
     self._schedule()
 
 

@@ -57,17 +57,17 @@ def make(
   lane_hardware: Mapping[str, str] | None = None,
   copies_on_sender: bool = False,
   time_sliced: bool = False,
-  core_share: float = 1.0,
+  core_shares: Mapping[str, float] | None = None,
   run_ahead: int = 0,
 ) -> 'VirtualExecutor':
   """The virtual clock for a run's settings: `run_ahead` 0, a process goes on when its task
   ends (`VirtualExecutor`); N > 0, the process executor's schedule, bound N (as its host
   profile, `cost.host`, asks: `LaneProcessModel`); `time_sliced`, lanes that `lane_hardware`
-  places on one core share `core_share` of it (`shared_cores`, which imports this module)."""
+  places on one core share it, CPU cores `core_shares` (`shared_cores`, which imports this)."""
   from jaxsgd.scheduler.shared_cores import TimeSlicedLaneProcessModel, TimeSlicedVirtualExecutor
   from jaxsgd.scheduler.virtual_processes import LaneProcessModel
 
-  sliced = {'core_share': core_share} if time_sliced else {}
+  sliced = {'core_shares': core_shares} if time_sliced else {}
   options = dict(lane_hardware=lane_hardware, copies_on_sender=copies_on_sender, **sliced)
   if not run_ahead:
     return (TimeSlicedVirtualExecutor if time_sliced else VirtualExecutor)(cost_model, **options)
