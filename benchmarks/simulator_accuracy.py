@@ -836,7 +836,7 @@ def _host_line(path: str, host, args) -> str:
     f"per message's way, links of {1e6 * latency:.0f} µs + {1e6 * per_array:.0f} µs per "
     f'array beyond the first + bytes / {bandwidth / 1e9:.2f} GB/s'
     + ('' if args.link_latency is None else ' (--link_latency, --link_bandwidth)')
-    + f', and the lanes {simulated.core_share:.4f} of each core placed lanes share'
+    + f', and the lanes {simulated.core_share:.4f} of each core while every placed core computes'
   )
 
 
