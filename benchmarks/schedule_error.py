@@ -156,13 +156,13 @@ def host_file(base, root: str, tag: str, **figures) -> str:
 
 
 def unloaded(host):
-  """`host` with each `_loaded` figure replaced by its idle one, and no `background`, for
+  """`host` with each `_loaded` figure replaced by its idle one, and no `upkeep`, for
   every row: an emulated task waits and takes no core, so K emulated lanes on fewer cores
   do not load the host (the loaded figures describe lanes computing on every core, which
   the virtual clock applies wherever a run has as many lanes as the profile has cores)."""
   figures = dict(host.figures)
   idle = {n: figures[n.removesuffix('_loaded')] for n in figures if n.endswith('_loaded')}
-  return with_figures(host, {**idle, 'background': 0.0})
+  return with_figures(host, {**idle, 'upkeep': 0.0})
 
 
 def with_figures(host, changed: dict):

@@ -844,7 +844,7 @@ def _figure(name: str, value: float) -> str:
   """A host profile's figure with its unit: bytes/s as GB/s, cores, or seconds as µs."""
   if name.endswith('_bandwidth'):
     return f'{name} {value / 1e9:.2f} GB/s'
-  if name == 'background':
+  if name == 'upkeep':
     return f'{name} {value:.4f} cores'
   return f'{name} {1e6 * value:.1f} µs'
 

@@ -234,7 +234,7 @@ def measure_host(executor: str) -> host_lib.HostProfile:
   queued calls after tasks of a run's length; the CPU of all the run's processes per task,
   what a lane loses where the lanes take every core), its driver's figures with an idle
   lane and with a busy lane on every core this process may use, the CPU its processes
-  take with no task (those lanes waiting: `background`), and a move of a new
+  take with no task (those lanes waiting: `upkeep`), and a move of a new
   value between two lane processes, its link and the receiving lane's taking it in (each
   the line through 64 KiB and 16 MiB, and what each further array of a 64-array message
   adds)."""
@@ -253,7 +253,7 @@ def measure_host(executor: str) -> host_lib.HostProfile:
     'driver_latency': idle['driver_latency'],
     'driver_loaded': loaded['driver_loaded'],
     'driver_latency_loaded': loaded['driver_latency_loaded'],
-    'background': loaded['background'],
+    'upkeep': loaded['upkeep'],
     **{f'link_{name}': value for name, value in zip(host_lib.MOVE_FIGURES, moves.link)},
     **{f'take_in_{name}': value for name, value in zip(host_lib.MOVE_FIGURES, moves.take_in)},
     **{f'export_{name}': value for name, value in zip(host_lib.MOVE_FIGURES, moves.export)},

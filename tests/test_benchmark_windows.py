@@ -95,7 +95,7 @@ def test_the_steady_staleness_leaves_out_each_groups_share_of_the_iterations_bef
 
 def test_emulated_rows_are_simulated_with_the_hosts_idle_figures():
   """An emulated task waits and loads no core: every `_loaded` figure of the measured
-  profile is replaced by its idle one and `background` by 0, the others kept
+  profile is replaced by its idle one and `upkeep` by 0, the others kept
   (hand-written profile)."""
   from jaxsgd.scheduler import host as host_lib
 
@@ -107,13 +107,13 @@ def test_emulated_rows_are_simulated_with_the_hosts_idle_figures():
   }
   links.update(link_bandwidth=1e9, take_in_bandwidth=2e9, export_bandwidth=3e9)
   loaded = {f'{name}_loaded': 10 * value for name, value in idle.items()}
-  measured = host_lib.make('processes', {**idle, **loaded, **links, 'background': 0.05}, cores=2)
+  measured = host_lib.make('processes', {**idle, **loaded, **links, 'upkeep': 0.05}, cores=2)
   figures = dict(schedule_error.unloaded(measured).figures)
   assert figures == {
     **idle,
     **{f'{name}_loaded': value for name, value in idle.items()},
     **links,
-    'background': 0.0,
+    'upkeep': 0.0,
   }
 
 
@@ -131,7 +131,7 @@ def test_emulated_rows_take_the_emulated_lanes_dispatch_idle_and_loaded():
     'dispatch': 2.5e-4,
     'dispatch_loaded': 2.5e-4,
     'driver_loaded': 1e-4,
-    'background': 0.0,
+    'upkeep': 0.0,
   }
 
 

@@ -16,7 +16,7 @@ File format (JSON, `FORMAT`; seconds and bytes/s):
      "platform": "cpu", "jax_version": "0.10.2", "date": "...",
      "dispatch": 5e-4, "dispatch_loaded": 7.5e-4,
      "driver": 3e-5, "driver_latency": 3.8e-4,
-     "driver_loaded": 4e-5, "driver_latency_loaded": 1.2e-3, "background": 0.03,
+     "driver_loaded": 4e-5, "driver_latency_loaded": 1.2e-3, "upkeep": 0.03,
      "link_latency": 1.5e-3, "link_bandwidth": 1.0e9, "link_per_array": 3e-5,
      "take_in_latency": 5e-4, "take_in_bandwidth": 1.1e10, "take_in_per_array": 7e-5,
      "export_latency": 4e-4, "export_bandwidth": 3e9, "export_per_array": 1e-5}
@@ -51,11 +51,11 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
   *_loaded        the same figures measured with a busy lane on every core; they apply
                   where the run's compute lanes take every core of the host (as many
                   lanes as `cores`), so the driver and Ray run only when they preempt one.
-  background      'processes': cores of CPU that the executor's own processes take while
+  upkeep          'processes': cores of CPU that the executor's own processes take while
                   no task runs (Ray's daemons, the idle lanes' and the driver's threads;
-                  a lane on every core, `lane_timing.measure_background`). Where the
+                  a lane on every core, `lane_timing.measure_upkeep`). Where the
                   lanes take every core it comes out of theirs: while each core that
-                  placed lanes time-slice runs a task, each gives them 1 - background /
+                  placed lanes time-slice runs a task, each gives them 1 - upkeep /
                   cores of itself; while one has none, it runs there (`shared_cores`).
 
 The process executor's schedule follows from what it is, not from settings: a process
@@ -90,7 +90,7 @@ FIGURES = {
     'driver_latency',
     'driver_loaded',
     'driver_latency_loaded',
-    'background',
+    'upkeep',
     'link_latency',
     'link_bandwidth',
     'link_per_array',
@@ -139,7 +139,7 @@ class SimulatedHost:
       the cores it is placed on.
     time_sliced: lanes placed on the same cores share them in time slices.
     core_share: the share of each such core its lanes get while all of them run a task
-      (the rest is `background`'s).
+      (the rest is `upkeep`'s).
     link: `(latency, bandwidth, seconds per array beyond a message's first)` of the
       executor's moves between lanes, or None.
     take_in: the same three figures of a lane taking in a message sent to it, at the
@@ -176,7 +176,7 @@ def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
     driver_latency=profile.figure('driver_latency' + loaded),
     copies_on_sender=True,
     time_sliced=True,
-    core_share=1 - profile.figure('background') / profile.cores if every_core else 1.0,
+    core_share=1 - profile.figure('upkeep') / profile.cores if every_core else 1.0,
     link=tuple(profile.figure(f'link_{f}') for f in MOVE_FIGURES),
     take_in=tuple(profile.figure(f'take_in_{f}') for f in MOVE_FIGURES),
     export=tuple(profile.figure(f'export_{f}') for f in MOVE_FIGURES),
@@ -278,9 +278,9 @@ def from_json(data, where: str) -> HostProfile:
 
 def _checked(name: str, value, cores: int, where: str) -> float:
   """Figure `name` of a host profile of `cores` cores as a float, or refused in one line:
-  seconds >= 0, bytes/s > 0 (`*_bandwidth`), or cores in [0, cores) (`background`)."""
+  seconds >= 0, bytes/s > 0 (`*_bandwidth`), or cores in [0, cores) (`upkeep`)."""
   number = not isinstance(value, bool) and isinstance(value, (int, float))
-  if name == 'background':
+  if name == 'upkeep':
     need, good = f'cores >= 0 and < {cores}', number and 0 <= value < cores
   elif name.endswith('_bandwidth'):
     need, good = 'bytes/s > 0 (inf: free)', number and value > 0

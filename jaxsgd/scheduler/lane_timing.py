@@ -140,7 +140,7 @@ def measure_process_dispatch(
     process's descendants then): what a lane loses per task where lanes take every
     core (a host profile's `dispatch_loaded`), over the chain of trivial tasks
     (`measure_dispatch`'s) run through the executor, less what those processes take
-    anyway over its time (`measure_background`; a host profile's `background`).
+    anyway over its time (`measure_upkeep`; a host profile's `upkeep`).
   """
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool, cluster  # Ray only if asked
   from jaxsgd.scheduler.process import ProcessExecutor
@@ -155,7 +155,7 @@ def measure_process_dispatch(
     )
     after, wall = _cpu_seconds_by_pid(), time.perf_counter() - start
     owns_cluster = cluster.started_here()
-    background = measure_background(1.0) if owns_cluster else 0.0  # (the lane warm now)
+    upkeep = measure_upkeep(1.0) if owns_cluster else 0.0  # (the lane warm now)
     between_calls = measure_call_gap(pool, 'dispatch', tasks=RUN_LENGTH_TASKS, repeats=rounds)
     per_event, latency = _driver_figures(
       ProcessExecutor(pool=pool, verbose=False),
@@ -174,7 +174,7 @@ def measure_process_dispatch(
     # `measure_dispatch` runs the chain once to warm up, then `rounds` times, and
     # before that its `jax_call` loop, whose CPU (this process's) is taken out, as is
     # what the processes take with no task (a host profile charges that apart).
-    cpu -= (rounds + 1) * tasks * measured['jax_call'] + background * wall
+    cpu -= (rounds + 1) * tasks * measured['jax_call'] + upkeep * wall
     figures['processes_cpu'] = max(cpu / ((rounds + 1) * tasks), 0.0)
   return figures
 
@@ -273,7 +273,7 @@ def measure_loaded_driver(
   `driver_loaded_lanes`, how many lanes were busy. Where the lanes take every core, the
   driver and Ray run only when they preempt a lane: a task's end reaches the driver
   several times later than on an idle machine (benchmarks/results/simulator_history.md).
-  With a cluster started for it, also `background` (`measure_background`, those lanes
+  With a cluster started for it, also `upkeep` (`measure_upkeep`, those lanes
   warm and waiting): what the run's processes take from the lanes' cores with no task.
   """
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool, cluster  # Ray only if asked
@@ -287,7 +287,7 @@ def measure_loaded_driver(
     _run_chains(  # compiled on every lane, and the lanes warm
       ProcessExecutor(pool=pool, verbose=False), lanes=lanes, tasks=2, ahead=True, name='busy'
     )
-    background = {'background': measure_background()} if cluster.started_here() else {}
+    upkeep = {'upkeep': measure_upkeep()} if cluster.started_here() else {}
     executor = ProcessExecutor(pool=pool, verbose=False)
     per_event, latency = _driver_figures(
       executor, lanes=lanes, tasks=tasks, ahead=True, name='busy', warmup=5
@@ -296,15 +296,15 @@ def measure_loaded_driver(
     'driver_loaded': per_event,
     'driver_latency_loaded': latency,
     'driver_loaded_lanes': float(len(lanes)),
-    **background,
+    **upkeep,
   }
 
 
-def measure_background(seconds: float = 2.0) -> float:
+def measure_upkeep(seconds: float = 2.0) -> float:
   """Cores of CPU that this process and its descendants take over `seconds` of waiting:
   their CPU seconds over the wall seconds. With lane processes waiting on a cluster
   started here, that is the executor's own cost with no task to run (Ray's daemons'
-  heartbeats, the lanes' and the driver's threads): a host profile's `background`.
+  heartbeats, the lanes' and the driver's threads): a host profile's `upkeep`.
   Processes that start or end meanwhile are left out."""
   before, start = _cpu_seconds_by_pid(), time.perf_counter()
   time.sleep(seconds)

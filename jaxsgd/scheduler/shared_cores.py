@@ -45,7 +45,7 @@ class TimeSlicedVirtualExecutor(VirtualExecutor):
   def __init__(self, cost_model, *, core_shares: Mapping[str, float] | None = None, **options):
     """`core_shares`: CPU cores (`lane_hardware` values) -> the share of each that its
     lanes get while every one of these cores runs a task; the rest is the host's own
-    processes' (a host profile's `background`: `host.simulated`), which otherwise run on a
+    processes' (a host profile's `upkeep`: `host.simulated`), which otherwise run on a
     core with no task (they are not pinned; the lanes are)."""
     for core, share in (core_shares or {}).items():
       if not 0 < share <= 1:
@@ -156,7 +156,7 @@ class TimeSlicedCore:
 
   `share` (1: the whole core) is what the host's own processes leave to the lanes while
   every core has a task: then they run only by taking a slice of some lane's core (a
-  host profile's `background`, spread over the cores: `host.simulated`); while a core
+  host profile's `upkeep`, spread over the cores: `host.simulated`); while a core
   has none they run there (`TimeSlicedVirtualExecutor._core_busy_changed`).
 
   Linux's scheduler gives each runnable process of one core an equal share over a few

@@ -125,10 +125,10 @@ def test_bad_host_settings_are_refused_naming_the_field(tmp_path):
       cost_settings({'host': str(bad)}, clock='virtual')
   with pytest.raises(ValueError, match=r'link_bandwidth must be bytes/s > 0'):
     host_file(tmp_path, link_bandwidth=0.0)
-  # `background` is cores of CPU: at least 0 and fewer than the host has.
+  # `upkeep` is cores of CPU: at least 0 and fewer than the host has.
   for value in (-0.1, 2.0, float('nan')):
-    with pytest.raises(ValueError, match=r'background must be cores >= 0 and < 2, got'):
-      host_file(tmp_path, cores=2, background=value)
+    with pytest.raises(ValueError, match=r'upkeep must be cores >= 0 and < 2, got'):
+      host_file(tmp_path, cores=2, upkeep=value)
 
 
 def test_merge_keeps_the_dispatch_figures_of_both():
@@ -623,25 +623,25 @@ def test_the_hosts_processes_take_half_of_each_core_while_every_core_has_a_task(
     _on_one_core({'a': _tasks(1)}, core_shares={'core 0': 0})
 
 
-def test_lanes_on_every_core_lose_the_hosts_background_to_it(ddg_profile, data_dir, tmp_path):
-  """A 2-core host whose processes take 0.5 cores with no task (`background`): DDG's two
+def test_lanes_on_every_core_lose_the_hosts_upkeep_to_it(ddg_profile, data_dir, tmp_path):
+  """A 2-core host whose processes take 0.5 cores with no task (`upkeep`): DDG's two
   stages placed on its two cores get 1 - 0.5 / 2 = 0.75 of each while both compute, so
   the run takes longer than on a host that takes nothing, by less than 1 / 0.75 (stage 0
   waits for stage 1 at times); placed on one core, they leave the host core 1: the same
   run as on a host that takes nothing."""
   costs = {'forward': 3e-3, 'backward': 5e-3, 'update': 1e-3}
 
-  def run(workdir, lanes, background):
+  def run(workdir, lanes, upkeep):
     config = _ddg_config(data_dir, **{'cost.calibrate': False})
     config.placement.stage_to_device = None
     config.placement.lanes = lanes
     config.cost.compute = costs
-    config.cost.host = host_file(tmp_path, cores=2, background=background)
+    config.cost.host = host_file(tmp_path, cores=2, upkeep=upkeep)
     shared = shared_settings(config)
     share = clocks.simulated_host(shared, 2).core_share
     two_cores = lanes.endswith('cores=1')
-    assert share == (1 - background / 2 if two_cores else 1.0)
-    both = {'local cores 0': share, 'local cores 1': share} if two_cores and background else {}
+    assert share == (1 - upkeep / 2 if two_cores else 1.0)
+    both = {'local cores 0': share, 'local cores 1': share} if two_cores and upkeep else {}
     assert clocks.core_shares(shared, share) == both
     return training.train_and_evaluate(config, str(tmp_path / workdir), show_progress=False)
 
