@@ -260,13 +260,17 @@ def lane_hardware(shared: SharedSettings) -> dict[str, str]:
 def core_shares(shared: SharedSettings, share: float) -> dict[str, float]:
   """The CPU cores `placement.lanes` pins lanes to (`lane_hardware` values) -> `share`, what
   the host's own processes leave of each to its lanes while all of them compute
-  (`SimulatedHost.core_share`); none where the host takes nothing from them."""
+  (`SimulatedHost.core_share`); none where the host takes nothing from them, and none
+  where the run's CPU lanes are not all pinned on one host: the host profile's upkeep is
+  one host's, and a lane pinned to nothing has no core whose tasks could be watched."""
   if share == 1 or shared.placement.lanes is None:
     return {}
   from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
 
-  placed = LanePlacement.parse(shared.placement.lanes).lanes
-  return {_hardware_key(lane): share for lane in placed if not lane.gpu and lane.cores is not None}
+  on_cpus = [lane for lane in LanePlacement.parse(shared.placement.lanes).lanes if not lane.gpu]
+  if any(lane.cores is None for lane in on_cpus) or len({lane.host for lane in on_cpus}) > 1:
+    return {}
+  return {_hardware_key(lane): share for lane in on_cpus}
 
 
 def _hardware_key(lane) -> str:

@@ -300,12 +300,14 @@ def measure_loaded_driver(
   }
 
 
-def measure_upkeep(seconds: float = 2.0) -> float:
-  """Cores of CPU that this process and its descendants take over `seconds` of waiting:
-  their CPU seconds over the wall seconds. With lane processes waiting on a cluster
-  started here, that is the executor's own cost with no task to run (Ray's daemons'
-  heartbeats, the lanes' and the driver's threads): a host profile's `upkeep`.
-  Processes that start or end meanwhile are left out."""
+def measure_upkeep(seconds: float = 2.0, settle: float = 0.5) -> float:
+  """Cores of CPU that this process and its descendants take over `seconds` of waiting,
+  after `settle` seconds (what the tasks just run left to finish): their CPU seconds
+  over the wall seconds. With lane processes waiting on a cluster started here, that is
+  the executor's own cost with no task to run (Ray's daemons' heartbeats, the lanes' and
+  the driver's threads): a host profile's `upkeep`. Processes that start or end
+  meanwhile are left out."""
+  time.sleep(settle)
   before, start = _cpu_seconds_by_pid(), time.perf_counter()
   time.sleep(seconds)
   after, wall = _cpu_seconds_by_pid(), time.perf_counter() - start

@@ -4,7 +4,8 @@ With a process executor's host (`cost.host`): lanes that `lane_hardware`
 (`placement.lanes`) places on one core are processes of their own, as the process
 executor's lanes are, and the core runs them as an operating system does
 (`TimeSlicedCore`): each lane runs its own tasks one at a time, and the n tasks running on
-the core at once each progress at 1/n of its speed.
+the core at once each progress at 1/n of its speed (`share` / n while the host's own
+processes take part of every core: `TimeSlicedVirtualExecutor.core_shares`).
 
 With `copies_on_sender`, a sender's copies are one more queue on its core, beside its
 tasks (a lane process exports in a thread of its own, on the cores it is placed on; an

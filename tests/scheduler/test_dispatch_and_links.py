@@ -123,8 +123,9 @@ def test_bad_host_settings_are_refused_naming_the_field(tmp_path):
     bad.write_text(text)
     with pytest.raises(ValueError, match=rf"^cost.host: '{bad}': {message}"):
       cost_settings({'host': str(bad)}, clock='virtual')
-  with pytest.raises(ValueError, match=r'link_bandwidth must be bytes/s > 0'):
-    host_file(tmp_path, link_bandwidth=0.0)
+  for bandwidth in (0.0, float('nan')):
+    with pytest.raises(ValueError, match=r'link_bandwidth must be bytes/s > 0'):
+      host_file(tmp_path, link_bandwidth=bandwidth)
   # `upkeep` is cores of CPU: at least 0 and fewer than the host has.
   for value in (-0.1, 2.0, float('nan')):
     with pytest.raises(ValueError, match=r'upkeep must be cores >= 0 and < 2, got'):
@@ -623,6 +624,38 @@ def test_the_hosts_processes_take_half_of_each_core_while_every_core_has_a_task(
     _on_one_core({'a': _tasks(1)}, core_shares={'core 0': 0})
 
 
+def test_a_core_that_starts_computing_takes_the_share_from_a_task_half_done():
+  """Shares 0.5 while both cores compute. a: a 1 s forward on core 0; c: a 0.25 s update on
+  core 1, a 0.25 s update on lane w (on no core), then a 1 s forward on core 1. From 0
+  both compute at 0.5: c's update ends at 0.5 s, a has 0.75 left; core 1 idle until
+  0.75 s, a at 1: 0.5 left; from 0.75 s both at 0.5: a ends at 1.75 s, c's forward has
+  0.5 left, then alone at 1: ends at 2.25 s."""
+  cluster = Cluster()
+  a, c, w = (cluster.add_lane(f'{name} (cpu:0)') for name in 'acw')
+
+  def c_program():
+    yield Compute(lambda: None, kind='update')
+    yield Compute(lambda: None, kind='update', lane=w)
+    yield Compute(lambda: None, kind='forward')
+
+  executor = virtual.make(
+    CostModel({'forward': 1.0, 'update': 0.25}),
+    lane_hardware={'a': 'core 0', 'c': 'core 1'},
+    time_sliced=True,
+    core_shares={'core 0': 0.5, 'core 1': 0.5},
+  )
+  records = executor.run(
+    cluster, [Process('a', a, _tasks(1)), Process('c', c, c_program())]
+  ).records
+  spans = sorted((r.lane, r.kind, r.start, r.end) for r in records)
+  assert spans == [
+    (a, 'forward', 0.0, 1.75),
+    (c, 'forward', 0.75, 2.25),
+    (c, 'update', 0.0, 0.5),
+    (w, 'update', 0.5, 0.75),
+  ]
+
+
 def test_lanes_on_every_core_lose_the_hosts_upkeep_to_it(ddg_profile, data_dir, tmp_path):
   """A 2-core host whose processes take 0.5 cores with no task (`upkeep`): DDG's two
   stages placed on its two cores get 1 - 0.5 / 2 = 0.75 of each while both compute, so
@@ -650,6 +683,10 @@ def test_lanes_on_every_core_lose_the_hosts_upkeep_to_it(ddg_profile, data_dir, 
   assert free < run('taken', two_cores, 0.5)['sim_time'] < free / 0.75
   one_core = 'stage0@cores=0; stage1@cores=0'
   assert run('one', one_core, 0.5)['sim_time'] == run('one free', one_core, 0.0)['sim_time']
+  # A lane pinned to nothing has no core to watch; two hosts, two upkeeps: not charged.
+  for lanes in ('stage0@cores=0; stage1', 'stage0@cores=0; stage1@host=10.0.0.2@cores=1'):
+    config = _ddg_config(data_dir, **{'placement.stage_to_device': None, 'placement.lanes': lanes})
+    assert clocks.core_shares(shared_settings(config), 0.75) == {}
 
 
 def test_the_old_host_settings_are_refused_naming_their_replacement():
