@@ -26,9 +26,13 @@ runs the same config on both clocks, through `experiments.train`'s own path
              time-sliced, the host's links; its `_loaded` figures where the K lanes
              take every core of the host);
   repriced   the predicted run with each task kind costing its median duration in the
-             family's warm-up run on the lanes (another run, before the measured one);
-  replayed   the predicted run with each task kind costing its median duration in the
+             family's warm-up run on the lanes (another run, before the measured one),
+             as `experiments.reprice` prices a pilot run;
+  replayed   the predicted run with each task kind costing its mean duration in the
              measured run: the schedule and host model alone, without the cost profile.
+             The mean, since a run's time is its tasks' sum and their durations lean
+             right (LPP-SGD's averages: mean 1.46x the median), and the virtual clock's
+             noise keeps a price's mean; at the median the replay was fast by that.
              Both on lanes placed on no core: a lane's own durations already hold what
              sharing its core cost it (a neighbour's tasks, the copies it read and sent);
              its copies then take no core either, so a copy slowed by a busy core is
@@ -56,7 +60,8 @@ utilization of each compute lane over the same window; and for the asynchronous 
 the staleness histogram of every applied update. Error = |predicted - measured| /
 measured of the time per iteration; the last line is the largest over the families that
 ran. Before it, one table per family: each lane's task kinds, their priced cost against
-their durations in the measured run's steady state (median, p10, p90, median / priced).
+their durations in the measured run's steady state (median, mean, p10, p90, median /
+priced).
 The model is an MLP on MNIST-1D (40-1024-1024-1024-1024-10, batch 1024: tasks of
 30-300 ms), so that a task is well above what the process executor's host spends on it
 (the host profile's figures, printed at the start: about 1 ms per task where the lanes
@@ -468,20 +473,22 @@ def _short(name: str) -> str:
   return lane_name(name)
 
 
-def task_medians(workdir: str, warmup: int) -> dict:
-  """`{(stage, kind): median seconds}` of the compute tasks of the run's steady state."""
+def task_figures(workdir: str, warmup: int, statistic: str) -> dict:
+  """`{(stage, kind): seconds}` of the compute tasks of the run's steady state, each
+  kind's `statistic` ('median' or 'mean') of its durations."""
   names, tasks = read_trace(workdir)
   start, _, _ = window(names, tasks, warmup, _per_task(workdir))
   durations = {}
   for lane, kind, begin, end, _, stage in tasks:
     if begin >= start and not names[lane].startswith('link '):
       durations.setdefault((stage, kind), []).append(end - begin)
-  return {key: float(np.median(d)) for key, d in durations.items()}
+  figure = {'median': np.median, 'mean': np.mean}[statistic]
+  return {key: float(figure(d)) for key, d in durations.items()}
 
 
-def observed_profile(profile: str, workdir: str, warmup: int) -> str:
-  """A copy of `profile` whose task costs are the median durations of each task kind
-  in the measured run at `workdir` (steady state), as the lanes timed them.
+def observed_profile(profile: str, workdir: str, warmup: int, statistic: str) -> str:
+  """A copy of `profile` whose task costs are each task kind's `statistic` ('median' or
+  'mean') of its durations in the run at `workdir` (steady state), as the lanes timed them.
 
   What the virtual clock then predicts differs from the measured run only by what the
   schedule model leaves out or gets wrong (dispatch, links, the order of tasks on a
@@ -491,11 +498,11 @@ def observed_profile(profile: str, workdir: str, warmup: int) -> str:
 
   from jaxsgd.scheduler import profiles, repricing
 
-  medians = task_medians(workdir, warmup)
+  figures = task_figures(workdir, warmup, statistic)
   loaded = profiles.load(profile)
 
-  # Every figure the run's median, as `reprice_from_trace` does.
-  timed = {key: [seconds] for key, seconds in medians.items()}
+  # Every figure the run's, as `reprice_from_trace` does with its medians.
+  timed = {key: [seconds] for key, seconds in figures.items()}
   tables = tuple(repricing.repriced_table(t, timed) for t in loaded.tables)
   path = os.path.join(workdir, 'observed_profile.json')
   profiles.save(dataclasses.replace(loaded, tables=tables), path)
@@ -506,7 +513,7 @@ def task_costs(workdir: str, warmup: int, priced_ms: dict) -> list[dict]:
   """Each compute lane's task kinds in the run at `workdir`, over its steady state
   (`window`: the tasks that start and end inside it): their priced cost (`priced_ms`, the
   virtual clock's table as a run's summary writes it, `'stage K kind'` -> ms; None where
-  it has none) and the median, p10 and p90 of their durations, in seconds."""
+  it has none) and the median, mean, p10 and p90 of their durations, in seconds."""
   names, tasks = read_trace(workdir)
   start, stop, _ = window(names, tasks, warmup, _per_task(workdir))
   durations = {}
@@ -528,6 +535,7 @@ def task_costs(workdir: str, warmup: int, priced_ms: dict) -> list[dict]:
         'tasks': len(seconds),
         'priced': None if priced is None else priced / 1e3,
         'median': float(median),
+        'mean': float(np.mean(seconds)),
         'p10': float(p10),
         'p90': float(p90),
       }
@@ -613,14 +621,14 @@ def run_family(name: str, args, profile: str, hosts: dict, root: str) -> dict:
   result, priced_by = {}, {}
   for side in SIDES:
     given = priced_by[side] = profile
-    lanes_run = {  # the lanes' run whose task durations price the virtual run
-      'replayed': f'{name}-measured',  # the schedule alone: the measured run's own times
-      'repriced': f'{name}-measured-warm',  # lane costs from another run: the warm-up run
-    }.get(side)
+    lanes_run, statistic = {  # the lanes' run whose task durations price the virtual run
+      'replayed': (f'{name}-measured', 'mean'),  # the schedule alone: the run's own times
+      'repriced': (f'{name}-measured-warm', 'median'),  # another run's, as a pilot's
+    }.get(side, (None, None))
     if lanes_run is not None:
       try:
         given = priced_by[side] = observed_profile(
-          profile, os.path.join(root, lanes_run), args.warmup
+          profile, os.path.join(root, lanes_run), args.warmup, statistic
         )
       except ValueError:  # no steady state in the warm-up run
         if side != 'repriced':
@@ -932,7 +940,7 @@ def print_table(results: dict) -> None:
     'placed on no core (their durations hold what sharing a core cost them), as replayed'
   )
   print(
-    'replayed: the virtual clock again, with each task kind costing its median duration '
+    'replayed: the virtual clock again, with each task kind costing its mean duration '
     'in the measured run (the schedule and host model alone, without the cost profile); '
     "task slowdown: median over the lanes' task kinds of their measured median duration / "
     'their priced cost (the task-cost tables below); load: the 1-minute load average '
@@ -1010,7 +1018,7 @@ def print_task_costs(name: str, rows: list[dict]) -> None:
     f'{LABELS[name]}: task costs, ms: priced (the virtual clock) against the measured '
     "run's durations over its steady state"
   )
-  header = ('  lane', 'task', 'tasks', 'priced', 'median', 'p10', 'p90', 'median/priced')
+  header = ('  lane', 'task', 'tasks', 'priced', 'median', 'mean', 'p10', 'p90', 'median/priced')
   table = [
     (
       f'  {row["lane"]}',
@@ -1018,6 +1026,7 @@ def print_task_costs(name: str, rows: list[dict]) -> None:
       str(row['tasks']),
       ms(row['priced']) if row['priced'] else '-',
       ms(row['median']),
+      ms(row['mean']),
       ms(row['p10']),
       ms(row['p90']),
       f'{row["median"] / row["priced"]:.2f}' if row['priced'] else '-',
