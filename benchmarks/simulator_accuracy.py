@@ -30,9 +30,10 @@ runs the same config on both clocks, through `experiments.train`'s own path
              as `experiments.reprice` prices a pilot run;
   replayed   the predicted run with each task kind costing its mean duration in the
              measured run: the schedule and host model alone, without the cost profile.
-             The mean, since a run's time is its tasks' sum and their durations lean
-             right (LPP-SGD's averages: mean 1.46x the median), and the virtual clock's
-             noise keeps a price's mean; at the median the replay was fast by that.
+             The mean, since a run's time is its tasks' sum and their durations often
+             lean right (DC-ASGD's server updates: mean 1.2-1.35x the median), and the
+             virtual clock's noise keeps a price's mean; at the median the replay was
+             fast by that.
              Both on lanes placed on no core: a lane's own durations already hold what
              sharing its core cost it (a neighbour's tasks, the copies it read and sent);
              its copies then take no core either, so a copy slowed by a busy core is

@@ -261,8 +261,9 @@ def core_shares(shared: SharedSettings, share: float) -> dict[str, float]:
   """The CPU cores `placement.lanes` pins lanes to (`lane_hardware` values) -> `share`, what
   the host's own processes leave of each to its lanes while all of them compute
   (`SimulatedHost.core_share`); none where the host takes nothing from them, and none
-  where the run's CPU lanes are not all pinned on one host: the host profile's upkeep is
-  one host's, and a lane pinned to nothing has no core whose tasks could be watched."""
+  where the CPU lanes `placement.lanes` names are not all pinned on one host (the host
+  profile's upkeep is one host's; a lane pinned to nothing has no core whose tasks could
+  be watched). Lanes it does not name are on no core here, as `simulated_host` counts."""
   if share == 1 or shared.placement.lanes is None:
     return {}
   from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
