@@ -103,6 +103,12 @@ _HOST = flags.DEFINE_enum(
   'to --out: its dispatch per task; for processes also its driver, its moves between lane '
   'processes and the same with a busy lane on every core (starts a Ray cluster; ~1 min).',
 )
+_HOST_REPEATS = flags.DEFINE_integer(
+  'host_repeats',
+  lane_timing.DRIVER_REPEATS,
+  "--host=processes: chains of each of the host's measurements (the median of them counts); "
+  'fewer: a quicker, noisier profile.',
+)
 flags.mark_flags_as_required(['out'])
 
 PIPELINE_ALGORITHMS = ('bp', 'ddg', 'local', 'pdasgd', 'lppsgd')
@@ -228,7 +234,7 @@ def suite_configs(name: str) -> list:
   return configs
 
 
-def measure_host(executor: str) -> host_lib.HostProfile:
+def measure_host(executor: str, repeats: int = lane_timing.DRIVER_REPEATS) -> host_lib.HostProfile:
   """`executor`'s host profile on this machine (`jaxsgd.scheduler.host`): the in-process
   executors' dispatch per task; the process executor's dispatch (a lane's time between two
   queued calls after tasks of a run's length; the CPU of all the run's processes per task,
@@ -237,14 +243,14 @@ def measure_host(executor: str) -> host_lib.HostProfile:
   take with no task (those lanes waiting: `upkeep`), and a move of a new
   value between two lane processes, its link and the receiving lane's taking it in (each
   the line through 64 KiB and 16 MiB, and what each further array of a 64-array message
-  adds)."""
+  adds). `repeats`: chains of each dispatch and driver measurement (their median counts)."""
   cores = sorted(os.sched_getaffinity(0))
   if executor != 'processes':
     dispatch = lane_timing.measure_dispatch()
     figures = {'dispatch': dispatch['real' if executor == 'in_process' else 'real_threads']}
     return host_lib.make(executor, figures, cores=len(cores))
-  idle = lane_timing.measure_process_dispatch(cores=cores[:1])
-  loaded = lane_timing.measure_loaded_driver(cores=cores)
+  idle = lane_timing.measure_process_dispatch(cores=cores[:1], rounds=repeats)
+  loaded = lane_timing.measure_loaded_driver(cores=cores, repeats=repeats)
   moves = link_timing.measure_process_links(cores=(cores[0], cores[-1]))
   figures = {
     'dispatch': idle['processes'],
@@ -264,7 +270,7 @@ def measure_host(executor: str) -> host_lib.HostProfile:
 def write_host(executor: str, out: str) -> None:
   if os.path.exists(out) and not _REPLACE.value:
     raise SystemExit(f'--out: {out!r} exists; --replace overwrites it.')
-  measured = measure_host(executor)
+  measured = measure_host(executor, _HOST_REPEATS.value)
   host_lib.save(measured, out)
   figures = ', '.join(f'{name} {value:.3g}' for name, value in measured.figures)
   print(f'wrote {out}: host profile of {executor} on {measured.cores} cores: {figures}')
@@ -276,6 +282,10 @@ def main(argv):
   if _HOST.value is not None:
     if _CONFIG.value is not None or _SUITE.value is not None:
       raise SystemExit('--host: measures an executor, not a config; drop --config/--suite.')
+    if _HOST_REPEATS.value < 1:
+      raise SystemExit(
+        f'--host_repeats: chains per measurement, at least 1; got {_HOST_REPEATS.value}.'
+      )
     return write_host(_HOST.value, _OUT.value)
   if (_CONFIG.value is None) == (_SUITE.value is None):
     raise SystemExit('--config, --suite or --host: give exactly one.')

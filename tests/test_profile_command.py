@@ -240,6 +240,9 @@ def test_the_command_writes_an_in_process_host_profile(tmp_path):
   assert command().stderr.strip().splitlines()[-1] == (
     f'--out: {str(out)!r} exists; --replace overwrites it.'
   )
+  assert command('--host_repeats=0', '--replace').stderr.strip().splitlines()[-1] == (
+    '--host_repeats: chains per measurement, at least 1; got 0.'
+  )
 
 
 def test_suite_profiles_every_method_with_measured_costs():

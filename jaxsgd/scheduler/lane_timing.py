@@ -130,7 +130,7 @@ def measure_process_dispatch(
     through the executor (`measure_dispatch`'s wall time per task) gives less: the same
     work between calls takes longer after a task of tens of milliseconds (figures:
     benchmarks/results/schedule_error.md).
-  - `driver`, `driver_latency` (`_driver_figures`): the driver thread's CPU seconds per
+  - `driver`, `driver_latency` (`_driver_figures`, `rounds` chains): the driver's CPU seconds per
     event (a task dispatched, a task's end heard) and each way of a message between it
     and a lane (a task's end to the driver hearing of it, less `driver`), over chains of
     `busy` tasks (tens of milliseconds, as a run's), each waited for: a driver that has
@@ -163,6 +163,7 @@ def measure_process_dispatch(
       tasks=RUN_LENGTH_TASKS,
       name='busy',
       warmup=5,
+      repeats=rounds,
     )
   figures = {
     'processes': between_calls,
@@ -263,13 +264,13 @@ def _run_chains(executor, *, lanes: Sequence[str], tasks: int, ahead: bool, name
 
 
 def measure_loaded_driver(
-  *, cores: Sequence[int], address: str | None = None, tasks: int = 40
+  *, cores: Sequence[int], address: str | None = None, tasks: int = 40, repeats: int = 5
 ) -> dict[str, float]:
   """The simulated driver's figures while the lanes keep every core of `cores` busy:
   `driver_loaded` and `driver_latency_loaded`, measured as `measure_process_dispatch`'s
   `driver` and `driver_latency`, over one lane process pinned to each core of `cores`,
-  each running chains of `tasks` ~25 ms tasks (`dispatch_tasks`' `busy`) run ahead, as
-  the process executor runs a family's (the first fifth of each chain left out);
+  each running `repeats` chains of `tasks` ~25 ms tasks (`dispatch_tasks`' `busy`) run
+  ahead, as the process executor runs a family's (the first fifth of each left out);
   `driver_loaded_lanes`, how many lanes were busy. Where the lanes take every core, the
   driver and Ray run only when they preempt a lane: a task's end reaches the driver
   several times later than on an idle machine (benchmarks/results/simulator_history.md).
@@ -290,7 +291,7 @@ def measure_loaded_driver(
     upkeep = {'upkeep': measure_upkeep()} if cluster.started_here() else {}
     executor = ProcessExecutor(pool=pool, verbose=False)
     per_event, latency = _driver_figures(
-      executor, lanes=lanes, tasks=tasks, ahead=True, name='busy', warmup=5
+      executor, lanes=lanes, tasks=tasks, ahead=True, name='busy', warmup=5, repeats=repeats
     )
   return {
     'driver_loaded': per_event,
