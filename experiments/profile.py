@@ -106,7 +106,7 @@ _HOST = flags.DEFINE_enum(
 _HOST_REPEATS = flags.DEFINE_integer(
   'host_repeats',
   lane_timing.DRIVER_REPEATS,
-  "--host=processes: chains of each of the host's measurements (the median of them counts); "
+  '--host=processes: chains of each dispatch and driver measurement (their median counts); '
   'fewer: a quicker, noisier profile.',
 )
 flags.mark_flags_as_required(['out'])
