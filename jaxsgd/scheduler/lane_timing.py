@@ -171,7 +171,7 @@ def measure_process_dispatch(
     'driver_latency': latency,
   }
   if owns_cluster:  # Ray's processes are this one's descendants: all counted
-    cpu = sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
+    cpu = _cpu_between(before, after)
     # `measure_dispatch` runs the chain once to warm up, then `rounds` times, and
     # before that its `jax_call` loop, whose CPU (this process's) is taken out, as is
     # what the processes take with no task (a host profile charges that apart).
@@ -181,6 +181,11 @@ def measure_process_dispatch(
 
 
 RUN_LENGTH_TASKS = 40  # `busy` tasks of the driver's idle figures: ~1 s
+
+# Chains `_driver_figures` takes the median over: a machine's state (how soon a waiting
+# thread wakes) can last as long as one chain, so one chain's median hear delay can be
+# off by a factor of two (figures: benchmarks/results/schedule_error.md).
+DRIVER_REPEATS = 5
 
 
 def measure_call_gap(
@@ -264,7 +269,11 @@ def _run_chains(executor, *, lanes: Sequence[str], tasks: int, ahead: bool, name
 
 
 def measure_loaded_driver(
-  *, cores: Sequence[int], address: str | None = None, tasks: int = 40, repeats: int = 5
+  *,
+  cores: Sequence[int],
+  address: str | None = None,
+  tasks: int = 40,
+  repeats: int = DRIVER_REPEATS,
 ) -> dict[str, float]:
   """The simulated driver's figures while the lanes keep every core of `cores` busy:
   `driver_loaded` and `driver_latency_loaded`, measured as `measure_process_dispatch`'s
@@ -312,13 +321,12 @@ def measure_upkeep(seconds: float = 2.0, settle: float = 0.5) -> float:
   before, start = _cpu_seconds_by_pid(), time.perf_counter()
   time.sleep(seconds)
   after, wall = _cpu_seconds_by_pid(), time.perf_counter() - start
-  return sum(after[pid] - before[pid] for pid in after.keys() & before.keys()) / wall
+  return _cpu_between(before, after) / wall
 
 
-# Chains `_driver_figures` takes the median over: a machine's state (how soon a waiting
-# thread wakes) can last as long as one chain, so one chain's median hear delay can be
-# off by a factor of two (figures: benchmarks/results/schedule_error.md).
-DRIVER_REPEATS = 5
+def _cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+  """CPU seconds between two `_cpu_seconds_by_pid` readings of the processes in both."""
+  return sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
 
 
 def _driver_figures(
