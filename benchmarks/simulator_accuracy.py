@@ -25,7 +25,7 @@ runs the same config on both clocks, through `experiments.train`'s own path
              on the sender, a copy's time on both ends' cores, lanes on one core
              time-sliced, the host's links; its `_loaded` figures where the K lanes
              take every core of the host);
-  repriced   the predicted run with each task kind costing its median duration in the
+  repriced   the predicted run with each task kind costing its mean duration in the
              family's warm-up run on the lanes (another run, before the measured one),
              as `experiments.reprice` prices a pilot run;
   replayed   the predicted run with each task kind costing its mean duration in the
@@ -474,22 +474,21 @@ def _short(name: str) -> str:
   return lane_name(name)
 
 
-def task_figures(workdir: str, warmup: int, statistic: str) -> dict:
+def task_figures(workdir: str, warmup: int) -> dict:
   """`{(stage, kind): seconds}` of the compute tasks of the run's steady state, each
-  kind's `statistic` ('median' or 'mean') of its durations."""
+  kind's mean duration (a run's time is its tasks' sum; as `experiments.reprice`)."""
   names, tasks = read_trace(workdir)
   start, _, _ = window(names, tasks, warmup, _per_task(workdir))
   durations = {}
   for lane, kind, begin, end, _, stage in tasks:
     if begin >= start and not names[lane].startswith('link '):
       durations.setdefault((stage, kind), []).append(end - begin)
-  figure = {'median': np.median, 'mean': np.mean}[statistic]
-  return {key: float(figure(d)) for key, d in durations.items()}
+  return {key: float(np.mean(d)) for key, d in durations.items()}
 
 
-def observed_profile(profile: str, workdir: str, warmup: int, statistic: str) -> str:
-  """A copy of `profile` whose task costs are each task kind's `statistic` ('median' or
-  'mean') of its durations in the run at `workdir` (steady state), as the lanes timed them.
+def observed_profile(profile: str, workdir: str, warmup: int) -> str:
+  """A copy of `profile` whose task costs are each task kind's mean duration in the run
+  at `workdir` (steady state), as the lanes timed them.
 
   What the virtual clock then predicts differs from the measured run only by what the
   schedule model leaves out or gets wrong (dispatch, links, the order of tasks on a
@@ -499,10 +498,9 @@ def observed_profile(profile: str, workdir: str, warmup: int, statistic: str) ->
 
   from jaxsgd.scheduler import profiles, repricing
 
-  figures = task_figures(workdir, warmup, statistic)
+  figures = task_figures(workdir, warmup)
   loaded = profiles.load(profile)
-
-  # Every figure the run's, as `reprice_from_trace` does with its medians.
+  # One figure per task kind: the cost and its spread alike.
   timed = {key: [seconds] for key, seconds in figures.items()}
   tables = tuple(repricing.repriced_table(t, timed) for t in loaded.tables)
   path = os.path.join(workdir, 'observed_profile.json')
@@ -622,14 +620,14 @@ def run_family(name: str, args, profile: str, hosts: dict, root: str) -> dict:
   result, priced_by = {}, {}
   for side in SIDES:
     given = priced_by[side] = profile
-    lanes_run, statistic = {  # the lanes' run whose task durations price the virtual run
-      'replayed': (f'{name}-measured', 'mean'),  # the schedule alone: the run's own times
-      'repriced': (f'{name}-measured-warm', 'median'),  # another run's, as a pilot's
-    }.get(side, (None, None))
+    lanes_run = {  # the lanes' run whose task durations price the virtual run
+      'replayed': f'{name}-measured',  # the schedule alone: the run's own times
+      'repriced': f'{name}-measured-warm',  # another run's, as a pilot's
+    }.get(side)
     if lanes_run is not None:
       try:
         given = priced_by[side] = observed_profile(
-          profile, os.path.join(root, lanes_run), args.warmup, statistic
+          profile, os.path.join(root, lanes_run), args.warmup
         )
       except ValueError:  # no steady state in the warm-up run
         if side != 'repriced':
@@ -936,7 +934,7 @@ def print_table(results: dict) -> None:
     'error: |predicted - measured| / measured of the median'
   )
   print(
-    'repriced: the virtual clock with each task kind costing its median duration in '
+    'repriced: the virtual clock with each task kind costing its mean duration in '
     "the family's warm-up run on the lanes (another run, before the measured one), on lanes "
     'placed on no core (their durations hold what sharing a core cost them), as replayed'
   )

@@ -10,11 +10,11 @@ r"""Re-prices a cost profile from a pilot run's trace: each task costs what it t
 
 Reads the pilot run's `trace.json` (the real clock's: on lane processes each lane times
 its own tasks) and writes a copy of `--profile` (a profile of the run's config: one
-table) whose every task costs the median of its durations in that run, each lane's
-first `--skip` tasks left out (compiling). The virtual clock given it replays the
+table) whose every task costs the mean of its durations in that run (a run's time is
+its tasks' sum), each lane's first `--skip` tasks left out (compiling). The virtual clock given it replays the
 machine as the pilot found it — load, neighbours on shared cores, a slow spell — where
 a profile measured alone sees a quiet core. `benchmarks/simulator_accuracy.py` measures
-the same idea in its "repriced" column (each task kind's median in a warm-up run on
+the same idea in its "repriced" column (each task kind's mean in a warm-up run on
 lanes, over its own steady-state window, simulated with the same host profile of the
 process executor as its predicted runs, `cost.host`); its results and their history:
 benchmarks/results/simulator_history.md.

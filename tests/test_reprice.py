@@ -83,7 +83,7 @@ def test_a_trace_gives_each_compute_task_kind_its_durations_after_each_lanes_fir
   assert repricing.trace_durations(path, skip=3) == {(0, 'forward'): [0.375]}
 
 
-def test_repricing_takes_each_tasks_median_and_keeps_what_the_run_did_not_time():
+def test_repricing_takes_each_tasks_mean_and_keeps_what_the_run_did_not_time():
   measured = _profile(
     {
       (0, 'forward'): 1.0,
@@ -98,24 +98,24 @@ def test_repricing_takes_each_tasks_median_and_keeps_what_the_run_did_not_time()
     measured, tables=(dataclasses.replace(measured.tables[0], spread=kept),)
   )
   durations = {
-    (0, 'forward'): [0.1, 0.2, 0.9],  # median 0.2 (mean 0.4)
-    (0, 'update'): [0.5, 0.75],  # its own key: not pooled into 'update'
-    (1, 'update'): [0.125, 0.375, 0.25, 1.0],  # median 0.3125
+    (0, 'forward'): [0.125, 0.25, 1.0],  # mean 0.4583.. (median 0.25); p90 0.25 + 0.8 * 0.75
+    (0, 'update'): [0.5, 0.75],  # its own key: not pooled into 'update'; p90 0.5 + 0.9 * 0.25
+    (1, 'update'): [0.125, 0.375, 0.25, 1.0],  # mean 0.4375; p90 0.375 + 0.7 * 0.625
   }
   repriced = repricing.reprice_from_trace(measured, durations)
   (table,) = repriced.tables
   # (0, 'backward') and (1, 'forward') were not timed: kept.
   assert table.costs == {
-    (0, 'forward'): 0.2,
+    (0, 'forward'): 1.375 / 3,
     (0, 'backward'): 2.0,
     (1, 'forward'): 3.0,
     (0, 'update'): 0.625,
-    'update': 0.3125,
+    'update': 0.4375,
   }
-  assert table.spread == {  # a timed task's every figure its median; an untimed one's kept
-    (0, 'forward'): {'min': 0.2, 'p90': 0.2},
-    (0, 'update'): {'min': 0.625, 'p90': 0.625},
-    'update': {'min': 0.3125, 'p90': 0.3125},
+  assert table.spread == {  # a timed task's fastest and 90th percentile; an untimed one's kept
+    (0, 'forward'): {'min': 0.125, 'p90': pytest.approx(0.85, abs=1e-15)},
+    (0, 'update'): {'min': 0.5, 'p90': pytest.approx(0.725, abs=1e-15)},
+    'update': {'min': 0.125, 'p90': pytest.approx(0.8125, abs=1e-15)},
     (0, 'backward'): {'min': 1.5, 'p90': 2.5},
   }
   assert (table.split, table.tasks) == (measured.tables[0].split, measured.tables[0].tasks)

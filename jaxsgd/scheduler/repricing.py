@@ -1,10 +1,13 @@
 """Re-pricing a profile from a trace: each task costs what it took in a pilot run.
 
 A profile measured alone (`task_timing`) sees a quiet core. A *re-priced* profile
-(`reprice_from_trace`) gives each task the median of its durations in a real run's
+(`reprice_from_trace`) gives each task the mean of its durations in a real run's
 trace (`trace_durations`, each lane's first tasks left out: compiling), so the virtual
 clock given it replays the machine as the pilot found it: load, neighbours on shared
-cores, a slow spell. `experiments.reprice` is the command; `benchmarks/simulator_accuracy.py`
+cores, a slow spell. The mean, not the median a measured profile takes: a run's time is
+its tasks' sum, the virtual clock's noise keeps a price's mean, and a slow spell that
+slows fewer than half the calls is part of what the pilot found (the median would drop
+it). `experiments.reprice` is the command; `benchmarks/simulator_accuracy.py`
 measures the same idea in its "repriced" column.
 
 The rule: a re-priced profile is of one run's config (one table), says so in its
@@ -30,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxsgd.scheduler.profiles import SPREAD_STATISTICS, Profile, ProfileError, Table, key_text
+from jaxsgd.scheduler.profiles import Profile, ProfileError, Table, key_text
 
-# A profile's `statistic` when its costs are a pilot run's medians (`reprice_from_trace`);
-# the file-format value, unchanged.
-REPRICED = 'median of a run'
+# A profile's `statistic` when its costs are a pilot run's means (`reprice_from_trace`).
+# Files re-priced before at the median say 'median of a run' and still load as they are.
+REPRICED = 'mean of a run'
 
 
 def trace_durations(path: str, skip: int) -> dict[tuple[Any, str], list[float]]:
@@ -72,11 +75,11 @@ def trace_durations(path: str, skip: int) -> dict[tuple[Any, str], list[float]]:
 def reprice_from_trace(
   profile: Profile, durations: Mapping[tuple[Any, str], Sequence[float]]
 ) -> Profile:
-  """`profile` (one table) with each task's cost the median of its durations in a real
-  run (`trace_durations`): every figure (`costs`, `min`, `p90`) that median, what
-  the run's tasks took as they ran there, load and neighbours included. A task the run
-  did not time keeps its measured cost; a `kind` key (the stages without a key of
-  their own) takes the median over those stages' tasks of that kind. Its `statistic`
+  """`profile` (one table) with each task's cost the mean of its durations in a real
+  run (`trace_durations`), its `min` and `p90` theirs: what the run's tasks took as
+  they ran there, load and neighbours included. A task the run did not time keeps its
+  measured cost; a `kind` key (the stages without a key of their own) takes the mean
+  over those stages' tasks of that kind. Its `statistic`
   says so (`REPRICED`), so that `merge` refuses to mix it with measured tables.
 
   The virtual clock given it replays the run's task costs: the idea of
@@ -123,14 +126,14 @@ def timed_durations(table: Table, key, durations: Mapping[tuple[Any, str], Seque
 
 
 def repriced_table(table: Table, durations: Mapping[tuple[Any, str], Sequence[float]]) -> Table:
-  """`table` with every task the durations time costing their median (every figure:
-  `costs`, `min`, `p90`); the others keep their cost and spread (`reprice_from_trace`)."""
+  """`table` with every task the durations time costing their mean, its spread
+  (`min`, `p90`) theirs; the others keep their cost and spread (`reprice_from_trace`)."""
   costs, spread = dict(table.costs), dict(table.spread)
   for key in table.costs:
     found = timed_durations(table, key, durations)
     if found:
-      costs[key] = float(np.median(found))
-      spread[key] = dict.fromkeys(SPREAD_STATISTICS, costs[key])
+      costs[key] = float(np.mean(found))
+      spread[key] = {'min': float(np.min(found)), 'p90': float(np.percentile(found, 90))}
   return dataclasses.replace(table, costs=costs, spread=spread)
 
 
