@@ -798,3 +798,20 @@ def test_dispatch_is_measured_in_cpu_only_with_a_cluster_of_its_own(head):
   # socket an end is heard within about that CPU, so it may be 0.
   assert measured['processes'] > 0 and measured['driver'] > 0
   assert measured['driver_latency'] >= 0
+
+
+def test_a_closed_pool_leaves_no_thread_reading_its_lanes(head, monkeypatch):
+  """`close` ends the reader thread of every lane's connection before it returns (and
+  before Ray shuts down, where this pool owns the connection): none is left to run while
+  Ray shuts down. Here Ray's kill of the lanes does nothing, so their ends stay open
+  until they hear that the driver's closed: the readers end by their own side's close,
+  and the lanes exit by themselves."""
+  from jaxsgd.scheduler.lanes import cluster
+
+  monkeypatch.setattr(cluster, 'kill', lambda actor: None)
+  with LanePool(LanePlacement.spread(['closing0', 'closing1']), address=head.address) as lanes:
+    names = {f'jaxsgd-lane-{lane}' for lane in lanes.placement.names}
+    assert names <= {thread.name for thread in threading.enumerate()}
+    pids = list(lanes.pids().values())
+  assert names.isdisjoint(thread.name for thread in threading.enumerate())
+  assert gone(pids) == []

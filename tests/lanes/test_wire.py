@@ -71,6 +71,41 @@ def test_a_connection_has_ended_only_once_its_other_end_closed_and_nothing_is_re
   assert wire.ended(here, within=1.0)
 
 
+@pytest.mark.parametrize('kind', ['tcp', 'unix'])
+def test_closing_a_connection_wakes_the_thread_reading_it_though_the_other_end_is_open(kind):
+  """A reader blocked on a connection ends with an end (`EOFError`) as soon as its own
+  side closes it, while the other side stays open and says nothing."""
+  remote, local = wire.listen('127.0.0.1')
+  listener = remote if kind == 'tcp' else local
+  held = []
+  threading.Thread(
+    target=wire.accept_forever, args=(listener, KEY, lambda end, _: held.append(end)), daemon=True
+  ).start()
+  client = wire.connect(listener.address, KEY, ('driver',))
+  ended = []
+
+  def read():
+    try:
+      client.receive()
+    except (EOFError, OSError) as e:
+      ended.append(type(e))
+
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
+  deadline = time.monotonic() + 5
+  while not held and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert held and not wire.ended(client.link, within=0.1)  # open, silent: the read waits
+  client.close()
+  reader.join(1.0)
+  try:
+    assert not reader.is_alive() and ended  # (closing the descriptor alone: still reading)
+  finally:
+    held[0].close()
+    remote.close()
+    local.close()
+
+
 def test_a_large_array_is_a_frame_of_its_own_a_small_one_is_in_the_pickle():
   big, small = np.zeros(wire.OUT_OF_BAND, np.uint8), np.zeros(wire.OUT_OF_BAND - 1, np.uint8)
   frames = wire.frames(('m', big, small))

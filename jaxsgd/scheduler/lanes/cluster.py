@@ -14,6 +14,7 @@ is still alive after that (found by its directory).
 """
 
 import logging
+import gc
 import os
 import shutil
 import sys
@@ -163,6 +164,10 @@ def shutdown() -> None:
   its workers (the lanes) and helpers are killed at once, Ray stops its GCS and
   raylet, and any process of the cluster still alive is killed.
   """
+  # Garbage that holds Ray's references (a closed pool's watches, in reference cycles)
+  # is freed now, while Ray is up: collected by another thread while Ray shuts down,
+  # its release reaches a core worker that is gone, and Ray ends the process.
+  gc.collect()
   temp_dir = _STARTED_HERE.pop('temp_dir', None)
   if temp_dir is None:
     ray.shutdown()

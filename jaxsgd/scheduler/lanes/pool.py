@@ -180,6 +180,7 @@ class LanePool:
     # and the lanes whose process has ended (name -> how it was learnt).
     self._authkey = os.urandom(16)
     self._links: dict[str, wire.Endpoint] = {}
+    self._readers: list[threading.Thread] = []  # every link's, ended by `close`
     self._events: queue.SimpleQueue = queue.SimpleQueue()
     self._replies: dict[int, tuple[int, str, Any]] = {}
     self._read = itertools.count()
@@ -587,6 +588,11 @@ class LanePool:
         link.close()  # (a lane whose driver connection ends exits)
       for actor in getattr(self, '_actors', {}).values():
         cluster.kill(actor)
+      # Each reader has its end: none outlives the pool to run (and collect garbage
+      # holding Ray's references) while Ray shuts down, which ends the process.
+      deadline = time.monotonic() + _READERS_END
+      for reader in getattr(self, '_readers', ()):
+        reader.join(max(0.0, deadline - time.monotonic()))
       if self._owns_connection:
         cluster.shutdown()
     _StopSignals.restore(self._signals)
@@ -783,7 +789,9 @@ class LanePool:
           return
         self._events.put((lane, link, *message))
 
-    threading.Thread(target=read, daemon=True, name=f'jaxsgd-lane-{lane}').start()
+    reader = threading.Thread(target=read, daemon=True, name=f'jaxsgd-lane-{lane}')
+    reader.start()
+    self._readers = [*(r for r in self._readers if r.is_alive()), reader]
 
   def _link_of(self, lane: str) -> wire.Endpoint:
     return self._open(self._links, lane)
@@ -1111,6 +1119,7 @@ def _drop_copy(copies: dict, key: int, dead) -> None:
 
 
 _MAKER_REPLY = 10.0  # s: a failed call's error is on its way once its lane says it failed
+_READERS_END = 2.0  # s: at most, for the readers of a closed pool's links to end
 
 
 def _ray_wait(refs: list, timeout: float | None):

@@ -187,12 +187,25 @@ class Endpoint:
     return receive(self.link)
 
   def close(self) -> None:
+    """Ends the connection both ways, then closes it: a thread blocked reading it wakes
+    with an end (`EOFError`) at once. Closing the descriptor alone does not wake it on
+    Linux: it would read on until the other end closed, at any later time."""
     if self._outbox is not None:
       self._outbox.put(None)
+    _hang_up(self.link)
     try:
       self.link.close()
     except OSError:
       pass
+
+
+def _hang_up(link: connection.Connection) -> None:
+  """`shutdown(SHUT_RDWR)` of `link`'s socket (nothing if it is closed already)."""
+  try:
+    with socket.fromfd(link.fileno(), socket.AF_INET, socket.SOCK_STREAM) as view:  # (a dup)
+      view.shutdown(socket.SHUT_RDWR)
+  except (OSError, ValueError):  # closed, or its other end gone: nothing to end
+    pass
 
 
 def _tune(link: connection.Connection) -> None:
