@@ -3,9 +3,10 @@
 Tests join it by address — the code path of a run over several hosts — and stop it
 by ending the processes it started (its own process group, and the lane workers
 found by its session directory), never with `ray stop`, which would stop any Ray
-on the machine.
+on the machine. A head whose test process dies stops by itself.
 """
 
+import ctypes
 import os
 import signal
 import socket
@@ -20,6 +21,19 @@ def free_port() -> int:
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
     return s.getsockname()[1]
+
+
+def _stop_with_parent() -> None:
+  """In the child, before exec: SIGTERM if the process that started it dies (Linux
+  prctl), which `ray start --block` answers by stopping every process of the node. A
+  test process that crashes (a pytest worker) leaves no head behind."""
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+  except (OSError, AttributeError):  # not Linux
+    pass
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 class RayHead:
@@ -43,6 +57,7 @@ class RayHead:
       ],
       env=env,
       start_new_session=True,
+      preexec_fn=_stop_with_parent,
       stdout=subprocess.DEVNULL,
       stderr=subprocess.DEVNULL,
     )
