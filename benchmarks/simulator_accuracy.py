@@ -285,6 +285,18 @@ def read_trace(workdir: str):
   return names, tasks
 
 
+def task_cpu(workdir: str) -> dict:
+  """`{(lane, start): CPU seconds}` of the run's tasks whose lane timed its process's CPU
+  (`TaskRecord.cpu`: the process executor's), keyed as `read_trace`'s tasks."""
+  with open(os.path.join(workdir, 'trace.json')) as f:
+    events = json.load(f)['traceEvents']
+  return {
+    (e['tid'], e['ts'] / 1e6): e['args']['cpu'] / 1e6
+    for e in events
+    if e.get('ph') == 'X' and 'cpu' in e.get('args', {})
+  }
+
+
 def iteration_ends(tasks, per_task: bool = False) -> list[float]:
   """When each iteration ended: per batch, the last end of its update tasks (every stage
   updated); without update tasks (updates applied in the driver), its backward tasks.
@@ -512,13 +524,18 @@ def task_costs(workdir: str, warmup: int, priced_ms: dict) -> list[dict]:
   """Each compute lane's task kinds in the run at `workdir`, over its steady state
   (`window`: the tasks that start and end inside it): their priced cost (`priced_ms`, the
   virtual clock's table as a run's summary writes it, `'stage K kind'` -> ms; None where
-  it has none) and the median, mean, p10 and p90 of their durations, in seconds."""
+  it has none), the median, mean, p10 and p90 of their durations, and the median CPU time
+  of the lane's process over them (`cpu`; None if the lanes did not time it), in seconds."""
   names, tasks = read_trace(workdir)
   start, stop, _ = window(names, tasks, warmup, _per_task(workdir))
-  durations = {}
+  cpu_of = task_cpu(workdir)
+  durations, cpu = {}, {}
   for lane, kind, begin, end, _, stage in tasks:
     if start <= begin and end <= stop and not names[lane].startswith('link '):
-      durations.setdefault((_short(names[lane]), stage, kind), []).append(end - begin)
+      key = (_short(names[lane]), stage, kind)
+      durations.setdefault(key, []).append(end - begin)
+      if (lane, begin) in cpu_of:
+        cpu.setdefault(key, []).append(cpu_of[(lane, begin)])
   order = {kind: i for i, kind in enumerate(('forward', 'backward', 'update'))}
   rows = []
   for (lane, stage, kind), seconds in sorted(
@@ -527,6 +544,7 @@ def task_costs(workdir: str, warmup: int, priced_ms: dict) -> list[dict]:
   ):
     priced = priced_ms.get(f'stage {stage} {kind}')
     p10, median, p90 = np.percentile(seconds, (10, 50, 90))
+    used = cpu.get((lane, stage, kind))
     rows.append(
       {
         'lane': lane,
@@ -537,6 +555,7 @@ def task_costs(workdir: str, warmup: int, priced_ms: dict) -> list[dict]:
         'mean': float(np.mean(seconds)),
         'p10': float(p10),
         'p90': float(p90),
+        'cpu': float(np.median(used)) if used else None,
       }
     )
   return rows
@@ -1015,9 +1034,23 @@ def print_task_costs(name: str, rows: list[dict]) -> None:
   ms = lambda seconds: f'{1e3 * seconds:.2f}'
   print(
     f'{LABELS[name]}: task costs, ms: priced (the virtual clock) against the measured '
-    "run's durations over its steady state"
+    "run's durations over its steady state; cpu: the median CPU time of the lane's process "
+    'over each task (the profile prices CPU time: cpu/priced near 1 and median/priced above '
+    "it is time the lane's core ran something else)"
   )
-  header = ('  lane', 'task', 'tasks', 'priced', 'median', 'mean', 'p10', 'p90', 'median/priced')
+  header = (
+    '  lane',
+    'task',
+    'tasks',
+    'priced',
+    'median',
+    'mean',
+    'p10',
+    'p90',
+    'median/priced',
+    'cpu',
+    'cpu/priced',
+  )
   table = [
     (
       f'  {row["lane"]}',
@@ -1029,6 +1062,8 @@ def print_task_costs(name: str, rows: list[dict]) -> None:
       ms(row['p10']),
       ms(row['p90']),
       f'{row["median"] / row["priced"]:.2f}' if row['priced'] else '-',
+      ms(row['cpu']) if row.get('cpu') is not None else '-',
+      f'{row["cpu"] / row["priced"]:.2f}' if row['priced'] and row.get('cpu') else '-',
     )
     for row in rows
   ]

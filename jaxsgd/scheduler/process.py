@@ -283,7 +283,11 @@ class ProcessExecutor(Executor):
     start, end = finished.started - self._t0, finished.ended - self._t0
     # dispatched: when the driver sent the call (`Pending.sent`; a landed move has none)
     dispatched = None if finished.sent is None else finished.sent - self._t0
-    self.record(TaskRecord(lane, op.kind, start, end, op.stage, op.batch, self.now(), dispatched))
+    self.record(
+      TaskRecord(
+        lane, op.kind, start, end, op.stage, op.batch, self.now(), dispatched, finished.cpu
+      )
+    )
     if finished in self._resumed:
       self._resumed.discard(finished)
     else:

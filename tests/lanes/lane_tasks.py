@@ -59,6 +59,12 @@ def build_layer_tasks(scale: float):
     time.sleep(seconds)
     return jnp.zeros(())
 
+  def spin(seconds):  # computes until its process has used `seconds` more of CPU
+    until = time.process_time() + seconds
+    while time.process_time() < until:
+      pass
+    return jnp.zeros(())
+
   return {
     'init': jax.jit(init),
     'forward': jax.jit(forward),
@@ -70,6 +76,7 @@ def build_layer_tasks(scale: float):
     'fail': fail,
     'fail_if_positive': fail_if_positive,
     'hang': hang,
+    'spin': spin,
     'pid': os.getpid,
     'affinity': lambda: np.array(sorted(os.sched_getaffinity(0))),
     'env': lambda name: os.environ.get(name, ''),

@@ -385,6 +385,18 @@ def test_wait_any_returns_every_task_once_across_lanes(pool):
   assert pool.wait_any([pool.start('a', task('hang'), (0.5,))], timeout=0.01) is None
 
 
+def test_a_lane_times_the_cpu_its_process_used_over_each_task(pool):
+  """`Pending.cpu`: the CPU seconds the lane's process used from the task's start to its
+  end: at least what a computing task spun for, next to nothing of a sleeping one's."""
+  spinning = pool.start('a', task('spin'), (0.2,))
+  sleeping = pool.start('b', task('hang'), (0.2,))
+  finished = []
+  while len(finished) < 2:
+    finished.append(pool.wait_any([p for p in (spinning, sleeping) if not p.done]))
+  assert spinning.cpu >= 0.2
+  assert 0 <= sleeping.cpu < 0.1 and sleeping.ended - sleeping.started >= 0.2
+
+
 def test_a_vjp_moves_lane_to_lane_rebuilt_from_its_recipe(pool):
   w = pool.run('a', task('init'), (2,))
   _, vjp = pool.run('a', task('forward'), (w, X))

@@ -57,7 +57,7 @@ def host_valued_tasks() -> dict:
 # --- a lane, in this process, on a fake clock --------------------------------------------------
 class FakeTime:
   """`time` for the runtime: a clock that moves only when slept on (and by 1 µs per read,
-  so that a spin ends)."""
+  so that a spin ends), and a CPU clock that does not move."""
 
   def __init__(self):
     self.now, self.slept = 100.0, []
@@ -68,6 +68,9 @@ class FakeTime:
 
   def time(self) -> float:
     return self.now + 1e9
+
+  def process_time(self) -> float:
+    return 0.0
 
   def sleep(self, seconds: float) -> None:
     self.slept.append(seconds)
@@ -88,7 +91,7 @@ class Lane:
       number if number is not None else (self.numbers.setdefault(task, len(self.numbers)), task)
     )
     call, buffers = _dumps((named, args, key, (), seconds, True))
-    outline, _, start, end, _ = self.runtime.run(call, (), *buffers)
+    outline, _, start, end, _, _ = self.runtime.run(call, (), *buffers)
     return key, outline, start, end
 
   def value(self, key, *path):

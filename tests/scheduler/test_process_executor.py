@@ -328,6 +328,11 @@ def test_a_task_marked_not_ahead_is_waited_for_before_its_process_goes_on(pool):
   # waited for, only once the one before had been heard of.
   assert first.dispatched <= first.start and first.heard <= second.dispatched <= second.start
   assert all(r.dispatched <= r.start for r in runs[True].records)
+  # And the CPU its lane's process used meanwhile (`TaskRecord.cpu`, in the trace too): a
+  # task that sleeps 0.2 s uses next to none (one that computes: `Pending.cpu`'s test).
+  assert all(0 <= r.cpu < 0.1 for r in runs[False].records)
+  slices = [e for e in runs[False].chrome_trace()['traceEvents'] if e.get('ph') == 'X']
+  assert [e['args']['cpu'] for e in slices] == [r.cpu * 1e6 for r in runs[False].records]
 
 
 def test_ready_goes_on_once_the_task_that_made_its_value_has_finished(pool):

@@ -106,8 +106,9 @@ class Pending:
   (`time.time()` there; the result computed, not only dispatched), `entered` when its
   call began there (before taking in its imports: `LaneRuntime.run`), and `sent` when
   the driver sent the call (`time.time()` here, just before): comparable with the
-  lane's stamps on one host (clocks of two hosts may differ). A move
-  (`move(landed=True)`) has no call of its own: both stay None.
+  lane's stamps on one host (clocks of two hosts may differ); `cpu` the CPU seconds the
+  lane's process used from `started` to `ended`. A move (`move(landed=True)`) has no call
+  of its own: they stay None.
   """
 
   lane: str
@@ -123,6 +124,7 @@ class Pending:
   entered: float | None = None
   started: float | None = None
   ended: float | None = None
+  cpu: float | None = None
   _result: Any = None
 
   def finish(self) -> None:
@@ -305,7 +307,7 @@ class LanePool:
       raise error from value
     self._unfinished.pop(finished.key, None)
     del self._replies[finished.key]
-    outline, finished.entered, finished.started, finished.ended, scalars = value
+    outline, finished.entered, finished.started, finished.ended, finished.cpu, scalars = value
     for path, number in scalars:
       self._scalars[(finished.key, path)] = number
     if outline is None:  # not asked for (`_task_call`): this lane described one before

@@ -213,7 +213,7 @@ class LaneRuntime:
     docstring: `_emulate`). An argument that came in `buffers` is a view of the message's
     memory (`wire.receive`): jaxsgd's tasks are jitted and never write into one.
 
-    Returns `(outline, entered, start, end, scalars)`: the result's outline — nested
+    Returns `(outline, entered, start, end, cpu, scalars)`: the result's outline — nested
     tuples as tuples, every other value as `(nbytes, description)`, its parts kept under
     `(key, path)`; None unless `describe`, which the driver asks for only until this lane
     has kept a result of the same task on arguments of the same shapes, whose outline is
@@ -223,6 +223,9 @@ class LaneRuntime:
     result computed). Between a call's end and the next call's `entered` the lane waits
     for the driver to send that call, if it has not yet, and for Ray to hand it over;
     between `entered` and `start`, for its imports (`benchmarks/lane_overheads.py`).
+    `cpu`: the CPU seconds this lane's process used from `start` to `end` (every thread of
+    it: the task's, and a copy its reader took in meanwhile), against which `end - start`
+    holds what else ran on its cores.
     `scalars`: `(path, value)` of each part that is one number (a loss), as a Python
     number, so that the driver reads it without a call (`LanePool.scalar`): a `fetch` runs
     behind every call queued on the lane, and the driver's loss checks waited ~0.1 s for
@@ -236,6 +239,7 @@ class LaneRuntime:
       self._maybe_fail(task)
       self.take_in(imports)
       values = self._resolve(args)
+      cpu = time.process_time()
       if seconds is None:
         start = time.time()
         # Finished means computed: the driver's clock and its errors need that, not dispatch.
@@ -243,6 +247,7 @@ class LaneRuntime:
         end = time.time()
       else:
         result, start, end = self._emulate(number, task, fn, values, seconds)
+      cpu = time.process_time() - cpu
       # How the result was made, for the parts a move must rebuild (`export`); ~30 µs a
       # call, so only where the result may hold such a part.
       rebuilt = self._rebuilt(number, result, checked=not describe)
@@ -250,7 +255,7 @@ class LaneRuntime:
       scalars = []
       with self.stored:  # (its exports are woken once the driver is told: `_run_calls`)
         outline = self._keep(result, key, (), origin, describe, scalars)
-      return outline, entered, start, end, tuple(scalars)
+      return outline, entered, start, end, cpu, tuple(scalars)
     except BaseException:
       with self.stored:
         self.failed_calls.add(key)
