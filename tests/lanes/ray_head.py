@@ -24,16 +24,23 @@ def free_port() -> int:
 
 
 def _stop_with_parent() -> None:
-  """In the child, before exec: SIGTERM if the process that started it dies (Linux
-  prctl), which `ray start --block` answers by stopping every process of the node. A
-  test process that crashes (a pytest worker) leaves no head behind."""
-  try:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-  except (OSError, AttributeError):  # not Linux
-    pass
+  """In the child, before exec: SIGTERM once the thread that started it ends (Linux
+  prctl's parent-death signal; a test process's main thread: when it crashes, say),
+  which `ray start --block` answers by stopping every process of the node; a parent
+  already gone ends it at once. Only `prctl` runs here (found in the C library before
+  the fork: a child of a threaded process may not take the loader's locks)."""
+  if _PRCTL is not None:
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+  if os.getppid() != _PARENT:
+    os._exit(1)
 
 
 _PR_SET_PDEATHSIG = 1
+_PARENT = os.getpid()  # the test process that imports this module starts its heads
+try:
+  _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: the head is stopped by the fixture only
+  _PRCTL = None
 
 
 class RayHead:

@@ -393,7 +393,7 @@ def test_a_lane_times_the_cpu_its_process_used_over_each_task(pool):
   finished = []
   while len(finished) < 2:
     finished.append(pool.wait_any([p for p in (spinning, sleeping) if not p.done]))
-  assert spinning.cpu >= 0.2
+  assert 0.2 <= spinning.cpu < 0.3  # (the lane's other threads idle meanwhile)
   assert 0 <= sleeping.cpu < 0.1 and sleeping.ended - sleeping.started >= 0.2
 
 

@@ -225,7 +225,7 @@ class LaneRuntime:
     between `entered` and `start`, for its imports (`benchmarks/lane_overheads.py`).
     `cpu`: the CPU seconds this lane's process used from `start` to `end` (every thread of
     it: the task's, and a copy its reader took in meanwhile), against which `end - start`
-    holds what else ran on its cores.
+    holds what else ran on its cores, or a wait (an emulated task sleeps).
     `scalars`: `(path, value)` of each part that is one number (a loss), as a Python
     number, so that the driver reads it without a call (`LanePool.scalar`): a `fetch` runs
     behind every call queued on the lane, and the driver's loss checks waited ~0.1 s for
