@@ -561,11 +561,12 @@ def task_costs(workdir: str, warmup: int, priced_ms: dict) -> list[dict]:
   return rows
 
 
-def slowdown(rows: list[dict]) -> float:
-  """Median over the lanes' task kinds (`task_costs`) of their measured median duration /
-  their priced cost: how much longer the lanes took for the same work than the cost
-  profile says (1 where they run as it was measured; other jobs' load raises it)."""
-  ratios = [row['median'] / row['priced'] for row in rows if row['priced']]
+def slowdown(rows: list[dict], figure: str = 'median') -> float:
+  """Median over the lanes' task kinds (`task_costs`) of their measured `figure`
+  ('median' duration, or 'cpu': the median CPU time of the lane's process) / their priced
+  cost: how much longer the lanes took for the same work than the cost profile says (1
+  where they run as it was measured; other jobs' load raises the duration, not the CPU)."""
+  ratios = [row[figure] / row['priced'] for row in rows if row['priced'] and row.get(figure)]
   return float(np.median(ratios)) if ratios else float('nan')
 
 
@@ -686,6 +687,7 @@ def run_family(name: str, args, profile: str, hosts: dict, root: str) -> dict:
       measured = os.path.join(root, f'{name}-measured')
       result['task_costs'] = task_costs(measured, args.warmup, summary.get('cost_model_ms', {}))
       result['slowdown'] = slowdown(result['task_costs'])
+      result['cpu_slowdown'] = slowdown(result['task_costs'], 'cpu')
   # What the simulated driver adds: the replay again, with a host whose driver costs 0.
   config = family_config(
     name, args, 'predicted', priced_by['replayed'], hosts['no_driver'], on_cores=False
@@ -915,6 +917,7 @@ def print_table(results: dict) -> None:
     'replayed ms/it',
     'error %',
     'task slowdown',
+    'in cpu',
     'load',
     'utilization measured',
     'utilization predicted',
@@ -938,6 +941,7 @@ def print_table(results: dict) -> None:
         f'{1e3 * result["replayed"]["per_iteration"]:.2f}',
         f'{_error(result, "replayed"):.1f}',
         f'{result["slowdown"]:.2f}',
+        f'{result.get("cpu_slowdown", float("nan")):.2f}',
         f'{result["load"]:.1f}',
         _lanes(result['measured']['utilization']),
         _lanes(result['predicted']['utilization']),
@@ -961,7 +965,9 @@ def print_table(results: dict) -> None:
     'replayed: the virtual clock again, with each task kind costing its mean duration '
     'in the measured run (the schedule and host model alone, without the cost profile); '
     "task slowdown: median over the lanes' task kinds of their measured median duration / "
-    'their priced cost (the task-cost tables below); load: the 1-minute load average '
+    "their priced cost (the task-cost tables below); in cpu: the same of the lane's CPU "
+    'time, which the profile prices (their difference: time its core ran something else); '
+    'load: the 1-minute load average '
     'during the measured run (the larger of its start and end)'
   )
   staleness = [n for n in results if n in ASYNCHRONOUS and 'skipped' not in results[n]]
