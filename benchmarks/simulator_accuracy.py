@@ -40,6 +40,12 @@ runs the same config on both clocks, through `experiments.train`'s own path
              not (the replay is that much fast).
 The replayed run is run once more with the host profile's driver figures at 0 (a second
 host file), so that what the simulated driver adds is seen against the same measured run.
+And the predicted run once more with each task kind costing its mean CPU time in the
+measured run (the lanes time their process's CPU over each task, `TaskRecord.cpu`), its
+lanes on their cores as predicted (cpu-replayed): the profile prices CPU time, so
+predicted against it is what the tasks' own work cost more or less in the run, and it
+against measured is what the model of the rest misses (the cores' other work: another
+lane, the driver, Ray, the copies).
 
 The cost profile (`--profile` reuses one) describes tasks as they run on lanes: it is
 measured in a process pinned to core 0 with XLA's intra-op threads off
@@ -486,21 +492,25 @@ def _short(name: str) -> str:
   return lane_name(name)
 
 
-def task_figures(workdir: str, warmup: int) -> dict:
+def task_figures(workdir: str, warmup: int, figure: str = 'duration') -> dict:
   """`{(stage, kind): seconds}` of the compute tasks of the run's steady state, each
-  kind's mean duration (a run's time is its tasks' sum; as `experiments.reprice`)."""
+  kind's mean duration (a run's time is its tasks' sum; as `experiments.reprice`), or
+  with `figure='cpu'` the mean CPU time its lane's process used over them (`task_cpu`)."""
   names, tasks = read_trace(workdir)
   start, _, _ = window(names, tasks, warmup, _per_task(workdir))
+  cpu_of = task_cpu(workdir) if figure == 'cpu' else {}
   durations = {}
   for lane, kind, begin, end, _, stage in tasks:
     if begin >= start and not names[lane].startswith('link '):
-      durations.setdefault((stage, kind), []).append(end - begin)
+      seconds = end - begin if figure == 'duration' else cpu_of.get((lane, begin))
+      if seconds is not None:
+        durations.setdefault((stage, kind), []).append(seconds)
   return {key: float(np.mean(d)) for key, d in durations.items()}
 
 
-def observed_profile(profile: str, workdir: str, warmup: int) -> str:
-  """A copy of `profile` whose task costs are each task kind's mean duration in the run
-  at `workdir` (steady state), as the lanes timed them.
+def observed_profile(profile: str, workdir: str, warmup: int, figure: str = 'duration') -> str:
+  """A copy of `profile` whose task costs are each task kind's mean duration (or CPU
+  time, `figure='cpu'`) in the run at `workdir` (steady state), as the lanes timed them.
 
   What the virtual clock then predicts differs from the measured run only by what the
   schedule model leaves out or gets wrong (dispatch, links, the order of tasks on a
@@ -510,12 +520,12 @@ def observed_profile(profile: str, workdir: str, warmup: int) -> str:
 
   from jaxsgd.scheduler import profiles, repricing
 
-  figures = task_figures(workdir, warmup)
+  figures = task_figures(workdir, warmup, figure)
   loaded = profiles.load(profile)
   # One figure per task kind: the cost and its spread alike.
   timed = {key: [seconds] for key, seconds in figures.items()}
   tables = tuple(repricing.repriced_table(t, timed) for t in loaded.tables)
-  path = os.path.join(workdir, 'observed_profile.json')
+  path = os.path.join(workdir, f'observed_{figure}_profile.json')
   profiles.save(dataclasses.replace(loaded, tables=tables), path)
   return path
 
@@ -698,7 +708,29 @@ def run_family(name: str, args, profile: str, hosts: dict, root: str) -> dict:
     result['replayed_no_driver'] = steady_stats(workdir, args.warmup)
   except NoSteadyState:
     result['replayed_no_driver'] = None
+  result['cpu_replayed'] = cpu_replay(name, args, profile, hosts, root)
   return result
+
+
+def cpu_replay(name: str, args, profile: str, hosts: dict, root: str) -> dict | None:
+  """The predicted run again with each task kind costing its mean CPU time in the
+  measured run (`TaskRecord.cpu`), its lanes on their cores as predicted: against the
+  profile, what the tasks' own work cost in the run; against the measured run, what the
+  model of the rest (the cores' other work, the driver, the copies) misses. None where the
+  lanes timed no CPU."""
+  from jaxsgd import training
+
+  measured = os.path.join(root, f'{name}-measured')
+  if not task_figures(measured, args.warmup, 'cpu'):
+    return None
+  priced = observed_profile(profile, measured, args.warmup, 'cpu')
+  config = family_config(name, args, 'predicted', priced, hosts['host'], on_cores=True)
+  workdir = os.path.join(root, f'{name}-cpu-replayed')
+  training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
+  try:
+    return steady_stats(workdir, args.warmup)
+  except NoSteadyState:
+    return None
 
 
 def main():
@@ -1007,6 +1039,17 @@ def print_table(results: dict) -> None:
         for n in undriven
       )
     )
+  cpu_priced = [n for n in errors if results[n].get('cpu_replayed')]
+  if cpu_priced:
+    print(
+      'cpu-replayed (each task kind at its mean CPU time in the measured run, the lanes on '
+      "their cores as predicted: predicted to it, the tasks' own work; it to measured, the "
+      'rest of the model), ms/it and error %: '
+      + '; '.join(
+        f'{LABELS[n]} {_ms(results[n]["cpu_replayed"])} ({_error(results[n], "cpu_replayed"):.1f})'
+        for n in cpu_priced
+      )
+    )
   for note in notes:
     print(note)
   for name in errors:
@@ -1019,6 +1062,9 @@ def print_table(results: dict) -> None:
       print(
         f'replayed without the simulated driver, max error across families: {undriven_worst:.1f}%'
       )
+    if cpu_priced:
+      cpu_worst = max(_error(results[n], 'cpu_replayed') for n in cpu_priced)
+      print(f'cpu-replayed, max error across families: {cpu_worst:.1f}%')
     repriced = [_error(results[n], 'repriced') for n in errors if results[n]['repriced']]
     if repriced:
       print(

@@ -250,7 +250,8 @@ def test_a_lanes_queued_gap_is_read_where_the_next_task_was_dispatched_before_th
 def test_a_tasks_cost_row_holds_its_lanes_cpu_time_and_the_slowdown_of_each(tmp_path, monkeypatch):
   """Four forwards of 10, 12, 14 and 40 ms (median 13 ms) whose lane used 10, 10, 11 and
   12 ms of CPU (median 10.5 ms), priced 10 ms: 1.3 slower in wall time, 1.05 in CPU (the
-  rest: time its core ran something else). A lane that timed no CPU has none."""
+  rest: time its core ran something else). A lane that timed no CPU (one forward of
+  20 ms) has none."""
 
   def slice_(tid, start_ms, wall_ms, cpu_ms=None):
     args = {'stage': 0, 'batch': 0, **({} if cpu_ms is None else {'cpu': cpu_ms * 1e3})}
@@ -280,3 +281,7 @@ def test_a_tasks_cost_row_holds_its_lanes_cpu_time_and_the_slowdown_of_each(tmp_
   assert rows[1]['cpu'] is None
   assert accuracy.slowdown(rows[:1]) == pytest.approx(1.3)
   assert accuracy.slowdown(rows[:1], 'cpu') == pytest.approx(1.05)
+  # The replays' prices: each kind's mean duration (the five tasks), or mean CPU time (the
+  # four the lanes timed: the cpu-replayed run's).
+  assert accuracy.task_figures(str(tmp_path), 0) == {(0, 'forward'): pytest.approx(0.0192)}
+  assert accuracy.task_figures(str(tmp_path), 0, 'cpu') == {(0, 'forward'): pytest.approx(0.01075)}
