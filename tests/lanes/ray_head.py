@@ -6,7 +6,6 @@ found by its session directory), never with `ray stop`, which would stop any Ray
 on the machine. A head whose test process dies stops by itself.
 """
 
-import ctypes
 import os
 import signal
 import socket
@@ -23,24 +22,21 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def _stop_with_parent() -> None:
-  """In the child, before exec: SIGTERM once the thread that started it ends (Linux
-  prctl's parent-death signal; a test process's main thread: when it crashes, say),
-  which `ray start --block` answers by stopping every process of the node; a parent
-  already gone ends it at once. Only `prctl` runs here (found in the C library before
-  the fork: a child of a threaded process may not take the loader's locks)."""
-  if _PRCTL is not None:
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
-  if os.getppid() != _PARENT:
-    os._exit(1)
-
-
-_PR_SET_PDEATHSIG = 1
-_PARENT = os.getpid()  # the test process that imports this module starts its heads
+# Runs as the head's process before it becomes `ray start`: asks Linux for SIGTERM once
+# the thread that started it ends (prctl's parent-death signal, kept across exec; the
+# test process's main thread: when it crashes, say), which `ray start --block`, once it
+# blocks, answers by stopping every process of the node; a parent already gone ends it. A process of
+# its own rather than `preexec_fn`: that forks the test process (threaded: JAX, Ray).
+_STOP_WITH_PARENT = """
+import ctypes, os, signal, sys
 try:
-  _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux: the head is stopped by the fixture only
-  _PRCTL = None
+  ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):  # not Linux: the fixture stops the head
+  pass
+if os.getppid() != int(sys.argv[1]):
+  sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
 class RayHead:
@@ -52,6 +48,10 @@ class RayHead:
     ray = os.path.join(os.path.dirname(sys.executable), 'ray')
     self.process = subprocess.Popen(
       [
+        sys.executable,
+        '-c',
+        _STOP_WITH_PARENT,
+        str(os.getpid()),
         ray,
         'start',
         '--head',
@@ -64,7 +64,6 @@ class RayHead:
       ],
       env=env,
       start_new_session=True,
-      preexec_fn=_stop_with_parent,
       stdout=subprocess.DEVNULL,
       stderr=subprocess.DEVNULL,
     )
