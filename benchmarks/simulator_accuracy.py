@@ -43,9 +43,10 @@ host file), so that what the simulated driver adds is seen against the same meas
 And the predicted run once more with each task kind costing its mean CPU time in the
 measured run (the lanes time their process's CPU over each task, `TaskRecord.cpu`), its
 lanes on their cores as predicted (cpu-replayed): the profile prices CPU time, so
-predicted against it is what the tasks' own work cost more or less in the run, and it
+predicted against it is what the tasks' work cost more or less in the run, and it
 against measured is what the model of the rest misses (the cores' other work: another
-lane, the driver, Ray, the copies).
+lane, the driver, Ray, the copies). The process's CPU also holds the copies its threads
+moved during a task, which the virtual clock charges apart: counted twice there.
 
 The cost profile (`--profile` reuses one) describes tasks as they run on lanes: it is
 measured in a process pinned to core 0 with XLA's intra-op threads off
@@ -496,6 +497,8 @@ def task_figures(workdir: str, warmup: int, figure: str = 'duration') -> dict:
   """`{(stage, kind): seconds}` of the compute tasks of the run's steady state, each
   kind's mean duration (a run's time is its tasks' sum; as `experiments.reprice`), or
   with `figure='cpu'` the mean CPU time its lane's process used over them (`task_cpu`)."""
+  if figure not in ('duration', 'cpu'):
+    raise ValueError(f"figure: 'duration' or 'cpu', got {figure!r}")
   names, tasks = read_trace(workdir)
   start, _, _ = window(names, tasks, warmup, _per_task(workdir))
   cpu_of = task_cpu(workdir) if figure == 'cpu' else {}
@@ -512,9 +515,11 @@ def observed_profile(profile: str, workdir: str, warmup: int, figure: str = 'dur
   """A copy of `profile` whose task costs are each task kind's mean duration (or CPU
   time, `figure='cpu'`) in the run at `workdir` (steady state), as the lanes timed them.
 
-  What the virtual clock then predicts differs from the measured run only by what the
-  schedule model leaves out or gets wrong (dispatch, links, the order of tasks on a
-  shared core), not by how much longer tasks took under the machine's load.
+  Priced by durations (on lanes placed on no core), what the virtual clock then predicts
+  differs from the measured run only by what the schedule model leaves out or gets
+  wrong (dispatch, links, the order of tasks on a shared core), not by how much longer
+  tasks took under the machine's load; priced by CPU time (`cpu_replay`), by the model
+  of the cores' other work too.
   """
   import dataclasses
 
@@ -714,10 +719,13 @@ def run_family(name: str, args, profile: str, hosts: dict, root: str) -> dict:
 
 def cpu_replay(name: str, args, profile: str, hosts: dict, root: str) -> dict | None:
   """The predicted run again with each task kind costing its mean CPU time in the
-  measured run (`TaskRecord.cpu`), its lanes on their cores as predicted: against the
-  profile, what the tasks' own work cost in the run; against the measured run, what the
-  model of the rest (the cores' other work, the driver, the copies) misses. None where the
-  lanes timed no CPU."""
+  measured run (`TaskRecord.cpu`; a kind the lanes did not time keeps the profile's
+  price), its lanes on their cores as predicted: against the profile, what the tasks'
+  work cost in the run; against the measured run, what the model of the rest (the cores'
+  other work, the driver, the copies) misses. The CPU is the lane process's: it holds the
+  copies its threads moved during a task, which the virtual clock charges apart too
+  (counted twice where copies are large). None where the lanes timed no CPU or the run
+  failed (its error printed: the other families go on)."""
   from jaxsgd import training
 
   measured = os.path.join(root, f'{name}-measured')
@@ -726,10 +734,13 @@ def cpu_replay(name: str, args, profile: str, hosts: dict, root: str) -> dict | 
   priced = observed_profile(profile, measured, args.warmup, 'cpu')
   config = family_config(name, args, 'predicted', priced, hosts['host'], on_cores=True)
   workdir = os.path.join(root, f'{name}-cpu-replayed')
-  training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
   try:
+    training.train_and_evaluate(config, workdir, show_progress=False, overwrite=True)
     return steady_stats(workdir, args.warmup)
   except NoSteadyState:
+    return None
+  except Exception as error:  # noqa: BLE001 - reported, the other families go on
+    print(f'{LABELS[name]}: cpu-replayed run failed ({type(error).__name__}: {error})')
     return None
 
 
@@ -1043,8 +1054,9 @@ def print_table(results: dict) -> None:
   if cpu_priced:
     print(
       'cpu-replayed (each task kind at its mean CPU time in the measured run, the lanes on '
-      "their cores as predicted: predicted to it, the tasks' own work; it to measured, the "
-      'rest of the model), ms/it and error %: '
+      "their cores as predicted: predicted to it, the tasks' work and the copies their "
+      "lane's threads moved meanwhile; it to measured, the rest of the model), ms/it and "
+      'error %: '
       + '; '.join(
         f'{LABELS[n]} {_ms(results[n]["cpu_replayed"])} ({_error(results[n], "cpu_replayed"):.1f})'
         for n in cpu_priced

@@ -281,6 +281,9 @@ def test_a_tasks_cost_row_holds_its_lanes_cpu_time_and_the_slowdown_of_each(tmp_
   assert rows[1]['cpu'] is None
   assert accuracy.slowdown(rows[:1]) == pytest.approx(1.3)
   assert accuracy.slowdown(rows[:1], 'cpu') == pytest.approx(1.05)
+  # Over both lanes: the median of 1.3 and 2.0 (worker 1's 20 ms); in CPU, worker 1 has none.
+  assert accuracy.slowdown(rows) == pytest.approx(1.65)
+  assert accuracy.slowdown(rows, 'cpu') == pytest.approx(1.05)
   # The replays' prices: each kind's mean duration (the five tasks), or mean CPU time (the
   # four the lanes timed: the cpu-replayed run's).
   assert accuracy.task_figures(str(tmp_path), 0) == {(0, 'forward'): pytest.approx(0.0192)}

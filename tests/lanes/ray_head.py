@@ -25,8 +25,10 @@ def free_port() -> int:
 # Runs as the head's process before it becomes `ray start`: asks Linux for SIGTERM once
 # the thread that started it ends (prctl's parent-death signal, kept across exec; the
 # test process's main thread: when it crashes, say), which `ray start --block`, once it
-# blocks, answers by stopping every process of the node; a parent already gone ends it. A process of
-# its own rather than `preexec_fn`: that forks the test process (threaded: JAX, Ray).
+# blocks, answers by stopping every process of the node (before, the signal ends `ray
+# start` alone, and its GCS and raylet may stay); a parent already gone ends it. A
+# process of its own rather than `preexec_fn`, which runs Python in a forked child of
+# the threaded test process (JAX warns of it).
 _STOP_WITH_PARENT = """
 import ctypes, os, signal, sys
 try:
