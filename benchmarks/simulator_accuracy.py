@@ -511,26 +511,30 @@ def task_figures(workdir: str, warmup: int, figure: str = 'duration') -> dict:
   return {key: float(np.mean(d)) for key, d in durations.items()}
 
 
-def observed_profile(profile: str, workdir: str, warmup: int, figure: str = 'duration') -> str:
-  """A copy of `profile` whose task costs are each task kind's mean duration (or CPU
-  time, `figure='cpu'`) in the run at `workdir` (steady state), as the lanes timed them.
+def observed_profile(profile: str, workdir: str, warmup: int) -> str:
+  """A copy of `profile` whose task costs are each task kind's mean duration in the run
+  at `workdir` (steady state), as the lanes timed them.
 
-  Priced by durations (on lanes placed on no core), what the virtual clock then predicts
-  differs from the measured run only by what the schedule model leaves out or gets
-  wrong (dispatch, links, the order of tasks on a shared core), not by how much longer
-  tasks took under the machine's load; priced by CPU time (`cpu_replay`), by the model
-  of the cores' other work too.
+  Priced so, on lanes placed on no core, what the virtual clock predicts differs from
+  the measured run only by what the schedule model leaves out or gets wrong (dispatch,
+  links, the order of tasks on a shared core), not by how much longer tasks took under
+  the machine's load (`cpu_replay` prices the tasks' CPU time instead).
   """
+  path = os.path.join(workdir, 'observed_duration_profile.json')
+  return priced_profile(profile, task_figures(workdir, warmup), path)
+
+
+def priced_profile(profile: str, figures: dict, path: str) -> str:
+  """Writes to `path` a copy of `profile` whose task kinds in `figures` (`task_figures`)
+  cost their figure, and returns `path`."""
   import dataclasses
 
   from jaxsgd.scheduler import profiles, repricing
 
-  figures = task_figures(workdir, warmup, figure)
   loaded = profiles.load(profile)
   # One figure per task kind: the cost and its spread alike.
   timed = {key: [seconds] for key, seconds in figures.items()}
   tables = tuple(repricing.repriced_table(t, timed) for t in loaded.tables)
-  path = os.path.join(workdir, f'observed_{figure}_profile.json')
   profiles.save(dataclasses.replace(loaded, tables=tables), path)
   return path
 
@@ -729,9 +733,10 @@ def cpu_replay(name: str, args, profile: str, hosts: dict, root: str) -> dict | 
   from jaxsgd import training
 
   measured = os.path.join(root, f'{name}-measured')
-  if not task_figures(measured, args.warmup, 'cpu'):
+  figures = task_figures(measured, args.warmup, 'cpu')
+  if not figures:
     return None
-  priced = observed_profile(profile, measured, args.warmup, 'cpu')
+  priced = priced_profile(profile, figures, os.path.join(measured, 'observed_cpu_profile.json'))
   config = family_config(name, args, 'predicted', priced, hosts['host'], on_cores=True)
   workdir = os.path.join(root, f'{name}-cpu-replayed')
   try:

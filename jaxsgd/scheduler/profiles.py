@@ -54,11 +54,20 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 FORMAT = 'jaxsgd-cost-profile/1'
 # A profile's `statistic`: each cost is the median of a task's timed calls (`task_timing.measure`).
 STATISTIC = 'median'
 # The other figures of each task's repetitions a profile keeps (`Table.spread`).
 SPREAD_STATISTICS = ('min', 'p90')
+
+
+def spread_of(seconds: Sequence[float]) -> dict[str, float]:
+  """A task's `spread` from its timed calls: the fastest and the 90th percentile."""
+  return {'min': float(np.min(seconds)), 'p90': float(np.quantile(seconds, 0.9))}
+
+
 # The `statistic` of files whose costs were each task's fastest call, their median in `spread`.
 FASTEST_CALL = 'min'
 # A profile's `clock`: what timed its tasks (`task_timing.CLOCKS`).

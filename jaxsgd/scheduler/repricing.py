@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxsgd.scheduler.profiles import Profile, ProfileError, Table, key_text
+from jaxsgd.scheduler.profiles import Profile, ProfileError, Table, key_text, spread_of
 
 # A profile's `statistic` when its costs are a pilot run's means (`reprice_from_trace`).
 # Files re-priced before at the median say 'median of a run' and still load as they are.
@@ -133,7 +133,7 @@ def repriced_table(table: Table, durations: Mapping[tuple[Any, str], Sequence[fl
     found = timed_durations(table, key, durations)
     if found:
       costs[key] = float(np.mean(found))
-      spread[key] = {'min': float(np.min(found)), 'p90': float(np.percentile(found, 90))}
+      spread[key] = spread_of(found)
   return dataclasses.replace(table, costs=costs, spread=spread)
 
 

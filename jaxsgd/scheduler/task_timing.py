@@ -51,7 +51,7 @@ import numpy as np
 
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.profile_lookup import model_id, roles_signature, split_of
-from jaxsgd.scheduler.profiles import STATISTIC, Profile, Table, as_split
+from jaxsgd.scheduler.profiles import STATISTIC, Profile, Table, as_split, spread_of
 
 # What times a call, by a profile's `clock` (`profiles.CLOCK_NAMES`).
 CLOCKS = {'wall': time.perf_counter, 'cpu': time.process_time}
@@ -192,10 +192,7 @@ def measure(
   """
   times = measure_times(calls, warmup=warmup, reps=reps, clock=clock)
   costs = {key: float(np.median(ts)) for key, ts in times.items()}
-  spread = {
-    key: {'min': float(min(ts)), 'p90': float(np.quantile(ts, 0.9))} for key, ts in times.items()
-  }
-  return costs, spread
+  return costs, {key: spread_of(ts) for key, ts in times.items()}
 
 
 def measure_table(

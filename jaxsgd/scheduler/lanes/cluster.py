@@ -13,8 +13,8 @@ and worker processes and Ray's monitors all at once, lets Ray stop its GCS and r
 is still alive after that (found by its directory).
 """
 
-import logging
 import gc
+import logging
 import os
 import shutil
 import sys
