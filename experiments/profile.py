@@ -249,9 +249,18 @@ def measure_host(executor: str, repeats: int = lane_timing.DRIVER_REPEATS) -> ho
     dispatch = lane_timing.measure_dispatch()
     figures = {'dispatch': dispatch['real' if executor == 'in_process' else 'real_threads']}
     return host_lib.make(executor, figures, cores=len(cores))
-  idle = lane_timing.measure_process_dispatch(cores=cores[:1], rounds=repeats)
-  loaded = lane_timing.measure_loaded_driver(cores=cores, repeats=repeats)
-  moves = link_timing.measure_process_links(cores=(cores[0], cores[-1]))
+  from jaxsgd.scheduler.lanes import cluster  # Ray only for this executor
+
+  # One cluster of its own for the three (each would start and stop one: seconds each);
+  # its processes are this one's descendants, whose CPU the figures count.
+  started = cluster.connect(None)
+  try:
+    idle = lane_timing.measure_process_dispatch(cores=cores[:1], rounds=repeats)
+    loaded = lane_timing.measure_loaded_driver(cores=cores, repeats=repeats)
+    moves = link_timing.measure_process_links(cores=(cores[0], cores[-1]))
+  finally:
+    if started:
+      cluster.shutdown()
   figures = {
     'dispatch': idle['processes'],
     'dispatch_loaded': idle['processes_cpu'],

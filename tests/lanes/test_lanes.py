@@ -28,7 +28,7 @@ import lane_tasks
 from ray_head import serve_head
 
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec
-from jaxsgd.scheduler.lanes.runtime import MakerFailed, Ref
+from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, MakerFailed, Ref
 from jaxsgd.scheduler.process import LaneValue
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
@@ -527,6 +527,17 @@ def test_a_killed_lane_stops_the_wait_within_5s_naming_it(head):
     lanes.remove('d')  # tolerate the loss: the other lane carries on
     assert lanes.fetch(lanes.run('c', task('add'), (np.float32(2), np.float32(3)))) == 5
   assert gone(lanes.pids().values()) == []
+
+
+def test_a_lane_that_dies_while_the_pool_starts_is_named_and_no_lane_is_left(head, monkeypatch):
+  """A lane whose process dies at the pool's first call to it (the fault hook's `info`),
+  before any lane is linked: the start raises `LaneError` naming it (the death heard
+  either from Ray's watch or from that call's error), and the other lane is ended."""
+  monkeypatch.setenv(FAULT_VAR, 'f:info:1:kill')
+  before = set(_lane_processes(head))
+  with pytest.raises(LaneError, match=r"^lane 'f' on host \S+: at start: its process died"):
+    LanePool(LanePlacement.spread(['e', 'f']), address=head.address, verbose=False)
+  assert gone(set(_lane_processes(head)) - before) == []
 
 
 def test_a_death_that_reaches_a_task_on_a_live_lane_names_the_dead_lane(head):

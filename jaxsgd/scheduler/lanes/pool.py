@@ -849,7 +849,9 @@ class LanePool:
     if lane in self._dead:
       return
     self._dead[lane] = 'died'
-    self._tell_dead(tuple(self.info[lane]['address']['remote']))
+    info = getattr(self, 'info', {}).get(lane)
+    if info is not None:  # (none while the pool starts: no lane has been linked yet)
+      self._tell_dead(tuple(info['address']['remote']))
 
   def _tell_dead(self, address: tuple) -> None:
     for other in self._links.values():
@@ -947,8 +949,14 @@ class LanePool:
 
   def _dead_error(self, lane: str) -> LaneError:
     """The `LaneError` of `lane`'s process having ended."""
+    return LaneError(
+      lane, self._host(lane), f'{self._pid_said(lane)}: its process died (killed, or crashed).'
+    )
+
+  def _pid_said(self, lane: str) -> str:
+    """'pid N' of `lane`'s process, or where the pool has not heard it yet, 'at start'."""
     pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
-    return LaneError(lane, self._host(lane), f'pid {pid}: its process died (killed, or crashed).')
+    return 'at start' if pid is None else f'pid {pid}'
 
   def _error(self, lane, error, task, host=None, key=None) -> LaneError:
     """The `LaneError` to raise for `error` (a failed call on `lane`): the failure of an
@@ -1017,10 +1025,10 @@ class LanePool:
     dead = self._dead_end(lane, within=0.0) or self._dead_end(*self._watch)
     if dead is not None and dead != lane:
       return self._dead_error(dead)
-    pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
-    if task is None:  # a fetch, an export: the lane died
+    pid = self._pid_said(lane)
+    if task is None:  # a fetch, an export, its start: the lane died
       return LaneError(
-        lane, host or self._host(lane), f'pid {pid}: its process died ({cluster.describe(error)}).'
+        lane, host or self._host(lane), f'{pid}: its process died ({cluster.describe(error)}).'
       )
     replaced = [name for name, first in self._replaced.items() if key is not None and key < first]
     if dead is None and replaced:  # its source's process was lost, and replaced since
@@ -1033,7 +1041,7 @@ class LanePool:
     return LaneError(  # the lane died under the task
       lane,
       host or self._host(lane),
-      f'pid {pid}: its process died ({cluster.describe(error)}) while running {task!r}.',
+      f'{pid}: its process died ({cluster.describe(error)}) while running {task!r}.',
     )
 
 

@@ -25,7 +25,8 @@ its schedule is the process executor's.
 
 A test hook injects a fault into a real run: `JAXSGD_TEST_LANE_FAULT=LANE:TASK:N` in
 the driver's environment (passed to every lane) makes the N-th `TASK` of lane `LANE`
-raise, and `LANE:TASK:N:kill` makes that lane's process SIGKILL itself there instead.
+raise, and `LANE:TASK:N:kill` makes that lane's process SIGKILL itself there instead
+(`TASK` `info`: the pool's first call to the lane, while it starts).
 """
 
 import collections
@@ -190,6 +191,7 @@ class LaneRuntime:
 
   def info(self) -> dict[str, Any]:
     """Where this lane runs, for the placement printed at start and error messages."""
+    self._maybe_fail('info')
     context = ray.get_runtime_context()
     return {
       'name': self.name,
@@ -236,7 +238,7 @@ class LaneRuntime:
     try:
       number = named if isinstance(named, int) else named[0]
       task, fn = self._task(named)
-      self._maybe_fail(task)
+      self._maybe_fail(getattr(task, 'name', None))
       self.take_in(imports)
       values = self._resolve(args)
       cpu = time.process_time()
@@ -757,15 +759,16 @@ class LaneRuntime:
       # The reply does not pickle (nothing was written): the call fails, not the lane.
       self.driver.send(('err', number, wire.failure(error)))
 
-  def _maybe_fail(self, task) -> None:
-    """The test hook (`FAULT_VAR`): the N-th run of the named task raises, or kills us."""
-    if self.fault is None or getattr(task, 'name', None) != self.fault[0]:
+  def _maybe_fail(self, task: str | None) -> None:
+    """The test hook (`FAULT_VAR`): the N-th run of the named task (or `info`: the
+    pool's first call, at start) raises, or kills us."""
+    if self.fault is None or task != self.fault[0]:
       return
     self.fault[1] -= 1
     if self.fault[1] == 0:
       if self.fault[2]:
         os.kill(os.getpid(), signal.SIGKILL)
-      raise RuntimeError(f'injected fault ({FAULT_VAR}) in task {task.name!r}')
+      raise RuntimeError(f'injected fault ({FAULT_VAR}) in task {task!r}')
 
   def _resolve(self, args):
     def value(leaf):
