@@ -1,5 +1,6 @@
-"""Test set-up: 8 fake CPU devices and one compilation cache (set before JAX starts),
-Ctrl-C heard by the processes the tests start, and a shared tfds data_dir."""
+"""Test set-up: 8 fake CPU devices and one compilation cache (set before JAX starts), one
+Ray authentication mode, Ctrl-C heard by the processes the tests start, and a shared tfds
+data_dir."""
 
 import atexit
 import os
@@ -20,6 +21,12 @@ _CACHE = tempfile.mkdtemp(prefix='jaxsgd-tests-xla-cache-')
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', _CACHE)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 atexit.register(lambda: shutil.rmtree(_CACHE, ignore_errors=True))
+
+# One Ray authentication mode for every cluster the tests start or join: a process keeps
+# the mode of its first connection, so a module joining the tests' `ray start --head` node
+# (token auth off) after a test in the same worker had started a cluster of its own (on by
+# default) was refused by the node, which took its driver for dead and destroyed its lanes.
+os.environ['RAY_AUTH_MODE'] = 'disabled'
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -116,10 +116,10 @@ class RayHead:
 
 
 def serve_head(temp_dir: str, gone):
-  """A module fixture's body: a head with Ray's token auth off, yielded, then stopped;
-  asserts that `gone` finds none of its processes alive afterwards."""
+  """A module fixture's body: a head with Ray's token auth off (as every cluster of the
+  tests: conftest.py), yielded, then stopped; asserts that `gone` finds none of its
+  processes alive afterwards."""
   env = {**os.environ, 'RAY_AUTH_MODE': 'disabled', 'RAY_USAGE_STATS_ENABLED': '0'}
-  os.environ.update(RAY_AUTH_MODE='disabled')
   node = RayHead(temp_dir, env)
   yield node
   import ray  # pylint: disable=g-import-not-at-top
