@@ -45,8 +45,8 @@ measured run (the lanes time their process's CPU over each task, `TaskRecord.cpu
 lanes on their cores as predicted (cpu-replayed): the profile prices CPU time, so
 predicted against it is what the tasks' work cost more or less in the run, and it
 against measured is what the model of the rest misses (the cores' other work: another
-lane, the driver, Ray, the copies). The process's CPU also holds the copies its threads
-moved during a task, which the virtual clock charges apart: counted twice there.
+lane, the driver, Ray, the copies). A task's CPU leaves out what its lane's copy threads
+used meanwhile (`CopyCpu`), which the virtual clock charges apart as links and take-ins.
 
 The cost profile (`--profile` reuses one) describes tasks as they run on lanes: it is
 measured in a process pinned to core 0 with XLA's intra-op threads off
@@ -726,10 +726,10 @@ def cpu_replay(name: str, args, profile: str, hosts: dict, root: str) -> dict | 
   measured run (`TaskRecord.cpu`; a kind the lanes did not time keeps the profile's
   price), its lanes on their cores as predicted: against the profile, what the tasks'
   work cost in the run; against the measured run, what the model of the rest (the cores'
-  other work, the driver, the copies) misses. The CPU is the lane process's: it holds the
-  copies its threads moved during a task, which the virtual clock charges apart too
-  (counted twice where copies are large). None where the lanes timed no CPU or the run
-  failed (its error printed: the other families go on)."""
+  other work, the driver, the copies) misses. The CPU is the lane process's less what its
+  copy threads used meanwhile (`CopyCpu`: the virtual clock charges the copies apart).
+  None where the lanes timed no CPU or the run failed (its error printed: the other
+  families go on)."""
   from jaxsgd import training
 
   measured = os.path.join(root, f'{name}-measured')
@@ -1059,9 +1059,8 @@ def print_table(results: dict) -> None:
   if cpu_priced:
     print(
       'cpu-replayed (each task kind at its mean CPU time in the measured run, the lanes on '
-      "their cores as predicted: predicted to it, the tasks' work and the copies their "
-      "lane's threads moved meanwhile; it to measured, the rest of the model), ms/it and "
-      'error %: '
+      "their cores as predicted: predicted to it, the tasks' own work; it to measured, the "
+      'rest of the model), ms/it and error %: '
       + '; '.join(
         f'{LABELS[n]} {_ms(results[n]["cpu_replayed"])} ({_error(results[n], "cpu_replayed"):.1f})'
         for n in cpu_priced
@@ -1104,8 +1103,8 @@ def print_task_costs(name: str, rows: list[dict]) -> None:
   print(
     f'{LABELS[name]}: task costs, ms: priced (the virtual clock) against the measured '
     "run's durations over its steady state; cpu: the median CPU time of the lane's process "
-    'over each task (the profile prices CPU time: cpu/priced near 1 and median/priced above '
-    "it is time the lane's core ran something else)"
+    "over each task, less its copy threads' (the profile prices CPU time: cpu/priced near 1 "
+    "and median/priced above it is time the lane's core ran something else)"
   )
   header = (
     '  lane',

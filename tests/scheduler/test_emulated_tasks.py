@@ -57,7 +57,7 @@ def host_valued_tasks() -> dict:
 # --- a lane, in this process, on a fake clock --------------------------------------------------
 class FakeTime:
   """`time` for the runtime: a clock that moves only when slept on (and by 1 µs per read,
-  so that a spin ends), and a CPU clock that does not move."""
+  so that a spin ends), and CPU clocks that do not move."""
 
   def __init__(self):
     self.now, self.slept = 100.0, []
@@ -70,6 +70,9 @@ class FakeTime:
     return self.now + 1e9
 
   def process_time(self) -> float:
+    return 0.0
+
+  def thread_time(self) -> float:
     return 0.0
 
   def sleep(self, seconds: float) -> None:
@@ -91,7 +94,7 @@ class Lane:
       number if number is not None else (self.numbers.setdefault(task, len(self.numbers)), task)
     )
     call, buffers = _dumps((named, args, key, (), seconds, True))
-    outline, _, start, end, _, _ = self.runtime.run(call, (), *buffers)
+    outline, _, start, end, self.cpu, _ = self.runtime.run(call, (), *buffers)
     return key, outline, start, end
 
   def value(self, key, *path):
@@ -128,6 +131,60 @@ def test_an_emulated_call_takes_its_seconds_and_returns_zeros_shaped_as_the_real
   again, _, start, end = lane.call('forward', (w, x), 0.125)
   assert lane.value(again, 0) is y and end - start == pytest.approx(0.125, abs=1e-5)
   assert clock.slept[-1] == pytest.approx(0.125 - runtime_lib.SPIN_SECONDS, abs=1e-5)
+
+
+def test_a_tasks_cpu_leaves_out_what_the_lanes_copy_threads_used_meanwhile(monkeypatch):
+  """A task's `cpu` is its lane process's CPU over the task less what the copy threads
+  added to `CopyCpu` meanwhile. By hand: over a 0.25-s emulated task the process's CPU
+  clock moves 0.1 s, of which a copy took 0.06 s: the task's CPU is 0.04 s; a copy
+  counted as more than the process used leaves 0, never less."""
+  lane = Lane()
+  w, x = np.full((8, 4), 0.5, np.float32), np.ones((3, 8), np.float32)
+  lane.call('forward', (w, x), None)  # (compiled: the emulated calls reuse its outline)
+
+  class Busy(FakeTime):
+    """The process's CPU clock moves 0.1 s while the task waits; a copy takes `copy` s."""
+
+    def __init__(self, copy):
+      super().__init__()
+      self.cpu, self.copy = 0.0, copy
+
+    def process_time(self):
+      return self.cpu
+
+    def sleep(self, seconds):
+      super().sleep(seconds)
+      self.cpu += 0.1
+      lane.runtime.copies.charged(lambda: None)  # (this thread's counter, registered)
+      lane.runtime.copies._counter()[0] += self.copy
+
+  monkeypatch.setattr(runtime_lib, 'time', Busy(0.06))
+  lane.call('forward', (w, x), 0.25)
+  assert lane.cpu == pytest.approx(0.04, abs=1e-9)
+  monkeypatch.setattr(runtime_lib, 'time', Busy(0.3))
+  lane.call('forward', (w, x), 0.25)
+  assert lane.cpu == 0.0
+
+
+def test_copy_threads_count_their_own_cpu_and_not_their_waits():
+  """`CopyCpu.charged`: a thread computing 0.15 s inside it adds about that, one
+  sleeping 0.2 s inside it almost nothing; the total is the sum over threads."""
+  copies = runtime_lib.CopyCpu()
+
+  def spin(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+      pass
+
+  threads = [
+    threading.Thread(target=copies.charged, args=(spin, 0.15)),
+    threading.Thread(target=copies.charged, args=(time.sleep, 0.2)),
+  ]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert 0.15 <= copies.total() < 0.15 + 0.05
 
 
 def test_a_lane_replies_to_the_driver_before_it_wakes_the_exports_of_the_result():

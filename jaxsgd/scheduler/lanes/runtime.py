@@ -62,6 +62,41 @@ SPIN_SECONDS = 3e-4
 DISCARD = 'discard'
 
 
+class CopyCpu:
+  """The CPU seconds a lane's copy threads spent moving values (reading a message, taking
+  in a device-path pull, exporting a value and sending it): each thread adds its own
+  (`time.thread_time` around each message it handles: a wait for one costs none), and a
+  task's `run` takes what they added during the task out of its process's CPU time, so
+  that the task's figure is its own computing, which a cost profile prices (the copies
+  are priced as links and take-ins)."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._counters: list[list[float]] = []  # one [seconds] per thread, written by it alone
+    self._mine = threading.local()
+
+  def charged(self, handle, *args):
+    """`handle(*args)`, its thread's CPU time over it added to this thread's count."""
+    start = time.thread_time()
+    try:
+      return handle(*args)
+    finally:
+      self._counter()[0] += time.thread_time() - start
+
+  def _counter(self) -> list[float]:
+    counter = getattr(self._mine, 'counter', None)
+    if counter is None:
+      counter = self._mine.counter = [0.0]
+      with self._lock:
+        self._counters.append(counter)
+    return counter
+
+  def total(self) -> float:
+    with self._lock:
+      counters = tuple(self._counters)
+    return sum(counter[0] for counter in counters)
+
+
 class MakerFailed(RuntimeError):
   """A value cannot be exported from lane `lane`: the call `key` that was to make it
   raised. The driver, reading this inside another lane's failure, waits for that call's
@@ -187,6 +222,7 @@ class LaneRuntime:
     # export thread's time per copy (`export_times`), the last `_EXPORT_TIMES_KEPT`.
     self.export_spans: collections.deque = collections.deque(maxlen=_EXPORT_TIMES_KEPT)
     self.device_path: DevicePath | None = None
+    self.copies = CopyCpu()  # what the copy threads' CPU was (`run` leaves it out)
     self.address = self.serve(authkey, moves) if authkey is not None else None
 
   def info(self) -> dict[str, Any]:
@@ -226,8 +262,9 @@ class LaneRuntime:
     for the driver to send that call, if it has not yet, and for Ray to hand it over;
     between `entered` and `start`, for its imports (`benchmarks/lane_overheads.py`).
     `cpu`: the CPU seconds this lane's process used from `start` to `end` (every thread of
-    it: the task's, and a copy its reader took in meanwhile), against which `end - start`
-    holds what else ran on its cores, or a wait (an emulated task sleeps).
+    it), less what its copy threads used meanwhile (`CopyCpu`): the task's own computing,
+    against which `end - start` holds what else ran on its cores, or a wait (an emulated
+    task sleeps).
     `scalars`: `(path, value)` of each part that is one number (a loss), as a Python
     number, so that the driver reads it without a call (`LanePool.scalar`): a `fetch` runs
     behind every call queued on the lane, and the driver's loss checks waited ~0.1 s for
@@ -241,7 +278,7 @@ class LaneRuntime:
       self._maybe_fail(getattr(task, 'name', None))
       self.take_in(imports)
       values = self._resolve(args)
-      cpu = time.process_time()
+      cpu, copied = time.process_time(), self.copies.total()
       if seconds is None:
         start = time.time()
         # Finished means computed: the driver's clock and its errors need that, not dispatch.
@@ -249,7 +286,7 @@ class LaneRuntime:
         end = time.time()
       else:
         result, start, end = self._emulate(number, task, fn, values, seconds)
-      cpu = time.process_time() - cpu
+      cpu = max(0.0, time.process_time() - cpu - (self.copies.total() - copied))
       # How the result was made, for the parts a move must rebuild (`export`); ~30 µs a
       # call, so only where the result may hold such a part.
       rebuilt = self._rebuilt(number, result, checked=not describe)
@@ -566,7 +603,7 @@ class LaneRuntime:
     connection ends (its run is over, or its driver died)."""
     while True:
       try:
-        message = endpoint.receive()
+        message = self.copies.charged(endpoint.receive)  # (a `put`'s arrays come here)
       except (EOFError, OSError):
         wire.exit_now(wire.DRIVER_GONE_GRACE)
       op = message[0]
@@ -582,41 +619,46 @@ class LaneRuntime:
   def _read_lane(self, endpoint: wire.Endpoint, source: tuple) -> None:
     """Takes the values another lane sends: kept for the call that takes them in, or —
     a message that must land whole — taken in at once; the driver hears of each."""
-    while True:
+    while self.copies.charged(self._take_message, endpoint, source):
+      pass
+
+  def _take_message(self, endpoint: wire.Endpoint, source: tuple) -> bool:
+    """`_read_lane`'s work on one message; False once the lane at `source` is lost."""
+    try:
+      kind, key, move, landed, *rest = endpoint.receive()
+    except (EOFError, OSError):
+      self._source_lost(source)
+      return False
+    if kind == 'failed':
+      self._copy_failed(key, move, landed, rest[0])
+      return True
+    ready, payload = rest
+    if isinstance(payload[1], Offer):  # the device path: its leaves come now
       try:
-        kind, key, move, landed, *rest = endpoint.receive()
-      except (EOFError, OSError):
-        self._source_lost(source)
-        return
-      if kind == 'failed':
-        self._copy_failed(key, move, landed, rest[0])
-        continue
-      ready, payload = rest
-      if isinstance(payload[1], Offer):  # the device path: its leaves come now
-        try:
-          gone = functools.partial(self._gone, source, endpoint)
-          payload = (payload[0], self.device_path.pull(payload[1], gone))
-        except Exception as error:  # pylint: disable=broad-except
-          if self._gone(source, endpoint, within=_SOURCE_END_S):  # its source died
-            self._source_lost(source)  # as when a host-path copy's connection ends
-            return
-          self._copy_failed(key, move, landed, wire.failure(error))
-          continue
-      if landed:
-        try:
-          outline = self.adopt(payload, key)
-        except Exception as error:  # pylint: disable=broad-except
-          self._reply('err', move, wire.failure(error))
-          continue
-        self._reply('ok', move, (outline, ready, time.time()))
-        continue
-      with self.stored:
-        if key in self.discard:
-          self.discard.discard(key)
-        else:
-          self.arrived[key] = payload
-          self._changed()
-      self._reply('arrived', move, (ready, time.time()))
+        gone = functools.partial(self._gone, source, endpoint)
+        payload = (payload[0], self.device_path.pull(payload[1], gone))
+      except Exception as error:  # pylint: disable=broad-except
+        if self._gone(source, endpoint, within=_SOURCE_END_S):  # its source died
+          self._source_lost(source)  # as when a host-path copy's connection ends
+          return False
+        self._copy_failed(key, move, landed, wire.failure(error))
+        return True
+    if landed:
+      try:
+        outline = self.adopt(payload, key)
+      except Exception as error:  # pylint: disable=broad-except
+        self._reply('err', move, wire.failure(error))
+        return True
+      self._reply('ok', move, (outline, ready, time.time()))
+      return True
+    with self.stored:
+      if key in self.discard:
+        self.discard.discard(key)
+      else:
+        self.arrived[key] = payload
+        self._changed()
+    self._reply('arrived', move, (ready, time.time()))
+    return True
 
   def _gone(self, source: tuple, endpoint: wire.Endpoint, within: float = 0.0) -> bool:
     """Whether the lane at `source` has died: the driver said so, or its connection here
@@ -681,7 +723,7 @@ class LaneRuntime:
           (ready if self._exportable(*parked[2][:2]) else waiting).append(parked)
         self.parked = waiting
       for parked in ready:
-        self._export_one(*parked)
+        self.copies.charged(self._export_one, *parked)
 
   def _exportable(self, key: Hashable, imports: tuple) -> bool:
     """Whether `export(key, imports)` would not wait: its imports have come (or failed)
