@@ -135,19 +135,19 @@ def test_an_emulated_call_takes_its_seconds_and_returns_zeros_shaped_as_the_real
 
 def test_a_tasks_cpu_leaves_out_what_the_lanes_copy_threads_used_meanwhile(monkeypatch):
   """A task's `cpu` is its lane process's CPU over the task less what the copy threads
-  added to `CopyCpu` meanwhile. By hand: over a 0.25-s emulated task the process's CPU
-  clock moves 0.1 s, of which a copy took 0.06 s: the task's CPU is 0.04 s; a copy
-  counted as more than the process used leaves 0, never less."""
+  used meanwhile (`CopyCpu.total`). By hand: over a 0.25-s emulated task the process's
+  CPU clock moves 0.1 s, of which a copy took 0.06 s: the task's CPU is 0.04 s; copies
+  read as more than the process used leave 0, never less."""
   lane = Lane()
   w, x = np.full((8, 4), 0.5, np.float32), np.ones((3, 8), np.float32)
   lane.call('forward', (w, x), None)  # (compiled: the emulated calls reuse its outline)
 
   class Busy(FakeTime):
-    """The process's CPU clock moves 0.1 s while the task waits; a copy takes `copy` s."""
+    """The process's CPU clock moves 0.1 s while the task waits; the copies' `copy` s."""
 
     def __init__(self, copy):
       super().__init__()
-      self.cpu, self.copy = 0.0, copy
+      self.cpu, self.copied, self.copy = 0.0, 5.0, copy
 
     def process_time(self):
       return self.cpu
@@ -155,20 +155,20 @@ def test_a_tasks_cpu_leaves_out_what_the_lanes_copy_threads_used_meanwhile(monke
     def sleep(self, seconds):
       super().sleep(seconds)
       self.cpu += 0.1
-      lane.runtime.copies.charged(lambda: None)  # (this thread's counter, registered)
-      lane.runtime.copies._counter()[0] += self.copy
+      self.copied += self.copy
 
-  monkeypatch.setattr(runtime_lib, 'time', Busy(0.06))
-  lane.call('forward', (w, x), 0.25)
-  assert lane.cpu == pytest.approx(0.04, abs=1e-9)
-  monkeypatch.setattr(runtime_lib, 'time', Busy(0.3))
-  lane.call('forward', (w, x), 0.25)
-  assert lane.cpu == 0.0
+  for copy, cpu in ((0.06, 0.04), (0.3, 0.0)):
+    busy = Busy(copy)
+    monkeypatch.setattr(runtime_lib, 'time', busy)
+    monkeypatch.setattr(lane.runtime.copies, 'total', lambda busy=busy: busy.copied)
+    lane.call('forward', (w, x), 0.25)
+    assert lane.cpu == pytest.approx(cpu, abs=1e-9)
 
 
-def test_copy_threads_count_their_own_cpu_and_not_their_waits():
-  """`CopyCpu.charged`: a thread computing 0.15 s inside it adds about that, one
-  sleeping 0.2 s inside it almost nothing; the total is the sum over threads."""
+def test_copy_threads_cpu_is_read_live_and_kept_when_they_end():
+  """`CopyCpu`: a thread computing inside `counted` is seen using CPU while it runs, and
+  what it used stays in the total once it ends; a thread sleeping inside it adds almost
+  nothing; a thread outside it adds nothing."""
   copies = runtime_lib.CopyCpu()
 
   def spin(seconds):
@@ -176,15 +176,20 @@ def test_copy_threads_count_their_own_cpu_and_not_their_waits():
     while time.thread_time() < end:
       pass
 
-  threads = [
-    threading.Thread(target=copies.charged, args=(spin, 0.15)),
-    threading.Thread(target=copies.charged, args=(time.sleep, 0.2)),
+  spinning = threading.Thread(target=copies.counted, args=(spin, 0.4))
+  others = [
+    threading.Thread(target=copies.counted, args=(time.sleep, 0.2)),
+    threading.Thread(target=spin, args=(0.1,)),
   ]
-  for thread in threads:
+  for thread in (spinning, *others):
     thread.start()
-  for thread in threads:
+  time.sleep(0.05)
+  before = copies.total()
+  time.sleep(0.2)
+  assert copies.total() > before  # read live, the spinning thread not ended yet
+  for thread in (spinning, *others):
     thread.join()
-  assert 0.15 <= copies.total() < 0.15 + 0.05
+  assert 0.4 <= copies.total() < 0.4 + 0.05
 
 
 def test_a_lane_replies_to_the_driver_before_it_wakes_the_exports_of_the_result():

@@ -63,38 +63,34 @@ DISCARD = 'discard'
 
 
 class CopyCpu:
-  """The CPU seconds a lane's copy threads spent moving values (reading a message, taking
-  in a device-path pull, exporting a value and sending it): each thread adds its own
-  (`time.thread_time` around each message it handles: a wait for one costs none), and a
-  task's `run` takes what they added during the task out of its process's CPU time, so
-  that the task's figure is its own computing, which a cost profile prices (the copies
-  are priced as links and take-ins)."""
+  """The CPU seconds a lane's copy threads have used: the readers of its connections
+  (taking in messages and device-path pulls) and its export thread (copying values out
+  and sending them), read live from each thread's CPU clock. A task's `run` takes what
+  they used during the task out of its process's CPU time, so that the task's figure is
+  its own computing, which a cost profile prices (the virtual clock prices the copies
+  apart, as links and take-ins). A thread waiting for a message uses none."""
 
   def __init__(self):
     self._lock = threading.Lock()
-    self._counters: list[list[float]] = []  # one [seconds] per thread, written by it alone
-    self._mine = threading.local()
+    self._clocks: dict[int, tuple[int, float]] = {}  # thread -> (its CPU clock, at start)
+    self._ended = 0.0  # what the copy threads that have ended used
 
-  def charged(self, handle, *args):
-    """`handle(*args)`, its thread's CPU time over it added to this thread's count."""
-    start = time.thread_time()
+  def counted(self, body, *args):
+    """`body(*args)`, this thread's CPU counted as the copies' while it runs."""
+    ident = threading.get_ident()
+    with self._lock:
+      self._clocks[ident] = (time.pthread_getcpuclockid(ident), time.thread_time())
     try:
-      return handle(*args)
+      return body(*args)
     finally:
-      self._counter()[0] += time.thread_time() - start
-
-  def _counter(self) -> list[float]:
-    counter = getattr(self._mine, 'counter', None)
-    if counter is None:
-      counter = self._mine.counter = [0.0]
       with self._lock:
-        self._counters.append(counter)
-    return counter
+        _, began = self._clocks.pop(ident)
+        self._ended += time.thread_time() - began
 
   def total(self) -> float:
     with self._lock:
-      counters = tuple(self._counters)
-    return sum(counter[0] for counter in counters)
+      live = sum(time.clock_gettime(clock) - began for clock, began in self._clocks.values())
+      return self._ended + live
 
 
 class MakerFailed(RuntimeError):
@@ -572,8 +568,8 @@ class LaneRuntime:
     self.driver: wire.Endpoint | None = None
     self.driver_connected = threading.Event()
     self.peers: dict[tuple, wire.Endpoint] = {}  # address -> connection, to lanes we send to
-    for target in (self._run_calls, self._run_exports):
-      name = f'lane-{target.__name__}'
+    exports = functools.partial(self.copies.counted, self._run_exports)
+    for name, target in (('lane-_run_calls', self._run_calls), ('lane-_run_exports', exports)):
       threading.Thread(target=_exit_on_failure(target), daemon=True, name=name).start()
     connected = _exit_on_failure(self._connected)
     for listener in (remote, local):
@@ -591,19 +587,19 @@ class LaneRuntime:
   def _connected(self, endpoint: wire.Endpoint, hello) -> None:
     """Reads a new connection (`wire.accept_forever`): the driver's calls, or the values
     of the lane whose address its hello names."""
-    if hello[0] == 'driver':
+    if hello[0] == 'driver':  # (its calls bring the driver's arrays: a batch, a `put`)
       self.driver = endpoint
       self.driver_connected.set()
-      self._read_driver(endpoint)
+      self.copies.counted(self._read_driver, endpoint)
     else:  # ('lane', its TCP address)
-      self._read_lane(endpoint, tuple(hello[1]))
+      self.copies.counted(self._read_lane, endpoint, tuple(hello[1]))
 
   def _read_driver(self, endpoint: wire.Endpoint) -> None:
     """Hands each call to the thread that runs it; exits the process once the driver's
     connection ends (its run is over, or its driver died)."""
     while True:
       try:
-        message = self.copies.charged(endpoint.receive)  # (a `put`'s arrays come here)
+        message = endpoint.receive()
       except (EOFError, OSError):
         wire.exit_now(wire.DRIVER_GONE_GRACE)
       op = message[0]
@@ -619,7 +615,7 @@ class LaneRuntime:
   def _read_lane(self, endpoint: wire.Endpoint, source: tuple) -> None:
     """Takes the values another lane sends: kept for the call that takes them in, or —
     a message that must land whole — taken in at once; the driver hears of each."""
-    while self.copies.charged(self._take_message, endpoint, source):
+    while self._take_message(endpoint, source):
       pass
 
   def _take_message(self, endpoint: wire.Endpoint, source: tuple) -> bool:
@@ -723,7 +719,7 @@ class LaneRuntime:
           (ready if self._exportable(*parked[2][:2]) else waiting).append(parked)
         self.parked = waiting
       for parked in ready:
-        self.copies.charged(self._export_one, *parked)
+        self._export_one(*parked)
 
   def _exportable(self, key: Hashable, imports: tuple) -> bool:
     """Whether `export(key, imports)` would not wait: its imports have come (or failed)
