@@ -20,7 +20,8 @@ class TaskRecord(NamedTuple):
   there, `heard - end` the way back. `cpu`: the CPU seconds the lane's process used
   during a task of the process executor, less what its copy threads used meanwhile
   (`lanes.runtime.CopyCpu`), else None: `end - start` less it is the time its cores ran
-  something else (its own copies too) or the process waited (an emulated task sleeps). A checkpoint keeps none of the three (`records_as_arrays`).
+  something else (its own copies too) or the process waited (an emulated task sleeps).
+  A checkpoint keeps none of the three (`records_as_arrays`).
 
   A named tuple rather than a frozen dataclass: an executor makes one per task, and a
   tuple is built in a tenth of the time (~0.3 µs against ~3 µs here).

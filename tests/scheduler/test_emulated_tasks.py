@@ -167,8 +167,9 @@ def test_a_tasks_cpu_leaves_out_what_the_lanes_copy_threads_used_meanwhile(monke
 
 def test_copy_threads_cpu_is_read_live_and_kept_when_they_end():
   """`CopyCpu`: a thread computing inside `counted` is seen using CPU while it runs, and
-  what it used stays in the total once it ends; a thread sleeping inside it adds almost
-  nothing; a thread outside it adds nothing."""
+  what it used stays in the total once it ends; a thread sleeping inside it (past the
+  second reading: a thread that ends between two readings moves its CPU into the total
+  however it was read) adds almost nothing; a thread outside it adds nothing."""
   copies = runtime_lib.CopyCpu()
 
   def spin(seconds):
@@ -178,7 +179,7 @@ def test_copy_threads_cpu_is_read_live_and_kept_when_they_end():
 
   spinning = threading.Thread(target=copies.counted, args=(spin, 0.4))
   others = [
-    threading.Thread(target=copies.counted, args=(time.sleep, 0.2)),
+    threading.Thread(target=copies.counted, args=(time.sleep, 0.6)),
     threading.Thread(target=spin, args=(0.1,)),
   ]
   for thread in (spinning, *others):
@@ -190,6 +191,38 @@ def test_copy_threads_cpu_is_read_live_and_kept_when_they_end():
   for thread in (spinning, *others):
     thread.join()
   assert 0.4 <= copies.total() < 0.4 + 0.05
+
+
+def test_a_lanes_readers_count_as_its_copy_threads(monkeypatch):
+  """What a lane's connection readers do (the driver's: its calls and their arrays;
+  another lane's: its copies) is counted in `CopyCpu`, so that a task leaves it out: a
+  reader whose message takes 0.05 s of its thread's CPU adds that to the total."""
+
+  class Reader:
+    """A connection whose next message costs 0.05 s of CPU, then ends."""
+
+    def receive(self):
+      end = time.thread_time() + 0.05
+      while time.thread_time() < end:
+        pass
+      raise EOFError
+
+  class Exited(Exception):
+    pass
+
+  def exit_now(*_):
+    raise Exited
+
+  runtime = Lane().runtime
+  runtime.driver_connected = threading.Event()  # (what `serve` sets up)
+  monkeypatch.setattr(runtime_lib.wire, 'exit_now', exit_now)  # the driver's end: exit
+  for hello in (('lane', ('127.0.0.1', 1)), ('driver',)):
+    before = runtime.copies.total()
+    try:
+      runtime._connected(Reader(), hello)
+    except Exited:
+      assert hello == ('driver',)
+    assert runtime.copies.total() - before >= 0.05, hello
 
 
 def test_a_lane_replies_to_the_driver_before_it_wakes_the_exports_of_the_result():

@@ -107,7 +107,8 @@ class Pending:
   call began there (before taking in its imports: `LaneRuntime.run`), and `sent` when
   the driver sent the call (`time.time()` here, just before): comparable with the
   lane's stamps on one host (clocks of two hosts may differ); `cpu` the CPU seconds the
-  lane's process used from `started` to `ended`. A move (`move(landed=True)`) has no call
+  lane's process used from `started` to `ended`, less what its copy threads used
+  meanwhile (`runtime.CopyCpu`). A move (`move(landed=True)`) has no call
   of its own: they stay None.
   """
 
