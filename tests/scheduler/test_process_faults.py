@@ -48,8 +48,16 @@ def head(tmp_path_factory):
 def test_a_signal_to_the_driver_ends_every_process_of_the_run(signum, data_dir, tmp_path):
   """SIGTERM (a checkpoint saved at the next drained point, exit 143, one line) or Ctrl-C
   (exit 130, one line, no traceback) while the run trains: the lane processes and the Ray
-  cluster the run started (GCS, raylet, workers, agents) are all gone within 5 s."""
-  driver = Driver(tmp_path / 'run', data_dir, '--config.workers=2', '--config.train_steps=100000')
+  cluster the run started (GCS, raylet, workers, agents) are all gone within 5 s. The run
+  starts its cluster with Ray's default authentication (a token), as a user's does: the
+  tests' own clusters run without (conftest.py)."""
+  driver = Driver(
+    tmp_path / 'run',
+    data_dir,
+    '--config.workers=2',
+    '--config.train_steps=100000',
+    env={'RAY_AUTH_MODE': None},
+  )
   driver.wait_for_step(20)
   started = _descendants(driver.process.pid)
   lanes = [driver.lane_pid(lane) for lane in ('server', 'worker0', 'worker1')]

@@ -27,7 +27,7 @@ def no_driver_left():
 
 class Driver:
   """`python -m experiments.train` (`config`: ASGD smoke; lane processes) running in the
-  background."""
+  background, in this process's environment with `env`'s variables set (None: unset)."""
 
   started: list['Driver'] = []
 
@@ -53,7 +53,7 @@ class Driver:
       stdout=self.log,
       stderr=subprocess.STDOUT,
       # faulthandler: a run that does not end is made to print its threads' stacks.
-      env={**os.environ, 'PYTHONFAULTHANDLER': '1', **(env or {})},
+      env=_environment({**os.environ, 'PYTHONFAULTHANDLER': '1', **(env or {})}),
     )
     Driver.started.append(self)
 
@@ -102,6 +102,11 @@ class Driver:
     self.log.close()
     lines = [line for line in self.output().replace('\r', '\n').splitlines() if line.strip()]
     return status, lines[-1]
+
+
+def _environment(variables: dict) -> dict:
+  """`variables` without those set to None (`Driver(env=...)`: left unset)."""
+  return {name: value for name, value in variables.items() if value is not None}
 
 
 def _kill(processes: list[psutil.Process]) -> None:
