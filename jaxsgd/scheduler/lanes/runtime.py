@@ -615,46 +615,41 @@ class LaneRuntime:
   def _read_lane(self, endpoint: wire.Endpoint, source: tuple) -> None:
     """Takes the values another lane sends: kept for the call that takes them in, or —
     a message that must land whole — taken in at once; the driver hears of each."""
-    while self._take_message(endpoint, source):
-      pass
-
-  def _take_message(self, endpoint: wire.Endpoint, source: tuple) -> bool:
-    """`_read_lane`'s work on one message; False once the lane at `source` is lost."""
-    try:
-      kind, key, move, landed, *rest = endpoint.receive()
-    except (EOFError, OSError):
-      self._source_lost(source)
-      return False
-    if kind == 'failed':
-      self._copy_failed(key, move, landed, rest[0])
-      return True
-    ready, payload = rest
-    if isinstance(payload[1], Offer):  # the device path: its leaves come now
+    while True:
       try:
-        gone = functools.partial(self._gone, source, endpoint)
-        payload = (payload[0], self.device_path.pull(payload[1], gone))
-      except Exception as error:  # pylint: disable=broad-except
-        if self._gone(source, endpoint, within=_SOURCE_END_S):  # its source died
-          self._source_lost(source)  # as when a host-path copy's connection ends
-          return False
-        self._copy_failed(key, move, landed, wire.failure(error))
-        return True
-    if landed:
-      try:
-        outline = self.adopt(payload, key)
-      except Exception as error:  # pylint: disable=broad-except
-        self._reply('err', move, wire.failure(error))
-        return True
-      self._reply('ok', move, (outline, ready, time.time()))
-      return True
-    with self.stored:
-      if key in self.discard:
-        self.discard.discard(key)
-      else:
-        self.arrived[key] = payload
-        self._changed()
-    self._reply('arrived', move, (ready, time.time()))
-    return True
+        kind, key, move, landed, *rest = endpoint.receive()
+      except (EOFError, OSError):
+        self._source_lost(source)
+        return
+      if kind == 'failed':
+        self._copy_failed(key, move, landed, rest[0])
+        continue
+      ready, payload = rest
+      if isinstance(payload[1], Offer):  # the device path: its leaves come now
+        try:
+          gone = functools.partial(self._gone, source, endpoint)
+          payload = (payload[0], self.device_path.pull(payload[1], gone))
+        except Exception as error:  # pylint: disable=broad-except
+          if self._gone(source, endpoint, within=_SOURCE_END_S):  # its source died
+            self._source_lost(source)  # as when a host-path copy's connection ends
+            return
+          self._copy_failed(key, move, landed, wire.failure(error))
+          continue
+      if landed:
+        try:
+          outline = self.adopt(payload, key)
+        except Exception as error:  # pylint: disable=broad-except
+          self._reply('err', move, wire.failure(error))
+          continue
+        self._reply('ok', move, (outline, ready, time.time()))
+        continue
+      with self.stored:
+        if key in self.discard:
+          self.discard.discard(key)
+        else:
+          self.arrived[key] = payload
+          self._changed()
+      self._reply('arrived', move, (ready, time.time()))
 
   def _gone(self, source: tuple, endpoint: wire.Endpoint, within: float = 0.0) -> bool:
     """Whether the lane at `source` has died: the driver said so, or its connection here
