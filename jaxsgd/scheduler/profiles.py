@@ -61,13 +61,6 @@ FORMAT = 'jaxsgd-cost-profile/1'
 STATISTIC = 'median'
 # The other figures of each task's repetitions a profile keeps (`Table.spread`).
 SPREAD_STATISTICS = ('min', 'p90')
-
-
-def spread_of(seconds: Sequence[float]) -> dict[str, float]:
-  """A task's `spread` from its timed calls: the fastest and the 90th percentile."""
-  return {'min': float(np.min(seconds)), 'p90': float(np.quantile(seconds, 0.9))}
-
-
 # The `statistic` of files whose costs were each task's fastest call, their median in `spread`.
 FASTEST_CALL = 'min'
 # A profile's `clock`: what timed its tasks (`task_timing.CLOCKS`).
@@ -93,6 +86,12 @@ _FIELDS = (
 _OPTIONAL = {'busy_cores': 0}  # fields a file may lack (written before them): their value then
 # A profile's `model`: what identifies the model's computation (`profile_lookup.model_id`).
 MODEL_FIELDS = ('name', 'input_shape', 'num_classes', 'num_layers', 'num_params')
+
+
+def spread_of(seconds: Sequence[float]) -> dict[str, float]:
+  """A task's `spread` (`SPREAD_STATISTICS`) from its timed calls: the fastest and the
+  90th percentile."""
+  return {'min': float(np.min(seconds)), 'p90': float(np.quantile(seconds, 0.9))}
 
 
 class ProfileError(ValueError):

@@ -2,7 +2,9 @@
 the real binary on lane processes of the shared `ray start --head` node, a worker killed
 with SIGKILL or a task that raises mid-run; the run ends well with every step applied
 and no lane process left. How long a fault takes to end a run is bounded in
-`test_process_faults.py`; nothing here is timed, so these run beside other tests."""
+`test_process_faults.py`; nothing here bounds a time, so these run beside other tests
+(a replaced lane still has to start and push before the run's last step: their runs
+are long for that)."""
 
 import json
 import os

@@ -178,6 +178,7 @@ class LanePool:
     self._tasks_sent: dict[str, set[int]] = {name: set() for name in placement.names}
     self._closed = False
     self._replaced: dict[str, int] = {}  # lane -> the first key of its newest process
+    self.info: dict[str, dict] = {}  # each lane's `LaneRuntime.info`, once all have answered
     # The wire (wire.py): a connection per lane, whose reader threads put what they read
     # in `_events`; the replies read so far (call number -> (order read, kind, value)),
     # and the lanes whose process has ended (name -> how it was learnt).
@@ -850,7 +851,7 @@ class LanePool:
     if lane in self._dead:
       return
     self._dead[lane] = 'died'
-    info = getattr(self, 'info', {}).get(lane)
+    info = self.info.get(lane)
     if info is not None:  # (none while the pool starts: no lane has been linked yet)
       self._tell_dead(tuple(info['address']['remote']))
 
@@ -942,7 +943,7 @@ class LanePool:
       raise self._error(lane, error, None, host) from error
 
   def _host(self, lane: str) -> str:
-    info = getattr(self, 'info', {}).get(lane)
+    info = self.info.get(lane)
     return info['host'] if info else (self.placement[lane].host or 'driver')
 
   def _raise_dead(self, lane: str):
@@ -956,7 +957,7 @@ class LanePool:
 
   def _pid_said(self, lane: str) -> str:
     """'pid N' of `lane`'s process, or where the pool has not heard it yet, 'at start'."""
-    pid = getattr(self, 'info', {}).get(lane, {}).get('pid')
+    pid = self.info.get(lane, {}).get('pid')
     return 'at start' if pid is None else f'pid {pid}'
 
   def _error(self, lane, error, task, host=None, key=None) -> LaneError:
