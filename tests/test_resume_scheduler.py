@@ -12,11 +12,11 @@ still in flight between the stages); all but the wall times is the same.
 
 import json
 import os
+import sys
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-import psutil
 import pytest
 
 from experiments.configs import default
@@ -31,6 +31,10 @@ from jaxsgd.training import checkpoints
 
 from test_checkpoints import Crash, _sigterm_at, assert_same_final_states, crash_at, metrics
 from test_checkpoints import whole_and_crashed
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), 'lanes'))
+from ray_head import serve_head  # noqa: E402
+from test_lanes import _lane_processes, gone  # noqa: E402
 
 
 def virtual_config(data_dir, name: str, **overrides):
@@ -243,27 +247,29 @@ def test_asynchronous_workers_on_real_threads_resume_from_a_drained_point(
 
 
 # --- lane processes (`executor='processes'`) ------------------------------------------------
-def lanes_config(data_dir, name: str, **overrides):
-  """`real_config` on lane processes: every lane an OS process of its own."""
-  return real_config(data_dir, name, executor='processes', **overrides)
+# The lane runs join one `ray start --head` node by address (as a run over several hosts
+# does) rather than each starting a Ray cluster of its own; that a run's own cluster ends
+# with it, however it ended, is `test_process_faults.py`'s and `test_lanes.py`'s.
+@pytest.fixture(scope='module')
+def head(tmp_path_factory):
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
 
 
-def lane_processes_left() -> list:
-  """This test process's descendants that are lane processes (`LaneRuntime` actors) or
-  the Ray cluster a run started: none once a run has ended, however it ended."""
-  left = []
-  for child in psutil.Process().children(recursive=True):
-    try:
-      command = ' '.join(child.cmdline())
-      if child.status() != psutil.STATUS_ZOMBIE and ('ray' in command or 'LaneRuntime' in command):
-        left.append(command[:80])
-    except psutil.NoSuchProcess:
-      pass
-  return left
+def lanes_config(data_dir, head, name: str, **overrides):
+  """`real_config` on lane processes of `head`: every lane an OS process of its own."""
+  return real_config(
+    data_dir, name, executor='processes', cluster_address=head.address, **overrides
+  )
+
+
+def lane_processes_left(head, before) -> list[int]:
+  """The lane processes (`LaneRuntime` actors) on `head` that were not there `before`,
+  still alive 5 s on: none once a run has ended, however it ended."""
+  return gone(set(_lane_processes(head)) - set(before))
 
 
 def test_ddg_on_lane_processes_saves_on_sigterm_and_resumes_bit_for_bit(
-  data_dir, tmp_path, monkeypatch
+  head, data_dir, tmp_path, monkeypatch
 ):
   """SIGTERM at step 9 of a DDG K=2 run on lane processes (saving only at its end): the run
   drains its lanes, saves step 9 (the lanes' values exported by their lanes), exits
@@ -272,63 +278,66 @@ def test_ddg_on_lane_processes_saves_on_sigterm_and_resumes_bit_for_bit(
   checkpoint but the wall-time columns. (Not the metrics of earlier evaluations: the
   driver runs ahead of the lanes as far as the lanes' pace lets it, so how many of the
   first stage's updates an evaluation at step 8 sees is real time's, on any two runs.)"""
-  config = lanes_config(data_dir, 'ddg', stages=2, checkpoint_every=24)  # and the last step
+  config = lanes_config(data_dir, head, 'ddg', stages=2, checkpoint_every=24)  # and the last step
+  before = _lane_processes(head)
   whole, broken = str(tmp_path / 'whole'), str(tmp_path / 'broken')
   training.train_and_evaluate(config, whole, show_progress=False)
   with monkeypatch.context() as patch:
     _sigterm_at(patch, 9)
     with pytest.raises(errors.Preempted, match='checkpoint of step 9'):
       training.train_and_evaluate(config, broken, show_progress=False)
-  assert lane_processes_left() == []
+  assert lane_processes_left(head, before) == []
   assert checkpoints.latest_meta(broken)['step'] == 9
   training.train_and_evaluate(config, broken, show_progress=False)
   assert [r['step'] for r in metrics(broken)] == [8, 16, 24]
   assert metrics(broken)[-1] == metrics(whole)[-1]
   assert_same_final_model(whole, broken, config.train_steps, at_least=2 * 32 * 32)
-  assert lane_processes_left() == []
+  assert lane_processes_left(head, before) == []
 
 
 def test_a_killed_pipeline_stage_ends_the_run_and_the_same_command_resumes_it(
-  data_dir, tmp_path, monkeypatch
+  head, data_dir, tmp_path, monkeypatch
 ):
   """DDG K=2 on lane processes, checkpoint_every=5: stage 1's lane process is killed in
   its 15th backward task (a pipeline stage cannot be replaced: every other lane waits
   on it). The run ends with a `LaneError` naming the lane, no lane process is left,
   and the same config and workdir resume from the last checkpoint (step 10) to the end."""
-  config = lanes_config(data_dir, 'ddg', stages=2, checkpoint_every=5)
+  config = lanes_config(data_dir, head, 'ddg', stages=2, checkpoint_every=5)
+  before = _lane_processes(head)
   workdir = str(tmp_path / 'run')
   with monkeypatch.context() as patch:
     patch.setenv(FAULT_VAR, 'stage1:backward:15:kill')
     with pytest.raises(LaneError, match=r"lane 'stage1' on host \S+: pid \d+: its process died"):
       training.train_and_evaluate(config, workdir, show_progress=False)
-  assert lane_processes_left() == []
+  assert lane_processes_left(head, before) == []
   assert checkpoints.latest_meta(workdir)['step'] == 10
   summary = training.train_and_evaluate(config, workdir, show_progress=False)
   assert summary['final']['step'] == config.train_steps
   assert [r['step'] for r in metrics(workdir)] == [8, 16, 24]
-  assert lane_processes_left() == []
+  assert lane_processes_left(head, before) == []
 
 
 def test_asgd_on_lane_processes_resumes_from_its_checkpoint_to_the_end(
-  data_dir, tmp_path, monkeypatch
+  head, data_dir, tmp_path, monkeypatch
 ):
   """Two ASGD workers on lane processes, checkpoint_every=5, the driver crashed at step
   13: saved at step 10 (the server's parameters and Adam's state, each worker's pulled
   copy, the messages on their way, all exported by their lanes); the resumed run trains
   from there to step 24 and reports the steps an uninterrupted run reports. The workers'
   order is real time's, so it is another run from the checkpoint on."""
-  config = lanes_config(data_dir, 'asgd', workers=2, checkpoint_every=5)
+  config = lanes_config(data_dir, head, 'asgd', workers=2, checkpoint_every=5)
+  before = _lane_processes(head)
   broken = str(tmp_path / 'broken')
   with monkeypatch.context() as patch:
     crash_at(patch, 13)
     with pytest.raises(Crash):
       training.train_and_evaluate(config, broken, show_progress=False)
-  assert lane_processes_left() == []
+  assert lane_processes_left(head, before) == []
   assert checkpoints.latest_meta(broken)['step'] == 10
   summary = training.train_and_evaluate(config, broken, show_progress=False)
   assert summary['final']['step'] == config.train_steps
   assert [r['step'] for r in metrics(broken)] == [8, 16, 24]
-  assert lane_processes_left() == []
+  assert lane_processes_left(head, before) == []
 
 
 @pytest.mark.parametrize(
