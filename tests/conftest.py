@@ -52,27 +52,3 @@ def listening_address():
 
   with socket.create_server(('127.0.0.1', 0)) as server:
     yield f'127.0.0.1:{server.getsockname()[1]}'
-
-
-# The files whose tests take longest (`--durations=0` over the suite), longest first, the
-# rest after them in their own order: `make test` has pytest-xdist hand each worker a
-# whole file at a time in this order (`--dist loadfile --no-loadscope-reorder`; by
-# default it orders the files by their number of tests, which left the long lane files,
-# of few tests each, to the end and one worker idle while the other ran them).
-_LONGEST_FILES = (
-  'test_resume_scheduler.py',
-  'test_process_families.py',
-  'test_lanes.py',
-  'test_lost_workers.py',
-  'test_notebooks.py',
-  'test_process_executor.py',
-  'test_train.py',
-)
-
-
-def pytest_collection_modifyitems(items):
-  def rank(item) -> int:
-    name = item.path.name
-    return _LONGEST_FILES.index(name) if name in _LONGEST_FILES else len(_LONGEST_FILES)
-
-  items.sort(key=rank)  # stable: each file's tests keep their order
