@@ -17,6 +17,7 @@ import sys
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import psutil
 import pytest
 
 from experiments.configs import default
@@ -248,18 +249,38 @@ def test_asynchronous_workers_on_real_threads_resume_from_a_drained_point(
 
 # --- lane processes (`executor='processes'`) ------------------------------------------------
 # The lane runs join one `ray start --head` node by address (as a run over several hosts
-# does) rather than each starting a Ray cluster of its own; that a run's own cluster ends
-# with it, however it ended, is `test_process_faults.py`'s and `test_lanes.py`'s.
+# does) rather than each starting a Ray cluster of its own (seconds each), but for one
+# crashed run here: that a run's own cluster ends with it after a signal is
+# `test_process_faults.py`'s and `test_lanes.py`'s.
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
   yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
 
 
 def lanes_config(data_dir, head, name: str, **overrides):
-  """`real_config` on lane processes of `head`: every lane an OS process of its own."""
-  return real_config(
-    data_dir, name, executor='processes', cluster_address=head.address, **overrides
-  )
+  """`real_config` on lane processes of `head` (None: of a Ray cluster the run starts and
+  ends): every lane an OS process of its own."""
+  config = real_config(data_dir, name, executor='processes', **overrides)
+  if head is not None:
+    config.cluster_address = head.address
+  return config
+
+
+def own_cluster_left(head) -> list[str]:
+  """This test process's descendants, `head`'s aside, that are lane processes
+  (`LaneRuntime` actors) or the Ray cluster a run started: none once a run has ended,
+  however it ended."""
+  left, heads = [], {p.pid for p in head.processes()}
+  for child in psutil.Process().children(recursive=True):
+    if child.pid in heads:
+      continue
+    try:
+      command = ' '.join(child.cmdline())
+      if child.status() != psutil.STATUS_ZOMBIE and ('ray' in command or 'LaneRuntime' in command):
+        left.append(command[:80])
+    except psutil.NoSuchProcess:
+      pass
+  return left
 
 
 def lane_processes_left(head, before) -> list[int]:
@@ -321,19 +342,22 @@ def test_asgd_on_lane_processes_resumes_from_its_checkpoint_to_the_end(
   head, data_dir, tmp_path, monkeypatch
 ):
   """Two ASGD workers on lane processes, checkpoint_every=5, the driver crashed at step
-  13: saved at step 10 (the server's parameters and Adam's state, each worker's pulled
-  copy, the messages on their way, all exported by their lanes); the resumed run trains
-  from there to step 24 and reports the steps an uninterrupted run reports. The workers'
-  order is real time's, so it is another run from the checkpoint on."""
-  config = lanes_config(data_dir, head, 'asgd', workers=2, checkpoint_every=5)
-  before = _lane_processes(head)
+  13 (a Ray cluster of the run's own: it ends with the run, as its lanes do): saved at
+  step 10 (the server's parameters and Adam's state, each worker's pulled copy, the
+  messages on their way, all exported by their lanes); the resumed run, on another
+  cluster (the shared head: `cluster_address` may differ on a resume), trains from there
+  to step 24 and reports the steps an uninterrupted run reports.
+  The workers' order is real time's, so it is another run from the checkpoint on."""
   broken = str(tmp_path / 'broken')
   with monkeypatch.context() as patch:
     crash_at(patch, 13)
     with pytest.raises(Crash):
-      training.train_and_evaluate(config, broken, show_progress=False)
-  assert lane_processes_left(head, before) == []
+      own = lanes_config(data_dir, None, 'asgd', workers=2, checkpoint_every=5)
+      training.train_and_evaluate(own, broken, show_progress=False)
+  assert own_cluster_left(head) == []
   assert checkpoints.latest_meta(broken)['step'] == 10
+  config = lanes_config(data_dir, head, 'asgd', workers=2, checkpoint_every=5)
+  before = _lane_processes(head)
   summary = training.train_and_evaluate(config, broken, show_progress=False)
   assert summary['final']['step'] == config.train_steps
   assert [r['step'] for r in metrics(broken)] == [8, 16, 24]

@@ -46,8 +46,11 @@ RUN_FILES = (
   'error.log',
   'checkpoints',
 )
-# Fields that may differ between a run and the run it resumes.
-RESUME_MAY_CHANGE = ('checkpoint_every',)
+# Fields that may differ between a run and the run it resumes: how often it saves, and
+# which Ray cluster its lane processes join and how long it waits for it, which do not
+# change what it computes (a run is bit-identical on lane processes and in process): a run
+# pre-empted with its cluster resumes on whichever cluster is up.
+RESUME_MAY_CHANGE = ('checkpoint_every', 'cluster_address', 'cluster_timeout_s')
 
 
 class WorkdirHoldsRunError(ValueError):

@@ -41,6 +41,13 @@ os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
+def _name(process: psutil.Process) -> str | None:
+  try:
+    return process.name()
+  except psutil.Error:
+    return None
+
+
 class RayHead:
   """`ray start --head --block` in a process group of its own."""
 
@@ -83,20 +90,27 @@ class RayHead:
     raise TimeoutError('ray start --head: not ready')
 
   def _raylet_up(self) -> bool:
-    return any('raylet' == p.info['name'] for p in self.processes())
+    return any(_name(p) == 'raylet' for p in self.processes())
 
   def processes(self) -> list[psutil.Process]:
-    """Every process of this head node: its group and whatever runs in its session dir."""
-    found = []
+    """Every process of this head node: its group, whatever runs in its session dir, and
+    what those started (its workers: a lane process is the raylet's child, in a session
+    of its own, its command line Ray's title for it, `ray::LaneRuntime`)."""
+    found = {}
     for p in psutil.process_iter(['pid', 'name', 'cmdline']):
       try:
         if os.getpgid(p.pid) == self.process.pid or self.temp_dir in ' '.join(
           p.info['cmdline'] or ()
         ):
-          found.append(p)
+          found[p.pid] = p
       except (psutil.Error, ProcessLookupError):
         pass
-    return found
+    for p in list(found.values()):
+      try:
+        found.update((child.pid, child) for child in p.children(recursive=True))
+      except psutil.Error:
+        pass
+    return list(found.values())
 
   def stop(self):
     try:

@@ -604,6 +604,12 @@ def _lane_processes(head) -> list[int]:
   return [p.pid for p in head.processes() if 'LaneRuntime' in ' '.join(p.cmdline())]
 
 
+def test_a_heads_lane_processes_are_found_while_they_run(head, pool):
+  """`_lane_processes`, with which the tests check that no lane is left on a head after a
+  run, finds the lanes a pool runs there."""
+  assert set(pool.pids().values()) <= set(_lane_processes(head))
+
+
 def test_lanes_go_to_the_host_they_name_and_a_wrong_host_is_refused(head, pool):
   node = pool.info['a']['host']  # this machine, as the cluster names it
   with LanePool(
