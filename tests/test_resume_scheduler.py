@@ -270,17 +270,16 @@ def own_cluster_left(head) -> list[str]:
   """This test process's descendants, `head`'s aside, that are lane processes
   (`LaneRuntime` actors) or the Ray cluster a run started: none once a run has ended,
   however it ended."""
-  left, heads = [], {p.pid for p in head.processes()}
+  found = []
   for child in psutil.Process().children(recursive=True):
-    if child.pid in heads:
-      continue
     try:
       command = ' '.join(child.cmdline())
       if child.status() != psutil.STATUS_ZOMBIE and ('ray' in command or 'LaneRuntime' in command):
-        left.append(command[:80])
-    except psutil.NoSuchProcess:
+        found.append((child.pid, command[:80]))
+    except (psutil.Error, OSError):  # it ended meanwhile
       pass
-  return left
+  heads = {p.pid for p in head.processes()}  # after: what the head started meanwhile too
+  return [command for pid, command in found if pid not in heads]
 
 
 def lane_processes_left(head, before) -> list[int]:

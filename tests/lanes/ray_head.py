@@ -44,7 +44,7 @@ os.execv(sys.argv[2], sys.argv[2:])
 def _name(process: psutil.Process) -> str | None:
   try:
     return process.name()
-  except psutil.Error:
+  except (psutil.Error, OSError):
     return None
 
 
@@ -108,7 +108,7 @@ class RayHead:
     for p in list(found.values()):
       try:
         found.update((child.pid, child) for child in p.children(recursive=True))
-      except psutil.Error:
+      except (psutil.Error, OSError):  # it ended meanwhile
         pass
     return list(found.values())
 
