@@ -16,7 +16,8 @@ CPU or JAX version to another: the DDG cases' accuracies differed by up to 6 of 
 test examples between the CPU that wrote the first file and an AVX2-only EPYC (what
 differs was not isolated: capping XLA's generated code there at AVX or SSE4.2,
 `--xla_cpu_max_isa`, moved every loss by 1e-8 to 5e-6 and no accuracy). So they are kept
-per kind (`numbers_kind`: the machine, its widest vector extension and JAX's version),
+per kind (`numbers_kind`: the machine, its widest vector extension, JAX's version and
+the XLA flags; the tests generate XLA's code unoptimised, `conftest.TEST_XLA_FLAGS`),
 assumed to compute the same bits — a kind that does not fails loudly — and compared bit
 for bit on a kind the file holds; on any other kind, within `_OTHER_CPU` of every kind's,
 with a warning that says so.
@@ -146,8 +147,10 @@ _METRICS = ('train_loss', 'test_loss', 'accuracy')
 
 
 def numbers_kind() -> str:
-  """The machine, the widest vector extension its CPU has and JAX's version ('x86_64
-  avx2, jax 0.10.2'): the runs of one kind are assumed to compute the same bits."""
+  """The machine, the widest vector extension its CPU has, JAX's version and the XLA
+  flags that change the code XLA generates (all of `XLA_FLAGS` but the fake device
+  count: 'x86_64 avx2, jax 0.10.2, --xla_backend_optimization_level=0', the tests'):
+  the runs of one kind are assumed to compute the same bits."""
   import jax  # pylint: disable=g-import-not-at-top
 
   flags = set()
@@ -160,7 +163,9 @@ def numbers_kind() -> str:
   except OSError:
     pass
   widest = next((x for x in ('avx512f', 'avx2', 'avx', 'sve', 'asimd') if x in flags), 'base')
-  return f'{platform.machine()} {widest}, jax {jax.__version__}'
+  kind = f'{platform.machine()} {widest}, jax {jax.__version__}'
+  xla = [f for f in os.environ.get('XLA_FLAGS', '').split() if 'device_count' not in f]
+  return ', '.join([kind, *sorted(xla)])
 
 
 def run_case(case, data_dir, workdir) -> dict:

@@ -27,7 +27,7 @@ import pytest
 import lane_tasks
 from ray_head import serve_head
 
-from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec
+from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec, cluster
 from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, MakerFailed, Ref
 from jaxsgd.scheduler.process import LaneValue
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
@@ -139,6 +139,18 @@ def test_gpu_lanes_their_host_cannot_take_are_refused_before_any_lane_starts(hea
   assert set(_lane_processes(head)) - set(before) == set()  # none started
 
 
+def test_a_lane_takes_the_drivers_xla_flags_but_its_device_count_then_its_own():
+  driver = '--xla_force_host_platform_device_count=8 --xla_cpu_enable_fast_math=false'
+  one_core = {'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=false'}
+  assert cluster.lane_xla_flags(driver, one_core) == (
+    '--xla_cpu_enable_fast_math=false --xla_cpu_multi_thread_eigen=false'
+  )
+  assert cluster.lane_xla_flags(driver, {'JAX_PLATFORMS': ''}) == (
+    '--xla_cpu_enable_fast_math=false'
+  )
+  assert cluster.lane_xla_flags('', {}) == ''
+
+
 def test_each_lane_is_a_process_pinned_to_its_cores(pool):
   pids = pool.pids()
   assert len({*pids.values(), os.getpid()}) == 3
@@ -146,8 +158,10 @@ def test_each_lane_is_a_process_pinned_to_its_cores(pool):
   for i, lane in enumerate(['a', 'b']):
     assert pool.fetch(pool.run(lane, task('pid'))) == pids[lane]
     assert pool.fetch(pool.run(lane, task('affinity'))).tolist() == [cores[i % len(cores)]]
+    # The driver's code generation flags (conftest's), not its fake device count, then
+    # the lane's own.
     flags = pool.fetch(pool.run(lane, task('env'), ('XLA_FLAGS',)))
-    assert flags == '--xla_cpu_multi_thread_eigen=false'
+    assert flags == '--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false'
     assert pool.fetch(pool.run(lane, task('env'), ('OMP_NUM_THREADS',))) == '1'
     assert pool.fetch(pool.run(lane, task('env'), ('JAX_PLATFORMS',))) == 'cpu'
     # A lane is a ready Ray worker that imported JAX with the lane's code, before its

@@ -49,6 +49,7 @@ _SOON = {}  # 'thread': a `connect` under way (`connect_soon`); 'start': its eve
 # Seconds that `connect` waits for a start `connect_soon` began: a cluster starts in
 # seconds, but Ray's own start has hung (its GCS up, no raylet ever started).
 START_TIMEOUT = 120.0
+_DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count='
 # Ray's calls (`info`) run one at a time; `watch` waits in a thread of its own. A run's
 # calls go over the lane's own socket (wire.py).
 _LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1})(LaneRuntime)
@@ -226,6 +227,7 @@ def lane_actor(spec: LaneSpec, env: dict[str, str], authkey: bytes | None = None
   its socket with `authkey` (`LaneRuntime.serve`)."""
   hook = {FAULT_VAR: os.environ[FAULT_VAR]} if FAULT_VAR in os.environ else {}  # tests only
   variables = {**compilation_cache.variables(), **hook, **spec.environment(), **env}
+  variables['XLA_FLAGS'] = lane_xla_flags(os.environ.get('XLA_FLAGS', ''), variables)
   options = dict(num_cpus=0, num_gpus=spec.gpu, max_restarts=0, max_task_retries=0)
   # On its host's node, the driver's without one: left to Ray, a lane without a host went
   # to any node of a cluster joined by address (half of them elsewhere, on two nodes),
@@ -236,6 +238,15 @@ def lane_actor(spec: LaneSpec, env: dict[str, str], authkey: bytes | None = None
   return _LANE_ACTOR.options(**options).remote(
     spec.name, spec.cores, variables, authkey, spec.moves
   )
+
+
+def lane_xla_flags(driver_flags: str, variables: dict[str, str]) -> str:
+  """A lane's `XLA_FLAGS`: the driver's but its fake CPU device count (a lane is one
+  device), then the lane's own (`variables`, its placement's). XLA's code generation
+  flags reach the lanes as they reach the driver: a run on lanes computes the bits of
+  the same run in process only when both compiled the same code."""
+  carried = [f for f in driver_flags.split() if not f.startswith(_DEVICE_COUNT_FLAG)]
+  return ' '.join([*carried, *variables.get('XLA_FLAGS', '').split()])
 
 
 def node_address() -> str:
