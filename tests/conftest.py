@@ -1,4 +1,4 @@
-"""Test set-up: 8 fake CPU devices, unoptimised XLA CPU code and one compilation cache (set before JAX starts), one
+"""Test set-up: 8 fake CPU devices and one compilation cache (set before JAX starts), one
 Ray authentication mode, Ctrl-C heard by the processes the tests start, and a shared tfds
 data_dir."""
 
@@ -8,15 +8,9 @@ import shutil
 import signal
 import tempfile
 
-# XLA's CPU code generated without LLVM's optimisations (`TEST_XLA_FLAGS`): most of the
-# suite's time is compiling programs it runs a few times; the tests compare two runs
-# made with the same flags, or numbers kept per kind (`test_virtual_fingerprints`, whose
-# kind names the level). Measured on a 2-core VM: tests/spmd/test_spmd_period.py 86 ->
-# 65 s, tests/test_train.py 162 -> 132 s; a small MLP's step ran 1.5x slower.
-TEST_XLA_FLAGS = ('--xla_force_host_platform_device_count=8', '--xla_backend_optimization_level=0')
-for _flag in TEST_XLA_FLAGS:
-  if _flag.split('=')[0] not in os.environ.get('XLA_FLAGS', ''):
-    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + _flag).strip()
+_FLAG = '--xla_force_host_platform_device_count=8'
+if _FLAG.split('=')[0] not in os.environ.get('XLA_FLAGS', ''):
+  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' + _FLAG).strip()
 
 # One persistent compilation cache per test session, shared with every process the tests
 # start (binaries, lane processes, the launcher's processes, notebooks): a program is

@@ -17,7 +17,7 @@ test examples between the CPU that wrote the first file and an AVX2-only EPYC (w
 differs was not isolated: capping XLA's generated code there at AVX or SSE4.2,
 `--xla_cpu_max_isa`, moved every loss by 1e-8 to 5e-6 and no accuracy). So they are kept
 per kind (`numbers_kind`: the machine, its widest vector extension, JAX's version and
-the XLA flags; the tests generate XLA's code unoptimised, `conftest.TEST_XLA_FLAGS`),
+any XLA flag set: `--xla_backend_optimization_level=0` moved the losses' last bits),
 assumed to compute the same bits — a kind that does not fails loudly — and compared bit
 for bit on a kind the file holds; on any other kind, within `_OTHER_CPU` of every kind's,
 with a warning that says so.
@@ -149,8 +149,8 @@ _METRICS = ('train_loss', 'test_loss', 'accuracy')
 def numbers_kind() -> str:
   """The machine, the widest vector extension its CPU has, JAX's version and the XLA
   flags that change the code XLA generates (all of `XLA_FLAGS` but the fake device
-  count: 'x86_64 avx2, jax 0.10.2, --xla_backend_optimization_level=0', the tests'):
-  the runs of one kind are assumed to compute the same bits."""
+  count; 'x86_64 avx2, jax 0.10.2' with none): the runs of one kind are assumed to
+  compute the same bits."""
   import jax  # pylint: disable=g-import-not-at-top
 
   flags = set()
