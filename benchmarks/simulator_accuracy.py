@@ -877,11 +877,34 @@ def main():
       print(f'  {LABELS[name]}: {_one_line(results[name])}', flush=True)
   finally:
     cluster.shutdown()
+  if args.profile is None:  # how far the machine's own speed moved meanwhile
+    again = os.path.join(root, 'profile_at_end.json')
+    measure_profile(again, args)
+    print(drift_line(profiles.load(profile), profiles.load(again)), flush=True)
   print(
     f'load average {"/".join(f"{x:.1f}" for x in os.getloadavg())} at end; '
     f'jax {jax.__version__}; {time.time() - started:.0f} s'
   )
   print_table(results)
+
+
+def drift_line(first, second) -> str:
+  """How much each task's price moved between two profiles measured alike (at the
+  benchmark's start and at its end): a bound on what any cost model can predict on this
+  machine, whose tasks are priced by the first."""
+  moved = []
+  for before, after in zip(first.tables, second.tables):
+    for key, cost in before.costs.items():
+      if key in after.costs and cost > 0:
+        moved.append(after.costs[key] / cost - 1.0)
+  if not moved:
+    return 'task costs at the end against the start: no task in both profiles'
+  ordered = sorted(abs(x) for x in moved)
+  return (
+    f'task costs at the end against the start ({len(moved)} tasks, the profile measured '
+    f'again): median {100 * ordered[len(ordered) // 2]:.1f} %, largest '
+    f'{100 * max(moved, key=abs):+.1f} %, mean {100 * sum(moved) / len(moved):+.1f} %'
+  )
 
 
 def without_driver(host):

@@ -288,3 +288,24 @@ def test_a_tasks_cost_row_holds_its_lanes_cpu_time_and_the_slowdown_of_each(tmp_
   # four the lanes timed: the cpu-replayed run's).
   assert accuracy.task_figures(str(tmp_path), 0) == {(0, 'forward'): pytest.approx(0.0192)}
   assert accuracy.task_figures(str(tmp_path), 0, 'cpu') == {(0, 'forward'): pytest.approx(0.01075)}
+
+
+def test_the_drift_line_compares_each_task_of_the_two_profiles_by_hand():
+  """Four tasks priced at the start and again at the end: +10 %, -20 %, 0 %, then +6 %; a task
+  in one profile only, or priced 0, is left out."""
+  from types import SimpleNamespace as Table
+
+  first = Table(tables=(Table(costs={'f': 0.010, 'b': 0.020, 'x': 0.0}), Table(costs={'f': 1.0})))
+  second = Table(
+    tables=(Table(costs={'f': 0.011, 'b': 0.016, 'x': 5.0, 'y': 1.0}), Table(costs={'f': 1.0}))
+  )
+  assert accuracy.drift_line(first, second) == (
+    'task costs at the end against the start (3 tasks, the profile measured again): '
+    'median 10.0 %, largest -20.0 %, mean -3.3 %'
+  )
+  first.tables[1].costs['u'], second.tables[1].costs['u'] = 2.0, 2.12
+  assert (
+    '(4 tasks, the profile measured again): median 10.0 %, largest -20.0 %, mean -1.0 %'
+    in accuracy.drift_line(first, second)
+  )
+  assert 'no task in both' in accuracy.drift_line(Table(tables=()), second)
