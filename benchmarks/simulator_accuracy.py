@@ -84,6 +84,7 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -118,7 +119,8 @@ TABLE_OF = {'ddg': 'bp', 'pdasgd': 'bp'}  # else the family's own
 MEASURED = tuple(f for f in FAMILIES if f not in TABLE_OF)  # the families with a table
 
 
-# What a lane process runs with (`lanes.placement.LaneSpec.environment`, one core).
+# What a lane process on one core runs with (`lanes.placement.LaneSpec.environment`), its
+# XLA_FLAGS after the driver's (`lanes.cluster.lane_xla_flags`, `measure_profile`).
 LANE_ENV = {
   'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=false',
   'OMP_NUM_THREADS': '1',
@@ -196,7 +198,10 @@ def measure_profile(path: str, args) -> None:
   tables the asked families need to `path` (`_write_tables`): a profile reused with
   `--profile` must hold the tables of these families at this `--lanes`, `--depth`,
   `--hidden` and `--batch` (else `ProfileError` names what does not fit)."""
+  from jaxsgd.scheduler.lanes import cluster
+
   env = {**os.environ, **LANE_ENV}
+  env['XLA_FLAGS'] = cluster.lane_xla_flags(os.environ.get('XLA_FLAGS', ''), LANE_ENV)
   command = [sys.executable, '-m', 'benchmarks.simulator_accuracy', '--_tables', path]
   command += [f'--{k}={v}' for k, v in _shape_args(args).items()]
   subprocess.run(command, env=env, check=True)
@@ -877,10 +882,13 @@ def main():
       print(f'  {LABELS[name]}: {_one_line(results[name])}', flush=True)
   finally:
     cluster.shutdown()
-  if args.profile is None:  # how far the machine's own speed moved meanwhile
+  if args.profile is None:  # how far the tasks' prices moved meanwhile
     again = os.path.join(root, 'profile_at_end.json')
-    measure_profile(again, args)
-    print(drift_line(profiles.load(profile), profiles.load(again)), flush=True)
+    try:
+      measure_profile(again, args)
+      print(drift_line(profiles.load(profile), profiles.load(again)), flush=True)
+    except (subprocess.CalledProcessError, profiles.ProfileError) as error:
+      print(f'task costs at the end against the start: not measured ({error})', flush=True)
   print(
     f'load average {"/".join(f"{x:.1f}" for x in os.getloadavg())} at end; '
     f'jax {jax.__version__}; {time.time() - started:.0f} s'
@@ -889,21 +897,24 @@ def main():
 
 
 def drift_line(first, second) -> str:
-  """How much each task's price moved between two profiles measured alike (at the
-  benchmark's start and at its end): a bound on what any cost model can predict on this
-  machine, whose tasks are priced by the first."""
+  """How much each task's price moved between two profiles measured alike, at the
+  benchmark's start and at its end (one pair of measurements: the machine's speed moving
+  and a profile's own spread between two measurements, together). The runs are priced
+  by the first; a prediction can be no closer than the tasks' own speed holds still.
+  Tables are paired by their stage split and task set."""
+  later = {(table.split, table.tasks): table for table in second.tables}
   moved = []
-  for before, after in zip(first.tables, second.tables):
-    for key, cost in before.costs.items():
+  for before in first.tables:
+    after = later.get((before.split, before.tasks))
+    for key, cost in before.costs.items() if after is not None else ():
       if key in after.costs and cost > 0:
         moved.append(after.costs[key] / cost - 1.0)
   if not moved:
     return 'task costs at the end against the start: no task in both profiles'
-  ordered = sorted(abs(x) for x in moved)
   return (
     f'task costs at the end against the start ({len(moved)} tasks, the profile measured '
-    f'again): median {100 * ordered[len(ordered) // 2]:.1f} %, largest '
-    f'{100 * max(moved, key=abs):+.1f} %, mean {100 * sum(moved) / len(moved):+.1f} %'
+    f'again): median change {100 * statistics.median([abs(x) for x in moved]):.1f} % either '
+    f'way, largest {100 * max(moved, key=abs):+.1f} %, mean {100 * statistics.mean(moved):+.1f} %'
   )
 
 

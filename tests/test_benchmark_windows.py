@@ -291,21 +291,31 @@ def test_a_tasks_cost_row_holds_its_lanes_cpu_time_and_the_slowdown_of_each(tmp_
 
 
 def test_the_drift_line_compares_each_task_of_the_two_profiles_by_hand():
-  """Four tasks priced at the start and again at the end: +10 %, -20 %, 0 %, then +6 %; a task
-  in one profile only, or priced 0, is left out."""
-  from types import SimpleNamespace as Table
+  """Tasks priced at the start and again at the end: +10 %, -20 %, 0 %, then +6 %; a
+  task in one profile only, or priced 0, and a table of another split are left out;
+  tables are paired by split and task set, whatever their order."""
+  from types import SimpleNamespace
 
-  first = Table(tables=(Table(costs={'f': 0.010, 'b': 0.020, 'x': 0.0}), Table(costs={'f': 1.0})))
-  second = Table(
-    tables=(Table(costs={'f': 0.011, 'b': 0.016, 'x': 5.0, 'y': 1.0}), Table(costs={'f': 1.0}))
+  def table(split, costs):
+    return SimpleNamespace(split=split, tasks='t', costs=costs)
+
+  first = SimpleNamespace(
+    tables=(table(((0, 2),), {'f': 0.010, 'b': 0.020, 'x': 0.0}), table(((0, 1),), {'f': 1.0}))
+  )
+  second = SimpleNamespace(
+    tables=(
+      table(((0, 1),), {'f': 1.0}),
+      table(((0, 2),), {'f': 0.011, 'b': 0.016, 'x': 5.0, 'y': 1.0}),
+      table(((0, 3),), {'f': 9.0}),
+    )
   )
   assert accuracy.drift_line(first, second) == (
     'task costs at the end against the start (3 tasks, the profile measured again): '
-    'median 10.0 %, largest -20.0 %, mean -3.3 %'
+    'median change 10.0 % either way, largest -20.0 %, mean -3.3 %'
   )
-  first.tables[1].costs['u'], second.tables[1].costs['u'] = 2.0, 2.12
-  assert (
-    '(4 tasks, the profile measured again): median 10.0 %, largest -20.0 %, mean -1.0 %'
-    in accuracy.drift_line(first, second)
+  first.tables[1].costs['u'], second.tables[0].costs['u'] = 2.0, 2.12
+  assert '(4 tasks, the profile measured again): median change 8.0 % either way, largest ' in (
+    accuracy.drift_line(first, second)
   )
-  assert 'no task in both' in accuracy.drift_line(Table(tables=()), second)
+  assert 'mean -1.0 %' in accuracy.drift_line(first, second)
+  assert 'no task in both' in accuracy.drift_line(SimpleNamespace(tables=()), second)

@@ -148,8 +148,9 @@ _METRICS = ('train_loss', 'test_loss', 'accuracy')
 
 def numbers_kind() -> str:
   """The machine, the widest vector extension its CPU has, JAX's version and the XLA
-  flags that change the code XLA generates (all of `XLA_FLAGS` but the fake device
-  count; 'x86_64 avx2, jax 0.10.2' with none): the runs of one kind are assumed to
+  flags set (all of `XLA_FLAGS` but the fake device count, which changes no device's
+  code; a flag that changes none either, `--xla_dump_to`, still makes a kind of its
+  own; 'x86_64 avx2, jax 0.10.2' with none): the runs of one kind are assumed to
   compute the same bits."""
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -164,7 +165,11 @@ def numbers_kind() -> str:
     pass
   widest = next((x for x in ('avx512f', 'avx2', 'avx', 'sve', 'asimd') if x in flags), 'base')
   kind = f'{platform.machine()} {widest}, jax {jax.__version__}'
-  xla = [f for f in os.environ.get('XLA_FLAGS', '').split() if 'device_count' not in f]
+  xla = [
+    f
+    for f in os.environ.get('XLA_FLAGS', '').split()
+    if not f.startswith('--xla_force_host_platform_device_count=')
+  ]
   return ', '.join([kind, *sorted(xla)])
 
 

@@ -81,4 +81,5 @@ def build_layer_tasks(scale: float):
     'affinity': lambda: np.array(sorted(os.sched_getaffinity(0))),
     'env': lambda name: os.environ.get(name, ''),
     'jax_flag': lambda name: str(getattr(jax.config, name)),
+    'device_count': jax.device_count,
   }

@@ -151,6 +151,17 @@ def test_a_lane_takes_the_drivers_xla_flags_but_its_device_count_then_its_own():
   assert cluster.lane_xla_flags('', {}) == ''
 
 
+def test_the_drivers_xla_flags_reach_an_unpinned_lane_but_its_device_count(head, monkeypatch):
+  # An unpinned lane sets no XLA flag of its own; it ran with what its Ray worker had
+  # (the head's: conftest's 8 fake devices), not the driver's.
+  driver = '--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false'
+  monkeypatch.setenv('XLA_FLAGS', driver)  # (the tests' JAX has started: nothing here moves)
+  with LanePool(LanePlacement.parse('u'), address=head.address, verbose=False) as lanes:
+    flags = lanes.fetch(lanes.run('u', task('env'), ('XLA_FLAGS',)))
+    devices = lanes.fetch(lanes.run('u', task('device_count')))
+  assert (flags, devices) == ('--xla_cpu_multi_thread_eigen=false', 1)
+
+
 def test_each_lane_is_a_process_pinned_to_its_cores(pool):
   pids = pool.pids()
   assert len({*pids.values(), os.getpid()}) == 3
