@@ -781,6 +781,12 @@ def main():
   )
   parser.add_argument('--profile', default=None, help='a cost profile to use (default: measure)')
   parser.add_argument(
+    '--profile_each',
+    action='store_true',
+    help='price each family by its tables measured again just before its runs, as at the '
+    'start (how much of the error is the machine drifting between the profile and a run)',
+  )
+  parser.add_argument(
     '--host',
     default=None,
     help='a host profile of the process executor to use (cost.host; default: measure one, '
@@ -810,6 +816,8 @@ def main():
     parser.error(
       f'--depth: {args.lanes} stages need {args.lanes - 1} hidden layers; got {args.depth}'
     )
+  if args.profile_each and args.profile:
+    parser.error("--profile_each: measures each family's tables here; not with --profile")
   if (args.link_latency is None) != (args.link_bandwidth is None):
     parser.error('--link_latency and --link_bandwidth: give both, or neither')
   LABELS.update(labels(args.lanes))
@@ -859,6 +867,8 @@ def main():
   try:
     loaded = profiles.load(profile)
     measured_how = 'a profile given' if args.profile else _neighbours_label(args)
+    if args.profile_each:
+      measured_how += '; each family priced by its tables measured again before its runs'
     print(
       f'cost profile: {profile} ({loaded.date}, pinned to core 0, lane flags, '
       f'{measured_how}; each task the {loaded.statistic} of {loaded.reps} '
@@ -876,7 +886,11 @@ def main():
     print(_host_line(hosts['host'], host, args), flush=True)
     results = {}
     for name in families:
-      results[name] = run_family(name, args, profile, hosts, root)
+      priced_by = profile
+      if args.profile_each:  # the family's tables measured again, just before its runs
+        priced_by = os.path.join(root, f'profile_{name}.json')
+        measure_profile(priced_by, argparse.Namespace(**{**vars(args), 'families': name}))
+      results[name] = run_family(name, args, priced_by, hosts, root)
       with open(os.path.join(root, 'results.json'), 'w') as f:
         json.dump(results, f)
       print(f'  {LABELS[name]}: {_one_line(results[name])}', flush=True)
