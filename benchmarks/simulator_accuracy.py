@@ -920,9 +920,13 @@ def drift_line(first, second) -> str:
   moved = []
   for before in first.tables:
     after = later.get((before.split, before.tasks))
-    for key, cost in before.costs.items() if after is not None else ():
-      if key in after.costs and cost > 0:
-        moved.append(after.costs[key] / cost - 1.0)
+    if after is None:
+      continue
+    moved += [
+      after.costs[key] / cost - 1.0
+      for key, cost in before.costs.items()
+      if key in after.costs and cost > 0
+    ]
   if not moved:
     return 'task costs at the end against the start: no task in both profiles'
   return (

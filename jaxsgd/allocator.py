@@ -21,8 +21,8 @@ def keep_freed_memory() -> bool:
   freed before, keeping up to `TRIM_THRESHOLD` of it and growing its heap by `TOP_PAD` at
   a time (glibc's `mallopt`); False where the C library has no `mallopt`.
 
-  Why: every page of a fresh mapping faults at its first touch (1.3-6 µs a page on the
-  2-core VMs measured, `benchmarks/results/ad_hoc_measurements.md`).
+  Why: every page of a fresh mapping faults at its first touch (what one costs:
+  `benchmarks/results/ad_hoc_measurements.md`).
   glibc maps a large buffer afresh above a threshold that rises and falls with what was
   freed, and gives back the top of its heap: a copy of 1 MiB between two lane processes
   took 0.6 or 2.6 ms by spells, 0.55 ms with the thresholds set

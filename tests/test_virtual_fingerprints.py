@@ -165,10 +165,12 @@ def numbers_kind() -> str:
     pass
   widest = next((x for x in ('avx512f', 'avx2', 'avx', 'sve', 'asimd') if x in flags), 'base')
   kind = f'{platform.machine()} {widest}, jax {jax.__version__}'
+  from jaxsgd.scheduler.lanes import cluster  # pylint: disable=g-import-not-at-top
+
   xla = [
     f
     for f in os.environ.get('XLA_FLAGS', '').split()
-    if not f.startswith('--xla_force_host_platform_device_count=')
+    if not f.startswith(cluster.DEVICE_COUNT_FLAG)
   ]
   return ', '.join([kind, *sorted(xla)])
 

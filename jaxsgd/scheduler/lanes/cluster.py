@@ -49,7 +49,7 @@ _SOON = {}  # 'thread': a `connect` under way (`connect_soon`); 'start': its eve
 # Seconds that `connect` waits for a start `connect_soon` began: a cluster starts in
 # seconds, but Ray's own start has hung (its GCS up, no raylet ever started).
 START_TIMEOUT = 120.0
-_DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count='
+DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count='  # a driver's, not a lane's
 # Ray's calls (`info`) run one at a time; `watch` waits in a thread of its own. A run's
 # calls go over the lane's own socket (wire.py).
 _LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1})(LaneRuntime)
@@ -245,7 +245,7 @@ def lane_xla_flags(driver_flags: str, variables: dict[str, str]) -> str:
   device), then the lane's own (`variables`, its placement's). XLA's code generation
   flags reach the lanes as they reach the driver: a run on lanes computes the bits of
   the same run in process only when both compiled the same code."""
-  carried = [f for f in driver_flags.split() if not f.startswith(_DEVICE_COUNT_FLAG)]
+  carried = [f for f in driver_flags.split() if not f.startswith(DEVICE_COUNT_FLAG)]
   return ' '.join([*carried, *variables.get('XLA_FLAGS', '').split()])
 
 
