@@ -25,6 +25,23 @@ _BUILT: dict['TaskRecipe', Mapping[str, Callable]] = {}
 _LOCK = threading.Lock()
 
 
+def _hash_once(self) -> int:
+  """A frozen dataclass's hash (its fields' tuple's, as the dataclass's own), computed
+  once per object: the process executor looks a task up several times per dispatch, and a
+  recipe's hash walks every setting in it. Not pickled (`_state_without_hash`): a
+  string's hash differs from one process to the next."""
+  known = self.__dict__.get('_hash')
+  if known is None:
+    known = self.__dict__['_hash'] = hash(
+      tuple(getattr(self, field.name) for field in dataclasses.fields(self))
+    )
+  return known
+
+
+def _state_without_hash(self) -> dict:
+  return {name: value for name, value in self.__dict__.items() if name != '_hash'}
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskRecipe:
   """`factory(**kwargs)` builds a mapping name -> callable; hashable and picklable.
@@ -37,6 +54,9 @@ class TaskRecipe:
 
   factory: str
   kwargs: tuple[tuple[str, Any], ...] = ()
+
+  __hash__ = _hash_once
+  __getstate__ = _state_without_hash
 
   @classmethod
   def of(cls, factory: Callable[..., Mapping[str, Callable]], **kwargs) -> 'TaskRecipe':
@@ -68,6 +88,9 @@ class Task:
 
   recipe: TaskRecipe
   name: str
+
+  __hash__ = _hash_once
+  __getstate__ = _state_without_hash
 
   def __call__(self, *args):
     return self.recipe.build()[self.name](*args)

@@ -82,11 +82,17 @@ class Handle:
     description: `float32[128, 10]`, or the type and leaf count of a pytree.
   """
 
-  __slots__ = ('lane', 'key', 'nbytes', 'description', '__weakref__')
+  __slots__ = ('lane', 'key', 'nbytes', 'description', '_drop', '__weakref__')
 
   def __init__(self, pool: 'LanePool', lane: str, key: Hashable, nbytes: int, description: str):
     self.lane, self.key, self.nbytes, self.description = lane, key, nbytes, description
-    weakref.finalize(self, pool._drop, lane, key)
+    self._drop = pool._drop
+
+  def __del__(self):
+    # Frees the value in its lane once the driver drops the last reference (`_drop`
+    # queues the key for the lane's next call). Not `weakref.finalize`: its set-up and
+    # call cost ~8 µs of the driver's Python a handle, several handles a task.
+    self._drop(self.lane, self.key)
 
   def __reduce__(self):
     raise TypeError(
@@ -236,13 +242,14 @@ class LanePool:
       )
     link = self._link_of(lane)
     args = tuple(args)
+    # Flattened once, for what is sent and for the signature: a `Handle` is a leaf (no
+    # pytree node), and every Python step here is the driver's, per task.
+    leaves, treedef = jax.tree.flatten(args)
     here = []  # the arguments' handles on this lane (moved here for this call, or not)
-    sent = jax.tree.map(
-      lambda leaf: self._argument(leaf, lane, here), args, is_leaf=lambda x: isinstance(x, Handle)
-    )
+    sent = treedef.unflatten([self._argument(leaf, lane, here) for leaf in leaves])
     key = next(self._keys)
     imports = self._take_imports(lane, here)
-    signature = _signature(task, args)
+    signature = _signature(task, treedef, leaves)
     describe = (lane, signature) not in self._described
     call, buffers = self._task_call(lane, task, sent, key, seconds, describe)
     at = time.time()
@@ -1047,22 +1054,22 @@ class LanePool:
     )
 
 
-def _signature(task, args) -> Hashable:
-  """The task and what its result's outline can depend on: its arguments' shapes.
+def _signature(task, treedef, leaves) -> Hashable:
+  """The task and what its result's outline can depend on: its arguments' structure
+  (`treedef`) and shapes (`leaves`, flattened from them).
 
   Python scalars and strings count by value (they may set shapes); arrays by shape
   and dtype; handles by what they hold.
   """
-  leaves, treedef = jax.tree.flatten(args, is_leaf=lambda x: isinstance(x, Handle))
+  return (task, treedef, tuple(map(_leaf_signature, leaves)))
 
-  def leaf_signature(leaf):
-    if isinstance(leaf, Handle):
-      return ('handle', leaf.nbytes, leaf.description)
-    if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
-      return ('array', tuple(leaf.shape), leaf.dtype)  # (a dtype hashes; its str took ~4 µs)
-    return ('value', type(leaf).__name__, leaf if isinstance(leaf, Hashable) else id(leaf))
 
-  return (task, treedef, tuple(leaf_signature(leaf) for leaf in leaves))
+def _leaf_signature(leaf) -> Hashable:
+  if isinstance(leaf, Handle):
+    return ('handle', leaf.nbytes, leaf.description)
+  if hasattr(leaf, 'shape') and hasattr(leaf, 'dtype'):
+    return ('array', tuple(leaf.shape), leaf.dtype)  # (a dtype hashes; its str took ~4 µs)
+  return ('value', type(leaf).__name__, leaf if isinstance(leaf, Hashable) else id(leaf))
 
 
 def _dumps(value) -> tuple[bytes, list]:
@@ -1109,12 +1116,12 @@ class _HostCopies:
   def __call__(self, leaf):
     if not isinstance(leaf, jax.Array):
       return leaf
+    key = id(leaf)
+    kept = self._copies.get(key)  # looked up first: jax's `nbytes` took ~10 µs
+    if kept is not None and kept[0]() is leaf and not leaf.is_deleted():
+      return kept[1]
     if leaf.nbytes > self.SMALL or leaf.is_deleted():
       return np.asarray(leaf)
-    key = id(leaf)
-    kept = self._copies.get(key)
-    if kept is not None and kept[0]() is leaf:
-      return kept[1]
     copies = self._copies
     # (`drop` bound now: at the interpreter's exit the module's globals may be gone first)
     ref = weakref.ref(leaf, lambda dead, key=key, drop=_drop_copy: drop(copies, key, dead))
