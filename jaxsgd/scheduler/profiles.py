@@ -1,15 +1,13 @@
 """Cost profiles: the file that holds measured task costs, written once, read by every run.
 
-The virtual clock needs the seconds each task takes. Measuring them at the start of every
-run makes simulated times depend on whatever else the machine was doing then. A *profile*
-is measured once (`task_timing`), written to a file (`save`), and read back as is (`load`)
-by every run that names it (`cost.profile`), so two runs with the same profile simulate
-the same times, bit for bit. `profile_lookup` finds the table that prices a run;
-`repricing` makes a profile whose costs are a pilot run's task durations.
-
-The rule: the file is checked field by field where it is read, and a bad one is
+The virtual clock needs the seconds each task takes; measured at the start of every run,
+they would depend on whatever else the machine did then. A *profile* is measured once
+(`task_timing`), saved (`save`) and read back as is (`load`) by every run that names it
+(`cost.profile`): two runs with one profile simulate the same times, bit for bit.
+`profile_lookup` finds the table that prices a run; `repricing` makes a profile of a
+pilot run's task durations. A file is checked field by field where it is read, a bad one
 refused in one line naming the field (`ProfileError`); tables measured differently
-(statistic, clock, pinning, another model or device) are never mixed (`merge`).
+(statistic, clock, pinning, model, device) are never mixed (`merge`).
 
 File format (JSON, `FORMAT`):
 
@@ -30,20 +28,18 @@ file of fastest calls (`"min"`, older) loads at the medians its `spread` kept. A
 holds one table per (stage split, task set): a suite whose methods cut the model the same
 way and run the same computations shares one table (BP and DDG), others add their own
 (auxiliary heads change the computation). Cost keys are those of `CostModel.compute`:
-`(stage, kind)` written `"stage/kind"`, or `kind` alone (every stage). `dispatch` holds
-the seconds the in-process executors add per task, measured with the tables
-(`lane_timing.measure_dispatch`), for information: the virtual clock takes an executor's
-host from a host profile (`cost.host`, `jaxsgd.scheduler.host`). Profiles written before
-that may hold the process executor's figures there too; they load as they are, and nothing
-reads them.
+`(stage, kind)` written `"stage/kind"`, or `kind` alone (every stage). `dispatch`: the
+seconds the in-process executors add per task (`lane_timing.measure_dispatch`), for
+information only: the virtual clock reads an executor's host from a host profile
+(`cost.host`, `jaxsgd.scheduler.host`); older files' process-executor figures there load
+unread.
 
-`busy_cores`: how many other cores of the host computed while the tasks were timed
-(`experiments.profile --busy_cores`): a CPU core's speed depends on what its neighbours do
-(a shared last-level cache and memory bus, an all-core clock below the one-core turbo),
-so a profile for lanes that fill K cores is measured with K - 1 of them busy. A file
-without the field (written before it) was measured with none.
+`busy_cores`: how many other cores computed while the tasks were timed (`experiments.profile
+--busy_cores`): a core's speed depends on its neighbours' work (shared cache and memory
+bus, an all-core clock below the one-core turbo), so a profile for lanes that fill K cores
+is measured with K - 1 of them busy. A file without the field was measured with none.
 
-Reference: docs/simulator.md (the cost sources, how repeatable a profile is);
+Reference: docs/simulator.md (cost sources, a profile's repeatability);
 tests/scheduler/test_profiles.py.
 """
 
@@ -84,6 +80,12 @@ _FIELDS = (
   'busy_cores',
 )
 _OPTIONAL = {'busy_cores': 0}  # fields a file may lack (written before them): their value then
+# Fields a file holds as the `Profile` does (the others: `format`, `model`, `dispatch`, `tables`).
+_PLAIN = ('batch_size', 'optimizer', 'device_kind', 'platform', 'jax_version', 'date')
+_PLAIN += ('statistic', 'clock', 'pinned', 'warmup', 'reps', 'busy_cores')
+# What two profiles must share to be merged: the model, the batch, how they were measured.
+_ALIKE = ('model', 'batch_size', 'optimizer', 'device_kind', 'platform', 'statistic', 'clock')
+_ALIKE += ('pinned', 'busy_cores')
 # A profile's `model`: what identifies the model's computation (`profile_lookup.model_id`).
 MODEL_FIELDS = ('name', 'input_shape', 'num_classes', 'num_layers', 'num_params')
 
@@ -172,18 +174,7 @@ def to_json(profile: Profile) -> dict:
   return {
     'format': FORMAT,
     'model': dict(profile.model),
-    'batch_size': profile.batch_size,
-    'optimizer': profile.optimizer,
-    'device_kind': profile.device_kind,
-    'platform': profile.platform,
-    'jax_version': profile.jax_version,
-    'date': profile.date,
-    'statistic': profile.statistic,
-    'clock': profile.clock,
-    'pinned': profile.pinned,
-    'busy_cores': profile.busy_cores,
-    'warmup': profile.warmup,
-    'reps': profile.reps,
+    **{field: getattr(profile, field) for field in _PLAIN},
     'dispatch': dict(profile.dispatch),
     'tables': [
       {
@@ -266,21 +257,11 @@ def from_json(data: Any, source: str = 'profile') -> Profile:
     tables = tuple(_priced_at_median(t, i, where) for i, t in enumerate(tables))
     statistic = STATISTIC
   return Profile(
+    **{field: data[field] for field in _PLAIN if field != 'statistic'},
     model=dict(model),
-    batch_size=data['batch_size'],
-    optimizer=data['optimizer'],
-    device_kind=data['device_kind'],
-    platform=data['platform'],
-    jax_version=data['jax_version'],
-    date=data['date'],
     statistic=statistic,
-    clock=data['clock'],
-    pinned=data['pinned'],
-    warmup=data['warmup'],
-    reps=data['reps'],
     dispatch={k: float(v) for k, v in dispatch.items()},
     tables=tables,
-    busy_cores=data['busy_cores'],
   )
 
 
@@ -291,17 +272,7 @@ def merge(old: Profile, new: Profile) -> Profile:
   measured the same way (statistic, clock, pinning, busy cores); the result has `new`'s date,
   jax version, and its dispatch figures added to (or replacing) `old`'s.
   """
-  for field in (
-    'model',
-    'batch_size',
-    'optimizer',
-    'device_kind',
-    'platform',
-    'statistic',
-    'clock',
-    'pinned',
-    'busy_cores',
-  ):
+  for field in _ALIKE:
     if getattr(old, field) != getattr(new, field):
       raise ProfileError(
         f'cost.profile: cannot add to a profile of another {field} '
