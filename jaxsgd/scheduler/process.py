@@ -49,7 +49,9 @@ process is started in its place (`LanePool.replace`, the same placement): its pr
 start again from their `on_rejoin(reason)` states (an ASGD worker asks the server for
 the current parameters), and the values sent to it that it had not taken are dropped
 from its channels (a process whose `on_rejoin` says it holds nothing of the lost lane
-goes on where it is). Where its processes have no `on_rejoin`, or no new process starts,
+goes on where it is). A lane whose task failed only for a value of another lane's lost
+process (`LaneError.lost_input`) keeps its process (`LanePool.reset`): its processes start
+again all the same. Where its processes have no `on_rejoin`, or no new process starts,
 the lane is removed (`LanePool.remove`), its processes are closed and each
 `on_lost(reason)` runs in its place (an ASGD worker's tells the server to stop waiting
 for it); messages sent to it later are dropped. Messages from such a lane are delivered
@@ -460,8 +462,11 @@ class ProcessExecutor(Executor):
     processes = [p for p in self.processes if p.lane == lane and not p.done]
     if not processes or any(p.on_rejoin is None for p in processes):
       return False
+    # A task that failed for a value of another lane's lost process leaves its own
+    # process sound: it is kept (`LanePool.reset`), its processes start again all the same.
+    kept = error.lost_input is not None and error.lane not in self.pool.dead_lanes()
     try:
-      self.pool.replace(error.lane)
+      self.pool.reset(error.lane) if kept else self.pool.replace(error.lane)
     except (LaneError, ValueError, RuntimeError) as failure:
       logging.warning('%s; no new lane process in its place: %s', reason, failure)
       return False
@@ -481,8 +486,11 @@ class ProcessExecutor(Executor):
       self._ready.append((process, None))
     names = tuple(p.name for p in processes)
     self.lost.append(LostLane(error.lane, error.host, lost_at, reason, names, self.now()))
-    new_pid = self.pool.info[error.lane]['pid']
-    logging.warning('%s; a new lane process (pid %s) took its place.', reason.rstrip('.'), new_pid)
+    pid = self.pool.info[error.lane]['pid']
+    if kept:
+      logging.warning('%s; its process (pid %s) goes on, its work started again.', reason, pid)
+    else:
+      logging.warning('%s; a new lane process (pid %s) took its place.', reason.rstrip('.'), pid)
     return True
 
   def _drop_work_of(self, lane: int, name: str) -> None:

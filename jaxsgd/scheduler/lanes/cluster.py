@@ -32,7 +32,7 @@ from ray.util import scheduling_strategies
 from jaxsgd import compilation_cache
 from jaxsgd.scheduler.lanes.placement import LaneSpec
 from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, LaneRuntime, MakerFailed
-from jaxsgd.scheduler.lanes.wire import LaneFailure
+from jaxsgd.scheduler.lanes.wire import LaneFailure, SourceLost
 
 # JAX warns at every fork of a threaded process; Ray's helpers fork and exec at once, and
 # the warning, printed at every start of a cluster, is one a user cannot act on.
@@ -298,13 +298,28 @@ def failed_maker(error: BaseException) -> tuple[str, int] | None:
   """`(lane, call key)` of the call whose failure `error` comes of (a value it was to
   make could not be exported: `runtime.MakerFailed`, however deep among the causes), or
   None."""
+  for cause in _causes(error):
+    if isinstance(cause, MakerFailed) and hasattr(cause, 'key'):
+      return cause.lane, cause.key
+  return None
+
+
+def lost_source(error: BaseException) -> str | None:
+  """`host:port` of the lane process whose death made a call fail while taking in a value
+  it was to send (`wire.SourceLost`, however deep among the causes), or None."""
+  for cause in _causes(error):
+    if isinstance(cause, SourceLost) and hasattr(cause, 'source'):
+      return cause.source
+  return None
+
+
+def _causes(error: BaseException):
+  """`error`, then its `cause`, that one's, and so on (each once)."""
   cause, seen = error, set()
   while cause is not None and id(cause) not in seen:
     seen.add(id(cause))
-    if isinstance(cause, MakerFailed) and hasattr(cause, 'key'):
-      return cause.lane, cause.key
+    yield cause
     cause = getattr(cause, 'cause', None)
-  return None
 
 
 def is_death(error: BaseException) -> bool:

@@ -65,11 +65,15 @@ _STOP_CHECK = 0.25  # seconds: how often a wait looks for a signal whose excepti
 
 
 class LaneError(RuntimeError):
-  """A lane's task raised, or its process died; names the lane and its host."""
+  """A lane's task raised, or its process died; names the lane and its host.
 
-  def __init__(self, lane: str, host: str, message: str):
+  `lost_input`: the lane whose lost process held a value the failed task took in (that
+  process since replaced), or None. The task's own lane is then sound: `reset` keeps its
+  process, where `replace` would start a new one."""
+
+  def __init__(self, lane: str, host: str, message: str, lost_input: str | None = None):
     super().__init__(f'lane {lane!r} on host {host}: {message}')
-    self.lane, self.host = lane, host
+    self.lane, self.host, self.lost_input = lane, host, lost_input
 
 
 class Handle:
@@ -177,6 +181,7 @@ class LanePool:
     # kept one of that signature, so it need not describe (or check) another.
     self._described: set[tuple[str, Hashable]] = set()
     self._unfinished: dict[int, Pending] = {}  # tasks started, not yet returned by wait_any
+    self._forgotten: set[int] = set()  # calls unanswered when their lane was `reset`
     # copies not yet taken in: (lane, key) -> the address of the lane sending it (`_move`)
     self._imports: dict[tuple[str, Hashable], tuple] = {}
     self._task_numbers: dict[Task, int] = {}  # `_task_call`
@@ -184,6 +189,7 @@ class LanePool:
     self._tasks_sent: dict[str, set[int]] = {name: set() for name in placement.names}
     self._closed = False
     self._replaced: dict[str, int] = {}  # lane -> the first key of its newest process
+    self._lost_sources: dict[str, str] = {}  # `host:port` of a replaced process -> its lane
     self.info: dict[str, dict] = {}  # each lane's `LaneRuntime.info`, once all have answered
     # The wire (wire.py): a connection per lane, whose reader threads put what they read
     # in `_events`; the replies read so far (call number -> (order read, kind, value)),
@@ -520,8 +526,10 @@ class LanePool:
     """Ends `lane`'s process (if still alive) and starts a new one in its place, on the
     same placement (host, cores, GPU), holding nothing yet; returns once it is up. Every
     handle to a value of the old process is void (a task given one fails)."""
+    old = self.info[lane]['address']['remote']
     self.remove(lane)
     self._replaced[lane] = next(self._keys)  # its values made before are void
+    self._lost_sources[f'{old[0]}:{old[1]}'] = lane  # as `wire.SourceLost` names it
     actor = cluster.lane_actor(self.placement[lane], self._env, self._authkey)
     self._actors[lane], self._watch[lane] = actor, cluster.watch(actor)
     with self._lock:
@@ -531,6 +539,34 @@ class LanePool:
       lane, actor.info.remote(), host=self.placement[lane].host or 'driver'
     )
     self._link(lane)
+
+  def reset(self, lane: str) -> None:
+    """Forgets the calls `lane` has not answered (their replies are dropped when they
+    come), keeping its process and every value it holds: after a task of it failed
+    because a value it took in was in another lane's lost process (`LaneError.lost_input`),
+    a caller that starts the lane's work again needs no new process. Its queued calls
+    still run there, in order, before any sent after this; those that took in a value of
+    the lost process fail, unheard. Replaced instead, the lane's process was ended and a
+    new one started, compiling its tasks again: a lost LPP-SGD replica cost three lane
+    starts, its own and its two workers'."""
+    self._open(self._links, lane)
+    unanswered = [k for k, pending in self._unfinished.items() if pending.lane == lane]
+    # Copies to or from it, as `remove` drops them: a caller starting the lane's work
+    # again waits for none of them (`settle` would wait for ever for a landed one).
+    copies = [k for k, move in self._moves.items() if lane in (move[0], move[1].lane)]
+    for number in unanswered:
+      del self._unfinished[number]
+    for number in copies:
+      del self._moves[number]
+      self._exported.pop(number, None)
+    self._failed_moves = {
+      number: failed
+      for number, failed in self._failed_moves.items()
+      if lane not in (failed[0], failed[1].lane)
+    }
+    for number in unanswered + copies:
+      if self._replies.pop(number, None) is None:
+        self._forgotten.add(number)
 
   def exported(self, refs) -> tuple[float, float] | None:
     """`(start, end)` (`time.time()`) of the copies whose numbers `move` appended to its
@@ -635,6 +671,11 @@ class LanePool:
       for leaf in jax.tree.leaves(value, is_leaf=lambda x: isinstance(x, Handle))
       if isinstance(leaf, Handle)
     )
+
+  def dead_lanes(self) -> set[str]:
+    """The lanes whose process the pool has found ended (as heard so far)."""
+    self._hear_all()
+    return set(self._dead)
 
   def pids(self) -> dict[str, int]:
     return {name: info['pid'] for name, info in self.info.items()}
@@ -841,6 +882,8 @@ class LanePool:
       return  # from a lane's process that was removed
     if kind == 'closed':
       self._lane_died(lane)
+    elif number in self._forgotten:  # of a call or copy of a lane `reset` since
+      self._forgotten.discard(number)
     elif kind == 'arrived':  # a copy to be taken in by a call (`_move`)
       self._moves.pop(number, None)
       if number in self._exported:
@@ -1031,6 +1074,9 @@ class LanePool:
     from a lane that died on its way raises the source's death there (a killed ASGD
     worker's push, inside the server's update, or in an export of the server's
     parameters that takes it in first). The lane whose process is gone is the cause."""
+    lost = self._lost_sources.get(cluster.lost_source(error))
+    if lost is not None and task is not None:  # known at once: no death to wait for
+      return self._lost_input(lane, error, task, host, lost)
     dead = self._dead_end(lane, within=0.0) or self._dead_end(*self._watch)
     if dead is not None and dead != lane:
       return self._dead_error(dead)
@@ -1041,16 +1087,20 @@ class LanePool:
       )
     replaced = [name for name, first in self._replaced.items() if key is not None and key < first]
     if dead is None and replaced:  # its source's process was lost, and replaced since
-      return LaneError(
-        lane,
-        host or self._host(lane),
-        f'{task!r} failed: a value it takes in was in the lost process of lane '
-        f'{replaced[0]!r} ({cluster.describe(error)}).',
-      )
+      return self._lost_input(lane, error, task, host, replaced[0])
     return LaneError(  # the lane died under the task
       lane,
       host or self._host(lane),
       f'{pid}: its process died ({cluster.describe(error)}) while running {task!r}.',
+    )
+
+  def _lost_input(self, lane, error, task, host, lost: str) -> LaneError:
+    return LaneError(
+      lane,
+      host or self._host(lane),
+      f'{task!r} failed: a value it takes in was in the lost process of lane {lost!r} '
+      f'({cluster.describe(error)}).',
+      lost_input=lost,
     )
 
 
