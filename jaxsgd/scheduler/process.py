@@ -456,26 +456,31 @@ class ProcessExecutor(Executor):
     )
 
   def _replace(self, lane: int, error: LaneError, reason: str, lost_at: float) -> bool:
-    """Starts a new lane process in place of lost `lane` and its processes again from
-    their `on_rejoin` states (module docstring); False if they have none or no new
-    process could be started (the lane is then dropped, `_lose`)."""
+    """Starts a new lane process in place of lost `lane`, or keeps its process where only
+    a value it took in was lost with another lane's (`LaneError.lost_input`: its own is
+    sound, `LanePool.reset`), and its processes again from their `on_rejoin` states
+    (module docstring); False if they have none or no new process could be started (the
+    lane is then dropped, `_lose`)."""
     processes = [p for p in self.processes if p.lane == lane and not p.done]
     if not processes or any(p.on_rejoin is None for p in processes):
       return False
-    # A task that failed for a value of another lane's lost process leaves its own
-    # process sound: it is kept (`LanePool.reset`), its processes start again all the same.
     kept = error.lost_input is not None and error.lane not in self.pool.dead_lanes()
     try:
-      self.pool.reset(error.lane) if kept else self.pool.replace(error.lane)
+      if kept:
+        self.pool.reset(error.lane)
+      else:
+        self.pool.replace(error.lane)
     except (LaneError, ValueError, RuntimeError) as failure:
       logging.warning('%s; no new lane process in its place: %s', reason, failure)
       return False
     self._drop_work_of(lane, error.lane)
-    for channel in self.cluster.channels:  # values sent there are void with its process
+    # Values sent there are void with a replaced process; a kept one still holds them,
+    # but its processes start again and will not take them.
+    for channel in self.cluster.channels:
       if channel.lane == lane:
-        kept = [item for item in channel.items if not _handles(item)]  # a STOP stays
+        stays = [item for item in channel.items if not _handles(item)]  # a STOP stays
         channel.items.clear()
-        channel.items.extend(kept)
+        channel.items.extend(stays)
     for process in processes:
       state = process.on_rejoin(reason)
       if state is None:  # it holds nothing of the lost lane: it goes on where it is
@@ -485,12 +490,12 @@ class ProcessExecutor(Executor):
       process.done = False
       self._ready.append((process, None))
     names = tuple(p.name for p in processes)
-    self.lost.append(LostLane(error.lane, error.host, lost_at, reason, names, self.now()))
-    pid = self.pool.info[error.lane]['pid']
+    self.lost.append(LostLane(error.lane, error.host, lost_at, reason, names, self.now(), kept))
+    pid, reason = self.pool.info[error.lane]['pid'], reason.rstrip('.')
     if kept:
       logging.warning('%s; its process (pid %s) goes on, its work started again.', reason, pid)
     else:
-      logging.warning('%s; a new lane process (pid %s) took its place.', reason.rstrip('.'), pid)
+      logging.warning('%s; a new lane process (pid %s) took its place.', reason, pid)
     return True
 
   def _drop_work_of(self, lane: int, name: str) -> None:
@@ -573,7 +578,9 @@ class _Copy:
 class LostLane:
   """A lane lost during a run whose loss was tolerated: which, where, when (seconds
   since the start), why, and the processes it ran; `replaced_at`: when a new lane
-  process was up in its place (None: the run went on without it)."""
+  process was up in its place, or its processes started again in the process it kept
+  (`kept_process`: a task of it failed only for a value of another lane's lost process);
+  None: the run went on without it."""
 
   lane: str
   host: str
@@ -581,6 +588,7 @@ class LostLane:
   reason: str
   processes: tuple[str, ...]
   replaced_at: float | None = None
+  kept_process: bool = False
 
 
 class LaneValue:

@@ -181,7 +181,8 @@ class LanePool:
     # kept one of that signature, so it need not describe (or check) another.
     self._described: set[tuple[str, Hashable]] = set()
     self._unfinished: dict[int, Pending] = {}  # tasks started, not yet returned by wait_any
-    self._forgotten: set[int] = set()  # calls unanswered when their lane was `reset`
+    # calls and copies unanswered when their lane was `reset` -> the task's (None: a copy)
+    self._forgotten: dict[int, Pending | None] = {}
     # copies not yet taken in: (lane, key) -> the address of the lane sending it (`_move`)
     self._imports: dict[tuple[str, Hashable], tuple] = {}
     self._task_numbers: dict[Task, int] = {}  # `_task_call`
@@ -538,35 +539,57 @@ class LanePool:
     self.info[lane] = self._get(
       lane, actor.info.remote(), host=self.placement[lane].host or 'driver'
     )
+    new = self.info[lane]['address']['remote']
+    self._lost_sources.pop(f'{new[0]}:{new[1]}', None)  # (a port may be taken again)
     self._link(lane)
 
   def reset(self, lane: str) -> None:
-    """Forgets the calls `lane` has not answered (their replies are dropped when they
-    come), keeping its process and every value it holds: after a task of it failed
-    because a value it took in was in another lane's lost process (`LaneError.lost_input`),
-    a caller that starts the lane's work again needs no new process. Its queued calls
-    still run there, in order, before any sent after this; those that took in a value of
-    the lost process fail, unheard. Replaced instead, the lane's process was ended and a
-    new one started, compiling its tasks again: a lost LPP-SGD replica cost three lane
-    starts, its own and its two workers'."""
+    """Forgets the calls `lane` has not answered, keeping its process and every value it
+    holds: after a task of it failed because a value it took in was in another lane's
+    lost process (`LaneError.lost_input`), a caller that starts the lane's work again
+    needs no new process. Replaced instead, the lane's process was ended and a new one
+    started, compiling its tasks again: a lost LPP-SGD replica cost three lane starts,
+    its own and its two workers'.
+
+    Its queued calls still run there, in order, before any sent after this; those that
+    took in a value of the lost process fail. Their replies are dropped when they come,
+    and the result of one that succeeded is freed there (no handle to it is left, unless
+    `early` handed one out). Until they have run, `idle` and `unfinished` do not count
+    them; and a copy of a forgotten call's result that fails on another lane is reported
+    as that copy's failure (its maker forgotten), as after `remove`."""
     self._open(self._links, lane)
-    unanswered = [k for k, pending in self._unfinished.items() if pending.lane == lane]
     # Copies to or from it, as `remove` drops them: a caller starting the lane's work
     # again waits for none of them (`settle` would wait for ever for a landed one).
     copies = [k for k, move in self._moves.items() if lane in (move[0], move[1].lane)]
-    for number in unanswered:
-      del self._unfinished[number]
     for number in copies:
       del self._moves[number]
       self._exported.pop(number, None)
+      self._forget(number, None)
     self._failed_moves = {
       number: failed
       for number, failed in self._failed_moves.items()
       if lane not in (failed[0], failed[1].lane)
     }
-    for number in unanswered + copies:
-      if self._replies.pop(number, None) is None:
-        self._forgotten.add(number)
+    for number in [k for k, pending in self._unfinished.items() if pending.lane == lane]:
+      self._forget(number, self._unfinished.pop(number))
+
+  def _forget(self, number: int, pending: Pending | None) -> None:
+    """Drops call or copy `number`'s reply (read, or when it comes: `_heard`), freeing
+    the result a forgotten task made (`reset`)."""
+    reply = self._replies.pop(number, None)
+    if reply is None:
+      self._forgotten[number] = pending
+    elif pending is not None:
+      self._free_result(pending, *reply[1:])
+
+  def _free_result(self, pending: Pending, kind: str, value) -> None:
+    """Frees in its lane what forgotten task `pending` made, if it succeeded: handles to
+    it, made and dropped here, queue their keys' frees (`_drop`)."""
+    if kind != 'ok' or pending._result is not None:  # (`early`'s handles free it)
+      return
+    outline = value[0] if value[0] is not None else self._outlines.get(pending.signature)
+    if outline is not None:
+      self._handles(pending.lane, (pending.key, ()), outline)
 
   def exported(self, refs) -> tuple[float, float] | None:
     """`(start, end)` (`time.time()`) of the copies whose numbers `move` appended to its
@@ -883,7 +906,9 @@ class LanePool:
     if kind == 'closed':
       self._lane_died(lane)
     elif number in self._forgotten:  # of a call or copy of a lane `reset` since
-      self._forgotten.discard(number)
+      pending = self._forgotten.pop(number)
+      if pending is not None:
+        self._free_result(pending, kind, value)
     elif kind == 'arrived':  # a copy to be taken in by a call (`_move`)
       self._moves.pop(number, None)
       if number in self._exported:
@@ -1155,8 +1180,8 @@ class _HostCopies:
   cProfile (1-2 µs alone: on a busy host the call waits for the lock and the cores). A
   jax.Array is immutable, so its copy stays right while it lives, and is dropped with
   it: an owned, read-only copy, since `np.asarray` of a CPU array is a view that would
-  keep the array alive for ever. A deleted (donated) array is not looked up: converting
-  it raises, as it did before the cache."""
+  keep the array alive for ever. A deleted (donated) array's kept copy is not used:
+  converting it raises, as it did before the cache."""
 
   SMALL = 4096  # bytes: kept up to this size (constants); larger ones are converted each time
 
