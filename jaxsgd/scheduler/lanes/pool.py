@@ -510,6 +510,9 @@ class LanePool:
     # A process in its place has checked no result's structure (`LaneRuntime._rebuilt`).
     self._described = {done for done in self._described if done[0] != lane}
     self._unfinished = {k: p for k, p in self._unfinished.items() if p.lane != lane}
+    self._forgotten = {  # (their replies come on its link, which is no longer read)
+      k: p for k, p in self._forgotten.items() if p is None or p.lane != lane
+    }
     self._imports = {at: source for at, source in self._imports.items() if at[0] != lane}
     self._moves = {
       number: move for number, move in self._moves.items() if lane not in (move[0], move[1].lane)
