@@ -530,10 +530,10 @@ class LanePool:
     """Ends `lane`'s process (if still alive) and starts a new one in its place, on the
     same placement (host, cores, GPU), holding nothing yet; returns once it is up. Every
     handle to a value of the old process is void (a task given one fails)."""
-    old = self.info[lane]['address']['remote']
+    old = wire.address_text(self.info[lane]['address']['remote'])
     self.remove(lane)
     self._replaced[lane] = next(self._keys)  # its values made before are void
-    self._lost_sources[f'{old[0]}:{old[1]}'] = lane  # as `wire.SourceLost` names it
+    self._lost_sources[old] = lane
     actor = cluster.lane_actor(self.placement[lane], self._env, self._authkey)
     self._actors[lane], self._watch[lane] = actor, cluster.watch(actor)
     with self._lock:
@@ -542,8 +542,8 @@ class LanePool:
     self.info[lane] = self._get(
       lane, actor.info.remote(), host=self.placement[lane].host or 'driver'
     )
-    new = self.info[lane]['address']['remote']
-    self._lost_sources.pop(f'{new[0]}:{new[1]}', None)  # (a port may be taken again)
+    new = wire.address_text(self.info[lane]['address']['remote'])
+    self._lost_sources.pop(new, None)  # (a port may be taken again)
     self._link(lane)
 
   def reset(self, lane: str) -> None:

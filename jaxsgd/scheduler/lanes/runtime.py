@@ -460,7 +460,7 @@ class LaneRuntime:
         return self.arrived.pop(key)
       if key in self.import_failures:
         raise self.import_failures.pop(key)
-      raise wire.SourceLost(f'{source[0]}:{source[1]}')
+      raise wire.SourceLost(wire.address_text(source))
 
   def _come(self, key: Hashable, source) -> bool:
     """Whether the copy `key` from `source` has come, failed, or lost its source's

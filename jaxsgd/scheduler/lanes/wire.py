@@ -121,6 +121,11 @@ class LaneFailure(Exception):
     return LaneFailure, (self.type_name, self.message, self.cause, self.death)
 
 
+def address_text(address) -> str:
+  """A lane's `(host, port)` as `SourceLost` names it (and the driver looks it up)."""
+  return f'{address[0]}:{address[1]}'
+
+
 class SourceLost(Exception):
   """A value a call needed was to come from a lane whose process died (a death)."""
 
