@@ -3,10 +3,17 @@
 
 import json
 
-# Figures drawn for files are `Figure`s, not pyplot's: no backend is chosen for them, so
-# importing this module leaves a notebook's inline figures on (and a script stays headless).
-from matplotlib.figure import Figure
 import numpy as np
+
+
+def _figure(width: float, height: float):
+  """A new figure of `width` x `height` inches. It is a `Figure`, not pyplot's: no backend
+  is chosen for it, so a notebook's inline figures stay on (and a script stays headless).
+  matplotlib is imported here, when the first figure is drawn at a run's end, not while a
+  run starts: it is most of a second of every driver's start otherwise."""
+  from matplotlib.figure import Figure
+
+  return Figure(figsize=(width, height))
 
 
 def plot_curves(
@@ -24,7 +31,7 @@ def curves_figure(records: list[dict], title: str = '', target: float | None = N
   steps = [r['step'] for r in records]
   accuracy = [100 * r['test_accuracy'] for r in records]
   simulated = bool(records) and all('sim_time' in r for r in records)
-  fig = Figure(figsize=(15 if simulated else 10, 3.6))
+  fig = _figure(15 if simulated else 10, 3.6)
   axes = fig.subplots(1, 3 if simulated else 2)
   ax_loss, ax_acc = axes[:2]
   ax_loss.plot(steps, [r['train_loss'] for r in records], label='train')
@@ -59,7 +66,7 @@ def plot_staleness(staleness_by_lane: dict[str, np.ndarray], path: str, title: s
   for row, name in enumerate(names):
     values = staleness_by_lane[name]
     counts[row, :] = np.bincount(values, minlength=largest + 1) if values.size else 0
-  fig = Figure(figsize=(7, 3.6))
+  fig = _figure(7, 3.6)
   ax = fig.subplots()
   if len(names) <= 8:
     width = 0.8 / max(len(names), 1)
@@ -120,7 +127,7 @@ def plot_trace(trace: dict | str, ax=None, *, until: float | None = None):
 
 def plot_agreement(steps, cosines, path: str, title: str = '') -> None:
   """Cosine of each block's local gradient with the backprop gradient, per measurement."""
-  fig = Figure(figsize=(7, 3.6))
+  fig = _figure(7, 3.6)
   ax = fig.subplots()
   for k in range(cosines.shape[1]):
     ax.plot(steps, cosines[:, k], label=f'block {k}')
