@@ -220,6 +220,11 @@ class PdSession:
     self.cluster = Cluster()
     for i, name in enumerate(lane_names(settings)):
       self.cluster.add_lane(f'{name} ({devices[i]})', devices[i])
+    if lane_processes:  # a backward worker's first task waits for a forward's first ones
+      self.cluster.declare_tasks(0, [ops.update for ops in self.ops])  # (`_updates`)
+      for w in range(settings.num_workers):
+        kind = 'forward' if w < settings.n_fwd else 'backward'
+        self.cluster.declare_tasks(1 + w, [getattr(ops, kind) for ops in self.ops])
     self.queue = self.cluster.channel('forward results', 0)
     self.tokens = self.cluster.channel('tokens', 0)
     if elastic:

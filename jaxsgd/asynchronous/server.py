@@ -316,6 +316,11 @@ class AsgdSession:
     self.cluster = Cluster()
     for i, name in enumerate(lane_names(self.num_workers)):
       self.cluster.add_lane(f'{name} ({devices[i]})', devices[i])
+    # The server's first update waits for a worker's first gradient: declared, it is
+    # built beside the workers' tasks (`Cluster.declare_tasks`).
+    self.cluster.declare_tasks(0, [server.apply_fn])
+    for m in range(self.num_workers):
+      self.cluster.declare_tasks(1 + m, [self.ops.forward, self.ops.backward])
     self.inbox = self.cluster.channel('pushes', 0)
     self.replies = [
       self.cluster.channel(f'pulls of worker {m}', 1 + m) for m in range(self.num_workers)

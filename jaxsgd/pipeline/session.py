@@ -356,6 +356,8 @@ class PipelineSession:
         pipeline.device(k),
         shares=pipeline.placement.hardware(k),
       )
+      ops = pipeline.ops(k, role)
+      self.cluster.declare_tasks(k, [getattr(ops, name) for name in STAGE_TASKS])
       params, state = stages_lib.split_variables(pipeline.initial_variables(k, role))
       opt_state = transfer.to_device(pipeline.tx.init(params), pipeline.device(k))
       self.stores.append(VersionedStore(f'stage {k} params', StageParams(params, opt_state)))

@@ -124,6 +124,13 @@ class Cluster:
     self.channels: list[Channel] = []  # in creation order (a checkpoint names them by index)
     self._links: dict[tuple[int, int], int] = {}
     self._lock = threading.Lock()
+    self.tasks: dict[int, tuple] = {}  # lane -> the tasks it will run (`declare_tasks`)
+
+  def declare_tasks(self, lane: int, tasks) -> None:
+    """Names tasks that `lane` will run, known before the run begins: an executor whose
+    lanes are processes has them built there as it begins, in every lane at once
+    (`LanePool.prepare`), not each at its first call; the others need nothing of it."""
+    self.tasks[lane] = (*self.tasks.get(lane, ()), *tasks)
 
   def add_lane(
     self, name: str, device: jax.Device | None = None, *, shares: str | None = None

@@ -247,6 +247,8 @@ class ProcessExecutor(Executor):
     self._lost_lanes: set[int] = set()
     self._copies: list[_Copy] = []  # copies on their way, recorded once done
     self._lanes_by_name = {name: i for i, name in self._lane_names.items()}
+    for lane, tasks in self.cluster.tasks.items():  # each lane builds its own, at once
+      self.pool.prepare(self._lane_names[lane], [t for t in tasks if isinstance(t, Task)])
     self._sampler = None if self.cost_model is None else self.cost_model.sampler()
     lanes = collections.defaultdict(list)
     for process in self.processes:

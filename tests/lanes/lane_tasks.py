@@ -83,3 +83,15 @@ def build_layer_tasks(scale: float):
     'jax_flag': lambda name: str(getattr(jax.config, name)),
     'device_count': jax.device_count,
   }
+
+
+BUILT = []  # the tags of the `build_noted_tasks` recipes built in this process, in order
+
+
+def build_noted_tasks(tag: str):
+  """A recipe that notes its build in this process (`BUILT`); its task `built` returns
+  the tags built so far. Tag 'broken' cannot be built."""
+  if tag == 'broken':
+    raise ValueError('the broken recipe cannot be built')
+  BUILT.append(tag)
+  return {'built': lambda: ' '.join(BUILT)}

@@ -248,6 +248,21 @@ def test_a_task_reaches_a_lane_once_then_goes_by_its_number(pool, monkeypatch):
   assert len(calls[1]) < len(calls[0]) / 2
 
 
+def test_a_prepared_task_is_built_before_its_first_call_and_a_broken_one_fails_that_call(pool):
+  prepared, probe, broken = (
+    Task(TaskRecipe.of(lane_tasks.build_noted_tasks, tag=tag), 'built')
+    for tag in ('prepared', 'probe', 'broken')
+  )
+  pool.prepare('b', [prepared, broken])
+  # The probe's call, sent after it, finds the prepared recipe built (a lane runs what it
+  # is sent in order) though no call of it has reached the lane; not the broken one.
+  assert pool.fetch(pool.run('b', probe)) == 'prepared probe'
+  assert pool.fetch(pool.run('b', prepared)) == 'prepared probe'  # built once, not again
+  with pytest.raises(LaneError, match='the broken recipe cannot be built'):
+    pool.run('b', broken)
+  assert pool.fetch(pool.run('b', probe)) == 'prepared probe'  # the lane goes on
+
+
 def test_a_call_pickles_what_only_cloudpickle_can_write():
   from jaxsgd.scheduler.lanes.pool import _dumps
 

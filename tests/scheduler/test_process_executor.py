@@ -81,6 +81,28 @@ def train(roles, executor, timelines: list | None = None):
   return variables, losses, [store.staleness().tolist() for store in session.stores]
 
 
+def test_a_pipelines_lanes_are_sent_their_stage_tasks_before_its_first_task(pool, monkeypatch):
+  """Every stage's tasks go to its lane as the run begins (`Cluster.declare_tasks`,
+  `LanePool.prepare`), so that the lanes build them at once: at its first call, a stage
+  built its tasks only once the stage before it had run its own first call."""
+  from jaxsgd.pipeline.session import STAGE_TASKS
+
+  sent = []
+  prepare, start = pool.prepare, pool.start
+  monkeypatch.setattr(
+    pool,
+    'prepare',
+    lambda lane, tasks: sent.append((lane, tuple(t.name for t in tasks))) or prepare(lane, tasks),
+  )
+  monkeypatch.setattr(
+    pool,
+    'start',
+    lambda lane, task, *args, **kw: sent.append(lane) or start(lane, task, *args, **kw),
+  )
+  train(ddg.roles(2), ProcessExecutor(pool=pool))
+  assert sent[:3] == [('stage0', STAGE_TASKS), ('stage1', STAGE_TASKS), 'stage0']
+
+
 @pytest.mark.parametrize(
   'roles',
   [

@@ -7,6 +7,7 @@ PD-ASGD's layers in the shared model's lane, where their updates run as named ta
 (`tests/lanes/ray_head.py`), by address, and none of their processes is left afterwards.
 """
 
+import collections
 import os
 import sys
 
@@ -97,6 +98,25 @@ def sequential_adam(pipe: PlacedStages, stream, steps: int):
   return list(zip(*sequential_sgd(pipe, stream, steps)))
 
 
+def spy_tasks(pool, monkeypatch) -> tuple[dict, dict]:
+  """`(prepared, started)`: lane -> the tasks `pool.prepare` was given for it, and those
+  `pool.start` ran on it, as the pool is used from now on."""
+  prepared, started = collections.defaultdict(set), collections.defaultdict(set)
+  prepare, start = pool.prepare, pool.start
+
+  def spied_prepare(lane, tasks):
+    prepared[lane].update(tasks)
+    return prepare(lane, tasks)
+
+  def spied_start(lane, task, *args, **kw):
+    started[lane].add(task)
+    return start(lane, task, *args, **kw)
+
+  monkeypatch.setattr(pool, 'prepare', spied_prepare)
+  monkeypatch.setattr(pool, 'start', spied_start)
+  return prepared, started
+
+
 # --- PD-ASGD -------------------------------------------------------------------------------
 def pd(executor, updates: str, pipe: PlacedStages):
   """PD-ASGD, 1 forward : 1 backward worker, one token; `executor` runs it."""
@@ -116,7 +136,9 @@ def pd(executor, updates: str, pipe: PlacedStages):
 
 
 @pytest.mark.parametrize('updates', ['layer', 'block'])
-def test_pdasgd_one_forward_one_backward_on_lane_processes_is_sequential_sgd(pool, updates):
+def test_pdasgd_one_forward_one_backward_on_lane_processes_is_sequential_sgd(
+  pool, updates, monkeypatch
+):
   """The sequential configuration of PD-ASGD is one forward and one backward worker with
   one token (`max_inflight=1`), not 1:1 alone: with the default bound (2 tokens) the
   forward of batch t + 1 overlaps the backward of batch t and reads layers it has not
@@ -125,7 +147,10 @@ def test_pdasgd_one_forward_one_backward_on_lane_processes_is_sequential_sgd(poo
   the previous batch left it: sequential SGD, with layer-wise and with block updates.
   On lane processes the layers live in `sharedmodel` and their updates run there."""
   pipe = placed(mlp(), 3)
+  prepared, started = spy_tasks(pool, monkeypatch)
   _, values, staleness = pd(ProcessExecutor(pool=pool), updates, pipe)
+  # Each lane was sent, to build as the run began, the tasks it then ran (and no other).
+  assert prepared == started and len(prepared) == 3
   chex.assert_trees_all_equal(values, sequential_adam(pipe, batches(seed=0), STEPS))
   assert staleness == [[0] * STEPS] * 3
   for executor in (RealExecutor(threads=True), virtual(3)):
@@ -336,9 +361,11 @@ def asgd(executor, pipe: PlacedStages):
     executor.close()
 
 
-def test_batchnorm_asgd_on_lane_processes_is_bit_identical_to_in_process(pool):
+def test_batchnorm_asgd_on_lane_processes_is_bit_identical_to_in_process(pool, monkeypatch):
   pipe = placed(resnet(), 1)
+  prepared, started = spy_tasks(pool, monkeypatch)
   variables = asgd(ProcessExecutor(pool=pool), pipe)
+  assert prepared == started and len(prepared) == 2  # the server's update, the worker's
   initial = pipe.initial_variables(0, sequential_roles(1)[0])['batch_stats']
   changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), variables['batch_stats'], initial)
   assert all(jax.tree.leaves(changed))  # the statistics went to the server and back

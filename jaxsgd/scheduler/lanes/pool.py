@@ -181,7 +181,8 @@ class LanePool:
     # kept one of that signature, so it need not describe (or check) another.
     self._described: set[tuple[str, Hashable]] = set()
     self._unfinished: dict[int, Pending] = {}  # tasks started, not yet returned by wait_any
-    # calls and copies unanswered when their lane was `reset` -> the task's (None: a copy)
+    # calls and copies unanswered when their lane was `reset` -> the task's (None: a copy),
+    # and `prepare` messages, whose replies are dropped likewise
     self._forgotten: dict[int, Pending | None] = {}
     # copies not yet taken in: (lane, key) -> the address of the lane sending it (`_move`)
     self._imports: dict[tuple[str, Hashable], tuple] = {}
@@ -265,6 +266,25 @@ class LanePool:
     pending = Pending(lane, task, key, key, args, signature, sent=at)
     self._unfinished[key] = pending
     return pending
+
+  def prepare(self, lane: str, tasks: Sequence[Task]) -> None:
+    """Has `lane` build `tasks` now, before any call of them reaches it (in the order of
+    its calls: behind what was sent to it before). A lane otherwise builds a task at its
+    first call — most of a second for a model's stage in a new process — and a pipeline
+    stage's first call waits for the stage before it to finish its own, so the stages
+    built one after another; prepared, every lane builds at once. Nothing is waited
+    for, and a task's first call still carries it: a build that failed here is tried
+    again there, and the call fails with its error."""
+    known = self._tasks_sent[lane]
+    numbers = {self._task_numbers.setdefault(task, len(self._task_numbers)): task for task in tasks}
+    new = tuple((number, task) for number, task in numbers.items() if number not in known)
+    if not new:
+      return
+    link = self._link_of(lane)
+    call, _ = _dumps(new)
+    key = next(self._keys)
+    self._forgotten[key] = None  # its reply (nothing) is dropped when it comes
+    link.send(('prepare', key, (call,)))
 
   def early(self, pending: Pending):
     """The handle(s) of `pending` before it finishes, or None if they cannot be known yet.

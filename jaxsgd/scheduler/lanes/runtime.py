@@ -331,12 +331,30 @@ class LaneRuntime:
 
   def _task(self, named) -> tuple:
     """`(task, its function)` of a call's task: `(number, task)` the first time a task
-    reaches this lane (kept), its number afterwards."""
+    reaches this lane (kept), its number afterwards; built here the first time it is
+    needed, unless `prepare` built it before."""
     if isinstance(named, tuple):
       number, task = named
-      self.tasks[number] = (task, task.recipe.build()[task.name])
-      return self.tasks[number]
-    return self.tasks[named]
+      self.tasks.setdefault(number, (task, None))  # (prepared: kept, built)
+    else:
+      number = named
+    task, fn = self.tasks[number]
+    if fn is None:
+      fn = task.recipe.build()[task.name]  # (a recipe is built once per process)
+      self.tasks[number] = (task, fn)
+    return task, fn
+
+  def prepare(self, call: bytes) -> None:
+    """Builds tasks to come (`LanePool.prepare`): `(number, task)` pairs, pickled. Built
+    at its first call instead, a pipeline stage's task waited for the stage before it to
+    run its own first call, so the stages built one after another. A build that fails
+    here is tried again by the task's first call (which carries the task as ever), and
+    that call fails with its error: the driver waits for calls, not for this."""
+    for number, task in pickle.loads(call):
+      try:
+        self._task((number, task))
+      except Exception:  # pylint: disable=broad-except
+        self.tasks.pop(number, None)
 
   def put(self, value, key: Hashable, free: tuple = ()):
     """Keeps `value` (sent by the driver) on this lane's device under `key`."""
@@ -826,6 +844,7 @@ def _is_number(value) -> bool:
 # and those its export thread runs (`LaneRuntime.serve`).
 _ORDERED = {
   'run': LaneRuntime.run,
+  'prepare': LaneRuntime.prepare,
   'put': LaneRuntime.put,
   'fetch': LaneRuntime.fetch,
   'count': LaneRuntime.count,
