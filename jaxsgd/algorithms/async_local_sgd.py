@@ -132,6 +132,8 @@ class AsyncLocalSession(AsgdSession):
   def __init__(self, *args, inner_steps: int, local_step: Task, inner_states: list, **kwargs):
     super().__init__(*args, **kwargs)
     self.inner_steps, self.local_step, self.inner_states = inner_steps, local_step, inner_states
+    for m in range(self.num_workers):  # (`Cluster.declare_tasks`; the rest as ASGD's)
+      self.cluster.declare_tasks(1 + m, [local_step])
 
   def _worker(self, m: int, s):
     device = self.devices[1 + m]

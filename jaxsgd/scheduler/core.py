@@ -130,6 +130,8 @@ class Cluster:
     """Names tasks that `lane` will run, known before the run begins: an executor whose
     lanes are processes has them built there as it begins, in every lane at once
     (`LanePool.prepare`), not each at its first call; the others need nothing of it."""
+    if not 0 <= lane < len(self.lanes) or self.lanes[lane].link is not None:
+      raise ValueError(f'declare_tasks: lane {lane} is not a compute lane of this cluster.')
     self.tasks[lane] = (*self.tasks.get(lane, ()), *tasks)
 
   def add_lane(

@@ -253,14 +253,16 @@ def test_a_prepared_task_is_built_before_its_first_call_and_a_broken_one_fails_t
     Task(TaskRecipe.of(lane_tasks.build_noted_tasks, tag=tag), 'built')
     for tag in ('prepared', 'probe', 'broken')
   )
-  pool.prepare('b', [prepared, broken])
+  pool.prepare('b', [broken, prepared])
   # The probe's call, sent after it, finds the prepared recipe built (a lane runs what it
-  # is sent in order) though no call of it has reached the lane; not the broken one.
+  # is sent in order) though no call of it has reached the lane: the broken one before it
+  # did not stop it.
   assert pool.fetch(pool.run('b', probe)) == 'prepared probe'
-  assert pool.fetch(pool.run('b', prepared)) == 'prepared probe'  # built once, not again
+  assert pool.fetch(pool.run('b', prepared)) == 'prepared probe'
   with pytest.raises(LaneError, match='the broken recipe cannot be built'):
     pool.run('b', broken)
   assert pool.fetch(pool.run('b', probe)) == 'prepared probe'  # the lane goes on
+  assert not pool._preparing  # (its reply was read and dropped)
 
 
 def test_a_call_pickles_what_only_cloudpickle_can_write():

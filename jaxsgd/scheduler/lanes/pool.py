@@ -181,9 +181,9 @@ class LanePool:
     # kept one of that signature, so it need not describe (or check) another.
     self._described: set[tuple[str, Hashable]] = set()
     self._unfinished: dict[int, Pending] = {}  # tasks started, not yet returned by wait_any
-    # calls and copies unanswered when their lane was `reset` -> the task's (None: a copy),
-    # and `prepare` messages, whose replies are dropped likewise
+    # calls and copies unanswered when their lane was `reset` -> the task's (None: a copy)
     self._forgotten: dict[int, Pending | None] = {}
+    self._preparing: dict[int, str] = {}  # `prepare` messages unanswered -> their lane
     # copies not yet taken in: (lane, key) -> the address of the lane sending it (`_move`)
     self._imports: dict[tuple[str, Hashable], tuple] = {}
     self._task_numbers: dict[Task, int] = {}  # `_task_call`
@@ -275,16 +275,16 @@ class LanePool:
     built one after another; prepared, every lane builds at once. Nothing is waited
     for, and a task's first call still carries it: a build that failed here is tried
     again there, and the call fails with its error."""
+    link = self._link_of(lane)
     known = self._tasks_sent[lane]
     numbers = {self._task_numbers.setdefault(task, len(self._task_numbers)): task for task in tasks}
     new = tuple((number, task) for number, task in numbers.items() if number not in known)
     if not new:
       return
-    link = self._link_of(lane)
-    call, _ = _dumps(new)
+    call, buffers = _dumps(new)
     key = next(self._keys)
-    self._forgotten[key] = None  # its reply (nothing) is dropped when it comes
-    link.send(('prepare', key, (call,)))
+    self._preparing[key] = lane  # its reply (nothing) is dropped when it comes
+    link.send(('prepare', key, (call, *buffers)))
 
   def early(self, pending: Pending):
     """The handle(s) of `pending` before it finishes, or None if they cannot be known yet.
@@ -533,6 +533,7 @@ class LanePool:
     self._forgotten = {  # (their replies come on its link, which is no longer read)
       k: p for k, p in self._forgotten.items() if p is None or p.lane != lane
     }
+    self._preparing = {k: at for k, at in self._preparing.items() if at != lane}
     self._imports = {at: source for at, source in self._imports.items() if at[0] != lane}
     self._moves = {
       number: move for number, move in self._moves.items() if lane not in (move[0], move[1].lane)
@@ -928,6 +929,8 @@ class LanePool:
       return  # from a lane's process that was removed
     if kind == 'closed':
       self._lane_died(lane)
+    elif self._preparing.pop(number, None) is not None:  # (a `prepare`: nothing to read)
+      pass
     elif number in self._forgotten:  # of a call or copy of a lane `reset` since
       pending = self._forgotten.pop(number)
       if pending is not None:

@@ -344,13 +344,13 @@ class LaneRuntime:
       self.tasks[number] = (task, fn)
     return task, fn
 
-  def prepare(self, call: bytes) -> None:
+  def prepare(self, call: bytes, *buffers) -> None:
     """Builds tasks to come (`LanePool.prepare`): `(number, task)` pairs, pickled. Built
     at its first call instead, a pipeline stage's task waited for the stage before it to
     run its own first call, so the stages built one after another. A build that fails
     here is tried again by the task's first call (which carries the task as ever), and
     that call fails with its error: the driver waits for calls, not for this."""
-    for number, task in pickle.loads(call):
+    for number, task in pickle.loads(call, buffers=buffers):
       try:
         self._task((number, task))
       except Exception:  # pylint: disable=broad-except
