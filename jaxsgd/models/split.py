@@ -243,9 +243,14 @@ def _aux_only(params):
 
 @functools.lru_cache(maxsize=32)
 def _layer_costs(model: StagedModel) -> tuple[float, ...]:
-  """Forward FLOPs per example of each layer, as counted by XLA's cost analysis."""
-  variables = model.init(jax.random.key(0), batch_size=1)
-  h = jnp.zeros((1,) + model.input_shape, jnp.float32)
+  """Forward FLOPs per example of each layer, as counted by XLA's cost analysis.
+
+  Counted on shapes alone (`jax.eval_shape`, `lower` on `ShapeDtypeStruct`s): a lowering
+  depends on nothing else, and the model initialized for real, op by op, took most of a
+  second of every process that splits it (the driver and each lane building its stage)."""
+  init = functools.partial(model.init, batch_size=1)
+  variables = jax.eval_shape(init, jax.random.key(0))
+  h = jax.ShapeDtypeStruct((1,) + model.input_shape, jnp.float32)
   costs = []
   for i, layer in enumerate(model.layers):
     stage, stage_vars = _alone(layer, i, variables, h)
@@ -253,19 +258,19 @@ def _layer_costs(model: StagedModel) -> tuple[float, ...]:
     analysis = apply.lower(stage_vars, h).cost_analysis() or {}
     costs.append(max(float(analysis.get('flops', 0.0)), 1.0))
     h = jax.eval_shape(apply, stage_vars, h)
-    h = jnp.zeros(h.shape, h.dtype)
   return tuple(costs)
 
 
 def _alone(layer, index: int, variables, h):
-  """Layer `index` as a stage of its own, and its variables.
+  """Layer `index` as a stage of its own, and its variables' shapes (`h`: its input's).
 
   A tied head alone has no embedding to read: it is priced untied (the same matmul),
   with variables of its own.
   """
   if _is_tied(layer):
     stage = Stage((layer.clone(tied=False),), first_layer=index)
-    return stage, stage.init(jax.random.key(0), h, train=False)
+    init = functools.partial(stage.init, train=False)
+    return stage, jax.eval_shape(init, jax.random.key(0), h)
   stage = Stage((layer,), first_layer=index)
   return stage, stage_variables(variables, stage)
 
