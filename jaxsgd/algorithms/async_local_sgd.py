@@ -218,9 +218,11 @@ def train(run, settings: Settings) -> dict:
   tasks = pipelined.stage_tasks(
     model, sequential_roles(1), lambda: next(run.train_batches(0, 1)), shared.batch_size
   )
-  params = server.store.read().value.params
+  # The inner step prices (0, 'update') (module docstring), run where worker 0's runs:
+  # beside its inner state, not on the server's device (two devices: refused by jit).
+  params = transfer.to_device(server.store.read().value.params, devices[1])
 
-  def calls():  # the inner step prices (0, 'update') (module docstring)
+  def calls():
     return {**tasks.calls(), (0, 'update'): (local_step, (params, inner_states[0], params, params))}
 
   executor, measured = clocks.make_executor(

@@ -570,7 +570,7 @@ def test_asgd_two_workers_on_lane_processes_apply_every_step(pool):
   assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
 
 
-@pytest.mark.parametrize('config_name', ['ddg', 'asgd'])
+@pytest.mark.parametrize('config_name', ['ddg', 'asgd', 'async_local_sgd'])
 def test_a_config_run_on_lane_processes_matches_the_in_process_run(
   config_name, head, data_dir, tmp_path, capsys, monkeypatch
 ):
