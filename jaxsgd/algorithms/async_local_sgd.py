@@ -218,11 +218,13 @@ def train(run, settings: Settings) -> dict:
   tasks = pipelined.stage_tasks(
     model, sequential_roles(1), lambda: next(run.train_batches(0, 1)), shared.batch_size
   )
-  # The inner step prices (0, 'update') (module docstring), run where worker 0's runs:
-  # beside its inner state, not on the server's device (two devices: refused by jit).
-  params = transfer.to_device(server.store.read().value.params, devices[1])
+
+  initial = server.store.read().value.params
 
   def calls():
+    # The inner step prices (0, 'update') (module docstring), run where worker 0's runs:
+    # beside its inner state, not on the server's device (two devices: refused by jit).
+    params = transfer.to_device(initial, devices[1])
     return {**tasks.calls(), (0, 'update'): (local_step, (params, inner_states[0], params, params))}
 
   executor, measured = clocks.make_executor(

@@ -186,7 +186,7 @@ class LanePool:
     self._preparing: dict[int, str] = {}  # `prepare` messages unanswered -> their lane
     # copies not yet taken in: (lane, key) -> the address of the lane sending it (`_move`)
     self._imports: dict[tuple[str, Hashable], tuple] = {}
-    self._task_numbers: dict[Task, int] = {}  # `_task_call`
+    self._task_numbers: dict[Task, int] = {}  # `_task_number`
     self._host_array = _HostCopies()  # driver arrays sent as arguments, as numpy
     self._tasks_sent: dict[str, set[int]] = {name: set() for name in placement.names}
     self._closed = False
@@ -277,7 +277,7 @@ class LanePool:
     again there, and the call fails with its error."""
     link = self._link_of(lane)
     known = self._tasks_sent[lane]
-    numbers = {self._task_numbers.setdefault(task, len(self._task_numbers)): task for task in tasks}
+    numbers = {self._task_number(task): task for task in tasks}
     new = tuple((number, task) for number, task in numbers.items() if number not in known)
     if not new:
       return
@@ -802,7 +802,7 @@ class LanePool:
     against ~50 µs for the same call as bytes from `pickle` (C) with the task as a
     number. The driver sends every call of every lane, so that was most of its CPU,
     which on a machine with a core per lane it takes from the lanes."""
-    number = self._task_numbers.setdefault(task, len(self._task_numbers))  # equal, same
+    number = self._task_number(task)
     known = self._tasks_sent[lane]
     call, buffers = _dumps(
       (
@@ -816,6 +816,10 @@ class LanePool:
     )
     known.add(number)  # once pickled: a call that could not be is never sent
     return call, buffers
+
+  def _task_number(self, task: Task) -> int:
+    """`task`'s number in every lane of this pool (equal tasks, one number)."""
+    return self._task_numbers.setdefault(task, len(self._task_numbers))
 
   def _argument(self, leaf, lane: str, here: list):
     if not isinstance(leaf, Handle):
