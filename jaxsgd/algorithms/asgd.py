@@ -14,7 +14,7 @@ import logging
 
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks, pipelined, workers
-from jaxsgd.algorithms.settings import SharedSettings, check_placed_lanes, choice, derived
+from jaxsgd.algorithms.settings import SharedSettings, choice, derived, placed_lanes
 from jaxsgd.algorithms.settings import section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.server import STALENESS_LR, AsgdSession, ParameterServer, named_apply
@@ -92,7 +92,7 @@ def validate(config, model) -> Settings:
     uses_workers_field=True,
     num_lanes=1 + config.workers,
   )
-  check_placed_lanes(shared, lane_names(shared.workers))
+  shared = placed_lanes(shared, lane_names(shared.workers))
   if dc and lambda0 == 0:
     logging.warning(
       'algorithm.lambda0=0: DC-ASGD without delay compensation (λ = 0) trains as asgd '

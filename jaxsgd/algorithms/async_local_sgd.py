@@ -38,7 +38,7 @@ import optax
 
 from jaxsgd import optimizers, transforms
 from jaxsgd.algorithms import clocks, pipelined, workers
-from jaxsgd.algorithms.settings import SharedSettings, check_placed_lanes, derived, integer
+from jaxsgd.algorithms.settings import SharedSettings, derived, integer, placed_lanes
 from jaxsgd.algorithms.settings import number, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.server import STALE, AsgdSession, ParameterServer, Push, WorkerFailed
@@ -94,7 +94,7 @@ def validate(config, model) -> Settings:
   shared = workers.validate_workers(
     config, model, config.workers, whole_model=True, uses_workers_field=True
   )
-  check_placed_lanes(shared, lane_names(shared.workers))
+  shared = placed_lanes(shared, lane_names(shared.workers))
   outer = Outer(settings.outer_learning_rate, settings.outer_momentum, every or shared.workers)
   return dataclasses.replace(settings, outer=outer, shared=shared)
 

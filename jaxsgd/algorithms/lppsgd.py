@@ -11,7 +11,7 @@ import math
 
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks, pipelined, workers
-from jaxsgd.algorithms.settings import SharedSettings, check_placed_lanes, derived, integer
+from jaxsgd.algorithms.settings import SharedSettings, derived, integer, placed_lanes
 from jaxsgd.algorithms.settings import section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.lppsgd import LppSession, LppSettings, allreduce_time
@@ -50,8 +50,8 @@ def validate(config, model) -> Settings:
   integer(settings.warmup_steps, 'algorithm.warmup_steps', minimum=0)
   integer(settings.averaging_freq, 'algorithm.averaging_freq')
   shared = workers.validate_workers(config, model, settings.session.num_workers, whole_model=True)
+  shared = placed_lanes(shared, settings.session.lane_names)
   settings = dataclasses.replace(settings, shared=shared)
-  check_placed_lanes(shared, settings.session.lane_names)
   workers.refuse_lost_workers_with_model_state(shared, model, 'lppsgd')
   return settings
 

@@ -10,7 +10,7 @@ import dataclasses
 
 from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks, pipelined, workers
-from jaxsgd.algorithms.settings import SharedSettings, check_placed_lanes, choice, derived
+from jaxsgd.algorithms.settings import SharedSettings, choice, derived, placed_lanes
 from jaxsgd.algorithms.settings import integer, section
 from jaxsgd.asynchronous import common
 from jaxsgd.asynchronous.pdasgd import UPDATES, PdSession, PdSettings, lane_names, worker_name
@@ -56,7 +56,7 @@ def validate(config, model) -> Settings:
   shared = workers.validate_workers(
     config, model, num_workers, whole_model=False, num_lanes=1 + num_workers
   )
-  check_placed_lanes(shared, lane_names(settings.session))
+  shared = placed_lanes(shared, lane_names(settings.session))
   workers.refuse_lost_workers_with_model_state(shared, model, 'pdasgd')
   return dataclasses.replace(settings, shared=shared)
 

@@ -14,7 +14,7 @@ from jaxsgd import optimizers
 from jaxsgd.algorithms import clocks
 from jaxsgd.algorithms import resume as resume_lib
 from jaxsgd.algorithms.settings import SharedSettings, refuse_cost_fields, refuse_workers_field
-from jaxsgd.algorithms.settings import check_lane_speeds, check_placed_lanes, shared_settings
+from jaxsgd.algorithms.settings import check_lane_speeds, placed_lanes, shared_settings
 from jaxsgd.pipeline import KINDS, BatchFeed, PlacedStages, StageRole, lane_names
 from jaxsgd.scheduler import profile_lookup
 
@@ -28,8 +28,7 @@ def validate_pipeline(config, model) -> SharedSettings:
     shared.cost.explicit(KINDS, shared.stages)
   refuse_cost_fields(shared.cost, ('failures',), 'a pipeline has no workers to fail.')
   check_lane_speeds(shared.cost, shared.stages, 'stage')
-  check_placed_lanes(shared, lane_names(shared.stages))
-  return shared
+  return placed_lanes(shared, lane_names(shared.stages))
 
 
 def stage_tasks(stages: PlacedStages, roles, batch, batch_size: int) -> clocks.Tasks:

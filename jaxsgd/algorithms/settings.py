@@ -385,19 +385,23 @@ def check_lane_speeds(cost: CostSettings, num_lanes: int, what: str = 'lane') ->
     raise ValueError(f'cost.speeds: {len(cost.speeds)} values for {num_lanes} {what}s.')
 
 
-def check_placed_lanes(shared: 'SharedSettings', lanes: Sequence[str]) -> None:
-  """`placement.lanes` against the run's lanes (`lanes`: their names as a trace shows
-  them, `stage 0`, `worker 1`), before anything compiles. A placed name that is none of
-  the run's lanes is refused on either clock (the virtual clock ignored it: a typo left
-  a lane unplaced without a word); with executor='processes' every lane needs a place,
-  since the placement starts its process (likewise with 'emulated')."""
-  if shared.placement.lanes is None:
-    return
-  from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
+def placed_lanes(shared: 'SharedSettings', lanes: Sequence[str]) -> 'SharedSettings':
+  """`shared` knowing the run's lanes (`lanes`: their names as a trace shows them,
+  `stage 0`, `worker 1`; kept as placement names, `SharedSettings.lanes`), after
+  checking `placement.lanes` against them, before anything compiles. A placed name that
+  is none of the run's lanes is refused on either clock (the virtual clock ignored it: a
+  typo left a lane unplaced without a word); with executor='processes' every lane needs a
+  place, since the placement starts its process (likewise with 'emulated')."""
   from jaxsgd.scheduler.placement import lane_name
 
+  names = tuple(lane_name(lane) for lane in lanes)
+  shared = dataclasses.replace(shared, lanes=names)
+  if shared.placement.lanes is None:
+    return shared
+  from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
+
   placement = LanePlacement.parse(shared.placement.lanes)
-  placement.check_run([lane_name(lane) for lane in lanes], every_lane=shared.on_lane_processes)
+  placement.check_run(list(names), every_lane=shared.on_lane_processes)
   if shared.on_lane_processes:  # (the virtual clock's cores may be a machine's you lack)
     here = sorted(os.sched_getaffinity(0))
     for spec in placement.lanes:
@@ -407,6 +411,7 @@ def check_placed_lanes(shared: 'SharedSettings', lanes: Sequence[str]) -> None:
           f'placement.lanes: lane {spec.name!r}: core {missing[0]} is not one of this '
           f"host's cores ({', '.join(map(str, here))}); a lane would run unpinned there."
         )
+  return shared
 
 
 def refuse_workers_field(name: str, workers: int) -> None:
@@ -538,6 +543,9 @@ class SharedSettings:
   cluster_address: str | None = None  # lane processes: a Ray cluster (None: start one here)
   checkpoint_every: int = 0  # steps between checkpoints (0: none but the one SIGTERM asks for)
   tolerate_lost_workers: bool = False  # processes: a lost worker's lane is replaced, it rejoins
+  # The run's lanes as placement names (`placed_lanes`), known before the model is built:
+  # their processes start while it is (`training.loop._start_lane_cluster`).
+  lanes: tuple[str, ...] = ()
 
   @property
   def virtual(self) -> bool:

@@ -245,14 +245,19 @@ def _say_what_prices(shared) -> None:
 
 def _start_lane_cluster(settings):
   """On lane processes: begins connecting to the run's Ray cluster (starting one here, or
-  joining `cluster_address`) in the background, so that its seconds overlap building the
-  model; returns the `lanes.cluster` module (None on other executors)."""
+  joining `cluster_address`) and starting its lanes' processes in the background, so that
+  their seconds overlap building the model; returns the `lanes.cluster` module (None on
+  other executors)."""
   shared = getattr(settings, 'shared', None)
   if shared is None or not shared.on_lane_processes:
     return None
-  from jaxsgd.scheduler.lanes import cluster  # Ray is imported only when used.
+  from jaxsgd.scheduler.lanes import LanePlacement, cluster  # Ray is imported only when used.
 
-  cluster.connect_soon(shared.cluster_address)
+  if shared.placement.lanes is not None:  # placed as `clocks.executor` places them
+    early = LanePlacement.parse(shared.placement.lanes).lanes
+  else:
+    early = LanePlacement.spread(shared.lanes).lanes if shared.lanes else ()
+  cluster.connect_soon(shared.cluster_address, early)
   return cluster
 
 

@@ -695,6 +695,59 @@ def test_a_heads_lane_processes_are_found_while_they_run(head, pool):
   assert set(pool.pids().values()) <= set(_lane_processes(head))
 
 
+def spy_pools(monkeypatch) -> list[LanePool]:
+  """Every `LanePool` that starts its lanes from now on, in order (for `started_early`)."""
+  pools = []
+  start_lanes = LanePool._start_lanes  # pylint: disable=protected-access
+
+  def spied(self, specs):
+    pools.append(self)
+    return start_lanes(self, specs)
+
+  monkeypatch.setattr(LanePool, '_start_lanes', spied)
+  return pools
+
+
+def _new_lanes(head, before: set, count: int, within: float = 60.0) -> set[int]:
+  """The lane processes on `head` not in `before`, once there are `count` of them."""
+  deadline = time.monotonic() + within
+  while len(new := set(_lane_processes(head)) - before) < count:
+    assert time.monotonic() < deadline, f'{len(new)} of {count} lane processes started'
+    time.sleep(0.05)
+  return new
+
+
+def test_lanes_started_with_the_connection_are_taken_by_the_pool_placing_them(head, pool):
+  """`cluster.connect_soon(address, lanes)` starts the run's lane processes while the
+  driver builds its model (here Ray is connected already, so they start at once). The
+  pool placing the same lanes takes those processes (and their key) rather than starting
+  its own, and ends an early one it does not place; `abandon` ends the early lanes no pool
+  took. Nothing is left either way."""
+  early = LanePlacement.spread(['e0', 'e1']).lanes
+  before = set(_lane_processes(head))
+  cluster.connect_soon(head.address, early)
+  started = _new_lanes(head, before, 2)
+  with LanePool(LanePlacement.spread(['e0']), address=head.address, verbose=False) as lanes:
+    assert lanes.started_early == ('e0',)
+    assert lanes.pids()['e0'] in started
+    assert gone(started - {lanes.pids()['e0']}) == []  # e1: placed by no pool
+    recipe = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=1.0)
+    assert float(lanes.fetch(lanes.run('e0', Task(recipe, 'add'), (1.0, 2.0)))) == 3.0
+  assert gone(started) == []
+  cluster.connect_soon(head.address, early)
+  started = _new_lanes(head, before, 2)
+  cluster.abandon()
+  assert gone(started) == []
+  # A pool with an environment of its own starts its lanes itself.
+  cluster.connect_soon(head.address, early[:1])
+  started = _new_lanes(head, before, 1)
+  env = {'JAXSGD_TEST_VARIABLE': '1'}
+  with LanePool(LanePlacement(early[:1]), address=head.address, env=env, verbose=False) as lanes:
+    assert lanes.started_early == () and lanes.pids()['e0'] not in started
+    assert gone(started) == []
+  assert gone(set(_lane_processes(head)) - before) == []
+
+
 def test_lanes_go_to_the_host_they_name_and_a_wrong_host_is_refused(head, pool):
   node = pool.info['a']['host']  # this machine, as the cluster names it
   with LanePool(

@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'lanes'))
 import lane_tasks  # noqa: E402
 from ray_head import serve_head  # noqa: E402
-from test_lanes import _lane_processes, gone  # noqa: E402
+from test_lanes import _lane_processes, gone, spy_pools  # noqa: E402
 
 from jaxsgd import optimizers  # noqa: E402
 from jaxsgd.algorithms import ddg, local  # noqa: E402
@@ -612,7 +612,9 @@ def test_a_config_run_on_lane_processes_matches_the_in_process_run(
     '__call__',
     lambda self, leaf: sent.append((type(leaf), np.shape(leaf))) or host_copies(self, leaf),
   )
+  pools = spy_pools(monkeypatch)
   on_lanes = summary('processes', cluster_address=head.address, **{'placement.lanes': lanes})
+  assert [pool.started_early for pool in pools] == [names]  # started as the model was built
   # The training path sends each batch's images as the feed's numpy, not placed on the
   # driver's device first.
   batch = importlib.import_module(f'experiments.configs.{config_name}').get_config('smoke')

@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'lanes'))
 from ray_head import serve_head  # noqa: E402
-from test_lanes import _lane_processes, gone  # noqa: E402
+from test_lanes import _lane_processes, gone, spy_pools  # noqa: E402
 
 from jaxsgd import models, optimizers  # noqa: E402
 from jaxsgd.algorithms import ddg  # noqa: E402
@@ -288,7 +288,7 @@ def test_batchnorm_ddg_on_lane_processes_is_bit_identical_to_in_process(pool):
   'config_name, variant', [('lppsgd', 'smoke'), ('pdasgd', 'smoke'), ('pdasgd', 'lm_smoke')]
 )
 def test_a_config_run_on_lane_processes_matches_the_in_process_run(
-  config_name, variant, head, data_dir, tmp_path, capsys
+  config_name, variant, head, data_dir, tmp_path, capsys, monkeypatch
 ):
   """`--config.executor=processes` end to end in the sequential configuration (one
   replica and worker; one forward and one backward worker, one token), joined to the
@@ -308,10 +308,16 @@ def test_a_config_run_on_lane_processes_matches_the_in_process_run(
     return training.train_and_evaluate(config, workdir, show_progress=False)['final']
 
   before = set(_lane_processes(head))
+  pools = spy_pools(monkeypatch)
   on_lanes = summary('processes', cluster_address=head.address)
   printed = capsys.readouterr().out
   names = ('worker0.0',) if config_name == 'lppsgd' else ('sharedmodel', 'backwardworker0')
   assert all(f'  {name}: host=' in printed for name in names)  # the placement, at start
+  # Every lane's process was started as the model was built, placed as the run placed it.
+  lanes = (
+    ('worker0.0',) if config_name == 'lppsgd' else ('sharedmodel', 'forwardworker0', *names[1:])
+  )
+  assert [pool.started_early for pool in pools] == [lanes]
   assert gone(set(_lane_processes(head)) - before) == []
   in_process = summary('in_process')
   assert on_lanes['staleness_mean'] == in_process['staleness_mean']  # the same schedule

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from collections.abc import Sequence
 from typing import NoReturn
 
 os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
@@ -46,6 +47,9 @@ logging.getLogger('ray._private.worker').addFilter(
 WATCH_GROUP = 'watch'
 _STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
 _SOON = {}  # 'thread': a `connect` under way (`connect_soon`); 'start': its event, result
+# Lane processes `connect_soon` started before any pool asked for them: 'actors': spec ->
+# actor, 'authkey': the key they serve with (`take_early_lanes`)
+_EARLY = {}
 # Seconds that `connect` waits for a start `connect_soon` began: a cluster starts in
 # seconds, but Ray's own start has hung (its GCS up, no raylet ever started).
 START_TIMEOUT = 120.0
@@ -114,11 +118,17 @@ def _connect_now(address: str | None) -> bool:
   return True  # connected here: disconnect (the cluster itself stays up) at close
 
 
-def connect_soon(address: str | None) -> None:
+def connect_soon(address: str | None, lanes: Sequence[LaneSpec] = ()) -> None:
   """Begins `connect(address)` in a thread of its own, so that starting a cluster (seconds)
   overlaps the driver's own set-up (building the model); the pool's `connect` waits for
-  it. `abandon` ends it if no pool took it."""
-  if ray.is_initialized() or 'thread' in _SOON:
+  it. Once connected, it starts a process for each of `lanes` (the run's, known from its
+  settings): a lane process spends its first second importing JAX, which then overlaps
+  the driver's set-up too; the pool takes them (`take_early_lanes`). `abandon` ends it
+  all if no pool took it."""
+  if 'thread' in _SOON or _EARLY:
+    return
+  if ray.is_initialized():
+    _start_early_lanes(lanes)
     return
 
   begun, ended = threading.Event(), threading.Event()
@@ -129,6 +139,8 @@ def connect_soon(address: str | None) -> None:
       start['outcome'] = outcome = _connect_now(address)
     except BaseException as error:  # raised again by the `connect` that waits for it
       start['outcome'], outcome = error, None
+    if outcome is not None:
+      _start_early_lanes(lanes)  # before `begun`: a pool that connects finds them
     begun.set()
     if outcome is True and address is None:
       # Ray's processes die with the thread that started them (it sets their parent-death
@@ -140,9 +152,41 @@ def connect_soon(address: str | None) -> None:
   _SOON['thread'].start()
 
 
+def _start_early_lanes(lanes: Sequence[LaneSpec]) -> None:
+  """Starts a process for each of `lanes` (as `lane_actor`, no extra environment) for a
+  pool to take. Any failure here (a host that is no node, GPUs the cluster lacks) starts
+  none: the pool then starts its lanes itself and says what is wrong."""
+  if not lanes:
+    return
+  authkey, actors = os.urandom(16), {}
+  try:
+    check_gpus(lanes)
+    for spec in lanes:
+      actors[spec] = lane_actor(spec, {}, authkey)
+  except Exception:  # pylint: disable=broad-except
+    for actor in actors.values():
+      kill(actor)
+    return
+  _EARLY.update(actors=actors, authkey=authkey)
+
+
+def take_early_lanes() -> tuple[bytes | None, dict]:
+  """`(authkey, {spec: actor})`: the lane processes `connect_soon` started, now the
+  caller's (it kills those it does not keep); `(None, {})` if none."""
+  early = dict(_EARLY)
+  _EARLY.clear()
+  return early.get('authkey'), early.get('actors', {})
+
+
+def _kill_early_lanes() -> None:
+  for actor in take_early_lanes()[1].values():
+    kill(actor)
+
+
 def abandon() -> None:
   """Ends a connection `connect_soon` began that no pool took (the run stopped before
-  its lanes started), so that no cluster process is left."""
+  its lanes started), and the lane processes it started, so that no process is left."""
+  _kill_early_lanes()
   if 'thread' not in _SOON:
     return
   try:
@@ -169,6 +213,7 @@ def shutdown() -> None:
   # is freed now, while Ray is up: collected by another thread while Ray shuts down,
   # its release reaches a core worker that is gone, and Ray ends the process.
   gc.collect()
+  _kill_early_lanes()
   temp_dir = _STARTED_HERE.pop('temp_dir', None)
   if temp_dir is None:
     ray.shutdown()

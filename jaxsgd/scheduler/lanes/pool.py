@@ -57,7 +57,7 @@ import numpy as np
 from ray import cloudpickle
 
 from jaxsgd.scheduler.lanes import cluster, wire
-from jaxsgd.scheduler.lanes.placement import LanePlacement
+from jaxsgd.scheduler.lanes.placement import LanePlacement, LaneSpec
 from jaxsgd.scheduler.lanes.runtime import DISCARD, Ref
 from jaxsgd.scheduler.tasks import Task
 
@@ -193,6 +193,7 @@ class LanePool:
     self._replaced: dict[str, int] = {}  # lane -> the first key of its newest process
     self._lost_sources: dict[str, str] = {}  # `host:port` of a replaced process -> its lane
     self.info: dict[str, dict] = {}  # each lane's `LaneRuntime.info`, once all have answered
+    self.started_early: tuple[str, ...] = ()  # lanes whose process `connect_soon` started
     # The wire (wire.py): a connection per lane, whose reader threads put what they read
     # in `_events`; the replies read so far (call number -> (order read, kind, value)),
     # and the lanes whose process has ended (name -> how it was learnt).
@@ -218,9 +219,7 @@ class LanePool:
     try:
       cluster.check_gpus(placement.lanes)
       self._env = env or {}
-      self._actors = {
-        spec.name: cluster.lane_actor(spec, self._env, self._authkey) for spec in placement.lanes
-      }
+      self._actors = self._start_lanes(placement.lanes)
       self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
       self.info = self._gather_info()
       for name in placement.names:
@@ -1029,6 +1028,23 @@ class LanePool:
     with self._lock:
       freed, self._freed[lane] = tuple(self._freed[lane]), []
     return freed
+
+  def _start_lanes(self, specs: Sequence[LaneSpec]) -> dict:
+    """An actor per lane: the processes `cluster.connect_soon` started for these very
+    lanes (they serve with its key, which the pool then takes), the others started now.
+    Early ones this pool does not take are ended."""
+    authkey, early = cluster.take_early_lanes()
+    taken = {}
+    if not self._env and any(spec in early for spec in specs):
+      self._authkey = authkey
+      taken = {spec.name: early.pop(spec) for spec in specs if spec in early}
+    for actor in early.values():
+      cluster.kill(actor)
+    self.started_early = tuple(taken)
+    return {
+      spec.name: taken.get(spec.name) or cluster.lane_actor(spec, self._env, self._authkey)
+      for spec in specs
+    }
 
   def _gather_info(self) -> dict[str, dict]:
     refs = {name: actor.info.remote() for name, actor in self._actors.items()}
