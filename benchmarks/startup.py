@@ -2,6 +2,7 @@ r"""Start-up of a training run on lane processes: where its first seconds go.
 
     python -m benchmarks.startup               # ~2 min: 3 rounds of 2 runs, DDG smoke
     python -m benchmarks.startup --rounds=5 --config=asgd.py:smoke
+    python -m benchmarks.startup --set=stages=2 --before=/tmp/old   # an A/B, 2 lanes
 
 Runs `python -m experiments.train --config=experiments/configs/CONFIG --config.clock=real
 --config.executor=processes` as a user would, reading its terminal as it prints, in two
@@ -15,7 +16,9 @@ Per run, seconds from the command's start to: the line saying the lanes are star
 placement printed (every lane process is up: the first task is dispatched then), the
 first training step on the progress bar (the lanes' first tasks compiled and ran), and
 the exit. Medians over rounds; the last line is the median time to the first task of a
-run with a cluster of its own. Not a test: speed is measured, not asserted.
+run with a cluster of its own. `--set=FIELD=VALUE` passes `--config.FIELD=VALUE` to every
+run; `--before` adds a checkout's runs both ways ("before", "before running"), interleaved.
+Not a test: speed is measured, not asserted.
 """
 
 import argparse
@@ -36,9 +39,16 @@ _FIRST_STEP = re.compile(r'\|\s*[1-9]\d*/\d+ \[')
 
 
 def timed_run(
-  config: str, workdir: str, data_dir: str | None, address: str | None, repo: str, env: dict
+  config: str,
+  workdir: str,
+  data_dir: str | None,
+  address: str | None,
+  repo: str,
+  env: dict,
+  fields: tuple[str, ...] = (),
 ) -> dict:
-  """Seconds from the command's start to each of `MILESTONES` (None if not seen)."""
+  """Seconds from the command's start to each of `MILESTONES` (None if not seen);
+  `fields`: `FIELD=VALUE`s given as `--config.FIELD=VALUE`."""
   command = [
     sys.executable,
     '-m',
@@ -48,6 +58,7 @@ def timed_run(
     '--overwrite',
     '--config.clock=real',
     '--config.executor=processes',
+    *(f'--config.{field}' for field in fields),
   ]
   if data_dir:
     command.append(f'--config.data_dir={data_dir}')
@@ -113,6 +124,9 @@ def main():
   parser.add_argument('--rounds', type=int, default=3)
   parser.add_argument('--data-dir', default=None, help='config.data_dir (default: tfds)')
   parser.add_argument(
+    '--set', action='append', default=[], help='FIELD=VALUE: --config.FIELD=VALUE for every run'
+  )
+  parser.add_argument(
     '--before',
     default=None,
     help='a checkout of an earlier commit: its runs with a cluster of their own are '
@@ -120,22 +134,25 @@ def main():
   )
   args = parser.parse_args()
   print(f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start')
-  print(f'{args.config} on lane processes, {args.rounds} rounds (own, running: interleaved)')
-  ways = ('own', 'running') + (('before',) if args.before else ())
+  fields = tuple(args.set)
+  shown = ' '.join([args.config, *fields])
+  print(f'{shown} on lane processes, {args.rounds} rounds (own, running: interleaved)')
+  ways = ('own', 'running') + (('before', 'before running') if args.before else ())
   results = {way: [] for way in ways}
   head_env = start_head()
   try:
     with tempfile.TemporaryDirectory(prefix='startup-') as folder:
       for round_ in range(args.rounds):
         for way in ways:
-          env = head_env if way == 'running' else dict(os.environ)
-          address = 'auto' if way == 'running' else None
-          repo = args.before if way == 'before' else REPO
-          workdir = os.path.join(folder, way)
-          seen = timed_run(args.config, workdir, args.data_dir, address, repo, env)
+          running = way.endswith('running')
+          env = head_env if running else dict(os.environ)
+          address = 'auto' if running else None
+          repo = args.before if way.startswith('before') else REPO
+          workdir = os.path.join(folder, way.replace(' ', '_'))
+          seen = timed_run(args.config, workdir, args.data_dir, address, repo, env, fields)
           results[way].append(seen)
           shown = '  '.join(f'{m} {seen[m]:.2f}' for m in MILESTONES if seen[m] is not None)
-          print(f'  round {round_ + 1} {way:8s} {shown}', flush=True)
+          print(f'  round {round_ + 1} {way:14s} {shown}', flush=True)
   finally:
     stop_head(head_env)
   print(f'load average {os.getloadavg()[0]:.1f} at end; seconds from the command, median:')
@@ -145,10 +162,12 @@ def main():
   )
   own = statistics.median(r['first task'] for r in results['own'])
   if args.before:
-    ratios = [b['first task'] / o['first task'] for o, b in zip(results['own'], results['before'])]
-    print(
-      f'time to the first task, before over now (median of rounds): {statistics.median(ratios):.2f}x'
-    )
+    for now, before in (('own', 'before'), ('running', 'before running')):
+      ratios = [b['first task'] / o['first task'] for o, b in zip(results[now], results[before])]
+      print(
+        f'time to the first task, {before} over {now} (median of rounds): '
+        f'{statistics.median(ratios):.2f}x'
+      )
   print(f'seconds to the first task on lane processes, own cluster: {own:.2f}')
 
 

@@ -390,6 +390,8 @@ class LppSession:
       self.cluster.channel(f'snapshots of replica {d}', self.allreduce_lane)
       for d in range(D if D > 1 else 0)
     ]
+    if lane_processes:
+      self._declare_tasks()
     self.generation = [0] * D  # replica d healed this many times (elastic: `_heal`)
     self.outstanding: dict[int, int] = {}  # worker -> the step (its k) it awaits an answer for
     self.device_updates = [0] * D  # updates applied to each replica
@@ -504,6 +506,21 @@ class LppSession:
       if s.enter('next'):
         s.k, s.due, s.snapshot = s.k + 1, False, None
     yield from self._leave(d, s)
+
+  def _declare_tasks(self) -> None:
+    """Lanes in processes: what each lane will run, built in every lane as the run begins
+    (`Cluster.declare_tasks`): a worker's forward and backward; on the lane that owns a
+    replica (`home`) its full and partitioned steps and, with several replicas, the merge
+    of an averaging round, whose mean the averaging lane computes."""
+    D, W = self.settings.devices, self.settings.workers_per_device
+    for m in range(D * W):
+      self.cluster.declare_tasks(m, [self.ops.forward, self.ops.backward])
+    merge = [Task(AVERAGING, 'merge')] if D > 1 else []
+    updates = list(dict.fromkeys([self.ops.update, *self.partitioned]))
+    for d in range(D):
+      self.cluster.declare_tasks(self.home(d), [*updates, *merge])
+    if D > 1:
+      self.cluster.declare_tasks(self.allreduce_lane, [Task(AVERAGING, 'mean')])
 
   def home(self, d: int) -> int:
     """The lane that owns replica d with lanes in processes: its own (elastic), else

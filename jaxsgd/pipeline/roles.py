@@ -24,6 +24,7 @@ Each jitted call is traced once per stage (`jitted` lists them for checks).
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -89,7 +90,14 @@ class RoleFunctions:
   stale_backward: Callable
   delta_backward: Callable
   update: Callable
-  jitted: tuple  # (name, jitted function) pairs, for trace counting
+  # -> (name, jitted function) pairs, for trace counting; a call, so that a driver whose
+  # stages are named tasks run in lane processes does not build them for it
+  traced: Callable[[], tuple]
+
+  @property
+  def jitted(self) -> tuple:
+    """(name, jitted function) pairs, for trace counting."""
+    return self.traced()
 
 
 def role_functions(
@@ -140,7 +148,7 @@ def role_functions(
     stale_backward,
     jitted['delta_backward'],
     jitted['update'],
-    tuple(jitted.items()),
+    functools.partial(tuple, jitted.items()),
   )
 
 

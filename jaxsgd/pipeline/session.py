@@ -229,7 +229,7 @@ class PlacedStages:
     if key not in self._ops and self._recipe is not None:
       recipe = TaskRecipe.of(stage_tasks, stage=k, role=computation_role(role), **self._recipe)
       self._ops[key] = RoleFunctions(
-        *(Task(recipe, name) for name in STAGE_TASKS), jitted=recipe.build()['jitted']
+        *(Task(recipe, name) for name in STAGE_TASKS), traced=lambda: recipe.build()['jitted']
       )
     if key not in self._ops:
       self._ops[key] = role_functions(

@@ -28,6 +28,7 @@ from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor  # noqa: E402
+from jaxsgd.scheduler.tasks import Task  # noqa: E402
 from scheduler_helpers import BATCH, batches, mlp, sequential_sgd  # noqa: E402
 
 OPTIMIZER = optimizers.OptimizerSettings('adam', 1e-2)
@@ -208,9 +209,13 @@ def lpp(executor, pipe: PlacedStages, stream):
   return variables, values, stores(session)[0].staleness().tolist()
 
 
-def test_lppsgd_one_worker_on_lane_processes_is_sequential_sgd(pool):
+def test_lppsgd_one_worker_on_lane_processes_is_sequential_sgd(pool, monkeypatch):
   pipe = placed(mlp(), 1)
+  prepared, started = spy_tasks(pool, monkeypatch)
   _, values, staleness = lpp(ProcessExecutor(pool=pool), pipe, batches(seed=0))
+  # Its lane was sent, to build as the run began, the tasks it then ran: forward,
+  # backward and the update (the partitioned step over one slice is the update itself).
+  assert prepared == started and [len(tasks) for tasks in prepared.values()] == [3]
   chex.assert_trees_all_equal(values, sequential_adam(pipe, batches(seed=0), STEPS))
   assert staleness == [0] * STEPS
   for executor in (RealExecutor(threads=True), virtual()):
@@ -218,7 +223,7 @@ def test_lppsgd_one_worker_on_lane_processes_is_sequential_sgd(pool):
   assert pool.held('worker0.0') == 0
 
 
-def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool):
+def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool, monkeypatch):
   """D = 2 replicas (one worker each), averaged after every update: the mean runs on the
   averaging lane, each keep-local merge on the replica's lane in the replica's turn. A
   merge that overwrote an update would set Adam's count back below the writes.
@@ -228,6 +233,7 @@ def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool):
   to the other — and every run must lose no update."""
   settings = lppsgd.LppSettings(devices=2, workers_per_device=1, averaging_freq=1)
   pipe = placed(mlp(), 1, steps=16)
+  prepared, started = spy_tasks(pool, monkeypatch)
   for _ in range(4):
     executor = ProcessExecutor(pool=pool)
     session = lpp_session(executor, pipe, settings, [batches(seed=d) for d in range(2)], 16)
@@ -238,6 +244,15 @@ def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool):
       break
   assert session.averaged_rounds >= 1  # the merges were exercised
   assert pool.held('allreduce') == 0
+  # Each lane was sent, to build as the run began, what it could run: a replica's lane
+  # (worker d.0's) its worker's forward and backward, the update and the merge; the
+  # averaging lane the mean. Only those ran there.
+  ops, merge = session.ops, Task(lppsgd.AVERAGING, 'merge')
+  replica = {ops.forward, ops.backward, ops.update, merge}
+  mean = {Task(lppsgd.AVERAGING, 'mean')}
+  assert prepared == {'worker0.0': replica, 'worker1.0': replica, 'allreduce': mean}
+  assert all(started[lane] <= prepared[lane] for lane in started)
+  assert started['allreduce'] == mean and merge in started['worker0.0'] | started['worker1.0']
 
 
 # --- BatchNorm statistics ------------------------------------------------------------------
