@@ -253,7 +253,9 @@ def _start_lane_cluster(settings):
     return None
   from jaxsgd.scheduler.lanes import LanePlacement, cluster  # Ray is imported only when used.
 
-  if shared.placement.lanes is not None:  # placed as `clocks.executor` places them
+  if shared.emulated:  # its driver may time its tasks first: the lanes wait for that
+    early = ()
+  elif shared.placement.lanes is not None:  # placed as `clocks.executor` places them
     early = LanePlacement.parse(shared.placement.lanes).lanes
   else:
     early = LanePlacement.spread(shared.lanes).lanes if shared.lanes else ()

@@ -719,32 +719,40 @@ def _new_lanes(head, before: set, count: int, within: float = 60.0) -> set[int]:
 
 def test_lanes_started_with_the_connection_are_taken_by_the_pool_placing_them(head, pool):
   """`cluster.connect_soon(address, lanes)` starts the run's lane processes while the
-  driver builds its model (here Ray is connected already, so they start at once). The
-  pool placing the same lanes takes those processes (and their key) rather than starting
-  its own, and ends an early one it does not place; `abandon` ends the early lanes no pool
+  driver builds its model (here Ray is connected already, so they start at once; a
+  driver's own cluster, started in the background: `background_start.py`). The pool
+  placing the same lanes takes those processes (and their key) rather than starting its
+  own, and ends an early one it does not place; `abandon` ends the early lanes no pool
   took. Nothing is left either way."""
   early = LanePlacement.spread(['e0', 'e1']).lanes
   before = set(_lane_processes(head))
-  cluster.connect_soon(head.address, early)
-  started = _new_lanes(head, before, 2)
-  with LanePool(LanePlacement.spread(['e0']), address=head.address, verbose=False) as lanes:
-    assert lanes.started_early == ('e0',)
-    assert lanes.pids()['e0'] in started
-    assert gone(started - {lanes.pids()['e0']}) == []  # e1: placed by no pool
-    recipe = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=1.0)
-    assert float(lanes.fetch(lanes.run('e0', Task(recipe, 'add'), (1.0, 2.0)))) == 3.0
-  assert gone(started) == []
-  cluster.connect_soon(head.address, early)
-  started = _new_lanes(head, before, 2)
-  cluster.abandon()
-  assert gone(started) == []
-  # A pool with an environment of its own starts its lanes itself.
-  cluster.connect_soon(head.address, early[:1])
-  started = _new_lanes(head, before, 1)
-  env = {'JAXSGD_TEST_VARIABLE': '1'}
-  with LanePool(LanePlacement(early[:1]), address=head.address, env=env, verbose=False) as lanes:
-    assert lanes.started_early == () and lanes.pids()['e0'] not in started
+  try:
+    cluster.connect_soon(head.address, early)
+    started = _new_lanes(head, before, 2)
+    with LanePool(LanePlacement.spread(['e0']), address=head.address, verbose=False) as lanes:
+      assert lanes.started_early == ('e0',)
+      assert lanes.pids()['e0'] in started
+      assert gone(started - {lanes.pids()['e0']}) == []  # e1: placed by no pool
+      recipe = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=1.0)
+      assert float(lanes.fetch(lanes.run('e0', Task(recipe, 'add'), (1.0, 2.0)))) == 3.0
     assert gone(started) == []
+    cluster.connect_soon(head.address, early)
+    started = _new_lanes(head, before, 2)
+    cluster.abandon()
+    assert gone(started) == []
+    # A pool with an environment of its own, or placing the lane otherwise (unpinned),
+    # starts its lanes itself.
+    for placement, env in (
+      (LanePlacement(early[:1]), {'JAXSGD_TEST_VARIABLE': '1'}),
+      (LanePlacement((LaneSpec('e0'),)), None),
+    ):
+      cluster.connect_soon(head.address, early[:1])
+      started = _new_lanes(head, before, 1)
+      with LanePool(placement, address=head.address, env=env, verbose=False) as lanes:
+        assert lanes.started_early == () and lanes.pids()['e0'] not in started
+        assert gone(started) == []
+  finally:
+    cluster.abandon()
   assert gone(set(_lane_processes(head)) - before) == []
 
 
@@ -860,6 +868,7 @@ def test_a_cluster_started_in_the_background_serves_a_pool_and_leaves_no_process
   outcome = json.loads(out.read_text())
   assert len(outcome['started']) >= 2  # Ray's GCS and raylet at least
   assert outcome['result'] == (3.0 if use == 'use' else None)
+  assert outcome['taken'] == (['a'] if use == 'use' else [])  # started as the cluster came up
   assert gone(outcome['started']) == []
 
 

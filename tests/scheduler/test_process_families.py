@@ -467,7 +467,9 @@ def test_placement_lanes_must_name_the_runs_lanes_on_either_clock(name, fields, 
 
   every = '; '.join(f'{lane}@cores=0' for lane in names)
   for clock, executor in (('virtual', 'in_process'), ('real', 'processes')):
-    assert validate(clock, executor, every).shared.placement.lanes == every
+    shared = validate(clock, executor, every).shared
+    assert shared.placement.lanes == every
+    assert shared.lanes == tuple(names)  # (the lanes started while the model is built)
     typo = every.replace(names[-1], names[-1] + 'x')
     with pytest.raises(ValueError) as refused:
       validate(clock, executor, typo)
@@ -483,6 +485,22 @@ def test_placement_lanes_must_name_the_runs_lanes_on_either_clock(name, fields, 
   assert str(refused.value) == (
     f'placement.lanes: no lane for {names[-1]}; this run needs lanes named {lanes}.'
   )
+
+
+def test_elastic_lppsgd_names_its_replica_lanes_before_anything_is_built():
+  """With lost workers tolerated on lane processes, each LPP-SGD replica has a lane of
+  its own (`replica d`, after the workers'): the settings name them, so that a placement
+  may place them and the run's lanes start, placed as the run places them, while the
+  model is built."""
+  from jaxsgd import algorithms
+
+  names = ['worker0.0', 'worker1.0', 'replica0', 'replica1', 'allreduce']
+  config = _config('lppsgd', tolerate_lost_workers=True)
+  config.algorithm.update({'devices': 2, 'workers_per_device': 1})
+  model = models.get_model('mlp', (40,), 10)
+  assert algorithms.get('lppsgd').validate(config, model).shared.lanes == tuple(names)
+  config.placement.lanes = '; '.join(f'{lane}@cores=0' for lane in names)
+  assert algorithms.get('lppsgd').validate(config, model).shared.lanes == tuple(names)
 
 
 def test_placement_lanes_are_refused_for_the_data_parallel_methods():

@@ -48,8 +48,10 @@ WATCH_GROUP = 'watch'
 _STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
 _SOON = {}  # 'thread': a `connect` under way (`connect_soon`); 'start': its event, result
 # Lane processes `connect_soon` started before any pool asked for them: 'actors': spec ->
-# actor, 'authkey': the key they serve with (`take_early_lanes`)
+# actor, 'authkey': the key they serve with (`take_early_lanes`); written by the thread
+# that connects, taken by the pool's: under `_EARLY_LOCK`
 _EARLY = {}
+_EARLY_LOCK = threading.Lock()
 # Seconds that `connect` waits for a start `connect_soon` began: a cluster starts in
 # seconds, but Ray's own start has hung (its GCS up, no raylet ever started).
 START_TIMEOUT = 120.0
@@ -67,6 +69,7 @@ def connect(address: str | None) -> bool:
   if soon is not None:
     begun, start = _SOON.pop('address'), _SOON.pop('start')
     if not start['begun'].wait(START_TIMEOUT):
+      start['given_up'] = True  # a start that ends later starts no lanes
       _give_up_start(begun)
     outcome = start['outcome']
     if isinstance(outcome, BaseException):
@@ -125,8 +128,9 @@ def connect_soon(address: str | None, lanes: Sequence[LaneSpec] = ()) -> None:
   settings): a lane process spends its first second importing JAX, which then overlaps
   the driver's set-up too; the pool takes them (`take_early_lanes`). `abandon` ends it
   all if no pool took it."""
-  if 'thread' in _SOON or _EARLY:
+  if 'thread' in _SOON:
     return
+  _kill_early_lanes()  # an earlier run's that no pool took
   if ray.is_initialized():
     _start_early_lanes(lanes)
     return
@@ -139,7 +143,7 @@ def connect_soon(address: str | None, lanes: Sequence[LaneSpec] = ()) -> None:
       start['outcome'] = outcome = _connect_now(address)
     except BaseException as error:  # raised again by the `connect` that waits for it
       start['outcome'], outcome = error, None
-    if outcome is not None:
+    if outcome is not None and not start.get('given_up'):
       _start_early_lanes(lanes)  # before `begun`: a pool that connects finds them
     begun.set()
     if outcome is True and address is None:
@@ -163,18 +167,23 @@ def _start_early_lanes(lanes: Sequence[LaneSpec]) -> None:
     check_gpus(lanes)
     for spec in lanes:
       actors[spec] = lane_actor(spec, {}, authkey)
-  except Exception:  # pylint: disable=broad-except
+  except BaseException as error:
     for actor in actors.values():
       kill(actor)
+    if not isinstance(error, Exception):  # Ctrl-C, say: the run stops
+      raise
+    logging.getLogger(__name__).info('lanes: none started early (%s)', error)
     return
-  _EARLY.update(actors=actors, authkey=authkey)
+  with _EARLY_LOCK:
+    _EARLY.update(actors=actors, authkey=authkey)
 
 
 def take_early_lanes() -> tuple[bytes | None, dict]:
   """`(authkey, {spec: actor})`: the lane processes `connect_soon` started, now the
   caller's (it kills those it does not keep); `(None, {})` if none."""
-  early = dict(_EARLY)
-  _EARLY.clear()
+  with _EARLY_LOCK:
+    early = dict(_EARLY)
+    _EARLY.clear()
   return early.get('authkey'), early.get('actors', {})
 
 
@@ -186,14 +195,14 @@ def _kill_early_lanes() -> None:
 def abandon() -> None:
   """Ends a connection `connect_soon` began that no pool took (the run stopped before
   its lanes started), and the lane processes it started, so that no process is left."""
+  if 'thread' in _SOON:
+    try:
+      connect(_SOON['address'])  # waits for the start, and the lanes it starts
+    except BaseException:  # it never connected
+      pass
+    else:
+      shutdown()  # (the early lanes too)
   _kill_early_lanes()
-  if 'thread' not in _SOON:
-    return
-  try:
-    connect(_SOON['address'])
-  except BaseException:  # it never connected
-    return
-  shutdown()
 
 
 def started_here() -> bool:

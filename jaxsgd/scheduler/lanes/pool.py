@@ -219,7 +219,8 @@ class LanePool:
     try:
       cluster.check_gpus(placement.lanes)
       self._env = env or {}
-      self._actors = self._start_lanes(placement.lanes)
+      self._actors = {}  # filled as each starts: `close` ends those started so far
+      self._start_lanes(placement.lanes)
       self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
       self.info = self._gather_info()
       for name in placement.names:
@@ -1029,22 +1030,21 @@ class LanePool:
       freed, self._freed[lane] = tuple(self._freed[lane]), []
     return freed
 
-  def _start_lanes(self, specs: Sequence[LaneSpec]) -> dict:
-    """An actor per lane: the processes `cluster.connect_soon` started for these very
-    lanes (they serve with its key, which the pool then takes), the others started now.
-    Early ones this pool does not take are ended."""
+  def _start_lanes(self, specs: Sequence[LaneSpec]) -> None:
+    """An actor per lane (`_actors`): the processes `cluster.connect_soon` started for
+    these very lanes (they serve with its key, which the pool then takes), the others
+    started now. Early ones this pool does not take are ended."""
     authkey, early = cluster.take_early_lanes()
-    taken = {}
     if not self._env and any(spec in early for spec in specs):
       self._authkey = authkey
-      taken = {spec.name: early.pop(spec) for spec in specs if spec in early}
+      self._actors.update({spec.name: early.pop(spec) for spec in specs if spec in early})
+    self.started_early = tuple(self._actors)
     for actor in early.values():
       cluster.kill(actor)
-    self.started_early = tuple(taken)
-    return {
-      spec.name: taken.get(spec.name) or cluster.lane_actor(spec, self._env, self._authkey)
-      for spec in specs
-    }
+    for spec in specs:
+      if spec.name not in self._actors:
+        self._actors[spec.name] = cluster.lane_actor(spec, self._env, self._authkey)
+    self._actors = {spec.name: self._actors[spec.name] for spec in specs}  # placement order
 
   def _gather_info(self) -> dict[str, dict]:
     refs = {name: actor.info.remote() for name, actor in self._actors.items()}
