@@ -255,9 +255,9 @@ def _start_lane_cluster(settings):
 
   if shared.emulated:  # its driver may time its tasks first: the lanes wait for that
     early = ()
-  elif shared.placement.lanes is not None:  # placed as `clocks.executor` places them
+  elif shared.placement.lanes is not None:  # as `clocks.make_executor` places them
     early = LanePlacement.parse(shared.placement.lanes).lanes
-  else:
+  else:  # as `ProcessExecutor` spreads the run's lanes
     early = LanePlacement.spread(shared.lanes).lanes if shared.lanes else ()
   cluster.connect_soon(shared.cluster_address, early)
   return cluster

@@ -1035,16 +1035,18 @@ class LanePool:
     these very lanes (they serve with its key, which the pool then takes), the others
     started now. Early ones this pool does not take are ended."""
     authkey, early = cluster.take_early_lanes()
-    if not self._env and any(spec in early for spec in specs):
+    taken = () if self._env else tuple(spec for spec in specs if spec in early)
+    if taken:
       self._authkey = authkey
-      self._actors.update({spec.name: early.pop(spec) for spec in specs if spec in early})
-    self.started_early = tuple(self._actors)
-    for actor in early.values():
-      cluster.kill(actor)
-    for spec in specs:
-      if spec.name not in self._actors:
-        self._actors[spec.name] = cluster.lane_actor(spec, self._env, self._authkey)
-    self._actors = {spec.name: self._actors[spec.name] for spec in specs}  # placement order
+    self.started_early = tuple(spec.name for spec in taken)
+    try:
+      for spec in specs:
+        self._actors[spec.name] = (
+          early.pop(spec) if spec in taken else cluster.lane_actor(spec, self._env, self._authkey)
+        )
+    finally:  # those not taken, and on a failure those not reached yet
+      for actor in early.values():
+        cluster.kill(actor)
 
   def _gather_info(self) -> dict[str, dict]:
     refs = {name: actor.info.remote() for name, actor in self._actors.items()}
