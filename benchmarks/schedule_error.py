@@ -20,8 +20,9 @@ in step on the virtual clock for the whole run, which lanes in processes never d
              machine with fewer cores is fine, an emulated task only waits), each task
              waiting exactly its price while every message moves a payload of its real
              size between the lane processes (`scheduler/process.py`, emulated tasks);
-  virtual    `clock='virtual'` with the process executor's host profile measured at
-             the start (`cost.host`, `experiments.profile.measure_host('processes')`):
+  virtual    `clock='virtual'` with the process executor's host profile (`cost.host`,
+             `experiments.profile.measure_host('processes')`) measured before each
+             round, each figure the median of the rounds' (`median_host`):
              its schedule (running ahead), its dispatch per task (an emulated lane's
              time between queued calls, `emulated_host`), its driver (CPU per
              event, each message's way), its moves between lane processes and copies
@@ -468,6 +469,63 @@ def emulated_host(host, dispatch: float):
   return with_figures(unloaded(host), {'dispatch': dispatch, 'dispatch_loaded': dispatch})
 
 
+def measure_round_host(args):
+  """The host profile the virtual runs would price the rows with, measured now
+  (`experiments.profile.measure_host('processes')`), its dispatch an emulated lane's
+  (`emulated_host`): on a lane placed as the rows' are (on no core in particular), after
+  emulated tasks of `--forward` seconds, the median of 9 chains of 40. Pinned, a lane's
+  queued calls come closer and spread less than the rows' do
+  (benchmarks/results/schedule_error.md)."""
+  from experiments import profile as profile_command
+  from jaxsgd.scheduler import lane_timing
+  from jaxsgd.scheduler.lanes import LanePlacement, LanePool
+
+  measured = profile_command.measure_host('processes')
+  placement = LanePlacement.parse(EMULATED_LANE_SPEC)
+  with LanePool(placement, verbose=False) as pool:
+    dispatch = lane_timing.measure_call_gap(
+      pool, placement.names[0], seconds=args.forward, repeats=9
+    )
+  return emulated_host(measured, dispatch)
+
+
+def median_host(hosts: list):
+  """One host profile from several measurements of it (`HostProfile`s of one executor and
+  host): each figure the median of its measurements. On a shared machine a host's
+  figures can move from one measurement to the next, minutes apart, by more than the
+  error this benchmark looks for, while the emulated rows run alike
+  (benchmarks/results/schedule_error.md): the rows, whose emulated runs are spread over
+  every round, are priced with figures measured over the rounds alike."""
+  from jaxsgd.scheduler import host as host_lib
+
+  names = [dict(host.figures) for host in hosts]
+  if not names or any(set(figures) != set(names[0]) for figures in names):
+    raise ValueError(f'median_host: profiles with the same figures; got {names}')
+  median = {name: float(np.median([figures[name] for figures in names])) for name in names[0]}
+  return host_lib.make(hosts[0].executor, median, cores=hosts[0].cores)
+
+
+# The figures a round's line shows (the rest are in the last profile's line and the JSON).
+ROUND_FIGURES = ('dispatch', 'driver', 'driver_latency', 'link_latency', 'link_per_array')
+
+
+def _host_line(host) -> str:
+  figures = dict(host.figures)
+  return ', '.join(f'{name} {1e6 * figures[name]:.0f} µs' for name in ROUND_FIGURES)
+
+
+def _host_spread(hosts: list) -> str:
+  """Each figure's spread over the measurements: (largest - smallest) / median."""
+  names = dict(hosts[0].figures)
+  spreads = []
+  for name in names:
+    values = [dict(host.figures)[name] for host in hosts]
+    middle = float(np.median(values))
+    if middle > 0 and np.isfinite(middle):
+      spreads.append(f'{name} {100 * (max(values) - min(values)) / middle:.0f} %')
+  return 'spread (largest - smallest) / median: ' + ', '.join(spreads)
+
+
 def new_row(name: str, lanes: int, args) -> dict:
   """A row of the tables: family `name` with `lanes` lanes, its emulated runs to come."""
   return {'family': name, 'lanes': lanes, 'steps': steps_of(name, lanes, args), 'runs': []}
@@ -892,19 +950,8 @@ def main():
 
   cluster.connect(None)  # one Ray cluster for every run (each run starts its own lanes)
   sampler = CpuSampler()
-  rows = []
+  rows, hosts = [], []
   try:
-    from experiments import profile as profile_command
-
-    measured = profile_command.measure_host('processes')
-    # The emulated rows' dispatch, on a lane placed as theirs are (on no core in
-    # particular): pinned, a lane's queued calls come closer and spread less than the
-    # rows' do (benchmarks/results/schedule_error.md).
-    placement = LanePlacement.parse(EMULATED_LANE_SPEC)
-    with LanePool(placement, verbose=False) as pool:
-      emulated = lane_timing.measure_call_gap(
-        pool, placement.names[0], seconds=args.forward, repeats=9
-      )
     with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
       trips = round_trips(pool)
       spread = 'given'
@@ -913,23 +960,6 @@ def main():
         spread = (
           "measured: the σ of a computing task's log-duration on one lane, median of 3 chains of 40"
         )
-
-    host = emulated_host(measured, emulated)
-    figures = ', '.join(f'{name} {value:.3g}' for name, value in measured.figures)
-    print(
-      f"virtual clock: cost.host = the process executor's host profile measured at the start "
-      f'({host.cores} cores; its idle figures for every row, since an emulated task loads no '
-      f"core; its dispatch an emulated lane's, below): {figures}",
-      flush=True,
-    )
-    print(
-      "a lane's time between two queued calls, from a task's end to the next one's start, "
-      f'µs: after computed tasks {1e6 * measured.figure("dispatch"):.0f} (the host profile'
-      "'s dispatch: a lane pinned to a core, median of 5 chains of 40), after emulated tasks "
-      f"of {1e3 * args.forward:.0f} ms {1e6 * emulated:.0f} (the emulated rows' dispatch: a "
-      'lane on no core in particular, as theirs, median of 9 chains of 40)',
-      flush=True,
-    )
     print(
       f'task spread: cost.straggler_std = {args.spread:.4f} on both sides ({spread}), each '
       "lane's draws the same",
@@ -946,6 +976,8 @@ def main():
     )
     rows = [new_row(name, k, args) for name, k in runs]
     for repeat in range(args.repeats):  # interleaved: every row once per round
+      hosts.append(measure_round_host(args))
+      print(f'  host profile before round {repeat + 1}: {_host_line(hosts[-1])}', flush=True)
       for row in rows:
         if 'skipped' not in row:
           emulate(row, repeat, args, root, sampler)
@@ -953,12 +985,23 @@ def main():
         f'  round {repeat + 1} of {args.repeats} emulated; load {os.getloadavg()[0]:.1f}',
         flush=True,
       )
+    host = median_host(hosts)
+    figures = ', '.join(f'{name} {value:.3g}' for name, value in host.figures)
+    print(
+      "virtual clock: cost.host = the process executor's host profile, each figure the "
+      f'median of its {len(hosts)} measurements, one before each round ({host.cores} cores; '
+      'its idle figures for every row, since an emulated task loads no core; its dispatch '
+      f"an emulated lane's): {figures}",
+      flush=True,
+    )
+    print(f'host profile over the rounds: {_host_spread(hosts)}', flush=True)
     for row in rows:
       if 'skipped' not in row:
         model_row(row, args, host, root)
       if args.out:
         with open(args.out, 'w') as f:
-          json.dump({'host': dict(host.figures), 'rows': rows}, f)
+          rounds = [dict(h.figures) for h in hosts]
+          json.dump({'host': dict(host.figures), 'hosts': rounds, 'rows': rows}, f)
       print(f'  {label(row["family"], row["lanes"])}: {_one_line(row)}', flush=True)
   finally:
     cluster.shutdown()

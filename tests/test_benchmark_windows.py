@@ -135,6 +135,27 @@ def test_emulated_rows_take_the_emulated_lanes_dispatch_idle_and_loaded():
   }
 
 
+def test_the_rows_are_priced_with_each_figure_the_median_of_the_rounds_profiles():
+  """`median_host`: three hand-written profiles, one per round; each figure of the result
+  is the median of its three values (not one round's profile), and profiles that do
+  not measure the same figures are refused."""
+  from jaxsgd.scheduler import host as host_lib
+
+  base = {name: 1e-4 for name in host_lib.FIGURES['processes']}
+  rounds = [
+    {**base, 'dispatch': 3e-4, 'link_latency': 2e-3, 'driver': 1e-4},
+    {**base, 'dispatch': 5e-4, 'link_latency': 1e-3, 'driver': 3e-4},
+    {**base, 'dispatch': 4e-4, 'link_latency': 9e-4, 'driver': 2e-4},
+  ]
+  hosts = [host_lib.make('processes', figures, cores=2) for figures in rounds]
+  median = schedule_error.median_host(hosts)
+  assert dict(median.figures) == {**base, 'dispatch': 4e-4, 'link_latency': 1e-3, 'driver': 2e-4}
+  assert (median.executor, median.cores) == ('processes', 2)
+  fewer = host_lib.make('in_process', {'dispatch': 1e-4}, cores=2)
+  with pytest.raises(ValueError, match='the same figures'):
+    schedule_error.median_host([hosts[0], fewer])
+
+
 def test_a_row_leaves_out_its_warm_up_and_the_filling_then_runs_its_blocks():
   """`--warmup 8 --blocks 8`: BP leaves out 8 iterations, a pipeline or PD-ASGD also 2 per
   lane (K = 4: 16), ASGD 4 per worker (24), LPP-SGD 64 per worker (264: its averaging
