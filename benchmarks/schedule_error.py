@@ -470,12 +470,12 @@ def emulated_host(host, dispatch: float):
 
 
 def measure_round_host(args):
-  """The host profile the virtual runs would price the rows with, measured now
-  (`experiments.profile.measure_host('processes')`), its dispatch an emulated lane's
-  (`emulated_host`): on a lane placed as the rows' are (on no core in particular), after
-  emulated tasks of `--forward` seconds, the median of 9 chains of 40. Pinned, a lane's
-  queued calls come closer and spread less than the rows' do
-  (benchmarks/results/schedule_error.md)."""
+  """The host profile the virtual runs would price the rows with, measured now, and the
+  profile as measured (`experiments.profile.measure_host('processes')`): the first is the
+  second's idle figures with an emulated lane's dispatch (`emulated_host`) — on a lane
+  placed as the rows' are (on no core in particular), after emulated tasks of `--forward`
+  seconds, the median of 9 chains of 40. Pinned, a lane's queued calls come closer and
+  spread less than the rows' do (benchmarks/results/schedule_error.md)."""
   from experiments import profile as profile_command
   from jaxsgd.scheduler import lane_timing
   from jaxsgd.scheduler.lanes import LanePlacement, LanePool
@@ -486,7 +486,7 @@ def measure_round_host(args):
     dispatch = lane_timing.measure_call_gap(
       pool, placement.names[0], seconds=args.forward, repeats=9
     )
-  return emulated_host(measured, dispatch)
+  return emulated_host(measured, dispatch), measured
 
 
 def median_host(hosts: list):
@@ -498,31 +498,44 @@ def median_host(hosts: list):
   every round, are priced with figures measured over the rounds alike."""
   from jaxsgd.scheduler import host as host_lib
 
-  names = [dict(host.figures) for host in hosts]
-  if not names or any(set(figures) != set(names[0]) for figures in names):
-    raise ValueError(f'median_host: profiles with the same figures; got {names}')
-  median = {name: float(np.median([figures[name] for figures in names])) for name in names[0]}
+  figure_sets = [dict(host.figures) for host in hosts]
+  kinds = {(host.executor, host.cores) for host in hosts}
+  if not hosts or len(kinds) > 1 or any(set(f) != set(figure_sets[0]) for f in figure_sets):
+    raise ValueError(
+      'median_host: profiles of one executor and host, with the same figures; got '
+      f'{sorted(kinds)} and figures {[sorted(f) for f in figure_sets]}'
+    )
+  median = {
+    name: float(np.median([figures[name] for figures in figure_sets])) for name in figure_sets[0]
+  }
   return host_lib.make(hosts[0].executor, median, cores=hosts[0].cores)
 
 
-# The figures a round's line shows (the rest are in the last profile's line and the JSON).
+# The figures a round's line shows; each round's others are in the JSON (`--out`), and the
+# spread of every figure over the rounds on the line after the rounds.
 ROUND_FIGURES = ('dispatch', 'driver', 'driver_latency', 'link_latency', 'link_per_array')
 
 
-def _host_line(host) -> str:
+def _host_line(host, measured) -> str:
   figures = dict(host.figures)
-  return ', '.join(f'{name} {1e6 * figures[name]:.0f} µs' for name in ROUND_FIGURES)
+  shown = ', '.join(f'{name} {1e6 * figures[name]:.0f} µs' for name in ROUND_FIGURES)
+  return f"{shown} (a computed task's dispatch: {1e6 * measured.figure('dispatch'):.0f} µs)"
 
 
 def _host_spread(hosts: list) -> str:
-  """Each figure's spread over the measurements: (largest - smallest) / median."""
-  names = dict(hosts[0].figures)
+  """Each figure's spread over the measurements, (largest - smallest) / median: the idle
+  figures the rows are priced with (the `_loaded` copies and `upkeep` left out), 'inf'
+  where a bandwidth was measured infinite (a move no slower for more bytes)."""
   spreads = []
-  for name in names:
-    values = [dict(host.figures)[name] for host in hosts]
+  for name, _ in hosts[0].figures:
+    if name.endswith('_loaded') or name == 'upkeep':
+      continue
+    values = [host.figure(name) for host in hosts]
     middle = float(np.median(values))
-    if middle > 0 and np.isfinite(middle):
+    if all(np.isfinite(values)) and middle > 0:
       spreads.append(f'{name} {100 * (max(values) - min(values)) / middle:.0f} %')
+    elif middle > 0:
+      spreads.append(f'{name} inf')
   return 'spread (largest - smallest) / median: ' + ', '.join(spreads)
 
 
@@ -950,7 +963,7 @@ def main():
 
   cluster.connect(None)  # one Ray cluster for every run (each run starts its own lanes)
   sampler = CpuSampler()
-  rows, hosts = [], []
+  rows, hosts, measurements = [], [], []  # per round: the rows' profile; as measured
   try:
     with LanePool(LanePlacement.parse('lane@cores=0'), verbose=False) as pool:
       trips = round_trips(pool)
@@ -976,8 +989,11 @@ def main():
     )
     rows = [new_row(name, k, args) for name, k in runs]
     for repeat in range(args.repeats):  # interleaved: every row once per round
-      hosts.append(measure_round_host(args))
-      print(f'  host profile before round {repeat + 1}: {_host_line(hosts[-1])}', flush=True)
+      round_host, measured = measure_round_host(args)
+      hosts.append(round_host)
+      measurements.append(measured)
+      line = _host_line(round_host, measured)
+      print(f'  host profile before round {repeat + 1}: {line}', flush=True)
       for row in rows:
         if 'skipped' not in row:
           emulate(row, repeat, args, root, sampler)
@@ -1000,8 +1016,8 @@ def main():
         model_row(row, args, host, root)
       if args.out:
         with open(args.out, 'w') as f:
-          rounds = [dict(h.figures) for h in hosts]
-          json.dump({'host': dict(host.figures), 'hosts': rounds, 'rows': rows}, f)
+          rounds = [dict(h.figures) for h in measurements]
+          json.dump({'host': dict(host.figures), 'measured': rounds, 'rows': rows}, f)
       print(f'  {label(row["family"], row["lanes"])}: {_one_line(row)}', flush=True)
   finally:
     cluster.shutdown()

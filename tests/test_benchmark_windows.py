@@ -154,6 +154,28 @@ def test_the_rows_are_priced_with_each_figure_the_median_of_the_rounds_profiles(
   fewer = host_lib.make('in_process', {'dispatch': 1e-4}, cores=2)
   with pytest.raises(ValueError, match='the same figures'):
     schedule_error.median_host([hosts[0], fewer])
+  other_host = host_lib.make('processes', rounds[1], cores=4)
+  with pytest.raises(ValueError, match='one executor and host'):
+    schedule_error.median_host([hosts[0], other_host])
+
+
+def test_the_rounds_profiles_spread_is_printed_per_idle_figure_infinite_bandwidth_named():
+  """`_host_spread`: (largest - smallest) / median of each figure over the rounds
+  (dispatch 3, 5, 4e-4: 50 %), the `_loaded` copies and `upkeep` left out, a bandwidth
+  measured infinite in one round said so rather than printed as 'inf %'."""
+  from jaxsgd.scheduler import host as host_lib
+
+  base = {name: 1e-4 for name in host_lib.FIGURES['processes']}
+  rounds = [
+    {**base, 'dispatch': 3e-4, 'take_in_bandwidth': 1e9},
+    {**base, 'dispatch': 5e-4, 'take_in_bandwidth': float('inf')},
+    {**base, 'dispatch': 4e-4, 'take_in_bandwidth': 2e9},
+  ]
+  hosts = [host_lib.make('processes', figures, cores=2) for figures in rounds]
+  line = schedule_error._host_spread(hosts)
+  assert 'dispatch 50 %' in line and 'driver 0 %' in line
+  assert 'take_in_bandwidth inf' in line and 'inf %' not in line
+  assert '_loaded' not in line and 'upkeep' not in line
 
 
 def test_a_row_leaves_out_its_warm_up_and_the_filling_then_runs_its_blocks():
