@@ -496,19 +496,12 @@ def median_host(hosts: list):
   error this benchmark looks for, while the emulated rows run alike
   (benchmarks/results/schedule_error.md): the rows, whose emulated runs are spread over
   every round, are priced with figures measured over the rounds alike."""
-  from jaxsgd.scheduler import host as host_lib
-
-  figure_sets = [dict(host.figures) for host in hosts]
   kinds = {(host.executor, host.cores) for host in hosts}
-  if not hosts or len(kinds) > 1 or any(set(f) != set(figure_sets[0]) for f in figure_sets):
-    raise ValueError(
-      'median_host: profiles of one executor and host, with the same figures; got '
-      f'{sorted(kinds)} and figures {[sorted(f) for f in figure_sets]}'
-    )
-  median = {
-    name: float(np.median([figures[name] for figures in figure_sets])) for name in figure_sets[0]
-  }
-  return host_lib.make(hosts[0].executor, median, cores=hosts[0].cores)
+  if len(kinds) != 1:  # (a profile of one executor has all of its figures: `host.make`)
+    raise ValueError(f'median_host: profiles of one executor and host; got {sorted(kinds)}')
+  names = [name for name, _ in hosts[0].figures]
+  median = {name: float(np.median([host.figure(name) for host in hosts])) for name in names}
+  return with_figures(hosts[0], median)
 
 
 # The figures a round's line shows; each round's others are in the JSON (`--out`), and the
@@ -517,8 +510,7 @@ ROUND_FIGURES = ('dispatch', 'driver', 'driver_latency', 'link_latency', 'link_p
 
 
 def _host_line(host, measured) -> str:
-  figures = dict(host.figures)
-  shown = ', '.join(f'{name} {1e6 * figures[name]:.0f} µs' for name in ROUND_FIGURES)
+  shown = ', '.join(f'{name} {1e6 * host.figure(name):.0f} µs' for name in ROUND_FIGURES)
   return f"{shown} (a computed task's dispatch: {1e6 * measured.figure('dispatch'):.0f} µs)"
 
 

@@ -137,8 +137,8 @@ def test_emulated_rows_take_the_emulated_lanes_dispatch_idle_and_loaded():
 
 def test_the_rows_are_priced_with_each_figure_the_median_of_the_rounds_profiles():
   """`median_host`: three hand-written profiles, one per round; each figure of the result
-  is the median of its three values (not one round's profile), and profiles that do
-  not measure the same figures are refused."""
+  is the median of its three values (not one round's profile), and profiles of another
+  executor or another host are refused."""
   from jaxsgd.scheduler import host as host_lib
 
   base = {name: 1e-4 for name in host_lib.FIGURES['processes']}
@@ -151,9 +151,9 @@ def test_the_rows_are_priced_with_each_figure_the_median_of_the_rounds_profiles(
   median = schedule_error.median_host(hosts)
   assert dict(median.figures) == {**base, 'dispatch': 4e-4, 'link_latency': 1e-3, 'driver': 2e-4}
   assert (median.executor, median.cores) == ('processes', 2)
-  fewer = host_lib.make('in_process', {'dispatch': 1e-4}, cores=2)
-  with pytest.raises(ValueError, match='the same figures'):
-    schedule_error.median_host([hosts[0], fewer])
+  in_process = host_lib.make('in_process', {'dispatch': 1e-4}, cores=2)
+  with pytest.raises(ValueError, match='one executor and host'):
+    schedule_error.median_host([hosts[0], in_process])
   other_host = host_lib.make('processes', rounds[1], cores=4)
   with pytest.raises(ValueError, match='one executor and host'):
     schedule_error.median_host([hosts[0], other_host])
