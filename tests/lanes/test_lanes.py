@@ -227,6 +227,44 @@ def test_a_number_a_task_returns_comes_with_its_reply_and_is_read_without_a_call
   assert pool.scalar(types.SimpleNamespace(key=key)) is None  # dropped with its handle
 
 
+def test_a_copy_of_a_number_is_read_without_a_call_as_its_source_is(pool, monkeypatch):
+  """A loss moved to another lane (an ASGD worker's, sent to the server with its push) is
+  the number its task replied with: the driver's loss checks read it with no call to the
+  receiving lane, which would wait behind the calls queued there (a server's update:
+  each check of a 32-worker run waited ~7 ms, while the server's next update did).
+  Known at the move, or once the task that made it replies; a copy of a copy too."""
+  w = pool.run('a', task('init'), (3,))
+  _, loss, _ = pool.run('a', task('loss'), (w, X))  # its outline known from now on
+  expected = pool.scalar(loss)
+  busy = pool.start('a', task('hang'), (0.5,))
+  late = pool.start('a', task('loss'), (w, X))  # behind `hang`: no reply yet
+  _, late_loss, _ = pool.early(late)
+  moved_now = pool.move(loss, 'b')
+  moved_late, dropped = pool.move(late_loss, 'b'), pool.move(late_loss, 'b')
+  moved_on = pool.move(moved_late, 'a')
+  assert pool.scalar(moved_now) == expected
+  assert pool.scalar(moved_late) is None and pool.scalar(moved_on) is None
+  dropped_key = dropped.key
+  del dropped
+  pool.wait_any([busy])
+  pool.wait_any([late])
+  assert pool.scalar(moved_late) == expected and pool.scalar(moved_on) == expected
+  assert pool.scalar(types.SimpleNamespace(key=dropped_key)) is None  # (not kept for it)
+  values = [LaneValue(types.SimpleNamespace(pool=pool), h) for h in (moved_late, moved_on)]
+  busy = pool.start('b', task('hang'), (0.5,))  # a call would wait for this one
+
+  def no_call(*args):
+    raise AssertionError(f'a call to a lane: {args[:2]}')
+
+  monkeypatch.setattr(pool, '_call', no_call)
+  assert not pool.idle('b') and all(value.is_ready() for value in values)
+  for value in values:
+    np.testing.assert_array_equal(np.asarray(value), expected)
+  monkeypatch.undo()
+  pool.wait_any([busy])
+  np.testing.assert_array_equal(pool.fetch(moved_on), np.float32(expected))  # the copy itself
+
+
 def test_only_named_tasks_reach_a_lane(pool):
   with pytest.raises(TypeError, match=r'a tasks\.Task \(recipe and name\) expected'):
     pool.start('a', lambda: 0)

@@ -208,6 +208,11 @@ class LanePool:
     # Handle keys of results that are one number -> the value, sent with the task's reply
     # (`scalar`); dropped with the handle.
     self._scalars: dict[Hashable, float | int | bool] = {}
+    # Copies (`_move`) of a one-number handle whose task has not replied yet: its call
+    # number -> (its part's path, a weak reference to each copy's handle), given the
+    # number with the reply; each live copy of such a copy -> its first source's key.
+    self._scalar_copies: dict[int, list[tuple[tuple, weakref.ref]]] = {}
+    self._scalar_source: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     if verbose:  # what the next seconds are spent on
       where = (
         'a Ray cluster on this machine' if address is None else f'the Ray cluster at {address}'
@@ -336,6 +341,7 @@ class LanePool:
       if error.lane == finished.lane:
         self._unfinished.pop(finished.key, None)
         del self._replies[finished.key]
+        self._scalar_copies.pop(finished.key, None)  # (no number will come)
       # Else the cause is another lane's (its death, or its earlier failure): this task's
       # failure stays to be read once the caller has dealt with that lane. Taken with the
       # first error, it was never read, and a run that tolerated the other lane's loss
@@ -344,8 +350,7 @@ class LanePool:
     self._unfinished.pop(finished.key, None)
     del self._replies[finished.key]
     outline, finished.entered, finished.started, finished.ended, finished.cpu, scalars = value
-    for path, number in scalars:
-      self._scalars[(finished.key, path)] = number
+    self._scalars_came(finished.key, dict(scalars))
     if outline is None:  # not asked for (`_task_call`): this lane described one before
       outline = self._outlines[finished.signature]
     else:
@@ -422,8 +427,9 @@ class LanePool:
   def scalar(self, handle: Handle) -> float | int | bool | None:
     """The handle's value, as a Python number (float64 where the lane's was float32), if
     it is one number whose task `wait_any` has returned (its lane sent it with the reply:
-    `LaneRuntime.run`), else None: read without a call,
-    which would wait behind every call queued on the lane."""
+    `LaneRuntime.run`) or a copy of one (`move`: a worker's loss sent to its server),
+    else None: read without a call, which would wait behind every call queued on the
+    lane (a parameter server's: a whole update, in every loss check)."""
     return self._scalars.get(handle.key)
 
   def keep(self, handle: Handle) -> int:
@@ -660,7 +666,32 @@ class LanePool:
         self._exported[number] = None  # timed once it arrives (`_heard`)
     else:
       landed.append(number)
-    return Handle(self, lane, key, handle.nbytes, handle.description)
+    copy = Handle(self, lane, key, handle.nbytes, handle.description)
+    if handle.description.endswith('[]'):  # one number, maybe: the copy's is the same
+      self._copy_scalar(handle, copy)
+    return copy
+
+  def _copy_scalar(self, source: Handle, copy: Handle) -> None:
+    """`copy` (of `source`, one array of no dimensions) has `source`'s number for
+    `scalar`: at once if known, else when the task that made the first source replies
+    (`_scalars_came`)."""
+    number = self._scalars.get(source.key)
+    if number is not None:
+      self._scalars[copy.key] = number
+      return
+    first = self._scalar_source.get(source, source.key)
+    self._scalar_source[copy] = first
+    self._scalar_copies.setdefault(first[0], []).append((first[1], weakref.ref(copy)))
+
+  def _scalars_came(self, number: int, scalars: dict) -> None:
+    """Call `number`'s reply said which parts of its result are one number
+    (`scalars`: path -> the number): theirs and their live copies' (`_copy_scalar`)."""
+    for path, value in scalars.items():
+      self._scalars[(number, path)] = value
+    for path, ref in self._scalar_copies.pop(number, ()):
+      copy = ref()
+      if copy is not None and path in scalars:
+        self._scalars[copy.key] = scalars[path]
 
   def _take_imports(self, lane: str, handles: list) -> tuple:
     """`(key, address of the lane sending it)` of those of `handles` (on `lane`) not
