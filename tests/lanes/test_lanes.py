@@ -230,9 +230,10 @@ def test_a_number_a_task_returns_comes_with_its_reply_and_is_read_without_a_call
 def test_a_copy_of_a_number_is_read_without_a_call_as_its_source_is(pool, monkeypatch):
   """A loss moved to another lane (an ASGD worker's, sent to the server with its push) is
   the number its task replied with: the driver's loss checks read it with no call to the
-  receiving lane, which would wait behind the calls queued there (a server's update:
-  each check of a 32-worker run waited ~7 ms, while the server's next update did).
-  Known at the move, or once the task that made it replies; a copy of a copy too."""
+  receiving lane, which would wait behind the calls queued there (fetched one by one
+  from an idle server, a 32-worker run's check took 4-9 ms while the server's next
+  update waited). Known at the move, or once the task that made it replies; a copy of
+  a copy too."""
   w = pool.run('a', task('init'), (3,))
   _, loss, _ = pool.run('a', task('loss'), (w, X))  # its outline known from now on
   expected = pool.scalar(loss)

@@ -429,7 +429,7 @@ class LanePool:
     it is one number whose task `wait_any` has returned (its lane sent it with the reply:
     `LaneRuntime.run`) or a copy of one (`move`: a worker's loss sent to its server),
     else None: read without a call, which would wait behind every call queued on the
-    lane (a parameter server's: a whole update, in every loss check)."""
+    lane, and whose round trip the driver waits for."""
     return self._scalars.get(handle.key)
 
   def keep(self, handle: Handle) -> int:
