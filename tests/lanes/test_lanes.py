@@ -236,23 +236,27 @@ def test_a_copy_of_a_number_is_read_without_a_call_as_its_source_is(pool, monkey
   a copy too."""
   w = pool.run('a', task('init'), (3,))
   _, loss, _ = pool.run('a', task('loss'), (w, X))  # its outline known from now on
-  expected = pool.scalar(loss)
-  busy = pool.start('a', task('hang'), (0.5,))
-  late = pool.start('a', task('loss'), (w, X))  # behind `hang`: no reply yet
+  loss_fn = lane_tasks.build_layer_tasks(0.5)['loss']
+  first, second = (float(loss_fn(pool.fetch(w), x)[1]) for x in (X, 2 * X))
+  assert first != second and pool.scalar(loss) == first
+  busy = pool.start('a', task('hang'), (1.0,))
+  late = pool.start('a', task('loss'), (w, 2 * X))  # behind `hang`: no reply yet
   _, late_loss, _ = pool.early(late)
   moved_now = pool.move(loss, 'b')
   moved_late, dropped = pool.move(late_loss, 'b'), pool.move(late_loss, 'b')
   moved_on = pool.move(moved_late, 'a')
-  assert pool.scalar(moved_now) == expected
-  assert pool.scalar(moved_late) is None and pool.scalar(moved_on) is None
+  moved_twice = pool.move(pool.move(late_loss, 'b'), 'a')  # its middle copy dropped
+  assert pool.scalar(moved_now) == first
+  assert all(pool.scalar(h) is None for h in (moved_late, moved_on, moved_twice))
   dropped_key = dropped.key
   del dropped
   pool.wait_any([busy])
   pool.wait_any([late])
-  assert pool.scalar(moved_late) == expected and pool.scalar(moved_on) == expected
+  assert [pool.scalar(h) for h in (moved_late, moved_on, moved_twice)] == [second] * 3
   assert pool.scalar(types.SimpleNamespace(key=dropped_key)) is None  # (not kept for it)
+  assert late.key not in pool._scalar_copies  # nothing left waiting for its reply
   values = [LaneValue(types.SimpleNamespace(pool=pool), h) for h in (moved_late, moved_on)]
-  busy = pool.start('b', task('hang'), (0.5,))  # a call would wait for this one
+  busy = pool.start('b', task('hang'), (1.0,))  # a call would wait for this one
 
   def no_call(*args):
     raise AssertionError(f'a call to a lane: {args[:2]}')
@@ -260,10 +264,10 @@ def test_a_copy_of_a_number_is_read_without_a_call_as_its_source_is(pool, monkey
   monkeypatch.setattr(pool, '_call', no_call)
   assert not pool.idle('b') and all(value.is_ready() for value in values)
   for value in values:
-    np.testing.assert_array_equal(np.asarray(value), expected)
+    np.testing.assert_array_equal(np.asarray(value), second)
   monkeypatch.undo()
   pool.wait_any([busy])
-  np.testing.assert_array_equal(pool.fetch(moved_on), np.float32(expected))  # the copy itself
+  np.testing.assert_array_equal(pool.fetch(moved_on), np.float32(second))  # the copy itself
 
 
 def test_only_named_tasks_reach_a_lane(pool):

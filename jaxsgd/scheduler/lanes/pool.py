@@ -208,9 +208,10 @@ class LanePool:
     # Handle keys of results that are one number -> the value, sent with the task's reply
     # (`scalar`); dropped with the handle.
     self._scalars: dict[Hashable, float | int | bool] = {}
-    # Copies (`_move`) of a one-number handle whose task has not replied yet: its call
-    # number -> (its part's path, a weak reference to each copy's handle), given the
-    # number with the reply; each live copy of such a copy -> its first source's key.
+    # Copies (`_move`) of a handle of no dimensions made by a task that has not replied
+    # yet: its call number -> (the part's path, a weak reference to each copy's handle),
+    # given the part's number with the reply if it is one; each copy registered there ->
+    # the key of the task's part it copies (a copy of it copies that part too).
     self._scalar_copies: dict[int, list[tuple[tuple, weakref.ref]]] = {}
     self._scalar_source: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
     if verbose:  # what the next seconds are spent on
@@ -350,7 +351,7 @@ class LanePool:
     self._unfinished.pop(finished.key, None)
     del self._replies[finished.key]
     outline, finished.entered, finished.started, finished.ended, finished.cpu, scalars = value
-    self._scalars_came(finished.key, dict(scalars))
+    self._scalars_came(finished.key, scalars)
     if outline is None:  # not asked for (`_task_call`): this lane described one before
       outline = self._outlines[finished.signature]
     else:
@@ -536,6 +537,7 @@ class LanePool:
     # A process in its place has checked no result's structure (`LaneRuntime._rebuilt`).
     self._described = {done for done in self._described if done[0] != lane}
     self._unfinished = {k: p for k, p in self._unfinished.items() if p.lane != lane}
+    self._scalar_copies = {n: c for n, c in self._scalar_copies.items() if n in self._unfinished}
     self._forgotten = {  # (their replies come on its link, which is no longer read)
       k: p for k, p in self._forgotten.items() if p is None or p.lane != lane
     }
@@ -606,6 +608,7 @@ class LanePool:
   def _forget(self, number: int, pending: Pending | None) -> None:
     """Drops call or copy `number`'s reply (read, or when it comes: `_heard`), freeing
     the result a forgotten task made (`reset`)."""
+    self._scalar_copies.pop(number, None)  # (no number will come)
     reply = self._replies.pop(number, None)
     if reply is None:
       self._forgotten[number] = pending
@@ -680,18 +683,23 @@ class LanePool:
       self._scalars[copy.key] = number
       return
     first = self._scalar_source.get(source, source.key)
+    if first[0] not in self._unfinished:  # replied (not a number), or no reply to come
+      return
     self._scalar_source[copy] = first
     self._scalar_copies.setdefault(first[0], []).append((first[1], weakref.ref(copy)))
 
-  def _scalars_came(self, number: int, scalars: dict) -> None:
+  def _scalars_came(self, number: int, scalars: tuple) -> None:
     """Call `number`'s reply said which parts of its result are one number
-    (`scalars`: path -> the number): theirs and their live copies' (`_copy_scalar`)."""
-    for path, value in scalars.items():
+    (`scalars`: `(path, the number)`s): theirs and their live copies' (`_copy_scalar`)."""
+    for path, value in scalars:
       self._scalars[(number, path)] = value
-    for path, ref in self._scalar_copies.pop(number, ()):
-      copy = ref()
-      if copy is not None and path in scalars:
-        self._scalars[copy.key] = scalars[path]
+    copies = self._scalar_copies.pop(number, None)
+    if copies:
+      by_path = dict(scalars)
+      for path, ref in copies:
+        copy = ref()
+        if copy is not None and path in by_path:
+          self._scalars[copy.key] = by_path[path]
 
   def _take_imports(self, lane: str, handles: list) -> tuple:
     """`(key, address of the lane sending it)` of those of `handles` (on `lane`) not
@@ -1137,6 +1145,7 @@ class LanePool:
     other_lane, cause, other_task, other_key, other_ref = root
     if other_ref is not None:
       self._unfinished.pop(other_ref, None)  # accounted for by this error: not blamed again
+      self._scalar_copies.pop(other_ref, None)
       # (the others stay, each reported when read: taken here, a worker's failed forward
       # was never read, and its backward's failure was blamed on a KeyError)
       return self._describe(other_lane, cause, other_task, None, other_key)
