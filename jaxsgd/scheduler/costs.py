@@ -168,9 +168,17 @@ class CostSampler:
       seconds = self._seconds[key] = self.model.base(kind, stage) / self.model.speed(lane)
     sigma = self.model.straggler_std
     if sigma:
-      rng = self._rngs.setdefault(lane, np.random.default_rng([self.model.seed, lane]))
-      seconds *= math.exp(sigma * rng.standard_normal() - sigma * sigma / 2)
+      seconds *= math.exp(sigma * self._rng(lane).standard_normal() - sigma * sigma / 2)
     return seconds + self.model.dispatch
+
+  def _rng(self, lane: int) -> np.random.Generator:
+    """Lane `lane`'s generator, seeded `[seed, lane]`, made at its first draw only: making
+    one (a seed sequence hashed, a bit generator) costs ~100x a draw, and the emulated
+    executor's driver draws at every dispatch, on the run's critical path."""
+    rng = self._rngs.get(lane)
+    if rng is None:
+      rng = self._rngs[lane] = np.random.default_rng([self.model.seed, lane])
+    return rng
 
 
 def time_calls(calls: Mapping[Any, tuple[Callable, tuple]], reps: int = 3) -> dict[Any, float]:

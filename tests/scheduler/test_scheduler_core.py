@@ -93,6 +93,22 @@ def test_device_speeds_and_seeded_stragglers():
   assert abs(np.mean([sampler.duration('work', 0, 0) for _ in range(20000)]) - 1) < 0.02
 
 
+def test_each_lane_draws_its_own_seeded_stream_from_one_generator(monkeypatch):
+  """Lane L's k-th straggler factor is exp(σ·z_k − σ²/2), z_k the k-th normal of
+  `default_rng([seed, L])`, however the lanes' draws interleave; each lane's generator is
+  made once (making one costs ~100x a draw, and the emulated driver draws per dispatch)."""
+  sigma, seed = 0.5, 3
+  streams = {lane: np.random.default_rng([seed, lane]) for lane in (0, 1)}
+  made = []
+  real_default_rng = np.random.default_rng
+  monkeypatch.setattr(np.random, 'default_rng', lambda s: made.append(s) or real_default_rng(s))
+  sampler = CostModel({'work': 2.0}, straggler_std=sigma, seed=seed).sampler()
+  for lane in (0, 1, 1, 0, 1, 1, 0):
+    factor = math.exp(sigma * streams[lane].standard_normal() - sigma * sigma / 2)
+    assert sampler.duration('work', None, lane) == 2.0 * factor
+  assert made == [[seed, 0], [seed, 1]]
+
+
 @pytest.mark.parametrize(
   'settings,message',
   [
