@@ -42,13 +42,3 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 def data_dir(tmp_path_factory) -> str:
   """One tfds data_dir per test session: offline datasets are generated once."""
   return str(tmp_path_factory.mktemp('tensorflow_datasets'))
-
-
-@pytest.fixture
-def listening_address():
-  """'127.0.0.1:PORT' of a socket that accepts connections (a `cluster_address` that
-  answers, where a test checks settings only)."""
-  import socket  # pylint: disable=g-import-not-at-top
-
-  with socket.create_server(('127.0.0.1', 0)) as server:
-    yield f'127.0.0.1:{server.getsockname()[1]}'

@@ -610,6 +610,9 @@ def shared_settings(config) -> SharedSettings:
     address = local_cluster_address()
   if address is not None:
     check_reachable(address, timeout)
+    from jaxsgd.scheduler.lanes import cluster  # Ray is imported only when asked for.
+
+    cluster.check_joinable(address)
   _check_placement_for(clock, executor, dict(config.get('placement') or {}))
   placement = placement_settings(config.get('placement'), stages)
   name = config.algorithm.name

@@ -540,7 +540,7 @@ def _config(name: str, **fields):
   return config
 
 
-def test_bad_input_is_refused_in_one_line_before_anything_compiles(listening_address):
+def test_bad_input_is_refused_in_one_line_before_anything_compiles(head):
   from jaxsgd import algorithms
 
   model = mlp()
@@ -565,7 +565,7 @@ def test_bad_input_is_refused_in_one_line_before_anything_compiles(listening_add
       algorithms.get(name).validate(config, model)
     assert '\n' not in str(error.value), name
   # What goes with lane processes goes with emulated ones.
-  config = _config('asgd', tolerate_lost_workers=True, cluster_address=listening_address)
+  config = _config('asgd', tolerate_lost_workers=True, cluster_address=head.address)
   shared = algorithms.get('asgd').validate(config, model).shared
   assert (shared.emulated, shared.on_lane_processes, shared.lane_processes) == (True,) * 3
-  assert shared.tolerate_lost_workers and shared.cluster_address == listening_address
+  assert shared.tolerate_lost_workers and shared.cluster_address == head.address

@@ -472,7 +472,7 @@ def test_a_pool_without_a_lane_of_the_run_is_refused_before_it_runs(pool):
   assert ran == []
 
 
-def test_config_executor_processes_is_checked_before_anything_starts(listening_address):
+def test_config_executor_processes_is_checked_before_anything_starts(head):
   from experiments.configs import default
 
   config = default.get_config()
@@ -485,9 +485,9 @@ def test_config_executor_processes_is_checked_before_anything_starts(listening_a
   with pytest.raises(ValueError, match=r"placement.lanes: lane 'stage0': cores like"):
     shared_settings(config)
   config.placement.lanes = 'stage0@cores=0; stage1@cores=1'
-  config.cluster_address = listening_address
+  config.cluster_address = head.address
   settings = shared_settings(config)
-  assert (settings.executor, settings.cluster_address) == ('processes', listening_address)
+  assert (settings.executor, settings.cluster_address) == ('processes', head.address)
   # A cluster nobody answers for: one line once cluster_timeout_s has passed, not Ray's
   # retries every 5 s for ever.
   closed = socket.create_server(('127.0.0.1', 0))

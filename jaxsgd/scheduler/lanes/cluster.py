@@ -13,10 +13,12 @@ and worker processes and Ray's monitors all at once, lets Ray stop its GCS and r
 is still alive after that (found by its directory).
 """
 
+import contextlib
 import gc
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -117,8 +119,99 @@ def _connect_now(address: str | None) -> bool:
       _temp_dir=_STARTED_HERE['temp_dir'],
     )
     return True
+  check_joinable(address)
   ray.init(address=address, configure_logging=False, job_config=code)
   return True  # connected here: disconnect (the cluster itself stays up) at close
+
+
+def check_joinable(address: str) -> None:
+  """Readies this process to join the Ray cluster at `address` (reachable: it answers
+  there), or refuses it in one line if the cluster refuses this process.
+
+  Ray (2.59 on) authenticates a cluster's processes by a token, on by default for a
+  cluster that `ray start --head` starts, and turns it on in a process that joins one only
+  where Ray found the cluster itself (`ray.init()` with no address). A process given the
+  address, as a run is (`cluster_address`, 'auto' too, found here), kept it off, and Ray
+  refused it after ~20 s, saying only that it could not connect. So here, where
+  `RAY_AUTH_MODE` is unset and the cluster refuses this process without a token, it joins
+  with its token (`RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token`), as Ray
+  joins a cluster it finds; not before (a cluster without authentication lost the lanes
+  of a driver that had turned it on, which is refused here too). A cluster that refuses
+  this process is refused at once. Where no Ray cluster answers the question at all,
+  `ray.init` says what it finds.
+  """
+  try:
+    from ray._private.authentication import authentication_token_setup as tokens
+    from ray._raylet import InnerGcsClient
+  except ImportError:  # a Ray without token authentication
+    return
+  refused = _refuses(InnerGcsClient, address)
+  if refused and 'RAY_AUTH_MODE' not in os.environ:
+    if tokens.maybe_enable_token_auth_if_token_available(warn_if_disabled=False):
+      refused = _refuses(InnerGcsClient, address)
+  if refused is False and os.environ.get('RAY_AUTH_MODE') == 'token' and _open_to_all(address):
+    raise ValueError(
+      f'cluster_address: the Ray cluster at {address} runs without authentication, and '
+      'this process with RAY_AUTH_MODE=token (its lanes would die at start: they could '
+      'not answer it); unset RAY_AUTH_MODE here, or start the cluster with a token.'
+    )
+  if refused:
+    mode = os.environ.get('RAY_AUTH_MODE', 'unset')
+    raise ValueError(
+      f"cluster_address: the Ray cluster at {address} refused this process's "
+      f"authentication (RAY_AUTH_MODE={mode}); give it the cluster's token "
+      '(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; `ray get-auth-token` '
+      'on the head prints it), or RAY_AUTH_MODE=disabled where the cluster has none.'
+    )
+
+
+# Milliseconds a cluster's GCS has to answer `check_joinable`'s question (it answers in
+# milliseconds; Ray's client waits for it several times over before giving up).
+_GCS_ANSWER_MS = 5000
+
+
+def _refuses(gcs_client, address: str) -> bool | None:
+  """Whether the cluster at `address` refuses this process's authentication: a client of
+  its GCS asks for the cluster's id at once; None if no answer came (no Ray cluster
+  there). The line Ray's log writes of a refusal is not shown (a second try may be let
+  in; a last refusal is said in one line)."""
+  with _stderr_silenced():
+    try:
+      gcs_client.standalone(address, None, _GCS_ANSWER_MS)
+    except ray.exceptions.AuthenticationError:
+      return True
+    except ray.exceptions.RpcError:
+      return None
+  return False
+
+
+def _open_to_all(address: str) -> bool:
+  """Whether the cluster at `address` lets in a process without authentication: a
+  process of its own asks (a process keeps the authentication it began with)."""
+  probe = (
+    'import sys; from ray._raylet import InnerGcsClient; '
+    f'InnerGcsClient.standalone(sys.argv[1], None, {_GCS_ANSWER_MS})'
+  )
+  env = {**os.environ, 'RAY_AUTH_MODE': 'disabled'}
+  env.pop('RAY_AUTH_TOKEN', None)
+  done = subprocess.run(
+    [sys.executable, '-c', probe, address], env=env, capture_output=True, timeout=60
+  )
+  return done.returncode == 0
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+  """Standard error (file descriptor 2, where Ray's C++ log writes) to /dev/null."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  try:
+    with open(os.devnull, 'w') as null:
+      os.dup2(null.fileno(), 2)
+    yield
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
 
 
 def connect_soon(address: str | None, lanes: Sequence[LaneSpec] = ()) -> None:
