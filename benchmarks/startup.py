@@ -10,7 +10,7 @@ ways per round (interleaved):
   own      the run starts a Ray cluster of its own (no `cluster_address`)
   running  the run joins a cluster already running on this machine
            (`--config.cluster_address=auto`; the benchmark starts it with `ray start
-           --head`, token authentication off, before the rounds and stops it after)
+           --head`, token authentication on, before the rounds and stops it after)
 Per run, seconds from the command's start to: the line saying the lanes are starting
 (`lanes: starting N lane processes`: the driver's own set-up is done), the lane
 placement printed (every lane process is up: the first task is dispatched then), the
@@ -24,6 +24,7 @@ Not a test: speed is measured, not asserted.
 import argparse
 import os
 import re
+import secrets
 import socket
 import statistics
 import subprocess
@@ -97,16 +98,20 @@ def _median(values) -> float | str:
 
 
 def start_head() -> dict:
-  """A Ray cluster on this machine (`ray start --head`, token authentication off, as the
-  runs that join it must have too): the environment for the runs that join it."""
-  env = {**os.environ, 'RAY_AUTH_MODE': 'disabled', 'RAY_USAGE_STATS_ENABLED': '0'}
+  """A Ray cluster on this machine (`ray start --head`, with Ray's token authentication,
+  its default, here a token of this benchmark's own rather than `~/.ray/auth_token`):
+  the environment for the runs that join it, which hold the token and leave
+  `RAY_AUTH_MODE` unset, as a user's shell after `ray start --head` (the run turns
+  authentication on where the cluster asks for it: `cluster.check_joinable`)."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith('RAY_AUTH_')}
+  env.update(RAY_AUTH_TOKEN=secrets.token_hex(16), RAY_USAGE_STATS_ENABLED='0')
   ray = os.path.join(os.path.dirname(sys.executable), 'ray')
   with socket.socket() as probe:  # a port nothing listens on now
     probe.bind(('127.0.0.1', 0))
     port = str(probe.getsockname()[1])
   subprocess.run(
     [ray, 'start', '--head', f'--port={port}', '--include-dashboard=false'],
-    env=env,
+    env={**env, 'RAY_AUTH_MODE': 'token'},
     check=True,
     capture_output=True,
   )

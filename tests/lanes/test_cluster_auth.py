@@ -110,19 +110,3 @@ def test_a_cluster_that_refuses_the_run_is_one_line(auth, said, token_head, data
   )
   assert 'Traceback' not in done.stdout + done.stderr
   assert not (tmp_path / 'run').exists()
-
-
-def test_token_authentication_against_a_cluster_without_it_is_one_line(
-  open_head, data_dir, tmp_path
-):
-  done = run(
-    open_head.address, data_dir, tmp_path / 'run', RAY_AUTH_MODE='token', RAY_AUTH_TOKEN=TOKEN
-  )
-  assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-  assert done.stderr.strip().splitlines()[-1] == (
-    f'error: cluster_address: the Ray cluster at {open_head.address} runs without '
-    'authentication, and this process with RAY_AUTH_MODE=token (its lanes would die at '
-    'start: they could not answer it); unset RAY_AUTH_MODE here, or start the cluster '
-    'with a token.'
-  )
-  assert not (tmp_path / 'run').exists()

@@ -18,7 +18,6 @@ import gc
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -136,25 +135,20 @@ def check_joinable(address: str) -> None:
   `RAY_AUTH_MODE` is unset and the cluster refuses this process without a token, it joins
   with its token (`RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token`), as Ray
   joins a cluster it finds; not before (a cluster without authentication lost the lanes
-  of a driver that had turned it on, which is refused here too). A cluster that refuses
-  this process is refused at once. Where no Ray cluster answers the question at all,
-  `ray.init` says what it finds.
+  of a driver that had turned it on). A cluster that refuses this process is refused at
+  once. Where no Ray cluster answers the question at all, `ray.init` says what it finds.
   """
   try:
     from ray._private.authentication import authentication_token_setup as tokens
     from ray._raylet import InnerGcsClient
   except ImportError:  # a Ray without token authentication
     return
+  if address in _JOINABLE:
+    return
   refused = _refuses(InnerGcsClient, address)
   if refused and 'RAY_AUTH_MODE' not in os.environ:
     if tokens.maybe_enable_token_auth_if_token_available(warn_if_disabled=False):
       refused = _refuses(InnerGcsClient, address)
-  if refused is False and os.environ.get('RAY_AUTH_MODE') == 'token' and _open_to_all(address):
-    raise ValueError(
-      f'cluster_address: the Ray cluster at {address} runs without authentication, and '
-      'this process with RAY_AUTH_MODE=token (its lanes would die at start: they could '
-      'not answer it); unset RAY_AUTH_MODE here, or start the cluster with a token.'
-    )
   if refused:
     mode = os.environ.get('RAY_AUTH_MODE', 'unset')
     raise ValueError(
@@ -163,6 +157,10 @@ def check_joinable(address: str) -> None:
       '(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; `ray get-auth-token` '
       'on the head prints it), or RAY_AUTH_MODE=disabled where the cluster has none.'
     )
+  _JOINABLE.add(address)
+
+
+_JOINABLE = set()  # addresses `check_joinable` let in (asked again when the run connects)
 
 
 # Milliseconds a cluster's GCS has to answer `check_joinable`'s question (it answers in
@@ -183,21 +181,6 @@ def _refuses(gcs_client, address: str) -> bool | None:
     except ray.exceptions.RpcError:
       return None
   return False
-
-
-def _open_to_all(address: str) -> bool:
-  """Whether the cluster at `address` lets in a process without authentication: a
-  process of its own asks (a process keeps the authentication it began with)."""
-  probe = (
-    'import sys; from ray._raylet import InnerGcsClient; '
-    f'InnerGcsClient.standalone(sys.argv[1], None, {_GCS_ANSWER_MS})'
-  )
-  env = {**os.environ, 'RAY_AUTH_MODE': 'disabled'}
-  env.pop('RAY_AUTH_TOKEN', None)
-  done = subprocess.run(
-    [sys.executable, '-c', probe, address], env=env, capture_output=True, timeout=60
-  )
-  return done.returncode == 0
 
 
 @contextlib.contextmanager
