@@ -81,11 +81,11 @@ def test_a_run_joins_a_token_cluster_by_address_with_its_token(token_head, data_
   assert 'final test accuracy' in done.stdout
 
 
-def test_a_run_without_a_token_joins_a_cluster_without_authentication(
+def test_a_token_is_not_turned_on_for_a_cluster_without_authentication(
   open_head, data_dir, tmp_path
 ):
   """A token this process has is not turned on for a cluster that asks for none (its
-  lanes died at start when it was)."""
+  lanes died at start when it was: a regression test)."""
   done = run(open_head.address, data_dir, tmp_path / 'run', RAY_AUTH_TOKEN=TOKEN)
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   assert 'final test accuracy' in done.stdout
@@ -94,8 +94,8 @@ def test_a_run_without_a_token_joins_a_cluster_without_authentication(
 @pytest.mark.parametrize(
   'auth, said',
   [
-    ({'RAY_AUTH_TOKEN': 'e' * 32}, 'RAY_AUTH_MODE=token'),
-    ({'RAY_AUTH_MODE': 'disabled'}, 'RAY_AUTH_MODE=disabled'),
+    ({'RAY_AUTH_TOKEN': 'e' * 32}, 'RAY_AUTH_MODE unset, with its token'),
+    ({'RAY_AUTH_MODE': 'disabled'}, 'RAY_AUTH_MODE=disabled, without a token'),
   ],
   ids=['wrong token', 'authentication off'],
 )
@@ -109,4 +109,17 @@ def test_a_cluster_that_refuses_the_run_is_one_line(auth, said, token_head, data
     'it), or RAY_AUTH_MODE=disabled where the cluster has none.'
   )
   assert 'Traceback' not in done.stdout + done.stderr
+  assert not (tmp_path / 'run').exists()
+
+
+def test_token_mode_without_a_token_is_one_line(token_head, data_dir, tmp_path):
+  """`RAY_AUTH_MODE=token` and no token: Ray's client asked the cluster anyway would
+  abort the process (stderr then silenced: no word at all)."""
+  done = run(token_head.address, data_dir, tmp_path / 'run', RAY_AUTH_MODE='token')
+  assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1] == (
+    'error: cluster_address: RAY_AUTH_MODE=token here, but this process has no token '
+    "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); give it the cluster's "
+    '(`ray get-auth-token` on the head prints it).'
+  )
   assert not (tmp_path / 'run').exists()

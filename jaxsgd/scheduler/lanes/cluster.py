@@ -127,16 +127,18 @@ def check_joinable(address: str) -> None:
   """Readies this process to join the Ray cluster at `address` (reachable: it answers
   there), or refuses it in one line if the cluster refuses this process.
 
-  Ray (2.59 on) authenticates a cluster's processes by a token, on by default for a
-  cluster that `ray start --head` starts, and turns it on in a process that joins one only
-  where Ray found the cluster itself (`ray.init()` with no address). A process given the
-  address, as a run is (`cluster_address`, 'auto' too, found here), kept it off, and Ray
-  refused it after ~20 s, saying only that it could not connect. So here, where
-  `RAY_AUTH_MODE` is unset and the cluster refuses this process without a token, it joins
-  with its token (`RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token`), as Ray
-  joins a cluster it finds; not before (a cluster without authentication lost the lanes
-  of a driver that had turned it on). A cluster that refuses this process is refused at
-  once. Where no Ray cluster answers the question at all, `ray.init` says what it finds.
+  Ray (2.59 on) authenticates a cluster's processes by a token: on by default for a
+  cluster a local `ray.init()` starts (which writes `~/.ray/auth_token`) and for one
+  `ray start --head` starts where that token exists, and turned on in a process that
+  joins one only where Ray found the cluster itself (`ray.init()` with no address). A
+  process given the address, as a run is (`cluster_address`, 'auto' too, found here),
+  kept it off, and Ray refused it after ~20 s, saying only that it could not connect. So
+  here, where `RAY_AUTH_MODE` is unset and the cluster refuses this process without a
+  token, it joins with its token (`RAY_AUTH_TOKEN`, `RAY_AUTH_TOKEN_PATH` or
+  `~/.ray/auth_token`), as Ray joins a cluster it finds; not before (a cluster without
+  authentication lost the lanes of a driver that had turned it on), and not kept where
+  the cluster refuses that too. A cluster that refuses this process is refused at once;
+  where no Ray cluster answers the question, `ray.init` says what it finds.
   """
   try:
     from ray._private.authentication import authentication_token_setup as tokens
@@ -145,24 +147,38 @@ def check_joinable(address: str) -> None:
     return
   if address in _JOINABLE:
     return
+  given = os.environ.get('RAY_AUTH_MODE')
+  try:  # token mode without a token: Ray's client would abort the process
+    tokens.ensure_token_if_auth_enabled(None, create_token_if_missing=False)
+  except ray.exceptions.AuthenticationError:
+    raise ValueError(
+      f'cluster_address: RAY_AUTH_MODE={given} here, but this process has no token '
+      "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token); give it the cluster's "
+      '(`ray get-auth-token` on the head prints it).'
+    ) from None
   refused = _refuses(InnerGcsClient, address)
-  if refused and 'RAY_AUTH_MODE' not in os.environ:
-    if tokens.maybe_enable_token_auth_if_token_available(warn_if_disabled=False):
+  tried_token = False
+  if refused and given is None:
+    tried_token = tokens.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    if tried_token:
       refused = _refuses(InnerGcsClient, address)
+      if refused:  # as it was: its token is not this cluster's
+        os.environ.pop('RAY_AUTH_MODE', None)
+        ray._raylet.Config.initialize('')  # pylint: disable=protected-access
   if refused:
-    mode = os.environ.get('RAY_AUTH_MODE', 'unset')
+    how = f'RAY_AUTH_MODE={given}' if given else 'RAY_AUTH_MODE unset'
+    how += ', with its token' if tried_token or given == 'token' else ', without a token'
     raise ValueError(
       f"cluster_address: the Ray cluster at {address} refused this process's "
-      f"authentication (RAY_AUTH_MODE={mode}); give it the cluster's token "
-      '(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; `ray get-auth-token` '
-      'on the head prints it), or RAY_AUTH_MODE=disabled where the cluster has none.'
+      f"authentication ({how}); give it the cluster's token (RAY_AUTH_TOKEN, "
+      'RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; `ray get-auth-token` on the head prints '
+      'it), or RAY_AUTH_MODE=disabled where the cluster has none.'
     )
-  _JOINABLE.add(address)
+  if refused is False:
+    _JOINABLE.add(address)
 
 
 _JOINABLE = set()  # addresses `check_joinable` let in (asked again when the run connects)
-
-
 # Milliseconds a cluster's GCS has to answer `check_joinable`'s question (it answers in
 # milliseconds; Ray's client waits for it several times over before giving up).
 _GCS_ANSWER_MS = 5000
@@ -171,14 +187,14 @@ _GCS_ANSWER_MS = 5000
 def _refuses(gcs_client, address: str) -> bool | None:
   """Whether the cluster at `address` refuses this process's authentication: a client of
   its GCS asks for the cluster's id at once; None if no answer came (no Ray cluster
-  there). The line Ray's log writes of a refusal is not shown (a second try may be let
-  in; a last refusal is said in one line)."""
+  there, or not yet). The line Ray's log writes of a refusal is not shown (a second try
+  may be let in; a last refusal is said in one line)."""
   with _stderr_silenced():
     try:
       gcs_client.standalone(address, None, _GCS_ANSWER_MS)
     except ray.exceptions.AuthenticationError:
       return True
-    except ray.exceptions.RpcError:
+    except ray.exceptions.RayError:
       return None
   return False
 
