@@ -893,25 +893,38 @@ def test_ctrl_c_of_a_driver_with_its_own_cluster_leaves_no_process():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('use', ['use', 'abandon'])
+@pytest.mark.parametrize('use', ['use', 'abandon', 'crash'])
 def test_a_cluster_started_in_the_background_serves_a_pool_and_leaves_no_process(use, tmp_path):
   """`cluster.connect_soon` starts the run's cluster in a thread while the driver builds
   its model. Ray's processes die with the thread that started them (their parent-death
   signal is that thread's): they lived only while it ran, and the pool opened after it
-  had returned found no cluster. Used or abandoned, nothing of it is left."""
+  had returned found no cluster. Used or abandoned, nothing of it is left. The cluster
+  runs none of Ray's daemons that it has no use for (`cluster._IDLE_DAEMONS`); with no
+  log monitor to show a lane's last words, the error of a lane that died says them."""
   out = tmp_path / 'outcome.json'
+  hook = {FAULT_VAR: 'a:add:1:kill'} if use == 'crash' else {}
   done = subprocess.run(
     [sys.executable, os.path.join(HERE, 'background_start.py'), use, str(out)],
     capture_output=True,
     text=True,
     timeout=120,
-    env={**os.environ, 'PYTHONPATH': os.getcwd()},
+    env={**os.environ, 'PYTHONPATH': os.getcwd(), **hook},
   )
   assert done.returncode == 0, done.stderr[-3000:]
   outcome = json.loads(out.read_text())
   assert len(outcome['started']) >= 2  # Ray's GCS and raylet at least
+  if use != 'abandon':  # (abandoned as soon as it began: not all up yet)
+    commands = ' '.join(outcome['commands'].values())
+    assert 'gcs_server' in commands and 'raylet' in commands, commands
+    assert 'monitor.py' not in commands, commands  # the autoscaler's, nor the log monitor
   assert outcome['result'] == (3.0 if use == 'use' else None)
-  assert outcome['taken'] == (['a'] if use == 'use' else [])  # started as the cluster came up
+  assert outcome['taken'] == ([] if use == 'abandon' else ['a'])  # started as it came up
+  if use == 'crash':
+    assert re.search(
+      r"^lane 'a' on host \S+: pid \d+: its process died \(killed, or crashed\)\. Its last "
+      rf"output \(standard error\):\n  injected fault \({FAULT_VAR}\): killed in task 'add'$",
+      outcome['error'],
+    ), outcome['error']
   assert gone(outcome['started']) == []
 
 

@@ -15,8 +15,11 @@ is still alive after that (found by its directory).
 
 import contextlib
 import gc
+import glob
+import inspect
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -110,17 +113,69 @@ def _connect_now(address: str | None) -> bool:
   code = ray.job_config.JobConfig(code_search_path=_code_path())
   if address is None:
     _STARTED_HERE['temp_dir'] = tempfile.mkdtemp(prefix='jaxsgd-ray-')
-    ray.init(
-      num_cpus=os.cpu_count(),
-      include_dashboard=False,
-      configure_logging=False,
-      job_config=code,
-      _temp_dir=_STARTED_HERE['temp_dir'],
-    )
+    with _without_idle_daemons():
+      ray.init(
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        configure_logging=False,
+        job_config=code,
+        _temp_dir=_STARTED_HERE['temp_dir'],
+      )
     return True
   check_joinable(address)
   ray.init(address=address, configure_logging=False, job_config=code)
   return True  # connected here: disconnect (the cluster itself stays up) at close
+
+
+# Daemons of a Ray head that a cluster started for one run has no use for: the autoscaler's
+# monitor (a cluster of this machine alone, never scaled) and the log monitor (it forwards
+# the workers' output to the driver's terminal; a lane's is read from its log file where
+# its death is said: `lane_output`).
+_IDLE_DAEMONS = {'no_monitor': True, 'include_log_monitor': False}
+
+
+@contextlib.contextmanager
+def _without_idle_daemons():
+  """`ray.init` starting a head without `_IDLE_DAEMONS`. Each is a Python process whose
+  start takes ~0.4 s of CPU from the driver and the lanes starting beside it, on the way
+  to the first task (start-up: benchmarks/results/startup.md). Ray's `ray start` has
+  these switches (`--no-monitor`, `--include-log-monitor`); `ray.init` passes none, so its
+  head's parameters are given them here, as long as Ray's `RayParams` takes them (else
+  the head starts as Ray's default)."""
+  params = getattr(getattr(ray, '_private', None), 'parameter', None)
+  original = getattr(getattr(params, 'RayParams', None), '__init__', None)
+  names = inspect.signature(original).parameters if original is not None else {}
+  if not all(name in names for name in _IDLE_DAEMONS):
+    yield
+    return
+
+  def without(self, *args, **kwargs):
+    original(self, *args, **{**kwargs, **_IDLE_DAEMONS})
+
+  params.RayParams.__init__ = without
+  try:
+    yield
+  finally:
+    params.RayParams.__init__ = original
+
+
+_RAY_MARK = re.compile(r'^:(job_id|actor_name|task_name):')
+
+
+def lane_output(pid: int, lines: int = 12) -> str | None:
+  """The last `lines` lines a lane process (`pid`) of the cluster started here wrote to
+  its standard error (Ray's log file of it: a crash's last words, which no log monitor
+  forwards, `_IDLE_DAEMONS`); None for another cluster's (its log monitor forwards them)
+  or where there are none."""
+  temp_dir = _STARTED_HERE.get('temp_dir')
+  if temp_dir is None:
+    return None
+  found = glob.glob(os.path.join(temp_dir, 'session_*', 'logs', f'worker-*-{pid}.err'))
+  if not found:
+    return None
+  with open(found[0], errors='replace') as f:  # (less Ray's lines naming the job, actor)
+    said = [line.rstrip() for line in f if line.strip() and not _RAY_MARK.match(line)]
+  return '\n'.join(said[-lines:]) or None
 
 
 def check_joinable(address: str) -> None:

@@ -48,6 +48,7 @@ import queue
 import signal
 import threading
 import time
+import textwrap
 import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -1112,10 +1113,14 @@ class LanePool:
     raise self._dead_error(lane)
 
   def _dead_error(self, lane: str) -> LaneError:
-    """The `LaneError` of `lane`'s process having ended."""
-    return LaneError(
-      lane, self._host(lane), f'{self._pid_said(lane)}: its process died (killed, or crashed).'
-    )
+    """The `LaneError` of `lane`'s process having ended, with what it last wrote to its
+    standard error where no log monitor showed that (`cluster.lane_output`)."""
+    said = f'{self._pid_said(lane)}: its process died (killed, or crashed).'
+    pid = self.info.get(lane, {}).get('pid')
+    output = cluster.lane_output(pid) if pid is not None else None
+    if output:
+      said += ' Its last output (standard error):\n' + textwrap.indent(output, '  ')
+    return LaneError(lane, self._host(lane), said)
 
   def _pid_said(self, lane: str) -> str:
     """'pid N' of `lane`'s process, or where the pool has not heard it yet, 'at start'."""

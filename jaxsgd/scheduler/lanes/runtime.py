@@ -817,7 +817,8 @@ class LaneRuntime:
       return
     self.fault[1] -= 1
     if self.fault[1] == 0:
-      if self.fault[2]:
+      if self.fault[2]:  # (a word first, as a crash leaves one on standard error)
+        print(f'injected fault ({FAULT_VAR}): killed in task {task!r}', file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
       raise RuntimeError(f'injected fault ({FAULT_VAR}) in task {task!r}')
 
