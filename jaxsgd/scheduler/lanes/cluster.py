@@ -2,13 +2,14 @@
 
 Everything that touches Ray's API is here, so that the pool reads as lanes and handles.
 A cluster is either started for the run on this machine (`connect(None)`, offline:
-no dashboard, no usage statistics, a temporary directory of its own) or joined at an
+no dashboard, no usage statistics, none of Ray's daemons it has no use for
+(`_IDLE_DAEMONS`), a temporary directory of its own) or joined at an
 address (`connect('10.0.0.1:6379')`, the several-host case; see docs/engine.md for the
 `ray start` commands).
 
 Stopping a cluster started here is fast and complete: Ray's own `shutdown` stops its
 processes one at a time, giving each up to a second, so `shutdown` first kills the lane
-and worker processes and Ray's monitors all at once, lets Ray stop its GCS and raylet
+and worker processes and Ray's other helpers all at once, lets Ray stop its GCS and raylet
 (and the raylet its agents, whose death it shares), and kills whatever of the cluster
 is still alive after that (found by its directory).
 """

@@ -46,9 +46,9 @@ import os
 import pickle
 import queue
 import signal
+import textwrap
 import threading
 import time
-import textwrap
 import weakref
 from collections.abc import Hashable, Sequence
 from typing import Any
