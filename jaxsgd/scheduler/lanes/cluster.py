@@ -143,21 +143,21 @@ def _without_idle_daemons():
   these switches (`--no-monitor`, `--include-log-monitor`); `ray.init` passes none, so its
   head's parameters are given them here, as long as Ray's `RayParams` takes them (else
   the head starts as Ray's default)."""
-  params = getattr(getattr(ray, '_private', None), 'parameter', None)
-  original = getattr(getattr(params, 'RayParams', None), '__init__', None)
-  names = inspect.signature(original).parameters if original is not None else {}
-  if not all(name in names for name in _IDLE_DAEMONS):
+  from ray._private.parameter import RayParams  # (imported by `ray` itself)
+
+  original = RayParams.__init__
+  if not set(_IDLE_DAEMONS) <= set(inspect.signature(original).parameters):
     yield
     return
 
   def without(self, *args, **kwargs):
     original(self, *args, **{**kwargs, **_IDLE_DAEMONS})
 
-  params.RayParams.__init__ = without
+  RayParams.__init__ = without
   try:
     yield
   finally:
-    params.RayParams.__init__ = original
+    RayParams.__init__ = original
 
 
 _RAY_MARK = re.compile(r'^:(job_id|actor_name|task_name):')

@@ -1116,15 +1116,19 @@ class LanePool:
     """The `LaneError` of `lane`'s process having ended, with what it last wrote to its
     standard error where no log monitor showed that (`cluster.lane_output`)."""
     said = f'{self._pid_said(lane)}: its process died (killed, or crashed).'
-    pid = self.info.get(lane, {}).get('pid')
+    pid = self._pid(lane)
     output = cluster.lane_output(pid) if pid is not None else None
     if output:
       said += ' Its last output (standard error):\n' + textwrap.indent(output, '  ')
     return LaneError(lane, self._host(lane), said)
 
+  def _pid(self, lane: str) -> int | None:
+    """The pid of `lane`'s process, None before the pool has heard it."""
+    return self.info.get(lane, {}).get('pid')
+
   def _pid_said(self, lane: str) -> str:
     """'pid N' of `lane`'s process, or where the pool has not heard it yet, 'at start'."""
-    pid = self.info.get(lane, {}).get('pid')
+    pid = self._pid(lane)
     return 'at start' if pid is None else f'pid {pid}'
 
   def _error(self, lane, error, task, host=None, key=None) -> LaneError:
