@@ -387,6 +387,19 @@ class CpuSampler:
       thread = next((t for t in me.threads() if t.id == main), None)
       if thread is not None:
         cpu['driver thread'] = ('driver thread', thread.user_time + thread.system_time)
+      # The whole machine's: what its hypervisor took from its cores (a VM's `steal`), and
+      # every process's CPU, of which the run's own is the rest above.
+      machine = self.psutil.cpu_times()
+      cpu['stolen'] = ('stolen', getattr(machine, 'steal', 0.0))
+      cpu['machine'] = (
+        'machine',
+        sum(machine)
+        - machine.idle
+        - getattr(machine, 'iowait', 0.0)
+        - getattr(machine, 'steal', 0.0)
+        - getattr(machine, 'guest', 0.0)
+        - getattr(machine, 'guest_nice', 0.0),
+      )
       self.samples.append((time.time(), cpu))
       self._stop.wait(self.period)
 
@@ -416,13 +429,14 @@ class CpuSampler:
       return None
     (t1, first), (t2, last) = inside[0], inside[-1]
     busy = {'all': 0.0, 'driver': 0.0, 'lanes': 0.0, 'ray': 0.0, 'busiest lane': 0.0}
-    busy['driver thread'] = 0.0  # (a part of 'driver')
+    busy |= {'driver thread': 0.0, 'stolen': 0.0, 'machine': 0.0}  # (not parts of 'all')
     for pid, (kind, seconds) in last.items():
       used = (seconds - first.get(pid, (kind, 0.0))[1]) / (t2 - t1)
       busy[kind] += used
-      busy['all'] += used if kind != 'driver thread' else 0.0
+      busy['all'] += used if kind not in ('driver thread', 'stolen', 'machine') else 0.0
       if kind == 'lanes':
         busy['busiest lane'] = max(busy['busiest lane'], used)
+    busy['others'] = max(busy.pop('machine') - busy['all'], 0.0)  # processes not the run's
     return busy
 
 
@@ -780,6 +794,7 @@ def _print_where_time_went(done: list[dict], host) -> None:
     'host cores busy (driver, lanes, Ray)',
     'busiest lane process cores',
     'driver CPU µs/event',
+    'cores stolen, others',
   )
   table = []
   for row in done:
@@ -802,6 +817,7 @@ def _print_where_time_went(done: list[dict], host) -> None:
         else '-',
         f'{cpu["busiest lane"]:.2f}' if cpu else '-',
         f'{per_event:.0f} / {1e6 * host.figure("driver"):.0f}' if per_event else '-',
+        f'{cpu.get("stolen", 0.0):.2f}, {cpu.get("others", 0.0):.2f}' if cpu else '-',
       )
     )
   _print(header, table)
@@ -814,7 +830,9 @@ def _print_where_time_went(done: list[dict], host) -> None:
     'busy: CPU seconds per second of all processes of the emulated run over its steady '
     f'state, of {os.cpu_count()} cores (a lane process near 1 is bound by its CPU, or '
     "by Python's lock); driver CPU per event: the driver thread's CPU over the steady "
-    'state / (2 per compute task + 1 per copy), against cost.driver (measured alike)'
+    'state / (2 per compute task + 1 per copy), against cost.driver (measured alike); '
+    "cores stolen: the machine's CPU time its hypervisor ran elsewhere (a VM's steal), "
+    "others: every process's CPU but the run's, both per second of the steady state"
   )
 
 
@@ -842,6 +860,7 @@ def _print_last_lines(done: list[dict]) -> None:
     )
     + '; goal: max <= 5 %, median <= 2 %, TVD <= 0.1'
   )
+  print(_stolen_line(done))
   by_family = {}
   for row in done:
     by_family[row['family']] = max(by_family.get(row['family'], 0.0), row['error'])
@@ -852,6 +871,32 @@ def _print_last_lines(done: list[dict]) -> None:
   lanes = sorted({row['lanes'] for row in done})
   print(f'simulator schedule error, emulated tasks, K={lanes[0]}..{lanes[-1]}: {max(errors):.1f}%')
   print(f'simulator max error across families: {max(by_family.values()):.1f}%')
+
+
+STOLEN = 0.02  # cores: a compared run that lost more to the hypervisor is named
+
+
+def _stolen_line(done: list[dict]) -> str:
+  """The rows whose compared emulated run lost more than `STOLEN` cores to the machine's
+  hypervisor (a VM's `steal`: its host ran something else), and the largest error of the
+  others: such a run measured a neighbour's load as well as the executor. Every row still
+  counts in the last two lines."""
+
+  def stolen(row: dict) -> float:
+    return (row['emulated'].get('cpu') or {}).get('stolen', 0.0)
+
+  named = [row for row in done if stolen(row) > STOLEN]
+  if not named:
+    return f'no compared run lost more than {STOLEN} cores to the hypervisor'
+  rest = [row['error'] for row in done if stolen(row) <= STOLEN]
+  return (
+    f'compared runs that lost more than {STOLEN} cores to the hypervisor: '
+    + ', '.join(
+      f'{label(row["family"], row["lanes"])} ({stolen(row):.2f} cores, {row["error"]:.1f} %)'
+      for row in named
+    )
+    + (f'; largest error of the other rows: {max(rest):.1f} %' if rest else '')
+  )
 
 
 def _print(header, rows) -> None:

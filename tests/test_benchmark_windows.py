@@ -362,3 +362,66 @@ def test_the_drift_line_compares_each_task_of_the_two_profiles_by_hand():
   )
   assert 'mean -1.0 %' in accuracy.drift_line(first, second)
   assert 'no task in both' in accuracy.drift_line(SimpleNamespace(tables=()), second)
+
+
+def test_the_hosts_cores_busy_are_split_by_kind_with_the_machines_stolen_and_others_apart():
+  """Two samples 2 s apart (the trace's 0 at t0 = 100): the driver used 0.4 s of CPU, of
+  which its thread 0.2; two lanes 1.0 and 0.6 s; Ray 0.2 s. The machine's processes used
+  3.0 s in all, so 0.8 s were others' (3.0 - 2.2); its hypervisor took 0.5 s."""
+  sampler = object.__new__(schedule_error.CpuSampler)  # (no psutil, no executor patched)
+  sampler.t0 = 100.0
+
+  def sample(t, driver, thread, lane_a, lane_b, ray, stolen, machine):
+    return (
+      100.0 + t,
+      {
+        1: ('driver', driver),
+        2: ('lanes', lane_a),
+        3: ('lanes', lane_b),
+        4: ('ray', ray),
+        'driver thread': ('driver thread', thread),
+        'stolen': ('stolen', stolen),
+        'machine': ('machine', machine),
+      },
+    )
+
+  sampler.samples = [
+    sample(1.0, 5.0, 4.0, 10.0, 20.0, 3.0, 50.0, 700.0),
+    sample(3.0, 5.4, 4.2, 11.0, 20.6, 3.2, 50.5, 703.0),
+  ]
+  busy = sampler.busy(0.0, 5.0)
+  expected = {
+    'all': 1.1,  # (0.4 + 1.0 + 0.6 + 0.2) / 2
+    'driver': 0.2,
+    'lanes': 0.8,
+    'ray': 0.1,
+    'busiest lane': 0.5,
+    'driver thread': 0.1,
+    'stolen': 0.25,
+    'others': 0.4,
+  }
+  assert busy.keys() == expected.keys()
+  for kind, cores in expected.items():
+    assert busy[kind] == pytest.approx(cores), kind
+  assert sampler.busy(2.5, 5.0) is None  # one sample inside: no rate
+
+
+def test_rows_whose_run_lost_cores_to_the_hypervisor_are_named_with_the_others_largest_error():
+  def row(family, lanes, error, stolen):
+    cpu = None if stolen is None else {'stolen': stolen}
+    return {'family': family, 'lanes': lanes, 'error': error, 'emulated': {'cpu': cpu}}
+
+  done = [
+    row('asgd', 16, 11.3, 0.14),
+    row('asgd', 32, 3.9, 0.01),
+    row('dcasgd', 32, 14.4, 0.22),
+    row('dcasgd', 16, 1.1, 0.02),  # (at the threshold: not named)
+    row('bp', 2, 2.0, None),  # (no samples: none stolen seen)
+  ]
+  assert schedule_error._stolen_line(done) == (
+    'compared runs that lost more than 0.02 cores to the hypervisor: ASGD M=16 (0.14 cores, '
+    '11.3 %), DC-ASGD M=32 (0.22 cores, 14.4 %); largest error of the other rows: 3.9 %'
+  )
+  assert schedule_error._stolen_line(done[1:2]) == (
+    'no compared run lost more than 0.02 cores to the hypervisor'
+  )

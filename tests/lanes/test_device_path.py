@@ -10,7 +10,6 @@ import os
 import jax
 import numpy as np
 import pytest
-import ray
 
 import lane_tasks
 from ray_head import serve_head
@@ -40,7 +39,7 @@ def pool(head):
 
 def pulled(pool: LanePool, lane: str) -> int:
   """The copies `lane` has taken in on the device path so far."""
-  return ray.get(pool._actors[lane].info.remote())['pulled']
+  return pool.lane_info(lane)['pulled']
 
 
 def test_moves_in_the_placement_text_form_and_bad_input():

@@ -185,6 +185,30 @@ def test_each_lane_is_a_process_pinned_to_its_cores(pool):
     )
 
 
+def _switches(pid: int, thread: int) -> int:
+  """How many times thread `thread` of process `pid` has been switched out (Linux)."""
+  with open(f'/proc/{pid}/task/{thread}/status') as status:
+    return sum(int(line.split()[1]) for line in status if 'ctxt_switches' in line)
+
+
+def test_an_idle_lanes_main_thread_sleeps_in_its_watch_and_its_info_comes_over_its_socket(pool):
+  """Ray's task loop on a worker's main thread wakes every 10 ms to check for signals,
+  taking Python's lock each time; a lane's main thread waits in `watch` instead, so an
+  idle lane's main thread is not switched in at all (Ray's loop woke it ~100 times a
+  second). Ray's calls end there: the lane's `info` now comes over its socket."""
+  pids = pool.pids()
+  pool.fetch(pool.run('a', task('pid')))  # (the lane has served a task, then idles)
+  before = {lane: _switches(pid, pid) for lane, pid in pids.items()}
+  time.sleep(1.0)
+  assert {lane: _switches(pid, pid) - before[lane] for lane, pid in pids.items()} == {
+    'a': 0,
+    'b': 0,
+  }
+  for lane, pid in pids.items():
+    info = pool.lane_info(lane)
+    assert (info['name'], info['pid'], info['address']) == (lane, pid, pool.info[lane]['address'])
+
+
 def test_results_stay_in_the_lane_until_the_driver_drops_them(pool):
   before = pool.held('a')
   w = pool.run('a', task('init'), (0,))

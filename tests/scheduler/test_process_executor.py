@@ -155,15 +155,12 @@ def test_pipelines_moving_values_on_the_device_path_are_bit_identical_to_the_vir
   """The device path (lanes/device_path.py; CPU lanes with `moves=device` here): the
   activations, gradients and VJPs cross as device buffers, and the run's bits are the
   virtual clock's."""
-  import ray
 
   virtual = train(roles, VirtualExecutor(UNIT_COSTS))
   placement = LanePlacement.parse('stage0@moves=device; stage1@moves=device')
   with LanePool(placement, address=head.address, verbose=False) as device_pool:
     on_device_path = train(roles, ProcessExecutor(pool=device_pool))
-    pulled = {
-      lane: ray.get(actor.info.remote())['pulled'] for lane, actor in device_pool._actors.items()
-    }
+    pulled = {lane: device_pool.lane_info(lane)['pulled'] for lane in device_pool.placement.names}
   assert gone(device_pool.pids().values()) == []
   chex.assert_trees_all_equal(on_device_path[0], virtual[0])
   chex.assert_trees_all_equal(on_device_path[1], virtual[1])

@@ -49,7 +49,6 @@ logging.getLogger('ray._private.worker').addFilter(
   lambda record: 'SIGTERM handler is not set' not in record.getMessage()
 )
 
-WATCH_GROUP = 'watch'
 _STARTED_HERE = {}  # 'temp_dir': the directory of a cluster that `connect` started
 _SOON = {}  # 'thread': a `connect` under way (`connect_soon`); 'start': its event, result
 # Lane processes `connect_soon` started before any pool asked for them: 'actors': spec ->
@@ -61,9 +60,13 @@ _EARLY_LOCK = threading.Lock()
 # seconds, but Ray's own start has hung (its GCS up, no raylet ever started).
 START_TIMEOUT = 120.0
 DEVICE_COUNT_FLAG = '--xla_force_host_platform_device_count='  # a driver's, not a lane's
-# Ray's calls (`info`) run one at a time; `watch` waits in a thread of its own. A run's
-# calls go over the lane's own socket (wire.py).
-_LANE_ACTOR = ray.remote(concurrency_groups={WATCH_GROUP: 1})(LaneRuntime)
+# A run's calls go over the lane's own socket (wire.py); Ray's (`info`, then `watch`) run
+# in turn on the lane process's main thread, an actor with no concurrency groups. There
+# Ray's task loop checks for signals every 10 ms, taking the process's Python lock each
+# time: 100 wake-ups a second in every lane, idle or not, beside the threads that run and
+# copy its tasks. `watch`, which never returns while the lane lives, keeps that loop from
+# running; every call of Ray's to a lane must therefore come before its `watch`.
+_LANE_ACTOR = ray.remote(LaneRuntime)
 
 
 def connect(address: str | None) -> bool:
@@ -458,7 +461,7 @@ def node_address() -> str:
 
 def watch(actor):
   """A reference that fails as soon as the actor's process dies (it never succeeds)."""
-  return actor.watch.options(concurrency_group=WATCH_GROUP).remote()
+  return actor.watch.remote()
 
 
 def wait(refs: list, timeout: float | None):

@@ -228,8 +228,9 @@ class LanePool:
       self._env = env or {}
       self._actors = {}  # filled as each starts: `close` ends those started so far
       self._start_lanes(placement.lanes)
+      asked = {name: actor.info.remote() for name, actor in self._actors.items()}
       self._watch = {name: cluster.watch(actor) for name, actor in self._actors.items()}
-      self.info = self._gather_info()
+      self.info = self._gather_info(asked)
       for name in placement.names:
         self._link(name)
     except BaseException:
@@ -565,13 +566,12 @@ class LanePool:
     self._replaced[lane] = next(self._keys)  # its values made before are void
     self._lost_sources[old] = lane
     actor = cluster.lane_actor(self.placement[lane], self._env, self._authkey)
+    asked = actor.info.remote()  # (before `watch`: `cluster._LANE_ACTOR`)
     self._actors[lane], self._watch[lane] = actor, cluster.watch(actor)
     with self._lock:
       self._freed[lane] = []
     self._tasks_sent[lane] = set()
-    self.info[lane] = self._get(
-      lane, actor.info.remote(), host=self.placement[lane].host or 'driver'
-    )
+    self.info[lane] = self._get(lane, asked, host=self.placement[lane].host or 'driver')
     new = wire.address_text(self.info[lane]['address']['remote'])
     self._lost_sources.pop(new, None)  # (a port may be taken again)
     self._link(lane)
@@ -783,6 +783,11 @@ class LanePool:
   def held(self, lane: str) -> int:
     """How many values `lane` holds (after applying the frees the driver has queued)."""
     return self._call(lane, 'count', (self._take_freed(lane),))
+
+  def lane_info(self, lane: str) -> dict:
+    """`lane`'s `LaneRuntime.info()` as it is now (`pool.info[lane]` is as it was at
+    start), asked over its socket: Ray's calls to a lane end at its `watch`."""
+    return self._call(lane, 'info', ())
 
   def export_times(self, lane: str, numbers: Sequence[int] = (), timeout: float = 5.0) -> dict:
     """`{copy number: seconds}` of the copies `lane` has sent since last asked (numbers
@@ -1088,8 +1093,8 @@ class LanePool:
       for actor in early.values():
         cluster.kill(actor)
 
-  def _gather_info(self) -> dict[str, dict]:
-    refs = {name: actor.info.remote() for name, actor in self._actors.items()}
+  def _gather_info(self, refs: dict) -> dict[str, dict]:
+    """Each lane's `info()`, asked for before its `watch` (`cluster._LANE_ACTOR`)."""
     return {
       name: self._get(name, ref, host=self.placement[name].host or 'driver')
       for name, ref in refs.items()

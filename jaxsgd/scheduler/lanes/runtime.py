@@ -556,7 +556,9 @@ class LaneRuntime:
   def watch(self):
     """Never returns while the lane lives: the driver learns of its death through it.
 
-    Runs in its own concurrency group (thread), beside the lane's ordered calls.
+    Runs on the process's main thread, Ray's last call to the lane: while it waits, Ray's
+    task loop there, which takes Python's lock every 10 ms to check for signals, does not
+    run (`cluster._LANE_ACTOR`).
     """
     self.stopped.wait()
 
@@ -850,6 +852,7 @@ _ORDERED = {
   'fetch': LaneRuntime.fetch,
   'count': LaneRuntime.count,
   'export_times': LaneRuntime.export_times,
+  'info': LaneRuntime.info,
   'adopt': LaneRuntime.adopt,
 }
 _EXPORTS = ('export', 'keep')
