@@ -185,9 +185,9 @@ def test_each_lane_is_a_process_pinned_to_its_cores(pool):
     )
 
 
-def _switches(pid: int, thread: int) -> int:
-  """How many times thread `thread` of process `pid` has been switched out (Linux)."""
-  with open(f'/proc/{pid}/task/{thread}/status') as status:
+def _main_thread_switches(pid: int) -> int:
+  """How many times the main thread of process `pid` has been switched out (Linux)."""
+  with open(f'/proc/{pid}/task/{pid}/status') as status:
     return sum(int(line.split()[1]) for line in status if 'ctxt_switches' in line)
 
 
@@ -198,9 +198,9 @@ def test_an_idle_lanes_main_thread_sleeps_in_its_watch_and_its_info_comes_over_i
   second). Ray's calls end there: the lane's `info` now comes over its socket."""
   pids = pool.pids()
   pool.fetch(pool.run('a', task('pid')))  # (the lane has served a task, then idles)
-  before = {lane: _switches(pid, pid) for lane, pid in pids.items()}
+  before = {lane: _main_thread_switches(pid) for lane, pid in pids.items()}
   time.sleep(1.0)
-  assert {lane: _switches(pid, pid) - before[lane] for lane, pid in pids.items()} == {
+  assert {lane: _main_thread_switches(pid) - before[lane] for lane, pid in pids.items()} == {
     'a': 0,
     'b': 0,
   }
