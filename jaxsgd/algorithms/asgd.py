@@ -92,7 +92,7 @@ def validate(config, model) -> Settings:
     uses_workers_field=True,
     num_lanes=1 + config.workers,
   )
-  shared = placed_lanes(shared, lane_names(shared.workers))
+  shared = placed_lanes(shared, lambda: lane_names(shared.workers))
   if dc and lambda0 == 0:
     logging.warning(
       'algorithm.lambda0=0: DC-ASGD without delay compensation (λ = 0) trains as asgd '

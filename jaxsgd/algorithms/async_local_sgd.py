@@ -94,7 +94,7 @@ def validate(config, model) -> Settings:
   shared = workers.validate_workers(
     config, model, config.workers, whole_model=True, uses_workers_field=True
   )
-  shared = placed_lanes(shared, lane_names(shared.workers))
+  shared = placed_lanes(shared, lambda: lane_names(shared.workers))
   outer = Outer(settings.outer_learning_rate, settings.outer_momentum, every or shared.workers)
   return dataclasses.replace(settings, outer=outer, shared=shared)
 

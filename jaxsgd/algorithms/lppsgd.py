@@ -51,7 +51,7 @@ def validate(config, model) -> Settings:
   integer(settings.averaging_freq, 'algorithm.averaging_freq')
   shared = workers.validate_workers(config, model, settings.session.num_workers, whole_model=True)
   settings = dataclasses.replace(settings, shared=shared)  # (its lanes depend on `shared`)
-  shared = placed_lanes(shared, settings.session.lane_names)
+  shared = placed_lanes(shared, lambda: settings.session.lane_names)
   settings = dataclasses.replace(settings, shared=shared)
   workers.refuse_lost_workers_with_model_state(shared, model, 'lppsgd')
   return settings

@@ -56,7 +56,7 @@ def validate(config, model) -> Settings:
   shared = workers.validate_workers(
     config, model, num_workers, whole_model=False, num_lanes=1 + num_workers
   )
-  shared = placed_lanes(shared, lane_names(settings.session))
+  shared = placed_lanes(shared, lambda: lane_names(settings.session))
   workers.refuse_lost_workers_with_model_state(shared, model, 'pdasgd')
   return dataclasses.replace(settings, shared=shared)
 

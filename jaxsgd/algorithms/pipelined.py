@@ -28,7 +28,7 @@ def validate_pipeline(config, model) -> SharedSettings:
     shared.cost.explicit(KINDS, shared.stages)
   refuse_cost_fields(shared.cost, ('failures',), 'a pipeline has no workers to fail.')
   check_lane_speeds(shared.cost, shared.stages, 'stage')
-  return placed_lanes(shared, lane_names(shared.stages))
+  return placed_lanes(shared, lambda: lane_names(shared.stages))
 
 
 def stage_tasks(stages: PlacedStages, roles, batch, batch_size: int) -> clocks.Tasks:

@@ -31,7 +31,7 @@ import os
 import math
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -385,16 +385,22 @@ def check_lane_speeds(cost: CostSettings, num_lanes: int, what: str = 'lane') ->
     raise ValueError(f'cost.speeds: {len(cost.speeds)} values for {num_lanes} {what}s.')
 
 
-def placed_lanes(shared: 'SharedSettings', lanes: Sequence[str]) -> 'SharedSettings':
-  """`shared` knowing the run's lanes (`lanes`: their names as a trace shows them,
+def placed_lanes(shared: 'SharedSettings', lanes: Callable[[], Sequence[str]]) -> 'SharedSettings':
+  """`shared` knowing the run's lanes (`lanes()`: their names as a trace shows them,
   `stage 0`, `worker 1`; kept as placement names, `SharedSettings.lanes`), after
   checking `placement.lanes` against them, before anything compiles. A placed name that
   is none of the run's lanes is refused on either clock (the virtual clock ignored it: a
   typo left a lane unplaced without a word); with executor='processes' every lane needs a
-  place, since the placement starts its process (likewise with 'emulated')."""
+  place, since the placement starts its process (likewise with 'emulated').
+
+  A run neither placed nor on lane processes needs no names, and they are not made: a
+  config of ten million workers, say, is refused by `training.limits` in a second rather
+  than after a minute of naming its lanes."""
+  if shared.placement.lanes is None and not shared.on_lane_processes:
+    return shared
   from jaxsgd.scheduler.placement import lane_name
 
-  names = tuple(lane_name(lane) for lane in lanes)
+  names = tuple(lane_name(lane) for lane in lanes())
   shared = dataclasses.replace(shared, lanes=names)
   if shared.placement.lanes is None:
     return shared
@@ -544,7 +550,8 @@ class SharedSettings:
   checkpoint_every: int = 0  # steps between checkpoints (0: none but the one SIGTERM asks for)
   tolerate_lost_workers: bool = False  # processes: a lost worker's lane is replaced, it rejoins
   # The run's lanes as placement names (`placed_lanes`), known before the model is built:
-  # their processes start while it is (`training.loop._start_lane_cluster`).
+  # their processes start while it is (`training.loop._start_lane_cluster`). Empty unless
+  # the run is on lane processes or sets `placement.lanes`.
   lanes: tuple[str, ...] = ()
 
   @property

@@ -487,6 +487,23 @@ def test_placement_lanes_must_name_the_runs_lanes_on_either_clock(name, fields, 
   )
 
 
+def test_a_run_neither_placed_nor_on_lane_processes_names_no_lanes(monkeypatch):
+  """Only a placement or lane processes read a run's lane names: for the others none is
+  made, so a config of millions of workers reaches the memory limit that refuses it at
+  once (naming ten million lanes took the validation ~40 s)."""
+  from jaxsgd import algorithms
+  from jaxsgd.algorithms import asgd
+
+  model = models.get_model('mlp', (40,), 10)
+  config = _config('asgd', clock='virtual', executor='in_process')
+  with monkeypatch.context() as patched:
+    patched.setattr(asgd, 'lane_names', lambda _: pytest.fail('lanes named'))
+    assert algorithms.get('asgd').validate(config, model).shared.lanes == ()
+  config.placement.lanes = 'serverx@cores=0'  # placed: checked against the lanes' names
+  with pytest.raises(ValueError, match=r"^placement.lanes: no lane of this run is named 'serverx'"):
+    algorithms.get('asgd').validate(config, model)
+
+
 def test_elastic_lppsgd_names_its_replica_lanes_before_anything_is_built():
   """With lost workers tolerated on lane processes, each LPP-SGD replica has a lane of
   its own (`replica d`, after the workers'): the settings name them, so that a placement
