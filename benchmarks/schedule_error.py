@@ -586,6 +586,7 @@ def model_row(row: dict, args, host, root: str) -> dict:
   runs = row.pop('runs')
   emulated = sorted(runs, key=lambda stats: stats['per_iteration'])[len(runs) // 2]
   row['emulated_runs'] = [stats['per_iteration'] for stats in runs]
+  row['each_run'] = [_each_run(stats) for stats in runs]
   row['emulated_seconds'] = emulated['seconds']
   try:
     left_out = warm_up(name, lanes, args)
@@ -630,6 +631,16 @@ def model_row(row: dict, args, host, root: str) -> dict:
     except Exception as error:  # noqa: BLE001
       row['variants'][variant] = {'skipped': f'{type(error).__name__}: {error}'[:200]}
   return row
+
+
+def _each_run(stats: dict) -> dict:
+  """What Part 3 prints of every emulated run of a row, in the order they ran: its time
+  per iteration, its median copy and the cores the hypervisor took over its steady state."""
+  return {
+    'per_iteration': stats['per_iteration'],
+    'copy_ms': stats.get('copy_ms'),
+    'stolen': (stats.get('cpu') or {}).get('stolen'),
+  }
 
 
 def _kept(stats: dict) -> dict:
@@ -833,6 +844,56 @@ def _print_where_time_went(done: list[dict], host) -> None:
     'state / (2 per compute task + 1 per copy), against cost.driver (measured alike); '
     "cores stolen: the machine's CPU time its hypervisor ran elsewhere (a VM's steal), "
     "others: every process's CPU but the run's, both per second of the steady state"
+  )
+  _print_each_run(done)
+
+
+def _print_each_run(done: list[dict]) -> None:
+  """Every emulated run of the rows with copies, and what moves with a run's time: its
+  copies, or the hypervisor's steal (`run_correlations`)."""
+  rows = [row for row in done if any(run['copy_ms'] is not None for run in row['each_run'])]
+  if not rows:
+    return
+  print('each emulated run, in the order run: s/it (median copy ms, cores stolen)')
+  for row in rows:
+    runs = ' | '.join(
+      f'{run["per_iteration"]:.4f} ({_ms(run["copy_ms"])}, '
+      + ('-' if run['stolen'] is None else f'{run["stolen"]:.2f}')
+      + ')'
+      for run in row['each_run']
+    )
+    print(f'  {label(row["family"], row["lanes"])}: {runs}')
+  print(run_correlations(rows))
+
+
+def run_correlations(rows: list[dict]) -> str:
+  """Across the emulated runs of `rows`, each run's time per iteration over its row's
+  median, against its median copy over the row's median copy, and against the cores the
+  hypervisor took in it: Pearson's r of each pair (runs with both figures). A run slower
+  than its row by what its copies took longer says the copies set the run's pace."""
+
+  def relative(row: dict, key: str) -> list:
+    values = [run[key] for run in row['each_run']]
+    known = [value for value in values if value is not None]
+    middle = float(np.median(known)) if known else None
+    return [None if v is None or not middle else v / middle for v in values]
+
+  pace, copy, stolen = [], [], []
+  for row in rows:
+    pace += relative(row, 'per_iteration')
+    copy += relative(row, 'copy_ms')
+    stolen += [run['stolen'] for run in row['each_run']]
+
+  def pearson(xs: list, ys: list) -> str:
+    pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
+    if len(pairs) < 3 or len({x for x, _ in pairs}) < 2 or len({y for _, y in pairs}) < 2:
+      return f'- ({len(pairs)} runs)'
+    return f'{np.corrcoef(np.array(pairs).T)[0, 1]:.2f} ({len(pairs)} runs)'
+
+  return (
+    "a run's time per iteration over its row's median, Pearson's r against its copy over "
+    f"the row's median copy: {pearson(pace, copy)}; against the cores stolen: "
+    f'{pearson(pace, stolen)}'
   )
 
 

@@ -425,3 +425,29 @@ def test_rows_whose_run_lost_cores_to_the_hypervisor_are_named_with_the_others_l
   assert schedule_error._stolen_line(done[1:2]) == (
     'no compared run lost more than 0.02 cores to the hypervisor'
   )
+
+
+def test_each_runs_pace_is_correlated_with_its_copies_and_the_steal_by_hand():
+  """Each run relative to its row's median (time per iteration, copy), pooled over the
+  rows; a run without a figure is left out of that pair (by hand: r = 0.04 / √(0.028 ×
+  0.08) = 0.845 against the copies, 0.024 / √(0.028 × 0.032) = 0.802 against the steal)."""
+
+  def row(paces, copies, stolen):
+    runs = [
+      {'per_iteration': p, 'copy_ms': c, 'stolen': s} for p, c, s in zip(paces, copies, stolen)
+    ]
+    return {'family': 'asgd', 'lanes': 16, 'each_run': runs}
+
+  rows = [
+    row([1.0, 1.1, 0.9], [2.0, 2.4, 1.6], [0.0, 0.1, 0.0]),
+    row([2.0, 2.0, 2.2], [1.0, None, 1.0], [None, 0.0, 0.2]),
+  ]
+  assert schedule_error.run_correlations(rows) == (
+    "a run's time per iteration over its row's median, Pearson's r against its copy over "
+    "the row's median copy: 0.85 (5 runs); against the cores stolen: 0.80 (5 runs)"
+  )
+  few = [row([1.0, 1.1], [2.0, 2.4], [0.0, 0.0])]
+  assert schedule_error.run_correlations(few) == (
+    "a run's time per iteration over its row's median, Pearson's r against its copy over "
+    "the row's median copy: - (2 runs); against the cores stolen: - (2 runs)"
+  )
