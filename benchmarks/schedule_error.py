@@ -62,7 +62,9 @@ the start of its next, which the driver had sent before that end: the traces'
 a task's end to the driver hearing of it; its CPU per event), the busiest compute lane's
 utilization, and the host's CPU over the steady state (the cores busy: the driver, the
 lane processes and Ray's own, sampled every 0.5 s; every process of the Ray cluster this
-benchmark starts descends from it).
+benchmark starts descends from it). Then every emulated run of a row with copies, with its
+median copy and the cores the hypervisor took from it, and how a run's pace follows
+either (Pearson's r over the runs, each relative to its row's median: `run_correlations`).
 
 The emulated runs' waits are checked too: each compute task's duration in the trace
 less its price (median and largest over the steady state), i.e. the wait's accuracy
