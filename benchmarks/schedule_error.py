@@ -81,6 +81,7 @@ clock prices each as a copy.
 """
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -250,6 +251,7 @@ def run(
   stats['window'] = stop - start
   if sampler is not None:
     stats['cpu'] = sampler.busy(start, stop)
+    stats['others_by_name'] = sampler.others_by_name()
   return stats
 
 
@@ -363,12 +365,34 @@ class CpuSampler:
     import threading
 
     self.samples, self.t0, self._stop = [], None, threading.Event()
+    self._everyone = (time.time(), self._every_process())
     self._thread = threading.Thread(target=self._sample, daemon=True)
     self._thread.start()
 
   def end(self) -> None:
     self._stop.set()
     self._thread.join()
+    self._everyone = (self._everyone, (time.time(), self._every_process()))
+
+  def _every_process(self) -> dict[int, tuple[str, float]]:
+    """pid -> (name, CPU seconds) of every process on the machine, kernel threads too."""
+    found = {}
+    for process in self.psutil.process_iter(['name', 'cpu_times']):
+      times = process.info['cpu_times']
+      if times is not None:
+        found[process.pid] = (process.info['name'] or '?', times.user + times.system)
+    return found
+
+  def others_by_name(self, top: int = 3) -> list[tuple[str, float]]:
+    """The processes that were not the run's (nor this one's) using most CPU from `begin`
+    to `end`, cores by name, busiest first: what the steady state's `others` were."""
+    (t1, first), (t2, last) = self._everyone
+    own = {pid for _, cpu in self.samples for pid in cpu if isinstance(pid, int)}
+    by_name = collections.Counter()
+    for pid, (name, seconds) in last.items():
+      if pid not in own and pid != os.getpid():
+        by_name[name] += (seconds - first.get(pid, (name, 0.0))[1]) / (t2 - t1)
+    return [(name, cores) for name, cores in by_name.most_common(top) if cores >= 0.005]
 
   def _sample(self) -> None:
     import threading
@@ -637,11 +661,15 @@ def model_row(row: dict, args, host, root: str) -> dict:
 
 def _each_run(stats: dict) -> dict:
   """What Part 3 prints of every emulated run of a row, in the order they ran: its time
-  per iteration, its median copy and the cores the hypervisor took over its steady state."""
+  per iteration, its median copy, the cores the hypervisor took and those other processes
+  used over its steady state, and the busiest of those processes over the whole run."""
+  cpu = stats.get('cpu') or {}
   return {
     'per_iteration': stats['per_iteration'],
     'copy_ms': stats.get('copy_ms'),
-    'stolen': (stats.get('cpu') or {}).get('stolen'),
+    'stolen': cpu.get('stolen'),
+    'others': cpu.get('others'),
+    'others_by_name': stats.get('others_by_name', []),
   }
 
 
@@ -852,27 +880,44 @@ def _print_where_time_went(done: list[dict], host) -> None:
 
 def _print_each_run(done: list[dict]) -> None:
   """Every emulated run of the rows with copies, and what moves with a run's time: its
-  copies, or the hypervisor's steal (`run_correlations`)."""
+  copies, the hypervisor's steal or other processes' CPU (`run_correlations`)."""
   rows = [row for row in done if any(run['copy_ms'] is not None for run in row['each_run'])]
   if not rows:
     return
-  print('each emulated run, in the order run: s/it (median copy ms, cores stolen)')
+  print(
+    'each emulated run, in the order run: s/it (median copy ms, cores stolen, cores of other '
+    'processes); the busiest other processes over the runs'
+  )
   for row in rows:
     runs = ' | '.join(
-      f'{run["per_iteration"]:.4f} ({_ms(run["copy_ms"])}, '
-      + ('-' if run['stolen'] is None else f'{run["stolen"]:.2f}')
-      + ')'
+      f'{run["per_iteration"]:.4f} ({_ms(run["copy_ms"])}, {_cores(run["stolen"])}, '
+      f'{_cores(run.get("others"))})'
       for run in row['each_run']
     )
-    print(f'  {label(row["family"], row["lanes"])}: {runs}')
+    print(f'  {label(row["family"], row["lanes"])}: {runs}; {_busiest_others(row)}')
   print(run_correlations(rows))
+
+
+def _cores(value: float | None) -> str:
+  return '-' if value is None else f'{value:.2f}'
+
+
+def _busiest_others(row: dict) -> str:
+  """The other processes that used most CPU over a row's runs, cores summed over the runs
+  by name (`CpuSampler.others_by_name`): a kernel's memory threads, a neighbour's job."""
+  by_name = collections.Counter()
+  for run in row['each_run']:
+    for name, cores in run.get('others_by_name') or ():
+      by_name[name] += cores
+  return ', '.join(f'{name} {cores:.2f}' for name, cores in by_name.most_common(2)) or '-'
 
 
 def run_correlations(rows: list[dict]) -> str:
   """Across the emulated runs of `rows`, each run's time per iteration over its row's
-  median, against its median copy over the row's median copy, and against the cores the
-  hypervisor took in it: Pearson's r of each pair (runs with both figures). A run slower
-  than its row by what its copies took longer says the copies set the run's pace."""
+  median, against its median copy over the row's median copy, against the cores the
+  hypervisor took in it and against the cores other processes used: Pearson's r of each
+  pair (runs with both figures). A run slower than its row by what its copies took longer
+  says the copies set the run's pace."""
 
   def relative(row: dict, key: str) -> list:
     values = [run[key] for run in row['each_run']]
@@ -880,11 +925,12 @@ def run_correlations(rows: list[dict]) -> str:
     middle = float(np.median(known)) if known else None
     return [None if v is None or not middle else v / middle for v in values]
 
-  pace, copy, stolen = [], [], []
+  pace, copy, stolen, others = [], [], [], []
   for row in rows:
     pace += relative(row, 'per_iteration')
     copy += relative(row, 'copy_ms')
     stolen += [run['stolen'] for run in row['each_run']]
+    others += [run.get('others') for run in row['each_run']]
 
   def pearson(xs: list, ys: list) -> str:
     pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
@@ -895,7 +941,7 @@ def run_correlations(rows: list[dict]) -> str:
   return (
     "a run's time per iteration over its row's median, Pearson's r against its copy over "
     f"the row's median copy: {pearson(pace, copy)}; against the cores stolen: "
-    f'{pearson(pace, stolen)}'
+    f"{pearson(pace, stolen)}; against other processes' cores: {pearson(pace, others)}"
   )
 
 

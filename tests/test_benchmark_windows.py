@@ -427,27 +427,51 @@ def test_rows_whose_run_lost_cores_to_the_hypervisor_are_named_with_the_others_l
   )
 
 
-def test_each_runs_pace_is_correlated_with_its_copies_and_the_steal_by_hand():
+def test_each_runs_pace_is_correlated_with_its_copies_the_steal_and_the_others_by_hand():
   """Each run relative to its row's median (time per iteration, copy), pooled over the
   rows; a run without a figure is left out of that pair (by hand: r = 0.04 / √(0.028 ×
-  0.08) = 0.845 against the copies, 0.024 / √(0.028 × 0.032) = 0.802 against the steal)."""
+  0.08) = 0.845 against the copies, 0.024 / √(0.028 × 0.032) = 0.802 against the steal,
+  0.036 / √(0.028 × 0.052) = 0.944 against other processes' cores)."""
 
-  def row(paces, copies, stolen):
+  def row(paces, copies, stolen, others):
     runs = [
-      {'per_iteration': p, 'copy_ms': c, 'stolen': s} for p, c, s in zip(paces, copies, stolen)
+      {'per_iteration': p, 'copy_ms': c, 'stolen': s, 'others': o}
+      for p, c, s, o in zip(paces, copies, stolen, others)
     ]
     return {'family': 'asgd', 'lanes': 16, 'each_run': runs}
 
   rows = [
-    row([1.0, 1.1, 0.9], [2.0, 2.4, 1.6], [0.0, 0.1, 0.0]),
-    row([2.0, 2.0, 2.2], [1.0, None, 1.0], [None, 0.0, 0.2]),
+    row([1.0, 1.1, 0.9], [2.0, 2.4, 1.6], [0.0, 0.1, 0.0], [0.1, 0.3, 0.0]),
+    row([2.0, 2.0, 2.2], [1.0, None, 1.0], [None, 0.0, 0.2], [None, 0.1, 0.2]),
   ]
   assert schedule_error.run_correlations(rows) == (
     "a run's time per iteration over its row's median, Pearson's r against its copy over "
-    "the row's median copy: 0.85 (5 runs); against the cores stolen: 0.80 (5 runs)"
+    "the row's median copy: 0.85 (5 runs); against the cores stolen: 0.80 (5 runs); "
+    "against other processes' cores: 0.94 (5 runs)"
   )
-  few = [row([1.0, 1.1], [2.0, 2.4], [0.0, 0.0])]
+  few = [row([1.0, 1.1], [2.0, 2.4], [0.0, 0.0], [0.1, 0.2])]
   assert schedule_error.run_correlations(few) == (
     "a run's time per iteration over its row's median, Pearson's r against its copy over "
-    "the row's median copy: - (2 runs); against the cores stolen: - (2 runs)"
+    "the row's median copy: - (2 runs); against the cores stolen: - (2 runs); against other "
+    "processes' cores: - (2 runs)"
   )
+
+
+def test_the_other_processes_are_named_by_the_cores_they_used_over_the_run():
+  """Snapshots 4 s apart: pids 1 and 2 are the run's (sampled), 3 and 4 a kernel thread
+  and a neighbour's process, 5 two of one name. kdamond 0.8 s -> 0.2 cores; two 'job'
+  processes 0.3 + 0.1 s -> 0.1; 'idle' 0.01 s (0.0025 cores, under the 0.005 shown); 6
+  started during the run (from 0): 0.2 s -> 0.05."""
+  sampler = object.__new__(schedule_error.CpuSampler)
+  sampler.samples = [(0.0, {1: ('driver', 1.0), 2: ('lanes', 2.0), 'stolen': ('stolen', 0.0)})]
+  first = {1: ('python', 1.0), 2: ('ray::Lane', 2.0), 3: ('kdamond.0', 10.0)}
+  first |= {4: ('job', 5.0), 5: ('job', 1.0), 7: ('idle', 3.0)}
+  last = {1: ('python', 9.0), 2: ('ray::Lane', 9.0), 3: ('kdamond.0', 10.8)}
+  last |= {4: ('job', 5.3), 5: ('job', 1.1), 6: ('late', 0.2), 7: ('idle', 3.01)}
+  sampler._everyone = ((100.0, first), (104.0, last))  # pylint: disable=protected-access
+  named = sampler.others_by_name()
+  assert [name for name, _ in named] == ['kdamond.0', 'job', 'late']
+  assert [cores for _, cores in named] == pytest.approx([0.2, 0.1, 0.05])
+  each = [{'others_by_name': named}, {'others_by_name': [('job', 0.3)]}]
+  assert schedule_error._busiest_others({'each_run': each}) == 'job 0.40, kdamond.0 0.20'
+  assert schedule_error._busiest_others({'each_run': [{}]}) == '-'
