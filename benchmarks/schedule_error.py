@@ -405,7 +405,9 @@ class CpuSampler:
         try:
           times = process.cpu_times()
           cpu[process.pid] = (self._kind(process), times.user + times.system)
-        except self.psutil.Error:
+          cpu[('faults', process.pid)] = ('faults', _minor_faults(process.pid))
+          cpu[('preempted', process.pid)] = ('preempted', process.num_ctx_switches().involuntary)
+        except (self.psutil.Error, OSError):
           pass
       # The driver thread alone, as the host profile's `driver` is measured
       # (`lane_timing._driver_figures`: `time.thread_time`); the driver process's CPU
@@ -446,8 +448,9 @@ class CpuSampler:
 
   def busy(self, start: float, stop: float) -> dict | None:
     """Cores busy from `start` to `stop` (seconds of the run's trace), in all, by kind of
-    process ('driver', 'lanes', 'ray') and the busiest lane process's; None without
-    samples then."""
+    process ('driver', 'lanes', 'ray') and the busiest lane process's, and per second the
+    run's processes' minor page faults ('faults') and involuntary context switches
+    ('preempted': a process made to give up its core); None without samples then."""
     if self.t0 is None:
       return None
     inside = [(t - self.t0, cpu) for t, cpu in self.samples if start <= t - self.t0 <= stop]
@@ -455,15 +458,23 @@ class CpuSampler:
       return None
     (t1, first), (t2, last) = inside[0], inside[-1]
     busy = {'all': 0.0, 'driver': 0.0, 'lanes': 0.0, 'ray': 0.0, 'busiest lane': 0.0}
-    busy |= {'driver thread': 0.0, 'stolen': 0.0, 'machine': 0.0}  # (not parts of 'all')
+    apart = ('driver thread', 'stolen', 'machine', 'faults', 'preempted')  # (not in 'all')
+    busy |= {kind: 0.0 for kind in apart}
     for pid, (kind, seconds) in last.items():
       used = (seconds - first.get(pid, (kind, 0.0))[1]) / (t2 - t1)
       busy[kind] += used
-      busy['all'] += used if kind not in ('driver thread', 'stolen', 'machine') else 0.0
+      busy['all'] += used if kind not in apart else 0.0
       if kind == 'lanes':
         busy['busiest lane'] = max(busy['busiest lane'], used)
     busy['others'] = max(busy.pop('machine') - busy['all'], 0.0)  # processes not the run's
     return busy
+
+
+def _minor_faults(pid: int) -> int:
+  """The minor page faults process `pid` has taken (Linux's /proc/PID/stat, field 10: a
+  page touched for the first time, or taken back from the kernel)."""
+  with open(f'/proc/{pid}/stat', 'rb') as stat:
+    return int(stat.read().rsplit(b')', 1)[1].split()[7])
 
 
 def round_trips(pool, reps: int = 40) -> dict:
@@ -669,6 +680,8 @@ def _each_run(stats: dict) -> dict:
     'copy_ms': stats.get('copy_ms'),
     'stolen': cpu.get('stolen'),
     'others': cpu.get('others'),
+    'faults': cpu.get('faults'),
+    'preempted': cpu.get('preempted'),
     'others_by_name': stats.get('others_by_name', []),
   }
 
@@ -886,12 +899,13 @@ def _print_each_run(done: list[dict]) -> None:
     return
   print(
     'each emulated run, in the order run: s/it (median copy ms, cores stolen, cores of other '
-    'processes); the busiest other processes over the runs'
+    "processes, the run's minor page faults and involuntary context switches per second); "
+    'the busiest other processes over the runs'
   )
   for row in rows:
     runs = ' | '.join(
       f'{run["per_iteration"]:.4f} ({_ms(run["copy_ms"])}, {_cores(run["stolen"])}, '
-      f'{_cores(run.get("others"))})'
+      f'{_cores(run.get("others"))}, {_rate(run.get("faults"))}, {_rate(run.get("preempted"))})'
       for run in row['each_run']
     )
     print(f'  {label(row["family"], row["lanes"])}: {runs}; {_busiest_others(row)}')
@@ -900,6 +914,10 @@ def _print_each_run(done: list[dict]) -> None:
 
 def _cores(value: float | None) -> str:
   return '-' if value is None else f'{value:.2f}'
+
+
+def _rate(value: float | None) -> str:
+  return '-' if value is None else f'{value:.0f}'
 
 
 def _busiest_others(row: dict) -> str:
@@ -914,23 +932,20 @@ def _busiest_others(row: dict) -> str:
 
 def run_correlations(rows: list[dict]) -> str:
   """Across the emulated runs of `rows`, each run's time per iteration over its row's
-  median, against its median copy over the row's median copy, against the cores the
-  hypervisor took in it and against the cores other processes used: Pearson's r of each
-  pair (runs with both figures). A run slower than its row by what its copies took longer
-  says the copies set the run's pace."""
+  median, against its median copy over the row's median copy, and against what else could
+  set its pace: the cores the hypervisor took, the cores other processes used, the run's
+  page faults and involuntary context switches per second (`CpuSampler.busy`). Pearson's
+  r of each pair (runs with both figures). A run slower than its row by what its copies
+  took longer says the copies set the run's pace; what moves with them, why."""
 
   def relative(row: dict, key: str) -> list:
-    values = [run[key] for run in row['each_run']]
+    values = [run.get(key) for run in row['each_run']]
     known = [value for value in values if value is not None]
     middle = float(np.median(known)) if known else None
     return [None if v is None or not middle else v / middle for v in values]
 
-  pace, copy, stolen, others = [], [], [], []
-  for row in rows:
-    pace += relative(row, 'per_iteration')
-    copy += relative(row, 'copy_ms')
-    stolen += [run['stolen'] for run in row['each_run']]
-    others += [run.get('others') for run in row['each_run']]
+  def pooled(key: str) -> list:
+    return [run.get(key) for row in rows for run in row['each_run']]
 
   def pearson(xs: list, ys: list) -> str:
     pairs = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None]
@@ -938,10 +953,18 @@ def run_correlations(rows: list[dict]) -> str:
       return f'- ({len(pairs)} runs)'
     return f'{np.corrcoef(np.array(pairs).T)[0, 1]:.2f} ({len(pairs)} runs)'
 
+  pace = [x for row in rows for x in relative(row, 'per_iteration')]
+  copy = [x for row in rows for x in relative(row, 'copy_ms')]
+  against = [
+    ('the cores stolen', 'stolen'),
+    ("other processes' cores", 'others'),
+    ('page faults per second', 'faults'),
+    ('involuntary context switches per second', 'preempted'),
+  ]
   return (
     "a run's time per iteration over its row's median, Pearson's r against its copy over "
-    f"the row's median copy: {pearson(pace, copy)}; against the cores stolen: "
-    f"{pearson(pace, stolen)}; against other processes' cores: {pearson(pace, others)}"
+    f"the row's median copy: {pearson(pace, copy)}"
+    + ''.join(f'; against {name}: {pearson(pace, pooled(key))}' for name, key in against)
   )
 
 

@@ -367,11 +367,12 @@ def test_the_drift_line_compares_each_task_of_the_two_profiles_by_hand():
 def test_the_hosts_cores_busy_are_split_by_kind_with_the_machines_stolen_and_others_apart():
   """Two samples 2 s apart (the trace's 0 at t0 = 100): the driver used 0.4 s of CPU, of
   which its thread 0.2; two lanes 1.0 and 0.6 s; Ray 0.2 s. The machine's processes used
-  3.0 s in all, so 0.8 s were others' (3.0 - 2.2); its hypervisor took 0.5 s."""
+  3.0 s in all, so 0.8 s were others' (3.0 - 2.2); its hypervisor took 0.5 s. The lanes
+  took 200 and 40 minor page faults, the first was preempted 40 times."""
   sampler = object.__new__(schedule_error.CpuSampler)  # (no psutil, no executor patched)
   sampler.t0 = 100.0
 
-  def sample(t, driver, thread, lane_a, lane_b, ray, stolen, machine):
+  def sample(t, driver, thread, lane_a, lane_b, ray, stolen, machine, faults, preempted):
     return (
       100.0 + t,
       {
@@ -382,12 +383,15 @@ def test_the_hosts_cores_busy_are_split_by_kind_with_the_machines_stolen_and_oth
         'driver thread': ('driver thread', thread),
         'stolen': ('stolen', stolen),
         'machine': ('machine', machine),
+        ('faults', 2): ('faults', faults[0]),
+        ('faults', 3): ('faults', faults[1]),
+        ('preempted', 2): ('preempted', preempted),
       },
     )
 
   sampler.samples = [
-    sample(1.0, 5.0, 4.0, 10.0, 20.0, 3.0, 50.0, 700.0),
-    sample(3.0, 5.4, 4.2, 11.0, 20.6, 3.2, 50.5, 703.0),
+    sample(1.0, 5.0, 4.0, 10.0, 20.0, 3.0, 50.0, 700.0, (100, 0), 10),
+    sample(3.0, 5.4, 4.2, 11.0, 20.6, 3.2, 50.5, 703.0, (300, 40), 50),
   ]
   busy = sampler.busy(0.0, 5.0)
   expected = {
@@ -399,6 +403,8 @@ def test_the_hosts_cores_busy_are_split_by_kind_with_the_machines_stolen_and_oth
     'driver thread': 0.1,
     'stolen': 0.25,
     'others': 0.4,
+    'faults': 120.0,  # ((300 - 100) + 40) / 2 per second, the lanes' (not cores)
+    'preempted': 20.0,  # (50 - 10) / 2
   }
   assert busy.keys() == expected.keys()
   for kind, cores in expected.items():
@@ -427,15 +433,17 @@ def test_rows_whose_run_lost_cores_to_the_hypervisor_are_named_with_the_others_l
   )
 
 
-def test_each_runs_pace_is_correlated_with_its_copies_the_steal_and_the_others_by_hand():
+def test_each_runs_pace_is_correlated_with_its_copies_and_what_could_slow_them_by_hand():
   """Each run relative to its row's median (time per iteration, copy), pooled over the
   rows; a run without a figure is left out of that pair (by hand: r = 0.04 / √(0.028 ×
   0.08) = 0.845 against the copies, 0.024 / √(0.028 × 0.032) = 0.802 against the steal,
   0.036 / √(0.028 × 0.052) = 0.944 against other processes' cores)."""
 
   def row(paces, copies, stolen, others):
+    # Page faults and preemptions as the steal and the others scaled (r is scale-free).
     runs = [
       {'per_iteration': p, 'copy_ms': c, 'stolen': s, 'others': o}
+      | {'faults': None if s is None else 1e3 * s, 'preempted': None if o is None else 50 * o}
       for p, c, s, o in zip(paces, copies, stolen, others)
     ]
     return {'family': 'asgd', 'lanes': 16, 'each_run': runs}
@@ -447,13 +455,15 @@ def test_each_runs_pace_is_correlated_with_its_copies_the_steal_and_the_others_b
   assert schedule_error.run_correlations(rows) == (
     "a run's time per iteration over its row's median, Pearson's r against its copy over "
     "the row's median copy: 0.85 (5 runs); against the cores stolen: 0.80 (5 runs); "
-    "against other processes' cores: 0.94 (5 runs)"
+    "against other processes' cores: 0.94 (5 runs); against page faults per second: 0.80 "
+    '(5 runs); against involuntary context switches per second: 0.94 (5 runs)'
   )
   few = [row([1.0, 1.1], [2.0, 2.4], [0.0, 0.0], [0.1, 0.2])]
   assert schedule_error.run_correlations(few) == (
     "a run's time per iteration over its row's median, Pearson's r against its copy over "
     "the row's median copy: - (2 runs); against the cores stolen: - (2 runs); against other "
-    "processes' cores: - (2 runs)"
+    "processes' cores: - (2 runs); against page faults per second: - (2 runs); against "
+    'involuntary context switches per second: - (2 runs)'
   )
 
 
