@@ -62,9 +62,10 @@ the start of its next, which the driver had sent before that end: the traces'
 a task's end to the driver hearing of it; its CPU per event), the busiest compute lane's
 utilization, and the host's CPU over the steady state (the cores busy: the driver, the
 lane processes and Ray's own, sampled every 0.5 s; every process of the Ray cluster this
-benchmark starts descends from it). Then every emulated run of a row with copies, with its
-median copy and the cores the hypervisor took from it, and how a run's pace follows
-either (Pearson's r over the runs, each relative to its row's median: `run_correlations`).
+benchmark starts descends from it). Then every emulated run of a row with copies: its
+median copy, the cores the hypervisor and other processes took, its page faults and
+preemptions, and how a run's pace follows each (Pearson's r over the runs, each relative
+to its row's median: `run_correlations`).
 
 The emulated runs' waits are checked too: each compute task's duration in the trace
 less its price (median and largest over the steady state), i.e. the wait's accuracy
@@ -365,14 +366,14 @@ class CpuSampler:
     import threading
 
     self.samples, self.t0, self._stop = [], None, threading.Event()
-    self._everyone = (time.time(), self._every_process())
+    self._first = (time.time(), self._every_process())
     self._thread = threading.Thread(target=self._sample, daemon=True)
     self._thread.start()
 
   def end(self) -> None:
     self._stop.set()
     self._thread.join()
-    self._everyone = (self._everyone, (time.time(), self._every_process()))
+    self._last = (time.time(), self._every_process())
 
   def _every_process(self) -> dict[int, tuple[str, float]]:
     """pid -> (name, CPU seconds) of every process on the machine, kernel threads too."""
@@ -385,8 +386,9 @@ class CpuSampler:
 
   def others_by_name(self, top: int = 3) -> list[tuple[str, float]]:
     """The processes that were not the run's (nor this one's) using most CPU from `begin`
-    to `end`, cores by name, busiest first: what the steady state's `others` were."""
-    (t1, first), (t2, last) = self._everyone
+    to `end`, cores by name, busiest first: who the `others` of `busy` were (those are
+    over the steady state, these over the whole run)."""
+    (t1, first), (t2, last) = self._first, self._last
     own = {pid for _, cpu in self.samples for pid in cpu if isinstance(pid, int)}
     by_name = collections.Counter()
     for pid, (name, seconds) in last.items():

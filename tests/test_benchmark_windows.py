@@ -468,17 +468,17 @@ def test_each_runs_pace_is_correlated_with_its_copies_and_what_could_slow_them_b
 
 
 def test_the_other_processes_are_named_by_the_cores_they_used_over_the_run():
-  """Snapshots 4 s apart: pids 1 and 2 are the run's (sampled), 3 and 4 a kernel thread
-  and a neighbour's process, 5 two of one name. kdamond 0.8 s -> 0.2 cores; two 'job'
-  processes 0.3 + 0.1 s -> 0.1; 'idle' 0.01 s (0.0025 cores, under the 0.005 shown); 6
-  started during the run (from 0): 0.2 s -> 0.05."""
+  """Snapshots 4 s apart: pids 1 and 2 are the run's (sampled), the others not: a kernel
+  thread (3: 0.8 s -> 0.2 cores), two processes of one name (4, 5: 0.3 + 0.1 s -> 0.1),
+  one started during the run (6, from 0: 0.2 s -> 0.05) and one nearly idle (7: 0.01 s,
+  0.0025 cores, under the 0.005 shown)."""
   sampler = object.__new__(schedule_error.CpuSampler)
   sampler.samples = [(0.0, {1: ('driver', 1.0), 2: ('lanes', 2.0), 'stolen': ('stolen', 0.0)})]
   first = {1: ('python', 1.0), 2: ('ray::Lane', 2.0), 3: ('kdamond.0', 10.0)}
   first |= {4: ('job', 5.0), 5: ('job', 1.0), 7: ('idle', 3.0)}
   last = {1: ('python', 9.0), 2: ('ray::Lane', 9.0), 3: ('kdamond.0', 10.8)}
   last |= {4: ('job', 5.3), 5: ('job', 1.1), 6: ('late', 0.2), 7: ('idle', 3.01)}
-  sampler._everyone = ((100.0, first), (104.0, last))  # pylint: disable=protected-access
+  sampler._first, sampler._last = (100.0, first), (104.0, last)  # pylint: disable=protected-access
   named = sampler.others_by_name()
   assert [name for name, _ in named] == ['kdamond.0', 'job', 'late']
   assert [cores for _, cores in named] == pytest.approx([0.2, 0.1, 0.05])
