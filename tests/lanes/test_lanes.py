@@ -52,6 +52,25 @@ def gone(pids, within: float = 5.0) -> list[int]:
     time.sleep(0.1)
 
 
+def described(pids) -> list[str]:
+  """What each of `pids` is doing, for a failure's message: its name, state, and each
+  thread's state and the kernel function it waits in (a process that cannot run, say,
+  against one that waits for something)."""
+  rows = []
+  for pid in pids:
+    try:
+      process = psutil.Process(pid)
+      threads = []
+      for thread in process.threads():
+        task = f'/proc/{pid}/task/{thread.id}'
+        with open(f'{task}/stat') as stat, open(f'{task}/wchan') as wchan:
+          threads.append(f'{thread.id}:{stat.read().rsplit(")", 1)[1].split()[0]}:{wchan.read()}')
+      rows.append(f'{pid} {process.name()} {process.status()} threads {" ".join(threads)}')
+    except (psutil.Error, OSError) as error:
+      rows.append(f'{pid}: {type(error).__name__}')
+  return rows
+
+
 def _alive(pid: int) -> bool:
   try:
     return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -1071,4 +1090,5 @@ def test_a_closed_pool_leaves_no_thread_reading_its_lanes(head, monkeypatch):
     assert names <= {thread.name for thread in threading.enumerate()}
     pids = list(lanes.pids().values())
   assert names.isdisjoint(thread.name for thread in threading.enumerate())
-  assert gone(pids, within=wire.DRIVER_GONE_GRACE + 10) == []
+  left = gone(pids, within=wire.DRIVER_GONE_GRACE + 10)
+  assert left == [], described(left)
