@@ -422,6 +422,9 @@ def _start_sleepers(pid_file, *extra):
       str(pid_file),
     ],
     cwd=REPO,
+    # The launcher's status folder in the test's own (a launcher killed by SIGKILL cannot
+    # remove it).
+    env={**os.environ, 'TMPDIR': str(pid_file.parent)},
     stdout=subprocess.DEVNULL,
     stderr=subprocess.STDOUT,
   )
