@@ -3,7 +3,7 @@
 Everything that touches Ray's API is here, so that the pool reads as lanes and handles.
 A cluster is either started for the run on this machine (`connect(None)`, offline:
 no dashboard, no usage statistics, none of Ray's daemons it has no use for
-(`_IDLE_DAEMONS`), a temporary directory of its own) or joined at an
+(`_IDLE_DAEMONS`, the API server), a temporary directory of its own) or joined at an
 address (`connect('10.0.0.1:6379')`, the several-host case; see docs/engine.md for the
 `ray start` commands).
 
@@ -140,12 +140,17 @@ _IDLE_DAEMONS = {'no_monitor': True, 'include_log_monitor': False}
 
 @contextlib.contextmanager
 def _without_idle_daemons():
-  """`ray.init` starting a head without `_IDLE_DAEMONS`. Each is a Python process whose
-  start takes ~0.4 s of CPU from the driver and the lanes starting beside it, on the way
-  to the first task (start-up: benchmarks/results/startup.md). Ray's `ray start` has
-  these switches (`--no-monitor`, `--include-log-monitor`); `ray.init` passes none, so its
-  head's parameters are given them here, as long as Ray's `RayParams` takes them (else
-  the head starts as Ray's default)."""
+  """`ray.init` starting a head without `_IDLE_DAEMONS` and without its API server. Each
+  is a Python process whose start takes ~0.4 s of CPU from the driver and the lanes
+  starting beside it, on the way to the first task (start-up:
+  benchmarks/results/startup.md). Ray's `ray start` has switches for the two daemons
+  (`--no-monitor`, `--include-log-monitor`); `ray.init` passes none, so its head's
+  parameters are given them here, as long as Ray's `RayParams` takes them. The API server
+  is the dashboard's head process: with the dashboard off it loads only Ray's usage
+  statistics (off too: `RAY_USAGE_STATS_ENABLED`), yet `ray.init` waits for it to write
+  its address (~0.5 s); a head without one is a node as Ray's other nodes are
+  (`_without_api_server`). Where Ray's methods differ from these, the head starts as
+  Ray's default."""
   from ray._private.parameter import RayParams  # (imported by `ray` itself)
 
   original = RayParams.__init__
@@ -158,9 +163,31 @@ def _without_idle_daemons():
 
   RayParams.__init__ = without
   try:
-    yield
+    with _without_api_server():
+      yield
   finally:
     RayParams.__init__ = original
+
+
+@contextlib.contextmanager
+def _without_api_server():
+  """Ray's head `Node` starting no API server (`Node.start_api_server`, which takes only
+  `include_dashboard` and `raise_on_failure` where this applies) while `ray.init` runs."""
+  from ray._private.node import Node  # (imported by `ray` itself)
+
+  original = Node.start_api_server
+  if set(inspect.signature(original).parameters) != {
+    'self',
+    'include_dashboard',
+    'raise_on_failure',
+  }:
+    yield
+    return
+  Node.start_api_server = lambda self, *, include_dashboard, raise_on_failure: None
+  try:
+    yield
+  finally:
+    Node.start_api_server = original
 
 
 _RAY_MARK = re.compile(r'^:(job_id|actor_name|task_name):')
