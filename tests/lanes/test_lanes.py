@@ -973,6 +973,30 @@ def test_a_cluster_started_in_the_background_serves_a_pool_and_leaves_no_process
   assert gone(outcome['started']) == []
 
 
+def test_a_head_started_here_skips_the_api_server_only_where_rays_method_is_the_one_known(
+  monkeypatch,
+):
+  """`cluster._without_api_server` replaces Ray's `Node.start_api_server` while a head
+  starts, and puts it back after; a method of another signature (another Ray) is left
+  alone, so the head starts as Ray's default."""
+  from ray._private.node import Node
+
+  from jaxsgd.scheduler.lanes import cluster
+
+  def known(self, *, include_dashboard, raise_on_failure):
+    return 'started'
+
+  def other(self, *, include_dashboard, raise_on_failure, port=None):
+    return 'started'
+
+  for method, skipped in ((known, True), (other, False)):
+    monkeypatch.setattr(Node, 'start_api_server', method)
+    with cluster._without_api_server():
+      started = Node.start_api_server(None, include_dashboard=False, raise_on_failure=False)
+    assert started == (None if skipped else 'started'), method
+    assert Node.start_api_server is method  # put back
+
+
 def test_a_background_start_that_hangs_is_given_up_in_one_line_and_leaves_no_state(
   monkeypatch, tmp_path
 ):
