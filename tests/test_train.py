@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -173,6 +174,21 @@ def _bare_run(data_dir, tmp_path, **overrides):
   return training.Run(
     config, str(tmp_path), dataset, training.build_model(config, dataset), show_progress=False
   )
+
+
+def test_the_progress_bar_is_drawn_at_the_first_step_not_before(data_dir, tmp_path, capsys):
+  """What a run prints while it starts (`lanes: starting ...`, the placement) comes on
+  lines of its own: the bar is not drawn before the first step."""
+  from jaxsgd import data as data_lib  # pylint: disable=g-import-not-at-top
+
+  config = smoke_config(data_dir)
+  dataset = data_lib.load(config.dataset, data_dir)
+  run = training.Run(config, str(tmp_path), dataset, training.build_model(config, dataset))
+  time.sleep(0.2)  # (past tqdm's shortest interval between two draws)
+  assert f'0/{config.train_steps}' not in capsys.readouterr().err
+  run.report(1, loss=_Loss(1.0), variables=None, samples=1)
+  assert f'1/{config.train_steps}' in capsys.readouterr().err
+  run.abort()
 
 
 def _report_until_refused(run, losses) -> int:

@@ -45,6 +45,7 @@ CHECK_EVERY_STEPS = 16  # Look at the computed losses this often (no wait) ...
 CHECK_EVERY_S = 1.0  # ... or after this many seconds,
 WAIT_AFTER_STEPS = 128  # and wait for them when this many are still unchecked.
 TARGET_RESOLUTION = 0.01  # Time to target is found to this fraction of the run's steps.
+_BAR_DELAY = 1e-6  # s: any delay at all keeps tqdm from drawing the bar before its first update
 
 
 def target_check_every(train_steps: int, period: int = 1) -> int:
@@ -114,6 +115,9 @@ class Run:
       dynamic_ncols=True,
       disable=not (show_progress and self.is_primary),
       desc=config.algorithm.name,
+      # Drawn at the first step, not before: what the run prints while it starts (the
+      # lane processes it waits for) then has lines of its own, not the end of the bar's.
+      delay=_BAR_DELAY,
     )
     if resume is not None:
       self._continue(resume)
