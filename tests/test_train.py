@@ -135,6 +135,31 @@ def test_command_line_binary_with_overrides(data_dir, tmp_path):
   assert json.load(open(tmp_path / 'summary.json'))['config']['dataset'] == 'digits'
 
 
+def test_what_a_run_logs_after_its_last_step_is_on_a_line_of_its_own(data_dir, tmp_path):
+  """DDG logs its staleness after the last step: the bar (which tqdm ends with a carriage
+  return, not a new line) is closed at the last evaluation, before it."""
+  result = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'experiments.train',
+      '--config=experiments/configs/ddg.py:smoke',
+      f'--workdir={tmp_path}',
+      '--config.train_steps=20',
+      '--config.eval_every=10',
+      f'--config.data_dir={data_dir}',
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+  assert result.returncode == 0, result.stderr[-2000:]
+  staleness = re.search(r'.*outputs\.py:\d+\] ddg: staleness per stage', result.stderr)
+  assert staleness and re.match(r'[IWE]\d{4} ', staleness.group()), result.stderr[-2000:]
+
+
 def test_tensorboard_events_are_written_when_asked(data_dir, tmp_path):
   from tensorboardX.event_file_writer import event_pb2  # pylint: disable=g-import-not-at-top
 

@@ -378,6 +378,8 @@ class Run:
     self._progress.set_postfix(
       loss=f'{record["train_loss"]:.3f}', acc=f'{100 * record["test_accuracy"]:.1f}%'
     )
+    if record['step'] >= self.config.train_steps:  # the last: what the run logs after it
+      self._progress.close()  # (a family's summary line) comes on a line of its own
     self._note_target(record)
 
   # --- the end ------------------------------------------------------------------
