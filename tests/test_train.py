@@ -191,28 +191,29 @@ class _Loss:
     return np.asarray(self.value, dtype)
 
 
-def _bare_run(data_dir, tmp_path, **overrides):
+def _bare_run(data_dir, tmp_path, show_progress=False, **overrides):
   from jaxsgd import data as data_lib  # pylint: disable=g-import-not-at-top
 
   config = smoke_config(data_dir, **overrides)
   dataset = data_lib.load(config.dataset, data_dir)
   return training.Run(
-    config, str(tmp_path), dataset, training.build_model(config, dataset), show_progress=False
+    config,
+    str(tmp_path),
+    dataset,
+    training.build_model(config, dataset),
+    show_progress=show_progress,
   )
 
 
 def test_the_progress_bar_is_drawn_at_the_first_step_not_before(data_dir, tmp_path, capsys):
   """What a run prints while it starts (`lanes: starting ...`, the placement) comes on
   lines of its own: the bar is not drawn before the first step."""
-  from jaxsgd import data as data_lib  # pylint: disable=g-import-not-at-top
-
-  config = smoke_config(data_dir)
-  dataset = data_lib.load(config.dataset, data_dir)
-  run = training.Run(config, str(tmp_path), dataset, training.build_model(config, dataset))
+  run = _bare_run(data_dir, tmp_path, show_progress=True)
+  steps = run.config.train_steps
   time.sleep(0.2)  # (past tqdm's shortest interval between two draws)
-  assert f'0/{config.train_steps}' not in capsys.readouterr().err
+  assert f'0/{steps}' not in capsys.readouterr().err
   run.report(1, loss=_Loss(1.0), variables=None, samples=1)
-  assert f'1/{config.train_steps}' in capsys.readouterr().err
+  assert f'1/{steps}' in capsys.readouterr().err
   run.abort()
 
 
