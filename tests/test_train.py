@@ -103,18 +103,17 @@ def test_bad_config_is_refused_before_training(data_dir, tmp_path, field, value,
   assert not (tmp_path / 'metrics.jsonl').exists()  # Refused before anything ran.
 
 
-def test_command_line_binary_with_overrides(data_dir, tmp_path):
-  """`python -m experiments.train` with `:smoke` and `--config.field=` overrides."""
-  result = subprocess.run(
+def _train_command(config: str, tmp_path, data_dir, *fields: str):
+  """`python -m experiments.train --config=experiments/configs/CONFIG` into `tmp_path`,
+  with `--config.FIELD=VALUE`s `fields`: the finished process, its output captured."""
+  return subprocess.run(
     [
       sys.executable,
       '-m',
       'experiments.train',
-      '--config=experiments/configs/default.py:smoke',
+      f'--config=experiments/configs/{config}',
       f'--workdir={tmp_path}',
-      '--config.dataset=digits',
-      '--config.train_steps=30',
-      '--config.eval_every=30',
+      *(f'--config.{field}' for field in fields),
       f'--config.data_dir={data_dir}',
     ],
     cwd=REPO,
@@ -122,6 +121,13 @@ def test_command_line_binary_with_overrides(data_dir, tmp_path):
     text=True,
     timeout=300,
     check=False,
+  )
+
+
+def test_command_line_binary_with_overrides(data_dir, tmp_path):
+  """`python -m experiments.train` with `:smoke` and `--config.field=` overrides."""
+  result = _train_command(
+    'default.py:smoke', tmp_path, data_dir, 'dataset=digits', 'train_steps=30', 'eval_every=30'
   )
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'final test accuracy' in result.stdout
@@ -138,23 +144,7 @@ def test_command_line_binary_with_overrides(data_dir, tmp_path):
 def test_what_a_run_logs_after_its_last_step_is_on_a_line_of_its_own(data_dir, tmp_path):
   """DDG logs its staleness after the last step: the bar (which tqdm ends with a carriage
   return, not a new line) is closed at the last evaluation, before it."""
-  result = subprocess.run(
-    [
-      sys.executable,
-      '-m',
-      'experiments.train',
-      '--config=experiments/configs/ddg.py:smoke',
-      f'--workdir={tmp_path}',
-      '--config.train_steps=20',
-      '--config.eval_every=10',
-      f'--config.data_dir={data_dir}',
-    ],
-    cwd=REPO,
-    capture_output=True,
-    text=True,
-    timeout=300,
-    check=False,
-  )
+  result = _train_command('ddg.py:smoke', tmp_path, data_dir, 'train_steps=20', 'eval_every=10')
   assert result.returncode == 0, result.stderr[-2000:]
   staleness = re.search(r'.*outputs\.py:\d+\] ddg: staleness per stage', result.stderr)
   assert staleness and re.match(r'[IWE]\d{4} ', staleness.group()), result.stderr[-2000:]
