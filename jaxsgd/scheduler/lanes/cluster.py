@@ -117,7 +117,7 @@ def _connect_now(address: str | None) -> bool:
   code = ray.job_config.JobConfig(code_search_path=_code_path())
   if address is None:
     _STARTED_HERE['temp_dir'] = tempfile.mkdtemp(prefix='jaxsgd-ray-')
-    with _without_idle_daemons():
+    with _without_idle_daemons(), _without_api_server():
       ray.init(
         num_cpus=os.cpu_count(),
         include_dashboard=False,
@@ -140,17 +140,12 @@ _IDLE_DAEMONS = {'no_monitor': True, 'include_log_monitor': False}
 
 @contextlib.contextmanager
 def _without_idle_daemons():
-  """`ray.init` starting a head without `_IDLE_DAEMONS` and without its API server. Each
-  is a Python process whose start takes ~0.4 s of CPU from the driver and the lanes
-  starting beside it, on the way to the first task (start-up:
-  benchmarks/results/startup.md). Ray's `ray start` has switches for the two daemons
-  (`--no-monitor`, `--include-log-monitor`); `ray.init` passes none, so its head's
-  parameters are given them here, as long as Ray's `RayParams` takes them. The API server
-  is the dashboard's head process: with the dashboard off it loads only Ray's usage
-  statistics (off too: `RAY_USAGE_STATS_ENABLED`), yet `ray.init` waits for it to write
-  its address (~0.5 s); a head without one is a node as Ray's other nodes are
-  (`_without_api_server`). Where Ray's methods differ from these, the head starts as
-  Ray's default."""
+  """`ray.init` starting a head without `_IDLE_DAEMONS`. Each is a Python process whose
+  start takes ~0.4 s of CPU from the driver and the lanes starting beside it, on the way
+  to the first task (start-up: benchmarks/results/startup.md). Ray's `ray start` has
+  these switches (`--no-monitor`, `--include-log-monitor`); `ray.init` passes none, so its
+  head's parameters are given them here, as long as Ray's `RayParams` takes them (else
+  the head starts as Ray's default)."""
   from ray._private.parameter import RayParams  # (imported by `ray` itself)
 
   original = RayParams.__init__
@@ -163,16 +158,19 @@ def _without_idle_daemons():
 
   RayParams.__init__ = without
   try:
-    with _without_api_server():
-      yield
+    yield
   finally:
     RayParams.__init__ = original
 
 
 @contextlib.contextmanager
 def _without_api_server():
-  """Ray's head `Node` starting no API server (`Node.start_api_server`, which takes only
-  `include_dashboard` and `raise_on_failure` where this applies) while `ray.init` runs."""
+  """Ray's head `Node` starting no API server while `ray.init` runs. It is the dashboard's
+  head process: with the dashboard off it loads only Ray's usage statistics (off too:
+  `RAY_USAGE_STATS_ENABLED`), yet `ray.init` waits for it to write its address (~0.5 s);
+  a head without one runs as Ray's other nodes do. Only where `Node.start_api_server`
+  takes `include_dashboard` and `raise_on_failure` alone (else the head starts as Ray's
+  default)."""
   from ray._private.node import Node  # (imported by `ray` itself)
 
   original = Node.start_api_server
