@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m experiments.train --config=$(CONFIG) --workdir=$(WORKDIR)
 
-# The tests in TEST_WORKERS processes (pytest-xdist, a file's tests in one of them), then
+# The tests in TEST_WORKERS processes (pytest-xdist, a file's tests in one of them, the files
+# handed out in tests/conftest.py's order: those with slow tests first), then
 # those marked `alone` (they bound how long a fault takes to end a run) with nothing
 # beside them; the second phase runs even if the first failed, and the status is the
 # first failure's. Both phases share one XLA compilation cache (tests/conftest.py uses
@@ -29,7 +30,7 @@ TEST_WORKERS ?= 2
 test: lint
 	@cache=$$(mktemp -d -t jaxsgd-tests-xla-cache-XXXXXX); trap 'rm -rf "$$cache"' EXIT; \
 	export JAX_COMPILATION_CACHE_DIR="$$cache"; status=0; \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not alone' --durations=15 || status=$$?; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not alone' --durations=15 || status=$$?; \
 	$(PY) -m pytest -q -m alone --durations=5 || { [ $$status -ne 0 ] || status=$$?; }; \
 	exit $$status
 

@@ -42,3 +42,19 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 def data_dir(tmp_path_factory) -> str:
   """One tfds data_dir per test session: offline datasets are generated once."""
   return str(tmp_path_factory.mktemp('tensorflow_datasets'))
+
+
+def pytest_collection_modifyitems(config, items):
+  """Modules with `slow` tests first, then the others, most tests first; a module's tests
+  keep their order. `make test` hands whole modules to its workers in this order
+  (`--dist loadfile --no-loadscope-reorder`): xdist's own order (most tests first) handed
+  out a module of three one-minute tests last, and one worker ran it alone at the end."""
+  del config
+  modules = {}
+  for item in items:
+    modules.setdefault(item.nodeid.split('::')[0], []).append(item)
+
+  def slow_first(tests):
+    return (-sum(1 for test in tests if test.get_closest_marker('slow')), -len(tests))
+
+  items[:] = [item for tests in sorted(modules.values(), key=slow_first) for item in tests]

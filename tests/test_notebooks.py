@@ -13,6 +13,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(REPO, 'notebooks', '*.md')))
+SLOW = ('05_which_method_for_my_cluster.md',)  # eight smoke runs, one per method
 
 
 def _sources(notebook):
@@ -32,7 +33,13 @@ def test_ipynb_is_paired_with_the_markdown_source(path):
   )
 
 
-@pytest.mark.parametrize('path', NOTEBOOKS, ids=os.path.basename)
+@pytest.mark.parametrize(
+  'path',
+  [
+    pytest.param(p, marks=pytest.mark.slow) if os.path.basename(p) in SLOW else p for p in NOTEBOOKS
+  ],
+  ids=os.path.basename,
+)
 def test_notebook_executes_in_smoke_size(path, tmp_path, data_dir, monkeypatch):
   monkeypatch.setenv('JAXSGD_SMOKE', '1')
   monkeypatch.setenv('TFDS_DATA_DIR', data_dir)

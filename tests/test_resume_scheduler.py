@@ -288,6 +288,7 @@ def lane_processes_left(head, before) -> list[int]:
   return gone(set(_lane_processes(head)) - set(before))
 
 
+@pytest.mark.slow
 def test_ddg_on_lane_processes_saves_on_sigterm_and_resumes_bit_for_bit(
   head, data_dir, tmp_path, monkeypatch
 ):
@@ -337,6 +338,7 @@ def test_a_killed_pipeline_stage_ends_the_run_and_the_same_command_resumes_it(
   assert lane_processes_left(head, before) == []
 
 
+@pytest.mark.slow
 def test_asgd_on_lane_processes_resumes_from_its_checkpoint_to_the_end(
   head, data_dir, tmp_path, monkeypatch
 ):

@@ -27,6 +27,7 @@ def head(tmp_path_factory):
   yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
 
 
+@pytest.mark.slow
 def test_asgd_replaces_lost_workers_and_reports_them(head, data_dir, tmp_path):
   """`tolerate_lost_workers=True`, 3 workers: worker 1 SIGKILLed mid-run and worker 2
   whose 40th backward raises are each replaced by a new lane process, which rejoins:
@@ -97,6 +98,7 @@ def test_pdasgd_replaces_lost_forward_and_backward_workers(head, data_dir, tmp_p
   assert [layer['updates'] for layer in summary['staleness'].values()] == [150] * 4
 
 
+@pytest.mark.slow
 def test_lppsgd_replaces_lost_workers_and_heals_lost_replicas(head, data_dir, tmp_path):
   """LPP-SGD, `tolerate_lost_workers=True`, 3 replicas of 2 workers, each replica on a lane
   of its own: worker 0.0 SIGKILLed mid-run, and replica 1's lane killed in its 8th update

@@ -300,7 +300,12 @@ def test_batchnorm_ddg_on_lane_processes_is_bit_identical_to_in_process(pool):
 
 
 @pytest.mark.parametrize(
-  'config_name, variant', [('lppsgd', 'smoke'), ('pdasgd', 'smoke'), ('pdasgd', 'lm_smoke')]
+  'config_name, variant',
+  [
+    ('lppsgd', 'smoke'),
+    ('pdasgd', 'smoke'),
+    pytest.param('pdasgd', 'lm_smoke', marks=pytest.mark.slow),
+  ],
 )
 def test_a_config_run_on_lane_processes_matches_the_in_process_run(
   config_name, variant, head, data_dir, tmp_path, capsys, monkeypatch
