@@ -36,8 +36,9 @@ the batches are synthetic, a cycle of a few made once (`batches`). Its inputs (`
 that `split` cuts by forward FLOPs (printed) cost about the same forward and backward: a
 first stage computes no input gradient, so its backward is lighter than the next stage's
 (with 1024 inputs the stages cost the same forward, but the lanes' busy times were
-5 : 6). Per case the busiest lane's busy time per iteration is printed, and BP's time
-over it: the case's ceiling as it ran, had nothing but that lane's tasks taken time. Time per iteration: from the end of the last update of
+5 : 6). Per case the busiest lane's busy time per iteration is printed, with the part of
+it that was the lane's own CPU (the rest: its cores ran its copies, the driver, Ray or
+another lane), and BP's time over it: the case's ceiling as it ran, had nothing but that lane's tasks taken time. Time per iteration: from the end of the last update of
 batch `--warmup` to that of the last batch, over the batches in between (compilation
 in the lanes is left out), median over interleaved rounds; the speed-up is the median
 over rounds of BP's time over the case's in the same round. Host time per task: the
@@ -121,27 +122,36 @@ LAST_RUN: dict = {}
 
 
 def measured(executor: ProcessExecutor, timeline, steps: int, warmup: int):
-  """`run`'s three figures of a finished run."""
+  """`run`'s figures of a finished run."""
   LAST_RUN.update(timeline=timeline, t0=executor._t0)  # pylint: disable=protected-access
   return (
     per_iteration(timeline, steps, warmup),
     executor.dispatch_seconds / executor.dispatched,
-    busiest_lane(timeline, steps, warmup),
+    *busiest_lane(timeline, steps, warmup),
     executor.dispatch_cpu_seconds / executor.dispatched,
   )
 
 
-def busiest_lane(timeline, steps: int, warmup: int) -> float:
-  """Busy seconds per iteration of the busiest compute lane over `steady_window`:
-  what the case would take if nothing but its lanes' work took time (its ceiling is BP's
-  time over this)."""
+def busiest_lane(timeline, steps: int, warmup: int) -> tuple[float, float]:
+  """Busy seconds per iteration of the busiest compute lane over `steady_window` (what the
+  case would take if nothing but its lanes' work took time: its ceiling is BP's time over
+  this), and of them the seconds of that lane's own CPU (a task's `cpu`: its process's,
+  less its copy threads'; the rest its cores ran something else — the lane's copies, the
+  driver, Ray, a neighbour lane — or it waited). A task's share inside the window counts
+  in proportion."""
   start, end = steady_window(timeline, steps, warmup)
-  busy = {}
+  busy, cpu = {}, {}
   for task in timeline.records:
     if not timeline.lane_names[task.lane].startswith('link '):
       overlap = max(0.0, min(task.end, end) - max(task.start, start))
       busy[task.lane] = busy.get(task.lane, 0.0) + overlap
-  return max(busy.values()) / (steps - warmup)
+      if overlap > 0:
+        known = task.cpu is not None and cpu.get(task.lane, 0.0) is not None
+        share = task.cpu * overlap / (task.end - task.start) if known else None
+        cpu[task.lane] = None if share is None else cpu.get(task.lane, 0.0) + share
+  lane = max(busy, key=busy.get)
+  own = cpu.get(lane, 0.0)
+  return busy[lane] / (steps - warmup), float('nan') if own is None else own / (steps - warmup)
 
 
 def steady_window(timeline, steps: int, warmup: int) -> tuple[float, float]:
@@ -158,10 +168,10 @@ def per_iteration(timeline, steps: int, warmup: int) -> float:
   return (end - start) / (steps - warmup)
 
 
-def run(pool: LanePool, case, steps: int, warmup: int) -> tuple[float, float, float, float]:
+def run(pool: LanePool, case, steps: int, warmup: int) -> tuple[float, ...]:
   """(seconds per iteration after `warmup` batches, driver seconds per dispatched task,
-  busy seconds per iteration of the busiest lane, the driver thread's CPU seconds per
-  dispatched task). `case`: stage roles, or
+  busy seconds per iteration of the busiest lane and of them its own CPU's, the driver
+  thread's CPU seconds per dispatched task). `case`: stage roles, or
   `(family, K)` of an asynchronous family."""
   if isinstance(case[0], str):
     family, lanes = case
@@ -320,13 +330,14 @@ def main():
   )
   print(split_balance(args.lanes))
   placement = lane_placement(args.lanes, families)
-  times, host, busiest, host_cpu = {}, {}, {}, {}
+  times, host, busiest, busiest_cpu, host_cpu = {}, {}, {}, {}, {}
 
   def record(name, case, pool):
-    seconds, dispatch, busy, dispatch_cpu = run(pool, case, args.steps, args.warmup)
+    seconds, dispatch, busy, busy_cpu, dispatch_cpu = run(pool, case, args.steps, args.warmup)
     times.setdefault(name, []).append(seconds)
     host.setdefault(name, []).append(dispatch)
     busiest.setdefault(name, []).append(busy)
+    busiest_cpu.setdefault(name, []).append(busy_cpu)
     host_cpu.setdefault(name, []).append(dispatch_cpu)
 
   reference = {name: 'bp (1 lane, core 0)' for name in cases_}  # whose rounds a case pairs with
@@ -353,6 +364,7 @@ def main():
     'ms / iteration',
     'speed-up over bp',
     'busiest lane ms / it',
+    'its CPU',
     'ceiling',
     'host ms / task',
     'of it CPU',
@@ -371,6 +383,7 @@ def main():
         f'{1e3 * median:.1f}',
         f'{speedups[name]:.2f}',
         f'{1e3 * statistics.median(busiest[name]):.1f}',
+        f'{1e3 * statistics.median(busiest_cpu[name]):.1f}',
         f'{ceiling:.2f}',
         f'{1e3 * statistics.median(host[name]):.2f}',
         f'{1e3 * statistics.median(host_cpu[name]):.2f}',
@@ -382,8 +395,10 @@ def main():
     print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)))
   print(
     "busiest lane: the busy time per iteration of the case's busiest lane (its tasks, "
-    "in the lane's own timing); ceiling: bp's time over it, the speed-up if nothing "
-    'but that lane took time (stage balance, tasks slowed by a neighbour)'
+    "in the lane's own timing); its CPU: of it, that lane's process's own (its copy "
+    'threads left out; the rest, its cores ran its copies, the driver, Ray or another '
+    "lane); ceiling: bp's time over the busy time, the speed-up if nothing but that lane "
+    'took time (stage balance, tasks slowed by a neighbour)'
   )
   per_task = statistics.median(statistics.median(host[name]) for name in cases_)
   cpu_per_task = statistics.median(statistics.median(host_cpu[name]) for name in cases_)

@@ -485,3 +485,32 @@ def test_the_other_processes_are_named_by_the_cores_they_used_over_the_run():
   each = [{'others_by_name': named}, {'others_by_name': [('job', 0.3)]}]
   assert schedule_error._busiest_others({'each_run': each}) == 'job 0.40, kdamond.0 0.20'
   assert schedule_error._busiest_others({'each_run': [{}]}) == '-'
+
+
+def test_the_busiest_lane_and_its_own_cpu_are_counted_inside_the_window_by_hand():
+  """`real_speedup`'s window: from the end of batch 0's update (10 s) to batch 2's (30 s),
+  2 iterations. A task counts the part of it inside, its CPU in proportion: stage 1's
+  backwards 5 of [5, 15] (CPU 8 -> 4) and all of [15, 29] (CPU 14): 19 s busy, 18 s CPU,
+  more than stage 0's 12 s (its updates' 2 + 2, its forward's 8; CPU 1 + 2 + 6); a link
+  lane's 20 s counts for no lane. A task whose CPU is unknown makes the lane's unknown."""
+  from benchmarks import real_speedup
+  from jaxsgd.scheduler.timeline import TaskRecord, Timeline
+
+  def task(lane, kind, start, end, cpu, batch=None):
+    return TaskRecord(lane, kind, start, end, batch=batch, cpu=cpu)
+
+  records = [
+    task(0, 'update', 8, 10, 2, batch=0),
+    task(0, 'update', 18, 20, 1, batch=1),
+    task(0, 'update', 28, 30, 2, batch=2),
+    task(0, 'forward', 10, 18, 6),
+    task(1, 'backward', 5, 15, 8),
+    task(1, 'backward', 15, 29, 14),
+    task(2, 'move', 10, 30, 20),
+  ]
+  timeline = Timeline(['stage 0', 'stage 1', 'link 0->1'], records, 'real')
+  assert real_speedup.per_iteration(timeline, 3, 1) == 10.0
+  assert real_speedup.busiest_lane(timeline, 3, 1) == (9.5, 9.0)
+  records[4] = task(1, 'backward', 5, 15, None)
+  busy, cpu = real_speedup.busiest_lane(timeline, 3, 1)
+  assert busy == 9.5 and np.isnan(cpu)
