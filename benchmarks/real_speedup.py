@@ -38,7 +38,8 @@ first stage computes no input gradient, so its backward is lighter than the next
 (with 1024 inputs the stages cost the same forward, but the lanes' busy times were
 5 : 6). Per case the busiest lane's busy time per iteration is printed, with the part of
 it that was the lane's own CPU (the rest: its cores ran its copies, the driver, Ray or
-another lane), and BP's time over it: the case's ceiling as it ran, had nothing but that lane's tasks taken time. Time per iteration: from the end of the last update of
+another lane), and BP's time over it: the case's ceiling as it ran, had nothing but that
+lane's tasks taken time. Time per iteration: from the end of the last update of
 batch `--warmup` to that of the last batch, over the batches in between (compilation
 in the lanes is left out), median over interleaved rounds; the speed-up is the median
 over rounds of BP's time over the case's in the same round. Host time per task: the
