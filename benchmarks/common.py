@@ -36,6 +36,11 @@ def _fmt(value) -> str:
   return str(value)
 
 
+def overlap(begin: float, end: float, start: float, stop: float) -> float:
+  """Seconds of the interval [begin, end] inside the window [start, stop] (0 outside it)."""
+  return max(0.0, min(end, stop) - max(begin, start))
+
+
 def cycled_batches(shape, classes, batch_size, seed=0, distinct=4):
   """An endless cycle of `distinct` random host batches, made once: drawing each step's
   batch afresh would make a benchmark measure the data (a 512 x 1536 batch took the

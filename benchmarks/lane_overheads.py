@@ -95,7 +95,7 @@ def between_calls(calls: list, start: float = -math.inf, end: float = math.inf) 
   hand-over of a call sent before the previous one ended that entered in the window,
   whole (a distribution, not a sum)."""
   calls = sorted(calls, key=lambda call: call[1])  # the order the lane took them in
-  clip = lambda a, b: max(0.0, min(b, end) - max(a, start))
+  clip = lambda a, b: bench_common.overlap(a, b, start, end)
   parts = {'busy': 0.0, 'imports': 0.0, 'driver': 0.0, 'hand-overs': 0.0}
   for _, entered, started, ended in calls:
     parts['busy'] += clip(started, ended)

@@ -141,18 +141,19 @@ def busiest_lane(timeline, steps: int, warmup: int) -> tuple[float, float]:
   driver, Ray, a neighbour lane — or it waited). A task's share inside the window counts
   in proportion."""
   start, end = steady_window(timeline, steps, warmup)
-  busy, cpu = {}, {}
+  busy, cpu, unknown = {}, {}, set()  # unknown: lanes with a task inside of unknown cpu
   for task in timeline.records:
     if not timeline.lane_names[task.lane].startswith('link '):
-      overlap = max(0.0, min(task.end, end) - max(task.start, start))
-      busy[task.lane] = busy.get(task.lane, 0.0) + overlap
-      if overlap > 0:
-        known = task.cpu is not None and cpu.get(task.lane, 0.0) is not None
-        share = task.cpu * overlap / (task.end - task.start) if known else None
-        cpu[task.lane] = None if share is None else cpu.get(task.lane, 0.0) + share
+      inside = bench_common.overlap(task.start, task.end, start, end)
+      busy[task.lane] = busy.get(task.lane, 0.0) + inside
+      if inside > 0 and task.cpu is None:
+        unknown.add(task.lane)
+      elif inside > 0:
+        share = task.cpu * inside / (task.end - task.start)
+        cpu[task.lane] = cpu.get(task.lane, 0.0) + share
   lane = max(busy, key=busy.get)
-  own = cpu.get(lane, 0.0)
-  return busy[lane] / (steps - warmup), float('nan') if own is None else own / (steps - warmup)
+  own = float('nan') if lane in unknown else cpu.get(lane, 0.0)
+  return busy[lane] / (steps - warmup), own / (steps - warmup)
 
 
 def steady_window(timeline, steps: int, warmup: int) -> tuple[float, float]:

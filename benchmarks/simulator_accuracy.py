@@ -442,22 +442,21 @@ def window_stats(workdir: str, warmup: int, left_out: int | None = None) -> dict
   utilization over the window."""
   names, tasks = read_trace(workdir)
   per_task = _per_task(workdir)
+  from benchmarks import common as bench_common  # (imports JAX: not at the module's top)
+
   start, stop, iterations = window(names, tasks, warmup, per_task, left_out)
   busy = {}
   for lane, _, begin, end, _, _ in tasks:
     name = names[lane]
     if name.startswith('link '):
       continue
-    overlap = max(0.0, min(end, stop) - max(begin, start))
     key = _short(name)
-    busy[key] = busy.get(key, 0.0) + overlap
+    busy[key] = busy.get(key, 0.0) + bench_common.overlap(begin, end, start, stop)
   utilization = {lane: seconds / (stop - start) for lane, seconds in sorted(busy.items())}
   ends = [e for e in sorted(iteration_ends(tasks, per_task)) if start <= e <= stop]
   workers = len({lane for lane, kind, *_ in tasks if kind == 'backward'})
   block = block_for(workers, _family_of(workdir)) if in_rounds(workdir) else BLOCK
   median = blocks_median(ends, block)
-  from benchmarks import common as bench_common
-
   # The tasks of the window, not those of the end of the run: there the driver stops
   # listening, and the tasks still queued end unheard until the pool closes.
   steady = [

@@ -514,3 +514,34 @@ def test_the_busiest_lane_and_its_own_cpu_are_counted_inside_the_window_by_hand(
   records[4] = task(1, 'backward', 5, 15, None)
   busy, cpu = real_speedup.busiest_lane(timeline, 3, 1)
   assert busy == 9.5 and np.isnan(cpu)
+
+
+def test_an_intervals_overlap_with_a_window_is_the_part_inside_it():
+  """[begin, end] against the window [10, 30]: inside, across either edge, around it,
+  outside it, and touching it at a point."""
+  from benchmarks.common import overlap
+
+  cases = [((12, 18), 6), ((5, 15), 5), ((25, 40), 5), ((0, 50), 20), ((31, 40), 0), ((5, 10), 0)]
+  assert [overlap(begin, end, 10, 30) for (begin, end), _ in cases] == [s for _, s in cases]
+
+
+def test_a_lanes_time_between_calls_is_split_inside_the_window_by_hand():
+  """`lane_overheads`' split of one lane's time over the window [10, 30], its calls
+  (sent, entered, started, ended) given in any order: the first busy 10-14 (it entered
+  before the window: not counted); the second, sent at 12 while the first ran, a queued
+  hand-over 14-15, imports 15-16, busy 16-20; the third, sent at 23 after the second
+  ended, the driver's 20-23, a hand-over 23-24, imports 24-24.5, busy 24.5-30 of 35.
+  The parts add up to the window's 20 s; only the queued hand-over is a `queued` one."""
+  from benchmarks import lane_overheads
+
+  calls = [(23, 24, 24.5, 35), (0, 5, 6, 14), (12, 15, 16, 20)]
+  assert lane_overheads.between_calls(calls, 10, 30) == {
+    'busy': 13.5,
+    'imports': 1.5,
+    'driver': 3.0,
+    'hand-overs': 2.0,
+    'calls': 2,
+    'queued': [1],
+  }
+  with pytest.raises(ValueError, match='entered the lane at 13 before the last ended at 14'):
+    lane_overheads.between_calls([(0, 5, 6, 14), (12, 13, 16, 20)])
