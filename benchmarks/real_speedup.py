@@ -24,7 +24,9 @@ K workers, PD-ASGD 1:(K-1) with its backward workers on cores 1..K-1, LPP-SGD wi
 replicas); past the cores this process may use, lanes wrap round and share cores (a smoke
 run of K=4 on 2 cores; `simulator_accuracy` refuses that instead). A split
 into K stages needs at least K layers: `--depth` sets the hidden layers; `--families`
-runs only some of the cases (bp always). `--gpu` adds, after the CPU rounds, DDG K=2 with
+runs only some of the cases (bp always); `--driver_cores` pins every thread of the
+driver (this process) to those cores once the lanes are up (default: where the OS puts
+it), to see what its dispatch takes from the lanes of the cores it leaves. `--gpu` adds, after the CPU rounds, DDG K=2 with
 a GPU, in two pools of their own, each case interleaved with BP on the pool's GPU lane
 (its ratio is over that, not over BP on a core): both stages on the one GPU
 (`stage0@gpu=0.5; stage1@gpu=0.5`, two processes sharing it, their values moved on the
@@ -66,7 +68,7 @@ from jaxsgd.asynchronous import common, lppsgd, pdasgd, server
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles
 from jaxsgd.scheduler import Placement
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool
-from jaxsgd.scheduler.lanes import cluster
+from jaxsgd.scheduler.lanes import cluster, runtime
 from jaxsgd.scheduler.process import ProcessExecutor
 
 FEATURES, CLASSES, HIDDEN, BATCH = 1536, 10, (1024, 1024, 1024, 1024), 512
@@ -292,6 +294,20 @@ def lane_placement(lanes: int, families=FAMILIES) -> LanePlacement:
   )
 
 
+def driver_cores_or_error(parser, text: str) -> tuple[int, ...]:
+  """`--driver_cores`: () if empty, else cores this process may use."""
+  allowed = sorted(os.sched_getaffinity(0))
+  try:
+    cores = tuple(sorted({int(c) for c in text.split(',') if c.strip()}))
+  except ValueError:
+    cores = None
+  if cores is None or not set(cores) <= set(allowed):
+    parser.error(
+      f'--driver_cores: comma-separated cores of {", ".join(map(str, allowed))}; got {text!r}'
+    )
+  return cores
+
+
 def main():
   global FEATURES, BATCH, HIDDEN  # (`--features`, `--batch`, `--depth`), read by `mlp`
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
@@ -309,7 +325,11 @@ def main():
     '--families', default=','.join(FAMILIES), help=f'cases besides bp, of {",".join(FAMILIES)}'
   )
   parser.add_argument('--gpu', action='store_true', help='also DDG K=2 with a GPU (see above)')
+  parser.add_argument(
+    '--driver_cores', default='', help='comma-separated cores for the driver (see above)'
+  )
   args = parser.parse_args()
+  driver_cores = driver_cores_or_error(parser, args.driver_cores)
   families = tuple(f.strip() for f in args.families.split(',') if f.strip())
   unknown = sorted(set(families) - set(FAMILIES))
   if unknown or 'ddg' not in families:
@@ -344,6 +364,9 @@ def main():
 
   reference = {name: 'bp (1 lane, core 0)' for name in cases_}  # whose rounds a case pairs with
   with LanePool(placement, address=args.address) as pool:
+    if driver_cores:  # after the lanes started: they inherit no affinity from the driver
+      runtime.pin_process(driver_cores)
+      print(f'driver pinned to cores {", ".join(map(str, driver_cores))}')
     if args.gpu:  # refused now, not after the CPU rounds
       try:
         for _, gpu_placement in GPU_CASES:
