@@ -545,3 +545,23 @@ def test_a_lanes_time_between_calls_is_split_inside_the_window_by_hand():
   }
   with pytest.raises(ValueError, match='entered the lane at 13 before the last ended at 14'):
     lane_overheads.between_calls([(0, 5, 6, 14), (12, 13, 16, 20)])
+
+
+def test_a_lane_process_cpu_is_split_into_its_task_thread_copy_threads_and_named_threads():
+  """`lane_threads.split_threads` by hand: between the two readings thread 11 used 0.09 s
+  (the most: the task thread), Python's threads 12 and 14 (the process's own name) 0.01
+  and 0.005 (copies), Ray's `worker.io` 0.002; thread 13 used nothing (left out), and
+  thread 15, new, 0.001 (copies: counted from zero)."""
+  from benchmarks import lane_threads
+
+  name = 'ray::LaneRuntim'  # the OS name: the process's, cut to 15 characters
+  before = {11: (name, 1.0), 12: (name, 0.5), 13: (name, 0.2), 14: (name, 0.1)}
+  before[16] = ('worker.io', 0.3)
+  after = {11: (name, 1.09), 12: (name, 0.51), 13: (name, 0.2), 14: (name, 0.105)}
+  after.update({15: (name, 0.001), 16: ('worker.io', 0.302)})
+  parts = lane_threads.split_threads(before, after, 'ray::LaneRuntime')
+  assert parts.keys() == {'task thread', 'copy threads', 'worker.io'}
+  assert parts['task thread'] == pytest.approx(0.09)
+  assert parts['copy threads'] == pytest.approx(0.016)
+  assert parts['worker.io'] == pytest.approx(0.002)
+  assert lane_threads.split_threads(before, before, 'ray::LaneRuntime') == {}

@@ -1,0 +1,174 @@
+r"""Where each core's time goes in one of `real_speedup`'s cases, thread by thread.
+
+    python -m benchmarks.lane_threads                  # PD-ASGD 1:1, ~1 min on 2 cores
+    python -m benchmarks.lane_threads --family=ddg --rounds=5
+
+Runs one case of `benchmarks.real_speedup` (the same model, lanes and pinning: K=2) on a
+Ray cluster of its own, twice to compile, then `--rounds` times, reading before and after
+each round the CPU seconds of every thread of every lane process (`/proc/PID/task`), of
+the driver (this process) and of Ray's daemons, and each core's busy time (`/proc/stat`).
+Per round and iteration (`--steps` iterations a round, its first batches and the lanes'
+hand-over included, so a little above `real_speedup`'s steady state), the table prints,
+median over rounds:
+  lane threads  per lane process: its task thread (the one that used the most CPU: the
+                tasks run in order there), its other Python threads together (the copy
+                threads: the readers of its connections, its export thread and its
+                writer: the values it takes in and sends; Python names no OS thread, so
+                they are told apart only from the task thread), and each thread Ray or
+                XLA named (`worker.io`, `tf_XLAEigen`, ...), over 0.05 ms an iteration
+  driver        this process, every thread; Ray's daemons (raylet, GCS, agents)
+  core N        the core's busy time, of the wall time per iteration
+A lane is pinned to its core with all its threads (`LanePlacement`), so its copies run
+on the core its tasks do. Not a test: speed is measured, not asserted. The last line:
+`<case>: busiest lane's task thread <x> ms, its other threads <y> ms an iteration`.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import psutil
+
+from benchmarks import common as bench_common
+from benchmarks import real_speedup
+from jaxsgd.scheduler.lanes import LanePool
+
+_TICKS = os.sysconf('SC_CLK_TCK')
+FAMILIES = ('ddg', 'local', 'asgd', 'pdasgd', 'lppsgd')
+
+
+def thread_seconds(pid: int) -> dict[int, tuple[str, float]]:
+  """Each thread of process `pid`: (its OS name, CPU seconds so far)."""
+  threads = {}
+  for tid in os.listdir(f'/proc/{pid}/task'):
+    try:
+      with open(f'/proc/{pid}/task/{tid}/comm') as f:
+        name = f.read().strip()
+      with open(f'/proc/{pid}/task/{tid}/stat') as f:
+        fields = f.read().rsplit(')', 1)[1].split()
+    except OSError:  # ended meanwhile
+      continue
+    threads[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / _TICKS)
+  return threads
+
+
+def core_seconds() -> dict[int, tuple[float, float]]:
+  """Each core's (busy, total) seconds so far (`/proc/stat`; idle and iowait are not busy)."""
+  cores = {}
+  with open('/proc/stat') as f:
+    for line in f:
+      name, *ticks = line.split()
+      if name.startswith('cpu') and name != 'cpu':
+        values = [int(t) for t in ticks]
+        cores[int(name[3:])] = (
+          (sum(values) - values[3] - values[4]) / _TICKS,
+          sum(values) / _TICKS,
+        )
+  return cores
+
+
+def daemon_seconds(lane_pids: set[int]) -> float:
+  """CPU seconds so far of the processes this one started that are not lanes (Ray's)."""
+  total = 0.0
+  for child in psutil.Process().children(recursive=True):
+    try:
+      if child.pid not in lane_pids:
+        times = child.cpu_times()
+        total += times.user + times.system
+    except psutil.Error:
+      pass
+  return total
+
+
+def split_threads(before: dict, after: dict, process_name: str) -> dict[str, float]:
+  """One lane process's CPU seconds between two `thread_seconds`, by part: 'task thread'
+  (the thread that used the most), 'copy threads' (its other threads that carry the
+  process's own name: Python's) and each thread named otherwise, by name."""
+  used = {}
+  for tid, (name, seconds) in after.items():
+    delta = seconds - before.get(tid, (name, 0.0))[1]
+    if delta > 0:
+      used[tid] = (name, delta)
+  if not used:
+    return {}
+  task = max(used, key=lambda tid: used[tid][1])
+  parts = {'task thread': used.pop(task)[1], 'copy threads': 0.0}
+  for name, delta in used.values():
+    key = 'copy threads' if process_name.startswith(name) else name
+    parts[key] = parts.get(key, 0.0) + delta
+  return parts
+
+
+def one_round(pool: LanePool, case, steps: int, warmup: int) -> dict[str, float]:
+  """Seconds per iteration of each part: `split_threads` per lane, 'driver', 'Ray
+  daemons', 'core N' busy and 'wall'."""
+  pids = pool.pids()
+  names = {lane: psutil.Process(pid).name() for lane, pid in pids.items()}
+  before = {lane: thread_seconds(pid) for lane, pid in pids.items()}
+  driver, daemons, cores = time.process_time(), daemon_seconds(set(pids.values())), core_seconds()
+  start = time.perf_counter()
+  real_speedup.run(pool, case, steps, warmup)
+  wall = time.perf_counter() - start
+  parts = {'wall': wall, 'driver': time.process_time() - driver}
+  parts['Ray daemons'] = daemon_seconds(set(pids.values())) - daemons
+  for core, (busy, _) in core_seconds().items():
+    parts[f'core {core} busy'] = busy - cores[core][0]
+  for lane, pid in pids.items():
+    for part, seconds in split_threads(before[lane], thread_seconds(pid), names[lane]).items():
+      parts[f'{lane}: {part}'] = seconds
+  return {key: seconds / steps for key, seconds in parts.items()}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--family', default='pdasgd', choices=FAMILIES)
+  parser.add_argument('--steps', type=int, default=40)
+  parser.add_argument('--warmup', type=int, default=4)
+  parser.add_argument('--rounds', type=int, default=3)
+  args = parser.parse_args()
+  name, case = list(real_speedup.cases(2, (args.family,)).items())[-1]  # (bp's first)
+  placement = real_speedup.lane_placement(2, (args.family,))
+  print(
+    f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
+    f'{name}, {args.steps} iterations a round, {args.rounds} rounds'
+  )
+  rounds = []
+  with LanePool(placement) as pool:
+    for _ in range(2):  # every lane compiled its tasks
+      real_speedup.run(pool, case, args.warmup + 2, 2)
+    for _ in range(args.rounds):
+      rounds.append(one_round(pool, case, args.steps, args.warmup))
+  print(f'load average {os.getloadavg()[0]:.1f} at end')
+  median = lambda key: statistics.median(parts.get(key, 0.0) for parts in rounds)
+  keys = sorted({key for parts in rounds for key in parts}, key=_order)
+  shown = [key for key in keys if median(key) >= 5e-5 or key == 'wall']
+  bench_common.print_table(
+    ('part', 'ms / iteration (median)', 'rounds'),
+    [
+      (key, median(key) * 1e3, ' '.join(f'{p.get(key, 0.0) * 1e3:.1f}' for p in rounds))
+      for key in shown
+    ],
+  )
+  lane = _busiest_lane(rounds, keys)
+  task, copies = median(f'{lane}: task thread'), median(f'{lane}: copy threads')
+  others = sum(median(k) for k in keys if k.startswith(f'{lane}: ') and 'thread' not in k)
+  print(
+    f'{name}: busiest lane {lane}: task thread {task * 1e3:.1f} ms, its other threads '
+    f'{(copies + others) * 1e3:.1f} ms an iteration'
+  )
+
+
+def _order(key: str):
+  return (key != 'wall', not key.startswith('core'), key in ('driver', 'Ray daemons'), key)
+
+
+def _busiest_lane(rounds, keys) -> str:
+  """The lane whose task thread used the most CPU (median over rounds)."""
+  tasks = [k for k in keys if k.endswith(': task thread')]
+  best = max(tasks, key=lambda k: statistics.median(p.get(k, 0.0) for p in rounds))
+  return best[: -len(': task thread')]
+
+
+if __name__ == '__main__':
+  main()
