@@ -1,6 +1,7 @@
 """Helpers shared by the benchmarks: timing, table printing, synthetic data."""
 
 import itertools
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -34,6 +35,24 @@ def _fmt(value) -> str:
   if isinstance(value, float):
     return f'{value:.3f}' if abs(value) < 100 else f'{value:.1f}'
   return str(value)
+
+
+_TICKS = os.sysconf('SC_CLK_TCK')
+
+
+def thread_cpu_seconds(pid: int | str = 'self') -> dict[int, tuple[str, float]]:
+  """Each thread of process `pid` (Linux, `/proc`): (its OS name, CPU seconds so far)."""
+  threads = {}
+  for tid in os.listdir(f'/proc/{pid}/task'):
+    try:
+      with open(f'/proc/{pid}/task/{tid}/comm') as f:
+        name = f.read().strip()
+      with open(f'/proc/{pid}/task/{tid}/stat') as f:
+        fields = f.read().rsplit(')', 1)[1].split()
+    except OSError:  # ended meanwhile
+      continue
+    threads[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / _TICKS)
+  return threads
 
 
 def overlap(begin: float, end: float, start: float, stop: float) -> float:

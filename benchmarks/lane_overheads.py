@@ -136,19 +136,11 @@ def _median(values: list) -> float:
 def thread_cpu() -> dict[str, float]:
   """CPU seconds of this process's threads so far, summed by thread name (Linux)."""
   seconds = {}
-  for tid in os.listdir('/proc/self/task'):
-    try:
-      with open(f'/proc/self/task/{tid}/comm') as f:
-        name = f.read().strip()
-      with open(f'/proc/self/task/{tid}/stat') as f:
-        fields = f.read().rsplit(')', 1)[1].split()
-    except OSError:  # ended meanwhile
-      continue
-    seconds[name] = seconds.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICKS
+  for name, used in bench_common.thread_cpu_seconds().values():
+    seconds[name] = seconds.get(name, 0.0) + used
   return seconds
 
 
-_TICKS = os.sysconf('SC_CLK_TCK')
 # The threads Ray's core worker runs in a driver (`thread_cpu` names).
 _RAY_THREADS = (
   'driver worker.io',

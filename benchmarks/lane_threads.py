@@ -38,21 +38,6 @@ _TICKS = os.sysconf('SC_CLK_TCK')
 FAMILIES = ('ddg', 'local', 'asgd', 'pdasgd', 'lppsgd')
 
 
-def thread_seconds(pid: int) -> dict[int, tuple[str, float]]:
-  """Each thread of process `pid`: (its OS name, CPU seconds so far)."""
-  threads = {}
-  for tid in os.listdir(f'/proc/{pid}/task'):
-    try:
-      with open(f'/proc/{pid}/task/{tid}/comm') as f:
-        name = f.read().strip()
-      with open(f'/proc/{pid}/task/{tid}/stat') as f:
-        fields = f.read().rsplit(')', 1)[1].split()
-    except OSError:  # ended meanwhile
-      continue
-    threads[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / _TICKS)
-  return threads
-
-
 def core_seconds() -> dict[int, tuple[float, float]]:
   """Each core's (busy, total) seconds so far (`/proc/stat`; idle and iowait are not busy)."""
   cores = {}
@@ -82,7 +67,7 @@ def daemon_seconds(lane_pids: set[int]) -> float:
 
 
 def split_threads(before: dict, after: dict, process_name: str) -> dict[str, float]:
-  """One lane process's CPU seconds between two `thread_seconds`, by part: 'task thread'
+  """One lane process's CPU seconds between two `common.thread_cpu_seconds`, by part: 'task thread'
   (the thread that used the most), 'copy threads' (its other threads that carry the
   process's own name: Python's) and each thread named otherwise, by name."""
   used = {}
@@ -105,7 +90,7 @@ def one_round(pool: LanePool, case, steps: int, warmup: int) -> dict[str, float]
   daemons', 'core N' busy and 'wall'."""
   pids = pool.pids()
   names = {lane: psutil.Process(pid).name() for lane, pid in pids.items()}
-  before = {lane: thread_seconds(pid) for lane, pid in pids.items()}
+  before = {lane: bench_common.thread_cpu_seconds(pid) for lane, pid in pids.items()}
   driver, daemons, cores = time.process_time(), daemon_seconds(set(pids.values())), core_seconds()
   start = time.perf_counter()
   real_speedup.run(pool, case, steps, warmup)
@@ -115,7 +100,9 @@ def one_round(pool: LanePool, case, steps: int, warmup: int) -> dict[str, float]
   for core, (busy, _) in core_seconds().items():
     parts[f'core {core} busy'] = busy - cores[core][0]
   for lane, pid in pids.items():
-    for part, seconds in split_threads(before[lane], thread_seconds(pid), names[lane]).items():
+    for part, seconds in split_threads(
+      before[lane], bench_common.thread_cpu_seconds(pid), names[lane]
+    ).items():
       parts[f'{lane}: {part}'] = seconds
   return {key: seconds / steps for key, seconds in parts.items()}
 
