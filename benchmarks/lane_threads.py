@@ -14,8 +14,9 @@ median over rounds:
                 tasks run in order there), its other Python threads together (the copy
                 threads: the readers of its connections, its export thread and its
                 writer: the values it takes in and sends; Python names no OS thread, so
-                they are told apart only from the task thread), and each thread Ray or
-                XLA named (`worker.io`, `tf_XLAEigen`, ...), over 0.05 ms an iteration
+                they are told apart only from the task thread, and a native thread left
+                unnamed would count here too), and each thread Ray or XLA named
+                (`worker.io`, `tf_XLAEigen`, ...), over 0.05 ms an iteration
   driver        this process, every thread; Ray's daemons (raylet, GCS, agents)
   core N        the core's busy time, of the wall time per iteration
 A lane is pinned to its core with all its threads (`LanePlacement`), so its copies run
