@@ -21,7 +21,8 @@ median over rounds:
   core N        the core's busy time, of the wall time per iteration
 A lane is pinned to its core with all its threads (`LanePlacement`), so its copies run
 on the core its tasks do. Not a test: speed is measured, not asserted. The last line:
-`<case>: busiest lane's task thread <x> ms, its other threads <y> ms an iteration`.
+`<case>: busiest lane <lane>: task thread <x> ms, its other threads <y> ms an iteration`
+(its copy threads and its named threads).
 """
 
 import argparse
@@ -35,23 +36,12 @@ from benchmarks import common as bench_common
 from benchmarks import real_speedup
 from jaxsgd.scheduler.lanes import LanePool
 
-_TICKS = os.sysconf('SC_CLK_TCK')
 FAMILIES = ('ddg', 'local', 'asgd', 'pdasgd', 'lppsgd')
 
 
-def core_seconds() -> dict[int, tuple[float, float]]:
-  """Each core's (busy, total) seconds so far (`/proc/stat`; idle and iowait are not busy)."""
-  cores = {}
-  with open('/proc/stat') as f:
-    for line in f:
-      name, *ticks = line.split()
-      if name.startswith('cpu') and name != 'cpu':
-        values = [int(t) for t in ticks]
-        cores[int(name[3:])] = (
-          (sum(values) - values[3] - values[4]) / _TICKS,
-          sum(values) / _TICKS,
-        )
-  return cores
+def core_busy_seconds() -> list[float]:
+  """Each core's busy seconds so far: its CPU time less idle and I/O wait (psutil)."""
+  return [sum(t) - t.idle - getattr(t, 'iowait', 0.0) for t in psutil.cpu_times(percpu=True)]
 
 
 def daemon_seconds(lane_pids: set[int]) -> float:
@@ -68,9 +58,9 @@ def daemon_seconds(lane_pids: set[int]) -> float:
 
 
 def split_threads(before: dict, after: dict, process_name: str) -> dict[str, float]:
-  """One lane process's CPU seconds between two `common.thread_cpu_seconds`, by part: 'task thread'
-  (the thread that used the most), 'copy threads' (its other threads that carry the
-  process's own name: Python's) and each thread named otherwise, by name."""
+  """One lane process's CPU seconds between two `common.thread_cpu_seconds`, by part:
+  'task thread' (the thread that used the most), 'copy threads' (its other threads that
+  carry the process's own name: Python's) and each thread named otherwise, by name."""
   used = {}
   for tid, (name, seconds) in after.items():
     delta = seconds - before.get(tid, (name, 0.0))[1]
@@ -92,14 +82,18 @@ def one_round(pool: LanePool, case, steps: int, warmup: int) -> dict[str, float]
   pids = pool.pids()
   names = {lane: psutil.Process(pid).name() for lane, pid in pids.items()}
   before = {lane: bench_common.thread_cpu_seconds(pid) for lane, pid in pids.items()}
-  driver, daemons, cores = time.process_time(), daemon_seconds(set(pids.values())), core_seconds()
+  driver, daemons, cores = (
+    time.process_time(),
+    daemon_seconds(set(pids.values())),
+    core_busy_seconds(),
+  )
   start = time.perf_counter()
   real_speedup.run(pool, case, steps, warmup)
   wall = time.perf_counter() - start
   parts = {'wall': wall, 'driver': time.process_time() - driver}
   parts['Ray daemons'] = daemon_seconds(set(pids.values())) - daemons
-  for core, (busy, _) in core_seconds().items():
-    parts[f'core {core} busy'] = busy - cores[core][0]
+  for core, busy in enumerate(core_busy_seconds()):
+    parts[f'core {core} busy'] = busy - cores[core]
   for lane, pid in pids.items():
     for part, seconds in split_threads(
       before[lane], bench_common.thread_cpu_seconds(pid), names[lane]
@@ -139,11 +133,11 @@ def main():
     ],
   )
   lane = _busiest_lane(rounds, keys)
-  task, copies = median(f'{lane}: task thread'), median(f'{lane}: copy threads')
-  others = sum(median(k) for k in keys if k.startswith(f'{lane}: ') and 'thread' not in k)
+  task = f'{lane}: task thread'
+  others = sum(median(k) for k in keys if k.startswith(f'{lane}: ') and k != task)
   print(
-    f'{name}: busiest lane {lane}: task thread {task * 1e3:.1f} ms, its other threads '
-    f'{(copies + others) * 1e3:.1f} ms an iteration'
+    f'{name}: busiest lane {lane}: task thread {median(task) * 1e3:.1f} ms, its other '
+    f'threads {others * 1e3:.1f} ms an iteration'
   )
 
 

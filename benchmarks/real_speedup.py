@@ -27,8 +27,9 @@ into K stages needs at least K layers: `--depth` sets the hidden layers; `--fami
 runs only some of the cases (bp always); `--driver_cores` pins every thread of the
 driver (this process) to those cores once the lanes are up (default: where the OS puts
 it), to see what its dispatch takes from the lanes of the cores it leaves. `--gpu` adds,
-after the CPU rounds, DDG K=2 with a GPU, in two pools of their own, each case interleaved with BP on the pool's GPU lane
-(its ratio is over that, not over BP on a core): both stages on the one GPU
+after the CPU rounds, DDG K=2 with a GPU, in two pools of their own, each case
+interleaved with BP on the pool's GPU lane (its ratio is over that, not over BP on a
+core): both stages on the one GPU
 (`stage0@gpu=0.5; stage1@gpu=0.5`, two processes sharing it, their values moved on the
 device path), the same with `moves=host` (through host memory), and stage 0 on the GPU
 with stage 1 on core 1 (`stage0@gpu=1; stage1@cores=1`). It is refused before any round where
