@@ -26,7 +26,9 @@ run of K=4 on 2 cores; `simulator_accuracy` refuses that instead). A split
 into K stages needs at least K layers: `--depth` sets the hidden layers; `--families`
 runs only some of the cases (bp always); `--driver_cores` pins every thread of the
 driver (this process) to those cores once the lanes are up (default: where the OS puts
-it), to see what its dispatch takes from the lanes of the cores it leaves. `--gpu` adds,
+it), to see what its dispatch takes from the lanes of the cores it leaves; `--moves=socket`
+sends every value over the lanes' sockets, as the wire did before memory shared within a
+host (`LaneSpec.moves`; run it alternately with the default to compare). `--gpu` adds,
 after the CPU rounds, DDG K=2 with a GPU, in two pools of their own, each case
 interleaved with BP on the pool's GPU lane (its ratio is over that, not over BP on a
 core): both stages on the one GPU
@@ -281,18 +283,18 @@ def cases(lanes: int, families=FAMILIES) -> dict:
   return dict(every[family] for family in ('bp', *families))
 
 
-def lane_placement(lanes: int, families=FAMILIES) -> LanePlacement:
+def lane_placement(lanes: int, families=FAMILIES, moves: str = 'auto') -> LanePlacement:
   """The lanes of bp and of `families`' cases (`common.family_lanes`), lane k on the k-th
   core this process may use, round-robin: past the machine's cores, lanes share cores (a
   smoke run of K=4 on 2). No lane of a family not run: idle, a process still takes memory
-  and start-up time, and its Ray threads wake on the cores the cases time."""
+  and start-up time, and its Ray threads wake on the cores the cases time. Every lane's
+  values take the path `moves` (`LaneSpec.moves`)."""
   cores = sorted(os.sched_getaffinity(0))
   core = lambda k: cores[k % len(cores)]
   # (ddg and local run on bp's stage lanes; `parse` refuses a name given twice)
   families = ('bp', *(f for f in ('asgd', 'pdasgd', 'lppsgd') if f in families))
-  return LanePlacement.parse(
-    '; '.join(entry for f in families for entry in bench_common.family_lanes(f, lanes, core))
-  )
+  entries = [entry for f in families for entry in bench_common.family_lanes(f, lanes, core)]
+  return LanePlacement.parse('; '.join(f'{entry}@moves={moves}' for entry in entries))
 
 
 def driver_cores_or_error(parser, text: str) -> tuple[int, ...]:
@@ -329,6 +331,12 @@ def main():
   parser.add_argument(
     '--driver_cores', default='', help='comma-separated cores for the driver (see above)'
   )
+  parser.add_argument(
+    '--moves',
+    default='auto',
+    choices=('auto', 'host', 'socket'),
+    help="the CPU lanes' values: auto (= host: shared memory within the host), or socket",
+  )
   args = parser.parse_args()
   driver_cores = driver_cores_or_error(parser, args.driver_cores)
   families = tuple(f.strip() for f in args.families.split(',') if f.strip())
@@ -352,7 +360,7 @@ def main():
     f'batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), {args.rounds} rounds'
   )
   print(split_balance(args.lanes))
-  placement = lane_placement(args.lanes, families)
+  placement = lane_placement(args.lanes, families, args.moves)
   times, host, busiest, busiest_cpu, host_cpu = {}, {}, {}, {}, {}
 
   def record(name, case, pool):

@@ -31,7 +31,9 @@ def head(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def pool(head):
-  placement = LanePlacement.parse('a@cores=0@moves=device; b@cores=0@moves=device; c@cores=0')
+  placement = LanePlacement.parse(
+    'a@cores=0@moves=device; b@cores=0@moves=device; c@cores=0; d@cores=0@moves=socket'
+  )
   with LanePool(placement, address=head.address, verbose=False) as lanes:
     yield lanes
   assert gone(lanes.pids().values()) == []
@@ -43,18 +45,20 @@ def pulled(pool: LanePool, lane: str) -> int:
 
 
 def test_moves_in_the_placement_text_form_and_bad_input():
-  placement = LanePlacement.parse('a@moves=device; b@gpu=1; c@moves=host')
-  assert [lane.moves for lane in placement.lanes] == ['device', 'auto', 'host']
+  placement = LanePlacement.parse('a@moves=device; b@gpu=1; c@moves=host; d@moves=socket')
+  assert [lane.moves for lane in placement.lanes] == ['device', 'auto', 'host', 'socket']
   assert placement['a'] == LaneSpec('a', moves='device')
   assert 'a: host=driver cores=any gpu=no moves=device' in placement.describe()
   assert 'b: host=driver cores=any gpu=yes\n' in placement.describe()  # auto: not printed
   with pytest.raises(
-    ValueError, match=r"^placement: lane 'a': moves must be one of auto, device, host, got 'gpu'.$"
+    ValueError,
+    match=r"^placement: lane 'a': moves must be one of auto, device, host, socket, got 'gpu'.$",
   ):
     LanePlacement.parse('a@moves=gpu')
   # auto: the device path on any device but a CPU
-  assert [uses_device_path(m, 'cpu') for m in ('auto', 'device', 'host')] == [False, True, False]
-  assert [uses_device_path(m, 'gpu') for m in ('auto', 'device', 'host')] == [True, True, False]
+  kinds = ('auto', 'device', 'host', 'socket')
+  assert [uses_device_path(m, 'cpu') for m in kinds] == [False, True, False, False]
+  assert [uses_device_path(m, 'gpu') for m in kinds] == [True, True, False, False]
 
 
 def test_an_offer_is_pulled_whole_onto_the_pulling_device_and_odd_leaves_go_inline():
@@ -186,3 +190,26 @@ def test_a_lane_without_the_device_path_gets_and_sends_its_copies_on_the_host_pa
   assert {lane: pulled(pool, lane) for lane in 'abc'} == before
   assert 'moves=device' in pool.describe().split('\n  b:')[1].split('\n')[0]
   assert 'moves=device' not in pool.describe().split('\n  c:')[1]
+
+
+def shared_in(pool: LanePool) -> dict[str, int]:
+  """Each lane's large buffers that came in memory their sender shares with it so far."""
+  return {lane: pool.lane_info(lane)['shared_in'] for lane in 'abcd'}
+
+
+def test_within_a_host_a_value_moves_through_shared_memory_unless_a_lane_says_socket(pool):
+  """The host path within a host: a large buffer is written into memory its sender shares
+  with the receiver (wire.Arena) — from the driver and from another lane —, unless either
+  end's `moves` is `socket`; either way the value arrives bit for bit."""
+  big = np.linspace(-1, 1, 1 << 16, dtype=np.float32).reshape(-1, 8)  # 256 KiB: out of band
+  before = shared_in(pool)
+  on_c, on_d = pool.put('c', big), pool.put('d', big)  # driver -> c shared, -> d socket
+  from_c = pool.move(pool.run('c', task('add'), (on_c, on_c)), 'd')  # c -> d: socket
+  from_d = pool.move(pool.run('d', task('add'), (on_d, on_d)), 'c')  # d -> c: socket
+  on_a = pool.put('a', big)  # a has the device path and c not: host path, shared
+  from_a = pool.move(pool.run('a', task('add'), (on_a, on_a)), 'c')
+  for value in (from_c, from_d, from_a):
+    np.testing.assert_array_equal(pool.fetch(value), big + big)
+  np.testing.assert_array_equal(pool.fetch(on_d), big)
+  moved = {lane: n - before[lane] for lane, n in shared_in(pool).items()}
+  assert moved == {'a': 1, 'b': 0, 'c': 2, 'd': 0}  # put on a, c; a -> c

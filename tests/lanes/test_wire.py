@@ -1,6 +1,7 @@
 """The lanes' wire (lanes/wire.py) without Ray: frames over both kinds of socket, the
 address a process picks, and failures as the driver reads them."""
 
+import os
 import pickle
 import threading
 import time
@@ -351,3 +352,112 @@ def test_a_reply_that_does_not_pickle_fails_its_call_not_the_lane(served_lane):
   finally:
     driver.close()
     assert ended.wait(10)
+
+
+def _serve_messages(listener):
+  """Accepts `listener`'s connections; returns the list each (hello, endpoint) and then
+  each message read is appended to, and an event set at every append."""
+  got, came = [], threading.Event()
+
+  def serve(end, hello):
+    got.append((hello, end))
+    came.set()
+    while True:
+      try:
+        got.append(end.receive())
+      except (EOFError, OSError):
+        return
+      came.set()
+
+  threading.Thread(target=wire.accept_forever, args=(listener, KEY, serve), daemon=True).start()
+  return got, came
+
+
+def _next(got: list, came: threading.Event, count: int):
+  """Waits until `got` holds `count` entries."""
+  deadline = time.monotonic() + 5
+  while len(got) < count and time.monotonic() < deadline:
+    came.wait(0.1)
+    came.clear()
+  assert len(got) >= count, 'a message never came'
+
+
+def test_within_a_host_a_large_array_is_written_once_into_memory_both_ends_share():
+  """Over a Unix socket the connection's sender has an arena (wire.Arena) whose
+  descriptor went with its hello: a large array is placed in its first free region
+  (first fit from the arena's data start, 64-byte aligned) and the receiver's array is a
+  view of that region, writable and aligned. The region is the sender's again once no
+  array of it is left at the receiver."""
+  remote, local = wire.listen('127.0.0.1')
+  got, came = _serve_messages(local)
+  batch = np.arange(300_000, dtype=np.float32).reshape(600, 500)  # 1,200,000 bytes
+  client = wire.connect(local.address, KEY, ('driver',), background=True)
+  try:
+    client.send(('x', batch))
+    client.send(('y', batch + 1))  # while x's region is held
+    _next(got, came, 3)
+    (hello, end), (_, first), (_, second) = got
+    assert hello == ('driver',) and end.shared is not None and end.shared.regions_read == 2
+    start = np.frombuffer(end.shared.memory, np.uint8).ctypes.data
+    assert first.ctypes.data - start == 4096 and second.ctypes.data - start == 4096 + 1_200_000
+    assert first.flags.writeable and first.ctypes.data % wire.ALIGNMENT == 0
+    np.testing.assert_array_equal(first, batch)
+    np.testing.assert_array_equal(second, batch + 1)
+    assert sorted(client.arena.regions.values()) == [(4096, 1_200_000), (1_204_096, 1_200_000)]
+    del got[1], first  # the receiver lets go of x: its region is taken back and reused
+    client.send(('z', batch + 2))
+    _next(got, came, 3)
+    assert got[2][1].ctypes.data - start == 4096
+    np.testing.assert_array_equal(got[2][1], batch + 2)
+  finally:
+    client.close()
+    remote.close()
+    local.close()
+
+
+@pytest.mark.parametrize('kind', ['tcp', 'unix, share=False'])
+def test_between_hosts_or_when_told_not_to_a_connection_shares_no_memory(kind):
+  remote, local = wire.listen('127.0.0.1')
+  listener = remote if kind == 'tcp' else local
+  got, came = _serve_messages(listener)
+  client = wire.connect(listener.address, KEY, ('driver',), share=False if 'unix' in kind else True)
+  try:
+    batch = np.arange(300_000, dtype=np.float32)
+    client.send(('x', batch))
+    _next(got, came, 2)
+    assert client.arena is None and got[0][1].shared is None
+    np.testing.assert_array_equal(got[1][1], batch)
+  finally:
+    client.close()
+    remote.close()
+    local.close()
+
+
+def test_an_arena_places_first_fit_and_a_buffer_it_has_no_room_for_goes_as_a_frame():
+  """Hand-placed: an arena with 3,000 bytes after its slot table. Two 1,000-byte buffers
+  at 4096 and 5120 (the first's end, 5096, rounded up to 64 bytes); a third has no room;
+  once the receiver lets go of the first, its region is placed again, and a small buffer
+  fits after the second. A message whose buffer has no room goes as a frame after its
+  head, and arrives equal."""
+  arena = wire.Arena(4096 + 3000)
+  view = wire.ArenaView(os.dup(arena.fd), arena.size)
+  os.close(arena.fd)
+  ones = memoryview(np.ones(1000, np.uint8))
+  assert arena.place(ones) == (0, 4096, 1000)
+  assert arena.place(ones) == (1, 5120, 1000)
+  assert arena.place(ones) is None  # 6144 + 1000 > 7096
+  region = view.region(0, 4096, 1000)
+  assert view.held[0] == 1 and int(region.sum()) == 1000
+  del region  # the receiver's last array of it: its slot is cleared
+  assert view.held[0] == 0
+  assert arena.place(ones) == (0, 4096, 1000)
+  assert arena.place(memoryview(np.ones(10, np.uint8))) == (2, 6144, 10)
+  here, there = connection.Pipe()
+  batch = np.arange(wire.OUT_OF_BAND // 4, dtype=np.float32)  # out of band; no room left
+  message = wire.frames(('m', batch), arena)
+  assert len(message) == 2  # the head, then the buffer as a frame
+  for frame in message:
+    here.send_bytes(frame)
+  tag, arrived = wire.receive(there, view)
+  assert tag == 'm' and view.regions_read == 1  # (the region asked for above)
+  np.testing.assert_array_equal(arrived, batch)

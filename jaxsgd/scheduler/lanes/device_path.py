@@ -12,7 +12,9 @@ lanes and the driver know of a copy (when it was ready, when it arrived, that it
 is the same on both paths; only where its bytes go differs.
 
 Which path a move takes: the device path when both lanes have it on (`LaneSpec.moves`:
-`device`, or `auto` on a lane whose device is not a CPU), the host path otherwise. A
+`device`, or `auto` on a lane whose device is not a CPU), the host path otherwise (within
+a host through the memory the two processes share, unless either lane's `moves` is
+`socket`: wire.py's `Arena`). A
 leaf that is not a `jax.Array` on the source's device (a CPU lane's copy kept as the
 host array it came in, an empty array) goes inline in the `Offer`, a numpy array as on
 the host path (a PRNG key of JAX's typed key dtypes moves on neither path).
@@ -36,7 +38,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-MOVES = ('auto', 'device', 'host')  # `LaneSpec.moves`
+MOVES = ('auto', 'device', 'host', 'socket')  # `LaneSpec.moves`
 _GONE_CHECK_S = 0.1  # s between two looks at whether a source first pulled from is gone
 _FIRST_PULL_POLL_S = 1e-4  # s between the first two looks at whether a first pull came
 _FIRST_PULL_POLL_MAX_S = 2e-3  # ... and at most between two

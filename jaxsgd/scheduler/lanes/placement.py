@@ -18,12 +18,14 @@ the GPU's memory, which the second process could not get.
 
 `moves` is the path a lane's values take to and from other lanes (device_path.py):
 `device` — as device buffers through JAX's transfer servers, between two lanes that both
-have it on; `host` — as numpy arrays over the lanes' sockets; `auto` (the default) — the
-device path on a GPU lane, the host path on a CPU lane.
+have it on; `host` — as numpy arrays, written once into memory shared with a lane (or the
+driver) of the same host, over the socket to another host; `socket` — the host path over
+the socket within a host too (copied into the kernel and out: the way to compare);
+`auto` (the default) — the device path on a GPU lane, the host path on a CPU lane.
 
 The text form, one lane per `;`: `name[@key=value[,value...][@...]]` with keys
 `host`, `cores` (`0,1` or `0-3`), `gpu` (`1`, `0` or a share such as `0.5`) and `moves`
-(`auto`, `device` or `host`), e.g.
+(`auto`, `device`, `host` or `socket`), e.g.
 `server@host=10.0.0.1@cores=0; worker0@host=10.0.0.2@gpu=1`.
 """
 
@@ -42,7 +44,7 @@ class LaneSpec:
   host: str | None = None
   cores: tuple[int, ...] | None = None
   gpu: float = 0.0  # 1: a GPU to itself; 0 < share < 1: that share of one; 0: none
-  moves: str = 'auto'  # the path of its values to other lanes: auto, device or host
+  moves: str = 'auto'  # the path of its values to other lanes: auto, device, host, socket
 
   def __post_init__(self):
     if not self.name or any(c in self.name for c in ';@= '):

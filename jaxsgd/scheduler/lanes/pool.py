@@ -923,8 +923,10 @@ class LanePool:
 
   def _link(self, lane: str) -> None:
     """Connects to `lane`'s socket; a reader thread puts what comes in `_events`."""
-    where = wire.address(self.info[lane]['address'], cluster.node_address())
-    link = wire.connect(where, self._authkey, ('driver',), background=True)
+    addresses = self.info[lane]['address']
+    where = wire.address(addresses, cluster.node_address())
+    share = addresses.get('shared', False)  # (its batches written once, read in place)
+    link = wire.connect(where, self._authkey, ('driver',), background=True, share=share)
     self._links[lane] = link
 
     def read():

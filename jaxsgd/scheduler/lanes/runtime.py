@@ -218,6 +218,7 @@ class LaneRuntime:
     # export thread's time per copy (`export_times`), the last `_EXPORT_TIMES_KEPT`.
     self.export_spans: collections.deque = collections.deque(maxlen=_EXPORT_TIMES_KEPT)
     self.device_path: DevicePath | None = None
+    self.shared_views: list[wire.ArenaView] = []  # the senders' arenas (`info`'s count)
     self.copies = CopyCpu()  # what the copy threads' CPU was (`run` leaves it out)
     self.address = self.serve(authkey, moves) if authkey is not None else None
 
@@ -237,6 +238,8 @@ class LaneRuntime:
       'xla_flags': os.environ.get('XLA_FLAGS', ''),
       'address': self.address,
       'pulled': self.device_path.pulled if self.device_path else 0,  # on the device path
+      # large buffers that came in memory a sender shares with this lane (wire.Arena)
+      'shared_in': sum(view.regions_read for view in self.shared_views),
     }
 
   def run(self, call: bytes, imports: tuple = (), *buffers):
@@ -584,6 +587,7 @@ class LaneRuntime:
           flush=True,
         )
     self.authkey = authkey
+    self.shares = moves != 'socket'  # (wire.Arena: with lanes of its host that share too)
     self.calls, self.exports = queue.SimpleQueue(), queue.SimpleQueue()
     self.driver: wire.Endpoint | None = None
     self.driver_connected = threading.Event()
@@ -602,11 +606,14 @@ class LaneRuntime:
       'local': local.address,
       'host': self.host,
       'transfer': transfer,
+      'shared': self.shares,
     }
 
   def _connected(self, endpoint: wire.Endpoint, hello) -> None:
     """Reads a new connection (`wire.accept_forever`): the driver's calls, or the values
     of the lane whose address its hello names."""
+    if endpoint.shared is not None:
+      self.shared_views.append(endpoint.shared)
     if hello[0] == 'driver':  # (its calls bring the driver's arrays: a batch, a `put`)
       self.driver = endpoint
       self.driver_connected.set()
@@ -782,7 +789,9 @@ class LaneRuntime:
         peer = self.peers.get(name)
         if peer is None:
           where = wire.address(addresses, self.host)
-          peer = wire.connect(where, self.authkey, ('lane', self.address['remote']))
+          hello = ('lane', self.address['remote'])
+          share = self.shares and addresses.get('shared', False)
+          peer = wire.connect(where, self.authkey, hello, share=share)
           self.peers[name] = peer
         peer.send(message)
         return
