@@ -216,6 +216,7 @@ def make_executor(
     model,
     lane_hardware=lane_hardware(shared),
     copies_on_sender=host.copies_on_sender,
+    receiver_reads=host.receiver_reads,
     time_sliced=host.time_sliced,
     core_shares=core_shares(shared, host.core_share),
     run_ahead=run_ahead if host.run_ahead else 0,

@@ -19,7 +19,8 @@ File format (JSON, `FORMAT`; seconds and bytes/s):
      "driver_loaded": 4e-5, "driver_latency_loaded": 1.2e-3, "upkeep": 0.03,
      "link_latency": 1.5e-3, "link_bandwidth": 1.0e9, "link_per_array": 3e-5,
      "take_in_latency": 5e-4, "take_in_bandwidth": 1.1e10, "take_in_per_array": 7e-5,
-     "export_latency": 4e-4, "export_bandwidth": 3e9, "export_per_array": 1e-5}
+     "export_latency": 4e-4, "export_bandwidth": 3e9, "export_per_array": 1e-5,
+     "moves": "host"}
 
 What each figure is, and how the virtual clock uses it (`SimulatedHost`):
 
@@ -48,6 +49,12 @@ What each figure is, and how the virtual clock uses it (`SimulatedHost`):
                   it, before that call's task and after the calls before it, however
                   early the copy arrived: time on the receiving lane, on any link, and
                   in its interpreter, which its exports share (one at a time).
+  moves           'processes': the path the lanes' values took when the links were
+                  measured (`LaneSpec.moves`): `host`, within a host through memory the
+                  two lane processes share (the receiver reads none of a copy's bytes);
+                  `socket`, over a socket (the receiving lane's reader copies them out, on
+                  its cores, for the copy's time). A profile without it was measured
+                  before the host path shared memory: `socket`.
   *_loaded        the same figures measured with a busy lane on every core; they apply
                   where the run's compute lanes take every core of the host (as many
                   lanes as `cores`), so the driver and Ray run only when they preempt one.
@@ -62,8 +69,9 @@ The process executor's schedule follows from what it is, not from settings: a pr
 goes on at its task's dispatch while its lane has at most the executor's bound of
 unfinished tasks (`executor.RUN_AHEAD`; a parameter server's workers 1), a lane process
 makes its own copies (in an export thread, one at a time, on the cores it is placed on,
-taking turns with its take-ins in one interpreter) and the receiving lane reads each on
-its own cores (a reader thread, for the same time: `shared_cores`), and lanes that
+taking turns with its take-ins in one interpreter) — the receiving lane reading each on
+its own cores (a reader thread, for the same time: `shared_cores`) where the values cross
+a socket (`moves`) —, and lanes that
 `placement.lanes` puts on the same cores share them as an operating system shares a core
 between processes (time slices). `docs/simulator.md` says how well this predicts runs.
 """
@@ -104,7 +112,8 @@ FIGURES = {
 }
 # A move's figures, each of its parts: `link_*`, `take_in_*`, `export_*` (`link_timing.Moves`).
 MOVE_FIGURES = ('latency', 'bandwidth', 'per_array')
-_ABOUT = ('format', 'executor', 'cores', 'platform', 'jax_version', 'date')
+_ABOUT = ('format', 'executor', 'cores', 'platform', 'jax_version', 'date', 'moves')
+MOVES = ('host', 'socket')  # a process executor's profile's `moves`
 
 
 class HostProfileError(ValueError):
@@ -121,6 +130,7 @@ class HostProfile:
   platform: str = 'cpu'
   jax_version: str = ''
   date: str = ''
+  moves: str = 'socket'  # (the process executor) the path its links were measured on
 
   def figure(self, name: str) -> float:
     return dict(self.figures)[name]
@@ -137,6 +147,8 @@ class SimulatedHost:
     driver, driver_latency: the process executor's driver (0: none).
     copies_on_sender: the sending lane's process makes its copies, one at a time, on
       the cores it is placed on.
+    receiver_reads: the receiving lane's process reads a copy's bytes on its cores
+      (values over a socket), else none of them (memory the two processes share).
     time_sliced: lanes placed on the same cores share them in time slices.
     core_share: the share of each such core its lanes get while all of them run a task
       (the rest is `upkeep`'s).
@@ -153,6 +165,7 @@ class SimulatedHost:
   driver: float = 0.0
   driver_latency: float = 0.0
   copies_on_sender: bool = False
+  receiver_reads: bool = True
   time_sliced: bool = False
   core_share: float = 1.0
   link: tuple[float, float, float] | None = None
@@ -175,6 +188,7 @@ def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
     driver=profile.figure('driver' + loaded),
     driver_latency=profile.figure('driver_latency' + loaded),
     copies_on_sender=True,
+    receiver_reads=profile.moves == 'socket',
     time_sliced=True,
     core_share=1 - profile.figure('upkeep') / profile.cores if every_core else 1.0,
     link=tuple(profile.figure(f'link_{f}') for f in MOVE_FIGURES),
@@ -183,8 +197,11 @@ def simulated(profile: HostProfile | None, compute_lanes: int) -> SimulatedHost:
   )
 
 
-def make(executor: str, figures: dict, *, cores: int | None = None) -> HostProfile:
-  """A host profile of `executor` measured on this machine now (checked as `load` does)."""
+def make(
+  executor: str, figures: dict, *, cores: int | None = None, moves: str = 'socket'
+) -> HostProfile:
+  """A host profile of `executor` measured on this machine now (checked as `load` does);
+  `moves`: the path the process executor's links were measured on."""
   profile = HostProfile(
     executor=executor,
     cores=os.cpu_count() if cores is None else cores,
@@ -192,6 +209,7 @@ def make(executor: str, figures: dict, *, cores: int | None = None) -> HostProfi
     platform=jax.devices()[0].platform,
     jax_version=jax.__version__,
     date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    moves=moves,
   )
   return from_json(to_json(profile), 'the measured figures')
 
@@ -204,6 +222,7 @@ def to_json(profile: HostProfile) -> dict:
     'platform': profile.platform,
     'jax_version': profile.jax_version,
     'date': profile.date,
+    **({'moves': profile.moves} if profile.executor == 'processes' else {}),
     **dict(profile.figures),
   }
 
@@ -266,6 +285,9 @@ def from_json(data, where: str) -> HostProfile:
         f'python -m experiments.profile --host={executor} --out=FILE.'
       )
     figures[name] = _checked(name, value, cores, where)
+  moves = data.get('moves', 'socket')  # (measured before the host path shared memory)
+  if moves not in MOVES:
+    raise HostProfileError(f'{where}: moves must be one of {", ".join(MOVES)}, got {moves!r}.')
   return HostProfile(
     executor=executor,
     cores=cores,
@@ -273,6 +295,7 @@ def from_json(data, where: str) -> HostProfile:
     platform=str(data.get('platform', '')),
     jax_version=str(data.get('jax_version', '')),
     date=str(data.get('date', '')),
+    moves=moves,
   )
 
 

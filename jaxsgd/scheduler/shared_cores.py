@@ -9,19 +9,22 @@ processes take part of every core: `TimeSlicedVirtualExecutor.core_shares`).
 
 With `copies_on_sender`, a sender's copies are one more queue on its core, beside its
 tasks (a lane process exports in a thread of its own, on the cores it is placed on; an
-unplaced lane's copies share no core), and a copy takes the receiver's core as well, for
-the same seconds: a lane process's reader thread reads each message from its socket as
-it arrives, whatever the lane computes meanwhile (`LaneRuntime._read_lane`), so a copy
-is a memory copy at both ends. The copy ends once both ends have done their part (the
-sender's socket fills until the reader drains it). With the host profile's export
-figures (`cost.export`) the sender's part is its export alone, which holds the sender's
-copies' queue and interpreter (`LaneProcessModel._exported`: a lane blocked in a socket
-write lets its other threads run); without them, the whole copy's. Between two lanes on
-one core both parts take that core: 2x the link time of its work. Measured
-(`benchmarks/copy_receiver.py`): a copy of 4-64 MB arriving at a lane pinned to a core
-makes the task computing there longer by 0.9-2.1x the copy's link time (medians 1.14
-and 1.20 over the sizes), and by 1.6-2.5x (median 1.75) when it comes from a lane of
-the same core.
+unplaced lane's copies share no core). With `receiver_reads` too (values that cross a
+socket: `moves=socket`, or a host profile measured so), a copy takes the receiver's core
+as well, for the same seconds: a lane process's reader thread reads each message from
+its socket as it arrives, whatever the lane computes meanwhile (`LaneRuntime._read_lane`),
+so a copy is a memory copy at both ends. Without it the copy's bytes lie in memory both
+ends share (`wire.Arena`, the host path within a host): the sender writes them once and
+the receiver reads only the message naming them. The copy ends once both ends have done
+their part (the sender's socket fills until the reader drains it), and not before its
+link time. With the host profile's export figures (`cost.export`) the sender's part is
+its export alone, which holds the sender's copies' queue and interpreter
+(`LaneProcessModel._exported`: a lane blocked in a socket write lets its other threads
+run); without them, the whole copy's. Between two lanes on one core both parts take that
+core: 2x the link time of its work. Measured over sockets (`benchmarks/copy_receiver.py`):
+a copy of 4-64 MB arriving at a lane pinned to a core makes the task computing there
+longer by 0.9-2.1x the copy's link time (medians 1.14 and 1.20 over the sizes), and by
+1.6-2.5x (median 1.75) when it comes from a lane of the same core.
 
 `TimeSlicedVirtualExecutor` overrides two hooks of `VirtualExecutor`: `_hardware_key`
 (such a lane's queue is its own, its core shared) and `_occupy` (a task on a shared core
@@ -127,9 +130,10 @@ class TimeSlicedVirtualExecutor(VirtualExecutor):
 
   def _receivers_core(self, lane: int):
     """The core of the lane a copy on `lane` goes to, where its reader thread takes it
-    (`copies_on_sender`: lane processes); None for a task, or a receiver on no core."""
+    (`copies_on_sender`: lane processes, reading it out of a socket: `receiver_reads`);
+    None for a task, a receiver on no core, or a copy in memory both ends share."""
     link = self.cluster.lanes[lane].link
-    if link is None or not self.copies_on_sender:
+    if link is None or not self.copies_on_sender or not self.receiver_reads:
       return None
     return self._cores.get(self._hardware(link[1]))
 

@@ -56,6 +56,7 @@ def make(
   *,
   lane_hardware: Mapping[str, str] | None = None,
   copies_on_sender: bool = False,
+  receiver_reads: bool = True,
   time_sliced: bool = False,
   core_shares: Mapping[str, float] | None = None,
   run_ahead: int = 0,
@@ -68,7 +69,12 @@ def make(
   from jaxsgd.scheduler.virtual_processes import LaneProcessModel
 
   sliced = {'core_shares': core_shares} if time_sliced else {}
-  options = dict(lane_hardware=lane_hardware, copies_on_sender=copies_on_sender, **sliced)
+  options = dict(
+    lane_hardware=lane_hardware,
+    copies_on_sender=copies_on_sender,
+    receiver_reads=receiver_reads,
+    **sliced,
+  )
   if not run_ahead:
     return (TimeSlicedVirtualExecutor if time_sliced else VirtualExecutor)(cost_model, **options)
   ahead = TimeSlicedLaneProcessModel if time_sliced else LaneProcessModel
@@ -90,12 +96,15 @@ class VirtualExecutor(Executor):
     *,
     lane_hardware: Mapping[str, str] | None = None,
     copies_on_sender: bool = False,
+    receiver_reads: bool = True,
   ):
     """`lane_hardware`: placement lane name (`placement.lane_name`) -> hardware key, for
     lanes placed on one piece of hardware (`placement.lanes`) beyond `LaneSpec.shares`.
     `copies_on_sender`: the sending lane's process makes a transfer in a thread of its
     own (a lane process exports what it sends): one at a time beside its tasks, not on a
-    link of their own."""
+    link of their own. `receiver_reads` (with it): the receiving lane's process reads the
+    copy's bytes on its own cores (out of a socket), else it reads none of them (they
+    lie in memory both processes share): `shared_cores`."""
     if cost_model.simulates_driver and not self.run_ahead:
       raise ValueError(
         f'driver / driver_latency: {cost_model.driver!r} / {cost_model.driver_latency!r} s '
@@ -105,6 +114,7 @@ class VirtualExecutor(Executor):
     self.cost_model = cost_model
     self.lane_hardware = dict(lane_hardware or {})
     self.copies_on_sender = copies_on_sender
+    self.receiver_reads = receiver_reads
     self._now = 0.0
     self.between_events = None  # called after every event (checkpoints), if set
     self.notes_vjps = False  # records the task of every vjp (`snapshot.note_vjps`)

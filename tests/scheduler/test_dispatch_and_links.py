@@ -776,6 +776,56 @@ def test_a_copy_that_lets_go_after_its_export_puts_only_that_on_the_senders_core
   ]
 
 
+@pytest.mark.parametrize('sender_placed', [True, False])
+def test_a_copy_in_memory_both_ends_share_takes_none_of_the_receivers_core(sender_placed):
+  """As `test_a_copy_takes_the_receivers_core_for_its_seconds_too`, the copy's bytes in
+  memory both lane processes share (`receiver_reads=False`: the host path within a host,
+  `wire.Arena`): b's reader reads only the message naming them, so b's 2 s task runs
+  0-2 s alone; the sending part runs 1-2 s (alone on core 0, or on no core), the copy ends
+  at 2 s, and b's second task runs 2-3 s."""
+  placed = {'a': 'core 0', 'b': 'core 1'} if sender_placed else {'b': 'core 1'}
+  assert _copy_to_a_busy_lane(placed, copies_on_sender=True, receiver_reads=False) == [
+    ('backward', 1, 0.0, 2.0),
+    ('forward', 0, 0.0, 1.0),
+    ('forward', 1, 2.0, 3.0),
+    ('transfer', 2, 1.0, 2.0),
+  ]
+
+
+def test_a_copy_in_shared_memory_between_two_lanes_of_one_core_takes_it_for_the_sender_only():
+  """a and b on core 0, the copy's bytes in shared memory: b's 2 s task and a's 1 s task
+  share the core from 0 (a's ends at 2 s, b's has 1 s left); then a's 1 s copy, its
+  sending part alone, shares it with b's task at 1/2 each: both end at 4 s (5 s where b's
+  reader read it too); b's second task runs 4-5 s."""
+  placed = {'a': 'core 0', 'b': 'core 0'}
+  assert _copy_to_a_busy_lane(placed, copies_on_sender=True, receiver_reads=False) == [
+    ('backward', 1, 0.0, 4.0),
+    ('forward', 0, 0.0, 2.0),
+    ('forward', 1, 4.0, 5.0),
+    ('transfer', 2, 2.0, 4.0),
+  ]
+
+
+def test_a_host_profile_names_the_path_its_links_were_measured_on():
+  """`moves`: `host` (memory shared within the host: the receiver reads no copy) or
+  `socket` (it does); a profile written before the field was measured over sockets; any
+  other value is refused in one line."""
+  from jaxsgd.scheduler import host
+
+  figures = {name: 1.0 for name in host.FIGURES['processes'] if name != 'upkeep'}
+  shared = host.make('processes', {**figures, 'upkeep': 0.0}, cores=2, moves='host')
+  assert host.to_json(shared)['moves'] == 'host'
+  assert not host.simulated(shared, 2).receiver_reads
+  over_sockets = host.make('processes', {**figures, 'upkeep': 0.0}, cores=2, moves='socket')
+  assert host.simulated(over_sockets, 2).receiver_reads
+  older = {k: v for k, v in host.to_json(shared).items() if k != 'moves'}
+  assert host.from_json(older, 'f').moves == 'socket'
+  with pytest.raises(
+    host.HostProfileError, match=r"^f: moves must be one of host, socket, got 'shm'\.$"
+  ):
+    host.from_json({**host.to_json(shared), 'moves': 'shm'}, 'f')
+
+
 def test_a_copy_between_two_lanes_of_one_core_takes_it_for_both_ends():
   """a and b on core 0, copies on the sender: b's 2 s task, a's 1 s task from 0 (half
   speed each: a's ends at 2 s, b's has 1 s left), then a's 1 s copy to b: its sending

@@ -180,7 +180,7 @@ class Arena:
       raise
     self.size = size
     self.held = np.frombuffer(self.memory, np.uint8, _SLOTS)
-    self.view = memoryview(self.memory)
+    self.bytes = np.frombuffer(self.memory, np.uint8)
     self.regions: dict[int, tuple[int, int]] = {}  # slot -> (offset, bytes), sent and not back
     self.free_slots = list(range(_SLOTS - 1, -1, -1))
 
@@ -193,7 +193,9 @@ class Arena:
     if offset is None or not self.free_slots:
       return None
     slot = self.free_slots.pop()
-    self.view[offset : offset + size] = buffer
+    # numpy's copy lets go of the interpreter (a memoryview's holds it: the process's
+    # other threads waited ~6 ms at a time behind 18 MiB copies; numpy's, ~0.16).
+    self.bytes[offset : offset + size] = np.frombuffer(buffer, np.uint8)
     self.held[slot] = 1
     self.regions[slot] = (offset, size)
     return slot, offset, size
