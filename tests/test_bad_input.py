@@ -128,7 +128,7 @@ CASES = [
     'ddg',
     {'clock': 'real', 'executor': 'processes', 'placement.lanes': 'stage0@moves=gpu'},
     'placement.lanes',
-    r"lane 'stage0': moves must be one of auto, device, host, got 'gpu'",
+    r"lane 'stage0': moves must be one of auto, device, host, socket, got 'gpu'",
   ),
   # --- ddg ---
   (

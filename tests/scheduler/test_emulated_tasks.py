@@ -201,6 +201,8 @@ def test_a_lanes_readers_count_as_its_copy_threads(monkeypatch):
   class Reader:
     """A connection whose next message costs 0.05 s of CPU, then ends."""
 
+    shared = None  # (no memory shared with its sender: `wire.Endpoint.shared`)
+
     def receive(self):
       end = time.thread_time() + 0.05
       while time.thread_time() < end:
