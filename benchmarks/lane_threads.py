@@ -2,6 +2,7 @@ r"""Where each core's time goes in one of `real_speedup`'s cases, thread by thre
 
     python -m benchmarks.lane_threads                  # PD-ASGD 1:1, ~1 min on 2 cores
     python -m benchmarks.lane_threads --family=ddg --rounds=5
+    python -m benchmarks.lane_threads --moves=socket   # values over the sockets (`LaneSpec.moves`)
 
 Runs one case of `benchmarks.real_speedup` (the same model, lanes and pinning: K=2) on a
 Ray cluster of its own, twice to compile, then `--rounds` times, reading before and after
@@ -108,12 +109,15 @@ def main():
   parser.add_argument('--steps', type=int, default=40)
   parser.add_argument('--warmup', type=int, default=4)
   parser.add_argument('--rounds', type=int, default=3)
+  parser.add_argument(
+    '--moves', default='auto', choices=('auto', 'host', 'socket'), help="the lanes' values' path"
+  )
   args = parser.parse_args()
   name, case = list(real_speedup.cases(2, (args.family,)).items())[-1]  # (bp's first)
-  placement = real_speedup.lane_placement(2, (args.family,))
+  placement = real_speedup.lane_placement(2, (args.family,), args.moves)
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
-    f'{name}, {args.steps} iterations a round, {args.rounds} rounds'
+    f'{name}, moves={args.moves}, {args.steps} iterations a round, {args.rounds} rounds'
   )
   rounds = []
   with LanePool(placement) as pool:
