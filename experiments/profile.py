@@ -257,7 +257,7 @@ def measure_host(executor: str, repeats: int = lane_timing.DRIVER_REPEATS) -> ho
   try:
     idle = lane_timing.measure_process_dispatch(cores=cores[:1], rounds=repeats)
     loaded = lane_timing.measure_loaded_driver(cores=cores, repeats=repeats)
-    moves = link_timing.measure_process_links(cores=(cores[0], cores[-1]), moves=PATH)
+    moves = link_timing.measure_process_links(cores=(cores[0], cores[-1]))
   finally:
     if started:
       cluster.shutdown()
@@ -273,12 +273,8 @@ def measure_host(executor: str, repeats: int = lane_timing.DRIVER_REPEATS) -> ho
     **{f'take_in_{name}': value for name, value in zip(host_lib.MOVE_FIGURES, moves.take_in)},
     **{f'export_{name}': value for name, value in zip(host_lib.MOVE_FIGURES, moves.export)},
   }
-  return host_lib.make(executor, figures, cores=len(cores), moves=PATH)
-
-
-# The path of the process executor's values that its profile measures: its lanes' default
-# on CPU (`LaneSpec.moves`: `auto` is `host` there), shared memory within a host.
-PATH = 'host'
+  path = 'host' if moves.shared else 'socket'  # (the host path within a host shares memory)
+  return host_lib.make(executor, figures, cores=len(cores), moves=path)
 
 
 def write_host(executor: str, out: str) -> None:

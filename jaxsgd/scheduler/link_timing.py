@@ -29,11 +29,14 @@ class Moves(NamedTuple):
   the value existing to the copy's last frame written (`LaneRuntime.export_times`: the
   rest is the socket's and the receiver's); and `take_in`, what the receiving lane then
   spends making the copy its own — paid in front of the first call there that reads
-  it, one call after another, however early the copy arrived (`LaneRuntime.take_in`)."""
+  it, one call after another, however early the copy arrived (`LaneRuntime.take_in`);
+  `shared`, whether the copies came in memory the two lanes share (`wire.Arena`), not
+  over the socket."""
 
   link: tuple[float, float, float]
   take_in: tuple[float, float, float]
   export: tuple[float, float, float]
+  shared: bool = False
 
 
 RUN_LENGTH_PAUSE = 0.02  # s the sending lane waits before the task that makes a move's value
@@ -119,11 +122,12 @@ def measure_process_links(
     # Interleaved: a slow spell of the machine slows every message, not one message's
     # (which tilts the line).
     times = [[moved(source) for source in sources] for _ in range(reps)]
+    shared = pool.lane_info('target')['shared_in'] > 0
   link, take_in, export = [
     _fit(sizes, arrays, [float(np.median([rep[i][part] for rep in times])) for i in range(4)])
     for part in (0, 1, 2)
   ]
-  return Moves(link, take_in, export)
+  return Moves(link, take_in, export, shared)
 
 
 def lane_pair(names, cores, moves: str = 'host', gpu: float = 0.0):

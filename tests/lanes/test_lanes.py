@@ -1065,6 +1065,7 @@ def test_the_profile_command_measures_the_process_executors_host_profile(tmp_pat
 
   profile = host.load(str(out))
   assert (profile.executor, profile.cores) == ('processes', len(os.sched_getaffinity(0)))
+  assert profile.moves == 'host'  # its links' copies came in memory the lanes share
   figures = dict(profile.figures)
   assert set(figures) == set(host.FIGURES['processes'])
   # A latency, and a move's time per array beyond its first, is a median less what is
