@@ -208,8 +208,13 @@ def test_within_a_host_a_value_moves_through_shared_memory_unless_a_lane_says_so
   from_d = pool.move(pool.run('d', task('add'), (on_d, on_d)), 'c')  # d -> c: socket
   on_a = pool.put('a', big)  # a has the device path and c not: host path, shared
   from_a = pool.move(pool.run('a', task('add'), (on_a, on_a)), 'c')
-  for value in (from_c, from_d, from_a):
-    np.testing.assert_array_equal(pool.fetch(value), big + big)
+  for moved in (from_c, from_d, from_a):
+    np.testing.assert_array_equal(pool.fetch(moved), big + big)
   np.testing.assert_array_equal(pool.fetch(on_d), big)
-  moved = {lane: n - before[lane] for lane, n in shared_in(pool).items()}
-  assert moved == {'a': 1, 'b': 0, 'c': 2, 'd': 0}  # put on a, c; a -> c
+  came = {lane: n - before[lane] for lane, n in shared_in(pool).items()}
+  assert came == {'a': 1, 'b': 0, 'c': 2, 'd': 0}  # put on a, c; a -> c
+  # a's region goes back to a once c has let go of the copy (its value freed there).
+  assert pool.lane_info('a')['shared_lent'] == 1
+  del from_a, from_c, from_d, moved
+  pool.held('c')  # (the frees queued for c applied)
+  assert pool.lane_info('a')['shared_lent'] == 0

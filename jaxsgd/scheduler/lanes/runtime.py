@@ -240,6 +240,8 @@ class LaneRuntime:
       'pulled': self.device_path.pulled if self.device_path else 0,  # on the device path
       # large buffers that came in memory a sender shares with this lane (wire.Arena)
       'shared_in': sum(view.regions_read for view in self.shared_views),
+      # regions of its arenas that the lanes it sends to hold now
+      'shared_lent': sum(p.arena.lent() for p in list(self.peers.values()) if p.arena),
     }
 
   def run(self, call: bytes, imports: tuple = (), *buffers):
@@ -638,45 +640,57 @@ class LaneRuntime:
         self.exports.put(message)
       else:
         self.calls.put(message)
+      # Not held while the next message is awaited: its arrays (a batch) would stay alive,
+      # and their memory lent (`wire.Arena`), until the driver's next call.
+      del message
 
   def _read_lane(self, endpoint: wire.Endpoint, source: tuple) -> None:
     """Takes the values another lane sends: kept for the call that takes them in, or —
     a message that must land whole — taken in at once; the driver hears of each."""
     while True:
       try:
-        kind, key, move, landed, *rest = endpoint.receive()
+        message = endpoint.receive()
       except (EOFError, OSError):
         self._source_lost(source)
         return
-      if kind == 'failed':
-        self._copy_failed(key, move, landed, rest[0])
-        continue
-      ready, payload = rest
-      if isinstance(payload[1], Offer):  # the device path: its leaves come now
-        try:
-          gone = functools.partial(self._gone, source, endpoint)
-          payload = (payload[0], self.device_path.pull(payload[1], gone))
-        except Exception as error:  # pylint: disable=broad-except
-          if self._gone(source, endpoint, within=_SOURCE_END_S):  # its source died
-            self._source_lost(source)  # as when a host-path copy's connection ends
-            return
-          self._copy_failed(key, move, landed, wire.failure(error))
-          continue
-      if landed:
-        try:
-          outline = self.adopt(payload, key)
-        except Exception as error:  # pylint: disable=broad-except
-          self._reply('err', move, wire.failure(error))
-          continue
-        self._reply('ok', move, (outline, ready, time.time()))
-        continue
-      with self.stored:
-        if key in self.discard:
-          self.discard.discard(key)
-        else:
-          self.arrived[key] = payload
-          self._changed()
-      self._reply('arrived', move, (ready, time.time()))
+      if not self._take_copy(endpoint, source, *message):
+        return
+      # Not held while the next message is awaited: a copy freed here meanwhile would stay
+      # alive, and its memory lent (`wire.Arena`), until its source's next message.
+      del message
+
+  def _take_copy(self, endpoint, source: tuple, kind, key, move, landed, *rest) -> bool:
+    """One message of another lane (`_read_lane`); False once its source is lost."""
+    if kind == 'failed':
+      self._copy_failed(key, move, landed, rest[0])
+      return True
+    ready, payload = rest
+    if isinstance(payload[1], Offer):  # the device path: its leaves come now
+      try:
+        gone = functools.partial(self._gone, source, endpoint)
+        payload = (payload[0], self.device_path.pull(payload[1], gone))
+      except Exception as error:  # pylint: disable=broad-except
+        if self._gone(source, endpoint, within=_SOURCE_END_S):  # its source died
+          self._source_lost(source)  # as when a host-path copy's connection ends
+          return False
+        self._copy_failed(key, move, landed, wire.failure(error))
+        return True
+    if landed:
+      try:
+        outline = self.adopt(payload, key)
+      except Exception as error:  # pylint: disable=broad-except
+        self._reply('err', move, wire.failure(error))
+        return True
+      self._reply('ok', move, (outline, ready, time.time()))
+      return True
+    with self.stored:
+      if key in self.discard:
+        self.discard.discard(key)
+      else:
+        self.arrived[key] = payload
+        self._changed()
+    self._reply('arrived', move, (ready, time.time()))
+    return True
 
   def _gone(self, source: tuple, endpoint: wire.Endpoint, within: float = 0.0) -> bool:
     """Whether the lane at `source` has died: the driver said so, or its connection here
@@ -713,6 +727,8 @@ class LaneRuntime:
         self._reply('ok', number, result)
         if op == 'run':
           self._made()
+      # Not held while the next call is awaited (its batch's memory lent: `_read_driver`).
+      args = result = None
 
   def _made(self) -> None:
     """Wakes the exports of a task's result, after its end's reply has gone: woken as

@@ -200,6 +200,10 @@ class Arena:
     self.regions[slot] = (offset, size)
     return slot, offset, size
 
+  def lent(self) -> int:
+    """Regions the receiver holds now (from any thread: reads, never takes back)."""
+    return sum(1 for slot in list(self.regions) if self.held[slot])
+
   def _take_back(self) -> None:
     for slot in [s for s in self.regions if not self.held[s]]:
       del self.regions[slot]
