@@ -12,8 +12,9 @@ a key the pool draws at start):
   order sent) or to its *export* thread (a value for another lane, or one the driver
   keeps), so that an export never waits behind the calls queued after the one that
   makes its value. Every call is answered on the same connection, in the order done.
-- **Lane to lane**: the source's export thread sends the value (its leaves as raw
-  frames) straight to the receiving lane, which keeps it until the first call that needs
+- **Lane to lane**: the source's export thread sends the value (its leaves in memory
+  the two share within a host, `Arena`; else as raw frames) straight to the receiving
+  lane, which keeps it until the first call that needs
   it takes it in, or — a message that must land whole (`landed`) — takes it in at once
   and tells the driver. The driver hears of every copy's arrival (for its timing, and
   so that a failed copy is reported).
