@@ -441,7 +441,7 @@ def test_an_arena_places_first_fit_and_a_buffer_it_has_no_room_for_goes_as_a_fra
   head, and arrives equal."""
   arena = wire.Arena(4096 + 3000)
   view = wire.ArenaView(os.dup(arena.fd), arena.size)
-  os.close(arena.fd)
+  arena.close_descriptor()
   ones = memoryview(np.ones(1000, np.uint8))
   assert arena.place(ones) == (0, 4096, 1000)
   assert arena.place(ones) == (1, 5120, 1000)

@@ -185,6 +185,13 @@ class Arena:
     self.regions: dict[int, tuple[int, int]] = {}  # slot -> (offset, bytes), sent and not back
     self.free_slots = list(range(_SLOTS - 1, -1, -1))
 
+  def close_descriptor(self) -> None:
+    """Closes this end's descriptor once the other end has its own (the mapping keeps
+    the memory)."""
+    if self.fd is not None:
+      os.close(self.fd)
+      self.fd = None
+
   def place(self, buffer: memoryview) -> tuple[int, int, int] | None:
     """Writes `buffer` (contiguous bytes) into a free region: `(slot, offset, bytes)`,
     or None if no region of that size is free (the buffer then goes over the socket)."""
@@ -321,17 +328,13 @@ class Endpoint:
   and a lane whose core is busy computing reads a large message (a batch) in slices:
   written by the caller, the driver's dispatch waited ~1-2 ms per batch for a lane.
   Messages are written in the order sent. `arena`: the memory this end shares with the
-  other for what it sends (`Arena`); `shared`: the other end's, for what it receives."""
+  other for what it sends (`Arena`); `shared`: the other end's, for what it receives
+  (set by `_greet` once the other end's hello says it has one)."""
 
-  def __init__(
-    self,
-    link: connection.Connection,
-    background: bool = False,
-    arena: Arena | None = None,
-    shared: ArenaView | None = None,
-  ):
+  def __init__(self, link: connection.Connection, background: bool = False, arena=None):
     self.link, self.lock = link, threading.Lock()
-    self.arena, self.shared = arena, shared
+    self.arena: Arena | None = arena
+    self.shared: ArenaView | None = None
     _tune(link)
     self._outbox = None
     if background:
@@ -476,7 +479,7 @@ def connect(where, authkey: bytes, hello, background: bool = False, share: bool 
       _send_descriptor(link, arena.fd)
   finally:
     if arena is not None:
-      os.close(arena.fd)  # (the other end has its own; the mapping holds the memory)
+      arena.close_descriptor()
   return Endpoint(link, background, arena)
 
 
