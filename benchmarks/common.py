@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
+import psutil
 
 
 def median_time(step: Callable[[], object], *, warmup: int = 3, repeats: int = 20) -> float:
@@ -53,6 +54,11 @@ def thread_cpu_seconds(pid: int | str = 'self') -> dict[int, tuple[str, float]]:
       continue
     threads[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / _TICKS)
   return threads
+
+
+def core_busy_seconds() -> list[float]:
+  """Each core's busy seconds so far: its CPU time less idle and I/O wait (psutil)."""
+  return [sum(t) - t.idle - getattr(t, 'iowait', 0.0) for t in psutil.cpu_times(percpu=True)]
 
 
 def overlap(begin: float, end: float, start: float, stop: float) -> float:

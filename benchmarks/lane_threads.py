@@ -40,11 +40,6 @@ from jaxsgd.scheduler.lanes import LanePool
 FAMILIES = ('ddg', 'local', 'asgd', 'pdasgd', 'lppsgd')
 
 
-def core_busy_seconds() -> list[float]:
-  """Each core's busy seconds so far: its CPU time less idle and I/O wait (psutil)."""
-  return [sum(t) - t.idle - getattr(t, 'iowait', 0.0) for t in psutil.cpu_times(percpu=True)]
-
-
 def daemon_seconds(lane_pids: set[int]) -> float:
   """CPU seconds so far of the processes this one started that are not lanes (Ray's)."""
   total = 0.0
@@ -86,14 +81,14 @@ def one_round(pool: LanePool, case, steps: int, warmup: int) -> dict[str, float]
   driver, daemons, cores = (
     time.process_time(),
     daemon_seconds(set(pids.values())),
-    core_busy_seconds(),
+    bench_common.core_busy_seconds(),
   )
   start = time.perf_counter()
   real_speedup.run(pool, case, steps, warmup)
   wall = time.perf_counter() - start
   parts = {'wall': wall, 'driver': time.process_time() - driver}
   parts['Ray daemons'] = daemon_seconds(set(pids.values())) - daemons
-  for core, busy in enumerate(core_busy_seconds()):
+  for core, busy in enumerate(bench_common.core_busy_seconds()):
     parts[f'core {core} busy'] = busy - cores[core]
   for lane, pid in pids.items():
     for part, seconds in split_threads(

@@ -15,8 +15,11 @@ Per run, seconds from the command's start to: the line saying the lanes are star
 (`lanes: starting N lane processes`: the driver's own set-up is done), the lane
 placement printed (every lane process is up: the first task is dispatched then), the
 first training step on the progress bar (the lanes' first tasks compiled and ran), and
-the exit. Medians over rounds; the last line is the median time to the first task of a
-run with a cluster of its own. `--set=FIELD=VALUE` passes `--config.FIELD=VALUE` to every
+the exit; and how many of the machine's cores were busy, on average, from the command to
+the first task (`/proc/stat`: every process's CPU, Ray's and other jobs' too): near the
+core count, the start is bound by CPU and only less of it helps; well below, by waits
+that overlap could fill. Medians over rounds; the last line is the median time to the
+first task of a run with a cluster of its own. `--set=FIELD=VALUE` passes `--config.FIELD=VALUE` to every
 run; `--before` adds a checkout's runs both ways ("before", "before running"), interleaved.
 Not a test: speed is measured, not asserted.
 """
@@ -36,6 +39,7 @@ from benchmarks import common as bench_common
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MILESTONES = ('lanes starting', 'first task', 'first step', 'exit')
+BUSY = 'busy cores to first task'
 _FIRST_STEP = re.compile(r'\|\s*[1-9]\d*/\d+ \[')
 
 
@@ -48,8 +52,9 @@ def timed_run(
   env: dict,
   fields: tuple[str, ...] = (),
 ) -> dict:
-  """Seconds from the command's start to each of `MILESTONES` (None if not seen);
-  `fields`: `FIELD=VALUE`s given as `--config.FIELD=VALUE`."""
+  """Seconds from the command's start to each of `MILESTONES` (None if not seen), and
+  `BUSY`: the machine's busy cores over that first stretch (`core_busy_seconds`); `fields`:
+  `FIELD=VALUE`s given as `--config.FIELD=VALUE`."""
   command = [
     sys.executable,
     '-m',
@@ -65,7 +70,8 @@ def timed_run(
     command.append(f'--config.data_dir={data_dir}')
   if address:
     command.append(f'--config.cluster_address={address}')
-  seen = dict.fromkeys(MILESTONES)
+  seen = dict.fromkeys((*MILESTONES, BUSY))
+  busy_at_start = sum(bench_common.core_busy_seconds())
   start = time.monotonic()
   process = subprocess.Popen(
     command,
@@ -83,6 +89,7 @@ def timed_run(
         seen['lanes starting'] = now
       if seen['first task'] is None and 'lanes (one process each' in part:
         seen['first task'] = now
+        seen[BUSY] = (sum(bench_common.core_busy_seconds()) - busy_at_start) / now
       if seen['first step'] is None and _FIRST_STEP.search(part):
         seen['first step'] = now
   status = process.wait()
@@ -156,14 +163,17 @@ def main():
           workdir = os.path.join(folder, way.replace(' ', '_'))
           seen = timed_run(args.config, workdir, args.data_dir, address, repo, env, fields)
           results[way].append(seen)
-          shown = '  '.join(f'{m} {seen[m]:.2f}' for m in MILESTONES if seen[m] is not None)
+          shown = '  '.join(
+            f'{m} {seen[m]:.2f}' for m in (*MILESTONES, BUSY) if seen[m] is not None
+          )
           print(f'  round {round_ + 1} {way:14s} {shown}', flush=True)
   finally:
     stop_head(head_env)
   print(f'load average {os.getloadavg()[0]:.1f} at end; seconds from the command, median:')
+  columns = (*MILESTONES, BUSY)
   bench_common.print_table(
-    ('cluster', *MILESTONES),
-    [(way, *(_median(r[m] for r in runs) for m in MILESTONES)) for way, runs in results.items()],
+    ('cluster', *columns),
+    [(way, *(_median(r[m] for r in runs) for m in columns)) for way, runs in results.items()],
   )
   own = statistics.median(r['first task'] for r in results['own'])
   if args.before:
