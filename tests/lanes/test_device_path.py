@@ -6,6 +6,8 @@ A machine without GPUs tests the code path with CPU lanes that have it on
 """
 
 import os
+import signal
+import time
 
 import jax
 import numpy as np
@@ -218,3 +220,22 @@ def test_within_a_host_a_value_moves_through_shared_memory_unless_a_lane_says_so
   del from_a, from_c, from_d, moved
   pool.held('c')  # (the frees queued for c applied)
   assert pool.lane_info('a')['shared_lent'] == 0
+
+
+def test_a_lane_lets_go_of_its_arena_for_a_lane_that_died_holding_a_region(head):
+  """A sender's shared memory for a lane that died still holding a value of it is
+  dropped once the driver says that lane died (nothing is sent there again), rather than
+  kept, region lent, for the rest of the run."""
+  big = np.linspace(-1, 1, 1 << 16, dtype=np.float32).reshape(-1, 8)  # 256 KiB: out of band
+  placement = LanePlacement.parse('p@cores=0; q@cores=0')
+  with LanePool(placement, address=head.address, verbose=False) as lanes:
+    on_q = lanes.move(lanes.put('p', big), 'q')  # p -> q through p's arena for q
+    np.testing.assert_array_equal(lanes.fetch(on_q), big)
+    assert lanes.lane_info('p')['shared_lent'] == 1  # q holds the copy: its region lent
+    os.kill(lanes.pids()['q'], signal.SIGKILL)
+    deadline = time.monotonic() + 30.0
+    while 'q' not in lanes.dead_lanes() and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert lanes.dead_lanes() == {'q'}
+    # p heard of the death before this call: both come over its one driver connection.
+    assert lanes.lane_info('p')['shared_lent'] == 0

@@ -218,7 +218,10 @@ class LaneRuntime:
     # export thread's time per copy (`export_times`), the last `_EXPORT_TIMES_KEPT`.
     self.export_spans: collections.deque = collections.deque(maxlen=_EXPORT_TIMES_KEPT)
     self.device_path: DevicePath | None = None
-    self.shared_views: list[wire.ArenaView] = []  # the senders' arenas (`info`'s count)
+    # The arenas of the senders connected now, and the regions read from those gone
+    # (`info`'s count; `_let_go`).
+    self.shared_views: list[wire.ArenaView] = []
+    self.shared_read_before = 0
     self.copies = CopyCpu()  # what the copy threads' CPU was (`run` leaves it out)
     self.address = self.serve(authkey, moves) if authkey is not None else None
 
@@ -239,7 +242,8 @@ class LaneRuntime:
       'address': self.address,
       'pulled': self.device_path.pulled if self.device_path else 0,  # on the device path
       # large buffers that came in memory a sender shares with this lane (wire.Arena)
-      'shared_in': sum(view.regions_read for view in self.shared_views),
+      'shared_in': self.shared_read_before
+      + sum(view.regions_read for view in list(self.shared_views)),
       # regions of its arenas that the lanes it sends to hold now
       'shared_lent': sum(p.arena.lent() for p in list(self.peers.values()) if p.arena),
     }
@@ -632,10 +636,11 @@ class LaneRuntime:
       except (EOFError, OSError):
         wire.exit_now(wire.DRIVER_GONE_GRACE)
       op = message[0]
-      if op == 'dead':  # a lane that was to send values here died
+      if op == 'dead':  # a lane that was to send values here, or to take them, died
         with self.stored:
           self.dead_sources.add(tuple(message[2]))
           self._changed()
+        self._drop_peer(tuple(message[2]))
       elif op in _EXPORTS:
         self.exports.put(message)
       else:
@@ -651,6 +656,7 @@ class LaneRuntime:
       try:
         message = endpoint.receive()
       except (EOFError, OSError):
+        self._let_go(endpoint.shared)
         self._source_lost(source)
         return
       if not self._take_copy(endpoint, source, *message):
@@ -795,6 +801,21 @@ class LaneRuntime:
       return
     if message[0] == 'value':
       self.export_spans.append((number, time.time() - ready))
+
+  def _let_go(self, view: wire.ArenaView | None) -> None:
+    """Forgets the arena of a sender whose connection ended, keeping its count: its
+    mapping then lives only as long as arrays of it do (a lane replaced in a run would
+    otherwise keep its predecessor's pages here for good)."""
+    if view is not None and view in self.shared_views:
+      self.shared_views.remove(view)
+      self.shared_read_before += view.regions_read
+
+  def _drop_peer(self, address: tuple) -> None:
+    """Closes the connection to a lane that died, and with it this lane's arena for it:
+    nothing is sent there again, so it was otherwise kept for good."""
+    peer = self.peers.pop(address, None)
+    if peer is not None:
+      peer.close()
 
   def _send_to_lane(self, addresses: dict, message) -> None:
     """Sends `message` to the lane at `addresses`, connecting the first time (tried a few

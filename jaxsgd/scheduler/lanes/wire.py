@@ -269,7 +269,9 @@ def _send_descriptor(link: connection.Connection, fd: int) -> None:
 
 def _receive_descriptor(link: connection.Connection) -> int:
   with socket.socket(fileno=os.dup(link.fileno())) as view:
-    data, fds, _, _ = socket.recv_fds(view, 1, 1)
+    # Close-on-exec from the start: a process forked and exec'd meanwhile by another
+    # thread (XLA running a compiler, say) would keep the arena's pages alive.
+    data, fds, _, _ = socket.recv_fds(view, 1, 1, socket.MSG_CMSG_CLOEXEC)
   if data != b'a' or len(fds) != 1:
     for fd in fds:
       os.close(fd)
