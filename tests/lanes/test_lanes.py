@@ -775,6 +775,33 @@ def _lane_processes(head) -> list[int]:
   return lanes
 
 
+def test_cpu_lanes_are_forked_from_one_process_per_host_unless_asked_to_be_actors(
+  head, monkeypatch
+):
+  """A lane without a GPU is a process forked by its host's `LaneHost` (which imported
+  JAX once) — a child of that process, named as a lane — unless `FORK_VAR` is 0: then a
+  Ray actor of its own. Both run the same task to the same bits."""
+  results, parents = {}, {}
+  for fork in ('1', '0'):
+    monkeypatch.setenv(cluster.FORK_VAR, fork)
+    placement = LanePlacement.spread(['f', 'g'])
+    with LanePool(placement, address=head.address, verbose=False) as lanes:
+      processes = [psutil.Process(pid) for pid in lanes.pids().values()]
+      titles = [' '.join(p.cmdline()).strip() for p in processes]
+      parents[fork] = {p.ppid() for p in processes}
+      w = lanes.run('f', task('init'), (3,))
+      y, vjp = lanes.run('g', task('forward'), (w, X))  # w moved f -> g
+      dw, dx = lanes.run('f', task('backward'), (vjp, G))  # the VJP moved back
+      results[fork] = (lanes.fetch(y), lanes.fetch(dw), lanes.fetch(dx))
+    if fork == '1':
+      assert titles == ['jaxsgd::LaneRuntime f (forked)', 'jaxsgd::LaneRuntime g (forked)']
+    else:
+      assert all('LaneRuntime' in t and 'forked' not in t for t in titles), titles
+  assert len(parents['1']) == 1  # both lanes of the host forked by its one LaneHost
+  assert parents['1'] != parents['0']  # (actor lanes are the raylet's children)
+  jax.tree.map(np.testing.assert_array_equal, results['1'], results['0'])
+
+
 def test_a_heads_lane_processes_are_found_while_they_run(head, pool):
   """`_lane_processes`, with which the tests check that no lane is left on a head after a
   run, finds the lanes a pool runs there."""

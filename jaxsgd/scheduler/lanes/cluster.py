@@ -200,6 +200,7 @@ def lane_output(pid: int, lines: int = 12) -> str | None:
   if temp_dir is None:
     return None
   found = glob.glob(os.path.join(temp_dir, 'session_*', 'logs', f'worker-*-{pid}.err'))
+  found += glob.glob(os.path.join(temp_dir, 'jaxsgd-forked-lanes-*', f'lane-{pid}.err'))
   if not found:
     return None
   with open(found[0], errors='replace') as f:  # (less Ray's lines naming the job, actor)
@@ -397,6 +398,9 @@ def shutdown() -> None:
   # Garbage that holds Ray's references (a closed pool's watches, in reference cycles)
   # is freed now, while Ray is up: collected by another thread while Ray shuts down,
   # its release reaches a core worker that is gone, and Ray ends the process.
+  for host in _HOSTS.values():  # through Ray first: killed by signal alone, its end was
+    kill(host)  # taken for a crash, and Ray said so on the terminal
+  _HOSTS.clear()  # (the lanes they forked end with them: their parent-death signal)
   gc.collect()
   _kill_early_lanes()
   temp_dir = _STARTED_HERE.pop('temp_dir', None)
@@ -453,21 +457,76 @@ def _kill(processes: list[psutil.Process], timeout: float = 3.0) -> None:
 
 
 def lane_actor(spec: LaneSpec, env: dict[str, str], authkey: bytes | None = None):
-  """A Ray actor running `LaneRuntime` in a process of its own, on `spec.host`, serving
-  its socket with `authkey` (`LaneRuntime.serve`)."""
+  """A lane process on `spec.host` running `LaneRuntime`, serving its socket with
+  `authkey` (`LaneRuntime.serve`): without a GPU, a process forked by its node's
+  `forked.LaneHost` (`ForkedLane`), unless `FORK_VAR` is 0; with one, a Ray actor of its
+  own (Ray sets which GPU it sees)."""
   hook = {FAULT_VAR: os.environ[FAULT_VAR]} if FAULT_VAR in os.environ else {}  # tests only
   variables = {**compilation_cache.variables(), **hook, **spec.environment(), **env}
   variables['XLA_FLAGS'] = lane_xla_flags(os.environ.get('XLA_FLAGS', ''), variables)
-  options = dict(num_cpus=0, num_gpus=spec.gpu, max_restarts=0, max_task_retries=0)
   # On its host's node, the driver's without one: left to Ray, a lane without a host went
   # to any node of a cluster joined by address (half of them elsewhere, on two nodes),
   # pinned to cores of a host nobody named.
+  node = _node_id(spec)
+  if os.environ.get(FORK_VAR, '1') != '0' and not spec.gpu:
+    return ForkedLane(_lane_host(node), spec.name, spec.cores, variables, authkey, spec.moves)
+  options = dict(num_cpus=0, num_gpus=spec.gpu, max_restarts=0, max_task_retries=0)
   options['scheduling_strategy'] = scheduling_strategies.NodeAffinitySchedulingStrategy(
-    _node_id(spec), soft=False
+    node, soft=False
   )
   return _LANE_ACTOR.options(**options).remote(
     spec.name, spec.cores, variables, authkey, spec.moves
   )
+
+
+# Lanes without a GPU are forked from a process per node that imported JAX once
+# (`forked.py`), ~0.14 CPU-s each against ~1.3 for a Ray actor of their own; set to 0,
+# every lane is an actor (the variable is read where the lane starts: the driver).
+FORK_VAR = 'JAXSGD_FORKED_LANES'
+_HOSTS = {}  # node id -> its `LaneHost` actor, for this connection (`shutdown` forgets them)
+
+
+def _lane_host(node: str):
+  """The `LaneHost` of `node`, started at its first lane."""
+  host = _HOSTS.get(node)
+  if host is None:
+    from jaxsgd.scheduler.lanes.forked import LaneHost  # pylint: disable=g-import-not-at-top
+
+    temp_dir = _STARTED_HERE.get('temp_dir') or tempfile.gettempdir()
+    host = _HOSTS[node] = (
+      ray.remote(LaneHost)
+      .options(
+        num_cpus=0,
+        max_concurrency=1000,  # every lane's `spawn` and `watch` wait at once
+        max_restarts=0,
+        max_task_retries=0,
+        scheduling_strategy=scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
+      )
+      .remote(os.path.join(temp_dir, f'jaxsgd-forked-lanes-{os.getuid()}'))
+    )
+  return host
+
+
+class ForkedLane:
+  """A lane forked by a `LaneHost`, as the pool sees an actor lane: `info.remote()` (its
+  first info, once it serves), `watch.remote()` (fails when its process ends) and
+  `kill`."""
+
+  def __init__(self, host, name, cores, variables, authkey, moves):
+    self.host, self.token = host, os.urandom(8).hex()
+    spawned = host.spawn.remote(self.token, name, cores, variables, authkey, moves)
+    self.info = _Method(lambda: spawned)
+    self.watch = _Method(lambda: host.watch.remote(self.token))
+
+  def kill(self) -> None:
+    self.host.kill.remote(self.token)
+
+
+class _Method:
+  """`.remote()` of a `ForkedLane` method: a Ray reference, as an actor's method gives."""
+
+  def __init__(self, call):
+    self.remote = call
 
 
 def lane_xla_flags(driver_flags: str, variables: dict[str, str]) -> str:
@@ -485,7 +544,8 @@ def node_address() -> str:
 
 
 def watch(actor):
-  """A reference that fails as soon as the actor's process dies (it never succeeds)."""
+  """A reference that is done as soon as the lane's process dies: an actor's fails then, a
+  forked lane's returns how it ended (`forked.LaneHost.watch`); neither is done before."""
   return actor.watch.remote()
 
 
@@ -504,7 +564,10 @@ def get(ref):
 
 def kill(actor) -> None:
   try:
-    ray.kill(actor, no_restart=True)
+    if isinstance(actor, ForkedLane):
+      actor.kill()
+    else:
+      ray.kill(actor, no_restart=True)
   except Exception:  # already gone, or Ray is stopping
     pass
 
@@ -513,6 +576,8 @@ def describe(error: BaseException) -> str:
   """A short account of a lane's failure: the lane's own exception, or how it died."""
   if isinstance(error, LaneFailure):
     text = str(error)
+  elif isinstance(error, ray.exceptions.RayTaskError) and getattr(error.cause, 'death', 0):
+    text = str(error.cause)  # a forked lane's end (`forked.LaneEnded`)
   elif isinstance(error, ray.exceptions.RayTaskError):
     cause = error.cause if error.cause is not None else error
     text = f'{type(cause).__name__}: {cause}'

@@ -140,6 +140,15 @@ def _exit_on_failure(body):
   return guarded
 
 
+def ray_whereabouts() -> dict:
+  """This Ray worker's host address, node and GPUs (`LaneRuntime`'s `where`)."""
+  return {
+    'host': ray.util.get_node_ip_address(),
+    'node_id': ray.get_runtime_context().get_node_id(),
+    'gpus': list(ray.get_gpu_ids()),
+  }
+
+
 def pin_process(cores: tuple[int, ...] | None) -> tuple[int, ...]:
   """Pins every thread of this process (and those it starts later) to `cores`; refuses
   cores this process may not use (on another host than the driver's, the placement
@@ -169,14 +178,18 @@ class LaneRuntime:
     variables: dict | None = None,
     authkey: bytes | None = None,
     moves: str = 'auto',
+    where: dict | None = None,
   ):
     """`variables`: the lane's environment (`LaneSpec.environment`: JAX's platform, XLA's
     flags), set before JAX is imported here. (A library that read its variable before,
     as numpy's BLAS does its thread count, keeps its default: XLA's threads and the
     process's cores are what bound a lane.) `authkey`: the pool's key for the lane's
     socket (`serve`); None serves none. `moves`: `LaneSpec.moves`, the path its values
-    take to and from lanes that have the device path on too (device_path.py)."""
+    take to and from lanes that have the device path on too (device_path.py). `where`: the lane's host, Ray
+    node and GPUs (`host`, `node_id`, `gpus`), asked of Ray here if not given (a lane
+    forked by `forked.LaneHost` is no Ray worker: its parent says)."""
     self.name = name
+    self.where = where if where is not None else ray_whereabouts()
     allocator.keep_freed_memory()  # before any message's buffers
     if variables:
       _take_variables(variables)
@@ -228,15 +241,14 @@ class LaneRuntime:
   def info(self) -> dict[str, Any]:
     """Where this lane runs, for the placement printed at start and error messages."""
     self._maybe_fail('info')
-    context = ray.get_runtime_context()
     return {
       'name': self.name,
-      'host': ray.util.get_node_ip_address(),
+      'host': self.where['host'],
       'hostname': socket.gethostname(),
       'pid': os.getpid(),
       'cores': self.cores,
-      'node_id': context.get_node_id(),
-      'gpus': list(ray.get_gpu_ids()),
+      'node_id': self.where['node_id'],
+      'gpus': list(self.where['gpus']),
       'device': str(self.device),
       'xla_flags': os.environ.get('XLA_FLAGS', ''),
       'address': self.address,
@@ -579,7 +591,7 @@ class LaneRuntime:
     driver's calls in the order sent (`_ORDERED`), one exports values (`_EXPORTS`); and,
     if `moves` puts the lane on the device path, its transfer server. Returns the
     addresses."""
-    self.host = ray.util.get_node_ip_address()
+    self.host = self.where['host']
     remote, local = wire.listen(self.host)
     if uses_device_path(moves, self.device.platform):
       try:
