@@ -200,7 +200,7 @@ def lane_output(pid: int, lines: int = 12) -> str | None:
   if temp_dir is None:
     return None
   found = glob.glob(os.path.join(temp_dir, 'session_*', 'logs', f'worker-*-{pid}.err'))
-  found += glob.glob(os.path.join(temp_dir, 'jaxsgd-forked-lanes-*', f'lane-{pid}.err'))
+  found += glob.glob(os.path.join(temp_dir, 'jaxsgd-forked-lanes', f'lane-{pid}.err'))
   if not found:
     return None
   with open(found[0], errors='replace') as f:  # (less Ray's lines naming the job, actor)
@@ -492,7 +492,8 @@ def _lane_host(node: str):
   if host is None:
     from jaxsgd.scheduler.lanes.forked import LaneHost  # pylint: disable=g-import-not-at-top
 
-    temp_dir = _STARTED_HERE.get('temp_dir') or tempfile.gettempdir()
+    temp_dir = _STARTED_HERE.get('temp_dir')  # (a joined cluster's log monitor forwards)
+    log_dir = os.path.join(temp_dir, 'jaxsgd-forked-lanes') if temp_dir else None
     host = _HOSTS[node] = (
       ray.remote(LaneHost)
       .options(
@@ -502,7 +503,7 @@ def _lane_host(node: str):
         max_task_retries=0,
         scheduling_strategy=scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
       )
-      .remote(os.path.join(temp_dir, f'jaxsgd-forked-lanes-{os.getuid()}'))
+      .remote(log_dir)
     )
   return host
 

@@ -12,8 +12,10 @@ forked it, which must therefore live as long as the host). A forked lane:
 - is no Ray worker: it never calls Ray (it inherits the host's Ray state, not its
   threads), and closes every descriptor it inherits but its pipe to the host;
 - dies with its host (`PR_SET_PDEATHSIG`), as an actor lane dies with its worker;
-- writes its standard output and error to a file of its own in the host's log folder
-  (`output_path`), read where its death is said (`cluster.lane_output`);
+- writes its standard output and error, on a cluster the run started, to a file of its
+  own (`lane-PID.err` in the host's `log_dir`), read where its death is said
+  (`cluster.lane_output`: such a cluster has no log monitor); on a joined cluster, to the
+  host's, which Ray's log monitor forwards to the driver's terminal;
 - builds its `LaneRuntime`, which serves its socket, says through the pipe where it
   serves (or why it failed), and lives until its driver's connection ends (the runtime
   then exits) or it is killed.
@@ -49,10 +51,11 @@ class LaneHost:
   """Forks lane processes on its node (a threaded Ray actor: `spawn` and `watch` calls
   wait at once)."""
 
-  def __init__(self, log_dir: str):
+  def __init__(self, log_dir: str | None):
     self.where = {**lane_runtime.ray_whereabouts(), 'gpus': []}
     self.log_dir = log_dir
-    os.makedirs(log_dir, exist_ok=True)
+    if log_dir is not None:
+      os.makedirs(log_dir, exist_ok=True)
     self.requests: queue.SimpleQueue = queue.SimpleQueue()
     self.children: dict[str, int] = {}  # token -> pid
     self.killed: set[str] = set()  # tokens killed before their process existed
@@ -98,9 +101,6 @@ class LaneHost:
     except ProcessLookupError:
       pass
 
-  def output_path(self, pid: int) -> str:
-    return os.path.join(self.log_dir, f'lane-{pid}.err')
-
   def _pid(self, token: str) -> int:
     with self.born:
       self.born.wait_for(lambda: token in self.children)
@@ -128,7 +128,7 @@ class LaneHost:
       reply.put((pid, read))
 
 
-def _lane_main(write: int, args: tuple, where: dict, log_dir: str) -> None:
+def _lane_main(write: int, args: tuple, where: dict, log_dir: str | None) -> None:
   """The forked lane's whole life: never returns."""
   try:
     parent = os.getppid()
@@ -139,11 +139,12 @@ def _lane_main(write: int, args: tuple, where: dict, log_dir: str) -> None:
       signal.signal(signum, signal.SIG_DFL)
     # Named as an actor lane's process is (`ray::LaneRuntime...`), less Ray's prefix.
     setproctitle(f'jaxsgd::LaneRuntime {args[0]} (forked)')
-    output = os.open(
-      os.path.join(log_dir, f'lane-{os.getpid()}.err'), os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    )
-    os.dup2(output, 1)
-    os.dup2(output, 2)
+    if log_dir is not None:
+      output = os.open(
+        os.path.join(log_dir, f'lane-{os.getpid()}.err'), os.O_WRONLY | os.O_CREAT | os.O_APPEND
+      )
+      os.dup2(output, 1)
+      os.dup2(output, 2)
     _close_inherited(keep={0, 1, 2, write})
     lane = lane_runtime.LaneRuntime(*args, where=where)
     _say(write, ('ok', lane.info()))
