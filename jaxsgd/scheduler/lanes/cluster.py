@@ -111,6 +111,7 @@ def _give_up_start(address: str | None) -> NoReturn:
 def _connect_now(address: str | None) -> bool:
   if ray.is_initialized():
     return False
+  _HOSTS.clear()  # a connection's lane hosts are its own (its job's actors)
   # Lanes are Ray's ready worker processes (no runtime environment of their own, which
   # would make Ray start a new process for each): they find the driver's code by the
   # job's search path and take their variables in `LaneRuntime.__init__`.
@@ -515,7 +516,7 @@ class ForkedLane:
 
   def __init__(self, host, name, cores, variables, authkey, moves):
     self.host, self.token = host, os.urandom(8).hex()
-    spawned = host.spawn.remote(self.token, name, cores, variables, authkey, moves)
+    spawned = host.spawn.remote(self.token, _code_path(), name, cores, variables, authkey, moves)
     self.info = _Method(lambda: spawned)
     self.watch = _Method(lambda: host.watch.remote(self.token))
 

@@ -62,11 +62,15 @@ class LaneHost:
     self.born = threading.Condition()
     threading.Thread(target=self._fork_forever, daemon=True, name='lane-forker').start()
 
-  def spawn(self, token: str, name: str, cores, variables: dict, authkey: bytes, moves: str):
-    """Forks the lane `name` (`LaneRuntime`'s arguments) under `token`; returns its
-    `info()` once it serves, or raises what its start raised."""
+  def spawn(
+    self, token: str, code: list, name: str, cores, variables: dict, authkey: bytes, moves: str
+  ):
+    """Forks the lane `name` (`LaneRuntime`'s arguments) under `token`, with the
+    driver's import path `code` ahead of this process's (its tasks' modules are the
+    driver's: an actor lane finds them by its job's search path, which is the driver's at
+    connection); returns its `info()` once it serves, or raises what its start raised."""
     reply: queue.SimpleQueue = queue.SimpleQueue()
-    self.requests.put((token, (name, cores, variables, authkey, moves), reply))
+    self.requests.put((token, (code, (name, cores, variables, authkey, moves)), reply))
     pid, read = reply.get()
     if isinstance(pid, BaseException):
       raise pid
@@ -108,13 +112,13 @@ class LaneHost:
 
   def _fork_forever(self) -> None:
     while True:
-      token, args, reply = self.requests.get()
+      token, request, reply = self.requests.get()
       try:
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the lane
           os.close(read)
-          _lane_main(write, args, self.where, self.log_dir)
+          _lane_main(write, request, self.where, self.log_dir)
         os.close(write)
       except BaseException as error:  # pylint: disable=broad-except
         reply.put((error, None))
@@ -128,8 +132,9 @@ class LaneHost:
       reply.put((pid, read))
 
 
-def _lane_main(write: int, args: tuple, where: dict, log_dir: str | None) -> None:
+def _lane_main(write: int, request: tuple, where: dict, log_dir: str | None) -> None:
   """The forked lane's whole life: never returns."""
+  code, args = request
   try:
     parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -146,6 +151,7 @@ def _lane_main(write: int, args: tuple, where: dict, log_dir: str | None) -> Non
       os.dup2(output, 1)
       os.dup2(output, 2)
     _close_inherited(keep={0, 1, 2, write})
+    sys.path[:0] = [path for path in code if path not in sys.path]
     lane = lane_runtime.LaneRuntime(*args, where=where)
     _say(write, ('ok', lane.info()))
     lane.stopped.wait()  # the runtime exits the process once its driver is gone
