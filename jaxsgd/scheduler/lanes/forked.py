@@ -57,7 +57,9 @@ class LaneHost:
     if log_dir is not None:
       os.makedirs(log_dir, exist_ok=True)
     self.requests: queue.SimpleQueue = queue.SimpleQueue()
-    self.children: dict[str, int] = {}  # token -> pid
+    # token -> pid; None for a fork that failed, or a process reaped (`watch`): its pid
+    # may be another process's by then, which `kill` must not signal
+    self.children: dict[str, int | None] = {}
     self.killed: set[str] = set()  # tokens killed before their process existed
     self.born = threading.Condition()
     threading.Thread(target=self._fork_forever, daemon=True, name='lane-forker').start()
@@ -88,7 +90,11 @@ class LaneHost:
     that finished for a death, as it does an actor lane's, which fails then. (Raised
     here, the end would be an error nobody reads, which Ray prints.)"""
     pid = self._pid(token)
+    if pid is None:
+      return 'its process never started'
     _, status = os.waitpid(pid, 0)
+    with self.born:
+      self.children[token] = None
     if os.WIFSIGNALED(status):
       return f'its process {pid} was killed by signal {os.WTERMSIG(status)}'
     return f'its process {pid} ended with exit status {os.WEXITSTATUS(status)}'
@@ -96,16 +102,18 @@ class LaneHost:
   def kill(self, token: str) -> None:
     """Ends the lane of `token` (SIGKILL), at once or as soon as it is forked."""
     with self.born:
-      pid = self.children.get(token)
-      if pid is None:
+      if token not in self.children:
         self.killed.add(token)
         return
+      pid = self.children[token]
+    if pid is None:  # never started, or ended and reaped
+      return
     try:
       os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
       pass
 
-  def _pid(self, token: str) -> int:
+  def _pid(self, token: str) -> int | None:
     with self.born:
       self.born.wait_for(lambda: token in self.children)
       return self.children[token]
@@ -121,6 +129,9 @@ class LaneHost:
           _lane_main(write, request, self.where, self.log_dir)
         os.close(write)
       except BaseException as error:  # pylint: disable=broad-except
+        with self.born:
+          self.children[token] = None
+          self.born.notify_all()
         reply.put((error, None))
         continue
       with self.born:
