@@ -112,9 +112,10 @@ def _connect_now(address: str | None) -> bool:
   if ray.is_initialized():
     return False
   _HOSTS.clear()  # a connection's lane hosts are its own (its job's actors)
-  # Lanes are Ray's ready worker processes (no runtime environment of their own, which
-  # would make Ray start a new process for each): they find the driver's code by the
-  # job's search path and take their variables in `LaneRuntime.__init__`.
+  # Actor lanes and lane hosts are Ray's ready worker processes (no runtime environment
+  # of their own, which would make Ray start a new process for each): they find the
+  # driver's code by the job's search path (a forked lane is sent it too) and a lane
+  # takes its variables in `LaneRuntime.__init__`.
   code = ray.job_config.JobConfig(code_search_path=_code_path())
   if address is None:
     _STARTED_HERE['temp_dir'] = tempfile.mkdtemp(prefix='jaxsgd-ray-')
@@ -511,8 +512,8 @@ def _lane_host(node: str):
 
 class ForkedLane:
   """A lane forked by a `LaneHost`, as the pool sees an actor lane: `info.remote()` (its
-  first info, once it serves), `watch.remote()` (fails when its process ends) and
-  `kill`."""
+  first info, once it serves), `watch.remote()` (done when its process ends: `watch`)
+  and `kill`."""
 
   def __init__(self, host, name, cores, variables, authkey, moves):
     self.host, self.token = host, os.urandom(8).hex()
