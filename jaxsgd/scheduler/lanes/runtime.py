@@ -185,9 +185,9 @@ class LaneRuntime:
     as numpy's BLAS does its thread count, keeps its default: XLA's threads and the
     process's cores are what bound a lane.) `authkey`: the pool's key for the lane's
     socket (`serve`); None serves none. `moves`: `LaneSpec.moves`, the path its values
-    take to and from lanes that have the device path on too (device_path.py). `where`: the lane's host, Ray
-    node and GPUs (`host`, `node_id`, `gpus`), asked of Ray here if not given (a lane
-    forked by `forked.LaneHost` is no Ray worker: its parent says)."""
+    take to and from lanes that have the device path on too (device_path.py). `where`:
+    the lane's host, Ray node and GPUs (`host`, `node_id`, `gpus`), asked of Ray here if
+    not given (a lane forked by `forked.LaneHost` is no Ray worker: its parent says)."""
     self.name = name
     self.where = where if where is not None else ray_whereabouts()
     allocator.keep_freed_memory()  # before any message's buffers
