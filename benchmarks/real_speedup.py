@@ -36,6 +36,9 @@ core): both stages on the one GPU
 device path), the same with `moves=host` (through host memory), and stage 0 on the GPU
 with stage 1 on core 1 (`stage0@gpu=1; stage1@cores=1`). It is refused before any round where
 the driver's host has no GPU in the Ray cluster.
+`--traces DIR` writes each round's timeline of every case to DIR (`<case>-round<n>.json`,
+which https://ui.perfetto.dev opens): where a case's time per iteration exceeds its
+busiest lane's, the lanes' waits are in it.
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
 the batches are synthetic, a cycle of a few made once (`batches`). Its inputs (`--features`, 1536 by default) make the two stages
 that `split` cuts by forward FLOPs (printed) cost about the same forward and backward: a
@@ -58,7 +61,10 @@ is printed). Not a test: speed is measured, not asserted.
 """
 
 import argparse
+import glob
+import json
 import os
+import re
 import statistics
 import time
 
@@ -73,6 +79,7 @@ from jaxsgd.scheduler import Placement
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool
 from jaxsgd.scheduler.lanes import cluster, runtime
 from jaxsgd.scheduler.process import ProcessExecutor
+from jaxsgd.scheduler.timeline import Timeline
 
 FEATURES, CLASSES, HIDDEN, BATCH = 1536, 10, (1024, 1024, 1024, 1024), 512
 OPTIMIZER = optimizers.OptimizerSettings('sgd', 0.01)
@@ -138,6 +145,70 @@ def measured(executor: ProcessExecutor, timeline, steps: int, warmup: int):
   )
 
 
+BP_TRACE = 'bp-1-lane-core-0'  # `write_trace`'s name of BP's case on a core
+
+
+def write_trace(folder: str, case: str, round_: int) -> None:
+  """The last run's timeline as `<case>-round<round_>.json` in `folder` (Perfetto opens
+  it; times from the start of the run), `case` in a file name's letters; `cases.json`
+  there maps those names back to the cases'."""
+  os.makedirs(folder, exist_ok=True)
+  name = re.sub(r'[^A-Za-z0-9]+', '-', case).strip('-')
+  LAST_RUN['timeline'].write_chrome_trace(os.path.join(folder, f'{name}-round{round_}.json'))
+  index = os.path.join(folder, 'cases.json')
+  cases = {}
+  if os.path.exists(index):
+    with open(index) as f:
+      cases = json.load(f)
+  with open(index, 'w') as f:
+    json.dump({**cases, name: case}, f, indent=1)
+
+
+def retime(folder: str, warmup: int) -> None:
+  """Prints the CPU cases' figures measured again from the timelines that `--traces`
+  wrote to `folder` (their rounds paired with BP's on core 0, as a run pairs them), with
+  this module's windows as they are now."""
+  runs: dict[str, dict[int, Timeline]] = {}
+  for path in sorted(glob.glob(os.path.join(folder, '*-round*.json'))):
+    case, round_ = re.fullmatch(r'(.*)-round(\d+)\.json', os.path.basename(path)).groups()
+    with open(path) as f:
+      runs.setdefault(case, {})[int(round_)] = Timeline.from_chrome_trace(json.load(f))
+  if BP_TRACE not in runs:
+    raise SystemExit(f'--retime: no {BP_TRACE}-round<n>.json in {folder}')
+  index = os.path.join(folder, 'cases.json')
+  names = {}
+  if os.path.exists(index):
+    with open(index) as f:
+      names = json.load(f)
+  rows, speedups = [], {}
+  for case, rounds in runs.items():
+    seconds = {n: per_iteration(t, 0, warmup) for n, t in rounds.items()}
+    busy = {n: busiest_lane(t, 0, warmup)[0] for n, t in rounds.items()}
+    bp = {n: per_iteration(t, 0, warmup) for n, t in runs[BP_TRACE].items()}
+    paired = sorted(set(seconds) & set(bp))
+    speedups[case] = statistics.median(bp[n] / seconds[n] for n in paired)
+    ceiling = statistics.median(bp[n] / busy[n] for n in paired)
+    rows.append(
+      (
+        names.get(case, case),
+        f'{1e3 * statistics.median(seconds.values()):.1f}',
+        f'{speedups[case]:.2f}',
+        f'{1e3 * statistics.median(busy.values()):.1f}',
+        f'{ceiling:.2f}',
+        ' '.join(f'{1e3 * seconds[n]:.1f}' for n in sorted(seconds)),
+      )
+    )
+  header = ('case', 'ms / iteration', 'speed-up over bp', 'busiest lane ms / it', 'ceiling')
+  header += ('rounds (ms)',)
+  widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+  for row in (header, *rows):  # as a run's table, which `speedup_chart` reads
+    print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+  ddg_case = next(case for case in runs if case.startswith('ddg'))
+  print(
+    f'ddg real speed-up (retimed from {names.get(ddg_case, ddg_case)}): {speedups[ddg_case]:.2f}'
+  )
+
+
 def busiest_lane(timeline, steps: int, warmup: int) -> tuple[float, float]:
   """Busy seconds per iteration of the busiest compute lane over `steady_window` (what the
   case would take if nothing but its lanes' work took time: its ceiling is BP's time over
@@ -145,7 +216,7 @@ def busiest_lane(timeline, steps: int, warmup: int) -> tuple[float, float]:
   less its copy threads'; the rest its cores ran something else — the lane's copies, the
   driver, Ray, a neighbour lane — or it waited). A task's share inside the window counts
   in proportion."""
-  start, end = steady_window(timeline, steps, warmup)
+  start, end, iterations = steady_window(timeline, steps, warmup)
   busy, cpu, unknown = {}, {}, set()  # unknown: lanes with a task inside of unknown cpu
   for task in timeline.records:
     if not timeline.lane_names[task.lane].startswith('link '):
@@ -158,21 +229,27 @@ def busiest_lane(timeline, steps: int, warmup: int) -> tuple[float, float]:
         cpu[task.lane] = cpu.get(task.lane, 0.0) + share
   lane = max(busy, key=busy.get)
   own = float('nan') if lane in unknown else cpu.get(lane, 0.0)
-  return busy[lane] / (steps - warmup), own / (steps - warmup)
+  return busy[lane] / iterations, own / iterations
 
 
-def steady_window(timeline, steps: int, warmup: int) -> tuple[float, float]:
-  """From the end of the last update of batch `warmup - 1` to that of the last batch."""
-  ends = {}
-  for task in timeline.tasks(kind='update'):
-    ends[task.batch] = max(ends.get(task.batch, 0.0), task.end)
-  return ends[warmup - 1], ends[steps - 1]
+def steady_window(timeline, steps: int, warmup: int) -> tuple[float, float, int]:
+  """(start, end, iterations): from the end of the last update of batch `warmup - 1` to
+  that of the last batch updated on every updating lane (`bench_common.update_ends`:
+  DDG K's stage 0 applies batch `steps - K`'s gradient last), and the batches between."""
+  ends = bench_common.update_ends((t.lane, t.batch, t.end) for t in timeline.tasks(kind='update'))
+  last = max(ends)
+  if warmup - 1 not in ends or last <= warmup - 1:
+    raise ValueError(
+      f'no iteration after the warm-up: every lane updated batches up to {last} of {steps}, '
+      f'the warm-up ends at batch {warmup - 1}'
+    )
+  return ends[warmup - 1], ends[last], last - (warmup - 1)
 
 
 def per_iteration(timeline, steps: int, warmup: int) -> float:
   """Seconds per iteration over `steady_window`."""
-  start, end = steady_window(timeline, steps, warmup)
-  return (end - start) / (steps - warmup)
+  start, end, iterations = steady_window(timeline, steps, warmup)
+  return (end - start) / iterations
 
 
 def run(pool: LanePool, case, steps: int, warmup: int) -> tuple[float, ...]:
@@ -337,7 +414,20 @@ def main():
     choices=('auto', 'host', 'socket'),
     help="the CPU lanes' values: auto (= host: shared memory within the host), or socket",
   )
+  parser.add_argument(
+    '--traces',
+    default='',
+    help="a folder to write each round's timeline of every case to (Chrome trace JSON)",
+  )
+  parser.add_argument(
+    '--retime',
+    default='',
+    help='measure the traces that --traces wrote to this folder again (no run)',
+  )
   args = parser.parse_args()
+  if args.retime:
+    retime(args.retime, args.warmup)
+    return
   driver_cores = driver_cores_or_error(parser, args.driver_cores)
   families = tuple(f.strip() for f in args.families.split(',') if f.strip())
   unknown = sorted(set(families) - set(FAMILIES))
@@ -348,6 +438,11 @@ def main():
     )
   if args.lanes < 2:
     parser.error(f'--lanes: lanes per case, at least 2; got {args.lanes}')
+  if args.steps < args.warmup + args.lanes:  # `steady_window`: DDG's stage 0 ends at steps-K
+    parser.error(
+      f'--steps: at least --warmup + --lanes ({args.warmup + args.lanes}: DDG K={args.lanes} '
+      f'updates every stage up to batch steps - K); got {args.steps}'
+    )
   if args.depth + 1 < args.lanes:
     parser.error(
       f'--depth: hidden layers; {args.lanes} stages need at least {args.lanes - 1}, got {args.depth}'
@@ -370,6 +465,8 @@ def main():
     busiest.setdefault(name, []).append(busy)
     busiest_cpu.setdefault(name, []).append(busy_cpu)
     host_cpu.setdefault(name, []).append(dispatch_cpu)
+    if args.traces:
+      write_trace(args.traces, name, len(times[name]))
 
   reference = {name: 'bp (1 lane, core 0)' for name in cases_}  # whose rounds a case pairs with
   with LanePool(placement, address=args.address) as pool:

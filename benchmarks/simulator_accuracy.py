@@ -310,17 +310,24 @@ def task_cpu(workdir: str) -> dict:
 
 
 def iteration_ends(tasks, per_task: bool = False) -> list[float]:
-  """When each iteration ended: per batch, the last end of its update tasks (every stage
-  updated); without update tasks (updates applied in the driver), its backward tasks.
-  `per_task` (`ONE_UPDATE_PER_TASK`): every such task ends an iteration of its own."""
+  """When each iteration ended: per batch, the last end of its update tasks, for the
+  batches every updating lane updated (`bench_common.update_ends`: a DDG pipeline's
+  last K-1 batches, updated by fewer stages, end in stage 0's last iteration); without
+  update tasks (updates applied in the driver), its backward tasks. `per_task`
+  (`ONE_UPDATE_PER_TASK`): every such task ends an iteration of its own."""
   for kind in ('update', 'backward'):
-    ends = {}
-    for i, (_, task_kind, _, end, batch, _) in enumerate(tasks):
-      if task_kind == kind and batch is not None:
-        key = i if per_task else batch
-        ends[key] = max(ends.get(key, 0.0), end)
-    if ends:
-      return sorted(ends.values()) if per_task else [ends[b] for b in sorted(ends)]
+    found = [
+      (lane, batch, end)
+      for lane, task_kind, _, end, batch, _ in tasks
+      if task_kind == kind and batch is not None
+    ]
+    if found and per_task:
+      return sorted(end for *_, end in found)
+    if found:
+      from benchmarks import common as bench_common  # (imports JAX: not at the module's top)
+
+      ends = bench_common.update_ends(found)
+      return [ends[b] for b in sorted(ends)]
   raise ValueError('the trace has no update or backward tasks')
 
 

@@ -516,6 +516,77 @@ def test_the_busiest_lane_and_its_own_cpu_are_counted_inside_the_window_by_hand(
   assert busy == 9.5 and np.isnan(cpu)
 
 
+def _undrained_pipeline(stages: int, steps: int, iteration: float = 10.0):
+  """A DDG-shaped run's updates: stage k applies batch b's gradient in iteration
+  b + (K-1-k), at its end (`iteration` s each, stage k's `k` s before stage K-1's); it
+  applies the first `steps - (K-1-k)` batches' only (the run does not drain)."""
+  from jaxsgd.scheduler.timeline import TaskRecord
+
+  return [
+    TaskRecord(k, 'update', end - 1.0, end, stage=k, batch=b)
+    for k in range(stages)
+    for b in range(steps - (stages - 1 - k))
+    for end in [iteration * (b + stages - 1 - k + 1) - k]
+  ]
+
+
+def test_a_pipeline_that_does_not_drain_is_timed_over_the_batches_every_stage_updated():
+  """K=3, 6 batches of 10 s: every stage updated batches 0-3, the last on stage 0 (ends
+  30, 40, 50, 60); batches 4 and 5 only stages 1-2 and 2 (ends 59 and 58, in stage 0's
+  last iteration). From batch 0's end (warm-up 1) to batch 3's: 3 iterations of 10 s;
+  to batch 5's, as before, 28 s over 5 iterations (5.6 s: a speed-up 1.8x too high). The
+  simulator benchmark's iteration ends leave them out too; a warm-up past batch 3 leaves
+  no iteration, refused."""
+  from benchmarks import real_speedup
+  from jaxsgd.scheduler.timeline import Timeline
+
+  records = _undrained_pipeline(3, 6)
+  timeline = Timeline(['stage 0', 'stage 1', 'stage 2'], records, 'real')
+  assert real_speedup.steady_window(timeline, 6, 1) == (30.0, 60.0, 3)
+  assert real_speedup.per_iteration(timeline, 6, 1) == 10.0
+  assert real_speedup.busiest_lane(timeline, 6, 1)[0] == 1.0  # three 1 s updates per lane
+  tasks = [(r.lane, r.kind, r.start, r.end, r.batch, r.stage) for r in records]
+  assert accuracy.iteration_ends(tasks) == [30.0, 40.0, 50.0, 60.0]
+  with pytest.raises(ValueError, match='no iteration after the warm-up'):
+    real_speedup.steady_window(timeline, 6, 4)
+
+
+def test_saved_traces_are_measured_again_with_their_rounds_paired_by_hand(tmp_path, capsys):
+  """`real_speedup --retime`: BP's rounds of 25 and 20 s per iteration against the
+  undrained K=3 pipeline's 10 and 5 s (its second round at twice the pace): speed-ups
+  2.5 and 4, median 3.25; BP's own 1.0."""
+  from benchmarks import real_speedup
+  from jaxsgd.scheduler.timeline import TaskRecord, Timeline
+
+  def write(case, round_, records, lanes):
+    timeline = Timeline([f'stage {k}' for k in range(lanes)], records, 'real')
+    timeline.write_chrome_trace(str(tmp_path / f'{case}-round{round_}.json'))
+
+  for round_, pace in ((1, 1.0), (2, 0.5)):
+    bp = [TaskRecord(0, 'update', t - 1, t, 0, b) for b, t in enumerate([0, 25, 50, 75])]
+    if round_ == 2:
+      bp = [r._replace(start=r.start * 0.8, end=r.end * 0.8) for r in bp]
+    write(real_speedup.BP_TRACE, round_, bp, 1)
+    pipeline = _undrained_pipeline(3, 6, iteration=10.0 * pace)
+    write('ddg-K-3-cores-0-1-2', round_, pipeline, 3)
+  real_speedup.retime(str(tmp_path), 1)
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[-1] == 'ddg real speed-up (retimed from ddg-K-3-cores-0-1-2): 3.25'
+  (ddg,) = [line.split() for line in lines if line.lstrip().startswith('ddg-K-3')]
+  assert ddg[1:3] == ['7500.0', '3.25'] and ddg[-2:] == ['10000.0', '5000.0']  # ms
+
+
+def test_update_ends_keep_the_batches_updated_on_as_many_lanes_as_any():
+  """Two lanes: batch 1 on one lane only is left out, whichever lane; the last end of
+  each batch kept; no updates, no batches."""
+  from benchmarks.common import update_ends
+
+  updates = [(0, 0, 5.0), (1, 0, 7.0), (1, 1, 9.0), (0, 2, 11.0), (1, 2, 10.0)]
+  assert update_ends(updates) == {0: 7.0, 2: 11.0}
+  assert update_ends([(0, 0, 1.0), (0, 1, 2.0)]) == {0: 1.0, 1: 2.0}
+  assert update_ends([]) == {}
+
+
 def test_an_intervals_overlap_with_a_window_is_the_part_inside_it():
   """[begin, end] against the window [10, 30]: inside, across either edge, around it,
   outside it, and touching it at a point."""

@@ -123,12 +123,36 @@ class Timeline:
     with open(path, 'w') as f:
       json.dump(self.chrome_trace(), f)
 
+  @classmethod
+  def from_chrome_trace(cls, trace: dict) -> 'Timeline':
+    """The timeline that `chrome_trace` made `trace` of, its times in seconds again (to
+    measure a saved run anew); its records in the trace's order."""
+    events = trace['traceEvents']
+    names = {e['tid']: e['args']['name'] for e in events if e.get('name') == 'thread_name'}
+    (title,) = [e['args']['name'] for e in events if e.get('name') == 'process_name']
+    records = [_record(e) for e in events if e.get('ph') == 'X']
+    lane_names = [names.get(lane, f'lane {lane}') for lane in range(1 + max(names, default=-1))]
+    return cls(lane_names, records, title.split('(')[-1].split()[0])
+
+
+_TIMES = ('heard', 'dispatched', 'cpu')  # a record's times that may be None
+
+
+def _record(event: dict) -> TaskRecord:
+  """The record of a trace's slice (`chrome_trace`), in seconds."""
+  args = event['args']
+  start, end = event['ts'] / 1e6, (event['ts'] + event['dur']) / 1e6
+  times = {name: args[name] / 1e6 for name in _TIMES if name in args}
+  return TaskRecord(
+    event['tid'], event['cat'], start, end, args.get('stage'), args.get('batch'), **times
+  )
+
 
 def _args(record: TaskRecord) -> dict:
   """A trace slice's arguments: stage and batch, and the driver's times and the lane's
   CPU time (µs) where known."""
   args = {'stage': record.stage, 'batch': record.batch}
-  for name in ('heard', 'dispatched', 'cpu'):
+  for name in _TIMES:
     if getattr(record, name) is not None:
       args[name] = getattr(record, name) * 1e6
   return args

@@ -16,7 +16,7 @@ from jaxsgd.algorithms import settings as settings_lib
 from jaxsgd.scheduler import transfer
 from jaxsgd.scheduler.executor import Executor
 from jaxsgd.scheduler.real import ThreadedExecutor
-from jaxsgd.scheduler.timeline import TaskRecord
+from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 from scheduler_helpers import run_with_timeout
 
 EXECUTORS = {
@@ -299,6 +299,21 @@ def test_chrome_trace_has_one_row_per_lane_and_one_slice_per_task(tmp_path):
       (1, 'work b1', 3e6, 2e6),
     ]
   )
+
+
+def test_a_chrome_trace_reads_back_into_the_timeline_it_was_written_from():
+  """`Timeline.from_chrome_trace` inverts `chrome_trace`: lanes, kinds, stages, batches,
+  and the times in seconds (dyadic, exact through microseconds), the driver's and the
+  CPU's where a record has them and None where it has not."""
+  records = [
+    TaskRecord(0, 'forward', 0.5, 1.25, stage=0, batch=0),
+    TaskRecord(1, 'backward', 1.5, 2.75, 1, 0, heard=3.0, dispatched=0.25, cpu=1.125),
+    TaskRecord(2, 'transfer', 1.25, 1.5, batch=0),
+  ]
+  timeline = Timeline(['stage 0', 'stage 1', 'link 0 → 1'], records, 'real')
+  assert Timeline.from_chrome_trace(timeline.chrome_trace()) == timeline
+  virtual = Timeline(['a'], records[:1], 'virtual')
+  assert Timeline.from_chrome_trace(json.loads(json.dumps(virtual.chrome_trace()))) == virtual
 
 
 def test_real_clock_measures_every_task_in_order():
