@@ -30,3 +30,14 @@ def test_every_table_is_read_with_its_lanes_and_setting(tmp_path):
   assert earlier == {}  # bp appears once in that setting's tables
   speedup_chart.plot(runs[1:], str(tmp_path / 'chart.png'))
   assert (tmp_path / 'chart.png').stat().st_size > 5_000
+
+
+def test_tables_below_the_earlier_window_line_are_left_out():
+  """A table under `EARLIER_WINDOW` (DDG's speed-up overstated there) is not read."""
+  text = TEXT.replace(
+    'case                    ms', f'{speedup_chart.EARLIER_WINDOW} ---\ncase    ms'
+  )
+  assert [table for _, table in speedup_chart.parse_runs(text)] == [
+    {'bp': (1, 1.0), 'ddg K=2': (2, 1.74)},
+    {'bp': (1, 1.0), 'pdasgd 1:1': (2, 0.99)},
+  ]
