@@ -811,6 +811,40 @@ def test_cpu_lanes_are_forked_from_one_process_per_host_unless_asked_to_be_actor
   jax.tree.map(np.testing.assert_array_equal, results['1'], results['0'])
 
 
+def _host_driver(address: str, scenario: str) -> dict:
+  """What `lane_host_driver.py` found running `scenario` on its own connection."""
+  with tempfile.TemporaryDirectory(prefix='lane-host-') as folder:
+    out = os.path.join(folder, 'out.json')
+    done = subprocess.run(
+      [sys.executable, os.path.join(HERE, 'lane_host_driver.py'), address, out, scenario],
+      env={**os.environ, 'PYTHONPATH': os.getcwd()},
+      capture_output=True,
+      text=True,
+      timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(out) as f:
+      return json.load(f)
+
+
+def test_a_lane_host_that_died_is_replaced_at_the_next_pools_start(head):
+  """A forked lane's host killed, on a connection that outlives the pool: the pool's next
+  task fails with its lane's death, and a later pool on the same connection starts its
+  lanes on a new host and runs, once Ray has heard of the death (a few ms; a pool
+  started before that fails at start); before, every later pool asked the dead host."""
+  found = _host_driver(head.address, 'host-dies')
+  assert 'its process died' in found['said'], found
+  assert found['new_host'] != found['host'] and found['shape'] == [8, 4]
+
+
+def test_lanes_killed_that_nobody_watched_are_reaped_by_their_host(head):
+  """Two lanes started with the connection, killed without a watch (a run stopped
+  before its pool took them): both processes are gone within seconds, not zombies of
+  their host until it ends."""
+  found = _host_driver(head.address, 'unwatched-kill')
+  assert len(found['pids']) == 2 and found['left'] == {}, found
+
+
 def test_a_heads_lane_processes_are_found_while_they_run(head, pool):
   """`_lane_processes`, with which the tests check that no lane is left on a head after a
   run, finds the lanes a pool runs there."""

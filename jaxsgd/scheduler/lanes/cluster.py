@@ -397,12 +397,12 @@ def shutdown() -> None:
   its workers (the lanes) and helpers are killed at once, Ray stops its GCS and
   raylet, and any process of the cluster still alive is killed.
   """
+  for host, _ in _HOSTS.values():  # through Ray first: killed by signal alone, its end
+    kill(host)  # was taken for a crash, and Ray said so on the terminal
+  _HOSTS.clear()  # (the lanes they forked end with them: their parent-death signal)
   # Garbage that holds Ray's references (a closed pool's watches, in reference cycles)
   # is freed now, while Ray is up: collected by another thread while Ray shuts down,
   # its release reaches a core worker that is gone, and Ray ends the process.
-  for host in _HOSTS.values():  # through Ray first: killed by signal alone, its end was
-    kill(host)  # taken for a crash, and Ray said so on the terminal
-  _HOSTS.clear()  # (the lanes they forked end with them: their parent-death signal)
   gc.collect()
   _kill_early_lanes()
   temp_dir = _STARTED_HERE.pop('temp_dir', None)
@@ -485,28 +485,33 @@ def lane_actor(spec: LaneSpec, env: dict[str, str], authkey: bytes | None = None
 # (`forked.py`), ~0.14 CPU-s each against ~1.3 for a Ray actor of their own; set to 0,
 # every lane is an actor (the variable is read where the lane starts: the driver).
 FORK_VAR = 'JAXSGD_FORKED_LANES'
-_HOSTS = {}  # node id -> its `LaneHost` actor, for this connection (`shutdown` forgets them)
+# node id -> (its `LaneHost` actor, the reference of the host's `lifetime`, done once the
+# host died), for this connection (`shutdown` forgets them)
+_HOSTS = {}
 
 
 def _lane_host(node: str):
-  """The `LaneHost` of `node`, started at its first lane."""
-  host = _HOSTS.get(node)
-  if host is None:
-    from jaxsgd.scheduler.lanes.forked import LaneHost  # pylint: disable=g-import-not-at-top
+  """The `LaneHost` of `node`, started at its first lane, and again at the first lane
+  after it died (its lanes died with it): a later pool's lanes start on a new one."""
+  known = _HOSTS.get(node)
+  if known is not None and not ray.wait([known[1]], timeout=0)[0]:
+    return known[0]
+  from jaxsgd.scheduler.lanes.forked import LaneHost  # pylint: disable=g-import-not-at-top
 
-    temp_dir = _STARTED_HERE.get('temp_dir')  # (a joined cluster's log monitor forwards)
-    log_dir = os.path.join(temp_dir, 'jaxsgd-forked-lanes') if temp_dir else None
-    host = _HOSTS[node] = (
-      ray.remote(LaneHost)
-      .options(
-        num_cpus=0,
-        max_concurrency=1000,  # every lane's `spawn` and `watch` wait at once
-        max_restarts=0,
-        max_task_retries=0,
-        scheduling_strategy=scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
-      )
-      .remote(log_dir)
+  temp_dir = _STARTED_HERE.get('temp_dir')  # (a joined cluster's log monitor forwards)
+  log_dir = os.path.join(temp_dir, 'jaxsgd-forked-lanes') if temp_dir else None
+  host = (
+    ray.remote(LaneHost)
+    .options(
+      num_cpus=0,
+      max_concurrency=1000,  # every lane's `spawn` and `watch` wait at once
+      max_restarts=0,
+      max_task_retries=0,
+      scheduling_strategy=scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
     )
+    .remote(log_dir)
+  )
+  _HOSTS[node] = (host, host.lifetime.remote())
   return host
 
 

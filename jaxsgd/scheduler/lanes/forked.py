@@ -61,6 +61,9 @@ class LaneHost:
     # may be another process's by then, which `kill` must not signal
     self.children: dict[str, int | None] = {}
     self.killed: set[str] = set()  # tokens killed before their process existed
+    # How each lane's process ended, once reaped (`_end_of`), and the tokens being reaped
+    self.ended: dict[str, str] = {}
+    self.reaping: set[str] = set()
     self.born = threading.Condition()
     threading.Thread(target=self._fork_forever, daemon=True, name='lane-forker').start()
 
@@ -90,17 +93,22 @@ class LaneHost:
     that finished for a death, as it does an actor lane's, which fails then. (Raised
     here, the end would be an error nobody reads, which Ray prints.)"""
     pid = self._pid(token)
+    with self.born:
+      if token in self.ended:  # reaped already (killed)
+        return self.ended[token]
     if pid is None:
       return 'its process never started'
-    _, status = os.waitpid(pid, 0)
-    with self.born:
-      self.children[token] = None
-    if os.WIFSIGNALED(status):
-      return f'its process {pid} was killed by signal {os.WTERMSIG(status)}'
-    return f'its process {pid} ended with exit status {os.WEXITSTATUS(status)}'
+    return self._end_of(token, pid)
+
+  def lifetime(self) -> None:
+    """Never returns: the driver's reference to it ends, failed, when this host dies
+    (`cluster._lane_host` then starts another)."""
+    threading.Event().wait()
 
   def kill(self, token: str) -> None:
-    """Ends the lane of `token` (SIGKILL), at once or as soon as it is forked."""
+    """Ends the lane of `token` (SIGKILL), at once or as soon as it is forked, and reaps
+    it: a lane nobody watches (one started early that no pool took) would otherwise
+    stay a zombie while its host lives."""
     with self.born:
       if token not in self.children:
         self.killed.add(token)
@@ -112,6 +120,26 @@ class LaneHost:
       os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
       pass
+    self._end_of(token, pid)
+
+  def _end_of(self, token: str, pid: int) -> str:
+    """How the lane's process ended, once it has: the first caller (`watch` or `kill`)
+    reaps it, any other waits for that and gets the same answer (a second `waitpid`
+    would fail: the pid is no child of this process any more)."""
+    with self.born:
+      if token in self.reaping:
+        self.born.wait_for(lambda: token in self.ended)
+        return self.ended[token]
+      self.reaping.add(token)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+      said = f'its process {pid} was killed by signal {os.WTERMSIG(status)}'
+    else:
+      said = f'its process {pid} ended with exit status {os.WEXITSTATUS(status)}'
+    with self.born:
+      self.children[token], self.ended[token] = None, said
+      self.born.notify_all()
+    return said
 
   def _pid(self, token: str) -> int | None:
     with self.born:
@@ -140,6 +168,7 @@ class LaneHost:
         self.born.notify_all()
       if killed:
         os.kill(pid, signal.SIGKILL)
+        threading.Thread(target=self._end_of, args=(token, pid), daemon=True).start()
       reply.put((pid, read))
 
 
