@@ -175,7 +175,7 @@ def ddg_lanes(pool: LanePool, steps: int, warmup: int) -> tuple[dict, dict, floa
   used = {f'driver {n}': s - cpu.get(n, 0.0) for n, s in thread_cpu().items()}
   used.update({f'{n} process': s - ray_before.get(n, 0.0) for n, s in ray_cpu().items()})
   run = real_speedup.LAST_RUN
-  start, end, _ = real_speedup.steady_window(run['timeline'], steps, warmup)
+  start, end, _ = real_speedup.steady_window(run['timeline'], warmup)
   lanes = {
     lane: between_calls(
       [t[1:] for t in finished.tasks if t[0] == lane], run['t0'] + start, run['t0'] + end
@@ -191,7 +191,7 @@ def asgd_push_delays(pool: LanePool, steps: int, warmup: int) -> list[float]:
   real_speedup.run_asgd(pool, 2, warmup + 2, 2)
   real_speedup.run_asgd(pool, 2, steps, warmup)
   timeline = real_speedup.LAST_RUN['timeline']
-  start, *_ = real_speedup.steady_window(timeline, steps, warmup)
+  start, *_ = real_speedup.steady_window(timeline, warmup)
   tasks = [(r.lane, r.kind, r.start, r.end, r.batch) for r in timeline.records if r.start >= start]
   return bench_common.send_delays(dict(enumerate(timeline.lane_names)), tasks)
 

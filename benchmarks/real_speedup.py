@@ -134,13 +134,13 @@ def split_balance(num_stages: int) -> str:
 LAST_RUN: dict = {}
 
 
-def measured(executor: ProcessExecutor, timeline, steps: int, warmup: int):
+def measured(executor: ProcessExecutor, timeline, warmup: int):
   """`run`'s figures of a finished run."""
   LAST_RUN.update(timeline=timeline, t0=executor._t0)  # pylint: disable=protected-access
   return (
-    per_iteration(timeline, steps, warmup),
+    per_iteration(timeline, warmup),
     executor.dispatch_seconds / executor.dispatched,
-    *busiest_lane(timeline, steps, warmup),
+    *busiest_lane(timeline, warmup),
     executor.dispatch_cpu_seconds / executor.dispatched,
   )
 
@@ -167,7 +167,7 @@ def write_trace(folder: str, case: str, round_: int) -> None:
 def retime(folder: str, warmup: int) -> None:
   """Prints the CPU cases' figures measured again from the timelines that `--traces`
   wrote to `folder` (their rounds paired with BP's on core 0, as a run pairs them), with
-  this module's windows as they are now."""
+  this module's windows as they are now; `--gpu`'s cases are left out."""
   runs: dict[str, dict[int, Timeline]] = {}
   for path in sorted(glob.glob(os.path.join(folder, '*-round*.json'))):
     case, round_ = re.fullmatch(r'(.*)-round(\d+)\.json', os.path.basename(path)).groups()
@@ -180,11 +180,13 @@ def retime(folder: str, warmup: int) -> None:
   if os.path.exists(index):
     with open(index) as f:
       names = json.load(f)
+  bp = {n: per_iteration(t, warmup) for n, t in runs[BP_TRACE].items()}
   rows, speedups = [], {}
   for case, rounds in runs.items():
-    seconds = {n: per_iteration(t, 0, warmup) for n, t in rounds.items()}
-    busy = {n: busiest_lane(t, 0, warmup)[0] for n, t in rounds.items()}
-    bp = {n: per_iteration(t, 0, warmup) for n, t in runs[BP_TRACE].items()}
+    if 'GPU' in names.get(case, case):  # paired with BP on its pool's GPU lane in a run
+      continue
+    seconds = {n: per_iteration(t, warmup) for n, t in rounds.items()}
+    busy = {n: busiest_lane(t, warmup)[0] for n, t in rounds.items()}
     paired = sorted(set(seconds) & set(bp))
     speedups[case] = statistics.median(bp[n] / seconds[n] for n in paired)
     ceiling = statistics.median(bp[n] / busy[n] for n in paired)
@@ -203,20 +205,20 @@ def retime(folder: str, warmup: int) -> None:
   widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
   for row in (header, *rows):  # as a run's table, which `speedup_chart` reads
     print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
-  ddg_case = next(case for case in runs if case.startswith('ddg'))
-  print(
-    f'ddg real speed-up (retimed from {names.get(ddg_case, ddg_case)}): {speedups[ddg_case]:.2f}'
-  )
+  ddg_case = next((case for case in speedups if case.startswith('ddg')), None)
+  if ddg_case is not None:
+    name = names.get(ddg_case, ddg_case)
+    print(f'ddg real speed-up (retimed from {name}): {speedups[ddg_case]:.2f}')
 
 
-def busiest_lane(timeline, steps: int, warmup: int) -> tuple[float, float]:
+def busiest_lane(timeline, warmup: int) -> tuple[float, float]:
   """Busy seconds per iteration of the busiest compute lane over `steady_window` (what the
   case would take if nothing but its lanes' work took time: its ceiling is BP's time over
   this), and of them the seconds of that lane's own CPU (a task's `cpu`: its process's,
   less its copy threads'; the rest its cores ran something else — the lane's copies, the
   driver, Ray, a neighbour lane — or it waited). A task's share inside the window counts
   in proportion."""
-  start, end, iterations = steady_window(timeline, steps, warmup)
+  start, end, iterations = steady_window(timeline, warmup)
   busy, cpu, unknown = {}, {}, set()  # unknown: lanes with a task inside of unknown cpu
   for task in timeline.records:
     if not timeline.lane_names[task.lane].startswith('link '):
@@ -232,7 +234,7 @@ def busiest_lane(timeline, steps: int, warmup: int) -> tuple[float, float]:
   return busy[lane] / iterations, own / iterations
 
 
-def steady_window(timeline, steps: int, warmup: int) -> tuple[float, float, int]:
+def steady_window(timeline, warmup: int) -> tuple[float, float, int]:
   """(start, end, iterations): from the end of the last update of batch `warmup - 1` to
   that of the last batch updated on every updating lane (`bench_common.update_ends`:
   DDG K's stage 0 applies batch `steps - K`'s gradient last), and the batches between."""
@@ -240,15 +242,15 @@ def steady_window(timeline, steps: int, warmup: int) -> tuple[float, float, int]
   last = max(ends)
   if warmup - 1 not in ends or last <= warmup - 1:
     raise ValueError(
-      f'no iteration after the warm-up: every lane updated batches up to {last} of {steps}, '
-      f'the warm-up ends at batch {warmup - 1}'
+      f'no iteration after the warm-up: every updating lane updated batches up to {last}, '
+      f'the warm-up ends at batch {warmup - 1}; run more steps'
     )
   return ends[warmup - 1], ends[last], last - (warmup - 1)
 
 
-def per_iteration(timeline, steps: int, warmup: int) -> float:
+def per_iteration(timeline, warmup: int) -> float:
   """Seconds per iteration over `steady_window`."""
-  start, end, iterations = steady_window(timeline, steps, warmup)
+  start, end, iterations = steady_window(timeline, warmup)
   return (end - start) / iterations
 
 
@@ -267,7 +269,7 @@ def run(pool: LanePool, case, steps: int, warmup: int) -> tuple[float, ...]:
   session = stages.session(case, feed, steps, host_batches=True)  # lanes take numpy
   executor = ProcessExecutor(pool=pool)
   timeline = executor.run(session.cluster, session.processes())
-  return measured(executor, timeline, steps, warmup)
+  return measured(executor, timeline, warmup)
 
 
 def run_asgd(
@@ -301,7 +303,7 @@ def run_asgd(
     common.WorkerLog(names, {}, executor.now),
   )
   timeline = executor.run(session.cluster, session.processes())
-  return measured(executor, timeline, steps, warmup)
+  return measured(executor, timeline, warmup)
 
 
 def run_pdasgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[float, float, float]:
@@ -320,7 +322,7 @@ def run_pdasgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[flo
     lane_processes=True,
   )
   timeline = executor.run(session.cluster, session.processes())
-  return measured(executor, timeline, steps, warmup)
+  return measured(executor, timeline, warmup)
 
 
 def run_lppsgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[float, float, float]:
@@ -342,7 +344,7 @@ def run_lppsgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[flo
     lane_processes=True,
   )
   timeline = executor.run(session.cluster, session.processes())
-  return measured(executor, timeline, steps, warmup)
+  return measured(executor, timeline, warmup)
 
 
 def cases(lanes: int, families=FAMILIES) -> dict:

@@ -509,10 +509,10 @@ def test_the_busiest_lane_and_its_own_cpu_are_counted_inside_the_window_by_hand(
     task(2, 'move', 10, 30, 20),
   ]
   timeline = Timeline(['stage 0', 'stage 1', 'link 0->1'], records, 'real')
-  assert real_speedup.per_iteration(timeline, 3, 1) == 10.0
-  assert real_speedup.busiest_lane(timeline, 3, 1) == (9.5, 9.0)
+  assert real_speedup.per_iteration(timeline, 1) == 10.0
+  assert real_speedup.busiest_lane(timeline, 1) == (9.5, 9.0)
   records[4] = task(1, 'backward', 5, 15, None)
-  busy, cpu = real_speedup.busiest_lane(timeline, 3, 1)
+  busy, cpu = real_speedup.busiest_lane(timeline, 1)
   assert busy == 9.5 and np.isnan(cpu)
 
 
@@ -542,13 +542,13 @@ def test_a_pipeline_that_does_not_drain_is_timed_over_the_batches_every_stage_up
 
   records = _undrained_pipeline(3, 6)
   timeline = Timeline(['stage 0', 'stage 1', 'stage 2'], records, 'real')
-  assert real_speedup.steady_window(timeline, 6, 1) == (30.0, 60.0, 3)
-  assert real_speedup.per_iteration(timeline, 6, 1) == 10.0
-  assert real_speedup.busiest_lane(timeline, 6, 1)[0] == 1.0  # three 1 s updates per lane
+  assert real_speedup.steady_window(timeline, 1) == (30.0, 60.0, 3)
+  assert real_speedup.per_iteration(timeline, 1) == 10.0
+  assert real_speedup.busiest_lane(timeline, 1)[0] == 1.0  # three 1 s updates per lane
   tasks = [(r.lane, r.kind, r.start, r.end, r.batch, r.stage) for r in records]
   assert accuracy.iteration_ends(tasks) == [30.0, 40.0, 50.0, 60.0]
   with pytest.raises(ValueError, match='no iteration after the warm-up'):
-    real_speedup.steady_window(timeline, 6, 4)
+    real_speedup.steady_window(timeline, 4)
 
 
 def test_saved_traces_are_measured_again_with_their_rounds_paired_by_hand(tmp_path, capsys):
