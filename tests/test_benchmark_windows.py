@@ -576,6 +576,31 @@ def test_saved_traces_are_measured_again_with_their_rounds_paired_by_hand(tmp_pa
   assert ddg[1:3] == ['7500.0', '3.25'] and ddg[-2:] == ['10000.0', '5000.0']  # ms
 
 
+def test_each_rounds_trace_is_written_under_its_cases_file_name_and_named_back(tmp_path):
+  """`--traces`: round n of a case is `<case in a file name's letters>-round<n>.json`, a
+  trace of the last run, and `cases.json` maps each file name back to its case, kept
+  across calls."""
+  from benchmarks import real_speedup
+  from jaxsgd.scheduler.timeline import TaskRecord, Timeline
+
+  timeline = Timeline(['stage 0'], [TaskRecord(0, 'update', 0.5, 1.0, 0, 0)], 'real')
+  real_speedup.LAST_RUN['timeline'] = timeline
+  real_speedup.write_trace(str(tmp_path), 'bp (1 lane, core 0)', 1)
+  real_speedup.write_trace(str(tmp_path), 'ddg K=2 (cores 0, 1)', 2)
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+    'bp-1-lane-core-0-round1.json',
+    'cases.json',
+    'ddg-K-2-cores-0-1-round2.json',
+  ]
+  with open(tmp_path / 'cases.json') as f:
+    assert json.load(f) == {
+      real_speedup.BP_TRACE: 'bp (1 lane, core 0)',
+      'ddg-K-2-cores-0-1': 'ddg K=2 (cores 0, 1)',
+    }
+  with open(tmp_path / 'ddg-K-2-cores-0-1-round2.json') as f:
+    assert Timeline.from_chrome_trace(json.load(f)) == timeline
+
+
 def test_update_ends_keep_the_batches_updated_on_as_many_lanes_as_any():
   """Two lanes: batch 1 on one lane only is left out, whichever lane; the last end of
   each batch kept; no updates, no batches."""
