@@ -48,8 +48,10 @@ first stage computes no input gradient, so its backward is lighter than the next
 it that was the lane's own CPU (the rest: its cores ran its copies, the driver, Ray or
 another lane), and BP's time over it: the case's ceiling as it ran, had nothing but that
 lane's tasks taken time. Time per iteration: from the end of the last update of
-batch `--warmup` to that of the last batch, over the batches in between (compilation
-in the lanes is left out), median over interleaved rounds; the speed-up is the median
+batch `--warmup` - 1 to that of the last batch every updating lane updated, over the
+batches in between (compilation in the lanes is left out; DDG's stage 0 applies batch
+`steps - K`'s gradient last, so DDG K=8 with 16 steps and 4 of warm-up is timed over 5
+batches: give large K more steps), median over interleaved rounds; the speed-up is the median
 over rounds of BP's time over the case's in the same round. Host time per task: the
 driver's wall time in `LanePool.start` (and `early`) per dispatched task, and of it the
 driver thread's CPU (the rest: waiting for a core, which the lanes take, and for the
