@@ -40,8 +40,9 @@ the driver's host has no GPU in the Ray cluster.
 which https://ui.perfetto.dev opens): where a case's time per iteration exceeds its
 busiest lane's, the lanes' waits are in it.
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
-the batches are synthetic, a cycle of a few made once (`batches`). Its inputs (`--features`, 1536 by default) make the two stages
-that `split` cuts by forward FLOPs (printed) cost about the same forward and backward: a
+the batches are synthetic, a cycle of a few made once (`batches`). Its inputs
+(`--features`, 1536 by default) make the two stages that `split` cuts by forward FLOPs
+(printed) cost about the same forward and backward: a
 first stage computes no input gradient, so its backward is lighter than the next stage's
 (with 1024 inputs the stages cost the same forward, but the lanes' busy times were
 5 : 6). Per case the busiest lane's busy time per iteration is printed, with the part of
