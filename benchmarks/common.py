@@ -72,9 +72,8 @@ def update_ends(updates: Iterable[tuple[int, int, float]]) -> dict[int, float]:
   updating lane. A pipeline that does not drain leaves the last batches out: DDG's stage
   k applies the gradients of the first `steps - (K-1-k)` batches only, so the last K-1
   batches' last updates (on stages 1..K-1) end with stage 0's last, in the same
-  iteration; counted as iterations they shortened its time per iteration (by a factor
-  of 1 - (K-1)/(iterations counted)), and DDG K=8's apparent speed-up was ~1.5x its
-  true one."""
+  iteration; counted as iterations, they shortened its time per iteration by a factor
+  of 1 - (K-1)/(iterations counted)."""
   lanes, ends = {}, {}
   for lane, batch, end in updates:
     lanes.setdefault(batch, set()).add(lane)

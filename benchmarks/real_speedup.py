@@ -158,13 +158,25 @@ def write_trace(folder: str, case: str, round_: int) -> None:
   os.makedirs(folder, exist_ok=True)
   name = re.sub(r'[^A-Za-z0-9]+', '-', case).strip('-')
   LAST_RUN['timeline'].write_chrome_trace(os.path.join(folder, f'{name}-round{round_}.json'))
+  names = {**trace_names(folder), name: case}  # (read before the file is opened anew)
+  with open(os.path.join(folder, 'cases.json'), 'w') as f:
+    json.dump(names, f, indent=1)
+
+
+def trace_names(folder: str) -> dict[str, str]:
+  """`write_trace`'s file names in `folder` -> the cases' names (none if it wrote none)."""
   index = os.path.join(folder, 'cases.json')
-  cases = {}
-  if os.path.exists(index):
-    with open(index) as f:
-      cases = json.load(f)
-  with open(index, 'w') as f:
-    json.dump({**cases, name: case}, f, indent=1)
+  if not os.path.exists(index):
+    return {}
+  with open(index) as f:
+    return json.load(f)
+
+
+def print_cases(header: tuple, rows: list) -> None:
+  """A table of cases, left-aligned, as `speedup_chart` reads it (a case's name first)."""
+  widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+  for row in (header, *rows):
+    print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
 def retime(folder: str, warmup: int) -> None:
@@ -178,11 +190,7 @@ def retime(folder: str, warmup: int) -> None:
       runs.setdefault(case, {})[int(round_)] = Timeline.from_chrome_trace(json.load(f))
   if BP_TRACE not in runs:
     raise SystemExit(f'--retime: no {BP_TRACE}-round<n>.json in {folder}')
-  index = os.path.join(folder, 'cases.json')
-  names = {}
-  if os.path.exists(index):
-    with open(index) as f:
-      names = json.load(f)
+  names = trace_names(folder)
   bp = {n: per_iteration(t, warmup) for n, t in runs[BP_TRACE].items()}
   rows, speedups = [], {}
   for case, rounds in runs.items():
@@ -204,10 +212,7 @@ def retime(folder: str, warmup: int) -> None:
       )
     )
   header = ('case', 'ms / iteration', 'speed-up over bp', 'busiest lane ms / it', 'ceiling')
-  header += ('rounds (ms)',)
-  widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
-  for row in (header, *rows):  # as a run's table, which `speedup_chart` reads
-    print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+  print_cases((*header, 'rounds (ms)'), rows)
   ddg_case = next((case for case in speedups if case.startswith('ddg')), None)
   if ddg_case is not None:
     name = names.get(ddg_case, ddg_case)
@@ -526,9 +531,7 @@ def main():
         ' '.join(f'{1e3 * t:.1f}' if t < 0.1 else f'{1e3 * t:.0f}' for t in times[name]),
       )
     )
-  widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
-  for row in (header, *rows):
-    print('  '.join(str(c).ljust(w) for c, w in zip(row, widths)))
+  print_cases(header, rows)
   print(
     "busiest lane: the busy time per iteration of the case's busiest lane (its tasks, "
     "in the lane's own timing); its CPU: of it, that lane's process's own (its copy "

@@ -20,7 +20,8 @@ the first task (`/proc/stat`: every process's CPU, Ray's and other jobs' too): n
 core count, the start is bound by CPU and only less of it helps; well below, by waits
 that overlap could fill. Medians over rounds; the last line is the median time to the
 first task of a run with a cluster of its own. `--set=FIELD=VALUE` passes
-`--config.FIELD=VALUE` to every run; `--before` adds a checkout's runs both ways ("before", "before running"), interleaved.
+`--config.FIELD=VALUE` to every run; `--before` adds a checkout's runs both ways
+("before", "before running"), interleaved.
 Not a test: speed is measured, not asserted.
 """
 
