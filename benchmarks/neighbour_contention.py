@@ -1,0 +1,220 @@
+r"""How much slower a pipeline stage's task runs while other cores run the same task.
+
+    python -m benchmarks.neighbour_contention                       # N = 1, 2 here
+    python -m benchmarks.neighbour_contention --counts=1,2,4,8,16   # a 16-core machine
+
+A speed-up over K lanes is bounded by what K cores can compute at once, not only by the
+executor: cores share the last-level cache, the memory bus and a power budget (the
+all-core clock is below the one-core turbo), and two hardware threads of one physical
+core share its execution units. This measures that bound without any executor in the
+way. For each N of `--counts` and each placement, N processes are started, each pinned
+to its own core with one XLA thread (as a lane is: `LANE_ENV`), each compiles the task
+and calls it `--warmup` times; then all are released together and each times `--reps`
+blocking calls of the task. The task is a DDG stage's forward and backward: `--layers`
+dense tanh layers of `--features` units on a batch of `--batch` float32 rows
+(`real_speedup --lanes=8 --depth=16` gives each stage 2 such layers).
+
+Placements, of the cores this process may use:
+  first     cores in order (0, 1, 2, ...): how `real_speedup` places its lanes
+  spread    one core per physical core first (sysfs `thread_siblings_list`), then their
+            siblings; printed only where it differs from `first`
+
+The table: placement, N, the median over processes of each one's median task time, the
+slowest process's median, and the ratio of the first to N = 1 (the slowdown); then each
+core's median at the largest N (a pipeline runs at its slowest stage's pace). Not a test:
+speed is measured, not asserted. The last line:
+`<N> busy cores (<placement>): a task takes <x>x its time alone`, for the largest N.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+# A lane's environment: one XLA thread, no BLAS threads (as simulator_accuracy.LANE_ENV).
+LANE_ENV = {
+  'JAX_PLATFORMS': 'cpu',
+  'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=false',
+  'OMP_NUM_THREADS': '1',
+  'MKL_NUM_THREADS': '1',
+  'OPENBLAS_NUM_THREADS': '1',
+}
+
+
+def physical_order(cores: list[int]) -> list[int]:
+  """`cores`, one per physical core first (the lowest of each sibling set), then the
+  rest in order; `cores` unchanged where sysfs does not say which are siblings."""
+  first, rest, seen = [], [], set()
+  for core in cores:
+    siblings = thread_siblings(core)
+    if siblings is None:
+      return list(cores)
+    key = min(siblings)
+    (rest if key in seen else first).append(core)
+    seen.add(key)
+  return first + rest
+
+
+def thread_siblings(core: int) -> set[int] | None:
+  """The hardware threads sharing `core`'s physical core (sysfs), or None if unknown."""
+  path = f'/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list'
+  try:
+    with open(path) as f:
+      return parse_core_list(f.read())
+  except OSError:
+    return None
+
+
+def parse_core_list(text: str) -> set[int]:
+  """'0-3,8' -> {0, 1, 2, 3, 8} (the kernel's cpu list format)."""
+  cores = set()
+  for part in text.strip().split(','):
+    low, _, high = part.partition('-')
+    cores.update(range(int(low), int(high or low) + 1))
+  return cores
+
+
+def placements(cores: list[int], count: int) -> dict[str, list[int]]:
+  """`{placement: the first `count` cores}` for 'first' and, if it differs, 'spread'."""
+  chosen = {'first': cores[:count]}
+  spread = physical_order(cores)[:count]
+  if sorted(spread) != sorted(chosen['first']):
+    chosen['spread'] = spread
+  return chosen
+
+
+def worker(core: int, args) -> None:
+  """One process: pinned to `core`, compiles and warms the stage task, says 'ready',
+  waits for a line on stdin, times `reps` calls and prints their seconds as JSON."""
+  os.sched_setaffinity(0, {core})  # before JAX starts its threads: they inherit it
+  import time
+
+  import jax
+  import jax.numpy as jnp
+
+  keys = jax.random.split(jax.random.key(core), args.layers + 1)
+  scale = args.features**-0.5
+  weights = [
+    jax.random.normal(k, (args.features, args.features), jnp.float32) * scale for k in keys[1:]
+  ]
+  inputs = jax.random.normal(keys[0], (args.batch, args.features), jnp.float32)
+
+  def stage(weights, x):
+    for w in weights:
+      x = jnp.tanh(x @ w)
+    return x
+
+  @jax.jit
+  def forward_backward(weights, x):
+    out, pullback = jax.vjp(stage, weights, x)
+    return pullback(out)  # any cotangent of the output's shape: the same work
+
+  for _ in range(args.warmup):
+    jax.block_until_ready(forward_backward(weights, inputs))
+  print('ready', flush=True)
+  sys.stdin.readline()
+  times = []
+  for _ in range(args.reps):
+    start = time.perf_counter()
+    jax.block_until_ready(forward_backward(weights, inputs))
+    times.append(time.perf_counter() - start)
+  print(json.dumps(times), flush=True)
+
+
+def run_together(cores: list[int], args) -> list[float]:
+  """Each core's median task seconds, all `cores` timing at once."""
+  command = [sys.executable, '-m', 'benchmarks.neighbour_contention', *shape_flags(args)]
+  env = {**os.environ, **LANE_ENV}
+  processes = [
+    subprocess.Popen(
+      [*command, f'--_worker={core}'],
+      env=env,
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      text=True,
+    )
+    for core in cores
+  ]
+  try:
+    for process, core in zip(processes, cores):
+      if process.stdout.readline().strip() != 'ready':
+        raise RuntimeError(f'neighbour_contention: the process on core {core} did not start.')
+    for process in processes:  # released together: each times while the others do
+      process.stdin.write('go\n')
+      process.stdin.flush()
+    return [statistics.median(json.loads(p.stdout.readline())) for p in processes]
+  finally:
+    for process in processes:
+      process.kill()
+      process.wait()
+
+
+def shape_flags(args) -> list[str]:
+  return [
+    f'--{name}={getattr(args, name)}' for name in ('layers', 'features', 'batch', 'warmup', 'reps')
+  ]
+
+
+def per_core(medians: dict[int, float], alone: float) -> str:
+  """'core:ms(ratio)' of each core, slowest marked: a pipeline runs at its slowest stage's
+  pace, so one slow core bounds it where the median does not."""
+  slowest = max(medians, key=medians.get)
+  return ' '.join(
+    f'{core}:{ms * 1e3:.1f}({ms / alone:.2f}){"*" if core == slowest else ""}'
+    for core, ms in sorted(medians.items())
+  )
+
+
+def counts_or_error(parser, text: str, available: int) -> list[int]:
+  try:
+    counts = sorted({int(c) for c in text.split(',') if c.strip()})
+  except ValueError:
+    counts = []
+  if not counts or counts[0] < 1 or counts[-1] > available:
+    parser.error(f'--counts: comma-separated process counts in 1..{available}; got {text!r}')
+  return counts
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--counts', default='1,2', help='process counts N, comma-separated')
+  parser.add_argument('--layers', type=int, default=2, help='dense layers of the stage')
+  parser.add_argument('--features', type=int, default=1024, help='units of each layer')
+  parser.add_argument('--batch', type=int, default=256, help='rows of the batch')
+  parser.add_argument('--warmup', type=int, default=5, help='untimed calls first')
+  parser.add_argument('--reps', type=int, default=40, help='timed calls of each process')
+  parser.add_argument('--_worker', type=int, default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  for name in ('layers', 'features', 'batch', 'warmup', 'reps'):
+    if getattr(args, name) < 1:
+      parser.error(f'--{name}: a positive integer; got {getattr(args, name)}')
+  if args._worker is not None:
+    return worker(args._worker, args)
+  cores = sorted(os.sched_getaffinity(0))
+  counts = counts_or_error(parser, args.counts, len(cores))
+  print(
+    f'machine: {len(cores)} cores allowed, load average {os.getloadavg()[0]:.1f}; '
+    f'task: {args.layers} x {args.features} tanh layers, batch {args.batch}, forward + backward'
+  )
+  print(f'physical order: {",".join(map(str, physical_order(cores)))}')
+  print(f'{"placement":<10}{"N":>4}{"cores":>22}{"median ms":>11}{"slowest ms":>12}{"ratio":>8}')
+  alone, last = None, None
+  for count in counts:
+    for name, chosen in placements(cores, count).items():
+      medians = run_together(chosen, args)
+      median = statistics.median(medians)
+      alone = alone or median
+      shown = ','.join(map(str, chosen)) if count <= 6 else f'{chosen[0]}..{chosen[-1]} ({name})'
+      print(
+        f'{name:<10}{count:>4}{shown:>22}{median * 1e3:>11.2f}{max(medians) * 1e3:>12.2f}'
+        f'{median / alone:>8.2f}'
+      )
+      last = (count, name, median / alone, dict(zip(chosen, medians)))
+  print(f'each core at N = {last[0]} ({last[1]}), ms: ' + per_core(last[3], alone))
+  print(f'{last[0]} busy cores ({last[1]}): a task takes {last[2]:.2f}x its time alone')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,44 @@
+"""benchmarks.neighbour_contention's core lists and placements, by hand."""
+
+import argparse
+
+import pytest
+
+from benchmarks import neighbour_contention as nc
+
+
+def test_parse_core_list_reads_the_kernels_format():
+  assert nc.parse_core_list('0-3,8\n') == {0, 1, 2, 3, 8}
+  assert nc.parse_core_list('5') == {5}
+
+
+def test_physical_order_puts_one_core_per_physical_core_first(monkeypatch):
+  # Four physical cores, hardware threads k and k + 4 siblings (a common numbering).
+  monkeypatch.setattr(nc, 'thread_siblings', lambda core: {core % 4, core % 4 + 4})
+  assert nc.physical_order([0, 1, 2, 3, 4, 5, 6, 7]) == [0, 1, 2, 3, 4, 5, 6, 7]
+  # Siblings adjacent (k, k + 1): the first four lanes go to cores 0, 2, 4, 6.
+  monkeypatch.setattr(nc, 'thread_siblings', lambda core: {core - core % 2, core - core % 2 + 1})
+  assert nc.physical_order(list(range(8))) == [0, 2, 4, 6, 1, 3, 5, 7]
+  assert nc.placements(list(range(8)), 4) == {'first': [0, 1, 2, 3], 'spread': [0, 2, 4, 6]}
+  assert nc.placements(list(range(8)), 8) == {'first': list(range(8))}  # the same cores
+
+
+def test_physical_order_keeps_the_order_where_sysfs_is_silent(monkeypatch):
+  monkeypatch.setattr(nc, 'thread_siblings', lambda core: None)
+  assert nc.physical_order([3, 1, 2]) == [3, 1, 2]
+
+
+def test_per_core_marks_the_slowest():
+  assert nc.per_core({1: 0.030, 0: 0.020}, 0.020) == '0:20.0(1.00) 1:30.0(1.50)*'
+
+
+@pytest.mark.parametrize('text', ['0,1', '3', '', 'a'])
+def test_counts_outside_the_cores_are_refused_in_one_line(text, capsys):
+  parser = argparse.ArgumentParser()
+  with pytest.raises(SystemExit):
+    nc.counts_or_error(parser, text, 2)
+  assert '--counts: comma-separated process counts in 1..2' in capsys.readouterr().err
+
+
+def test_counts_are_sorted_and_deduplicated():
+  assert nc.counts_or_error(argparse.ArgumentParser(), '2,1,2', 2) == [1, 2]
