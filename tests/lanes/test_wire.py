@@ -1,6 +1,7 @@
 """The lanes' wire (lanes/wire.py) without Ray: frames over both kinds of socket, the
 address a process picks, and failures as the driver reads them."""
 
+import errno
 import os
 import pickle
 import threading
@@ -461,3 +462,55 @@ def test_an_arena_places_first_fit_and_a_buffer_it_has_no_room_for_goes_as_a_fra
   tag, arrived = wire.receive(there, view)
   assert tag == 'm' and view.regions_read == 1  # (the region asked for above)
   np.testing.assert_array_equal(arrived, batch)
+
+
+def test_a_receiver_that_cannot_map_the_arena_gets_every_buffer_over_the_socket(
+  monkeypatch, capsys
+):
+  """A receiver whose mapping of the sender's arena fails (an address-space limit, here
+  an `ENOMEM` raised in its place) answers so: the sender drops the arena and the
+  connection carries a large array as a frame, equal, where it had ended before."""
+
+  def no_memory(fd, size):
+    os.close(fd)
+    raise OSError(errno.ENOMEM, 'Cannot allocate memory')
+
+  monkeypatch.setattr(wire, 'ArenaView', no_memory)
+  remote, local = wire.listen('127.0.0.1')
+  got, came = _serve_messages(local)
+  client = wire.connect(local.address, KEY, ('driver',), background=True)
+  try:
+    batch = np.arange(300_000, dtype=np.float32)
+    client.send(('x', batch))
+    _next(got, came, 2)
+    assert client.arena is None and got[0][1].shared is None
+    np.testing.assert_array_equal(got[1][1], batch)
+    assert "shared memory from ('driver',) not mapped" in capsys.readouterr().err
+  finally:
+    client.close()
+    remote.close()
+    local.close()
+
+
+def test_a_receiver_that_ends_before_answering_the_arena_is_a_reset_connection():
+  """The sender waits for the receiver's answer to its arena: a receiver that ends the
+  connection first (a lane killed as it connected) is `ConnectionResetError`, an
+  `OSError` as a refused connection is, which the callers' retries already handle."""
+  remote, local = wire.listen('127.0.0.1')
+
+  def hang_up(link):
+    connection.deliver_challenge(link, KEY)
+    connection.answer_challenge(link, KEY)
+    link.recv_bytes()  # the hello
+    os.close(wire._receive_descriptor(link))  # pylint: disable=protected-access
+    link.close()
+
+  accepted = threading.Thread(target=lambda: hang_up(local.accept()), daemon=True)
+  accepted.start()
+  try:
+    with pytest.raises(ConnectionResetError, match='before it took its memory'):
+      wire.connect(local.address, KEY, ('driver',))
+  finally:
+    accepted.join(5)
+    remote.close()
+    local.close()

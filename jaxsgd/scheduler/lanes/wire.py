@@ -33,8 +33,10 @@ Frames: a message is one pickle (protocol 5) whose large buffers (numpy arrays o
 one host each connection has an `Arena`, memory shared by its two ends: the sender
 writes a large buffer there once and the receiver's arrays are views of it — one copy
 where a socket makes two (into the kernel and out of it), and none of them on the
-receiving process's core. A buffer the arena has no room for, and every buffer between
-hosts, goes as a frame of its own after the pickle, written from and read into its own
+receiving process's core. The receiver answers the arena's descriptor with whether it
+mapped it; where it may not (a limit on its address space), the connection shares no
+memory. A buffer the arena has no room for, and every buffer between hosts or on a
+connection without an arena, goes as a frame of its own after the pickle, written from and read into its own
 memory. Either memory starts at an `ALIGNMENT` boundary, so that a CPU lane's tasks read
 a moved array where it lies.
 """
@@ -48,6 +50,7 @@ import queue
 import secrets
 import socket
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -446,14 +449,35 @@ def _greet(link: connection.Connection, authkey: bytes, handle) -> None:
     hello = endpoint.receive()
     if isinstance(hello, tuple) and hello[:1] == (_SHARING,):  # (its arena's descriptor next)
       _, size, hello = hello
-      endpoint.shared = ArenaView(_receive_descriptor(link), size)
+      endpoint.shared = _map_or_refuse(link, size, hello)
   except (OSError, EOFError, ValueError, connection.AuthenticationError):
     link.close()
     return
   handle(endpoint, hello)
 
 
+def _map_or_refuse(link: connection.Connection, size: int, hello) -> 'ArenaView | None':
+  """Maps the arena whose descriptor comes next on `link` and tells the sender whether
+  it did (`_ARENA_TAKEN` or `_ARENA_REFUSED`): where this process may not map it (a limit
+  on its address space, say), the connection carries every buffer over the socket
+  instead of ending. A connection that ends here raises."""
+  descriptor = _receive_descriptor(link)
+  try:
+    view = ArenaView(descriptor, size)
+  except OSError as error:
+    print(
+      f'wire: shared memory from {hello!r} not mapped ({error}); its values come over the socket.',
+      file=sys.stderr,
+      flush=True,
+    )
+    link.send_bytes(_ARENA_REFUSED)
+    return None
+  link.send_bytes(_ARENA_TAKEN)
+  return view
+
+
 _SHARING = 'jaxsgd-arena'  # a hello that an arena's descriptor follows (`connect`)
+_ARENA_TAKEN, _ARENA_REFUSED = b'mapped', b'refused'  # the receiver's answer to it
 
 
 # Connections a lane's listener holds while it accepts one: the driver and every other lane
@@ -471,7 +495,8 @@ def address(addresses: dict, here: str) -> tuple | str:
 def connect(where, authkey: bytes, hello, background: bool = False, share: bool = True) -> Endpoint:
   """A connection to the lane listening at `where` (`address`), introduced by `hello`
   (`background`: see `Endpoint`). With `share`, a connection within the host (a Unix
-  socket) gets an `Arena` for what it sends, its descriptor passed after the hello."""
+  socket) gets an `Arena` for what it sends, its descriptor passed after the hello, and
+  keeps it if the receiver says it mapped it (else every buffer goes over the socket)."""
   link = connection.Client(where, authkey=authkey)
   arena = _arena_or_none() if share and isinstance(where, (str, bytes)) else None
   try:
@@ -482,7 +507,18 @@ def connect(where, authkey: bytes, hello, background: bool = False, share: bool 
   finally:
     if arena is not None:
       arena.close_descriptor()
+  if arena is not None and _answer(link) != _ARENA_TAKEN:
+    arena = None  # (unmapped here once its last view goes)
   return Endpoint(link, background, arena)
+
+
+def _answer(link: connection.Connection) -> bytes:
+  """The receiver's answer to an arena (`_map_or_refuse`); a connection that ended
+  first raises `ConnectionResetError`, as a send to it would."""
+  try:
+    return link.recv_bytes()
+  except EOFError as error:
+    raise ConnectionResetError('the lane ended the connection before it took its memory') from error
 
 
 def ended(link: connection.Connection, within: float) -> bool:
