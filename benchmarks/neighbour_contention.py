@@ -1,29 +1,38 @@
-r"""How much slower a pipeline stage's task runs while other cores run the same task.
+r"""How much slower a pipeline stage's task runs while other cores run their tasks too.
 
     python -m benchmarks.neighbour_contention                       # N = 1, 2 here
     python -m benchmarks.neighbour_contention --counts=1,2,4,8,16   # a 16-core machine
+    python -m benchmarks.neighbour_contention --stages --counts=1,4,8   # DDG's own stages
 
 A speed-up over K lanes is bounded by what K cores can compute at once, not only by the
 executor: cores share the last-level cache, the memory bus and a power budget (the
-all-core clock is below the one-core turbo), and two hardware threads of one physical
-core share its execution units. This measures that bound without any executor in the
-way. For each N of `--counts` and each placement, N processes are started, each pinned
-to its own core with one XLA thread (as a lane is: `LANE_ENV`), each compiles the task
-and calls it `--warmup` times; then all are released together and each times `--reps`
-blocking calls of the task. The task is a DDG stage's forward and backward: `--layers`
-dense tanh layers of `--features` units on a batch of `--batch` float32 rows
-(`real_speedup --lanes=8 --depth=16` gives each stage 2 such layers).
+all-core clock is below the one-core turbo), two hardware threads of one physical core
+share its execution units, and a virtual machine's cores may share their host with work
+it cannot see. This measures that bound with no executor in the way. For each N of
+`--counts` and each placement, N processes are started, each pinned to its own core with
+one XLA thread (as a lane is: `LANE_ENV`); each builds its task and calls it `--warmup`
+times; then all are released together and each times `--reps` blocking calls.
+
+The task: `--layers` dense tanh layers of `--features` units on a batch of `--batch`
+float32 rows, forward and backward (by default a DDG K=8 stage of `real_speedup --lanes=8
+--depth=16`); or, with `--stages`, `real_speedup`'s own model (`--features` inputs,
+`--depth` hidden layers of 1024, batch `--batch`) split as DDG K = N splits it, process k
+running stage k's forward, backward and update (`PlacedStages.task_calls`, the calls a
+lane makes), and N = 1 BP's one stage: the reference, so `--counts` starts at 1.
 
 Placements, of the cores this process may use:
   first     cores in order (0, 1, 2, ...): how `real_speedup` places its lanes
   spread    one core per physical core first (sysfs `thread_siblings_list`), then their
             siblings; printed only where it differs from `first`
 
-The table: placement, N, the median over processes of each one's median task time, the
-slowest process's median, and the ratio of the first to N = 1 (the slowdown); then each
-core's median at the largest N (a pipeline runs at its slowest stage's pace). Not a test:
-speed is measured, not asserted. The last line:
-`<N> busy cores (<placement>): a task takes <x>x its time alone`, for the largest N.
+The table: placement, N, the median over processes of each one's median call, the
+slowest process's median, and the ratio of the first to N = 1's (the slowdown); with
+`--stages`, instead, the ceiling: BP alone over the slowest stage, the speed-up DDG K
+could reach if the executor cost nothing. Then each core's median at the largest N (a
+pipeline runs at its slowest stage's pace). Not a test: speed is measured, not asserted.
+The last line, for the largest N:
+`<N> busy cores (<placement>): a task takes <x>x its time alone`, or with `--stages`
+`DDG K=<N>'s stages at once (<placement>): ceiling <x>x over BP alone`.
 """
 
 import argparse
@@ -85,16 +94,34 @@ def placements(cores: list[int], count: int) -> dict[str, list[int]]:
   return chosen
 
 
-def worker(core: int, args) -> None:
-  """One process: pinned to `core`, compiles and warms the stage task, says 'ready',
-  waits for a line on stdin, times `reps` calls and prints their seconds as JSON."""
+def worker(core: int, stage: str, args) -> None:
+  """One process: pinned to `core`, builds and warms its task (`stage`: 'K:k', DDG K's
+  stage k of real_speedup's MLP; '' the tanh layers), says 'ready', waits for a line on
+  stdin, times `reps` calls and prints their seconds as JSON."""
   os.sched_setaffinity(0, {core})  # before JAX starts its threads: they inherit it
   import time
 
   import jax
+
+  run = stage_task(stage, args) if stage else tanh_task(core, args)
+  for _ in range(args.warmup):
+    jax.block_until_ready(run())
+  print('ready', flush=True)
+  sys.stdin.readline()
+  times = []
+  for _ in range(args.reps):
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    times.append(time.perf_counter() - start)
+  print(json.dumps(times), flush=True)
+
+
+def tanh_task(seed: int, args):
+  """A call of `--layers` dense tanh layers' forward and backward."""
+  import jax
   import jax.numpy as jnp
 
-  keys = jax.random.split(jax.random.key(core), args.layers + 1)
+  keys = jax.random.split(jax.random.key(seed), args.layers + 1)
   scale = args.features**-0.5
   weights = [
     jax.random.normal(k, (args.features, args.features), jnp.float32) * scale for k in keys[1:]
@@ -111,35 +138,53 @@ def worker(core: int, args) -> None:
     out, pullback = jax.vjp(stage, weights, x)
     return pullback(out)  # any cotangent of the output's shape: the same work
 
-  for _ in range(args.warmup):
-    jax.block_until_ready(forward_backward(weights, inputs))
-  print('ready', flush=True)
-  sys.stdin.readline()
-  times = []
-  for _ in range(args.reps):
-    start = time.perf_counter()
-    jax.block_until_ready(forward_backward(weights, inputs))
-    times.append(time.perf_counter() - start)
-  print(json.dumps(times), flush=True)
+  return lambda: forward_backward(weights, inputs)
 
 
-def run_together(cores: list[int], args) -> list[float]:
-  """Each core's median task seconds, all `cores` timing at once."""
+def stage_task(stage: str, args):
+  """A call of DDG K's stage k (`stage` 'K:k'; K = 1: BP's one stage) as `real_speedup`
+  runs it (its MLP of `--depth` hidden layers of 1024, `--features` inputs, `--batch`):
+  the stage's forward, backward and update, one after another, each waited for."""
+  import jax
+
+  from benchmarks import real_speedup
+  from jaxsgd.algorithms import ddg
+  from jaxsgd.pipeline.session import sequential_roles
+
+  stages, k = map(int, stage.split(':'))
+  real_speedup.FEATURES, real_speedup.BATCH = args.features, args.batch
+  real_speedup.HIDDEN = (1024,) * args.depth
+  roles = ddg.roles(stages) if stages > 1 else sequential_roles(1)
+  pipe = real_speedup.placed(roles, steps=1000)
+  calls = pipe.task_calls(roles, next(real_speedup.batches()))
+  mine = [calls[(k, kind)] for kind in ('forward', 'backward', 'update')]
+
+  def run():
+    for fn, fn_args in mine:
+      out = jax.block_until_ready(fn(*fn_args))
+    return out
+
+  return run
+
+
+def run_together(cores: list[int], args, stages: int = 0) -> list[float]:
+  """Each core's median task seconds, all `cores` timing at once (`stages` > 0: core i
+  runs DDG `stages`'s stage i; else each the tanh task)."""
   command = [sys.executable, '-m', 'benchmarks.neighbour_contention', *shape_flags(args)]
   env = {**os.environ, **LANE_ENV}
   processes = [
     subprocess.Popen(
-      [*command, f'--_worker={core}'],
+      [*command, f'--_worker={core}', f'--_stage={f"{stages}:{i}" if stages else ""}'],
       env=env,
       stdin=subprocess.PIPE,
       stdout=subprocess.PIPE,
       text=True,
     )
-    for core in cores
+    for i, core in enumerate(cores)
   ]
   try:
     for process, core in zip(processes, cores):
-      if process.stdout.readline().strip() != 'ready':
+      if process.stdout.readline().strip() != 'ready':  # (its error went to stderr)
         raise RuntimeError(f'neighbour_contention: the process on core {core} did not start.')
     for process in processes:  # released together: each times while the others do
       process.stdin.write('go\n')
@@ -153,7 +198,8 @@ def run_together(cores: list[int], args) -> list[float]:
 
 def shape_flags(args) -> list[str]:
   return [
-    f'--{name}={getattr(args, name)}' for name in ('layers', 'features', 'batch', 'warmup', 'reps')
+    f'--{name}={getattr(args, name)}'
+    for name in ('layers', 'features', 'batch', 'depth', 'warmup', 'reps')
   ]
 
 
@@ -180,40 +226,54 @@ def counts_or_error(parser, text: str, available: int) -> list[int]:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--counts', default='1,2', help='process counts N, comma-separated')
-  parser.add_argument('--layers', type=int, default=2, help='dense layers of the stage')
-  parser.add_argument('--features', type=int, default=1024, help='units of each layer')
+  parser.add_argument('--stages', action='store_true', help="time real_speedup's DDG stages")
+  parser.add_argument('--layers', type=int, default=2, help='dense tanh layers of the task')
+  parser.add_argument('--features', type=int, default=1024, help='inputs of each layer')
   parser.add_argument('--batch', type=int, default=256, help='rows of the batch')
+  parser.add_argument('--depth', type=int, default=16, help="--stages: the MLP's hidden layers")
   parser.add_argument('--warmup', type=int, default=5, help='untimed calls first')
   parser.add_argument('--reps', type=int, default=40, help='timed calls of each process')
   parser.add_argument('--_worker', type=int, default=None, help=argparse.SUPPRESS)
+  parser.add_argument('--_stage', default='', help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
-  for name in ('layers', 'features', 'batch', 'warmup', 'reps'):
+  for name in ('layers', 'features', 'batch', 'depth', 'warmup', 'reps'):
     if getattr(args, name) < 1:
       parser.error(f'--{name}: a positive integer; got {getattr(args, name)}')
   if args._worker is not None:
-    return worker(args._worker, args)
+    return worker(args._worker, args._stage, args)
   cores = sorted(os.sched_getaffinity(0))
   counts = counts_or_error(parser, args.counts, len(cores))
-  print(
-    f'machine: {len(cores)} cores allowed, load average {os.getloadavg()[0]:.1f}; '
-    f'task: {args.layers} x {args.features} tanh layers, batch {args.batch}, forward + backward'
+  if args.stages and counts[0] != 1:
+    parser.error(
+      f'--counts: with --stages, 1 (BP alone, the reference) and K values; got {args.counts!r}'
+    )
+  task = (
+    f"real_speedup's MLP {args.features}-1024x{args.depth}-10, batch {args.batch}: DDG K's "
+    'stage k on core k (K = 1: BP), forward + backward + update'
+    if args.stages
+    else f'{args.layers} x {args.features} tanh layers, batch {args.batch}, forward + backward'
   )
+  print(f'machine: {len(cores)} cores allowed, load average {os.getloadavg()[0]:.1f}; task: {task}')
   print(f'physical order: {",".join(map(str, physical_order(cores)))}')
-  print(f'{"placement":<10}{"N":>4}{"cores":>22}{"median ms":>11}{"slowest ms":>12}{"ratio":>8}')
+  ratio = 'ceiling' if args.stages else 'ratio'
+  print(f'{"placement":<10}{"N":>4}{"cores":>22}{"median ms":>11}{"slowest ms":>12}{ratio:>9}')
   alone, last = None, None
   for count in counts:
     for name, chosen in placements(cores, count).items():
-      medians = run_together(chosen, args)
-      median = statistics.median(medians)
+      medians = run_together(chosen, args, stages=count if args.stages else 0)
+      median, slowest = statistics.median(medians), max(medians)
       alone = alone or median
       shown = ','.join(map(str, chosen)) if count <= 6 else f'{chosen[0]}..{chosen[-1]} ({name})'
+      figure = alone / slowest if args.stages else median / alone
       print(
-        f'{name:<10}{count:>4}{shown:>22}{median * 1e3:>11.2f}{max(medians) * 1e3:>12.2f}'
-        f'{median / alone:>8.2f}'
+        f'{name:<10}{count:>4}{shown:>22}{median * 1e3:>11.2f}{slowest * 1e3:>12.2f}{figure:>9.2f}'
       )
-      last = (count, name, median / alone, dict(zip(chosen, medians)))
+      last = (count, name, figure, dict(zip(chosen, medians)))
   print(f'each core at N = {last[0]} ({last[1]}), ms: ' + per_core(last[3], alone))
-  print(f'{last[0]} busy cores ({last[1]}): a task takes {last[2]:.2f}x its time alone')
+  if args.stages:
+    print(f"DDG K={last[0]}'s stages at once ({last[1]}): ceiling {last[2]:.2f}x over BP alone")
+  else:
+    print(f'{last[0]} busy cores ({last[1]}): a task takes {last[2]:.2f}x its time alone')
 
 
 if __name__ == '__main__':

@@ -42,3 +42,11 @@ def test_counts_outside_the_cores_are_refused_in_one_line(text, capsys):
 
 def test_counts_are_sorted_and_deduplicated():
   assert nc.counts_or_error(argparse.ArgumentParser(), '2,1,2', 2) == [1, 2]
+
+
+def test_stages_need_bp_alone_as_their_reference(capsys):
+  with pytest.raises(SystemExit):
+    nc.main(['--stages', '--counts=2'])
+  assert '--counts: with --stages, 1 (BP alone, the reference) and K values' in (
+    capsys.readouterr().err
+  )
