@@ -36,9 +36,9 @@ where a socket makes two (into the kernel and out of it), and none of them on th
 receiving process's core. The receiver answers the arena's descriptor with whether it
 mapped it; where it may not (a limit on its address space), the connection shares no
 memory. A buffer the arena has no room for, and every buffer between hosts or on a
-connection without an arena, goes as a frame of its own after the pickle, written from and read into its own
-memory. Either memory starts at an `ALIGNMENT` boundary, so that a CPU lane's tasks read
-a moved array where it lies.
+connection without an arena, goes as a frame of its own after the pickle, written from
+and read into its own memory. Either memory starts at an `ALIGNMENT` boundary, so that a
+CPU lane's tasks read a moved array where it lies.
 """
 
 import errno
