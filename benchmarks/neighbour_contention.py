@@ -3,6 +3,7 @@ r"""How much slower a pipeline stage's task runs while other cores run their tas
     python -m benchmarks.neighbour_contention                       # N = 1, 2 here
     python -m benchmarks.neighbour_contention --counts=1,2,4,8,16   # a 16-core machine
     python -m benchmarks.neighbour_contention --stages --counts=1,4,8   # DDG's own stages
+    python -m benchmarks.neighbour_contention --pdasgd --counts=1,2     # PD-ASGD's workers
 
 A speed-up over K lanes is bounded by what K cores can compute at once, not only by the
 executor: cores share the last-level cache, the memory bus and a power budget (the
@@ -18,7 +19,9 @@ float32 rows, forward and backward (by default a DDG K=8 stage of `real_speedup 
 --depth=16`); or, with `--stages`, `real_speedup`'s own model (`--features` inputs,
 `--depth` hidden layers of 1024, batch `--batch`) split as DDG K = N splits it, process k
 running stage k's forward, backward and update (`PlacedStages.task_calls`, the calls a
-lane makes), and N = 1 BP's one stage: the reference, so `--counts` starts at 1.
+lane makes), and N = 1 BP's one stage: the reference, so `--counts` starts at 1. With
+`--pdasgd`, PD-ASGD 1:(N-1) on the same model: process 0 the forward worker's forward of
+the whole model, each other process a backward worker's backward and update.
 
 Placements, of the cores this process may use:
   first     cores in order (0, 1, 2, ...): how `real_speedup` places its lanes
@@ -27,12 +30,14 @@ Placements, of the cores this process may use:
 
 The table: placement, N, the median over processes of each one's median call, the
 slowest process's median, and the ratio of the first to N = 1's (the slowdown); with
-`--stages`, instead, the ceiling: BP alone over the slowest stage, the speed-up DDG K
-could reach if the executor cost nothing. Then each core's median at the largest N (a
-pipeline runs at its slowest stage's pace). Not a test: speed is measured, not asserted.
-The last line, for the largest N:
+`--stages` or `--pdasgd`, instead, the ceiling: BP alone over the time per batch of the
+processes at once (`pace`: DDG's slowest stage; PD-ASGD's forward worker or its backward
+workers' share), the speed-up the method could reach if the executor cost nothing. Then
+each core's median at the largest N (a pipeline runs at its slowest stage's pace). Not a
+test: speed is measured, not asserted. The last line, for the largest N:
 `<N> busy cores (<placement>): a task takes <x>x its time alone`, or with `--stages`
-`DDG K=<N>'s stages at once (<placement>): ceiling <x>x over BP alone`.
+`DDG K=<N>'s stages at once (<placement>): ceiling <x>x over BP alone` (`--pdasgd`:
+`PD-ASGD 1:<N-1>'s workers at once ...`).
 """
 
 import argparse
@@ -142,22 +147,30 @@ def tanh_task(seed: int, args):
 
 
 def stage_task(stage: str, args):
-  """A call of DDG K's stage k (`stage` 'K:k'; K = 1: BP's one stage) as `real_speedup`
-  runs it (its MLP of `--depth` hidden layers of 1024, `--features` inputs, `--batch`):
-  the stage's forward, backward and update, one after another, each waited for."""
+  """A call of process k's share of `real_speedup`'s model (its MLP of `--depth` hidden
+  layers of 1024, `--features` inputs, `--batch`), each task waited for:
+    'ddg:K:k'     DDG K's stage k: its forward, backward and update (K = 1: BP's)
+    'pdasgd:N:k'  PD-ASGD 1:(N-1) (N = 1: BP): k = 0 the forward worker's forward of the
+                  whole model, k > 0 a backward worker's backward and update
+  """
   import jax
 
   from benchmarks import real_speedup
   from jaxsgd.algorithms import ddg
   from jaxsgd.pipeline.session import sequential_roles
 
-  stages, k = map(int, stage.split(':'))
+  family, count, k = stage.split(':')
+  count, k = int(count), int(k)
   real_speedup.FEATURES, real_speedup.BATCH = args.features, args.batch
   real_speedup.HIDDEN = (1024,) * args.depth
-  roles = ddg.roles(stages) if stages > 1 else sequential_roles(1)
+  roles = ddg.roles(count) if family == 'ddg' and count > 1 else sequential_roles(1)
   pipe = real_speedup.placed(roles, steps=1000)
   calls = pipe.task_calls(roles, next(real_speedup.batches()))
-  mine = [calls[(k, kind)] for kind in ('forward', 'backward', 'update')]
+  if family == 'ddg' or count == 1:
+    kinds, stage_index = ('forward', 'backward', 'update'), k
+  else:
+    kinds, stage_index = (('forward',) if k == 0 else ('backward', 'update')), 0
+  mine = [calls[(stage_index, kind)] for kind in kinds]
 
   def run():
     for fn, fn_args in mine:
@@ -167,14 +180,14 @@ def stage_task(stage: str, args):
   return run
 
 
-def run_together(cores: list[int], args, stages: int = 0) -> list[float]:
-  """Each core's median task seconds, all `cores` timing at once (`stages` > 0: core i
-  runs DDG `stages`'s stage i; else each the tanh task)."""
+def run_together(cores: list[int], args, family: str = '') -> list[float]:
+  """Each core's median task seconds, all `cores` timing at once (`family` 'ddg' or
+  'pdasgd': core i runs process i's share of it, `stage_task`; '': the tanh task)."""
   command = [sys.executable, '-m', 'benchmarks.neighbour_contention', *shape_flags(args)]
   env = {**os.environ, **LANE_ENV}
   processes = [
     subprocess.Popen(
-      [*command, f'--_worker={core}', f'--_stage={f"{stages}:{i}" if stages else ""}'],
+      [*command, f'--_worker={core}', f'--_stage={f"{family}:{len(cores)}:{i}" if family else ""}'],
       env=env,
       stdin=subprocess.PIPE,
       stdout=subprocess.PIPE,
@@ -194,6 +207,16 @@ def run_together(cores: list[int], args, stages: int = 0) -> list[float]:
     for process in processes:
       process.kill()
       process.wait()
+
+
+def pace(family: str, medians: list[float]) -> float:
+  """Seconds per batch of processes running at once with these median calls: a pipeline
+  (DDG) moves at its slowest stage's pace; PD-ASGD's backward workers (processes 1..N-1)
+  share the batches, so N-1 of them take one batch per (their call / (N-1)), and its
+  forward worker (process 0) one per call."""
+  if family == 'pdasgd' and len(medians) > 1:
+    return max(medians[0], max(medians[1:]) / (len(medians) - 1))
+  return max(medians)
 
 
 def shape_flags(args) -> list[str]:
@@ -227,6 +250,7 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--counts', default='1,2', help='process counts N, comma-separated')
   parser.add_argument('--stages', action='store_true', help="time real_speedup's DDG stages")
+  parser.add_argument('--pdasgd', action='store_true', help="time PD-ASGD's workers' tasks")
   parser.add_argument('--layers', type=int, default=2, help='dense tanh layers of the task')
   parser.add_argument('--features', type=int, default=1024, help='inputs of each layer')
   parser.add_argument('--batch', type=int, default=256, help='rows of the batch')
@@ -243,35 +267,44 @@ def main(argv=None) -> None:
     return worker(args._worker, args._stage, args)
   cores = sorted(os.sched_getaffinity(0))
   counts = counts_or_error(parser, args.counts, len(cores))
-  if args.stages and counts[0] != 1:
+  if args.stages and args.pdasgd:
+    parser.error('--stages, --pdasgd: one of them (DDG or PD-ASGD), not both')
+  family = 'ddg' if args.stages else 'pdasgd' if args.pdasgd else ''
+  if family and counts[0] != 1:
     parser.error(
-      f'--counts: with --stages, 1 (BP alone, the reference) and K values; got {args.counts!r}'
+      f'--counts: with --{"stages" if args.stages else "pdasgd"}, 1 (BP alone, the '
+      f'reference) and process counts; got {args.counts!r}'
     )
-  task = (
-    f"real_speedup's MLP {args.features}-1024x{args.depth}-10, batch {args.batch}: DDG K's "
-    'stage k on core k (K = 1: BP), forward + backward + update'
-    if args.stages
-    else f'{args.layers} x {args.features} tanh layers, batch {args.batch}, forward + backward'
-  )
+  model = f"real_speedup's MLP {args.features}-1024x{args.depth}-10, batch {args.batch}"
+  task = {
+    'ddg': f"{model}: DDG K's stage k on core k (K = 1: BP), forward + backward + update",
+    'pdasgd': f'{model}: PD-ASGD 1:(N-1), its forward worker on core 0, backward workers '
+    '(backward + update) on the others (N = 1: BP)',
+    '': f'{args.layers} x {args.features} tanh layers, batch {args.batch}, forward + backward',
+  }[family]
   print(f'machine: {len(cores)} cores allowed, load average {os.getloadavg()[0]:.1f}; task: {task}')
   print(f'physical order: {",".join(map(str, physical_order(cores)))}')
-  ratio = 'ceiling' if args.stages else 'ratio'
+  ratio = 'ceiling' if family else 'ratio'
   print(f'{"placement":<10}{"N":>4}{"cores":>22}{"median ms":>11}{"slowest ms":>12}{ratio:>9}')
   alone, last = None, None
   for count in counts:
     for name, chosen in placements(cores, count).items():
-      medians = run_together(chosen, args, stages=count if args.stages else 0)
+      medians = run_together(chosen, args, family)
       median, slowest = statistics.median(medians), max(medians)
       alone = alone or median
       shown = ','.join(map(str, chosen)) if count <= 6 else f'{chosen[0]}..{chosen[-1]} ({name})'
-      figure = alone / slowest if args.stages else median / alone
+      figure = alone / pace(family, medians) if family else median / alone
       print(
         f'{name:<10}{count:>4}{shown:>22}{median * 1e3:>11.2f}{slowest * 1e3:>12.2f}{figure:>9.2f}'
       )
       last = (count, name, figure, dict(zip(chosen, medians)))
   print(f'each core at N = {last[0]} ({last[1]}), ms: ' + per_core(last[3], alone))
-  if args.stages:
+  if family == 'ddg':
     print(f"DDG K={last[0]}'s stages at once ({last[1]}): ceiling {last[2]:.2f}x over BP alone")
+  elif family == 'pdasgd':
+    print(
+      f"PD-ASGD 1:{last[0] - 1}'s workers at once ({last[1]}): ceiling {last[2]:.2f}x over BP alone"
+    )
   else:
     print(f'{last[0]} busy cores ({last[1]}): a task takes {last[2]:.2f}x its time alone')
 

@@ -44,9 +44,28 @@ def test_counts_are_sorted_and_deduplicated():
   assert nc.counts_or_error(argparse.ArgumentParser(), '2,1,2', 2) == [1, 2]
 
 
-def test_stages_need_bp_alone_as_their_reference(capsys):
+@pytest.mark.parametrize('family', ['--stages', '--pdasgd'])
+def test_stages_need_bp_alone_as_their_reference(family, capsys):
   with pytest.raises(SystemExit):
-    nc.main(['--stages', '--counts=2'])
-  assert '--counts: with --stages, 1 (BP alone, the reference) and K values' in (
+    nc.main([family, '--counts=2'])
+  assert f'--counts: with {family}, 1 (BP alone, the reference) and process counts' in (
     capsys.readouterr().err
   )
+
+
+def test_one_family_at_a_time(capsys):
+  with pytest.raises(SystemExit):
+    nc.main(['--stages', '--pdasgd', '--counts=1'])
+  assert '--stages, --pdasgd: one of them (DDG or PD-ASGD), not both' in capsys.readouterr().err
+
+
+def test_a_pipeline_moves_at_its_slowest_stage_and_pdasgd_shares_its_backward_batches():
+  # DDG: stages of 10, 30 and 20 ms: a batch every 30 ms.
+  assert nc.pace('ddg', [0.010, 0.030, 0.020]) == 0.030
+  # PD-ASGD 1:1: forward 10 ms, backward and update 30 ms: a batch every 30 ms.
+  assert nc.pace('pdasgd', [0.010, 0.030]) == 0.030
+  # 1:3: three backward workers of 30 and 36 ms share the batches: one every 12 ms, the
+  # forward worker's 10 ms faster: 12.
+  assert nc.pace('pdasgd', [0.010, 0.030, 0.036, 0.030]) == pytest.approx(0.012)
+  assert nc.pace('pdasgd', [0.020, 0.030, 0.036, 0.030]) == 0.020  # the forward's 20
+  assert nc.pace('pdasgd', [0.200]) == 0.200  # N = 1: BP alone
