@@ -100,9 +100,9 @@ def placements(cores: list[int], count: int) -> dict[str, list[int]]:
 
 
 def worker(core: int, stage: str, args) -> None:
-  """One process: pinned to `core`, builds and warms its task (`stage`: 'K:k', DDG K's
-  stage k of real_speedup's MLP; '' the tanh layers), says 'ready', waits for a line on
-  stdin, times `reps` calls and prints their seconds as JSON."""
+  """One process: pinned to `core`, builds and warms its task (`stage`: 'ddg:K:k' or
+  'pdasgd:N:k', `stage_task`; '' the tanh layers), says 'ready', then for each line on
+  stdin times `reps` calls and prints their seconds as JSON, until stdin ends."""
   os.sched_setaffinity(0, {core})  # before JAX starts its threads: they inherit it
   import time
 
@@ -112,13 +112,13 @@ def worker(core: int, stage: str, args) -> None:
   for _ in range(args.warmup):
     jax.block_until_ready(run())
   print('ready', flush=True)
-  sys.stdin.readline()
-  times = []
-  for _ in range(args.reps):
-    start = time.perf_counter()
-    jax.block_until_ready(run())
-    times.append(time.perf_counter() - start)
-  print(json.dumps(times), flush=True)
+  while sys.stdin.readline():
+    times = []
+    for _ in range(args.reps):
+      start = time.perf_counter()
+      jax.block_until_ready(run())
+      times.append(time.perf_counter() - start)
+    print(json.dumps(times), flush=True)
 
 
 def tanh_task(seed: int, args):
@@ -180,33 +180,59 @@ def stage_task(stage: str, args):
   return run
 
 
-def run_together(cores: list[int], args, family: str = '') -> list[float]:
-  """Each core's median task seconds, all `cores` timing at once (`family` 'ddg' or
-  'pdasgd': core i runs process i's share of it, `stage_task`; '': the tanh task)."""
-  command = [sys.executable, '-m', 'benchmarks.neighbour_contention', *shape_flags(args)]
-  env = {**os.environ, **LANE_ENV}
-  processes = [
-    subprocess.Popen(
-      [*command, f'--_worker={core}', f'--_stage={f"{family}:{len(cores)}:{i}" if family else ""}'],
-      env=env,
-      stdin=subprocess.PIPE,
-      stdout=subprocess.PIPE,
-      text=True,
-    )
-    for i, core in enumerate(cores)
-  ]
-  try:
-    for process, core in zip(processes, cores):
-      if process.stdout.readline().strip() != 'ready':  # (its error went to stderr)
-        raise RuntimeError(f'neighbour_contention: the process on core {core} did not start.')
-    for process in processes:  # released together: each times while the others do
+class Together:
+  """Processes pinned to `cores`, each with its task built and warm (`family` 'ddg' or
+  'pdasgd': core i runs process i's share of it, `stage_task`; '': the tanh task);
+  `time()` releases them together and returns each one's median call in seconds, as
+  often as asked; `close()` (or leaving the context) ends them."""
+
+  def __init__(self, cores: list[int], args, family: str = ''):
+    command = [sys.executable, '-m', 'benchmarks.neighbour_contention', *shape_flags(args)]
+    env = {**os.environ, **LANE_ENV}
+    self.cores, self.processes = list(cores), []
+    try:
+      for i, core in enumerate(self.cores):
+        stage = f'{family}:{len(self.cores)}:{i}' if family else ''
+        self.processes.append(
+          subprocess.Popen(
+            [*command, f'--_worker={core}', f'--_stage={stage}'],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+          )
+        )
+      for process, core in zip(self.processes, self.cores):
+        if process.stdout.readline().strip() != 'ready':  # (its error went to stderr)
+          raise RuntimeError(f'neighbour_contention: the process on core {core} did not start.')
+    except BaseException:
+      self.close()
+      raise
+
+  def time(self) -> list[float]:
+    for process in self.processes:  # released together: each times while the others do
       process.stdin.write('go\n')
       process.stdin.flush()
-    return [statistics.median(json.loads(p.stdout.readline())) for p in processes]
-  finally:
-    for process in processes:
+    return [statistics.median(json.loads(p.stdout.readline())) for p in self.processes]
+
+  def close(self) -> None:
+    for process in self.processes:
       process.kill()
       process.wait()
+    self.processes = []
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+    return False
+
+
+def run_together(cores: list[int], args, family: str = '') -> list[float]:
+  """Each core's median call in seconds, all `cores` timing at once, once."""
+  with Together(cores, args, family) as together:
+    return together.time()
 
 
 def pace(family: str, medians: list[float]) -> float:

@@ -36,6 +36,14 @@ core): both stages on the one GPU
 device path), the same with `moves=host` (through host memory), and stage 0 on the GPU
 with stage 1 on core 1 (`stage0@gpu=1; stage1@cores=1`). It is refused before any round where
 the driver's host has no GPU in the Ray cluster.
+`--no_executor` adds, in every round after the cases, DDG's and PD-ASGD's tasks (of those
+in `--families`) with no executor: K processes pinned to the cases' cores, each built
+once and calling its stage's tasks (DDG) or its worker's (PD-ASGD) `steps - warmup`
+times, all at once and waiting for nothing from the others
+(`neighbour_contention.Together`); the row's time per iteration is their pace
+(`neighbour_contention.pace`), its speed-up over BP in the same round what the cores
+give with no executor and no waits between the stages. A case below its no-executor
+row lost the difference to its executor and to its schedule's waits.
 `--traces DIR` writes each round's timeline of every case to DIR (`<case>-round<n>.json`,
 which https://ui.perfetto.dev opens): where a case's time per iteration exceeds its
 busiest lane's, the lanes' waits are in it.
@@ -64,16 +72,19 @@ is printed). Not a test: speed is measured, not asserted.
 """
 
 import argparse
+import contextlib
 import glob
 import json
 import os
 import re
 import statistics
 import time
+import types
 
 import jax
 
 from benchmarks import common as bench_common
+from benchmarks import neighbour_contention
 from jaxsgd import models, optimizers
 from jaxsgd.algorithms import asgd, ddg, local
 from jaxsgd.asynchronous import common, lppsgd, pdasgd, server
@@ -370,6 +381,29 @@ def cases(lanes: int, families=FAMILIES) -> dict:
   return dict(every[family] for family in ('bp', *families))
 
 
+def no_executor_cases(lanes: int, families, steps: int, warmup: int, stack) -> dict:
+  """`{name: (family, Together)}`: for DDG and PD-ASGD among `families`, their K
+  processes' tasks on the cores their lanes use, built and warm, with no executor
+  (`neighbour_contention.Together`, ended with `stack`): each round times `steps -
+  warmup` calls of each at once; the case's time per iteration is their pace
+  (`neighbour_contention.pace`)."""
+  shape = types.SimpleNamespace(
+    layers=1, features=FEATURES, batch=BATCH, depth=len(HIDDEN), warmup=3, reps=steps - warmup
+  )
+  cores = sorted(os.sched_getaffinity(0))
+  mine = [cores[k % len(cores)] for k in range(lanes)]
+  shown = ', '.join(map(str, range(lanes))) if lanes <= 4 else f'0-{lanes - 1}'
+  names = {
+    'ddg': f'ddg K={lanes} no executor (cores {shown})',
+    'pdasgd': f'pdasgd 1:{lanes - 1} no executor (cores {shown})',
+  }
+  return {
+    names[family]: (family, stack.enter_context(neighbour_contention.Together(mine, shape, family)))
+    for family in ('ddg', 'pdasgd')
+    if family in families
+  }
+
+
 def lane_placement(lanes: int, families=FAMILIES, moves: str = 'auto') -> LanePlacement:
   """The lanes of bp and of `families`' cases (`common.family_lanes`), lane k on the k-th
   core this process may use, round-robin: past the machine's cores, lanes share cores (a
@@ -415,6 +449,11 @@ def main():
     '--families', default=','.join(FAMILIES), help=f'cases besides bp, of {",".join(FAMILIES)}'
   )
   parser.add_argument('--gpu', action='store_true', help='also DDG K=2 with a GPU (see above)')
+  parser.add_argument(
+    '--no_executor',
+    action='store_true',
+    help="also DDG's and PD-ASGD's tasks on their cores at once, no executor (see above)",
+  )
   parser.add_argument(
     '--driver_cores', default='', help='comma-separated cores for the driver (see above)'
   )
@@ -479,7 +518,17 @@ def main():
       write_trace(args.traces, name, len(times[name]))
 
   reference = {name: 'bp (1 lane, core 0)' for name in cases_}  # whose rounds a case pairs with
-  with LanePool(placement, address=args.address) as pool:
+
+  def record_unexecuted(name, family, together):
+    times.setdefault(name, []).append(neighbour_contention.pace(family, together.time()))
+
+  with contextlib.ExitStack() as stack:  # (the no-executor processes end with it)
+    unexecuted = {}
+    if args.no_executor:
+      print('no-executor processes: starting...', flush=True)
+      unexecuted = no_executor_cases(args.lanes, families, args.steps, args.warmup, stack)
+      reference.update({name: 'bp (1 lane, core 0)' for name in unexecuted})
+    pool = stack.enter_context(LanePool(placement, address=args.address))
     if driver_cores:  # after the lanes started: they inherit no affinity from the driver
       runtime.pin_process(driver_cores)
       print(f'driver pinned to cores {", ".join(map(str, driver_cores))}')
@@ -492,6 +541,8 @@ def main():
     for _ in range(args.rounds):  # interleaved: every case once per round
       for name, case in cases_.items():
         record(name, case, pool)
+      for name, (family, together) in unexecuted.items():
+        record_unexecuted(name, family, together)
   for name, gpu_placement in GPU_CASES if args.gpu else ():  # pools of their own
     bp_name = f'bp (1 lane, GPU) beside {name[len("ddg K=2 ") :]}'
     reference.update({bp_name: bp_name, name: bp_name})
@@ -517,6 +568,10 @@ def main():
     bp = times[reference[name]]
     # Paired: bp and this case ran in the same round, so they saw about the same load.
     speedups[name] = statistics.median(b / t for b, t in zip(bp, times[name]))
+    if name in unexecuted:  # no lanes: nothing but the time per iteration to show
+      rounds = ' '.join(f'{1e3 * t:.1f}' if t < 0.1 else f'{1e3 * t:.0f}' for t in times[name])
+      rows.append((name, f'{1e3 * median:.1f}', f'{speedups[name]:.2f}', *'-' * 5, rounds))
+      continue
     ceiling = statistics.median(b / t for b, t in zip(bp, busiest[name]))
     rows.append(
       (
@@ -539,6 +594,13 @@ def main():
     "lane); ceiling: bp's time over the busy time, the speed-up if nothing but that lane "
     'took time (stage balance, tasks slowed by a neighbour)'
   )
+  if unexecuted:
+    print(
+      "no executor: the case's tasks in pinned processes on its cores, all at once, waiting "
+      'for nothing (benchmarks.neighbour_contention): what the cores give with no executor '
+      'and no waits between stages; a case below it lost the difference to its executor '
+      "and its schedule's waits"
+    )
   per_task = statistics.median(statistics.median(host[name]) for name in cases_)
   cpu_per_task = statistics.median(statistics.median(host_cpu[name]) for name in cases_)
   print(f"of it the driver thread's CPU: {1e6 * cpu_per_task:.0f} µs per task")
