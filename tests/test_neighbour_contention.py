@@ -1,6 +1,7 @@
 """benchmarks.neighbour_contention's core lists and placements, by hand."""
 
 import argparse
+import os
 
 import pytest
 
@@ -69,3 +70,16 @@ def test_a_pipeline_moves_at_its_slowest_stage_and_pdasgd_shares_its_backward_ba
   assert nc.pace('pdasgd', [0.010, 0.030, 0.036, 0.030]) == pytest.approx(0.012)
   assert nc.pace('pdasgd', [0.020, 0.030, 0.036, 0.030]) == 0.020  # the forward's 20
   assert nc.pace('pdasgd', [0.200]) == 0.200  # N = 1: BP alone
+
+
+def test_processes_time_together_as_often_as_asked_and_end_with_the_context():
+  """Two pinned processes of a tiny tanh task: each `time()` releases both and returns a
+  median per process; leaving the context ends both (none left running)."""
+  shape = argparse.Namespace(layers=1, features=8, batch=2, depth=1, warmup=1, reps=3)
+  cores = sorted(os.sched_getaffinity(0))[:2]
+  with nc.Together(cores, shape) as together:
+    processes = list(together.processes)
+    rounds = [together.time(), together.time()]
+  assert [len(medians) for medians in rounds] == [len(cores)] * 2
+  assert all(seconds > 0 for medians in rounds for seconds in medians)
+  assert all(process.poll() is not None for process in processes)
