@@ -21,7 +21,8 @@ float32 rows, forward and backward (by default a DDG K=8 stage of `real_speedup 
 running stage k's forward, backward and update (`PlacedStages.task_calls`, the calls a
 lane makes), and N = 1 BP's one stage: the reference, so `--counts` starts at 1. With
 `--pdasgd`, PD-ASGD 1:(N-1) on the same model: process 0 the forward worker's forward of
-the whole model, each other process a backward worker's backward and update.
+the whole model and the update (which `real_speedup`'s shared model applies on that
+core), each other process a backward worker's backward.
 
 Placements, of the cores this process may use:
   first     cores in order (0, 1, 2, ...): how `real_speedup` places its lanes
@@ -151,7 +152,8 @@ def stage_task(stage: str, args):
   layers of 1024, `--features` inputs, `--batch`), each task waited for:
     'ddg:K:k'     DDG K's stage k: its forward, backward and update (K = 1: BP's)
     'pdasgd:N:k'  PD-ASGD 1:(N-1) (N = 1: BP): k = 0 the forward worker's forward of the
-                  whole model, k > 0 a backward worker's backward and update
+                  whole model and the update (applied by the shared model, on the forward
+                  worker's core in `real_speedup`), k > 0 a backward worker's backward
   """
   import jax
 
@@ -169,7 +171,7 @@ def stage_task(stage: str, args):
   if family == 'ddg' or count == 1:
     kinds, stage_index = ('forward', 'backward', 'update'), k
   else:
-    kinds, stage_index = (('forward',) if k == 0 else ('backward', 'update')), 0
+    kinds, stage_index = (('forward', 'update') if k == 0 else ('backward',)), 0
   mine = [calls[(stage_index, kind)] for kind in kinds]
 
   def run():
@@ -238,8 +240,8 @@ def run_together(cores: list[int], args, family: str = '') -> list[float]:
 def pace(family: str, medians: list[float]) -> float:
   """Seconds per batch of processes running at once with these median calls: a pipeline
   (DDG) moves at its slowest stage's pace; PD-ASGD's backward workers (processes 1..N-1)
-  share the batches, so N-1 of them take one batch per (their call / (N-1)), and its
-  forward worker (process 0) one per call."""
+  share the batches, so N-1 of them take one batch per (their call / (N-1)), and process
+  0 (forward and update) one per call."""
   if family == 'pdasgd' and len(medians) > 1:
     return max(medians[0], max(medians[1:]) / (len(medians) - 1))
   return max(medians)
@@ -304,8 +306,8 @@ def main(argv=None) -> None:
   model = f"real_speedup's MLP {args.features}-1024x{args.depth}-10, batch {args.batch}"
   task = {
     'ddg': f"{model}: DDG K's stage k on core k (K = 1: BP), forward + backward + update",
-    'pdasgd': f'{model}: PD-ASGD 1:(N-1), its forward worker on core 0, backward workers '
-    '(backward + update) on the others (N = 1: BP)',
+    'pdasgd': f'{model}: PD-ASGD 1:(N-1), forward + update on core 0, backward workers '
+    '(backward) on the others (N = 1: BP)',
     '': f'{args.layers} x {args.features} tanh layers, batch {args.batch}, forward + backward',
   }[family]
   print(f'machine: {len(cores)} cores allowed, load average {os.getloadavg()[0]:.1f}; task: {task}')

@@ -38,7 +38,8 @@ with stage 1 on core 1 (`stage0@gpu=1; stage1@cores=1`). It is refused before an
 the driver's host has no GPU in the Ray cluster.
 `--no_executor` adds, in every round after the cases, DDG's and PD-ASGD's tasks (of those
 in `--families`) with no executor: K processes pinned to the cases' cores, each built
-once and calling its stage's tasks (DDG) or its worker's (PD-ASGD) `steps - warmup`
+once and calling its stage's tasks (DDG) or its worker's (PD-ASGD: the forward and the
+update on core 0, as its lanes place them, the backward on the others) `steps - warmup`
 times, all at once and waiting for nothing from the others
 (`neighbour_contention.Together`); the row's time per iteration is their pace
 (`neighbour_contention.pace`), its speed-up over BP in the same round what the cores
@@ -381,6 +382,11 @@ def cases(lanes: int, families=FAMILIES) -> dict:
   return dict(every[family] for family in ('bp', *families))
 
 
+def milliseconds(seconds) -> str:
+  """Each round's time per iteration, in ms to three figures."""
+  return ' '.join(f'{1e3 * t:.1f}' if t < 0.1 else f'{1e3 * t:.0f}' for t in seconds)
+
+
 def no_executor_cases(lanes: int, families, steps: int, warmup: int, stack) -> dict:
   """`{name: (family, Together)}`: for DDG and PD-ASGD among `families`, their K
   processes' tasks on the cores their lanes use, built and warm, with no executor
@@ -569,8 +575,8 @@ def main():
     # Paired: bp and this case ran in the same round, so they saw about the same load.
     speedups[name] = statistics.median(b / t for b, t in zip(bp, times[name]))
     if name in unexecuted:  # no lanes: nothing but the time per iteration to show
-      rounds = ' '.join(f'{1e3 * t:.1f}' if t < 0.1 else f'{1e3 * t:.0f}' for t in times[name])
-      rows.append((name, f'{1e3 * median:.1f}', f'{speedups[name]:.2f}', *'-' * 5, rounds))
+      row = (f'{1e3 * median:.1f}', f'{speedups[name]:.2f}', *'-' * 5)
+      rows.append((name, *row, milliseconds(times[name])))
       continue
     ceiling = statistics.median(b / t for b, t in zip(bp, busiest[name]))
     rows.append(
@@ -583,7 +589,7 @@ def main():
         f'{ceiling:.2f}',
         f'{1e3 * statistics.median(host[name]):.2f}',
         f'{1e3 * statistics.median(host_cpu[name]):.2f}',
-        ' '.join(f'{1e3 * t:.1f}' if t < 0.1 else f'{1e3 * t:.0f}' for t in times[name]),
+        milliseconds(times[name]),
       )
     )
   print_cases(header, rows)

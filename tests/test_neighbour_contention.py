@@ -63,12 +63,12 @@ def test_one_family_at_a_time(capsys):
 def test_a_pipeline_moves_at_its_slowest_stage_and_pdasgd_shares_its_backward_batches():
   # DDG: stages of 10, 30 and 20 ms: a batch every 30 ms.
   assert nc.pace('ddg', [0.010, 0.030, 0.020]) == 0.030
-  # PD-ASGD 1:1: forward 10 ms, backward and update 30 ms: a batch every 30 ms.
+  # PD-ASGD 1:1: forward and update 10 ms, backward 30 ms: a batch every 30 ms.
   assert nc.pace('pdasgd', [0.010, 0.030]) == 0.030
-  # 1:3: three backward workers of 30 and 36 ms share the batches: one every 12 ms, the
-  # forward worker's 10 ms faster: 12.
+  # 1:3: three backward workers of 30 and 36 ms share the batches: one every 12 ms, core
+  # 0's forward and update (10 ms) faster: 12.
   assert nc.pace('pdasgd', [0.010, 0.030, 0.036, 0.030]) == pytest.approx(0.012)
-  assert nc.pace('pdasgd', [0.020, 0.030, 0.036, 0.030]) == 0.020  # the forward's 20
+  assert nc.pace('pdasgd', [0.020, 0.030, 0.036, 0.030]) == 0.020  # core 0's 20
   assert nc.pace('pdasgd', [0.200]) == 0.200  # N = 1: BP alone
 
 
