@@ -48,15 +48,6 @@ import statistics
 import subprocess
 import sys
 
-# A lane's environment: one XLA thread, no BLAS threads (as simulator_accuracy.LANE_ENV).
-LANE_ENV = {
-  'JAX_PLATFORMS': 'cpu',
-  'XLA_FLAGS': '--xla_cpu_multi_thread_eigen=false',
-  'OMP_NUM_THREADS': '1',
-  'MKL_NUM_THREADS': '1',
-  'OPENBLAS_NUM_THREADS': '1',
-}
-
 
 def physical_order(cores: list[int]) -> list[int]:
   """`cores`, one per physical core first (the lowest of each sibling set), then the
@@ -190,7 +181,11 @@ class Together:
 
   def __init__(self, cores: list[int], args, family: str = ''):
     command = [sys.executable, '-m', 'benchmarks.neighbour_contention', *shape_flags(args)]
-    env = {**os.environ, **LANE_ENV}
+    # A lane's environment (one XLA thread, no BLAS threads); imported here, in the parent
+    # only: the module imports JAX, and a worker pins itself before JAX starts.
+    from benchmarks.simulator_accuracy import LANE_ENV  # pylint: disable=g-import-not-at-top
+
+    env = {**os.environ, 'JAX_PLATFORMS': 'cpu', **LANE_ENV}
     self.cores, self.processes = list(cores), []
     try:
       for i, core in enumerate(self.cores):

@@ -367,10 +367,15 @@ def run_lppsgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[flo
   return measured(executor, timeline, warmup)
 
 
+def cores_label(lanes: int) -> str:
+  """The cores of a case's name: '0, 1' up to four lanes, else '0-7'."""
+  return ', '.join(map(str, range(lanes))) if lanes <= 4 else f'0-{lanes - 1}'
+
+
 def cases(lanes: int, families=FAMILIES) -> dict:
   """Each case's name and what `run` takes: stage roles, or `(family, K)`; bp and those
   of `families`."""
-  cores = ', '.join(map(str, range(lanes))) if lanes <= 4 else f'0-{lanes - 1}'
+  cores = cores_label(lanes)
   every = {
     'bp': ('bp (1 lane, core 0)', sequential_roles(1)),
     'ddg': (f'ddg K={lanes} (cores {cores})', ddg.roles(lanes)),
@@ -398,7 +403,7 @@ def no_executor_cases(lanes: int, families, steps: int, warmup: int, stack) -> d
   )
   cores = sorted(os.sched_getaffinity(0))
   mine = [cores[k % len(cores)] for k in range(lanes)]
-  shown = ', '.join(map(str, range(lanes))) if lanes <= 4 else f'0-{lanes - 1}'
+  shown = cores_label(lanes)
   names = {
     'ddg': f'ddg K={lanes} no executor (cores {shown})',
     'pdasgd': f'pdasgd 1:{lanes - 1} no executor (cores {shown})',
