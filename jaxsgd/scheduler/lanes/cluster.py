@@ -11,7 +11,8 @@ Stopping a cluster started here is fast and complete: Ray's own `shutdown` stops
 processes one at a time, giving each up to a second, so `shutdown` first kills the lane
 and worker processes and Ray's other helpers all at once, lets Ray stop its GCS and raylet
 (and the raylet its agents, whose death it shares), and kills whatever of the cluster
-is still alive after that (found by its directory).
+is still alive after that (found by its directory). A driver killed with SIGKILL stops
+nothing: a watcher started with the cluster ends it then (`reaper.py`).
 """
 
 import contextlib
@@ -36,6 +37,7 @@ import ray
 from ray.util import scheduling_strategies
 
 from jaxsgd import compilation_cache
+from jaxsgd.scheduler.lanes import reaper
 from jaxsgd.scheduler.lanes.placement import LaneSpec
 from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, LaneRuntime, MakerFailed
 from jaxsgd.scheduler.lanes.wire import LaneFailure, SourceLost
@@ -96,6 +98,7 @@ def _give_up_start(address: str | None) -> NoReturn:
   temp_dir = _STARTED_HERE.pop('temp_dir', None)
   if temp_dir is not None:
     _kill(cluster_processes(temp_dir))
+    _release_reaper()
   ended = _STARTED_HERE.pop('ended', None)
   if ended is not None:
     ended.set()
@@ -119,6 +122,9 @@ def _connect_now(address: str | None) -> bool:
   code = ray.job_config.JobConfig(code_search_path=_code_path())
   if address is None:
     _STARTED_HERE['temp_dir'] = tempfile.mkdtemp(prefix='jaxsgd-ray-')
+    # Before the cluster's first process: if this process is killed, even during the
+    # start, the watcher ends every process of the cluster (reaper.py).
+    _STARTED_HERE['reaper'] = reaper.watch(_STARTED_HERE['temp_dir'])
     with _without_idle_daemons(), _without_api_server():
       ray.init(
         num_cpus=os.cpu_count(),
@@ -414,9 +420,16 @@ def shutdown() -> None:
     ray.shutdown()
     _kill(started)
     shutil.rmtree(temp_dir, ignore_errors=True)
+    _release_reaper()
   ended = _STARTED_HERE.pop('ended', None)
   if ended is not None:  # the thread that started the cluster (`connect_soon`) may end now
     ended.set()
+
+
+def _release_reaper() -> None:
+  watcher = _STARTED_HERE.pop('reaper', None)
+  if watcher is not None:
+    reaper.release(watcher)
 
 
 # Ray's own shutdown stops these (the others would each cost it up to 1 s). The raylet

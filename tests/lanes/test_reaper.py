@@ -1,0 +1,134 @@
+"""The watcher that ends a cluster started by a run when the run's driver ends
+(`jaxsgd/scheduler/lanes/reaper.py`), without Ray: a stand-in driver, a stand-in cluster.
+The same with Ray's own processes: tests/scheduler/test_process_faults.py (SIGKILL)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+
+from jaxsgd.scheduler.lanes import reaper
+
+
+def _fake_process(proc, pid: int, parent: int, command: str, state='S', files=()) -> None:
+  folder = proc / str(pid)
+  (folder / 'fd').mkdir(parents=True)
+  (folder / 'cmdline').write_bytes(command.replace(' ', '\0').encode() + b'\0')
+  # A name with a space and parentheses, as a process that rewrote its title may have.
+  (folder / 'stat').write_bytes(f'{pid} (a (b) c) {state} {parent} 1 1 0 -1'.encode())
+  for number, path in enumerate(['/dev/null', *files]):
+    (folder / 'fd' / str(number)).symlink_to(path)
+
+
+def test_the_cluster_is_every_process_naming_its_directory_or_holding_its_files(tmp_path):
+  """Worked out by hand. Of the cluster in /tmp/jaxsgd-ray-abc: 10 names the directory,
+  11 is its child and 12 its grandchild (neither names it); 16 is an agent whose raylet
+  is gone (its parent is 1, its title rewritten), holding a log of the directory, removed
+  since. Not of it: 13 has ended (a zombie), 14 and 15 are another cluster's, 17 holds a
+  file of a directory whose name starts as the cluster's does, 18 names that one."""
+  proc = tmp_path / 'proc'
+  (proc / 'self').mkdir(parents=True)  # not a process
+  abc = '/tmp/jaxsgd-ray-abc'
+  _fake_process(proc, 10, 1, f'gcs_server --temp_dir={abc}')
+  _fake_process(proc, 11, 10, 'ray::IDLE')
+  _fake_process(proc, 12, 11, 'jaxsgd::LaneRuntime stage0 (forked)')
+  _fake_process(proc, 13, 10, '', state='Z')
+  _fake_process(proc, 14, 1, 'raylet --session_dir=/tmp/jaxsgd-ray-xyz/session_1')
+  _fake_process(proc, 15, 14, 'ray::IDLE')
+  _fake_process(proc, 16, 1, 'ray::DashboardAgent', files=[f'{abc}/s/agent.log (deleted)'])
+  _fake_process(proc, 17, 1, 'tail', files=[f'{abc}2/s/agent.log'])
+  _fake_process(proc, 18, 1, f'ls {abc}2')
+  assert reaper.cluster_pids(abc, proc=str(proc)) == {10, 11, 12, 16}
+  assert reaper.cluster_pids('/tmp/jaxsgd-ray-xyz/', proc=str(proc)) == {14, 15}
+  assert reaper.cluster_pids('/tmp/jaxsgd-ray-none', proc=str(proc)) == set()
+
+
+# A stand-in driver: it starts the watcher of `folder`, then a stand-in cluster process
+# that names the folder and has a child of its own that does not, each in a session of
+# its own (nothing that ends the driver reaches them), prints their pids and waits.
+_DRIVER = textwrap.dedent(
+  """
+  import subprocess, sys, time
+  from jaxsgd.scheduler.lanes import reaper
+  folder = sys.argv[1]
+  watcher = reaper.watch(folder)
+  sleeper = (
+    'import subprocess, sys, time; '
+    'subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], '
+    'start_new_session=True); time.sleep(300)'
+  )
+  cluster = subprocess.Popen(
+    [sys.executable, '-c', sleeper, folder], start_new_session=True
+  )
+  time.sleep(1.0)  # its child started
+  import psutil
+  pids = [cluster.pid] + [c.pid for c in psutil.Process(cluster.pid).children()]
+  print(watcher.pid, *pids, flush=True)
+  if sys.argv[2] == 'release':
+    reaper.release(watcher)
+    print('released', flush=True)
+  time.sleep(300)
+  """
+)
+
+
+def _start_driver(folder, how: str):
+  driver = subprocess.Popen(
+    [sys.executable, '-c', _DRIVER, str(folder), how], stdout=subprocess.PIPE, text=True
+  )
+  watcher, *cluster = map(int, driver.stdout.readline().split())
+  assert len(cluster) == 2, cluster  # the stand-in cluster process and its child
+  return driver, watcher, cluster
+
+
+def _alive(pids, within: float) -> list[int]:
+  deadline = time.monotonic() + within
+  while True:
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and _not_zombie(pid)]
+    if not alive or time.monotonic() > deadline:
+      return alive
+    time.sleep(0.05)
+
+
+def _not_zombie(pid: int) -> bool:
+  try:
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
+
+
+def test_a_driver_killed_with_sigkill_takes_its_cluster_and_directory_with_it(tmp_path):
+  folder = tmp_path / 'jaxsgd-ray-test'
+  (folder / 'logs').mkdir(parents=True)
+  driver, watcher, cluster = _start_driver(folder, 'kill')
+  try:
+    assert _alive(cluster, within=0) == cluster  # running while the driver lives
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert _alive([watcher, *cluster], within=5) == []
+    assert not folder.exists()
+  finally:
+    for pid in _alive([watcher, *cluster], within=0):
+      os.kill(pid, signal.SIGKILL)
+
+
+def test_a_released_watcher_ends_at_once_and_kills_nothing(tmp_path):
+  """`release` (what `cluster.shutdown` calls once it stopped the cluster itself): the
+  watcher ends, and what it would have killed lives on (here, the stand-in cluster)."""
+  folder = tmp_path / 'jaxsgd-ray-test'
+  folder.mkdir()
+  driver, watcher, cluster = _start_driver(folder, 'release')
+  try:
+    assert driver.stdout.readline().strip() == 'released'
+    assert _alive([watcher], within=0) == []  # `release` waited for it
+    assert _alive(cluster, within=0) == cluster
+    assert folder.exists()
+  finally:
+    driver.kill()
+    driver.wait()
+    for pid in _alive(cluster, within=0):
+      os.kill(pid, signal.SIGKILL)
