@@ -1,17 +1,23 @@
 """The watcher that ends a cluster started by a run when the run's driver ends
-(`jaxsgd/scheduler/lanes/reaper.py`), without Ray: a stand-in driver, a stand-in cluster.
-The same with Ray's own processes: tests/scheduler/test_process_faults.py (SIGKILL)."""
+(`jaxsgd/scheduler/lanes/reaper.py`): by hand on a made-up /proc, with a stand-in driver
+and cluster, and with the real binary and Ray's own processes."""
 
+import glob
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
 import psutil
 
-from jaxsgd.scheduler.lanes import reaper
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), 'scheduler'))
+from test_lanes import gone  # noqa: E402
+from train_driver import Driver, _descendants, no_driver_left  # noqa: E402, F401 (a fixture)
+
+from jaxsgd.scheduler.lanes import reaper  # noqa: E402
 
 
 def _fake_process(proc, pid: int, parent: int, command: str, state='S', files=()) -> None:
@@ -132,3 +138,25 @@ def test_a_released_watcher_ends_at_once_and_kills_nothing(tmp_path):
     driver.wait()
     for pid in _alive(cluster, within=0):
       os.kill(pid, signal.SIGKILL)
+
+
+def test_a_driver_killed_with_sigkill_leaves_no_process_of_its_cluster(data_dir, tmp_path):
+  """SIGKILL runs none of the driver's own clean-up: the watcher it started with its
+  cluster (`lanes/reaper.py`) ends every process of the run within 5 s (Ray's agents,
+  whose raylet died with the driver, outlived it before) and removes the cluster's
+  directory of logs."""
+  clusters = os.path.join(tempfile.gettempdir(), 'jaxsgd-ray-*')
+  before = set(glob.glob(clusters))
+  driver = Driver(tmp_path / 'run', data_dir, '--config.train_steps=100000')
+  driver.wait_for_step(20)
+  started = _descendants(driver.process.pid)
+  names = {psutil.Process(pid).name() for pid in started}
+  assert {'raylet', 'ray::DashboardAgent', 'ray::RuntimeEnvAgent'} <= names, names
+  new = set(glob.glob(clusters)) - before
+  assert len(new) == 1, new  # the run's own cluster
+  driver.process.send_signal(signal.SIGKILL)
+  left = gone(started, within=5)  # counted from the signal
+  status, _ = driver.finish(timeout=60)
+  assert status == -signal.SIGKILL
+  assert left == [], [(pid, psutil.Process(pid).name()) for pid in gone(left, within=0)]
+  assert not any(os.path.exists(folder) for folder in new), new
