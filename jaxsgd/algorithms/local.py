@@ -151,11 +151,11 @@ def validate(config, model) -> Settings:
       f'algorithm.agreement_every: must be an integer >= 0 (0: off), got '
       f'{settings.agreement_every!r}.'
     )
-  if settings.agreement_every and shared.on_lane_processes:
+  if settings.agreement_every and shared.executor == 'emulated':
     raise ValueError(
-      "algorithm.agreement_every: the gradient-agreement probe reads the stages' weights in "
-      "the driver; it runs with executor='in_process' (or clock='virtual'), not "
-      f'{shared.executor!r}.'
+      "algorithm.agreement_every: the gradient-agreement probe measures the stages' "
+      "gradients, which emulated tasks do not compute; it runs with executor='in_process' "
+      "or 'processes' (or clock='virtual'), not 'emulated'."
     )
   return dataclasses.replace(settings, shared=shared)
 

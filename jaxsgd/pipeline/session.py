@@ -413,8 +413,9 @@ class PipelineSession:
         snapshot = self.stores[k].read()
         s.version = snapshot.version
         s.variables = stages_lib.with_state(snapshot.value.params, self.states[k].read().value)
-        if probed:
-          self.agreement.record(k, t, *stages_lib.split_variables(s.variables), batch)
+        if probed:  # (on lane processes the weights are fetched from the stage's lane)
+          weights = stages_lib.split_variables(self.fetch(s.variables))
+          self.agreement.record(k, t, *weights, batch)
       if s.enter('forward'):
         s.y, s.loss, new_state, vjp = yield Compute(
           ops.forward, (s.variables, s.x, s.labels), kind='forward', stage=k, batch=t

@@ -103,6 +103,42 @@ def test_a_pipelines_lanes_are_sent_their_stage_tasks_before_its_first_task(pool
   assert sent[:3] == [('stage0', STAGE_TASKS), ('stage1', STAGE_TASKS), 'stage0']
 
 
+def agreement(roles, executor, every: int = 2):
+  """The gradient-agreement probe's measurements (`PipelineSession(agreement_every=...)`)
+  over `STEPS` iterations of `roles`: (batches measured, cosine per block)."""
+  tx = optimizers.make_optimizer(OPTIMIZER, STEPS)
+  stages = make_pipeline(mlp(), roles, tx, optimizer=(OPTIMIZER, STEPS))
+  feed = BatchFeed(batches(0), 1 + sum(r.loss != 'none' for r in roles))
+  session = stages.session(
+    roles,
+    feed,
+    STEPS,
+    agreement_every=every,
+    host_batches=isinstance(executor, ProcessExecutor),
+  )
+  session.fetch = executor.fetch
+  try:
+    executor.run(session.cluster, session.processes())
+  finally:
+    executor.close()
+  return session.agreement.series()
+
+
+def test_the_gradient_agreement_probe_on_lane_processes_measures_the_in_process_cosines(pool):
+  """The probe reads each stage's weights at its forward of a measured batch: on lane
+  processes they are fetched from the stage's lane, and the cosines measured in the
+  driver are the in-process run's, bit for bit."""
+  roles = local.roles(2, 'overlapping')
+  steps, cosines = agreement(roles, ProcessExecutor(pool=pool))
+  in_process = agreement(roles, RealExecutor())
+  assert steps.tolist() == list(range(0, STEPS, 2)) and cosines.shape == (len(steps), 2)
+  np.testing.assert_array_equal(steps, in_process[0])
+  np.testing.assert_array_equal(cosines, in_process[1])
+  assert np.isfinite(cosines).all()
+  assert (cosines[:, 0] < 1 - 1e-4).all()  # block 0's local gradient is not backprop's
+  np.testing.assert_allclose(cosines[:, 1], 1, atol=1e-6)  # block 1's is: the model's loss
+
+
 @pytest.mark.parametrize(
   'roles',
   [
