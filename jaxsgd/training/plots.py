@@ -10,10 +10,11 @@ def _figure(width: float, height: float):
   """A new figure of `width` x `height` inches. It is a `Figure`, not pyplot's: no backend
   is chosen for it, so a notebook's inline figures stay on (and a script stays headless).
   matplotlib is imported here, when the first figure is drawn at a run's end, not while a
-  run starts: it is most of a second of every driver's start otherwise."""
+  run starts: it is most of a second of every driver's start otherwise. Laid out when
+  drawn (constrained): `tight_layout` took ~0.15 s more of each run's curves."""
   from matplotlib.figure import Figure
 
-  return Figure(figsize=(width, height))
+  return Figure(figsize=(width, height), layout='constrained')
 
 
 def plot_curves(
@@ -54,7 +55,6 @@ def curves_figure(records: list[dict], title: str = '', target: float | None = N
     ax.grid(alpha=0.3)
   if title:
     fig.suptitle(title)
-  fig.tight_layout()
   return fig
 
 
@@ -80,7 +80,6 @@ def plot_staleness(staleness_by_lane: dict[str, np.ndarray], path: str, title: s
     fig.colorbar(image, ax=ax, label='updates')
     ax.set(xlabel='staleness (writes between read and update)', ylabel='lane')
   ax.set_title(title or 'staleness of applied gradients')
-  fig.tight_layout()
   fig.savefig(path, dpi=110)
 
 
@@ -139,5 +138,4 @@ def plot_agreement(steps, cosines, path: str, title: str = '') -> None:
   )
   ax.legend(fontsize='small')
   ax.grid(alpha=0.3)
-  fig.tight_layout()
   fig.savefig(path, dpi=110)
