@@ -103,7 +103,8 @@ def cluster_pids(temp_dir: str, proc: str = '/proc') -> set[int]:
     if pid not in found:
       found.add(pid)
       todo += children.get(pid, [])
-  found -= {os.getpid(), os.getppid()}  # (the driver, alive at an orderly release)
+  # Never the watcher, nor its parent: the driver while it lives, else whoever adopted it.
+  found -= {os.getpid(), os.getppid()}
   return found
 
 
