@@ -139,31 +139,11 @@ def tanh_task(seed: int, args):
 
 
 def stage_task(stage: str, args):
-  """A call of process k's share of `real_speedup`'s model (its MLP of `--depth` hidden
-  layers of 1024, `--features` inputs, `--batch`), each task waited for:
-    'ddg:K:k'     DDG K's stage k: its forward, backward and update (K = 1: BP's)
-    'pdasgd:N:k'  PD-ASGD 1:(N-1) (N = 1: BP): k = 0 the forward worker's forward of the
-                  whole model and the update (applied by the shared model, on the forward
-                  worker's core in `real_speedup`), k > 0 a backward worker's backward
-  """
+  """A call of process k's share of `real_speedup`'s model (`stage_calls`), each task
+  waited for."""
   import jax
 
-  from benchmarks import real_speedup
-  from jaxsgd.algorithms import ddg
-  from jaxsgd.pipeline.session import sequential_roles
-
-  family, count, k = stage.split(':')
-  count, k = int(count), int(k)
-  real_speedup.FEATURES, real_speedup.BATCH = args.features, args.batch
-  real_speedup.HIDDEN = (1024,) * args.depth
-  roles = ddg.roles(count) if family == 'ddg' and count > 1 else sequential_roles(1)
-  pipe = real_speedup.placed(roles, steps=1000)
-  calls = pipe.task_calls(roles, next(real_speedup.batches()))
-  if family == 'ddg' or count == 1:
-    kinds, stage_index = ('forward', 'backward', 'update'), k
-  else:
-    kinds, stage_index = (('forward', 'update') if k == 0 else ('backward',)), 0
-  mine = [calls[(stage_index, kind)] for kind in kinds]
+  mine = stage_calls(stage, args)
 
   def run():
     for fn, fn_args in mine:
@@ -173,9 +153,39 @@ def stage_task(stage: str, args):
   return run
 
 
+def stage_calls(stage: str, args) -> list[tuple]:
+  """Process k's tasks, `(jitted fn, args)` in order, of `real_speedup`'s model (its MLP
+  of `--depth` hidden layers of 1024, `--features` inputs, `--batch`):
+    'ddg:K:k'     DDG K's stage k: its forward, backward and update (K = 1: BP's)
+    'local:K:k'   local K's stage k (`local.roles(K)`, as `real_speedup`'s local case:
+                  an auxiliary head's loss on every stage but the last): the same three
+    'pdasgd:N:k'  PD-ASGD 1:(N-1) (N = 1: BP): k = 0 the forward worker's forward of the
+                  whole model and the update (applied by the shared model, on the forward
+                  worker's core in `real_speedup`), k > 0 a backward worker's backward
+  """
+  from benchmarks import real_speedup
+  from jaxsgd.algorithms import ddg, local
+  from jaxsgd.pipeline.session import sequential_roles
+
+  family, count, k = stage.split(':')
+  count, k = int(count), int(k)
+  real_speedup.FEATURES, real_speedup.BATCH = args.features, args.batch
+  real_speedup.HIDDEN = (1024,) * args.depth
+  pipelines = {'ddg': ddg.roles, 'local': local.roles}
+  roles = pipelines[family](count) if family in pipelines and count > 1 else sequential_roles(1)
+  pipe = real_speedup.placed(roles, steps=1000)
+  calls = pipe.task_calls(roles, next(real_speedup.batches()))
+  if family in pipelines or count == 1:
+    kinds, stage_index = ('forward', 'backward', 'update'), k
+  else:
+    kinds, stage_index = (('forward', 'update') if k == 0 else ('backward',)), 0
+  return [calls[(stage_index, kind)] for kind in kinds]
+
+
 class Together:
-  """Processes pinned to `cores`, each with its task built and warm (`family` 'ddg' or
-  'pdasgd': core i runs process i's share of it, `stage_task`; '': the tanh task);
+  """Processes pinned to `cores`, each with its task built and warm (`family` 'ddg',
+  'local' or 'pdasgd': core i runs process i's share of it, `stage_task`; '': the tanh
+  task);
   `time()` releases them together and returns each one's median call in seconds, as
   often as asked; `close()` (or leaving the context) ends them."""
 
@@ -234,7 +244,7 @@ def run_together(cores: list[int], args, family: str = '') -> list[float]:
 
 def pace(family: str, medians: list[float]) -> float:
   """Seconds per batch of processes running at once with these median calls: a pipeline
-  (DDG) moves at its slowest stage's pace; PD-ASGD's backward workers (processes 1..N-1)
+  (DDG, local) moves at its slowest stage's pace; PD-ASGD's backward workers (processes 1..N-1)
   share the batches, so N-1 of them take one batch per (their call / (N-1)), and process
   0 (forward and update) one per call."""
   if family == 'pdasgd' and len(medians) > 1:

@@ -36,11 +36,11 @@ core): both stages on the one GPU
 device path), the same with `moves=host` (through host memory), and stage 0 on the GPU
 with stage 1 on core 1 (`stage0@gpu=1; stage1@cores=1`). It is refused before any round where
 the driver's host has no GPU in the Ray cluster.
-`--no_executor` adds, in every round after the cases, DDG's and PD-ASGD's tasks (of those
-in `--families`) with no executor: K processes pinned to the cases' cores, each built
-once and calling its stage's tasks (DDG) or its worker's (PD-ASGD: the forward and the
-update on core 0, as its lanes place them, the backward on the others) `steps - warmup`
-times, all at once and waiting for nothing from the others
+`--no_executor` adds, in every round after the cases, DDG's, local's and PD-ASGD's tasks
+(of those in `--families`) with no executor: K processes pinned to the cases' cores, each
+built once and calling its stage's tasks (DDG, local) or its worker's (PD-ASGD: the
+forward and the update on core 0, as its lanes place them, the backward on the others)
+`steps - warmup` times, all at once and waiting for nothing from the others
 (`neighbour_contention.Together`); the row's time per iteration is their pace
 (`neighbour_contention.pace`), its speed-up over BP in the same round what the cores
 give with no executor and no waits between the stages. A case below its no-executor
@@ -393,7 +393,7 @@ def milliseconds(seconds) -> str:
 
 
 def no_executor_cases(lanes: int, families, steps: int, warmup: int, stack) -> dict:
-  """`{name: (family, Together)}`: for DDG and PD-ASGD among `families`, their K
+  """`{name: (family, Together)}`: for DDG, local and PD-ASGD among `families`, their K
   processes' tasks on the cores their lanes use, built and warm, with no executor
   (`neighbour_contention.Together`, ended with `stack`): each round times `steps -
   warmup` calls of each at once; the case's time per iteration is their pace
@@ -406,11 +406,12 @@ def no_executor_cases(lanes: int, families, steps: int, warmup: int, stack) -> d
   shown = cores_label(lanes)
   names = {
     'ddg': f'ddg K={lanes} no executor (cores {shown})',
+    'local': f'local K={lanes} no executor (cores {shown})',
     'pdasgd': f'pdasgd 1:{lanes - 1} no executor (cores {shown})',
   }
   return {
     names[family]: (family, stack.enter_context(neighbour_contention.Together(mine, shape, family)))
-    for family in ('ddg', 'pdasgd')
+    for family in names
     if family in families
   }
 
@@ -463,7 +464,7 @@ def main():
   parser.add_argument(
     '--no_executor',
     action='store_true',
-    help="also DDG's and PD-ASGD's tasks on their cores at once, no executor (see above)",
+    help="also DDG's, local's and PD-ASGD's tasks on their cores at once, no executor (see above)",
   )
   parser.add_argument(
     '--driver_cores', default='', help='comma-separated cores for the driver (see above)'

@@ -3,6 +3,7 @@
 import argparse
 import os
 
+import numpy as np
 import pytest
 
 from benchmarks import neighbour_contention as nc
@@ -83,3 +84,24 @@ def test_processes_time_together_as_often_as_asked_and_end_with_the_context():
   assert [len(medians) for medians in rounds] == [len(cores)] * 2
   assert all(seconds > 0 for medians in rounds for seconds in medians)
   assert all(process.poll() is not None for process in processes)
+
+
+def test_local_stages_are_the_local_roles_tasks_with_an_auxiliary_loss(monkeypatch):
+  """`local:K:k` is stage k of `local.roles(K)`: the first stage's forward returns its
+  auxiliary head's loss, where DDG's first stage has none; the last stage is the model's
+  loss in both. Each process gets a forward, a backward and an update."""
+  from benchmarks import real_speedup
+
+  for name in ('FEATURES', 'BATCH', 'HIDDEN'):  # (`stage_calls` sets them, in a worker)
+    monkeypatch.setattr(real_speedup, name, getattr(real_speedup, name))
+  shape = argparse.Namespace(layers=1, features=8, batch=4, depth=1, warmup=1, reps=1)
+
+  def losses(stage):
+    calls = nc.stage_calls(stage, shape)
+    assert len(calls) == 3
+    forward, forward_args = calls[0]
+    return forward(*forward_args)[1]
+
+  assert losses('ddg:2:0') is None
+  assert np.isfinite(losses('local:2:0')) and np.shape(losses('local:2:0')) == ()
+  assert np.isfinite(losses('ddg:2:1')) and np.isfinite(losses('local:2:1'))
