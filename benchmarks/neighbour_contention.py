@@ -185,9 +185,8 @@ def stage_calls(stage: str, args) -> list[tuple]:
 class Together:
   """Processes pinned to `cores`, each with its task built and warm (`family` 'ddg',
   'local' or 'pdasgd': core i runs process i's share of it, `stage_task`; '': the tanh
-  task);
-  `time()` releases them together and returns each one's median call in seconds, as
-  often as asked; `close()` (or leaving the context) ends them."""
+  task); `time()` releases them together and returns each one's median call in seconds,
+  as often as asked; `close()` (or leaving the context) ends them."""
 
   def __init__(self, cores: list[int], args, family: str = ''):
     command = [sys.executable, '-m', 'benchmarks.neighbour_contention', *shape_flags(args)]
@@ -244,9 +243,9 @@ def run_together(cores: list[int], args, family: str = '') -> list[float]:
 
 def pace(family: str, medians: list[float]) -> float:
   """Seconds per batch of processes running at once with these median calls: a pipeline
-  (DDG, local) moves at its slowest stage's pace; PD-ASGD's backward workers (processes 1..N-1)
-  share the batches, so N-1 of them take one batch per (their call / (N-1)), and process
-  0 (forward and update) one per call."""
+  (DDG, local) moves at its slowest stage's pace; PD-ASGD's backward workers (processes
+  1..N-1) share the batches, so N-1 of them take one batch per (their call / (N-1)), and
+  process 0 (forward and update) one per call."""
   if family == 'pdasgd' and len(medians) > 1:
     return max(medians[0], max(medians[1:]) / (len(medians) - 1))
   return max(medians)

@@ -403,16 +403,15 @@ def no_executor_cases(lanes: int, families, steps: int, warmup: int, stack) -> d
   )
   cores = sorted(os.sched_getaffinity(0))
   mine = [cores[k % len(cores)] for k in range(lanes)]
-  shown = cores_label(lanes)
+  # Each named as its case is, `no executor` before its cores.
   names = {
-    'ddg': f'ddg K={lanes} no executor (cores {shown})',
-    'local': f'local K={lanes} no executor (cores {shown})',
-    'pdasgd': f'pdasgd 1:{lanes - 1} no executor (cores {shown})',
+    family: list(cases(lanes, (family,)))[-1].replace(' (cores', ' no executor (cores')
+    for family in ('ddg', 'local', 'pdasgd')
+    if family in families
   }
   return {
-    names[family]: (family, stack.enter_context(neighbour_contention.Together(mine, shape, family)))
-    for family in names
-    if family in families
+    name: (family, stack.enter_context(neighbour_contention.Together(mine, shape, family)))
+    for family, name in names.items()
   }
 
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 
 import psutil
 
@@ -93,35 +92,19 @@ def _start_driver(folder, how: str):
   return driver, watcher, cluster
 
 
-def _alive(pids, within: float) -> list[int]:
-  deadline = time.monotonic() + within
-  while True:
-    alive = [pid for pid in pids if psutil.pid_exists(pid) and _not_zombie(pid)]
-    if not alive or time.monotonic() > deadline:
-      return alive
-    time.sleep(0.05)
-
-
-def _not_zombie(pid: int) -> bool:
-  try:
-    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-  except psutil.NoSuchProcess:
-    return False
-
-
 def test_a_driver_killed_with_sigkill_takes_its_cluster_and_directory_with_it(tmp_path):
   folder = tmp_path / 'jaxsgd-ray-test'
   (folder / 'logs').mkdir(parents=True)
   driver, watcher, cluster = _start_driver(folder, 'kill')
   try:
-    assert _alive(cluster, within=0) == cluster  # running while the driver lives
+    assert gone(cluster, within=0) == cluster  # running while the driver lives
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     # (10 s: this runs beside other tests; left alone, the agents outlived the driver)
-    assert _alive([watcher, *cluster], within=10) == []
+    assert gone([watcher, *cluster], within=10) == []
     assert not folder.exists()
   finally:
-    for pid in _alive([watcher, *cluster], within=0):
+    for pid in gone([watcher, *cluster], within=0):
       os.kill(pid, signal.SIGKILL)
 
 
@@ -133,13 +116,13 @@ def test_a_released_watcher_ends_at_once_and_kills_nothing(tmp_path):
   driver, watcher, cluster = _start_driver(folder, 'release')
   try:
     assert driver.stdout.readline().strip() == 'released'
-    assert _alive([watcher], within=0) == []  # `release` waited for it
-    assert _alive(cluster, within=0) == cluster
+    assert gone([watcher], within=0) == []  # `release` waited for it
+    assert gone(cluster, within=0) == cluster
     assert folder.exists()
   finally:
     driver.kill()
     driver.wait()
-    for pid in _alive(cluster, within=0):
+    for pid in gone(cluster, within=0):
       os.kill(pid, signal.SIGKILL)
 
 
