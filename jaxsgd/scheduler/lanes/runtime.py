@@ -469,7 +469,16 @@ class LaneRuntime:
       structure = ('origin', origin)
     if self.device_path is not None and target is not None and target.get('transfer'):
       return ready, (structure, self.device_path.offer(leaves))
-    return ready, (structure, [np.asarray(leaf) for leaf in self.jax.device_get(leaves)])
+    return ready, (structure, self._host_leaves(leaves))
+
+  def _host_leaves(self, leaves: list) -> list:
+    """`leaves` as numpy arrays. On a CPU lane each is one already: `np.asarray` is a
+    view of it (~1 µs an array), where `jax.device_get` first asks every leaf for an
+    asynchronous copy to the host (~11 µs an array in all: a 34-array gradient's export
+    spent ~0.35 ms there). Another device's leaves are copied to the host all at once."""
+    if self.host_arrays:
+      return [np.asarray(leaf) for leaf in leaves]
+    return [np.asarray(leaf) for leaf in self.jax.device_get(leaves)]
 
   def _stored(self, key: Hashable):
     """The value under `key` once a call has made it (or raises if that call failed)."""
