@@ -254,7 +254,7 @@ def test_asynchronous_workers_on_real_threads_resume_from_a_drained_point(
 # `test_process_faults.py`'s and `test_lanes.py`'s.
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
-  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')))
 
 
 def lanes_config(data_dir, head, name: str, **overrides):

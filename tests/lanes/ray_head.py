@@ -48,11 +48,22 @@ def _name(process: psutil.Process) -> str | None:
     return None
 
 
-def _running(process: psutil.Process) -> bool:
+def alive(pid: int) -> bool:
+  """Whether `pid` runs: a zombie (killed, its parent gone or not reaping it) is not."""
   try:
-    return process.status() != psutil.STATUS_ZOMBIE
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
   except psutil.Error:
     return False
+
+
+def gone(pids, within: float = 5.0) -> list[int]:
+  """The pids still alive (not zombies) after waiting up to `within` seconds."""
+  deadline = time.monotonic() + within
+  while True:
+    still = [p for p in pids if alive(p)]
+    if not still or time.monotonic() > deadline:
+      return still
+    time.sleep(0.1)
 
 
 class RayHead:
@@ -128,7 +139,7 @@ class RayHead:
         os.killpg(self.process.pid, signal.SIGKILL)
       except ProcessLookupError:
         pass
-      processes = [p for p in self.processes() if p.pid != self.process.pid and _running(p)]
+      processes = [p for p in self.processes() if p.pid != self.process.pid and alive(p.pid)]
       if not processes:
         break
       for p in processes:
@@ -140,10 +151,10 @@ class RayHead:
     self.process.wait()
 
 
-def serve_head(temp_dir: str, gone):
+def serve_head(temp_dir: str):
   """A module fixture's body: a head with Ray's token auth off (as every cluster of the
-  tests: conftest.py), yielded, then stopped; asserts that `gone` finds none of its
-  processes alive afterwards."""
+  tests: conftest.py), yielded, then stopped; asserts that none of its processes is
+  alive afterwards."""
   env = {**os.environ, 'RAY_AUTH_MODE': 'disabled', 'RAY_USAGE_STATS_ENABLED': '0'}
   node = RayHead(temp_dir, env)
   yield node

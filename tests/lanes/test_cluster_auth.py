@@ -43,7 +43,7 @@ def token_head(tmp_path_factory):
 @pytest.fixture(scope='module')
 def open_head(tmp_path_factory):
   """A head without authentication (as the tests' others)."""
-  yield from serve_head(str(tmp_path_factory.mktemp('ro')), gone)
+  yield from serve_head(str(tmp_path_factory.mktemp('ro')))
 
 
 def run(address: str, data_dir: str, workdir, **auth: str) -> subprocess.CompletedProcess:

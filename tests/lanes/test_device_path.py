@@ -28,7 +28,7 @@ def task(name):
 
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
-  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')))
 
 
 @pytest.fixture(scope='module')

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 import lane_tasks
-from ray_head import serve_head
+from ray_head import gone, serve_head  # (`gone`: imported from here by other modules)
 
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec, cluster
 from jaxsgd.scheduler.lanes.forked import LaneEnded
@@ -41,16 +41,6 @@ G = np.linspace(1, 2, 12, dtype=np.float32).reshape(3, 4)
 
 def task(name):
   return Task(RECIPE, name)
-
-
-def gone(pids, within: float = 5.0) -> list[int]:
-  """The pids still alive (not zombies) after waiting up to `within` seconds."""
-  deadline = time.monotonic() + within
-  while True:
-    alive = [p for p in pids if _alive(p)]
-    if not alive or time.monotonic() > deadline:
-      return alive
-    time.sleep(0.1)
 
 
 def described(pids) -> list[str]:
@@ -72,16 +62,9 @@ def described(pids) -> list[str]:
   return rows
 
 
-def _alive(pid: int) -> bool:
-  try:
-    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-  except psutil.NoSuchProcess:
-    return False
-
-
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
-  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')))
 
 
 @pytest.fixture(scope='module')

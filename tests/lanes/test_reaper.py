@@ -126,6 +126,13 @@ def test_a_released_watcher_ends_at_once_and_kills_nothing(tmp_path):
       os.kill(pid, signal.SIGKILL)
 
 
+def _command(pid: int) -> list[str]:
+  try:
+    return psutil.Process(pid).cmdline()
+  except psutil.Error:  # ended meanwhile
+    return []
+
+
 def test_a_driver_killed_with_sigkill_leaves_no_process_of_its_cluster(data_dir, tmp_path):
   """SIGKILL runs none of the driver's own clean-up: the watcher it started with its
   cluster (`lanes/reaper.py`) ends every process of the run within 10 s (Ray's agents,
@@ -138,8 +145,11 @@ def test_a_driver_killed_with_sigkill_leaves_no_process_of_its_cluster(data_dir,
   started = _descendants(driver.process.pid)
   names = {psutil.Process(pid).name() for pid in started}
   assert {'raylet', 'ray::DashboardAgent', 'ray::RuntimeEnvAgent'} <= names, names
-  new = set(glob.glob(clusters)) - before
-  assert len(new) == 1, new  # the run's own cluster
+  # The run's own cluster: the new directory its processes name (a test beside this one
+  # may start a cluster of its own meanwhile).
+  commands = ' '.join(' '.join(_command(pid)) for pid in started)
+  new = {folder for folder in set(glob.glob(clusters)) - before if folder in commands}
+  assert len(new) == 1, new
   driver.process.send_signal(signal.SIGKILL)
   left = gone(started, within=10)  # from the signal (beside other tests: not `alone`)
   status, _ = driver.finish(timeout=60)

@@ -327,7 +327,7 @@ def test_the_wait_sleeps_then_spins_to_its_deadline(monkeypatch):
 # --- the executor, on lane processes ---------------------------------------------------------------
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
-  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')))
 
 
 @pytest.fixture(scope='module')

@@ -24,7 +24,7 @@ from jaxsgd.scheduler.lanes.runtime import FAULT_VAR  # noqa: E402
 
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
-  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')))
 
 
 @pytest.mark.slow

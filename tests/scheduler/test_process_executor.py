@@ -43,7 +43,7 @@ PROBES = TaskRecipe.of(lane_tasks.build_layer_tasks, scale=0.5)
 
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
-  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')))
 
 
 @pytest.fixture(scope='module')

@@ -42,7 +42,7 @@ LANES += ['worker0.0', 'worker1.0', 'allreduce', 'stage0', 'stage1', 'server', '
 
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
-  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')))
 
 
 @pytest.fixture(scope='module')

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.alone
 
 @pytest.fixture(scope='module')
 def head(tmp_path_factory):
-  yield from serve_head(str(tmp_path_factory.mktemp('ray')), gone)
+  yield from serve_head(str(tmp_path_factory.mktemp('ray')))
 
 
 @pytest.mark.slow
