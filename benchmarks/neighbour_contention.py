@@ -169,8 +169,7 @@ def stage_calls(stage: str, args) -> list[tuple]:
 
   family, count, k = stage.split(':')
   count, k = int(count), int(k)
-  real_speedup.FEATURES, real_speedup.BATCH = args.features, args.batch
-  real_speedup.HIDDEN = (1024,) * args.depth
+  real_speedup.set_shape(args.features, args.batch, args.depth)
   pipelines = {'ddg': ddg.roles, 'local': local.roles}
   roles = pipelines[family](count) if family in pipelines and count > 1 else sequential_roles(1)
   pipe = real_speedup.placed(roles, steps=1000)

@@ -96,7 +96,8 @@ from jaxsgd.scheduler.lanes import cluster, runtime
 from jaxsgd.scheduler.process import ProcessExecutor
 from jaxsgd.scheduler.timeline import Timeline
 
-FEATURES, CLASSES, HIDDEN, BATCH = 1536, 10, (1024, 1024, 1024, 1024), 512
+WIDTH = 1024  # of every hidden layer
+FEATURES, CLASSES, HIDDEN, BATCH = 1536, 10, (WIDTH,) * 4, 512
 OPTIMIZER = optimizers.OptimizerSettings('sgd', 0.01)
 # `--gpu`: (case name, placement) of DDG K=2 with a GPU, each with BP on its `stage0`
 GPU_CASES = (
@@ -443,8 +444,15 @@ def driver_cores_or_error(parser, text: str) -> tuple[int, ...]:
   return cores
 
 
+def set_shape(features: int, batch: int, depth: int) -> None:
+  """The model's inputs, the batch and the hidden layers (of the default width) for what
+  follows (`mlp`, `batches`, `placed`): `--features`, `--batch`, `--depth`; also in the
+  worker processes of `neighbour_contention`, which build the same tasks."""
+  global FEATURES, BATCH, HIDDEN
+  FEATURES, BATCH, HIDDEN = features, batch, (WIDTH,) * depth
+
+
 def main():
-  global FEATURES, BATCH, HIDDEN  # (`--features`, `--batch`, `--depth`), read by `mlp`
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--steps', type=int, default=20)
   parser.add_argument('--warmup', type=int, default=4)
@@ -507,7 +515,7 @@ def main():
     parser.error(
       f'--depth: hidden layers; {args.lanes} stages need at least {args.lanes - 1}, got {args.depth}'
     )
-  FEATURES, BATCH, HIDDEN = args.features, args.batch, (HIDDEN[0],) * args.depth
+  set_shape(args.features, args.batch, args.depth)
   cases_ = cases(args.lanes, families)
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
