@@ -52,7 +52,7 @@ def alive(pid: int) -> bool:
   """Whether `pid` runs: a zombie (killed, its parent gone or not reaping it) is not."""
   try:
     return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-  except psutil.Error:
+  except psutil.NoSuchProcess:
     return False
 
 
