@@ -996,8 +996,8 @@ def test_a_cluster_started_in_the_background_serves_a_pool_and_leaves_no_process
   signal is that thread's): they lived only while it ran, and the pool opened after it
   had returned found no cluster. Used or abandoned, nothing of it is left. The cluster
   runs none of Ray's daemons that it has no use for (`cluster._IDLE_DAEMONS`, the API
-  server) and no Ray worker but the lane host; with no log monitor to show a lane's last words, the error of a lane that
-  died says them."""
+  server) and no Ray worker but the lane host; with no log monitor to show a lane's
+  last words, the error of a lane that died says them."""
   out = tmp_path / 'outcome.json'
   hook = {FAULT_VAR: 'a:add:1:kill'} if use == 'crash' else {}
   done = subprocess.run(
