@@ -127,11 +127,7 @@ def _connect_now(address: str | None) -> bool:
     _STARTED_HERE['reaper'] = reaper.watch(_STARTED_HERE['temp_dir'])
     with _without_idle_daemons(), _without_api_server():
       ray.init(
-        # No CPUs for Ray to hand out: every lane and lane host is an actor of none
-        # (`lane_actor`), and a head starts a Ray worker ahead for each CPU it has (a
-        # Python process importing Ray, ~0.5 CPU-s, then polling while idle), of which
-        # only the lane host's would ever be used.
-        num_cpus=0,
+        num_cpus=os.cpu_count(),
         include_dashboard=False,
         configure_logging=False,
         job_config=code,
