@@ -53,15 +53,14 @@ the batches are synthetic, a cycle of a few made once (`batches`). Its inputs
 (`--features`, 1472 by default) make the two stages that `split` cuts by forward FLOPs
 (printed) cost about the same forward and backward (6.17 and 6.33 M multiply-adds an
 example): a first stage computes no input gradient, so its backward is lighter than the
-next stage's, and more inputs make it up (1536 balance the multiply-adds exactly, 1024
-leave stage 0 with 5.25 of 6.33). Not 1536: with 1504-1600 inputs stage 0's backward
-took 64-68 ms on the project's CPU against 47-53 ms with 1408-1472, for 2-4 % more
-multiply-adds (XLA's CPU kernel for the first layer's weight gradient is slower per
-multiply-add at those widths), and stage 0 came out 10 % heavier than stage 1
-(`benchmarks.stage_costs` times each task alone, per stage; its figures:
-benchmarks/results/stage_costs.txt; rerun it to check another machine). Per case the busiest lane's busy time per iteration is printed, with the part of
-it that was the lane's own CPU (the rest: its cores ran its copies, the driver, Ray or
-another lane), and BP's time over it: the case's ceiling as it ran, had nothing but that
+next stage's, and more inputs make it up (1024 would leave stage 0 with 5.25 of 6.33).
+1536 inputs balance the multiply-adds more closely, but not the time: at that width XLA's
+CPU kernel for the first layer's weight gradient ran slower per multiply-add and stage 0
+came out ~10 % heavier than stage 1 (`benchmarks.stage_costs` times each task alone, per
+stage, beside its multiply-adds; rerun it to check a machine; the figures:
+benchmarks/results/stage_costs.txt). Per case the busiest lane's busy time per iteration
+is printed, with the part of it that was the lane's own CPU (the rest: its cores ran its
+copies, the driver, Ray or another lane), and BP's time over it: the case's ceiling as it ran, had nothing but that
 lane's tasks taken time. Time per iteration: from the end of the last update of
 batch `--warmup` - 1 to that of the last batch every updating lane updated, over the
 batches in between (compilation in the lanes is left out; DDG's stage 0 applies batch
