@@ -17,8 +17,11 @@ stage ceiling: BP's total over the heaviest stage's total — the speed-up DDG K
 reach if its stages ran at once with nothing else in the way, sharing nothing (what
 neighbour cores take from each other: `neighbour_contention --stages`) — beside the
 same ratio in multiply-adds, which `split` balances. Where the two differ, a kernel runs
-slower per multiply-add in one stage than in the others. Not a test: speed is measured,
-not asserted. The last line: `DDG K=<K>'s stage ceiling over BP: <F> inputs <x>x, ...`.
+slower per multiply-add in one stage than in the others. And PD-ASGD 1:1's ceiling, from
+BP's own tasks: its forward worker runs BP's forward and the update, its backward worker
+BP's backward, so BP's total over the larger of the two (`pd_ceiling`). Not a test:
+speed is measured, not asserted. The last lines: `PD-ASGD 1:1's ceiling over BP: <F>
+inputs <x>x, ...`, then `DDG K=<K>'s stage ceiling over BP: <F> inputs <x>x, ...`.
 """
 
 import argparse
@@ -55,7 +58,7 @@ def multiply_adds(fn, fn_args, batch: int) -> float:
 
 def worker(args) -> None:
   """One process: pinned to its first allowed core before JAX starts its threads; prints
-  `{part: {'ms': [forward, backward, update], 'macs': per example}}` as JSON."""
+  `{part: {'ms': [forward, backward, update], 'macs': [the same, per example]}}` as JSON."""
   os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
   import time  # pylint: disable=g-import-not-at-top
 
@@ -77,7 +80,7 @@ def worker(args) -> None:
         jax.block_until_ready(fn(*fn_args))
         times.append(time.perf_counter() - start)
       medians.append(1e3 * statistics.median(times))
-    macs = sum(multiply_adds(fn, fn_args, args.batch) for fn, fn_args in calls)
+    macs = [multiply_adds(fn, fn_args, args.batch) for fn, fn_args in calls]
     measured[part] = {'ms': medians, 'macs': macs}
   print(json.dumps(measured), flush=True)
 
@@ -97,6 +100,13 @@ def ceiling(totals: dict[str, float], lanes: int) -> float:
   """BP's total over the heaviest of DDG K's stages' totals (`parts`' keys)."""
   stages = parts(lanes)[1:]
   return totals['ddg:1:0'] / max(totals[part] for part in stages)
+
+
+def pd_ceiling(bp_tasks: list[float]) -> float:
+  """PD-ASGD 1:1's ceiling over BP from BP's (forward, backward, update): the forward
+  worker's forward and the update at once with the backward worker's backward."""
+  forward, backward, update = bp_tasks
+  return (forward + backward + update) / max(forward + update, backward)
 
 
 def median_rounds(rounds: list[dict]) -> dict:
@@ -150,33 +160,41 @@ def main(argv=None) -> None:
   for _ in range(args.rounds):
     for value in features:
       rounds[value].append(measure(value, args))
-  rows, ceilings = table(rounds, args.lanes)
+  rows, ceilings, pd_ceilings = table(rounds, args.lanes)
   from benchmarks import common  # pylint: disable=g-import-not-at-top
 
   header = ('inputs', 'part', 'forward ms', 'backward ms', 'update ms', 'total ms')
   common.print_table((*header, 'M mult-adds', 'in mult-adds'), rows)
   print(
-    "ceiling: bp's total over the heaviest stage's; in mult-adds: the same ratio of "
-    "multiply-adds (XLA's count, per example), what a split balanced in them would give"
+    "ceiling: bp's total over DDG's heaviest stage's, or over PD-ASGD 1:1's slower worker's "
+    "(bp's forward and update against its backward); in mult-adds: the same ratio of "
+    "multiply-adds (XLA's count, per example)"
   )
-  shown = ', '.join(f'{value} inputs {c:.2f}x' for value, c in ceilings.items())
-  print(f"DDG K={args.lanes}'s stage ceiling over BP: {shown}")
+  shown = lambda figures: ', '.join(f'{value} inputs {c:.2f}x' for value, c in figures.items())
+  print(f"PD-ASGD 1:1's ceiling over BP: {shown(pd_ceilings)}")
+  print(f"DDG K={args.lanes}'s stage ceiling over BP: {shown(ceilings)}")
 
 
-def table(rounds: dict[int, list[dict]], lanes: int) -> tuple[list, dict[int, float]]:
-  """The table's rows (per inputs value: each part, then its ceilings) and each value's
-  ceiling in time, from `worker`'s figures of every round."""
-  rows, ceilings = [], {}
+def table(rounds: dict[int, list[dict]], lanes: int) -> tuple[list, dict, dict]:
+  """The table's rows (per inputs value: each part, then DDG's and PD-ASGD's ceilings)
+  and each value's DDG and PD-ASGD ceilings in time, from `worker`'s figures of every
+  round."""
+  rows, ceilings, pd_ceilings = [], {}, {}
   for value, measured in rounds.items():
     figures = median_rounds(measured)
     totals = {part: sum(f['ms']) for part, f in figures.items()}
+    macs = {part: sum(f['macs']) for part, f in figures.items()}
     for part, f in figures.items():
       times = [f'{ms:.2f}' for ms in (*f['ms'], totals[part])]
-      rows.append((value, part_name(part), *times, f'{f["macs"] / 1e6:.2f}', ''))
+      rows.append((value, part_name(part), *times, f'{macs[part] / 1e6:.2f}', ''))
     ceilings[value] = ceiling(totals, lanes)
-    in_macs = ceiling({part: f['macs'] for part, f in figures.items()}, lanes)
-    rows.append((value, 'ceiling', '', '', '', f'{ceilings[value]:.2f}', '', f'{in_macs:.2f}'))
-  return rows, ceilings
+    pd_ceilings[value] = pd_ceiling(figures['ddg:1:0']['ms'])
+    for name, in_time, in_macs in (
+      (f'ddg K={lanes} ceiling', ceilings[value], ceiling(macs, lanes)),
+      ('pd 1:1 ceiling', pd_ceilings[value], pd_ceiling(figures['ddg:1:0']['macs'])),
+    ):
+      rows.append((value, name, '', '', '', f'{in_time:.2f}', '', f'{in_macs:.2f}'))
+  return rows, ceilings, pd_ceilings
 
 
 if __name__ == '__main__':

@@ -16,11 +16,19 @@ def test_ceiling_is_bp_over_the_heaviest_stage():
 
 def test_median_rounds_takes_each_task_s_median():
   rounds = [
-    {'ddg:1:0': {'ms': [1.0, 5.0, 0.1], 'macs': 7.0}},
-    {'ddg:1:0': {'ms': [3.0, 4.0, 0.3], 'macs': 7.0}},
-    {'ddg:1:0': {'ms': [2.0, 9.0, 0.2], 'macs': 7.0}},
+    {'ddg:1:0': {'ms': [1.0, 5.0, 0.1], 'macs': [2.0, 4.0, 1.0]}},
+    {'ddg:1:0': {'ms': [3.0, 4.0, 0.3], 'macs': [2.0, 4.0, 1.0]}},
+    {'ddg:1:0': {'ms': [2.0, 9.0, 0.2], 'macs': [2.0, 4.0, 1.0]}},
   ]
-  assert stage_costs.median_rounds(rounds) == {'ddg:1:0': {'ms': [2.0, 5.0, 0.2], 'macs': 7.0}}
+  median = {'ddg:1:0': {'ms': [2.0, 5.0, 0.2], 'macs': [2.0, 4.0, 1.0]}}
+  assert stage_costs.median_rounds(rounds) == median
+
+
+def test_pd_ceiling_is_bp_over_the_slower_worker():
+  # forward 60 + update 2 on one worker, backward 110 on the other: 172 / 110
+  assert stage_costs.pd_ceiling([60.0, 110.0, 2.0]) == pytest.approx(172.0 / 110.0)
+  # a backward lighter than forward and update: the forward worker sets the pace
+  assert stage_costs.pd_ceiling([60.0, 50.0, 20.0]) == pytest.approx(130.0 / 80.0)
 
 
 def test_multiply_adds_count_a_first_stage_without_its_input_gradient(monkeypatch):
@@ -62,12 +70,14 @@ def test_bad_input_is_refused_in_one_line(argv, line, capsys):
 
 def test_table_shows_each_part_and_both_ceilings():
   figures = {
-    'ddg:1:0': {'ms': [60.0, 110.0, 2.0], 'macs': 12.5e6},
-    'ddg:2:0': {'ms': [30.0, 50.0, 1.0], 'macs': 6.0e6},
-    'ddg:2:1': {'ms': [30.0, 55.0, 1.0], 'macs': 6.25e6},
+    'ddg:1:0': {'ms': [60.0, 110.0, 2.0], 'macs': [4e6, 8e6, 0.5e6]},
+    'ddg:2:0': {'ms': [30.0, 50.0, 1.0], 'macs': [2e6, 3.75e6, 0.25e6]},
+    'ddg:2:1': {'ms': [30.0, 55.0, 1.0], 'macs': [2e6, 4e6, 0.25e6]},
   }
-  rows, ceilings = stage_costs.table({1472: [figures]}, 2)
+  rows, ceilings, pd_ceilings = stage_costs.table({1472: [figures]}, 2)
   assert ceilings == {1472: pytest.approx(172.0 / 86.0)}
+  assert pd_ceilings == {1472: pytest.approx(172.0 / 110.0)}
   assert rows[0] == (1472, 'bp', '60.00', '110.00', '2.00', '172.00', '12.50', '')
   assert rows[2] == (1472, 'stage 1', '30.00', '55.00', '1.00', '86.00', '6.25', '')
-  assert rows[3] == (1472, 'ceiling', '', '', '', '2.00', '', '2.00')
+  assert rows[3] == (1472, 'ddg K=2 ceiling', '', '', '', '2.00', '', '2.00')
+  assert rows[4] == (1472, 'pd 1:1 ceiling', '', '', '', '1.56', '', '1.56')
