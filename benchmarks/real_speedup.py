@@ -28,7 +28,11 @@ runs only some of the cases (bp always); `--driver_cores` pins every thread of t
 driver (this process) to those cores once the lanes are up (default: where the OS puts
 it), to see what its dispatch takes from the lanes of the cores it leaves; `--moves=socket`
 sends every value over the lanes' sockets, as the wire did before memory shared within a
-host (`LaneSpec.moves`; run it alternately with the default to compare). `--gpu` adds,
+host (`LaneSpec.moves`; run it alternately with the default to compare). `--copies
+backwardworker0:0` runs that lane's copy threads (the readers of its connections, its
+export thread) on core 0, its tasks still on its own core (`LaneSpec.copy_cores`): PD-ASGD
+1:1's backward worker, its slowest lane, then leaves the copies of the residuals it takes
+in and the gradients it sends to the core where the forward worker waits. `--gpu` adds,
 after the CPU rounds, DDG K=2 with a GPU, in two pools of their own, each case
 interleaved with BP on the pool's GPU lane (its ratio is over that, not over BP on a
 core): both stages on the one GPU
@@ -113,6 +117,9 @@ GPU_CASES = (
   ('ddg K=2 (stage 0 GPU, stage 1 core 1)', LanePlacement.parse('stage0@gpu=1; stage1@cores=1')),
 )
 FAMILIES = ('ddg', 'local', 'asgd', 'pdasgd', 'lppsgd')
+# Printed above the tables of a run with `--copies` (`speedup_chart` reads it: its lanes
+# are placed otherwise than the default's).
+COPIES_APART = 'copy threads apart:'
 
 
 def batches(seed: int = 0):
@@ -420,18 +427,49 @@ def no_executor_cases(lanes: int, families, steps: int, warmup: int, stack) -> d
   }
 
 
-def lane_placement(lanes: int, families=FAMILIES, moves: str = 'auto') -> LanePlacement:
+def lane_placement(
+  lanes: int, families=FAMILIES, moves: str = 'auto', copies: dict[str, str] | None = None
+) -> LanePlacement:
   """The lanes of bp and of `families`' cases (`common.family_lanes`), lane k on the k-th
   core this process may use, round-robin: past the machine's cores, lanes share cores (a
   smoke run of K=4 on 2). No lane of a family not run: idle, a process still takes memory
   and start-up time, and its Ray threads wake on the cores the cases time. Every lane's
-  values take the path `moves` (`LaneSpec.moves`)."""
+  values take the path `moves` (`LaneSpec.moves`); a lane named in `copies` has its copy
+  threads on those cores (`LaneSpec.copy_cores`: `{'backwardworker0': '0'}`)."""
   cores = sorted(os.sched_getaffinity(0))
   core = lambda k: cores[k % len(cores)]
   # (ddg and local run on bp's stage lanes; `parse` refuses a name given twice)
   families = ('bp', *(f for f in ('asgd', 'pdasgd', 'lppsgd') if f in families))
   entries = [entry for f in families for entry in bench_common.family_lanes(f, lanes, core)]
-  return LanePlacement.parse('; '.join(f'{entry}@moves={moves}' for entry in entries))
+  copies = copies or {}
+  unknown = sorted(set(copies) - {entry.split('@')[0] for entry in entries})
+  if unknown:
+    raise ValueError(
+      f'--copies: no lane {", ".join(unknown)} in these cases; their lanes: '
+      f'{", ".join(entry.split("@")[0] for entry in entries)}'
+    )
+  placed = lambda entry: ''.join(
+    f'@copies={copies[lane]}' for lane in [entry.split('@')[0]] if lane in copies
+  )
+  return LanePlacement.parse('; '.join(f'{e}@moves={moves}{placed(e)}' for e in entries))
+
+
+def copies_or_error(parser, text: str) -> dict[str, str]:
+  """`--copies`: `lane:cores` entries, `;`-separated, the cores of this process."""
+  allowed, copies = set(os.sched_getaffinity(0)), {}
+  for entry in filter(None, (e.strip() for e in text.split(';'))):
+    lane, _, cores = entry.partition(':')
+    try:
+      numbers = {int(c) for c in cores.split(',')}
+    except ValueError:
+      numbers = set()
+    if not lane or not numbers or not numbers <= allowed:
+      parser.error(
+        f'--copies: lane:cores entries separated by ";", the cores among '
+        f'{",".join(map(str, sorted(allowed)))}; got {entry!r}'
+      )
+    copies[lane] = cores
+  return copies
 
 
 def driver_cores_or_error(parser, text: str) -> tuple[int, ...]:
@@ -487,6 +525,11 @@ def main():
     help="the CPU lanes' values: auto (= host: shared memory within the host), or socket",
   )
   parser.add_argument(
+    '--copies',
+    default='',
+    help="lane:cores[;...]: those lanes' copy threads on those cores (see above)",
+  )
+  parser.add_argument(
     '--traces',
     default='',
     help="a folder to write each round's timeline of every case to (Chrome trace JSON)",
@@ -501,6 +544,7 @@ def main():
     retime(args.retime, args.warmup)
     return
   driver_cores = driver_cores_or_error(parser, args.driver_cores)
+  copies = copies_or_error(parser, args.copies)
   families = tuple(f.strip() for f in args.families.split(',') if f.strip())
   unknown = sorted(set(families) - set(FAMILIES))
   if unknown or 'ddg' not in families:
@@ -519,6 +563,10 @@ def main():
     parser.error(
       f'--depth: hidden layers; {args.lanes} stages need at least {args.lanes - 1}, got {args.depth}'
     )
+  try:  # (before anything compiles)
+    placement = lane_placement(args.lanes, families, args.moves, copies)
+  except ValueError as error:
+    parser.error(str(error))
   set_shape(args.features, args.batch, args.depth)
   cases_ = cases(args.lanes, families)
   print(
@@ -527,7 +575,9 @@ def main():
     f'batch {BATCH}, {args.steps} steps ({args.warmup} warm-up), {args.rounds} rounds'
   )
   print(split_balance(args.lanes))
-  placement = lane_placement(args.lanes, families, args.moves)
+  if copies:
+    apart = ', '.join(f'{lane} on {cores}' for lane, cores in copies.items())
+    print(f'{COPIES_APART} {apart}')
   times, host, busiest, busiest_cpu, host_cpu = {}, {}, {}, {}, {}
 
   def record(name, case, pool):

@@ -41,18 +41,23 @@ def _lanes(cores: str) -> int:
 # earlier window, which overstated DDG's speed-up (`real_speedup.steady_window`): the
 # chart leaves them out.
 EARLIER_WINDOW = '# --- earlier window'
+# What `real_speedup --copies` prints above its tables (`real_speedup.COPIES_APART`, not
+# imported: that module starts JAX): its lanes are placed otherwise.
+COPIES_APART = 'copy threads apart:'
 
 
 def parse_runs(text: str) -> list[tuple[str, dict[str, tuple[int, float]]]]:
   """Every table of the file above `EARLIER_WINDOW`, in its order: `(setting, {case:
   (lanes, speed-up over bp)})`, the setting being the model and batch of the `machine:`
-  line above the table."""
+  line above the table, and the `COPIES_APART` line below that if any."""
   runs, setting = [], ''
   for line in text.splitlines():
     if line.startswith(EARLIER_WINDOW):
       break
     found = re.search(r'MLP [\d-]+, batch \d+', line) if line.startswith('machine:') else None
     setting = found[0] if found else setting
+    if line.startswith(COPIES_APART):  # another placement: another setting
+      setting = f'{setting}; {line}'
     if line.startswith('case '):
       runs.append((setting, {}))
       continue

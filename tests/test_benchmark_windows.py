@@ -661,3 +661,23 @@ def test_a_lane_process_cpu_is_split_into_its_task_thread_copy_threads_and_named
   assert parts['copy threads'] == pytest.approx(0.016)
   assert parts['worker.io'] == pytest.approx(0.002)
   assert lane_threads.split_threads(before, before, 'ray::LaneRuntime') == {}
+
+
+def test_real_speedup_places_a_lanes_copy_threads_apart_and_refuses_bad_copies(capsys):
+  import argparse
+
+  from benchmarks import real_speedup
+
+  placement = real_speedup.lane_placement(2, ('ddg', 'pdasgd'), copies={'backwardworker0': '0'})
+  assert placement['backwardworker0'].copy_cores == (0,)
+  together = real_speedup.lane_placement(2, ('ddg', 'pdasgd'))  # its tasks' cores unchanged
+  assert placement['backwardworker0'].cores == together['backwardworker0'].cores
+  assert together['backwardworker0'].copy_cores is None
+  assert {lane.name for lane in placement.lanes if lane.copy_cores} == {'backwardworker0'}
+  with pytest.raises(ValueError, match=r'--copies: no lane worker9 in these cases; their lanes:'):
+    real_speedup.lane_placement(2, ('ddg',), copies={'worker9': '0'})
+  parser = argparse.ArgumentParser()
+  assert real_speedup.copies_or_error(parser, 'stage1:0; ') == {'stage1': '0'}
+  with pytest.raises(SystemExit):
+    real_speedup.copies_or_error(parser, 'stage1:9999')
+  assert '--copies: lane:cores entries separated by ";"' in capsys.readouterr().err

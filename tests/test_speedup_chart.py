@@ -41,3 +41,21 @@ def test_tables_below_the_earlier_window_line_are_left_out():
     {'bp': (1, 1.0), 'ddg K=2': (2, 1.74)},
     {'bp': (1, 1.0), 'pdasgd 1:1': (2, 0.99)},
   ]
+
+
+def test_a_run_with_copy_threads_apart_is_a_setting_of_its_own():
+  """`real_speedup --copies` places lanes otherwise: its tables are not earlier runs of
+  the default placement's cases (no dot of the chart)."""
+  apart = TEXT.replace(
+    'case                     ms',
+    f'{speedup_chart.COPIES_APART} stage1 on 0\ncase                     ms',
+  )
+  from benchmarks import real_speedup
+
+  assert speedup_chart.COPIES_APART == real_speedup.COPIES_APART  # what it prints
+  settings = [setting for setting, _ in speedup_chart.parse_runs(apart)]
+  assert settings == [
+    f'MLP 1536-1024-10, batch 512; {speedup_chart.COPIES_APART} stage1 on 0',
+    'MLP 512-1024-10, batch 512',
+    'MLP 512-1024-10, batch 512',
+  ]

@@ -79,10 +79,19 @@ def build_layer_tasks(scale: float):
     'spin': spin,
     'pid': os.getpid,
     'affinity': lambda: np.array(sorted(os.sched_getaffinity(0))),
+    'thread_affinities': thread_affinities,
     'env': lambda name: os.environ.get(name, ''),
     'jax_flag': lambda name: str(getattr(jax.config, name)),
     'device_count': jax.device_count,
   }
+
+
+def thread_affinities() -> str:
+  """The cores each thread of this process may run on (Linux: a thread's
+  `sched_getaffinity` by its id), sorted, as text: `0|0|1` for three threads (a lane's
+  task returns one structure for every call; a list's length would change)."""
+  cores = [sorted(os.sched_getaffinity(int(tid))) for tid in os.listdir('/proc/self/task')]
+  return '|'.join(sorted(','.join(map(str, mine)) for mine in cores))
 
 
 BUILT = []  # the tags of the `build_noted_tasks` recipes built in this process, in order

@@ -96,6 +96,17 @@ def test_placement_text_form_and_bad_input():
     LanePlacement.parse('a; a')
   with pytest.raises(ValueError, match=r"'speed=2' is not host=\.\.\."):
     LanePlacement.parse('a@speed=2')
+  # A lane's copy threads on other cores than its tasks: in its spec, its environment
+  # (which the lane reads) and its line.
+  apart = LanePlacement.parse('s1@cores=1@copies=0,2-3')
+  assert (apart['s1'].cores, apart['s1'].copy_cores) == ((1,), (0, 2, 3))
+  assert apart['s1'].environment()['JAXSGD_LANE_COPY_CORES'] == '0,2,3'
+  assert 's1: host=driver cores=1 copies=0,2,3 gpu=no' in apart.describe()
+  assert 'JAXSGD_LANE_COPY_CORES' not in placement['server'].environment()
+  with pytest.raises(ValueError, match=r"lane 's1': copies like '0,1' or '0-3' expected, got 'x'"):
+    LanePlacement.parse('s1@copies=x')
+  with pytest.raises(ValueError, match=r"lane 's1': copy_cores must be a non-empty list"):
+    LaneSpec('s1', copy_cores=())
 
 
 def test_lanes_sharing_a_gpu_take_their_share_of_it_and_of_its_memory(monkeypatch):
@@ -186,6 +197,26 @@ def test_each_lane_is_a_process_pinned_to_its_cores(pool):
       pool.fetch(pool.run(lane, task('jax_flag'), ('jax_persistent_cache_min_compile_time_secs',)))
       == '0.0'
     )
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason='needs two cores')
+def test_a_lanes_copy_threads_run_on_their_own_cores_and_its_values_still_move(head):
+  """`c@cores=0@copies=1`: c's tasks run on core 0 (the task thread, XLA's), its copy
+  threads — the reader of the driver's calls, its export thread, and the reader of the
+  values d sends it — on core 1; values move both ways as with every thread on core 0."""
+  first, second = sorted(os.sched_getaffinity(0))[:2]
+  placement = LanePlacement.parse(f'c@cores={first}@copies={second}; d@cores={second}')
+  with LanePool(placement, address=head.address, verbose=False) as lanes:
+    x = np.arange(6, dtype=np.float32)
+    on_c = lanes.run('c', task('add'), (x, x))
+    on_d = lanes.run('d', task('add'), (on_c, x))  # c -> d
+    back = lanes.run('c', task('add'), (on_d, on_c))  # d -> c
+    np.testing.assert_array_equal(lanes.fetch(back), 5 * x)
+    assert lanes.fetch(lanes.run('c', task('affinity'))).tolist() == [first]
+    threads = lanes.fetch(lanes.run('c', task('thread_affinities'))).split('|')
+    assert set(threads) == {str(first), str(second)}
+    assert threads.count(str(second)) >= 3  # the two readers and the export thread
+    assert set(lanes.fetch(lanes.run('d', task('thread_affinities'))).split('|')) == {str(second)}
 
 
 def _main_thread_switches(pid: int) -> int:

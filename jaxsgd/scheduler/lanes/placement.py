@@ -7,7 +7,10 @@
 A lane is a name (a pipeline stage's device, an asynchronous worker, the parameter
 server...). `host` is the IP address of a Ray node (None: the driver's node). `cores`
 pins the lane process and XLA's intra-op threads to those cores of its host (None: not
-pinned). `gpu=1` gives the lane one GPU of its host to itself: Ray assigns it and
+pinned). `copies` puts the lane's copy threads — the readers of its connections and its
+export thread: the values it takes in and sends — on other cores of its host than its
+tasks (None: its own cores, with everything else of the process): a lane that is a
+pipeline's bottleneck can leave those copies to a core whose lane waits. `gpu=1` gives the lane one GPU of its host to itself: Ray assigns it and
 sets `CUDA_VISIBLE_DEVICES`, so there is one process per GPU, and JAX picks its backend
 (`JAX_PLATFORMS` empty: a driver run with `JAX_PLATFORMS=cpu`, as it should be on a host
 whose GPUs its lanes use, does not pass that on); the other lanes run JAX's CPU backend
@@ -24,9 +27,9 @@ the socket within a host too (copied into the kernel and out: the way to compare
 `auto` (the default) — the device path on a GPU lane, the host path on a CPU lane.
 
 The text form, one lane per `;`: `name[@key=value[,value...][@...]]` with keys
-`host`, `cores` (`0,1` or `0-3`), `gpu` (`1`, `0` or a share such as `0.5`) and `moves`
-(`auto`, `device`, `host` or `socket`), e.g.
-`server@host=10.0.0.1@cores=0; worker0@host=10.0.0.2@gpu=1`.
+`host`, `cores` and `copies` (`0,1` or `0-3`), `gpu` (`1`, `0` or a share such as `0.5`)
+and `moves` (`auto`, `device`, `host` or `socket`), e.g.
+`server@host=10.0.0.1@cores=0; worker0@host=10.0.0.2@gpu=1; stage1@cores=1@copies=0`.
 """
 
 import dataclasses
@@ -34,6 +37,9 @@ import os
 from collections.abc import Iterable, Sequence
 
 from jaxsgd.scheduler.lanes.device_path import MOVES
+
+# The lane process's variable naming its copy threads' cores (`LaneSpec.copy_cores`).
+COPY_CORES_VARIABLE = 'JAXSGD_LANE_COPY_CORES'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +51,7 @@ class LaneSpec:
   cores: tuple[int, ...] | None = None
   gpu: float = 0.0  # 1: a GPU to itself; 0 < share < 1: that share of one; 0: none
   moves: str = 'auto'  # the path of its values to other lanes: auto, device, host, socket
+  copy_cores: tuple[int, ...] | None = None  # its copy threads' cores; None: `cores`
 
   def __post_init__(self):
     if not self.name or any(c in self.name for c in ';@= '):
@@ -52,14 +59,16 @@ class LaneSpec:
         f'placement: lane name {self.name!r}: a non-empty name without '
         "';', '@', '=' or spaces expected."
       )
-    if self.cores is not None:
-      cores = tuple(self.cores)
+    for field, given in (('cores', self.cores), ('copy_cores', self.copy_cores)):
+      if given is None:
+        continue
+      cores = tuple(given)
       if not cores or any(not isinstance(c, int) or c < 0 for c in cores):
         raise ValueError(
-          f'placement: lane {self.name!r}: cores must be a non-empty list '
-          f'of core numbers >= 0, got {self.cores!r}.'
+          f'placement: lane {self.name!r}: {field} must be a non-empty list '
+          f'of core numbers >= 0, got {given!r}.'
         )
-      object.__setattr__(self, 'cores', cores)
+      object.__setattr__(self, field, cores)
     if isinstance(self.gpu, str) or not 0 <= self.gpu <= 1:
       raise ValueError(
         f'placement: lane {self.name!r}: gpu must be 0, 1 or a share of one GPU between '
@@ -80,11 +89,14 @@ class LaneSpec:
     is JAX's default: every platform it finds, the GPU first), whatever the driver's
     `JAX_PLATFORMS`: lane processes inherit the driver's environment otherwise. A pinned
     lane's intra-op threads are limited to its cores. A lane with a share of a GPU takes
-    that share of the three quarters of its memory JAX would take alone.
+    that share of the three quarters of its memory JAX would take alone. Its copy threads'
+    cores, if placed apart, are `COPY_CORES_VARIABLE` (`runtime.LaneRuntime` reads it).
     """
     variables = {'JAX_PLATFORMS': '' if self.gpu else 'cpu'}
     if 0 < self.gpu < 1:
       variables['XLA_PYTHON_CLIENT_MEM_FRACTION'] = f'{0.75 * self.gpu:.3f}'
+    if self.copy_cores is not None:
+      variables[COPY_CORES_VARIABLE] = ','.join(map(str, self.copy_cores))
     if self.cores is None:
       return variables
     threads = str(len(self.cores))
@@ -177,8 +189,9 @@ class LanePlacement:
     for lane in self.lanes:
       cores = 'any' if lane.cores is None else ','.join(map(str, lane.cores))
       moves = '' if lane.moves == 'auto' else f' moves={lane.moves}'
+      copies = '' if lane.copy_cores is None else f' copies={",".join(map(str, lane.copy_cores))}'
       rows.append(
-        f'  {lane.name}: host={lane.host or "driver"} cores={cores} '
+        f'  {lane.name}: host={lane.host or "driver"} cores={cores}{copies} '
         f'gpu={_describe_gpu(lane.gpu)}{moves}'
       )
     return 'placement:\n' + '\n'.join(rows)
@@ -189,14 +202,15 @@ def _parse_lane(text: str) -> LaneSpec:
   settings = {}
   for field in fields:
     key, sep, value = field.partition('=')
-    if not sep or key not in ('host', 'cores', 'gpu', 'moves'):
+    if not sep or key not in ('host', 'cores', 'copies', 'gpu', 'moves'):
       raise ValueError(
-        f'placement: lane {name!r}: {field!r} is not host=..., cores=..., gpu=... or moves=...'
+        f'placement: lane {name!r}: {field!r} is not host=..., cores=..., copies=..., '
+        'gpu=... or moves=...'
       )
     settings[key] = value.strip()
-  cores = settings.get('cores')
-  if cores is not None:
-    cores = _parse_cores(name, cores)
+  cores, copies = (settings.get(key) for key in ('cores', 'copies'))
+  cores = None if cores is None else _parse_cores(name, cores)
+  copies = None if copies is None else _parse_cores(name, copies, 'copies')
   gpu = settings.get('gpu', '0')
   try:
     share = float(gpu)
@@ -208,14 +222,14 @@ def _parse_lane(text: str) -> LaneSpec:
       f'(0.5), got {gpu!r}.'
     )
   moves = settings.get('moves', 'auto')
-  return LaneSpec(name.strip(), settings.get('host') or None, cores, share, moves)
+  return LaneSpec(name.strip(), settings.get('host') or None, cores, share, moves, copies)
 
 
 def _describe_gpu(share: float) -> str:
   return 'yes' if share == 1 else 'no' if share == 0 else f'{share:g} of one'
 
 
-def _parse_cores(name: str, text: str) -> tuple[int, ...]:
+def _parse_cores(name: str, text: str, key: str = 'cores') -> tuple[int, ...]:
   cores = []
   try:
     for part in text.split(','):
@@ -223,6 +237,6 @@ def _parse_cores(name: str, text: str) -> tuple[int, ...]:
       cores.extend(range(int(low), int(high or low) + 1))
   except ValueError:
     raise ValueError(
-      f"placement: lane {name!r}: cores like '0,1' or '0-3' expected, got {text!r}."
+      f"placement: lane {name!r}: {key} like '0,1' or '0-3' expected, got {text!r}."
     ) from None
   return tuple(cores)

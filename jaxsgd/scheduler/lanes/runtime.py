@@ -50,6 +50,7 @@ import ray
 from jaxsgd import allocator, compilation_cache
 from jaxsgd.scheduler.lanes import wire
 from jaxsgd.scheduler.lanes.device_path import DevicePath, Offer, uses_device_path
+from jaxsgd.scheduler.lanes.placement import COPY_CORES_VARIABLE
 
 
 FAULT_VAR = 'JAXSGD_TEST_LANE_FAULT'  # a test hook: see the module docstring
@@ -149,17 +150,23 @@ def ray_whereabouts() -> dict:
   }
 
 
+def check_cores(cores: tuple[int, ...]) -> tuple[int, ...]:
+  """`cores`, refused if this process may not use them (on another host than the
+  driver's, the placement could not check them)."""
+  allowed = os.sched_getaffinity(0)
+  if not set(cores) <= allowed:
+    raise ValueError(
+      f'placement: cores {sorted(set(cores) - allowed)} are not cores of this host '
+      f'({", ".join(map(str, sorted(allowed)))}).'
+    )
+  return cores
+
+
 def pin_process(cores: tuple[int, ...] | None) -> tuple[int, ...]:
   """Pins every thread of this process (and those it starts later) to `cores`; refuses
-  cores this process may not use (on another host than the driver's, the placement
-  could not check them)."""
+  cores this process may not use (`check_cores`)."""
   if cores is not None:
-    allowed = os.sched_getaffinity(0)
-    if not set(cores) <= allowed:
-      raise ValueError(
-        f'placement: cores {sorted(set(cores) - allowed)} are not cores of this host '
-        f'({", ".join(map(str, sorted(allowed)))}).'
-      )
+    check_cores(cores)
     for tid in os.listdir('/proc/self/task'):
       try:
         os.sched_setaffinity(int(tid), cores)
@@ -193,6 +200,8 @@ class LaneRuntime:
     allocator.keep_freed_memory()  # before any message's buffers
     if variables:
       _take_variables(variables)
+    copies = os.environ.get(COPY_CORES_VARIABLE)  # (`LaneSpec.copy_cores`)
+    self.copy_cores = check_cores(tuple(map(int, copies.split(',')))) if copies else None
     self.cores = pin_process(cores)  # before JAX's backend (and its threads) starts
     import jax
 
@@ -647,9 +656,17 @@ class LaneRuntime:
     else:  # ('lane', its TCP address)
       self.copies.counted(self._read_lane, endpoint, tuple(hello[1]))
 
+  def _on_copy_cores(self) -> None:
+    """Moves the calling thread, one of the lane's copy threads, to its copy cores, if
+    placed apart (`LaneSpec.copy_cores`): what it copies in and out then runs beside the
+    tasks instead of between them."""
+    if self.copy_cores is not None:
+      os.sched_setaffinity(0, self.copy_cores)  # (0: this thread, on Linux)
+
   def _read_driver(self, endpoint: wire.Endpoint) -> None:
     """Hands each call to the thread that runs it; exits the process once the driver's
     connection ends (its run is over, or its driver died)."""
+    self._on_copy_cores()
     while True:
       try:
         message = endpoint.receive()
@@ -672,6 +689,7 @@ class LaneRuntime:
   def _read_lane(self, endpoint: wire.Endpoint, source: tuple) -> None:
     """Takes the values another lane sends: kept for the call that takes them in, or —
     a message that must land whole — taken in at once; the driver hears of each."""
+    self._on_copy_cores()
     while True:
       try:
         message = endpoint.receive()
@@ -773,6 +791,7 @@ class LaneRuntime:
     batch, long made, waited for the export of the next batch's, asked for at its
     backward's dispatch, until that batch's forward had run (36 ms of an idle backward
     worker, its layers' updates late with it, in an emulated 1:7 run)."""
+    self._on_copy_cores()
     while True:
       message = self.exports.get()
       ready, waiting = [], []
