@@ -107,6 +107,10 @@ def test_placement_text_form_and_bad_input():
     LanePlacement.parse('s1@copies=x')
   with pytest.raises(ValueError, match=r"lane 's1': copy_cores must be a non-empty list"):
     LaneSpec('s1', copy_cores=())
+  from jaxsgd.scheduler.lanes import runtime  # the lane refuses cores its host has not
+
+  with pytest.raises(ValueError, match=r'placement: copies \[9999\] are not cores of this host'):
+    runtime.check_cores((9999,), 'copies')
 
 
 def test_lanes_sharing_a_gpu_take_their_share_of_it_and_of_its_memory(monkeypatch):

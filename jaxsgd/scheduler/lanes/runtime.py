@@ -150,13 +150,13 @@ def ray_whereabouts() -> dict:
   }
 
 
-def check_cores(cores: tuple[int, ...]) -> tuple[int, ...]:
-  """`cores`, refused if this process may not use them (on another host than the
-  driver's, the placement could not check them)."""
+def check_cores(cores: tuple[int, ...], field: str = 'cores') -> tuple[int, ...]:
+  """`cores` (the placement's `field`), refused if this process may not use them (on
+  another host than the driver's, the placement could not check them)."""
   allowed = os.sched_getaffinity(0)
   if not set(cores) <= allowed:
     raise ValueError(
-      f'placement: cores {sorted(set(cores) - allowed)} are not cores of this host '
+      f'placement: {field} {sorted(set(cores) - allowed)} are not cores of this host '
       f'({", ".join(map(str, sorted(allowed)))}).'
     )
   return cores
@@ -201,7 +201,7 @@ class LaneRuntime:
     if variables:
       _take_variables(variables)
     copies = os.environ.get(COPY_CORES_VARIABLE)  # (`LaneSpec.copy_cores`)
-    self.copy_cores = check_cores(tuple(map(int, copies.split(',')))) if copies else None
+    self.copy_cores = check_cores(tuple(map(int, copies.split(','))), 'copies') if copies else None
     self.cores = pin_process(cores)  # before JAX's backend (and its threads) starts
     import jax
 
