@@ -64,8 +64,9 @@ came out ~10 % heavier than stage 1 (`benchmarks.stage_costs` times each task al
 stage, beside its multiply-adds; rerun it to check a machine; the figures:
 benchmarks/results/stage_costs.txt). Per case the busiest lane's busy time per iteration
 is printed, with the part of it that was the lane's own CPU (the rest: its cores ran its
-copies, the driver, Ray or another lane), and BP's time over it: the case's ceiling as it ran, had nothing but that
-lane's tasks taken time. Time per iteration: from the end of the last update of
+copies, the driver, Ray or another lane), and BP's time over it: the case's ceiling as it
+ran, had nothing but that lane's tasks taken time. Time per iteration: from the end of the
+last update of
 batch `--warmup` - 1 to that of the last batch every updating lane updated, over the
 batches in between (compilation in the lanes is left out; DDG's stage 0 applies batch
 `steps - K`'s gradient last, so DDG K=8 with 16 steps and 4 of warm-up is timed over 5

@@ -5,19 +5,19 @@
     print(placement.describe())
 
 A lane is a name (a pipeline stage's device, an asynchronous worker, the parameter
-server...). `host` is the IP address of a Ray node (None: the driver's node). `cores`
-pins the lane process and XLA's intra-op threads to those cores of its host (None: not
-pinned). `copies` puts the lane's copy threads — the readers of its connections and its
-export thread: the values it takes in and sends — on other cores of its host than its
-tasks (None: its own cores, with everything else of the process): a lane that is a
-pipeline's bottleneck can leave those copies to a core whose lane waits. `gpu=1` gives the lane one GPU of its host to itself: Ray assigns it and
-sets `CUDA_VISIBLE_DEVICES`, so there is one process per GPU, and JAX picks its backend
-(`JAX_PLATFORMS` empty: a driver run with `JAX_PLATFORMS=cpu`, as it should be on a host
-whose GPUs its lanes use, does not pass that on); the other lanes run JAX's CPU backend
-(`JAX_PLATFORMS=cpu`). A fraction, `gpu=0.5`, is a share of one GPU (Ray's fractional
-GPUs): lanes whose shares add up to 1 run on the same GPU, each process taking that share
-of JAX's memory pool (`XLA_PYTHON_CLIENT_MEM_FRACTION`) instead of JAX's default 75 % of
-the GPU's memory, which the second process could not get.
+server...). `host` is the IP address of a Ray node (None: the driver's node). `cores` pins
+the lane process and XLA's intra-op threads to those cores of its host (None: not pinned).
+`copies` puts the lane's copy threads — the readers of its connections and its export
+thread: the values it takes in and sends — on other cores of its host than its tasks (None:
+its own cores, with everything else of the process): a lane that is a pipeline's bottleneck
+can leave those copies to a core whose lane waits. `gpu=1` gives the lane one GPU of its
+host to itself: Ray assigns it and sets `CUDA_VISIBLE_DEVICES`, so there is one process per
+GPU, and JAX picks its backend (`JAX_PLATFORMS` empty: a driver run with
+`JAX_PLATFORMS=cpu`, as it should be on a host whose GPUs its lanes use, does not pass that
+on); the other lanes run JAX's CPU backend (`JAX_PLATFORMS=cpu`). A fraction, `gpu=0.5`, is
+a share of one GPU (Ray's fractional GPUs): lanes whose shares add up to 1 run on the same
+GPU, each process taking that share of JAX's memory pool (`XLA_PYTHON_CLIENT_MEM_FRACTION`)
+instead of JAX's default 75 % of the GPU's memory, which the second process could not get.
 
 `moves` is the path a lane's values take to and from other lanes (device_path.py):
 `device` — as device buffers through JAX's transfer servers, between two lanes that both
@@ -80,6 +80,10 @@ class LaneSpec:
         f'placement: lane {self.name!r}: moves must be one of {", ".join(MOVES)}, '
         f'got {self.moves!r}.'
       )
+
+  def describe_copies(self) -> str:
+    """' copies=0,2' where the copy threads are placed apart, else ''."""
+    return '' if self.copy_cores is None else f' copies={",".join(map(str, self.copy_cores))}'
 
   def environment(self) -> dict[str, str]:
     """Variables the lane process needs before JAX starts.
@@ -189,7 +193,7 @@ class LanePlacement:
     for lane in self.lanes:
       cores = 'any' if lane.cores is None else ','.join(map(str, lane.cores))
       moves = '' if lane.moves == 'auto' else f' moves={lane.moves}'
-      copies = '' if lane.copy_cores is None else f' copies={",".join(map(str, lane.copy_cores))}'
+      copies = lane.describe_copies()
       rows.append(
         f'  {lane.name}: host={lane.host or "driver"} cores={cores}{copies} '
         f'gpu={_describe_gpu(lane.gpu)}{moves}'

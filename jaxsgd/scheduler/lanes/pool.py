@@ -740,10 +740,9 @@ class LanePool:
       spec = self.placement[name]
       cores = ','.join(map(str, info['cores']))
       gpus = ','.join(map(str, info['gpus'])) or '-'
-      copies = '' if spec.copy_cores is None else f' copies={",".join(map(str, spec.copy_cores))}'
       rows.append(
         f'  {name}: host={info["host"]} ({info["hostname"]}) pid={info["pid"]} '
-        f'cores={cores}{"" if spec.cores else " (not pinned)"}{copies} gpu={gpus} '
+        f'cores={cores}{"" if spec.cores else " (not pinned)"}{spec.describe_copies()} gpu={gpus} '
         f'jax={info["device"]}{" moves=device" if info["address"].get("transfer") else ""}'
       )
     # Each lane's process numbers its own devices from 0 (`jax=cpu:0` in every row is
