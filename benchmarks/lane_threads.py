@@ -3,6 +3,7 @@ r"""Where each core's time goes in one of `real_speedup`'s cases, thread by thre
     python -m benchmarks.lane_threads                  # PD-ASGD 1:1, ~1 min on 2 cores
     python -m benchmarks.lane_threads --family=ddg --rounds=5
     python -m benchmarks.lane_threads --moves=socket   # values over the sockets (`LaneSpec.moves`)
+    python -m benchmarks.lane_threads --copies=backwardworker0:0   # its copy threads on core 0
 
 Runs one case of `benchmarks.real_speedup` (the same model, lanes and pinning: K=2) on a
 Ray cluster of its own, twice to compile, then `--rounds` times, reading before and after
@@ -21,7 +22,9 @@ median over rounds:
   driver        this process, every thread; Ray's daemons (raylet, GCS, agents)
   core N        the core's busy time, of the wall time per iteration
 A lane is pinned to its core with all its threads (`LanePlacement`), so its copies run
-on the core its tasks do. Not a test: speed is measured, not asserted. The last line:
+on the core its tasks do; `--copies lane:cores` moves that lane's copy threads to those
+cores (`LaneSpec.copy_cores`, as `real_speedup --copies`): they still count as its copy
+threads, and the core busy times show where they ran. Not a test: speed is measured, not asserted. The last line:
 `<case>: busiest lane <lane>: task thread <x> ms, its other threads <y> ms an iteration`
 (its copy threads and its named threads).
 """
@@ -107,12 +110,20 @@ def main():
   parser.add_argument(
     '--moves', default='auto', choices=('auto', 'host', 'socket'), help="the lanes' values' path"
   )
+  parser.add_argument(
+    '--copies', default='', help="lane:cores[;...]: those lanes' copy threads on those cores"
+  )
   args = parser.parse_args()
   name, case = list(real_speedup.cases(2, (args.family,)).items())[-1]  # (bp's first)
-  placement = real_speedup.lane_placement(2, (args.family,), args.moves)
+  copies = real_speedup.copies_or_error(parser, args.copies)
+  try:
+    placement = real_speedup.lane_placement(2, (args.family,), args.moves, copies)
+  except ValueError as error:
+    parser.error(str(error))
+  apart = ''.join(f', {lane} copies on {cores}' for lane, cores in copies.items())
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
-    f'{name}, moves={args.moves}, {args.steps} iterations a round, {args.rounds} rounds'
+    f'{name}, moves={args.moves}{apart}, {args.steps} iterations a round, {args.rounds} rounds'
   )
   rounds = []
   with LanePool(placement) as pool:
