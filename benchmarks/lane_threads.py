@@ -115,11 +115,9 @@ def main():
   )
   args = parser.parse_args()
   name, case = list(real_speedup.cases(2, (args.family,)).items())[-1]  # (bp's first)
-  copies = real_speedup.copies_or_error(parser, args.copies)
-  try:
-    placement = real_speedup.lane_placement(2, (args.family,), args.moves, copies)
-  except ValueError as error:
-    parser.error(str(error))
+  placement, copies = real_speedup.placement_or_error(
+    parser, 2, (args.family,), args.moves, args.copies
+  )
   apart = ''.join(f', {lane} copies on {cores}' for lane, cores in copies.items())
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '

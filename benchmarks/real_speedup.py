@@ -442,17 +442,27 @@ def lane_placement(
   # (ddg and local run on bp's stage lanes; `parse` refuses a name given twice)
   families = ('bp', *(f for f in ('asgd', 'pdasgd', 'lppsgd') if f in families))
   entries = [entry for f in families for entry in bench_common.family_lanes(f, lanes, core)]
-  copies = copies or {}
-  unknown = sorted(set(copies) - {entry.split('@')[0] for entry in entries})
+  names, copies = [entry.split('@')[0] for entry in entries], copies or {}
+  unknown = sorted(set(copies) - set(names))
   if unknown:
     raise ValueError(
-      f'--copies: no lane {", ".join(unknown)} in these cases; their lanes: '
-      f'{", ".join(entry.split("@")[0] for entry in entries)}'
+      f'--copies: no lane {", ".join(unknown)} in these cases; their lanes: {", ".join(names)}'
     )
-  placed = lambda entry: ''.join(
-    f'@copies={copies[lane]}' for lane in [entry.split('@')[0]] if lane in copies
-  )
-  return LanePlacement.parse('; '.join(f'{e}@moves={moves}{placed(e)}' for e in entries))
+  entries = [
+    f'{entry}@moves={moves}' + (f'@copies={copies[name]}' if name in copies else '')
+    for entry, name in zip(entries, names)
+  ]
+  return LanePlacement.parse('; '.join(entries))
+
+
+def placement_or_error(parser, lanes: int, families, moves: str, copies_text: str):
+  """`lane_placement` with `--copies` read from `copies_text` (`copies_or_error`), and
+  the copies; bad input refused in one line by `parser`."""
+  copies = copies_or_error(parser, copies_text)
+  try:
+    return lane_placement(lanes, families, moves, copies), copies
+  except ValueError as error:
+    parser.error(str(error))
 
 
 def copies_or_error(parser, text: str) -> dict[str, str]:
@@ -545,7 +555,6 @@ def main():
     retime(args.retime, args.warmup)
     return
   driver_cores = driver_cores_or_error(parser, args.driver_cores)
-  copies = copies_or_error(parser, args.copies)
   families = tuple(f.strip() for f in args.families.split(',') if f.strip())
   unknown = sorted(set(families) - set(FAMILIES))
   if unknown or 'ddg' not in families:
@@ -564,10 +573,9 @@ def main():
     parser.error(
       f'--depth: hidden layers; {args.lanes} stages need at least {args.lanes - 1}, got {args.depth}'
     )
-  try:  # (before anything compiles)
-    placement = lane_placement(args.lanes, families, args.moves, copies)
-  except ValueError as error:
-    parser.error(str(error))
+  placement, copies = placement_or_error(  # (before anything compiles)
+    parser, args.lanes, families, args.moves, args.copies
+  )
   set_shape(args.features, args.batch, args.depth)
   cases_ = cases(args.lanes, families)
   print(

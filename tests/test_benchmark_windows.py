@@ -678,6 +678,9 @@ def test_real_speedup_places_a_lanes_copy_threads_apart_and_refuses_bad_copies(c
     real_speedup.lane_placement(2, ('ddg',), copies={'worker9': '0'})
   parser = argparse.ArgumentParser()
   assert real_speedup.copies_or_error(parser, 'stage1:0; ') == {'stage1': '0'}
+  placed, copies = real_speedup.placement_or_error(parser, 2, ('ddg',), 'auto', 'stage1:0')
+  assert copies == {'stage1': '0'} and placed['stage1'].copy_cores == (0,)
+  assert placed['stage0'].copy_cores is None and placed['stage1'].moves == 'auto'
   with pytest.raises(SystemExit):
     real_speedup.copies_or_error(parser, 'stage1:9999')
   assert '--copies: lane:cores entries separated by ";"' in capsys.readouterr().err
