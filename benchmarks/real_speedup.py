@@ -28,11 +28,16 @@ runs only some of the cases (bp always); `--driver_cores` pins every thread of t
 driver (this process) to those cores once the lanes are up (default: where the OS puts
 it), to see what its dispatch takes from the lanes of the cores it leaves; `--moves=socket`
 sends every value over the lanes' sockets, as the wire did before memory shared within a
-host (`LaneSpec.moves`; run it alternately with the default to compare). `--copies
-backwardworker0:0` runs that lane's copy threads (the readers of its connections, its
-export thread) on core 0, its tasks still on its own core (`LaneSpec.copy_cores`): PD-ASGD
-1:1's backward worker, its slowest lane, then leaves the copies of the residuals it takes
-in and the gradients it sends to the core where the forward worker waits. `--gpu` adds,
+host (`LaneSpec.moves`; run it alternately with the default to compare). A lane's copy
+threads (the readers of its connections, its export thread) run beside its tasks on its
+core unless moved: by default (`--copies=auto`) each case first runs once, not counted,
+and then runs with the copy threads of its busiest core's lanes on its least busy core
+where that lowers the busiest's load (`placement.copies_toward_idle`, from each lane's
+tasks' CPU and its copies' measured in that run; a line per case says what it measured
+and moved): PD-ASGD 1:1's backward worker, its slowest lane, then leaves the copies of
+the residuals it takes in and the gradients it sends to the core where the forward worker
+waits. `--copies=own` keeps every lane's on its own cores; `--copies backwardworker0:0`
+places that lane's on core 0 for every case (`LaneSpec.copy_cores`). `--gpu` adds,
 after the CPU rounds, DDG K=2 with a GPU, in two pools of their own, each case
 interleaved with BP on the pool's GPU lane (its ratio is over that, not over BP on a
 core): both stages on the one GPU
@@ -101,6 +106,7 @@ from jaxsgd.asynchronous import common, lppsgd, pdasgd, server
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles
 from jaxsgd.scheduler import Placement
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool
+from jaxsgd.scheduler.lanes import placement as placement_lib
 from jaxsgd.scheduler.lanes import cluster, runtime
 from jaxsgd.scheduler.process import ProcessExecutor
 from jaxsgd.scheduler.timeline import Timeline
@@ -121,6 +127,10 @@ FAMILIES = ('ddg', 'local', 'asgd', 'pdasgd', 'lppsgd')
 # Printed above the tables of a run with `--copies` (`speedup_chart` reads it: its lanes
 # are placed otherwise than the default's).
 COPIES_APART = 'copy threads apart:'
+# `--copies`' words: each case's lanes' copy threads placed by the load a first round
+# measured (`copies_by_load`; the default), or every lane's on its own cores; and the line
+# the first prints above the tables (`speedup_chart` reads it).
+BY_LOAD, OWN, BY_LOAD_LINE = 'auto', 'own', 'copy threads by load'
 
 
 def batches(seed: int = 0):
@@ -164,7 +174,12 @@ LAST_RUN: dict = {}
 
 def measured(executor: ProcessExecutor, timeline, warmup: int):
   """`run`'s figures of a finished run."""
-  LAST_RUN.update(timeline=timeline, t0=executor._t0)  # pylint: disable=protected-access
+  # (lanes: the timeline's lane -> the pool's, for `copies_by_load`)
+  LAST_RUN.update(
+    timeline=timeline,
+    t0=executor._t0,  # pylint: disable=protected-access
+    lanes=dict(executor._lane_names),  # pylint: disable=protected-access
+  )
   return (
     per_iteration(timeline, warmup),
     executor.dispatch_seconds / executor.dispatched,
@@ -244,15 +259,13 @@ def retime(folder: str, warmup: int) -> None:
     print(f'ddg real speed-up (retimed from {name}): {speedups[ddg_case]:.2f}')
 
 
-def busiest_lane(timeline, warmup: int) -> tuple[float, float]:
-  """Busy seconds per iteration of the busiest compute lane over `steady_window` (what the
-  case would take if nothing but its lanes' work took time: its ceiling is BP's time over
-  this), and of them the seconds of that lane's own CPU (a task's `cpu`: its process's,
-  less its copy threads'; the rest its cores ran something else — the lane's copies, the
-  driver, Ray, a neighbour lane — or it waited). A task's share inside the window counts
-  in proportion."""
+def lane_times(timeline, warmup: int) -> tuple[dict, dict, set, int]:
+  """(busy, cpu, unknown, iterations) over `steady_window`: each compute lane's busy
+  seconds and its tasks' own CPU seconds (a task's `cpu`: its process's, less its copy
+  threads'), by timeline lane; the lanes with a task inside of unknown cpu; the
+  iterations. A task's share inside the window counts in proportion."""
   start, end, iterations = steady_window(timeline, warmup)
-  busy, cpu, unknown = {}, {}, set()  # unknown: lanes with a task inside of unknown cpu
+  busy, cpu, unknown = {}, {}, set()
   for task in timeline.records:
     if not timeline.lane_names[task.lane].startswith('link '):
       inside = bench_common.overlap(task.start, task.end, start, end)
@@ -262,6 +275,16 @@ def busiest_lane(timeline, warmup: int) -> tuple[float, float]:
       elif inside > 0:
         share = task.cpu * inside / (task.end - task.start)
         cpu[task.lane] = cpu.get(task.lane, 0.0) + share
+  return busy, cpu, unknown, iterations
+
+
+def busiest_lane(timeline, warmup: int) -> tuple[float, float]:
+  """Busy seconds per iteration of the busiest compute lane over `steady_window` (what the
+  case would take if nothing but its lanes' work took time: its ceiling is BP's time over
+  this), and of them the seconds of that lane's own CPU (`lane_times`; the rest its cores
+  ran something else — the lane's copies, the driver, Ray, a neighbour lane — or it
+  waited)."""
+  busy, cpu, unknown, iterations = lane_times(timeline, warmup)
   lane = max(busy, key=busy.get)
   own = float('nan') if lane in unknown else cpu.get(lane, 0.0)
   return busy[lane] / iterations, own / iterations
@@ -455,18 +478,25 @@ def lane_placement(
   return LanePlacement.parse('; '.join(entries))
 
 
-def placement_or_error(parser, lanes: int, families, moves: str, copies_text: str):
-  """`lane_placement` with `--copies` read from `copies_text` (`copies_or_error`), and
-  the copies; bad input refused in one line by `parser`."""
-  copies = copies_or_error(parser, copies_text)
+def placement_or_error(
+  parser, lanes: int, families, moves: str, copies_text: str, by_load: bool = False
+):
+  """`lane_placement` with `--copies` read from `copies_text` (`copies_or_error`; with
+  `by_load`, its words `BY_LOAD` and `OWN` too, which place none apart at start), and the
+  copies; bad input refused in one line by `parser`."""
+  if by_load and copies_text.strip() in (BY_LOAD, OWN):
+    copies = {}
+  else:
+    copies = copies_or_error(parser, copies_text, by_load)
   try:
     return lane_placement(lanes, families, moves, copies), copies
   except ValueError as error:
     parser.error(str(error))
 
 
-def copies_or_error(parser, text: str) -> dict[str, str]:
-  """`--copies`: `lane:cores` entries, `;`-separated, the cores of this process."""
+def copies_or_error(parser, text: str, by_load: bool = False) -> dict[str, str]:
+  """`--copies`: `lane:cores` entries, `;`-separated, the cores of this process (the
+  error names `BY_LOAD` and `OWN` too where `by_load` allows them)."""
   allowed, copies = set(os.sched_getaffinity(0)), {}
   for entry in filter(None, (e.strip() for e in text.split(';'))):
     lane, _, cores = entry.partition(':')
@@ -477,10 +507,56 @@ def copies_or_error(parser, text: str) -> dict[str, str]:
     if not lane or not numbers or not numbers <= allowed:
       parser.error(
         f'--copies: lane:cores entries separated by ";", the cores among '
-        f'{",".join(map(str, sorted(allowed)))}; got {entry!r}'
+        f'{",".join(map(str, sorted(allowed)))}{f", or {BY_LOAD} or {OWN}" * by_load}; '
+        f'got {entry!r}'
       )
     copies[lane] = cores
   return copies
+
+
+def copies_by_load(pool: LanePool, cases_: dict, steps: int, warmup: int) -> dict:
+  """`--copies=auto`: `{case name: {lane: cores}}`, where each case's lanes' copy threads
+  are to run while it runs (`placement.copies_toward_idle`; a lane not named keeps them
+  on its own cores), from one run of the case, not counted: each lane's tasks' own CPU
+  per iteration after the warm-up (`lane_times`) and its copy threads' per step over the
+  run (`LanePool.copy_cpu`: the lane's total, read before and after). Prints a line per
+  case."""
+  print(f'{BY_LOAD_LINE} (from a round first, not counted):', flush=True)
+  placed, names = {}, pool.placement.names
+  for name, case in cases_.items():
+    before = {lane: pool.copy_cpu(lane) for lane in names}
+    run(pool, case, steps, warmup)
+    _, cpu, _, iterations = lane_times(LAST_RUN['timeline'], warmup)
+    lanes = LAST_RUN['lanes']  # (timeline lane -> pool lane)
+    loads = {
+      lanes[i]: (cpu.get(i, 0.0) / iterations, (pool.copy_cpu(lanes[i]) - before[lanes[i]]) / steps)
+      for i in lanes
+    }
+    cores = {lane: pool.placement[lane].cores for lane in loads}
+    placed[name] = placement_lib.copies_toward_idle(loads, cores)
+    print(f'  {name}: {describe_loads(loads, cores, placed[name])}')
+  return placed
+
+
+def describe_loads(loads: dict, cores: dict, moved: dict) -> str:
+  """'stage0 on 0: 80.1 + 4.0 ms, ...; copies of stage1 to 0' (tasks + copies a step)."""
+  each = ', '.join(
+    f'{lane} on {",".join(map(str, cores[lane]))}: '
+    f'{1e3 * loads[lane][0]:.1f} + {1e3 * loads[lane][1]:.1f} ms'
+    for lane in sorted(loads)
+  )
+  where = '; '.join(f'copies of {lane} to {",".join(map(str, c))}' for lane, c in moved.items())
+  return f'{each}; {where or "each lane keeps its copies"}'
+
+
+def place_copies(pool: LanePool, wanted: dict, current: dict) -> None:
+  """Moves the copy threads of each lane whose place in `current` (lane -> cores, None:
+  its own) is not the one in `wanted` (a lane not named: its own), and notes it."""
+  for lane in pool.placement.names:
+    cores = wanted.get(lane)
+    if current.get(lane) != cores:
+      pool.place_copies(lane, cores)
+      current[lane] = cores
 
 
 def driver_cores_or_error(parser, text: str) -> tuple[int, ...]:
@@ -537,8 +613,9 @@ def main():
   )
   parser.add_argument(
     '--copies',
-    default='',
-    help="lane:cores[;...]: those lanes' copy threads on those cores (see above)",
+    default=BY_LOAD,
+    help=f"{BY_LOAD} (placed by load), {OWN} (each lane's on its cores) or lane:cores[;...]: "
+    "those lanes' copy threads on those cores (see above)",
   )
   parser.add_argument(
     '--traces',
@@ -573,8 +650,9 @@ def main():
     parser.error(
       f'--depth: hidden layers; {args.lanes} stages need at least {args.lanes - 1}, got {args.depth}'
     )
+  by_load = args.copies.strip() == BY_LOAD
   placement, copies = placement_or_error(  # (before anything compiles)
-    parser, args.lanes, families, args.moves, args.copies
+    parser, args.lanes, families, args.moves, args.copies, by_load=True
   )
   set_shape(args.features, args.batch, args.depth)
   cases_ = cases(args.lanes, families)
@@ -589,7 +667,11 @@ def main():
     print(f'{COPIES_APART} {apart}')
   times, host, busiest, busiest_cpu, host_cpu = {}, {}, {}, {}, {}
 
+  copies_placed, copies_now = {}, {}  # `--copies=auto`: by case; where they are now
+
   def record(name, case, pool):
+    if name in copies_placed:  # (`--copies=auto`; not the GPU cases' pools)
+      place_copies(pool, copies_placed[name], copies_now)
     seconds, dispatch, busy, busy_cpu, dispatch_cpu = run(pool, case, args.steps, args.warmup)
     times.setdefault(name, []).append(seconds)
     host.setdefault(name, []).append(dispatch)
@@ -620,6 +702,8 @@ def main():
           cluster.check_gpus(gpu_placement.lanes)
       except ValueError as error:
         parser.error(f'--gpu: {error}')
+    if by_load:
+      copies_placed.update(copies_by_load(pool, cases_, args.steps, args.warmup))
     for _ in range(args.rounds):  # interleaved: every case once per round
       for name, case in cases_.items():
         record(name, case, pool)

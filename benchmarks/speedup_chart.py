@@ -44,12 +44,16 @@ EARLIER_WINDOW = '# --- earlier window'
 # What `real_speedup --copies` prints above its tables (`real_speedup.COPIES_APART`, not
 # imported: that module starts JAX): its lanes are placed otherwise.
 COPIES_APART = 'copy threads apart:'
+# What `real_speedup --copies=auto` prints above its tables (`real_speedup.BY_LOAD_LINE`):
+# each case's copy threads placed by the load it measured, another placement too.
+BY_LOAD_LINE = 'copy threads by load'
 
 
 def parse_runs(text: str) -> list[tuple[str, dict[str, tuple[int, float]]]]:
   """Every table of the file above `EARLIER_WINDOW`, in its order: `(setting, {case:
   (lanes, speed-up over bp)})`, the setting being the model and batch of the `machine:`
-  line above the table, and the `COPIES_APART` line below that if any."""
+  line above the table, and the `COPIES_APART` line below that if any, or
+  `BY_LOAD_LINE`."""
   runs, setting = [], ''
   for line in text.splitlines():
     if line.startswith(EARLIER_WINDOW):
@@ -58,6 +62,8 @@ def parse_runs(text: str) -> list[tuple[str, dict[str, tuple[int, float]]]]:
     setting = found[0] if found else setting
     if line.startswith(COPIES_APART):  # another placement: another setting
       setting = f'{setting}; {line}'
+    elif line.startswith(BY_LOAD_LINE):
+      setting = f'{setting}; {BY_LOAD_LINE}'
     if line.startswith('case '):
       runs.append((setting, {}))
       continue

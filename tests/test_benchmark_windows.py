@@ -3,6 +3,7 @@ every update is an iteration (ASGD, DC-ASGD, LPP-SGD: blocks of whole rounds), t
 iterations left out, and the staleness of the steady state's updates."""
 
 import json
+import types
 
 import numpy as np
 import pytest
@@ -684,3 +685,40 @@ def test_real_speedup_places_a_lanes_copy_threads_apart_and_refuses_bad_copies(c
   with pytest.raises(SystemExit):
     real_speedup.copies_or_error(parser, 'stage1:9999')
   assert '--copies: lane:cores entries separated by ";"' in capsys.readouterr().err
+  # `--copies=auto` and `own` (real_speedup's, not lane_threads'): none apart at start
+  for word in ('auto', 'own'):
+    placed, copies = real_speedup.placement_or_error(parser, 2, ('ddg',), 'auto', word, True)
+    assert copies == {} and all(lane.copy_cores is None for lane in placed.lanes)
+  with pytest.raises(SystemExit):
+    real_speedup.placement_or_error(parser, 2, ('ddg',), 'auto', 'auto')
+  assert "; got 'auto'" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    real_speedup.copies_or_error(parser, 'stage1', by_load=True)
+  assert ", or auto or own; got 'stage1'" in capsys.readouterr().err
+
+
+def test_real_speedup_by_load_moves_only_the_copies_whose_place_changes_and_says_why():
+  """`--copies=auto`: before each case, `place_copies` moves the copy threads of the
+  lanes whose place differs from the case's (a lane it does not name: back to its own
+  cores), and no other; `describe_loads` prints each lane's tasks + copies a step."""
+  from benchmarks import real_speedup
+
+  class Pool:
+    placement = types.SimpleNamespace(names=('stage0', 'stage1', 'sharedmodel'))
+    calls = []
+
+    def place_copies(self, lane, cores):
+      self.calls.append((lane, cores))
+
+  pool, now = Pool(), {}
+  real_speedup.place_copies(pool, {'stage1': (0,)}, now)
+  real_speedup.place_copies(pool, {'stage1': (0,)}, now)  # (in place already)
+  assert pool.calls == [('stage1', (0,))] and now['stage1'] == (0,)
+  real_speedup.place_copies(pool, {'sharedmodel': (1,)}, now)
+  assert pool.calls[1:] == [('stage1', None), ('sharedmodel', (1,))]
+  loads = {'stage1': (0.0912, 0.012), 'stage0': (0.0575, 0.0148)}
+  cores = {'stage0': (0,), 'stage1': (1,)}
+  assert real_speedup.describe_loads(loads, cores, {'stage1': (0,)}) == (
+    'stage0 on 0: 57.5 + 14.8 ms, stage1 on 1: 91.2 + 12.0 ms; copies of stage1 to 0'
+  )
+  assert real_speedup.describe_loads(loads, cores, {}).endswith('; each lane keeps its copies')

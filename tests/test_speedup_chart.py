@@ -59,3 +59,22 @@ def test_a_run_with_copy_threads_apart_is_a_setting_of_its_own():
     'MLP 512-1024-10, batch 512',
     'MLP 512-1024-10, batch 512',
   ]
+
+
+def test_a_run_with_copy_threads_placed_by_load_is_a_setting_of_its_own():
+  """`real_speedup --copies=auto` prints a line per case under its own: one setting."""
+  by_load = TEXT.replace(
+    'case                     ms',
+    f'{speedup_chart.BY_LOAD_LINE} (from a round first, not counted):\n'
+    '  ddg K=2 (cores 0, 1): stage0 on 0: 82.4 + 1.1 ms; copies of stage1 to 0\n'
+    'case                     ms',
+  )
+  from benchmarks import real_speedup
+
+  assert speedup_chart.BY_LOAD_LINE == real_speedup.BY_LOAD_LINE  # what it prints
+  runs = speedup_chart.parse_runs(by_load)
+  assert runs[0] == (
+    f'MLP 1536-1024-10, batch 512; {speedup_chart.BY_LOAD_LINE}',
+    {'bp': (1, 1.0), 'ddg K=2': (2, 1.74)},  # the case's line is no row of the table
+  )
+  assert [setting for setting, _ in runs[1:]] == ['MLP 512-1024-10, batch 512'] * 2

@@ -113,6 +113,31 @@ def test_placement_text_form_and_bad_input():
     runtime.check_cores((9999,), 'copies')
 
 
+def test_copies_leave_the_busiest_cores_for_the_least_busy_while_that_lowers_the_busiest():
+  """`placement.copies_toward_idle`, by hand (ms an iteration: tasks + copies)."""
+  from jaxsgd.scheduler.lanes.placement import copies_toward_idle
+
+  ms = lambda tasks, copies: (tasks / 1e3, copies / 1e3)
+  # PD-ASGD 1:1: core 1 91.2 + 12.0 = 103.2; core 0 (57.5 + 14.8) + (3.8 + 8.0) = 84.1;
+  # 84.1 + 12.0 = 96.1 < 103.2: the backward worker's copies go to core 0.
+  pd = {'backwardworker0': ms(91.2, 12.0), 'forwardworker0': ms(57.5, 14.8)}
+  pd['sharedmodel'] = ms(3.8, 8.0)
+  cores = {'backwardworker0': (1,), 'forwardworker0': (0,), 'sharedmodel': (0,)}
+  assert copies_toward_idle(pd, cores) == {'backwardworker0': (0,)}
+  # Near balance: 88.0 + 3.5 = 91.5 against 85.0 + 4.0 = 89.0; 89.0 + 3.5 = 92.5 is not
+  # below 91.5, so the busier core would only change sides: nothing moves.
+  ddg = {'stage0': ms(85.0, 4.0), 'stage1': ms(88.0, 3.5)}
+  assert copies_toward_idle(ddg, {'stage0': (0,), 'stage1': (1,)}) == {}
+  # Three cores, busiest first: a (100) gives 10 to c (60 -> 70; a 90); b (95) gives 10
+  # to c, the least busy then (70 -> 80 < 95; b 85); c (80) would give 5 to b (85 + 5 =
+  # 90, not below 80). A group on several cores gives to them all; an unpinned lane
+  # (no cores) is left out; one group alone has nowhere to give.
+  three = {'a': ms(90.0, 10.0), 'b': ms(85.0, 10.0), 'c': ms(55.0, 5.0), 'free': ms(99, 9)}
+  cores = {'a': (0,), 'b': (1,), 'c': (2, 3), 'free': None}
+  assert copies_toward_idle(three, cores) == {'a': (2, 3), 'b': (2, 3)}
+  assert copies_toward_idle({'a': ms(90.0, 10.0)}, {'a': (0,)}) == {}
+
+
 def test_lanes_sharing_a_gpu_take_their_share_of_it_and_of_its_memory(monkeypatch):
   from jaxsgd.scheduler.lanes import cluster
 
@@ -207,7 +232,8 @@ def test_each_lane_is_a_process_pinned_to_its_cores(pool):
 def test_a_lanes_copy_threads_run_on_their_own_cores_and_its_values_still_move(head):
   """`c@cores=0@copies=1`: c's tasks run on core 0 (the task thread, XLA's), its copy
   threads — the reader of the driver's calls, its export thread, and the reader of the
-  values d sends it — on core 1; values move both ways as with every thread on core 0."""
+  values d sends it — on core 1; values move both ways as with every thread on core 0.
+  The same once they are moved while the lanes run."""
   first, second = sorted(os.sched_getaffinity(0))[:2]
   placement = LanePlacement.parse(f'c@cores={first}@copies={second}; d@cores={second}')
   with LanePool(placement, address=head.address, verbose=False) as lanes:
@@ -221,6 +247,19 @@ def test_a_lanes_copy_threads_run_on_their_own_cores_and_its_values_still_move(h
     assert set(threads) == {str(first), str(second)}
     assert threads.count(str(second)) >= 3  # the two readers and the export thread
     assert set(lanes.fetch(lanes.run('d', task('thread_affinities'))).split('|')) == {str(second)}
+    # Moved while the lanes run (`LanePool.place_copies`): c's copies back to its own
+    # core, d's to c's; the values still move, and the copies' CPU goes on counting.
+    copied = lanes.copy_cpu('d')
+    assert lanes.place_copies('c', None) == (first,)
+    assert lanes.place_copies('d', [first]) == (first,)
+    assert set(lanes.fetch(lanes.run('c', task('thread_affinities'))).split('|')) == {str(first)}
+    threads = lanes.fetch(lanes.run('d', task('thread_affinities'))).split('|')
+    assert threads.count(str(first)) >= 3 and str(second) in threads  # its tasks stay
+    again = lanes.run('d', task('add'), (lanes.run('c', task('add'), (back, x)), x))
+    np.testing.assert_array_equal(lanes.fetch(again), 7 * x)
+    assert lanes.copy_cpu('d') > copied > 0
+    with pytest.raises(LaneError, match=r'placement: copies \[9999\] are not cores of this host'):
+      lanes.place_copies('c', [9999])
 
 
 def _main_thread_switches(pid: int) -> int:

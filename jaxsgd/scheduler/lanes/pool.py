@@ -789,6 +789,18 @@ class LanePool:
     start), asked over its socket: Ray's calls to a lane end at its `watch`."""
     return self._call(lane, 'info', ())
 
+  def place_copies(self, lane: str, cores: Sequence[int] | None) -> tuple[int, ...]:
+    """Moves `lane`'s copy threads (the readers of its connections, its export thread)
+    to `cores`, its tasks staying on its own; None: back to its own cores. Returns the
+    cores they run on now. For a placement chosen from a run's measured load
+    (`placement.copies_toward_idle`); `LaneSpec.copy_cores` places them at start."""
+    return tuple(self._call(lane, 'place_copies', (None if cores is None else tuple(cores),)))
+
+  def copy_cpu(self, lane: str) -> float:
+    """The CPU seconds `lane`'s copy threads have used since it started (a task's own
+    `cpu` leaves them out)."""
+    return self._call(lane, 'copy_cpu', ())
+
   def export_times(self, lane: str, numbers: Sequence[int] = (), timeout: float = 5.0) -> dict:
     """`{copy number: seconds}` of the copies `lane` has sent since last asked (numbers
     as `move(exports=...)` appends them): each from its value existing on `lane` to its

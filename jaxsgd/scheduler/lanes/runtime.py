@@ -64,34 +64,52 @@ DISCARD = 'discard'
 
 
 class CopyCpu:
-  """The CPU seconds a lane's copy threads have used: the readers of its connections
-  (taking in messages and device-path pulls) and its export thread (copying values out
-  and sending them), read live from each thread's CPU clock. A task's `run` takes what
-  they used during the task out of its process's CPU time, so that the task's figure is
-  its own computing, which a cost profile prices (the virtual clock prices the copies
-  apart, as links and take-ins). A thread waiting for a message uses none."""
+  """The CPU seconds a lane's copy threads have used, and the cores they run on: the
+  readers of its connections (taking in messages and device-path pulls) and its export
+  thread (copying values out and sending them), read live from each thread's CPU clock.
+  A task's `run` takes what they used during the task out of its process's CPU time, so
+  that the task's figure is its own computing, which a cost profile prices (the virtual
+  clock prices the copies apart, as links and take-ins). A thread waiting for a message
+  uses none. `cores`: where they run (`LaneSpec.copy_cores`); None: the process's own."""
 
-  def __init__(self):
+  def __init__(self, cores: tuple[int, ...] | None = None):
     self._lock = threading.Lock()
-    self._clocks: dict[int, tuple[int, float]] = {}  # thread -> (its CPU clock, at start)
+    # thread -> (its CPU clock, at start, its id in the OS)
+    self._clocks: dict[int, tuple[int, float, int]] = {}
     self._ended = 0.0  # what the copy threads that have ended used
+    self.cores = cores
 
   def counted(self, body, *args):
-    """`body(*args)`, this thread's CPU counted as the copies' while it runs."""
+    """`body(*args)`, this thread's CPU counted as the copies' while it runs, on the copy
+    threads' cores."""
     ident = threading.get_ident()
     with self._lock:
-      self._clocks[ident] = (time.pthread_getcpuclockid(ident), time.thread_time())
+      self._clocks[ident] = (
+        time.pthread_getcpuclockid(ident),
+        time.thread_time(),
+        threading.get_native_id(),
+      )
+      if self.cores is not None:
+        os.sched_setaffinity(0, self.cores)  # (0: this thread, on Linux)
     try:
       return body(*args)
     finally:
       with self._lock:
-        _, began = self._clocks.pop(ident)
+        _, began, _ = self._clocks.pop(ident)
         self._ended += time.thread_time() - began
 
   def total(self) -> float:
     with self._lock:
-      live = sum(time.clock_gettime(clock) - began for clock, began in self._clocks.values())
+      live = sum(time.clock_gettime(clock) - began for clock, began, _ in self._clocks.values())
       return self._ended + live
+
+  def place(self, cores: tuple[int, ...]) -> None:
+    """Moves the copy threads, those running and those to come, to `cores`: what they
+    copy in and out then runs beside the lane's tasks instead of between them."""
+    with self._lock:
+      self.cores = cores
+      for _, _, native in self._clocks.values():
+        os.sched_setaffinity(native, cores)
 
 
 class MakerFailed(RuntimeError):
@@ -150,10 +168,13 @@ def ray_whereabouts() -> dict:
   }
 
 
-def check_cores(cores: tuple[int, ...], field: str = 'cores') -> tuple[int, ...]:
-  """`cores` (the placement's `field`), refused if this process may not use them (on
-  another host than the driver's, the placement could not check them)."""
-  allowed = os.sched_getaffinity(0)
+def check_cores(
+  cores: tuple[int, ...], field: str = 'cores', allowed: set[int] | None = None
+) -> tuple[int, ...]:
+  """`cores` (the placement's `field`), refused if not of `allowed` (default: those this
+  process may use; on another host than the driver's, the placement could not check
+  them)."""
+  allowed = os.sched_getaffinity(0) if allowed is None else allowed
   if not set(cores) <= allowed:
     raise ValueError(
       f'placement: {field} {sorted(set(cores) - allowed)} are not cores of this host '
@@ -201,7 +222,8 @@ class LaneRuntime:
     if variables:
       _take_variables(variables)
     copies = os.environ.get(COPY_CORES_VARIABLE)  # (`LaneSpec.copy_cores`)
-    self.copy_cores = check_cores(tuple(map(int, copies.split(','))), 'copies') if copies else None
+    copy_cores = check_cores(tuple(map(int, copies.split(','))), 'copies') if copies else None
+    self.host_cores = os.sched_getaffinity(0)  # (what `place_copies` may choose from)
     self.cores = pin_process(cores)  # before JAX's backend (and its threads) starts
     import jax
 
@@ -244,7 +266,8 @@ class LaneRuntime:
     # (`info`'s count; `_let_go`).
     self.shared_views: list[wire.ArenaView] = []
     self.shared_read_before = 0
-    self.copies = CopyCpu()  # what the copy threads' CPU was (`run` leaves it out)
+    # what the copy threads' CPU was (`run` leaves it out), and their cores
+    self.copies = CopyCpu(copy_cores)
     self.address = self.serve(authkey, moves) if authkey is not None else None
 
   def info(self) -> dict[str, Any]:
@@ -591,6 +614,17 @@ class LaneRuntime:
       spans[number] = seconds
     return spans
 
+  def place_copies(self, cores: tuple[int, ...] | None) -> tuple[int, ...]:
+    """Moves this lane's copy threads to `cores` (None: the lane's own), those running
+    and those to come (`CopyCpu.place`); returns where they run now."""
+    placed = self.cores if cores is None else check_cores(cores, 'copies', self.host_cores)
+    self.copies.place(placed)
+    return placed
+
+  def copy_cpu(self) -> float:
+    """The CPU seconds this lane's copy threads have used so far (`CopyCpu.total`)."""
+    return self.copies.total()
+
   def watch(self):
     """Never returns while the lane lives: the driver learns of its death through it.
 
@@ -656,17 +690,9 @@ class LaneRuntime:
     else:  # ('lane', its TCP address)
       self.copies.counted(self._read_lane, endpoint, tuple(hello[1]))
 
-  def _on_copy_cores(self) -> None:
-    """Moves the calling thread, one of the lane's copy threads, to its copy cores, if
-    placed apart (`LaneSpec.copy_cores`): what it copies in and out then runs beside the
-    tasks instead of between them."""
-    if self.copy_cores is not None:
-      os.sched_setaffinity(0, self.copy_cores)  # (0: this thread, on Linux)
-
   def _read_driver(self, endpoint: wire.Endpoint) -> None:
     """Hands each call to the thread that runs it; exits the process once the driver's
     connection ends (its run is over, or its driver died)."""
-    self._on_copy_cores()
     while True:
       try:
         message = endpoint.receive()
@@ -689,7 +715,6 @@ class LaneRuntime:
   def _read_lane(self, endpoint: wire.Endpoint, source: tuple) -> None:
     """Takes the values another lane sends: kept for the call that takes them in, or —
     a message that must land whole — taken in at once; the driver hears of each."""
-    self._on_copy_cores()
     while True:
       try:
         message = endpoint.receive()
@@ -791,7 +816,6 @@ class LaneRuntime:
     batch, long made, waited for the export of the next batch's, asked for at its
     backward's dispatch, until that batch's forward had run (36 ms of an idle backward
     worker, its layers' updates late with it, in an emulated 1:7 run)."""
-    self._on_copy_cores()
     while True:
       message = self.exports.get()
       ready, waiting = [], []
@@ -937,6 +961,8 @@ _ORDERED = {
   'fetch': LaneRuntime.fetch,
   'count': LaneRuntime.count,
   'export_times': LaneRuntime.export_times,
+  'place_copies': LaneRuntime.place_copies,
+  'copy_cpu': LaneRuntime.copy_cpu,
   'info': LaneRuntime.info,
   'adopt': LaneRuntime.adopt,
 }
