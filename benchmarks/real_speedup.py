@@ -518,23 +518,27 @@ def copies_by_load(pool: LanePool, cases_: dict, steps: int, warmup: int) -> dic
   """`--copies=auto`: `{case name: {lane: cores}}`, where each case's lanes' copy threads
   are to run while it runs (`placement.copies_toward_idle`; a lane not named keeps them
   on its own cores), from one run of the case, not counted: each lane's tasks' own CPU
-  per iteration after the warm-up (`lane_times`) and its copy threads' per step over the
+  per iteration after the warm-up (`lane_times`), its copy threads' per step over the
   run (`LanePool.copy_cpu`: the lane's total, read before and after). Prints a line per
-  case."""
+  case, with its wall time per iteration (`per_iteration`)."""
   print(f'{BY_LOAD_LINE} (from a round first, not counted):', flush=True)
   placed, names = {}, pool.placement.names
   for name, case in cases_.items():
     before = {lane: pool.copy_cpu(lane) for lane in names}
     run(pool, case, steps, warmup)
-    _, cpu, _, iterations = lane_times(LAST_RUN['timeline'], warmup)
+    timeline = LAST_RUN['timeline']
+    _, cpu, _, iterations = lane_times(timeline, warmup)
     lanes = LAST_RUN['lanes']  # (timeline lane -> pool lane)
     loads = {
       lanes[i]: (cpu.get(i, 0.0) / iterations, (pool.copy_cpu(lanes[i]) - before[lanes[i]]) / steps)
       for i in lanes
     }
     cores = {lane: pool.placement[lane].cores for lane in loads}
+    period = per_iteration(timeline, warmup)
     placed[name] = placement_lib.copies_toward_idle(loads, cores)
-    print(f'  {name}: {describe_loads(loads, cores, placed[name])}')
+    print(
+      f'  {name}, {1e3 * period:.1f} ms an iteration: {describe_loads(loads, cores, placed[name])}'
+    )
   return placed
 
 

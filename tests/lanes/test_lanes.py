@@ -113,25 +113,31 @@ def test_placement_text_form_and_bad_input():
     runtime.check_cores((9999,), 'copies')
 
 
-def test_copies_leave_the_busiest_cores_for_the_least_busy_while_that_lowers_the_busiest():
+def test_copies_leave_the_busiest_cores_for_the_least_busy_while_it_stays_the_less_busy():
   """`placement.copies_toward_idle`, by hand (ms an iteration: tasks + copies)."""
   from jaxsgd.scheduler.lanes.placement import copies_toward_idle
 
   ms = lambda tasks, copies: (tasks / 1e3, copies / 1e3)
-  # PD-ASGD 1:1: core 1 91.2 + 12.0 = 103.2; core 0 (57.5 + 14.8) + (3.8 + 8.0) = 84.1;
-  # 84.1 + 12.0 = 96.1 < 103.2: the backward worker's copies go to core 0.
-  pd = {'backwardworker0': ms(91.2, 12.0), 'forwardworker0': ms(57.5, 14.8)}
-  pd['sharedmodel'] = ms(3.8, 8.0)
+  # PD-ASGD 1:1: core 1 110.8 + 4.4 = 115.2; core 0 (61.0 + 9.1) + (3.9 + 5.8) = 79.8;
+  # 79.8 + 4.4 = 84.2 <= 115.2 - 4.4 = 110.8: the backward worker's copies go to core 0.
+  pd = {'backwardworker0': ms(110.8, 4.4), 'forwardworker0': ms(61.0, 9.1)}
+  pd['sharedmodel'] = ms(3.9, 5.8)
   cores = {'backwardworker0': (1,), 'forwardworker0': (0,), 'sharedmodel': (0,)}
   assert copies_toward_idle(pd, cores) == {'backwardworker0': (0,)}
-  # Near balance: 88.0 + 3.5 = 91.5 against 85.0 + 4.0 = 89.0; 89.0 + 3.5 = 92.5 is not
-  # below 91.5, so the busier core would only change sides: nothing moves.
-  ddg = {'stage0': ms(85.0, 4.0), 'stage1': ms(88.0, 3.5)}
-  assert copies_toward_idle(ddg, {'stage0': (0,), 'stage1': (1,)}) == {}
-  # Three cores, busiest first: a (100) gives 10 to c (60 -> 70; a 90); b (95) gives 10
-  # to c, the least busy then (70 -> 80 < 95; b 85); c (80) would give 5 to b (85 + 5 =
-  # 90, not below 80). A group on several cores gives to them all; an unpinned lane
-  # (no cores) is left out; one group alone has nowhere to give.
+  # DDG K=2: 88.8 + 1.1 against 82.5 + 1.1; 83.6 + 1.1 = 84.7 <= 88.8: stage 1's go.
+  ddg = {'stage0': ms(82.5, 1.1), 'stage1': ms(88.8, 1.1)}
+  assert copies_toward_idle(ddg, {'stage0': (0,), 'stage1': (1,)}) == {'stage1': (0,)}
+  # ASGD M=2: core 0 (server 4.8 + 6.1, worker0 85.6 + 3.2) 99.7, core 1 86.1 + 3.3 =
+  # 89.4; 89.4 + 9.3 = 98.7 > 99.7 - 9.3 = 90.4: core 1 would become the busier, none
+  # moves. Near balance likewise: 85.0 + 4.0 + 3.5 = 92.5 > 88.0 + 3.5 - 3.5.
+  asgd = {'server': ms(4.8, 6.1), 'worker0': ms(85.6, 3.2), 'worker1': ms(86.1, 3.3)}
+  assert copies_toward_idle(asgd, {'server': (0,), 'worker0': (0,), 'worker1': (1,)}) == {}
+  near = {'stage0': ms(85.0, 4.0), 'stage1': ms(88.0, 3.5)}
+  assert copies_toward_idle(near, {'stage0': (0,), 'stage1': (1,)}) == {}
+  # Three core groups, busiest first: a (100) gives 10 to c (60 -> 70 <= 90); b (95)
+  # gives 10 to c, the least busy of those that gave none (70 -> 80 <= 85); c took
+  # copies: it keeps its own. A group on several cores gives to them all; an unpinned
+  # lane (no cores) is left out; one group alone has nowhere to give.
   three = {'a': ms(90.0, 10.0), 'b': ms(85.0, 10.0), 'c': ms(55.0, 5.0), 'free': ms(99, 9)}
   cores = {'a': (0,), 'b': (1,), 'c': (2, 3), 'free': None}
   assert copies_toward_idle(three, cores) == {'a': (2, 3), 'b': (2, 3)}

@@ -209,12 +209,15 @@ def copies_toward_idle(
 
   `loads[lane]`: (its tasks' CPU, its copy threads' CPU), measured over the same span (a
   round of a run, per iteration); `cores[lane]`: its cores. Lanes on the same cores form
-  a group, its load the sum of theirs. Groups are taken busiest first; each gives its
-  copy threads, c its lanes' copy CPU, to the group whose load L is then the least if
-  L + c is below its own load B: the larger of the two, B before, is then max(B - c, L + c)
-  < B. A group gives once; it may take several groups' copies. E.g. PD-ASGD 1:1 on two
-  cores: the backward worker's core, 103 ms an iteration of which 12 ms its copies,
-  against 84 on the forward worker's: the copies go (96 and 91 after).
+  a group, its load the sum of theirs. Groups are taken busiest first; each, of load B,
+  gives its lanes' copies, c, to the least busy group, of load L, if L + c <= B - c: its
+  load falls by c and the taker's stays no more than its own. A move that would make the
+  taker the busier of the two is not made: the two would gain less than c, and copies
+  onto a core that then computes nearly all the time wait there for it, on the path of
+  whatever waits for them. A group that takes copies keeps its own; one that gives takes
+  none. E.g. PD-ASGD 1:1 on two cores: the backward worker's core 110.8 + 4.4 ms an
+  iteration (tasks + copies), the forward worker's and the shared model's (61.0 + 9.1) +
+  (3.9 + 5.8) = 79.8: 79.8 + 4.4 <= 110.8, the backward worker's copies go.
   """
   groups: dict[tuple[int, ...], list[str]] = {}
   for lane in loads:
@@ -222,15 +225,17 @@ def copies_toward_idle(
       groups.setdefault(tuple(cores[lane]), []).append(lane)
   load = {group: sum(sum(loads[lane]) for lane in lanes) for group, lanes in groups.items()}
   copies = {group: sum(loads[lane][1] for lane in lanes) for group, lanes in groups.items()}
-  moved = {}
+  moved, gave, took = {}, set(), set()
   for group in sorted(groups, key=lambda g: (-load[g], g)):
-    others = [g for g in groups if g != group]
-    if not others:
-      break
+    others = [g for g in groups if g != group and g not in gave]
+    if group in took or not others:
+      continue
     target = min(others, key=lambda g: (load[g], g))
-    if load[target] + copies[group] < load[group]:
+    if load[target] + copies[group] <= load[group] - copies[group]:
       load[target] += copies[group]
       load[group] -= copies[group]
+      gave.add(group)
+      took.add(target)
       moved.update({lane: target for lane in groups[group]})
   return moved
 
