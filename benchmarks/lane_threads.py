@@ -22,9 +22,11 @@ median over rounds:
   driver        this process, every thread; Ray's daemons (raylet, GCS, agents)
   core N        the core's busy time, of the wall time per iteration
 A lane is pinned to its core with all its threads (`LanePlacement`), so its copies run
-on the core its tasks do; `--copies lane:cores` moves that lane's copy threads to those
-cores (`LaneSpec.copy_cores`, as `real_speedup --copies`): they still count as its copy
-threads, and the core busy times show where they ran. Not a test: speed is measured, not asserted. The last line:
+on the core its tasks do (as `real_speedup --copies=own`; that benchmark's default places
+them by the load it measures); `--copies lane:cores` moves that lane's copy threads to
+those cores (`LaneSpec.copy_cores`): they still count as its copy threads, and the core
+busy times show where they ran. Not a test: speed is measured, not asserted. The last
+line:
 `<case>: busiest lane <lane>: task thread <x> ms, its other threads <y> ms an iteration`
 (its copy threads and its named threads).
 """
