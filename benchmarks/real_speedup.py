@@ -32,9 +32,9 @@ host (`LaneSpec.moves`; run it alternately with the default to compare). A lane'
 threads (the readers of its connections, its export thread) run beside its tasks on its
 core unless moved: by default (`--copies=auto`) each case first runs once, not counted,
 and then runs with the copy threads of its busiest core's lanes on its least busy core
-where that lowers the busiest's load (`placement.copies_toward_idle`, from each lane's
-tasks' CPU and its copies' measured in that run; a line per case says what it measured
-and moved): PD-ASGD 1:1's backward worker, its slowest lane, then leaves the copies of
+where that core stays the less busy of the two (`placement.copies_toward_idle`, from each
+lane's tasks' CPU and its copies' measured in that run; a line per case says what it
+measured and moved): PD-ASGD 1:1's backward worker, its slowest lane, then leaves the copies of
 the residuals it takes in and the gradients it sends to the core where the forward worker
 waits. `--copies=own` keeps every lane's on its own cores; `--copies backwardworker0:0`
 places that lane's on core 0 for every case (`LaneSpec.copy_cores`). `--gpu` adds,
