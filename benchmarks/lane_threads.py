@@ -22,10 +22,11 @@ median over rounds:
   driver        this process, every thread; Ray's daemons (raylet, GCS, agents)
   core N        the core's busy time, of the wall time per iteration
 A lane is pinned to its core with all its threads (`LanePlacement`), so its copies run
-on the core its tasks do (as `real_speedup --copies=own`; that benchmark's default places
-them by the load it measures); `--copies lane:cores` moves that lane's copy threads to
-those cores (`LaneSpec.copy_cores`): they still count as its copy threads, and the core
-busy times show where they ran. Not a test: speed is measured, not asserted. The last
+on the core its tasks do unless moved: by default (`--copies=auto`, as `real_speedup`'s)
+a first run places them by the load it measured (`real_speedup.copies_by_load`), `own`
+keeps them on their lanes' cores, and `--copies lane:cores` moves that lane's copy threads
+to those cores (`LaneSpec.copy_cores`): they still count as its copy threads, and the
+core busy times show where they ran. Not a test: speed is measured, not asserted. The last
 line:
 `<case>: busiest lane <lane>: task thread <x> ms, its other threads <y> ms an iteration`
 (its copy threads and its named threads).
@@ -113,14 +114,19 @@ def main():
     '--moves', default='auto', choices=('auto', 'host', 'socket'), help="the lanes' values' path"
   )
   parser.add_argument(
-    '--copies', default='', help="lane:cores[;...]: those lanes' copy threads on those cores"
+    '--copies',
+    default=real_speedup.BY_LOAD,
+    help=f"{real_speedup.BY_LOAD} (placed by load, as real_speedup's), "
+    f"{real_speedup.OWN} or lane:cores[;...]: those lanes' copy threads on those cores",
   )
   args = parser.parse_args()
   name, case = list(real_speedup.cases(2, (args.family,)).items())[-1]  # (bp's first)
+  by_load = args.copies.strip() == real_speedup.BY_LOAD
   placement, copies = real_speedup.placement_or_error(
-    parser, 2, (args.family,), args.moves, args.copies
+    parser, 2, (args.family,), args.moves, args.copies, by_load=True
   )
   apart = ''.join(f', {lane} copies on {cores}' for lane, cores in copies.items())
+  apart += f', copies {args.copies.strip()}' if not copies else ''
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
     f'{name}, moves={args.moves}{apart}, {args.steps} iterations a round, {args.rounds} rounds'
@@ -129,6 +135,9 @@ def main():
   with LanePool(placement) as pool:
     for _ in range(2):  # every lane compiled its tasks
       real_speedup.run(pool, case, args.warmup + 2, 2)
+    if by_load:  # as real_speedup's default: placed by what a first run measured
+      placed = real_speedup.copies_by_load(pool, {name: case}, args.steps, args.warmup)
+      real_speedup.place_copies(pool, placed[name], {})
     for _ in range(args.rounds):
       rounds.append(one_round(pool, case, args.steps, args.warmup))
   print(f'load average {os.getloadavg()[0]:.1f} at end')
