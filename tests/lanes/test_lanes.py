@@ -239,7 +239,8 @@ def test_a_lanes_copy_threads_run_on_their_own_cores_and_its_values_still_move(h
   """`c@cores=0@copies=1`: c's tasks run on core 0 (the task thread, XLA's), its copy
   threads — the reader of the driver's calls, its export thread, and the reader of the
   values d sends it — on core 1; values move both ways as with every thread on core 0.
-  The same once they are moved while the lanes run."""
+  The same once they are moved while the lanes run, which a lane answers beside the
+  calls queued on it."""
   first, second = sorted(os.sched_getaffinity(0))[:2]
   placement = LanePlacement.parse(f'c@cores={first}@copies={second}; d@cores={second}')
   with LanePool(placement, address=head.address, verbose=False) as lanes:
@@ -264,6 +265,11 @@ def test_a_lanes_copy_threads_run_on_their_own_cores_and_its_values_still_move(h
     again = lanes.run('d', task('add'), (lanes.run('c', task('add'), (back, x)), x))
     np.testing.assert_array_equal(lanes.fetch(again), 7 * x)
     assert lanes.copy_cpu('d') > copied > 0
+    # Answered beside the calls queued on the lane: while c runs a 3-s task.
+    held = lanes.start('c', task('hang'), (3.0,))
+    assert lanes.place_copies('c', [second]) == (second,) and lanes.copy_cpu('c') > 0
+    assert lanes.wait_any([held], timeout=0) is None  # (in its ordered thread: after it)
+    lanes.wait_all([held])
     with pytest.raises(LaneError, match=r'placement: copies \[9999\] are not cores of this host'):
       lanes.place_copies('c', [9999])
 

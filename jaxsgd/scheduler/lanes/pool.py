@@ -793,12 +793,13 @@ class LanePool:
     """Moves `lane`'s copy threads (the readers of its connections, its export thread)
     to `cores`, its tasks staying on its own; None: back to its own cores. Returns the
     cores they run on now. For a placement chosen from a run's measured load
-    (`placement.copies_toward_idle`); `LaneSpec.copy_cores` places them at start."""
+    (`placement.copies_toward_idle`); `LaneSpec.copy_cores` places them at start. The
+    lane answers at once, beside the calls queued on it."""
     return tuple(self._call(lane, 'place_copies', (None if cores is None else tuple(cores),)))
 
   def copy_cpu(self, lane: str) -> float:
     """The CPU seconds `lane`'s copy threads have used since it started (a task's own
-    `cpu` leaves them out)."""
+    `cpu` leaves them out), answered at once, beside the calls queued on it."""
     return self._call(lane, 'copy_cpu', ())
 
   def export_times(self, lane: str, numbers: Sequence[int] = (), timeout: float = 5.0) -> dict:

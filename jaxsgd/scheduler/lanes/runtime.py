@@ -706,6 +706,8 @@ class LaneRuntime:
         self._drop_peer(tuple(message[2]))
       elif op in _EXPORTS:
         self.exports.put(message)
+      elif op in _BESIDE:  # answered now, not after the calls queued before it
+        self._answer(_BESIDE, *message)
       else:
         self.calls.put(message)
       # Not held while the next message is awaited: its arrays (a batch) would stay alive,
@@ -788,16 +790,20 @@ class LaneRuntime:
   def _run_calls(self) -> None:
     while True:
       op, number, args = self.calls.get()
-      try:
-        result = _ORDERED[op](self, *args)
-      except BaseException as error:  # pylint: disable=broad-except
-        self._reply('err', number, wire.failure(error))
-      else:
-        self._reply('ok', number, result)
-        if op == 'run':
-          self._made()
+      if self._answer(_ORDERED, op, number, args) and op == 'run':
+        self._made()
       # Not held while the next call is awaited (its batch's memory lent: `_read_driver`).
-      args = result = None
+      args = None
+
+  def _answer(self, ops: dict, op: str, number, args: tuple) -> bool:
+    """Runs `ops[op](*args)` and replies with its result or its failure; whether it ran."""
+    try:
+      result = ops[op](self, *args)
+    except BaseException as error:  # pylint: disable=broad-except
+      self._reply('err', number, wire.failure(error))
+      return False
+    self._reply('ok', number, result)
+    return True
 
   def _made(self) -> None:
     """Wakes the exports of a task's result, after its end's reply has gone: woken as
@@ -961,12 +967,14 @@ _ORDERED = {
   'fetch': LaneRuntime.fetch,
   'count': LaneRuntime.count,
   'export_times': LaneRuntime.export_times,
-  'place_copies': LaneRuntime.place_copies,
-  'copy_cpu': LaneRuntime.copy_cpu,
   'info': LaneRuntime.info,
   'adopt': LaneRuntime.adopt,
 }
 _EXPORTS = ('export', 'keep')
+# The driver's calls a lane answers at once, in the reader of its connection, beside the
+# calls queued on its ordered thread: they read or move its copy threads only, so that a
+# run can measure and place them while its lanes compute (`LanePool.copy_cpu`).
+_BESIDE = {'place_copies': LaneRuntime.place_copies, 'copy_cpu': LaneRuntime.copy_cpu}
 _WAKE = ('wake',)  # `_changed`: a parked export may be served now
 _DRIVER_CONNECT_S = 60.0  # the driver connects as soon as the lane is up (`LanePool._link`)
 _EXPORT_TIMES_KEPT = 1024  # copies whose export time a lane keeps until asked
