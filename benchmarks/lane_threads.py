@@ -123,10 +123,10 @@ def main():
   name, case = list(real_speedup.cases(2, (args.family,)).items())[-1]  # (bp's first)
   by_load = args.copies.strip() == real_speedup.BY_LOAD
   placement, copies = real_speedup.placement_or_error(
-    parser, 2, (args.family,), args.moves, args.copies, by_load=True
+    parser, 2, (args.family,), args.moves, args.copies, words=True
   )
   apart = ''.join(f', {lane} copies on {cores}' for lane, cores in copies.items())
-  apart += f', copies {args.copies.strip()}' if not copies else ''
+  apart += f', copies {args.copies.strip()}' if not copies and args.copies.strip() else ''
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
     f'{name}, moves={args.moves}{apart}, {args.steps} iterations a round, {args.rounds} rounds'

@@ -479,24 +479,24 @@ def lane_placement(
 
 
 def placement_or_error(
-  parser, lanes: int, families, moves: str, copies_text: str, by_load: bool = False
+  parser, lanes: int, families, moves: str, copies_text: str, words: bool = False
 ):
   """`lane_placement` with `--copies` read from `copies_text` (`copies_or_error`; with
-  `by_load`, its words `BY_LOAD` and `OWN` too, which place none apart at start), and the
+  `words`, `BY_LOAD` and `OWN` too, which place none apart at start), and the
   copies; bad input refused in one line by `parser`."""
-  if by_load and copies_text.strip() in (BY_LOAD, OWN):
+  if words and copies_text.strip() in (BY_LOAD, OWN):
     copies = {}
   else:
-    copies = copies_or_error(parser, copies_text, by_load)
+    copies = copies_or_error(parser, copies_text, words)
   try:
     return lane_placement(lanes, families, moves, copies), copies
   except ValueError as error:
     parser.error(str(error))
 
 
-def copies_or_error(parser, text: str, by_load: bool = False) -> dict[str, str]:
+def copies_or_error(parser, text: str, words: bool = False) -> dict[str, str]:
   """`--copies`: `lane:cores` entries, `;`-separated, the cores of this process (the
-  error names `BY_LOAD` and `OWN` too where `by_load` allows them)."""
+  error names `BY_LOAD` and `OWN` too where `words` allows them)."""
   allowed, copies = set(os.sched_getaffinity(0)), {}
   for entry in filter(None, (e.strip() for e in text.split(';'))):
     lane, _, cores = entry.partition(':')
@@ -507,7 +507,7 @@ def copies_or_error(parser, text: str, by_load: bool = False) -> dict[str, str]:
     if not lane or not numbers or not numbers <= allowed:
       parser.error(
         f'--copies: lane:cores entries separated by ";", the cores among '
-        f'{",".join(map(str, sorted(allowed)))}{f", or {BY_LOAD} or {OWN}" * by_load}; '
+        f'{",".join(map(str, sorted(allowed)))}{f", or {BY_LOAD} or {OWN}" * words}; '
         f'got {entry!r}'
       )
     copies[lane] = cores
@@ -656,7 +656,7 @@ def main():
     )
   by_load = args.copies.strip() == BY_LOAD
   placement, copies = placement_or_error(  # (before anything compiles)
-    parser, args.lanes, families, args.moves, args.copies, by_load=True
+    parser, args.lanes, families, args.moves, args.copies, words=True
   )
   set_shape(args.features, args.batch, args.depth)
   cases_ = cases(args.lanes, families)

@@ -693,7 +693,7 @@ def test_real_speedup_places_a_lanes_copy_threads_apart_and_refuses_bad_copies(c
     real_speedup.placement_or_error(parser, 2, ('ddg',), 'auto', 'auto')
   assert "; got 'auto'" in capsys.readouterr().err
   with pytest.raises(SystemExit):
-    real_speedup.copies_or_error(parser, 'stage1', by_load=True)
+    real_speedup.copies_or_error(parser, 'stage1', words=True)
   assert ", or auto or own; got 'stage1'" in capsys.readouterr().err
 
 
