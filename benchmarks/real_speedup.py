@@ -544,13 +544,7 @@ def copies_by_load(pool: LanePool, cases_: dict, steps: int, warmup: int) -> dic
 
 def describe_loads(loads: dict, cores: dict, moved: dict) -> str:
   """'stage0 on 0: 80.1 + 4.0 ms, ...; copies of stage1 to 0' (tasks + copies a step)."""
-  each = ', '.join(
-    f'{lane} on {",".join(map(str, cores[lane]))}: '
-    f'{1e3 * loads[lane][0]:.1f} + {1e3 * loads[lane][1]:.1f} ms'
-    for lane in sorted(loads)
-  )
-  where = '; '.join(f'copies of {lane} to {",".join(map(str, c))}' for lane, c in moved.items())
-  return f'{each}; {where or "each lane keeps its copies"}'
+  return placement_lib.describe_copy_loads(loads, cores, moved, lambda s: f'{1e3 * s:.1f} ms')
 
 
 def place_copies(pool: LanePool, wanted: dict, current: dict) -> None:

@@ -130,6 +130,31 @@ CASES = [
     'placement.lanes',
     r"lane 'stage0': moves must be one of auto, device, host, socket, got 'gpu'",
   ),
+  (
+    'ddg',
+    {'clock': 'real', 'executor': 'processes', 'placement.copies': 'idle'},
+    'placement.copies',
+    r"one of own, auto \(or None: by the executor\) expected, got 'idle'",
+  ),
+  (
+    'ddg',
+    {
+      'clock': 'real',
+      'executor': 'processes',
+      'placement.lanes': 'stage0@cores=0; stage1@cores=1@copies=0',
+      'placement.copies': 'auto',
+    },
+    'placement.copies',
+    r"'auto' places the copy threads by the run's load, but the placement puts those of "
+    r"stage1 \(copies=\.\.\.\); use copies='own'",
+  ),
+  (
+    'ddg',
+    {'clock': 'real', 'placement.copies': 'own'},
+    'placement.copies',
+    r"places lane processes' copy threads; it needs executor='processes' or 'emulated' "
+    r"\(got clock='real', executor='in_process'\)",
+  ),
   # --- ddg ---
   (
     'ddg',

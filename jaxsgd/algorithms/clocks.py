@@ -204,6 +204,7 @@ def make_executor(
       tolerate_lost=shared.tolerate_lost_workers,
       run_ahead=run_ahead,
       emulate=model,
+      copies=shared.placement.copy_placement(shared.executor),
     )
     return executor, table
   if not shared.virtual:
@@ -292,13 +293,23 @@ def cost_table(executor) -> dict | None:
 
 def executor_summary(executor) -> dict:
   """What the executor adds to `summary.json`: lane processes' lanes lost and tolerated
-  (`lost_lanes`) and how long each checkpoint held the run (`checkpoint_pauses_ms`: from
-  the drain's start to the driver going on, the save included)."""
+  (`lost_lanes`), how long each checkpoint held the run (`checkpoint_pauses_ms`: from
+  the drain's start to the driver going on, the save included) and, with
+  `placement.copies='auto'`, each lane's measured load and whose copy threads moved
+  where (`copies_by_load`)."""
   summary = {}
   if getattr(executor, 'lost', None):
     summary['lost_lanes'] = [dataclasses.asdict(lost) for lost in executor.lost]
   if getattr(executor, 'pauses', None):
     summary['checkpoint_pauses_ms'] = [round(1e3 * pause, 1) for pause in executor.pauses]
+  measured = getattr(executor, 'copies_by_load', None)
+  if measured is not None and measured.loads:
+    summary['copies_by_load'] = {
+      'load_percent': {  # tasks, copies: of a core
+        lane: [round(100 * share, 1) for share in load] for lane, load in measured.loads.items()
+      },
+      'moved_to_cores': {lane: list(cores) for lane, cores in measured.moved.items()},
+    }
   return summary
 
 

@@ -446,33 +446,65 @@ class PlacementSettings:
       backward workers): the simulated device of each lane. Lanes mapped to one device
       share it: their tasks run one at a time (an ASGD server on a worker's GPU). None =
       every lane a device of its own.
+    copies: lane processes' copy threads (the values each takes in and sends): 'auto' —
+      moved once, by the load the run measures, off the cores that bound the run onto
+      cores that wait (`scheduler.copy_load`); 'own' — where `lanes` puts them (a lane's
+      `copies=`, else its own cores). None = 'auto' with executor='processes' unless
+      `lanes` places some lane's copies, else 'own' (emulated tasks: the simulator's
+      executor model keeps them on their lanes' cores).
   """
 
   devices: tuple[int, ...] | None = None
   stage_to_device: tuple[int, ...] | None = None
   lanes: str | None = None
   lane_to_device: tuple[int, ...] | None = None
+  copies: str | None = None
+
+  def copy_placement(self, executor: str) -> str:
+    """`copies` as the process executor takes it (`ProcessExecutor(copies=...)`)."""
+    if self.copies is not None:
+      return self.copies
+    if executor != 'processes' or self.lanes is None:
+      return 'auto' if executor == 'processes' else 'own'
+    from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
+
+    placed = any(lane.copy_cores is not None for lane in LanePlacement.parse(self.lanes).lanes)
+    return 'own' if placed else 'auto'
 
 
 def placement_settings(given, num_stages: int) -> PlacementSettings:
   """`config.placement`, checked against the visible devices and the stage count."""
   given = dict(given or {})
-  refuse_unknown(given, ('devices', 'stage_to_device', 'lanes', 'lane_to_device'), 'placement')
-  lanes = given.pop('lanes', None)
+  refuse_unknown(
+    given, ('devices', 'stage_to_device', 'lanes', 'lane_to_device', 'copies'), 'placement'
+  )
+  lanes, copies = given.pop('lanes', None), given.pop('copies', None)
+  if copies is not None:  # Ray is imported only when used.
+    from jaxsgd.scheduler.copy_load import COPIES, refuse_placed_copies
+  if copies is not None and copies not in COPIES:
+    raise ValueError(
+      f'placement.copies: one of {", ".join(COPIES)} (or None: by the executor) expected, '
+      f'got {copies!r}.'
+    )
   if lanes is not None:
     from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
 
     if not isinstance(lanes, str):
       raise ValueError(f'placement.lanes: a placement string expected, got {lanes!r}.')
     try:
-      LanePlacement.parse(lanes)
+      placement = LanePlacement.parse(lanes)
     except ValueError as error:
       raise ValueError(f'placement.lanes: {str(error).removeprefix("placement: ")}') from None
+    if copies == 'auto':
+      try:
+        refuse_placed_copies(placement, placement.names)
+      except ValueError as error:
+        raise ValueError(f'placement.{error}') from None
   for key, value in given.items():
     if value is not None and not isinstance(value, (list, tuple)):
       raise ValueError(f'placement.{key}: a tuple of integers (or None) expected, got {value!r}.')
   given = {k: (tuple(v) if v is not None else None) for k, v in given.items()}
-  settings = PlacementSettings(**given, lanes=lanes)
+  settings = PlacementSettings(**given, lanes=lanes, copies=copies)
   lane_map = settings.lane_to_device
   if lane_map is not None and (
     not lane_map or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in lane_map)
@@ -683,6 +715,11 @@ def _check_placement_for(clock: str, executor: str, placement: dict) -> None:
     raise ValueError(
       "placement.lanes: places lane processes (or the simulated lanes, clock='virtual'); "
       f"it needs executor='processes' or 'emulated' (got {executor!r})."
+    )
+  if placement.get('copies') is not None and executor not in LANE_PROCESS_EXECUTORS:
+    raise ValueError(
+      "placement.copies: places lane processes' copy threads; it needs "
+      f"executor='processes' or 'emulated' (got clock={clock!r}, executor={executor!r})."
     )
 
 

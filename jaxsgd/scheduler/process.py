@@ -101,6 +101,7 @@ import numpy as np
 
 from jaxsgd.errors import Preempted
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process, Send
+from jaxsgd.scheduler.copy_load import COPIES, CopiesByLoad, refuse_placed_copies
 from jaxsgd.scheduler.costs import CostModel
 from jaxsgd.scheduler.executor import RUN_AHEAD, Executor, ReadyWait
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, sigterm_received
@@ -133,6 +134,10 @@ class ProcessExecutor(Executor):
       stops it.
     emulate: a cost model: every task waits its priced duration instead of computing
       (module docstring); None: tasks compute.
+    copies: where the lanes' copy threads run: 'own' — as the placement puts them (a
+      lane's `copies=`, else its own cores); 'auto' — moved once, by the load the run
+      measures, from a lane whose cores bound the run to one whose cores wait
+      (`copy_load.CopiesByLoad`; the placement may then name no lane's `copies=`).
   """
 
   clock = 'real (processes)'
@@ -148,8 +153,15 @@ class ProcessExecutor(Executor):
     verbose: bool = True,
     tolerate_lost: bool = False,
     emulate: CostModel | None = None,
+    copies: str = 'own',
   ):
+    if copies not in COPIES:
+      raise ValueError(f'copies: one of {", ".join(COPIES)} expected, got {copies!r}.')
+    if copies == 'auto' and placement is not None:
+      refuse_placed_copies(placement, placement.names)
     self.placement, self.address, self.pool = placement, address, pool
+    self.copies = copies
+    self.copies_by_load: CopiesByLoad | None = None  # what it measured and moved ('auto')
     self.cost_model = emulate
     if emulate is not None:
       self.clock = 'real (emulated tasks)'
@@ -250,6 +262,10 @@ class ProcessExecutor(Executor):
     for lane, tasks in self.cluster.tasks.items():  # each lane builds its own, at once
       self.pool.prepare(self._lane_names[lane], [t for t in tasks if isinstance(t, Task)])
     self._sampler = None if self.cost_model is None else self.cost_model.sampler()
+    self.copies_by_load = None
+    if self.copies == 'auto':
+      refuse_placed_copies(self.pool.placement, self._lane_names.values())
+      self.copies_by_load = CopiesByLoad(self.pool, self._lane_names)
     lanes = collections.defaultdict(list)
     for process in self.processes:
       lanes[process.lane].append(process)
@@ -292,6 +308,10 @@ class ProcessExecutor(Executor):
         lane, op.kind, start, end, op.stage, op.batch, self.now(), dispatched, finished.cpu
       )
     )
+    if self.copies_by_load is not None:
+      placed = self.copies_by_load.finished(lane, finished.cpu, self.now())
+      if placed is not None and self.verbose:
+        print(placed, flush=True)
     if finished in self._resumed:
       self._resumed.discard(finished)
     else:
@@ -443,6 +463,8 @@ class ProcessExecutor(Executor):
       return
     self._expendable.discard(lane)
     self._lost_lanes.add(lane)
+    if self.copies_by_load is not None:
+      self.copies_by_load.dropped(lane)
     self.pool.remove(error.lane)
     closed = []
     self._drop_work_of(lane, error.lane)
@@ -491,6 +513,8 @@ class ProcessExecutor(Executor):
       process.restart(state)
       process.done = False
       self._ready.append((process, None))
+    if not kept and self.copies_by_load is not None:
+      self.copies_by_load.replaced(error.lane)
     names = tuple(p.name for p in processes)
     self.lost.append(LostLane(error.lane, error.host, lost_at, reason, names, self.now(), kept))
     pid, reason = self.pool.info[error.lane]['pid'], reason.rstrip('.')

@@ -180,6 +180,36 @@ def test_pipelines_on_lane_processes_are_bit_identical_to_both_in_process_clocks
   assert pool.held('stage0') == pool.held('stage1') == 0  # nothing left in the lanes
 
 
+def test_copies_placed_by_the_runs_load_move_mid_run_and_change_no_bit(pool, monkeypatch):
+  """`copies='auto'`: the executor measures each lane's tasks' and copy threads' CPU over
+  a window of the run and moves copy threads while the lanes compute; the run is the one
+  of copies on their own cores, bit for bit. (The rule is `copies_toward_idle`'s, tested
+  by hand; here it is told to move stage 1's, to see a move happen in a live run.)"""
+  from jaxsgd.scheduler import copy_load
+
+  monkeypatch.setattr(copy_load, 'WARM_TASKS', 2)  # (a run of 6 steps: 18 tasks a stage)
+  monkeypatch.setattr(copy_load, 'WINDOW_TASKS', 6)
+  monkeypatch.setattr(copy_load, 'WINDOW_SECONDS', 0.0)
+  measured, placed = [], []
+  monkeypatch.setattr(
+    copy_load, 'copies_toward_idle', lambda loads, cores: measured.append(loads) or {'stage1': (0,)}
+  )
+  place = pool.place_copies
+  monkeypatch.setattr(pool, 'place_copies', lambda *a: placed.append((a, place(*a))))
+  own = train(ddg.roles(2), ProcessExecutor(pool=pool))
+  executor = ProcessExecutor(pool=pool, copies='auto')
+  try:
+    auto = train(ddg.roles(2), executor)
+  finally:
+    place('stage1', None)
+  assert placed == [(('stage1', (0,)), (0,))]  # moved once, to core 0, while the run ran
+  [loads] = measured
+  assert set(loads) == {'stage0', 'stage1'} and all(tasks > 0 for tasks, _ in loads.values())
+  assert executor.copies_by_load.moved == {'stage1': (0,)}
+  for got, want in zip(auto, own):
+    chex.assert_trees_all_equal(got, want)
+
+
 @pytest.mark.parametrize(
   'roles, gradients_back',
   [(ddg.roles(2), True), (ddg.roles(2, 'recompute'), True), (local.roles(2), False)],

@@ -1,0 +1,162 @@
+"""Copy threads placed by the load a run measures (`scheduler/copy_load.py`): the window,
+the loads and the moves, by hand, against a pool whose copy-thread clocks the test sets."""
+
+import pytest
+
+from jaxsgd.scheduler import copy_load
+from jaxsgd.scheduler.copy_load import CopiesByLoad
+from jaxsgd.scheduler.lanes import LaneError, LanePlacement
+
+
+class ClockedPool:
+  """A pool's `placement`, `copy_cpu` (set by the test) and `place_copies` (noted)."""
+
+  def __init__(self, placement: str):
+    self.placement = LanePlacement.parse(placement)
+    self.copies = dict.fromkeys(self.placement.names, 0.0)
+    self.placed, self.lost = [], set()
+
+  def copy_cpu(self, lane):
+    if lane in self.lost:
+      raise LaneError(lane, None, f'lane {lane!r} died')
+    return self.copies[lane]
+
+  def place_copies(self, lane, cores):
+    self.placed.append((lane, cores))
+    return cores
+
+
+def warm(measure, lanes, now=0.0):
+  """Each lane finishes its `WARM_TASKS`: the window opens with the last of them."""
+  for _ in range(copy_load.WARM_TASKS):
+    for lane in lanes:
+      assert measure.finished(lane, 9.0, now) is None  # (a compiling task's CPU: not counted)
+  assert measure.opened_at == now
+
+
+def window(measure, pool, cpu, copies, end):
+  """`WINDOW_TASKS` tasks of each lane (its `cpu` each), ending at `end`, the copy
+  threads having used `copies[name]` meanwhile; what the last task returned."""
+  for name, used in copies.items():
+    pool.copies[name] += used
+  lanes = list(cpu)
+  said = [
+    measure.finished(lane, cpu[lane], end) for _ in range(copy_load.WINDOW_TASKS) for lane in lanes
+  ]
+  assert said[:-1] == [None] * (len(said) - 1)  # placed once every lane has finished its tasks
+  return said[-1]
+
+
+def test_the_busiest_cores_shed_their_copies_after_the_window_once_and_the_line_says_so():
+  """DDG-like: stage 0's core computes 16 x 62.5 ms over a 2-s window (50 %) and copies
+  250 ms (12.5 %); stage 1's 16 x 15.625 ms (12.5 %) and 62.5 ms (3.125 %).
+  0.15625 + 0.125 <= 0.625 - 0.125: stage 0's copies go to core 1."""
+  pool = ClockedPool('stage0@cores=0; stage1@cores=1')
+  pool.copies.update(stage0=1.0, stage1=2.0)  # used before the window: not counted
+  measure = CopiesByLoad(pool, {0: 'stage0', 1: 'stage1'})
+  warm(measure, [0, 1], now=1.0)
+  said = window(measure, pool, {0: 0.0625, 1: 0.015625}, {'stage0': 0.25, 'stage1': 0.0625}, 3.0)
+  assert measure.loads == {'stage0': (0.5, 0.125), 'stage1': (0.125, 0.03125)}
+  assert pool.placed == [('stage0', (1,))] and measure.moved == {'stage0': (1,)}
+  assert said == (
+    'copy threads by load (tasks + copies, of a core, over 2.0 s): '
+    'stage0 on 0: 50 % + 12 %, stage1 on 1: 12 % + 3 %; copies of stage0 to 1'
+  )
+  assert measure.finished(0, 1.0, 9.0) is None and len(pool.placed) == 1  # once
+  # A new process in stage 0's place gets its copies placed as the lost one's were.
+  measure.replaced('stage0')
+  measure.replaced('stage1')
+  assert pool.placed == [('stage0', (1,)), ('stage0', (1,))]
+
+
+def test_a_window_lasts_half_a_second_at_least():
+  """Every lane's tasks are done at 0.25 s: the window stays open until the first task
+  after `WINDOW_SECONDS`, and counts every task until then."""
+  pool = ClockedPool('stage0@cores=0; stage1@cores=1')
+  measure = CopiesByLoad(pool, {0: 'stage0', 1: 'stage1'})
+  warm(measure, [0, 1])
+  assert window(measure, pool, {0: 0.0, 1: 0.0}, {}, copy_load.WINDOW_SECONDS / 2) is None
+  pool.copies.update(stage0=0.25, stage1=0.25)
+  assert measure.finished(0, 1.0, 2.0).endswith('; copies of stage0 to 1')
+  assert measure.loads == {'stage0': (0.5, 0.125), 'stage1': (0.0, 0.125)}
+
+
+def test_balanced_lanes_keep_their_copies():
+  """Both lanes 50 % + 12.5 %: neither gives (0.625 + 0.125 > 0.5)."""
+  pool = ClockedPool('stage0@cores=0; stage1@cores=1')
+  measure = CopiesByLoad(pool, {0: 'stage0', 1: 'stage1'})
+  warm(measure, [0, 1])
+  said = window(measure, pool, {0: 0.0625, 1: 0.0625}, {'stage0': 0.25, 'stage1': 0.25}, 2.0)
+  assert measure.loads == {'stage0': (0.5, 0.125), 'stage1': (0.5, 0.125)}
+  assert pool.placed == [] and said.endswith('; each lane keeps its copies')
+
+
+def test_copies_move_between_cores_of_one_host_only():
+  """Core 0 of this host and core 0 of 10.0.0.2 are not one group: each host's busy lane
+  gives its copies to its own idle core. (Grouped by core numbers alone, cores 1 of both
+  hosts, 1.35 of a core, would have given theirs to cores 0, 1.02.)"""
+  pool = ClockedPool(
+    'stage0@cores=0; stage1@cores=1; w@host=10.0.0.2@cores=0; v@host=10.0.0.2@cores=1'
+  )
+  lanes = {0: 'stage0', 1: 'stage1', 2: 'w', 3: 'v'}
+  measure = CopiesByLoad(pool, lanes)
+  warm(measure, list(lanes))
+  cpu = {0: 0.8 / 16, 1: 0.3 / 16, 2: 0.1 / 16, 3: 0.9 / 16}
+  copies = {'stage0': 0.1, 'stage1': 0.05, 'w': 0.02, 'v': 0.1}
+  window(measure, pool, cpu, copies, 1.0)
+  assert measure.moved == {'stage0': (1,), 'v': (0,)}
+  assert sorted(pool.placed) == [('stage0', (1,)), ('v', (0,))]
+
+
+def test_a_lane_replaced_before_the_move_starts_the_warm_up_again_and_a_dropped_one_is_not_waited_for():
+  pool = ClockedPool('stage0@cores=0; stage1@cores=1; stage2@cores=1')
+  measure = CopiesByLoad(pool, {0: 'stage0', 1: 'stage1', 2: 'stage2'})
+  warm(measure, [0, 1, 2])
+  measure.replaced('stage1')  # its copy threads' clocks start again at 0
+  assert measure.opened_at is None and not measure.done
+  measure.dropped(2)  # lost for good: the others' window does not wait for it
+  warm(measure, [0, 1], now=1.0)
+  window(measure, pool, {0: 0.0625, 1: 0.0}, {'stage0': 0.25}, 3.0)
+  assert set(measure.loads) == {'stage0', 'stage1'} and measure.moved == {'stage0': (1,)}
+
+
+@pytest.mark.parametrize('when', ['opening', 'closing'])
+def test_a_lane_lost_while_asked_ends_the_measure_and_nothing_moves(when):
+  pool = ClockedPool('stage0@cores=0; stage1@cores=1')
+  measure = CopiesByLoad(pool, {0: 'stage0', 1: 'stage1'})
+  if when == 'opening':
+    pool.lost.add('stage1')
+    for _ in range(copy_load.WARM_TASKS):
+      measure.finished(0, 0.0, 0.0), measure.finished(1, 0.0, 0.0)
+  else:
+    warm(measure, [0, 1])
+    pool.lost.add('stage1')
+    assert window(measure, pool, {0: 0.0625, 1: 0.0}, {'stage0': 0.25}, 3.0) is None
+  assert measure.loads == {} and pool.placed == []
+  assert measure.finished(0, 1.0, 9.0) is None  # measured no more
+
+
+def test_auto_is_refused_where_the_placement_puts_copies_itself():
+  from jaxsgd.scheduler.process import ProcessExecutor
+
+  placement = LanePlacement.parse('stage0@cores=0; stage1@cores=1@copies=0')
+  with pytest.raises(ValueError, match=r"^copies: 'auto' places .* those of stage1 \(copies="):
+    ProcessExecutor(placement, copies='auto')
+  with pytest.raises(ValueError, match=r"^copies: one of own, auto expected, got 'idle'"):
+    ProcessExecutor(placement, copies='idle')
+  ProcessExecutor(placement, copies='own').close()  # (nothing started)
+
+
+def test_a_run_on_lane_processes_places_copies_by_load_unless_told_or_placed_otherwise():
+  """`placement.copies=None`: 'auto' on lane processes that compute; 'own' where
+  `placement.lanes` places a lane's copies, or tasks are emulated (the simulator's
+  executor model keeps them on their lanes' cores); a value given is taken as it is."""
+  from jaxsgd.algorithms.settings import PlacementSettings
+
+  placed = 'stage0@cores=0; stage1@cores=1@copies=0'
+  assert PlacementSettings().copy_placement('processes') == 'auto'
+  assert PlacementSettings(lanes='stage0@cores=0').copy_placement('processes') == 'auto'
+  assert PlacementSettings(lanes=placed).copy_placement('processes') == 'own'
+  assert PlacementSettings().copy_placement('emulated') == 'own'
+  assert PlacementSettings(copies='auto').copy_placement('emulated') == 'auto'
+  assert PlacementSettings(copies='own').copy_placement('processes') == 'own'
