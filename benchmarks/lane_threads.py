@@ -116,12 +116,15 @@ def main():
   parser.add_argument(
     '--copies',
     default=real_speedup.BY_LOAD,
-    help=f"{real_speedup.BY_LOAD} (placed by load, as real_speedup's), "
-    f"{real_speedup.OWN} or lane:cores[;...]: those lanes' copy threads on those cores",
+    help=f"{real_speedup.BY_LOAD} (placed by load, as real_speedup's), {real_speedup.OWN}, "
+    f"{real_speedup.RUN} (by the run's executor) or lane:cores[;...]: those lanes' copy "
+    'threads on those cores',
   )
   args = parser.parse_args()
   name, case = list(real_speedup.cases(2, (args.family,)).items())[-1]  # (bp's first)
   by_load = args.copies.strip() == real_speedup.BY_LOAD
+  if args.copies.strip() == real_speedup.RUN:
+    real_speedup.EXECUTOR['copies'] = 'auto'
   placement, copies = real_speedup.placement_or_error(
     parser, 2, (args.family,), args.moves, args.copies, words=True
   )

@@ -128,9 +128,12 @@ FAMILIES = ('ddg', 'local', 'asgd', 'pdasgd', 'lppsgd')
 # are placed otherwise than the default's).
 COPIES_APART = 'copy threads apart:'
 # `--copies`' words: each case's lanes' copy threads placed by the load a first round
-# measured (`copies_by_load`; the default), or every lane's on its own cores; and the line
-# the first prints above the tables (`speedup_chart` reads it).
-BY_LOAD, OWN, BY_LOAD_LINE = 'auto', 'own', 'copy threads by load'
+# measured (`copies_by_load`; the default), every lane's on its own cores, or placed by
+# each run's executor as it runs (`ProcessExecutor(copies='auto')`, as a training run
+# does); and the line the first prints above the tables (`speedup_chart` reads it).
+BY_LOAD, OWN, RUN, BY_LOAD_LINE = 'auto', 'own', 'run', 'copy threads by load'
+WORDS, WORDS_TEXT = (BY_LOAD, OWN, RUN), f'{BY_LOAD}, {OWN} or {RUN}'
+EXECUTOR = {'copies': 'own'}  # every case's `ProcessExecutor`'s (`--copies=run`: 'auto')
 
 
 def batches(seed: int = 0):
@@ -179,6 +182,7 @@ def measured(executor: ProcessExecutor, timeline, warmup: int):
     timeline=timeline,
     t0=executor._t0,  # pylint: disable=protected-access
     lanes=dict(executor._lane_names),  # pylint: disable=protected-access
+    copies=executor.copies_by_load,
   )
   return (
     per_iteration(timeline, warmup),
@@ -323,7 +327,7 @@ def run(pool: LanePool, case, steps: int, warmup: int) -> tuple[float, ...]:
   stages = placed(case, steps)
   feed = BatchFeed(batches(), 1 + sum(r.loss != 'none' for r in case))
   session = stages.session(case, feed, steps, host_batches=True)  # lanes take numpy
-  executor = ProcessExecutor(pool=pool)
+  executor = ProcessExecutor(pool=pool, verbose=False, **EXECUTOR)
   timeline = executor.run(session.cluster, session.processes())
   return measured(executor, timeline, warmup)
 
@@ -347,7 +351,9 @@ def run_asgd(
     record_pulls=False,
     apply_fn=server.named_apply(OPTIMIZER, steps, settings),
   )
-  executor = ProcessExecutor(pool=pool, run_ahead=asgd.RUN_AHEAD)  # as experiments.train
+  executor = ProcessExecutor(  # run_ahead: as experiments.train
+    pool=pool, run_ahead=asgd.RUN_AHEAD, verbose=False, **EXECUTOR
+  )
   names = [f'worker {m}' for m in range(num_workers)]
   session = server.AsgdSession(
     stages,
@@ -367,7 +373,7 @@ def run_pdasgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[flo
   (a backward costs about twice a forward), the default bound of `lanes` batches in
   flight; updates on the shared model's lane."""
   settings = pdasgd.PdSettings(n_fwd=1, n_bwd=lanes - 1, updates='layer')
-  executor = ProcessExecutor(pool=pool)
+  executor = ProcessExecutor(pool=pool, verbose=False, **EXECUTOR)
   session = pdasgd.PdSession(
     placed(sequential_roles(2), steps),
     settings,
@@ -387,7 +393,7 @@ def run_lppsgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[flo
   settings = lppsgd.LppSettings(devices=lanes, workers_per_device=1, averaging_freq=4)
   stages = placed(sequential_roles(1), steps)
   variables = stages.initial_variables(0, sequential_roles(1)[0])
-  executor = ProcessExecutor(pool=pool)
+  executor = ProcessExecutor(pool=pool, verbose=False, **EXECUTOR)
   session = lppsgd.LppSession(
     stages,
     settings,
@@ -482,9 +488,9 @@ def placement_or_error(
   parser, lanes: int, families, moves: str, copies_text: str, words: bool = False
 ):
   """`lane_placement` with `--copies` read from `copies_text` (`copies_or_error`; with
-  `words`, `BY_LOAD` and `OWN` too, which place none apart at start), and the
-  copies; bad input refused in one line by `parser`."""
-  if words and copies_text.strip() in (BY_LOAD, OWN):
+  `words`, `WORDS` too, which place none apart at start), and the copies; bad input
+  refused in one line by `parser`."""
+  if words and copies_text.strip() in WORDS:
     copies = {}
   else:
     copies = copies_or_error(parser, copies_text, words)
@@ -496,7 +502,7 @@ def placement_or_error(
 
 def copies_or_error(parser, text: str, words: bool = False) -> dict[str, str]:
   """`--copies`: `lane:cores` entries, `;`-separated, the cores of this process (the
-  error names `BY_LOAD` and `OWN` too where `words` allows them)."""
+  error names `WORDS` too where `words` allows them)."""
   allowed, copies = set(os.sched_getaffinity(0)), {}
   for entry in filter(None, (e.strip() for e in text.split(';'))):
     lane, _, cores = entry.partition(':')
@@ -507,7 +513,7 @@ def copies_or_error(parser, text: str, words: bool = False) -> dict[str, str]:
     if not lane or not numbers or not numbers <= allowed:
       parser.error(
         f'--copies: lane:cores entries separated by ";", the cores among '
-        f'{",".join(map(str, sorted(allowed)))}{f", or {BY_LOAD} or {OWN}" * words}; '
+        f'{",".join(map(str, sorted(allowed)))}{f", or {WORDS_TEXT}" * words}; '
         f'got {entry!r}'
       )
     copies[lane] = cores
@@ -544,7 +550,16 @@ def copies_by_load(pool: LanePool, cases_: dict, steps: int, warmup: int) -> dic
 
 def describe_loads(loads: dict, cores: dict, moved: dict) -> str:
   """'stage0 on 0: 80.1 + 4.0 ms, ...; copies of stage1 to 0' (tasks + copies a step)."""
-  return placement_lib.describe_copy_loads(loads, cores, moved, lambda s: f'{1e3 * s:.1f} ms')
+  return placement_lib.describe_copy_loads(loads, cores, moved, (1e3, 1, 'ms'))
+
+
+def describe_run_copies(measured, timeline) -> str:
+  """`--copies=run`: what a run's executor measured and moved, and when (`copy_load.
+  CopiesByLoad`; the batch: the last that a task had begun on by then)."""
+  if measured.placed_at is None:
+    return 'not placed (the run ended first)'
+  begun = [r.batch for r in timeline.records if r.start <= measured.placed_at and r.batch]
+  return f'at batch {max(begun, default=0)}: {measured}'
 
 
 def place_copies(pool: LanePool, wanted: dict, current: dict) -> None:
@@ -612,8 +627,9 @@ def main():
   parser.add_argument(
     '--copies',
     default=BY_LOAD,
-    help=f"{BY_LOAD} (placed by load), {OWN} (each lane's on its cores) or lane:cores[;...]: "
-    "those lanes' copy threads on those cores (see above)",
+    help=f"{BY_LOAD} (placed by load), {OWN} (each lane's on its cores), {RUN} (placed by "
+    "each run's executor, as a training run's) or lane:cores[;...]: those lanes' copy "
+    'threads on those cores (see above)',
   )
   parser.add_argument(
     '--traces',
@@ -649,6 +665,8 @@ def main():
       f'--depth: hidden layers; {args.lanes} stages need at least {args.lanes - 1}, got {args.depth}'
     )
   by_load = args.copies.strip() == BY_LOAD
+  if args.copies.strip() == RUN:
+    EXECUTOR['copies'] = 'auto'
   placement, copies = placement_or_error(  # (before anything compiles)
     parser, args.lanes, families, args.moves, args.copies, words=True
   )
@@ -671,6 +689,8 @@ def main():
     if name in copies_placed:  # (`--copies=auto`; not the GPU cases' pools)
       place_copies(pool, copies_placed[name], copies_now)
     seconds, dispatch, busy, busy_cpu, dispatch_cpu = run(pool, case, args.steps, args.warmup)
+    if LAST_RUN['copies'] is not None:  # (`--copies=run`)
+      print(f'  {name}: {describe_run_copies(LAST_RUN["copies"], LAST_RUN["timeline"])}')
     times.setdefault(name, []).append(seconds)
     host.setdefault(name, []).append(dispatch)
     busiest.setdefault(name, []).append(busy)

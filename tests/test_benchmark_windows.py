@@ -694,7 +694,7 @@ def test_real_speedup_places_a_lanes_copy_threads_apart_and_refuses_bad_copies(c
   assert "; got 'auto'" in capsys.readouterr().err
   with pytest.raises(SystemExit):
     real_speedup.copies_or_error(parser, 'stage1', words=True)
-  assert ", or auto or own; got 'stage1'" in capsys.readouterr().err
+  assert ", or auto, own or run; got 'stage1'" in capsys.readouterr().err
 
 
 def test_real_speedup_by_load_moves_only_the_copies_whose_place_changes_and_says_why():

@@ -10,7 +10,8 @@ window opens; once every lane has finished `WINDOW_TASKS` more and at least
 `WINDOW_SECONDS` have passed, it closes. Over that span each lane's load is its tasks'
 CPU (the tasks that finished in it, `Pending.cpu`: a task's own computing) and its copy
 threads' CPU (`LanePool.copy_cpu`, read when it opens and when it closes), as shares of
-one core. Lanes of the same host are placed by `copies_toward_idle`, once; a lane
+one core. Lanes of the same host are placed by `copies_toward_idle`, once (and put back
+at the run's end where the pool goes on to another run: `put_back`); a lane
 process that replaces a lost one gets its predecessor's placement (one that replaces
 it before then starts the warm-up again: its copies' CPU clock starts at 0). A lane
 dropped from the run is dropped from the measure.
@@ -60,6 +61,7 @@ class CopiesByLoad:
     self.copies_before: dict[str, float] = {}
     self.loads: dict[str, tuple[float, float]] | None = None  # (tasks, copies) per lane
     self.moved: dict[str, tuple[int, ...]] = {}  # lane -> the cores its copies run on
+    self.placed_at: float | None = None  # the run's time when they were placed
 
   def finished(self, lane: int, cpu: float | None, now: float) -> str | None:
     if self.loads is not None or lane not in self.lanes:
@@ -86,6 +88,11 @@ class CopiesByLoad:
       self.cpu.clear()
     elif name in self.moved:
       self._ask(self.pool.place_copies, name, self.moved[name])
+
+  def put_back(self) -> None:
+    """The moved copies back on their lanes' own cores (a pool that serves another run)."""
+    for name in self.moved:
+      self._ask(self.pool.place_copies, name, None)
 
   def dropped(self, lane: int) -> None:
     """Lane `lane` left the run (lost, not replaced): it is measured no more."""
@@ -126,5 +133,10 @@ class CopiesByLoad:
       self.moved.update(copies_toward_idle(loads, cores))
     for name, moved_to in self.moved.items():
       self._ask(self.pool.place_copies, name, moved_to)
-    shares = describe_copy_loads(self.loads, cores, self.moved, lambda x: f'{100 * x:.0f} %')
-    return f'copy threads by load (tasks + copies, of a core, over {span:.1f} s): {shares}'
+    self.placed_at = now
+    return f'copy threads by load (tasks + copies, of a core, over {span:.1f} s): {self}'
+
+  def __str__(self) -> str:
+    """Each lane's measured load and what moved (`describe_copy_loads`)."""
+    cores = {name: self.pool.placement[name].cores for name in self.loads or ()}
+    return describe_copy_loads(self.loads or {}, cores, self.moved, (100, 0, '%'))

@@ -192,6 +192,8 @@ class ProcessExecutor(Executor):
           stack.enter_context(saving_on_sigterm(self.on_sigterm))
         timeline = super().run(cluster, processes, resume=resume)
       timeline.lane_names = self._lane_labels(cluster)
+      if not self._owns_pool and self.copies_by_load is not None:
+        self.copies_by_load.put_back()  # a pool that goes on: its next run starts as placed
       return timeline
     except BaseException as error:
       if self.pool is not None:  # a pool that goes on (not ours) keeps no trace of the run

@@ -60,7 +60,7 @@ def test_the_busiest_cores_shed_their_copies_after_the_window_once_and_the_line_
   assert pool.placed == [('stage0', (1,))] and measure.moved == {'stage0': (1,)}
   assert said == (
     'copy threads by load (tasks + copies, of a core, over 2.0 s): '
-    'stage0 on 0: 50 % + 12 %, stage1 on 1: 12 % + 3 %; copies of stage0 to 1'
+    'stage0 on 0: 50 + 12 %, stage1 on 1: 12 + 3 %; copies of stage0 to 1'
   )
   assert measure.finished(0, 1.0, 9.0) is None and len(pool.placed) == 1  # once
   # A new process in stage 0's place gets its copies placed as the lost one's were.

@@ -198,11 +198,18 @@ def test_copies_placed_by_the_runs_load_move_mid_run_and_change_no_bit(pool, mon
   monkeypatch.setattr(pool, 'place_copies', lambda *a: placed.append((a, place(*a))))
   own = train(ddg.roles(2), ProcessExecutor(pool=pool))
   executor = ProcessExecutor(pool=pool, copies='auto')
+  at_end = []  # the moves made when the run ended (`put_back`)
+  put_back = copy_load.CopiesByLoad.put_back
+  monkeypatch.setattr(
+    copy_load.CopiesByLoad, 'put_back', lambda self: at_end.append(len(placed)) or put_back(self)
+  )
   try:
     auto = train(ddg.roles(2), executor)
   finally:
     place('stage1', None)
-  assert placed == [(('stage1', (0,)), (0,))]  # moved once, to core 0, while the run ran
+  # Moved once, to core 0, while the run ran; put back on its own core (1) at its end,
+  # since the pool goes on.
+  assert placed == [(('stage1', (0,)), (0,)), (('stage1', None), (1,))] and at_end == [1]
   [loads] = measured
   assert set(loads) == {'stage0', 'stage1'} and all(tasks > 0 for tasks, _ in loads.values())
   assert executor.copies_by_load.moved == {'stage1': (0,)}

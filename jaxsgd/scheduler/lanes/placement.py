@@ -34,7 +34,7 @@ and `moves` (`auto`, `device`, `host` or `socket`), e.g.
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from jaxsgd.scheduler.lanes.device_path import MOVES
 
@@ -244,13 +244,15 @@ def describe_copy_loads(
   loads: Mapping[str, tuple[float, float]],
   cores: Mapping[str, tuple[int, ...] | None],
   moved: Mapping[str, tuple[int, ...]],
-  unit: Callable[[float], str],
+  unit: tuple[float, int, str],
 ) -> str:
   """'stage0 on 0: 80.1 + 4.0 ms, stage1 on 1: ...; copies of stage1 to 0': each lane's
-  tasks + copies (`copies_toward_idle`'s `loads`, each written by `unit`) and what moved."""
+  tasks + copies (`copies_toward_idle`'s `loads`, times `unit`'s scale, with its digits
+  and name: `(1e3, 1, 'ms')`) and what moved."""
+  scale, digits, name = unit
   each = ', '.join(
     f'{lane} on {"unpinned" if cores[lane] is None else ",".join(map(str, cores[lane]))}: '
-    f'{unit(loads[lane][0])} + {unit(loads[lane][1])}'
+    f'{scale * loads[lane][0]:.{digits}f} + {scale * loads[lane][1]:.{digits}f} {name}'
     for lane in sorted(loads)
   )
   where = '; '.join(f'copies of {lane} to {",".join(map(str, c))}' for lane, c in moved.items())
