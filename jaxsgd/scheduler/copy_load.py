@@ -95,8 +95,9 @@ class CopiesByLoad:
       self._ask(self.pool.place_copies, name, None)
 
   def dropped(self, lane: int) -> None:
-    """Lane `lane` left the run (lost, not replaced): it is measured no more."""
-    self.lanes.pop(lane, None)
+    """Lane `lane` left the run (lost, not replaced): it is measured no more, and its
+    copies are not put back (it has none)."""
+    self.moved.pop(self.lanes.pop(lane, None), None)
 
   def _all_done(self, tasks: int) -> bool:
     return all(self.done[lane] >= tasks for lane in self.lanes)

@@ -199,6 +199,9 @@ class ProcessExecutor(Executor):
       if self.pool is not None:  # a pool that goes on (not ours) keeps no trace of the run
         for copy in getattr(self, '_copies', ()):
           self.pool.forget_exports(copy.exports)
+        if not self._owns_pool and self.copies_by_load is not None:
+          with contextlib.suppress(Exception):  # (the run's own error is the one to raise)
+            self.copies_by_load.put_back()
       self.close()
       if isinstance(error, KeyboardInterrupt) and sigterm_received():
         raise Preempted(

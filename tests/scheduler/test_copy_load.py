@@ -67,6 +67,11 @@ def test_the_busiest_cores_shed_their_copies_after_the_window_once_and_the_line_
   measure.replaced('stage0')
   measure.replaced('stage1')
   assert pool.placed == [('stage0', (1,)), ('stage0', (1,))]
+  measure.put_back()  # (a pool that goes on to another run)
+  assert pool.placed[2:] == [('stage0', None)]
+  measure.dropped(0)  # lost for good: nothing of it to put back
+  measure.put_back()
+  assert pool.placed[3:] == []
 
 
 def test_a_window_lasts_half_a_second_at_least():
