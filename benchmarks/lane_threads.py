@@ -23,8 +23,9 @@ median over rounds:
   core N        the core's busy time, of the wall time per iteration
 A lane is pinned to its core with all its threads (`LanePlacement`), so its copies run
 on the core its tasks do unless moved: by default (`--copies=auto`, as `real_speedup`'s)
-a first run places them by the load it measured (`real_speedup.copies_by_load`), `own`
-keeps them on their lanes' cores, and `--copies lane:cores` moves that lane's copy threads
+a first run places them by the load it measured (`real_speedup.copies_by_load`), `run`
+leaves it to each run's executor (as a training run does), `own` keeps them on their
+lanes' cores, and `--copies lane:cores` moves that lane's copy threads
 to those cores (`LaneSpec.copy_cores`): they still count as its copy threads, and the
 core busy times show where they ran. Not a test: speed is measured, not asserted. The last
 line:

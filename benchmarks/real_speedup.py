@@ -36,7 +36,11 @@ where that core stays the less busy of the two (`placement.copies_toward_idle`, 
 lane's tasks' CPU and its copies' measured in that run; a line per case says what it
 measured and moved): PD-ASGD 1:1's backward worker, its slowest lane, then leaves the copies of
 the residuals it takes in and the gradients it sends to the core where the forward worker
-waits. `--copies=own` keeps every lane's on its own cores; `--copies backwardworker0:0`
+waits. `--copies=run` leaves it to each counted run's executor, as a training run on lane
+processes does (`ProcessExecutor(copies='auto')`: placed once after a window of its first
+tasks, a line per run says when and what; give it `--steps` and `--warmup` enough for the
+placement to fall in the warm-up). `--copies=own` keeps every lane's on its own cores;
+`--copies backwardworker0:0`
 places that lane's on core 0 for every case (`LaneSpec.copy_cores`). `--gpu` adds,
 after the CPU rounds, DDG K=2 with a GPU, in two pools of their own, each case
 interleaved with BP on the pool's GPU lane (its ratio is over that, not over BP on a
@@ -557,7 +561,7 @@ def describe_run_copies(measured, timeline) -> str:
   """`--copies=run`: what a run's executor measured and moved, and when (`copy_load.
   CopiesByLoad`; the batch: the last that a task had begun on by then)."""
   if measured.placed_at is None:
-    return 'not placed (the run ended first)'
+    return 'not placed (no window filled before the run ended)'
   begun = [r.batch for r in timeline.records if r.start <= measured.placed_at and r.batch]
   return f'at batch {max(begun, default=0)}: {measured}'
 

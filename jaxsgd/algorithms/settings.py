@@ -451,7 +451,8 @@ class PlacementSettings:
       cores that wait (`scheduler.copy_load`); 'own' — where `lanes` puts them (a lane's
       `copies=`, else its own cores). None = 'auto' with executor='processes' unless
       `lanes` places some lane's copies, else 'own' (emulated tasks: the simulator's
-      executor model keeps them on their lanes' cores).
+      executor model keeps them on their lanes' cores; told 'auto', an emulated run
+      places them by its copies' load alone, since its tasks wait rather than compute).
   """
 
   devices: tuple[int, ...] | None = None

@@ -18,7 +18,8 @@ dropped from the run is dropped from the measure.
 
 A run too short to fill the window, or with a lane that stops finishing tasks, leaves
 the copies where the placement put them. A lane lost while it is asked for its copies'
-CPU (`LaneError`) ends the measure the same way; the run's own wait then hears of it.
+CPU (`LaneError`) starts the warm-up again (the run's own wait hears of the loss, and
+drops or replaces the lane); one lost while its copies move keeps none moved.
 """
 
 import collections
@@ -62,6 +63,7 @@ class CopiesByLoad:
     self.loads: dict[str, tuple[float, float]] | None = None  # (tasks, copies) per lane
     self.moved: dict[str, tuple[int, ...]] = {}  # lane -> the cores its copies run on
     self.placed_at: float | None = None  # the run's time when they were placed
+    self._answer = None  # the last pool call's (`_ask`)
 
   def finished(self, lane: int, cpu: float | None, now: float) -> str | None:
     if self.loads is not None or lane not in self.lanes:
@@ -74,6 +76,7 @@ class CopiesByLoad:
     elif (
       self.opened_at is not None
       and now - self.opened_at >= WINDOW_SECONDS
+      and now > self.opened_at
       and self._all_done(WINDOW_TASKS)
     ):
       return self._place(now)
@@ -83,14 +86,13 @@ class CopiesByLoad:
     """A new process of lane `name` took a lost one's place: its copies go where the
     lost one's went; before they are placed, the warm-up starts again."""
     if self.loads is None:
-      self.opened_at = None
-      self.done.clear()
-      self.cpu.clear()
-    elif name in self.moved:
-      self._ask(self.pool.place_copies, name, self.moved[name])
+      self._restart()
+    elif name in self.moved and not self._ask(self.pool.place_copies, name, self.moved[name]):
+      del self.moved[name]  # (the new process was lost too)
 
   def put_back(self) -> None:
-    """The moved copies back on their lanes' own cores (a pool that serves another run)."""
+    """The moved copies back on their lanes' own cores (a pool that serves another run);
+    `moved` still says what the run did."""
     for name in self.moved:
       self._ask(self.pool.place_copies, name, None)
 
@@ -102,24 +104,43 @@ class CopiesByLoad:
   def _all_done(self, tasks: int) -> bool:
     return all(self.done[lane] >= tasks for lane in self.lanes)
 
-  def _ask(self, call, *args):
-    """`call(*args)` of the pool; a lost lane ends the measure (module docstring)."""
+  def _restart(self) -> None:
+    """The warm-up again: a lane's copy-thread clock started again, or could not be read."""
+    self.opened_at = None
+    self.done.clear()
+    self.cpu.clear()
+    self.copies_before.clear()
+
+  def _ask(self, call, *args) -> bool:
+    """`call(*args)` of the pool; False where a lane was lost meanwhile (`LaneError`: the
+    run's own wait hears of it, and drops or replaces it)."""
     try:
-      return call(*args)
+      self._answer = call(*args)
+      return True
     except LaneError:
-      self.loads, self.moved = {}, {}
-      return None
+      return False
+
+  def _copy_cpu(self) -> dict[str, float] | None:
+    """Every lane's copy threads' CPU seconds so far; None if a lane was lost."""
+    copies = {}
+    for name in self.lanes.values():
+      if not self._ask(self.pool.copy_cpu, name):
+        return None
+      copies[name] = self._answer
+    return copies
 
   def _open(self, now: float) -> None:
-    self.opened_at = now
+    copies = self._copy_cpu()
+    if copies is None:
+      self._restart()
+      return
+    self.opened_at, self.copies_before = now, copies
     self.done.clear()
-    for name in self.lanes.values():
-      self.copies_before[name] = self._ask(self.pool.copy_cpu, name)
 
   def _place(self, now: float) -> str | None:
-    span = now - self.opened_at
-    copies = {name: self._ask(self.pool.copy_cpu, name) for name in self.lanes.values()}
-    if self.loads is not None:  # a lane was lost meanwhile
+    span, copies = now - self.opened_at, self._copy_cpu()
+    if copies is None:
+      self._restart()
       return None
     self.loads = {
       name: (self.cpu[lane] / span, (copies[name] - self.copies_before[name]) / span)
@@ -131,9 +152,9 @@ class CopiesByLoad:
       hosts[placement[name].host][name] = self.loads[name]
     cores = {name: placement[name].cores for name in self.loads}
     for loads in hosts.values():
-      self.moved.update(copies_toward_idle(loads, cores))
-    for name, moved_to in self.moved.items():
-      self._ask(self.pool.place_copies, name, moved_to)
+      for name, moved_to in copies_toward_idle(loads, cores).items():
+        if self._ask(self.pool.place_copies, name, moved_to):  # (else: lost meanwhile)
+          self.moved[name] = moved_to
     self.placed_at = now
     return f'copy threads by load (tasks + copies, of a core, over {span:.1f} s): {self}'
 

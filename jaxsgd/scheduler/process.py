@@ -199,7 +199,8 @@ class ProcessExecutor(Executor):
       if self.pool is not None:  # a pool that goes on (not ours) keeps no trace of the run
         for copy in getattr(self, '_copies', ()):
           self.pool.forget_exports(copy.exports)
-        if not self._owns_pool and self.copies_by_load is not None:
+        # (not after Ctrl-C or SIGTERM: a call to a lane would hear the signal again)
+        if not self._owns_pool and self.copies_by_load is not None and isinstance(error, Exception):
           with contextlib.suppress(Exception):  # (the run's own error is the one to raise)
             self.copies_by_load.put_back()
       self.close()

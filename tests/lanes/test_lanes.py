@@ -134,14 +134,20 @@ def test_copies_leave_the_busiest_cores_for_the_least_busy_while_it_stays_the_le
   assert copies_toward_idle(asgd, {'server': (0,), 'worker0': (0,), 'worker1': (1,)}) == {}
   near = {'stage0': ms(85.0, 4.0), 'stage1': ms(88.0, 3.5)}
   assert copies_toward_idle(near, {'stage0': (0,), 'stage1': (1,)}) == {}
-  # Three core groups, busiest first: a (100) gives 10 to c (60 -> 70 <= 90); b (95)
-  # gives 10 to c, the least busy of those that gave none (70 -> 80 <= 85); c took
-  # copies: it keeps its own. A group on several cores gives to them all; an unpinned
-  # lane (no cores) is left out; one group alone has nowhere to give.
+  # Three core groups, busiest a core first: a (100) gives 10 to c (60 on two cores, 30
+  # a core -> 35 <= 90); b (95) gives 10 to c, the least busy of those that gave none
+  # (35 -> 40 <= 85); c took copies: it keeps its own. A group on several cores gives
+  # to them all; an unpinned lane (no cores) is left out; one group alone has nowhere
+  # to give.
   three = {'a': ms(90.0, 10.0), 'b': ms(85.0, 10.0), 'c': ms(55.0, 5.0), 'free': ms(99, 9)}
   cores = {'a': (0,), 'b': (1,), 'c': (2, 3), 'free': None}
   assert copies_toward_idle(three, cores) == {'a': (2, 3), 'b': (2, 3)}
   assert copies_toward_idle({'a': ms(90.0, 10.0)}, {'a': (0,)}) == {}
+  # Loads are compared a core: wide on two cores at 120 (60 a core) is less busy than
+  # narrow on one at 90. Narrow gives: (120 + 10) / 2 = 65 <= 90 - 10. (Summed without
+  # the cores, wide would have given its 10 to narrow, the bottleneck: 100 <= 110.)
+  wide = {'wide': ms(110.0, 10.0), 'narrow': ms(80.0, 10.0)}
+  assert copies_toward_idle(wide, {'wide': (0, 1), 'narrow': (2,)}) == {'narrow': (0, 1)}
 
 
 def test_lanes_sharing_a_gpu_take_their_share_of_it_and_of_its_memory(monkeypatch):

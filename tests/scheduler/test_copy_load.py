@@ -9,12 +9,13 @@ from jaxsgd.scheduler.lanes import LaneError, LanePlacement
 
 
 class ClockedPool:
-  """A pool's `placement`, `copy_cpu` (set by the test) and `place_copies` (noted)."""
+  """A pool's `placement`, `copy_cpu` (set by the test) and `place_copies` (noted); a
+  lane in `lost` raises `LaneError` at either, one in `lost_moving` at `place_copies`."""
 
   def __init__(self, placement: str):
     self.placement = LanePlacement.parse(placement)
     self.copies = dict.fromkeys(self.placement.names, 0.0)
-    self.placed, self.lost = [], set()
+    self.placed, self.lost, self.lost_moving = [], set(), set()
 
   def copy_cpu(self, lane):
     if lane in self.lost:
@@ -22,6 +23,8 @@ class ClockedPool:
     return self.copies[lane]
 
   def place_copies(self, lane, cores):
+    if lane in self.lost | self.lost_moving:
+      raise LaneError(lane, None, f'lane {lane!r} died')
     self.placed.append((lane, cores))
     return cores
 
@@ -68,7 +71,7 @@ def test_the_busiest_cores_shed_their_copies_after_the_window_once_and_the_line_
   measure.replaced('stage1')
   assert pool.placed == [('stage0', (1,)), ('stage0', (1,))]
   measure.put_back()  # (a pool that goes on to another run)
-  assert pool.placed[2:] == [('stage0', None)]
+  assert pool.placed[2:] == [('stage0', None)] and measure.moved == {'stage0': (1,)}
   measure.dropped(0)  # lost for good: nothing of it to put back
   measure.put_back()
   assert pool.placed[3:] == []
@@ -126,7 +129,9 @@ def test_a_lane_replaced_before_the_move_starts_the_warm_up_again_and_a_dropped_
 
 
 @pytest.mark.parametrize('when', ['opening', 'closing'])
-def test_a_lane_lost_while_asked_ends_the_measure_and_nothing_moves(when):
+def test_a_lane_lost_while_asked_starts_the_warm_up_again(when):
+  """A lane whose copies' CPU cannot be read (its process lost: the run replaces or drops
+  it) starts the measure over; once it answers again, it goes on as before."""
   pool = ClockedPool('stage0@cores=0; stage1@cores=1')
   measure = CopiesByLoad(pool, {0: 'stage0', 1: 'stage1'})
   if when == 'opening':
@@ -137,8 +142,28 @@ def test_a_lane_lost_while_asked_ends_the_measure_and_nothing_moves(when):
     warm(measure, [0, 1])
     pool.lost.add('stage1')
     assert window(measure, pool, {0: 0.0625, 1: 0.0}, {'stage0': 0.25}, 3.0) is None
-  assert measure.loads == {} and pool.placed == []
-  assert measure.finished(0, 1.0, 9.0) is None  # measured no more
+  assert measure.loads is None and measure.opened_at is None and not measure.done
+  assert pool.placed == []
+  pool.lost.clear()  # (a new process in its place)
+  warm(measure, [0, 1], now=4.0)
+  window(measure, pool, {0: 0.0625, 1: 0.0}, {'stage0': 0.25}, 6.0)
+  assert measure.moved == {'stage0': (1,)}
+
+
+def test_a_lane_lost_while_its_copies_move_keeps_none_moved():
+  """Stage 0's and stage 2's copies go to core 1; stage 2 is lost as its move is asked:
+  only stage 0's is recorded (said, written, put back, placed again on replacement)."""
+  pool = ClockedPool('stage0@cores=0; stage1@cores=1; stage2@cores=0')
+  measure = CopiesByLoad(pool, {0: 'stage0', 1: 'stage1', 2: 'stage2'})
+  warm(measure, [0, 1, 2])
+  pool.lost_moving.add('stage2')
+  cpu = {0: 0.0625, 1: 0.0, 2: 0.03125}  # core 0: 0.5 + 0.125 + 0.25 + 0.125; core 1: 0
+  said = window(measure, pool, cpu, {'stage0': 0.25, 'stage2': 0.25}, 2.0)
+  assert measure.moved == {'stage0': (1,)} and said.endswith('; copies of stage0 to 1')
+  measure.replaced('stage2')  # its new process: nothing of it was moved
+  pool.lost.add('stage0')
+  measure.replaced('stage0')  # lost again at once: its copies are not where it says
+  assert measure.moved == {} and pool.placed == [('stage0', (1,))]
 
 
 def test_auto_is_refused_where_the_placement_puts_copies_itself():

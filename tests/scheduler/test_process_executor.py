@@ -197,14 +197,14 @@ def test_copies_placed_by_the_runs_load_move_mid_run_and_change_no_bit(pool, mon
   place = pool.place_copies
   monkeypatch.setattr(pool, 'place_copies', lambda *a: placed.append((a, place(*a))))
   own = train(ddg.roles(2), ProcessExecutor(pool=pool))
-  executor = ProcessExecutor(pool=pool, copies='auto')
+  executor, timelines = ProcessExecutor(pool=pool, copies='auto'), []
   at_end = []  # the moves made when the run ended (`put_back`)
   put_back = copy_load.CopiesByLoad.put_back
   monkeypatch.setattr(
     copy_load.CopiesByLoad, 'put_back', lambda self: at_end.append(len(placed)) or put_back(self)
   )
   try:
-    auto = train(ddg.roles(2), executor)
+    auto = train(ddg.roles(2), executor, timelines)
   finally:
     place('stage1', None)
   # Moved once, to core 0, while the run ran; put back on its own core (1) at its end,
@@ -213,6 +213,8 @@ def test_copies_placed_by_the_runs_load_move_mid_run_and_change_no_bit(pool, mon
   [loads] = measured
   assert set(loads) == {'stage0', 'stage1'} and all(tasks > 0 for tasks, _ in loads.values())
   assert executor.copies_by_load.moved == {'stage1': (0,)}
+  [timeline] = timelines  # tasks began after the move: the run went on with them moved
+  assert executor.copies_by_load.placed_at < max(record.start for record in timeline.records)
   for got, want in zip(auto, own):
     chex.assert_trees_all_equal(got, want)
 

@@ -209,9 +209,11 @@ def copies_toward_idle(
 
   `loads[lane]`: (its tasks' CPU, its copy threads' CPU), measured over the same span (a
   round of a run, per iteration); `cores[lane]`: its cores. Lanes on the same cores form
-  a group, its load the sum of theirs. Groups are taken busiest first; each, of load B,
-  gives its lanes' copies, c, to the least busy group, of load L, if L + c <= B - c: its
-  load falls by c and the taker's stays no more than its own. A move that would make the
+  a group, its load the sum of theirs, compared per core (a group on two cores at 120 %
+  of one core is busy 60 % of each). Groups are taken busiest first; each, of load B on
+  n cores, gives its lanes' copies, c, to the least busy group, of load L on m cores, if
+  (L + c) / m <= (B - c) / n: its load falls by c and the taker's stays no more than
+  its own. A move that would make the
   taker the busier of the two is not made: the two would gain less than c, and copies
   onto a core that then computes nearly all the time wait there for it, on the path of
   whatever waits for them. A group that takes copies keeps its own; one that gives takes
@@ -225,13 +227,17 @@ def copies_toward_idle(
       groups.setdefault(tuple(cores[lane]), []).append(lane)
   load = {group: sum(sum(loads[lane]) for lane in lanes) for group, lanes in groups.items()}
   copies = {group: sum(loads[lane][1] for lane in lanes) for group, lanes in groups.items()}
+
+  def per_core(group, more=0.0):
+    return (load[group] + more) / len(group)
+
   moved, gave, took = {}, set(), set()
-  for group in sorted(groups, key=lambda g: (-load[g], g)):
+  for group in sorted(groups, key=lambda g: (-per_core(g), g)):
     others = [g for g in groups if g != group and g not in gave]
     if group in took or not others:
       continue
-    target = min(others, key=lambda g: (load[g], g))
-    if load[target] + copies[group] <= load[group] - copies[group]:
+    target = min(others, key=lambda g: (per_core(g), g))
+    if per_core(target, copies[group]) <= per_core(group, -copies[group]):
       load[target] += copies[group]
       load[group] -= copies[group]
       gave.add(group)
