@@ -471,7 +471,8 @@ class ProcessExecutor(Executor):
     self._lost_lanes.add(lane)
     if self.copies_by_load is not None:
       self.copies_by_load.dropped(lane)
-    self.pool.remove(error.lane)
+    if self.pool.has_process(error.lane):  # (a failed `replace` may have removed it)
+      self.pool.remove(error.lane)
     closed = []
     self._drop_work_of(lane, error.lane)
     for process in self.processes:

@@ -32,6 +32,7 @@ from jaxsgd.scheduler.core import Get, Put, Ready  # noqa: E402
 from jaxsgd.scheduler import VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool  # noqa: E402
 from jaxsgd.scheduler.lanes import pool as pool_module  # noqa: E402
+from jaxsgd.scheduler.lanes.runtime import FAULT_VAR  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor, lane_name  # noqa: E402
 from jaxsgd.scheduler.tasks import Task, TaskRecipe  # noqa: E402
 from scheduler_helpers import BATCH, make_pipeline, UNIT_COSTS, batches, mlp  # noqa: E402
@@ -633,6 +634,30 @@ def test_asgd_one_worker_on_lane_processes_is_sequential_sgd_bit_for_bit(pool):
   assert staleness == [0] * STEPS
   _, in_process, _ = asgd(1, RealExecutor(threads=True))
   chex.assert_trees_all_equal(params, in_process)
+
+
+def test_a_lost_worker_whose_lane_cannot_be_replaced_is_dropped_and_the_run_goes_on(
+  head, monkeypatch
+):
+  """`tolerate_lost=True`: worker 1's second backward raises, and no new process can
+  take its place (`LanePool.replace` ended the old one, then failed to start another):
+  the lane is dropped, its process closed, and the run ends with worker 0 alone."""
+  monkeypatch.setenv(FAULT_VAR, 'worker1:backward:2')  # (read by lanes as they start)
+  placement = LanePlacement.spread(['server', 'worker0', 'worker1'])
+  with LanePool(placement, address=head.address, verbose=False) as lanes:
+
+    def replace_fails(lane):
+      lanes.remove(lane)
+      raise RuntimeError('no node could start it')
+
+    monkeypatch.setattr(lanes, 'replace', replace_fails)
+    executor = ProcessExecutor(pool=lanes, tolerate_lost=True)
+    _, params, staleness = asgd(2, executor, steps=8)
+    assert not lanes.has_process('worker1') and lanes.has_process('worker0')
+  [lost] = executor.lost
+  assert (lost.lane, lost.replaced_at) == ('worker1', None) and 'injected fault' in lost.reason
+  assert len(staleness) == 8 and np.all(np.isfinite(jax.tree.leaves(params)[0]))
+  assert gone(lanes.pids().values()) == []
 
 
 def test_asgd_two_workers_on_lane_processes_apply_every_step(pool):

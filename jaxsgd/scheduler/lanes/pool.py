@@ -759,6 +759,11 @@ class LanePool:
       if isinstance(leaf, Handle)
     )
 
+  def has_process(self, lane: str) -> bool:
+    """Whether `lane` has a process in this pool: False once `remove`d (and after a
+    `replace` that removed it and then failed to start another)."""
+    return lane in self._actors
+
   def dead_lanes(self) -> set[str]:
     """The lanes whose process the pool has found ended (as heard so far)."""
     self._hear_all()
