@@ -562,7 +562,9 @@ def describe_run_copies(measured, timeline) -> str:
   CopiesByLoad`; the batch: the last that a task had begun on by then)."""
   if measured.placed_at is None:
     return 'not placed (no window filled before the run ended)'
-  begun = [r.batch for r in timeline.records if r.start <= measured.placed_at and r.batch]
+  begun = [
+    r.batch for r in timeline.records if r.start <= measured.placed_at and r.batch is not None
+  ]
   return f'at batch {max(begun, default=0)}: {measured}'
 
 

@@ -465,8 +465,10 @@ class PlacementSettings:
     """`copies` as the process executor takes it (`ProcessExecutor(copies=...)`)."""
     if self.copies is not None:
       return self.copies
-    if executor != 'processes' or self.lanes is None:
-      return 'auto' if executor == 'processes' else 'own'
+    if executor != 'processes':
+      return 'own'
+    if self.lanes is None:
+      return 'auto'
     from jaxsgd.scheduler.lanes import LanePlacement  # Ray is imported only when used.
 
     placed = any(lane.copy_cores is not None for lane in LanePlacement.parse(self.lanes).lanes)

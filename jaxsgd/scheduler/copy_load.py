@@ -33,6 +33,7 @@ WINDOW_TASKS = 16  # tasks every lane finishes while its load is measured
 WINDOW_SECONDS = 0.5  # at least this span, so that a copy thread's CPU clock has moved
 
 COPIES = ('own', 'auto')
+_LOST = object()  # what `_ask` returns where the lane asked was lost
 
 
 def refuse_placed_copies(placement: LanePlacement, lanes: Iterable[str]) -> None:
@@ -63,7 +64,6 @@ class CopiesByLoad:
     self.loads: dict[str, tuple[float, float]] | None = None  # (tasks, copies) per lane
     self.moved: dict[str, tuple[int, ...]] = {}  # lane -> the cores its copies run on
     self.placed_at: float | None = None  # the run's time when they were placed
-    self._answer = None  # the last pool call's (`_ask`)
 
   def finished(self, lane: int, cpu: float | None, now: float) -> str | None:
     if self.loads is not None or lane not in self.lanes:
@@ -76,7 +76,7 @@ class CopiesByLoad:
     elif (
       self.opened_at is not None
       and now - self.opened_at >= WINDOW_SECONDS
-      and now > self.opened_at
+      and now > self.opened_at  # (a span to divide by, whatever `WINDOW_SECONDS` is)
       and self._all_done(WINDOW_TASKS)
     ):
       return self._place(now)
@@ -87,7 +87,7 @@ class CopiesByLoad:
     lost one's went; before they are placed, the warm-up starts again."""
     if self.loads is None:
       self._restart()
-    elif name in self.moved and not self._ask(self.pool.place_copies, name, self.moved[name]):
+    elif name in self.moved and self._ask(self.pool.place_copies, name, self.moved[name]) is _LOST:
       del self.moved[name]  # (the new process was lost too)
 
   def put_back(self) -> None:
@@ -111,23 +111,18 @@ class CopiesByLoad:
     self.cpu.clear()
     self.copies_before.clear()
 
-  def _ask(self, call, *args) -> bool:
-    """`call(*args)` of the pool; False where a lane was lost meanwhile (`LaneError`: the
-    run's own wait hears of it, and drops or replaces it)."""
+  def _ask(self, call, *args):
+    """`call(*args)` of the pool; `_LOST` where a lane was lost meanwhile (`LaneError`:
+    the run's own wait hears of it, and drops or replaces it)."""
     try:
-      self._answer = call(*args)
-      return True
+      return call(*args)
     except LaneError:
-      return False
+      return _LOST
 
   def _copy_cpu(self) -> dict[str, float] | None:
     """Every lane's copy threads' CPU seconds so far; None if a lane was lost."""
-    copies = {}
-    for name in self.lanes.values():
-      if not self._ask(self.pool.copy_cpu, name):
-        return None
-      copies[name] = self._answer
-    return copies
+    copies = {name: self._ask(self.pool.copy_cpu, name) for name in self.lanes.values()}
+    return None if _LOST in copies.values() else copies
 
   def _open(self, now: float) -> None:
     copies = self._copy_cpu()
@@ -153,8 +148,8 @@ class CopiesByLoad:
     cores = {name: placement[name].cores for name in self.loads}
     for loads in hosts.values():
       for name, moved_to in copies_toward_idle(loads, cores).items():
-        if self._ask(self.pool.place_copies, name, moved_to):  # (else: lost meanwhile)
-          self.moved[name] = moved_to
+        if self._ask(self.pool.place_copies, name, moved_to) is not _LOST:
+          self.moved[name] = moved_to  # (not one lost meanwhile)
     self.placed_at = now
     return f'copy threads by load (tasks + copies, of a core, over {span:.1f} s): {self}'
 

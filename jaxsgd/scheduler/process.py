@@ -192,17 +192,16 @@ class ProcessExecutor(Executor):
           stack.enter_context(saving_on_sigterm(self.on_sigterm))
         timeline = super().run(cluster, processes, resume=resume)
       timeline.lane_names = self._lane_labels(cluster)
-      if not self._owns_pool and self.copies_by_load is not None:
-        self.copies_by_load.put_back()  # a pool that goes on: its next run starts as placed
+      self._put_copies_back()
       return timeline
     except BaseException as error:
       if self.pool is not None:  # a pool that goes on (not ours) keeps no trace of the run
         for copy in getattr(self, '_copies', ()):
           self.pool.forget_exports(copy.exports)
         # (not after Ctrl-C or SIGTERM: a call to a lane would hear the signal again)
-        if not self._owns_pool and self.copies_by_load is not None and isinstance(error, Exception):
+        if isinstance(error, Exception):
           with contextlib.suppress(Exception):  # (the run's own error is the one to raise)
-            self.copies_by_load.put_back()
+            self._put_copies_back()
       self.close()
       if isinstance(error, KeyboardInterrupt) and sigterm_received():
         raise Preempted(
@@ -210,6 +209,12 @@ class ProcessExecutor(Executor):
           'was given no checkpoints), so running the command again starts over.'
         ) from None
       raise
+
+  def _put_copies_back(self) -> None:
+    """A pool that goes on (not ours) starts its next run with the copy threads as
+    placed, not where this run's load moved them (`CopiesByLoad.put_back`)."""
+    if not self._owns_pool and self.copies_by_load is not None:
+      self.copies_by_load.put_back()
 
   def close(self) -> None:
     """Ends every lane process this executor started (idempotent)."""

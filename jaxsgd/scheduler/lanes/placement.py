@@ -213,13 +213,13 @@ def copies_toward_idle(
   of one core is busy 60 % of each). Groups are taken busiest first; each, of load B on
   n cores, gives its lanes' copies, c, to the least busy group, of load L on m cores, if
   (L + c) / m <= (B - c) / n: its load falls by c and the taker's stays no more than
-  its own. A move that would make the
-  taker the busier of the two is not made: the two would gain less than c, and copies
-  onto a core that then computes nearly all the time wait there for it, on the path of
-  whatever waits for them. A group that takes copies keeps its own; one that gives takes
-  none. E.g. PD-ASGD 1:1 on two cores: the backward worker's core 110.8 + 4.4 ms an
-  iteration (tasks + copies), the forward worker's and the shared model's (61.0 + 9.1) +
-  (3.9 + 5.8) = 79.8: 79.8 + 4.4 <= 110.8, the backward worker's copies go.
+  its own. A move that would make the taker the busier of the two is not made: the two
+  would gain less than c, and copies onto a core that then computes nearly all the time
+  wait there for it, on the path of whatever waits for them. A group that takes copies
+  keeps its own; one that gives takes none. E.g. PD-ASGD 1:1 on two cores: the backward
+  worker's core 110.8 + 4.4 ms an iteration (tasks + copies), the forward worker's and
+  the shared model's (61.0 + 9.1) + (3.9 + 5.8) = 79.8: 79.8 + 4.4 <= 110.8, the
+  backward worker's copies go.
   """
   groups: dict[tuple[int, ...], list[str]] = {}
   for lane in loads:
