@@ -639,10 +639,12 @@ def test_asgd_one_worker_on_lane_processes_is_sequential_sgd_bit_for_bit(pool):
 def test_a_lost_worker_whose_lane_cannot_be_replaced_is_dropped_and_the_run_goes_on(
   head, monkeypatch
 ):
-  """`tolerate_lost=True`: worker 1's second backward raises, and no new process can
+  """`tolerate_lost=True`: worker 1's first forward raises, and no new process can
   take its place (`LanePool.replace` ended the old one, then failed to start another):
-  the lane is dropped, its process closed, and the run ends with worker 0 alone."""
-  monkeypatch.setenv(FAULT_VAR, 'worker1:backward:2')  # (read by lanes as they start)
+  the lane is dropped, its process closed, and the run ends with worker 0 alone. (Its
+  first forward, dispatched as the run starts, always runs: a later task may never come
+  where worker 0 takes every step while worker 1's lane compiles.)"""
+  monkeypatch.setenv(FAULT_VAR, 'worker1:forward:1')  # (read by lanes as they start)
   placement = LanePlacement.spread(['server', 'worker0', 'worker1'])
   with LanePool(placement, address=head.address, verbose=False) as lanes:
 
