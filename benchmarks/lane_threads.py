@@ -19,7 +19,10 @@ median over rounds:
                 they are told apart only from the task thread, and a native thread left
                 unnamed would count here too), and each thread Ray or XLA named
                 (`worker.io`, `tf_XLAEigen`, ...), over 0.05 ms an iteration
-  driver        this process, every thread; Ray's daemons (raylet, GCS, agents)
+  driver        this process, every thread, and each of its threads over 0.05 ms an
+                iteration by name: Python's by their Python names (`MainThread`, the
+                readers of the lanes' connections `jaxsgd-lane-<lane>`, ...), the others
+                by their OS names (Ray's and gRPC's); Ray's daemons (raylet, GCS, agents)
   core N        the core's busy time, of the wall time per iteration
 A lane is pinned to its core with all its threads (`LanePlacement`), so its copies run
 on the core its tasks do unless moved: by default (`--copies=auto`, as `real_speedup`'s)
@@ -36,6 +39,7 @@ line:
 import argparse
 import os
 import statistics
+import threading
 import time
 
 import psutil
@@ -79,12 +83,27 @@ def split_threads(before: dict, after: dict, process_name: str) -> dict[str, flo
   return parts
 
 
+def driver_threads(before: dict, after: dict) -> dict[str, float]:
+  """This process's CPU seconds between two `common.thread_cpu_seconds('self')`, by
+  thread: `driver: <name>`, a Python thread's Python name (the OS knows them all as the
+  process), another thread's OS name; threads of one name summed."""
+  python_names = {thread.native_id: thread.name for thread in threading.enumerate()}
+  parts: dict[str, float] = {}
+  for tid, (name, seconds) in after.items():
+    delta = seconds - before.get(tid, (name, 0.0))[1]
+    if delta > 0:
+      key = f'driver: {python_names.get(tid, name)}'
+      parts[key] = parts.get(key, 0.0) + delta
+  return parts
+
+
 def one_round(pool: LanePool, case, steps: int, warmup: int) -> dict[str, float]:
-  """Seconds per iteration of each part: `split_threads` per lane, 'driver', 'Ray
-  daemons', 'core N' busy and 'wall'."""
+  """Seconds per iteration of each part: `split_threads` per lane, 'driver' and
+  `driver_threads`, 'Ray daemons', 'core N' busy and 'wall'."""
   pids = pool.pids()
   names = {lane: psutil.Process(pid).name() for lane, pid in pids.items()}
   before = {lane: bench_common.thread_cpu_seconds(pid) for lane, pid in pids.items()}
+  driver_before = bench_common.thread_cpu_seconds()
   driver, daemons, cores = (
     time.process_time(),
     daemon_seconds(set(pids.values())),
@@ -94,6 +113,7 @@ def one_round(pool: LanePool, case, steps: int, warmup: int) -> dict[str, float]
   real_speedup.run(pool, case, steps, warmup)
   wall = time.perf_counter() - start
   parts = {'wall': wall, 'driver': time.process_time() - driver}
+  parts.update(driver_threads(driver_before, bench_common.thread_cpu_seconds()))
   parts['Ray daemons'] = daemon_seconds(set(pids.values())) - daemons
   for core, busy in enumerate(bench_common.core_busy_seconds()):
     parts[f'core {core} busy'] = busy - cores[core]
@@ -165,7 +185,8 @@ def main():
 
 
 def _order(key: str):
-  return (key != 'wall', not key.startswith('core'), key in ('driver', 'Ray daemons'), key)
+  driver = key == 'driver' or key.startswith('driver: ') or key == 'Ray daemons'
+  return (key != 'wall', not key.startswith('core'), driver, key)
 
 
 def _busiest_lane(rounds, keys) -> str:

@@ -1088,8 +1088,9 @@ def test_a_cluster_started_in_the_background_serves_a_pool_and_leaves_no_process
   signal is that thread's): they lived only while it ran, and the pool opened after it
   had returned found no cluster. Used or abandoned, nothing of it is left. The cluster
   runs none of Ray's daemons that it has no use for (`cluster._IDLE_DAEMONS`, the API
-  server); with no log monitor to show a lane's last words, the error of a lane that
-  died says them."""
+  server), and keeps no idle Ray worker once the lanes are up (`_without_idle_workers`:
+  each wakes every 10 ms for the whole run); with no log monitor to show a lane's last
+  words, the error of a lane that died says them."""
   out = tmp_path / 'outcome.json'
   hook = {FAULT_VAR: 'a:add:1:kill'} if use == 'crash' else {}
   done = subprocess.run(
@@ -1109,6 +1110,7 @@ def test_a_cluster_started_in_the_background_serves_a_pool_and_leaves_no_process
     assert 'dashboard.py' not in commands, commands  # nor the API server
   assert outcome['result'] == (3.0 if use == 'use' else None)
   assert outcome['taken'] == ([] if use == 'abandon' else ['a'])  # started as it came up
+  assert outcome['idle'] == []
   if use == 'crash':
     assert re.search(
       r"^lane 'a' on host \S+: pid \d+: its process died \(killed, or crashed\)\. Its last "

@@ -125,7 +125,7 @@ def _connect_now(address: str | None) -> bool:
     # Before the cluster's first process: if this process is killed, even during the
     # start, the watcher ends every process of the cluster (reaper.py).
     _STARTED_HERE['reaper'] = reaper.watch(_STARTED_HERE['temp_dir'])
-    with _without_idle_daemons(), _without_api_server():
+    with _without_idle_daemons(), _without_api_server(), _without_idle_workers():
       ray.init(
         num_cpus=os.cpu_count(),
         include_dashboard=False,
@@ -169,6 +169,34 @@ def _without_idle_daemons():
     yield
   finally:
     RayParams.__init__ = original
+
+
+# Ray's raylet setting (its environment variable) for how many idle worker processes it
+# keeps; those beyond it it ends once idle for a second (Ray's
+# `idle_worker_killing_time_threshold_ms`).
+IDLE_WORKERS_VAR = 'RAY_num_workers_soft_limit'
+
+
+@contextlib.contextmanager
+def _without_idle_workers():
+  """`ray.init` starting a raylet that keeps no idle worker process once a second has
+  passed (`IDLE_WORKERS_VAR` 0), unless this process's environment sets it. The raylet
+  still starts a worker ahead for each CPU when the driver connects, so the lane host
+  (and every actor lane started then) takes a ready one: what the start-up gains from
+  them stays (benchmarks/results/startup.md). The one a lane host left idle after that
+  is ended: every Ray worker process wakes every 10 ms to check its signals (Ray's task
+  loop), ~8-9 ms of CPU a second, which on a host whose every core holds a lane comes
+  out of a lane's core for the whole run (docs/engine.md, "Start-up"). A lane started
+  later as an actor (a GPU lane that replaces a lost one) waits for a worker started
+  for it instead."""
+  if IDLE_WORKERS_VAR in os.environ:
+    yield
+    return
+  os.environ[IDLE_WORKERS_VAR] = '0'
+  try:
+    yield
+  finally:
+    os.environ.pop(IDLE_WORKERS_VAR, None)
 
 
 @contextlib.contextmanager
