@@ -12,12 +12,14 @@ the driver (this process) and of Ray's daemons, and each core's busy time (`/pro
 Per round and iteration (`--steps` iterations a round, its first batches and the lanes'
 hand-over included, so a little above `real_speedup`'s steady state), the table prints,
 median over rounds:
-  lane threads  per lane process: its task thread (the one that used the most CPU: the
-                tasks run in order there), its other Python threads together (the copy
-                threads: the readers of its connections, its export thread and its
-                writer: the values it takes in and sends; Python names no OS thread, so
-                they are told apart only from the task thread, and a native thread left
-                unnamed would count here too), and each thread Ray or XLA named
+  lane threads  per lane process: its task thread (the threads that run its tasks:
+                the calls thread, which runs them in order, and XLA's threads that compute
+                them, which carry the process's name), its copy threads together (the values it takes in and
+                sends) and one by one: `copies: exports` (copying values out to other
+                lanes), `copies: lane reader` (taking in other lanes' values), `copies:
+                driver reader` (reading the driver's calls and their arrays), `copies:
+                other` (a Python thread the lane does not name), each named for the OS by
+                the lane (`runtime.THREAD_NAMES`); and each thread Ray or XLA named
                 (`worker.io`, `tf_XLAEigen`, ...), over 0.05 ms an iteration
   driver        this process, every thread, and each of its threads over 0.05 ms an
                 iteration by name: Python's by their Python names (`MainThread`, the
@@ -46,7 +48,7 @@ import psutil
 
 from benchmarks import common as bench_common
 from benchmarks import real_speedup
-from jaxsgd.scheduler.lanes import LanePool
+from jaxsgd.scheduler.lanes import LanePool, runtime
 
 FAMILIES = ('ddg', 'local', 'asgd', 'pdasgd', 'lppsgd')
 
@@ -64,10 +66,21 @@ def daemon_seconds(lane_pids: set[int]) -> float:
   return total
 
 
+# A lane's threads as the OS names them (`runtime.THREAD_NAMES`) -> its role.
+LANE_THREADS = {name: role for role, name in runtime.THREAD_NAMES.items()}
+COPY_PART = 'copies: '  # the rows of the copy threads one by one (in 'copy threads' too)
+
+
 def split_threads(before: dict, after: dict, process_name: str) -> dict[str, float]:
   """One lane process's CPU seconds between two `common.thread_cpu_seconds`, by part:
-  'task thread' (the thread that used the most), 'copy threads' (its other threads that
-  carry the process's own name: Python's) and each thread named otherwise, by name."""
+  'task thread' (the tasks' threads: the calls thread, `runtime.THREAD_NAMES['calls']`,
+  which hands each task to XLA and waits for it, and the threads still carrying the
+  process's name, XLA's that compute it among them: a thread takes its creator's name),
+  'copy threads' (the others the lane names), each of them again as `copies: <role>`
+  (`runtime.THREAD_NAMES`), and each thread named otherwise (Ray's, XLA's pool), by name.
+  A lane that names none of its threads (older code): the thread that used the most is
+  the task thread, the others with the process's name its copy threads (`copies:
+  other`)."""
   used = {}
   for tid, (name, seconds) in after.items():
     delta = seconds - before.get(tid, (name, 0.0))[1]
@@ -75,11 +88,21 @@ def split_threads(before: dict, after: dict, process_name: str) -> dict[str, flo
       used[tid] = (name, delta)
   if not used:
     return {}
-  task = max(used, key=lambda tid: used[tid][1])
-  parts = {'task thread': used.pop(task)[1], 'copy threads': 0.0}
+  parts = {'task thread': 0.0, 'copy threads': 0.0}
+  named = any(name in LANE_THREADS for name, _ in used.values())
+  if not named:
+    parts['task thread'] = used.pop(max(used, key=lambda tid: used[tid][1]))[1]
   for name, delta in used.values():
-    key = 'copy threads' if process_name.startswith(name) else name
-    parts[key] = parts.get(key, 0.0) + delta
+    role = LANE_THREADS.get(name)
+    if role is None and process_name.startswith(name):  # (the OS cuts names to 15 bytes)
+      role = 'calls' if named else 'other'
+    if role is None:
+      parts[name] = parts.get(name, 0.0) + delta
+    elif role == 'calls':
+      parts['task thread'] += delta
+    else:
+      parts['copy threads'] += delta
+      parts[COPY_PART + role] = parts.get(COPY_PART + role, 0.0) + delta
   return parts
 
 
@@ -177,7 +200,11 @@ def main():
   )
   lane = _busiest_lane(rounds, keys)
   task = f'{lane}: task thread'
-  others = sum(median(k) for k in keys if k.startswith(f'{lane}: ') and k != task)
+  others = sum(
+    median(k)
+    for k in keys
+    if k.startswith(f'{lane}: ') and k != task and not k.startswith(f'{lane}: {COPY_PART}')
+  )
   print(
     f'{name}: busiest lane {lane}: task thread {median(task) * 1e3:.1f} ms, its other '
     f'threads {others * 1e3:.1f} ms an iteration'

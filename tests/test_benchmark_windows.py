@@ -648,7 +648,8 @@ def test_a_lane_process_cpu_is_split_into_its_task_thread_copy_threads_and_named
   """`lane_threads.split_threads` by hand: between the two readings thread 11 used 0.09 s
   (the most: the task thread), Python's threads 12 and 14 (the process's own name) 0.01
   and 0.005 (copies), Ray's `worker.io` 0.002; thread 13 used nothing (left out), and
-  thread 15, new, 0.001 (copies: counted from zero)."""
+  thread 15, new, 0.001 (copies: counted from zero). A lane of code that names none of
+  its threads: its copy threads are all `copies: other`."""
   from benchmarks import lane_threads
 
   name = 'ray::LaneRuntim'  # the OS name: the process's, cut to 15 characters
@@ -657,11 +658,59 @@ def test_a_lane_process_cpu_is_split_into_its_task_thread_copy_threads_and_named
   after = {11: (name, 1.09), 12: (name, 0.51), 13: (name, 0.2), 14: (name, 0.105)}
   after.update({15: (name, 0.001), 16: ('worker.io', 0.302)})
   parts = lane_threads.split_threads(before, after, 'ray::LaneRuntime')
-  assert parts.keys() == {'task thread', 'copy threads', 'worker.io'}
+  assert parts.keys() == {'task thread', 'copy threads', 'copies: other', 'worker.io'}
   assert parts['task thread'] == pytest.approx(0.09)
   assert parts['copy threads'] == pytest.approx(0.016)
+  assert parts['copies: other'] == pytest.approx(0.016)
   assert parts['worker.io'] == pytest.approx(0.002)
   assert lane_threads.split_threads(before, before, 'ray::LaneRuntime') == {}
+
+
+def test_a_lane_process_cpu_is_split_by_the_names_the_lane_gives_its_threads():
+  """`lane_threads.split_threads` by hand, on a lane that names its threads for the OS
+  (`runtime.THREAD_NAMES`): the task thread is the calls thread (0.03 s) and the thread
+  with the process's name that computes the tasks (XLA's: 0.4), and the main thread
+  (0.001); the export thread (0.05), both lane readers (0.004 and 0.002) and the driver
+  reader (0.001) are copy threads, each under its role; XLA's pool thread by its name."""
+  from benchmarks import lane_threads
+  from jaxsgd.scheduler.lanes import runtime
+
+  names = runtime.THREAD_NAMES
+  before = {
+    1: (names['calls'], 2.0),
+    2: (names['exports'], 1.0),
+    3: (names['lane reader'], 0.1),
+    4: (names['lane reader'], 0.2),
+    5: (names['driver reader'], 0.3),
+    6: ('tf_XLAEigen', 0.4),
+    7: ('jaxsgd::LaneRun', 5.0),
+    8: ('jaxsgd::LaneRun', 0.5),
+  }
+  after = {
+    1: (names['calls'], 2.03),
+    2: (names['exports'], 1.05),
+    3: (names['lane reader'], 0.104),
+    4: (names['lane reader'], 0.202),
+    5: (names['driver reader'], 0.301),
+    6: ('tf_XLAEigen', 0.402),
+    7: ('jaxsgd::LaneRun', 5.4),
+    8: ('jaxsgd::LaneRun', 0.501),
+  }
+  parts = lane_threads.split_threads(before, after, 'jaxsgd::LaneRuntime')
+  assert parts.keys() == {
+    'task thread',
+    'copy threads',
+    'copies: exports',
+    'copies: lane reader',
+    'copies: driver reader',
+    'tf_XLAEigen',
+  }
+  assert parts['task thread'] == pytest.approx(0.431)
+  assert parts['copy threads'] == pytest.approx(0.057)
+  assert parts['copies: exports'] == pytest.approx(0.05)
+  assert parts['copies: lane reader'] == pytest.approx(0.006)
+  assert parts['copies: driver reader'] == pytest.approx(0.001)
+  assert parts['tf_XLAEigen'] == pytest.approx(0.002)
 
 
 def test_real_speedup_places_a_lanes_copy_threads_apart_and_refuses_bad_copies(capsys):

@@ -27,7 +27,15 @@ import pytest
 import lane_tasks
 from ray_head import gone, serve_head  # (`gone`: imported from here by other modules)
 
-from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, LaneSpec, cluster
+from jaxsgd.scheduler.lanes import (
+  Handle,
+  LaneError,
+  LanePlacement,
+  LanePool,
+  LaneSpec,
+  cluster,
+  runtime,
+)
 from jaxsgd.scheduler.lanes.forked import LaneEnded
 from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, MakerFailed, Ref
 from jaxsgd.scheduler.process import LaneValue
@@ -278,6 +286,30 @@ def test_a_lanes_copy_threads_run_on_their_own_cores_and_its_values_still_move(h
     lanes.wait_all([held])
     with pytest.raises(LaneError, match=r'placement: copies \[9999\] are not cores of this host'):
       lanes.place_copies('c', [9999])
+
+
+def _thread_names(pid: int) -> set[str]:
+  """The OS names of process `pid`'s threads (Linux)."""
+  names = set()
+  for tid in os.listdir(f'/proc/{pid}/task'):
+    with open(f'/proc/{pid}/task/{tid}/comm') as comm:
+      names.add(comm.read().strip())
+  return names
+
+
+def test_a_lane_names_its_threads_for_the_os_by_their_roles(pool):
+  """Each lane thread says what it does where `/proc` (`top -H`, `perf`,
+  `benchmarks/lane_threads.py`) reads it (`runtime.THREAD_NAMES`): the calls thread, the
+  export thread and the driver's reader in every lane, and once a lane has taken in a
+  value another sent, the reader of that lane's connection."""
+  names = runtime.THREAD_NAMES
+  x = np.arange(4, dtype=np.float32)
+  on_b = pool.run('b', task('add'), (pool.run('a', task('add'), (x, x)), x))  # a -> b
+  np.testing.assert_array_equal(pool.fetch(on_b), 3 * x)
+  pids = pool.pids()
+  common = {names['calls'], names['exports'], names['driver reader']}
+  assert common <= _thread_names(pids['a'])
+  assert common | {names['lane reader']} <= _thread_names(pids['b'])
 
 
 def _main_thread_switches(pid: int) -> int:

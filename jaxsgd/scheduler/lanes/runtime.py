@@ -61,6 +61,14 @@ FAULT_VAR = 'JAXSGD_TEST_LANE_FAULT'  # a test hook: see the module docstring
 SPIN_SECONDS = 3e-4
 # A free of a copy that no call took in (`free`).
 DISCARD = 'discard'
+# What a lane's threads are called for the OS (`wire.name_thread`; `/proc/PID/task/TID/comm`):
+# role -> name. The calls thread runs the tasks; the others are its copy threads (`CopyCpu`).
+THREAD_NAMES = {
+  'calls': 'jaxsgd-calls',
+  'exports': 'jaxsgd-exports',
+  'driver reader': 'jaxsgd-driver',
+  'lane reader': 'jaxsgd-lanes-in',
+}
 
 
 class CopyCpu:
@@ -693,6 +701,7 @@ class LaneRuntime:
   def _read_driver(self, endpoint: wire.Endpoint) -> None:
     """Hands each call to the thread that runs it; exits the process once the driver's
     connection ends (its run is over, or its driver died)."""
+    wire.name_thread(THREAD_NAMES['driver reader'])
     while True:
       try:
         message = endpoint.receive()
@@ -717,6 +726,7 @@ class LaneRuntime:
   def _read_lane(self, endpoint: wire.Endpoint, source: tuple) -> None:
     """Takes the values another lane sends: kept for the call that takes them in, or —
     a message that must land whole — taken in at once; the driver hears of each."""
+    wire.name_thread(THREAD_NAMES['lane reader'])
     while True:
       try:
         message = endpoint.receive()
@@ -788,6 +798,7 @@ class LaneRuntime:
     self._reply('err', move, error)
 
   def _run_calls(self) -> None:
+    wire.name_thread(THREAD_NAMES['calls'])
     while True:
       op, number, args = self.calls.get()
       if self._answer(_ORDERED, op, number, args) and op == 'run':
@@ -822,6 +833,7 @@ class LaneRuntime:
     batch, long made, waited for the export of the next batch's, asked for at its
     backward's dispatch, until that batch's forward had run (36 ms of an idle backward
     worker, its layers' updates late with it, in an emulated 1:7 run)."""
+    wire.name_thread(THREAD_NAMES['exports'])
     while True:
       message = self.exports.get()
       ready, waiting = [], []

@@ -41,6 +41,7 @@ and read into its own memory. Either memory starts at an `ALIGNMENT` boundary, s
 CPU lane's tasks read a moved array where it lies.
 """
 
+import ctypes
 import errno
 import functools
 import mmap
@@ -63,6 +64,24 @@ OUT_OF_BAND = 1 << 16  # bytes: a buffer this large goes as a frame of its own
 # kernels need (at most this), and otherwise copies it at every call that reads it; numpy's
 # own 16 bytes were not enough.
 ALIGNMENT = 64
+
+
+WRITER_THREAD = 'jaxsgd-writer'  # an `Endpoint`'s writer (`background`), as the OS names it
+_PR_SET_NAME = 15  # prctl(2): the calling thread's name, as `/proc/PID/task/TID/comm` shows it
+_NAME_BYTES = 15  # (the kernel's 16, with the terminating zero)
+
+
+def name_thread(name: str) -> None:
+  """Names the calling thread for the OS (`/proc/PID/task/TID/comm`; `top -H`, `perf`):
+  Python names none, so every thread of a lane process showed as the process, and a
+  reading of where a lane's CPU goes (`benchmarks/lane_threads.py`) could tell its task
+  thread from the others only by which used the most. At most 15 bytes; where the system
+  has no `prctl` (not Linux), nothing."""
+  try:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+  except (OSError, AttributeError):
+    return
+  prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:_NAME_BYTES]), 0, 0, 0)
 
 
 def frames(message, arena: 'Arena | None' = None) -> list:
@@ -355,6 +374,7 @@ class Endpoint:
         self.link.send_bytes(frame)
 
   def _write(self) -> None:
+    name_thread(WRITER_THREAD)
     while True:
       pickled = self._outbox.get()
       if pickled is None:
