@@ -84,7 +84,10 @@ over rounds of BP's time over the case's in the same round. Host time per task: 
 driver's wall time in `LanePool.start` (and `early`) per dispatched task, and of it the
 driver thread's CPU (the rest: waiting for a core, which the lanes take, and for the
 lock of Python's interpreter); its median over the cases is printed as
-`process executor host time per task: <x> µs` (before the last line;
+`process executor host time per task: <x> µs` (before the last line; above it, the
+driver's whole CPU per task from the first task of batch `--warmup` to the run's end,
+every thread of its process: dispatch, hearing the lanes, the policy, its connections'
+readers and writers;
 `real_clock_overhead` prints the in-process real clock's). The limit on 2
 cores is 2x; other jobs on the machine take their share of the cores (the load average
 is printed). Not a test: speed is measured, not asserted.
@@ -179,8 +182,17 @@ def split_balance(num_stages: int) -> str:
 LAST_RUN: dict = {}
 
 
+def counted_executor(pool: LanePool, warmup: int, **kwargs) -> ProcessExecutor:
+  """A case's executor: quiet, `EXECUTOR`'s copies, its driver CPU counted from batch
+  `warmup` on (`steady_from_batch`)."""
+  executor = ProcessExecutor(pool=pool, verbose=False, **EXECUTOR, **kwargs)
+  executor.steady_from_batch = warmup
+  return executor
+
+
 def measured(executor: ProcessExecutor, timeline, warmup: int):
-  """`run`'s figures of a finished run."""
+  """`run`'s figures of a finished run (its executor's `steady_from_batch` set to
+  `warmup`)."""
   # (lanes: the timeline's lane -> the pool's, for `copies_by_load`)
   LAST_RUN.update(
     timeline=timeline,
@@ -193,6 +205,7 @@ def measured(executor: ProcessExecutor, timeline, warmup: int):
     executor.dispatch_seconds / executor.dispatched,
     *busiest_lane(timeline, warmup),
     executor.dispatch_cpu_seconds / executor.dispatched,
+    executor.steady_cpu_seconds / executor.steady_dispatched,
   )
 
 
@@ -321,7 +334,8 @@ def per_iteration(timeline, warmup: int) -> float:
 def run(pool: LanePool, case, steps: int, warmup: int) -> tuple[float, ...]:
   """(seconds per iteration after `warmup` batches, driver seconds per dispatched task,
   busy seconds per iteration of the busiest lane and of them its own CPU's, the driver
-  thread's CPU seconds per dispatched task). `case`: stage roles, or
+  thread's CPU seconds per dispatched task, and the driver process's per task dispatched
+  from batch `warmup` on: `ProcessExecutor.steady_cpu_seconds`). `case`: stage roles, or
   `(family, K)` of an asynchronous family."""
   if isinstance(case[0], str):
     family, lanes = case
@@ -331,7 +345,7 @@ def run(pool: LanePool, case, steps: int, warmup: int) -> tuple[float, ...]:
   stages = placed(case, steps)
   feed = BatchFeed(batches(), 1 + sum(r.loss != 'none' for r in case))
   session = stages.session(case, feed, steps, host_batches=True)  # lanes take numpy
-  executor = ProcessExecutor(pool=pool, verbose=False, **EXECUTOR)
+  executor = counted_executor(pool, warmup)
   timeline = executor.run(session.cluster, session.processes())
   return measured(executor, timeline, warmup)
 
@@ -355,9 +369,7 @@ def run_asgd(
     record_pulls=False,
     apply_fn=server.named_apply(OPTIMIZER, steps, settings),
   )
-  executor = ProcessExecutor(  # run_ahead: as experiments.train
-    pool=pool, run_ahead=asgd.RUN_AHEAD, verbose=False, **EXECUTOR
-  )
+  executor = counted_executor(pool, warmup, run_ahead=asgd.RUN_AHEAD)  # as experiments.train
   names = [f'worker {m}' for m in range(num_workers)]
   session = server.AsgdSession(
     stages,
@@ -377,7 +389,7 @@ def run_pdasgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[flo
   (a backward costs about twice a forward), the default bound of `lanes` batches in
   flight; updates on the shared model's lane."""
   settings = pdasgd.PdSettings(n_fwd=1, n_bwd=lanes - 1, updates='layer')
-  executor = ProcessExecutor(pool=pool, verbose=False, **EXECUTOR)
+  executor = counted_executor(pool, warmup)
   session = pdasgd.PdSession(
     placed(sequential_roles(2), steps),
     settings,
@@ -397,7 +409,7 @@ def run_lppsgd(pool: LanePool, lanes: int, steps: int, warmup: int) -> tuple[flo
   settings = lppsgd.LppSettings(devices=lanes, workers_per_device=1, averaging_freq=4)
   stages = placed(sequential_roles(1), steps)
   variables = stages.initial_variables(0, sequential_roles(1)[0])
-  executor = ProcessExecutor(pool=pool, verbose=False, **EXECUTOR)
+  executor = counted_executor(pool, warmup)
   session = lppsgd.LppSession(
     stages,
     settings,
@@ -687,14 +699,16 @@ def main():
   if copies:
     apart = ', '.join(f'{lane} on {cores}' for lane, cores in copies.items())
     print(f'{COPIES_APART} {apart}')
-  times, host, busiest, busiest_cpu, host_cpu = {}, {}, {}, {}, {}
+  times, host, busiest, busiest_cpu, host_cpu, driver = {}, {}, {}, {}, {}, {}
 
   copies_placed, copies_now = {}, {}  # `--copies=auto`: by case; where they are now
 
   def record(name, case, pool):
     if name in copies_placed:  # (`--copies=auto`; not the GPU cases' pools)
       place_copies(pool, copies_placed[name], copies_now)
-    seconds, dispatch, busy, busy_cpu, dispatch_cpu = run(pool, case, args.steps, args.warmup)
+    seconds, dispatch, busy, busy_cpu, dispatch_cpu, driver_cpu = run(
+      pool, case, args.steps, args.warmup
+    )
     if LAST_RUN['copies'] is not None:  # (`--copies=run`)
       print(f'  {name}: {describe_run_copies(LAST_RUN["copies"], LAST_RUN["timeline"])}')
     times.setdefault(name, []).append(seconds)
@@ -702,6 +716,7 @@ def main():
     busiest.setdefault(name, []).append(busy)
     busiest_cpu.setdefault(name, []).append(busy_cpu)
     host_cpu.setdefault(name, []).append(dispatch_cpu)
+    driver.setdefault(name, []).append(driver_cpu)
     if args.traces:
       write_trace(args.traces, name, len(times[name]))
 
@@ -750,6 +765,7 @@ def main():
     'ceiling',
     'host ms / task',
     'of it CPU',
+    'driver CPU ms / task',
     'rounds (ms)',
   )
   rows, speedups = [], {}
@@ -759,7 +775,7 @@ def main():
     # Paired: bp and this case ran in the same round, so they saw about the same load.
     speedups[name] = statistics.median(b / t for b, t in zip(bp, times[name]))
     if name in unexecuted:  # no lanes: nothing but the time per iteration to show
-      row = (f'{1e3 * median:.1f}', f'{speedups[name]:.2f}', *'-' * 5)
+      row = (f'{1e3 * median:.1f}', f'{speedups[name]:.2f}', *'-' * 6)
       rows.append((name, *row, milliseconds(times[name])))
       continue
     ceiling = statistics.median(b / t for b, t in zip(bp, busiest[name]))
@@ -773,6 +789,7 @@ def main():
         f'{ceiling:.2f}',
         f'{1e3 * statistics.median(host[name]):.2f}',
         f'{1e3 * statistics.median(host_cpu[name]):.2f}',
+        f'{1e3 * statistics.median(driver[name]):.2f}',
         milliseconds(times[name]),
       )
     )
@@ -782,7 +799,9 @@ def main():
     "in the lane's own timing); its CPU: of it, that lane's process's own (its copy "
     'threads left out; the rest, its cores ran its copies, the driver, Ray or another '
     "lane); ceiling: bp's time over the busy time, the speed-up if nothing but that lane "
-    'took time (stage balance, tasks slowed by a neighbour)'
+    'took time (stage balance, tasks slowed by a neighbour); driver CPU: every thread of '
+    'the driver per task dispatched from batch --warmup on (dispatch, hearing the lanes, '
+    'the policy, readers and writers), where host time is the dispatch alone'
   )
   if unexecuted:
     print(
@@ -794,6 +813,11 @@ def main():
   per_task = statistics.median(statistics.median(host[name]) for name in cases_)
   cpu_per_task = statistics.median(statistics.median(host_cpu[name]) for name in cases_)
   print(f"of it the driver thread's CPU: {1e6 * cpu_per_task:.0f} µs per task")
+  driver_per_task = statistics.median(statistics.median(driver[name]) for name in cases_)
+  print(
+    f"the driver's CPU per task after the warm-up, every thread of it: "
+    f'{1e6 * driver_per_task:.0f} µs'
+  )
   print(f'process executor host time per task: {1e6 * per_task:.0f} µs')
   ddg_case = next(name for name in cases_ if name.startswith('ddg'))
   print(f'ddg real speed-up K={args.lanes} (processes): {speedups[ddg_case]:.2f}')

@@ -171,6 +171,15 @@ class ProcessExecutor(Executor):
     self.dispatch_seconds = 0.0  # host time spent starting tasks (for benchmarks)
     self.dispatch_cpu_seconds = 0.0  # of it, the driver thread's CPU
     self.dispatched = 0
+    # The driver's CPU (every thread of its process: dispatch, hearing events and running
+    # the policy, its connections' readers and writers) over the last `run`: the host's
+    # whole cost per task, where `dispatch_seconds` holds only the dispatch. And the same
+    # from the first task of batch `steady_from_batch` on (set it to count the steady
+    # state only, the run's start left out): its CPU and the tasks dispatched since.
+    self.run_cpu_seconds = 0.0
+    self.steady_from_batch: int | None = None
+    self.steady_cpu_seconds, self.steady_dispatched = 0.0, 0
+    self._steady_mark: tuple[float, int] | None = None
     self.lost: list[LostLane] = []
     self.between_events = None  # called after every op dispatched (checkpoints)
     self.on_sigterm = None  # with checkpoints: SIGTERM asks for a save, then a stop
@@ -190,7 +199,14 @@ class ProcessExecutor(Executor):
       with contextlib.ExitStack() as stack:
         if self.on_sigterm is not None:
           stack.enter_context(saving_on_sigterm(self.on_sigterm))
+        began, self._steady_mark = time.process_time(), None
+        self.steady_cpu_seconds, self.steady_dispatched = 0.0, 0
         timeline = super().run(cluster, processes, resume=resume)
+        ended = time.process_time()
+        self.run_cpu_seconds = ended - began
+        if self._steady_mark is not None:
+          self.steady_cpu_seconds = ended - self._steady_mark[0]
+          self.steady_dispatched = self.dispatched - self._steady_mark[1]
       timeline.lane_names = self._lane_labels(cluster)
       self._put_copies_back()
       return timeline
@@ -414,6 +430,8 @@ class ProcessExecutor(Executor):
         f'{process.name} yielded Compute({op.fn!r}); the process executor runs named '
         'tasks only (tasks.Task: a recipe and a name), which each lane builds itself.'
       )
+    if self._steady_mark is None and _in_steady_state(op.batch, self.steady_from_batch):
+      self._steady_mark = (time.process_time(), self.dispatched)
     start, start_cpu = time.perf_counter(), time.thread_time()
     emulated = {}  # the task's priced duration, drawn as the virtual clock draws it
     if self._sampler is not None:
@@ -598,6 +616,11 @@ class ProcessExecutor(Executor):
     if getattr(self, '_lanes_by_name', {}).get(value.lane) in getattr(self, '_expendable', ()):
       kept = self.pool.keep(value)
     return LaneValue(self, value, kept)
+
+
+def _in_steady_state(batch: int | None, steady_from: int | None) -> bool:
+  """Whether a task of `batch` is in `ProcessExecutor.steady_from_batch`'s steady state."""
+  return steady_from is not None and batch is not None and batch >= steady_from
 
 
 @dataclasses.dataclass(frozen=True)

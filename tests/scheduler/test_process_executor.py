@@ -395,6 +395,38 @@ def test_a_finished_task_is_heard_while_other_processes_keep_each_other_ready(po
   assert finished and all(p.done for p in processes)
 
 
+def _spin(seconds: float) -> None:
+  """Uses `seconds` of this process's CPU (as a policy computing in the driver would)."""
+  spent = time.process_time()
+  while time.process_time() - spent < seconds:
+    pass
+
+
+def test_the_run_cpu_counts_all_the_drivers_work_and_dispatch_only_its_calls(pool):
+  """`run_cpu_seconds` is the driver's CPU over the run, whatever did it: a process that
+  computes 0.3 s and then 0.2 s of CPU in the driver between its tasks is in it, and
+  not in `dispatch_cpu_seconds`, the calls' own share, which it holds. With
+  `steady_from_batch=1` the steady count starts at batch 1's task: the 0.2 s and the two
+  tasks from there are in it, the 0.3 s before is not."""
+  cluster = _cluster('stage 0')
+
+  def busy_between():
+    x = yield Compute(Task(PROBES, 'add'), (1.0, 2.0), batch=0)
+    _spin(0.3)
+    x = yield Compute(Task(PROBES, 'add'), (x, x), batch=1)
+    _spin(0.2)
+    yield Compute(Task(PROBES, 'add'), (x, x), batch=2)
+
+  executor = ProcessExecutor(pool=pool)
+  executor.steady_from_batch = 1
+  executor.run(cluster, [Process('stage 0', 0, busy_between())])
+  assert executor.dispatched == 3
+  assert executor.run_cpu_seconds >= 0.5 + executor.dispatch_cpu_seconds
+  assert 0 < executor.dispatch_cpu_seconds < 0.2
+  assert executor.steady_dispatched == 2
+  assert 0.2 <= executor.steady_cpu_seconds < 0.3
+
+
 def test_a_task_marked_not_ahead_is_waited_for_before_its_process_goes_on(pool):
   """Running ahead, a process goes on with its task's handles while the lane computes;
   `Compute(ahead=False)` (LPP-SGD's mean) makes it wait for the task to end."""
