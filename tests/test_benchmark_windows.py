@@ -676,26 +676,18 @@ def test_a_lane_process_cpu_is_split_by_the_names_the_lane_gives_its_threads():
   from jaxsgd.scheduler.lanes import runtime
 
   names = runtime.THREAD_NAMES
-  before = {
-    1: (names['calls'], 2.0),
-    2: (names['exports'], 1.0),
-    3: (names['lane reader'], 0.1),
-    4: (names['lane reader'], 0.2),
-    5: (names['driver reader'], 0.3),
-    6: ('tf_XLAEigen', 0.4),
-    7: ('jaxsgd::LaneRun', 5.0),
-    8: ('jaxsgd::LaneRun', 0.5),
+  threads = {  # thread id: (its OS name, CPU seconds at the first reading, used since)
+    1: (names['calls'], 2.0, 0.03),
+    2: (names['exports'], 1.0, 0.05),
+    3: (names['lane reader'], 0.1, 0.004),
+    4: (names['lane reader'], 0.2, 0.002),
+    5: (names['driver reader'], 0.3, 0.001),
+    6: ('tf_XLAEigen', 0.4, 0.002),
+    7: ('jaxsgd::LaneRun', 5.0, 0.4),
+    8: ('jaxsgd::LaneRun', 0.5, 0.001),
   }
-  after = {
-    1: (names['calls'], 2.03),
-    2: (names['exports'], 1.05),
-    3: (names['lane reader'], 0.104),
-    4: (names['lane reader'], 0.202),
-    5: (names['driver reader'], 0.301),
-    6: ('tf_XLAEigen', 0.402),
-    7: ('jaxsgd::LaneRun', 5.4),
-    8: ('jaxsgd::LaneRun', 0.501),
-  }
+  before = {tid: (name, at) for tid, (name, at, _) in threads.items()}
+  after = {tid: (name, at + used) for tid, (name, at, used) in threads.items()}
   parts = lane_threads.split_threads(before, after, 'jaxsgd::LaneRuntime')
   assert parts.keys() == {
     'task thread',
