@@ -52,6 +52,7 @@ def cpu_seconds() -> dict[str, float]:
 def one_round(lanes: int, seconds: float, idle_workers: str | None) -> dict[str, float]:
   """ms of CPU a second of each process (by name) of a cluster of its own, `lanes` lanes
   idle; `idle_workers`: `cluster.IDLE_WORKERS_VAR` set to that (None: as `LanePool`)."""
+  users = os.environ.get(cluster.IDLE_WORKERS_VAR)  # (put back after: the run's own way)
   if idle_workers is not None:
     os.environ[cluster.IDLE_WORKERS_VAR] = idle_workers
   try:
@@ -63,6 +64,8 @@ def one_round(lanes: int, seconds: float, idle_workers: str | None) -> dict[str,
       after = cpu_seconds()
   finally:
     os.environ.pop(cluster.IDLE_WORKERS_VAR, None)
+    if users is not None:
+      os.environ[cluster.IDLE_WORKERS_VAR] = users
     cluster.shutdown()
   used = {name: (after[name] - before.get(name, 0.0)) / seconds * 1e3 for name in after}
   return {name: ms for name, ms in used.items() if ms > 0.0}

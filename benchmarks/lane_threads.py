@@ -14,13 +14,14 @@ hand-over included, so a little above `real_speedup`'s steady state), the table 
 median over rounds:
   lane threads  per lane process: its task thread (the threads that run its tasks:
                 the calls thread, which runs them in order, and XLA's threads that compute
-                them, which carry the process's name), its copy threads together (the values it takes in and
-                sends) and one by one: `copies: exports` (copying values out to other
-                lanes), `copies: lane reader` (taking in other lanes' values), `copies:
-                driver reader` (reading the driver's calls and their arrays), `copies:
-                other` (a Python thread the lane does not name), each named for the OS by
-                the lane (`runtime.THREAD_NAMES`); and each thread Ray or XLA named
-                (`worker.io`, `tf_XLAEigen`, ...), over 0.05 ms an iteration
+                them, which carry the process's name), its copy threads together (the
+                values it takes in and sends) and one by one: `copies: exports` (copying
+                values out to other lanes), `copies: lane reader` (taking in other
+                lanes' values), `copies: driver reader` (reading the driver's calls and
+                their arrays), each named for the OS by the lane (`runtime.THREAD_NAMES`;
+                a lane of code that names none: its threads but the busiest, `copies:
+                other`); and each thread Ray or XLA named (`worker.io`, `tf_XLAEigen`,
+                ...), over 0.05 ms an iteration
   driver        this process, every thread, and each of its threads over 0.05 ms an
                 iteration by name: Python's by their Python names (`MainThread`, the
                 readers of the lanes' connections `jaxsgd-lane-<lane>`, ...), the others
@@ -75,7 +76,8 @@ def split_threads(before: dict, after: dict, process_name: str) -> dict[str, flo
   """One lane process's CPU seconds between two `common.thread_cpu_seconds`, by part:
   'task thread' (the tasks' threads: the calls thread, `runtime.THREAD_NAMES['calls']`,
   which hands each task to XLA and waits for it, and the threads still carrying the
-  process's name, XLA's that compute it among them: a thread takes its creator's name),
+  process's name, XLA's that compute it among them: a thread takes its creator's name;
+  the lane's accepting thread and its main thread, idle, too),
   'copy threads' (the others the lane names), each of them again as `copies: <role>`
   (`runtime.THREAD_NAMES`), and each thread named otherwise (Ray's, XLA's pool), by name.
   A lane that names none of its threads (older code): the thread that used the most is
@@ -89,7 +91,8 @@ def split_threads(before: dict, after: dict, process_name: str) -> dict[str, flo
   if not used:
     return {}
   parts = {'task thread': 0.0, 'copy threads': 0.0}
-  named = any(name in LANE_THREADS for name, _ in used.values())
+  # (from every thread: one whose CPU moved by less than a clock tick shows none used)
+  named = any(name in LANE_THREADS for name, _ in after.values())
   if not named:
     parts['task thread'] = used.pop(max(used, key=lambda tid: used[tid][1]))[1]
   for name, delta in used.values():

@@ -205,7 +205,9 @@ def measured(executor: ProcessExecutor, timeline, warmup: int):
     executor.dispatch_seconds / executor.dispatched,
     *busiest_lane(timeline, warmup),
     executor.dispatch_cpu_seconds / executor.dispatched,
-    executor.steady_cpu_seconds / executor.steady_dispatched,
+    executor.steady_cpu_seconds / executor.steady_dispatched
+    if executor.steady_dispatched
+    else float('nan'),  # (no task of batch `warmup` or later)
   )
 
 

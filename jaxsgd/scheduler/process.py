@@ -200,7 +200,7 @@ class ProcessExecutor(Executor):
         if self.on_sigterm is not None:
           stack.enter_context(saving_on_sigterm(self.on_sigterm))
         began, self._steady_mark = time.process_time(), None
-        self.steady_cpu_seconds, self.steady_dispatched = 0.0, 0
+        self.run_cpu_seconds, self.steady_cpu_seconds, self.steady_dispatched = 0.0, 0.0, 0
         timeline = super().run(cluster, processes, resume=resume)
         ended = time.process_time()
         self.run_cpu_seconds = ended - began

@@ -9,8 +9,9 @@ it (`cluster.abandon`). `crash`: as `use`, but the lane's process kills itself i
 task (the fault hook, set by the test), having said so on its standard error. Writes one
 JSON object to the file OUT: the processes it started (Ray's and the lanes', and any
 left after) and their command lines, the task's result or error, the lanes the pool
-took from the start, and (`use`) the idle Ray workers left 6 s after the task ran. A file, not stdout: Ray's log thread, where a cluster has one,
-prints the lanes' output to the driver's stdout and may split a line printed there.
+took from the start, and (`use`) the idle Ray workers left 6 s after the task ran. A
+file, not stdout: Ray's log thread, where a cluster has one, prints the lanes' output
+to the driver's stdout and may split a line printed there.
 """
 
 import json

@@ -292,8 +292,11 @@ def _thread_names(pid: int) -> set[str]:
   """The OS names of process `pid`'s threads (Linux)."""
   names = set()
   for tid in os.listdir(f'/proc/{pid}/task'):
-    with open(f'/proc/{pid}/task/{tid}/comm') as comm:
-      names.add(comm.read().strip())
+    try:
+      with open(f'/proc/{pid}/task/{tid}/comm') as comm:
+        names.add(comm.read().strip())
+    except OSError:  # the thread ended meanwhile
+      pass
   return names
 
 
@@ -303,6 +306,7 @@ def test_a_lane_names_its_threads_for_the_os_by_their_roles(pool):
   export thread and the driver's reader in every lane, and once a lane has taken in a
   value another sent, the reader of that lane's connection."""
   names = runtime.THREAD_NAMES
+  assert all(len(name.encode()) <= 15 for name in names.values())  # (else the OS cuts it)
   x = np.arange(4, dtype=np.float32)
   on_b = pool.run('b', task('add'), (pool.run('a', task('add'), (x, x)), x))  # a -> b
   np.testing.assert_array_equal(pool.fetch(on_b), 3 * x)
@@ -1174,6 +1178,27 @@ def test_a_head_started_here_skips_the_api_server_only_where_rays_method_is_the_
       started = Node.start_api_server(None, include_dashboard=False, raise_on_failure=False)
     assert started == (None if skipped else 'started'), method
     assert Node.start_api_server is method  # put back
+
+
+def test_a_head_started_here_gives_its_raylet_no_idle_worker_unless_the_user_says(monkeypatch):
+  """`cluster._without_idle_workers` gives the raylet's environment (Ray's
+  `RayParams.env_vars`) `RAY_num_workers_soft_limit=0` beside what the caller gives it,
+  with the idle daemons left out too (both patches read Ray's own signature), and puts
+  `RayParams` back after; this process's environment is left as it was. A value the
+  user's environment sets is left to the raylet, which inherits it."""
+  from ray._private.parameter import RayParams
+
+  original = RayParams.__init__
+  monkeypatch.delenv(cluster.IDLE_WORKERS_VAR, raising=False)
+  with cluster._without_idle_daemons(), cluster._without_idle_workers():
+    params = RayParams(env_vars={'A': '1'})
+  assert params.env_vars == {cluster.IDLE_WORKERS_VAR: '0', 'A': '1'}
+  assert (params.no_monitor, params.include_log_monitor) == (True, False)
+  assert RayParams.__init__ is original and cluster.IDLE_WORKERS_VAR not in os.environ
+  monkeypatch.setenv(cluster.IDLE_WORKERS_VAR, '2')
+  with cluster._without_idle_workers():
+    assert RayParams.__init__ is original
+    assert RayParams(env_vars={'A': '1'}).env_vars == {'A': '1'}
 
 
 def test_a_background_start_that_hangs_is_given_up_in_one_line_and_leaves_no_state(

@@ -424,7 +424,7 @@ def test_the_run_cpu_counts_all_the_drivers_work_and_dispatch_only_its_calls(poo
   assert executor.run_cpu_seconds >= 0.5 + executor.dispatch_cpu_seconds
   assert 0 < executor.dispatch_cpu_seconds < 0.2
   assert executor.steady_dispatched == 2
-  assert 0.2 <= executor.steady_cpu_seconds < 0.3
+  assert 0.2 <= executor.steady_cpu_seconds <= executor.run_cpu_seconds - 0.3
 
 
 def test_a_task_marked_not_ahead_is_waited_for_before_its_process_goes_on(pool):

@@ -16,6 +16,7 @@ nothing: a watcher started with the cluster ends it then (`reaper.py`).
 """
 
 import contextlib
+import functools
 import gc
 import glob
 import inspect
@@ -161,6 +162,7 @@ def _without_idle_daemons():
     yield
     return
 
+  @functools.wraps(original)  # (its signature is `original`'s: `_without_idle_workers`)
   def without(self, *args, **kwargs):
     original(self, *args, **{**kwargs, **_IDLE_DAEMONS})
 
@@ -180,7 +182,10 @@ IDLE_WORKERS_VAR = 'RAY_num_workers_soft_limit'
 @contextlib.contextmanager
 def _without_idle_workers():
   """`ray.init` starting a raylet that keeps no idle worker process once a second has
-  passed (`IDLE_WORKERS_VAR` 0), unless this process's environment sets it. The raylet
+  passed (`IDLE_WORKERS_VAR` 0 in the raylet's environment alone, given as Ray's
+  `RayParams.env_vars`: this process's own is left as it is, since it may be read meanwhile
+  by another thread), unless this process's environment sets it (the raylet then inherits
+  that), or Ray's `RayParams` takes no `env_vars` (its default then). The raylet
   still starts a worker ahead for each CPU when the driver connects, so the lane host
   (and every actor lane started then) takes a ready one: what the start-up gains from
   them stays (benchmarks/results/startup.md). The one a lane host left idle after that
@@ -189,14 +194,22 @@ def _without_idle_workers():
   out of a lane's core for the whole run (docs/engine.md, "Start-up"). A lane started
   later as an actor (a GPU lane that replaces a lost one) waits for a worker started
   for it instead."""
-  if IDLE_WORKERS_VAR in os.environ:
+  from ray._private.parameter import RayParams  # (imported by `ray` itself)
+
+  original = RayParams.__init__
+  if IDLE_WORKERS_VAR in os.environ or 'env_vars' not in inspect.signature(original).parameters:
     yield
     return
-  os.environ[IDLE_WORKERS_VAR] = '0'
+
+  @functools.wraps(original)  # (its signature is `original`'s: `_without_idle_daemons`)
+  def keeping_no_idle_worker(self, *args, env_vars=None, **kwargs):
+    original(self, *args, env_vars={IDLE_WORKERS_VAR: '0', **(env_vars or {})}, **kwargs)
+
+  RayParams.__init__ = keeping_no_idle_worker
   try:
     yield
   finally:
-    os.environ.pop(IDLE_WORKERS_VAR, None)
+    RayParams.__init__ = original
 
 
 @contextlib.contextmanager
