@@ -294,10 +294,15 @@ def cost_table(executor) -> dict | None:
 def executor_summary(executor) -> dict:
   """What the executor adds to `summary.json`: lane processes' lanes lost and tolerated
   (`lost_lanes`), how long each checkpoint held the run (`checkpoint_pauses_ms`: from
-  the drain's start to the driver going on, the save included) and, with
-  `placement.copies='auto'`, each lane's measured load and whose copy threads moved
-  where (`copies_by_load`)."""
+  the drain's start to the driver going on, the save included), the driver's CPU per
+  task over the run, every thread of its process (`driver_cpu_ms_per_task`:
+  `ProcessExecutor.run_cpu_seconds` over the tasks dispatched; the start's share in it)
+  and, with `placement.copies='auto'`, each lane's measured load and whose copy threads
+  moved where (`copies_by_load`)."""
   summary = {}
+  if getattr(executor, 'dispatched', 0) and getattr(executor, 'run_cpu_seconds', 0.0):
+    per_task = executor.run_cpu_seconds / executor.dispatched
+    summary['driver_cpu_ms_per_task'] = round(1e3 * per_task, 3)
   if getattr(executor, 'lost', None):
     summary['lost_lanes'] = [dataclasses.asdict(lost) for lost in executor.lost]
   if getattr(executor, 'pauses', None):

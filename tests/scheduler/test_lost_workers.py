@@ -54,6 +54,7 @@ def test_asgd_replaces_lost_workers_and_reports_them(head, data_dir, tmp_path):
   with open(tmp_path / 'run' / 'summary.json') as f:
     summary = json.load(f)
   assert summary['final']['step'] == 1000
+  assert summary['driver_cpu_ms_per_task'] > 0  # (`executor_summary`)
   lost = summary['lost_lanes']
   killed = [x for x in lost if x['lane'] == 'worker1']
   raised = [x for x in lost if x['lane'] == 'worker2']

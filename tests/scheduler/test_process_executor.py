@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+import types
 
 import chex
 import jax
@@ -393,6 +394,16 @@ def test_a_finished_task_is_heard_while_other_processes_keep_each_other_ready(po
   ]
   ProcessExecutor(pool=pool, run_ahead=False).run(cluster, processes)
   assert finished and all(p.done for p in processes)
+
+
+def test_the_summary_gives_the_drivers_cpu_per_task_of_a_process_executor_only():
+  """`clocks.executor_summary`: 0.5 s of the driver's CPU over 200 tasks is 2.5 ms a
+  task; an executor that counts none (in-process clocks) adds nothing."""
+  from jaxsgd.algorithms import clocks
+
+  ran = types.SimpleNamespace(run_cpu_seconds=0.5, dispatched=200)
+  assert clocks.executor_summary(ran) == {'driver_cpu_ms_per_task': 2.5}
+  assert clocks.executor_summary(types.SimpleNamespace()) == {}
 
 
 def _spin(seconds: float) -> None:
