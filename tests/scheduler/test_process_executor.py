@@ -398,11 +398,14 @@ def test_a_finished_task_is_heard_while_other_processes_keep_each_other_ready(po
 
 def test_the_summary_gives_the_drivers_cpu_per_task_of_a_process_executor_only():
   """`clocks.executor_summary`: 0.5 s of the driver's CPU over 200 tasks is 2.5 ms a
-  task; an executor that counts none (in-process clocks) adds nothing."""
+  task; with a steady state counted (0.3 s over 150 tasks: 2 ms), that; an executor
+  that counts none (in-process clocks) adds nothing."""
   from jaxsgd.algorithms import clocks
 
-  ran = types.SimpleNamespace(run_cpu_seconds=0.5, dispatched=200)
+  ran = types.SimpleNamespace(run_cpu_seconds=0.5, dispatched=200, steady_dispatched=0)
   assert clocks.executor_summary(ran) == {'driver_cpu_ms_per_task': 2.5}
+  ran.steady_cpu_seconds, ran.steady_dispatched = 0.3, 150
+  assert clocks.executor_summary(ran) == {'driver_cpu_ms_per_task': 2.0}
   assert clocks.executor_summary(types.SimpleNamespace()) == {}
 
 
