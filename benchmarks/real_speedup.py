@@ -185,9 +185,7 @@ LAST_RUN: dict = {}
 def counted_executor(pool: LanePool, warmup: int, **kwargs) -> ProcessExecutor:
   """A case's executor: quiet, `EXECUTOR`'s copies, its driver CPU counted from batch
   `warmup` on (`steady_from_batch`)."""
-  executor = ProcessExecutor(pool=pool, verbose=False, **EXECUTOR, **kwargs)
-  executor.steady_from_batch = warmup
-  return executor
+  return ProcessExecutor(pool=pool, verbose=False, steady_from_batch=warmup, **EXECUTOR, **kwargs)
 
 
 def measured(executor: ProcessExecutor, timeline, warmup: int):
@@ -205,9 +203,7 @@ def measured(executor: ProcessExecutor, timeline, warmup: int):
     executor.dispatch_seconds / executor.dispatched,
     *busiest_lane(timeline, warmup),
     executor.dispatch_cpu_seconds / executor.dispatched,
-    executor.steady_cpu_seconds / executor.steady_dispatched
-    if executor.steady_dispatched
-    else float('nan'),  # (no task of batch `warmup` or later)
+    executor.driver_cpu_per_task(),  # (`warmup` < `steps`: a task of batch `warmup` ran)
   )
 
 

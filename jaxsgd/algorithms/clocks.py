@@ -205,10 +205,10 @@ def make_executor(
       run_ahead=run_ahead,
       emulate=model,
       copies=shared.placement.copy_placement(shared.executor),
+      # Its driver CPU per task in summary.json from batch 1 on: batch 0's tasks wait
+      # for the lanes to compile, while the driver describes their first results.
+      steady_from_batch=1,
     )
-    # Its driver CPU per task in summary.json from batch 1 on: batch 0's tasks wait for
-    # the lanes to compile, while the driver describes their first results.
-    executor.steady_from_batch = 1
     return executor, table
   if not shared.virtual:
     warm_up(tasks, devices)
@@ -298,16 +298,13 @@ def executor_summary(executor) -> dict:
   """What the executor adds to `summary.json`: lane processes' lanes lost and tolerated
   (`lost_lanes`), how long each checkpoint held the run (`checkpoint_pauses_ms`: from
   the drain's start to the driver going on, the save included), the driver's CPU per
-  task, every thread of its process (`driver_cpu_ms_per_task`: from the executor's
-  `steady_from_batch` on where it counted any task there, else over the whole run) and,
+  task, every thread of its process (`driver_cpu_ms_per_task`:
+  `ProcessExecutor.driver_cpu_per_task`) and,
   with `placement.copies='auto'`, each lane's measured load and whose copy threads moved
   where (`copies_by_load`)."""
   summary = {}
-  if getattr(executor, 'steady_dispatched', 0):
-    per_task = executor.steady_cpu_seconds / executor.steady_dispatched
-    summary['driver_cpu_ms_per_task'] = round(1e3 * per_task, 3)
-  elif getattr(executor, 'dispatched', 0) and getattr(executor, 'run_cpu_seconds', 0.0):
-    per_task = executor.run_cpu_seconds / executor.dispatched
+  per_task = executor.driver_cpu_per_task() if hasattr(executor, 'driver_cpu_per_task') else None
+  if per_task is not None:
     summary['driver_cpu_ms_per_task'] = round(1e3 * per_task, 3)
   if getattr(executor, 'lost', None):
     summary['lost_lanes'] = [dataclasses.asdict(lost) for lost in executor.lost]

@@ -138,6 +138,8 @@ class ProcessExecutor(Executor):
       lane's `copies=`, else its own cores); 'auto' — moved once, by the load the run
       measures, from a lane whose cores bound the run to one whose cores wait
       (`copy_load.CopiesByLoad`; the placement may then name no lane's `copies=`).
+    steady_from_batch: the driver's CPU is counted apart from the first task of this
+      batch on (`steady_cpu_seconds`, `driver_cpu_per_task`): the run's start left out.
   """
 
   clock = 'real (processes)'
@@ -154,6 +156,7 @@ class ProcessExecutor(Executor):
     tolerate_lost: bool = False,
     emulate: CostModel | None = None,
     copies: str = 'own',
+    steady_from_batch: int | None = None,
   ):
     if copies not in COPIES:
       raise ValueError(f'copies: one of {", ".join(COPIES)} expected, got {copies!r}.')
@@ -174,10 +177,10 @@ class ProcessExecutor(Executor):
     # The driver's CPU (every thread of its process: dispatch, hearing events and running
     # the policy, its connections' readers and writers) over the last `run`: the host's
     # whole cost per task, where `dispatch_seconds` holds only the dispatch. And the same
-    # from the first task of batch `steady_from_batch` on (set it to count the steady
-    # state only, the run's start left out): its CPU and the tasks dispatched since.
+    # from the first task of batch `steady_from_batch` on: its CPU and the tasks
+    # dispatched since.
     self.run_cpu_seconds = 0.0
-    self.steady_from_batch: int | None = None
+    self.steady_from_batch = steady_from_batch
     self.steady_cpu_seconds, self.steady_dispatched = 0.0, 0
     self._steady_mark: tuple[float, int] | None = None
     self.lost: list[LostLane] = []
@@ -225,6 +228,15 @@ class ProcessExecutor(Executor):
           'was given no checkpoints), so running the command again starts over.'
         ) from None
       raise
+
+  def driver_cpu_per_task(self) -> float | None:
+    """The driver's CPU seconds per task of the last run: from `steady_from_batch` on
+    where a task of it was dispatched, else over the whole run; None before any task."""
+    if self.steady_dispatched:
+      return self.steady_cpu_seconds / self.steady_dispatched
+    if self.dispatched and self.run_cpu_seconds:
+      return self.run_cpu_seconds / self.dispatched
+    return None
 
   def _put_copies_back(self) -> None:
     """A pool that goes on (not ours) starts its next run with the copy threads as

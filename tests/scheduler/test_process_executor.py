@@ -402,7 +402,8 @@ def test_the_summary_gives_the_drivers_cpu_per_task_of_a_process_executor_only()
   that counts none (in-process clocks) adds nothing."""
   from jaxsgd.algorithms import clocks
 
-  ran = types.SimpleNamespace(run_cpu_seconds=0.5, dispatched=200, steady_dispatched=0)
+  ran = ProcessExecutor()  # (starts nothing until it runs)
+  ran.run_cpu_seconds, ran.dispatched = 0.5, 200
   assert clocks.executor_summary(ran) == {'driver_cpu_ms_per_task': 2.5}
   ran.steady_cpu_seconds, ran.steady_dispatched = 0.3, 150
   assert clocks.executor_summary(ran) == {'driver_cpu_ms_per_task': 2.0}
@@ -431,8 +432,7 @@ def test_the_run_cpu_counts_all_the_drivers_work_and_dispatch_only_its_calls(poo
     _spin(0.2)
     yield Compute(Task(PROBES, 'add'), (x, x), batch=2)
 
-  executor = ProcessExecutor(pool=pool)
-  executor.steady_from_batch = 1
+  executor = ProcessExecutor(pool=pool, steady_from_batch=1)
   executor.run(cluster, [Process('stage 0', 0, busy_between())])
   assert executor.dispatched == 3
   assert executor.run_cpu_seconds >= 0.5 + executor.dispatch_cpu_seconds
