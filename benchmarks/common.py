@@ -42,18 +42,29 @@ _TICKS = os.sysconf('SC_CLK_TCK')
 
 
 def thread_cpu_seconds(pid: int | str = 'self') -> dict[int, tuple[str, float]]:
-  """Each thread of process `pid` (Linux, `/proc`): (its OS name, CPU seconds so far)."""
+  """Each thread of process `pid` (Linux, `/proc`): (its OS name, CPU seconds so far).
+  Read from the scheduler's count of nanoseconds on a core (`schedstat`) where the
+  system keeps it; else from `stat`'s clock ticks (10 ms each: a window must hold
+  seconds of a thread's CPU for its reading to mean much)."""
   threads = {}
   for tid in os.listdir(f'/proc/{pid}/task'):
     try:
       with open(f'/proc/{pid}/task/{tid}/comm') as f:
         name = f.read().strip()
-      with open(f'/proc/{pid}/task/{tid}/stat') as f:
-        fields = f.read().rsplit(')', 1)[1].split()
+      threads[int(tid)] = (name, _thread_seconds(f'/proc/{pid}/task/{tid}'))
     except OSError:  # ended meanwhile
       continue
-    threads[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / _TICKS)
   return threads
+
+
+def _thread_seconds(path: str) -> float:
+  try:
+    with open(f'{path}/schedstat') as f:
+      return int(f.read().split()[0]) / 1e9
+  except (OSError, ValueError, IndexError):  # no schedstat here: the ticks
+    with open(f'{path}/stat') as f:
+      fields = f.read().rsplit(')', 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def core_busy_seconds() -> list[float]:

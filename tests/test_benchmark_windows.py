@@ -763,3 +763,39 @@ def test_real_speedup_by_load_moves_only_the_copies_whose_place_changes_and_says
     'stage0 on 0: 57.5 + 14.8 ms, stage1 on 1: 91.2 + 12.0 ms; copies of stage1 to 0'
   )
   assert real_speedup.describe_loads(loads, cores, {}).endswith('; each lane keeps its copies')
+
+
+def test_the_drivers_cpu_is_split_by_role_and_one_more_task_is_a_difference_by_hand():
+  """driver_cpu: the main thread by its id, the lanes' readers and the writer by the
+  names they give themselves, the rest as `other`; a thread new since the first reading
+  counts from zero. One more task: (long - short) / (300 - 60 tasks)."""
+  from benchmarks import driver_cpu
+  from jaxsgd.scheduler.lanes import wire
+
+  before = {
+    10: ('python', 1.0),
+    11: (wire.REPLIES_THREAD, 0.5),
+    12: (wire.REPLIES_THREAD, 0.25),
+    13: (wire.WRITER_THREAD, 0.125),
+    14: ('worker.io', 2.0),
+  }
+  after = {
+    10: ('python', 1.5),
+    11: (wire.REPLIES_THREAD, 0.75),
+    12: (wire.REPLIES_THREAD, 0.25),
+    13: (wire.WRITER_THREAD, 0.25),
+    14: ('worker.io', 2.0625),
+    15: (wire.REPLIES_THREAD, 0.125),  # started between the readings
+    16: ('python', 0.03125),  # an unnamed thread: not the main one, whatever its name
+  }
+  assert driver_cpu.driver_roles(before, after, main_tid=10) == {
+    'main': 0.5,
+    'replies': 0.25 + 0.125,
+    'writer': 0.125,
+    'other': 0.0625 + 0.03125,
+  }
+  short = {'main': 0.75, 'replies': 0.5}
+  long = {'main': 3.75, 'replies': 2.0}
+  assert driver_cpu.per_task(short, long, (60, 300)) == {'main': 3.0 / 240, 'replies': 1.5 / 240}
+  with pytest.raises(ValueError, match='more tasks'):
+    driver_cpu.per_task(short, long, (300, 300))

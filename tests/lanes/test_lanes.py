@@ -35,6 +35,7 @@ from jaxsgd.scheduler.lanes import (
   LaneSpec,
   cluster,
   runtime,
+  wire,
 )
 from jaxsgd.scheduler.lanes.forked import LaneEnded
 from jaxsgd.scheduler.lanes.runtime import FAULT_VAR, MakerFailed, Ref
@@ -304,7 +305,8 @@ def test_a_lane_names_its_threads_for_the_os_by_their_roles(pool):
   """Each lane thread says what it does where `/proc` (`top -H`, `perf`,
   `benchmarks/lane_threads.py`) reads it (`runtime.THREAD_NAMES`): the calls thread, the
   export thread and the driver's reader in every lane, and once a lane has taken in a
-  value another sent, the reader of that lane's connection."""
+  value another sent, the reader of that lane's connection; in the driver, the reader of
+  each lane's connection and their writer (`benchmarks/driver_cpu.py`)."""
   names = runtime.THREAD_NAMES
   assert all(len(name.encode()) <= 15 for name in names.values())  # (else the OS cuts it)
   x = np.arange(4, dtype=np.float32)
@@ -314,6 +316,9 @@ def test_a_lane_names_its_threads_for_the_os_by_their_roles(pool):
   common = {names['calls'], names['exports'], names['driver reader']}
   assert common <= _thread_names(pids['a'])
   assert common | {names['lane reader']} <= _thread_names(pids['b'])
+  # The driver's side: a reader of each lane's connection, and the connections' writer.
+  assert {wire.REPLIES_THREAD, wire.WRITER_THREAD} <= _thread_names(os.getpid())
+  assert len(wire.REPLIES_THREAD.encode()) <= 15 and len(wire.WRITER_THREAD.encode()) <= 15
 
 
 def _main_thread_switches(pid: int) -> int:

@@ -948,6 +948,7 @@ class LanePool:
     self._links[lane] = link
 
     def read():
+      wire.name_thread(wire.REPLIES_THREAD)
       while True:
         try:
           message = link.receive()

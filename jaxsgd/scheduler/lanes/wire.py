@@ -67,6 +67,7 @@ ALIGNMENT = 64
 
 
 WRITER_THREAD = 'jaxsgd-writer'  # an `Endpoint`'s writer (`background`), as the OS names it
+REPLIES_THREAD = 'jaxsgd-replies'  # a driver's reader of one lane's connection (`LanePool`)
 _PR_SET_NAME = 15  # prctl(2): the calling thread's name, as `/proc/PID/task/TID/comm` shows it
 _NAME_BYTES = 15  # (the kernel's 16, with the terminating zero)
 
