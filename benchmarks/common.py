@@ -2,6 +2,7 @@
 
 import itertools
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -44,27 +45,37 @@ _TICKS = os.sysconf('SC_CLK_TCK')
 def thread_cpu_seconds(pid: int | str = 'self') -> dict[int, tuple[str, float]]:
   """Each thread of process `pid` (Linux, `/proc`): (its OS name, CPU seconds so far).
   Read from the scheduler's count of nanoseconds on a core (`schedstat`) where the
-  system keeps it; else from `stat`'s clock ticks (10 ms each: a window must hold
-  seconds of a thread's CPU for its reading to mean much)."""
+  system keeps it, else from `stat`'s clock ticks (10 ms each: a window must hold
+  seconds of a thread's CPU for its reading to mean much); the calling thread's own from
+  its CPU clock (`time.thread_time`), since the kernel brings a running thread's count
+  up to date only when it is switched out or a tick lands (up to a tick behind)."""
   threads = {}
+  me = threading.get_native_id() if pid in ('self', os.getpid()) else None
   for tid in os.listdir(f'/proc/{pid}/task'):
     try:
       with open(f'/proc/{pid}/task/{tid}/comm') as f:
         name = f.read().strip()
-      threads[int(tid)] = (name, _thread_seconds(f'/proc/{pid}/task/{tid}'))
+      used = time.thread_time() if int(tid) == me else thread_seconds(f'/proc/{pid}/task/{tid}')
     except OSError:  # ended meanwhile
       continue
+    threads[int(tid)] = (name, used)
   return threads
 
 
-def _thread_seconds(path: str) -> float:
+def thread_seconds(path: str) -> float:
+  """CPU seconds of the thread whose `/proc` directory is `path`: `schedstat`'s first
+  field (nanoseconds), unless the system keeps none (no file, or all its fields 0: the
+  scheduler's statistics switched off), then `stat`'s user and system clock ticks."""
   try:
     with open(f'{path}/schedstat') as f:
-      return int(f.read().split()[0]) / 1e9
-  except (OSError, ValueError, IndexError):  # no schedstat here: the ticks
-    with open(f'{path}/stat') as f:
-      fields = f.read().rsplit(')', 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+      fields = [int(field) for field in f.read().split()]
+  except (OSError, ValueError):
+    fields = []
+  if any(fields):
+    return fields[0] / 1e9
+  with open(f'{path}/stat') as f:
+    fields = f.read().rsplit(')', 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 def core_busy_seconds() -> list[float]:

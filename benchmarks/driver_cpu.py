@@ -1,32 +1,38 @@
 r"""The process executor's driver: its whole CPU per task, with a core of its own and
-with every core busy.
+where its core computes too.
 
-    python -m benchmarks.driver_cpu                  # ~1.5 min on 2 cores
-    python -m benchmarks.driver_cpu --leaves=1,64 --tasks=500 --rounds=5
+    python -m benchmarks.driver_cpu                  # ~2 min on 2 cores
+    python -m benchmarks.driver_cpu --leaves=1,64 --tasks=500 --busy_tasks=60 --rounds=5
 
 `real_speedup`'s `driver CPU ms / task` is read where the lanes compute on every core of
-the machine. This takes that figure apart. One lane process, on the last core, runs
-chains of trivial tasks (`lane_timing.dispatch_tasks`' `add_one`, on a list of
-`--leaves` small arrays: a stage's parameters are such a tree) through a
-`ProcessExecutor`, run ahead as a pipeline's tasks are: the path a run's tasks take
-(the policy, the executor, the pool, the wire), with the driver pinned to the first
-core. Each thread of the driver is read around a chain of `--tasks` tasks and around
-one of a fifth as many (`common.thread_cpu_seconds`: the scheduler's nanoseconds); the
-difference of the two over the difference in tasks is what one more task costs the
-driver, with the run's start and end left out (`per_task`). Two ways, interleaved in
-every round:
-  own core    nothing else computing: the driver has its core, as on a machine with
-              cores to spare (a GPU host)
-  cores busy  a process computing matrix products (one BLAS thread) pinned to every
-              core, at the driver's priority: what the driver meets where the lanes
-              compute on every core, as in `real_speedup` on two cores
+the machine. This takes the driver's part of it apart. One lane process, on the last
+core, runs chains of tasks through a `ProcessExecutor`, run ahead as a pipeline's tasks
+are: the path a run's tasks take (the policy, the executor, the pool, the wire), with
+the driver pinned to the first core. Two kinds of chain (`lane_timing.dispatch_tasks`):
+  add_one  a trivial task on a list of `--leaves` small arrays (a stage's parameters are
+           such a tree), `--tasks` of them: the lane answers at once, so the driver
+           hears several ends at each wake-up; the figure is mostly its own Python
+  busy     a task that computes for tens of milliseconds, `--busy_tasks` of them: the
+           driver sleeps between two ends and wakes for each, as in a run
+Each thread of the driver is read around a chain and around one of a fifth as many
+tasks (`common.thread_cpu_seconds`); the difference of the two over the difference in
+tasks is what one more task costs the driver, with the run's start and end left out
+(`per_task`). Two ways, interleaved in every round:
+  own core    nothing else computing on the driver's core
+  core busy   a process computing matrix products (one BLAS thread) pinned to every
+              core but the lane's, at the driver's priority: the driver preempts a
+              computing process whenever it wakes, as where lanes compute on every core
+              (`real_speedup` on two cores). The lane's core is left alone, so the
+              chains run as fast as in the first way.
 The table: µs of the driver's CPU per task, in all and by thread (`driver_roles`:
 `main`, the executor, the policy and the dispatch; `replies`, the threads reading the
-lanes' connections; `writer`, the thread writing them; `other`, Ray's threads and any
-else), and the long chain's wall time per task; medians over rounds. Not a test: speed is
-measured, not asserted. The last line:
-`the driver's CPU per task with a core of its own: <x> µs (every core busy: <y> µs)`,
-each the median over every chain of that way.
+lanes' connections; `writer`, the thread writing them; `other`, Ray's threads, which use
+CPU every second whatever the tasks, and any else), and the long chain's wall time per
+task; medians over rounds. A thread that ends between two readings is not counted (none
+of the pool's does). Not a test: speed is measured, not asserted. The last line:
+`the driver's CPU per task, waking for each (busy): <x> µs with a core of its own, <y> µs
+with its core busy; trivial tasks: <z> µs`, medians over rounds (the trivial tasks' over
+every tree, with a core of its own).
 """
 
 import argparse
@@ -41,7 +47,6 @@ import jax
 import numpy as np
 
 from benchmarks import common as bench_common
-from jaxsgd.launch import die_with_parent
 from jaxsgd.scheduler import lane_timing
 from jaxsgd.scheduler.core import Cluster, Compute, Process
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool, runtime, wire
@@ -49,11 +54,24 @@ from jaxsgd.scheduler.process import ProcessExecutor
 from jaxsgd.scheduler.tasks import Task, TaskRecipe
 
 LANE = 'chain'
-WAYS = ('own core', 'cores busy')
+WAYS = ('own core', 'core busy')
 ROLES = ('main', 'replies', 'writer', 'other')
 SHORT_SHARE = 5  # the short chain: a fifth of the long one's tasks
-# A busy core's process: matrix products of ~1 MB matrices, one BLAS thread, until killed.
-_BUSY_CODE = 'import numpy as np\na = np.ones((512, 512), np.float32)\nwhile True:\n  a @ a\n'
+# A busy core's process: matrix products of ~1 MB matrices, one BLAS thread, until killed;
+# killed by the kernel too if its parent (argv[1]) dies, and deaf to the terminal's Ctrl-C
+# (its parent kills it). Set up in the child itself: a `preexec_fn` is not safe to run in
+# a parent with threads (Ray's, the pool's).
+_BUSY_CODE = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+if os.getppid() != int(sys.argv[1]):
+  sys.exit()  # (its parent died before the prctl)
+import numpy as np
+a = np.ones((512, 512), np.float32)
+while True:
+  a @ a
+"""
 _BUSY_ENV = {'OMP_NUM_THREADS': '1', 'OPENBLAS_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}
 _BUSY_SETTLE_S = 0.5  # for the busy processes to import numpy and start computing
 
@@ -80,39 +98,41 @@ def per_task(short: dict[str, float], long: dict[str, float], tasks: tuple[int, 
   return {key: (long[key] - short[key]) / more for key in long}
 
 
-def chain(leaves: int, tasks: int) -> Process:
-  """A process yielding `tasks` `add_one` tasks on the lane, each on the previous one's
-  result, a list of `leaves` 4-float arrays (made on the driver: the first call sends
-  them), each run ahead."""
-  task = Task(TaskRecipe.of(lane_timing.dispatch_tasks), 'add_one')
+def chain(name: str, leaves: int, tasks: int) -> Process:
+  """A process yielding `tasks` tasks `name` of `dispatch_tasks` on the lane, each on the
+  previous one's result, each run ahead: `add_one` on a list of `leaves` 4-float arrays
+  (made on the driver: the first call sends them), `busy` on a scalar."""
+  task = Task(TaskRecipe.of(lane_timing.dispatch_tasks), name)
 
   def program():
-    tree = [np.zeros((4,), np.float32) for _ in range(leaves)]
+    value = np.zeros((), np.float32)
+    if name == 'add_one':
+      value = [np.zeros((4,), np.float32) for _ in range(leaves)]
     for _ in range(tasks):
-      tree = yield Compute(task, (tree,), kind='dispatch', ahead=True)
+      value = yield Compute(task, (value,), kind='dispatch', ahead=True)
 
   return Process(LANE, 0, program())
 
 
-def read_chain(pool: LanePool, leaves: int, tasks: int) -> dict[str, float]:
+def read_chain(pool: LanePool, name: str, leaves: int, tasks: int) -> dict[str, float]:
   """The driver's CPU seconds by role and the wall seconds (`wall`) of one chain."""
   cluster = Cluster()
   cluster.add_lane(LANE, jax.devices()[0])
   executor = ProcessExecutor(pool=pool, verbose=False)
   main_tid = os.getpid()  # (Linux: the main thread's id is the process's)
   before, start = bench_common.thread_cpu_seconds(), time.perf_counter()
-  executor.run(cluster, [chain(leaves, tasks)])
+  executor.run(cluster, [chain(name, leaves, tasks)])
   wall = time.perf_counter() - start
   return {**driver_roles(before, bench_common.thread_cpu_seconds(), main_tid), 'wall': wall}
 
 
-def measure(pool: LanePool, leaves: int, tasks: int) -> dict[str, float]:
-  """Per task of a chain on a tree of `leaves` arrays: the driver's CPU seconds by role
-  and in all (`all`; `per_task` of a chain of `tasks` and one of `tasks // SHORT_SHARE`),
-  and the long chain's wall seconds per task (`wall`, its start and end included: a
-  difference of two walls is as noisy as the run's start)."""
+def measure(pool: LanePool, name: str, leaves: int, tasks: int) -> dict[str, float]:
+  """Per task of a chain of `name` tasks on `leaves` arrays: the driver's CPU seconds by
+  role and in all (`all`; `per_task` of a chain of `tasks` and one of
+  `tasks // SHORT_SHARE`), and the long chain's wall seconds per task (`wall`, its start
+  and end included: a difference of two walls is as noisy as the run's start)."""
   counts = (tasks // SHORT_SHARE, tasks)
-  short, long = (read_chain(pool, leaves, n) for n in counts)
+  short, long = (read_chain(pool, name, leaves, n) for n in counts)
   cost = per_task({r: short[r] for r in ROLES}, {r: long[r] for r in ROLES}, counts)
   cost['all'] = sum(cost.values())
   cost['wall'] = long['wall'] / tasks
@@ -122,23 +142,19 @@ def measure(pool: LanePool, leaves: int, tasks: int) -> dict[str, float]:
 @contextlib.contextmanager
 def busy_cores(cores: list[int]):
   """A process computing on each of `cores` (pinned to it) while the context lasts; each
-  killed at its end, and by the kernel if this process dies first (`die_with_parent`)."""
+  killed at its end, and by the kernel if this process dies first (`_BUSY_CODE`)."""
   processes = []
   try:
     for core in cores:
       process = subprocess.Popen(
-        [sys.executable, '-c', _BUSY_CODE],
-        env={**os.environ, **_BUSY_ENV},
-        preexec_fn=die_with_parent,
+        [sys.executable, '-c', _BUSY_CODE, str(os.getpid())], env={**os.environ, **_BUSY_ENV}
       )
       processes.append(process)
       os.sched_setaffinity(process.pid, {core})
     time.sleep(_BUSY_SETTLE_S)
     for process, core in zip(processes, cores):
       if process.poll() is not None:
-        raise RuntimeError(
-          f'driver_cpu: the busy process on core {core} ended ({process.returncode})'
-        )
+        raise RuntimeError(f'the busy process on core {core} ended ({process.returncode})')
     yield
   finally:
     for process in processes:
@@ -146,62 +162,97 @@ def busy_cores(cores: list[int]):
       process.wait()
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
+  """The flags, checked (one line naming the flag and what it allows, before any lane
+  starts); `leaves` becomes a list of whole numbers, `cores` this process's cores."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--leaves', default='1,16,64', help='arrays in the tree, comma-separated')
-  parser.add_argument('--tasks', type=int, default=300, help='tasks of the long chain')
-  parser.add_argument('--rounds', type=int, default=3)
-  args = parser.parse_args()
+  parser.add_argument('--tasks', type=int, default=300, help='add_one tasks of the long chain')
+  parser.add_argument('--busy_tasks', type=int, default=40, help='busy tasks of the long chain')
+  parser.add_argument('--rounds', type=int, default=3, help='rounds, the ways interleaved')
+  args = parser.parse_args(argv)
   try:
-    leaf_counts = [int(n) for n in args.leaves.split(',')]
+    args.leaves = [int(n) for n in args.leaves.split(',')]
   except ValueError:
     parser.error(f'--leaves: comma-separated whole numbers expected; got {args.leaves!r}')
-  if min(leaf_counts) < 1:
-    parser.error(f'--leaves: at least 1 array each; got {args.leaves!r}')
-  if args.tasks < 5 * SHORT_SHARE:
-    parser.error(f'--tasks: at least {5 * SHORT_SHARE}; got {args.tasks}')
+  if min(args.leaves) < 1 or len(set(args.leaves)) < len(args.leaves):
+    parser.error(f'--leaves: different counts, each at least 1 array; got {args.leaves}')
+  for flag, tasks in (('--tasks', args.tasks), ('--busy_tasks', args.busy_tasks)):
+    if tasks < 5 * SHORT_SHARE:
+      parser.error(
+        f'{flag}: at least {5 * SHORT_SHARE} (the short chain, a fifth, needs 5); got {tasks}'
+      )
   if args.rounds < 1:
     parser.error(f'--rounds: at least 1; got {args.rounds}')
-  cores = sorted(os.sched_getaffinity(0))
-  if len(cores) < 2:
-    parser.error(f'driver_cpu: two cores needed (the driver and its lane); this has {cores}')
-  print(
-    f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
-    f'one lane on core {cores[-1]}, the driver pinned to core {cores[0]}; chains of '
-    f'{args.tasks} and {args.tasks // SHORT_SHARE} add_one tasks, run ahead; '
-    f'{args.rounds} rounds'
-  )
-  readings = {}  # (way, leaves) -> per-task figures of each round
-  with LanePool(LanePlacement.parse(f'{LANE}@cores={cores[-1]}')) as pool:
-    runtime.pin_process((cores[0],))  # after the lane started: it inherits no affinity
-    read_chain(pool, max(leaf_counts), SHORT_SHARE)  # the lane builds its task
+  args.cores = sorted(os.sched_getaffinity(0))
+  if len(args.cores) < 2:
+    parser.error(f'two cores needed (the driver and its lane); this process may use {args.cores}')
+  return args
+
+
+def chains(args) -> list[tuple[str, int, int]]:
+  """The chains of a round: (task, leaves, tasks of the long chain)."""
+  return [('add_one', n, args.tasks) for n in args.leaves] + [('busy', 1, args.busy_tasks)]
+
+
+def run_rounds(args) -> dict[tuple[str, str, int], list[dict[str, float]]]:
+  """(way, task, leaves) -> each round's per-task figures (`measure`), the ways
+  interleaved."""
+  readings = {}
+  lane_core, driver_core = args.cores[-1], args.cores[0]
+  with LanePool(LanePlacement.parse(f'{LANE}@cores={lane_core}')) as pool:
+    runtime.pin_process((driver_core,))  # after the lane started: it inherits no affinity
+    for name, leaves, _ in chains(args):  # the lane builds its tasks
+      read_chain(pool, name, leaves, SHORT_SHARE)
     for _ in range(args.rounds):
       for way in WAYS:
-        with busy_cores(cores) if way == 'cores busy' else contextlib.nullcontext():
-          for leaves in leaf_counts:
-            readings.setdefault((way, leaves), []).append(measure(pool, leaves, args.tasks))
-  print(f'load average {os.getloadavg()[0]:.1f} at end')
+        busy = [core for core in args.cores if core != lane_core]
+        with busy_cores(busy) if way == 'core busy' else contextlib.nullcontext():
+          for name, leaves, tasks in chains(args):
+            reading = measure(pool, name, leaves, tasks)
+            readings.setdefault((way, name, leaves), []).append(reading)
+  return readings
+
+
+def report(readings: dict[tuple[str, str, int], list[dict[str, float]]]) -> None:
+  """The table (µs per task, medians over rounds) and the last line."""
+  us = lambda rounds, key='all': 1e6 * statistics.median(r[key] for r in rounds)
+  rows = []
+  for (way, name, leaves), rounds in readings.items():
+    each = ' '.join(f'{1e6 * r["all"]:.0f}' for r in rounds)
+    figures = [us(rounds, key) for key in ('all', *ROLES, 'wall')]
+    rows.append((way, name, leaves, *figures, each))
   print(
     'µs per task (CPU: the long chain less the short; wall: the long chain), median over rounds:'
   )
-  header = ('way', 'leaves', 'driver CPU', *ROLES, 'wall', 'rounds (driver CPU)')
-  rows = []
-  for (way, leaves), rounds in readings.items():
-    median = lambda key, rounds=rounds: 1e6 * statistics.median(r[key] for r in rounds)
-    each = ' '.join(f'{1e6 * r["all"]:.0f}' for r in rounds)
-    rows.append(
-      (way, leaves, median('all'), *(median(role) for role in ROLES), median('wall'), each)
-    )
+  header = ('way', 'task', 'leaves', 'driver CPU', *ROLES, 'wall', 'rounds (driver CPU)')
   bench_common.print_table(header, rows)
-  overall = {
-    way: 1e6
-    * statistics.median(r['all'] for (w, _), rounds in readings.items() if w == way for r in rounds)
-    for way in WAYS
-  }
+  own, busy = WAYS
+  trivial = [
+    reading
+    for (way, name, _), rounds in readings.items()
+    if (way, name) == (own, 'add_one')
+    for reading in rounds
+  ]
   print(
-    f"the driver's CPU per task with a core of its own: {overall['own core']:.0f} µs "
-    f'(every core busy: {overall["cores busy"]:.0f} µs)'
+    f"the driver's CPU per task, waking for each (busy): {us(readings[own, 'busy', 1]):.0f} µs "
+    f'with a core of its own, {us(readings[busy, "busy", 1]):.0f} µs with its core busy; '
+    f'trivial tasks: {us(trivial):.0f} µs'
   )
+
+
+def main():
+  args = parse_args()
+  print(
+    f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
+    f'one lane on core {args.cores[-1]}, the driver pinned to core {args.cores[0]}; chains '
+    f'of {args.tasks} and {args.tasks // SHORT_SHARE} add_one tasks, {args.busy_tasks} and '
+    f'{args.busy_tasks // SHORT_SHARE} busy tasks, run ahead; '
+    f"{args.rounds} rounds; core busy: every core but the lane's"
+  )
+  readings = run_rounds(args)
+  print(f'load average {os.getloadavg()[0]:.1f} at end')
+  report(readings)
 
 
 if __name__ == '__main__':

@@ -87,7 +87,7 @@ def split_threads(before: dict, after: dict, process_name: str) -> dict[str, flo
   if not used:
     return {}
   parts = {'task thread': 0.0, 'copy threads': 0.0}
-  # (from every thread: one whose CPU moved by less than a clock tick shows none used)
+  # (from every thread: one that used no CPU in the window shows none used)
   named = any(name in LANE_THREADS for name, _ in after.values())
   if not named:
     parts['task thread'] = used.pop(max(used, key=lambda tid: used[tid][1]))[1]

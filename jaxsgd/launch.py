@@ -226,9 +226,8 @@ def child_env(args, process_id: int, coordinator: str) -> dict[str, str]:
   return env
 
 
-def die_with_parent() -> None:
-  """In the child, before exec: get SIGKILL if the launcher dies (Linux prctl); a
-  `subprocess.Popen` `preexec_fn` for any helper process that must not outlive its parent.
+def _die_with_launcher() -> None:
+  """In the child, before exec: get SIGKILL if the launcher dies (Linux prctl).
 
   Covers the one case `launch` cannot: the launcher itself being SIGKILLed (e.g.
   by a test's timeout), which would otherwise orphan the processes.
@@ -419,7 +418,7 @@ def _start(args, cmd, coordinator, status_dir, out, lock, procs, threads) -> Non
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
-        preexec_fn=die_with_parent,
+        preexec_fn=_die_with_launcher,
       )
     )
     thread = threading.Thread(

@@ -799,3 +799,40 @@ def test_the_drivers_cpu_is_split_by_role_and_one_more_task_is_a_difference_by_h
   assert driver_cpu.per_task(short, long, (60, 300)) == {'main': 3.0 / 240, 'replies': 1.5 / 240}
   with pytest.raises(ValueError, match='more tasks'):
     driver_cpu.per_task(short, long, (300, 300))
+
+
+def test_a_threads_cpu_is_read_from_schedstat_else_from_stat_ticks(tmp_path):
+  """`common.thread_seconds`: `schedstat`'s nanoseconds where the system keeps them; all
+  zero (the scheduler's statistics off) or missing, `stat`'s user and system ticks."""
+  from benchmarks import common
+
+  ticks = common._TICKS
+  # `stat`: pid (comm) then fields; utime and stime are the 12th and 13th after the comm.
+  stat = '7 (a thread) S ' + ' '.join(['0'] * 10) + f' {3 * ticks} {ticks} ' + '0 ' * 5
+  (tmp_path / 'stat').write_text(stat)
+  (tmp_path / 'schedstat').write_text('1500000000 20 3\n')
+  assert common.thread_seconds(str(tmp_path)) == 1.5
+  (tmp_path / 'schedstat').write_text('0 0 0\n')
+  assert common.thread_seconds(str(tmp_path)) == 4.0
+  (tmp_path / 'schedstat').unlink()
+  assert common.thread_seconds(str(tmp_path)) == 4.0
+
+
+@pytest.mark.parametrize(
+  'flags, says',
+  [
+    (['--leaves', '1,x'], '--leaves: comma-separated whole numbers expected'),
+    (['--leaves', '4,4'], '--leaves: different counts, each at least 1 array'),
+    (['--leaves', '0'], '--leaves: different counts, each at least 1 array'),
+    (['--tasks', '24'], '--tasks: at least 25'),
+    (['--busy_tasks', '5'], '--busy_tasks: at least 25'),
+    (['--rounds', '0'], '--rounds: at least 1'),
+  ],
+)
+def test_driver_cpu_refuses_bad_flags_in_one_line(flags, says, capsys):
+  from benchmarks import driver_cpu
+
+  with pytest.raises(SystemExit):
+    driver_cpu.parse_args(flags)
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert says in error
