@@ -1,8 +1,8 @@
 """Helpers shared by the benchmarks: timing, table printing, synthetic data."""
 
+import errno
 import itertools
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -44,22 +44,36 @@ _TICKS = os.sysconf('SC_CLK_TCK')
 
 def thread_cpu_seconds(pid: int | str = 'self') -> dict[int, tuple[str, float]]:
   """Each thread of process `pid` (Linux, `/proc`): (its OS name, CPU seconds so far).
-  Read from the scheduler's count of nanoseconds on a core (`schedstat`) where the
-  system keeps it, else from `stat`'s clock ticks (10 ms each: a window must hold
-  seconds of a thread's CPU for its reading to mean much); the calling thread's own from
-  its CPU clock (`time.thread_time`), since the kernel brings a running thread's count
-  up to date only when it is switched out or a tick lands (up to a tick behind)."""
+  This process's threads are read from their own CPU clocks (exact, whichever thread
+  reads them); another process's from the scheduler's nanoseconds (`thread_seconds`:
+  `schedstat`, up to a clock tick behind for a thread running as it is read), else from
+  `stat`'s clock ticks (10 ms each: a window must hold seconds of a thread's CPU for its
+  reading to mean much)."""
   threads = {}
-  me = threading.get_native_id() if pid in ('self', os.getpid()) else None
+  own = str(pid) in ('self', str(os.getpid()))
   for tid in os.listdir(f'/proc/{pid}/task'):
     try:
       with open(f'/proc/{pid}/task/{tid}/comm') as f:
         name = f.read().strip()
-      used = time.thread_time() if int(tid) == me else thread_seconds(f'/proc/{pid}/task/{tid}')
+      used = _own_thread_seconds(int(tid)) if own else None
+      if used is None:
+        used = thread_seconds(f'/proc/{pid}/task/{tid}')
     except OSError:  # ended meanwhile
       continue
     threads[int(tid)] = (name, used)
   return threads
+
+
+def _own_thread_seconds(tid: int) -> float | None:
+  """The CPU clock of thread `tid` of this process (Linux: the clock id the C library's
+  `pthread_getcpuclockid` makes, `CPUCLOCK_SCHED` of that thread); None where the system
+  has no such clock."""
+  try:
+    return time.clock_gettime(((~tid) << 3) | 6)
+  except OSError as error:
+    if error.errno == errno.EINVAL and os.path.exists(f'/proc/self/task/{tid}'):
+      return None  # no per-thread clocks here: the caller reads /proc instead
+    raise  # the thread ended meanwhile (its clock is gone): the caller leaves it out
 
 
 def thread_seconds(path: str) -> float:

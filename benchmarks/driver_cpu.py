@@ -1,7 +1,7 @@
 r"""The process executor's driver: its whole CPU per task, with a core of its own and
 where its core computes too.
 
-    python -m benchmarks.driver_cpu                  # ~2 min on 2 cores
+    python -m benchmarks.driver_cpu                  # ~30 s on 2 cores
     python -m benchmarks.driver_cpu --leaves=1,64 --tasks=500 --busy_tasks=60 --rounds=5
 
 `real_speedup`'s `driver CPU ms / task` is read where the lanes compute on every core of
@@ -12,18 +12,19 @@ the driver pinned to the first core. Two kinds of chain (`lane_timing.dispatch_t
   add_one  a trivial task on a list of `--leaves` small arrays (a stage's parameters are
            such a tree), `--tasks` of them: the lane answers at once, so the driver
            hears several ends at each wake-up; the figure is mostly its own Python
-  busy     a task that computes for tens of milliseconds, `--busy_tasks` of them: the
-           driver sleeps between two ends and wakes for each, as in a run
+  busy     a task that computes for tens of milliseconds (`lane_timing._busy`), `--busy_tasks`
+           of them: the driver sleeps between two ends and wakes for each, as in a run
 Each thread of the driver is read around a chain and around one of a fifth as many
 tasks (`common.thread_cpu_seconds`); the difference of the two over the difference in
 tasks is what one more task costs the driver, with the run's start and end left out
 (`per_task`). Two ways, interleaved in every round:
   own core    nothing else computing on the driver's core
   core busy   a process computing matrix products (one BLAS thread) pinned to every
-              core but the lane's, at the driver's priority: the driver preempts a
-              computing process whenever it wakes, as where lanes compute on every core
-              (`real_speedup` on two cores). The lane's core is left alone, so the
-              chains run as fast as in the first way.
+              core but the lane's and its hyperthreads, at the driver's priority: the
+              driver preempts a computing process whenever it wakes, as where lanes
+              compute on every core (`real_speedup` on two cores). The lane's core is
+              left alone: computed on too, it slowed the chains many times over, and
+              what the driver's threads use every second came out per task.
 The table: µs of the driver's CPU per task, in all and by thread (`driver_roles`:
 `main`, the executor, the policy and the dispatch; `replies`, the threads reading the
 lanes' connections; `writer`, the thread writing them; `other`, Ray's threads, which use
@@ -57,10 +58,12 @@ LANE = 'chain'
 WAYS = ('own core', 'core busy')
 ROLES = ('main', 'replies', 'writer', 'other')
 SHORT_SHARE = 5  # the short chain: a fifth of the long one's tasks
+TOPOLOGY = '/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list'  # (Linux)
 # A busy core's process: matrix products of ~1 MB matrices, one BLAS thread, until killed;
-# killed by the kernel too if its parent (argv[1]) dies, and deaf to the terminal's Ctrl-C
-# (its parent kills it). Set up in the child itself: a `preexec_fn` is not safe to run in
-# a parent with threads (Ray's, the pool's).
+# it says `ready` once it computes. Killed by the kernel too if its parent (argv[1]) dies:
+# the parent-death signal comes when the thread that started it ends, here the main one.
+# Deaf to the terminal's Ctrl-C (its parent kills it). Set up in the child itself: a
+# `preexec_fn` is not safe to run in a parent with threads (Ray's, the pool's).
 _BUSY_CODE = """
 import ctypes, os, signal, sys
 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -69,11 +72,12 @@ if os.getppid() != int(sys.argv[1]):
   sys.exit()  # (its parent died before the prctl)
 import numpy as np
 a = np.ones((512, 512), np.float32)
+a @ a
+print('ready', flush=True)
 while True:
   a @ a
 """
 _BUSY_ENV = {'OMP_NUM_THREADS': '1', 'OPENBLAS_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1'}
-_BUSY_SETTLE_S = 0.5  # for the busy processes to import numpy and start computing
 
 
 def driver_roles(before: dict, after: dict, main_tid: int) -> dict[str, float]:
@@ -117,7 +121,7 @@ def chain(name: str, leaves: int, tasks: int) -> Process:
 def read_chain(pool: LanePool, name: str, leaves: int, tasks: int) -> dict[str, float]:
   """The driver's CPU seconds by role and the wall seconds (`wall`) of one chain."""
   cluster = Cluster()
-  cluster.add_lane(LANE, jax.devices()[0])
+  cluster.add_lane(LANE, jax.devices('cpu')[0])  # (the lane's own device is its own)
   executor = ProcessExecutor(pool=pool, verbose=False)
   main_tid = os.getpid()  # (Linux: the main thread's id is the process's)
   before, start = bench_common.thread_cpu_seconds(), time.perf_counter()
@@ -141,30 +145,46 @@ def measure(pool: LanePool, name: str, leaves: int, tasks: int) -> dict[str, flo
 
 @contextlib.contextmanager
 def busy_cores(cores: list[int]):
-  """A process computing on each of `cores` (pinned to it) while the context lasts; each
-  killed at its end, and by the kernel if this process dies first (`_BUSY_CODE`)."""
+  """A process computing on each of `cores` (pinned to it) while the context lasts, each
+  started and computing when it is entered; all killed at its end, and by the kernel if
+  this process dies first (`_BUSY_CODE`)."""
   processes = []
   try:
     for core in cores:
-      process = subprocess.Popen(
-        [sys.executable, '-c', _BUSY_CODE, str(os.getpid())], env={**os.environ, **_BUSY_ENV}
-      )
-      processes.append(process)
-      os.sched_setaffinity(process.pid, {core})
-    time.sleep(_BUSY_SETTLE_S)
+      command = [sys.executable, '-c', _BUSY_CODE, str(os.getpid())]
+      env = {**os.environ, **_BUSY_ENV}
+      processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True))
+      os.sched_setaffinity(processes[-1].pid, {core})
     for process, core in zip(processes, cores):
-      if process.poll() is not None:
-        raise RuntimeError(f'the busy process on core {core} ended ({process.returncode})')
+      if process.stdout.readline().strip() != 'ready':
+        raise RuntimeError(f'the busy process on core {core} ended ({process.wait()})')
     yield
   finally:
-    for process in processes:
+    for process in processes:  # all killed first: a Ctrl-C in a wait leaves none running
       process.kill()
+    for process in processes:
       process.wait()
+
+
+def siblings(core: int) -> set[int]:
+  """`core` and its hyperthreads (Linux topology; `core` alone where it is not known)."""
+  try:
+    with open(TOPOLOGY.format(core=core)) as f:
+      text = f.read().strip()
+  except OSError:
+    return {core}
+  cores = set()
+  for part in text.split(','):
+    first, _, last = part.partition('-')
+    cores.update(range(int(first), int(last or first) + 1))
+  return cores | {core}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
   """The flags, checked (one line naming the flag and what it allows, before any lane
-  starts); `leaves` becomes a list of whole numbers, `cores` this process's cores."""
+  starts); `leaves` becomes a list of whole numbers; `lane_core` the lane's core (the
+  last), `busy` every core that is not it or its hyperthread, `driver_core` the first of
+  those."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--leaves', default='1,16,64', help='arrays in the tree, comma-separated')
   parser.add_argument('--tasks', type=int, default=300, help='add_one tasks of the long chain')
@@ -184,9 +204,15 @@ def parse_args(argv=None) -> argparse.Namespace:
       )
   if args.rounds < 1:
     parser.error(f'--rounds: at least 1; got {args.rounds}')
-  args.cores = sorted(os.sched_getaffinity(0))
-  if len(args.cores) < 2:
-    parser.error(f'two cores needed (the driver and its lane); this process may use {args.cores}')
+  cores = sorted(os.sched_getaffinity(0))
+  args.lane_core = cores[-1]
+  args.busy = [core for core in cores if core not in siblings(args.lane_core)]
+  if not args.busy:
+    parser.error(
+      "a core for the driver that is not the lane's or its hyperthread needed; this process "
+      f'may use {cores}, core {args.lane_core} with {sorted(siblings(args.lane_core))}'
+    )
+  args.driver_core = args.busy[0]
   return args
 
 
@@ -199,15 +225,13 @@ def run_rounds(args) -> dict[tuple[str, str, int], list[dict[str, float]]]:
   """(way, task, leaves) -> each round's per-task figures (`measure`), the ways
   interleaved."""
   readings = {}
-  lane_core, driver_core = args.cores[-1], args.cores[0]
-  with LanePool(LanePlacement.parse(f'{LANE}@cores={lane_core}')) as pool:
-    runtime.pin_process((driver_core,))  # after the lane started: it inherits no affinity
+  with LanePool(LanePlacement.parse(f'{LANE}@cores={args.lane_core}')) as pool:
+    runtime.pin_process((args.driver_core,))  # after the lane started: it inherits no affinity
     for name, leaves, _ in chains(args):  # the lane builds its tasks
       read_chain(pool, name, leaves, SHORT_SHARE)
     for _ in range(args.rounds):
       for way in WAYS:
-        busy = [core for core in args.cores if core != lane_core]
-        with busy_cores(busy) if way == 'core busy' else contextlib.nullcontext():
+        with busy_cores(args.busy) if way == 'core busy' else contextlib.nullcontext():
           for name, leaves, tasks in chains(args):
             reading = measure(pool, name, leaves, tasks)
             readings.setdefault((way, name, leaves), []).append(reading)
@@ -245,10 +269,10 @@ def main():
   args = parse_args()
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
-    f'one lane on core {args.cores[-1]}, the driver pinned to core {args.cores[0]}; chains '
+    f'one lane on core {args.lane_core}, the driver pinned to core {args.driver_core}; chains '
     f'of {args.tasks} and {args.tasks // SHORT_SHARE} add_one tasks, {args.busy_tasks} and '
     f'{args.busy_tasks // SHORT_SHARE} busy tasks, run ahead; '
-    f"{args.rounds} rounds; core busy: every core but the lane's"
+    f'{args.rounds} rounds; core busy: cores {",".join(map(str, args.busy))}'
   )
   readings = run_rounds(args)
   print(f'load average {os.getloadavg()[0]:.1f} at end')

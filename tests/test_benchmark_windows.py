@@ -836,3 +836,58 @@ def test_driver_cpu_refuses_bad_flags_in_one_line(flags, says, capsys):
     driver_cpu.parse_args(flags)
   error = capsys.readouterr().err.strip().splitlines()[-1]
   assert says in error
+
+
+def test_driver_cpu_leaves_the_lanes_hyperthreads_alone_and_needs_a_core_besides(
+  tmp_path, monkeypatch, capsys
+):
+  """The lane takes the last core; the driver and the busy processes every core that is
+  not it or its hyperthread (`thread_siblings_list`: '2,6' or '0-1'); none left, one line."""
+  from benchmarks import driver_cpu
+
+  for core, text in {0: '0-1', 1: '0-1', 2: '2,6', 3: '3', 6: '2,6'}.items():
+    (tmp_path / f'{core}').write_text(text + '\n')
+  monkeypatch.setattr(driver_cpu, 'TOPOLOGY', str(tmp_path / '{core}'))
+  assert driver_cpu.siblings(6) == {2, 6} and driver_cpu.siblings(0) == {0, 1}
+  assert driver_cpu.siblings(5) == {5}  # (no topology: the core alone)
+  monkeypatch.setattr(driver_cpu.os, 'sched_getaffinity', lambda pid: {0, 2, 3, 6})
+  args = driver_cpu.parse_args([])
+  assert (args.lane_core, args.busy, args.driver_core) == (6, [0, 3], 0)
+  monkeypatch.setattr(driver_cpu.os, 'sched_getaffinity', lambda pid: {0, 1})
+  with pytest.raises(SystemExit):
+    driver_cpu.parse_args([])
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "a core for the driver that is not the lane's or its hyperthread needed" in error
+
+
+def test_this_processs_threads_are_read_from_their_own_cpu_clocks():
+  """`common.thread_cpu_seconds('self')`: every thread of this process at its own CPU
+  clock, whichever thread reads it: a thread that spun and now waits reads what it read
+  itself, and the reading thread what `time.thread_time` says (a running thread's
+  `schedstat` lags up to a tick; `stat`'s ticks are 10 ms)."""
+  import threading
+  import time
+
+  from benchmarks import common
+
+  spun, done = {}, threading.Event()
+
+  def spin():
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.05:
+      pass
+    spun['tid'], spun['seconds'] = threading.get_native_id(), time.thread_time()
+    done.wait()
+
+  thread = threading.Thread(target=spin)
+  thread.start()
+  while 'seconds' not in spun:
+    time.sleep(0.01)
+  start = time.perf_counter()
+  while time.perf_counter() - start < 0.02:  # (this thread runs as it reads)
+    pass
+  read, mine = common.thread_cpu_seconds(), time.thread_time()
+  done.set()
+  thread.join()
+  assert 0 <= read[spun['tid']][1] - spun['seconds'] < 1e-3  # (then it began to wait)
+  assert 0 <= mine - read[threading.get_native_id()][1] < 1e-3
