@@ -863,8 +863,8 @@ def test_driver_cpu_leaves_the_lanes_hyperthreads_alone_and_needs_a_core_besides
 def test_this_processs_threads_are_read_from_their_own_cpu_clocks():
   """`common.thread_cpu_seconds('self')`: every thread of this process at its own CPU
   clock, whichever thread reads it: a thread that spun and now waits reads what it read
-  itself, and the reading thread what `time.thread_time` says (a running thread's
-  `schedstat` lags up to a tick; `stat`'s ticks are 10 ms)."""
+  itself, and the reading thread between its `time.thread_time` before and after the
+  call (read from `stat`'s 10-ms ticks instead, both fail)."""
   import threading
   import time
 
@@ -886,8 +886,10 @@ def test_this_processs_threads_are_read_from_their_own_cpu_clocks():
   start = time.perf_counter()
   while time.perf_counter() - start < 0.02:  # (this thread runs as it reads)
     pass
-  read, mine = common.thread_cpu_seconds(), time.thread_time()
+  before = time.thread_time()
+  read = common.thread_cpu_seconds()
+  after = time.thread_time()  # (reading every thread's /proc takes this thread's CPU too)
   done.set()
   thread.join()
   assert 0 <= read[spun['tid']][1] - spun['seconds'] < 1e-3  # (then it began to wait)
-  assert 0 <= mine - read[threading.get_native_id()][1] < 1e-3
+  assert before <= read[threading.get_native_id()][1] <= after
