@@ -31,23 +31,8 @@ is its counterpart), where
 compute = Σ over the tasks the run executes of each task's fastest solo, waited-for
 call.
 
-Measured here (2-core CPU shared with other jobs; benchmarks/results/): the engine
-branch took the median wall / Σ costs from 2.56 to 1.99 at load ~4 (a `Send` between
-lanes of one device moves nothing; one timing thread per device). On branch
-`hostcost`, at load 19–25 (main and branch alternated, two passes each), the figure
-was 1.94–2.65 for both — but so was the bare loop: 1.85–2.21 × Σ costs with no
-scheduler at all, and the run took 0.63–1.02 × the bare loop's time. What the
-scheduler adds, in host CPU per task: the main thread 81–86 µs against 79–89 for the
-bare loop (the jitted dispatch of a stage's pytrees is nearly all of it), and the
-timing threads ~46 µs (their two waits per task, in dispatch order); the process
-in all ~430–440 µs per task for both, since XLA's compute threads take the rest. On
-an idle machine (13:45 UTC, load 0.3–1; main's code, this benchmark's previous
-version) the first rounds gave bare 0.84–1.04 × Σ costs and the run 1.30–1.58 ×: there the ~130 µs of host CPU per task (dispatch +
-timing) beside ~210 µs of compute per task on two cores is what stands between the
-run and 1.0. Reaching ≤ 1.3 reliably needs fewer leaves per jitted call (dispatch is
-~60–80 µs for a stage's variables, optimizer state and vjp) or a real clock without
-per-task timing; neither is this executor's to change without changing what it
-measures.
+What earlier runs measured, and what they were read to mean:
+benchmarks/results/real_clock_overhead.md ("Moved from the benchmark's docstring").
 """
 
 import argparse

@@ -30,8 +30,8 @@ compiles it once), and starts after a full garbage collection. The columns, per 
   simulator's own Python alone.
 - `bare loop`: the same jitted functions, `updates` times, in a plain one-worker loop
   (forward, backward, server update per step, on one batch already on the device, its
-  frees included), no scheduler; `session − bare` was the figure of the last line until
-  2026-11-28. It is not the session's work: one worker's arrays alive instead of 64
+  frees included), no scheduler; `session − bare` was the last line's figure before the
+  replay's. It is not the session's work: one worker's arrays alive instead of 64
   workers', and no host batch copied in.
 - `replay`: the session's own jitted calls, recorded once (`record_calls`: which
   function, on which arguments, each argument leaf the output of which earlier call or
@@ -56,38 +56,9 @@ per task than beside XLA's compute (the figure comes out up to that much low); t
 replay's calls drop an output no call reads (a loss) right after making it, as a plain
 loop would, while the session keeps it in its log.
 
-What is in the figure besides the simulator's Python (`constant outputs`), as far as it is
-explained (about two thirds of it; the rest is not attributed): the simulator
-holds each task's result until the task's simulated end and the process that reads it
-drops it later than a plain loop would, so more arrays are alive at once and more of
-them are freed on this thread (a free of an array still being computed happens on the
-XLA thread that computes it): measured 2026-11-28 by delaying the replay's drops by 16,
-64 and 256 calls, its host time per task rose from 91–119 µs (medians ~103) to 108–142
-(~115–120). And the simulator's Python costs 2–4 µs more per task while XLA computes
-beside it in the process (constant-output session 14.0–14.6 µs idle, 15.3–19.0 with a
-jitted matmul loop in another thread).
-
-Measured here (2-core CPU shared with other jobs; benchmarks/results/): at load ~4,
-the engine branch took the figure from 173 µs to 71 µs. On branch `hostcost`, at
-load 17–26 (results file, main and branch alternated, three passes each), the
-simulator alone costs 13–16 µs per task (main 15–18), and `session − bare` is 80–97
-µs on the branch against 76–89 on main: no difference this load lets one see, since
-what remains is JAX's host work, not the simulator's. Where the ~90 µs outside the
-jitted calls go, measured by removing one part at a time (load ~23, medians of 5):
-freeing the tasks' arrays ~33 µs (results kept alive: 93 → 60), placing each host
-batch on the device ~21 µs (batches pre-placed: 93 → 72; 53 µs per placement here,
-11 µs on an idle device, `jax.device_put` 207), the simulator's Python ~15 µs, garbage
-collection ~0, and ~20 µs of contention: the same Python costs more CPU time while
-XLA's threads compute beside it on the two cores. Since then a worker's host batch goes
-into its forward call instead of being placed first (one dispatch instead of two): six
-interleaved pairs of runs on a 2-core AMD EPYC VM (2026-11-26), the figure 72.4 → 68.7
-µs (medians), the session's whole host time per task 128 → 116 µs (three pairs). On
-2026-11-28 (same VM kind) the figure became the untimed session's and the virtual
-clock flattens a `Send` once: 58.4–67.2 µs in four runs (the simulator alone 13.0–13.4),
-against 26–34 µs with one worker and 36–38 with eight: the jitted calls and frees cost
-~25 µs more per task with 64 workers' work held at once. The same day the figure became
-session − replayed calls (above): 48.3, 56.1 and 57.1 µs in three runs, the old one 61.6,
-67.6 and 68.9 µs in the same runs (benchmarks/results/simulator_host_cost.txt).
+What is in the figure besides the simulator's Python (`constant outputs`), as far as it
+was explained, and the figures of earlier versions: benchmarks/results/simulator_host_cost.md
+("Moved from the benchmark's docstring").
 """
 
 import argparse
@@ -442,7 +413,7 @@ def main():
   )
   print(
     f'{name} over a one-worker loop of the same functions on a placed batch (session − '
-    f'bare; the last line until 2026-11-28): median {median(10):.1f} us, fastest '
+    f"bare; the last line's figure before the replay's): median {median(10):.1f} us, fastest "
     f'{fastest(4) - fastest(9):.1f} us'
   )
   print(
