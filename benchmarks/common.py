@@ -64,6 +64,17 @@ def thread_cpu_seconds(pid: int | str = 'self') -> dict[int, tuple[str, float]]:
   return threads
 
 
+def thread_cpu_used(before: dict, after: dict) -> dict[int, tuple[str, float]]:
+  """Each thread's (OS name, CPU seconds used) between two `thread_cpu_seconds`, those
+  that used some; a thread new since `before`, counted from zero."""
+  used = {}
+  for tid, (name, seconds) in after.items():
+    delta = seconds - before.get(tid, (name, 0.0))[1]
+    if delta > 0:
+      used[tid] = (name, delta)
+  return used
+
+
 def _own_thread_seconds(tid: int) -> float | None:
   """The CPU clock of thread `tid` of this process (Linux: the clock id the C library's
   `pthread_getcpuclockid` makes, `CPUCLOCK_SCHED` of that thread); None where the system

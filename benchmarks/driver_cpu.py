@@ -87,9 +87,8 @@ def driver_roles(before: dict, after: dict, main_tid: int) -> dict[str, float]:
   other thread; a thread new since `before`, counted from zero."""
   parts = dict.fromkeys(ROLES, 0.0)
   by_name = {wire.REPLIES_THREAD: 'replies', wire.WRITER_THREAD: 'writer'}
-  for tid, (name, seconds) in after.items():
-    role = 'main' if tid == main_tid else by_name.get(name, 'other')
-    parts[role] += seconds - before.get(tid, (name, 0.0))[1]
+  for tid, (name, seconds) in bench_common.thread_cpu_used(before, after).items():
+    parts['main' if tid == main_tid else by_name.get(name, 'other')] += seconds
   return parts
 
 

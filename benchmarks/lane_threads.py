@@ -83,7 +83,7 @@ def split_threads(before: dict, after: dict, process_name: str) -> dict[str, flo
   A lane that names none of its threads (older code): the thread that used the most is
   the task thread, the others with the process's name its copy threads (`copies:
   other`)."""
-  used = _cpu_used(before, after)
+  used = bench_common.thread_cpu_used(before, after)
   if not used:
     return {}
   parts = {'task thread': 0.0, 'copy threads': 0.0}
@@ -111,21 +111,10 @@ def driver_threads(before: dict, after: dict) -> dict[str, float]:
   process), another thread's OS name; threads of one name summed."""
   python_names = {thread.native_id: thread.name for thread in threading.enumerate()}
   parts: dict[str, float] = {}
-  for tid, (name, delta) in _cpu_used(before, after).items():
+  for tid, (name, delta) in bench_common.thread_cpu_used(before, after).items():
     key = f'driver: {python_names.get(tid, name)}'
     parts[key] = parts.get(key, 0.0) + delta
   return parts
-
-
-def _cpu_used(before: dict, after: dict) -> dict[int, tuple[str, float]]:
-  """Each thread's (OS name, CPU seconds used) between two `common.thread_cpu_seconds`,
-  those that used some; a thread new since `before`, counted from zero."""
-  used = {}
-  for tid, (name, seconds) in after.items():
-    delta = seconds - before.get(tid, (name, 0.0))[1]
-    if delta > 0:
-      used[tid] = (name, delta)
-  return used
 
 
 def one_round(pool: LanePool, case, steps: int, warmup: int) -> dict[str, float]:
