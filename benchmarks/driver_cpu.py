@@ -13,7 +13,10 @@ the driver pinned to the first core. Two kinds of chain (`lane_timing.dispatch_t
            such a tree), `--tasks` of them: the lane answers at once, so the driver
            hears several ends at each wake-up; the figure is mostly its own Python
   busy     a task that computes for tens of milliseconds (`lane_timing._busy`), `--busy_tasks`
-           of them: the driver sleeps between two ends and wakes for each, as in a run
+           of them: the driver sleeps between two ends, as in a run; the lane holds
+           the end of a task run ahead while its next call is queued (docs/engine.md),
+           so the driver wakes once for the ends of the tasks up to one it waits for
+           (`executor.RUN_AHEAD` + 1)
 Each thread of the driver is read around a chain and around one of a fifth as many
 tasks (`common.thread_cpu_seconds`); the difference of the two over the difference in
 tasks is what one more task costs the driver, with the run's start and end left out
@@ -31,8 +34,8 @@ lanes' connections; `writer`, the thread writing them; `other`, Ray's threads, w
 CPU every second whatever the tasks, and any else), and the long chain's wall time per
 task; medians over rounds. A thread that ends between two readings is not counted (none
 of the pool's does). Not a test: speed is measured, not asserted. The last line:
-`the driver's CPU per task, waking for each (busy): <x> µs with a core of its own, <y> µs
-with its core busy; trivial tasks: <z> µs`, medians over rounds (the trivial tasks' over
+`the driver's CPU per task, tasks of tens of ms (busy): <x> µs with a core of its own,
+<y> µs with its core busy; trivial tasks: <z> µs`, medians over rounds (the trivial tasks' over
 every tree, with a core of its own).
 """
 
@@ -258,7 +261,7 @@ def report(readings: dict[tuple[str, str, int], list[dict[str, float]]]) -> None
     for reading in rounds
   ]
   print(
-    f"the driver's CPU per task, waking for each (busy): {us(readings[own, 'busy', 1]):.0f} µs "
+    f"the driver's CPU per task, tasks of tens of ms (busy): {us(readings[own, 'busy', 1]):.0f} µs "
     f'with a core of its own, {us(readings[busy, "busy", 1]):.0f} µs with its core busy; '
     f'trivial tasks: {us(trivial):.0f} µs'
   )

@@ -644,7 +644,8 @@ def model_row(row: dict, args, host, root: str) -> dict:
   row['emulated'], row['virtual'] = _kept(emulated), _kept(virtual)
   if not args.variants:
     return row
-  heard = float(np.median(emulated['hear_delays'])) if emulated['hear_delays'] else 0.0
+  at_once = emulated['hear_delays_at_once']  # (a held end's delay is not a message's way)
+  heard = float(np.median(at_once)) if at_once else 0.0
   driver = host.figure('driver')
   latency = max(heard - driver, 0.0)
   copy = host.figure('link_latency') if emulated['copy_ms'] is None else emulated['copy_ms'] / 1e3

@@ -479,23 +479,35 @@ def window_stats(workdir: str, warmup: int, left_out: int | None = None) -> dict
     'send_delays': bench_common.send_delays(names, steady),
     # A compute task's end -> the driver hearing of it, s (`TaskRecord.heard`).
     'hear_delays': hear_delays(workdir, start, stop),
+    'hear_delays_at_once': hear_delays(workdir, start, stop, at_once=True),
   }
 
 
-def hear_delays(workdir: str, since: float, until: float = math.inf) -> list[float]:
+def hear_delays(
+  workdir: str, since: float, until: float = math.inf, at_once: bool = False
+) -> list[float]:
   """Seconds from the end of each compute task that started at `since` or later and
   ended by `until` to its run's driver hearing of it (the trace's 'heard': the process
-  executor's, or the virtual clock's simulated driver; none without one)."""
+  executor's, or the virtual clock's simulated driver; none without one). `at_once`:
+  only the ends the lane sent as they came, those whose lane's next task was dispatched
+  after them (a lane holds the end of a task run ahead while its next call is queued)."""
   with open(os.path.join(workdir, 'trace.json')) as f:
     events = json.load(f)['traceEvents']
-  return [
-    (e['args']['heard'] - e['ts'] - e['dur']) / 1e6
-    for e in events
-    if e.get('ph') == 'X'
-    and 'heard' in e['args']
-    and e['ts'] / 1e6 >= since
-    and (e['ts'] + e['dur']) / 1e6 <= until
-  ]
+  tasks = sorted(
+    (e for e in events if e.get('ph') == 'X' and 'heard' in e['args']),
+    key=lambda e: (e.get('pid', 0), e.get('tid', 0), e['ts']),
+  )
+  delays = []
+  for task, following in zip(tasks, [*tasks[1:], None]):
+    end = task['ts'] + task['dur']
+    if not since <= task['ts'] / 1e6 or end / 1e6 > until:
+      continue
+    lane = (task.get('pid', 0), task.get('tid', 0))
+    same_lane = following is not None and (following.get('pid', 0), following.get('tid', 0)) == lane
+    if at_once and same_lane and following['args'].get('dispatched', end) < end:
+      continue  # (held by its lane until a later reply)
+    delays.append((task['args']['heard'] - end) / 1e6)
+  return delays
 
 
 def _short(name: str) -> str:

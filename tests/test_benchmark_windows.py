@@ -48,7 +48,7 @@ def test_a_parameter_servers_updates_are_measured_over_whole_rounds(tmp_path, mo
   workers = [(1 + i % 2, 'backward', e - 3.0, e - 2.0, i, 0) for i, e in enumerate(ends)]
   names = {0: 'server (cpu:0)', 1: 'worker 0 (cpu:0)', 2: 'worker 1 (cpu:0)'}
   monkeypatch.setattr(accuracy, 'read_trace', lambda workdir: (names, server + workers))
-  monkeypatch.setattr(accuracy, 'hear_delays', lambda workdir, since, until: [])
+  monkeypatch.setattr(accuracy, 'hear_delays', lambda workdir, since, until, **kw: [])
   # (warm-up 2: the window starts at the end of the third update, a round's first)
   asgd = accuracy.window_stats(str(tmp_path / 'asgd-virtual-K2'), warmup=2)
   assert asgd['per_iteration'] == 27.5
@@ -74,6 +74,48 @@ def test_hearing_delays_are_those_of_the_window_not_of_the_runs_end(tmp_path):
   (tmp_path / 'trace.json').write_text(json.dumps({'traceEvents': events}))
   assert accuracy.hear_delays(str(tmp_path), 1.0, 2.0) == [pytest.approx(0.002)]
   assert len(accuracy.hear_delays(str(tmp_path), 1.0)) == 2  # no end: the run's end too
+
+
+def test_the_ends_a_lane_held_are_left_out_of_the_hearing_delays_at_once(tmp_path):
+  """By hand (µs): on lane 0, the first task ends at 1.1 s with the next already
+  dispatched (1.05 s): its lane held its end, heard with the next at 1.302 s; the second
+  ends at 1.3 s and the next is dispatched after it (1.31 s): sent at once, heard 2 ms
+  later; the third, the lane's last, likewise (1 ms). Lane 1's only task: at once (3 ms).
+  `sent_at_once` picks the same from `TaskRecord`s."""
+  import json
+  import types
+
+  from jaxsgd.scheduler.lane_timing import sent_at_once
+
+  def task(tid, start, end, heard, dispatched):
+    args = {'heard': heard * 1e6, 'dispatched': dispatched * 1e6}
+    return {
+      'ph': 'X',
+      'pid': 0,
+      'tid': tid,
+      'ts': start * 1e6,
+      'dur': (end - start) * 1e6,
+      'args': args,
+    }
+
+  events = [
+    task(0, 1.0, 1.1, 1.302, 0.9),
+    task(0, 1.1, 1.3, 1.302, 1.05),
+    task(0, 1.31, 1.4, 1.401, 1.31),
+    task(1, 1.0, 1.2, 1.203, 0.9),
+  ]
+  (tmp_path / 'trace.json').write_text(json.dumps({'traceEvents': events}))
+  every = accuracy.hear_delays(str(tmp_path), 0.0)
+  assert sorted(every) == pytest.approx([0.001, 0.002, 0.003, 0.202])
+  at_once = accuracy.hear_delays(str(tmp_path), 0.0, at_once=True)
+  assert sorted(at_once) == pytest.approx([0.001, 0.002, 0.003])
+  records = [
+    types.SimpleNamespace(
+      end=e['ts'] / 1e6 + e['dur'] / 1e6, dispatched=e['args']['dispatched'] / 1e6
+    )
+    for e in events[:3]
+  ]
+  assert sent_at_once(records) == records[1:]
 
 
 def test_too_few_iterations_for_a_block_give_none():

@@ -344,7 +344,8 @@ def _driver_figures(
   each waited for), `repeats` times, the median of each figure over the repeats. Per
   chain: two events per task, its dispatch and its end heard; the latency is the median
   time from a task's end to the driver hearing of it, less the CPU per event (at least
-  0), the first `1 / warmup` of each chain's hear delays left out (warm-up)."""
+  0), over the ends the lane sent as they came (`sent_at_once`), the first `1 / warmup`
+  of each chain left out (warm-up)."""
   figures = []
   for _ in range(repeats):
     cpu = time.thread_time()
@@ -354,10 +355,23 @@ def _driver_figures(
     heard = []
     for lane in {r.lane for r in records}:
       chain = sorted((r for r in records if r.lane == lane), key=lambda r: r.start)
-      heard += [r.heard - r.end for r in chain[len(chain) // warmup :]]
+      heard += [r.heard - r.end for r in sent_at_once(chain[len(chain) // warmup :])]
     figures.append((per_event, max(float(np.median(heard)) - per_event, 0.0)))
   per_event, latency = np.median(figures, axis=0)
   return float(per_event), float(latency)
+
+
+def sent_at_once(chain: Sequence) -> list:
+  """The task records of one lane's chain (in order) whose end the lane sent as it
+  ended: those whose next task was dispatched after it (or that have none). A lane holds
+  the end of a task run ahead while its next call is queued (docs/engine.md, "Running
+  ahead"): that end's time to the driver is the next reply's, not a message's way."""
+  after = [*chain[1:], None]
+  return [
+    record
+    for record, following in zip(chain, after)
+    if following is None or following.dispatched is None or following.dispatched >= record.end
+  ]
 
 
 def _cpu_seconds_by_pid() -> dict[int, float]:

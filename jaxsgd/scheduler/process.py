@@ -31,7 +31,11 @@ lane computes — as the in-process real clock goes on while its devices compute
 long as its lane then has at most `run_ahead` unfinished tasks (this one included);
 beyond that the process waits for its task, as without running ahead, so a lane never
 has more than `run_ahead` tasks queued plus one per process of its own. A task marked
-`Compute(..., ahead=False)` is always waited for. Unbounded, the
+`Compute(..., ahead=False)` is always waited for. The end of a task the process went
+on without is not needed at once: its lane holds the reply while its next call is
+queued and sends it with its next one (`LanePool.start(ahead=True)`), so the driver
+wakes once for several ends; a `Ready` that waits for such a task asks its lane for the
+end at once (`LanePool.hasten`). Unbounded, the
 driver raced through a whole run's schedule in its first seconds: every queued task
 kept its arguments' handles alive, so no lane freed anything (each lane of a DDG K=2
 run grew by ~300 MB/s, to 3 GB in 300 steps), every task wrote to freshly faulted
@@ -375,6 +379,7 @@ class ProcessExecutor(Executor):
     waiting = ReadyWait(process, value, tasks)
     for task in tasks:
       self._ready_waits.setdefault(task, []).append(waiting)
+      self.pool.hasten(task)  # (its lane may hold its end while it has calls queued)
 
   def _record_copies(self, final: bool = False) -> None:
     """Records each copy whose exports are done, from when its value existed on the
@@ -448,11 +453,11 @@ class ProcessExecutor(Executor):
     emulated = {}  # the task's priced duration, drawn as the virtual clock draws it
     if self._sampler is not None:
       emulated['seconds'] = self._sampler.duration(op.kind, op.stage, lane)
-    pending = self.pool.start(self._lane_names[lane], task, op.args, **emulated)
+    name = self._lane_names[lane]
+    ahead = op.ahead and self.pool.unfinished(name) < self.run_ahead  # (this one to come)
+    pending = self.pool.start(name, task, op.args, ahead=ahead, **emulated)
     self._pending[pending] = (process, lane, op)
-    early = None
-    if op.ahead and self.pool.unfinished(pending.lane) <= self.run_ahead:  # this one included
-      early = self.pool.early(pending)
+    early = self.pool.early(pending) if ahead else None
     self.dispatch_seconds += time.perf_counter() - start
     self.dispatch_cpu_seconds += time.thread_time() - start_cpu
     self.dispatched += 1

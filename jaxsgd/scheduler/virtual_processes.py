@@ -32,6 +32,12 @@ once its task is dispatched and its lanes compute behind it:
                            next copy waits for it (`_interpreter`); at a task's end the
                            lane's next task, if it can start, takes in before the
                            copies of the result (`_finish`)
+      a task ends          → its lane sends its end, after the ends it holds; it holds
+                           instead the end of a task whose process went on at dispatch
+                           while the lane's next task has reached it (`_reply`), unless
+                           a `Ready` asked for it (`_hasten`, `driver_latency` after
+                           the `Ready`), as a lane process holds such a reply while its
+                           next call is queued
 
 With a simulated driver (the host profile's `driver`: seconds per event, `driver_latency`: each
 message's way), the process executor's driver thread is one more FIFO resource:
@@ -40,10 +46,18 @@ message's way), the process executor's driver thread is one more FIFO resource:
                            `TaskRecord.dispatched`), then as above; op reaches its lane
                            `driver_latency` later (it and the copies it imports start no
                            earlier)
-      a task's end         → reaches the driver `driver_latency` later, is heard once the
-                           driver has handled it (FIFO, `driver` s): only then does its
-                           lane count one unfinished task fewer and a process that waited
-                           for it go on (`TaskRecord.heard`); a copy's end is not heard
+      a task's end         → reaches the driver `driver_latency` after its lane sent it,
+                           is heard once the driver has handled it (FIFO, `driver` s):
+                           only then does its lane count one unfinished task fewer and a
+                           process that waited for it go on (`TaskRecord.heard`); a
+                           copy's end is not heard
+
+The driver's time per event is one figure, whether the event woke it or came while it
+was busy with another. Held ends reach the driver together, so this model sees the cost
+of holding (those ends are heard later) but not what holding saves: the driver's
+process executor measured ~0.6 ms of CPU per task woken by each end against ~0.1 ms for
+ends that come together (`benchmarks/driver_cpu.py`), CPU taken from the lanes' cores
+where the driver shares them.
 
 Results are tracked by array identity (a weak reference per leaf): what a task made,
 where it is (and which copy put it on each lane it was sent to), and whether it exists
@@ -89,6 +103,7 @@ class LaneProcessModel(VirtualExecutor):
     self._unfinished: dict[int, int] = {}  # compute lane -> its unfinished tasks
     self._made: dict[int, _Made] = {}  # id of a result leaf -> where, by which task
     self._driver_free = 0.0  # when the simulated driver has handled every event so far
+    self._held: dict[int, list] = {}  # compute lane -> the ends it holds (`_reply`)
     self._take_in_waiting: dict = {}  # a lane's interpreter -> hardware whose task waits
     # A copy holds its sender's interpreter for its export alone (`_exported`).
     self._copies_let_go = self.copies_on_sender and self.cost_model.export is not None
@@ -120,24 +135,52 @@ class LaneProcessModel(VirtualExecutor):
 
   def _task_ended(self, process, op, lane, start, result, job: '_Job') -> None:
     """What reads the task's result may start at once (lanes take their inputs from one
-    another); the driver hears of its end at once, or with a simulated driver once the
-    end has reached it and waited for its turn (a copy's end is not heard: the process
-    executor does not wait for it)."""
+    another); its lane sends its end now (`_reply`) or holds it (a task its process went
+    on without, while the lane's next task has reached it) until its next reply. A copy's
+    end is heard at once: the process executor does not wait for it."""
     job.done = True
-    if self.cost_model.simulates_driver and self.cluster.lanes[lane].link is None:
-      record = (lane, op.kind, start, self._now, op.stage, op.batch)  # heard: `_heard`
-      heard = (self._heard, process, job, lane, result, record)
+    record = (lane, op.kind, start, self._now, op.stage, op.batch)
+    if self.cluster.lanes[lane].link is not None:
+      self.record(TaskRecord(*record))
+      self._heard(process, job, lane, result)
+      return
+    end = (process, job, lane, result, record)
+    if job.ahead and job.next_queued and not job.hastened:  # held by its lane
+      self._held.setdefault(lane, []).append(end)
+      job.held = True
+      return
+    self._reply(lane, end)
+
+  def _reply(self, lane: int, *ends: tuple) -> None:
+    """Compute lane `lane` sends the ends it held, then `ends`, in order: each is heard
+    at once, or with a simulated driver once it has reached the driver and waited for
+    its turn. A lane holds the end of a task its process went on without while its next
+    call has reached it (`LaneRuntime._answer`: the lane process sends it with the next
+    end it sends at once)."""
+    for process, job, lane_, result, record in [*self._held.pop(lane, ()), *ends]:
+      job.held = False
+      if not self.cost_model.simulates_driver:
+        self.record(TaskRecord(*record))
+        self._heard(process, job, lane_, result)
+        continue
+      heard = (self._heard, process, job, lane_, result, record)  # recorded when heard
       if self.cost_model.driver_latency:
         self._at(self._now + self.cost_model.driver_latency, self._on_driver, *heard)
       else:
         self._on_driver(*heard)
-    else:
-      self.record(TaskRecord(lane, op.kind, start, self._now, op.stage, op.batch))
-      self._heard(process, job, lane, result)
+
+  def _hasten(self, job: '_Job', lane: int) -> None:
+    """The driver's request for `job`'s end has reached its lane (a `Ready` waits for
+    it): held, it is sent now with those held before it; not ended yet, it will be sent
+    at its end."""
+    if job.held:
+      self._reply(lane)
+    elif not job.done:
+      job.hastened = True
 
   def _heard(self, process: Process | None, job: '_Job', lane: int, result, record=None) -> None:
-    """The driver hears that `job` has ended on `lane` (at its end, or once the simulated
-    driver has handled the event: `record`, the task's first `TaskRecord` fields, is then
+    """The driver hears that `job` has ended on `lane` (when its lane sent the end, or
+    once the simulated driver has handled it: `record`, the task's first `TaskRecord` fields, is then
     recorded with when it was heard and dispatched): the lane has one task fewer
     unfinished, and a process that waited for the task goes on with its result."""
     if record is not None:
@@ -165,8 +208,14 @@ class LaneProcessModel(VirtualExecutor):
       self.resume(process, value)
       return
     waiting = ReadyWait(process, value, set(jobs))
+    latency = self.cost_model.driver_latency
     for job in jobs.values():
       job.readies.append(waiting)
+      if job.lane is not None:  # its lane may hold its end: asked for at once
+        if latency:
+          self._at(self._now + latency, self._hasten, job, job.lane)
+        else:
+          self._hasten(job, job.lane)
 
   # --- the lanes ------------------------------------------------------------------------
   def _start_ahead(
@@ -185,6 +234,7 @@ class LaneProcessModel(VirtualExecutor):
     imports = self._imports(leaves, lane, message) if spec.link is None else []
     job = _Job(imports + message)
     job.dispatched = self._now  # (recorded with a simulated driver: its driver sent it now)
+    job.message = message[0] if message else None
     reads_at = lane if spec.link is None else spec.link[0]  # a copy reads at its source
     owed = {id(copy): copy for copy in imports}  # copies this task takes in, if first
     for made in map(self._made_of, leaves):
@@ -201,6 +251,7 @@ class LaneProcessModel(VirtualExecutor):
     if spec.link is None:
       self._unfinished[lane] = self._unfinished.get(lane, 0) + 1
       job.owed = list(owed.values())
+      job.lane = lane
       job.readies = []  # (heard when it ends: `_heard`)
     elif self.cost_model.take_in is not None:  # a Send: its receiver's first reader takes it in
       job.owes = self.cost_model.take_in_time(op.nbytes, op.arrays)
@@ -302,6 +353,7 @@ class LaneProcessModel(VirtualExecutor):
     process idled 0.5. (Not `super()._finish`: it frees the hardware after the next
     task may have taken it.)"""
     hardware, interpreter = self._hardware(lane), self._interpreter(lane)
+    job.next_queued = self._next_call_arrived(hardware, lane)  # (before the next starts)
     if job.holding:  # (a copy past its export holds nothing: `_exported`)
       self._busy.discard(hardware)
     if interpreter is not None:
@@ -314,6 +366,17 @@ class LaneProcessModel(VirtualExecutor):
     if self.cluster.lanes[lane].link is not None and job.holding:  # its sender's interpreter
       job.holding = False
       self._hand_interpreter(hardware)
+
+  def _next_call_arrived(self, hardware, lane: int) -> bool:
+    """Whether a task of compute lane `lane` is queued behind the one ending and its
+    dispatch has reached the lane (a lane process holds an end while its next call is
+    in its queue, whatever that call waits for)."""
+    if self.cluster.lanes[lane].link is not None:
+      return False
+    for _, queued_lane, _, job in self._queued.get(hardware, ()):
+      if queued_lane == lane and (job.message is None or job.message.done):
+        return True
+    return False
 
   def _occupy(self, hardware, seconds: float, running: tuple) -> None:
     """`VirtualExecutor._occupy`; a copy lets go of its sender's interpreter once its
@@ -430,6 +493,11 @@ class _Job:
     'readies',
     'holding',
     'dispatched',
+    'message',
+    'lane',
+    'next_queued',
+    'held',
+    'hastened',
   )
 
   def __init__(self, inputs: list):
@@ -443,6 +511,10 @@ class _Job:
     self.take_in, self.owed, self.owes, self.readies = 0.0, (), 0.0, None
     self.holding = True  # its hardware (a copy: its sender's interpreter, until exported)
     self.dispatched = None  # when its driver sent it (seconds)
+    self.message = None  # the dispatch on its way to the lane (`driver_latency`), if any
+    self.lane = None  # a compute task's lane
+    # Whether its lane had its next call when it ended, holds its end, was asked for it.
+    self.next_queued, self.held, self.hastened = False, False, False
 
 
 class _Made:

@@ -247,6 +247,58 @@ def test_a_lane_replies_to_the_driver_before_it_wakes_the_exports_of_the_result(
   assert replies == [('ok', True)]  # and only after the reply: none woken before it
 
 
+@pytest.mark.parametrize('hastened', [False, True])
+def test_a_lane_holds_the_ends_of_tasks_run_ahead_while_its_next_call_is_queued(hastened):
+  """Three calls queued at once: two `run_ahead` (the driver went on without them) and a
+  `run` it waits for. The first two ends are held and sent, in order, just before the
+  third's: one wake-up of the driver for three ends. `hasten` (a `Ready` on the first's
+  result) sends the first at its end, while the second is not made yet."""
+  import queue
+
+  runtime = Lane().runtime
+  runtime.calls, runtime.exports = queue.SimpleQueue(), queue.SimpleQueue()
+  replies = []
+
+  def reply(kind, number, value):  # (which of the three results exist when it is sent)
+    made = tuple(any(key[0] == k for key in runtime.values) for k in range(3))
+    replies.append((kind, number, made))
+
+  runtime._reply = reply
+  w, x = np.full((8, 4), 0.5, np.float32), np.ones((3, 8), np.float32)
+  for number, op in enumerate(('run_ahead', 'run_ahead', 'run')):
+    call, buffers = _dumps(((0, Task(LAYER, 'forward')), (w, x), number, (), 0.0, True))
+    runtime.calls.put((op, number, (call, (), *buffers)))
+  if hastened:
+    runtime.hasten(0)
+  thread = threading.Thread(target=runtime._run_calls, daemon=True)
+  thread.start()
+  deadline = time.monotonic() + 30
+  while len(replies) < 3 and time.monotonic() < deadline:
+    time.sleep(0.01)
+  every = (True, True, True)
+  if hastened:
+    assert replies == [('ok', 0, (True, False, False)), ('ok', 1, every), ('ok', 2, every)]
+  else:
+    assert replies == [('ok', 0, every), ('ok', 1, every), ('ok', 2, every)]
+  assert runtime.held == [] and runtime.hastened == set()
+
+
+def test_hasten_sends_the_held_ends_at_once_and_ignores_one_already_sent():
+  """By hand: a held end asked for goes at once with those held before it; an end
+  already sent (its number at most the last one answered) is not waited for again."""
+  runtime = Lane().runtime
+  sent = []
+  runtime._reply = lambda kind, number, value: sent.append(number)
+  runtime.held = [('ok', 4, None), ('ok', 5, None)]
+  runtime.last_ended = 5
+  runtime.hasten(5)
+  assert sent == [4, 5] and runtime.held == []
+  runtime.hasten(3)  # replied before
+  assert runtime.hastened == set()
+  runtime.hasten(7)  # not ended yet: replied at its end
+  assert runtime.hastened == {7} and sent == [4, 5]
+
+
 def test_a_moved_vjp_is_rebuilt_from_one_trace_per_task_and_argument_shapes(monkeypatch):
   """A lane takes in a VJP (a structure that does not pickle) by tracing the task that
   made it: once per task, argument shapes and part, not at every move (the trace, ~4 ms,
@@ -352,8 +404,8 @@ def train(roles, executor, started: dict | None = None, pool: LanePool | None = 
   if pool is not None:
     start = pool.start
 
-    def start_and_note(lane, task, args=(), *, seconds=None):
-      pending = start(lane, task, args, seconds=seconds)
+    def start_and_note(lane, task, args=(), *, seconds=None, **options):
+      pending = start(lane, task, args, seconds=seconds, **options)
       pendings.append((lane, task.name, seconds, pending))
       return pending
 

@@ -256,10 +256,13 @@ def test_running_ahead_leaves_at_most_run_ahead_tasks_waiting_on_a_lane(
   most = {}
   start = pool.start
 
-  def start_and_count(lane, task, args=()):
-    pending = start(lane, task, args)
+  def start_and_count(lane, task, args=(), **options):
+    pending = start(lane, task, args, **options)
     most[lane] = max(most.get(lane, 0), pool.unfinished(lane))
+    held.append(pending.held)
     return pending
+
+  held = []  # whether each task's end may be held by its lane (its process went on)
 
   monkeypatch.setattr(pool, 'start', start_and_count)
   executor = ProcessExecutor(pool=pool, run_ahead=run_ahead)
@@ -272,6 +275,7 @@ def test_running_ahead_leaves_at_most_run_ahead_tasks_waiting_on_a_lane(
   assert set(most) == {'stage0', 'stage1'}
   for lane, unfinished in most.items():
     assert unfinished <= run_ahead + processes[lane]
+  assert any(held) == (run_ahead > 0)  # never where every task is waited for
   want = train(ddg.roles(2), VirtualExecutor(UNIT_COSTS))
   chex.assert_trees_all_equal(got[0], want[0])
   chex.assert_trees_all_equal(got[1], want[1])
@@ -505,6 +509,35 @@ def test_ready_goes_on_once_the_task_that_made_its_value_has_finished(pool):
   assert first.heard <= resumed[0] and second.end <= second.heard <= resumed[1]
   assert resumed[2] - resumed[1] < 0.1  # made already: at once
   assert other[-1] < second.end  # the other process was not held up
+
+
+def test_a_ready_gets_the_end_of_a_task_queued_behind_by_asking_its_lane(pool):
+  """A task run ahead whose lane has its next call queued has its end held by the lane
+  until a later reply; a `Ready` on its result asks the lane for it (`LanePool.hasten`):
+  the other process goes on once the first 0.2 s task has ended, not only after the
+  0.5 s task queued behind it (without the request: after it)."""
+  cluster = _cluster('stage 0', 'stage 1')
+  inbox = cluster.channel('inbox', 1)
+  executor = ProcessExecutor(pool=pool, run_ahead=4)
+  resumed = []
+  hang = Task(PROBES, 'hang')
+
+  def producer():  # (seconds as arrays: a Python float is part of a call's signature)
+    yield Compute(hang, (np.float64(0.0),), ahead=False)  # (its outline known after)
+    made = yield Compute(hang, (np.float64(0.2),))
+    yield Put(inbox, made)  # (the handle as it is, on stage 0)
+    yield Compute(hang, (np.float64(0.5),))  # queued behind it
+
+  def consumer():
+    made = yield Get(inbox)
+    yield Ready(made)
+    resumed.append(executor.now())
+
+  timeline = executor.run(
+    cluster, [Process('stage 0', 0, producer()), Process('stage 1', 1, consumer())]
+  )
+  _, first, behind = [r for r in timeline.records if r.lane == 0]
+  assert first.end <= resumed[0] < behind.end
 
 
 def test_a_copy_is_recorded_as_the_lanes_made_it_not_as_the_driver_sent_it(pool):

@@ -20,7 +20,7 @@ import pytest
 from jaxsgd.algorithms.settings import cost_settings
 from jaxsgd.scheduler import host
 from jaxsgd.scheduler import CostModel, LaneProcessModel, VirtualExecutor, virtual
-from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Send
+from jaxsgd.scheduler.core import Cluster, Compute, Get, Process, Put, Ready, Send
 
 DRIVER = 0.25  # seconds per event
 
@@ -118,10 +118,48 @@ def test_running_ahead_a_process_goes_on_once_its_task_is_dispatched():
   """run_ahead 2: the first two tasks are dispatched 0 → 0.25 and 0.25 → 0.5 and the
   process goes on after each; the lane runs them 0.25 → 1.25 → 2.25. The third makes
   three unfinished (> 2): dispatched 0.5 → 0.75 but waited for: queued behind the second,
-  it runs 2.25 → 3.25. The ends are heard 1.25 → 1.5, 2.25 → 2.5, 3.25 → 3.5."""
+  it runs 2.25 → 3.25. The lane holds the first two ends (each time its next call had
+  reached it) and sends them with the third's at 3.25: heard 3.5, 3.75, 4."""
   timeline, seen = _run_chains(1, 3, ahead=True, run_ahead=2)
-  assert _spans(timeline) == [(0.25, 1.25, 1.5), (1.25, 2.25, 2.5), (2.25, 3.25, 3.5)]
-  assert seen == [[0.25, 0.5, 3.5]]
+  assert _spans(timeline) == [(0.25, 1.25, 3.5), (1.25, 2.25, 3.75), (2.25, 3.25, 4.0)]
+  assert seen == [[0.25, 0.5, 4.0]]
+
+
+def _ready_behind_a_queued_task(hastened_by_ready: bool):
+  """p makes x on lane a (run ahead), hands it to q and dispatches a second task there;
+  q waits for x to exist (`Ready`), or for nothing: when q went on, and the spans."""
+  cluster, seen = Cluster(), []
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', b)
+  executor = LaneProcessModel(_costs(), run_ahead=4)
+
+  def p():
+    x = yield Compute(_add_one, (jnp.zeros(4),), kind='forward')
+    yield Put(inbox, x)
+    yield Compute(_add_one, (x,), kind='forward')
+
+  def q():
+    x = yield Get(inbox)
+    if hastened_by_ready:
+      yield Ready(x)
+    seen.append(executor.now())
+
+  timeline = executor.run(cluster, [Process('p', a, p()), Process('q', b, q())])
+  return seen, _spans(timeline)
+
+
+def test_a_ready_has_the_lane_send_the_end_it_waits_for_at_once():
+  """p's first task: dispatched 0 → 0.25, runs 0.25 → 1.25; its second, dispatched 0.25
+  → 0.5, had reached the lane by then, so the first's end would be held until the second
+  ends at 2.25. q's `Ready` on its result (at 0.25) asks for it: sent at its end, heard
+  1.25 → 1.5, when q goes on; the second's, 2.25 → 2.5."""
+  seen, spans = _ready_behind_a_queued_task(True)
+  assert seen == [1.5]
+  assert spans == [(0.25, 1.25, 1.5), (1.25, 2.25, 2.5)]
+  # Without the `Ready`, the first end is held and heard only after the second's end.
+  seen, spans = _ready_behind_a_queued_task(False)
+  assert seen == [0.25]
+  assert spans == [(0.25, 1.25, 2.5), (1.25, 2.25, 2.75)]
 
 
 def test_a_lane_reads_another_lanes_result_without_waiting_for_the_driver():
@@ -158,10 +196,11 @@ def test_a_latency_alone_delays_without_occupying_the_driver():
 def test_running_ahead_with_a_latency_the_process_goes_on_at_dispatch():
   """run_ahead 2, latency 0.5: dispatched 0 → 0.25, 0.25 → 0.5 (the process goes on after
   each), 0.5 → 0.75 (the third: waited for). They reach the lane at 0.75, 1 and 1.25 and
-  run 0.75 → 1.75 → 2.75 → 3.75; heard at 2.5, 3.5, 4.5."""
+  run 0.75 → 1.75 → 2.75 → 3.75; the first two ends held (the next call had reached the
+  lane), all three reach the driver at 4.25: heard at 4.5, 4.75, 5."""
   timeline, seen = _run_chains(1, 3, ahead=True, run_ahead=2, latency=0.5)
-  assert _spans(timeline) == [(0.75, 1.75, 2.5), (1.75, 2.75, 3.5), (2.75, 3.75, 4.5)]
-  assert seen == [[0.25, 0.5, 4.5]]
+  assert _spans(timeline) == [(0.75, 1.75, 4.5), (1.75, 2.75, 4.75), (2.75, 3.75, 5.0)]
+  assert seen == [[0.25, 0.5, 5.0]]
 
 
 @pytest.mark.parametrize('handed', [Put, Send], ids=['imported', 'sent'])

@@ -137,6 +137,7 @@ class Pending:
   started: float | None = None
   ended: float | None = None
   cpu: float | None = None
+  held: bool = False  # started `ahead`: its lane may hold its reply (`LanePool.start`)
   _result: Any = None
 
   def finish(self) -> None:
@@ -241,7 +242,15 @@ class LanePool:
 
   # -- the API an executor uses ------------------------------------------------------
 
-  def start(self, lane: str, task, args: Sequence = (), *, seconds: float | None = None) -> Pending:
+  def start(
+    self,
+    lane: str,
+    task,
+    args: Sequence = (),
+    *,
+    seconds: float | None = None,
+    ahead: bool = False,
+  ) -> Pending:
     """Starts `task(*args)` on `lane`; handles in `args` (any pytree) are moved there.
 
     `task` is a `tasks.Task` (a recipe and a name): the lane builds the function
@@ -250,6 +259,11 @@ class LanePool:
     `seconds` (emulated tasks): the lane does not compute `task` but takes exactly that
     long and returns zeros of the shapes and dtypes `task(*args)` would return
     (`LaneRuntime.run`), so that what later calls move is as large as the real thing.
+
+    `ahead`: the caller goes on with `early(pending)` if it is known, and hears the end
+    later: the lane may then hold the task's reply while it has a next call queued,
+    sending it with its next reply (`LaneRuntime._answer`; `Pending.held`). `hasten`
+    asks for it at once.
     """
     if not isinstance(task, Task):
       raise TypeError(
@@ -268,12 +282,20 @@ class LanePool:
     signature = _signature(task, treedef, leaves)
     describe = (lane, signature) not in self._described
     call, buffers = self._task_call(lane, task, sent, key, seconds, describe)
+    held = ahead and signature in self._outlines  # (`early` knows its handles)
     at = time.time()
-    link.send(('run', key, (call, imports, *buffers)))
+    link.send(('run_ahead' if held else 'run', key, (call, imports, *buffers)))
     here.clear()  # kept alive until sent, so that a copy's free follows this call
-    pending = Pending(lane, task, key, key, args, signature, sent=at)
+    pending = Pending(lane, task, key, key, args, signature, sent=at, held=held)
     self._unfinished[key] = pending
     return pending
+
+  def hasten(self, pending: Pending) -> None:
+    """Asks `pending`'s lane for its end at once, not held (the caller now waits for
+    it); nothing if it was not started `ahead`, or is done."""
+    if pending.held and not pending.done:
+      pending.held = False
+      self._link_of(pending.lane).send(('hasten', pending.key))
 
   def prepare(self, lane: str, tasks: Sequence[Task]) -> None:
     """Has `lane` build `tasks` now, before any call of them reaches it (in the order of
