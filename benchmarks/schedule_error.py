@@ -50,8 +50,9 @@ the two normalized histograms).
 Part 2 (`--variants`, on by default) runs the virtual clock again with the host profile
 changed one figure at a time, to say what the error is made of (diagnostics: read off
 the emulated run, never the prediction): no driver (its figures 0), the driver's latency
-heard in the emulated run (its median from a task's end to the driver hearing of it,
-less the CPU per event), the run's copies (every copy costing the median copy of the
+heard in the emulated run (its median from a task's end to the driver hearing of it, over
+the ends whose lane's next task was dispatched after them — a lane holds the end of a
+task run ahead while its next call is queued —, less the CPU per event), the run's copies (every copy costing the median copy of the
 emulated run: link latency, free bandwidth) and the run's host (both of the last two).
 
 Part 3 says where the emulated runs' time went: the copies (median duration in each
@@ -830,7 +831,8 @@ def _print_variants(done: list[dict]) -> None:
   _print(header, table)
   print(
     'the host profile with: no driver: driver = driver_latency = 0; heard driver: '
-    "driver_latency = the emulated run's median hear delay less driver; run's copies: "
+    "driver_latency = the emulated run's median hear delay over the ends whose lane's next "
+    "task was dispatched after them, less driver; run's copies: "
     "link_latency = the emulated run's median copy, link_bandwidth free; run's host: "
     'both; in parentheses: the virtual s/it'
   )
@@ -883,7 +885,8 @@ def _print_where_time_went(done: list[dict], host) -> None:
     "copy's end to the start of the next task on its receiving lane, where that lane was "
     "idle (median); queued gap: a lane's time from a task's end to its next start, where "
     'the driver had dispatched that task before the end (median), against the dispatch it '
-    "is priced at; heard: a task's end to the driver hearing of it, median; host cores "
+    "is priced at; heard: a task's end to the driver hearing of it, median (a lane holds "
+    'the end of a task run ahead while its next call is queued); host cores '
     'busy: CPU seconds per second of all processes of the emulated run over its steady '
     f'state, of {os.cpu_count()} cores (a lane process near 1 is bound by its CPU, or '
     "by Python's lock); driver CPU per event: the driver thread's CPU over the steady "

@@ -489,8 +489,10 @@ def hear_delays(
   """Seconds from the end of each compute task that started at `since` or later and
   ended by `until` to its run's driver hearing of it (the trace's 'heard': the process
   executor's, or the virtual clock's simulated driver; none without one). `at_once`:
-  only the ends the lane sent as they came, those whose lane's next task was dispatched
-  after them (a lane holds the end of a task run ahead while its next call is queued)."""
+  only the ends whose lane's next task was dispatched after them, which the lane sent as
+  they came (a lane holds the end of a task run ahead while its next call is queued; a
+  proxy: an end held behind a queued call that is not a task is kept, one sent at once
+  while a task was queued — hastened, or waited for — is left out)."""
   with open(os.path.join(workdir, 'trace.json')) as f:
     events = json.load(f)['traceEvents']
   tasks = sorted(
@@ -1108,7 +1110,8 @@ def print_table(results: dict) -> None:
   heard = [n for n in results if 'skipped' not in results[n]]
   if heard:
     print(
-      "a task's end -> the driver hears of it, ms median / mean (the virtual runs: the "
+      "a task's end -> the driver hears of it, ms median / mean (a lane holds the end of a "
+      'task run ahead while its next call is queued; the virtual runs: the '
       "host profile's simulated driver), " + ' | '.join(SIDES) + ':'
     )
     for name in heard:

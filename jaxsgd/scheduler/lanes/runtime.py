@@ -820,9 +820,9 @@ class LaneRuntime:
 
     In the ordered thread, a task the driver ran ahead of (`run_ahead`) does not wake
     the driver while this lane's next call is queued: its reply is held, and sent with
-    the next reply the ordered thread sends (`_send_after_held`) — a call's that the
-    driver waits for, a failure, or the last task's before the lane idles — or when the
-    driver asks for it (`hasten`). The driver hears several ends per wake-up: woken by
+    the next reply the ordered thread sends (`_send_after_held`) — a task's that the
+    driver waits for, a failure, a fetch's or a put's, or the last task's before the lane
+    idles — or when the driver asks for it (`hasten`). The driver hears several ends per wake-up: woken by
     each end of a task that computed ~30 ms, its threads used ~0.6 ms of CPU per task
     (`benchmarks/driver_cpu.py`), against ~0.1 ms for ends a fraction of a millisecond
     apart."""
