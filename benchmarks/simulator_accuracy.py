@@ -493,23 +493,31 @@ def hear_delays(
   they came (a lane holds the end of a task run ahead while its next call is queued; a
   proxy: an end held behind a queued call that is not a task is kept, one sent at once
   while a task was queued — hastened, or waited for — is left out)."""
+  import types
+
+  from jaxsgd.scheduler.lane_timing import sent_at_once
+
   with open(os.path.join(workdir, 'trace.json')) as f:
     events = json.load(f)['traceEvents']
-  tasks = sorted(
-    (e for e in events if e.get('ph') == 'X' and 'heard' in e['args']),
-    key=lambda e: (e.get('pid', 0), e.get('tid', 0), e['ts']),
-  )
-  delays = []
-  for task, following in zip(tasks, [*tasks[1:], None]):
-    end = task['ts'] + task['dur']
-    if not since <= task['ts'] / 1e6 or end / 1e6 > until:
-      continue
-    lane = (task.get('pid', 0), task.get('tid', 0))
-    same_lane = following is not None and (following.get('pid', 0), following.get('tid', 0)) == lane
-    if at_once and same_lane and following['args'].get('dispatched', end) < end:
-      continue  # (held by its lane until a later reply)
-    delays.append((task['args']['heard'] - end) / 1e6)
-  return delays
+  lanes: dict[tuple, list] = {}  # a trace row (a lane) -> its tasks, in order
+  for e in sorted(
+    (e for e in events if e.get('ph') == 'X' and 'heard' in e['args']), key=lambda e: e['ts']
+  ):
+    dispatched = e['args'].get('dispatched')
+    lanes.setdefault((e.get('pid', 0), e.get('tid', 0)), []).append(
+      types.SimpleNamespace(
+        start=e['ts'] / 1e6,
+        end=(e['ts'] + e['dur']) / 1e6,
+        heard=e['args']['heard'] / 1e6,
+        dispatched=None if dispatched is None else dispatched / 1e6,
+      )
+    )
+  return [
+    task.heard - task.end
+    for chain in lanes.values()
+    for task in (sent_at_once(chain) if at_once else chain)
+    if since <= task.start and task.end <= until
+  ]
 
 
 def _short(name: str) -> str:

@@ -157,13 +157,13 @@ class LaneProcessModel(VirtualExecutor):
     its turn. A lane holds the end of a task its process went on without while its next
     call has reached it (`LaneRuntime._answer`: the lane process sends it with the next
     end it sends at once)."""
-    for process, job, lane_, result, record in [*self._held.pop(lane, ()), *ends]:
+    for process, job, _, result, record in [*self._held.pop(lane, ()), *ends]:
       job.held = False
       if not self.cost_model.simulates_driver:
         self.record(TaskRecord(*record))
-        self._heard(process, job, lane_, result)
+        self._heard(process, job, lane, result)
         continue
-      heard = (self._heard, process, job, lane_, result, record)  # recorded when heard
+      heard = (self._heard, process, job, lane, result, record)  # recorded when heard
       if self.cost_model.driver_latency:
         self._at(self._now + self.cost_model.driver_latency, self._on_driver, *heard)
       else:
