@@ -67,11 +67,12 @@ the batches are synthetic, a cycle of a few made once (`batches`). Its inputs
 (printed) cost about the same forward and backward (6.17 and 6.33 M multiply-adds an
 example): a first stage computes no input gradient, so its backward is lighter than the
 next stage's, and more inputs make it up (1024 would leave stage 0 with 5.25 of 6.33).
-1536 inputs balance the multiply-adds more closely, but not the time: at that width XLA's
-CPU kernel for the first layer's weight gradient ran slower per multiply-add and stage 0
-came out ~10 % heavier than stage 1 (`benchmarks.stage_costs` times each task alone, per
-stage, beside its multiply-adds; rerun it to check a machine; the figures:
-benchmarks/results/stage_costs.txt). Per case the busiest lane's busy time per iteration
+How close the two come in time depends on the CPU's kernels: on one CPU measured, 1536
+inputs (closer in multiply-adds) left stage 0 ~10 % heavier, its first layer's weight
+gradient slower per multiply-add; on another, 1472 left stage 1 ~10 % heavier and
+1536-1792 balanced them; at 1696 the stage ceiling was 1.93-1.97× on both
+(`benchmarks.stage_costs` times each task alone, per stage, beside its multiply-adds;
+rerun it to check a machine; the figures: benchmarks/results/stage_costs.txt). Per case the busiest lane's busy time per iteration
 is printed, with the part of it that was the lane's own CPU (the rest: its cores ran its
 copies, the driver, Ray or another lane), and BP's time over it: the case's ceiling as it
 ran, had nothing but that lane's tasks taken time. Time per iteration: from the end of the
