@@ -72,10 +72,11 @@ inputs (closer in multiply-adds) left stage 0 ~10 % heavier, its first layer's w
 gradient slower per multiply-add; on another, 1472 left stage 1 ~10 % heavier and
 1536-1792 balanced them; at 1696 the stage ceiling was 1.93-1.97× on both
 (`benchmarks.stage_costs` times each task alone, per stage, beside its multiply-adds;
-rerun it to check a machine; the figures: benchmarks/results/stage_costs.txt). Per case the busiest lane's busy time per iteration
-is printed, with the part of it that was the lane's own CPU (the rest: its cores ran its
-copies, the driver, Ray or another lane), and BP's time over it: the case's ceiling as it
-ran, had nothing but that lane's tasks taken time. Time per iteration: from the end of the
+rerun it to check a machine; the figures: benchmarks/results/stage_costs.txt). Per case
+the busiest lane's busy time per iteration is printed, with the part of it that was the
+lane's own CPU (the rest: its cores ran its copies, the driver, Ray or another lane), and
+BP's time over it: the case's ceiling as it ran, had nothing but that lane's tasks taken
+time. Time per iteration: from the end of the
 last update of
 batch `--warmup` - 1 to that of the last batch every updating lane updated, over the
 batches in between (compilation in the lanes is left out; DDG's stage 0 applies batch
