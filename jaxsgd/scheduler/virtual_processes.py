@@ -169,12 +169,12 @@ class LaneProcessModel(VirtualExecutor):
       else:
         self._on_driver(*heard)
 
-  def _hasten(self, job: '_Job', lane: int) -> None:
+  def _hasten(self, job: '_Job') -> None:
     """The driver's request for `job`'s end has reached its lane (a `Ready` waits for
     it): held, it is sent now with those held before it; not ended yet, it will be sent
     at its end."""
     if job.held:
-      self._reply(lane)
+      self._reply(job.lane)
     elif not job.done:
       job.hastened = True
 
@@ -213,9 +213,9 @@ class LaneProcessModel(VirtualExecutor):
       job.readies.append(waiting)
       if job.lane is not None:  # its lane may hold its end: asked for at once
         if latency:
-          self._at(self._now + latency, self._hasten, job, job.lane)
+          self._at(self._now + latency, self._hasten, job)
         else:
-          self._hasten(job, job.lane)
+          self._hasten(job)
 
   # --- the lanes ------------------------------------------------------------------------
   def _start_ahead(
