@@ -60,7 +60,11 @@ give with no executor and no waits between the stages. A case below its no-execu
 row lost the difference to its executor and to its schedule's waits.
 `--traces DIR` writes each round's timeline of every case to DIR (`<case>-round<n>.json`,
 which https://ui.perfetto.dev opens): where a case's time per iteration exceeds its
-busiest lane's, the lanes' waits are in it.
+busiest lane's, the lanes' waits are in it. `--retime DIR` measures those traces again
+(no run) and prints, per case and lane, the time between two of its tasks by their
+kinds (`lane_gaps`: e.g. a stage's forward -> backward, where it waits for the gradient
+from the stage after it), median and per iteration: with the lane's busy time, its
+whole iteration.
 The model is an MLP wide enough that a task (~tens of ms) dwarfs a dispatch (~1 ms);
 the batches are synthetic, a cycle of a few made once (`batches`). Its inputs
 (`--features`, 1472 by default) make the two stages that `split` cuts by forward FLOPs
@@ -274,10 +278,59 @@ def retime(folder: str, warmup: int) -> None:
     )
   header = ('case', 'ms / iteration', 'speed-up over bp', 'busiest lane ms / it', 'ceiling')
   print_cases((*header, 'rounds (ms)'), rows)
+  print_gaps({names.get(case, case): rounds for case, rounds in runs.items()}, warmup)
   ddg_case = next((case for case in speedups if case.startswith('ddg')), None)
   if ddg_case is not None:
     name = names.get(ddg_case, ddg_case)
     print(f'ddg real speed-up (retimed from {name}): {speedups[ddg_case]:.2f}')
+
+
+def lane_gaps(timeline, warmup: int) -> tuple[dict, int]:
+  """(gaps, iterations): each compute lane's time between two of its tasks over
+  `steady_window`, `{lane name: {(kind before, kind after): [seconds, ...]}}` (the part
+  of each gap inside the window, none that is 0 there), and the iterations. A lane's
+  gaps and its busy time (`lane_times`) add up to the window where it has a task at
+  both edges: the gaps are where it waited for an input or for its next call."""
+  start, end, iterations = steady_window(timeline, warmup)
+  gaps: dict[str, dict[tuple[str, str], list[float]]] = {}
+  for lane, name in enumerate(timeline.lane_names):
+    if name.startswith('link '):
+      continue
+    tasks = timeline.tasks(lane=lane)
+    for before, after in zip(tasks, tasks[1:]):
+      inside = bench_common.overlap(before.end, after.start, start, end)
+      if inside > 0:
+        gaps.setdefault(name, {}).setdefault((before.kind, after.kind), []).append(inside)
+  return gaps, iterations
+
+
+def print_gaps(runs: dict[str, dict[int, Timeline]], warmup: int) -> None:
+  """A table of `lane_gaps` by case, lane and the kinds of the two tasks, over every
+  round of `runs` (`{case: {round: timeline}}`): how many, their median and their sum per
+  iteration (all rounds' gaps over all rounds' iterations)."""
+  rows = []
+  for case, rounds in runs.items():
+    pooled: dict[tuple[str, str, str], list[float]] = {}
+    iterations = 0
+    for timeline in rounds.values():
+      gaps, count = lane_gaps(timeline, warmup)
+      iterations += count
+      for lane, pairs in gaps.items():
+        for (before, after), seconds in pairs.items():
+          pooled.setdefault((lane.split(' (')[0], before, after), []).extend(seconds)
+    for (lane, before, after), seconds in sorted(pooled.items()):
+      rows.append(
+        (
+          case,
+          lane,
+          f'{before} -> {after}',
+          str(len(seconds)),
+          f'{1e3 * statistics.median(seconds):.2f}',
+          f'{1e3 * sum(seconds) / iterations:.2f}',
+        )
+      )
+  print("between two tasks of a lane, in the steady window (its rounds' gaps pooled):")
+  print_cases(('case', 'lane', 'tasks', 'gaps', 'median ms', 'ms / iteration'), rows)
 
 
 def lane_times(timeline, warmup: int) -> tuple[dict, dict, set, int]:

@@ -559,6 +559,44 @@ def test_the_busiest_lane_and_its_own_cpu_are_counted_inside_the_window_by_hand(
   assert busy == 9.5 and np.isnan(cpu)
 
 
+def test_a_lanes_gaps_are_the_parts_between_its_tasks_inside_the_window_by_hand(capsys):
+  """The window from batch 0's update (10 s) to batch 2's (30 s), 2 iterations. Stage 0's
+  update 18-20 and update 28-30 leave 8 s between them; its other tasks follow one another
+  at once (no gap). Stage 1's backward 5-8 and backward 12-29 leave 4 s, of which 2 (10-12)
+  lie inside. A link lane's 9 s between its moves are no lane's. Stage 0's 12 s busy and
+  8 s of gaps fill the window; stage 1 has no task at the window's end, so its 17 + 2 do
+  not. `print_gaps` pools two rounds of it: 2 gaps each, 8 and 2 s apiece, (8 + 8) / 4
+  and (2 + 2) / 4 s per iteration."""
+  from benchmarks import real_speedup
+  from jaxsgd.scheduler.timeline import TaskRecord, Timeline
+
+  records = [
+    TaskRecord(0, 'update', 8, 10, batch=0),
+    TaskRecord(0, 'forward', 10, 18),
+    TaskRecord(0, 'update', 18, 20, batch=1),
+    TaskRecord(0, 'update', 28, 30, batch=2),
+    TaskRecord(1, 'backward', 5, 8),
+    TaskRecord(1, 'backward', 12, 29),
+    TaskRecord(2, 'move', 10, 11),
+    TaskRecord(2, 'move', 20, 21),
+  ]
+  timeline = Timeline(['stage 0 (cpu:0)', 'stage 1 (cpu:0)', 'link 0->1'], records, 'real')
+  gaps, iterations = real_speedup.lane_gaps(timeline, 1)
+  assert iterations == 2
+  assert gaps == {
+    'stage 0 (cpu:0)': {('update', 'update'): [8.0]},
+    'stage 1 (cpu:0)': {('backward', 'backward'): [2.0]},
+  }
+  busy = real_speedup.lane_times(timeline, 1)[0]
+  assert busy[0] + 8.0 == 20.0 and busy[1] + 2.0 == 19.0
+  real_speedup.print_gaps({'ddg K=2': {1: timeline, 2: timeline}}, 1)
+  rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+  assert rows == [
+    ['ddg', 'K=2', 'stage', '0', 'update', '->', 'update', '2', '8000.00', '4000.00'],
+    ['ddg', 'K=2', 'stage', '1', 'backward', '->', 'backward', '2', '2000.00', '1000.00'],
+  ]
+
+
 def _undrained_pipeline(stages: int, steps: int, iteration: float = 10.0):
   """A DDG-shaped run's updates: stage k applies batch b's gradient in iteration
   b + (K-1-k), at its end (`iteration` s each, stage k's `k` s before stage K-1's); it
@@ -615,7 +653,10 @@ def test_saved_traces_are_measured_again_with_their_rounds_paired_by_hand(tmp_pa
   real_speedup.retime(str(tmp_path), 1)
   lines = capsys.readouterr().out.splitlines()
   assert lines[-1] == 'ddg real speed-up (retimed from ddg-K-3-cores-0-1-2): 3.25'
-  (ddg,) = [line.split() for line in lines if line.lstrip().startswith('ddg-K-3')]
+  cases = lines[
+    : lines.index("between two tasks of a lane, in the steady window (its rounds' gaps pooled):")
+  ]
+  (ddg,) = [line.split() for line in cases if line.lstrip().startswith('ddg-K-3')]
   assert ddg[1:3] == ['7500.0', '3.25'] and ddg[-2:] == ['10000.0', '5000.0']  # ms
 
 
