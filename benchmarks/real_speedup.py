@@ -247,7 +247,8 @@ def print_cases(header: tuple, rows: list) -> None:
 def retime(folder: str, warmup: int) -> None:
   """Prints the CPU cases' figures measured again from the timelines that `--traces`
   wrote to `folder` (their rounds paired with BP's on core 0, as a run pairs them), with
-  this module's windows as they are now; `--gpu`'s cases are left out."""
+  this module's windows as they are now, then their lanes' gaps (`print_gaps`); `--gpu`'s
+  cases are left out."""
   runs: dict[str, dict[int, Timeline]] = {}
   for path in sorted(glob.glob(os.path.join(folder, '*-round*.json'))):
     case, round_ = re.fullmatch(r'(.*)-round(\d+)\.json', os.path.basename(path)).groups()
@@ -278,7 +279,8 @@ def retime(folder: str, warmup: int) -> None:
     )
   header = ('case', 'ms / iteration', 'speed-up over bp', 'busiest lane ms / it', 'ceiling')
   print_cases((*header, 'rounds (ms)'), rows)
-  print_gaps({names.get(case, case): rounds for case, rounds in runs.items()}, warmup)
+  timed = {names.get(case, case): runs[case] for case in speedups}  # (the CPU cases)
+  print_gaps(timed, warmup)
   ddg_case = next((case for case in speedups if case.startswith('ddg')), None)
   if ddg_case is not None:
     name = names.get(ddg_case, ddg_case)
@@ -286,28 +288,34 @@ def retime(folder: str, warmup: int) -> None:
 
 
 def lane_gaps(timeline, warmup: int) -> tuple[dict, int]:
-  """(gaps, iterations): each compute lane's time between two of its tasks over
-  `steady_window`, `{lane name: {(kind before, kind after): [seconds, ...]}}` (the part
-  of each gap inside the window, none that is 0 there), and the iterations. A lane's
-  gaps and its busy time (`lane_times`) add up to the window where it has a task at
-  both edges: the gaps are where it waited for an input or for its next call."""
+  """(gaps, iterations): each compute lane's idle time between its tasks over
+  `steady_window`, `{lane name: {(kind before, kind after): [seconds, ...]}}`, and the
+  iterations. A gap runs from the latest end of the lane's tasks so far (`before`, the
+  task that ended then) to the next start (`after`); only its part inside the window
+  counts, and a gap with none there is left out. A lane runs one task at a time, so its
+  gaps and its busy time (`lane_times`) add up to the window where it has a task at both
+  edges: the gaps are where it waited for an input or for its next call."""
   start, end, iterations = steady_window(timeline, warmup)
   gaps: dict[str, dict[tuple[str, str], list[float]]] = {}
   for lane, name in enumerate(timeline.lane_names):
     if name.startswith('link '):
       continue
-    tasks = timeline.tasks(lane=lane)
-    for before, after in zip(tasks, tasks[1:]):
-      inside = bench_common.overlap(before.end, after.start, start, end)
-      if inside > 0:
-        gaps.setdefault(name, {}).setdefault((before.kind, after.kind), []).append(inside)
+    before = None
+    for after in timeline.tasks(lane=lane):
+      if before is not None:
+        inside = bench_common.overlap(before.end, after.start, start, end)
+        if inside > 0:
+          gaps.setdefault(name, {}).setdefault((before.kind, after.kind), []).append(inside)
+      if before is None or after.end > before.end:
+        before = after
   return gaps, iterations
 
 
 def print_gaps(runs: dict[str, dict[int, Timeline]], warmup: int) -> None:
   """A table of `lane_gaps` by case, lane and the kinds of the two tasks, over every
-  round of `runs` (`{case: {round: timeline}}`): how many, their median and their sum per
-  iteration (all rounds' gaps over all rounds' iterations)."""
+  round of `runs` (`{case: {round: timeline}}`): how many gaps (of some length inside the
+  window), their median and their sum per iteration (all rounds' gaps over all rounds'
+  iterations)."""
   rows = []
   for case, rounds in runs.items():
     pooled: dict[tuple[str, str, str], list[float]] = {}
@@ -733,7 +741,8 @@ def main():
     )
   if args.depth + 1 < args.lanes:
     parser.error(
-      f'--depth: hidden layers; {args.lanes} stages need at least {args.lanes - 1}, got {args.depth}'
+      f'--depth: hidden layers; {args.lanes} stages need at least {args.lanes - 1}, '
+      f'got {args.depth}'
     )
   by_load = args.copies.strip() == BY_LOAD
   if args.copies.strip() == RUN:

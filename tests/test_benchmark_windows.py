@@ -560,40 +560,67 @@ def test_the_busiest_lane_and_its_own_cpu_are_counted_inside_the_window_by_hand(
 
 
 def test_a_lanes_gaps_are_the_parts_between_its_tasks_inside_the_window_by_hand(capsys):
-  """The window from batch 0's update (10 s) to batch 2's (30 s), 2 iterations. Stage 0's
-  update 18-20 and update 28-30 leave 8 s between them; its other tasks follow one another
-  at once (no gap). Stage 1's backward 5-8 and backward 12-29 leave 4 s, of which 2 (10-12)
-  lie inside. A link lane's 9 s between its moves are no lane's. Stage 0's 12 s busy and
-  8 s of gaps fill the window; stage 1 has no task at the window's end, so its 17 + 2 do
-  not. `print_gaps` pools two rounds of it: 2 gaps each, 8 and 2 s apiece, (8 + 8) / 4
-  and (2 + 2) / 4 s per iteration."""
+  """The window from batch 0's update (10 s) to batch 2's (30 s), 2 iterations.
+  Round 1: stage 0's update 18-20 and update 28-30 leave 8 s between them; its other tasks
+  follow one another at once (no gap), and the 4 s before its update 8-10 lie outside.
+  Stage 1's backward 5-8 and backward 12-29 leave 4 s, of which 2 (10-12) lie inside; a
+  forward 13-14 inside that backward leaves no gap, and the forward 29.5-30 follows the
+  backward's end (29), not the forward's (14): 0.5 s. A link lane's 9 s between its moves
+  are no lane's. Stage 0's 12 s busy and 8 s of gaps fill the window.
+  Round 2: stage 0's gaps 2 s (update 8-10 -> forward 12-18) and 6 s (update 20 ->
+  update 26); stage 1's one task leaves none. `print_gaps` pools the rounds (4
+  iterations): stage 0 update -> update 8 and 6 s, median 7, (8 + 6) / 4 = 3.5 s per
+  iteration; update -> forward 2 s, 0.5; stage 1's 2 and 0.5 s, 0.5 and 0.125."""
   from benchmarks import real_speedup
   from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 
-  records = [
-    TaskRecord(0, 'update', 8, 10, batch=0),
-    TaskRecord(0, 'forward', 10, 18),
-    TaskRecord(0, 'update', 18, 20, batch=1),
-    TaskRecord(0, 'update', 28, 30, batch=2),
-    TaskRecord(1, 'backward', 5, 8),
-    TaskRecord(1, 'backward', 12, 29),
-    TaskRecord(2, 'move', 10, 11),
-    TaskRecord(2, 'move', 20, 21),
-  ]
-  timeline = Timeline(['stage 0 (cpu:0)', 'stage 1 (cpu:0)', 'link 0->1'], records, 'real')
-  gaps, iterations = real_speedup.lane_gaps(timeline, 1)
+  lanes = ['stage 0 (cpu:0)', 'stage 1 (cpu:0)', 'link 0->1']
+  first = Timeline(
+    lanes,
+    [
+      TaskRecord(0, 'forward', 2, 4),
+      TaskRecord(0, 'update', 8, 10, batch=0),
+      TaskRecord(0, 'forward', 10, 18),
+      TaskRecord(0, 'update', 18, 20, batch=1),
+      TaskRecord(0, 'update', 28, 30, batch=2),
+      TaskRecord(1, 'backward', 5, 8),
+      TaskRecord(1, 'backward', 12, 29),
+      TaskRecord(1, 'forward', 13, 14),
+      TaskRecord(1, 'forward', 29.5, 30),
+      TaskRecord(2, 'move', 10, 11),
+      TaskRecord(2, 'move', 20, 21),
+    ],
+    'real',
+  )
+  second = Timeline(
+    lanes,
+    [
+      TaskRecord(0, 'update', 26, 30, batch=2),  # (out of order: the lane's are sorted)
+      TaskRecord(0, 'update', 8, 10, batch=0),
+      TaskRecord(0, 'forward', 12, 18),
+      TaskRecord(0, 'update', 18, 20, batch=1),
+      TaskRecord(1, 'backward', 11, 29),
+    ],
+    'real',
+  )
+  gaps, iterations = real_speedup.lane_gaps(first, 1)
   assert iterations == 2
   assert gaps == {
     'stage 0 (cpu:0)': {('update', 'update'): [8.0]},
-    'stage 1 (cpu:0)': {('backward', 'backward'): [2.0]},
+    'stage 1 (cpu:0)': {('backward', 'backward'): [2.0], ('backward', 'forward'): [0.5]},
   }
-  busy = real_speedup.lane_times(timeline, 1)[0]
-  assert busy[0] + 8.0 == 20.0 and busy[1] + 2.0 == 19.0
-  real_speedup.print_gaps({'ddg K=2': {1: timeline, 2: timeline}}, 1)
+  assert real_speedup.lane_times(first, 1)[0][0] + 8.0 == 20.0
+  assert real_speedup.lane_gaps(second, 1) == (
+    {'stage 0 (cpu:0)': {('update', 'forward'): [2.0], ('update', 'update'): [6.0]}},
+    2,
+  )
+  real_speedup.print_gaps({'ddg K=2': {1: first, 2: second}}, 1)
   rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
   assert rows == [
-    ['ddg', 'K=2', 'stage', '0', 'update', '->', 'update', '2', '8000.00', '4000.00'],
-    ['ddg', 'K=2', 'stage', '1', 'backward', '->', 'backward', '2', '2000.00', '1000.00'],
+    ['ddg', 'K=2', 'stage', '0', 'update', '->', 'forward', '1', '2000.00', '500.00'],
+    ['ddg', 'K=2', 'stage', '0', 'update', '->', 'update', '2', '7000.00', '3500.00'],
+    ['ddg', 'K=2', 'stage', '1', 'backward', '->', 'backward', '1', '2000.00', '500.00'],
+    ['ddg', 'K=2', 'stage', '1', 'backward', '->', 'forward', '1', '500.00', '125.00'],
   ]
 
 
@@ -658,6 +685,10 @@ def test_saved_traces_are_measured_again_with_their_rounds_paired_by_hand(tmp_pa
   ]
   (ddg,) = [line.split() for line in cases if line.lstrip().startswith('ddg-K-3')]
   assert ddg[1:3] == ['7500.0', '3.25'] and ddg[-2:] == ['10000.0', '5000.0']  # ms
+  # Its stage 0's gaps between updates: 9 s thrice (window 30-60), then 4 s thrice (15-30).
+  gaps = lines[len(cases) + 1 :]
+  row = 'ddg-K-3-cores-0-1-2 stage 0 update -> update 6 6500.00 6500.00'.split()
+  assert row in [line.split() for line in gaps]
 
 
 def test_each_rounds_trace_is_written_under_its_cases_file_name_and_named_back(tmp_path):
