@@ -108,6 +108,7 @@ import re
 import statistics
 import time
 import types
+from typing import NamedTuple
 
 import jax
 
@@ -287,16 +288,27 @@ def retime(folder: str, warmup: int) -> None:
     print(f'ddg real speed-up (retimed from {name}): {speedups[ddg_case]:.2f}')
 
 
+class Gap(NamedTuple):
+  """A lane's idle time between two of its tasks (`lane_gaps`): `seconds` inside the
+  window; `dry`, whether the driver sent the next task's call only after the task before
+  had ended, so that the lane had no call queued and waited for the driver (None where the
+  timeline does not say when it was sent: a virtual clock's without a driver)."""
+
+  seconds: float
+  dry: bool | None
+
+
 def lane_gaps(timeline, warmup: int) -> tuple[dict, int]:
   """(gaps, iterations): each compute lane's idle time between its tasks over
-  `steady_window`, `{lane name: {(kind before, kind after): [seconds, ...]}}`, and the
+  `steady_window`, `{lane name: {(kind before, kind after): [Gap, ...]}}`, and the
   iterations. A gap runs from the latest end of the lane's tasks so far (`before`, the
   task that ended then) to the next start (`after`); only its part inside the window
   counts, and a gap with none there is left out. A lane runs one task at a time, so its
   gaps and its busy time (`lane_times`) add up to the window where it has a task at both
-  edges: the gaps are where it waited for an input or for its next call."""
+  edges: the gaps are where it waited for an input, for its own hand-over between two
+  calls, or — dry — for its next call (the run-ahead bound: `scheduler/process.py`)."""
   start, end, iterations = steady_window(timeline, warmup)
-  gaps: dict[str, dict[tuple[str, str], list[float]]] = {}
+  gaps: dict[str, dict[tuple[str, str], list[Gap]]] = {}
   for lane, name in enumerate(timeline.lane_names):
     if name.startswith('link '):
       continue
@@ -304,8 +316,11 @@ def lane_gaps(timeline, warmup: int) -> tuple[dict, int]:
     for after in timeline.tasks(lane=lane):
       if before is not None:
         inside = bench_common.overlap(before.end, after.start, start, end)
+        dry = None if after.dispatched is None else after.dispatched > before.end
         if inside > 0:
-          gaps.setdefault(name, {}).setdefault((before.kind, after.kind), []).append(inside)
+          gaps.setdefault(name, {}).setdefault((before.kind, after.kind), []).append(
+            Gap(inside, dry)
+          )
       if before is None or after.end > before.end:
         before = after
   return gaps, iterations
@@ -314,31 +329,36 @@ def lane_gaps(timeline, warmup: int) -> tuple[dict, int]:
 def print_gaps(runs: dict[str, dict[int, Timeline]], warmup: int) -> None:
   """A table of `lane_gaps` by case, lane and the kinds of the two tasks, over every
   round of `runs` (`{case: {round: timeline}}`): how many gaps (of some length inside the
-  window), their median and their sum per iteration (all rounds' gaps over all rounds'
-  iterations)."""
+  window), their median, their sum per iteration and that of the dry ones among them
+  ('-' where the timelines do not say; all rounds' gaps over all rounds' iterations)."""
   rows = []
   for case, rounds in runs.items():
-    pooled: dict[tuple[str, str, str], list[float]] = {}
+    pooled: dict[tuple[str, str, str], list[Gap]] = {}
     iterations = 0
     for timeline in rounds.values():
       gaps, count = lane_gaps(timeline, warmup)
       iterations += count
       for lane, pairs in gaps.items():
-        for (before, after), seconds in pairs.items():
-          pooled.setdefault((lane.split(' (')[0], before, after), []).extend(seconds)
-    for (lane, before, after), seconds in sorted(pooled.items()):
+        for (before, after), found in pairs.items():
+          pooled.setdefault((lane.split(' (')[0], before, after), []).extend(found)
+    for (lane, before, after), found in sorted(pooled.items()):
+      seconds = [gap.seconds for gap in found]
+      known = [gap for gap in found if gap.dry is not None]
+      dry = sum(gap.seconds for gap in known if gap.dry)
       rows.append(
         (
           case,
           lane,
           f'{before} -> {after}',
-          str(len(seconds)),
+          str(len(found)),
           f'{1e3 * statistics.median(seconds):.2f}',
           f'{1e3 * sum(seconds) / iterations:.2f}',
+          f'{1e3 * dry / iterations:.2f}' if known else '-',
         )
       )
   print("between two tasks of a lane, in the steady window (its rounds' gaps pooled):")
-  print_cases(('case', 'lane', 'tasks', 'gaps', 'median ms', 'ms / iteration'), rows)
+  header = ('case', 'lane', 'tasks', 'gaps', 'median ms', 'ms / iteration', 'of it dry')
+  print_cases(header, rows)
 
 
 def lane_times(timeline, warmup: int) -> tuple[dict, dict, set, int]:

@@ -568,9 +568,12 @@ def test_a_lanes_gaps_are_the_parts_between_its_tasks_inside_the_window_by_hand(
   backward's end (29), not the forward's (14): 0.5 s. A link lane's 9 s between its moves
   are no lane's. Stage 0's 12 s busy and 8 s of gaps fill the window.
   Round 2: stage 0's gaps 2 s (update 8-10 -> forward 12-18) and 6 s (update 20 ->
-  update 26); stage 1's one task leaves none. `print_gaps` pools the rounds (4
-  iterations): stage 0 update -> update 8 and 6 s, median 7, (8 + 6) / 4 = 3.5 s per
-  iteration; update -> forward 2 s, 0.5; stage 1's 2 and 0.5 s, 0.5 and 0.125."""
+  update 26); stage 1's one task leaves none. A gap is dry where its next task was sent
+  after it began: round 1's 8 s (sent at 25) and round 2's 2 s (at 11), not round 2's 6 s
+  (at 19) nor stage 1's 2 s (at 6); unknown where the record has no dispatch time.
+  `print_gaps` pools the rounds (4 iterations): stage 0 update -> update 8 and 6 s,
+  median 7, (8 + 6) / 4 = 3.5 s per iteration, 8 / 4 = 2 dry; update -> forward 2 s, 0.5,
+  all dry; stage 1's 2 and 0.5 s, 0.5 and 0.125, none dry and '-'."""
   from benchmarks import real_speedup
   from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 
@@ -582,9 +585,9 @@ def test_a_lanes_gaps_are_the_parts_between_its_tasks_inside_the_window_by_hand(
       TaskRecord(0, 'update', 8, 10, batch=0),
       TaskRecord(0, 'forward', 10, 18),
       TaskRecord(0, 'update', 18, 20, batch=1),
-      TaskRecord(0, 'update', 28, 30, batch=2),
+      TaskRecord(0, 'update', 28, 30, batch=2, dispatched=25),
       TaskRecord(1, 'backward', 5, 8),
-      TaskRecord(1, 'backward', 12, 29),
+      TaskRecord(1, 'backward', 12, 29, dispatched=6),
       TaskRecord(1, 'forward', 13, 14),
       TaskRecord(1, 'forward', 29.5, 30),
       TaskRecord(2, 'move', 10, 11),
@@ -595,9 +598,9 @@ def test_a_lanes_gaps_are_the_parts_between_its_tasks_inside_the_window_by_hand(
   second = Timeline(
     lanes,
     [
-      TaskRecord(0, 'update', 26, 30, batch=2),  # (out of order: the lane's are sorted)
+      TaskRecord(0, 'update', 26, 30, batch=2, dispatched=19),  # (out of order: sorted)
       TaskRecord(0, 'update', 8, 10, batch=0),
-      TaskRecord(0, 'forward', 12, 18),
+      TaskRecord(0, 'forward', 12, 18, dispatched=11),
       TaskRecord(0, 'update', 18, 20, batch=1),
       TaskRecord(1, 'backward', 11, 29),
     ],
@@ -606,21 +609,29 @@ def test_a_lanes_gaps_are_the_parts_between_its_tasks_inside_the_window_by_hand(
   gaps, iterations = real_speedup.lane_gaps(first, 1)
   assert iterations == 2
   assert gaps == {
-    'stage 0 (cpu:0)': {('update', 'update'): [8.0]},
-    'stage 1 (cpu:0)': {('backward', 'backward'): [2.0], ('backward', 'forward'): [0.5]},
+    'stage 0 (cpu:0)': {('update', 'update'): [(8.0, True)]},
+    'stage 1 (cpu:0)': {
+      ('backward', 'backward'): [(2.0, False)],
+      ('backward', 'forward'): [(0.5, None)],
+    },
   }
   assert real_speedup.lane_times(first, 1)[0][0] + 8.0 == 20.0
   assert real_speedup.lane_gaps(second, 1) == (
-    {'stage 0 (cpu:0)': {('update', 'forward'): [2.0], ('update', 'update'): [6.0]}},
+    {
+      'stage 0 (cpu:0)': {
+        ('update', 'forward'): [(2.0, True)],
+        ('update', 'update'): [(6.0, False)],
+      }
+    },
     2,
   )
   real_speedup.print_gaps({'ddg K=2': {1: first, 2: second}}, 1)
   rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
   assert rows == [
-    ['ddg', 'K=2', 'stage', '0', 'update', '->', 'forward', '1', '2000.00', '500.00'],
-    ['ddg', 'K=2', 'stage', '0', 'update', '->', 'update', '2', '7000.00', '3500.00'],
-    ['ddg', 'K=2', 'stage', '1', 'backward', '->', 'backward', '1', '2000.00', '500.00'],
-    ['ddg', 'K=2', 'stage', '1', 'backward', '->', 'forward', '1', '500.00', '125.00'],
+    ['ddg', 'K=2', 'stage', '0', 'update', '->', 'forward', '1', '2000.00', '500.00', '500.00'],
+    ['ddg', 'K=2', 'stage', '0', 'update', '->', 'update', '2', '7000.00', '3500.00', '2000.00'],
+    ['ddg', 'K=2', 'stage', '1', 'backward', '->', 'backward', '1', '2000.00', '500.00', '0.00'],
+    ['ddg', 'K=2', 'stage', '1', 'backward', '->', 'forward', '1', '500.00', '125.00', '-'],
   ]
 
 
@@ -687,7 +698,7 @@ def test_saved_traces_are_measured_again_with_their_rounds_paired_by_hand(tmp_pa
   assert ddg[1:3] == ['7500.0', '3.25'] and ddg[-2:] == ['10000.0', '5000.0']  # ms
   # Its stage 0's gaps between updates: 9 s thrice (window 30-60), then 4 s thrice (15-30).
   gaps = lines[len(cases) + 1 :]
-  row = 'ddg-K-3-cores-0-1-2 stage 0 update -> update 6 6500.00 6500.00'.split()
+  row = 'ddg-K-3-cores-0-1-2 stage 0 update -> update 6 6500.00 6500.00 -'.split()
   assert row in [line.split() for line in gaps]
 
 
