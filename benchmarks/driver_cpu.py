@@ -14,9 +14,8 @@ the driver pinned to the first core. Two kinds of chain (`lane_timing.dispatch_t
            hears several ends at each wake-up; the figure is mostly its own Python
   busy     a task that computes for tens of milliseconds (`lane_timing._busy`), `--busy_tasks`
            of them: the driver sleeps between two ends, as in a run; the lane holds
-           the end of a task run ahead while its next call is queued (docs/engine.md),
-           so the driver wakes once for the ends of the tasks up to one it waits for
-           (`executor.RUN_AHEAD` + 1)
+           the end of a task run ahead while two calls are queued behind it
+           (docs/engine.md), so the driver wakes once for several ends
 Each thread of the driver is read around a chain and around one of a fifth as many
 tasks (`common.thread_cpu_seconds`); the difference of the two over the difference in
 tasks is what one more task costs the driver, with the run's start and end left out

@@ -52,7 +52,7 @@ changed one figure at a time, to say what the error is made of (diagnostics: rea
 the emulated run, never the prediction): no driver (its figures 0), the driver's latency
 heard in the emulated run (its median from a task's end to the driver hearing of it, over
 the ends whose lane's next task was dispatched after them — a lane holds the end of a
-task run ahead while its next call is queued —, less the CPU per event), the run's copies (every copy costing the median copy of the
+task run ahead while two calls are queued behind it —, less the CPU per event), the run's copies (every copy costing the median copy of the
 emulated run: link latency, free bandwidth) and the run's host (both of the last two).
 
 Part 3 says where the emulated runs' time went: the copies (median duration in each
@@ -886,7 +886,7 @@ def _print_where_time_went(done: list[dict], host) -> None:
     "idle (median); queued gap: a lane's time from a task's end to its next start, where "
     'the driver had dispatched that task before the end (median), against the dispatch it '
     "is priced at; heard: a task's end to the driver hearing of it, median (a lane holds "
-    'the end of a task run ahead while its next call is queued); host cores '
+    'the end of a task run ahead while two calls are queued behind it); host cores '
     'busy: CPU seconds per second of all processes of the emulated run over its steady '
     f'state, of {os.cpu_count()} cores (a lane process near 1 is bound by its CPU, or '
     "by Python's lock); driver CPU per event: the driver thread's CPU over the steady "

@@ -490,9 +490,10 @@ def hear_delays(
   ended by `until` to its run's driver hearing of it (the trace's 'heard': the process
   executor's, or the virtual clock's simulated driver; none without one). `at_once`:
   only the ends whose lane's next task was dispatched after them, which the lane sent as
-  they came (a lane holds the end of a task run ahead while its next call is queued; a
-  proxy: an end held behind a queued call that is not a task is kept, one sent at once
-  while a task was queued — hastened, or waited for — is left out)."""
+  they came (a lane holds the end of a task run ahead while two calls are queued behind it;
+  a proxy: an end held behind a queued call that is not a task is kept, one sent at
+  once while a task was queued — hastened, waited for, or with one call behind it — is
+  left out)."""
   import types
 
   from jaxsgd.scheduler.lane_timing import sent_at_once
@@ -1119,7 +1120,7 @@ def print_table(results: dict) -> None:
   if heard:
     print(
       "a task's end -> the driver hears of it, ms median / mean (a lane holds the end of a "
-      'task run ahead while its next call is queued; the virtual runs: the '
+      'task run ahead while two calls are queued behind it; the virtual runs: the '
       "host profile's simulated driver), " + ' | '.join(SIDES) + ':'
     )
     for name in heard:

@@ -80,6 +80,13 @@ from jaxsgd.scheduler.timeline import TaskRecord, Timeline
 # for it (`ProcessExecutor(run_ahead=...)`, and the virtual clock simulating it): a
 # stage's forward, backward and update of one iteration, and the next forward.
 RUN_AHEAD = 4
+# How many calls a lane must still have queued behind a task the driver ran ahead of to
+# hold that task's end back (`LaneRuntime._answer`): with one call left it sends the ends
+# it holds, so that the driver hears of room on the lane while the lane runs that call,
+# and a process waiting for room (`ProcessExecutor.start_task`) sends its next tasks
+# before the lane has run dry. Holding until none was left, every lane idled for a round
+# trip through the driver every run-ahead bound's worth of tasks.
+HOLD_WHILE_QUEUED = 2
 
 
 class Stopped(Exception):

@@ -364,8 +364,9 @@ def _driver_figures(
 def sent_at_once(chain: Sequence) -> list:
   """The task records of one lane's chain (in order) whose end the lane sent as it
   ended: those whose next task was dispatched after it (or that have none). A lane holds
-  the end of a task run ahead while its next call is queued (docs/engine.md, "Running
-  ahead"): that end's time to the driver is the next reply's, not a message's way."""
+  the end of a task run ahead while two calls are queued behind it (docs/engine.md,
+  "Running ahead"; an end sent at once may have one behind it: left out here): a held
+  end's time to the driver is the next reply's, not a message's way."""
   after = [*chain[1:], None]
   return [
     record

@@ -5,9 +5,11 @@
 the schedule of the process executor (`process.py`), whose driver lets a process go on
 once its task is dispatched and its lanes compute behind it:
 
-      start_task(p, op)    → queue op on its lane; if the lane now has at most N
-                             unfinished tasks (op included, `op.ahead`) or it is a copy:
-                             compute op's result now and resume(p, result) at once
+      start_task(p, op)    → if op may run ahead (`op.ahead`, N ≥ 2) and its lane
+                             already has N unfinished tasks: op waits for room, and is
+                             started again once an end heard there makes it; else queue
+                             op on its lane, and if it runs ahead or is a copy: compute
+                             op's result now and resume(p, result) at once
       a task starts        when its lane is free and every task that put what it reads
                            on its lane has ended (the task that made it there, or the
                            copy that sent it there); a lane waits for its next task's
@@ -34,10 +36,10 @@ once its task is dispatched and its lanes compute behind it:
                            copies of the result (`_finish`)
       a task ends          → its lane sends its end, after the ends it holds; it holds
                            instead the end of a task whose process went on at dispatch
-                           while the lane's next task has reached it (`_reply`), unless
-                           a `Ready` asked for it (`_hasten`, `driver_latency` after
-                           the `Ready`), as a lane process holds such a reply while its
-                           next call is queued
+                           while `HOLD_WHILE_QUEUED` (2) of the lane's next tasks have
+                           reached it (`_reply`), unless a `Ready` asked for it
+                           (`_hasten`, `driver_latency` after the `Ready`), as a lane
+                           process holds such a reply while that many calls are queued
 
 With a simulated driver (the host profile's `driver`: seconds per event, `driver_latency`: each
 message's way), the process executor's driver thread is one more FIFO resource:
@@ -72,6 +74,7 @@ result if its process went on with it, and whether it has ended. Tasks in flight
 data: a run of this schedule takes no checkpoint.
 """
 
+import collections
 import math
 import weakref
 
@@ -80,14 +83,15 @@ import jax
 from jaxsgd.scheduler import snapshot as snapshot_lib
 from jaxsgd.scheduler.core import Compute, Process
 from jaxsgd.scheduler.costs import TRANSFER, CostModel
-from jaxsgd.scheduler.executor import RUN_AHEAD, ReadyWait
+from jaxsgd.scheduler.executor import HOLD_WHILE_QUEUED, RUN_AHEAD, ReadyWait
 from jaxsgd.scheduler.timeline import TaskRecord
 from jaxsgd.scheduler.virtual import VirtualExecutor
 
 
 class LaneProcessModel(VirtualExecutor):
   """The virtual clock with the process executor's schedule (module docstring): a process
-  goes on at its task's dispatch while its lane has at most `run_ahead` unfinished tasks."""
+  goes on at its task's dispatch while its lane has at most `run_ahead` unfinished tasks,
+  and waits for room on it before that."""
 
   def __init__(self, cost_model: CostModel, *, run_ahead: int = RUN_AHEAD, **hardware):
     """`run_ahead`: the process executor's bound (`executor.RUN_AHEAD`; 0: every process
@@ -104,6 +108,8 @@ class LaneProcessModel(VirtualExecutor):
     self._made: dict[int, _Made] = {}  # id of a result leaf -> where, by which task
     self._driver_free = 0.0  # when the simulated driver has handled every event so far
     self._held: dict[int, list] = {}  # compute lane -> the ends it holds (`_reply`)
+    # compute lane -> (process, op) of the tasks that wait for room on it (`_start_ahead`)
+    self._parked: dict[int, collections.deque] = {}
     self._take_in_waiting: dict = {}  # a lane's interpreter -> hardware whose task waits
     # A copy holds its sender's interpreter for its export alone (`_exported`).
     self._copies_let_go = self.copies_on_sender and self.cost_model.export is not None
@@ -145,7 +151,7 @@ class LaneProcessModel(VirtualExecutor):
       self._heard(process, job, lane, result)
       return
     end = (process, job, lane, result, record)
-    if job.ahead and job.next_queued and not job.hastened:  # held by its lane
+    if job.ahead and job.queued_behind >= HOLD_WHILE_QUEUED and not job.hastened:  # held
       self._held.setdefault(lane, []).append(end)
       job.held = True
       return
@@ -187,6 +193,10 @@ class LaneProcessModel(VirtualExecutor):
       self.record(TaskRecord(*record, self._now, job.dispatched))
     if self.cluster.lanes[lane].link is None:
       self._unfinished[lane] -= 1
+      parked = self._parked.get(lane)
+      if parked and self._unfinished[lane] < self.run_ahead:  # room for the first waiting
+        waiting, waiting_op = parked.popleft()
+        self.start_task(waiting, lane, waiting_op)
     if not job.ahead:
       self._note(job, lane, result)  # its process sees it only now
     job.result = None  # the process has it; the executor keeps no result of an ended task
@@ -226,6 +236,10 @@ class LaneProcessModel(VirtualExecutor):
     `arrives`: when the task reaches its lane (`driver_latency`); neither it nor the
     copies it needs can start before."""
     spec = self.cluster.lanes[lane]
+    if spec.link is None and op.ahead and self.run_ahead >= HOLD_WHILE_QUEUED:
+      if self._unfinished.get(lane, 0) >= self.run_ahead:  # waits for room (`_heard`)
+        self._parked.setdefault(lane, collections.deque()).append((process, op))
+        return
     leaves = _arrays(op.args)
     message = []
     if arrives is not None:  # the dispatch on its way to the lane: a job that ends then
@@ -353,7 +367,7 @@ class LaneProcessModel(VirtualExecutor):
     process idled 0.5. (Not `super()._finish`: it frees the hardware after the next
     task may have taken it.)"""
     hardware, interpreter = self._hardware(lane), self._interpreter(lane)
-    job.next_queued = self._next_call_arrived(hardware, lane)  # (before the next starts)
+    job.queued_behind = self._calls_arrived(hardware, lane)  # (before the next starts)
     if job.holding:  # (a copy past its export holds nothing: `_exported`)
       self._busy.discard(hardware)
     if interpreter is not None:
@@ -367,16 +381,16 @@ class LaneProcessModel(VirtualExecutor):
       job.holding = False
       self._hand_interpreter(hardware)
 
-  def _next_call_arrived(self, hardware, lane: int) -> bool:
-    """Whether a task of compute lane `lane` is queued behind the one ending and its
-    dispatch has reached the lane (a lane process holds an end while its next call is
-    in its queue, whatever that call waits for)."""
+  def _calls_arrived(self, hardware, lane: int) -> int:
+    """How many tasks of compute lane `lane` are queued behind the one ending whose
+    dispatch has reached the lane (a lane process holds an end while `HOLD_WHILE_QUEUED`
+    calls are in its queue, whatever they wait for)."""
     if self.cluster.lanes[lane].link is not None:
-      return False
-    for _, queued_lane, _, job in self._queued.get(hardware, ()):
-      if queued_lane == lane and (job.message is None or job.message.done):
-        return True
-    return False
+      return 0
+    return sum(
+      queued_lane == lane and (job.message is None or job.message.done)
+      for _, queued_lane, _, job in self._queued.get(hardware, ())
+    )
 
   def _occupy(self, hardware, seconds: float, running: tuple) -> None:
     """`VirtualExecutor._occupy`; a copy lets go of its sender's interpreter once its
@@ -495,7 +509,7 @@ class _Job:
     'dispatched',
     'message',
     'lane',
-    'next_queued',
+    'queued_behind',
     'held',
     'hastened',
   )
@@ -513,8 +527,9 @@ class _Job:
     self.dispatched = None  # when its driver sent it (seconds)
     self.message = None  # the dispatch on its way to the lane (`driver_latency`), if any
     self.lane = None  # a compute task's lane
-    # Whether its lane had its next call when it ended, holds its end, was asked for it.
-    self.next_queued, self.held, self.hastened = False, False, False
+    # How many calls its lane had queued behind it when it ended; whether it holds its
+    # end; whether the driver asked for it.
+    self.queued_behind, self.held, self.hastened = 0, False, False
 
 
 class _Made:

@@ -248,24 +248,26 @@ def test_a_lane_replies_to_the_driver_before_it_wakes_the_exports_of_the_result(
 
 
 @pytest.mark.parametrize('hastened', [False, True])
-def test_a_lane_holds_the_ends_of_tasks_run_ahead_while_its_next_call_is_queued(hastened):
-  """Three calls queued at once: two `run_ahead` (the driver went on without them) and a
-  `run` it waits for. The first two ends are held and sent, in order, just before the
-  third's: one wake-up of the driver for three ends. `hasten` (a `Ready` on the first's
-  result) sends the first at its end, while the second is not made yet."""
+def test_a_lane_holds_the_ends_of_tasks_run_ahead_while_two_calls_are_queued(hastened):
+  """Four calls queued at once: three `run_ahead` (the driver went on without them) and a
+  `run` it waits for. The first two ends are held (three and two calls behind them); the
+  third, with one call behind it, is sent after them, in order, while the fourth has not
+  run yet: one wake-up of the driver for three ends, while the lane still has a call to
+  run. `hasten` (a `Ready` on the first's result) sends the first at its end, while the
+  second is not made yet."""
   import queue
 
   runtime = Lane().runtime
   runtime.calls, runtime.exports = queue.SimpleQueue(), queue.SimpleQueue()
   replies = []
 
-  def reply(kind, number, value):  # (which of the three results exist when it is sent)
-    made = tuple(any(key[0] == k for key in runtime.values) for k in range(3))
+  def reply(kind, number, value):  # (which of the four results exist when it is sent)
+    made = tuple(any(key[0] == k for key in runtime.values) for k in range(4))
     replies.append((kind, number, made))
 
   runtime._reply = reply
   w, x = np.full((8, 4), 0.5, np.float32), np.ones((3, 8), np.float32)
-  for number, op in enumerate(('run_ahead', 'run_ahead', 'run')):
+  for number, op in enumerate(('run_ahead', 'run_ahead', 'run_ahead', 'run')):
     call, buffers = _dumps(((0, Task(LAYER, 'forward')), (w, x), number, (), 0.0, True))
     runtime.calls.put((op, number, (call, (), *buffers)))
   if hastened:
@@ -273,13 +275,14 @@ def test_a_lane_holds_the_ends_of_tasks_run_ahead_while_its_next_call_is_queued(
   thread = threading.Thread(target=runtime._run_calls, daemon=True)
   thread.start()
   deadline = time.monotonic() + 30
-  while len(replies) < 3 and time.monotonic() < deadline:
+  while len(replies) < 4 and time.monotonic() < deadline:
     time.sleep(0.01)
-  every = (True, True, True)
+  three, every = (True, True, True, False), (True, True, True, True)
   if hastened:
-    assert replies == [('ok', 0, (True, False, False)), ('ok', 1, every), ('ok', 2, every)]
+    first = ('ok', 0, (True, False, False, False))
+    assert replies == [first, ('ok', 1, three), ('ok', 2, three), ('ok', 3, every)]
   else:
-    assert replies == [('ok', 0, every), ('ok', 1, every), ('ok', 2, every)]
+    assert replies == [('ok', 0, three), ('ok', 1, three), ('ok', 2, three), ('ok', 3, every)]
   assert runtime.held == [] and runtime.hastened == set()
 
 

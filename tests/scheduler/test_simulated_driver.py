@@ -116,17 +116,18 @@ def test_the_driver_handles_one_event_at_a_time_in_the_order_they_come():
 
 def test_running_ahead_a_process_goes_on_once_its_task_is_dispatched():
   """run_ahead 2: the first two tasks are dispatched 0 → 0.25 and 0.25 → 0.5 and the
-  process goes on after each; the lane runs them 0.25 → 1.25 → 2.25. The third makes
-  three unfinished (> 2): dispatched 0.5 → 0.75 but waited for: queued behind the second,
-  it runs 2.25 → 3.25. The lane holds the first two ends (each time its next call had
-  reached it) and sends them with the third's at 3.25: heard 3.5, 3.75, 4."""
+  process goes on after each; the lane runs them 0.25 → 1.25 → 2.25. The third would make
+  three unfinished (> 2): handled 0.5 → 0.75, it waits for room. The first's end, with one
+  call (the second) queued behind it, is sent (a lane holds an end only while two are):
+  heard 1.25 → 1.5, which makes room; the third is dispatched 1.5 → 1.75 (the process goes
+  on) and runs 2.25 → 3.25 behind the second. Ends heard 2.25 → 2.5, 3.25 → 3.5."""
   timeline, seen = _run_chains(1, 3, ahead=True, run_ahead=2)
-  assert _spans(timeline) == [(0.25, 1.25, 3.5), (1.25, 2.25, 3.75), (2.25, 3.25, 4.0)]
-  assert seen == [[0.25, 0.5, 4.0]]
+  assert _spans(timeline) == [(0.25, 1.25, 1.5), (1.25, 2.25, 2.5), (2.25, 3.25, 3.5)]
+  assert seen == [[0.25, 0.5, 1.75]]
 
 
 def _ready_behind_a_queued_task(hastened_by_ready: bool):
-  """p makes x on lane a (run ahead), hands it to q and dispatches a second task there;
+  """p makes x on lane a (run ahead), hands it to q and dispatches two more tasks there;
   q waits for x to exist (`Ready`), or for nothing: when q went on, and the spans."""
   cluster, seen = Cluster(), []
   a, b = cluster.add_lane('a'), cluster.add_lane('b')
@@ -136,7 +137,8 @@ def _ready_behind_a_queued_task(hastened_by_ready: bool):
   def p():
     x = yield Compute(_add_one, (jnp.zeros(4),), kind='forward')
     yield Put(inbox, x)
-    yield Compute(_add_one, (x,), kind='forward')
+    y = yield Compute(_add_one, (x,), kind='forward')
+    yield Compute(_add_one, (y,), kind='forward')
 
   def q():
     x = yield Get(inbox)
@@ -149,17 +151,18 @@ def _ready_behind_a_queued_task(hastened_by_ready: bool):
 
 
 def test_a_ready_has_the_lane_send_the_end_it_waits_for_at_once():
-  """p's first task: dispatched 0 → 0.25, runs 0.25 → 1.25; its second, dispatched 0.25
-  → 0.5, had reached the lane by then, so the first's end would be held until the second
-  ends at 2.25. q's `Ready` on its result (at 0.25) asks for it: sent at its end, heard
-  1.25 → 1.5, when q goes on; the second's, 2.25 → 2.5."""
+  """p's first task: dispatched 0 → 0.25, runs 0.25 → 1.25; its second and third,
+  dispatched 0.25 → 0.5 and 0.5 → 0.75, had reached the lane by then, so the first's end
+  would be held (two calls queued behind it) until the second ends at 2.25. q's `Ready` on
+  its result (at 0.25) asks for it: sent at its end, heard 1.25 → 1.5, when q goes on;
+  the second's, with one call behind it, 2.25 → 2.5; the third's 3.25 → 3.5."""
   seen, spans = _ready_behind_a_queued_task(True)
   assert seen == [1.5]
-  assert spans == [(0.25, 1.25, 1.5), (1.25, 2.25, 2.5)]
+  assert spans == [(0.25, 1.25, 1.5), (1.25, 2.25, 2.5), (2.25, 3.25, 3.5)]
   # Without the `Ready`, the first end is held and heard only after the second's end.
   seen, spans = _ready_behind_a_queued_task(False)
   assert seen == [0.25]
-  assert spans == [(0.25, 1.25, 2.5), (1.25, 2.25, 2.75)]
+  assert spans == [(0.25, 1.25, 2.5), (1.25, 2.25, 2.75), (2.25, 3.25, 3.5)]
 
 
 def test_a_lane_reads_another_lanes_result_without_waiting_for_the_driver():
@@ -195,12 +198,16 @@ def test_a_latency_alone_delays_without_occupying_the_driver():
 
 def test_running_ahead_with_a_latency_the_process_goes_on_at_dispatch():
   """run_ahead 2, latency 0.5: dispatched 0 → 0.25, 0.25 → 0.5 (the process goes on after
-  each), 0.5 → 0.75 (the third: waited for). They reach the lane at 0.75, 1 and 1.25 and
-  run 0.75 → 1.75 → 2.75 → 3.75; the first two ends held (the next call had reached the
-  lane), all three reach the driver at 4.25: heard at 4.5, 4.75, 5."""
+  each); the third, handled 0.5 → 0.75, waits for room. The first two reach the lane at
+  0.75 and 1 and run 0.75 → 1.75 → 2.75. The first's end (one call behind it: sent)
+  reaches the driver at 2.25, heard 2.25 → 2.5: room; the third is dispatched 2.5 → 2.75
+  (the process goes on), reaches the lane at 3.25 and runs 3.25 → 4.25 — the lane idles
+  from 2.75, the way there and back being longer than the one task left in its queue. The
+  second's end (none behind it) reaches the driver at 3.25, heard 3.5; the third's at
+  4.75, heard 5."""
   timeline, seen = _run_chains(1, 3, ahead=True, run_ahead=2, latency=0.5)
-  assert _spans(timeline) == [(0.75, 1.75, 4.5), (1.75, 2.75, 4.75), (2.75, 3.75, 5.0)]
-  assert seen == [[0.25, 0.5, 5.0]]
+  assert _spans(timeline) == [(0.75, 1.75, 2.5), (1.75, 2.75, 3.5), (3.25, 4.25, 5.0)]
+  assert seen == [[0.25, 0.5, 2.75]]
 
 
 @pytest.mark.parametrize('handed', [Put, Send], ids=['imported', 'sent'])

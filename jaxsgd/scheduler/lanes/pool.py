@@ -261,8 +261,8 @@ class LanePool:
     (`LaneRuntime.run`), so that what later calls move is as large as the real thing.
 
     `ahead`: the caller goes on with `early(pending)` if it is known, and hears the end
-    later: the lane may then hold the task's reply while it has a next call queued,
-    sending it with its next reply (`LaneRuntime._answer`; `Pending.held`). `hasten`
+    later: the lane may then hold the task's reply while it has two calls queued behind
+    it, sending it with its next reply (`LaneRuntime._answer`; `Pending.held`). `hasten`
     asks for it at once.
     """
     if not isinstance(task, Task):

@@ -48,6 +48,7 @@ import numpy as np
 import ray
 
 from jaxsgd import allocator, compilation_cache
+from jaxsgd.scheduler.executor import HOLD_WHILE_QUEUED
 from jaxsgd.scheduler.lanes import wire
 from jaxsgd.scheduler.lanes.device_path import DevicePath, Offer, uses_device_path
 from jaxsgd.scheduler.lanes.placement import COPY_CORES_VARIABLE
@@ -266,7 +267,7 @@ class LaneRuntime:
     self.discard: set = set()
     # Exports of values not made or come yet, in the order asked (`_run_exports`).
     self.parked: list[tuple] = []
-    # Replies of tasks the driver ran ahead of, held while the next call is queued
+    # Replies of tasks the driver ran ahead of, held while two calls are queued behind them
     # (`_answer`), the numbers of those it asked for at once (`hasten`), and the lock
     # that keeps the replies in order between this lane's call and reader threads.
     self.held: list[tuple] = []
@@ -819,10 +820,12 @@ class LaneRuntime:
     """Runs `ops[op](*args)` and replies with its result or its failure; whether it ran.
 
     In the ordered thread, a task the driver ran ahead of (`run_ahead`) does not wake
-    the driver while this lane's next call is queued: its reply is held, and sent with
-    the next reply the ordered thread sends (`_send_after_held`) — a task's that the
-    driver waits for, a failure, a fetch's or a put's, or the last task's before the lane
-    idles — or when the driver asks for it (`hasten`). The driver hears several ends per wake-up: woken by
+    the driver while this lane has `HOLD_WHILE_QUEUED` calls or more queued behind it:
+    its reply is held, and sent with the next reply the ordered thread sends
+    (`_send_after_held`) — a task's that the driver waits for, a failure, a fetch's or a
+    put's, or that of a task with fewer calls queued behind it, so that the driver hears
+    of room on this lane before it has run its queue dry — or when the driver asks for it
+    (`hasten`). The driver hears several ends per wake-up: woken by
     each end of a task that computed ~30 ms, its threads used ~0.6 ms of CPU per task
     (`benchmarks/driver_cpu.py`), against ~0.1 ms for ends a fraction of a millisecond
     apart."""
@@ -832,7 +835,7 @@ class LaneRuntime:
     except BaseException as error:  # pylint: disable=broad-except
       send(('err', number, wire.failure(error)))
       return False
-    if op == 'run_ahead' and not self.calls.empty():
+    if op == 'run_ahead' and self.calls.qsize() >= HOLD_WHILE_QUEUED:
       with self.held_lock:
         self.last_ended = number
         if number not in self.hastened:
