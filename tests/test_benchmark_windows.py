@@ -77,11 +77,12 @@ def test_hearing_delays_are_those_of_the_window_not_of_the_runs_end(tmp_path):
 
 
 def test_the_ends_a_lane_held_are_left_out_of_the_hearing_delays_at_once(tmp_path):
-  """By hand (µs): on lane 0, the first task ends at 1.1 s with the next already
-  dispatched (1.05 s): its lane held its end, heard with the next at 1.302 s; the second
-  ends at 1.3 s and the next is dispatched after it (1.31 s): sent at once, heard 2 ms
-  later; the third, the lane's last, likewise (1 ms). Lane 1's only task: at once (3 ms).
-  `sent_at_once` picks the same from `TaskRecord`s."""
+  """By hand (µs): on lane 0, the first task ends at 1.1 s with the next two already
+  dispatched (1.05 and 1.06 s): its lane held its end (two calls behind it), heard with
+  the next at 1.302 s; the second ends at 1.3 s with one call behind it: sent at once,
+  heard 2 ms later; the third, the lane's last, likewise (1 ms). Lane 1's only task: at
+  once (3 ms). `sent_at_once` picks the same from `TaskRecord`s: by the task two places
+  later, not the next (which would leave the second out)."""
   import json
   import types
 
@@ -101,7 +102,7 @@ def test_the_ends_a_lane_held_are_left_out_of_the_hearing_delays_at_once(tmp_pat
   events = [
     task(0, 1.0, 1.1, 1.302, 0.9),
     task(0, 1.1, 1.3, 1.302, 1.05),
-    task(0, 1.31, 1.4, 1.401, 1.31),
+    task(0, 1.3, 1.4, 1.401, 1.06),
     task(1, 1.0, 1.2, 1.203, 0.9),
   ]
   (tmp_path / 'trace.json').write_text(json.dumps({'traceEvents': events}))

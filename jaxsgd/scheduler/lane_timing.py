@@ -32,6 +32,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxsgd.scheduler.executor import HOLD_WHILE_QUEUED
+
 
 # --- the executors' dispatch and the process executor's driver --------------------------------
 def dispatch_tasks() -> dict[str, Callable]:
@@ -363,14 +365,14 @@ def _driver_figures(
 
 def sent_at_once(chain: Sequence) -> list:
   """The task records of one lane's chain (in order) whose end the lane sent as it
-  ended: those whose next task was dispatched after it (or that have none). A lane holds
-  the end of a task run ahead while two calls are queued behind it (docs/engine.md,
-  "Running ahead"; an end sent at once may have one behind it: left out here): a held
-  end's time to the driver is the next reply's, not a message's way."""
-  after = [*chain[1:], None]
+  ended: a lane holds the end of a task run ahead while `HOLD_WHILE_QUEUED` calls are
+  queued behind it (docs/engine.md, "Running ahead"), so those whose task that many
+  places later was dispatched after their end (or that have none). A held end's time to
+  the driver is the next reply's, not a message's way."""
+  later = [*chain[HOLD_WHILE_QUEUED:], *[None] * min(HOLD_WHILE_QUEUED, len(chain))]
   return [
     record
-    for record, following in zip(chain, after)
+    for record, following in zip(chain, later)
     if following is None or following.dispatched is None or following.dispatched >= record.end
   ]
 

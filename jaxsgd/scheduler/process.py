@@ -31,8 +31,8 @@ lane computes — as the in-process real clock goes on while its devices compute
 long as its lane then has at most `run_ahead` unfinished tasks (this one included);
 beyond that the process waits for room: its task is dispatched once an end heard on the
 lane makes it, and the process goes on then, so a lane never has more than `run_ahead`
-tasks queued (with a bound of 1, a parameter server's workers', the process waits for its
-own task instead, dispatched at once: `_waits_for_room`). A task marked
+tasks run ahead queued (with a bound of 1, a parameter server's workers', the process
+waits for its own task instead, dispatched at once: `_waits_for_room`). A task marked
 `Compute(..., ahead=False)` is always dispatched at once and waited for (as every task
 with `run_ahead=0`). The end of a task the process went on
 without is not needed at once: its lane holds the reply while `HOLD_WHILE_QUEUED` (2)
@@ -353,17 +353,16 @@ class ProcessExecutor(Executor):
     """Dispatches the tasks that waited for the room this end makes on its lane, then
     records the task and resumes its process (unless it ran ahead)."""
     process, lane, op = self._pending.pop(finished)
+    heard = self.now()  # (before the dispatches it makes room for)
     self._start_parked(lane)
     start, end = finished.started - self._t0, finished.ended - self._t0
     # dispatched: when the driver sent the call (`Pending.sent`; a landed move has none)
     dispatched = None if finished.sent is None else finished.sent - self._t0
     self.record(
-      TaskRecord(
-        lane, op.kind, start, end, op.stage, op.batch, self.now(), dispatched, finished.cpu
-      )
+      TaskRecord(lane, op.kind, start, end, op.stage, op.batch, heard, dispatched, finished.cpu)
     )
     if self.copies_by_load is not None:
-      placed = self.copies_by_load.finished(lane, finished.cpu, self.now())
+      placed = self.copies_by_load.finished(lane, finished.cpu, heard)
       if placed is not None and self.verbose:
         print(placed, flush=True)
     if finished in self._resumed:
@@ -602,9 +601,11 @@ class ProcessExecutor(Executor):
 
   def _drop_work_of(self, lane: int, name: str) -> None:
     """Forgets the tasks pending on lost lane `lane` (`name`) and the copies from it; the
-    transfer processes of those copies end; its tasks waiting for room are dropped (their
-    processes are the lane's)."""
-    self._parked.pop(lane, None)
+    transfer processes of those copies end; of the processes waiting for room on it, those
+    of other lanes end too (the lane's own are ended or started again by the caller)."""
+    for process, _ in self._parked.pop(lane, ()):
+      if process.lane != lane:
+        self._end(process)
     for pending, (process, _, _) in list(self._pending.items()):
       if name in (pending.lane, pending.source):
         del self._pending[pending]
@@ -637,11 +638,8 @@ class ProcessExecutor(Executor):
       if not waits:
         del self._ready_waits[task]
     self._ready = collections.deque((p, v) for p, v in self._ready if p is not process)
-    parked = self._parked.get(process.lane)
-    if parked:
-      self._parked[process.lane] = collections.deque(
-        (p, op) for p, op in parked if p is not process
-      )
+    for lane, parked in self._parked.items():  # (a process may compute on another lane)
+      self._parked[lane] = collections.deque((p, op) for p, op in parked if p is not process)
 
   def needs_transfer(self, value, channel: Channel) -> bool:
     target = self._lane_names[channel.lane]

@@ -108,8 +108,10 @@ class LaneProcessModel(VirtualExecutor):
     self._made: dict[int, _Made] = {}  # id of a result leaf -> where, by which task
     self._driver_free = 0.0  # when the simulated driver has handled every event so far
     self._held: dict[int, list] = {}  # compute lane -> the ends it holds (`_reply`)
-    # compute lane -> (process, op) of the tasks that wait for room on it (`_start_ahead`)
+    # compute lane -> (process, op) of the tasks that wait for room on it (`_start_ahead`),
+    # and the ops given room, counted on their lane already (`_heard`)
     self._parked: dict[int, collections.deque] = {}
+    self._given_room: set[int] = set()
     self._take_in_waiting: dict = {}  # a lane's interpreter -> hardware whose task waits
     # A copy holds its sender's interpreter for its export alone (`_exported`).
     self._copies_let_go = self.copies_on_sender and self.cost_model.export is not None
@@ -142,8 +144,8 @@ class LaneProcessModel(VirtualExecutor):
   def _task_ended(self, process, op, lane, start, result, job: '_Job') -> None:
     """What reads the task's result may start at once (lanes take their inputs from one
     another); its lane sends its end now (`_reply`) or holds it (a task its process went
-    on without, while the lane's next task has reached it) until its next reply. A copy's
-    end is heard at once: the process executor does not wait for it."""
+    on without, while two of the lane's next tasks have reached it) until its next reply.
+    A copy's end is heard at once: the process executor does not wait for it."""
     job.done = True
     record = (lane, op.kind, start, self._now, op.stage, op.batch)
     if self.cluster.lanes[lane].link is not None:
@@ -160,9 +162,9 @@ class LaneProcessModel(VirtualExecutor):
   def _reply(self, lane: int, *ends: tuple) -> None:
     """Compute lane `lane` sends the ends it held, then `ends`, in order: each is heard
     at once, or with a simulated driver once it has reached the driver and waited for
-    its turn. A lane holds the end of a task its process went on without while its next
-    call has reached it (`LaneRuntime._answer`: the lane process sends it with the next
-    end it sends at once)."""
+    its turn. A lane holds the end of a task its process went on without while two calls
+    have reached it behind it (`LaneRuntime._answer`: the lane process sends it with the
+    next end it sends at once)."""
     for process, job, _, result, record in [*self._held.pop(lane, ()), *ends]:
       job.held = False
       if not self.cost_model.simulates_driver:
@@ -186,9 +188,10 @@ class LaneProcessModel(VirtualExecutor):
 
   def _heard(self, process: Process | None, job: '_Job', lane: int, result, record=None) -> None:
     """The driver hears that `job` has ended on `lane` (when its lane sent the end, or
-    once the simulated driver has handled it: `record`, the task's first `TaskRecord` fields, is then
-    recorded with when it was heard and dispatched): the lane has one task fewer
-    unfinished, and a process that waited for the task goes on with its result."""
+    once the simulated driver has handled it: `record`, the task's first `TaskRecord`
+    fields, is then recorded with when it was heard and dispatched): the lane has one task
+    fewer unfinished — room for the first task waiting for it there, dispatched now — and
+    a process that waited for the task goes on with its result."""
     if record is not None:
       self.record(TaskRecord(*record, self._now, job.dispatched))
     if self.cluster.lanes[lane].link is None:
@@ -196,6 +199,10 @@ class LaneProcessModel(VirtualExecutor):
       parked = self._parked.get(lane)
       if parked and self._unfinished[lane] < self.run_ahead:  # room for the first waiting
         waiting, waiting_op = parked.popleft()
+        # Its room is taken now, as the process executor dispatches it now: a dispatch the
+        # simulated driver handles before this one's does not take it.
+        self._unfinished[lane] += 1
+        self._given_room.add(id(waiting_op))
         self.start_task(waiting, lane, waiting_op)
     if not job.ahead:
       self._note(job, lane, result)  # its process sees it only now
@@ -236,8 +243,10 @@ class LaneProcessModel(VirtualExecutor):
     `arrives`: when the task reaches its lane (`driver_latency`); neither it nor the
     copies it needs can start before."""
     spec = self.cluster.lanes[lane]
+    given_room = id(op) in self._given_room
+    self._given_room.discard(id(op))
     if spec.link is None and op.ahead and self.run_ahead >= HOLD_WHILE_QUEUED:
-      if self._unfinished.get(lane, 0) >= self.run_ahead:  # waits for room (`_heard`)
+      if not given_room and self._unfinished.get(lane, 0) >= self.run_ahead:  # (`_heard`)
         self._parked.setdefault(lane, collections.deque()).append((process, op))
         return
     leaves = _arrays(op.args)
@@ -263,7 +272,7 @@ class LaneProcessModel(VirtualExecutor):
             copies.append(made.job)
           owed.update((id(copy), copy) for copy in copies if copy.owes)
     if spec.link is None:
-      self._unfinished[lane] = self._unfinished.get(lane, 0) + 1
+      self._unfinished[lane] = self._unfinished.get(lane, 0) + (not given_room)
       job.owed = list(owed.values())
       job.lane = lane
       job.readies = []  # (heard when it ends: `_heard`)

@@ -247,7 +247,7 @@ def test_pipelines_moving_values_on_the_device_path_are_bit_identical_to_the_vir
   assert pulled['stage0'] >= STEPS - 1 if gradients_back else pulled['stage0'] == 0
 
 
-@pytest.mark.parametrize('run_ahead', [0, 1, 3])
+@pytest.mark.parametrize('run_ahead', [0, 1, 2, 3])
 def test_running_ahead_leaves_at_most_run_ahead_tasks_waiting_on_a_lane(
   pool, monkeypatch, run_ahead
 ):
