@@ -4,7 +4,8 @@ r"""Lanes that wait for the driver: BP and DDG K=2 on lane processes whose tasks
     python -m benchmarks.dry_lanes --forward=2 --backward=4 --update=0.5 --rounds=4
 
 `real_speedup`'s model at 256 inputs, batch 32 (`real_speedup.set_shape`), its BP and DDG
-K=2 cases on their lanes (`stage0` on core 0, `stage1` on core 1), with every task
+K=2 cases on their lanes (`stage0` and `stage1`, on the first two cores this process may
+use: `real_speedup.lane_placement`), with every task
 emulated (`ProcessExecutor(emulate=...)`): a lane waits exactly `--forward`,
 `--backward` or `--update` milliseconds instead of computing, and returns zeros of the
 result's shapes. The lanes then leave the cores to the driver, as lanes whose tasks run
@@ -22,6 +23,7 @@ of its tasks' own`.
 """
 
 import argparse
+import math
 import statistics
 
 from benchmarks import real_speedup
@@ -55,8 +57,9 @@ def main() -> None:
   parser.add_argument('--rounds', type=int, default=4)
   args = parser.parse_args()
   for field in ('forward', 'backward', 'update'):
-    if not getattr(args, field) > 0:
-      parser.error(f'--{field}: milliseconds above 0; got {getattr(args, field)}')
+    value = getattr(args, field)
+    if not (value > 0 and math.isfinite(value)):
+      parser.error(f'--{field}: milliseconds, a finite number above 0; got {value}')
   if args.steps < args.warmup + 2 or args.warmup < 1 or args.rounds < 1:
     parser.error(
       f'--steps at least --warmup + 2, --warmup and --rounds at least 1; got '
