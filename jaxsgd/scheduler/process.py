@@ -380,11 +380,17 @@ class ProcessExecutor(Executor):
     task, dispatched at once (a parameter server's workers, `run_ahead=1`)."""
     return op.ahead and self.run_ahead >= HOLD_WHILE_QUEUED and unfinished >= self.run_ahead
 
+  def _unfinished_on(self, lane: int) -> int:
+    """The tasks dispatched on compute lane `lane` whose end the executor waits for. (Not
+    the pool's count: a task dropped with a lost lane whose value it read stays there
+    until its own lane replies, and a process waiting for room must not wait for it.)"""
+    return sum(1 for _, on, _ in self._pending.values() if on == lane)
+
   def _start_parked(self, lane: int) -> None:
     """Dispatches the tasks waiting for room on `lane`, first come first, while it has
     room (`start_task`)."""
     parked = self._parked.get(lane)
-    while parked and self.pool.unfinished(self._lane_names[lane]) < self.run_ahead:
+    while parked and self._unfinished_on(lane) < self.run_ahead:
       process, op = parked.popleft()
       self.start_task(process, lane, op)
 
@@ -473,7 +479,8 @@ class ProcessExecutor(Executor):
         'tasks only (tasks.Task: a recipe and a name), which each lane builds itself.'
       )
     name = self._lane_names[lane]
-    if self._waits_for_room(op, self.pool.unfinished(name)):
+    unfinished = self._unfinished_on(lane)
+    if self._waits_for_room(op, unfinished):
       self._parked[lane].append((process, op))  # (dispatched once an end makes room)
       return
     if self._steady_mark is None and _in_steady_state(op.batch, self.steady_from_batch):
@@ -482,7 +489,7 @@ class ProcessExecutor(Executor):
     emulated = {}  # the task's priced duration, drawn as the virtual clock draws it
     if self._sampler is not None:
       emulated['seconds'] = self._sampler.duration(op.kind, op.stage, lane)
-    ahead = op.ahead and self.pool.unfinished(name) < self.run_ahead  # (this one to come)
+    ahead = op.ahead and unfinished < self.run_ahead  # (this one to come)
     pending = self.pool.start(name, task, op.args, ahead=ahead, **emulated)
     self._pending[pending] = (process, lane, op)
     early = self.pool.early(pending) if ahead else None
