@@ -282,6 +282,30 @@ def test_running_ahead_leaves_at_most_run_ahead_tasks_waiting_on_a_lane(
   chex.assert_trees_all_equal(got[1], want[1])
 
 
+def test_room_on_a_lane_is_counted_from_the_executors_own_tasks(pool, monkeypatch):
+  """A task dropped with a lost lane whose value it read can stay in the pool's count of
+  its own lane's unfinished tasks; read from there, the room a process waits for never
+  came (a lost replica's LPP-SGD run waited for ever). With the pool's count stuck high,
+  DDG K=2 still runs to the end, running ahead (its ends held by the lanes), to the
+  virtual clock's values."""
+  monkeypatch.setattr(pool, 'unfinished', lambda lane: 99)
+  held = []
+  start = pool.start
+
+  def start_and_note(lane, task, args=(), **options):
+    pending = start(lane, task, args, **options)
+    held.append(pending.held)
+    return pending
+
+  monkeypatch.setattr(pool, 'start', start_and_note)
+  got = train(ddg.roles(2), ProcessExecutor(pool=pool, run_ahead=2))
+  monkeypatch.undo()
+  assert any(held)
+  want = train(ddg.roles(2), VirtualExecutor(UNIT_COSTS))
+  chex.assert_trees_all_equal(got[0], want[0])
+  chex.assert_trees_all_equal(got[1], want[1])
+
+
 def test_the_outputs_name_each_lane_by_the_device_its_process_ran_on(pool, monkeypatch):
   """A GPU lane's rows were `stage 0 (cpu:0)` in `trace.json` and `utilization`: the
   driver's stand-in device (seen on the lent H200 machine, `stage0@gpu=1`)."""
