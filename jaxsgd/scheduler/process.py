@@ -31,8 +31,9 @@ lane computes — as the in-process real clock goes on while its devices compute
 long as its lane then has at most `run_ahead` unfinished tasks (this one included);
 beyond that the process waits for room: its task is dispatched once an end heard on the
 lane makes it, and the process goes on then, so a lane never has more than `run_ahead`
-tasks run ahead queued (with a bound of 1, a parameter server's workers', the process
-waits for its own task instead, dispatched at once: `_waits_for_room`). A task marked
+tasks run ahead queued (with a bound of 1, a parameter server's workers', and in a run
+that tolerates lost workers, the process waits for its own task instead, dispatched at
+once: `_waits_for_room`). A task marked
 `Compute(..., ahead=False)` is always dispatched at once and waited for (as every task
 with `run_ahead=0`). The end of a task the process went on
 without is not needed at once: its lane holds the reply while `HOLD_WHILE_QUEUED` (2)
@@ -377,7 +378,12 @@ class ProcessExecutor(Executor):
     """Whether `op`, which may run ahead, waits for room on a lane with `unfinished`
     tasks (module docstring). With a bound below `HOLD_WHILE_QUEUED` the lane would have
     no call left to run when the driver hears of room: the process then waits for its own
-    task, dispatched at once (a parameter server's workers, `run_ahead=1`)."""
+    task, dispatched at once (a parameter server's workers, `run_ahead=1`); so it does in a
+    run that tolerates lost workers (`tolerate_lost`)."""
+    # A run that tolerates lost workers keeps the rule before: waiting for room, two such
+    # runs on lane processes (LPP-SGD's, PD-ASGD's, losing lanes mid-run) did not end.
+    if self.tolerate_lost:
+      return False
     return op.ahead and self.run_ahead >= HOLD_WHILE_QUEUED and unfinished >= self.run_ahead
 
   def _unfinished_on(self, lane: int) -> int:
