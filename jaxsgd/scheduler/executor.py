@@ -89,6 +89,15 @@ RUN_AHEAD = 4
 HOLD_WHILE_QUEUED = 2
 
 
+def waits_for_room(ahead: bool, run_ahead: int, unfinished: int) -> bool:
+  """Whether a task that may run ahead (`ahead`) waits for room on a lane that has
+  `unfinished` tasks, under the bound `run_ahead` (the process executor's rule, and the
+  virtual clock's model of it). Below a bound of `HOLD_WHILE_QUEUED` the lane would have
+  no call left to run when the driver hears of room: the process waits for its own task
+  instead, dispatched at once."""
+  return ahead and run_ahead >= HOLD_WHILE_QUEUED and unfinished >= run_ahead
+
+
 class Stopped(Exception):
   """Raised where a process waits once another part of the run has failed."""
 

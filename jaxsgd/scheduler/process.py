@@ -115,7 +115,7 @@ from jaxsgd.errors import Preempted
 from jaxsgd.scheduler.core import Channel, Cluster, Compute, Process, Send
 from jaxsgd.scheduler.copy_load import COPIES, CopiesByLoad, refuse_placed_copies
 from jaxsgd.scheduler.costs import CostModel
-from jaxsgd.scheduler.executor import HOLD_WHILE_QUEUED, RUN_AHEAD, Executor, ReadyWait
+from jaxsgd.scheduler.executor import RUN_AHEAD, Executor, ReadyWait, waits_for_room
 from jaxsgd.scheduler.lanes import Handle, LaneError, LanePlacement, LanePool, sigterm_received
 from jaxsgd.scheduler.lanes.pool import saving_on_sigterm
 from jaxsgd.scheduler.placement import lane_name
@@ -375,16 +375,11 @@ class ProcessExecutor(Executor):
         self.resume(waiting.process, waiting.value)
 
   def _waits_for_room(self, op: Compute, unfinished: int) -> bool:
-    """Whether `op`, which may run ahead, waits for room on a lane with `unfinished`
-    tasks (module docstring). With a bound below `HOLD_WHILE_QUEUED` the lane would have
-    no call left to run when the driver hears of room: the process then waits for its own
-    task, dispatched at once (a parameter server's workers, `run_ahead=1`); so it does in a
-    run that tolerates lost workers (`tolerate_lost`)."""
-    # A run that tolerates lost workers keeps the rule before: waiting for room, two such
-    # runs on lane processes (LPP-SGD's, PD-ASGD's, losing lanes mid-run) did not end.
-    if self.tolerate_lost:
-      return False
-    return op.ahead and self.run_ahead >= HOLD_WHILE_QUEUED and unfinished >= self.run_ahead
+    """`executor.waits_for_room` (module docstring), except in a run that tolerates lost
+    workers, which keeps the rule before (the process waits for its own task): waiting
+    for room, two such runs on lane processes (LPP-SGD's, PD-ASGD's, losing lanes
+    mid-run) did not end."""
+    return not self.tolerate_lost and waits_for_room(op.ahead, self.run_ahead, unfinished)
 
   def _unfinished_on(self, lane: int) -> int:
     """The tasks dispatched on compute lane `lane` whose end the executor waits for. (Not

@@ -83,7 +83,7 @@ import jax
 from jaxsgd.scheduler import snapshot as snapshot_lib
 from jaxsgd.scheduler.core import Compute, Process
 from jaxsgd.scheduler.costs import TRANSFER, CostModel
-from jaxsgd.scheduler.executor import HOLD_WHILE_QUEUED, RUN_AHEAD, ReadyWait
+from jaxsgd.scheduler.executor import HOLD_WHILE_QUEUED, RUN_AHEAD, ReadyWait, waits_for_room
 from jaxsgd.scheduler.timeline import TaskRecord
 from jaxsgd.scheduler.virtual import VirtualExecutor
 
@@ -245,8 +245,9 @@ class LaneProcessModel(VirtualExecutor):
     spec = self.cluster.lanes[lane]
     given_room = id(op) in self._given_room
     self._given_room.discard(id(op))
-    if spec.link is None and op.ahead and self.run_ahead >= HOLD_WHILE_QUEUED:
-      if not given_room and self._unfinished.get(lane, 0) >= self.run_ahead:  # (`_heard`)
+    unfinished = self._unfinished.get(lane, 0)
+    if spec.link is None and not given_room:
+      if waits_for_room(op.ahead, self.run_ahead, unfinished):  # (room: `_heard`)
         self._parked.setdefault(lane, collections.deque()).append((process, op))
         return
     leaves = _arrays(op.args)
