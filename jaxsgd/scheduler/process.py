@@ -31,11 +31,10 @@ lane computes — as the in-process real clock goes on while its devices compute
 long as its lane then has at most `run_ahead` unfinished tasks (this one included);
 beyond that the process waits for room: its task is dispatched once an end heard on the
 lane makes it, and the process goes on then, so a lane never has more than `run_ahead`
-tasks run ahead queued (with a bound of 1, a parameter server's workers', and in a run
-that tolerates lost workers, the process waits for its own task instead, dispatched at
-once: `_waits_for_room`). A task marked
-`Compute(..., ahead=False)` is always dispatched at once and waited for (as every task
-with `run_ahead=0`). The end of a task the process went on
+tasks run ahead queued (with a bound of 1, a parameter server's workers', the process
+waits for its own task instead, dispatched at once: `executor.waits_for_room`). A task
+marked `Compute(..., ahead=False)` is always dispatched at once and waited for (as every
+task with `run_ahead=0`). The end of a task the process went on
 without is not needed at once: its lane holds the reply while `HOLD_WHILE_QUEUED` (2)
 calls are queued behind it and sends it with its next one (`LanePool.start(ahead=True)`),
 so the driver wakes once for several ends, and hears of room while the lane still runs
@@ -374,13 +373,6 @@ class ProcessExecutor(Executor):
       if waiting.ended(finished):
         self.resume(waiting.process, waiting.value)
 
-  def _waits_for_room(self, op: Compute, unfinished: int) -> bool:
-    """`executor.waits_for_room` (module docstring), except in a run that tolerates lost
-    workers, which keeps the rule before (the process waits for its own task): waiting
-    for room, two such runs on lane processes (LPP-SGD's, PD-ASGD's, losing lanes
-    mid-run) did not end."""
-    return not self.tolerate_lost and waits_for_room(op.ahead, self.run_ahead, unfinished)
-
   def _unfinished_on(self, lane: int) -> int:
     """The tasks dispatched on compute lane `lane` whose end the executor waits for. (Not
     the pool's count: a task dropped with a lost lane whose value it read stays there
@@ -481,7 +473,7 @@ class ProcessExecutor(Executor):
       )
     name = self._lane_names[lane]
     unfinished = self._unfinished_on(lane)
-    if self._waits_for_room(op, unfinished):
+    if waits_for_room(op.ahead, self.run_ahead, unfinished):
       self._parked[lane].append((process, op))  # (dispatched once an end makes room)
       return
     if self._steady_mark is None and _in_steady_state(op.batch, self.steady_from_batch):

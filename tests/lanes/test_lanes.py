@@ -657,6 +657,31 @@ def test_a_lane_whose_task_lost_an_input_is_reset_not_replaced(head, monkeypatch
     assert lanes.held('t') == 0  # the forgotten calls' results freed, as the add's
 
 
+def test_a_value_of_a_replaced_lanes_lost_process_fails_where_it_is_used(head):
+  """A handle to a value the lost process of a replaced lane held is void: a task given
+  one fails naming that lane (`LaneError.lost_input`), on another lane (its copy) or on
+  the new process itself, and the lanes go on. The new process never had the value: an
+  export of it waited there for ever, and the lane taking the copy in with it (an LPP-SGD
+  worker whose replica was replaced twice: the run never ended)."""
+  with LanePool(LanePlacement.spread(['s', 't']), address=head.address, verbose=False) as lanes:
+    old = lanes.run('s', task('init'), (2,))
+    lanes.replace('s')
+    for lane in ('t', 's'):
+      taking = lanes.start(lane, task('forward'), (old, X))
+      with pytest.raises(LaneError) as lost:
+        lanes.wait_any([taking], timeout=30)  # (None, not a failure, if it waited on)
+      assert (lost.value.lane, lost.value.lost_input) == (lane, 's'), lost.value
+      assert "was in the lost process of lane 's'" in str(lost.value)
+      lanes.reset(lane)
+      assert lanes.fetch(lanes.run(lane, task('add'), (np.float32(2), np.float32(3)))) == 5
+    new = lanes.run('s', task('init'), (2,))  # the new process's own values move as ever
+    _, vjp = lanes.run('t', task('forward'), (new, X))
+    np.testing.assert_array_equal(
+      lanes.fetch(lanes.run('t', task('backward'), (vjp, G))[0]),
+      lanes.fetch(lanes.run('s', task('backward'), (vjp, G))[0]),
+    )
+
+
 def test_a_vjp_moves_when_its_task_made_only_arrays_before(pool):
   # A lane notes how a result was made only where it may not pickle: a task whose first
   # result was arrays alone still has its later VJP rebuilt on another lane.

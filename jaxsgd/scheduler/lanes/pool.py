@@ -582,10 +582,12 @@ class LanePool:
   def replace(self, lane: str) -> None:
     """Ends `lane`'s process (if still alive) and starts a new one in its place, on the
     same placement (host, cores, GPU), holding nothing yet; returns once it is up. Every
-    handle to a value of the old process is void (a task given one fails)."""
+    handle to a value of the old process is void: a task given one fails, as one taking
+    in a value of a lost process does (`LaneError.lost_input`), and so does a copy of
+    one (the new process is told which keys were the old one's)."""
     old = wire.address_text(self.info[lane]['address']['remote'])
     self.remove(lane)
-    self._replaced[lane] = next(self._keys)  # its values made before are void
+    first = self._replaced[lane] = next(self._keys)  # its values made before are void
     self._lost_sources[old] = lane
     actor = cluster.lane_actor(self.placement[lane], self._env, self._authkey)
     asked = actor.info.remote()  # (before `watch`: `cluster._LANE_ACTOR`)
@@ -597,6 +599,7 @@ class LanePool:
     new = wire.address_text(self.info[lane]['address']['remote'])
     self._lost_sources.pop(new, None)  # (a port may be taken again)
     self._link(lane)
+    self._links[lane].send(('predecessor', None, (first, old)))  # (before any call)
 
   def reset(self, lane: str) -> None:
     """Forgets the calls `lane` has not answered, keeping its process and every value it
@@ -924,6 +927,9 @@ class LanePool:
       raise self._move_error(lane, source, order, value) from value
 
   def _move_error(self, lane: str, source: Handle, order: int, error) -> LaneError:
+    lost = self._lost_sources.get(cluster.lost_source(error))
+    if lost is not None:  # the value was in a process of `lost` since replaced
+      return self._lost_input(lane, error, f'moving {source!r} to it', None, lost)
     dead = self._dead_end(lane, source.lane) if cluster.is_death(error) else None
     if dead is not None:  # the copy failed because one end's process is gone
       return self._dead_error(dead)
@@ -1265,10 +1271,11 @@ class LanePool:
     )
 
   def _lost_input(self, lane, error, task, host, lost: str) -> LaneError:
+    what = task if isinstance(task, str) else repr(task)  # (a move's: 'moving ... to it')
     return LaneError(
       lane,
       host or self._host(lane),
-      f'{task!r} failed: a value it takes in was in the lost process of lane {lost!r} '
+      f'{what} failed: a value it takes in was in the lost process of lane {lost!r} '
       f'({cluster.describe(error)}).',
       lost_input=lost,
     )

@@ -265,6 +265,9 @@ class LaneRuntime:
     self.import_failures: dict[Hashable, Exception] = {}
     self.dead_sources: set = set()
     self.discard: set = set()
+    # Where this process took the place of a lost one of its lane (`LanePool.replace`):
+    # the first key number of its own, and that process's address (`_void`).
+    self.predecessor: tuple[int, str] | None = None
     # Exports of values not made or come yet, in the order asked (`_run_exports`).
     self.parked: list[tuple] = []
     # Replies of tasks the driver ran ahead of, held while two calls are queued behind them
@@ -528,17 +531,33 @@ class LaneRuntime:
     return [np.asarray(leaf) for leaf in on_host]
 
   def _stored(self, key: Hashable):
-    """The value under `key` once a call has made it (or raises if that call failed)."""
+    """The value under `key` once a call has made it (or raises if that call failed, or
+    if it was the lost predecessor's: `_void`)."""
     with self.stored:
       while not self._is_made(key):
         self.stored.wait(0.5)
       if key not in self.values:
+        self._raise_if_void(key)
         raise MakerFailed(self.name, key[0], key)
       return self.values[key]
 
   def _is_made(self, key: Hashable) -> bool:
-    """Whether the call that makes `key` has made it or failed (holding `stored`)."""
-    return key in self.values or key[0] in self.failed_calls
+    """Whether the call that makes `key` has made it or failed, or will never run here
+    (`_void`; holding `stored`)."""
+    return key in self.values or key[0] in self.failed_calls or self._void(key)
+
+  def _void(self, key: Hashable) -> bool:
+    """Whether `key` names a value of the lost process this one replaced: made by a call
+    sent there, or copied there. It never comes here; waited for, an export of one (a
+    worker's handle from before the loss, moved on) waited for ever, and so did the lane
+    taking the copy in."""
+    return self.predecessor is not None and key[0] < self.predecessor[0]
+
+  def _raise_if_void(self, key: Hashable) -> None:
+    """Raises the lost predecessor's death (`wire.SourceLost`: the driver names the lane)
+    if `key` was its value (`_void`)."""
+    if key not in self.values and key not in self.arrived and self._void(key):
+      raise wire.SourceLost(self.predecessor[1])
 
   def take_in(self, imports: tuple) -> None:
     """Adopts each `(key, source address)` of `imports`, a copy another lane sends here
@@ -555,12 +574,18 @@ class LaneRuntime:
         return self.arrived.pop(key)
       if key in self.import_failures:
         raise self.import_failures.pop(key)
+      self._raise_if_void(key)
       raise wire.SourceLost(wire.address_text(source))
 
   def _come(self, key: Hashable, source) -> bool:
     """Whether the copy `key` from `source` has come, failed, or lost its source's
-    process (holding `stored`)."""
-    return key in self.arrived or key in self.import_failures or source in self.dead_sources
+    process, or went to this lane's lost one (`_void`; holding `stored`)."""
+    return (
+      key in self.arrived
+      or key in self.import_failures
+      or source in self.dead_sources
+      or self._void(key)
+    )
 
   def adopt(self, payload: tuple, key: Hashable, free: tuple = (), describe: bool = True):
     """Takes a value exported by another lane (`export`'s payload) and keeps it under
@@ -718,6 +743,10 @@ class LaneRuntime:
       op = message[0]
       if op == 'hasten':  # the driver now waits for that task's end
         self.hasten(message[1])
+      elif op == 'predecessor':  # before any call: this process replaced a lost one
+        with self.stored:
+          self.predecessor = tuple(message[2])
+          self._changed()
       elif op == 'dead':  # a lane that was to send values here, or to take them, died
         with self.stored:
           self.dead_sources.add(tuple(message[2]))
@@ -1009,6 +1038,8 @@ class LaneRuntime:
         try:
           return self.values[leaf.key]
         except KeyError:
+          with self.stored:
+            self._raise_if_void(leaf.key)
           raise KeyError(
             f'lane {self.name}: no value {leaf.key} here (freed, or held by another lane).'
           ) from None
