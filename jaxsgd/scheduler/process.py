@@ -572,7 +572,7 @@ class ProcessExecutor(Executor):
     except (LaneError, ValueError, RuntimeError) as failure:
       logging.warning('%s; no new lane process in its place: %s', reason, failure)
       return False
-    self._drop_work_of(lane, error.lane)
+    stranded = self._drop_work_of(lane, error.lane)
     # Values sent there are void with a replaced process; a kept one still holds them,
     # but its processes start again and will not take them.
     for channel in self.cluster.channels:
@@ -582,6 +582,12 @@ class ProcessExecutor(Executor):
         channel.items.extend(stays)
     for process in processes:
       state = process.on_rejoin(reason)
+      if state is None and id(process) in stranded:
+        raise RuntimeError(
+          f'{process.name}: on_rejoin returned None (it goes on where it is), but it waited '
+          f'for a task on lost lane {error.lane} that was dropped with it: it would wait for '
+          'ever. A process that computes on its lane must start again from a state.'
+        )
       if state is None:  # it holds nothing of the lost lane: it goes on where it is
         continue
       self._detach(process)
@@ -599,17 +605,25 @@ class ProcessExecutor(Executor):
       logging.warning('%s; a new lane process (pid %s) took its place.', reason, pid)
     return True
 
-  def _drop_work_of(self, lane: int, name: str) -> None:
+  def _drop_work_of(self, lane: int, name: str) -> set[int]:
     """Forgets the tasks pending on lost lane `lane` (`name`) and the copies from it; the
     transfer processes of those copies end; of the processes waiting for room on it, those
-    of other lanes end too (the lane's own are ended or started again by the caller)."""
+    of other lanes end too (the lane's own are ended or started again by the caller).
+    Returns the ids of the lane's own processes that waited for a task dropped here (for
+    room, or for its end)."""
+    stranded = set()
     for process, _ in self._parked.pop(lane, ()):
       if process.lane != lane:
         self._end(process)
+      else:
+        stranded.add(id(process))
     for pending, (process, _, _) in list(self._pending.items()):
       if name in (pending.lane, pending.source):
         del self._pending[pending]
-        self._resumed.discard(pending)
+        if pending in self._resumed:
+          self._resumed.discard(pending)
+        elif process.lane == lane:
+          stranded.add(id(process))
         for waiting in self._ready_waits.pop(pending, ()):
           if waiting.process.lane != lane:  # (one of the lost lane's is restarted or closed)
             raise RuntimeError(
@@ -621,6 +635,7 @@ class ProcessExecutor(Executor):
       link = self.cluster.lanes[process.lane].link
       if link is not None and lane in link:
         self._end(process)
+    return stranded
 
   def _end(self, process: Process) -> None:
     """Closes `process` wherever it is: waiting on a channel, or ready to go on."""

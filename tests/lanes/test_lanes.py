@@ -660,12 +660,16 @@ def test_a_lane_whose_task_lost_an_input_is_reset_not_replaced(head, monkeypatch
 def test_a_value_of_a_replaced_lanes_lost_process_fails_where_it_is_used(head):
   """A handle to a value the lost process of a replaced lane held is void: a task given
   one fails naming that lane (`LaneError.lost_input`), on another lane (its copy) or on
-  the new process itself, and the lanes go on. The new process never had the value: an
+  the new process itself, and so does a fetch of one; the lanes go on. The new process never had the value: an
   export of it waited there for ever, and the lane taking the copy in with it (an LPP-SGD
-  worker whose replica was replaced twice: the run never ended)."""
+  worker holding its replica's parameters from before the replica was replaced: the run
+  never ended)."""
   with LanePool(LanePlacement.spread(['s', 't']), address=head.address, verbose=False) as lanes:
     old = lanes.run('s', task('init'), (2,))
     lanes.replace('s')
+    with pytest.raises(LaneError) as lost:  # (a fetch, not a task: named all the same)
+      lanes.fetch(old)
+    assert (lost.value.lane, lost.value.lost_input) == ('s', 's'), lost.value
     for lane in ('t', 's'):
       taking = lanes.start(lane, task('forward'), (old, X))
       with pytest.raises(LaneError) as lost:

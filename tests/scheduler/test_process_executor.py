@@ -774,6 +774,21 @@ def test_a_lost_worker_whose_lane_cannot_be_replaced_is_dropped_and_the_run_goes
   assert gone(lanes.pids().values()) == []
 
 
+def test_a_process_left_waiting_on_a_replaced_lane_stops_the_run_in_one_line(head, monkeypatch):
+  """`tolerate_lost=True`: worker 1's first forward raises and its lane is replaced, but
+  its `on_rejoin` says it holds nothing of the lane (None: it goes on where it is) while it
+  waited for that forward, dropped with the lane. It would wait for ever: the run stops
+  at once, naming it."""
+  monkeypatch.setenv(FAULT_VAR, 'worker1:forward:1')  # (read by lanes as they start)
+  monkeypatch.setattr(server.AsgdSession, '_rejoin', lambda self, m, worker, reason: None)
+  placement = LanePlacement.spread(['server', 'worker0', 'worker1'])
+  with LanePool(placement, address=head.address, verbose=False) as lanes:
+    executor = ProcessExecutor(pool=lanes, tolerate_lost=True)
+    with pytest.raises(RuntimeError, match=r'^worker 1: on_rejoin returned None .* wait for'):
+      asgd(2, executor, steps=8)
+  assert gone(lanes.pids().values()) == []
+
+
 def test_asgd_two_workers_on_lane_processes_apply_every_step(pool):
   _, params, staleness = asgd(2, ProcessExecutor(pool=pool), steps=8)
   # Real timing decides the order; every push is applied, the first at staleness 0.

@@ -588,7 +588,10 @@ class LanePool:
     old = wire.address_text(self.info[lane]['address']['remote'])
     self.remove(lane)
     first = self._replaced[lane] = next(self._keys)  # its values made before are void
-    self._lost_sources[old] = lane
+    # The new process names its void values' source so (`LaneRuntime._void`): unlike the
+    # old address, it stays known if the new process is given the old port.
+    void = f'{old} (before key {first})'
+    self._lost_sources[old] = self._lost_sources[void] = lane
     actor = cluster.lane_actor(self.placement[lane], self._env, self._authkey)
     asked = actor.info.remote()  # (before `watch`: `cluster._LANE_ACTOR`)
     self._actors[lane], self._watch[lane] = actor, cluster.watch(actor)
@@ -599,7 +602,7 @@ class LanePool:
     new = wire.address_text(self.info[lane]['address']['remote'])
     self._lost_sources.pop(new, None)  # (a port may be taken again)
     self._link(lane)
-    self._links[lane].send(('predecessor', None, (first, old)))  # (before any call)
+    self._links[lane].send(('predecessor', None, (first, void)))  # (before any call)
 
   def reset(self, lane: str) -> None:
     """Forgets the calls `lane` has not answered, keeping its process and every value it
@@ -1251,8 +1254,8 @@ class LanePool:
     worker's push, inside the server's update, or in an export of the server's
     parameters that takes it in first). The lane whose process is gone is the cause."""
     lost = self._lost_sources.get(cluster.lost_source(error))
-    if lost is not None and task is not None:  # known at once: no death to wait for
-      return self._lost_input(lane, error, task, host, lost)
+    if lost is not None:  # known at once: no death to wait for
+      return self._lost_input(lane, error, task or 'a fetch or an export', host, lost)
     dead = self._dead_end(lane, within=0.0) or self._dead_end(*self._watch)
     if dead is not None and dead != lane:
       return self._dead_error(dead)

@@ -483,7 +483,7 @@ class LaneRuntime:
     """The value as numpy arrays (for logging and final results)."""
     try:
       self.take_in(imports)
-      return self.jax.device_get(self.values[key])
+      return self.jax.device_get(self._held(key))
     finally:
       self.free(free)
 
@@ -1034,18 +1034,21 @@ class LaneRuntime:
 
   def _resolve(self, args):
     def value(leaf):
-      if isinstance(leaf, Ref):
-        try:
-          return self.values[leaf.key]
-        except KeyError:
-          with self.stored:
-            self._raise_if_void(leaf.key)
-          raise KeyError(
-            f'lane {self.name}: no value {leaf.key} here (freed, or held by another lane).'
-          ) from None
-      return leaf
+      return self._held(leaf.key) if isinstance(leaf, Ref) else leaf
 
     return self.jax.tree.map(value, args, is_leaf=lambda x: isinstance(x, Ref))
+
+  def _held(self, key: Hashable):
+    """The value under `key` here; raises the lost predecessor's death if it was its
+    (`_void`), else a `KeyError` naming it."""
+    try:
+      return self.values[key]
+    except KeyError:
+      with self.stored:
+        self._raise_if_void(key)
+      raise KeyError(
+        f'lane {self.name}: no value {key} here (freed, or held by another lane).'
+      ) from None
 
 
 def _is_number(value) -> bool:
