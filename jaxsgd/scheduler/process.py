@@ -585,8 +585,8 @@ class ProcessExecutor(Executor):
       if state is None and id(process) in stranded:
         raise RuntimeError(
           f'{process.name}: on_rejoin returned None (it goes on where it is), but it waited '
-          f'for a task on lost lane {error.lane} that was dropped with it: it would wait for '
-          'ever. A process that computes on its lane must start again from a state.'
+          f'for a task on lost lane {error.lane} that was dropped with it: nothing would '
+          'wake it. A process that computes on its lane must start again from a state.'
         )
       if state is None:  # it holds nothing of the lost lane: it goes on where it is
         continue

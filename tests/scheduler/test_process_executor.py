@@ -777,14 +777,17 @@ def test_a_lost_worker_whose_lane_cannot_be_replaced_is_dropped_and_the_run_goes
 def test_a_process_left_waiting_on_a_replaced_lane_stops_the_run_in_one_line(head, monkeypatch):
   """`tolerate_lost=True`: worker 1's first forward raises and its lane is replaced, but
   its `on_rejoin` says it holds nothing of the lane (None: it goes on where it is) while it
-  waited for that forward, dropped with the lane. It would wait for ever: the run stops
-  at once, naming it."""
+  waited for that forward, dropped with the lane: nothing would wake it. The run stops
+  at once, saying so (it ended later, at the executor's deadlock check, with only
+  'worker 1 waits on None')."""
   monkeypatch.setenv(FAULT_VAR, 'worker1:forward:1')  # (read by lanes as they start)
   monkeypatch.setattr(server.AsgdSession, '_rejoin', lambda self, m, worker, reason: None)
   placement = LanePlacement.spread(['server', 'worker0', 'worker1'])
   with LanePool(placement, address=head.address, verbose=False) as lanes:
     executor = ProcessExecutor(pool=lanes, tolerate_lost=True)
-    with pytest.raises(RuntimeError, match=r'^worker 1: on_rejoin returned None .* wait for'):
+    with pytest.raises(
+      RuntimeError, match=r'^worker 1: on_rejoin returned None .* nothing would wake it'
+    ):
       asgd(2, executor, steps=8)
   assert gone(lanes.pids().values()) == []
 
