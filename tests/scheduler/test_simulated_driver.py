@@ -126,6 +126,32 @@ def test_running_ahead_a_process_goes_on_once_its_task_is_dispatched():
   assert seen == [[0.25, 0.5, 1.75]]
 
 
+def test_processes_waiting_for_room_on_one_lane_go_first_come_first_one_per_end():
+  """p0 and p1 share one lane, run_ahead 2, two tasks each. p0's first is dispatched
+  0 → 0.25 (p0 goes on), p1's 0.25 → 0.5 (p1 goes on): two unfinished. p0's second,
+  handled 0.5 → 0.75, and p1's, 0.75 → 1, wait for room, in that order. The lane runs
+  p0's first 0.25 → 1.25 and p1's 1.25 → 2.25. p0's first end (one call behind it) is
+  heard 1.25 → 1.5: room for one, p0's second, dispatched 1.5 → 1.75, runs 2.25 → 3.25.
+  p1's first end, heard 2.25 → 2.5, makes room for p1's second: 2.5 → 2.75, run
+  3.25 → 4.25. The last two ends are heard 3.25 → 3.5 and 4.25 → 4.5."""
+  cluster, seen, box = Cluster(), [[], []], []
+  lane = cluster.add_lane('lane')
+  executor = LaneProcessModel(_costs(), run_ahead=2)
+  box.append(executor)
+  processes = [
+    Process(f'p{i}', lane, _chain(lane, 2, ahead=True, seen=seen[i], executor_box=box))
+    for i in range(2)
+  ]
+  timeline = executor.run(cluster, processes)
+  assert _spans(timeline) == [
+    (0.25, 1.25, 1.5),
+    (1.25, 2.25, 2.5),
+    (2.25, 3.25, 3.5),
+    (3.25, 4.25, 4.5),
+  ]
+  assert seen == [[0.25, 1.75], [0.5, 2.75]]
+
+
 def _ready_behind_a_queued_task(hastened_by_ready: bool):
   """p makes x on lane a (run ahead), hands it to q and dispatches two more tasks there;
   q waits for x to exist (`Ready`), or for nothing: when q went on, and the spans."""
