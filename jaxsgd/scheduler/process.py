@@ -303,6 +303,7 @@ class ProcessExecutor(Executor):
     self._t0 = time.time()
     self._ready = collections.deque()
     self._pending = {}
+    self._pending_on = collections.Counter()  # lane -> its entries in `_pending`
     self._resumed = set()
     self._ready_waits: dict = {}  # a pending task -> the `Ready`s that wait for it
     # compute lane -> (process, op) of the tasks that wait for room on it (`start_task`)
@@ -352,7 +353,7 @@ class ProcessExecutor(Executor):
   def _finished(self, finished) -> None:
     """Dispatches the tasks that waited for the room this end makes on its lane, then
     records the task and resumes its process (unless it ran ahead)."""
-    process, lane, op = self._pending.pop(finished)
+    process, lane, op = self._forget_pending(finished)
     heard = self.now()  # (before the dispatches it makes room for)
     self._start_parked(lane)
     start, end = finished.started - self._t0, finished.ended - self._t0
@@ -376,8 +377,20 @@ class ProcessExecutor(Executor):
   def _unfinished_on(self, lane: int) -> int:
     """The tasks dispatched on compute lane `lane` whose end the executor waits for. (Not
     the pool's count: a task dropped with a lost lane whose value it read stays there
-    until its own lane replies, and a process waiting for room must not wait for it.)"""
-    return sum(1 for _, on, _ in self._pending.values() if on == lane)
+    until its own lane replies, and a process waiting for room must not wait for it.)
+    Counted as they come and go, not over `_pending` at each dispatch: that grew with
+    the lanes."""
+    return self._pending_on[lane]
+
+  def _add_pending(self, pending, process: Process, lane: int, op: Compute) -> None:
+    self._pending[pending] = (process, lane, op)
+    self._pending_on[lane] += 1
+
+  def _forget_pending(self, pending) -> tuple:
+    """Takes `pending` out of `_pending`: its `(process, lane, op)`."""
+    entry = self._pending.pop(pending)
+    self._pending_on[entry[1]] -= 1
+    return entry
 
   def _start_parked(self, lane: int) -> None:
     """Dispatches the tasks waiting for room on `lane`, first come first, while it has
@@ -458,7 +471,7 @@ class ProcessExecutor(Executor):
       target = self._lane_names[channel.lane]
       if spec.link[0] in self._expendable:  # delivered once it has all landed
         _, landed = self.pool.move(value, target, landed=True)
-        self._pending[landed] = (process, lane, op)
+        self._add_pending(landed, process, lane, op)
         return
       issued, exports = self.now(), []
       moved = self.pool.move(value, target, exports=exports)
@@ -484,7 +497,7 @@ class ProcessExecutor(Executor):
       emulated['seconds'] = self._sampler.duration(op.kind, op.stage, lane)
     ahead = op.ahead and unfinished < self.run_ahead  # (this one to come)
     pending = self.pool.start(name, task, op.args, ahead=ahead, **emulated)
-    self._pending[pending] = (process, lane, op)
+    self._add_pending(pending, process, lane, op)
     early = self.pool.early(pending) if ahead else None
     self.dispatch_seconds += time.perf_counter() - start
     self.dispatch_cpu_seconds += time.thread_time() - start_cpu
@@ -619,7 +632,7 @@ class ProcessExecutor(Executor):
         stranded.add(id(process))
     for pending, (process, _, _) in list(self._pending.items()):
       if name in (pending.lane, pending.source):
-        del self._pending[pending]
+        self._forget_pending(pending)
         if pending in self._resumed:
           self._resumed.discard(pending)
         elif process.lane == lane:
