@@ -26,7 +26,8 @@ run of K=4 on 2 cores; `simulator_accuracy` refuses that instead). A split
 into K stages needs at least K layers: `--depth` sets the hidden layers; `--families`
 runs only some of the cases (bp always); `--driver_cores` pins every thread of the
 driver (this process) to those cores once the lanes are up (default: where the OS puts
-it), to see what its dispatch takes from the lanes of the cores it leaves; `--moves=socket`
+it, or by load with `--copies=auto`: below), to see what its dispatch takes from the lanes of the
+cores it leaves; `--moves=socket`
 sends every value over the lanes' sockets, as the wire did before memory shared within a
 host (`LaneSpec.moves`; run it alternately with the default to compare). A lane's copy
 threads (the readers of its connections, its export thread) run beside its tasks on its
@@ -36,7 +37,11 @@ where that core stays the less busy of the two (`placement.copies_toward_idle`, 
 lane's tasks' CPU and its copies' measured in that run; a line per case says what it
 measured and moved): PD-ASGD 1:1's backward worker, its slowest lane, then leaves the copies of
 the residuals it takes in and the gradients it sends to the core where the forward worker
-waits. `--copies=run` leaves it to each counted run's executor, as a training run on lane
+waits. The driver's threads are placed by the same run (unless `--driver_cores` placed
+them): pinned, for that case's counted runs, to its least busy cores where those stay
+no busier than its busiest (`placement.driver_toward_idle`, from the driver's CPU per
+iteration in that run; the line says where), e.g. beside PD-ASGD 1:1's forward worker.
+`--copies=run` leaves it to each counted run's executor, as a training run on lane
 processes does (`ProcessExecutor(copies='auto')`: placed once after a window of its first
 tasks, a line per run says when and what; give it `--steps` and `--warmup` enough for the
 placement to fall in the warm-up). `--copies=own` keeps every lane's on its own cores;
@@ -204,6 +209,7 @@ def measured(executor: ProcessExecutor, timeline, warmup: int):
     t0=executor._t0,  # pylint: disable=protected-access
     lanes=dict(executor._lane_names),  # pylint: disable=protected-access
     copies=executor.copies_by_load,
+    driver_cpu=executor.steady_cpu_seconds,  # (from batch `warmup` on: `copies_by_load`)
   )
   return (
     per_iteration(timeline, warmup),
@@ -617,15 +623,18 @@ def copies_or_error(parser, text: str, words: bool = False) -> dict[str, str]:
   return copies
 
 
-def copies_by_load(pool: LanePool, cases_: dict, steps: int, warmup: int) -> dict:
-  """`--copies=auto`: `{case name: {lane: cores}}`, where each case's lanes' copy threads
-  are to run while it runs (`placement.copies_toward_idle`; a lane not named keeps them
-  on its own cores), from one run of the case, not counted: each lane's tasks' own CPU
-  per iteration after the warm-up (`lane_times`), its copy threads' per step over the
-  run (`LanePool.copy_cpu`: the lane's total, read before and after). Prints a line per
-  case, with its wall time per iteration (`per_iteration`)."""
+def copies_by_load(pool: LanePool, cases_: dict, steps: int, warmup: int, driver: bool) -> dict:
+  """`--copies=auto`: `{case name: ({lane: cores}, driver cores)}`, where each case's
+  lanes' copy threads are to run while it runs (`placement.copies_toward_idle`; a lane
+  not named keeps them on its own cores) and where the driver's threads are (with
+  `driver`: `placement.driver_toward_idle`, over the lanes of its host; None: where the
+  OS puts them), from one run of the case, not counted: each lane's tasks' own CPU per
+  iteration after the warm-up (`lane_times`), its copy threads' per step over the run
+  (`LanePool.copy_cpu`: the lane's total, read before and after), the driver's per
+  iteration after the warm-up (every thread of it). Prints a line per case, with its wall
+  time per iteration (`per_iteration`)."""
   print(f'{BY_LOAD_LINE} (from a round first, not counted):', flush=True)
-  placed, names = {}, pool.placement.names
+  placed, names, allowed = {}, pool.placement.names, tuple(sorted(os.sched_getaffinity(0)))
   for name, case in cases_.items():
     before = {lane: pool.copy_cpu(lane) for lane in names}
     run(pool, case, steps, warmup)
@@ -638,10 +647,18 @@ def copies_by_load(pool: LanePool, cases_: dict, steps: int, warmup: int) -> dic
     }
     cores = {lane: pool.placement[lane].cores for lane in loads}
     period = per_iteration(timeline, warmup)
-    placed[name] = placement_lib.copies_toward_idle(loads, cores)
-    print(
-      f'  {name}, {1e3 * period:.1f} ms an iteration: {describe_loads(loads, cores, placed[name])}'
-    )
+    moved = placement_lib.copies_toward_idle(loads, cores)
+    line = describe_loads(loads, cores, moved)
+    pinned = None
+    if driver:
+      here = {
+        lane: load for lane, load in loads.items() if pool.info[lane]['host'] == pool.driver_host
+      }
+      used = LAST_RUN['driver_cpu'] / iterations
+      pinned = placement_lib.driver_toward_idle(here, cores, moved, used, allowed)
+      line += '; ' + placement_lib.describe_driver_load(used, pinned, (1e3, 1, 'ms'))
+    placed[name] = (moved, pinned)
+    print(f'  {name}, {1e3 * period:.1f} ms an iteration: {line}')
   return placed
 
 
@@ -784,13 +801,22 @@ def main():
   times, host, busiest, busiest_cpu, host_cpu, driver = {}, {}, {}, {}, {}, {}
 
   copies_placed, copies_now = {}, {}  # `--copies=auto`: by case; where they are now
+  driver_allowed = tuple(sorted(os.sched_getaffinity(0)))  # (`--driver_cores`: set below)
 
   def record(name, case, pool):
+    pinned = None
     if name in copies_placed:  # (`--copies=auto`; not the GPU cases' pools)
-      place_copies(pool, copies_placed[name], copies_now)
-    seconds, dispatch, busy, busy_cpu, dispatch_cpu, driver_cpu = run(
-      pool, case, args.steps, args.warmup
-    )
+      moved, pinned = copies_placed[name]
+      place_copies(pool, moved, copies_now)
+    if pinned is not None:  # (for this case's run only)
+      runtime.pin_threads(pinned)
+    try:
+      seconds, dispatch, busy, busy_cpu, dispatch_cpu, driver_cpu = run(
+        pool, case, args.steps, args.warmup
+      )
+    finally:
+      if pinned is not None:
+        runtime.pin_threads(driver_allowed)
     if LAST_RUN['copies'] is not None:  # (`--copies=run`)
       print(f'  {name}: {describe_run_copies(LAST_RUN["copies"], LAST_RUN["timeline"])}')
     times.setdefault(name, []).append(seconds)
@@ -815,7 +841,7 @@ def main():
       reference.update({name: 'bp (1 lane, core 0)' for name in unexecuted})
     pool = stack.enter_context(LanePool(placement, address=args.address))
     if driver_cores:  # after the lanes started: they inherit no affinity from the driver
-      runtime.pin_process(driver_cores)
+      driver_allowed = runtime.pin_process(driver_cores)
       print(f'driver pinned to cores {", ".join(map(str, driver_cores))}')
     if args.gpu:  # refused now, not after the CPU rounds
       try:
@@ -823,8 +849,9 @@ def main():
           cluster.check_gpus(gpu_placement.lanes)
       except ValueError as error:
         parser.error(f'--gpu: {error}')
-    if by_load:
-      copies_placed.update(copies_by_load(pool, cases_, args.steps, args.warmup))
+    if by_load:  # (the driver too, unless `--driver_cores` placed it)
+      placed = copies_by_load(pool, cases_, args.steps, args.warmup, driver=not driver_cores)
+      copies_placed.update(placed)
     for _ in range(args.rounds):  # interleaved: every case once per round
       for name, case in cases_.items():
         record(name, case, pool)

@@ -301,7 +301,7 @@ def executor_summary(executor) -> dict:
   task, every thread of its process (`driver_cpu_ms_per_task`:
   `ProcessExecutor.driver_cpu_per_task`) and,
   with `placement.copies='auto'`, each lane's measured load and whose copy threads moved
-  where (`copies_by_load`)."""
+  where, and the driver's load and where it was pinned (`copies_by_load`)."""
   summary = {}
   per_task = executor.driver_cpu_per_task() if hasattr(executor, 'driver_cpu_per_task') else None
   if per_task is not None:
@@ -317,6 +317,10 @@ def executor_summary(executor) -> dict:
         lane: [round(100 * share, 1) for share in load] for lane, load in measured.loads.items()
       },
       'moved_to_cores': {lane: list(cores) for lane, cores in measured.moved.items()},
+      'driver_load_percent': round(100 * measured.driver_load, 1),
+      'driver_pinned_to_cores': None
+      if measured.driver_cores is None
+      else list(measured.driver_cores),
     }
   return summary
 

@@ -1,4 +1,5 @@
-"""Copy threads placed by the load a run measures (`ProcessExecutor(copies='auto')`).
+"""Copy threads (and the driver) placed by the load a run measures
+(`ProcessExecutor(copies='auto')`).
 
 A lane process's copy threads — the readers of its connections and its export thread:
 the values it takes in and sends (`lanes/runtime.py`) — run on its own cores unless
@@ -16,6 +17,11 @@ process that replaces a lost one gets its predecessor's placement (one that repl
 it before then starts the warm-up again: its copies' CPU clock starts at 0). A lane
 dropped from the run is dropped from the measure.
 
+The driver's threads are placed at the same time, by the same load: the driver process's
+CPU over the window (`time.process_time`) goes to the least busy cores of its host if
+they stay no busier than its busiest (`lanes.placement.driver_toward_idle`), and they
+are put back on their cores from before once the run ends (`put_driver_back`).
+
 A run too short to fill the window, or with a lane that stops finishing tasks, leaves
 the copies where the placement put them. A lane lost while it is asked for its copies'
 CPU (`LaneError`) starts the warm-up again (the run's own wait hears of the loss, and
@@ -23,10 +29,17 @@ drops or replaces the lane); one lost while its copies move keeps none moved.
 """
 
 import collections
+import os
+import time
 from collections.abc import Iterable, Mapping
 
-from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool
-from jaxsgd.scheduler.lanes.placement import copies_toward_idle, describe_copy_loads
+from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool, runtime
+from jaxsgd.scheduler.lanes.placement import (
+  copies_toward_idle,
+  describe_copy_loads,
+  describe_driver_load,
+  driver_toward_idle,
+)
 
 WARM_TASKS = 4  # a lane's first tasks compile: their CPU is not the run's
 WINDOW_TASKS = 16  # tasks every lane finishes while its load is measured
@@ -47,6 +60,23 @@ def refuse_placed_copies(placement: LanePlacement, lanes: Iterable[str]) -> None
     )
 
 
+class DriverThreads:
+  """This process, the driver: its CPU seconds, the cores it may run on, and every thread
+  of it pinned (`runtime.pin_threads`; threads it starts later inherit that)."""
+
+  def cpu(self) -> float:
+    return time.process_time()
+
+  def allowed(self) -> tuple[int, ...]:
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+  def pin(self, cores: tuple[int, ...]) -> tuple[int, ...]:
+    """Pins to `cores` (of `allowed()` before: pinned, the driver may be given back what
+    it had), returns the cores it runs on now."""
+    runtime.pin_threads(cores)
+    return self.allowed()
+
+
 class CopiesByLoad:
   """Measures the lanes of `pool` named in `lanes` (the executor's lane index -> pool
   lane) over a window of the run and then places their copy threads (module docstring).
@@ -55,8 +85,9 @@ class CopiesByLoad:
   says what was measured and moved when it places them, else None.
   """
 
-  def __init__(self, pool: LanePool, lanes: Mapping[int, str]):
+  def __init__(self, pool: LanePool, lanes: Mapping[int, str], driver=None):
     self.pool, self.lanes = pool, dict(lanes)
+    self.driver = DriverThreads() if driver is None else driver
     self.done = collections.Counter()  # tasks each lane finished, in the current phase
     self.cpu = collections.Counter()  # their CPU seconds, in the window
     self.opened_at: float | None = None
@@ -64,6 +95,10 @@ class CopiesByLoad:
     self.loads: dict[str, tuple[float, float]] | None = None  # (tasks, copies) per lane
     self.moved: dict[str, tuple[int, ...]] = {}  # lane -> the cores its copies run on
     self.placed_at: float | None = None  # the run's time when they were placed
+    self.driver_before = 0.0  # the driver's CPU seconds when the window opened
+    self.driver_load: float | None = None  # its CPU over the window, of a core
+    self.driver_cores: tuple[int, ...] | None = None  # where it was pinned (None: not)
+    self.driver_affinity: tuple[int, ...] | None = None  # its cores before, while pinned
 
   def finished(self, lane: int, cpu: float | None, now: float) -> str | None:
     if self.loads is not None or lane not in self.lanes:
@@ -130,6 +165,7 @@ class CopiesByLoad:
       self._restart()
       return
     self.opened_at, self.copies_before = now, copies
+    self.driver_before = self.driver.cpu()
     self.done.clear()
 
   def _place(self, now: float) -> str | None:
@@ -150,10 +186,39 @@ class CopiesByLoad:
       for name, moved_to in copies_toward_idle(loads, cores).items():
         if self._ask(self.pool.place_copies, name, moved_to) is not _LOST:
           self.moved[name] = moved_to  # (not one lost meanwhile)
+    self._place_driver(hosts, cores, (self.driver.cpu() - self.driver_before) / span)
     self.placed_at = now
     return f'copy threads by load (tasks + copies, of a core, over {span:.1f} s): {self}'
 
+  def _place_driver(self, hosts: dict, cores: dict, driver: float) -> None:
+    """Pins the driver's threads by the same load (`driver_toward_idle`, over the lanes
+    of its own host), if that moves them off the busiest cores."""
+    self.driver_load = driver
+    here = self.pool.driver_host
+    lanes = {
+      name: load
+      for loads in hosts.values()
+      for name, load in loads.items()
+      if self.pool.info[name]['host'] == here
+    }
+    allowed = self.driver.allowed()
+    target = driver_toward_idle(lanes, cores, self.moved, driver, allowed) if lanes else None
+    if target is not None:
+      self.driver_affinity = allowed
+      self.driver_cores = self.driver.pin(target)
+
+  def put_driver_back(self) -> None:
+    """The driver's threads on the cores they had before `_place_driver` (the run has
+    ended: what the driver does next is not the run's)."""
+    if self.driver_affinity is not None:
+      self.driver.pin(self.driver_affinity)
+      self.driver_affinity = None
+
   def __str__(self) -> str:
-    """Each lane's measured load and what moved (`describe_copy_loads`)."""
+    """Each lane's measured load and what moved (`describe_copy_loads`), then the
+    driver's (`describe_driver_load`)."""
     cores = {name: self.pool.placement[name].cores for name in self.loads or ()}
-    return describe_copy_loads(self.loads or {}, cores, self.moved, (100, 0, '%'))
+    copies = describe_copy_loads(self.loads or {}, cores, self.moved, (100, 0, '%'))
+    if self.driver_load is None:
+      return copies
+    return f'{copies}; {describe_driver_load(self.driver_load, self.driver_cores, (100, 0, "%"))}'

@@ -148,7 +148,9 @@ class ProcessExecutor(Executor):
     copies: where the lanes' copy threads run: 'own' — as the placement puts them (a
       lane's `copies=`, else its own cores); 'auto' — moved once, by the load the run
       measures, from a lane whose cores bound the run to one whose cores wait
-      (`copy_load.CopiesByLoad`; the placement may then name no lane's `copies=`).
+      (`copy_load.CopiesByLoad`; the placement may then name no lane's `copies=`), and
+      the driver's threads pinned by the same load, where that takes them off the
+      busiest cores of their host (`placement.driver_toward_idle`), until the run ends.
     steady_from_batch: the driver's CPU is counted apart from the first task of this
       batch on (`steady_cpu_seconds`, `driver_cpu_per_task`): the run's start left out.
   """
@@ -215,7 +217,11 @@ class ProcessExecutor(Executor):
           stack.enter_context(saving_on_sigterm(self.on_sigterm))
         began, self._steady_mark = time.process_time(), None
         self.run_cpu_seconds, self.steady_cpu_seconds, self.steady_dispatched = 0.0, 0.0, 0
-        timeline = super().run(cluster, processes, resume=resume)
+        try:
+          timeline = super().run(cluster, processes, resume=resume)
+        finally:
+          if self.copies_by_load is not None:  # (not pinned in what the driver does next)
+            self.copies_by_load.put_driver_back()
         ended = time.process_time()
         self.run_cpu_seconds = ended - began
         if self._steady_mark is not None:

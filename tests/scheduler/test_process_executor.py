@@ -184,9 +184,11 @@ def test_pipelines_on_lane_processes_are_bit_identical_to_both_in_process_clocks
 
 def test_copies_placed_by_the_runs_load_move_mid_run_and_change_no_bit(pool, monkeypatch):
   """`copies='auto'`: the executor measures each lane's tasks' and copy threads' CPU over
-  a window of the run and moves copy threads while the lanes compute; the run is the one
-  of copies on their own cores, bit for bit. (The rule is `copies_toward_idle`'s, tested
-  by hand; here it is told to move stage 1's, to see a move happen in a live run.)"""
+  a window of the run and moves copy threads while the lanes compute, and pins the
+  driver by the same load; the run is the one of copies on their own cores, bit for
+  bit, and the driver is on its own cores again once it ends. (The rules are
+  `copies_toward_idle`'s and `driver_toward_idle`'s, tested by hand; here they are told
+  to move stage 1's copies and the driver, to see both happen in a live run.)"""
   from jaxsgd.scheduler import copy_load
 
   monkeypatch.setattr(copy_load, 'WARM_TASKS', 2)  # (a run of 6 steps: 18 tasks a stage)
@@ -195,6 +197,16 @@ def test_copies_placed_by_the_runs_load_move_mid_run_and_change_no_bit(pool, mon
   measured, placed = [], []
   monkeypatch.setattr(
     copy_load, 'copies_toward_idle', lambda loads, cores: measured.append(loads) or {'stage1': (0,)}
+  )
+  driver_cores, core = os.sched_getaffinity(0), min(os.sched_getaffinity(0))
+  asked = []  # the loads the driver's placement was given
+  monkeypatch.setattr(copy_load, 'driver_toward_idle', lambda *a: asked.append(a) or (core,))
+  pinned = []  # the driver's cores as the run ended
+  put_driver_back = copy_load.CopiesByLoad.put_driver_back
+  monkeypatch.setattr(
+    copy_load.CopiesByLoad,
+    'put_driver_back',
+    lambda self: pinned.append(os.sched_getaffinity(0)) or put_driver_back(self),
   )
   place = pool.place_copies
   monkeypatch.setattr(pool, 'place_copies', lambda *a: placed.append((a, place(*a))))
@@ -215,6 +227,11 @@ def test_copies_placed_by_the_runs_load_move_mid_run_and_change_no_bit(pool, mon
   [loads] = measured
   assert set(loads) == {'stage0', 'stage1'} and all(tasks > 0 for tasks, _ in loads.values())
   assert executor.copies_by_load.moved == {'stage1': (0,)}
+  # The driver: given this host's lanes' loads and the copies moved, pinned until the end.
+  [(lanes, _, moved, driver, allowed)] = asked
+  assert set(lanes) == {'stage0', 'stage1'} and moved == {'stage1': (0,)} and driver > 0
+  assert set(allowed) == driver_cores and executor.copies_by_load.driver_cores == (core,)
+  assert pinned == [{core}] and os.sched_getaffinity(0) == driver_cores
   [timeline] = timelines  # tasks began after the move: the run went on with them moved
   assert executor.copies_by_load.placed_at < max(record.start for record in timeline.records)
   for got, want in zip(auto, own):
@@ -428,7 +445,8 @@ def test_a_finished_task_is_heard_while_other_processes_keep_each_other_ready(po
 def test_the_summary_gives_the_drivers_cpu_per_task_of_a_process_executor_only():
   """`clocks.executor_summary`: 0.5 s of the driver's CPU over 200 tasks is 2.5 ms a
   task; with a steady state counted (0.3 s over 150 tasks: 2 ms), that; an executor
-  that counts none (in-process clocks) adds nothing."""
+  that counts none (in-process clocks) adds nothing. Copies and the driver placed by
+  load: each lane's load, the moves, the driver's load and cores."""
   from jaxsgd.algorithms import clocks
 
   ran = ProcessExecutor()  # (starts nothing until it runs)
@@ -437,6 +455,21 @@ def test_the_summary_gives_the_drivers_cpu_per_task_of_a_process_executor_only()
   ran.steady_cpu_seconds, ran.steady_dispatched = 0.3, 150
   assert clocks.executor_summary(ran) == {'driver_cpu_ms_per_task': 2.0}
   assert clocks.executor_summary(types.SimpleNamespace()) == {}
+  # `copies='auto'`: what it measured, moved and pinned, in % of a core.
+  ran.copies_by_load = types.SimpleNamespace(
+    loads={'stage0': (0.5, 0.125), 'stage1': (0.75, 0.0625)},
+    moved={'stage1': (0,)},
+    driver_load=0.0625,
+    driver_cores=None,
+  )
+  assert clocks.executor_summary(ran)['copies_by_load'] == {
+    'load_percent': {'stage0': [50.0, 12.5], 'stage1': [75.0, 6.2]},
+    'moved_to_cores': {'stage1': [0]},
+    'driver_load_percent': 6.2,
+    'driver_pinned_to_cores': None,
+  }
+  ran.copies_by_load.driver_cores = (1,)
+  assert clocks.executor_summary(ran)['copies_by_load']['driver_pinned_to_cores'] == [1]
 
 
 def _spin(seconds: float) -> None:

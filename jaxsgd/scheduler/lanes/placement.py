@@ -246,6 +246,60 @@ def copies_toward_idle(
   return moved
 
 
+def driver_toward_idle(
+  loads: Mapping[str, tuple[float, float]],
+  cores: Mapping[str, tuple[int, ...] | None],
+  moved: Mapping[str, tuple[int, ...]],
+  driver: float,
+  allowed: Iterable[int],
+) -> tuple[int, ...] | None:
+  """The cores to pin the driver's threads to, so that the busiest cores shed their share
+  of its CPU; None: left where the OS runs them.
+
+  `loads`, `cores`: as `copies_toward_idle`'s, for the lanes of the driver's host, and
+  `moved` where their copies went (its result); `driver`: the driver process's CPU over
+  the same span (every thread of it: the dispatch, hearing the lanes, the policy, its
+  connections' readers and writer); `allowed`: the cores the driver may run on. Lanes on
+  the same cores form a group, whose load is their tasks' and the copies it kept or took;
+  the cores of `allowed` that no lane computes on form one more, of load 0. The driver
+  goes to the least busy group, of load L on m cores, if (L + d) / m <= B / n for the
+  busiest, of load B on n cores: the busiest no longer runs part of it, and the taker
+  stays no busier than the busiest is without it. Left to the OS, the driver's threads
+  wake on whichever core is free at that moment, the bottleneck's too. Nothing is pinned
+  where a lane of the host is not pinned itself (no core is known to be free of it). E.g.
+  on two cores, the driver at 6 % of a core: PD-ASGD 1:1's backward worker's core 88 %
+  busy after its copies went, the other's 55 + 5 (the forward worker and the shared
+  model, and those copies): 60 + 6 <= 88, the driver goes there; DDG K=2's stages at 91
+  % and 93 %: 91 + 6 > 93, it stays unpinned; staged BP on one core, the other free: 0 +
+  6 <= 97, it goes to the free core.
+  """
+  if any(cores.get(lane) is None for lane in loads):
+    return None
+  load: dict[tuple[int, ...], float] = {}
+  for lane, (tasks, copies) in loads.items():
+    group = tuple(cores[lane])
+    load[group] = load.get(group, 0.0) + tasks + (0.0 if lane in moved else copies)
+    if lane in moved:
+      taker = tuple(moved[lane])
+      load[taker] = load.get(taker, 0.0) + copies
+  allowed = set(allowed)
+  spare = tuple(sorted(allowed - {core for group in load for core in group}))
+  if spare:
+    load[spare] = 0.0
+  if not load:
+    return None
+
+  def per_core(group, more=0.0):
+    return (load[group] + more) / len(group)
+
+  busiest = max(load, key=lambda g: (per_core(g), g))
+  takers = [g for g in load if g != busiest and set(g) <= allowed]
+  if not takers:
+    return None
+  target = min(takers, key=lambda g: (per_core(g), g))
+  return target if per_core(target, driver) <= per_core(busiest) else None
+
+
 def describe_copy_loads(
   loads: Mapping[str, tuple[float, float]],
   cores: Mapping[str, tuple[int, ...] | None],
@@ -263,6 +317,16 @@ def describe_copy_loads(
   )
   where = '; '.join(f'copies of {lane} to {",".join(map(str, c))}' for lane, c in moved.items())
   return f'{each}; {where or "each lane keeps its copies"}'
+
+
+def describe_driver_load(
+  driver: float, pinned: tuple[int, ...] | None, unit: tuple[float, int, str]
+) -> str:
+  """'the driver 4 %, pinned to 0' (`driver_toward_idle`'s `driver`, times `unit`'s scale,
+  with its digits and name, and where it went)."""
+  scale, digits, name = unit
+  where = 'unpinned' if pinned is None else f'pinned to {",".join(map(str, pinned))}'
+  return f'the driver {scale * driver:.{digits}f} {name}, {where}'
 
 
 def _parse_lane(text: str) -> LaneSpec:

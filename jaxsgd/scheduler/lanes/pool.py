@@ -41,6 +41,7 @@ remembered, so that the clean-up is not cut short.
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import pickle
@@ -829,6 +830,11 @@ class LanePool:
     (`placement.copies_toward_idle`); `LaneSpec.copy_cores` places them at start. The
     lane answers at once, beside the calls queued on it."""
     return tuple(self._call(lane, 'place_copies', (None if cores is None else tuple(cores),)))
+
+  @functools.cached_property
+  def driver_host(self) -> str:
+    """The driver's host, as the cluster names it (a lane's `info[lane]['host']`)."""
+    return cluster.node_address()
 
   def copy_cpu(self, lane: str) -> float:
     """The CPU seconds `lane`'s copy threads have used since it started (a task's own

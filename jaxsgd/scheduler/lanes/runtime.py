@@ -197,12 +197,18 @@ def pin_process(cores: tuple[int, ...] | None) -> tuple[int, ...]:
   cores this process may not use (`check_cores`)."""
   if cores is not None:
     check_cores(cores)
-    for tid in os.listdir('/proc/self/task'):
-      try:
-        os.sched_setaffinity(int(tid), cores)
-      except OSError:  # a thread that ended meanwhile
-        pass
+    pin_threads(cores)
   return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def pin_threads(cores: tuple[int, ...]) -> None:
+  """Pins every thread of this process (and those it starts later) to `cores`, unchecked:
+  a process pinned to fewer cores may be given back those it had."""
+  for tid in os.listdir('/proc/self/task'):
+    try:
+      os.sched_setaffinity(int(tid), cores)
+    except OSError:  # a thread that ended meanwhile
+      pass
 
 
 class LaneRuntime:
