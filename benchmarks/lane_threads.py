@@ -29,7 +29,8 @@ median over rounds:
   core N        the core's busy time, of the wall time per iteration
 A lane is pinned to its core with all its threads (`LanePlacement`), so its copies run
 on the core its tasks do unless moved: by default (`--copies=auto`, as `real_speedup`'s)
-a first run places them by the load it measured (`real_speedup.copies_by_load`), `run`
+a first run places them, and the driver's threads, by the load it measured
+(`real_speedup.copies_by_load`; the driver for the rounds only), `run`
 leaves it to each run's executor (as a training run does), `own` keeps them on their
 lanes' cores, and `--copies lane:cores` moves that lane's copy threads
 to those cores (`LaneSpec.copy_cores`): they still count as its copy threads, and the
@@ -179,11 +180,19 @@ def main():
   with LanePool(placement) as pool:
     for _ in range(2):  # every lane compiled its tasks
       real_speedup.run(pool, case, args.warmup + 2, 2)
+    pinned, allowed = None, tuple(sorted(os.sched_getaffinity(0)))
     if by_load:  # as real_speedup's default: placed by what a first run measured
-      placed = real_speedup.copies_by_load(pool, {name: case}, args.steps, args.warmup)
-      real_speedup.place_copies(pool, placed[name], {})
-    for _ in range(args.rounds):
-      rounds.append(one_round(pool, case, args.steps, args.warmup))
+      placed = real_speedup.copies_by_load(pool, {name: case}, args.steps, args.warmup, True)
+      moved, pinned = placed[name]
+      real_speedup.place_copies(pool, moved, {})
+    if pinned is not None:  # the driver too, for the rounds only
+      runtime.pin_threads(pinned)
+    try:
+      for _ in range(args.rounds):
+        rounds.append(one_round(pool, case, args.steps, args.warmup))
+    finally:
+      if pinned is not None:
+        runtime.pin_threads(allowed)
   print(f'load average {os.getloadavg()[0]:.1f} at end')
   median = lambda key: statistics.median(parts.get(key, 0.0) for parts in rounds)
   keys = sorted({key for parts in rounds for key in parts}, key=_order)

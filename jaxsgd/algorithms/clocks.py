@@ -317,7 +317,9 @@ def executor_summary(executor) -> dict:
         lane: [round(100 * share, 1) for share in load] for lane, load in measured.loads.items()
       },
       'moved_to_cores': {lane: list(cores) for lane, cores in measured.moved.items()},
-      'driver_load_percent': round(100 * measured.driver_load, 1),
+      'driver_load_percent': None
+      if measured.driver_load is None
+      else round(100 * measured.driver_load, 1),
       'driver_pinned_to_cores': None
       if measured.driver_cores is None
       else list(measured.driver_cores),

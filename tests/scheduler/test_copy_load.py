@@ -242,6 +242,11 @@ PD_CORES = {'sharedmodel': (0,), 'forwardworker0': (0,), 'backwardworker0': (1,)
     # A lane on cores 0 and 1 at 1.2 (0.6 a core), one on core 2 at 0.9, the driver 0.2:
     # (1.2 + 0.2) / 2 = 0.7 <= 0.9.
     ({'a': (1.1, 0.1), 'b': (0.9, 0.0)}, {'a': (0, 1), 'b': (2,)}, {}, 0.2, (0, 1, 2), (0, 1)),
+    # Lanes on cores 0-1 (1.6: 0.8 a core) and on core 1 (0.5): the less busy group's
+    # core is one of the busiest's, so pinned there the driver would still take from it.
+    ({'a': (1.6, 0.0), 'b': (0.5, 0.0)}, {'a': (0, 1), 'b': (1,)}, {}, 0.06, (0, 1), None),
+    # A driver that used no CPU in the window: nothing to shed, unpinned.
+    (PD_LOADS, PD_CORES, {'backwardworker0': (0,)}, 0.0, (0, 1), None),
     # A lane not pinned may compute on any core: none is known to be free of it.
     (
       {'stage0': (0.97, 0.0), 'stage1': (0.1, 0.0)},
@@ -261,6 +266,8 @@ PD_CORES = {'sharedmodel': (0,), 'forwardworker0': (0,), 'backwardworker0': (1,)
     'bp-free-core',
     'free-cores',
     'two-core-group',
+    'overlapping-groups',
+    'idle-driver',
     'unpinned-lane',
   ],
 )

@@ -238,6 +238,38 @@ def test_copies_placed_by_the_runs_load_move_mid_run_and_change_no_bit(pool, mon
     chex.assert_trees_all_equal(got, want)
 
 
+def test_the_driver_placed_by_load_is_put_back_when_the_run_fails(head, monkeypatch):
+  """A run that raises after the driver was pinned (`copies='auto'`; the rule told to pin
+  it) leaves the driver on the cores it had: what runs next is not the run's. (A pool of
+  its own: the failed run's tasks stay in its pool's count of unfinished ones.)"""
+  from jaxsgd.scheduler import copy_load
+
+  monkeypatch.setattr(copy_load, 'WARM_TASKS', 2)
+  monkeypatch.setattr(copy_load, 'WINDOW_TASKS', 6)
+  monkeypatch.setattr(copy_load, 'WINDOW_SECONDS', 0.0)
+  monkeypatch.setattr(copy_load, 'copies_toward_idle', lambda loads, cores: {})
+  before = os.sched_getaffinity(0)
+  if len(before) < 2:
+    pytest.skip('pinned to one core of one, the driver would look put back either way')
+  core = min(before)
+  monkeypatch.setattr(copy_load, 'driver_toward_idle', lambda *args: (core,))
+  placement = LanePlacement.spread(['stage0', 'stage1'])
+  own_pool = LanePool(placement, address=head.address, verbose=False)
+  executor, pinned = ProcessExecutor(pool=own_pool, copies='auto'), []
+  finished = executor.task_finished
+
+  def fail_once_pinned(process, value):
+    if executor.copies_by_load.driver_cores is not None:
+      pinned.append(os.sched_getaffinity(0))
+      raise RuntimeError('the policy failed')
+    finished(process, value)
+
+  monkeypatch.setattr(executor, 'task_finished', fail_once_pinned)
+  with own_pool, pytest.raises(RuntimeError, match='the policy failed'):
+    train(ddg.roles(2), executor)
+  assert pinned == [{core}] and os.sched_getaffinity(0) == before
+
+
 @pytest.mark.parametrize(
   'roles, gradients_back',
   [(ddg.roles(2), True), (ddg.roles(2, 'recompute'), True), (local.roles(2), False)],

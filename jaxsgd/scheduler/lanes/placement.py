@@ -261,9 +261,12 @@ def driver_toward_idle(
   the same span (every thread of it: the dispatch, hearing the lanes, the policy, its
   connections' readers and writer); `allowed`: the cores the driver may run on. Lanes on
   the same cores form a group, whose load is their tasks' and the copies it kept or took;
-  the cores of `allowed` that no lane computes on form one more, of load 0. The driver
-  goes to the least busy group, of load L on m cores, if (L + d) / m <= B / n for the
-  busiest, of load B on n cores: the busiest no longer runs part of it, and the taker
+  the cores of `allowed` that none of these lanes computes on form one more, of load 0
+  (another process's cores, or an idle lane's of a pool this run does not use, count as
+  free: the run cannot see them). The driver
+  goes to the least busy group that shares no core with the busiest, of load L on m
+  cores, if (L + d) / m <= B / n for the busiest, of load B on n cores (and d > 0): the
+  busiest no longer runs part of it, and the taker
   stays no busier than the busiest is without it. Left to the OS, the driver's threads
   wake on whichever core is free at that moment, the bottleneck's too. Nothing is pinned
   where a lane of the host is not pinned itself (no core is known to be free of it). E.g.
@@ -293,8 +296,8 @@ def driver_toward_idle(
     return (load[group] + more) / len(group)
 
   busiest = max(load, key=lambda g: (per_core(g), g))
-  takers = [g for g in load if g != busiest and set(g) <= allowed]
-  if not takers:
+  takers = [g for g in load if not set(g) & set(busiest) and set(g) <= allowed]
+  if driver <= 0 or not takers:  # (nothing to shed; pinned on a core of the busiest)
     return None
   target = min(takers, key=lambda g: (per_core(g), g))
   return target if per_core(target, driver) <= per_core(busiest) else None
