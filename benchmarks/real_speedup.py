@@ -651,9 +651,7 @@ def copies_by_load(pool: LanePool, cases_: dict, steps: int, warmup: int, driver
     line = describe_loads(loads, cores, moved)
     pinned = None
     if driver:
-      here = {
-        lane: load for lane, load in loads.items() if pool.info[lane]['host'] == pool.driver_host
-      }
+      here = {lane: load for lane, load in loads.items() if pool.on_driver_host(lane)}
       used = LAST_RUN['driver_cpu'] / iterations
       pinned = placement_lib.driver_toward_idle(here, cores, moved, used, allowed)
       line += '; ' + placement_lib.describe_driver_load(used, pinned, (1e3, 1, 'ms'))

@@ -186,21 +186,15 @@ class CopiesByLoad:
       for name, moved_to in copies_toward_idle(loads, cores).items():
         if self._ask(self.pool.place_copies, name, moved_to) is not _LOST:
           self.moved[name] = moved_to  # (not one lost meanwhile)
-    self._place_driver(hosts, cores, (self.driver.cpu() - self.driver_before) / span)
+    self._place_driver(cores, (self.driver.cpu() - self.driver_before) / span)
     self.placed_at = now
     return f'copy threads by load (tasks + copies, of a core, over {span:.1f} s): {self}'
 
-  def _place_driver(self, hosts: dict, cores: dict, driver: float) -> None:
+  def _place_driver(self, cores: dict, driver: float) -> None:
     """Pins the driver's threads by the same load (`driver_toward_idle`, over the lanes
     of its own host), if that moves them off the busiest cores."""
     self.driver_load = driver
-    here = self.pool.driver_host
-    lanes = {
-      name: load
-      for loads in hosts.values()
-      for name, load in loads.items()
-      if self.pool.info[name]['host'] == here
-    }
+    lanes = {name: load for name, load in self.loads.items() if self.pool.on_driver_host(name)}
     allowed = self.driver.allowed()
     target = driver_toward_idle(lanes, cores, self.moved, driver, allowed) if lanes else None
     if target is not None:

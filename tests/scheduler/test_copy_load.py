@@ -26,6 +26,9 @@ class ClockedPool:
       lane: {'host': self.placement[lane].host or DRIVER_HOST} for lane in self.placement.names
     }
 
+  def on_driver_host(self, lane):
+    return self.info[lane]['host'] == self.driver_host
+
   def copy_cpu(self, lane):
     if lane in self.lost:
       raise LaneError(lane, None, f'lane {lane!r} died')

@@ -836,6 +836,10 @@ class LanePool:
     """The driver's host, as the cluster names it (a lane's `info[lane]['host']`)."""
     return cluster.node_address()
 
+  def on_driver_host(self, lane: str) -> bool:
+    """Whether `lane`'s process runs on the driver's host (whose cores they share)."""
+    return self.info[lane]['host'] == self.driver_host
+
   def copy_cpu(self, lane: str) -> float:
     """The CPU seconds `lane`'s copy threads have used since it started (a task's own
     `cpu` leaves them out), answered at once, beside the calls queued on it."""
