@@ -660,10 +660,10 @@ def test_a_lane_whose_task_lost_an_input_is_reset_not_replaced(head, monkeypatch
 def test_a_value_of_a_replaced_lanes_lost_process_fails_where_it_is_used(head):
   """A handle to a value the lost process of a replaced lane held is void: a task given
   one fails naming that lane (`LaneError.lost_input`), on another lane (its copy) or on
-  the new process itself, and so does a fetch of one; the lanes go on. The new process never had the value: an
-  export of it waited there for ever, and the lane taking the copy in with it (an LPP-SGD
-  worker holding its replica's parameters from before the replica was replaced: the run
-  never ended)."""
+  the new process itself, and so does a fetch of one; the lanes go on. The new process
+  never had the value: an export of it waited there for ever, and the lane taking the
+  copy in with it (an LPP-SGD worker holding its replica's parameters from before the
+  replica was replaced: the run never ended)."""
   with LanePool(LanePlacement.spread(['s', 't']), address=head.address, verbose=False) as lanes:
     old = lanes.run('s', task('init'), (2,))
     lanes.replace('s')
