@@ -6,7 +6,7 @@ CONFIG ?= experiments/configs/default.py
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test lint format bench device-wheels clean
 
 setup: $(STAMP)
 
@@ -45,6 +45,11 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.step_time
+
+# What a lent GPU machine's image lacks for `python -m benchmarks.device_round`, in .whl/
+# (carried there with the tree): Ray's wheel without its Java jars, and Ray's needs.
+device-wheels: $(STAMP)
+	$(PY) -m benchmarks.device_round --wheels .whl
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -34,7 +34,7 @@ from benchmarks import common as bench_common
 from benchmarks import real_speedup
 from jaxsgd.algorithms import ddg
 from jaxsgd.scheduler import link_timing
-from jaxsgd.scheduler.lanes import LanePool
+from jaxsgd.scheduler.lanes import LanePool, cluster
 
 PATHS = ('host', 'device')
 GPU_SHARE = 0.25  # four lanes on one GPU: two pools of two
@@ -75,6 +75,14 @@ def main():
   if args.repeats < 1 or args.rounds < 1 or not 0 <= args.warmup < args.steps:
     parser.error('--repeats and --rounds: at least 1; --warmup: 0 <= warmup < steps')
   gpu = GPU_SHARE if args.gpu else 0.0
+  if gpu:  # refused in one line before anything runs, as `real_speedup --gpu` does
+    cluster.connect(None)
+    try:
+      cluster.check_gpus(link_timing.lane_pair(('source', 'target'), (0, 1), 'device', gpu).lanes)
+    except ValueError as error:
+      parser.error(f'--gpu: {error}')
+    finally:
+      cluster.shutdown()  # (each measurement's pool starts its own)
   print(
     f'machine: {os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f} at start; '
     f'jax {jax.__version__}; lanes: {"a quarter of a GPU each" if gpu else "cores 0 and 1"}'
