@@ -39,7 +39,11 @@ once its task is dispatched and its lanes compute behind it:
                            while `HOLD_WHILE_QUEUED` (2) of the lane's next tasks have
                            reached it (`_reply`), unless a `Ready` asked for it
                            (`_hasten`, `driver_latency` after the `Ready`), as a lane
-                           process holds such a reply while that many calls are queued
+                           process holds such a reply while that many calls are queued;
+                           and sends what it holds if its next task, come, waits for an
+                           input made elsewhere (`_next_waits_for_input`) with fewer than
+                           two calls behind it, as a lane process does before it waits
+                           for a copy
 
 With a simulated driver (the host profile's `driver`: seconds per event, `driver_latency`: each
 message's way), the process executor's driver thread is one more FIFO resource:
@@ -378,6 +382,7 @@ class LaneProcessModel(VirtualExecutor):
     task may have taken it.)"""
     hardware, interpreter = self._hardware(lane), self._interpreter(lane)
     job.queued_behind = self._calls_arrived(hardware, lane)  # (before the next starts)
+    next_waits = self._next_waits_for_input(hardware, lane, job)
     if job.holding:  # (a copy past its export holds nothing: `_exported`)
       self._busy.discard(hardware)
     if interpreter is not None:
@@ -385,11 +390,27 @@ class LaneProcessModel(VirtualExecutor):
       self._start_if_free(hardware)
       self._hand_interpreter(interpreter)  # the copies the end woke
     self._task_ended(process, op, lane, start, result, job)
+    if next_waits and job.queued_behind - 1 < HOLD_WHILE_QUEUED and lane in self._held:
+      self._reply(lane)  # it waits, its queue short: what it held goes now (`send_held`)
     self._start_if_free(hardware)
     self._arrived(job)  # lanes whose next task read this one's result
     if self.cluster.lanes[lane].link is not None and job.holding:  # its sender's interpreter
       job.holding = False
       self._hand_interpreter(hardware)
+
+  def _next_waits_for_input(self, hardware, lane: int, ending: '_Job') -> bool:
+    """Whether compute lane `lane`'s next task, as `ending` ends there, has reached it
+    and waits for an input made elsewhere (a copy not yet come, or the task on another
+    lane that makes it): its call thread then waits, and sends the ends it holds first
+    (`LaneRuntime.send_held`)."""
+    if self.cluster.lanes[lane].link is not None:
+      return False
+    for _, queued_lane, _, job in self._queued.get(hardware, ()):
+      if queued_lane == lane:
+        arrived = job.message is None or job.message.done
+        waits = [j for j in job.inputs if not j.done and j is not job.message and j is not ending]
+        return arrived and bool(waits)
+    return False
 
   def _calls_arrived(self, hardware, lane: int) -> int:
     """How many tasks of compute lane `lane` are queued behind the one ending whose

@@ -286,6 +286,48 @@ def test_a_lane_holds_the_ends_of_tasks_run_ahead_while_two_calls_are_queued(has
   assert runtime.held == [] and runtime.hastened == set()
 
 
+@pytest.mark.parametrize('calls', [4, 5])
+def test_a_lane_that_waits_for_a_copy_with_a_short_queue_sends_the_ends_it_holds(calls):
+  """`calls` calls queued at once, all run ahead; the third reads a copy from another lane
+  that has not come. The first two ends are held (two calls or more behind them).
+  Four calls: the third waits with one call behind it, and sends the two held ends as it
+  starts to wait, while nothing else has ended — a waiting lane's core is idle, and the
+  driver hears of room on a lane about to run dry. Five: two calls behind it, the lane
+  keeps holding (the driver needs no room there). The copy comes; the rest run, and each
+  end goes with the first one sent at once (one call behind it or none)."""
+  import pickle
+  import queue
+
+  runtime = Lane().runtime
+  runtime.calls, runtime.exports = queue.SimpleQueue(), queue.SimpleQueue()
+  replies = []
+  runtime._reply = lambda kind, number, value: replies.append(number)
+  w, x = np.full((8, 4), 0.5, np.float32), np.ones((3, 8), np.float32)
+  copied, source = ('copied', ()), ('127.0.0.1', 1)
+  for number in range(calls):
+    reads = Ref(copied) if number == 2 else x
+    call, buffers = _dumps(((0, Task(LAYER, 'forward')), (w, reads), number, (), 0.0, True))
+    imports = ((copied, source),) if number == 2 else ()
+    runtime.calls.put(('run_ahead', number, (call, imports, *buffers)))
+  threading.Thread(target=runtime._run_calls, daemon=True).start()
+  deadline = time.monotonic() + 30
+  while {key[0] for key in runtime.values} != {0, 1} and time.monotonic() < deadline:
+    time.sleep(0.01)
+  time.sleep(0.2)  # (the third waits for its copy: nothing more is sent meanwhile)
+  assert {key[0] for key in runtime.values} == {0, 1}  # the third has not run
+  if calls == 4:
+    assert replies == [0, 1] and runtime.held == []
+  else:
+    assert replies == [] and [reply[1] for reply in runtime.held] == [0, 1]
+  leaves, treedef = jax.tree.flatten(x)
+  with runtime.stored:  # the copy comes, as a lane's reader would hand it over
+    runtime.arrived[copied] = (('treedef', pickle.dumps(treedef)), leaves)
+    runtime._changed()
+  while len(replies) < calls and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert replies == list(range(calls)) and runtime.held == []
+
+
 def test_hasten_sends_the_held_ends_at_once_and_ignores_one_already_sent():
   """By hand: a held end asked for goes at once with those held before it; an end
   already sent (its number at most the last one answered) is not waited for again."""

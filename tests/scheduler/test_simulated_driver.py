@@ -191,6 +191,60 @@ def test_a_ready_has_the_lane_send_the_end_it_waits_for_at_once():
   assert spans == [(0.25, 1.25, 2.5), (1.25, 2.25, 2.75), (2.25, 3.25, 3.5)]
 
 
+def _held_behind_a_wait(forwards: int):
+  """p runs `forwards` forwards ahead on lane a (2 s each), the third on what q's second
+  backward (4 s each) on lane b sends it; `(lane, kind, start, end, heard, dispatched)` of
+  every task."""
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  inbox = cluster.channel('inbox', a)
+
+  def p():
+    x = yield Compute(_add_one, (jnp.zeros(4),), kind='forward', ahead=True)
+    x = yield Compute(_add_one, (x,), kind='forward', ahead=True)
+    y = yield Get(inbox)
+    x = yield Compute(_add_one, (y,), kind='forward', ahead=True)
+    for _ in range(forwards - 3):
+      x = yield Compute(_add_one, (x,), kind='forward', ahead=True)
+
+  def q():
+    y = yield Compute(_add_one, (jnp.zeros(4),), kind='backward', ahead=True)
+    y = yield Compute(_add_one, (y,), kind='backward', ahead=True)
+    yield Send(inbox, y)
+
+  costs = CostModel({'forward': 2.0, 'backward': 4.0}, driver=DRIVER)
+  timeline = LaneProcessModel(costs, run_ahead=8).run(
+    cluster, [Process('p', a, p()), Process('q', b, q())]
+  )
+  records = [r for r in timeline.records if r.kind != 'transfer']
+  return sorted((r.lane, r.kind, r.start, r.end, r.heard, r.dispatched) for r in records)
+
+
+@pytest.mark.parametrize('forwards', [4, 5])
+def test_a_lane_whose_next_task_waits_with_a_short_queue_sends_the_ends_it_holds(forwards):
+  """The driver's events, 0.25 s each in order: p's f1 (dispatched 0.25), q's b1 (0.5),
+  f2 (0.75), b2 (1.0), q's copy (1.25), then f3, f4 (and f5) (1.5, 1.75, 2.0), once p had
+  q's value. f1 runs 0.25 -> 2.25 and f2 2.25 -> 4.25, each ending with two calls or more
+  queued behind it: held. f3 reads what b2 makes (4.5 -> 8.5), and waits for it.
+  Four forwards: one call behind f3, so the lane sends f1's and f2's ends as f3 starts to
+  wait, at 4.25 (heard 4.5 and 4.75; b1's end, at 4.5, 5.0), not with f3's end at 10.5
+  (`LaneRuntime.send_held`); f3 10.5 (one call behind: heard 10.75), f4 12.5 (12.75).
+  Five: two calls behind f3, so the lane keeps holding, and f3 too (two behind it), until
+  f4 ends with one behind it at 12.5: f1, f2, f3, f4 heard 12.75 to 13.5, f5 at 14.75."""
+  b1, b2 = (1, 'backward', 0.5, 4.5, 4.75, 0.5), (1, 'backward', 4.5, 8.5, 8.75, 1.0)
+  if forwards == 4:
+    b1, heard = (*b1[:4], 5.0, b1[5]), (4.5, 4.75, 10.75, 12.75)
+  else:
+    heard = (12.75, 13.0, 13.25, 13.5, 14.75)
+  spans = [(0.25, 2.25), (2.25, 4.25), (8.5, 10.5), (10.5, 12.5), (12.5, 14.5)][:forwards]
+  dispatched = (0.25, 0.75, 1.5, 1.75, 2.0)
+  assert _held_behind_a_wait(forwards) == [
+    *((0, 'forward', *span, h, d) for span, h, d in zip(spans, heard, dispatched)),
+    b1,
+    b2,
+  ]
+
+
 def test_a_lane_reads_another_lanes_result_without_waiting_for_the_driver():
   """p0 makes x on lane a (dispatch 0 → 0.25, forward 0.25 → 1.25) and sends it to lane b
   (the copy's dispatch 0.25 → 0.5, as p0 went on at once: its copy waits for x, 1.25 →

@@ -574,6 +574,10 @@ class LaneRuntime:
 
   def _arrival(self, key: Hashable, source):
     with self.stored:
+      come = self._come(key, source)
+    if not come and self.calls.qsize() < HOLD_WHILE_QUEUED:
+      self.send_held()  # (this lane waits, its queue short: the driver hears them now)
+    with self.stored:
       while not self._come(key, source):
         self.stored.wait(0.5)
       if key in self.arrived:
@@ -859,8 +863,8 @@ class LaneRuntime:
     its reply is held, and sent with the next reply the ordered thread sends
     (`_send_after_held`) — a task's that the driver waits for, a failure, a fetch's or a
     put's, or that of a task with fewer calls queued behind it, so that the driver hears
-    of room on this lane before it has run its queue dry — or when the driver asks for it
-    (`hasten`). The driver hears several ends per wake-up: woken by
+    of room on this lane before it has run its queue dry —, when the next call waits for
+    a copy to come (`send_held`), or when the driver asks for it (`hasten`). The driver hears several ends per wake-up: woken by
     each end of a task that computed ~30 ms, its threads used ~0.6 ms of CPU per task
     (`benchmarks/driver_cpu.py`), against ~0.1 ms for ends a fraction of a millisecond
     apart."""
@@ -892,6 +896,21 @@ class LaneRuntime:
     held, self.held = self.held, []
     for reply in held:
       self._reply(*reply)
+
+  def send_held(self) -> None:
+    """Sends the held replies now, if any: the lane is about to wait for a copy to come,
+    with fewer than `HOLD_WHILE_QUEUED` calls queued behind the one that waits (`_arrival`).
+    A lane holds the ends of tasks run ahead so that the driver, woken less often, takes
+    less of the cores the lanes compute on (`_answer`), until its queue runs short; one
+    whose queue is short and that waits computes nothing, and the driver then takes its
+    core for free. Released at the next reply instead, they reached the driver as a
+    pipeline's stage went on from its backward to its update: the driver woke on that
+    stage's core and its ~1-3 ms of work came between the two, on the path the next
+    stage waited along (DDG K=2 on two cores). A lane with a long queue (a parameter
+    server's, fed by many workers) keeps holding: the driver needs no room there."""
+    with self.held_lock:
+      if self.held:
+        self._send_held()
 
   def hasten(self, number) -> None:
     """The driver waits for task `number`'s end (a `Ready` on its result): its reply goes
