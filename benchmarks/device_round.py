@@ -1,41 +1,47 @@
 r"""What the lanes' figures need real parallel hardware for, as one command that fits a
 short loan of a machine with many cores and a GPU.
 
-    make device-wheels                          # here, once: what the machine's image lacks
+    make device-wheels                          # here, once: Ray for a machine without it
     python -m benchmarks.device_round --plan    # the steps, their commands and budgets
-    # on the lent machine, in the repository's root, `.whl` carried:
+    # on that machine, in the repository's root, with `.whl` copied there:
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
       && PYTHONPATH=/tmp/site:. python3 -m benchmarks.device_round --out "$OUT"
 
-A lent machine comes bare and for minutes; the checks that only it can make are these
-steps, in order, each a benchmark of this folder in a process of its own:
+The checks that only such a machine can make are these steps, in order, each a
+benchmark of this folder in a process of its own:
 
   ddg_k8       `real_speedup --lanes 8` on a 16-layer model: DDG K=8 on eight cores
                against BP on one (lane processes; the goal is 0.9 K)
   ddg_k4       the same at K=4
-  ceilings     `neighbour_contention --stages` on the same model: its K=4 and K=8 stages
-               computing at once with no executor, the ceiling those cores give
   k2_gpu       `real_speedup --gpu` with DDG and PD-ASGD: K=2 where cores are to spare
                (the driver placed by load on a free one), then DDG K=2 with both stages on
                the GPU (device path, and host path) and with one on it, one on a core
   device_path  `device_path --gpu`: a move between two GPU lanes, device path against host
+  ceilings     `neighbour_contention --stages` on the same model: its K=4 and K=8 stages
+               computing at once with no executor, the ceiling those cores give
 
 Each step's output goes to `OUT/<step>.txt` as it prints, and its last lines to the
-terminal. A step is given its budget (stopped past it: Ctrl-C, so that its lanes and
-Ray cluster end, then killed), and starts only if its budget fits in what is left of
-`--budget`; one that fails or is stopped does not stop the round. The driver of each
-step runs JAX on the CPU (`JAX_PLATFORMS=cpu`, unless set): its GPU lanes take the GPU.
+terminal. A step is given its budget (stopped past it: Ctrl-C to its process group, so
+that its lanes and Ray cluster end, and the group killed `STOP_GRACE` seconds later, or
+at once when the step has ended: up to ~25 s past its budget), and starts only if its
+budget fits in what is left of `--budget` (by default every step's, and room for one
+stop); one that fails or is stopped does not stop the round, and Ctrl-C or SIGTERM to
+the round stops the step it runs. The driver of each step runs JAX on the CPU
+(`JAX_PLATFORMS=cpu`, unless set): its GPU lanes take the GPU.
 
-`make device-wheels` (`--wheels DIR`) downloads what the image of the machines lent to
-this project lacks for these steps (Ray, at the version installed here, and the packages
-of Ray's that the image has not), for its Python, 3.12: Ray's wheel without its Java
-jars, which lanes do not use and which would not fit in what may travel with the tree.
+`make device-wheels` (`--wheels DIR`) downloads, for Python `DEVICE_PYTHON`, what a
+machine with JAX but without Ray lacks for these steps: Ray at the version installed here
+and the packages of Ray's (`WHEELS`) that such an image may not have; Ray's wheel
+without its Java jars, which lanes do not use (~32 of its ~79 MB), so that it travels
+with the tree where what travels is limited.
 The last line: `device round: <n> of <m> steps ran to the end in <s> s`.
 Not a test: speed is measured, not asserted.
 """
 
 import argparse
+import contextlib
 import dataclasses
+import math
 import importlib.metadata
 import os
 import pathlib
@@ -73,18 +79,19 @@ STEPS = (
     100,
   ),
   Step(
+    'k2_gpu',
+    ('-m', 'benchmarks.real_speedup', '--rounds', '3', '--families', 'ddg,pdasgd', '--gpu'),
+    150,
+  ),
+  Step('device_path', ('-m', 'benchmarks.device_path', '--gpu', '--rounds', '3'), 80),
+  Step(
     'ceilings',
     ('-m', 'benchmarks.neighbour_contention', '--stages', '--counts', '1,4,8', '--reps', '15')
     + ('--depth', '16', '--features', '1024', '--batch', '256'),
-    90,
+    60,
   ),
-  Step(
-    'k2_gpu',
-    ('-m', 'benchmarks.real_speedup', '--rounds', '3', '--families', 'ddg,pdasgd', '--gpu'),
-    180,
-  ),
-  Step('device_path', ('-m', 'benchmarks.device_path', '--gpu', '--rounds', '3'), 90),
 )
+BUDGET = 540.0  # seconds for the round: every step's budget (510) and a stop's overrun
 STOP_GRACE = 20.0  # seconds a stopped step has to end its lanes and cluster before a kill
 TAIL = 3  # last lines of a step's output shown on the terminal
 
@@ -97,9 +104,9 @@ class Outcome:
 
 
 def run_step(step: Step, out: pathlib.Path, budget: float, env: dict) -> Outcome:
-  """Runs `step` with its output written to `out/<name>.txt`; stops it after `budget`
-  seconds: SIGINT to its process group (a benchmark's `with` blocks end its lanes and its
-  cluster), and SIGKILL if it has not ended `STOP_GRACE` seconds later."""
+  """Runs `step` in a process group of its own, its output written to `out/<name>.txt`;
+  stops it after `budget` seconds (`_stop`). Whatever of its group is left when it ends
+  (a child it did not wait for) is killed, and so is the step if the round is stopped."""
   began = time.monotonic()
   with open(out / f'{step.name}.txt', 'w') as log:
     log.write(f'# {" ".join(["python", *step.argv])}\n')
@@ -109,23 +116,30 @@ def run_step(step: Step, out: pathlib.Path, budget: float, env: dict) -> Outcome
       stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT,
       text=True,
+      errors='replace',
       env=env,
       start_new_session=True,  # (its group: a stop reaches its lanes and Ray too)
     )
     lines: list[str] = []
     reader = threading.Thread(target=_copy_lines, args=(process.stdout, log, lines), daemon=True)
     reader.start()
+    stopped = False
     try:
       process.wait(timeout=budget)
-      stopped = False
     except subprocess.TimeoutExpired:
       stopped = True
       _stop(process)
+    except BaseException:  # the round stopped (Ctrl-C, SIGTERM): its step with it
+      _stop(process)
+      raise
+    finally:
+      _kill_group(process.pid)
     reader.join(timeout=5)
   seconds = time.monotonic() - began
-  last = lines[-1].strip() if lines else ''
-  for line in lines[-TAIL:]:
-    print(f'  | {line.rstrip()}')
+  shown = [line.rstrip() for line in lines if line.strip()]
+  for line in shown[-TAIL:]:
+    print(f'  | {line}')
+  last = shown[-1].strip() if shown else ''
   if stopped:
     return Outcome(f'stopped after {budget:.0f} s', seconds, last)
   if process.returncode:
@@ -135,22 +149,27 @@ def run_step(step: Step, out: pathlib.Path, budget: float, env: dict) -> Outcome
 
 def _copy_lines(stream, log, lines: list) -> None:
   for line in stream:
-    log.write(line)
-    log.flush()
     lines.append(line)
+    if not log.closed:  # (a child left running may print after its step's end)
+      log.write(line)
+      log.flush()
 
 
 def _stop(process: subprocess.Popen) -> None:
-  for sig, grace in ((signal.SIGINT, STOP_GRACE), (signal.SIGKILL, 5.0)):
-    try:
-      os.killpg(process.pid, sig)
-    except ProcessLookupError:
-      return
-    try:
-      process.wait(timeout=grace)
-      return
-    except subprocess.TimeoutExpired:
-      continue
+  """SIGINT to the step's group (a benchmark's `with` blocks end its lanes and cluster),
+  then, `STOP_GRACE` seconds later or once the step has ended, SIGKILL to the group."""
+  with contextlib.suppress(ProcessLookupError):
+    os.killpg(process.pid, signal.SIGINT)
+  with contextlib.suppress(subprocess.TimeoutExpired):
+    process.wait(timeout=STOP_GRACE)
+  _kill_group(process.pid)
+  with contextlib.suppress(subprocess.TimeoutExpired):
+    process.wait(timeout=5.0)
+
+
+def _kill_group(group: int) -> None:
+  with contextlib.suppress(ProcessLookupError, PermissionError):
+    os.killpg(group, signal.SIGKILL)
 
 
 def run_round(steps, out: pathlib.Path, budget: float, env: dict | None = None) -> dict:
@@ -201,26 +220,30 @@ def _version(name: str) -> str:
     return 'missing'
 
 
-# What the steps import that the lent machines' image lacks: Ray, and Ray's needs that are
-# not in the image (docs of the device tool list the image's packages).
+# Ray's needs that a machine with JAX and its usual packages may lack (Ray itself is added at
+# the version installed here).
 WHEELS = ('jsonschema', 'jsonschema-specifications', 'referencing', 'rpds-py')
 DEVICE_PYTHON = '3.12'
 PLATFORMS = ('manylinux2014_x86_64', 'manylinux_2_17_x86_64', 'manylinux_2_28_x86_64')
 
 
 def download_wheels(folder: pathlib.Path) -> list[pathlib.Path]:
-  """The wheels for the lent machine in `folder` (emptied of wheels first), Ray's without
-  its Java jars (`without_jars`)."""
+  """The wheels for the lent machine in `folder` (its older wheels of these packages
+  removed first), Ray's without its Java jars (`without_jars`); raises `ValueError` if
+  Ray is not installed here (its version is the one downloaded) or pip fails."""
+  ray = _version('ray')
+  if ray == 'missing':
+    raise ValueError('Ray is not installed here: its version is the one to download')
   folder.mkdir(parents=True, exist_ok=True)
-  for old in folder.glob('*.whl'):
-    old.unlink()
+  for name in ('ray', *WHEELS):
+    for old in folder.glob(f'{name.replace("-", "_")}-*.whl'):
+      old.unlink()
   platforms = [arg for platform in PLATFORMS for arg in ('--platform', platform)]
-  subprocess.run(
-    [sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--only-binary=:all:']
-    + ['--python-version', DEVICE_PYTHON, '--implementation', 'cp', *platforms, '-d', str(folder)]
-    + [f'ray=={_version("ray")}', *WHEELS],
-    check=True,
-  )
+  command = [sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps']
+  command += ['--only-binary=:all:', '--python-version', DEVICE_PYTHON, '--implementation']
+  command += ['cp', *platforms, '-d', str(folder), f'ray=={ray}', *WHEELS]
+  if subprocess.run(command).returncode:
+    raise ValueError(f'pip could not download ray=={ray} and {", ".join(WHEELS)} (above)')
   for wheel in folder.glob('ray-*.whl'):
     without_jars(wheel)
   return sorted(folder.glob('*.whl'))
@@ -228,18 +251,21 @@ def download_wheels(folder: pathlib.Path) -> list[pathlib.Path]:
 
 def without_jars(wheel: pathlib.Path) -> None:
   """Rewrites Ray's `wheel` without `ray/jars/` (Ray's Java workers: ~32 of its ~79 MB)
-  and without their lines in its RECORD, which pip checks against the files."""
+  and without their lines in its RECORD (the files it lists)."""
   kept = wheel.with_suffix('.tmp')
-  with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(kept, 'w', zipfile.ZIP_DEFLATED) as out:
-    for item in source.infolist():
-      if item.filename.startswith('ray/jars/'):
-        continue
-      data = source.read(item)
-      if item.filename.endswith('.dist-info/RECORD'):
-        lines = data.decode().splitlines(keepends=True)
-        data = ''.join(ln for ln in lines if not ln.startswith('ray/jars/')).encode()
-      out.writestr(item, data)
-  kept.replace(wheel)
+  try:
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(kept, 'w', zipfile.ZIP_DEFLATED) as out:
+      for item in source.infolist():
+        if item.filename.startswith('ray/jars/'):
+          continue
+        data = source.read(item)
+        if item.filename.endswith('.dist-info/RECORD'):
+          lines = data.decode().splitlines(keepends=True)
+          data = ''.join(ln for ln in lines if not ln.startswith('ray/jars/')).encode()
+        out.writestr(item, data)
+    kept.replace(wheel)
+  finally:
+    kept.unlink(missing_ok=True)
 
 
 def print_outcomes(outcomes: dict, seconds: float) -> None:
@@ -254,7 +280,7 @@ def print_outcomes(outcomes: dict, seconds: float) -> None:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--out', default=os.environ.get('OUT', 'runs/device_round'))
-  parser.add_argument('--budget', type=float, default=480.0, help='seconds for every step')
+  parser.add_argument('--budget', type=float, default=BUDGET, help='seconds for every step')
   names = ', '.join(step.name for step in STEPS)
   parser.add_argument('--only', default='', help=f'comma-separated steps, of {names}')
   parser.add_argument('--plan', action='store_true', help='print the steps and exit')
@@ -264,11 +290,17 @@ def main(argv=None) -> None:
   unknown = sorted(set(wanted) - {step.name for step in STEPS})
   if unknown:
     parser.error(f'--only: steps of {names}; got {", ".join(unknown)}')
-  if args.budget <= 0:
-    parser.error(f'--budget: seconds, more than 0; got {args.budget}')
+  if not (math.isfinite(args.budget) and args.budget > 0):
+    parser.error(f'--budget: seconds, a number more than 0; got {args.budget}')
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    parser.error(f"--out: a folder for the steps' outputs; {args.out!r} is a file")
   steps = [step for step in STEPS if not wanted or step.name in wanted]
   if args.wheels:
-    for wheel in download_wheels(pathlib.Path(args.wheels)):
+    try:
+      wheels = download_wheels(pathlib.Path(args.wheels))
+    except ValueError as error:
+      parser.error(f'--wheels: {error}')
+    for wheel in wheels:
       print(f'{wheel.stat().st_size / 2**20:7.1f} MiB  {wheel}')
     return
   if args.plan:
@@ -276,10 +308,16 @@ def main(argv=None) -> None:
       print(f'{step.name:<12} {step.budget:4.0f} s  python {" ".join(step.argv)}')
     print(f'{sum(step.budget for step in steps):.0f} s of budgets; --budget {args.budget:.0f} s')
     return
+  signal.signal(signal.SIGTERM, _exit_on_sigterm)  # (a step running is stopped: `run_step`)
   print(machine_line(), flush=True)
   began = time.monotonic()
   outcomes = run_round(steps, pathlib.Path(args.out), args.budget)
   print_outcomes(outcomes, time.monotonic() - began)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+  del frame
+  sys.exit(128 + signum)
 
 
 if __name__ == '__main__':

@@ -60,34 +60,49 @@ def test_a_round_skips_what_does_not_fit_and_goes_on_past_failures(tmp_path):
   assert not (tmp_path / 'too_long.txt').exists()
 
 
-def test_a_step_past_its_budget_is_stopped_with_its_children(tmp_path):
-  """Stopped by its group, a step's child goes too (a benchmark's lanes and Ray); one that
-  ignores Ctrl-C is killed after the grace."""
-  child_pid = tmp_path / 'child'
-  code = (
+_CHILD_IGNORING_CTRL_C = (
+  'import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)'
+)
+
+
+def _leaving_a_child(pid_file, then: str) -> str:
+  """A step that starts a child ignoring Ctrl-C, writes its pid, then runs `then`."""
+  return (
     'import signal, subprocess, sys, time\n'
-    'signal.signal(signal.SIGINT, signal.SIG_IGN)\n'
-    'child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])\n'
-    f'open({str(child_pid)!r}, "w").write(str(child.pid))\n'
+    f'child = subprocess.Popen([sys.executable, "-c", {_CHILD_IGNORING_CTRL_C!r}])\n'
+    f'open({str(pid_file)!r}, "w").write(str(child.pid))\n'
     'print("started", flush=True)\n'
-    'time.sleep(60)\n'
+    f'{then}\n'
   )
-  original = device_round.STOP_GRACE
-  device_round.STOP_GRACE = 1.0
-  try:
-    began = time.monotonic()
-    outcomes = device_round.run_round([_python(code, 3, 'stuck')], tmp_path, budget=60)
-    took = time.monotonic() - began
-  finally:
-    device_round.STOP_GRACE = original
+
+
+def test_a_step_past_its_budget_is_stopped_with_its_children(tmp_path, monkeypatch):
+  """Stopped by its group, a step's child goes too (a benchmark's lanes and Ray), after
+  the grace if it ignores Ctrl-C, as does a step that ignores it."""
+  child_pid = tmp_path / 'child'
+  then = 'signal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)'
+  monkeypatch.setattr(device_round, 'STOP_GRACE', 1.0)
+  began = time.monotonic()
+  stuck = _python(_leaving_a_child(child_pid, then), 3, 'stuck')
+  outcomes = device_round.run_round([stuck], tmp_path, budget=60)
   assert outcomes['stuck'].status == 'stopped after 3 s'
   assert outcomes['stuck'].last_line == 'started'
-  assert took < 15
-  pid = int(child_pid.read_text())
-  deadline = time.monotonic() + 5
+  assert time.monotonic() - began < 15
+  assert _gone(int(child_pid.read_text()))
+
+
+def test_a_step_that_ends_leaves_no_child_behind(tmp_path):
+  child_pid = tmp_path / 'child'
+  done = _python(_leaving_a_child(child_pid, 'print("done")'), 30, 'done')
+  assert device_round.run_round([done], tmp_path, budget=60)['done'].status == 'ran'
+  assert _gone(int(child_pid.read_text()))
+
+
+def _gone(pid: int, within: float = 5.0) -> bool:
+  deadline = time.monotonic() + within
   while _alive(pid) and time.monotonic() < deadline:
     time.sleep(0.1)
-  assert not _alive(pid)
+  return not _alive(pid)
 
 
 def _alive(pid: int) -> bool:
@@ -132,9 +147,11 @@ def test_rays_wheel_loses_its_jars_and_their_record_lines(tmp_path):
   [
     (
       ['--only', 'ddg_k8,k16'],
-      '--only: steps of ddg_k8, ddg_k4, ceilings, k2_gpu, device_path; got k16',
+      '--only: steps of ddg_k8, ddg_k4, k2_gpu, device_path, ceilings; got k16',
     ),
-    (['--budget', '0'], '--budget: seconds, more than 0; got 0.0'),
+    (['--budget', '0'], '--budget: seconds, a number more than 0; got 0.0'),
+    (['--budget', 'nan'], '--budget: seconds, a number more than 0; got nan'),
+    (['--out', __file__], f"--out: a folder for the steps' outputs; {__file__!r} is a file"),
   ],
 )
 def test_bad_input_is_refused_in_one_line(argv, line, capsys):
@@ -148,7 +165,37 @@ def test_the_plan_lists_the_chosen_steps_and_runs_nothing(capsys):
   device_round.main(['--plan', '--only', 'ceilings,ddg_k4'])
   lines = capsys.readouterr().out.splitlines()
   assert [line.split()[0] for line in lines[:-1]] == ['ddg_k4', 'ceilings']
-  assert lines[-1] == '190 s of budgets; --budget 480 s'
+  assert lines[-1] == '160 s of budgets; --budget 540 s'
+  assert sum(step.budget for step in device_round.STEPS) < device_round.BUDGET  # (all fit)
+
+
+def test_wheels_are_refused_in_one_line_without_ray_or_pip_and_others_are_kept(
+  tmp_path, monkeypatch, capsys
+):
+  kept, old_ray = tmp_path / 'other-1.0-py3-none-any.whl', tmp_path / 'ray-1.0-cp312.whl'
+  kept.write_bytes(b'')
+  old_ray.write_bytes(b'')
+  monkeypatch.setattr(device_round, '_version', lambda name: 'missing')
+  with pytest.raises(SystemExit):
+    device_round.main(['--wheels', str(tmp_path)])
+  assert (
+    capsys.readouterr()
+    .err.splitlines()[-1]
+    .endswith('--wheels: Ray is not installed here: its version is the one to download')
+  )
+  monkeypatch.setattr(device_round, '_version', lambda name: '9.9.9')
+  monkeypatch.setattr(subprocess, 'run', lambda *a, **k: subprocess.CompletedProcess(a, 1))
+  with pytest.raises(SystemExit):
+    device_round.main(['--wheels', str(tmp_path)])
+  assert (
+    capsys.readouterr()
+    .err.splitlines()[-1]
+    .endswith(
+      '--wheels: pip could not download ray==9.9.9 and jsonschema, jsonschema-specifications, '
+      'referencing, rpds-py (above)'
+    )
+  )
+  assert kept.exists() and not old_ray.exists()  # (only these packages' older wheels go)
 
 
 def test_device_path_on_a_machine_without_a_gpu_is_refused_in_one_line():

@@ -36,7 +36,8 @@ waits for its own task instead, dispatched at once: `executor.waits_for_room`). 
 marked `Compute(..., ahead=False)` is always dispatched at once and waited for (as every
 task with `run_ahead=0`). The end of a task the process went on
 without is not needed at once: its lane holds the reply while `HOLD_WHILE_QUEUED` (2)
-calls are queued behind it and sends it with its next one (`LanePool.start(ahead=True)`),
+calls are queued behind it and sends it with its next one, or before it waits for a copy
+with one call or none behind it (`LanePool.start(ahead=True)`),
 so the driver wakes once for several ends, and hears of room while the lane still runs
 its last queued call: the tasks that waited for room reach it before it runs dry. (When
 a process at the bound waited for its own task instead, the lane sent every end only

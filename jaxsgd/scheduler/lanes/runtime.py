@@ -864,8 +864,9 @@ class LaneRuntime:
     (`_send_after_held`) — a task's that the driver waits for, a failure, a fetch's or a
     put's, or that of a task with fewer calls queued behind it, so that the driver hears
     of room on this lane before it has run its queue dry —, when the next call waits for
-    a copy to come (`send_held`), or when the driver asks for it (`hasten`). The driver hears several ends per wake-up: woken by
-    each end of a task that computed ~30 ms, its threads used ~0.6 ms of CPU per task
+    a copy to come with one call or none behind it (`send_held`), or when the driver asks
+    for it (`hasten`). The driver hears several ends per wake-up: woken by each end of a
+    task that computed ~30 ms, its threads used ~0.6 ms of CPU per task
     (`benchmarks/driver_cpu.py`), against ~0.1 ms for ends a fraction of a millisecond
     apart."""
     send = self._send_after_held if ops is _ORDERED else lambda reply: self._reply(*reply)
@@ -902,12 +903,13 @@ class LaneRuntime:
     with fewer than `HOLD_WHILE_QUEUED` calls queued behind the one that waits (`_arrival`).
     A lane holds the ends of tasks run ahead so that the driver, woken less often, takes
     less of the cores the lanes compute on (`_answer`), until its queue runs short; one
-    whose queue is short and that waits computes nothing, and the driver then takes its
-    core for free. Released at the next reply instead, they reached the driver as a
-    pipeline's stage went on from its backward to its update: the driver woke on that
-    stage's core and its ~1-3 ms of work came between the two, on the path the next
-    stage waited along (DDG K=2 on two cores). A lane with a long queue (a parameter
-    server's, fed by many workers) keeps holding: the driver needs no room there."""
+    whose queue is short and that waits computes nothing, and the driver then costs the
+    tasks little where it runs on that core. Released at the next reply instead, they
+    reached the driver as a pipeline's stage went on from its backward to its update:
+    the driver woke on that stage's core and its ~1-3 ms of work came between the two,
+    on the path the next stage waited along (DDG K=2 on two cores). A lane with a long
+    queue (a parameter server's, fed by many workers) keeps holding: the driver needs no
+    room there."""
     with self.held_lock:
       if self.held:
         self._send_held()
