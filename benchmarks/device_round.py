@@ -52,6 +52,8 @@ import threading
 import time
 import zipfile
 
+from benchmarks import common as bench_common
+
 # `real_speedup`'s model for K = 4 and 8: 16 hidden layers cut into equal stages.
 DEEP = ('--depth', '16', '--features', '1024', '--batch', '256', '--warmup', '4')
 
@@ -269,10 +271,8 @@ def without_jars(wheel: pathlib.Path) -> None:
 
 
 def print_outcomes(outcomes: dict, seconds: float) -> None:
-  width = max(len(name) for name in outcomes)
-  print(f'{"step".ljust(width)}  {"status":<20}  {"seconds":>7}  last line')
-  for name, outcome in outcomes.items():
-    print(f'{name.ljust(width)}  {outcome.status:<20}  {outcome.seconds:7.1f}  {outcome.last_line}')
+  rows = [(name, o.status, f'{o.seconds:.1f}', o.last_line) for name, o in outcomes.items()]
+  bench_common.print_table(('step', 'status', 'seconds', 'last line'), rows)
   ran = sum(outcome.status == 'ran' for outcome in outcomes.values())
   print(f'device round: {ran} of {len(outcomes)} steps ran to the end in {seconds:.0f} s')
 
