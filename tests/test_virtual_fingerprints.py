@@ -21,11 +21,12 @@ version and any XLA flag set: `--xla_backend_optimization_level=0` moved the los
 bits), assumed to compute the same bits — a kind that does not fails loudly — and
 compared bit for bit on a kind the file holds; on any other kind, within `_OTHER_CPU` of
 every kind's, with a warning that says so. The CPU's model is in the kind because XLA
-compiles for the CPU it runs on: DC-ASGD's last test loss differed in its last bits
-between two CPUs with AVX-512 (an AMD EPYC of family 25, model 17, and the CPU its
-numbers were kept on). Numbers kept before the model was (`isa_kind`: no model in it)
-stand for every CPU of their kind that has none of its own in the file, bit for bit
-(`exact_kinds`).
+compiles for the CPU it runs on: DC-ASGD's train losses after the first and its last test
+loss differed in their last bits between two CPUs with AVX-512 (an AMD EPYC of family 25,
+model 17, and the CPU its numbers were kept on). Numbers kept before the model was
+(`isa_kind`: no model in it) stand for every CPU of their kind that has none of its own
+in the file, bit for bit (`exact_kinds`). A CPU's numbers are added beside the others'
+with `python -m tests.test_virtual_fingerprints --new-cpu <cases>`.
 """
 
 import hashlib
@@ -165,31 +166,35 @@ def isa_kind() -> str:
 
 
 def exact_kinds(kept: dict) -> set[str]:
-  """The kinds in `kept` whose numbers this run must equal bit for bit: its own; with
-  none of its own, its `isa_kind`'s, kept on a CPU of the same extension whose model
-  was not recorded."""
+  """The kinds whose numbers in `kept` (where it holds them) this run must equal bit for
+  bit: its own; with none of its own, its `isa_kind`'s, kept on a CPU of the same
+  extension whose model was not recorded."""
   here = numbers_kind()
   return {here} if here in kept else {here, isa_kind()}
 
 
-def _cpu_fields() -> dict[str, str]:
-  """The first CPU's fields in /proc/cpuinfo (none where there is no such file)."""
+def _cpu_fields(lines=None) -> dict[str, str]:
+  """The first CPU's fields of `lines` (/proc/cpuinfo's; none where there is no such
+  file): up to the first blank line, which ends a CPU's block."""
+  if lines is None:
+    try:
+      with open('/proc/cpuinfo') as f:
+        lines = f.read().splitlines()
+    except OSError:
+      lines = []
   fields = {}
-  try:
-    with open('/proc/cpuinfo') as f:
-      for line in f:
-        if not line.strip():
-          break
-        name, _, value = line.partition(':')
-        fields.setdefault(name.strip(), value.strip())
-  except OSError:
-    pass
+  for line in lines:
+    if not line.strip():
+      break
+    name, _, value = line.partition(':')
+    fields.setdefault(name.strip(), value.strip())
   return fields
 
 
 def _cpu_model(fields: dict[str, str]) -> str:
   """'AuthenticAMD 25/17' (x86: vendor, family/model), '0x41 0xd0c' (Arm: implementer,
-  part), else the platform's processor string."""
+  part), else the platform's processor string (which may name no model: a kind then
+  holds every CPU of its extension, as one without a model did)."""
   if 'vendor_id' in fields:
     return f'{fields["vendor_id"]} {fields.get("cpu family", "?")}/{fields.get("model", "?")}'
   if 'CPU implementer' in fields:
@@ -298,7 +303,7 @@ def test_numbers_are_compared_bit_for_bit_on_the_same_cpu_kind_only(monkeypatch)
   assert numbers_differ(got, {'other': {'accuracy': [0.25]}}) == []  # what a kind kept
 
 
-def test_a_cpu_with_no_numbers_of_its_own_is_held_bit_for_bit_to_its_extensions(monkeypatch):
+def test_a_cpu_with_no_numbers_of_its_own_is_held_bit_for_bit_to_its_extension(monkeypatch):
   """A hand case: with no numbers of its own model kept, a run is held bit for bit to its
   extension's kept without a model (`isa_kind`); with its own kept, to those, and to the
   extension's within `_OTHER_CPU` (another CPU of the same extension computed them)."""
@@ -315,23 +320,71 @@ def test_a_cpu_with_no_numbers_of_its_own_is_held_bit_for_bit_to_its_extensions(
   assert numbers_differ(got, {'x86_64 avx2, jax': apart}) == []  # another extension
 
 
-def test_a_cpus_model_is_its_vendor_and_family_or_its_implementer_and_part():
-  amd = {'vendor_id': 'AuthenticAMD', 'cpu family': '25', 'model': '17', 'flags': 'avx512f'}
-  assert _cpu_model(amd) == 'AuthenticAMD 25/17'
-  assert _cpu_model({'CPU implementer': '0x41', 'CPU part': '0xd0c'}) == '0x41 0xd0c'
-  assert _cpu_model({}) == (platform.processor() or 'unknown')
+_X86_CPUINFO = [
+  'processor\t: 0',
+  'vendor_id\t: AuthenticAMD',
+  'cpu family\t: 25',
+  'model\t\t: 17',
+  'model name\t: AMD EPYC',
+  'flags\t\t: fpu avx2 avx512f',
+  'vmx flags\t: vnmi',
+  '',
+  'processor\t: 1',
+  'vendor_id\t: GenuineIntel',
+  'flags\t\t: fpu avx2',
+]
+_ARM_CPUINFO = [
+  'processor\t: 0',
+  'Features\t: fp asimd sve',
+  'CPU implementer\t: 0x41',
+  'CPU part\t: 0xd0c',
+  '',
+]
+
+
+def test_a_cpus_fields_are_its_first_blocks_and_its_model_vendor_family_or_implementer_part():
+  """Hand cases of /proc/cpuinfo: x86's (a `vmx flags` line after `flags`, `model name`
+  beside `model`, a second CPU's block not read) and Arm's."""
+  x86 = _cpu_fields(_X86_CPUINFO)
+  assert (x86['flags'], x86['model'], x86['model name']) == ('fpu avx2 avx512f', '17', 'AMD EPYC')
+  assert _cpu_model(x86) == 'AuthenticAMD 25/17'
+  arm = _cpu_fields(_ARM_CPUINFO)
+  assert (arm['Features'], _cpu_model(arm)) == ('fp asimd sve', '0x41 0xd0c')
+
+
+def test_the_kinds_strings_are_those_kept_in_the_file(monkeypatch):
+  """`isa_kind` is the kind the numbers kept before the CPU's model were written under,
+  to the character (else every CPU would fall back to the tolerance, with a warning
+  alone); `numbers_kind` is it with the model after the extension."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  module = sys.modules[__name__]
+  amd = _cpu_fields(_X86_CPUINFO)
+  monkeypatch.setattr(module, '_cpu_fields', lambda: amd)
+  monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=4')
+  machine = platform.machine()
+  assert isa_kind() == f'{machine} avx512f, jax {jax.__version__}'
+  assert numbers_kind() == f'{machine} avx512f AuthenticAMD 25/17, jax {jax.__version__}'
+  monkeypatch.setenv('XLA_FLAGS', '--xla_backend_optimization_level=0')
+  assert (
+    isa_kind() == f'{machine} avx512f, jax {jax.__version__}, --xla_backend_optimization_level=0'
+  )
 
 
 def main() -> None:
   """Writes the fingerprints of every case (or of the cases named on the command line):
   this kind's numbers beside the other kinds' where the schedule did not move and this
-  kind's numbers are as kept (or, new to the file, within `_OTHER_CPU` of the others');
-  alone, the others dropped and named, where anything moved."""
+  kind's numbers are as kept (`exact_kinds`: its own, or with none of its own its
+  extension's; new to the file, within `_OTHER_CPU` of the others'); alone, the others
+  dropped and named, where anything moved. `--new-cpu`: this CPU's numbers are new, and
+  every other kind's, its extension's too, is compared within `_OTHER_CPU` — for a CPU
+  whose bits differ from its extension's kept ones where nothing else changed."""
   import tempfile
 
   import conftest  # noqa: F401  (the tests' XLA flags, set before JAX starts)
 
-  wanted = sys.argv[1:] or list(CASES)
+  new_cpu = '--new-cpu' in sys.argv[1:]
+  wanted = [a for a in sys.argv[1:] if a != '--new-cpu'] or list(CASES)
   old = json.loads(FINGERPRINTS.read_text()) if FINGERPRINTS.exists() else {}
   with tempfile.TemporaryDirectory() as tmp:
     for i, case in enumerate(wanted):
@@ -342,8 +395,8 @@ def main() -> None:
       (numbers,) = new['numbers'].values()
       if (
         all(kept.get(key) == new[key] for key in schedule)
-        and numbers_differ(numbers, kept['numbers'], {numbers_kind()}) == []
-      ):  # the other kinds' numbers still hold (a kind new to the file: within tolerance)
+        and numbers_differ(numbers, kept['numbers'], {numbers_kind()} if new_cpu else None) == []
+      ):  # the other kinds' numbers still hold
         new['numbers'] = {**others, **new['numbers']}
       elif others:
         print(f'{case}: moved; numbers dropped for {sorted(others)}', flush=True)
