@@ -271,6 +271,55 @@ def test_ctrl_c_leaves_no_partial_checkpoint(data_dir, tmp_path):
     assert name.isdigit() or 'tmp' in name, names
 
 
+@pytest.fixture
+def ctrl_c_raises():
+  """Python's own Ctrl-C handler while the test runs (a test worker may start with another)."""
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, before)
+
+
+def _interrupting(monkeypatch, checkpointer, ctrl_cs: int) -> list:
+  """Makes the checkpointer's next save receive `ctrl_cs` Ctrl-Cs as orbax's save begins;
+  the list returned holds the steps orbax went on to save."""
+  manager = checkpointer.manager()
+  save = manager.save
+  saved = []
+
+  def interrupted_save(step, *args, **kwargs):
+    for _ in range(ctrl_cs):
+      os.kill(os.getpid(), signal.SIGINT)  # Handled before the next line runs (main thread).
+    saved.append(step)
+    return save(step, *args, **kwargs)
+
+  monkeypatch.setattr(manager, 'save', interrupted_save)
+  return saved
+
+
+def test_a_ctrl_c_during_a_save_stops_the_run_once_the_checkpoint_is_complete(
+  tmp_path, monkeypatch, ctrl_c_raises
+):
+  checkpointer = checkpoints.Checkpointer(str(tmp_path), every=1, last=2)
+  saved = _interrupting(monkeypatch, checkpointer, ctrl_cs=1)
+  with pytest.raises(KeyboardInterrupt):
+    checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  assert saved == [1]
+  assert checkpoints.latest_meta(str(tmp_path)) == {'step': 1}  # Complete: it resumes.
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  checkpointer.close()
+
+
+def test_a_second_ctrl_c_during_a_save_interrupts_it_at_once(tmp_path, monkeypatch, ctrl_c_raises):
+  checkpointer = checkpoints.Checkpointer(str(tmp_path), every=1, last=2)
+  saved = _interrupting(monkeypatch, checkpointer, ctrl_cs=2)
+  with pytest.raises(KeyboardInterrupt):
+    checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  assert saved == []  # A save that hangs can be left.
+  assert checkpoints.latest_meta(str(tmp_path)) is None
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  checkpointer.close()
+
+
 def _sigterm_at(monkeypatch, step: int) -> None:
   original = run_lib.Run.report
 

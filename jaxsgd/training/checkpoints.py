@@ -26,10 +26,15 @@ raises `CheckpointWriteError` naming the folder: a failed run, not bad input.
 
 Pre-emption: `PreemptionWatch` turns SIGTERM into a flag; the run saves a checkpoint at
 the next step and stops with `errors.Preempted` (the binary exits with 143, 128 +
-SIGTERM, as a process killed by SIGTERM would). Ctrl-C (SIGINT) is left alone: it
-stops the run at once, without a checkpoint of the step it was in.
+SIGTERM, as a process killed by SIGTERM would). Ctrl-C (SIGINT) stops the run at once,
+without a checkpoint of the step it was in, except that one arriving during a save is held
+until the save has ended (`ctrl_c_after_the_save`): orbax's threads and tensorstore's
+callbacks outlive an interrupted save and met its closed event loop (a traceback after
+the one-line message; once, a run that went on training and then hung in its next save).
+A second Ctrl-C during the save interrupts it at once.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -209,14 +214,15 @@ class Checkpointer:
     folder = os.path.join(directory(self._workdir), str(step))
     primary = jax.process_index() == 0
     try:
-      self.manager().save(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-        force=True,
-      )
-      self.manager().wait_until_finished()
-      if primary:
-        files.atomic_write(os.path.join(folder, COMPLETE), json.dumps(_list_files(folder)))
+      with ctrl_c_after_the_save():
+        self.manager().save(
+          step,
+          args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+          force=True,
+        )
+        self.manager().wait_until_finished()
+        if primary:
+          files.atomic_write(os.path.join(folder, COMPLETE), json.dumps(_list_files(folder)))
     except Exception as error:
       if primary:
         self._remove_partial(step)
@@ -248,6 +254,34 @@ class Checkpointer:
     if self._manager is not None:
       self._manager.close()
       self._manager = None
+
+
+@contextlib.contextmanager
+def ctrl_c_after_the_save():
+  """Within, in the main thread: a Ctrl-C is held, and handed to the handler that was
+  installed (Python's, raising `KeyboardInterrupt`, or a lane pool's) once the block has
+  ended without an exception (one that ends the block stops the run anyway); a second
+  Ctrl-C within is handed on at once. Elsewhere, or with no Python handler for SIGINT
+  (ignored, as `nohup cmd &` leaves it), a no-op."""
+  before = signal.getsignal(signal.SIGINT)
+  if threading.current_thread() is not threading.main_thread() or not callable(before):
+    yield
+    return
+  held = []
+
+  def hold(signum, frame):
+    if held:  # The second: the save may be what hangs.
+      signal.signal(signal.SIGINT, before)
+      before(signum, frame)
+    held.append(frame)
+
+  signal.signal(signal.SIGINT, hold)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, before)
+  if held:
+    before(signal.SIGINT, held[0])
 
 
 class PreemptionWatch:
