@@ -89,6 +89,13 @@ RUN_AHEAD = 4
 HOLD_WHILE_QUEUED = 2
 
 
+def holds_ends(calls_behind: int) -> bool:
+  """Whether a lane with `calls_behind` calls queued behind the one it runs, or waits in,
+  holds the end of a task run ahead (`HOLD_WHILE_QUEUED`), rather than sending what it
+  holds: the lane process's rule, and the virtual clock's model of it."""
+  return calls_behind >= HOLD_WHILE_QUEUED
+
+
 def waits_for_room(ahead: bool, run_ahead: int, unfinished: int) -> bool:
   """Whether a task that may run ahead (`ahead`) waits for room on a lane that has
   `unfinished` tasks, under the bound `run_ahead` (the process executor's rule, and the

@@ -87,7 +87,7 @@ import jax
 from jaxsgd.scheduler import snapshot as snapshot_lib
 from jaxsgd.scheduler.core import Compute, Process
 from jaxsgd.scheduler.costs import TRANSFER, CostModel
-from jaxsgd.scheduler.executor import HOLD_WHILE_QUEUED, RUN_AHEAD, ReadyWait, waits_for_room
+from jaxsgd.scheduler.executor import RUN_AHEAD, ReadyWait, holds_ends, waits_for_room
 from jaxsgd.scheduler.timeline import TaskRecord
 from jaxsgd.scheduler.virtual import VirtualExecutor
 
@@ -157,7 +157,7 @@ class LaneProcessModel(VirtualExecutor):
       self._heard(process, job, lane, result)
       return
     end = (process, job, lane, result, record)
-    if job.ahead and job.queued_behind >= HOLD_WHILE_QUEUED and not job.hastened:  # held
+    if job.ahead and holds_ends(job.queued_behind) and not job.hastened:  # held
       self._held.setdefault(lane, []).append(end)
       job.held = True
       return
@@ -390,7 +390,8 @@ class LaneProcessModel(VirtualExecutor):
       self._start_if_free(hardware)
       self._hand_interpreter(interpreter)  # the copies the end woke
     self._task_ended(process, op, lane, start, result, job)
-    if next_waits and job.queued_behind - 1 < HOLD_WHILE_QUEUED and lane in self._held:
+    # The next call is one of those that arrived: it waits with the others behind it.
+    if next_waits and not holds_ends(job.queued_behind - 1) and lane in self._held:
       self._reply(lane)  # it waits, its queue short: what it held goes now (`send_held`)
     self._start_if_free(hardware)
     self._arrived(job)  # lanes whose next task read this one's result

@@ -48,7 +48,7 @@ import numpy as np
 import ray
 
 from jaxsgd import allocator, compilation_cache
-from jaxsgd.scheduler.executor import HOLD_WHILE_QUEUED
+from jaxsgd.scheduler.executor import holds_ends
 from jaxsgd.scheduler.lanes import wire
 from jaxsgd.scheduler.lanes.device_path import DevicePath, Offer, uses_device_path
 from jaxsgd.scheduler.lanes.placement import COPY_CORES_VARIABLE
@@ -575,7 +575,7 @@ class LaneRuntime:
   def _arrival(self, key: Hashable, source):
     with self.stored:
       come = self._come(key, source)
-    if not come and self.calls.qsize() < HOLD_WHILE_QUEUED:
+    if not come and not holds_ends(self.calls.qsize()):
       self.send_held()  # (this lane waits, its queue short: the driver hears them now)
     with self.stored:
       while not self._come(key, source):
@@ -875,7 +875,7 @@ class LaneRuntime:
     except BaseException as error:  # pylint: disable=broad-except
       send(('err', number, wire.failure(error)))
       return False
-    if op == 'run_ahead' and self.calls.qsize() >= HOLD_WHILE_QUEUED:
+    if op == 'run_ahead' and holds_ends(self.calls.qsize()):
       with self.held_lock:
         self.last_ended = number
         if number not in self.hastened:
