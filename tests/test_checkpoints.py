@@ -320,6 +320,29 @@ def test_a_second_ctrl_c_during_a_save_interrupts_it_at_once(tmp_path, monkeypat
   checkpointer.close()
 
 
+def test_a_ctrl_c_whose_keyboard_interrupt_was_dropped_stops_the_run_at_its_next_step(
+  data_dir, tmp_path, monkeypatch, ctrl_c_raises
+):
+  original = run_lib.Run.report
+  steps = []
+
+  def report(self, s, **kwargs):
+    steps.append(s)
+    if s == 5:
+      try:
+        os.kill(os.getpid(), signal.SIGINT)  # Handled before the next line runs.
+        time.sleep(1)
+      except KeyboardInterrupt:
+        pass  # Dropped, as Python drops one raised in a finalizer.
+    original(self, s, **kwargs)
+
+  monkeypatch.setattr(run_lib.Run, 'report', report)
+  with pytest.raises(KeyboardInterrupt, match='lost; stopped at step 5'):
+    training.train_and_evaluate(smoke_config(data_dir), str(tmp_path / 'run'), show_progress=False)
+  assert steps[-1] == 5
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # The run's is gone.
+
+
 def _sigterm_at(monkeypatch, step: int) -> None:
   original = run_lib.Run.report
 

@@ -30,8 +30,10 @@ SIGTERM, as a process killed by SIGTERM would). Ctrl-C (SIGINT) stops the run at
 without a checkpoint of the step it was in, except that one arriving during a save is held
 until the save has ended (`ctrl_c_after_the_save`): orbax's threads and tensorstore's
 callbacks outlive an interrupted save and met its closed event loop (a traceback after
-the one-line message; once, a run that went on training and then hung in its next save).
-A second Ctrl-C during the save interrupts it at once.
+the one-line message). A second Ctrl-C during the save interrupts it at once. A Ctrl-C
+whose `KeyboardInterrupt` Python dropped (raised in a finalizer or a callback from C) is
+raised again at the run's next step (`PreemptionWatch.interrupt_lost`): once, a run
+Ctrl-C'd trained on, then hung in a save.
 """
 
 import contextlib
@@ -285,7 +287,11 @@ def ctrl_c_after_the_save():
 
 
 class PreemptionWatch:
-  """Sets `requested` on SIGTERM while installed (main thread only; a no-op elsewhere).
+  """Sets `requested` on SIGTERM while installed (main thread only; a no-op elsewhere),
+  and `interrupted` on Ctrl-C, which it hands on to the handler it found (Python's raises
+  `KeyboardInterrupt`): `Run.report` raises it again in the main thread at the run's next
+  step (`interrupt_lost`), for Python drops a `KeyboardInterrupt` raised in a finalizer
+  or a callback from C, and a run Ctrl-C'd while in one trained on.
 
   In a multi-process run the processes agree on the step to save at (`due`): SIGTERM
   may reach one process only (an operator's `kill`, a machine's pre-emption notice),
@@ -300,11 +306,22 @@ class PreemptionWatch:
 
   def __init__(self):
     self.requested = False
+    self.interrupted = False
     self._previous = None
+    self._previous_ctrl_c = None
 
   def _handle(self, signum, frame):
     del signum, frame
     self.requested = True
+
+  def _ctrl_c(self, signum, frame):
+    self.interrupted = True
+    self._previous_ctrl_c(signum, frame)
+
+  def interrupt_lost(self) -> bool:
+    """Whether a Ctrl-C came and this is the main thread: had its `KeyboardInterrupt`
+    reached the run, the run would have stopped."""
+    return self.interrupted and threading.current_thread() is threading.main_thread()
 
   def due(self, step: int) -> bool:
     """Whether the run must save at `step` and stop (see the class docstring)."""
@@ -320,9 +337,14 @@ class PreemptionWatch:
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, self._handle)
+      if callable(signal.getsignal(signal.SIGINT)):  # (not when ignored: `nohup cmd &`)
+        self._previous_ctrl_c = signal.signal(signal.SIGINT, self._ctrl_c)
     return self
 
   def __exit__(self, *exc):
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
+    if self._previous_ctrl_c is not None:
+      signal.signal(signal.SIGINT, self._previous_ctrl_c)
+      self._previous_ctrl_c = None

@@ -255,6 +255,8 @@ class Run:
     """
     self._pending.append((step, loss, stage))
     self._progress.update(step - self._progress.n)
+    if self.preemption is not None and self.preemption.interrupt_lost():
+      raise KeyboardInterrupt(f'Ctrl-C, its first KeyboardInterrupt lost; stopped at step {step}')
     if not self._resumable and self.preemption is not None and self.preemption.requested:
       raise Preempted(
         f'SIGTERM: stopped at step {step}; {self.config.algorithm.name} writes no '
