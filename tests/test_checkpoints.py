@@ -276,7 +276,7 @@ def ctrl_c_raises():
   """Python's own Ctrl-C handler while the test runs (a test worker may start with another)."""
   before = signal.signal(signal.SIGINT, signal.default_int_handler)
   yield
-  signal.signal(signal.SIGINT, before)
+  signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)  # (None: set in C)
 
 
 def _interrupting(monkeypatch, checkpointer, ctrl_cs: int) -> list:
@@ -297,27 +297,50 @@ def _interrupting(monkeypatch, checkpointer, ctrl_cs: int) -> list:
 
 
 def test_a_ctrl_c_during_a_save_stops_the_run_once_the_checkpoint_is_complete(
-  tmp_path, monkeypatch, ctrl_c_raises
+  tmp_path, monkeypatch, capfd, ctrl_c_raises
 ):
   checkpointer = checkpoints.Checkpointer(str(tmp_path), every=1, last=2)
-  saved = _interrupting(monkeypatch, checkpointer, ctrl_cs=1)
-  with pytest.raises(KeyboardInterrupt):
-    checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  try:
+    saved = _interrupting(monkeypatch, checkpointer, ctrl_cs=1)
+    with pytest.raises(KeyboardInterrupt):
+      checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  finally:
+    checkpointer.close()
   assert saved == [1]
   assert checkpoints.latest_meta(str(tmp_path)) == {'step': 1}  # Complete: it resumes.
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-  checkpointer.close()
+  told = capfd.readouterr().err
+  assert told.count('Ctrl-C: finishing the checkpoint being written; Ctrl-C again') == 1, told
 
 
 def test_a_second_ctrl_c_during_a_save_interrupts_it_at_once(tmp_path, monkeypatch, ctrl_c_raises):
   checkpointer = checkpoints.Checkpointer(str(tmp_path), every=1, last=2)
-  saved = _interrupting(monkeypatch, checkpointer, ctrl_cs=2)
-  with pytest.raises(KeyboardInterrupt):
-    checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  try:
+    saved = _interrupting(monkeypatch, checkpointer, ctrl_cs=2)
+    with pytest.raises(KeyboardInterrupt):
+      checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  finally:
+    checkpointer.close()
   assert saved == []  # A save that hangs can be left.
   assert checkpoints.latest_meta(str(tmp_path)) is None
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-  checkpointer.close()
+
+
+def test_the_watch_notes_a_ctrl_c_only_where_the_handler_it_found_raised(ctrl_c_raises):
+  with checkpoints.PreemptionWatch() as watch:
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)  # Python's handler, through the watch's.
+      time.sleep(1)
+    assert watch.interrupted and watch.interrupt_lost()
+  calls = []
+  signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))  # Does not raise.
+  with checkpoints.PreemptionWatch() as watch:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+    assert calls == [signal.SIGINT] and not watch.interrupted
+  os.kill(os.getpid(), signal.SIGINT)  # The handler found is back.
+  time.sleep(0.05)
+  assert calls == [signal.SIGINT, signal.SIGINT]
 
 
 def test_a_ctrl_c_whose_keyboard_interrupt_was_dropped_stops_the_run_at_its_next_step(

@@ -29,11 +29,11 @@ the next step and stops with `errors.Preempted` (the binary exits with 143, 128 
 SIGTERM, as a process killed by SIGTERM would). Ctrl-C (SIGINT) stops the run at once,
 without a checkpoint of the step it was in, except that one arriving during a save is held
 until the save has ended (`ctrl_c_after_the_save`): orbax's threads and tensorstore's
-callbacks outlive an interrupted save and met its closed event loop (a traceback after
+callbacks outlive an interrupted save and meet its closed event loop (a traceback after
 the one-line message). A second Ctrl-C during the save interrupts it at once. A Ctrl-C
 whose `KeyboardInterrupt` Python dropped (raised in a finalizer or a callback from C) is
-raised again at the run's next step (`PreemptionWatch.interrupt_lost`): once, a run
-Ctrl-C'd trained on, then hung in a save.
+raised again at the run's next step (`PreemptionWatch.interrupt_lost`), where the run
+would have trained on.
 """
 
 import contextlib
@@ -260,11 +260,13 @@ class Checkpointer:
 
 @contextlib.contextmanager
 def ctrl_c_after_the_save():
-  """Within, in the main thread: a Ctrl-C is held, and handed to the handler that was
-  installed (Python's, raising `KeyboardInterrupt`, or a lane pool's) once the block has
-  ended without an exception (one that ends the block stops the run anyway); a second
-  Ctrl-C within is handed on at once. Elsewhere, or with no Python handler for SIGINT
-  (ignored, as `nohup cmd &` leaves it), a no-op."""
+  """Within, in the main thread: a Ctrl-C is held (one line on stderr says so), and handed
+  to the handler that was installed (Python's, raising `KeyboardInterrupt`, or a lane
+  pool's) once the block has ended without an exception (one that ends the block, a save
+  that failed, ends the run anyway, exit 1); a second Ctrl-C within is handed on at once.
+  Elsewhere, or with no Python handler for SIGINT (ignored, as `nohup cmd &` leaves it), a
+  no-op: a save in a worker thread (the threaded real clock) is not interrupted by Ctrl-C,
+  which only the main thread hears."""
   before = signal.getsignal(signal.SIGINT)
   if threading.current_thread() is not threading.main_thread() or not callable(before):
     yield
@@ -275,6 +277,8 @@ def ctrl_c_after_the_save():
     if held:  # The second: the save may be what hangs.
       signal.signal(signal.SIGINT, before)
       before(signum, frame)
+    else:  # (os.write: the interrupted code may be inside a write to sys.stderr)
+      os.write(2, b'Ctrl-C: finishing the checkpoint being written; Ctrl-C again stops at once.\n')
     held.append(frame)
 
   signal.signal(signal.SIGINT, hold)
@@ -287,11 +291,12 @@ def ctrl_c_after_the_save():
 
 
 class PreemptionWatch:
-  """Sets `requested` on SIGTERM while installed (main thread only; a no-op elsewhere),
-  and `interrupted` on Ctrl-C, which it hands on to the handler it found (Python's raises
-  `KeyboardInterrupt`): `Run.report` raises it again in the main thread at the run's next
-  step (`interrupt_lost`), for Python drops a `KeyboardInterrupt` raised in a finalizer
-  or a callback from C, and a run Ctrl-C'd while in one trained on.
+  """Sets `requested` on SIGTERM while installed (main thread only; a no-op elsewhere).
+  Ctrl-C goes on to the handler it found, and if that raised `KeyboardInterrupt` (Python's
+  does), `interrupted` is set: `Run.report` raises it again in the main thread at the
+  run's next step (`interrupt_lost`), for Python drops a `KeyboardInterrupt` raised in a
+  finalizer or a callback from C, and the run would train on. (While a lane pool is open
+  its own handler takes Ctrl-C, and raises a lost one again: `_StopSignals.check`.)
 
   In a multi-process run the processes agree on the step to save at (`due`): SIGTERM
   may reach one process only (an operator's `kill`, a machine's pre-emption notice),
@@ -315,8 +320,11 @@ class PreemptionWatch:
     self.requested = True
 
   def _ctrl_c(self, signum, frame):
-    self.interrupted = True
-    self._previous_ctrl_c(signum, frame)
+    try:
+      (self._previous_ctrl_c or signal.default_int_handler)(signum, frame)
+    except KeyboardInterrupt:
+      self.interrupted = True
+      raise
 
   def interrupt_lost(self) -> bool:
     """Whether a Ctrl-C came and this is the main thread: had its `KeyboardInterrupt`
