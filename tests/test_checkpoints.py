@@ -279,9 +279,10 @@ def ctrl_c_raises():
   signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)  # (None: set in C)
 
 
-def _interrupting(monkeypatch, checkpointer, ctrl_cs: int) -> list:
-  """Makes the checkpointer's next save receive `ctrl_cs` Ctrl-Cs as orbax's save begins;
-  the list returned holds the steps orbax went on to save."""
+def _save_with_ctrl_cs(workdir: str, monkeypatch, ctrl_cs: int) -> list:
+  """Saves step 1, `ctrl_cs` Ctrl-Cs coming as orbax's save begins, which must raise
+  `KeyboardInterrupt`; the steps orbax went on to save."""
+  checkpointer = checkpoints.Checkpointer(workdir, every=1, last=2)
   manager = checkpointer.manager()
   save = manager.save
   saved = []
@@ -293,37 +294,27 @@ def _interrupting(monkeypatch, checkpointer, ctrl_cs: int) -> list:
     return save(step, *args, **kwargs)
 
   monkeypatch.setattr(manager, 'save', interrupted_save)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  finally:
+    checkpointer.close()
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # The save's is gone.
   return saved
 
 
 def test_a_ctrl_c_during_a_save_stops_the_run_once_the_checkpoint_is_complete(
   tmp_path, monkeypatch, capfd, ctrl_c_raises
 ):
-  checkpointer = checkpoints.Checkpointer(str(tmp_path), every=1, last=2)
-  try:
-    saved = _interrupting(monkeypatch, checkpointer, ctrl_cs=1)
-    with pytest.raises(KeyboardInterrupt):
-      checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
-  finally:
-    checkpointer.close()
-  assert saved == [1]
+  assert _save_with_ctrl_cs(str(tmp_path), monkeypatch, ctrl_cs=1) == [1]
   assert checkpoints.latest_meta(str(tmp_path)) == {'step': 1}  # Complete: it resumes.
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
   told = capfd.readouterr().err
   assert told.count('Ctrl-C: finishing the checkpoint being written; Ctrl-C again') == 1, told
 
 
 def test_a_second_ctrl_c_during_a_save_interrupts_it_at_once(tmp_path, monkeypatch, ctrl_c_raises):
-  checkpointer = checkpoints.Checkpointer(str(tmp_path), every=1, last=2)
-  try:
-    saved = _interrupting(monkeypatch, checkpointer, ctrl_cs=2)
-    with pytest.raises(KeyboardInterrupt):
-      checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
-  finally:
-    checkpointer.close()
-  assert saved == []  # A save that hangs can be left.
+  assert _save_with_ctrl_cs(str(tmp_path), monkeypatch, ctrl_cs=2) == []  # May hang: left.
   assert checkpoints.latest_meta(str(tmp_path)) is None
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_the_watch_notes_a_ctrl_c_only_where_the_handler_it_found_raised(ctrl_c_raises):
