@@ -309,7 +309,24 @@ def test_a_ctrl_c_during_a_save_stops_the_run_once_the_checkpoint_is_complete(
   assert _save_with_ctrl_cs(str(tmp_path), monkeypatch, ctrl_cs=1) == [1]
   assert checkpoints.latest_meta(str(tmp_path)) == {'step': 1}  # Complete: it resumes.
   told = capfd.readouterr().err
-  assert told.count('Ctrl-C: finishing the checkpoint being written; Ctrl-C again') == 1, told
+  assert told.count(checkpoints.HELD_CTRL_C.decode()) == 1, told
+
+
+def test_a_ctrl_c_during_a_save_with_stderr_gone_still_waits_for_the_save(
+  tmp_path, monkeypatch, ctrl_c_raises
+):
+  read, write = os.pipe()
+  os.close(read)  # As after `train ... 2>&1 | tee log`, the tee ended by the same Ctrl-C.
+  stderr = os.dup(2)
+  os.dup2(write, 2)
+  os.close(write)
+  try:
+    saved = _save_with_ctrl_cs(str(tmp_path), monkeypatch, ctrl_cs=1)
+  finally:
+    os.dup2(stderr, 2)
+    os.close(stderr)
+  assert saved == [1]
+  assert checkpoints.latest_meta(str(tmp_path)) == {'step': 1}
 
 
 def test_a_second_ctrl_c_during_a_save_interrupts_it_at_once(tmp_path, monkeypatch, ctrl_c_raises):

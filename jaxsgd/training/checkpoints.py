@@ -51,6 +51,8 @@ import numpy as np
 from jaxsgd.training import files
 
 KEEP = 3  # Checkpoints kept (the last ones).
+# Said once on stderr when a Ctrl-C comes during a save (`ctrl_c_after_the_save`).
+HELD_CTRL_C = b'Ctrl-C: held while the checkpoint is written; press it again to pass it on now.\n'
 DIRECTORY = 'checkpoints'
 COMPLETE = 'jaxsgd-complete.json'  # in a step's folder: its files and their sizes
 
@@ -262,8 +264,8 @@ class Checkpointer:
 def ctrl_c_after_the_save():
   """Within, in the main thread: a Ctrl-C is held (one line on stderr says so), and handed
   to the handler that was installed (Python's, raising `KeyboardInterrupt`, or a lane
-  pool's) once the block has ended without an exception (one that ends the block, a save
-  that failed, ends the run anyway, exit 1); a second Ctrl-C within is handed on at once.
+  pool's) once the block has ended without an exception (a save that failed ends the run
+  anyway, exit 1); a second Ctrl-C within is handed on at once.
   Elsewhere, or with no Python handler for SIGINT (ignored, as `nohup cmd &` leaves it), a
   no-op: a save in a worker thread (the threaded real clock) is not interrupted by Ctrl-C,
   which only the main thread hears."""
@@ -277,9 +279,9 @@ def ctrl_c_after_the_save():
     if held:  # The second: the save may be what hangs.
       signal.signal(signal.SIGINT, before)
       before(signum, frame)
-    else:  # (os.write: the interrupted code may be inside a write to sys.stderr)
-      os.write(2, b'Ctrl-C: finishing the checkpoint being written; Ctrl-C again stops at once.\n')
     held.append(frame)
+    if len(held) == 1:
+      _say(HELD_CTRL_C)
 
   signal.signal(signal.SIGINT, hold)
   try:
@@ -288,6 +290,16 @@ def ctrl_c_after_the_save():
     signal.signal(signal.SIGINT, before)
   if held:
     before(signal.SIGINT, held[0])
+
+
+def _say(line: bytes) -> None:
+  """`line` on stderr from a signal handler: os.write, for the code it interrupted may be
+  inside a write to sys.stderr; an error (a closed pipe, after `| tee` ended) is ignored,
+  for raised there it would fail the save the handler is holding a Ctrl-C for."""
+  try:
+    os.write(2, line)
+  except OSError:
+    pass
 
 
 class PreemptionWatch:
