@@ -265,10 +265,10 @@ def ctrl_c_after_the_save():
   """Within, in the main thread: a Ctrl-C is held (one line on stderr says so), and handed
   to the handler that was installed (Python's, raising `KeyboardInterrupt`, or a lane
   pool's) once the block has ended without an exception (a save that failed ends the run
-  anyway, exit 1); a second Ctrl-C within is handed on at once.
-  Elsewhere, or with no Python handler for SIGINT (ignored, as `nohup cmd &` leaves it), a
-  no-op: a save in a worker thread (the threaded real clock) is not interrupted by Ctrl-C,
-  which only the main thread hears."""
+  anyway, exit 1); a second Ctrl-C within is handed on at once. Elsewhere, or with no
+  Python handler for SIGINT (ignored, as `nohup cmd &` leaves it), a no-op: a save in a
+  worker thread (the threaded real clock) is not interrupted by Ctrl-C, which only the
+  main thread hears."""
   before = signal.getsignal(signal.SIGINT)
   if threading.current_thread() is not threading.main_thread() or not callable(before):
     yield
