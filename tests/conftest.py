@@ -38,6 +38,14 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
   signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture
+def ctrl_c_raises():
+  """Python's own Ctrl-C handler while the test runs (a test worker may start with another)."""
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)  # (None: set in C)
+
+
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory) -> str:
   """One tfds data_dir per test session: offline datasets are generated once."""

@@ -271,14 +271,6 @@ def test_ctrl_c_leaves_no_partial_checkpoint(data_dir, tmp_path):
     assert name.isdigit() or 'tmp' in name, names
 
 
-@pytest.fixture
-def ctrl_c_raises():
-  """Python's own Ctrl-C handler while the test runs (a test worker may start with another)."""
-  before = signal.signal(signal.SIGINT, signal.default_int_handler)
-  yield
-  signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)  # (None: set in C)
-
-
 def _save_with_ctrl_cs(workdir: str, monkeypatch, ctrl_cs: int) -> list:
   """Saves step 1, `ctrl_cs` Ctrl-Cs coming as orbax's save begins, which must raise
   `KeyboardInterrupt`; the steps orbax went on to save."""

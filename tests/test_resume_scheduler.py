@@ -12,7 +12,9 @@ still in flight between the stages); all but the wall times is the same.
 
 import json
 import os
+import signal
 import sys
+import time
 
 import jax
 import numpy as np
@@ -24,7 +26,7 @@ from experiments.configs import default
 from jaxsgd import errors
 from jaxsgd import training
 from jaxsgd.algorithms import resume as resume_lib
-from jaxsgd.scheduler import snapshot
+from jaxsgd.scheduler import real, snapshot
 from jaxsgd.scheduler.lanes import LaneError
 from jaxsgd.scheduler.lanes.runtime import FAULT_VAR
 from jaxsgd.scheduler.real import RealExecutor, ThreadedExecutor
@@ -245,6 +247,31 @@ def test_asynchronous_workers_on_real_threads_resume_from_a_drained_point(
   assert [r['step'] for r in metrics(broken)] == [r['step'] for r in metrics(whole)]
   with open(os.path.join(broken, 'summary.json')) as f:
     assert json.load(f)['final']['step'] == config.train_steps
+
+
+def test_a_ctrl_c_on_real_threads_lets_the_worker_finish_the_checkpoint_it_writes(
+  data_dir, tmp_path, monkeypatch, ctrl_c_raises
+):
+  """A worker thread saves; Ctrl-C reaches the main thread, whose `run` then raises and the
+  run's files are closed (`Run.abort`). The save in progress, longer here than the
+  workers' grace, is complete before that: the run resumes from it."""
+  monkeypatch.setattr(real, '_GRACE_S', 0.1)
+  config = real_config(data_dir, 'asgd', workers=2, checkpoint_every=5)
+  save = checkpoints.Checkpointer.save
+  saving = []
+
+  def save_after_a_ctrl_c(self, step, state, meta):
+    saving.append(step)
+    os.kill(os.getpid(), signal.SIGINT)  # Python runs its handler in the main thread.
+    time.sleep(1.0)
+    save(self, step, state, meta)
+
+  monkeypatch.setattr(checkpoints.Checkpointer, 'save', save_after_a_ctrl_c)
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(KeyboardInterrupt):
+    training.train_and_evaluate(config, workdir, show_progress=False)
+  assert len(saving) == 1 and 5 <= saving[0] < 10, saving
+  assert checkpoints.latest_meta(workdir)['step'] == saving[0]
 
 
 # --- lane processes (`executor='processes'`) ------------------------------------------------

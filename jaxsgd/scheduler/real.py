@@ -39,13 +39,15 @@ The threads' interleaving is real time's, so only a run whose order does not dep
 it (one asynchronous worker: sequential SGD) resumes bit-identically.
 
 Either way an exception in any process, task or timing thread stops the whole
-run promptly and is re-raised by `run`. What the ops mean (channels, transfers
-over link lanes) is the `Executor` base's; these classes say only when tasks run
-and when processes go on.
+run promptly and is re-raised by `run`; with threads, a Ctrl-C first lets a worker
+that is writing a checkpoint finish it (`ThreadedExecutor._let_the_workers_end`).
+What the ops mean (channels, transfers over link lanes) is the `Executor` base's;
+these classes say only when tasks run and when processes go on.
 """
 
 import collections
 import queue
+import sys
 import threading
 import time
 
@@ -56,6 +58,11 @@ from jaxsgd.scheduler.executor import Executor, Stopped
 from jaxsgd.scheduler.timeline import TaskRecord
 
 _POLL = 0.05  # seconds between checks for a failure elsewhere while waiting
+_GRACE_S = 5.0  # how long the worker threads are given, in all, to end after a Ctrl-C
+WAITING_FOR_THE_SAVE = (
+  'Ctrl-C: the run stops once the checkpoint a worker is writing is complete;'
+  ' press it again to stop now.'
+)
 
 
 class RealExecutor(Executor):
@@ -233,6 +240,13 @@ class _Timer:
 _START, _WAIT, _DONE = object(), object(), object()  # how a thread starts (`_drive`)
 
 
+def _wait_for(event: threading.Event) -> None:
+  """Waits in steps of `_POLL`: the main thread runs Python's signal handlers (Ctrl-C)
+  between them, wherever the kernel delivered the signal."""
+  while not event.wait(_POLL):
+    pass
+
+
 class _Mailbox:
   """Where a waiting thread's process receives the value it resumes with."""
 
@@ -263,32 +277,52 @@ class ThreadedExecutor(RealExecutor):
     self._paused: dict[Process, object] = {}  # stopped there, with the value they go on with
     self._waiting_turn: set[Process] = set()  # after an op, waiting to call `between_events`
     self._depth = threading.local()  # nesting of `_drive` (a Send's transfer runs inside)
+    self._writer = None  # the process whose thread writes a checkpoint (snapshot taken), if any
+
+  def fail(self, error: BaseException) -> None:
+    with self._lock:  # (`snapshot` checks for a failure under it: no save begins after)
+      super().fail(error)
 
   def execute(self) -> None:
     starts = {p: _START for p in self.processes}
     if self._resume is not None:
       starts.update(self._load_threads(self._resume))
-    threads = [
-      threading.Thread(target=self._thread_main, args=(p, start), name=p.name, daemon=True)
-      for p, start in starts.items()
-      if start is not _DONE
-    ]
-    for thread in threads:
-      thread.start()
+    # Waited for by these events, not `Thread.join`: a join that Ctrl-C interrupts can
+    # mark a live thread as ended (CPython 3.11's `Thread._wait_for_tstate_lock`), and
+    # the thread writing a checkpoint must be waited for after a Ctrl-C.
+    self._ended = {p: threading.Event() for p, start in starts.items() if start is not _DONE}
+    for process, ended in self._ended.items():
+      args = (process, starts[process], ended)
+      threading.Thread(target=self._thread_main, args=args, name=process.name, daemon=True).start()
     try:
-      for thread in threads:
-        while thread.is_alive():
-          thread.join(_POLL)
+      for ended in self._ended.values():
+        _wait_for(ended)
     except BaseException as e:  # Ctrl-C: stop every worker, then re-raise.
       self.fail(e)
-      for thread in threads:
-        thread.join(5.0)
+      self._let_the_workers_end()
       raise
+
+  def _let_the_workers_end(self) -> None:
+    """After the main thread failed (Ctrl-C): a worker writing a checkpoint is waited for
+    until it has ended, one line saying so, for once `run` has raised the run's files are
+    closed (`Run.abort`), and a save cut short there is left damaged; a second Ctrl-C
+    stops the wait. The other workers are given `_GRACE_S` in all to end (a task one is
+    running finishes first)."""
+    writing = self._ended.get(self._writer)  # (`fail` took the lock: no new writer now)
+    if writing is not None and not writing.is_set():
+      try:
+        print(WAITING_FOR_THE_SAVE, file=sys.stderr, flush=True)
+      except OSError:  # stderr gone (`| tee` ended by the same Ctrl-C): wait all the same
+        pass
+      _wait_for(writing)
+    deadline = time.monotonic() + _GRACE_S
+    for ended in self._ended.values():
+      ended.wait(max(0.0, deadline - time.monotonic()))
 
   def close_processes(self) -> None:
     pass  # Each thread closes its own process's generator.
 
-  def _thread_main(self, process: Process, start=None) -> None:
+  def _thread_main(self, process: Process, start, ended: threading.Event) -> None:
     try:
       self._drive(process, start)
     except Stopped:
@@ -296,7 +330,10 @@ class ThreadedExecutor(RealExecutor):
     except BaseException as e:  # pylint: disable=broad-except
       self.fail(e)
     finally:
-      process.program.close()
+      try:
+        process.program.close()
+      finally:
+        ended.set()
 
   def _drive(self, process: Process, start=None) -> None:
     """Runs `process` to its end in this thread, waiting wherever it waits. `start`:
@@ -336,6 +373,7 @@ class ThreadedExecutor(RealExecutor):
     try:
       self.between_events()
     finally:
+      self._writer = None
       self._go_on()  # after the checkpoint is written, not when `snapshot` returns
       self._saving.release()
 
@@ -360,7 +398,8 @@ class ThreadedExecutor(RealExecutor):
   def snapshot(self) -> dict:
     """Called by `between_events` in the thread whose op reported the step: stops every
     other thread between two ops and returns the state; they go on once
-    `between_events` has returned (the state, by reference, is saved by then)."""
+    `between_events` has returned (the state, by reference, is saved by then). Once the
+    run has failed it raises `Stopped` instead: no save begins after a Ctrl-C."""
     me = getattr(self._depth, 'process', None)  # None: the run is over (`after_run`)
     self._pause_over = threading.Event()
     self._pause.set()
@@ -370,6 +409,11 @@ class ThreadedExecutor(RealExecutor):
       self._go_on()
       raise
     with self._lock:
+      if self.failure is not None:
+        self._go_on()
+        raise Stopped
+      if me is not None:
+        self._writer = me  # until `between_events` returns
       going_on = dict(self._paused)
       for process in (me, *self._waiting_turn):  # after an op: its value is in its mailbox
         mailbox = self._mailboxes.get(process)

@@ -3,7 +3,10 @@
 import collections
 import json
 import math
+import os
+import signal
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +16,7 @@ import pytest
 from jaxsgd.scheduler import Cluster, Compute, CostModel, DeadlockError, Get, Process, Put
 from jaxsgd.scheduler import RealExecutor, Send, VersionedStore, VirtualExecutor
 from jaxsgd.algorithms import settings as settings_lib
-from jaxsgd.scheduler import transfer
+from jaxsgd.scheduler import real, transfer
 from jaxsgd.scheduler.executor import Executor
 from jaxsgd.scheduler.real import ThreadedExecutor
 from jaxsgd.scheduler.timeline import TaskRecord, Timeline
@@ -274,6 +277,81 @@ def test_a_deadlock_is_reported_not_hung(clock):
   processes = [Process('a', a, _waits_forever(to_a)), Process('b', b, _waits_forever(to_b))]
   outcome = run_with_timeout(lambda: EXECUTORS[clock]().run(cluster, processes), 20)
   assert isinstance(outcome.get('error'), DeadlockError), outcome
+
+
+def _works(n):
+  for i in range(n):
+    yield Compute(lambda i=i: jnp.full((4,), i, jnp.float32), kind='work', batch=i)
+
+
+def _ctrl_c_during_a_workers_save(monkeypatch, ctrl_cs: int) -> list:
+  """Two worker threads; after the first op a worker takes a snapshot and writes it for
+  1 s, `ctrl_cs` Ctrl-Cs (0.3 s apart) reaching the main thread as it begins. `run` must
+  raise `KeyboardInterrupt`; what happened, in order."""
+  monkeypatch.setattr(real, '_GRACE_S', 0.1)  # Shorter than the save: only a wait holds it.
+  executor = ThreadedExecutor()
+  monkeypatch.setattr(executor, 'drained_snapshot', lambda ready: {'going on': len(ready)})
+  happened = []
+
+  def between_events():
+    if happened:
+      return
+    executor.snapshot()  # Drained: the other worker stopped between two ops.
+    happened.append('save begins')
+    for k in range(ctrl_cs):
+      time.sleep(0.3 * k)
+      os.kill(os.getpid(), signal.SIGINT)  # Python runs its handler in the main thread.
+    time.sleep(1.0)
+    happened.append('save ends')
+
+  executor.between_events = between_events
+  cluster = Cluster()
+  a, b = cluster.add_lane('a'), cluster.add_lane('b')
+  processes = [Process('a', a, _works(10**6)), Process('b', b, _works(10**6))]
+  with pytest.raises(KeyboardInterrupt):
+    try:
+      executor.run(cluster, processes)
+    finally:
+      happened.append('run raised')
+  return happened
+
+
+def test_a_ctrl_c_on_worker_threads_stops_the_run_once_the_checkpoint_is_written(
+  monkeypatch, capfd, ctrl_c_raises
+):
+  """The run's files are closed once `run` has raised (`Run.abort`): a save going on
+  after it would be cut short. Each worker is given `_GRACE_S` to end; the one writing
+  a checkpoint is waited for, and one line says so."""
+  happened = _ctrl_c_during_a_workers_save(monkeypatch, ctrl_cs=1)
+  assert happened == ['save begins', 'save ends', 'run raised']
+  assert capfd.readouterr().err.count(real.WAITING_FOR_THE_SAVE) == 1
+
+
+def test_a_second_ctrl_c_on_worker_threads_stops_waiting_for_the_save(monkeypatch, ctrl_c_raises):
+  happened = _ctrl_c_during_a_workers_save(monkeypatch, ctrl_cs=2)
+  assert happened == ['save begins', 'run raised']  # (the worker's save goes on, then it ends)
+  time.sleep(1.0)
+
+
+def test_no_checkpoint_begins_on_worker_threads_once_the_run_has_failed():
+  executor = ThreadedExecutor()
+  snapshots = []
+
+  def between_events():
+    if not snapshots:
+      executor.fail(KeyboardInterrupt())  # As Ctrl-C does, from the main thread.
+    try:
+      snapshots.append(executor.snapshot())
+    except real.Stopped:
+      snapshots.append('stopped')
+      raise
+
+  executor.between_events = between_events
+  cluster = Cluster()
+  processes = [Process('a', cluster.add_lane('a'), _works(3))]
+  with pytest.raises(KeyboardInterrupt):
+    executor.run(cluster, processes)
+  assert snapshots == ['stopped']
 
 
 # --- the trace ----------------------------------------------------------------------------------
