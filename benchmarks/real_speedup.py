@@ -27,7 +27,8 @@ into K stages needs at least K layers: `--depth` sets the hidden layers; `--fami
 runs only some of the cases (bp always); `--driver_cores` pins every thread of the
 driver (this process) to those cores once the lanes are up (default: where the OS puts
 it, or by load with `--copies=auto`: below), to see what its dispatch takes from the lanes of the
-cores it leaves; `--moves=socket`
+cores it leaves (in every case, BP's too: on its lane's core it slows BP, and every
+speed-up over it reads higher); `--moves=socket`
 sends every value over the lanes' sockets, as the wire did before memory shared within a
 host (`LaneSpec.moves`; run it alternately with the default to compare). A lane's copy
 threads (the readers of its connections, its export thread) run beside its tasks on its
