@@ -290,12 +290,17 @@ class ThreadedExecutor(RealExecutor):
     # Waited for by these events, not `Thread.join`: a join that Ctrl-C interrupts can
     # mark a live thread as ended (CPython 3.11's `Thread._wait_for_tstate_lock`), and
     # the thread writing a checkpoint must be waited for after a Ctrl-C.
-    self._ended = {p: threading.Event() for p, start in starts.items() if start is not _DONE}
-    for process, ended in self._ended.items():
-      args = (process, starts[process], ended)
-      threading.Thread(target=self._thread_main, args=args, name=process.name, daemon=True).start()
+    self._ended: dict[Process, threading.Event] = {}  # set as each thread ends
     try:
-      for ended in self._ended.values():
+      for process, start in starts.items():
+        if start is not _DONE:
+          ended = threading.Event()
+          args = (process, start, ended)
+          thread = threading.Thread(target=self._thread_main, args=args, name=process.name)
+          thread.daemon = True
+          self._ended[process] = ended
+          thread.start()
+      for ended in list(self._ended.values()):
         _wait_for(ended)
     except BaseException as e:  # Ctrl-C: stop every worker, then re-raise.
       self.fail(e)

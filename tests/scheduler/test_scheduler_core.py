@@ -300,6 +300,8 @@ def _ctrl_c_during_a_workers_save(monkeypatch, ctrl_cs: int) -> list:
     happened.append('save begins')
     for k in range(ctrl_cs):
       time.sleep(0.3 * k)
+      if 'run raised' in happened:  # (sent now, it would reach the test, not the run)
+        break
       os.kill(os.getpid(), signal.SIGINT)  # Python runs its handler in the main thread.
     time.sleep(1.0)
     happened.append('save ends')
@@ -320,8 +322,8 @@ def test_a_ctrl_c_on_worker_threads_stops_the_run_once_the_checkpoint_is_written
   monkeypatch, capfd, ctrl_c_raises
 ):
   """The run's files are closed once `run` has raised (`Run.abort`): a save going on
-  after it would be cut short. Each worker is given `_GRACE_S` to end; the one writing
-  a checkpoint is waited for, and one line says so."""
+  after it would be cut short. The workers are given `_GRACE_S` in all to end; the one
+  writing a checkpoint is waited for, and one line says so."""
   happened = _ctrl_c_during_a_workers_save(monkeypatch, ctrl_cs=1)
   assert happened == ['save begins', 'save ends', 'run raised']
   assert capfd.readouterr().err.count(real.WAITING_FOR_THE_SAVE) == 1
@@ -330,16 +332,20 @@ def test_a_ctrl_c_on_worker_threads_stops_the_run_once_the_checkpoint_is_written
 def test_a_second_ctrl_c_on_worker_threads_stops_waiting_for_the_save(monkeypatch, ctrl_c_raises):
   happened = _ctrl_c_during_a_workers_save(monkeypatch, ctrl_cs=2)
   assert happened == ['save begins', 'run raised']  # (the worker's save goes on, then it ends)
-  time.sleep(1.0)
+  try:
+    time.sleep(1.0)
+  except KeyboardInterrupt:
+    pytest.fail('a Ctrl-C came after the run had raised: it did not wait for the save')
 
 
-def test_no_checkpoint_begins_on_worker_threads_once_the_run_has_failed():
+def test_no_checkpoint_begins_on_worker_threads_once_the_run_has_failed(monkeypatch):
   executor = ThreadedExecutor()
+  monkeypatch.setattr(executor, 'drained_snapshot', lambda ready: {'going on': len(ready)})
   snapshots = []
 
   def between_events():
     if not snapshots:
-      executor.fail(KeyboardInterrupt())  # As Ctrl-C does, from the main thread.
+      executor.fail(KeyboardInterrupt())  # As the main thread does at a Ctrl-C.
     try:
       snapshots.append(executor.snapshot())
     except real.Stopped:
