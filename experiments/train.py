@@ -17,8 +17,8 @@ and an exit status:
   143  SIGTERM (pre-emption): the run saved a checkpoint in WORKDIR/checkpoints and
        stopped; the same command resumes it (algorithms without checkpoints stop at
        once).
-  130  Ctrl-C: stopped at once, without saving (one line, no traceback); one during a
-       checkpoint's save stops the run when the save is complete.
+  130  Ctrl-C: stopped at once, without saving (one line, no traceback); one while a
+       checkpoint is saved or read stops the run when that is complete.
 
 `--verbose` also prints the traceback on stderr, and the libraries' INFO lines (tfds
 loading a dataset's description, JAX looking for a TPU: left out otherwise). Under
@@ -198,8 +198,8 @@ def main(argv):
   except KeyboardInterrupt as e:
     fail(
       EXIT_INTERRUPTED,
-      'Ctrl-C: stopped at once, the step it was in not saved (a checkpoint being written '
-      'is finished first); the same command resumes from the newest checkpoint, if any.',
+      'Ctrl-C: stopped at once, the step it was in not saved (a checkpoint being written or '
+      'read is finished first); the same command resumes from the newest checkpoint, if any.',
       e,
     )
   except Exception as e:  # pylint: disable=broad-except

@@ -304,6 +304,39 @@ def test_a_ctrl_c_during_a_save_stops_the_run_once_the_checkpoint_is_complete(
   assert told.count(checkpoints.HELD_CTRL_C.decode()) == 1, told
 
 
+@pytest.mark.parametrize('what', ['state', 'meta'])
+def test_a_ctrl_c_during_a_restore_stops_the_run_once_the_checkpoint_is_read(
+  tmp_path, monkeypatch, capfd, ctrl_c_raises, what
+):
+  """Interrupted, orbax's restore leaves its threads and tensorstore's callbacks to meet
+  its closed event loop (a traceback after the run's line), as a save does."""
+  workdir = str(tmp_path)
+  checkpointer = checkpoints.Checkpointer(workdir, every=1, last=2)
+  checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  restore = ocp.CheckpointManager.restore
+  read = []
+
+  def interrupted_restore(self, step, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)  # Handled before the next line runs (main thread).
+    restored = restore(self, step, *args, **kwargs)
+    read.append(step)
+    return restored
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'restore', interrupted_restore)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      if what == 'state':
+        checkpointer.restore(1, None)
+      else:
+        checkpoints.read_meta(workdir, 1)
+  finally:
+    checkpointer.close()
+  assert read == [1]  # orbax's read ran to its end first
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  told = capfd.readouterr().err
+  assert told.count(checkpoints.HELD_CTRL_C_READING.decode()) == 1, told
+
+
 def test_a_ctrl_c_during_a_save_with_stderr_gone_still_waits_for_the_save(
   tmp_path, monkeypatch, ctrl_c_raises
 ):

@@ -27,10 +27,11 @@ raises `CheckpointWriteError` naming the folder: a failed run, not bad input.
 Pre-emption: `PreemptionWatch` turns SIGTERM into a flag; the run saves a checkpoint at
 the next step and stops with `errors.Preempted` (the binary exits with 143, 128 +
 SIGTERM, as a process killed by SIGTERM would). Ctrl-C (SIGINT) stops the run at once,
-without a checkpoint of the step it was in, except that one arriving during a save is held
-until the save has ended (`ctrl_c_after_the_save`): orbax's threads and tensorstore's
-callbacks outlive an interrupted save and meet its closed event loop (a traceback after
-the one-line message). A second Ctrl-C during the save interrupts it at once. A Ctrl-C
+without a checkpoint of the step it was in, except that one arriving while orbax saves
+or reads a checkpoint is held until it has ended (`ctrl_c_after_orbax`): orbax's threads
+and tensorstore's callbacks outlive an interrupted save or restore and meet its closed
+event loop (a traceback after the one-line message). A second Ctrl-C then interrupts it
+at once. A Ctrl-C
 whose `KeyboardInterrupt` Python dropped (raised in a finalizer or a callback from C) is
 raised again at the run's next step (`PreemptionWatch.interrupt_lost`), where the run
 would have trained on.
@@ -51,8 +52,11 @@ import numpy as np
 from jaxsgd.training import files
 
 KEEP = 3  # Checkpoints kept (the last ones).
-# Said once on stderr when a Ctrl-C comes during a save (`ctrl_c_after_the_save`).
+# Said once on stderr when a Ctrl-C comes during a save or a read (`ctrl_c_after_orbax`).
 HELD_CTRL_C = b'Ctrl-C: held while the checkpoint is written; press it again to pass it on now.\n'
+HELD_CTRL_C_READING = (
+  b'Ctrl-C: held while a checkpoint is read; press it again to pass it on now.\n'
+)
 DIRECTORY = 'checkpoints'
 COMPLETE = 'jaxsgd-complete.json'  # in a step's folder: its files and their sizes
 
@@ -136,7 +140,8 @@ def read_meta(workdir: str, step: int) -> dict:
   ocp = _ocp()
   manager = _manager(workdir, read_only=True)
   try:
-    return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+    with ctrl_c_after_orbax(HELD_CTRL_C_READING):
+      return manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
   finally:
     manager.close()
 
@@ -218,7 +223,7 @@ class Checkpointer:
     folder = os.path.join(directory(self._workdir), str(step))
     primary = jax.process_index() == 0
     try:
-      with ctrl_c_after_the_save():
+      with ctrl_c_after_orbax(HELD_CTRL_C):
         self.manager().save(
           step,
           args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
@@ -246,9 +251,10 @@ class Checkpointer:
     """Step `step`'s state, in the structure, dtypes and shardings of `template` (None:
     as saved; numpy arrays stay numpy arrays)."""
     ocp = _ocp()
-    restored = self.manager().restore(
-      step, args=ocp.args.Composite(state=ocp.args.StandardRestore(template))
-    )['state']
+    with ctrl_c_after_orbax(HELD_CTRL_C_READING):
+      restored = self.manager().restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(template))
+      )['state']
     if template is None:
       return restored
     # orbax gives namedtuples back as tuples: rebuild the template's structure.
@@ -261,14 +267,14 @@ class Checkpointer:
 
 
 @contextlib.contextmanager
-def ctrl_c_after_the_save():
-  """Within, in the main thread: a Ctrl-C is held (one line on stderr says so), and handed
-  to the handler that was installed (Python's, raising `KeyboardInterrupt`, or a lane
-  pool's) once the block has ended without an exception (a save that failed ends the run
-  anyway, exit 1); a second Ctrl-C within is handed on at once. Elsewhere, or with no
-  Python handler for SIGINT (ignored, as `nohup cmd &` leaves it), a no-op: a save in a
-  worker thread (the threaded real clock) is not interrupted by Ctrl-C, which only the
-  main thread hears."""
+def ctrl_c_after_orbax(line: bytes):
+  """Within (an orbax save or restore), in the main thread: a Ctrl-C is held (`line` on
+  stderr says so), and handed to the handler that was installed (Python's, raising
+  `KeyboardInterrupt`, or a lane pool's) once the block has ended without an exception (a
+  save that failed ends the run anyway, exit 1); a second Ctrl-C within is handed on at
+  once, for the block may be what hangs. Elsewhere, or with no Python handler for SIGINT
+  (ignored, as `nohup cmd &` leaves it), a no-op: a save in a worker thread (the threaded
+  real clock) is not interrupted by Ctrl-C, which only the main thread hears."""
   before = signal.getsignal(signal.SIGINT)
   if threading.current_thread() is not threading.main_thread() or not callable(before):
     yield
@@ -276,12 +282,12 @@ def ctrl_c_after_the_save():
   held = []
 
   def hold(signum, frame):
-    if held:  # The second: the save may be what hangs.
+    if held:  # The second: the block may be what hangs.
       signal.signal(signal.SIGINT, before)
       before(signum, frame)
     held.append(frame)
     if len(held) == 1:
-      _say(HELD_CTRL_C)
+      _say(line)
 
   signal.signal(signal.SIGINT, hold)
   try:
@@ -295,7 +301,7 @@ def ctrl_c_after_the_save():
 def _say(line: bytes) -> None:
   """`line` on stderr from a signal handler: os.write, for the code it interrupted may be
   inside a write to sys.stderr; an error (a closed pipe, after `| tee` ended) is ignored,
-  for raised there it would fail the save the handler is holding a Ctrl-C for."""
+  for raised there it would fail the save or read the handler is holding a Ctrl-C for."""
   try:
     os.write(2, line)
   except OSError:
