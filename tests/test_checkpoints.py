@@ -337,6 +337,66 @@ def test_a_ctrl_c_during_a_restore_stops_the_run_once_the_checkpoint_is_read(
   assert told.count(checkpoints.HELD_CTRL_C_READING.decode()) == 1, told
 
 
+def _ctrl_cs_as_orbax_reads(monkeypatch, ctrl_cs: int, fails: bool = False) -> list:
+  """From now on, `ctrl_cs` Ctrl-Cs come as orbax's first read begins (which raises
+  instead of reading if `fails`); the steps orbax then read to their end, in order."""
+  restore = ocp.CheckpointManager.restore
+  read = []
+
+  def interrupted_restore(self, step, *args, **kwargs):
+    if not read:
+      for _ in range(ctrl_cs):
+        os.kill(os.getpid(), signal.SIGINT)  # Handled before the next line (main thread).
+      if fails:
+        read.append('failed')
+        raise ValueError('this checkpoint does not read')
+    restored = restore(self, step, *args, **kwargs)
+    read.append(step)
+    return restored
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'restore', interrupted_restore)
+  return read
+
+
+def test_a_ctrl_c_held_through_a_read_that_fails_is_not_lost(tmp_path, monkeypatch, ctrl_c_raises):
+  """`find_latest` passes over a checkpoint whose meta does not read; the Ctrl-C held
+  through that read must still stop the run."""
+  workdir = str(tmp_path)
+  checkpointer = checkpoints.Checkpointer(workdir, every=1, last=2)
+  checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  checkpointer.close()
+  read = _ctrl_cs_as_orbax_reads(monkeypatch, ctrl_cs=1, fails=True)
+  with pytest.raises(KeyboardInterrupt) as raised:
+    checkpoints.find_latest(workdir)
+  assert read == ['failed']
+  assert 'does not read' in str(raised.value.__context__)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize('ctrl_cs', [1, 2])
+def test_a_ctrl_c_during_a_resumes_nested_reads_is_held_once(
+  tmp_path, monkeypatch, capfd, ctrl_c_raises, ctrl_cs
+):
+  """A restore opens the manager, which first reads the checkpoints' metas (to pass over
+  damaged ones): one Ctrl-C there is held until the restore has ended and said once; a
+  second goes on at once."""
+  workdir = str(tmp_path)
+  saved = checkpoints.Checkpointer(workdir, every=1, last=2)
+  saved.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  saved.close()
+  checkpointer = checkpoints.Checkpointer(workdir, every=1, last=2)  # (no manager yet)
+  read = _ctrl_cs_as_orbax_reads(monkeypatch, ctrl_cs)
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      checkpointer.restore(1, None)
+  finally:
+    checkpointer.close()
+  assert read == ([1, 1] if ctrl_cs == 1 else [])  # (its meta, then its state)
+  told = capfd.readouterr().err
+  assert told.count(checkpoints.HELD_CTRL_C_READING.decode()) == 1, told
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_ctrl_c_during_a_save_with_stderr_gone_still_waits_for_the_save(
   tmp_path, monkeypatch, ctrl_c_raises
 ):

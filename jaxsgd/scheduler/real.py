@@ -299,7 +299,11 @@ class ThreadedExecutor(RealExecutor):
           thread = threading.Thread(target=self._thread_main, args=args, name=process.name)
           thread.daemon = True
           self._ended[process] = ended
-          thread.start()
+          try:
+            thread.start()
+          except BaseException:
+            ended.set()  # (not waited for: it ends by itself, or never began)
+            raise
       for ended in list(self._ended.values()):
         _wait_for(ended)
     except BaseException as e:  # Ctrl-C: stop every worker, then re-raise.

@@ -31,10 +31,9 @@ without a checkpoint of the step it was in, except that one arriving while orbax
 or reads a checkpoint is held until it has ended (`ctrl_c_after_orbax`): orbax's threads
 and tensorstore's callbacks outlive an interrupted save or restore and meet its closed
 event loop (a traceback after the one-line message). A second Ctrl-C then interrupts it
-at once. A Ctrl-C
-whose `KeyboardInterrupt` Python dropped (raised in a finalizer or a callback from C) is
-raised again at the run's next step (`PreemptionWatch.interrupt_lost`), where the run
-would have trained on.
+at once. A Ctrl-C whose `KeyboardInterrupt` Python dropped (raised in a finalizer or a
+callback from C) is raised again at the run's next step (`PreemptionWatch.interrupt_lost`),
+where the run would have trained on.
 """
 
 import contextlib
@@ -57,6 +56,7 @@ HELD_CTRL_C = b'Ctrl-C: held while the checkpoint is written; press it again to 
 HELD_CTRL_C_READING = (
   b'Ctrl-C: held while a checkpoint is read; press it again to pass it on now.\n'
 )
+_HOLDING = 'jaxsgd_holds_ctrl_c'  # marks `ctrl_c_after_orbax`'s handler (it nests)
 DIRECTORY = 'checkpoints'
 COMPLETE = 'jaxsgd-complete.json'  # in a step's folder: its files and their sizes
 
@@ -223,7 +223,7 @@ class Checkpointer:
     folder = os.path.join(directory(self._workdir), str(step))
     primary = jax.process_index() == 0
     try:
-      with ctrl_c_after_orbax(HELD_CTRL_C):
+      with ctrl_c_after_orbax(HELD_CTRL_C, even_after_an_error=False):
         self.manager().save(
           step,
           args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
@@ -267,16 +267,22 @@ class Checkpointer:
 
 
 @contextlib.contextmanager
-def ctrl_c_after_orbax(line: bytes):
-  """Within (an orbax save or restore), in the main thread: a Ctrl-C is held (`line` on
-  stderr says so), and handed to the handler that was installed (Python's, raising
-  `KeyboardInterrupt`, or a lane pool's) once the block has ended without an exception (a
-  save that failed ends the run anyway, exit 1); a second Ctrl-C within is handed on at
-  once, for the block may be what hangs. Elsewhere, or with no Python handler for SIGINT
-  (ignored, as `nohup cmd &` leaves it), a no-op: a save in a worker thread (the threaded
-  real clock) is not interrupted by Ctrl-C, which only the main thread hears."""
+def ctrl_c_after_orbax(line: bytes, *, even_after_an_error: bool = True):
+  """Within (an orbax save or read), in the main thread: a Ctrl-C is held (`line` on
+  stderr says so) and handed to the handler that was installed (Python's, raising
+  `KeyboardInterrupt`, or a lane pool's) once the block has ended; a second Ctrl-C within
+  is handed on at once, for the block may be what hangs. If the block raised, the held
+  Ctrl-C is handed on all the same (its `KeyboardInterrupt` then carries the error as its
+  context: a read's error may be caught, and the run would go on) unless
+  `even_after_an_error` is False (a save: its error ends the run, exit 1, and the save's
+  clean-up needs that error). Nested within another, it leaves the Ctrl-C to the outer
+  one (a save or a restore opens the manager, which reads the checkpoints' metas). Outside
+  the main thread, or with no Python handler for SIGINT (ignored, as `nohup cmd &` leaves
+  it), a no-op: a save in a worker thread (the threaded real clock) is not interrupted by
+  Ctrl-C, which only the main thread hears."""
   before = signal.getsignal(signal.SIGINT)
-  if threading.current_thread() is not threading.main_thread() or not callable(before):
+  main = threading.current_thread() is threading.main_thread()
+  if not main or not callable(before) or getattr(before, _HOLDING, False):
     yield
     return
   held = []
@@ -289,11 +295,16 @@ def ctrl_c_after_orbax(line: bytes):
     if len(held) == 1:
       _say(line)
 
+  setattr(hold, _HOLDING, True)
   signal.signal(signal.SIGINT, hold)
   try:
     yield
-  finally:
+  except BaseException as error:
     signal.signal(signal.SIGINT, before)
+    if held and even_after_an_error and not isinstance(error, KeyboardInterrupt):
+      before(signal.SIGINT, held[0])
+    raise
+  signal.signal(signal.SIGINT, before)
   if held:
     before(signal.SIGINT, held[0])
 
