@@ -337,6 +337,31 @@ def test_a_ctrl_c_during_a_restore_stops_the_run_once_the_checkpoint_is_read(
   assert told.count(checkpoints.HELD_CTRL_C_READING.decode()) == 1, told
 
 
+def test_a_save_that_fails_while_a_ctrl_c_is_held_ends_as_the_failed_save(
+  tmp_path, monkeypatch, ctrl_c_raises
+):
+  """The save's error, not the held Ctrl-C: its clean-up runs, and it says more."""
+  checkpointer = checkpoints.Checkpointer(str(tmp_path), every=1, last=2)
+  manager = checkpointer.manager()
+
+  def failing_save(step, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)  # Handled before the next line runs (main thread).
+    os.makedirs(os.path.join(checkpoints.directory(str(tmp_path)), f'{step}'))
+    raise OSError('No space left on device')
+
+  monkeypatch.setattr(manager, 'save', failing_save)
+  try:
+    checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
+  except checkpoints.CheckpointWriteError as error:
+    assert 'No space left' in str(error)
+  except KeyboardInterrupt:
+    pytest.fail("the held Ctrl-C was raised instead of the save's error")
+  else:
+    pytest.fail('the save did not fail')
+  assert os.listdir(checkpoints.directory(str(tmp_path))) == []  # What it wrote is gone.
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def _ctrl_cs_as_orbax_reads(monkeypatch, ctrl_cs: int, fails: bool = False) -> list:
   """From now on, `ctrl_cs` Ctrl-Cs come as orbax's first read begins (which raises
   instead of reading if `fails`); the steps orbax then read to their end, in order."""

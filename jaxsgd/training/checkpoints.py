@@ -271,18 +271,18 @@ def ctrl_c_after_orbax(line: bytes, *, even_after_an_error: bool = True):
   """Within (an orbax save or read), in the main thread: a Ctrl-C is held (`line` on
   stderr says so) and handed to the handler that was installed (Python's, raising
   `KeyboardInterrupt`, or a lane pool's) once the block has ended; a second Ctrl-C within
-  is handed on at once, for the block may be what hangs. If the block raised, the held
-  Ctrl-C is handed on all the same (its `KeyboardInterrupt` then carries the error as its
-  context: a read's error may be caught, and the run would go on) unless
-  `even_after_an_error` is False (a save: its error ends the run, exit 1, and the save's
-  clean-up needs that error). Nested within another, it leaves the Ctrl-C to the outer
+  is handed on at once, for the block may be what hangs. If the block raised (other than
+  that second Ctrl-C's `KeyboardInterrupt`), the held Ctrl-C is handed on all the same
+  (its `KeyboardInterrupt` then carries the error as its context: a read's error may be
+  caught, and the run would go on) unless `even_after_an_error` is False (a save: its
+  error ends the run, exit 1, and the save's clean-up needs that error). Nested within another, it leaves the Ctrl-C to the outer
   one (a save or a restore opens the manager, which reads the checkpoints' metas). Outside
   the main thread, or with no Python handler for SIGINT (ignored, as `nohup cmd &` leaves
   it), a no-op: a save in a worker thread (the threaded real clock) is not interrupted by
   Ctrl-C, which only the main thread hears."""
   before = signal.getsignal(signal.SIGINT)
   main = threading.current_thread() is threading.main_thread()
-  if not main or not callable(before) or getattr(before, _HOLDING, False):
+  if not main or not callable(before) or getattr(before, _HOLDING, False) is True:
     yield
     return
   held = []
