@@ -304,6 +304,27 @@ def test_a_ctrl_c_during_a_save_stops_the_run_once_the_checkpoint_is_complete(
   assert told.count(checkpoints.HELD_CTRL_C.decode()) == 1, told
 
 
+def _ctrl_cs_as_orbax_reads(monkeypatch, ctrl_cs: int, fails: bool = False) -> list:
+  """From now on, `ctrl_cs` Ctrl-Cs come as orbax's first read begins (which raises
+  instead of reading if `fails`); the steps orbax then read to their end, in order."""
+  restore = ocp.CheckpointManager.restore
+  read = []
+
+  def interrupted_restore(self, step, *args, **kwargs):
+    if not read:
+      for _ in range(ctrl_cs):
+        os.kill(os.getpid(), signal.SIGINT)  # Handled before the next line (main thread).
+      if fails:
+        read.append('failed')
+        raise ValueError('this checkpoint does not read')
+    restored = restore(self, step, *args, **kwargs)
+    read.append(step)
+    return restored
+
+  monkeypatch.setattr(ocp.CheckpointManager, 'restore', interrupted_restore)
+  return read
+
+
 @pytest.mark.parametrize('what', ['state', 'meta'])
 def test_a_ctrl_c_during_a_restore_stops_the_run_once_the_checkpoint_is_read(
   tmp_path, monkeypatch, capfd, ctrl_c_raises, what
@@ -313,16 +334,7 @@ def test_a_ctrl_c_during_a_restore_stops_the_run_once_the_checkpoint_is_read(
   workdir = str(tmp_path)
   checkpointer = checkpoints.Checkpointer(workdir, every=1, last=2)
   checkpointer.save(1, {'w': np.arange(3.0)}, {'step': 1})
-  restore = ocp.CheckpointManager.restore
-  read = []
-
-  def interrupted_restore(self, step, *args, **kwargs):
-    os.kill(os.getpid(), signal.SIGINT)  # Handled before the next line runs (main thread).
-    restored = restore(self, step, *args, **kwargs)
-    read.append(step)
-    return restored
-
-  monkeypatch.setattr(ocp.CheckpointManager, 'restore', interrupted_restore)
+  read = _ctrl_cs_as_orbax_reads(monkeypatch, ctrl_cs=1)
   try:
     with pytest.raises(KeyboardInterrupt):
       if what == 'state':
@@ -360,27 +372,6 @@ def test_a_save_that_fails_while_a_ctrl_c_is_held_ends_as_the_failed_save(
     pytest.fail('the save did not fail')
   assert os.listdir(checkpoints.directory(str(tmp_path))) == []  # What it wrote is gone.
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
-def _ctrl_cs_as_orbax_reads(monkeypatch, ctrl_cs: int, fails: bool = False) -> list:
-  """From now on, `ctrl_cs` Ctrl-Cs come as orbax's first read begins (which raises
-  instead of reading if `fails`); the steps orbax then read to their end, in order."""
-  restore = ocp.CheckpointManager.restore
-  read = []
-
-  def interrupted_restore(self, step, *args, **kwargs):
-    if not read:
-      for _ in range(ctrl_cs):
-        os.kill(os.getpid(), signal.SIGINT)  # Handled before the next line (main thread).
-      if fails:
-        read.append('failed')
-        raise ValueError('this checkpoint does not read')
-    restored = restore(self, step, *args, **kwargs)
-    read.append(step)
-    return restored
-
-  monkeypatch.setattr(ocp.CheckpointManager, 'restore', interrupted_restore)
-  return read
 
 
 def test_a_ctrl_c_held_through_a_read_that_fails_is_not_lost(tmp_path, monkeypatch, ctrl_c_raises):

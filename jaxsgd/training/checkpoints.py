@@ -275,11 +275,12 @@ def ctrl_c_after_orbax(line: bytes, *, even_after_an_error: bool = True):
   that second Ctrl-C's `KeyboardInterrupt`), the held Ctrl-C is handed on all the same
   (its `KeyboardInterrupt` then carries the error as its context: a read's error may be
   caught, and the run would go on) unless `even_after_an_error` is False (a save: its
-  error ends the run, exit 1, and the save's clean-up needs that error). Nested within another, it leaves the Ctrl-C to the outer
-  one (a save or a restore opens the manager, which reads the checkpoints' metas). Outside
-  the main thread, or with no Python handler for SIGINT (ignored, as `nohup cmd &` leaves
-  it), a no-op: a save in a worker thread (the threaded real clock) is not interrupted by
-  Ctrl-C, which only the main thread hears."""
+  error ends the run, exit 1, and the save's clean-up needs that error). Nested within
+  another, it leaves the Ctrl-C to the outer one (a save or a restore opens the manager,
+  which reads the checkpoints' metas). Outside the main thread, or with no Python handler
+  for SIGINT (ignored, as `nohup cmd &` leaves it), a no-op: a save in a worker thread
+  (the threaded real clock) is not interrupted by Ctrl-C, which only the main thread
+  hears."""
   before = signal.getsignal(signal.SIGINT)
   main = threading.current_thread() is threading.main_thread()
   if not main or not callable(before) or getattr(before, _HOLDING, False) is True:
@@ -297,16 +298,17 @@ def ctrl_c_after_orbax(line: bytes, *, even_after_an_error: bool = True):
 
   setattr(hold, _HOLDING, True)
   signal.signal(signal.SIGINT, hold)
+  error = None
   try:
     yield
-  except BaseException as error:
-    signal.signal(signal.SIGINT, before)
-    if held and even_after_an_error and not isinstance(error, KeyboardInterrupt):
-      before(signal.SIGINT, held[0])
+  except BaseException as raised:
+    error = raised
     raise
-  signal.signal(signal.SIGINT, before)
-  if held:
-    before(signal.SIGINT, held[0])
+  finally:
+    signal.signal(signal.SIGINT, before)
+    passed_on = error is None or (even_after_an_error and not isinstance(error, KeyboardInterrupt))
+    if held and passed_on:
+      before(signal.SIGINT, held[0])  # (raised here, it carries `error` as its context)
 
 
 def _say(line: bytes) -> None:
