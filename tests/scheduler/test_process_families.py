@@ -26,6 +26,7 @@ from jaxsgd.asynchronous import common, lppsgd, pdasgd, server  # noqa: E402
 from jaxsgd.models import stage_functions  # noqa: E402
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
 from jaxsgd.scheduler import CostModel, Placement, RealExecutor, VirtualExecutor  # noqa: E402
+from jaxsgd.scheduler.core import Compute, Get, Put  # noqa: E402
 from jaxsgd.scheduler.lanes import LanePlacement, LanePool  # noqa: E402
 from jaxsgd.scheduler.process import ProcessExecutor  # noqa: E402
 from jaxsgd.scheduler.tasks import Task  # noqa: E402
@@ -228,20 +229,18 @@ def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool, 
   averaging lane, each keep-local merge on the replica's lane in the replica's turn. A
   merge that overwrote an update would set Adam's count back below the writes.
 
-  Run until the replicas met in an averaging round (at most 4 runs): whether they meet
-  depends on real timing — in the first run a lane still compiling may leave every step
-  to the other — and every run must lose no update."""
+  The replicas are made to meet (`meeting_in_a_round`): left to real timing, a lane
+  still compiling could leave every step to the other, or the run end before the mean
+  came back, and no round would be merged (once in a clean clone, in four tries)."""
   settings = lppsgd.LppSettings(devices=2, workers_per_device=1, averaging_freq=1)
   pipe = placed(mlp(), 1, steps=16)
   prepared, started = spy_tasks(pool, monkeypatch)
-  for _ in range(4):
-    executor = ProcessExecutor(pool=pool)
-    session = lpp_session(executor, pipe, settings, [batches(seed=d) for d in range(2)], 16)
-    _, values = run(session, executor)
-    counts = [adam_count(opt_state) for _, opt_state in values]
-    assert counts == [len(store.updates) for store in stores(session)] and sum(counts) == 16
-    if session.averaged_rounds >= 1:
-      break
+  executor = ProcessExecutor(pool=pool)
+  session = lpp_session(executor, pipe, settings, [batches(seed=d) for d in range(2)], 16)
+  monkeypatch.setattr(session, 'processes', meeting_in_a_round(session, updates_before=4))
+  _, values = run(session, executor)
+  counts = [adam_count(opt_state) for _, opt_state in values]
+  assert counts == [len(store.updates) for store in stores(session)] and sum(counts) == 16
   assert session.averaged_rounds >= 1  # the merges were exercised
   assert pool.held('allreduce') == 0
   # Each lane was sent, to build as the run began, what it could run: a replica's lane
@@ -253,6 +252,57 @@ def test_lppsgd_two_replicas_on_lane_processes_average_and_lose_no_update(pool, 
   assert prepared == {'worker0.0': replica, 'worker1.0': replica, 'allreduce': mean}
   assert all(started[lane] <= prepared[lane] for lane in started)
   assert started['allreduce'] == mean and merge in started['worker0.0'] | started['worker1.0']
+
+
+def meeting_in_a_round(session: lppsgd.LppSession, updates_before: int):
+  """`session.processes`, with each replica's worker held before its forward once its
+  replica has `updates_before` updates, until the first averaging round is merged.
+
+  Both replicas' first updates send snapshots (`averaging_freq=1`), which make that
+  round; at most `devices * updates_before` steps, fewer than the run's, are taken
+  before it is merged, so the run cannot end first. A worker below the bound goes on
+  meanwhile, so merges still meet updates. A hold that nothing released would end the
+  run as a `DeadlockError`, not hang it."""
+  processes = session.processes
+  released = [session.cluster.channel(f'released {d}', session.home(d)) for d in range(2)]
+
+  def held(d, program):
+    value = None
+    while True:
+      try:
+        op = program.send(value)
+      except StopIteration:
+        return
+      if isinstance(op, Compute) and op.kind == 'forward' and session.averaged_rounds == 0:
+        if session.device_updates[d] >= updates_before:
+          yield Get(released[d])
+      value = yield op
+
+  def releasing(program):
+    value, sent = None, False
+    while True:
+      try:
+        op = program.send(value)
+      except StopIteration:
+        op = None
+      if session.averaged_rounds >= 1 and not sent:
+        sent = True
+        for channel in released:
+          yield Put(channel, None)
+      if op is None:
+        return
+      value = yield op
+
+  def gated():
+    all_processes = processes()
+    for p in all_processes:
+      if p.name == 'averaging':
+        p.program = releasing(p.program)
+      else:
+        p.program = held(int(p.name.split()[1].split('.')[0]), p.program)
+    return all_processes
+
+  return gated
 
 
 # --- BatchNorm statistics ------------------------------------------------------------------
