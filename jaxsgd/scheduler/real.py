@@ -59,8 +59,8 @@ from jaxsgd.scheduler.timeline import TaskRecord
 
 _POLL = 0.05  # seconds between checks for a failure elsewhere while waiting
 _GRACE_S = 5.0  # how long the worker threads are given, in all, to end after a Ctrl-C
-WAITING_FOR_THE_SAVE = (
-  'Ctrl-C: the run stops once the checkpoint a worker is writing is complete;'
+WAITING_FOR_THE_SAVE = (  # (on a line of its own: the progress bar's line has no newline)
+  '\nCtrl-C: the run stops once the checkpoint a worker is writing is complete;'
   ' press it again to stop now.'
 )
 

@@ -51,10 +51,11 @@ import numpy as np
 from jaxsgd.training import files
 
 KEEP = 3  # Checkpoints kept (the last ones).
-# Said once on stderr when a Ctrl-C comes during a save or a read (`ctrl_c_after_orbax`).
-HELD_CTRL_C = b'Ctrl-C: held while the checkpoint is written; press it again to pass it on now.\n'
+# Said once on stderr when a Ctrl-C comes during a save or a read (`ctrl_c_after_orbax`), on
+# a line of its own: the progress bar's line (and a terminal's echoed ^C) has no newline.
+HELD_CTRL_C = b'\nCtrl-C: held while the checkpoint is written; press it again to pass it on now.\n'
 HELD_CTRL_C_READING = (
-  b'Ctrl-C: held while a checkpoint is read; press it again to pass it on now.\n'
+  b'\nCtrl-C: held while a checkpoint is read; press it again to pass it on now.\n'
 )
 _HOLDING = 'jaxsgd_holds_ctrl_c'  # marks `ctrl_c_after_orbax`'s handler (it nests)
 DIRECTORY = 'checkpoints'
