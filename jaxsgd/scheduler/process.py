@@ -125,6 +125,10 @@ from jaxsgd.scheduler.transfer import HostInputs
 
 
 _HEAR_LANES_S = 0.005  # while processes are ready, finished tasks are looked for this often
+# Seconds in which no lane finished anything before the run says what it waits for (then
+# after twice as long again, and so on): a task may rightly take that long, so it is said,
+# not raised; a stuck run is then one a reader can see into (`waiting_report`).
+STALL_REPORT_S = 60.0
 
 
 class ProcessExecutor(Executor):
@@ -154,6 +158,9 @@ class ProcessExecutor(Executor):
       busiest cores of their host (`placement.driver_toward_idle`), until the run ends.
     steady_from_batch: the driver's CPU is counted apart from the first task of this
       batch on (`steady_cpu_seconds`, `driver_cpu_per_task`): the run's start left out.
+    stall_report_s: after this many seconds in which no lane finished a task, a warning
+      says what the run waits for (`waiting_report`), again after twice as long, and so
+      on; None: never.
   """
 
   clock = 'real (processes)'
@@ -171,6 +178,7 @@ class ProcessExecutor(Executor):
     emulate: CostModel | None = None,
     copies: str = 'own',
     steady_from_batch: int | None = None,
+    stall_report_s: float | None = STALL_REPORT_S,
   ):
     if copies not in COPIES:
       raise ValueError(f'copies: one of {", ".join(COPIES)} expected, got {copies!r}.')
@@ -201,6 +209,7 @@ class ProcessExecutor(Executor):
     self.between_events = None  # called after every op dispatched (checkpoints)
     self.on_sigterm = None  # with checkpoints: SIGTERM asks for a save, then a stop
     self.pauses: list[float] = []  # seconds each checkpoint's drain and save held the run
+    self.stall_report_s = stall_report_s
 
   # --- the lanes ---------------------------------------------------------------------------
   def run(
@@ -318,6 +327,8 @@ class ProcessExecutor(Executor):
     self.lost = []
     self._lost_lanes: set[int] = set()
     self._copies: list[_Copy] = []  # copies on their way, recorded once done
+    self._heard_at = time.monotonic()  # when a lane last finished something (or the start)
+    self._quiet_for = self.stall_report_s  # seconds of quiet before the next report
     self._lanes_by_name = {name: i for i, name in self._lane_names.items()}
     for lane, tasks in self.cluster.tasks.items():  # each lane builds its own, at once
       self.pool.prepare(self._lane_names[lane], [t for t in tasks if isinstance(t, Task)])
@@ -348,18 +359,68 @@ class ProcessExecutor(Executor):
           self._record_copies(final=True)
           return
         # While processes are still ready, only look: they go on after.
-        finished = self.pool.wait_any(list(self._pending), timeout=0 if self._ready else None)
+        timeout = 0 if self._ready else self._until_stall_report()
+        finished = self.pool.wait_any(list(self._pending), timeout=timeout)
         self._record_copies()
       except LaneError as error:
+        self._heard_at = time.monotonic()
         self._lose(error)  # a lost worker, tolerated; else it stops the run
         continue
       if finished is None:
+        self._maybe_report_stall()
         continue
       self._finished(finished)
+
+  def _until_stall_report(self) -> float | None:
+    """How long to wait for a lane before saying what the run waits for (None: for
+    ever, with no report)."""
+    if self._quiet_for is None:
+      return None
+    return max(0.0, self._heard_at + self._quiet_for - time.monotonic())
+
+  def _maybe_report_stall(self) -> None:
+    """Says what the run waits for once no lane has finished anything for
+    `_quiet_for` seconds, and waits twice as long for the next report."""
+    if self._quiet_for is None or self._ready:
+      return
+    quiet = time.monotonic() - self._heard_at
+    if quiet >= self._quiet_for:
+      logging.warning('%s', self.waiting_report(quiet))
+      self._quiet_for *= 2
+
+  def waiting_report(self, quiet_s: float) -> str:
+    """What the run waits for, after `quiet_s` seconds in which no lane finished
+    anything: each lane's unfinished tasks and copies (oldest first, with how long ago
+    each was sent) and its process, which `py-spy dump --pid` can look into; the tasks
+    waiting for room on a lane; the processes waiting on a channel or for a value."""
+    now, pids = time.time(), self.pool.pids()
+    waiting = collections.defaultdict(list)
+    for pending, (process, _, op) in self._pending.items():
+      what = _what(op)
+      if pending.source is not None:
+        what = f'a copy from {pending.source} ({what})'
+      if pending.sent is not None:
+        what += f', sent {now - pending.sent:.1f} s ago'
+      waiting[pending.lane].append((pending.sent or now, f'{what}, for {process.name}'))
+    lines = [f'lanes: no lane has finished anything for {quiet_s:.1f} s; the run waits for:']
+    for name in sorted(waiting):
+      lines.append(f'  {name} (pid {pids.get(name, "?")}):')
+      lines += [f'    {what}' for _, what in sorted(waiting[name])]
+    for lane, parked in sorted(self._parked.items()):
+      for process, op in parked:
+        lines.append(f'  {process.name}: {_what(op)} waits for room on {self._lane_names[lane]}')
+    for process in self.processes:
+      if not process.done and process.waiting_on is not None:
+        lines.append(f'  {process.name}: waits on {process.waiting_on}')
+    for waits in self._ready_waits.values():
+      for wait in waits:
+        lines.append(f'  {wait.process.name}: waits for a value to be made (Ready)')
+    return '\n'.join(lines)
 
   def _finished(self, finished) -> None:
     """Dispatches the tasks that waited for the room this end makes on its lane, then
     records the task and resumes its process (unless it ran ahead)."""
+    self._heard_at, self._quiet_for = time.monotonic(), self.stall_report_s
     process, lane, op = self._forget_pending(finished)
     heard = self.now()  # (before the dispatches it makes room for)
     self._start_parked(lane)
@@ -702,6 +763,13 @@ class ProcessExecutor(Executor):
     if getattr(self, '_lanes_by_name', {}).get(value.lane) in getattr(self, '_expendable', ()):
       kept = self.pool.keep(value)
     return LaneValue(self, value, kept)
+
+
+def _what(op: Compute) -> str:
+  """`op` as a report names it: its kind, stage and batch."""
+  stage = '' if op.stage is None else f' of stage {op.stage}'
+  batch = '' if op.batch is None else f', batch {op.batch}'
+  return f'{op.kind}{stage}{batch}'
 
 
 def _in_steady_state(batch: int | None, steady_from: int | None) -> bool:

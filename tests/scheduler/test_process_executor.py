@@ -7,7 +7,9 @@ checks that none of their processes is left.
 """
 
 import collections
+import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -920,3 +922,48 @@ def test_a_config_run_on_lane_processes_matches_the_in_process_run(
   in_process = summary('in_process')
   for key in ('train_loss', 'test_loss', 'test_accuracy'):
     assert on_lanes[key] == in_process[key], key
+
+
+def test_a_run_in_which_no_lane_finishes_anything_says_what_it_waits_for(pool, caplog):
+  """After `stall_report_s` seconds in which no lane finished a task, a warning names each
+  lane's unfinished tasks (kind, stage, batch, when sent, for which process) with the
+  lane's pid, and the processes waiting on a channel; the next comes after twice as long.
+  A lane that goes on finishing tasks, each sooner than that, is not reported."""
+  cluster = _cluster('stage 0', 'stage 1')
+  inbox = cluster.channel('inbox', 1)
+  hang = Task(PROBES, 'hang')
+
+  def slow():
+    # (waited for: run ahead, the process would hand the handle on at once)
+    made = yield Compute(hang, (np.float64(1.2),), kind='forward', stage=0, batch=3, ahead=False)
+    yield Put(inbox, made)
+
+  def waiting():
+    yield Get(inbox)
+
+  def quick():  # 2 s in all, a task every 0.25 s
+    for k in range(8):
+      yield Compute(hang, (np.float64(0.25),), kind='forward', stage=0, batch=k)
+
+  with caplog.at_level(logging.WARNING):
+    ProcessExecutor(pool=pool, stall_report_s=0.4).run(
+      cluster, [Process('stage 0', 0, slow()), Process('stage 1', 1, waiting())]
+    )
+  reports = [r.getMessage() for r in caplog.records if 'no lane has finished' in r.getMessage()]
+  # At 0.4 s; the next was due at 1.2 s (0.4 + 0.8), when the task ends.
+  assert 1 <= len(reports) <= 2, reports
+  lines = reports[0].splitlines()
+  assert re.fullmatch(
+    r'lanes: no lane has finished anything for \d+\.\d s; the run waits for:', lines[0]
+  )
+  assert lines[1] == f'  stage0 (pid {pool.pids()["stage0"]}):'
+  assert lines[2].startswith('    forward of stage 0, batch 3, sent ')
+  assert lines[2].endswith(' s ago, for stage 0')
+  assert lines[3:] == ["  stage 1: waits on Channel('inbox', lane=1)"]
+
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    ProcessExecutor(pool=pool, stall_report_s=1.0).run(
+      _cluster('stage 0'), [Process('stage 0', 0, quick())]
+    )
+  assert not [r for r in caplog.records if 'no lane has finished' in r.getMessage()]
