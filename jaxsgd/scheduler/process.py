@@ -391,8 +391,9 @@ class ProcessExecutor(Executor):
   def waiting_report(self, quiet_s: float) -> str:
     """What the run waits for, after `quiet_s` seconds in which no lane finished
     anything: each lane's unfinished tasks and copies (oldest first, with how long ago
-    each was sent) and its process, which `py-spy dump --pid` can look into; the tasks
-    waiting for room on a lane; the processes waiting on a channel or for a value."""
+    each was sent and the lanes whose values it takes in) and its process, which
+    `py-spy dump --pid` can look into; the tasks waiting for room on a lane; the
+    processes waiting on a channel or for a value."""
     now, pids = time.time(), self.pool.pids()
     waiting = collections.defaultdict(list)
     for pending, (process, _, op) in self._pending.items():
@@ -401,6 +402,9 @@ class ProcessExecutor(Executor):
         what = f'a copy from {pending.source} ({what})'
       if pending.sent is not None:
         what += f', sent {now - pending.sent:.1f} s ago'
+      sources = sorted({self.pool.lane_at(address) for _, address in pending.imports})
+      if sources:  # (the call waits in its lane for them to come)
+        what += f', taking in values of {", ".join(sources)}'
       waiting[pending.lane].append((pending.sent or now, f'{what}, for {process.name}'))
     lines = [f'lanes: no lane has finished anything for {quiet_s:.1f} s; the run waits for:']
     for name in sorted(waiting):

@@ -31,7 +31,7 @@ from jaxsgd.algorithms.settings import shared_settings  # noqa: E402
 from jaxsgd.asynchronous import common, server  # noqa: E402
 from jaxsgd.pipeline import BatchFeed, PlacedStages, sequential_roles  # noqa: E402
 from jaxsgd.scheduler import Cluster, Compute, Placement, Process, RealExecutor  # noqa: E402
-from jaxsgd.scheduler.core import Get, Put, Ready  # noqa: E402
+from jaxsgd.scheduler.core import Get, Put, Ready, Send  # noqa: E402
 from jaxsgd.scheduler import VirtualExecutor  # noqa: E402
 from jaxsgd.scheduler.lanes import LaneError, LanePlacement, LanePool  # noqa: E402
 from jaxsgd.scheduler.lanes import pool as pool_module  # noqa: E402
@@ -941,6 +941,15 @@ def test_a_run_in_which_no_lane_finishes_anything_says_what_it_waits_for(pool, c
   def waiting():
     yield Get(inbox)
 
+  def making(inbox):
+    yield Compute(hang, (np.float64(0.0),), ahead=False)  # (its outline known after)
+    made = yield Compute(hang, (np.float64(1.2),), kind='forward', stage=0, batch=3)
+    yield Send(inbox, made)  # run ahead: sent while the lane still computes it
+
+  def taking_in(inbox):
+    got = yield Get(inbox)
+    yield Compute(Task(PROBES, 'add'), (got, got), kind='backward', stage=1, batch=3)
+
   def quick():  # 2 s in all, a task every 0.25 s
     for k in range(8):
       yield Compute(hang, (np.float64(0.25),), kind='forward', stage=0, batch=k)
@@ -960,6 +969,23 @@ def test_a_run_in_which_no_lane_finishes_anything_says_what_it_waits_for(pool, c
   assert lines[2].startswith('    forward of stage 0, batch 3, sent ')
   assert lines[2].endswith(' s ago, for stage 0')
   assert lines[3:] == ["  stage 1: waits on Channel('inbox', lane=1)"]
+
+  # A task whose call takes in a value still being made on another lane names that lane.
+  caplog.clear()
+  cluster = _cluster('stage 0', 'stage 1')
+  inbox = cluster.channel('inbox', 1)
+  with caplog.at_level(logging.WARNING):
+    ProcessExecutor(pool=pool, stall_report_s=0.4).run(
+      cluster, [Process('stage 0', 0, making(inbox)), Process('stage 1', 1, taking_in(inbox))]
+    )
+  reports = [r.getMessage() for r in caplog.records if 'no lane has finished' in r.getMessage()]
+  lines = reports[0].splitlines()
+  assert lines[1] == f'  stage0 (pid {pool.pids()["stage0"]}):'
+  assert lines[2].startswith('    forward of stage 0, batch 3, sent ')
+  assert lines[3] == f'  stage1 (pid {pool.pids()["stage1"]}):'
+  assert lines[4].startswith('    backward of stage 1, batch 3, sent ')
+  assert lines[4].endswith(' s ago, taking in values of stage0, for stage 1')
+  assert len(lines) == 5
 
   caplog.clear()
   with caplog.at_level(logging.WARNING):

@@ -139,6 +139,7 @@ class Pending:
   ended: float | None = None
   cpu: float | None = None
   held: bool = False  # started `ahead`: its lane may hold its reply (`LanePool.start`)
+  imports: tuple = ()  # `(key, source's address)` of the moved values its call takes in
   _result: Any = None
 
   def finish(self) -> None:
@@ -287,7 +288,7 @@ class LanePool:
     at = time.time()
     link.send(('run_ahead' if held else 'run', key, (call, imports, *buffers)))
     here.clear()  # kept alive until sent, so that a copy's free follows this call
-    pending = Pending(lane, task, key, key, args, signature, sent=at, held=held)
+    pending = Pending(lane, task, key, key, args, signature, sent=at, held=held, imports=imports)
     self._unfinished[key] = pending
     return pending
 
@@ -797,6 +798,14 @@ class LanePool:
     """The lanes whose process the pool has found ended (as heard so far)."""
     self._hear_all()
     return set(self._dead)
+
+  def lane_at(self, address: tuple) -> str:
+    """The name of the lane whose process serves at `address` (its remote address, as
+    `Pending.imports` has it); `?` if none does now (a replaced lane's old process)."""
+    for name, info in self.info.items():
+      if tuple(info['address']['remote']) == tuple(address):
+        return name
+    return '?'
 
   def pids(self) -> dict[str, int]:
     return {name: info['pid'] for name, info in self.info.items()}
