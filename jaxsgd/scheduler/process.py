@@ -327,8 +327,7 @@ class ProcessExecutor(Executor):
     self.lost = []
     self._lost_lanes: set[int] = set()
     self._copies: list[_Copy] = []  # copies on their way, recorded once done
-    self._heard_at = time.monotonic()  # when a lane last finished something (or the start)
-    self._quiet_for = self.stall_report_s  # seconds of quiet before the next report
+    self._heard_now()
     self._lanes_by_name = {name: i for i, name in self._lane_names.items()}
     for lane, tasks in self.cluster.tasks.items():  # each lane builds its own, at once
       self.pool.prepare(self._lane_names[lane], [t for t in tasks if isinstance(t, Task)])
@@ -363,13 +362,19 @@ class ProcessExecutor(Executor):
         finished = self.pool.wait_any(list(self._pending), timeout=timeout)
         self._record_copies()
       except LaneError as error:
-        self._heard_at = time.monotonic()
         self._lose(error)  # a lost worker, tolerated; else it stops the run
+        self._heard_now()  # (a new lane process may have taken its time to start)
         continue
       if finished is None:
         self._maybe_report_stall()
         continue
       self._finished(finished)
+
+  def _heard_now(self) -> None:
+    """The run went on (a lane finished something, a lost lane was dealt with, a
+    checkpoint was saved): the quiet that a stall report counts starts again."""
+    self._heard_at = time.monotonic()  # (or the run's start)
+    self._quiet_for = self.stall_report_s  # seconds of quiet before the next report
 
   def _until_stall_report(self) -> float | None:
     """How long to wait for a lane before saying what the run waits for (None: for
@@ -381,19 +386,23 @@ class ProcessExecutor(Executor):
   def _maybe_report_stall(self) -> None:
     """Says what the run waits for once no lane has finished anything for
     `_quiet_for` seconds, and waits twice as long for the next report."""
-    if self._quiet_for is None or self._ready:
+    if self._quiet_for is None:  # (ready processes that keep one another going report too)
       return
     quiet = time.monotonic() - self._heard_at
     if quiet >= self._quiet_for:
-      logging.warning('%s', self.waiting_report(quiet))
       self._quiet_for *= 2
+      try:
+        report = self.waiting_report(quiet)
+      except Exception as error:  # pylint: disable=broad-except  (a report never stops a run)
+        report = f'lanes: no lane has finished anything for {quiet:.1f} s ({error!r})'
+      logging.warning('%s', report)
 
   def waiting_report(self, quiet_s: float) -> str:
     """What the run waits for, after `quiet_s` seconds in which no lane finished
-    anything: each lane's unfinished tasks and copies (oldest first, with how long ago
-    each was sent and the lanes whose values it takes in) and its process, which
-    `py-spy dump --pid` can look into; the tasks waiting for room on a lane; the
-    processes waiting on a channel or for a value."""
+    anything: each lane's unfinished tasks (oldest first, with how long ago each was sent
+    and the lanes whose moved values its call takes in), then the moves waited for
+    whole, with the lane's process, which `py-spy dump --pid` can look into; the tasks
+    waiting for room on a lane; the processes waiting on a channel or for a value."""
     now, pids = time.time(), self.pool.pids()
     waiting = collections.defaultdict(list)
     for pending, (process, _, op) in self._pending.items():
@@ -403,7 +412,7 @@ class ProcessExecutor(Executor):
       if pending.sent is not None:
         what += f', sent {now - pending.sent:.1f} s ago'
       sources = sorted({self.pool.lane_at(address) for _, address in pending.imports})
-      if sources:  # (the call waits in its lane for them to come)
+      if sources:  # (moved to its lane for this call, which takes them in first)
         what += f', taking in values of {", ".join(sources)}'
       waiting[pending.lane].append((pending.sent or now, f'{what}, for {process.name}'))
     lines = [f'lanes: no lane has finished anything for {quiet_s:.1f} s; the run waits for:']
@@ -424,7 +433,7 @@ class ProcessExecutor(Executor):
   def _finished(self, finished) -> None:
     """Dispatches the tasks that waited for the room this end makes on its lane, then
     records the task and resumes its process (unless it ran ahead)."""
-    self._heard_at, self._quiet_for = time.monotonic(), self.stall_report_s
+    self._heard_now()
     process, lane, op = self._forget_pending(finished)
     heard = self.now()  # (before the dispatches it makes room for)
     self._start_parked(lane)
@@ -528,6 +537,7 @@ class ProcessExecutor(Executor):
         self.between_events()
         if self._drained_at is not None:  # a checkpoint was taken: drained, then saved
           self.pauses.append(time.perf_counter() - self._drained_at)
+          self._heard_now()
       if self._pending and time.monotonic() > deadline:
         return
 

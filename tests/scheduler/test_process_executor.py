@@ -927,15 +927,16 @@ def test_a_config_run_on_lane_processes_matches_the_in_process_run(
 def test_a_run_in_which_no_lane_finishes_anything_says_what_it_waits_for(pool, caplog):
   """After `stall_report_s` seconds in which no lane finished a task, a warning names each
   lane's unfinished tasks (kind, stage, batch, when sent, for which process) with the
-  lane's pid, and the processes waiting on a channel; the next comes after twice as long.
-  A lane that goes on finishing tasks, each sooner than that, is not reported."""
+  lane's pid, and the processes waiting on a channel; the next comes once the quiet has
+  lasted twice as long, and so on. A lane that goes on finishing tasks, each sooner than
+  that, is not reported."""
   cluster = _cluster('stage 0', 'stage 1')
   inbox = cluster.channel('inbox', 1)
   hang = Task(PROBES, 'hang')
 
   def slow():
     # (waited for: run ahead, the process would hand the handle on at once)
-    made = yield Compute(hang, (np.float64(1.2),), kind='forward', stage=0, batch=3, ahead=False)
+    made = yield Compute(hang, (np.float64(1.5),), kind='forward', stage=0, batch=3, ahead=False)
     yield Put(inbox, made)
 
   def waiting():
@@ -955,12 +956,13 @@ def test_a_run_in_which_no_lane_finishes_anything_says_what_it_waits_for(pool, c
       yield Compute(hang, (np.float64(0.25),), kind='forward', stage=0, batch=k)
 
   with caplog.at_level(logging.WARNING):
-    ProcessExecutor(pool=pool, stall_report_s=0.4).run(
+    ProcessExecutor(pool=pool, stall_report_s=0.5).run(
       cluster, [Process('stage 0', 0, slow()), Process('stage 1', 1, waiting())]
     )
   reports = [r.getMessage() for r in caplog.records if 'no lane has finished' in r.getMessage()]
-  # At 0.4 s; the next was due at 1.2 s (0.4 + 0.8), when the task ends.
-  assert 1 <= len(reports) <= 2, reports
+  # After 0.5 s of quiet, then 1 s (the task takes 1.5 s), then 2 s if its end came late.
+  quiet = [float(re.search(r'for (\d+\.\d) s', report)[1]) for report in reports]
+  assert len(quiet) >= 2 and all(q >= 0.5 * 2**k for k, q in enumerate(quiet)), quiet
   lines = reports[0].splitlines()
   assert re.fullmatch(
     r'lanes: no lane has finished anything for \d+\.\d s; the run waits for:', lines[0]

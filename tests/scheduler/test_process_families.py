@@ -260,9 +260,11 @@ def meeting_in_a_round(session: lppsgd.LppSession, updates_before: int):
 
   Both replicas' first updates send snapshots (`averaging_freq=1`), which make that
   round; at most `devices * updates_before` steps, fewer than the run's, are taken
-  before it is merged, so the run cannot end first. A worker below the bound goes on
-  meanwhile, so merges still meet updates. A hold that nothing released would end the
-  run as a `DeadlockError`, not hang it."""
+  before it is merged, so the run cannot end first. A replica's updates after its
+  snapshot (up to the bound, and past it once released) land before its merge, which
+  must keep them; a worker below the bound may update while the merge waits for its
+  turn. A hold that nothing released would end the run as a `DeadlockError`, not hang
+  it."""
   processes = session.processes
   released = [session.cluster.channel(f'released {d}', session.home(d)) for d in range(2)]
 
