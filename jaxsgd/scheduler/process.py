@@ -158,9 +158,9 @@ class ProcessExecutor(Executor):
       busiest cores of their host (`placement.driver_toward_idle`), until the run ends.
     steady_from_batch: the driver's CPU is counted apart from the first task of this
       batch on (`steady_cpu_seconds`, `driver_cpu_per_task`): the run's start left out.
-    stall_report_s: after this many seconds in which no lane finished a task, a warning
-      says what the run waits for (`waiting_report`), again after twice as long, and so
-      on; None: never.
+    stall_report_s: after this many seconds (positive) in which no lane finished a
+      task, a warning says what the run waits for (`waiting_report`), again once the
+      quiet has lasted twice as long, and so on; None: never.
   """
 
   clock = 'real (processes)'
@@ -182,6 +182,10 @@ class ProcessExecutor(Executor):
   ):
     if copies not in COPIES:
       raise ValueError(f'copies: one of {", ".join(COPIES)} expected, got {copies!r}.')
+    if stall_report_s is not None and not stall_report_s > 0:  # (NaN too)
+      raise ValueError(
+        f'stall_report_s: a positive number of seconds or None expected, got {stall_report_s!r}.'
+      )
     if copies == 'auto' and placement is not None:
       refuse_placed_copies(placement, placement.names)
     self.placement, self.address, self.pool = placement, address, pool
@@ -350,6 +354,7 @@ class ProcessExecutor(Executor):
       self._ready.extend(self._load(self._resume))
     else:
       self._ready.extend((p, None) for p in self.processes)
+    self._heard_now()  # (the lanes' builds and a resumed run's values were sent)
     while self.failure is None:
       self._advance_ready()
       try:
@@ -390,7 +395,8 @@ class ProcessExecutor(Executor):
       return
     quiet = time.monotonic() - self._heard_at
     if quiet >= self._quiet_for:
-      self._quiet_for *= 2
+      while self._quiet_for <= quiet:  # (a report that came late is not said again at once)
+        self._quiet_for *= 2
       try:
         report = self.waiting_report(quiet)
       except Exception as error:  # pylint: disable=broad-except  (a report never stops a run)

@@ -8,6 +8,7 @@ checks that none of their processes is left.
 
 import collections
 import logging
+import math
 import os
 import re
 import socket
@@ -936,7 +937,7 @@ def test_a_run_in_which_no_lane_finishes_anything_says_what_it_waits_for(pool, c
 
   def slow():
     # (waited for: run ahead, the process would hand the handle on at once)
-    made = yield Compute(hang, (np.float64(1.5),), kind='forward', stage=0, batch=3, ahead=False)
+    made = yield Compute(hang, (np.float64(2.5),), kind='forward', stage=0, batch=3, ahead=False)
     yield Put(inbox, made)
 
   def waiting():
@@ -944,7 +945,7 @@ def test_a_run_in_which_no_lane_finishes_anything_says_what_it_waits_for(pool, c
 
   def making(inbox):
     yield Compute(hang, (np.float64(0.0),), ahead=False)  # (its outline known after)
-    made = yield Compute(hang, (np.float64(1.2),), kind='forward', stage=0, batch=3)
+    made = yield Compute(hang, (np.float64(2.5),), kind='forward', stage=0, batch=3)
     yield Send(inbox, made)  # run ahead: sent while the lane still computes it
 
   def taking_in(inbox):
@@ -960,9 +961,11 @@ def test_a_run_in_which_no_lane_finishes_anything_says_what_it_waits_for(pool, c
       cluster, [Process('stage 0', 0, slow()), Process('stage 1', 1, waiting())]
     )
   reports = [r.getMessage() for r in caplog.records if 'no lane has finished' in r.getMessage()]
-  # After 0.5 s of quiet, then 1 s (the task takes 1.5 s), then 2 s if its end came late.
+  # After 0.5 s of quiet, 1 s and 2 s (the task takes 2.5 s): each report in a doubling
+  # of the bound of its own, however late it came.
   quiet = [float(re.search(r'for (\d+\.\d) s', report)[1]) for report in reports]
-  assert len(quiet) >= 2 and all(q >= 0.5 * 2**k for k, q in enumerate(quiet)), quiet
+  doublings = [math.floor(math.log2(q / 0.5)) for q in quiet]
+  assert len(quiet) >= 2 and doublings == sorted(set(doublings)) and doublings[0] >= 0, quiet
   lines = reports[0].splitlines()
   assert re.fullmatch(
     r'lanes: no lane has finished anything for \d+\.\d s; the run waits for:', lines[0]
@@ -977,7 +980,7 @@ def test_a_run_in_which_no_lane_finishes_anything_says_what_it_waits_for(pool, c
   cluster = _cluster('stage 0', 'stage 1')
   inbox = cluster.channel('inbox', 1)
   with caplog.at_level(logging.WARNING):
-    ProcessExecutor(pool=pool, stall_report_s=0.4).run(
+    ProcessExecutor(pool=pool, stall_report_s=1.0).run(
       cluster, [Process('stage 0', 0, making(inbox)), Process('stage 1', 1, taking_in(inbox))]
     )
   reports = [r.getMessage() for r in caplog.records if 'no lane has finished' in r.getMessage()]
@@ -995,3 +998,7 @@ def test_a_run_in_which_no_lane_finishes_anything_says_what_it_waits_for(pool, c
       _cluster('stage 0'), [Process('stage 0', 0, quick())]
     )
   assert not [r for r in caplog.records if 'no lane has finished' in r.getMessage()]
+
+  for bad in (0, -1.0, float('nan')):  # (each would have the driver spin)
+    with pytest.raises(ValueError, match='stall_report_s: a positive number of seconds'):
+      ProcessExecutor(pool=pool, stall_report_s=bad)
